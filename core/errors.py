@@ -1,0 +1,66 @@
+"""Typed errors that carry what the operator needs to fix the problem.
+
+Every error a user can cause (a bad file, an unreachable host, a plan that does not
+fit) is an ``EdgeShardError``: the CLI prints its message and exits non-zero, the GUI
+shows it in a dialog. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class EdgeShardError(Exception):
+    """Base of all operator-facing errors; ``str(err)`` is the message to show."""
+
+    exit_code = 2
+
+
+class FormatError(EdgeShardError):
+    """A file or message does not match its format: names the source, field and problem."""
+
+    def __init__(self, source: str, problem: str, field: str | None = None):
+        self.source = source
+        self.field = field
+        self.problem = problem
+        where = f" at {field}" if field else ""
+        super().__init__(f"{source}: invalid{where}: {problem}")
+
+
+class UnsupportedModelError(EdgeShardError):
+    """An HF config of a family we cannot plan or run, or missing a needed key."""
+
+
+class PlanInvalid(EdgeShardError):
+    """A plan that breaks one or more rules; ``violations`` lists every one."""
+
+    def __init__(self, violations: list[str]):
+        self.violations = list(violations)
+        super().__init__("plan is invalid:\n  - " + "\n  - ".join(self.violations))
+
+
+class ModelDoesNotFit(EdgeShardError):
+    """No plan under the rules fits in memory; says how many bytes are missing."""
+
+    def __init__(self, message: str, missing_bytes: int):
+        self.missing_bytes = missing_bytes
+        super().__init__(message)
+
+
+class DeployError(EdgeShardError):
+    """A device could not be reached, authenticated, prepared or started."""
+
+    def __init__(self, device: str, message: str, hint: str = ""):
+        self.device = device
+        self.hint = hint
+        super().__init__(f"{device}: {message}" + (f"\n  hint: {hint}" if hint else ""))
+
+
+class RunFailed(EdgeShardError):
+    """A partitioned run ended early; names the device that failed and why."""
+
+    def __init__(self, message: str, device: str | None = None):
+        self.device = device
+        super().__init__(message if device is None else f"{device}: {message}")
+
+
+class StoreError(EdgeShardError):
+    """A workspace file that cannot be opened, migrated or written."""

@@ -1,0 +1,1 @@
+"""PySide6 + pyqtgraph views over core/. Holds no domain logic."""
