@@ -1,0 +1,207 @@
+"""Run long work off the GUI thread and hear from it through queued signals.
+
+Long work in core/ is a plain function taking a ``Reporter`` (core/reporting.py). The GUI
+gives it a ``QtReporter``: its methods are called on the worker thread and only emit
+signals; the reporter object lives on the GUI thread, so every connected slot runs there
+(Qt queues a signal emitted from another thread). A widget is never touched from a worker.
+
+``TaskRunner`` runs one task at a time per purpose (a panel's "deploy", "solve", "run"):
+starting a new task cancels the old one and silences it, so a slow stale result can never
+overwrite a newer one. Progress is rate-limited so a tight loop cannot flood the event queue.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from core.errors import EdgeShardError
+from core.reporting import Cancelled
+
+log = logging.getLogger(__name__)
+
+TaskId = int
+
+
+class QtReporter(QObject):
+    """A ``core.reporting.Reporter`` that forwards everything through Qt signals.
+
+    Safe to call from any thread. ``progress`` is emitted at most every
+    ``min_progress_interval_s`` (the first and the final ``done >= total`` always pass).
+    """
+
+    status_reported = Signal(str)
+    progress_reported = Signal(float, float)
+    partial_result_reported = Signal(object)
+
+    def __init__(self, parent: QObject | None = None, min_progress_interval_s: float = 0.05):
+        super().__init__(parent)
+        self._cancel = threading.Event()
+        self._min_interval = min_progress_interval_s
+        self._last_progress = -1e9
+        self._lock = threading.Lock()
+
+    # -- Reporter protocol (any thread) --------------------------------------------------
+    def status(self, text: str) -> None:
+        self.status_reported.emit(str(text))
+
+    def progress(self, done: float, total: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            final = total > 0 and done >= total
+            if not final and now - self._last_progress < self._min_interval:
+                return
+            self._last_progress = now
+        self.progress_reported.emit(float(done), float(total))
+
+    def partial_result(self, value: Any) -> None:
+        self.partial_result_reported.emit(value)
+
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    # -- GUI side ------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask the work to stop at its next ``cancel_requested()`` check."""
+        self._cancel.set()
+
+
+class TaskRunner(QObject):
+    """Runs ``fn(reporter, *args, **kwargs)`` on a worker thread, one current task at a time.
+
+    Signals carry the task id so a view can match them to what it started; signals of a
+    task that was superseded or cancelled are dropped (only ``task_cancelled`` is emitted
+    for it when it ends). Errors: an ``EdgeShardError`` becomes ``task_failed`` with its
+    message (what the operator should read); any other exception is a bug, so it is
+    logged with its traceback and reported as "Unexpected error: ..." — never shown raw.
+    """
+
+    task_started = Signal(int)
+    task_finished = Signal(int, object)
+    task_failed = Signal(int, str)
+    task_cancelled = Signal(int)
+    status_reported = Signal(int, str)
+    progress_reported = Signal(int, float, float)
+    partial_result_reported = Signal(int, object)
+    busy_changed = Signal(bool)
+
+    _task_ended = Signal(int, str, object)  # worker thread -> GUI thread
+
+    def __init__(self, parent: QObject | None = None, name: str = "task",
+                 min_progress_interval_s: float = 0.05):
+        super().__init__(parent)
+        self._name = name
+        self._min_interval = min_progress_interval_s
+        self._next_id = 0
+        self._current: TaskId | None = None
+        self._reporters: dict[TaskId, QtReporter] = {}
+        self._threads: dict[TaskId, threading.Thread] = {}
+        self._task_ended.connect(self._on_worker_task_ended, Qt.ConnectionType.QueuedConnection)
+
+    # -- control (GUI thread) ------------------------------------------------------------
+    def start(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> TaskId:
+        """Cancel the current task (if any) and start ``fn`` with a fresh reporter."""
+        self.cancel()
+        self._next_id += 1
+        task_id = self._next_id
+        reporter = QtReporter(self, self._min_interval)
+        reporter.status_reported.connect(
+            functools.partial(self._on_reporter_status, task_id), Qt.ConnectionType.QueuedConnection)
+        reporter.progress_reported.connect(
+            functools.partial(self._on_reporter_progress, task_id), Qt.ConnectionType.QueuedConnection)
+        reporter.partial_result_reported.connect(
+            functools.partial(self._on_reporter_partial, task_id), Qt.ConnectionType.QueuedConnection)
+        self._reporters[task_id] = reporter
+        thread = threading.Thread(
+            target=self._run, args=(task_id, reporter, fn, args, kwargs),
+            name=f"edgeshard-{self._name}-{task_id}", daemon=True)
+        self._threads[task_id] = thread
+        was_busy = self._current is not None
+        self._current = task_id
+        thread.start()
+        self.task_started.emit(task_id)
+        if not was_busy:
+            self.busy_changed.emit(True)
+        return task_id
+
+    def cancel(self) -> None:
+        """Ask the current task to stop; its later reports and result are ignored."""
+        if self._current is None:
+            return
+        self._reporters[self._current].cancel()
+        self._current = None
+        self.busy_changed.emit(False)
+
+    def is_busy(self) -> bool:
+        return self._current is not None
+
+    def current_task(self) -> TaskId | None:
+        return self._current
+
+    def alive_threads(self) -> list[threading.Thread]:
+        return [t for t in self._threads.values() if t.is_alive()]
+
+    def shutdown(self, timeout_s: float = 5.0) -> bool:
+        """Cancel and join every thread this runner started; True if all have ended."""
+        self.cancel()
+        for reporter in self._reporters.values():
+            reporter.cancel()
+        deadline = time.monotonic() + timeout_s
+        for thread in list(self._threads.values()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.alive_threads()
+
+    # -- worker thread -------------------------------------------------------------------
+    def _run(self, task_id: TaskId, reporter: QtReporter, fn: Callable[..., Any],
+             args: tuple, kwargs: dict) -> None:
+        try:
+            result = fn(reporter, *args, **kwargs)
+        except Cancelled:
+            self._task_ended.emit(task_id, "cancelled", None)
+        except EdgeShardError as err:
+            self._task_ended.emit(task_id, "failed", str(err))
+        except Exception as err:  # a bug: keep the traceback in the log, show plain words
+            log.exception("task %s failed", task_id)
+            self._task_ended.emit(task_id, "failed", f"Unexpected error: {type(err).__name__}: {err}")
+        else:
+            if reporter.cancel_requested():
+                self._task_ended.emit(task_id, "cancelled", None)
+            else:
+                self._task_ended.emit(task_id, "finished", result)
+
+    # -- GUI thread ----------------------------------------------------------------------
+    def _on_worker_task_ended(self, task_id: int, outcome: str, payload: object) -> None:
+        thread = self._threads.pop(task_id, None)
+        if thread is not None:
+            thread.join(1.0)  # it has emitted its last signal; joining is immediate
+        reporter = self._reporters.pop(task_id, None)
+        if reporter is not None:
+            reporter.deleteLater()
+        current = task_id == self._current
+        if current:
+            self._current = None
+        if outcome == "cancelled" or not current:
+            self.task_cancelled.emit(task_id)
+        elif outcome == "failed":
+            self.task_failed.emit(task_id, str(payload))
+        else:
+            self.task_finished.emit(task_id, payload)
+        if current:
+            self.busy_changed.emit(False)
+
+    def _on_reporter_status(self, task_id: int, text: str) -> None:
+        if task_id == self._current:
+            self.status_reported.emit(task_id, text)
+
+    def _on_reporter_progress(self, task_id: int, done: float, total: float) -> None:
+        if task_id == self._current:
+            self.progress_reported.emit(task_id, done, total)
+
+    def _on_reporter_partial(self, task_id: int, value: object) -> None:
+        if task_id == self._current:
+            self.partial_result_reported.emit(task_id, value)

@@ -1,0 +1,127 @@
+"""TaskRunner / QtReporter: work runs off the GUI thread and reports through queued signals."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from PySide6.QtCore import QThread
+from PySide6.QtWidgets import QApplication
+
+from core.errors import PlanInvalid
+from core.reporting import Cancelled
+from gui.workers import QtReporter, TaskRunner
+
+
+@pytest.fixture
+def runner(qtbot):
+    r = TaskRunner(name="test")
+    yield r
+    assert r.shutdown(5.0), "a task thread is still running"
+
+
+def _count_steps(reporter, n, delay_s=0.0):
+    for i in range(n):
+        if reporter.cancel_requested():
+            raise Cancelled()
+        reporter.progress(i + 1, n)
+        if delay_s:
+            time.sleep(delay_s)
+    return n
+
+
+def test_result_arrives_on_the_gui_thread_from_a_worker_thread(qtbot, runner):
+    seen = {}
+
+    def work(reporter):
+        seen["worker_thread"] = threading.current_thread()
+        reporter.status("working")
+        reporter.partial_result(1)
+        return 42
+
+    statuses, partials, finished_threads = [], [], []
+    status_threads = []
+    runner.status_reported.connect(lambda tid, text: (statuses.append(text),
+                                                      status_threads.append(QThread.currentThread())))
+    runner.partial_result_reported.connect(lambda tid, v: partials.append(v))
+    runner.task_finished.connect(lambda tid, v: finished_threads.append(QThread.currentThread()))
+    with qtbot.waitSignal(runner.task_finished, timeout=5000) as blocker:
+        task_id = runner.start(work)
+    assert blocker.args == [task_id, 42]
+    assert seen["worker_thread"] is not threading.main_thread()
+    assert statuses == ["working"] and partials == [1]
+    assert finished_threads == [QApplication.instance().thread()]
+    assert status_threads == [QApplication.instance().thread()]
+    assert not runner.is_busy() and runner.alive_threads() == []
+
+
+def test_operator_error_becomes_task_failed_with_its_message(qtbot, runner):
+    def work(reporter):
+        raise PlanInvalid(["stage 1 exceeds memory on pi-a"])
+
+    with qtbot.waitSignal(runner.task_failed, timeout=5000) as blocker:
+        runner.start(work)
+    assert "stage 1 exceeds memory on pi-a" in blocker.args[1]
+
+
+def test_a_bug_is_reported_in_plain_words_not_as_a_traceback(qtbot, runner):
+    def work(reporter):
+        return {}["missing"]
+
+    with qtbot.waitSignal(runner.task_failed, timeout=5000) as blocker:
+        runner.start(work)
+    message = blocker.args[1]
+    assert message.startswith("Unexpected error: KeyError")
+    assert "Traceback" not in message
+
+
+def test_starting_a_new_task_cancels_the_old_and_drops_its_result(qtbot, runner):
+    started = threading.Event()
+
+    def slow(reporter):
+        started.set()
+        while not reporter.cancel_requested():
+            time.sleep(0.005)
+        return "stale"
+
+    finished, cancelled = [], []
+    runner.task_finished.connect(lambda tid, v: finished.append((tid, v)))
+    runner.task_cancelled.connect(cancelled.append)
+    first = runner.start(slow)
+    assert started.wait(5)
+    second = runner.start(lambda reporter: "fresh")
+    qtbot.waitUntil(lambda: len(cancelled) == 1 and len(finished) == 1, timeout=5000)
+    assert cancelled == [first]
+    assert finished == [(second, "fresh")]
+
+
+def test_cancel_stops_a_running_task_and_leaves_no_thread(qtbot, runner):
+    def work(reporter):
+        return _count_steps(reporter, 10_000, delay_s=0.001)
+
+    with qtbot.waitSignal(runner.task_cancelled, timeout=5000):
+        runner.start(work)
+        qtbot.wait(50)
+        runner.cancel()
+    qtbot.waitUntil(lambda: runner.alive_threads() == [], timeout=2000)
+
+
+def test_progress_is_rate_limited_but_the_final_value_always_arrives(qtbot, runner):
+    progress = []
+    runner.progress_reported.connect(lambda tid, d, t: progress.append((d, t)))
+    with qtbot.waitSignal(runner.task_finished, timeout=5000):
+        runner.start(_count_steps, 100_000)
+    assert progress[-1] == (100_000.0, 100_000.0)
+    assert len(progress) < 200, f"{len(progress)} progress signals for a tight loop"
+
+
+def test_qt_reporter_is_a_reporter_usable_directly(qtbot):
+    reporter = QtReporter(min_progress_interval_s=0.0)
+    got = []
+    reporter.progress_reported.connect(lambda d, t: got.append((d, t)))
+    assert _count_steps(reporter, 3) == 3
+    assert got == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]
+    reporter.cancel()
+    with pytest.raises(Cancelled):
+        _count_steps(reporter, 3)
