@@ -1,0 +1,582 @@
+"""The plan editor: edit a shard plan by hand and see its predicted cost at once.
+
+Every edit (drag a boundary, pick a stage's device, add or remove a stage, adopt a
+solver's plan, load a file) is a ``QUndoCommand``; every plan or problem change is
+re-evaluated with ``core.cost.evaluate`` (cheap, so on the GUI thread), and every
+violation is listed in red with its reason. Auto-solve and Compare run the solvers in a
+``TaskRunner`` worker, so a big instance never freezes the window.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QColor, QKeySequence, QUndoCommand, QUndoStack
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from core import formats
+from core.cost import PlanCost, evaluate
+from core.errors import EdgeShardError
+from core.plan import ShardPlan
+from core.plan_edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
+from core.problem import PlanningProblem
+from gui import planning_tasks
+from gui.app import stage_color, theme_colors
+from gui.studio_state import StudioState
+from gui.unit_strip import UnitStripView
+from gui.widgets import InlineMessage, MetricCard, panel_header, show_error
+from gui.workers import TaskRunner
+
+
+def fmt_s(seconds: float) -> str:
+    if math.isinf(seconds) or math.isnan(seconds):
+        return "∞"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+class PlanChange(QUndoCommand):
+    """One undoable edit: the plan before and after."""
+
+    def __init__(self, editor: "PlanEditorPanel", before: ShardPlan | None, after: ShardPlan, text: str) -> None:
+        super().__init__(text)
+        self._editor, self._before, self._after = editor, before, after
+
+    def redo(self) -> None:
+        self._editor.state.set_plan(self._after)
+
+    def undo(self) -> None:
+        self._editor.state.set_plan(self._before)
+
+
+STAGE_COLUMNS = ["Stage", "Device", "Units", "Count", "Compute / token", "Transfer out", "Memory vs budget"]
+
+
+class PlanEditorPanel(QWidget):
+    cost_changed = Signal(object)
+    """PlanCost | None, after every re-evaluation."""
+
+    def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.undo_stack = QUndoStack(self)
+        self.cost: PlanCost | None = None
+        self.comparison: list[planning_tasks.StrategyResult] = []
+        self._solve_runner = TaskRunner(self, name="solve")
+        self._solve_kind = ""
+        self._updating = False
+        self._build()
+        state.problem_changed.connect(self._on_state_problem_changed)
+        state.plan_changed.connect(self._on_state_plan_changed)
+        self._solve_runner.task_finished.connect(self._on_solver_finished)
+        self._solve_runner.task_failed.connect(self._on_solver_failed)
+        self._solve_runner.status_reported.connect(lambda _i, t: self.solve_status.setText(t))
+        self._solve_runner.busy_changed.connect(self._on_solver_busy_changed)
+        self._on_state_problem_changed(state.problem)
+
+    # construction ---------------------------------------------------------------
+    def _build(self) -> None:
+        root = QVBoxLayout(self)
+        root.setContentsMargins(16, 12, 16, 12)
+        root.addWidget(panel_header("Plan", "Which device runs which units. Drag a boundary, pick devices, or Auto-solve; "
+                                    "every edit is re-predicted with the cost model."))
+        tools = QHBoxLayout()
+        self.undo_action = self.undo_stack.createUndoAction(self, "Undo")
+        self.undo_action.setShortcut(QKeySequence.Undo)
+        self.redo_action = self.undo_stack.createRedoAction(self, "Redo")
+        self.redo_action.setShortcut(QKeySequence.Redo)
+        self.addActions([self.undo_action, self.redo_action])
+        self.undo_button = self._button("Undo", "Undo the last plan edit (Ctrl+Z)", self.undo_stack.undo)
+        self.redo_button = self._button("Redo", "Redo (Ctrl+Shift+Z)", self.undo_stack.redo)
+        self.undo_stack.canUndoChanged.connect(self.undo_button.setEnabled)
+        self.undo_stack.canRedoChanged.connect(self.redo_button.setEnabled)
+        self.undo_button.setEnabled(False)
+        self.redo_button.setEnabled(False)
+        self.add_button = self._button("Add stage", "Split the largest stage; the new half runs on an unused device",
+                                       self.add_stage)
+        self.remove_button = self._button("Remove stage", "Remove the selected stage; its units join the stage before",
+                                          self.remove_selected_stage)
+        self.load_button = self._button("Load…", "Load a plan file (edgeshard.plan JSON)", self._on_load_clicked)
+        self.save_button = self._button("Save…", "Save this plan to a file for `edgeshard run --plan`", self._on_save_clicked)
+        for b in (self.undo_button, self.redo_button):
+            tools.addWidget(b)
+        tools.addSpacing(16)
+        tools.addWidget(self.add_button)
+        tools.addWidget(self.remove_button)
+        tools.addSpacing(16)
+        tools.addWidget(self.load_button)
+        tools.addWidget(self.save_button)
+        tools.addStretch(1)
+        self.strategy_label = QLabel("")
+        self.strategy_label.setProperty("role", "subtitle")
+        tools.addWidget(self.strategy_label)
+        root.addLayout(tools)
+
+        cards = QHBoxLayout()
+        self.latency_card = MetricCard("Latency / token", "One decode step for the workload's batch through every stage and back")
+        self.prefill_card = MetricCard("Prefill", "Time to process the prompt and return the first token")
+        self.throughput_card = MetricCard("Throughput", "Pipelined tokens per second with the plan's micro-batches (no bubbles)")
+        self.status_card = MetricCard("Constraints", "Whether every rule holds: coverage, source device, memory, links")
+        for c in (self.latency_card, self.prefill_card, self.throughput_card, self.status_card):
+            cards.addWidget(c)
+        root.addLayout(cards)
+
+        self.strip = UnitStripView()
+        self.strip.boundary_moved.connect(self._on_strip_boundary_moved)
+        self.strip.stage_clicked.connect(lambda j: self.stage_table.selectRow(j))
+        root.addWidget(self.strip)
+        self.violations = InlineMessage()
+        root.addWidget(self.violations)
+
+        split = QSplitter(Qt.Horizontal)
+        split.setChildrenCollapsible(False)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        self.stage_table = QTableWidget(0, len(STAGE_COLUMNS))
+        self.stage_table.setHorizontalHeaderLabels(STAGE_COLUMNS)
+        self.stage_table.setAccessibleName("Stages")
+        self.stage_table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.stage_table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.stage_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.stage_table.verticalHeader().hide()
+        hh = self.stage_table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeToContents)
+        hh.setSectionResizeMode(len(STAGE_COLUMNS) - 1, QHeaderView.Stretch)
+        ll.addWidget(self.stage_table, 2)
+        self.compare_plot = pg.GraphicsLayoutWidget()
+        self.compare_plot.setAccessibleName("Strategy comparison chart")
+        self.compare_plot.setMinimumHeight(170)
+        ll.addWidget(self.compare_plot, 1)
+        split.addWidget(left)
+        split.addWidget(self._build_solver_box())
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
+        root.addWidget(split, 1)
+
+    def _button(self, text: str, tip: str, slot) -> QPushButton:
+        b = QPushButton(text)
+        b.setToolTip(tip)
+        b.setAccessibleName(text.rstrip("…"))
+        b.clicked.connect(slot)
+        return b
+
+    def _build_solver_box(self) -> QWidget:
+        box = QGroupBox("Auto-solve")
+        form = QFormLayout(box)
+        self.objective_combo = QComboBox()
+        self.objective_combo.addItem("Minimum latency", "latency")
+        self.objective_combo.addItem("Maximum throughput", "throughput")
+        self.objective_combo.setToolTip("What the exact solver optimises")
+        self.objective_combo.setAccessibleName("Objective")
+        form.addRow("Objective", self.objective_combo)
+        self.source_combo = QComboBox()
+        self.source_combo.setToolTip("The device holding the prompt: stage 0 runs there")
+        self.source_combo.setAccessibleName("Source device")
+        self.source_combo.currentIndexChanged.connect(self._on_constraints_edited)
+        form.addRow("Source device", self.source_combo)
+        self.excluded_list = QListWidget()
+        self.excluded_list.setToolTip("Checked devices are never used (privacy, maintenance)")
+        self.excluded_list.setAccessibleName("Excluded devices")
+        self.excluded_list.setMaximumHeight(96)
+        self.excluded_list.itemChanged.connect(self._on_constraints_edited)
+        form.addRow("Exclude", self.excluded_list)
+        self.headroom_spin = QDoubleSpinBox()
+        self.headroom_spin.setRange(0, 90)
+        self.headroom_spin.setSuffix(" %")
+        self.headroom_spin.setDecimals(0)
+        self.headroom_spin.setToolTip("Memory kept free on every device")
+        self.headroom_spin.setAccessibleName("Memory headroom")
+        self.headroom_spin.valueChanged.connect(self._on_constraints_edited)
+        form.addRow("Memory headroom", self.headroom_spin)
+        self.prompt_spin = QSpinBox()
+        self.prompt_spin.setRange(1, 1_000_000)
+        self.prompt_spin.setAccessibleName("Prompt tokens")
+        self.prompt_spin.setToolTip("Prompt length the plan is predicted for")
+        self.gen_spin = QSpinBox()
+        self.gen_spin.setRange(1, 1_000_000)
+        self.gen_spin.setAccessibleName("Generated tokens")
+        self.gen_spin.setToolTip("Tokens generated per sequence (sets the KV cache size)")
+        self.batch_spin = QSpinBox()
+        self.batch_spin.setRange(1, 4096)
+        self.batch_spin.setAccessibleName("Batch size")
+        self.batch_spin.setToolTip("Sequences served together")
+        for s in (self.prompt_spin, self.gen_spin, self.batch_spin):
+            s.valueChanged.connect(self._on_constraints_edited)
+        form.addRow("Prompt tokens", self.prompt_spin)
+        form.addRow("Generated tokens", self.gen_spin)
+        form.addRow("Batch", self.batch_spin)
+        self.solve_button = QPushButton("Auto-solve")
+        self.solve_button.setProperty("role", "primary")
+        self.solve_button.setToolTip("Find the optimal plan for the objective and constraints (Ctrl+R)")
+        self.solve_button.setAccessibleName("Auto-solve")
+        self.solve_button.clicked.connect(self.auto_solve)
+        self.compare_button = QPushButton("Compare strategies")
+        self.compare_button.setToolTip("Solve with every strategy (exact solvers and baselines) and chart them side by side")
+        self.compare_button.setAccessibleName("Compare strategies")
+        self.compare_button.clicked.connect(self.compare)
+        form.addRow(self.solve_button)
+        form.addRow(self.compare_button)
+        self.solve_progress = QProgressBar()
+        self.solve_progress.setRange(0, 0)
+        self.solve_progress.setMaximumHeight(10)
+        self.solve_progress.setTextVisible(False)
+        self.solve_progress.hide()
+        form.addRow(self.solve_progress)
+        self.solve_status = QLabel("")
+        self.solve_status.setWordWrap(True)
+        self.solve_status.setProperty("role", "subtitle")
+        form.addRow(self.solve_status)
+        self.compare_table = QTableWidget(0, 4)
+        self.compare_table.setHorizontalHeaderLabels(["Strategy", "Latency", "Tokens/s", ""])
+        self.compare_table.verticalHeader().hide()
+        self.compare_table.setAccessibleName("Strategies")
+        self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.compare_table.horizontalHeader().setStretchLastSection(True)
+        form.addRow(self.compare_table)
+        box.setMinimumWidth(330)
+        return box
+
+    # state -> view ----------------------------------------------------------------
+    def _on_state_problem_changed(self, problem: PlanningProblem | None) -> None:
+        self._updating = True
+        try:
+            ids = problem.profile.cluster.device_ids() if problem else ()
+            if tuple(self.source_combo.itemData(i) for i in range(self.source_combo.count())) != ids:
+                self.source_combo.clear()
+                self.excluded_list.clear()
+                for d in ids:
+                    self.source_combo.addItem(d, d)
+                    it = QListWidgetItem(d)
+                    it.setFlags(it.flags() | Qt.ItemIsUserCheckable)
+                    it.setCheckState(Qt.Unchecked)
+                    self.excluded_list.addItem(it)
+            if problem is not None:
+                self.source_combo.setCurrentIndex(max(0, self.source_combo.findData(problem.source)))
+                for i in range(self.excluded_list.count()):
+                    it = self.excluded_list.item(i)
+                    it.setCheckState(Qt.Checked if it.text() in problem.excluded_devices else Qt.Unchecked)
+                self.headroom_spin.setValue(round(problem.memory_headroom * 100))
+                self.prompt_spin.setValue(problem.workload.prompt_tokens)
+                self.gen_spin.setValue(problem.workload.generated_tokens)
+                self.batch_spin.setValue(problem.workload.batch_size)
+        finally:
+            self._updating = False
+        for w in (self.solve_button, self.compare_button, self.add_button, self.load_button):
+            w.setEnabled(problem is not None)
+        plan = self.state.plan
+        if problem is not None and (plan is None or plan.model != problem.profile.model.name):
+            self.undo_stack.clear()
+            self.state.set_plan(single_device_plan(problem.profile.model.name, problem.profile.model.num_units, problem.source))
+        self.refresh()
+
+    def _on_state_plan_changed(self, _plan) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-evaluate the current plan against the current problem and redraw everything."""
+        problem, plan = self.state.problem, self.state.plan
+        self.cost = evaluate(problem, plan) if problem is not None and plan is not None else None
+        cost = self.cost
+        model = problem.profile.model if problem else None
+        bad = self._bad_stages(plan, cost)
+        self.strip.set_plan(model, plan, bad)
+        self.save_button.setEnabled(plan is not None)
+        self.remove_button.setEnabled(plan is not None and len(plan.stages) > 1)
+        self.strategy_label.setText(f"strategy: {plan.strategy}" if plan else "")
+        if cost is None:
+            for c in (self.latency_card, self.prefill_card, self.throughput_card, self.status_card):
+                c.set_value("—")
+            self.violations.show_lines([])
+        else:
+            self.latency_card.set_value(fmt_s(cost.latency_per_token_s), math.isinf(cost.latency_per_token_s))
+            self.prefill_card.set_value(fmt_s(cost.prefill_s), math.isinf(cost.prefill_s))
+            self.throughput_card.set_value(f"{cost.throughput_tokens_s:.1f} tok/s")
+            n = len(cost.violations)
+            self.status_card.set_value("all satisfied" if n == 0 else f"{n} violated", n > 0)
+            self.violations.show_lines(list(cost.violations), "This plan cannot run as it is:")
+        self._fill_stage_table(problem, plan, cost)
+        self.cost_changed.emit(cost)
+
+    def _bad_stages(self, plan: ShardPlan | None, cost: PlanCost | None) -> set[int]:
+        if plan is None or cost is None:
+            return set()
+        bad = {j for j, m in enumerate(cost.memory) if not m.fits}
+        for v in cost.violations:
+            for j, st in enumerate(plan.stages):
+                if f"stage {j} " in v or f"stage {j}:" in v or (j == 0 and v.startswith("stage 0 runs")):
+                    bad.add(j)
+        return bad
+
+    def _fill_stage_table(self, problem, plan, cost) -> None:
+        t = self.stage_table
+        selected = t.currentRow()
+        t.setRowCount(0)
+        if plan is None or problem is None:
+            return
+        ids = problem.profile.cluster.device_ids()
+        t.setRowCount(len(plan.stages))
+        c = theme_colors()
+        for j, st in enumerate(plan.stages):
+            swatch = QTableWidgetItem(f"  {j}")
+            swatch.setBackground(stage_color(j))
+            swatch.setForeground(QColor("#ffffff"))
+            t.setItem(j, 0, swatch)
+            combo = QComboBox()
+            combo.setAccessibleName(f"Device of stage {j}")
+            combo.setToolTip("Run this stage on another device (a device used elsewhere swaps places)")
+            for d in ids:
+                combo.addItem(d, d)
+            if st.device not in ids:
+                combo.addItem(f"{st.device} (unknown)", st.device)
+            combo.setCurrentIndex(combo.findData(st.device))
+            combo.currentIndexChanged.connect(lambda _i, j=j, combo=combo: self.set_stage_device(j, combo.currentData()))
+            t.setCellWidget(j, 1, combo)
+            t.setItem(j, 2, QTableWidgetItem(f"[{st.start}, {st.end})"))
+            t.setItem(j, 3, QTableWidgetItem(str(st.num_units)))
+            comp = cost.stage_compute_s[j] if cost and j < len(cost.stage_compute_s) else math.inf
+            xfer = cost.stage_transfer_s[j] if cost and j < len(cost.stage_transfer_s) else math.inf
+            ci = QTableWidgetItem(fmt_s(comp))
+            if cost and cost.stage_compute_s and j == cost.bottleneck_stage and len(plan.stages) > 1:
+                ci.setText(fmt_s(comp) + "  ◀ bottleneck")
+            t.setItem(j, 4, ci)
+            t.setItem(j, 5, QTableWidgetItem(fmt_s(xfer)))
+            mem = cost.memory[j] if cost and j < len(cost.memory) else None
+            bar = QProgressBar()
+            bar.setAccessibleName(f"Memory of stage {j}")
+            if mem is not None:
+                frac = mem.total_bytes / max(1, mem.budget_bytes)
+                bar.setRange(0, 1000)
+                bar.setValue(min(1000, int(frac * 1000)))
+                bar.setFormat(f"{fmt_bytes(mem.total_bytes)} / {fmt_bytes(mem.budget_bytes)}  ({frac * 100:.0f} %)")
+                bar.setToolTip(
+                    f"weights {fmt_bytes(mem.weights_bytes)}, KV cache {fmt_bytes(mem.kv_cache_bytes)}, "
+                    f"workspace {fmt_bytes(mem.workspace_bytes)}; budget {fmt_bytes(mem.budget_bytes)}"
+                )
+                if not mem.fits:
+                    bar.setStyleSheet(f"QProgressBar::chunk {{ background: {c['error']}; }}")
+            else:
+                bar.setRange(0, 1)
+                bar.setValue(0)
+                bar.setFormat("—")
+            t.setCellWidget(j, 6, bar)
+        if 0 <= selected < len(plan.stages):
+            t.selectRow(selected)
+
+    # edits -------------------------------------------------------------------------
+    def push_plan(self, plan: ShardPlan, text: str) -> None:
+        """Make ``plan`` current through the undo stack."""
+        if plan == self.state.plan:
+            return
+        self.undo_stack.push(PlanChange(self, self.state.plan, plan, text))
+
+    def _edit(self, fn, text: str, *args) -> None:
+        plan = self.state.plan
+        if plan is None:
+            return
+        try:
+            self.push_plan(fn(plan, *args), text)
+        except EdgeShardError as err:
+            self.solve_status.setText(str(err))
+            self.state.log(str(err), "warning")
+
+    def _on_strip_boundary_moved(self, stage: int, new_start: int) -> None:
+        self._edit(move_boundary, f"Move stage {stage} to start at unit {new_start}", stage, new_start)
+
+    def set_stage_device(self, stage: int, device: str) -> None:
+        plan = self.state.plan
+        if plan is None or stage >= len(plan.stages) or plan.stages[stage].device == device:
+            return
+        self._edit(set_stage_device, f"Run stage {stage} on {device}", stage, device)
+
+    def add_stage(self) -> None:
+        problem, plan = self.state.problem, self.state.plan
+        if problem is None or plan is None:
+            return
+        used = set(plan.devices())
+        free = [d for d in problem.profile.cluster.device_ids() if d not in used and d not in problem.excluded_devices]
+        if not free:
+            self.solve_status.setText("Every device already runs a stage: add a device to the cluster first.")
+            return
+        self._edit(add_stage, f"Add a stage on {free[0]}", free[0])
+
+    def remove_selected_stage(self) -> None:
+        plan = self.state.plan
+        if plan is None:
+            return
+        j = self.stage_table.currentRow()
+        if j < 0:
+            j = len(plan.stages) - 1
+        self._edit(remove_stage, f"Remove stage {j}", j)
+
+    def _on_constraints_edited(self, *_a) -> None:
+        if self._updating or self.state.problem is None:
+            return
+        p = self.state.problem
+        excluded = tuple(
+            self.excluded_list.item(i).text()
+            for i in range(self.excluded_list.count())
+            if self.excluded_list.item(i).checkState() == Qt.Checked
+        )
+        workload = msgspec.structs.replace(
+            p.workload, prompt_tokens=self.prompt_spin.value(), generated_tokens=self.gen_spin.value(),
+            batch_size=self.batch_spin.value(),
+        )
+        self.state.update_problem(
+            source=self.source_combo.currentData() or p.source, excluded_devices=excluded,
+            memory_headroom=self.headroom_spin.value() / 100.0, workload=workload,
+        )
+
+    # files ------------------------------------------------------------------------
+    def load_plan_file(self, path: str) -> None:
+        """Load a plan file; a wrong file or another model's plan is an inline message."""
+        problem = self.state.problem
+        try:
+            plan = formats.load(path, ShardPlan)
+        except EdgeShardError as err:
+            show_error(self, "Cannot load plan", err, "Choose a file saved by `edgeshard plan` or this editor.")
+            return
+        if problem is not None and plan.model != problem.profile.model.name:
+            show_error(self, "Plan is for another model",
+                       f"{path} is a plan for {plan.model!r}, but the profile is of {problem.profile.model.name!r}.",
+                       "Load the matching profile first, or choose a plan made for this model.")
+            return
+        self.push_plan(plan, f"Load {Path(path).name}")
+
+    def save_plan_file(self, path: str) -> None:
+        if self.state.plan is None:
+            return
+        try:
+            formats.save(path, self.state.plan)
+        except OSError as err:
+            show_error(self, "Cannot save plan", f"{path}: {err.strerror or err}", "Choose a folder you can write to.")
+            return
+        self.state.log(f"saved plan to {path}")
+
+    def _on_load_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load plan", "", "Plan files (*.json);;All files (*)")
+        if path:
+            self.load_plan_file(path)
+
+    def _on_save_clicked(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save plan", "plan.json", "Plan files (*.json)")
+        if path:
+            self.save_plan_file(path)
+
+    # solving -----------------------------------------------------------------------
+    def auto_solve(self) -> None:
+        problem = self.state.problem
+        if problem is None:
+            return
+        self._solve_kind = "solve"
+        self.solve_status.setText("Solving…")
+        self._solve_runner.start(planning_tasks.solve, problem, self.objective_combo.currentData())
+
+    def compare(self) -> None:
+        problem = self.state.problem
+        if problem is None:
+            return
+        self._solve_kind = "compare"
+        self.solve_status.setText("Comparing strategies…")
+        self._solve_runner.start(planning_tasks.compare_strategies, problem)
+
+    def _on_solver_busy_changed(self, busy: bool) -> None:
+        self.solve_progress.setVisible(busy)
+        self.solve_button.setEnabled(not busy and self.state.problem is not None)
+        self.compare_button.setEnabled(not busy and self.state.problem is not None)
+
+    def _on_solver_finished(self, _task: int, result) -> None:
+        if isinstance(result, planning_tasks.StrategyResult):
+            self.solve_status.setText(result.summary())
+            self.push_plan(result.plan, f"Auto-solve ({result.name})")
+            self.state.log(f"auto-solve: {result.summary()}")
+        else:
+            self.show_comparison(list(result))
+
+    def _on_solver_failed(self, _task: int, message: str) -> None:
+        self.solve_status.setText(message)
+        self.state.log(message, "error")
+        show_error(self, "Solving failed", message,
+                   "Relax the constraints (fewer excluded devices, less headroom) or add devices with more memory.")
+
+    def show_comparison(self, results: list[planning_tasks.StrategyResult]) -> None:
+        self.comparison = results
+        t = self.compare_table
+        t.setRowCount(len(results))
+        for i, r in enumerate(results):
+            name = QTableWidgetItem(r.name + ("" if r.feasible else " ✗"))
+            name.setToolTip(r.note or ("proven optimal" if r.optimal else ""))
+            if not r.feasible:
+                name.setForeground(QColor(theme_colors()["error"]))
+            t.setItem(i, 0, name)
+            t.setItem(i, 1, QTableWidgetItem(fmt_s(r.cost.latency_per_token_s) if r.cost else "—"))
+            t.setItem(i, 2, QTableWidgetItem(f"{r.cost.throughput_tokens_s:.1f}" if r.cost else "—"))
+            b = QPushButton("Adopt")
+            b.setAccessibleName(f"Adopt {r.name}")
+            b.setToolTip(f"Make the {r.name} plan the current plan (undoable)")
+            b.setEnabled(r.plan is not None)
+            b.clicked.connect(lambda _c=False, i=i: self.adopt(i))
+            t.setCellWidget(i, 3, b)
+        self.solve_status.setText(f"{len(results)} strategies compared; Adopt one to edit it.")
+        self._draw_comparison()
+
+    def adopt(self, index: int) -> None:
+        r = self.comparison[index]
+        if r.plan is not None:
+            self.push_plan(r.plan, f"Adopt {r.name}")
+
+    def _draw_comparison(self) -> None:
+        self.compare_plot.clear()
+        rs = [r for r in self.comparison if r.cost is not None]
+        if not rs:
+            return
+        c = theme_colors()
+        names = [r.name for r in rs]
+        ticks = [list(enumerate(names))]
+        for col, (title, values) in enumerate((
+            ("Latency / token (ms)", [min(r.cost.latency_per_token_s * 1e3, 1e9) for r in rs]),
+            ("Throughput (tokens/s)", [r.cost.throughput_tokens_s for r in rs]),
+        )):
+            p = self.compare_plot.addPlot(row=0, col=col, title=title)
+            p.setMenuEnabled(False)
+            p.setMouseEnabled(False, False)
+            brushes = [pg.mkBrush(c["accent"] if r.feasible else c["error"]) for r in rs]
+            finite = [v if math.isfinite(v) else 0.0 for v in values]
+            p.addItem(pg.BarGraphItem(x=list(range(len(rs))), height=finite, width=0.6, brushes=brushes))
+            ax = p.getAxis("bottom")
+            ax.setTicks(ticks)
+            ax.setStyle(tickFont=self.font())
+
+    def shutdown(self) -> None:
+        self._solve_runner.shutdown()

@@ -1,0 +1,101 @@
+"""What every screen of the studio shares: workspace, cluster, profile, problem and plan.
+
+Screens never talk to each other directly; they set values here and react to the
+past-tense signals. Values are the immutable core types, so a screen can keep a
+reference without copying. Setting an equal value emits nothing.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from PySide6.QtCore import QObject, Signal
+
+from core.cluster import Cluster
+from core.plan import ShardPlan
+from core.problem import PlanningProblem, Workload
+from core.profile import Profile
+
+
+class StudioState(QObject):
+    workspace_changed = Signal(str)
+    cluster_changed = Signal(object)
+    """Cluster | None: the devices the planner may use and the measured links."""
+    profile_changed = Signal(object)
+    problem_changed = Signal(object)
+    plan_changed = Signal(object)
+    model_changed = Signal(str)
+    connection_changed = Signal(str)
+    log_added = Signal(str, str)
+    """(level, text): level is "info", "warning" or "error"."""
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.workspace: str = ""
+        self.cluster: Cluster | None = None
+        self.profile: Profile | None = None
+        self.problem: PlanningProblem | None = None
+        self.plan: ShardPlan | None = None
+        self.model_name: str = ""
+        self.model_path: str = ""
+        """Checkpoint directory of the selected model, when it can be run."""
+        self.connection: str = "not connected"
+
+    def set_workspace(self, path: str) -> None:
+        if path != self.workspace:
+            self.workspace = path
+            self.workspace_changed.emit(path)
+
+    def set_cluster(self, cluster: Cluster | None) -> None:
+        if cluster != self.cluster:
+            self.cluster = cluster
+            self.cluster_changed.emit(cluster)
+
+    def set_model(self, name: str, path: str = "") -> None:
+        self.model_path = path or self.model_path
+        if name != self.model_name:
+            self.model_name = name
+            self.model_changed.emit(name)
+
+    def set_profile(self, profile: Profile | None, source: str | None = None, workload: Workload | None = None) -> None:
+        """A new profile also makes a new planning problem (its source defaults to the first device)."""
+        self.profile = profile
+        self.profile_changed.emit(profile)
+        if profile is None:
+            self.set_problem(None)
+            return
+        self.set_cluster(profile.cluster)
+        self.set_model(profile.model.name)
+        prev = self.problem
+        if source is None:
+            ids = profile.cluster.device_ids()
+            source = prev.source if prev is not None and prev.source in ids else ids[0]
+        if workload is None:
+            pw = profile.profiled_workload
+            workload = prev.workload if prev is not None else Workload(
+                prompt_tokens=pw.prompt_tokens if pw else 32, generated_tokens=32, batch_size=pw.batch_size if pw else 1
+            )
+        self.set_problem(PlanningProblem(name=profile.model.name, profile=profile, source=source, workload=workload))
+
+    def set_problem(self, problem: PlanningProblem | None) -> None:
+        if problem is self.problem:
+            return
+        self.problem = problem
+        self.problem_changed.emit(problem)
+
+    def update_problem(self, **changes) -> None:
+        """Replace fields of the current problem (source, excluded devices, headroom, workload)."""
+        if self.problem is not None:
+            self.set_problem(msgspec.structs.replace(self.problem, **changes))
+
+    def set_plan(self, plan: ShardPlan | None) -> None:
+        if plan != self.plan:
+            self.plan = plan
+            self.plan_changed.emit(plan)
+
+    def set_connection(self, text: str) -> None:
+        if text != self.connection:
+            self.connection = text
+            self.connection_changed.emit(text)
+
+    def log(self, text: str, level: str = "info") -> None:
+        self.log_added.emit(level, text)

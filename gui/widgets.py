@@ -1,0 +1,94 @@
+"""Small building blocks the screens share: headed panels, metric cards, inline errors."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMessageBox, QVBoxLayout, QWidget
+
+from core.errors import EdgeShardError
+
+
+def panel_header(title: str, subtitle: str) -> QWidget:
+    w = QWidget()
+    lay = QVBoxLayout(w)
+    lay.setContentsMargins(0, 0, 0, 4)
+    lay.setSpacing(0)
+    t = QLabel(title)
+    t.setProperty("role", "title")
+    s = QLabel(subtitle)
+    s.setProperty("role", "subtitle")
+    s.setWordWrap(True)
+    lay.addWidget(t)
+    lay.addWidget(s)
+    return w
+
+
+class MetricCard(QFrame):
+    """A labelled figure (e.g. "Latency / token  41.2 ms"); red when marked bad."""
+
+    def __init__(self, label: str, tooltip: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setProperty("role", "card")
+        self.setToolTip(tooltip)
+        self.setAccessibleName(label)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 8, 12, 8)
+        lay.setSpacing(2)
+        self._label = QLabel(label)
+        self._label.setProperty("role", "metricLabel")
+        self.value_label = QLabel("—")
+        self.value_label.setProperty("role", "metric")
+        self.value_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        lay.addWidget(self._label)
+        lay.addWidget(self.value_label)
+
+    def set_value(self, text: str, bad: bool = False) -> None:
+        self.value_label.setText(text)
+        self.value_label.setProperty("role", "metric")
+        self.value_label.setStyleSheet("color: palette(text);" if not bad else "color: #d32f2f;")
+        self.setAccessibleDescription(text)
+
+    def text(self) -> str:
+        return self.value_label.text()
+
+
+class InlineMessage(QLabel):
+    """An inline error with what to do, hidden when empty."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setProperty("role", "error")
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.setAccessibleName("Problems")
+        self.hide()
+
+    def show_lines(self, lines: list[str], heading: str = "") -> None:
+        if not lines:
+            self.clear()
+            self.hide()
+            return
+        body = "\n".join(f"• {x}" for x in lines)
+        self.setText(f"{heading}\n{body}" if heading else body)
+        self.show()
+
+
+def row(*widgets: QWidget, stretch_last: bool = False) -> QWidget:
+    w = QWidget()
+    lay = QHBoxLayout(w)
+    lay.setContentsMargins(0, 0, 0, 0)
+    for x in widgets:
+        lay.addWidget(x)
+    if not stretch_last:
+        lay.addStretch(1)
+    return w
+
+
+def show_error(parent: QWidget | None, title: str, err: BaseException | str, what_to_do: str = "") -> None:
+    """A dialog with the operator-facing message (never a traceback)."""
+    text = str(err) if isinstance(err, (EdgeShardError, str)) else f"{type(err).__name__}: {err}"
+    box = QMessageBox(QMessageBox.Warning, title, text, QMessageBox.Ok, parent)
+    if what_to_do:
+        box.setInformativeText(what_to_do)
+    box.setObjectName("errorDialog")
+    box.open()

@@ -1,0 +1,175 @@
+"""The plan editor: hand edits re-predict at once, violations say why, undo restores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtGui import QMouseEvent
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from core import formats
+from core.cost import evaluate
+from core.plan import plan_from_boundaries
+from gui.plan_editor import PlanEditorPanel
+from gui.planning_tasks import StrategyResult
+from gui.studio_state import StudioState
+from tests.gui.problems import MiB, make_problem
+
+
+@pytest.fixture
+def editor(qtbot):
+    state = StudioState()
+    panel = PlanEditorPanel(state)
+    qtbot.addWidget(panel)
+    panel.resize(1200, 800)
+    panel.show()
+    qtbot.waitExposed(panel)
+    yield panel
+    panel.shutdown()
+
+
+def two_stage(problem, boundary=5):
+    return plan_from_boundaries(problem.profile.model.name, problem.profile.model.num_units, ["phone", "server"], [boundary])
+
+
+def drag(widget, start: QPointF, end: QPointF) -> None:
+    """A real press–move–release sequence with the left button held during the move."""
+    for kind, pos, buttons in (
+        (QEvent.MouseButtonPress, start, Qt.LeftButton),
+        (QEvent.MouseMove, QPointF((start.x() + end.x()) / 2, end.y()), Qt.LeftButton),
+        (QEvent.MouseMove, end, Qt.LeftButton),
+        (QEvent.MouseButtonRelease, end, Qt.NoButton),
+    ):
+        ev = QMouseEvent(kind, pos, widget.mapToGlobal(pos), Qt.LeftButton, buttons, Qt.NoModifier)
+        QApplication.sendEvent(widget, ev)
+
+
+def test_new_problem_starts_with_everything_on_the_source_device(editor):
+    problem = make_problem(phone_memory=64 * 2**30)
+    editor.state.set_problem(problem)
+    assert editor.state.plan.devices() == ("phone",)
+    assert editor.cost.feasible
+    assert editor.latency_card.text().endswith("ms")
+
+
+def test_dragging_a_boundary_moves_units_and_changes_predicted_latency(editor, qtbot):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(two_stage(problem, 5), "start")
+    before_latency = editor.cost.latency_per_token_s
+    strip = editor.strip
+    start = strip.boundary_point(1)
+    end = QPointF(strip.unit_x(3), start.y())
+    drag(strip, start, end)
+    plan = editor.state.plan
+    assert plan.stages[1].start == 3 and plan.stages[0].end == 3
+    # more units on the fast server: lower latency, and the card shows the new figure
+    assert editor.cost.latency_per_token_s < before_latency
+    assert editor.cost == evaluate(editor.state.problem, plan)
+    assert editor.latency_card.text() == f"{editor.cost.latency_per_token_s * 1e3:.1f} ms"
+
+
+def test_undo_restores_the_plan_before_a_drag_and_redo_reapplies_it(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(two_stage(problem, 5), "start")
+    strip = editor.strip
+    drag(strip, strip.boundary_point(1), QPointF(strip.unit_x(7), strip.boundary_point(1).y()))
+    moved = editor.state.plan
+    assert moved.stages[1].start == 7
+    editor.undo_button.click()
+    assert editor.state.plan == two_stage(problem, 5)
+    assert editor.stage_table.item(1, 2).text() == "[5, 10)"
+    editor.redo_button.click()
+    assert editor.state.plan == moved
+
+
+def test_over_memory_stage_shows_its_reason_in_red(editor):
+    problem = make_problem(phone_memory=300 * MiB)
+    editor.state.set_problem(problem)
+    editor.push_plan(two_stage(problem, 6), "start")
+    cost = editor.cost
+    assert not cost.feasible
+    text = editor.violations.text()
+    assert editor.violations.isVisible()
+    assert "phone: needs" in text and "budget" in text
+    assert 0 in editor.strip._bad_stages
+    assert editor.status_card.text() == "1 violated"
+    # moving units off the phone fixes it
+    editor._on_strip_boundary_moved(1, 2)
+    assert editor.cost.feasible and not editor.violations.isVisible()
+
+
+def test_choosing_a_device_used_by_another_stage_swaps_them(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [2, 6]), "start")
+    combo = editor.stage_table.cellWidget(1, 1)
+    combo.setCurrentIndex(combo.findData("server"))
+    assert editor.state.plan.devices() == ("phone", "server", "laptop")
+
+
+def test_source_constraint_violation_names_the_source(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(two_stage(problem), "start")
+    editor.source_combo.setCurrentIndex(editor.source_combo.findData("laptop"))
+    assert editor.state.problem.source == "laptop"
+    assert any("source device is 'laptop'" in v for v in editor.cost.violations)
+
+
+def test_excluding_a_used_device_is_a_violation(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(two_stage(problem), "start")
+    item = editor.excluded_list.findItems("server", Qt.MatchExactly)[0]
+    item.setCheckState(Qt.Checked)
+    assert editor.state.problem.excluded_devices == ("server",)
+    assert any("'server' is excluded" in v for v in editor.cost.violations)
+
+
+def test_add_and_remove_stage_are_undoable(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.add_button.click()
+    assert len(editor.state.plan.stages) == 2
+    editor.stage_table.selectRow(1)
+    editor.remove_button.click()
+    assert len(editor.state.plan.stages) == 1
+    editor.undo_stack.undo()
+    editor.undo_stack.undo()
+    assert editor.state.plan.devices() == ("phone",)
+
+
+def test_compare_adopts_the_chosen_strategy(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    plans = [two_stage(problem, 3), plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [1, 4])]
+    results = [StrategyResult(name=f"s{i}", plan=p, cost=evaluate(problem, p)) for i, p in enumerate(plans)]
+    editor.show_comparison(results)
+    assert editor.compare_table.rowCount() == 2
+    editor.compare_table.cellWidget(1, 3).click()
+    assert editor.state.plan == plans[1]
+    editor.undo_stack.undo()
+    assert editor.state.plan.devices() == ("phone",)
+
+
+def test_saved_plan_loads_back_and_a_bad_file_is_refused(editor, tmp_path, qtbot):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(two_stage(problem, 4), "start")
+    path = tmp_path / "plan.json"
+    editor.save_plan_file(str(path))
+    assert json.loads(path.read_text())["format"] == "edgeshard.plan"
+    editor.undo_stack.undo()
+    editor.load_plan_file(str(path))
+    assert editor.state.plan == two_stage(problem, 4)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "edgeshard.profile"}')
+    editor.load_plan_file(str(bad))
+    assert editor.state.plan == two_stage(problem, 4)
+    box = editor.findChild(QMessageBox, "errorDialog")
+    assert box is not None and "expected format 'edgeshard.plan'" in box.text()
+    box.close()
