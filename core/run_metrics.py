@@ -1,0 +1,131 @@
+"""Figures of a run computed from its events and tokens: the one definition.
+
+The live view, a replay, the simulator and the store's recorded figures all call these
+pure functions on the same lists, so a replay shows exactly the numbers seen live and a
+prediction is measured by the same yardstick as a real run.
+
+Definitions (times in seconds on the run's clock, 0 = run start):
+- TTFT: arrival of the earliest step-0 token (the prefill's output) at the source.
+- per-token latency: mean gap between a micro-batch's consecutive token arrivals
+  (step s-1 → s, s ≥ 1): one decode step through every stage and back.
+- decode tokens/s: tokens of steps ≥ 1 arriving after the first decode arrival, over the
+  time from that first decode arrival to the last (fencepost-free rate).
+- tokens/s over time: tokens arrived per window of ``window_s``.
+- device utilisation: compute-busy time of a device over the run's span [0, end].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from agents.protocol import TimelineEvent, TokenEvent
+
+
+class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
+    ttft_s: float | None = None
+    per_token_latency_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    tokens_per_s: float | None = None
+    """All tokens over the time to the last one."""
+    tokens: int = 0
+    duration_s: float = 0.0
+    """End of the last event or token."""
+    utilisation: dict[str, float] = {}
+    """Device → fraction of [0, duration] spent computing."""
+
+
+def token_count(tokens: Iterable[TokenEvent]) -> int:
+    return sum(len(t.token_ids) for t in tokens)
+
+
+def ttft_s(tokens: Sequence[TokenEvent]) -> float | None:
+    firsts = [t.t_s for t in tokens if t.step == 0]
+    return min(firsts) if firsts else None
+
+
+def per_token_latency_s(tokens: Sequence[TokenEvent]) -> float | None:
+    by_mb: dict[int, dict[int, float]] = {}
+    for t in tokens:
+        by_mb.setdefault(t.micro_batch, {})[t.step] = t.t_s
+    gaps = [
+        steps[s] - steps[s - 1]
+        for steps in by_mb.values()
+        for s in sorted(steps)
+        if s >= 1 and s - 1 in steps
+    ]
+    return sum(gaps) / len(gaps) if gaps else None
+
+
+def decode_tokens_per_s(tokens: Sequence[TokenEvent]) -> float | None:
+    dec = sorted((t for t in tokens if t.step >= 1), key=lambda t: t.t_s)
+    if len(dec) < 2 or dec[-1].t_s <= dec[0].t_s:
+        return None
+    return token_count(dec[1:]) / (dec[-1].t_s - dec[0].t_s)
+
+
+def tokens_per_s_over_time(tokens: Sequence[TokenEvent], window_s: float = 1.0) -> list[tuple[float, float]]:
+    """(window start, tokens/s in the window) for every window up to the last token."""
+    if not tokens or window_s <= 0:
+        return []
+    end = max(t.t_s for t in tokens)
+    n = int(math.floor(end / window_s)) + 1
+    counts = [0] * n
+    for t in tokens:
+        counts[min(n - 1, int(t.t_s // window_s))] += len(t.token_ids)
+    return [(i * window_s, c / window_s) for i, c in enumerate(counts)]
+
+
+def duration_s(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent]) -> float:
+    return max([e.end_s for e in events] + [t.t_s for t in tokens] + [0.0])
+
+
+def utilisation(events: Sequence[TimelineEvent], until_s: float | None = None) -> dict[str, float]:
+    """Device → compute-busy fraction of [0, until_s] (default: the events' end)."""
+    span = until_s if until_s is not None else max((e.end_s for e in events), default=0.0)
+    busy: dict[str, float] = {}
+    for e in events:
+        if e.kind == "compute":
+            busy[e.device] = busy.get(e.device, 0.0) + max(0.0, min(e.end_s, span) - max(e.start_s, 0.0))
+        else:
+            busy.setdefault(e.device, 0.0)
+    return {d: (b / span if span > 0 else 0.0) for d, b in sorted(busy.items())}
+
+
+def compute_figures(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent]) -> RunFigures:
+    """Every figure of a run (or of the prefix of one seen so far)."""
+    dur = duration_s(events, tokens)
+    n = token_count(tokens)
+    last_tok = max((t.t_s for t in tokens), default=0.0)
+    return RunFigures(
+        ttft_s=ttft_s(tokens),
+        per_token_latency_s=per_token_latency_s(tokens),
+        decode_tokens_per_s=decode_tokens_per_s(tokens),
+        tokens_per_s=(n / last_tok) if n and last_tok > 0 else None,
+        tokens=n,
+        duration_s=dur,
+        utilisation=utilisation(events, dur),
+    )
+
+
+class LiveMetrics:
+    """Accumulates a run's events and tokens as they arrive; ``figures()`` on demand.
+
+    Not thread-safe by itself: feed it from one thread (the GUI's queued slot, the
+    replay loop). Live and replay use this same class, so they agree by construction.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[TimelineEvent] = []
+        self.tokens: list[TokenEvent] = []
+
+    def add_event(self, ev: TimelineEvent) -> None:
+        self.events.append(ev)
+
+    def add_tokens(self, tok: TokenEvent) -> None:
+        self.tokens.append(tok)
+
+    def figures(self) -> RunFigures:
+        return compute_figures(self.events, self.tokens)
