@@ -101,7 +101,8 @@ def remember_workspace(path: str) -> list[str]:
 
 def create_app(argv: list[str] | None = None) -> QApplication:
     """The one QApplication, high-DPI aware, themed from the saved preference."""
-    QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
+    if QApplication.instance() is None:
+        QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
     app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv[:1])
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
@@ -109,3 +110,19 @@ def create_app(argv: list[str] | None = None) -> QApplication:
     mode = settings().value("theme", "light")
     apply_theme(app, "dark" if mode == "dark" else "light")
     return app
+
+
+def style_plot(widget) -> None:
+    """Give an existing pyqtgraph widget (and its axes) the active theme's colours.
+
+    pyqtgraph reads its config only when an item is created, so a theme switch must
+    restyle widgets that outlive it.
+    """
+    c = theme_colors()
+    widget.setBackground(c["plot_bg"])
+    plot_item = widget.getPlotItem() if hasattr(widget, "getPlotItem") else None
+    if plot_item is not None:
+        for name in ("left", "bottom", "right", "top"):
+            ax = plot_item.getAxis(name)
+            ax.setPen(c["plot_fg"])
+            ax.setTextPen(c["plot_fg"])

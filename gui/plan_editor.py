@@ -45,7 +45,7 @@ from core.plan import ShardPlan
 from core.plan_edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
 from core.problem import PlanningProblem
 from gui import planning_tasks
-from gui.app import stage_color, theme_colors
+from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.unit_strip import UnitStripView
 from gui.widgets import InlineMessage, MetricCard, panel_header, show_error
@@ -263,9 +263,9 @@ class PlanEditorPanel(QWidget):
         self.compare_table.setAccessibleName("Strategies")
         self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.compare_table.horizontalHeader().setStretchLastSection(True)
+        self.compare_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
         form.addRow(self.compare_table)
-        box.setMinimumWidth(330)
+        box.setMinimumWidth(380)
         return box
 
     # state -> view ----------------------------------------------------------------
@@ -328,6 +328,8 @@ class PlanEditorPanel(QWidget):
             self.violations.show_lines(list(cost.violations), "This plan cannot run as it is:")
         self._fill_stage_table(problem, plan, cost)
         self.cost_changed.emit(cost)
+        if self.comparison:
+            self._draw_comparison()
 
     def _bad_stages(self, plan: ShardPlan | None, cost: PlanCost | None) -> set[int]:
         if plan is None or cost is None:
@@ -558,6 +560,7 @@ class PlanEditorPanel(QWidget):
 
     def _draw_comparison(self) -> None:
         self.compare_plot.clear()
+        style_plot(self.compare_plot)
         rs = [r for r in self.comparison if r.cost is not None]
         if not rs:
             return

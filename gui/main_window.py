@@ -1,0 +1,302 @@
+"""The studio's one main window: a sidebar of screens, menus, shortcuts, status bar, log dock.
+
+Screens share a ``StudioState``; the window only arranges them, routes menu actions
+and remembers its geometry, dock layout, last screen and recent workspaces (QSettings).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMessageBox,
+    QPlainTextEdit,
+    QStackedWidget,
+    QWidget,
+)
+
+from core import formats
+from core.errors import EdgeShardError
+from core.problem import PlanningProblem
+from core.profile import Profile
+from gui import app as studio_app
+from gui.studio_state import StudioState
+from gui.widgets import panel_header, show_error
+
+SCREENS = ("Devices", "Cluster", "Profile", "Plan", "Run", "Sessions")
+
+
+class MissingScreen(QWidget):
+    """Stands in for a screen whose module is not available, saying which and why."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__()
+        from PySide6.QtWidgets import QVBoxLayout
+
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(16, 12, 16, 12)
+        lay.addWidget(panel_header(name, f"This screen is not available in this build: {reason}"))
+        lay.addStretch(1)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, state: StudioState | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state or StudioState(self)
+        self.setWindowTitle("EdgeShard Studio")
+        self.setObjectName("mainWindow")
+        self.screens: dict[str, QWidget] = {}
+        self._build_screens()
+        self._build_log_dock()
+        self._build_status_bar()
+        self._build_menus()
+        self.state.workspace_changed.connect(self._on_state_workspace_changed)
+        self.state.model_changed.connect(lambda m: self.model_label.setText(f"Model: {m or '—'}"))
+        self.state.connection_changed.connect(lambda c: self.connection_label.setText(f"● {c}"))
+        self.state.log_added.connect(self._on_state_log_added)
+        self.resize(1440, 900)
+        self._restore_layout()
+
+    # construction ---------------------------------------------------------------
+    def _build_screens(self) -> None:
+        central = QWidget()
+        lay = QHBoxLayout(central)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        self.sidebar = QListWidget()
+        self.sidebar.setObjectName("sidebar")
+        self.sidebar.setAccessibleName("Screens")
+        self.sidebar.setFixedWidth(150)
+        self.stack = QStackedWidget()
+        for i, name in enumerate(SCREENS):
+            widget = self._make_screen(name)
+            self.screens[name] = widget
+            self.stack.addWidget(widget)
+            item = QListWidgetItem(name)
+            item.setToolTip(f"{name} screen (Ctrl+{i + 1})")
+            self.sidebar.addItem(item)
+        self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
+        self.sidebar.setCurrentRow(0)
+        lay.addWidget(self.sidebar)
+        lay.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+
+    def _make_screen(self, name: str) -> QWidget:
+        s = self.state
+        try:
+            if name == "Plan":
+                from gui.plan_editor import PlanEditorPanel
+
+                return PlanEditorPanel(s)
+            if name == "Devices":
+                from gui.devices_panel import DevicesPanel
+
+                return DevicesPanel(s)
+            if name == "Cluster":
+                from gui.cluster_panel import ClusterPanel
+
+                return ClusterPanel(s)
+            if name == "Profile":
+                from gui.profile_panel import ProfilePanel
+
+                return ProfilePanel(s)
+            if name == "Run":
+                from gui.screens_embed import make_run_screen
+
+                return make_run_screen(s)
+            if name == "Sessions":
+                from gui.screens_embed import make_sessions_screen
+
+                return make_sessions_screen(s)
+        except ImportError as err:
+            return MissingScreen(name, f"{err}")
+        return MissingScreen(name, "unknown screen")
+
+    def _build_log_dock(self) -> None:
+        self.log_view = QPlainTextEdit()
+        self.log_view.setReadOnly(True)
+        self.log_view.setMaximumBlockCount(5000)
+        self.log_view.setAccessibleName("Log")
+        self.log_dock = QDockWidget("Log", self)
+        self.log_dock.setObjectName("logDock")
+        self.log_dock.setWidget(self.log_view)
+        self.addDockWidget(Qt.BottomDockWidgetArea, self.log_dock)
+        self.log_dock.setMinimumHeight(80)
+        self.resizeDocks([self.log_dock], [120], Qt.Vertical)
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.workspace_label = QLabel("Workspace: (none)")
+        self.workspace_label.setToolTip("The SQLite workspace where sessions and runs are recorded")
+        self.model_label = QLabel("Model: —")
+        self.model_label.setToolTip("The model being planned and run")
+        self.connection_label = QLabel(f"● {self.state.connection}")
+        self.connection_label.setToolTip("Connection to the device agents")
+        for w in (self.workspace_label, self.model_label, self.connection_label):
+            w.setContentsMargins(8, 0, 8, 0)
+            sb.addPermanentWidget(w)
+
+    def _action(self, menu, text: str, slot, shortcut=None, tip: str = "") -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+        a.setToolTip(tip or text)
+        a.setStatusTip(tip or text)
+        a.triggered.connect(slot)
+        menu.addAction(a)
+        return a
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        f = mb.addMenu("&File")
+        self._action(f, "Open workspace…", self._on_open_workspace, QKeySequence.Open, "Open or create a workspace file")
+        self.recent_menu = f.addMenu("Recent workspaces")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        f.addSeparator()
+        self._action(f, "Load profile…", self._on_load_profile, "Ctrl+Shift+P", "Load a profile or problem file")
+        plan = self.screens.get("Plan")
+        if hasattr(plan, "load_plan_file"):
+            self._action(f, "Load plan…", plan._on_load_clicked, "Ctrl+Shift+O", "Load a plan file")
+            self._action(f, "Save plan…", plan._on_save_clicked, QKeySequence.Save, "Save the current plan")
+        f.addSeparator()
+        self._action(f, "Quit", self.close, QKeySequence.Quit)
+
+        e = mb.addMenu("&Edit")
+        if hasattr(plan, "undo_stack"):
+            e.addAction(plan.undo_action)
+            e.addAction(plan.redo_action)
+
+        v = mb.addMenu("&View")
+        for i, name in enumerate(SCREENS):
+            self._action(v, name, lambda _c=False, i=i: self.show_screen(SCREENS[i]), f"Ctrl+{i + 1}", f"Show the {name} screen")
+        v.addSeparator()
+        v.addAction(self.log_dock.toggleViewAction())
+        self.dark_action = self._action(v, "Dark theme", self._on_dark_toggled, "Ctrl+Shift+D", "Switch between light and dark")
+        self.dark_action.setCheckable(True)
+        self.dark_action.setChecked(studio_app.theme_mode() == "dark")
+
+        p = mb.addMenu("&Plan")
+        if hasattr(plan, "auto_solve"):
+            self._action(p, "Auto-solve", lambda: (self.show_screen("Plan"), plan.auto_solve()), "Ctrl+R",
+                         "Solve for the selected objective")
+            self._action(p, "Compare strategies", lambda: (self.show_screen("Plan"), plan.compare()), "Ctrl+Shift+C",
+                         "Compare every strategy")
+        h = mb.addMenu("&Help")
+        self._action(h, "Keyboard shortcuts", self._on_shortcuts, "F1")
+        self._action(h, "About EdgeShard Studio", self._on_about)
+
+    # behaviour ----------------------------------------------------------------------
+    def show_screen(self, name: str) -> None:
+        self.sidebar.setCurrentRow(SCREENS.index(name))
+
+    def current_screen(self) -> str:
+        return SCREENS[self.stack.currentIndex()]
+
+    def open_workspace(self, path: str) -> None:
+        self.state.set_workspace(str(Path(path).resolve()))
+        studio_app.remember_workspace(path)
+
+    def load_profile_file(self, path: str) -> bool:
+        """Load a profile (or a whole problem); a wrong file is a dialog with what to do."""
+        try:
+            kind = formats.format_of(path)
+            if kind == "edgeshard.problem":
+                problem = formats.load(path, PlanningProblem)
+                self.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+                self.state.set_problem(problem)
+            else:
+                self.state.set_profile(formats.load(path, Profile))
+        except EdgeShardError as err:
+            show_error(self, "Cannot load profile", err,
+                       "Choose a file written by `edgeshard profile` or `edgeshard scenario` (format edgeshard.profile).")
+            return False
+        self.state.log(f"loaded {path}")
+        return True
+
+    def _on_open_workspace(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Open or create workspace", "workspace.edgeshard",
+                                              "Workspaces (*.edgeshard *.sqlite *.db);;All files (*)",
+                                              options=QFileDialog.DontConfirmOverwrite)
+        if path:
+            self.open_workspace(path)
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        items = studio_app.recent_workspaces()
+        if not items:
+            a = self.recent_menu.addAction("(none yet)")
+            a.setEnabled(False)
+        for p in items:
+            self.recent_menu.addAction(p, lambda p=p: self.open_workspace(p))
+
+    def _on_load_profile(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load profile", "", "Profile or problem (*.json);;All files (*)")
+        if path:
+            self.load_profile_file(path)
+
+    def _on_dark_toggled(self, checked: bool) -> None:
+        mode = "dark" if checked else "light"
+        studio_app.apply_theme(QApplication.instance(), mode)
+        studio_app.settings().setValue("theme", mode)
+        for w in self.screens.values():
+            if hasattr(w, "refresh"):
+                w.refresh()
+
+    def _on_shortcuts(self) -> None:
+        lines = [f"Ctrl+{i + 1}: {n}" for i, n in enumerate(SCREENS)] + [
+            "Ctrl+O: open workspace", "Ctrl+Shift+P: load profile", "Ctrl+S: save plan", "Ctrl+Z / Ctrl+Shift+Z: undo / redo",
+            "Ctrl+R: auto-solve", "Ctrl+Shift+C: compare strategies", "Ctrl+Shift+D: dark theme",
+        ]
+        QMessageBox.information(self, "Keyboard shortcuts", "\n".join(lines))
+
+    def _on_about(self) -> None:
+        QMessageBox.about(self, "EdgeShard Studio",
+                          "Run one LLM collaboratively across edge devices: discover, deploy, profile, plan, run, replay.")
+
+    def _on_state_workspace_changed(self, path: str) -> None:
+        self.workspace_label.setText(f"Workspace: {Path(path).name if path else '(none)'}")
+        self.workspace_label.setToolTip(path)
+        self.setWindowTitle(f"EdgeShard Studio — {Path(path).name}" if path else "EdgeShard Studio")
+
+    def _on_state_log_added(self, level: str, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.log_view.appendPlainText(f"{stamp}  {level.upper():7s} {text}")
+        if level in ("warning", "error"):
+            self.statusBar().showMessage(text, 8000)
+
+    # persistence ----------------------------------------------------------------------
+    def _restore_layout(self) -> None:
+        s = studio_app.settings()
+        geo, st = s.value("window/geometry"), s.value("window/state")
+        if isinstance(geo, QByteArray) and not geo.isEmpty():
+            self.restoreGeometry(geo)
+        if isinstance(st, QByteArray) and not st.isEmpty():
+            self.restoreState(st)
+        screen = s.value("window/screen", "Devices")
+        if screen in SCREENS:
+            self.show_screen(screen)
+
+    def save_layout(self) -> None:
+        s = studio_app.settings()
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        s.setValue("window/screen", self.current_screen())
+        s.sync()
+
+    def closeEvent(self, event) -> None:
+        self.save_layout()
+        for w in self.screens.values():
+            if hasattr(w, "shutdown"):
+                w.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,133 @@
+"""Render every screen of the studio into docs/screenshots/*.png (a real xcb window).
+
+    QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshots.py [--no-demo]
+
+With the demo (default) it starts the local demo cluster, profiles it, auto-solves and
+runs a real generation before taking the Run and Sessions shots, exactly as a user
+would through the GUI's own actions. ``--no-demo`` uses a synthetic scenario instead
+(no agents; the Run screen stays empty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "docs" / "screenshots"
+
+
+def wait(app, seconds: float, until=None) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        app.processEvents()
+        if until is not None and until():
+            return True
+        time.sleep(0.02)
+    return until is None
+
+
+def grab(app, window, name: str) -> Path:
+    wait(app, 0.4)
+    window.repaint()
+    app.processEvents()
+    screen = window.screen()
+    pix = screen.grabWindow(window.winId()) if os.environ.get("QT_QPA_PLATFORM") == "xcb" else window.grab()
+    if pix.isNull() or pix.width() < 10:
+        pix = window.grab()
+    path = OUT / f"{name}.png"
+    pix.save(str(path), "PNG")
+    print(f"wrote {path.relative_to(ROOT)} ({pix.width()}x{pix.height()})")
+    return path
+
+
+def synthetic_problem():
+    from core.scenarios import DeviceSpec, synthetic_problem
+
+    devices = [
+        DeviceSpec(id="jetson-nx", name="Jetson Orin NX", tflops=12, memory_bandwidth_gb_s=102.4, memory_gib=6),
+        DeviceSpec(id="jetson-agx", name="Jetson AGX Orin", tflops=27, memory_bandwidth_gb_s=204.8, memory_gib=12),
+        DeviceSpec(id="laptop", name="Laptop", tflops=8, memory_bandwidth_gb_s=60, memory_gib=8),
+        DeviceSpec(id="server", name="RTX 3090 server", tflops=71, memory_bandwidth_gb_s=936, memory_gib=20),
+    ]
+    from core.scenarios import full_mesh
+
+    links = full_mesh([d.id for d in devices], 200.0, 2.0, overrides={
+        ("jetson-nx", "server"): (50.0, 10.0), ("server", "jetson-nx"): (50.0, 10.0),
+        ("laptop", "server"): (100.0, 5.0), ("server", "laptop"): (100.0, 5.0),
+        ("jetson-nx", "jetson-agx"): (1000.0, 0.5), ("jetson-agx", "jetson-nx"): (1000.0, 0.5),
+    })
+    return synthetic_problem(devices, "llama-2-13b", links=links)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-demo", action="store_true", help="use a synthetic scenario, start no agents")
+    ap.add_argument("--theme", choices=["light", "dark", "both"], default="both")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    from gui import app as studio_app
+    from gui.main_window import MainWindow
+
+    app = studio_app.create_app(["screenshots"])
+    studio_app.settings().clear()
+    studio_app.apply_theme(app, "light")
+    window = MainWindow()
+    window.resize(1560, 960)
+    window.show()
+    wait(app, 1.0)
+
+    demo = None
+    if not args.no_demo:
+        from gui.demo import DemoSession
+
+        demo = DemoSession(window.state, window=window)
+        demo.start()
+        if not wait(app, 120, demo.is_ready):
+            print("demo did not become ready: " + demo.describe(), file=sys.stderr)
+    else:
+        problem = synthetic_problem()
+        window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+        window.state.set_workspace(str(ROOT / "demo.edgeshard"))
+        window.state.set_connection("synthetic scenario (no agents)")
+    try:
+        plan = window.screens["Plan"]
+        for name in ("Devices", "Cluster", "Profile"):
+            window.show_screen(name)
+            grab(app, window, name.lower())
+        window.show_screen("Plan")
+        plan.auto_solve()
+        wait(app, 60, lambda: not plan._solve_runner.is_busy())
+        grab(app, window, "plan")
+        plan.compare()
+        wait(app, 60, lambda: not plan._solve_runner.is_busy())
+        grab(app, window, "plan-compare")
+        if demo is not None:
+            demo.run_once(window)
+            window.show_screen("Run")
+            wait(app, 180, demo.run_finished)
+            grab(app, window, "run")
+            window.show_screen("Sessions")
+            grab(app, window, "sessions")
+        if args.theme in ("dark", "both"):
+            window.dark_action.setChecked(True)
+            window._on_dark_toggled(True)
+            window.show_screen("Plan")
+            grab(app, window, "plan-dark")
+            window.show_screen("Cluster")
+            grab(app, window, "cluster-dark")
+    finally:
+        window.close()
+        if demo is not None:
+            demo.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The main window: every screen reachable, shortcuts, status bar, remembered layout."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QMessageBox
+
+from core import formats
+from gui import app as studio_app
+from gui.main_window import SCREENS, MainWindow
+from tests.gui.problems import make_problem
+
+
+@pytest.fixture
+def isolated_settings(tmp_path, monkeypatch):
+    """QSettings in a temporary folder, so tests never touch the user's own settings."""
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
+    yield tmp_path
+
+
+@pytest.fixture
+def window(qtbot, isolated_settings):
+    studio_app.create_app()
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitExposed(w)
+    yield w
+    w.close()
+
+
+def test_every_screen_is_in_the_sidebar_and_ctrl_number_switches_to_it(window, qtbot):
+    assert [window.sidebar.item(i).text() for i in range(window.sidebar.count())] == list(SCREENS)
+    for i, name in enumerate(SCREENS):
+        qtbot.keyClick(window, Qt.Key_1 + i, Qt.ControlModifier)
+        assert window.current_screen() == name
+        assert window.stack.currentWidget() is window.screens[name]
+
+
+def test_loading_a_profile_file_sets_model_in_status_bar_and_a_plan(window, tmp_path):
+    problem = make_problem()
+    path = tmp_path / "problem.json"
+    formats.save(path, problem)
+    assert window.load_profile_file(str(path))
+    assert window.model_label.text() == "Model: tiny-llama"
+    assert window.state.plan is not None and window.state.plan.devices() == ("phone",)
+
+
+def test_a_wrong_file_is_a_dialog_with_what_to_do_not_a_traceback(window, tmp_path):
+    bad = tmp_path / "notes.json"
+    bad.write_text("{not json")
+    assert not window.load_profile_file(str(bad))
+    box = window.findChild(QMessageBox, "errorDialog")
+    assert box is not None and "not valid JSON" in box.text() and "edgeshard profile" in box.informativeText()
+    box.close()
+
+
+def test_workspace_appears_in_status_bar_and_in_recent_workspaces(window, tmp_path):
+    ws = tmp_path / "lab.edgeshard"
+    window.open_workspace(str(ws))
+    assert window.workspace_label.text() == "Workspace: lab.edgeshard"
+    assert studio_app.recent_workspaces()[0] == str(ws.resolve())
+
+
+def test_window_geometry_and_last_screen_are_restored(qtbot, isolated_settings):
+    studio_app.create_app()
+    first = MainWindow()
+    qtbot.addWidget(first)
+    first.resize(720, 520)
+    first.show_screen("Cluster")
+    first.close()
+    second = MainWindow()
+    qtbot.addWidget(second)
+    assert second.current_screen() == "Cluster"
+    assert (second.width(), second.height()) == (720, 520)
+    second.close()
+
+
+def test_log_messages_reach_the_log_dock(window):
+    window.state.log("agent on phone started")
+    window.state.log("phone went offline", "warning")
+    text = window.log_view.toPlainText()
+    assert "INFO    agent on phone started" in text and "WARNING phone went offline" in text
+
+
+def test_dark_theme_switch_restyles_without_errors(window):
+    window._on_dark_toggled(True)
+    assert studio_app.theme_mode() == "dark"
+    assert window.palette().window().color().name() == studio_app.theme_colors()["window"]
+    window._on_dark_toggled(False)
+    assert studio_app.theme_mode() == "light"

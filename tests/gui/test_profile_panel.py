@@ -1,0 +1,69 @@
+"""The profile screen shows what was measured and runs profiling in a worker."""
+
+from __future__ import annotations
+
+import threading
+
+from core.reporting import Cancelled
+from gui.profile_panel import ProfilePanel
+from gui.studio_state import StudioState
+from tests.gui.problems import make_problem
+
+
+def test_profile_shows_workload_curves_per_device_and_budgets(qtbot):
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    problem = make_problem()
+    state.set_profile(problem.profile)
+    text = panel.workload_label.text()
+    assert "tiny-llama" in text and "prompt 32 tokens, batch 1" in text and "synthetic" in text
+    decode = panel.plots.getItem(0, 0)
+    assert [c.name() for c in decode.listDataItems()] == ["phone", "laptop", "server"]
+    ys = decode.listDataItems()[0].yData
+    assert abs(ys[1] - 0.002 * 4 * 1e3) < 1e-9
+
+
+def test_profiling_without_agents_says_what_to_do(qtbot):
+    panel = ProfilePanel(StudioState())
+    qtbot.addWidget(panel)
+    assert not panel.profile_button.isEnabled()
+    panel.start_profiling()
+    assert "Deploy and start agents" in panel.error.text()
+
+
+def test_profiling_runs_in_a_worker_and_sets_the_profile(qtbot):
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    problem = make_problem()
+    threads = []
+
+    def fake_measure(reporter):
+        threads.append(threading.current_thread())
+        for i in range(3):
+            reporter.progress(i + 1, 3)
+        return problem.profile
+
+    panel.set_profile_task(fake_measure)
+    with qtbot.waitSignal(state.profile_changed, timeout=5000):
+        panel.profile_button.click()
+    assert threads[0] is not threading.main_thread()
+    assert state.profile == problem.profile and state.problem.source == "phone"
+    panel.shutdown()
+
+
+def test_a_failed_profiling_run_is_shown_inline(qtbot):
+    panel = ProfilePanel(StudioState())
+    qtbot.addWidget(panel)
+
+    def failing(reporter):
+        from core.errors import RunFailed
+
+        raise RunFailed("agent stopped answering", device="phone")
+
+    panel.set_profile_task(failing)
+    with qtbot.waitSignal(panel.runner.task_failed, timeout=5000):
+        panel.start_profiling()
+    assert "phone: agent stopped answering" in panel.error.text()
+    panel.shutdown()
