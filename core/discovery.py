@@ -241,11 +241,13 @@ class DeviceDiscovery:
 
     # zeroconf side ---------------------------------------------------------------
     def _find(self, host: str | None, addresses: Iterable[str]) -> str | None:
+        """Records merge by host name; a hand-added host (known only by address) also
+        absorbs the records of its address. Two names on one address stay two devices."""
         if host and host in self._devices:
             return host
         addrs = set(addresses)
         for d in self._devices.values():
-            if addrs & set(d.addresses):
+            if (d.manual or host is None) and addrs & set(d.addresses):
                 return d.id
         return None
 

@@ -42,3 +42,118 @@ def workspace(tmp_path):
     ws = tmp_path / "workspace"
     ws.mkdir()
     return ws
+
+
+_BUS_CONF = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={sock}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/><allow own="*"/><allow send_destination="*"/><allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"""
+
+_AVAHI_CONF = """[server]
+host-name={host}
+use-ipv4=yes
+use-ipv6=no
+allow-interfaces=eth0
+enable-dbus=yes
+[wide-area]
+enable-wide-area=no
+[publish]
+publish-aaaa-on-ipv4=no
+publish-hinfo=no
+publish-workstation=no
+"""
+
+_SSH_SERVICE = """<?xml version="1.0" standalone='no'?>
+<!DOCTYPE service-group SYSTEM "avahi-service.dtd">
+<service-group>
+  <name>{name}</name>
+  <service><type>_ssh._tcp</type><port>22</port></service>
+</service-group>
+"""
+
+
+class AvahiPeer:
+    """avahi-daemon 0.8 in its own namespace on the testbed bridge, with a private D-Bus."""
+
+    def __init__(self, address: str, host: str, service_name: str, bus: Path):
+        self.address, self.host, self.service_name, self.bus = address, host, service_name, bus
+
+    def browse(self, service_type: str, timeout_s: float = 8.0) -> str:
+        import subprocess
+
+        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=f"unix:path={self.bus}")
+        proc = subprocess.run(["avahi-browse", "-prt", service_type], env=env, capture_output=True,
+                              text=True, timeout=timeout_s + 5)
+        return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def avahi_peer(testbed, tmp_path_factory):
+    """A real avahi-daemon publishing a static ``_ssh._tcp`` service on the testbed bridge.
+
+    Recipe from PLATFORM-NOTES: private dirs bind-mounted over /etc/avahi/services and a
+    tmpfs /run inside ``ip netns exec``'s own mount namespace; D-Bus is a private daemon
+    on a unix socket so ``avahi-browse`` can talk to it. The namespace is named like a
+    testbed device so the testbed's ``down`` also removes it if this fixture crashes.
+    """
+    import shutil
+    import subprocess
+    import time
+
+    if not (shutil.which("avahi-daemon") and shutil.which("dbus-daemon") and shutil.which("avahi-browse")):
+        pytest.skip("avahi-daemon, dbus-daemon and avahi-browse are needed (scripts/install-system-deps.sh)")
+    d = tmp_path_factory.mktemp("avahi")
+    (d / "services").mkdir()
+    host = f"{SESSION_TESTBED}avahi"
+    (d / "services" / "ssh.service").write_text(_SSH_SERVICE.format(name="avahi-published-box"))
+    (d / "avahi.conf").write_text(_AVAHI_CONF.format(host=host))
+    bus = d / "bus"
+    (d / "bus.conf").write_text(_BUS_CONF.format(sock=bus))
+    ns, veth, address = f"es-{SESSION_TESTBED}9", f"es{SESSION_TESTBED}9", "10.79.0.9"
+    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, timeout=30)  # noqa: E731
+    run("ip", "netns", "add", ns)
+    procs: list[subprocess.Popen] = []
+    try:
+        run("ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p")
+        run("ip", "link", "set", veth + "p", "netns", ns)
+        run("ip", "link", "set", veth, "master", testbed.bridge, "up")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", veth + "p", "name", "eth0")
+        run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        dbus_log = open(d / "dbus.log", "wb")
+        procs.append(subprocess.Popen(["dbus-daemon", "--nofork", f"--config-file={d / 'bus.conf'}"],
+                                      stdout=dbus_log, stderr=dbus_log))
+        for _ in range(100):
+            if bus.exists():
+                break
+            time.sleep(0.05)
+        script = (f"mount --bind {d / 'services'} /etc/avahi/services && "
+                  "mount -t tmpfs edgeshard-avahi /run && mkdir /run/avahi-daemon && "
+                  f"exec avahi-daemon --no-drop-root --no-chroot --no-rlimits -f {d / 'avahi.conf'}")
+        log = open(d / "avahi.log", "wb")
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "sh", "-c", script], stdout=log, stderr=log,
+                                      env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=f"unix:path={bus}")))
+        deadline = time.monotonic() + 10
+        while b"successfully established" not in (d / "avahi.log").read_bytes():
+            if time.monotonic() > deadline or procs[-1].poll() is not None:
+                pytest.fail("avahi-daemon did not start:\n" + (d / "avahi.log").read_text(errors="replace"))
+            time.sleep(0.1)
+        yield AvahiPeer(address, host, "avahi-published-box", bus)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
