@@ -1,0 +1,619 @@
+"""The pipeline timeline: one lane per device, one box per compute / transfer / wait.
+
+Drawing is batched (ARCHITECTURE.md, Concurrency): events are appended to numpy columns,
+and applied to the plot on a ~30 Hz timer. Each ``TimelineBoxesItem`` draws ALL its boxes
+in one ``paint`` with one ``QPainter.drawRects`` call per style (kind x phase x colour),
+fed straight from numpy through pyqtgraph's ``PrimitiveArray`` and limited to the visible
+time range — never one graphics item or one ``setData`` per event, which is what keeps
+100k boxes pannable and a 2,000 events/s stream cheap.
+
+Encoding: colour = micro-batch; prefill = the colour, hatched; decode = the colour, plain;
+a transfer (``send``) is a thinner box in the lower band of the sender's lane; a
+``recv_wait`` is drawn faintly behind compute. A second plot below shows the predicted
+timeline (the simulator's ``TimelineEvent``s for the same plan) on the same time axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from pyqtgraph.Qt.internals import PrimitiveArray
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QBrush, QColor, QCursor, QPalette, QPen
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
+                               QVBoxLayout, QWidget)
+
+from agents.protocol import TimelineEvent
+
+KINDS = ("compute", "send", "recv_wait")
+PHASES = ("prefill", "decode")
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
+
+MICRO_BATCH_COLOURS = (
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1",
+    "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac",
+)
+"""Tableau 10: distinct on light and dark backgrounds."""
+
+# Vertical bands inside a lane of height 1 (lane i spans [i, i+1), y grows downwards).
+BANDS = {0: (0.10, 0.62), 1: (0.66, 0.90), 2: (0.10, 0.62)}
+
+BOX_DTYPE = np.dtype([("lane", "i4"), ("kind", "i1"), ("phase", "i1"), ("micro_batch", "i4"),
+                      ("step", "i4"), ("start_s", "f8"), ("end_s", "f8"), ("nbytes", "i8")])
+
+
+class _Columns:
+    """Growable numpy columns (capacity doubles, appends are amortised O(1))."""
+
+    def __init__(self, dtype: np.dtype, capacity: int = 1024):
+        self._data = np.zeros(capacity, dtype=dtype)
+        self.size = 0
+
+    def extend(self, rows: np.ndarray) -> None:
+        need = self.size + len(rows)
+        if need > len(self._data):
+            grown = np.zeros(max(need, 2 * len(self._data)), dtype=self._data.dtype)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size:need] = rows
+        self.size = need
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._data[: self.size]
+
+    def clear(self) -> None:
+        self.size = 0
+
+
+@dataclass(frozen=True)
+class _Style:
+    brush: QBrush
+    hatch: QBrush | None
+
+
+def _aggregate_subpixel(x0, x1, y0, y1, xmin: float, px: float):
+    """Level of detail: merge boxes at most two pixels wide into per-pixel-column runs.
+
+    Zoomed out over a long run, most boxes are narrower than a pixel; drawing each is
+    wasted work. Narrow boxes mark an occupancy bitmap (rows = distinct y bands, columns =
+    pixels) and each run of occupied columns becomes one rect. The picture is the same at
+    this zoom; wider boxes are kept as they are. Cost is O(n + rows x width), no sort.
+    """
+    c0 = np.floor((x0 - xmin) / px).astype(np.int64)
+    c1 = np.floor((x1 - xmin) / px).astype(np.int64)
+    lo = min(int(c0.min()), 0)
+    c0 -= lo
+    c1 -= lo
+    narrow = (c1 - c0) <= 1
+    if not narrow.any():
+        return x0, x1, y0, y1
+    bands, row = np.unique(y0[narrow], return_inverse=True)
+    heights = np.empty(len(bands))
+    heights[row] = (y1 - y0)[narrow]
+    width = int(c1[narrow].max()) + 3
+    occ = np.zeros((len(bands), width), dtype=bool)
+    occ[row, c0[narrow]] = True
+    occ[row, c1[narrow]] = True
+    padded = np.zeros((len(bands), width + 2), dtype=np.int8)
+    padded[:, 1:-1] = occ
+    edges = np.diff(padded, axis=1)
+    r_start, col_start = np.nonzero(edges == 1)
+    r_end, col_end = np.nonzero(edges == -1)  # same row-major order as the starts
+    ax0 = xmin + (col_start + lo) * px
+    ax1 = xmin + (col_end + lo) * px
+    wide = ~narrow
+    return (np.concatenate([x0[wide], ax0]), np.concatenate([x1[wide], ax1]),
+            np.concatenate([y0[wide], bands[r_start]]),
+            np.concatenate([y1[wide], bands[r_start] + heights[r_start]]))
+
+
+class TimelineBoxesItem(pg.GraphicsObject):
+    """All boxes of one timeline (measured or predicted), drawn in one pass per style."""
+
+    AGGREGATE_ABOVE = 3000
+    """Visible boxes per style beyond which sub-pixel boxes are merged per pixel column."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boxes = _Columns(BOX_DTYPE)
+        self.events: list[TimelineEvent] = []
+        self._groups: dict[tuple[int, int, int], _Columns] = {}
+        self._group_dtype = np.dtype([("x0", "f8"), ("x1", "f8"), ("y0", "f8"), ("y1", "f8")])
+        self._rects = PrimitiveArray(QRectF, 4)
+        self._bounds = QRectF(0, 0, 1, 1)
+        self._max_end = 0.0
+        self._lane_count = 1
+        self._outline_pen = QPen(QColor(0, 0, 0, 110))
+        self._outline_pen.setCosmetic(True)
+        self._hatch_colour = QColor(0, 0, 0, 120)
+        self._styles: dict[tuple[int, int, int], _Style] = {}
+        self.painted_boxes = 0
+        """How many boxes the last paint drew (tests and the benchmark read it)."""
+        self.painted_per_lane: dict[int, int] = {}
+        self.painted_rects = 0
+
+    # -- data ----------------------------------------------------------------------------
+    def add(self, rows: np.ndarray, events: Sequence[TimelineEvent]) -> None:
+        if not len(rows):
+            return
+        self.boxes.extend(rows)
+        self.events.extend(events)
+        colour = rows["micro_batch"] % len(MICRO_BATCH_COLOURS)
+        keys = rows["kind"].astype(np.int64) * 1000 + rows["phase"].astype(np.int64) * 100 + colour
+        for key in np.unique(keys):
+            sel = rows[keys == key]
+            group_key = (int(key // 1000), int(key // 100 % 10), int(key % 100))
+            group = self._groups.get(group_key)
+            if group is None:
+                group = self._groups[group_key] = _Columns(self._group_dtype, 256)
+            band0, band1 = BANDS[group_key[0]]
+            g = np.empty(len(sel), dtype=self._group_dtype)
+            g["x0"] = sel["start_s"]
+            g["x1"] = sel["end_s"]
+            g["y0"] = sel["lane"] + band0
+            g["y1"] = sel["lane"] + band1
+            group.extend(g)
+        self._update_bounds()
+
+    def clear(self) -> None:
+        self.boxes.clear()
+        self.events.clear()
+        self._groups.clear()
+        self._update_bounds()
+
+    def set_lane_count(self, n: int) -> None:
+        self._lane_count = max(1, n)
+        self._update_bounds()
+
+    def set_dark(self, dark: bool) -> None:
+        self._outline_pen.setColor(QColor(255, 255, 255, 120) if dark else QColor(0, 0, 0, 110))
+        self._hatch_colour = QColor(255, 255, 255, 150) if dark else QColor(0, 0, 0, 120)
+        self._styles.clear()
+        self.update()
+
+    def max_end(self) -> float:
+        return self._max_end
+
+    def _update_bounds(self) -> None:
+        self.prepareGeometryChange()
+        self._max_end = float(self.boxes.rows["end_s"].max()) if self.boxes.size else 0.0
+        self._bounds = QRectF(0.0, 0.0, max(self._max_end, 1e-3), float(self._lane_count))
+        self.update()
+
+    def _style(self, key: tuple[int, int, int]) -> _Style:
+        style = self._styles.get(key)
+        if style is None:
+            kind, phase, colour_idx = key
+            colour = QColor(MICRO_BATCH_COLOURS[colour_idx])
+            if kind == KIND_CODE["recv_wait"]:
+                colour = QColor(128, 128, 128, 55)
+            elif kind == KIND_CODE["send"]:
+                colour.setAlpha(150)
+            hatch = None
+            if phase == PHASE_CODE["prefill"] and kind != KIND_CODE["recv_wait"]:
+                hatch = QBrush(self._hatch_colour, Qt.BrushStyle.BDiagPattern)
+            style = self._styles[key] = _Style(QBrush(colour), hatch)
+        return style
+
+    # -- QGraphicsItem -------------------------------------------------------------------
+    def boundingRect(self) -> QRectF:
+        return QRectF(self._bounds)
+
+    def paint(self, painter, option, widget=None) -> None:
+        vb = self.getViewBox()
+        if vb is None:
+            return
+        (xmin, xmax), _ = vb.viewRange()
+        px = self.pixelWidth() or 0.0  # data units per device pixel
+        outline = False
+        self.painted_boxes = 0
+        per_lane: dict[int, int] = {}
+        # recv_wait first (behind), then compute, then transfers.
+        order = sorted(self._groups, key=lambda k: (k[0] != KIND_CODE["recv_wait"], k))
+        visible_sets = []
+        total_visible = 0
+        for key in order:
+            g = self._groups[key].rows
+            mask = (g["x1"] >= xmin) & (g["x0"] <= xmax)
+            vis = g[mask]
+            if len(vis):
+                visible_sets.append((key, vis))
+                total_visible += len(vis)
+        if total_visible and px > 0:
+            # Outlines only when few, wide boxes are on screen: they cost a second pass.
+            outline = total_visible < 4000
+        painter.setPen(Qt.PenStyle.NoPen)
+        self.painted_rects = 0
+        for key, vis in visible_sets:
+            n = len(vis)
+            x0 = np.maximum(vis["x0"], xmin - px)
+            x1 = np.minimum(vis["x1"], xmax + px)
+            y0, y1 = vis["y0"], vis["y1"]
+            if n > self.AGGREGATE_ABOVE and px > 0:
+                x0, x1, y0, y1 = _aggregate_subpixel(x0, x1, y0, y1, xmin, px)
+            m = len(x0)
+            self._rects.resize(m)
+            arr = self._rects.ndarray()
+            arr[:, 0] = x0
+            arr[:, 1] = y0
+            # at least one pixel wide, so a sub-pixel box is still seen
+            arr[:, 2] = np.maximum(x1 - x0, px)
+            arr[:, 3] = y1 - y0
+            style = self._style(key)
+            painter.setBrush(style.brush)
+            painter.drawRects(*self._rects.drawargs())
+            if style.hatch is not None:
+                painter.setBrush(style.hatch)
+                painter.drawRects(*self._rects.drawargs())
+            if outline and key[0] != KIND_CODE["recv_wait"]:
+                painter.setBrush(Qt.BrushStyle.NoBrush)
+                painter.setPen(self._outline_pen)
+                painter.drawRects(*self._rects.drawargs())
+                painter.setPen(Qt.PenStyle.NoPen)
+            self.painted_boxes += n
+            self.painted_rects += m
+            lanes, counts = np.unique(np.floor(vis["y0"]).astype(np.int64), return_counts=True)
+            for lane, count in zip(lanes.tolist(), counts.tolist()):
+                per_lane[lane] = per_lane.get(lane, 0) + count
+        self.painted_per_lane = per_lane
+
+    # -- hit testing -----------------------------------------------------------------------
+    def box_at(self, x: float, y: float, tolerance_x: float = 0.0) -> TimelineEvent | None:
+        """The event under a point in data coordinates (compute/send before recv_wait)."""
+        rows = self.boxes.rows
+        if not len(rows):
+            return None
+        lane = int(np.floor(y))
+        frac = y - lane
+        candidates = np.nonzero((rows["lane"] == lane) & (rows["start_s"] <= x + tolerance_x)
+                                & (rows["end_s"] >= x - tolerance_x))[0]
+        best = None
+        for idx in candidates.tolist():
+            band0, band1 = BANDS[int(rows["kind"][idx])]
+            if not band0 <= frac <= band1:
+                continue
+            if best is None or rows["kind"][best] == KIND_CODE["recv_wait"]:
+                best = idx
+        return None if best is None else self.events[best]
+
+
+def describe_event(event: TimelineEvent) -> str:
+    """The hover text of one box: what, where, when, how much."""
+    ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
+    what = {"compute": "compute", "send": "transfer", "recv_wait": "waiting for input"}[event.kind]
+    lines = [f"{event.device} · stage {event.stage} · {what}",
+             f"{event.phase}, step {event.step}, micro-batch {event.micro_batch}",
+             f"start {ms(event.start_s)}, end {ms(event.end_s)}, duration {ms(event.duration_s)}"]
+    if event.kind == "send":
+        rate = event.nbytes / event.duration_s / 1e6 if event.duration_s > 0 else 0.0
+        lines.append(f"{_fmt_bytes(event.nbytes)} to {event.peer or '?'} ({rate:.1f} MB/s)")
+    elif event.nbytes:
+        lines.append(_fmt_bytes(event.nbytes))
+    if event.clock_uncertainty_s:
+        lines.append(f"clock uncertainty ±{ms(event.clock_uncertainty_s)}")
+    return "\n".join(lines)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+class TimelineView(QWidget):
+    """Measured (and optionally predicted) pipeline timeline with zoom, pan and follow-live.
+
+    Feed it with ``append_events`` from the GUI thread (the ``EventBridge`` batches what
+    worker threads produce); boxes appear at the next ~30 Hz frame.
+    """
+
+    follow_live_changed = Signal(bool)
+    predicted_visibility_changed = Signal(bool)
+
+    def __init__(self, parent: QWidget | None = None, frame_rate_hz: float = 30.0):
+        super().__init__(parent)
+        self.setAccessibleName("Pipeline timeline")
+        self._lanes: list[str] = []
+        self._lane_of: dict[str, int] = {}
+        self._pending: list[TimelineEvent] = []
+        self._micro_batches: set[int] = set()
+        self._follow_live = True
+        self._setting_range = False
+
+        self.follow_check = QCheckBox("Follow live")
+        self.follow_check.setChecked(True)
+        self.follow_check.setAccessibleName("Follow live")
+        self.follow_check.setToolTip("Keep the newest events in view (turned off when you pan or zoom)")
+        self.follow_check.toggled.connect(self._on_follow_check_toggled)
+        self.predicted_check = QCheckBox("Show predicted")
+        self.predicted_check.setAccessibleName("Show predicted timeline")
+        self.predicted_check.setToolTip("Show the simulator's predicted timeline for the same plan below")
+        self.predicted_check.setEnabled(False)
+        self.predicted_check.toggled.connect(self._on_predicted_check_toggled)
+        self.fit_button = QPushButton("Fit")
+        self.fit_button.setAccessibleName("Fit timeline")
+        self.fit_button.setToolTip("Zoom to show the whole run (F)")
+        self.fit_button.setShortcut("F")
+        self.fit_button.clicked.connect(self.fit_all)
+        self.legend_label = QLabel()
+        self.legend_label.setAccessibleName("Timeline legend")
+        self.legend_label.setToolTip("Colour = micro-batch; hatched = prefill; thin lower box = transfer; "
+                                     "grey = waiting for input")
+
+        bar = QHBoxLayout()
+        bar.setContentsMargins(4, 2, 8, 2)
+        bar.addWidget(self.follow_check)
+        bar.addWidget(self.predicted_check)
+        bar.addWidget(self.fit_button)
+        bar.addStretch(1)
+        bar.addWidget(self.legend_label)
+
+        self.plot_widget = pg.GraphicsLayoutWidget()
+        self.plot_widget.setAccessibleName("Timeline plot")
+        self.plot_widget.setToolTip("")
+        self.measured_plot = self.plot_widget.addPlot(row=0, col=0)
+        self.predicted_plot = self.plot_widget.addPlot(row=1, col=0)
+        self.measured_item = TimelineBoxesItem()
+        self.predicted_item = TimelineBoxesItem()
+        for plot, item, title in ((self.measured_plot, self.measured_item, "measured"),
+                                  (self.predicted_plot, self.predicted_item, "predicted")):
+            plot.addItem(item)
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.setMouseEnabled(x=True, y=False)
+            plot.invertY(True)
+            plot.setLabel("bottom", "time", units="s")
+            plot.setTitle(title, size="9pt")
+            plot.getAxis("left").setWidth(110)
+            plot.showGrid(x=True, y=False, alpha=0.25)
+            vb = plot.getViewBox()
+            vb.disableAutoRange()
+            vb.setLimits(xMin=-0.05, minXRange=1e-5)
+            vb.setYRange(0, 1, padding=0.02)
+        self.predicted_plot.setXLink(self.measured_plot)
+        self.predicted_plot.setVisible(False)
+        self.measured_plot.getViewBox().sigRangeChangedManually.connect(self._on_viewbox_range_changed_manually)
+        self.predicted_plot.getViewBox().sigRangeChangedManually.connect(self._on_viewbox_range_changed_manually)
+        self.plot_widget.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(bar)
+        layout.addWidget(self.plot_widget, 1)
+
+        self._frame_timer = QTimer(self)
+        self._frame_timer.setInterval(max(1, int(1000 / frame_rate_hz)))
+        self._frame_timer.timeout.connect(self._on_frame_timer_timeout)
+        self._apply_palette()
+        self._update_legend()
+
+    # -- public API ----------------------------------------------------------------------
+    def set_lanes(self, devices: Sequence[str]) -> None:
+        """Fix the lane order (e.g. stage order of the plan); unknown devices append later."""
+        for device in devices:
+            self._lane_index(device)
+        self._update_lane_axis()
+
+    def lanes(self) -> list[str]:
+        return list(self._lanes)
+
+    def append_events(self, events: Iterable[TimelineEvent]) -> None:
+        """Queue measured events; they are drawn at the next frame (~30 Hz)."""
+        self._pending.extend(events)
+        if self._pending and not self._frame_timer.isActive():
+            self._frame_timer.start()
+
+    def set_predicted(self, events: Sequence[TimelineEvent]) -> None:
+        """Replace the predicted timeline (shown below the measured one when enabled)."""
+        self.predicted_item.clear()
+        for event in events:
+            self._lane_index(event.device)
+        self.predicted_item.add(self._rows(events), list(events))
+        self._update_lane_axis()
+        self.predicted_check.setEnabled(bool(events))
+        if not events:
+            self.predicted_check.setChecked(False)
+
+    def clear(self) -> None:
+        """Forget all measured and predicted boxes and lanes (a new run)."""
+        self._pending.clear()
+        self._frame_timer.stop()
+        self.measured_item.clear()
+        self.predicted_item.clear()
+        self._lanes.clear()
+        self._lane_of.clear()
+        self._micro_batches.clear()
+        self._update_legend()
+        self.predicted_check.setEnabled(False)
+        self.predicted_check.setChecked(False)
+        self._update_lane_axis()
+        self.set_follow_live(True)
+        self._set_x_range(0.0, 1.0)
+
+    def flush(self) -> None:
+        """Apply queued events now (the frame timer does this ~30 times a second)."""
+        self._on_frame_timer_timeout()
+
+    def box_count(self, device: str | None = None, kind: str | None = None,
+                  predicted: bool = False) -> int:
+        rows = (self.predicted_item if predicted else self.measured_item).boxes.rows
+        mask = np.ones(len(rows), dtype=bool)
+        if device is not None:
+            mask &= rows["lane"] == self._lane_of.get(device, -1)
+        if kind is not None:
+            mask &= rows["kind"] == KIND_CODE[kind]
+        return int(mask.sum())
+
+    def boxes(self, predicted: bool = False) -> np.ndarray:
+        """All boxes as a structured array in a canonical order (to compare two timelines)."""
+        rows = (self.predicted_item if predicted else self.measured_item).boxes.rows.copy()
+        return np.sort(rows, order=["lane", "start_s", "kind", "micro_batch", "step", "end_s"])
+
+    def follow_live(self) -> bool:
+        return self._follow_live
+
+    def set_follow_live(self, on: bool) -> None:
+        if on == self._follow_live and self.follow_check.isChecked() == on:
+            return
+        self._follow_live = on
+        self.follow_check.blockSignals(True)
+        self.follow_check.setChecked(on)
+        self.follow_check.blockSignals(False)
+        if on:
+            self._follow()
+        self.follow_live_changed.emit(on)
+
+    def show_predicted(self, on: bool) -> None:
+        self.predicted_check.setChecked(on)
+
+    def fit_all(self) -> None:
+        end = max(self.measured_item.max_end(), self.predicted_item.max_end(), 1e-3)
+        self._set_x_range(0.0, end * 1.02)
+
+    def x_range(self) -> tuple[float, float]:
+        return tuple(self.measured_plot.getViewBox().viewRange()[0])
+
+    def set_x_range(self, x0: float, x1: float) -> None:
+        """Zoom/pan programmatically (like a user would: follow-live turns off)."""
+        self.set_follow_live(False)
+        self._set_x_range(x0, x1)
+
+    def event_at(self, x: float, device: str, band: str = "compute",
+                 predicted: bool = False) -> TimelineEvent | None:
+        lane = self._lane_of.get(device)
+        if lane is None:
+            return None
+        b0, b1 = BANDS[KIND_CODE[band]]
+        item = self.predicted_item if predicted else self.measured_item
+        return item.box_at(x, lane + (b0 + b1) / 2)
+
+    # -- internals -----------------------------------------------------------------------
+    def _lane_index(self, device: str) -> int:
+        lane = self._lane_of.get(device)
+        if lane is None:
+            lane = self._lane_of[device] = len(self._lanes)
+            self._lanes.append(device)
+        return lane
+
+    def _rows(self, events: Sequence[TimelineEvent]) -> np.ndarray:
+        rows = np.empty(len(events), dtype=BOX_DTYPE)
+        if not len(events):
+            return rows
+        rows["lane"] = [self._lane_index(e.device) for e in events]
+        rows["kind"] = [KIND_CODE[e.kind] for e in events]
+        rows["phase"] = [PHASE_CODE[e.phase] for e in events]
+        rows["micro_batch"] = [e.micro_batch for e in events]
+        rows["step"] = [e.step for e in events]
+        rows["start_s"] = [e.start_s for e in events]
+        rows["end_s"] = [e.end_s for e in events]
+        rows["nbytes"] = [e.nbytes for e in events]
+        return rows
+
+    def _on_frame_timer_timeout(self) -> None:
+        if not self._pending:
+            self._frame_timer.stop()
+            return
+        events, self._pending = self._pending, []
+        lanes_before = len(self._lanes)
+        rows = self._rows(events)
+        self.measured_item.add(rows, events)
+        if len(self._lanes) != lanes_before:
+            self._update_lane_axis()
+        new_mbs = set(np.unique(rows["micro_batch"]).tolist()) - self._micro_batches
+        if new_mbs:
+            self._micro_batches |= new_mbs
+            self._update_legend()
+        if self._follow_live:
+            self._follow()
+
+    def _follow(self) -> None:
+        end = self.measured_item.max_end()
+        if end <= 0:
+            return
+        x0, x1 = self.x_range()
+        width = x1 - x0
+        if end <= width:  # the whole run still fits: show it from the start
+            self._set_x_range(0.0, max(width, end * 1.05))
+        else:
+            self._set_x_range(end - width * 0.95, end + width * 0.05)
+
+    def _set_x_range(self, x0: float, x1: float) -> None:
+        self._setting_range = True
+        try:
+            self.measured_plot.getViewBox().setXRange(x0, x1, padding=0)
+        finally:
+            self._setting_range = False
+
+    def _update_lane_axis(self) -> None:
+        n = max(1, len(self._lanes))
+        ticks = [[(i + 0.5, name) for i, name in enumerate(self._lanes)], []]
+        for plot, item in ((self.measured_plot, self.measured_item),
+                           (self.predicted_plot, self.predicted_item)):
+            plot.getAxis("left").setTicks(ticks)
+            item.set_lane_count(n)
+            vb = plot.getViewBox()
+            vb.setLimits(yMin=-0.05, yMax=n + 0.05)
+            vb.setYRange(0, n, padding=0.0)
+
+    def _update_legend(self) -> None:
+        mbs = sorted(self._micro_batches) or [0]
+        chips = " ".join(
+            f"<span style='color:{MICRO_BATCH_COLOURS[m % len(MICRO_BATCH_COLOURS)]}'>■</span> mb{m}"
+            for m in mbs[:10])
+        self.legend_label.setText(f"{chips} &nbsp; ▨ prefill &nbsp; ■ decode &nbsp; "
+                                  f"<span style='color:gray'>■</span> waiting")
+
+    def _on_follow_check_toggled(self, on: bool) -> None:
+        self.set_follow_live(on)
+
+    def _on_predicted_check_toggled(self, on: bool) -> None:
+        self.predicted_plot.setVisible(on)
+        self.predicted_visibility_changed.emit(on)
+
+    def _on_viewbox_range_changed_manually(self, *_args) -> None:
+        if not self._setting_range and self._follow_live:
+            self.set_follow_live(False)
+
+    def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
+        for plot, item in ((self.measured_plot, self.measured_item),
+                           (self.predicted_plot, self.predicted_item)):
+            if not plot.isVisible() or not plot.sceneBoundingRect().contains(scene_pos):
+                continue
+            vb = plot.getViewBox()
+            if not vb.sceneBoundingRect().contains(scene_pos):
+                continue
+            p = vb.mapSceneToView(scene_pos)
+            tol = 2 * (item.pixelWidth() or 0.0)
+            event = item.box_at(p.x(), p.y(), tolerance_x=tol)
+            if event is not None:
+                QToolTip.showText(QCursor.pos(), describe_event(event), self.plot_widget)
+                return
+        QToolTip.hideText()
+
+    # -- palette (light / dark) ----------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self._apply_palette()
+        super().changeEvent(event)
+
+    def _apply_palette(self) -> None:
+        pal = self.palette()
+        base = pal.color(QPalette.ColorRole.Base)
+        text = pal.color(QPalette.ColorRole.Text)
+        dark = base.lightness() < 128
+        self.plot_widget.setBackground(base)
+        for plot in (self.measured_plot, self.predicted_plot):
+            for name in ("left", "bottom"):
+                axis = plot.getAxis(name)
+                axis.setPen(pg.mkPen(text))
+                axis.setTextPen(pg.mkPen(text))
+            plot.titleLabel.item.setDefaultTextColor(text)
+        for item in (self.measured_item, self.predicted_item):
+            item.set_dark(dark)

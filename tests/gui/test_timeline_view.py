@@ -1,0 +1,213 @@
+"""The live pipeline timeline and the queued event bridge, driven with real event lists
+(the simulator's predicted TimelineEvents for a small real problem)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QColor, QPalette, QWheelEvent
+from PySide6.QtWidgets import QApplication
+
+from agents.protocol import TimelineEvent
+from core.plan import plan_from_boundaries
+from core.simulator import simulate
+from gui.event_bridge import EventBridge
+from gui.timeline_view import MICRO_BATCH_COLOURS, TimelineView, describe_event
+from tests.gui.problems import make_problem
+
+DEVICES = ["phone", "laptop", "server"]
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    problem = make_problem()
+    plan = plan_from_boundaries("tiny-llama", 10, DEVICES, [2, 6], micro_batches=3)
+    return simulate(problem, plan, "no-bubbles", micro_batches=3, micro_batch_size=1, generated_tokens=6)
+
+
+@pytest.fixture
+def view(qtbot):
+    v = TimelineView()
+    qtbot.addWidget(v)
+    v.resize(1000, 420)
+    v.show()
+    qtbot.waitExposed(v)
+    return v
+
+
+def _pixel_at(view: TimelineView, x_s: float, lane: int, band_y: float) -> QColor:
+    vb = view.measured_plot.getViewBox()
+    scene = vb.mapViewToScene(QPointF(x_s, lane + band_y))
+    pos = view.plot_widget.mapFromScene(scene)
+    pos = view.plot_widget.mapTo(view, pos)
+    return view.grab().toImage().pixelColor(pos)
+
+
+def test_feeding_events_draws_one_box_per_event_in_each_device_lane(qtbot, view, simulated):
+    events = list(simulated.events)
+    view.set_lanes(DEVICES)
+    view.append_events(events)
+    view.flush()
+    view.fit_all()
+    view.grab()  # paint
+    expected = Counter(DEVICES.index(e.device) for e in events)
+    assert view.measured_item.painted_per_lane == dict(expected)
+    for device in DEVICES:
+        assert view.box_count(device) == sum(1 for e in events if e.device == device)
+    assert view.box_count(kind="send") == sum(1 for e in events if e.kind == "send")
+
+
+def test_a_compute_box_is_painted_in_its_micro_batch_colour(qtbot, view, simulated):
+    view.set_lanes(DEVICES)
+    view.append_events(simulated.events)
+    view.flush()
+    decode = max((e for e in simulated.events if e.kind == "compute" and e.phase == "decode"
+                  and e.micro_batch == 1), key=lambda e: e.duration_s)
+    view.set_x_range(decode.start_s - decode.duration_s, decode.end_s + decode.duration_s)
+    colour = _pixel_at(view, (decode.start_s + decode.end_s) / 2, DEVICES.index(decode.device), 0.36)
+    assert colour.name() == QColor(MICRO_BATCH_COLOURS[1]).name()
+
+
+def test_events_are_applied_in_batches_on_the_frame_timer_not_one_by_one(qtbot, view, simulated):
+    calls = []
+    original = view.measured_item.add
+    view.measured_item.add = lambda rows, evs: (calls.append(len(rows)), original(rows, evs))
+    for event in simulated.events:
+        view.append_events([event])
+    assert view.box_count() == 0, "nothing is drawn before the next frame"
+    qtbot.waitUntil(lambda: view.box_count() == len(simulated.events), timeout=2000)
+    assert calls == [len(simulated.events)]
+
+
+def test_only_the_visible_time_range_is_drawn(qtbot, view, simulated):
+    view.append_events(simulated.events)
+    view.flush()
+    end = max(e.end_s for e in simulated.events)
+    x0, x1 = end * 0.4, end * 0.5
+    view.set_x_range(x0, x1)
+    view.grab()
+    visible = sum(1 for e in simulated.events if e.end_s >= x0 and e.start_s <= x1)
+    assert 0 < view.measured_item.painted_boxes == visible < len(simulated.events)
+
+
+def test_many_sub_pixel_boxes_are_merged_but_all_counted(qtbot, view):
+    events = [TimelineEvent(device=f"d{i % 2}", stage=i % 2, kind="compute", phase="decode", step=i,
+                            micro_batch=0, start_s=i * 1e-4, end_s=i * 1e-4 + 5e-5) for i in range(20_000)]
+    view.append_events(events)
+    view.flush()
+    view.fit_all()
+    view.grab()
+    item = view.measured_item
+    assert item.painted_boxes == 20_000
+    assert item.painted_rects < 2_000, "sub-pixel boxes should collapse into per-pixel runs"
+
+
+def test_follow_live_keeps_the_newest_events_in_view_until_the_user_zooms(qtbot, view):
+    def burst(t0):
+        return [TimelineEvent(device="a", stage=0, kind="compute", phase="decode", step=1, micro_batch=0,
+                              start_s=t0 + i * 0.01, end_s=t0 + i * 0.01 + 0.008) for i in range(10)]
+
+    view.append_events(burst(0.0))
+    view.flush()
+    view.append_events(burst(50.0))
+    view.flush()
+    x0, x1 = view.x_range()
+    assert x0 <= 50.098 <= x1
+    # a wheel zoom on the plot is a manual range change: follow-live turns off
+    viewport = view.plot_widget.viewport()
+    centre = QPointF(viewport.width() / 2, viewport.height() / 3)
+    wheel = QWheelEvent(centre, viewport.mapToGlobal(centre), QPoint(0, 0), QPoint(0, 120),
+                        Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(viewport, wheel)
+    assert not view.follow_live() and not view.follow_check.isChecked()
+    before = view.x_range()
+    view.append_events(burst(100.0))
+    view.flush()
+    assert view.x_range() == before
+    view.follow_check.setChecked(True)
+    x0, x1 = view.x_range()
+    assert x0 <= 100.098 <= x1
+
+
+def test_hover_shows_times_and_bytes_of_the_transfer_under_the_mouse(qtbot, view, simulated):
+    view.set_lanes(DEVICES)
+    view.append_events(simulated.events)
+    view.flush()
+    send = max((e for e in simulated.events if e.kind == "send"), key=lambda e: e.duration_s)
+    view.set_x_range(send.start_s - send.duration_s, send.end_s + send.duration_s)
+    mid = (send.start_s + send.end_s) / 2
+    assert view.event_at(mid, send.device, band="send") == send
+    text = describe_event(send)
+    assert f"{send.duration_s * 1000:.2f} ms" in text and "KiB" in text and send.peer in text
+    shown = []
+    import gui.timeline_view as tv
+    original = tv.QToolTip.showText
+    tv.QToolTip.showText = staticmethod(lambda pos, txt, *a: shown.append(txt))
+    try:
+        vb = view.measured_plot.getViewBox()
+        view._on_scene_mouse_moved(vb.mapViewToScene(QPointF(mid, DEVICES.index(send.device) + 0.78)))
+    finally:
+        tv.QToolTip.showText = original
+    assert shown == [text]
+
+
+def test_predicted_timeline_is_drawn_below_on_the_same_time_axis(qtbot, view, simulated):
+    view.set_predicted(simulated.events)
+    assert view.box_count(predicted=True) == len(simulated.events)
+    assert not view.predicted_plot.isVisible()
+    view.show_predicted(True)
+    assert view.predicted_plot.isVisible()
+    qtbot.wait(20)  # let the layout give both plots their geometry
+    view.set_x_range(0.01, 0.05)
+    assert view.predicted_plot.getViewBox().viewRange()[0] == pytest.approx([0.01, 0.05], abs=2e-4)
+
+
+def test_background_follows_a_dark_palette(qtbot, view):
+    pal = QPalette(view.palette())
+    pal.setColor(QPalette.ColorRole.Base, QColor(20, 20, 24))
+    view.setPalette(pal)
+    img = view.plot_widget.grab().toImage()
+    assert img.pixelColor(3, 3).lightness() < 60
+
+
+def test_bridge_delivers_events_from_many_threads_in_few_batches_on_the_gui_thread(qtbot):
+    bridge = EventBridge()
+    batches, threads = [], set()
+    bridge.timeline_events_arrived.connect(lambda evs: (batches.append(evs), threads.add(threading.get_ident())))
+    per_thread = 3000
+
+    def produce(device):
+        for i in range(per_thread):
+            bridge.on_timeline_event(TimelineEvent(device=device, stage=0, kind="compute", phase="decode",
+                                                   step=i, micro_batch=0, start_s=i, end_s=i + 1))
+
+    workers = [threading.Thread(target=produce, args=(f"d{k}",)) for k in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    qtbot.waitUntil(lambda: sum(map(len, batches)) == 4 * per_thread, timeout=3000)
+    assert threads == {threading.get_ident()}
+    assert len(batches) < 50
+    got = [e for b in batches for e in b]
+    for k in range(4):
+        steps = [e.step for e in got if e.device == f"d{k}"]
+        assert steps == list(range(per_thread)), "each thread's events keep their order"
+
+
+def test_bridge_is_a_coordinator_run_sink(qtbot):
+    from core.coordinator import RunSink  # the protocol the coordinator calls
+
+    bridge = EventBridge()
+    assert isinstance(bridge, object) and all(hasattr(bridge, m) for m in RunSink.__dict__
+                                              if m in ("on_event", "on_tokens"))
+    got = []
+    bridge.token_events_arrived.connect(got.extend)
+    from agents.protocol import TokenEvent
+    bridge.on_tokens(TokenEvent(micro_batch=0, step=0, sequence_ids=(0,), token_ids=(5,)))
+    bridge.flush()
+    assert len(got) == 1 and np.array_equal(got[0].token_ids, (5,))
