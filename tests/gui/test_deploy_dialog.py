@@ -1,0 +1,111 @@
+"""The deploy dialog: unknown hosts show their fingerprint and need consent; errors are plain."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PySide6.QtWidgets import QMessageBox
+
+from core.errors import DeployError
+from gui.deploy_dialog import Credentials, DeployDialog, HostKeyProbe
+from gui.devices_panel import DeviceRecord
+
+FP = "SHA256:nThbg6kXUpJWGl7E1IGOCspRomTxdCARLviKw6E5SY8"
+
+
+class RecordingDeploy:
+    """Deploy functions that record every call (and its thread) instead of opening SSH."""
+
+    def __init__(self, known: set[str] = frozenset(), changed: set[str] = frozenset(), fail: set[str] = frozenset()):
+        self.known, self.changed, self.fail = known, changed, fail
+        self.deployed: list[tuple[str, Credentials, str]] = []
+        self.threads: list[threading.Thread] = []
+
+    def probe_host_key(self, reporter, record, credentials):
+        self.threads.append(threading.current_thread())
+        return HostKeyProbe(device=record.id, key_type="ssh-ed25519", fingerprint=FP,
+                            known=record.id in self.known, changed=record.id in self.changed)
+
+    def deploy_agent(self, reporter, record, credentials, trusted):
+        self.threads.append(threading.current_thread())
+        for i, step in enumerate(("uploading agent", "installing", "starting agent")):
+            reporter.status(step)
+            reporter.progress(i + 1, 3)
+        if record.id in self.fail:
+            raise DeployError(record.id, "python3 was not found on the device", hint="install python3 (>= 3.10)")
+        self.deployed.append((record.id, credentials, trusted.fingerprint))
+        return "agent running on port 7000"
+
+
+def records(*names):
+    return [DeviceRecord(id=n, address=f"10.0.0.{i + 2}", ssh_user="edge") for i, n in enumerate(names)]
+
+
+@pytest.fixture
+def make_dialog(qtbot):
+    made = []
+
+    def make(fns, *names):
+        dlg = DeployDialog(records(*names), functions=fns)
+        qtbot.addWidget(dlg)
+        dlg.show()
+        made.append(dlg)
+        return dlg
+
+    yield make
+    for d in made:
+        d.done(0)
+
+
+def test_unknown_host_shows_its_fingerprint_and_deploys_only_after_trust(qtbot, make_dialog):
+    fns = RecordingDeploy()
+    dlg = make_dialog(fns, "jetson")
+    with qtbot.waitSignal(dlg.host_key_confirmation_requested, timeout=3000):
+        dlg.deploy_button.click()
+    box = dlg.findChild(QMessageBox, "hostKey-jetson")
+    assert FP in box.informativeText() and "ssh-ed25519" in box.informativeText()
+    assert dlg.step_text("jetson") == "confirm host key" and fns.deployed == []
+    with qtbot.waitSignal(dlg.device_deployed, timeout=3000):
+        box.buttons()[0].click()  # "Trust and deploy"
+    assert fns.deployed == [("jetson", Credentials(user="edge", key_file=""), FP)]
+    assert dlg.step_text("jetson") == "done" and dlg.detail_text("jetson") == "agent running on port 7000"
+    assert all(t is not threading.main_thread() for t in fns.threads)
+
+
+def test_skipping_an_unknown_host_installs_nothing(qtbot, make_dialog):
+    fns = RecordingDeploy()
+    dlg = make_dialog(fns, "jetson")
+    with qtbot.waitSignal(dlg.host_key_confirmation_requested, timeout=3000):
+        dlg.deploy_button.click()
+    dlg.confirm_host_key("jetson", False)
+    assert fns.deployed == [] and dlg.step_text("jetson") == "skipped"
+
+
+def test_known_hosts_deploy_without_asking_and_each_row_shows_its_own_error(qtbot, make_dialog):
+    fns = RecordingDeploy(known={"a", "b"}, fail={"b"})
+    dlg = make_dialog(fns, "a", "b")
+    with qtbot.waitSignal(dlg.device_failed, timeout=3000):
+        dlg.deploy_button.click()
+    qtbot.waitUntil(lambda: dlg.step_text("a") == "done", timeout=3000)
+    assert dlg.step_text("b") == "failed"
+    assert "python3 was not found" in dlg.detail_text("b") and "install python3" in dlg.detail_text("b")
+    assert "Traceback" not in dlg.detail_text("b")
+    assert "1 of 2 device(s) deployed" in dlg.summary.text()
+
+
+def test_a_changed_host_key_is_refused_with_what_to_do(qtbot, make_dialog):
+    fns = RecordingDeploy(changed={"a"})
+    dlg = make_dialog(fns, "a")
+    with qtbot.waitSignal(dlg.device_failed, timeout=3000):
+        dlg.deploy_button.click()
+    assert "CHANGED" in dlg.detail_text("a") and "ssh-keygen -R" in dlg.detail_text("a")
+    assert fns.deployed == []
+
+
+def test_password_sign_in_requires_a_password(qtbot, make_dialog):
+    fns = RecordingDeploy()
+    dlg = make_dialog(fns, "a")
+    dlg.password_radio.setChecked(True)
+    dlg.deploy_button.click()
+    assert "Enter the password" in dlg.summary.text() and fns.threads == []
