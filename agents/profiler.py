@@ -1,0 +1,469 @@
+"""Profiling ON the device: compute time per unit, the memory budget, and data links.
+
+Compute: each unit (embedding, one decoder block, final norm + head) is built alone from
+the model's HF config with random synthetic weights, timed, and freed before the next, so
+a device needs no checkpoint and can profile a model far larger than its memory (the
+EdgeShard paper's dynamic loading). Prefill is timed for the workload's prompt length,
+decode for one new token per sequence over a KV cache of ``context_tokens``, at a few
+batch sizes. Each figure is the median of ``repeats`` runs after a warm-up; the spread is
+IQR / median.
+
+Links: the sender pushes probe data messages through its data-plane socket (and through
+its link emulation, when the agent emulates one), the receiver timestamps each arrival on
+its own data socket. Bandwidth is read at the receiver (bytes after the first ones /
+time between arrivals), so sender-side buffering cannot inflate it; one-way latency is
+``arrival - send`` of small spaced probes on the agents' clocks (the coordinator corrects
+for the clock offsets it estimated). Both sides are driven by the coordinator, one pair at
+a time (core/profiling.py).
+
+This module ships with the agent: it must not import core/.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+DEFAULT_HEADROOM_BYTES = 512 << 20
+
+
+class ComputeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What ``profile_compute`` measures (the ``options`` of a ProfileCompute message)."""
+
+    config: dict[str, Any]
+    """The model's HF config.json content."""
+    prompt_tokens: int = 32
+    context_tokens: int = 0
+    """KV-cache length for decode timing (0: prompt_tokens)."""
+    batch_sizes: tuple[int, ...] = (1, 2, 4)
+    """Decode batch sizes."""
+    prefill_batch_sizes: tuple[int, ...] = (1,)
+    """Prefill is timed for prompt_tokens × each of these sequences."""
+    repeats: int = 5
+    warmup: int = 2
+    dtype: str = "float32"
+    units: tuple[int, ...] = ()
+    """Units to time (empty: all)."""
+    threads: int = 0
+    headroom_bytes: int = DEFAULT_HEADROOM_BYTES
+    seed: int = 0
+
+
+class UnitTimes(msgspec.Struct, frozen=True, kw_only=True):
+    unit: int
+    decode_s: tuple[float, ...]
+    decode_spread: tuple[float, ...]
+    prefill_s: tuple[float, ...]
+    prefill_spread: tuple[float, ...]
+    param_bytes: int
+
+
+class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """The result (sent back as a plain dict through ``msgspec.to_builtins``)."""
+
+    device: str
+    decode_batch_sizes: tuple[int, ...]
+    prefill_token_counts: tuple[int, ...]
+    units: tuple[UnitTimes, ...]
+    memory_budget_bytes: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    accelerator: str
+    threads: int
+    seconds: float
+
+
+# ----------------------------------------------------------------------------- memory
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def accelerator_name() -> str:
+    """"cuda:NAME" when torch sees a GPU, else "" (CPU-only)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.get_device_name(0)}"
+    except Exception:
+        pass
+    return ""
+
+
+def memory_budget(headroom_bytes: int = DEFAULT_HEADROOM_BYTES) -> tuple[int, int, int]:
+    """(budget, total, available): available accelerator memory, else available RAM
+    (MemAvailable), minus ``headroom_bytes`` kept for the OS, the agent and activations."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info(0)
+            return max(0, int(free) - headroom_bytes), int(total), int(free)
+    except Exception:
+        pass
+    info = _meminfo()
+    total = info.get("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    avail = info.get("MemAvailable", total)
+    return max(0, avail - headroom_bytes), total, avail
+
+
+# ---------------------------------------------------------------------------- compute
+def _stats(samples: list[float]) -> tuple[float, float]:
+    """Median and relative spread (IQR / median)."""
+    med = statistics.median(samples)
+    if len(samples) >= 4:
+        q = statistics.quantiles(samples, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    else:
+        iqr = max(samples) - min(samples)
+    return med, (iqr / med if med > 0 else 0.0)
+
+
+def _time(fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class _UnitBench:
+    """One unit built alone with random weights, and the calls to time it."""
+
+    def __init__(self, hf_config, unit: int, dtype, seed: int):
+        import torch
+        from torch import nn
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        cfg = copy.deepcopy(hf_config)
+        cfg._attn_implementation = "sdpa"
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.kind = "embedding" if unit == 0 else ("head" if unit == self.num_layers + 1 else "block")
+        layer_index = unit - 1
+        if self.kind == "block":
+            types = getattr(cfg, "layer_types", None)
+            if types:
+                cfg.layer_types = [types[layer_index]]
+        cfg.num_hidden_layers = 1
+        self.cfg = cfg
+        self.dtype = dtype
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(cfg)
+        base = getattr(skeleton, skeleton.base_model_prefix)
+        gen = torch.Generator().manual_seed(seed + unit)
+        self.vocab = int(cfg.vocab_size)
+        self.hidden = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd"))
+        self.modules: dict[str, nn.Module] = {}
+        if self.kind == "embedding":
+            self.modules["embed"] = skeleton.get_input_embeddings()
+            if hasattr(base, "wpe"):
+                self.modules["wpe"] = base.wpe
+        elif self.kind == "head":
+            self.modules["norm"] = getattr(base, "norm", None) or getattr(base, "ln_f")
+            self.modules["head"] = skeleton.lm_head
+        else:
+            blocks = getattr(base, "layers", None) or getattr(base, "h")
+            self.modules["layer"] = blocks[0]
+        for m in self.modules.values():
+            m.to_empty(device="cpu")
+            m.to(dtype)
+            for name, p in m.named_parameters():
+                p.requires_grad_(False)
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02, generator=gen)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.fill_(1.0)  # norm scales
+            for b in m.buffers():  # e.g. causal-mask buffers: values do not change the timing
+                b.zero_()
+            m.eval()
+        self.rotary = None
+        if self.kind == "block" and hasattr(base, "rotary_emb"):
+            self.rotary = type(base.rotary_emb)(config=cfg)
+        self.param_bytes = sum(p.numel() * p.element_size() for m in self.modules.values() for p in m.parameters())
+        del skeleton, base
+
+    def _hidden(self, b: int, t: int):
+        return self.torch.randn(b, t, self.hidden, dtype=self.dtype)
+
+    def _block(self, x, mask_2d, cache):
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        past = cache.get_seq_length() if cache is not None else 0
+        positions = self.torch.arange(past, past + x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        types = getattr(self.cfg, "layer_types", None) or ["full_attention"]
+        maker = create_sliding_window_causal_mask if types[0] == "sliding_attention" else create_causal_mask
+        mask = maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, past_key_values=cache,
+                     position_ids=positions)
+        extra = {}
+        if self.rotary is not None:
+            extra["position_embeddings"] = self.rotary(x, position_ids=positions)
+        out = self.modules["layer"](x, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                                    use_cache=True, **extra)
+        return out[0] if isinstance(out, tuple) else out
+
+    def prefill_fn(self, b: int, t: int) -> Callable[[], Any]:
+        torch = self.torch
+        if self.kind == "embedding":
+            ids = torch.randint(0, self.vocab, (b, t))
+            pos = torch.arange(t).unsqueeze(0).expand(b, -1)
+            wpe = self.modules.get("wpe")
+            return lambda: self.modules["embed"](ids) + (wpe(pos) if wpe is not None else 0)
+        if self.kind == "head":
+            x = self._hidden(b, t)
+            return lambda: self.modules["head"](self.modules["norm"](x[:, -1:, :]))
+        x = self._hidden(b, t)
+        mask = torch.ones(b, t, dtype=torch.long)
+
+        def run():
+            from transformers import DynamicCache
+
+            return self._block(x, mask, DynamicCache(config=self.cfg))
+
+        return run
+
+    def decode_fn(self, b: int, context: int) -> Callable[[], Any]:
+        """One new token per sequence over a ``context``-token cache (kept at that length)."""
+        torch = self.torch
+        if self.kind != "block":
+            return self.prefill_fn(b, 1)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.cfg)
+        self._block(self._hidden(b, context), torch.ones(b, context, dtype=torch.long), cache)
+        x = self._hidden(b, 1)
+        mask = torch.ones(b, context + 1, dtype=torch.long)
+
+        def run():
+            self._block(x, mask, cache)
+            cache.crop(-1)  # drop the token just added: every repeat sees `context` tokens
+
+        return run
+
+
+def _hf_config(config: dict[str, Any]):
+    from transformers import AutoConfig
+
+    cfg = dict(config)
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise ValueError("the model config has no model_type")
+    for k in ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        cfg.pop(k, None)
+    return AutoConfig.for_model(model_type, **cfg)
+
+
+def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[int, int], None] | None = None
+                  ) -> ComputeProfile:
+    """Time every requested unit; the core of ``profile_compute`` (usable without an agent)."""
+    import torch
+
+    t_start = time.perf_counter()
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
+    dtype = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}.get(opts.dtype)
+    if dtype is None:
+        raise ValueError(f"unsupported dtype {opts.dtype!r}")
+    if opts.prompt_tokens < 1 or opts.repeats < 1 or not opts.batch_sizes or min(opts.batch_sizes) < 1:
+        raise ValueError("prompt_tokens, repeats and batch sizes must be >= 1")
+    cfg = _hf_config(opts.config)
+    num_units = int(cfg.num_hidden_layers) + 2
+    units = opts.units or tuple(range(num_units))
+    bad = [u for u in units if not 0 <= u < num_units]
+    if bad:
+        raise ValueError(f"units {bad} outside [0, {num_units})")
+    context = opts.context_tokens or opts.prompt_tokens
+    decode_bs = tuple(sorted(set(opts.batch_sizes)))
+    prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
+    results = []
+    with torch.inference_mode():
+        for i, u in enumerate(units):
+            bench = _UnitBench(cfg, u, dtype, opts.seed)
+            dec, dec_sp, pre, pre_sp = [], [], [], []
+            for b in decode_bs:
+                m, s = _stats(_time(bench.decode_fn(b, context), opts.repeats, opts.warmup))
+                dec.append(m)
+                dec_sp.append(s)
+            for b in prefill_bs:
+                m, s = _stats(_time(bench.prefill_fn(b, opts.prompt_tokens), opts.repeats, opts.warmup))
+                pre.append(m)
+                pre_sp.append(s)
+            results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
+                                     prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes))
+            del bench
+            gc.collect()
+            if progress:
+                progress(i + 1, len(units))
+    budget, total, avail = memory_budget(opts.headroom_bytes)
+    return ComputeProfile(
+        device=device,
+        decode_batch_sizes=decode_bs,
+        prefill_token_counts=tuple(b * opts.prompt_tokens for b in prefill_bs),
+        units=tuple(results),
+        memory_budget_bytes=budget,
+        memory_total_bytes=total,
+        memory_available_bytes=avail,
+        accelerator=accelerator_name(),
+        threads=torch.get_num_threads(),
+        seconds=time.perf_counter() - t_start,
+    )
+
+
+def profile_compute(agent, options: dict[str, Any]) -> dict[str, Any]:
+    """Agent handler of ``ProfileCompute``: options → ComputeOptions, result as a dict."""
+    opts = msgspec.convert(options, ComputeOptions)
+    return msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", "")))
+
+
+# ------------------------------------------------------------------------------ links
+class LinkOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``options`` of a MeasureLink message. The coordinator sends the same probe id to the
+    receiver (role "receive", peer = the sender) and the sender (role "send")."""
+
+    role: str = "send"
+    probe_id: str = "probe"
+    nbytes: int = 1 << 20
+    chunk_bytes: int = 64 << 10
+    latency_probes: int = 10
+    latency_gap_s: float = 0.005
+    timeout_s: float = 60.0
+    warmup_fraction: float = 0.2
+    """Bytes at the start that only open the TCP window (not counted)."""
+
+
+class LinkResult(msgspec.Struct, frozen=True, kw_only=True):
+    role: str
+    probe_id: str
+    bytes_received: int = 0
+    bandwidth_mbit_s: float = 0.0
+    one_way_s: tuple[float, ...] = ()
+    """receiver clock at arrival minus sender clock at send, per latency probe."""
+    seconds: float = 0.0
+    error: str = ""
+
+
+def measure_link(agent, peer, options: dict[str, Any]) -> dict[str, Any]:
+    """Agent handler of ``MeasureLink``: send probes to ``peer`` or receive them from it."""
+    opts = msgspec.convert(options, LinkOptions)
+    if opts.role == "receive":
+        return msgspec.to_builtins(_receive(agent, peer, opts))
+    if opts.role == "send":
+        return msgspec.to_builtins(_send(agent, peer, opts))
+    raise ValueError(f"unknown role {opts.role!r} (send | receive)")
+
+
+def _send(agent, peer, opts: LinkOptions) -> LinkResult:
+    import numpy as np
+    import zmq
+
+    from agents.protocol import DataHeader, TensorSpec, encode_data_header
+    from agents.transport import LinkSender, curve_client, harden
+
+    sock = agent.context.socket(zmq.PUSH)
+    harden(sock)
+    sock.sndtimeo = int(opts.timeout_s * 1000)
+    curve_client(sock, agent.keys, peer.public_key)
+    sock.connect(peer.data_address)
+    sender = LinkSender(sock, agent.default_link, clock=agent.clock)
+    t0 = time.perf_counter()
+    try:
+        def header(kind_step: int, n: int) -> bytes:
+            return encode_data_header(DataHeader(
+                run_id=opts.probe_id, kind="probe", phase="decode", step=kind_step, micro_batch=0,
+                sender=agent.device, tensors=(TensorSpec("uint8", (n,)),), t_sent=agent.clock()))
+
+        tiny = np.zeros(8, dtype=np.uint8)
+        for i in range(opts.latency_probes):  # step < 0: latency probes
+            sender.send([header(-1 - i, 8), tiny], 8)
+            time.sleep(opts.latency_gap_s)
+        chunk = np.zeros(opts.chunk_bytes, dtype=np.uint8)
+        sent = 0
+        step = 0
+        while sent < opts.nbytes:
+            n = min(opts.chunk_bytes, opts.nbytes - sent)
+            sender.send([header(step, n), chunk[:n]], n)
+            sent += n
+            step += 1
+        # the end marker carries the total so the receiver knows when it is done
+        sender.send([header(1 << 30, 8), tiny], 8)
+        sender.close()
+        return LinkResult(role="send", probe_id=opts.probe_id, seconds=time.perf_counter() - t0)
+    finally:
+        sender.close()
+        sock.close(linger=int(opts.timeout_s * 1000))
+
+
+def _receive(agent, peer, opts: LinkOptions) -> LinkResult:
+    from agents.protocol import ProtocolError, decode_data
+    from agents.transport import DATA_DOMAIN
+
+    loaded = getattr(agent, "_loaded", None)
+    before = [p.public_key for p in loaded.msg.peers if p.device != agent.device] if loaded else []
+    agent.gate.allow(DATA_DOMAIN, [*before, peer.public_key])
+    data = agent._data
+    one_way: list[float] = []
+    arrivals: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + opts.timeout_s
+    error = ""
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                error = f"timed out after {opts.timeout_s:.0f} s waiting for probes from {peer.device}"
+                break
+            if not data.poll(100):
+                continue
+            frames = data.recv_multipart(copy=False)
+            got = agent.clock()
+            try:
+                header, bufs = decode_data(frames, 1 << 30)
+            except ProtocolError:
+                continue
+            if header.kind != "probe" or header.run_id != opts.probe_id or header.sender != peer.device:
+                continue
+            if header.step < 0:
+                one_way.append(got - header.t_sent)
+            elif header.step == 1 << 30:
+                break
+            else:
+                arrivals.append((got, bufs[0].nbytes))
+    finally:
+        agent.gate.allow(DATA_DOMAIN, before)
+    total = sum(n for _, n in arrivals)
+    bw = 0.0
+    if len(arrivals) >= 2:
+        # skip the warm-up bytes: count from the first arrival after them
+        skip, k = 0, 0
+        while k < len(arrivals) - 1 and skip < opts.warmup_fraction * total:
+            skip += arrivals[k][1]
+            k += 1
+        k = max(k, 1) - 1
+        span = arrivals[-1][0] - arrivals[k][0]
+        counted = sum(n for _, n in arrivals[k + 1:])
+        if span > 0:
+            bw = counted * 8 / span / 1e6
+    return LinkResult(role="receive", probe_id=opts.probe_id, bytes_received=total, bandwidth_mbit_s=bw,
+                      one_way_s=tuple(one_way), seconds=time.perf_counter() - t0, error=error)
