@@ -371,7 +371,7 @@ class TimelineView(QWidget):
             plot.invertY(True)
             plot.setLabel("bottom", "time", units="s")
             plot.setTitle(title, size="9pt")
-            plot.getAxis("left").setWidth(110)
+            plot.getAxis("left").setWidth(90)
             plot.showGrid(x=True, y=False, alpha=0.25)
             vb = plot.getViewBox()
             vb.disableAutoRange()

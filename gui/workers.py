@@ -137,6 +137,12 @@ class TaskRunner(QObject):
         self._current = None
         self.busy_changed.emit(False)
 
+    def request_stop(self) -> None:
+        """Ask the current task to stop but keep listening to it: it stays current until
+        it ends, then ``task_cancelled`` (or its error) arrives. For a Stop button."""
+        if self._current is not None:
+            self._reporters[self._current].cancel()
+
     def is_busy(self) -> bool:
         return self._current is not None
 

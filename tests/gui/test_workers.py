@@ -125,3 +125,24 @@ def test_qt_reporter_is_a_reporter_usable_directly(qtbot):
     reporter.cancel()
     with pytest.raises(Cancelled):
         _count_steps(reporter, 3)
+
+
+def test_request_stop_keeps_the_task_current_until_it_ends(qtbot, runner):
+    started = threading.Event()
+
+    def work(reporter):
+        started.set()
+        while not reporter.cancel_requested():
+            time.sleep(0.005)
+        reporter.status("cleaning up")
+        raise Cancelled()
+
+    statuses = []
+    runner.status_reported.connect(lambda tid, text: statuses.append(text))
+    task_id = runner.start(work)
+    assert started.wait(5)
+    with qtbot.waitSignal(runner.task_cancelled, timeout=5000) as blocker:
+        runner.request_stop()
+        assert runner.is_busy()
+    assert blocker.args == [task_id]
+    assert statuses == ["cleaning up"] and not runner.is_busy()

@@ -1,0 +1,250 @@
+"""What a run looks like while it happens: timeline, figures, tokens/s, utilisation, text.
+
+The Run screen feeds it live (through the EventBridge) and the Sessions screen feeds it
+from a replay, through the same two methods and the same ``core.run_metrics`` functions,
+so a replayed run shows exactly what was seen live. Figures are recomputed on a 4 Hz
+timer (not per event): they are O(events) and nobody reads faster than that.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QFont, QPalette
+from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QProgressBar, QSplitter, QVBoxLayout, QWidget)
+
+from agents.protocol import TimelineEvent, TokenEvent
+from core.run_metrics import RunFigures, compute_figures, tokens_per_s_over_time
+from gui.timeline_view import TimelineView
+from gui.widgets import MetricCard
+
+
+def rate_window_s(duration_s: float) -> float:
+    """Window of the tokens/s plot: about 40 windows over the run, at least 50 ms."""
+    for w in (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0):
+        if duration_s / w <= 40:
+            return w
+    return 30.0
+
+
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1000:.1f} ms"
+
+
+class RunMonitorView(QWidget):
+    """Timeline + figures + generated text of one run (live or replayed)."""
+
+    def __init__(self, parent: QWidget | None = None, refresh_hz: float = 4.0):
+        super().__init__(parent)
+        self.setAccessibleName("Run monitor")
+        self.events: list[TimelineEvent] = []
+        self.tokens: list[TokenEvent] = []
+        self._texts: dict[int, list[str]] = {}
+        self._prompts: tuple[str, ...] = ()
+        self._dirty = False
+        self._last_figures = RunFigures()
+
+        self.timeline = TimelineView()
+
+        self.ttft_card = MetricCard("TTFT", "Time to first token: the prefill's token reaching the source")
+        self.latency_card = MetricCard("Latency / token", "Mean time between a sequence's consecutive tokens")
+        self.rate_card = MetricCard("Decode tokens/s", "Tokens per second over the decode steps")
+        self.tokens_card = MetricCard("Tokens", "Tokens generated so far")
+        cards = QHBoxLayout()
+        for card in (self.ttft_card, self.latency_card, self.rate_card, self.tokens_card):
+            cards.addWidget(card)
+
+        self.rate_plot = pg.PlotWidget()
+        self.rate_plot.setAccessibleName("Tokens per second over time")
+        self.rate_plot.setToolTip("Tokens arrived per second, in windows over the run")
+        self.rate_plot.setMenuEnabled(False)
+        self.rate_plot.hideButtons()
+        self.rate_plot.setMouseEnabled(x=False, y=False)
+        self.rate_plot.setLabel("left", "tokens/s")
+        self.rate_plot.setLabel("bottom", "time", units="s")
+        self.rate_plot.setMinimumHeight(120)
+        self.rate_curve = self.rate_plot.plot([], [], stepMode="center", fillLevel=0,
+                                              pen=pg.mkPen("#4e79a7", width=2), brush=(78, 121, 167, 80))
+
+        self.util_box = QWidget()
+        self.util_box.setAccessibleName("Compute utilisation")
+        self.util_box.setToolTip("Fraction of the run each device spent computing")
+        self._util_layout = QGridLayout(self.util_box)
+        self._util_layout.setContentsMargins(0, 0, 0, 0)
+        self.util_bars: dict[str, QProgressBar] = {}
+
+        self.text_edit = QPlainTextEdit()
+        self.text_edit.setReadOnly(True)
+        self.text_edit.setAccessibleName("Generated text")
+        self.text_edit.setToolTip("The generated text of every sequence, as it streams")
+        self.text_edit.setPlaceholderText("Generated text appears here as tokens arrive.")
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        self.text_edit.setFont(mono)
+
+        side = QWidget()
+        side_layout = QVBoxLayout(side)
+        side_layout.setContentsMargins(0, 0, 0, 0)
+        side_layout.addLayout(cards)
+        for title, widget, stretch in (("Tokens per second", self.rate_plot, 1),
+                                       ("Compute utilisation", self.util_box, 0),
+                                       ("Generated text", self.text_edit, 2)):
+            label = QLabel(title)
+            label.setProperty("role", "metricLabel")
+            side_layout.addWidget(label)
+            side_layout.addWidget(widget, stretch)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setChildrenCollapsible(False)
+        splitter.addWidget(self.timeline)
+        splitter.addWidget(side)
+        splitter.setStretchFactor(0, 3)
+        splitter.setStretchFactor(1, 2)
+        splitter.setSizes([700, 420])
+        self.splitter = splitter
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(splitter)
+
+        self._refresh_timer = QTimer(self)
+        self._refresh_timer.setInterval(int(1000 / refresh_hz))
+        self._refresh_timer.timeout.connect(self._on_refresh_timer_timeout)
+        self._apply_palette()
+
+    # -- feeding -------------------------------------------------------------------------
+    def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = ()) -> None:
+        """Start over for a new run (or a replay seek): nothing drawn, no figures."""
+        self.events = []
+        self.tokens = []
+        self._texts = {}
+        self._prompts = tuple(prompts)
+        self.timeline.clear()
+        self.timeline.set_lanes(list(lanes))
+        self._clear_util_devices()
+        self._set_util_devices(list(lanes))
+        self._dirty = True
+        self.refresh()
+
+    def add_timeline_events(self, events: Sequence[TimelineEvent]) -> None:
+        if not events:
+            return
+        self.events.extend(events)
+        self.timeline.append_events(events)
+        self._mark_dirty()
+
+    def add_token_events(self, tokens: Sequence[TokenEvent]) -> None:
+        if not tokens:
+            return
+        self.tokens.extend(tokens)
+        for tok in tokens:
+            pieces = tok.text if tok.text else tuple(f"[{t}]" for t in tok.token_ids)
+            for seq, piece in zip(tok.sequence_ids, pieces):
+                self._texts.setdefault(seq, []).append(piece)
+        self._mark_dirty()
+
+    def set_predicted(self, events: Sequence[TimelineEvent]) -> None:
+        self.timeline.set_predicted(events)
+
+    def flush(self) -> None:
+        """Draw and compute everything fed so far, now (end of a run, tests)."""
+        self.timeline.flush()
+        self.refresh()
+
+    # -- reading -------------------------------------------------------------------------
+    def figures(self) -> RunFigures:
+        return self._last_figures
+
+    def text_of(self, sequence: int) -> str:
+        return "".join(self._texts.get(sequence, []))
+
+    # -- internals -----------------------------------------------------------------------
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+        if not self._refresh_timer.isActive():
+            self._refresh_timer.start()
+
+    def _on_refresh_timer_timeout(self) -> None:
+        if not self._dirty:
+            self._refresh_timer.stop()
+            return
+        self.refresh()
+
+    def refresh(self) -> None:
+        self._dirty = False
+        fig = compute_figures(self.events, self.tokens)
+        self._last_figures = fig
+        self.ttft_card.set_value(_ms(fig.ttft_s))
+        self.latency_card.set_value(_ms(fig.per_token_latency_s))
+        self.rate_card.set_value("—" if fig.decode_tokens_per_s is None else f"{fig.decode_tokens_per_s:.1f}")
+        self.tokens_card.set_value(str(fig.tokens))
+        window = rate_window_s(fig.duration_s)
+        series = tokens_per_s_over_time(self.tokens, window)
+        if series:
+            xs = [t for t, _ in series] + [series[-1][0] + window]
+            self.rate_curve.setData(xs, [r for _, r in series])
+        else:
+            self.rate_curve.setData([], [])
+        self._set_util_devices(list(fig.utilisation))
+        for device, bar in self.util_bars.items():
+            frac = fig.utilisation.get(device, 0.0)
+            bar.setValue(int(round(frac * 1000)))
+            bar.setFormat(f"{frac * 100:.0f} %")
+            bar.setAccessibleDescription(f"{device}: {frac * 100:.0f} percent busy")
+        self._render_text()
+
+    def _set_util_devices(self, devices: list[str]) -> None:
+        for device in devices:
+            if device in self.util_bars:
+                continue
+            row = len(self.util_bars)
+            label = QLabel(device)
+            bar = QProgressBar()
+            bar.setRange(0, 1000)
+            bar.setValue(0)
+            bar.setFormat("0 %")
+            bar.setTextVisible(True)
+            bar.setAccessibleName(f"Utilisation of {device}")
+            bar.setToolTip(f"Fraction of the run {device} spent computing")
+            self._util_layout.addWidget(label, row, 0)
+            self._util_layout.addWidget(bar, row, 1)
+            self.util_bars[device] = bar
+
+    def _clear_util_devices(self) -> None:
+        while self._util_layout.count():
+            item = self._util_layout.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        self.util_bars.clear()
+
+    def _render_text(self) -> None:
+        parts = []
+        for seq in sorted(self._texts):
+            head = f"#{seq}"
+            if seq < len(self._prompts):
+                head += f"  {self._prompts[seq]}"
+            parts.append(f"{head}\n{''.join(self._texts[seq])}")
+        text = "\n\n".join(parts)
+        if text != self.text_edit.toPlainText():
+            bar = self.text_edit.verticalScrollBar()
+            at_end = bar.value() >= bar.maximum() - 2
+            self.text_edit.setPlainText(text)
+            if at_end:
+                bar.setValue(bar.maximum())
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self._apply_palette()
+        super().changeEvent(event)
+
+    def _apply_palette(self) -> None:
+        pal = self.palette()
+        base = pal.color(QPalette.ColorRole.Base)
+        text = pal.color(QPalette.ColorRole.Text)
+        self.rate_plot.setBackground(base)
+        for name in ("left", "bottom"):
+            axis = self.rate_plot.getAxis(name)
+            axis.setPen(pg.mkPen(text))
+            axis.setTextPen(pg.mkPen(text))

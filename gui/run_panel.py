@@ -1,0 +1,414 @@
+"""The Run screen: settings, Start/Stop, and the live run (timeline, figures, text).
+
+A run is long, blocking work, so it runs on a ``TaskRunner`` worker thread; the backend's
+events and tokens cross into Qt only through the ``EventBridge`` (batched, queued), and
+the same callbacks feed a ``RunRecorder`` so the workspace keeps exactly what was seen
+live (the Sessions screen replays it). Stop cancels the worker's reporter and asks the
+backend to stop at once; the panel never waits for the worker on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QVBoxLayout, QWidget)
+from PySide6.QtCore import Qt
+
+from agents.protocol import TimelineEvent, TokenEvent
+from core.errors import EdgeShardError, RunFailed
+from core.reporting import Cancelled, Reporter
+from gui.event_bridge import EventBridge
+from gui.run_monitor_view import RunMonitorView
+from gui.widgets import InlineMessage, panel_header
+from gui.workers import TaskRunner
+
+MODES = ("sequential", "bubbles", "no-bubbles")
+MODE_HELP = {
+    "sequential": "One micro-batch step in the pipeline at a time (lowest latency per token)",
+    "bubbles": "Micro-batches pipelined; every step waits for all micro-batches (bubbles)",
+    "no-bubbles": "Each micro-batch starts its next step as soon as its token is back (highest throughput)",
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the operator asked for on the Run screen."""
+
+    model_dir: str
+    prompts: tuple[str, ...]
+    max_new_tokens: int
+    mode: str
+    micro_batches: int
+
+
+class RunSink(Protocol):
+    """``core.coordinator.RunSink``: both callbacks may fire on any thread."""
+
+    def on_event(self, event: TimelineEvent) -> None: ...
+
+    def on_tokens(self, tokens: TokenEvent) -> None: ...
+
+
+class RunBackend(Protocol):
+    """Runs the partitioned model for the Run screen (the demo cluster, or real agents).
+
+    ``run`` blocks its (worker) thread until the generation ends, streaming into ``sink``;
+    it raises an ``EdgeShardError`` for what the operator can fix and ``Cancelled`` (or
+    ``RunFailed``) once ``reporter.cancel_requested()`` turns true. ``stop`` may be called
+    from the GUI thread at any time to end the current run quickly.
+    """
+
+    def lanes(self) -> list[str]: ...
+
+    def run(self, settings: RunSettings, sink: RunSink, reporter: Reporter) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+class _Fanout:
+    def __init__(self, *sinks) -> None:
+        self.sinks = sinks
+
+    def on_event(self, event: TimelineEvent) -> None:
+        for s in self.sinks:
+            s.on_event(event)
+
+    def on_tokens(self, tokens: TokenEvent) -> None:
+        for s in self.sinks:
+            s.on_tokens(tokens)
+
+
+def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
+                   workspace: str = "", session_id: int | None = None, plan=None, problem=None) -> dict:
+    """Worker-thread job: run ``settings`` on ``backend`` and record it in ``workspace``.
+
+    Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
+    The recorded status is completed / stopped / failed, whatever happens.
+    """
+    store = recorder = None
+    ids: dict[str, Any] = {}
+    if workspace:
+        from core.recording import RunRecorder
+        from core.store import SessionStore
+
+        store = SessionStore(workspace)
+        try:
+            if session_id is None:
+                import time as _time
+                session_id = store.create_session(f"Studio {_time.strftime('%Y-%m-%d %H:%M')}")
+            plan_id = store.add_plan(session_id, plan) if plan is not None else None
+            run_id = store.create_run(session_id, model=Path(settings.model_dir).name or settings.model_dir,
+                                      mode=settings.mode, kind="measured", plan_id=plan_id, problem=problem,
+                                      settings={**asdict(settings), "prompts": list(settings.prompts),
+                                                "lanes": backend.lanes()})
+            recorder = RunRecorder(store, run_id)
+        except BaseException:
+            store.close()
+            raise
+        ids = {"session_id": session_id, "run_id": run_id}
+        reporter.partial_result(ids)
+        sink = _Fanout(sink, recorder)
+    status = "failed"
+    try:
+        backend.run(settings, sink, reporter)
+        status = "stopped" if reporter.cancel_requested() else "completed"
+        if status == "stopped":
+            raise Cancelled()
+        return ids
+    except (Cancelled, RunFailed):
+        if reporter.cancel_requested():
+            status = "stopped"
+            raise Cancelled() from None
+        raise
+    finally:
+        if recorder is not None:
+            try:
+                recorder.finish(status)
+            finally:
+                store.close()
+
+
+class RunPanel(QWidget):
+    """Settings and Start/Stop on the left, the live ``RunMonitorView`` on the right."""
+
+    run_started = Signal()
+    run_finished = Signal(str)
+    """"completed", "stopped" or "failed"."""
+    run_recorded = Signal(int, int)
+    """(session_id, run_id) of the run being recorded in the workspace."""
+
+    def __init__(self, state=None, backend: RunBackend | None = None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.state = state
+        self.backend = backend
+        self.session_id: int | None = None
+        self._session_workspace = ""
+        self.last_outcome = ""
+        self.setAccessibleName("Run screen")
+
+        self.bridge = EventBridge(self)
+        self.runner = TaskRunner(self, name="run")
+        self.monitor = RunMonitorView()
+        self.bridge.timeline_events_arrived.connect(self.monitor.add_timeline_events)
+        self.bridge.token_events_arrived.connect(self.monitor.add_token_events)
+        self.runner.task_finished.connect(self._on_runner_task_finished)
+        self.runner.task_failed.connect(self._on_runner_task_failed)
+        self.runner.task_cancelled.connect(self._on_runner_task_cancelled)
+        self.runner.status_reported.connect(self._on_runner_status_reported)
+        self.runner.progress_reported.connect(self._on_runner_progress_reported)
+        self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
+
+        self.model_edit = QLineEdit()
+        self.model_edit.setAccessibleName("Model directory")
+        self.model_edit.setToolTip("Checkpoint directory of the model to run (config.json, safetensors, tokenizer)")
+        self.model_edit.setPlaceholderText("checkpoint directory")
+        self.browse_button = QPushButton("Browse…")
+        self.browse_button.setAccessibleName("Browse for model directory")
+        self.browse_button.setToolTip("Choose the model's checkpoint directory")
+        self.browse_button.clicked.connect(self._on_browse_clicked)
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model_edit, 1)
+        model_row.addWidget(self.browse_button)
+
+        self.prompts_edit = QPlainTextEdit()
+        self.prompts_edit.setAccessibleName("Prompts")
+        self.prompts_edit.setToolTip("One prompt per line; each line is one sequence of the batch")
+        self.prompts_edit.setPlaceholderText("One prompt per line")
+        self.prompts_edit.setPlainText("The edge devices worked together to\nOnce upon a time")
+        self.prompts_edit.setMaximumHeight(110)
+
+        self.max_tokens_spin = QSpinBox()
+        self.max_tokens_spin.setRange(1, 4096)
+        self.max_tokens_spin.setValue(32)
+        self.max_tokens_spin.setAccessibleName("Max new tokens")
+        self.max_tokens_spin.setToolTip("How many tokens to generate per prompt (at most)")
+
+        self.mode_combo = QComboBox()
+        for mode in MODES:
+            self.mode_combo.addItem(mode)
+            self.mode_combo.setItemData(self.mode_combo.count() - 1, MODE_HELP[mode], Qt.ItemDataRole.ToolTipRole)
+        self.mode_combo.setAccessibleName("Pipeline mode")
+        self.mode_combo.setToolTip("How micro-batches move through the pipeline (EdgeShard §IV-C)")
+        self.mode_combo.currentTextChanged.connect(self._on_settings_changed)
+
+        self.micro_batches_spin = QSpinBox()
+        self.micro_batches_spin.setRange(1, 64)
+        self.micro_batches_spin.setValue(2)
+        self.micro_batches_spin.setAccessibleName("Micro-batches")
+        self.micro_batches_spin.setToolTip("Split the prompts into this many micro-batches (pipelined modes)")
+        self.micro_batches_spin.valueChanged.connect(self._on_settings_changed)
+        self.max_tokens_spin.valueChanged.connect(self._on_settings_changed)
+
+        self.start_button = QPushButton("Start")
+        self.start_button.setAccessibleName("Start run")
+        self.start_button.setToolTip("Run the model over the cluster with the current plan (Ctrl+Return)")
+        self.start_button.setProperty("role", "primary")
+        self.start_button.clicked.connect(self.start_run)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setAccessibleName("Stop run")
+        self.stop_button.setToolTip("Stop the run (Esc); what was produced so far is kept")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_run)
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.start_run)
+        QShortcut(QKeySequence("Escape"), self, activated=self.stop_run)
+
+        self.status_label = QLabel("Ready.")
+        self.status_label.setAccessibleName("Run status")
+        self.status_label.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Run progress")
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(0)
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumHeight(8)
+        self.message = InlineMessage()
+
+        form = QFormLayout()
+        form.addRow("Model", model_row)
+        form.addRow("Prompts", self.prompts_edit)
+        form.addRow("Max new tokens", self.max_tokens_spin)
+        form.addRow("Mode", self.mode_combo)
+        form.addRow("Micro-batches", self.micro_batches_spin)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+
+        settings = QWidget()
+        settings.setMinimumWidth(300)
+        settings.setMaximumWidth(420)
+        s_layout = QVBoxLayout(settings)
+        s_layout.setContentsMargins(0, 0, 8, 0)
+        s_layout.addLayout(form)
+        s_layout.addLayout(buttons)
+        s_layout.addWidget(self.progress)
+        s_layout.addWidget(self.status_label)
+        s_layout.addWidget(self.message)
+        s_layout.addStretch(1)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setChildrenCollapsible(False)
+        splitter.addWidget(settings)
+        splitter.addWidget(self.monitor)
+        splitter.setStretchFactor(1, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(16, 12, 16, 12)
+        layout.addWidget(panel_header(
+            "Run", "Run the model over the cluster with the current plan and watch the pipeline live."))
+        layout.addWidget(splitter, 1)
+
+        if state is not None:
+            state.model_changed.connect(self._on_state_model_changed)
+            state.plan_changed.connect(self._on_settings_changed)
+            state.problem_changed.connect(self._on_settings_changed)
+            self._on_state_model_changed(state.model_name)
+        self._update_prediction()
+
+    # -- public API ----------------------------------------------------------------------
+    def set_backend(self, backend: RunBackend | None) -> None:
+        self.backend = backend
+
+    def settings(self) -> RunSettings:
+        prompts = tuple(line.strip() for line in self.prompts_edit.toPlainText().splitlines() if line.strip())
+        return RunSettings(model_dir=self.model_edit.text().strip(), prompts=prompts,
+                           max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
+                           micro_batches=self.micro_batches_spin.value())
+
+    def is_running(self) -> bool:
+        return self.runner.is_busy()
+
+    def start_run(self) -> None:
+        if self.runner.is_busy():
+            return
+        settings = self.settings()
+        problems = []
+        if not settings.prompts:
+            problems.append("Enter at least one prompt (one per line).")
+        if self.backend is None:
+            problems.append("No cluster to run on: start the demo cluster or deploy agents on the Devices "
+                            "screen, then make a plan.")
+        if settings.model_dir and not os.path.isdir(settings.model_dir):
+            problems.append(f"Model directory {settings.model_dir} does not exist: choose the checkpoint "
+                            "directory with Browse….")
+        if problems:
+            self.message.show_lines(problems, "Cannot start the run:")
+            return
+        self.message.show_lines([])
+        lanes = list(self.backend.lanes())
+        self.monitor.reset(lanes, settings.prompts)
+        self._update_prediction()
+        workspace = self.state.workspace if self.state is not None else ""
+        if workspace != self._session_workspace:
+            self.session_id, self._session_workspace = None, workspace
+        plan = getattr(self.state, "plan", None)
+        problem = getattr(self.state, "problem", None)
+        self.last_outcome = ""
+        self.runner.start(run_and_record, self.backend, settings, self.bridge, workspace, self.session_id,
+                          plan, problem)
+        self._set_running(True)
+        self.status_label.setText(f"Running {settings.mode} with {len(settings.prompts)} prompt(s)…")
+        self.run_started.emit()
+
+    def stop_run(self) -> None:
+        if not self.runner.is_busy():
+            return
+        self.status_label.setText("Stopping…")
+        self.stop_button.setEnabled(False)
+        self.runner.request_stop()  # task_cancelled arrives when the worker has ended
+        if self.backend is not None:
+            self.backend.stop()
+
+    def shutdown(self, timeout_s: float = 10.0) -> bool:
+        """Stop any run and join its thread (window close, tests)."""
+        if self.backend is not None and self.runner.is_busy():
+            self.backend.stop()
+        ok = self.runner.shutdown(timeout_s)
+        self.bridge.flush()
+        return ok
+
+    # -- runner signals (GUI thread) -----------------------------------------------------
+    def _finish(self, outcome: str, text: str) -> None:
+        self.bridge.flush()
+        self.monitor.flush()
+        self._set_running(False)
+        self.last_outcome = outcome
+        self.status_label.setText(text)
+        if self.state is not None:
+            self.state.log(text, "error" if outcome == "failed" else "info")
+        self.run_finished.emit(outcome)
+
+    def _on_runner_task_finished(self, task_id: int, result: object) -> None:
+        self.progress.setValue(1000)
+        self.bridge.flush()
+        self.monitor.flush()
+        fig = self.monitor.figures()
+        self._finish("completed", f"Run completed: {fig.tokens} tokens in {fig.duration_s:.2f} s.")
+
+    def _on_runner_task_failed(self, task_id: int, message: str) -> None:
+        self.message.show_lines([message], "The run failed:")
+        self._finish("failed", "Run failed.")
+
+    def _on_runner_task_cancelled(self, task_id: int) -> None:
+        self._finish("stopped", "Run stopped; what arrived so far is kept.")
+
+    def _on_runner_status_reported(self, task_id: int, text: str) -> None:
+        self.status_label.setText(text)
+
+    def _on_runner_progress_reported(self, task_id: int, done: float, total: float) -> None:
+        self.progress.setValue(int(1000 * done / total) if total > 0 else 0)
+
+    def _on_runner_partial_result_reported(self, task_id: int, value: object) -> None:
+        if isinstance(value, dict) and "run_id" in value:
+            self.session_id = value["session_id"]
+            self.run_recorded.emit(value["session_id"], value["run_id"])
+
+    # -- other handlers ------------------------------------------------------------------
+    def _on_browse_clicked(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Model checkpoint directory", self.model_edit.text())
+        if path:
+            self.model_edit.setText(path)
+
+    def _on_state_model_changed(self, name: str) -> None:
+        path = getattr(self.state, "model_path", "")
+        if path and not self.model_edit.text():
+            self.model_edit.setText(path)
+
+    def _on_settings_changed(self, *_args) -> None:
+        if not self.runner.is_busy():
+            self._update_prediction()
+
+    def _set_running(self, running: bool) -> None:
+        self.start_button.setEnabled(not running)
+        self.stop_button.setEnabled(running)
+        for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin,
+                  self.mode_combo, self.micro_batches_spin):
+            w.setEnabled(not running)
+        if running:
+            self.progress.setValue(0)
+
+    def _update_prediction(self) -> None:
+        """The simulator's timeline for the current plan and settings, under the measured one."""
+        problem = getattr(self.state, "problem", None)
+        plan = getattr(self.state, "plan", None)
+        if problem is None or plan is None:
+            self.monitor.set_predicted([])
+            return
+        from core.simulator import simulate
+
+        s = self.settings()
+        n = max(1, len(s.prompts))
+        k = 1 if s.mode == "sequential" else max(1, min(s.micro_batches, n))
+        try:
+            result = simulate(problem, plan, s.mode, micro_batches=k, micro_batch_size=max(1, -(-n // k)),
+                              generated_tokens=s.max_new_tokens)
+        except (EdgeShardError, ValueError):
+            self.monitor.set_predicted([])
+            return
+        self.monitor.set_predicted(result.events)

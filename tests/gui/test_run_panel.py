@@ -1,0 +1,140 @@
+"""The Run screen: Start streams a run (on a worker thread) into the timeline, figures and
+text; Stop ends it and leaves no thread; errors are shown in plain words; the run is
+recorded in the workspace."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+
+from core.run_metrics import compute_figures
+from core.store import SessionStore
+from gui.run_panel import RunPanel
+from gui.studio_state import StudioState
+from tests.gui.run_backends import DEVICES, PacedBackend, simulated_run
+
+
+@pytest.fixture(scope="module")
+def run_data():
+    return simulated_run(generated_tokens=6, micro_batches=2)
+
+
+@pytest.fixture
+def state(qtbot, run_data, tmp_path):
+    problem, plan, _, _ = run_data
+    s = StudioState()
+    s.set_profile(problem.profile)
+    s.set_problem(problem)
+    s.set_plan(plan)
+    s.set_workspace(str(tmp_path / "workspace.sqlite"))
+    return s
+
+
+def _panel(qtbot, state, backend) -> RunPanel:
+    panel = RunPanel(state, backend)
+    qtbot.addWidget(panel)
+    panel.resize(1400, 800)
+    panel.prompts_edit.setPlainText("first prompt\nsecond prompt")
+    return panel
+
+
+def _no_run_threads() -> bool:
+    return not [t for t in threading.enumerate() if t.name.startswith("edgeshard-run")]
+
+
+def test_start_streams_the_run_into_timeline_figures_and_text(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    backend = PacedBackend(events, tokens, speed=8.0)
+    panel = _panel(qtbot, state, backend)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000) as done:
+        qtbot.mouseClick(panel.start_button, Qt.MouseButton.LeftButton)
+        assert panel.is_running() and not panel.start_button.isEnabled() and panel.stop_button.isEnabled()
+    assert done.args == ["completed"]
+    assert backend.thread_names and backend.thread_names[0] != threading.main_thread().name
+    monitor = panel.monitor
+    for device in DEVICES:
+        assert monitor.timeline.box_count(device) == sum(1 for e in events if e.device == device)
+    assert monitor.figures() == compute_figures(events, tokens)
+    assert monitor.ttft_card.text() == f"{compute_figures(events, tokens).ttft_s * 1000:.1f} ms"
+    assert monitor.text_of(0) == "".join(t.text[0] for t in tokens if t.sequence_ids == (0,))
+    assert "first prompt" in monitor.text_edit.toPlainText()
+    assert set(monitor.util_bars) == set(DEVICES)
+    assert panel.start_button.isEnabled() and not panel.stop_button.isEnabled()
+    panel.shutdown()
+    assert _no_run_threads()
+
+
+def test_stop_ends_a_run_and_leaves_no_thread_running(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    backend = PacedBackend(events, tokens, speed=1.0, repeat=True)  # only ends when stopped
+    panel = _panel(qtbot, state, backend)
+    panel.start_run()
+    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 10, timeout=5000)
+    with qtbot.waitSignal(panel.run_finished, timeout=3000) as done:
+        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    assert done.args == ["stopped"]
+    assert not panel.is_running() and panel.start_button.isEnabled()
+    qtbot.waitUntil(_no_run_threads, timeout=2000)
+    drawn = panel.monitor.timeline.box_count()
+    assert 10 < drawn < backend.emitted + 1
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.status == "stopped"
+        assert len(store.events(run.id)) == drawn, "what was drawn is what was recorded"
+
+
+def test_a_completed_run_is_recorded_in_the_workspace(qtbot, state, run_data):
+    _, plan, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
+    recorded = []
+    panel.run_recorded.connect(lambda s, r: recorded.append((s, r)))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert recorded == [(run.session_id, run.id)]
+        assert run.status == "completed" and run.kind == "measured"
+        assert run.settings["prompts"] == ["first prompt", "second prompt"]
+        assert store.plan(run.plan_id) == plan
+        assert sorted(store.events(run.id), key=lambda e: (e.start_s, e.device)) == \
+            sorted(events, key=lambda e: (e.start_s, e.device))
+        assert run.figures["tokens"] == sum(len(t.token_ids) for t in tokens)
+
+
+def test_a_failing_run_shows_its_reason_inline_not_a_traceback(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0, fail_after=20))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000) as done:
+        panel.start_run()
+    assert done.args == ["failed"]
+    assert panel.message.isVisibleTo(panel)
+    assert "laptop: agent stopped answering" in panel.message.text()
+    assert "Traceback" not in panel.message.text()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        assert [r.status for r in store.runs()] == ["failed"]
+
+
+def test_start_without_prompts_or_cluster_says_what_to_do(qtbot, state):
+    panel = RunPanel(state, backend=None)
+    qtbot.addWidget(panel)
+    panel.prompts_edit.setPlainText("   \n")
+    panel.start_run()
+    assert not panel.is_running()
+    text = panel.message.text()
+    assert "at least one prompt" in text and "No cluster to run on" in text
+
+
+def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
+    panel = _panel(qtbot, state, None)
+    timeline = panel.monitor.timeline
+    panel.mode_combo.setCurrentText("sequential")
+    sequential_mbs = set(timeline.boxes(predicted=True)["micro_batch"].tolist())
+    panel.mode_combo.setCurrentText("no-bubbles")
+    panel.micro_batches_spin.setValue(2)
+    pipelined_mbs = set(timeline.boxes(predicted=True)["micro_batch"].tolist())
+    assert sequential_mbs == {0} and pipelined_mbs == {0, 1}
+    assert timeline.predicted_check.isEnabled()
