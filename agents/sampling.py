@@ -1,0 +1,57 @@
+"""Choose the next token from the last stage's logits: greedy, or seeded temperature/top-p.
+
+Sampling draws only from the ``torch.Generator`` passed in (seeded from
+``SamplingParams.seed`` once per run), never from the global RNG, so a run is
+reproducible and equal however the model is partitioned. The top-p rule is HF's
+``TopPLogitsWarper``: keep the smallest set of most likely tokens whose probability
+reaches ``top_p`` (always at least one).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    temperature: float = 0.0
+    """0 = greedy (argmax)."""
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 32
+    eos_token_ids: tuple[int, ...] = ()
+    """A sequence stops after producing any of these."""
+    pad_token_id: int = 0
+    """Fed (and reported) for sequences that already stopped, as HF generate does."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def make_generator(self) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """Next token per row of ``logits`` [B, V] as int64 [B]."""
+    logits = logits.float()
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    scores = logits / params.temperature
+    if params.top_p < 1.0:
+        sorted_scores, sorted_index = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - params.top_p)
+        remove_sorted[..., -1:] = False  # keep the most likely token
+        remove = remove_sorted.scatter(1, sorted_index, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)

@@ -1,0 +1,287 @@
+"""Run a contiguous slice of a real HF model's units, with its own KV caches.
+
+Units are the planner's: 0 = embedding, 1..L = decoder blocks, L+1 = final norm + LM
+head; a stage runs ``[start, end)``. The stage builds the transformers 5 modules of its
+units on the meta device (no memory, no random init), then assigns only its own tensors
+read from the checkpoint, so a stage holding a quarter of the blocks holds a quarter of
+their weights. Layers get LOCAL indices 0..k-1 (the KV cache is indexed by
+``self_attn.layer_idx``), rotary embeddings and masks are computed per stage exactly as
+the HF model computes them for the whole stack, so a chain of stages reproduces the whole
+model's outputs (see ``agents.local_pipeline`` and the tests).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from agents.checkpoint_reader import (
+    LAYOUTS,
+    CheckpointError,
+    CheckpointReader,
+    block_state_dict,
+    load_config,
+    torch_dtype,
+)
+
+
+class StageInputError(ValueError):
+    """An input a stage cannot run: wrong shape or dtype, unknown micro-batch group."""
+
+
+@dataclass
+class _GroupState:
+    cache: object | None
+    mask: torch.Tensor
+    """[B, past + new] 1/0 attention mask of everything this group has seen."""
+
+
+class StageExecutor:
+    """Holds units ``[start, end)`` of the model in ``model_dir`` and runs them per micro-batch group."""
+
+    def __init__(
+        self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None
+    ):
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        config = load_config(model_dir)
+        self.family: str = config.model_type
+        self.num_layers: int = int(config.num_hidden_layers)
+        self.num_units: int = self.num_layers + 2
+        if not (0 <= start < end <= self.num_units):
+            raise CheckpointError(
+                f"stage units [{start}, {end}) are not a non-empty range inside [0, {self.num_units})"
+            )
+        self.model_dir = str(model_dir)
+        self.start, self.end = start, end
+        self.is_first = start == 0
+        self.is_last = end == self.num_units
+        self.hidden_size: int = int(config.hidden_size)
+        self.vocab_size: int = int(config.vocab_size)
+        self.dtype = torch_dtype(dtype)
+        self.layer_indices = list(range(max(start, 1) - 1, min(end, self.num_layers + 1) - 1))
+        """Global indices of the decoder blocks this stage runs."""
+        self._layout = layout = LAYOUTS[self.family]
+
+        stage_config = copy.deepcopy(config)
+        stage_config.num_hidden_layers = len(self.layer_indices)
+        global_types = getattr(config, "layer_types", None)
+        if global_types:
+            stage_config.layer_types = [global_types[i] for i in self.layer_indices]
+        self._config = stage_config
+        self._layer_types = [self._layer_type(config, i) for i in self.layer_indices]
+
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(stage_config)
+        base = getattr(skeleton, layout.base)
+
+        self.reader = reader = CheckpointReader(model_dir)
+        prefix = self._key_prefix(reader)
+        self._embed: nn.Module | None = None
+        self._positions: nn.Module | None = None
+        self._layers = nn.ModuleList()
+        self._norm: nn.Module | None = None
+        self._head: nn.Module | None = None
+        self._rotary: nn.Module | None = None
+
+        embed_weight: torch.Tensor | None = None
+        if self.is_first:
+            self._embed = getattr(base, layout.embed)
+            embed_weight = self._assign(self._embed, reader, f"{prefix}{layout.embed}.")["weight"]
+            if layout.positions:
+                self._positions = getattr(base, layout.positions)
+                self._assign(self._positions, reader, f"{prefix}{layout.positions}.")
+        if self.layer_indices:
+            blocks = getattr(base, layout.blocks)
+            for local, global_index in enumerate(self.layer_indices):
+                layer = blocks[local]
+                state = block_state_dict(reader, self.family, f"{prefix}{layout.blocks}.{global_index}.", self.dtype)
+                _load(layer, state, f"block {global_index}")
+                self._fix_layer_index_dependent_scaling(layer, local, global_index)
+                self._layers.append(layer)
+            if layout.rotary:
+                self._rotary = type(getattr(base, layout.rotary))(config=stage_config)
+        if self.is_last:
+            self._norm = getattr(base, layout.norm)
+            self._assign(self._norm, reader, f"{prefix}{layout.norm}.")
+            self._head = skeleton.lm_head
+            if getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in reader:
+                if not getattr(config, "tie_word_embeddings", False):
+                    raise CheckpointError(f"{model_dir}: lm_head.weight is missing and embeddings are not tied")
+                if embed_weight is None:  # the head stage reads just the embedding tensor
+                    name = f"{prefix}{layout.embed}.weight"
+                    embed_weight = reader.read([name], self.dtype)[name]
+                self._head.weight = nn.Parameter(embed_weight, requires_grad=False)
+                if getattr(self._head, "bias", None) is not None:
+                    self._assign(self._head, reader, "lm_head.", only=["bias"])
+            else:
+                self._assign(self._head, reader, "lm_head.")
+        del skeleton, base
+        for module in self._modules():
+            module.eval()
+            for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+                if tensor.is_meta:
+                    raise CheckpointError(f"{model_dir}: no weights for {name} of a stage module")
+        self._groups: dict[int, _GroupState] = {}
+
+    # ----- construction helpers -------------------------------------------------------
+    @staticmethod
+    def _layer_type(config, index: int) -> str:
+        types = getattr(config, "layer_types", None)
+        if types:
+            return types[index]
+        return "sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"
+
+    def _key_prefix(self, reader: CheckpointReader) -> str:
+        """"model." / "transformer." as saved by transformers, or "" for checkpoints saved bare."""
+        layout = self._layout
+        for prefix in (f"{layout.base}.", ""):
+            if f"{prefix}{layout.norm}.weight" in reader or f"{prefix}{layout.embed}.weight" in reader:
+                return prefix
+        raise CheckpointError(
+            f"{self.model_dir}: no {layout.base}.{layout.embed}.weight in the checkpoint; "
+            f"is this a {self.family} model?"
+        )
+
+    def _assign(self, module: nn.Module, reader: CheckpointReader, key_prefix: str, only=None) -> dict:
+        names = list(module.state_dict().keys())  # parameters and persistent buffers
+        if only is not None:
+            names = [n for n in names if n in only]
+        state = reader.read([key_prefix + n for n in names], self.dtype)
+        state = {n[len(key_prefix):]: t for n, t in state.items()}
+        _load(module, state, key_prefix.rstrip("."), strict=only is None)
+        return state
+
+    @staticmethod
+    def _fix_layer_index_dependent_scaling(layer: nn.Module, local: int, global_index: int) -> None:
+        # GPT-2 option: attention scaled by 1/(layer_idx+1); the layer was built with its local index.
+        attn = getattr(layer, "attn", None)
+        if attn is not None and getattr(attn, "scale_attn_by_inverse_layer_idx", False):
+            attn.scaling = attn.scaling * (local + 1) / (global_index + 1)
+
+    def _modules(self) -> list[nn.Module]:
+        parts = [self._embed, self._positions, self._norm, self._head, self._rotary]
+        return [m for m in parts if m is not None] + list(self._layers)
+
+    # ----- the API ----------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """Bytes of weights held (a tied embedding/head counted once; rotary tables not counted)."""
+        seen: set[int] = set()
+        total = 0
+        for module in self._modules():
+            for tensor in module.parameters():
+                key = tensor.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    total += tensor.untyped_storage().nbytes()
+        return total
+
+    @torch.inference_mode()
+    def prefill(self, group: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Start a fresh KV cache for ``group`` and run the prompt (left padded) through the stage."""
+        if attention_mask.ndim != 2:
+            raise StageInputError(f"attention mask must be [B, T], got {tuple(attention_mask.shape)}")
+        self._check_input(x, attention_mask.shape[0], attention_mask.shape[1])
+        cache = None
+        if self._layers:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self._config)
+        state = _GroupState(cache=cache, mask=attention_mask.to(torch.long))
+        self._groups[group] = state
+        return self._run(state, x)
+
+    @torch.inference_mode()
+    def decode(self, group: int, x: torch.Tensor) -> torch.Tensor:
+        """Run one new token per sequence; the group's mask grows by one attended column."""
+        state = self._groups.get(group)
+        if state is None:
+            raise StageInputError(f"decode for micro-batch group {group} before its prefill")
+        self._check_input(x, state.mask.shape[0], 1)
+        state.mask = torch.cat([state.mask, state.mask.new_ones((state.mask.shape[0], 1))], dim=1)
+        return self._run(state, x)
+
+    def drop(self, group: int) -> None:
+        """Free the KV cache of ``group`` (unknown groups are ignored)."""
+        self._groups.pop(group, None)
+
+    def groups(self) -> list[int]:
+        return sorted(self._groups)
+
+    # ----- the computation ----------------------------------------------------------------
+    def _check_input(self, x: torch.Tensor, batch: int, length: int) -> None:
+        if self.is_first:
+            if x.dtype != torch.int64 or tuple(x.shape) != (batch, length):
+                raise StageInputError(
+                    f"first stage expects token ids int64 [{batch}, {length}], got {x.dtype} {tuple(x.shape)}"
+                )
+            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.vocab_size):
+                raise StageInputError(f"token ids outside the vocabulary [0, {self.vocab_size})")
+        elif not x.is_floating_point() or tuple(x.shape) != (batch, length, self.hidden_size):
+            raise StageInputError(
+                f"stage expects hidden states [{batch}, {length}, {self.hidden_size}], "
+                f"got {x.dtype} {tuple(x.shape)}"
+            )
+
+    def _run(self, state: _GroupState, x: torch.Tensor) -> torch.Tensor:
+        new = x.shape[1]
+        mask = state.mask
+        # As HF generate: positions count attended tokens; padded slots get position 0.
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+        if self.is_first:
+            hidden = self._embed(x)
+            if self._positions is not None:
+                hidden = hidden + self._positions(positions)
+        else:
+            hidden = x.to(self.dtype)
+        if self._layers:
+            hidden = self._run_layers(state, hidden, positions)
+        if not self.is_last:
+            return hidden
+        hidden = self._norm(hidden[:, -1:, :])
+        return self._head(hidden)[:, -1, :].float()
+
+    def _run_layers(self, state: _GroupState, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        masks = {}
+        for kind in sorted(set(self._layer_types)):
+            if kind not in makers:
+                raise CheckpointError(f"{self.model_dir}: attention type {kind!r} is not supported")
+            masks[kind] = makers[kind](
+                config=self._config,
+                inputs_embeds=hidden,
+                attention_mask=state.mask,
+                past_key_values=state.cache,
+                position_ids=positions,
+            )
+        extra = {}
+        if self._rotary is not None:
+            extra["position_embeddings"] = self._rotary(hidden, position_ids=positions)
+        for layer, kind in zip(self._layers, self._layer_types):
+            hidden = layer(
+                hidden,
+                attention_mask=masks[kind],
+                position_ids=positions,
+                past_key_values=state.cache,
+                use_cache=True,
+                **extra,
+            )
+            if isinstance(hidden, tuple):  # older layer APIs return (hidden, ...)
+                hidden = hidden[0]
+        return hidden
+
+
+def _load(module: nn.Module, state: dict[str, torch.Tensor], what: str, strict: bool = True) -> None:
+    try:
+        module.load_state_dict(state, strict=strict, assign=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"weights of {what} do not fit the config: {err}") from None
+    for param in module.parameters():
+        param.requires_grad_(False)

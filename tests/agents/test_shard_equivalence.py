@@ -1,0 +1,161 @@
+"""A model split into stages produces exactly what the whole HF model produces.
+
+For every supported family, a chain of ``StageExecutor``s (1 to 4 stages, uneven splits)
+is run in-process on a left-padded batch of prompts of different lengths and compared
+with ``AutoModelForCausalLM.generate()`` on the unsplit checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import transformers
+
+from agents.local_pipeline import generate_partitioned
+from agents.sampling import SamplingParams
+from agents.shard import StageExecutor
+from core.checkpoints import FAMILIES
+
+PROMPTS = [
+    "The lighthouse keeper climbed the steps",
+    "Hello",
+    "A chain is only as strong as its weakest link, and a pipeline",
+]
+
+# 4 blocks → units 0 (embedding), 1..4 (blocks), 5 (norm + head).
+PARTITIONS = {
+    "1-stage": [(0, 6)],
+    "embedding-alone": [(0, 1), (1, 6)],
+    "2-uneven": [(0, 4), (4, 6)],
+    "3-uneven": [(0, 2), (2, 3), (3, 6)],
+    "4-head-alone": [(0, 1), (1, 2), (2, 5), (5, 6)],
+}
+MAX_NEW = 10
+
+
+def encode(model_dir: str):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+@functools.lru_cache(maxsize=None)
+def hf_model(model_dir: str):
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+
+
+def hf_generate(model_dir: str, max_new: int = MAX_NEW, **kwargs):
+    ids, mask = encode(model_dir)
+    out = hf_model(model_dir).generate(
+        ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+        output_logits=True, return_dict_in_generate=True, **kwargs,
+    )
+    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, dim=1)
+
+
+def stages(model_dir: str, partition) -> list[StageExecutor]:
+    return [StageExecutor(model_dir, start, end) for start, end in partition]
+
+
+@pytest.mark.parametrize("partition", list(PARTITIONS), ids=list(PARTITIONS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_partitioned_greedy_tokens_equal_hf_generate(tiny_model_dirs, family, partition):
+    model_dir = tiny_model_dirs[family]
+    ids, mask = encode(model_dir)
+    assert mask[:, 0].min() == 0 and mask.sum(1).unique().numel() == len(PROMPTS)  # padded, all lengths differ
+    expected_tokens, expected_logits = hf_generate(model_dir)
+
+    result = generate_partitioned(
+        stages(model_dir, PARTITIONS[partition]), ids, mask,
+        SamplingParams(max_new_tokens=MAX_NEW, eos_token_ids=(2,), pad_token_id=0), keep_logits=True,
+    )
+
+    assert torch.equal(result.tokens, expected_tokens)
+    torch.testing.assert_close(torch.stack(result.step_logits, dim=1), expected_logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generation_stops_at_eos_like_hf_generate(tiny_model_dirs, family):
+    model_dir = tiny_model_dirs[family]
+    ids, mask = encode(model_dir)
+    free = generate_partitioned(stages(model_dir, PARTITIONS["3-uneven"]), ids, mask,
+                                SamplingParams(max_new_tokens=MAX_NEW))
+    eos = int(free.tokens[0, 2])  # sequence 0 produces this at step 2 (or earlier)
+    first_eos = int((free.tokens[0] == eos).nonzero()[0])
+    expected, _ = hf_generate(model_dir, eos_token_id=eos, pad_token_id=0)
+
+    stopped = generate_partitioned(stages(model_dir, PARTITIONS["3-uneven"]), ids, mask,
+                                   SamplingParams(max_new_tokens=MAX_NEW, eos_token_ids=(eos,), pad_token_id=0))
+
+    assert torch.equal(stopped.tokens, expected)
+    assert stopped.tokens[0, first_eos] == eos
+    assert (stopped.tokens[0, first_eos + 1:] == 0).all()  # padded after its EOS
+    finished_all = bool((stopped.tokens == eos).any(dim=1).all())
+    assert stopped.tokens.shape[1] == (
+        max(int((row == eos).nonzero()[0]) for row in stopped.tokens) + 1 if finished_all else MAX_NEW
+    )
+
+
+def test_generation_makes_exactly_max_new_tokens_without_eos(tiny_llama_dir):
+    ids, mask = encode(tiny_llama_dir)
+    result = generate_partitioned(stages(tiny_llama_dir, PARTITIONS["2-uneven"]), ids, mask,
+                                  SamplingParams(max_new_tokens=7))
+    assert result.tokens.shape == (len(PROMPTS), 7)
+    assert result.tokens.dtype == torch.int64
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_seeded_sampling_is_reproducible_and_equal_across_partitionings(tiny_model_dirs, family):
+    model_dir = tiny_model_dirs[family]
+    ids, mask = encode(model_dir)
+    params = SamplingParams(temperature=1.2, top_p=0.9, seed=1234, max_new_tokens=12)
+    runs = {name: generate_partitioned(stages(model_dir, PARTITIONS[name]), ids, mask, params).tokens
+            for name in ("1-stage", "3-uneven", "4-head-alone")}
+    again = generate_partitioned(stages(model_dir, PARTITIONS["1-stage"]), ids, mask, params).tokens
+    other_seed = generate_partitioned(stages(model_dir, PARTITIONS["1-stage"]), ids, mask,
+                                      SamplingParams(temperature=1.2, top_p=0.9, seed=99, max_new_tokens=12)).tokens
+    greedy = generate_partitioned(stages(model_dir, PARTITIONS["1-stage"]), ids, mask,
+                                  SamplingParams(max_new_tokens=12)).tokens
+
+    assert torch.equal(runs["1-stage"], again)
+    assert torch.equal(runs["1-stage"], runs["3-uneven"])
+    assert torch.equal(runs["1-stage"], runs["4-head-alone"])
+    assert not torch.equal(runs["1-stage"], other_seed)
+    assert not torch.equal(runs["1-stage"], greedy)
+
+
+def test_stage_outputs_hidden_states_then_last_position_logits(tiny_llama_dir):
+    ids, mask = encode(tiny_llama_dir)
+    first, last = stages(tiny_llama_dir, PARTITIONS["2-uneven"])
+    hidden = first.prefill(0, ids, mask)
+    logits = last.prefill(0, hidden, mask)
+    assert hidden.shape == (*ids.shape, first.hidden_size)
+    assert logits.shape == (ids.shape[0], last.vocab_size) and logits.dtype == torch.float32
+    step = last.decode(0, first.decode(0, logits.argmax(-1, keepdim=True)))
+    assert step.shape == (ids.shape[0], last.vocab_size)
+    assert (first.is_first, first.is_last, last.is_first, last.is_last) == (True, False, False, True)
+    assert first.num_units == last.num_units == 6
+
+
+def test_micro_batch_groups_keep_separate_caches(tiny_llama_dir):
+    ids, mask = encode(tiny_llama_dir)
+    (stage,) = stages(tiny_llama_dir, PARTITIONS["1-stage"])
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    alone_a = generate_partitioned([stage], ids[:2], mask[:2], params).tokens
+    alone_b = generate_partitioned([stage], ids[2:], mask[2:], params).tokens
+
+    # Interleave two groups step by step on one stage: each must match running alone.
+    tokens_a = [stage.prefill(1, ids[:2], mask[:2]).argmax(-1)]
+    tokens_b = [stage.prefill(2, ids[2:], mask[2:]).argmax(-1)]
+    for _ in range(MAX_NEW - 1):
+        tokens_b.append(stage.decode(2, tokens_b[-1][:, None]).argmax(-1))
+        tokens_a.append(stage.decode(1, tokens_a[-1][:, None]).argmax(-1))
+
+    assert torch.equal(torch.stack(tokens_a, 1), alone_a)
+    assert torch.equal(torch.stack(tokens_b, 1), alone_b)
+    assert stage.groups() == [1, 2]
+    stage.drop(1)
+    stage.drop(2)
+    assert stage.groups() == []
