@@ -18,9 +18,13 @@ holding units [a_j, b_j). For a step over ``batch`` sequences:
             cannot start its next step before its token is back: cycle L(m).
             tokens/s = K·m / max(K·B, L(m)).
 - memory    M_j = Σ param bytes + Σ kv_bytes_per_token · S · ctx + max_u workspace_bytes_per_token · W
-            S = sequences resident (batch, or m·K), ctx = prompt + generated tokens,
+            S = sequences resident = m · K, ctx = prompt + generated tokens,
             W = tokens processed in one pass (prefill of one micro-batch: m · prompt).
             Must fit budget_j · (1 − memory_headroom).
+
+A plan runs as it says: K micro-batches of m sequences (m · K ≤ the workload's batch).
+Latency and prefill are for one micro-batch of m sequences. A latency plan serves the
+whole batch at once (m = batch, K = 1).
 
 Times come from the profile through ``core.profile.interpolate``.
 """
@@ -54,7 +58,7 @@ class DeviceMemory(msgspec.Struct, frozen=True, kw_only=True):
 
 class PlanCost(msgspec.Struct, frozen=True, kw_only=True):
     latency_per_token_s: float
-    """One decode step for ``batch`` sequences through every stage and back (eq. 1–2)."""
+    """One decode step of a micro-batch (m sequences) through every stage and back (eq. 1–2)."""
     prefill_s: float
     throughput_tokens_s: float
     micro_batch_size: int
@@ -207,22 +211,25 @@ def throughput_tokens_s(problem: PlanningProblem, plan: ShardPlan, m: int, k: in
 def evaluate(problem: PlanningProblem, plan: ShardPlan) -> PlanCost:
     """Predicted latency, prefill, throughput and memory of a plan, with every violation.
 
-    Latency and prefill are for the workload's batch; throughput for the plan's
-    micro-batch size and count. Memory holds the larger of the two residencies.
+    Everything is for the plan's micro-batch size m and count K: latency and prefill of
+    one micro-batch, throughput of K in flight, memory for m · K resident sequences.
     """
     violations = structural_violations(problem, plan)
     wl = problem.workload
     m, k = plan.micro_batch_size, plan.micro_batches
-    if violations and any("unknown device" in v or "no compute times" in v or "units" in v for v in violations):
+    if m < 1 or k < 1:
+        violations.append(f"micro-batch size ({m}) and count ({k}) must be at least 1")
+    elif m * k > wl.batch_size:
+        violations.append(
+            f"{k} micro-batches of {m} sequences exceed the workload's batch of {wl.batch_size}"
+        )
+    if violations and any("unknown device" in v or "no compute times" in v or "units" in v or "at least 1" in v for v in violations):
         return PlanCost(
             latency_per_token_s=math.inf, prefill_s=math.inf, throughput_tokens_s=0.0,
             micro_batch_size=m, micro_batches=k, stage_compute_s=(), stage_transfer_s=(),
             bottleneck_stage=0, memory=(), violations=tuple(violations),
         )
-    # Latency serves the whole batch in one pass; throughput prefills one micro-batch at a time.
-    resident = max(wl.batch_size, m * k)
-    per_pass = max(wl.batch_size, m) if k == 1 else m
-    memory = memory_of(problem, plan, resident, per_pass)
+    memory = memory_of(problem, plan, m * k, m)
     for mem in memory:
         if not mem.fits:
             violations.append(
@@ -232,8 +239,8 @@ def evaluate(problem: PlanningProblem, plan: ShardPlan) -> PlanCost:
             )
     tput, bottleneck, comp, xfer = throughput_tokens_s(problem, plan, m, k)
     return PlanCost(
-        latency_per_token_s=step_time_s(problem, plan, "decode", wl.batch_size),
-        prefill_s=step_time_s(problem, plan, "prefill", wl.batch_size),
+        latency_per_token_s=sum(comp) + sum(xfer),
+        prefill_s=step_time_s(problem, plan, "prefill", m),
         throughput_tokens_s=tput,
         micro_batch_size=m,
         micro_batches=k,

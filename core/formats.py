@@ -114,6 +114,9 @@ def save(path: str | os.PathLike, value: Any) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(encode(value))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; saved files are ordinary documents
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):

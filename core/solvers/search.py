@@ -1,0 +1,267 @@
+"""Exact search for the cheapest plan under the plan rules, by branch and bound.
+
+A plan is a sequence of distinct devices (the source first) plus the boundaries between
+their stages. The search branches on the device sequence; for a sequence prefix it keeps
+a vector ``F[e]``: the least cost of running units [0, e) with the prefix's last stage
+ending at e. Extending the prefix by a device is an O(N²) min-plus step in numpy.
+
+Pruning, all exact:
+- *bound*: ``G[d, e]``, the cheapest completion after a stage on d ended at e when
+  devices may be reused (the paper's per-layer DP, Algorithm 1, with per-stage memory):
+  a relaxation, so ``min_e F[e] + G[d, e]`` is a lower bound of every completion;
+- *dominance*: two prefixes with the same device set and last device have the same
+  completions, so one whose ``F`` is nowhere below what was already seen is dropped;
+- *symmetry*: devices that are interchangeable (same times, memory, links) are used in
+  index order only.
+
+The cost searched is additive: Σ stage compute + Σ transfers (+ the token ids back to
+the source), i.e. the per-token latency; a *filter* ``beta`` (for throughput) forbids
+stages whose compute or outgoing link occupancy exceeds it.
+When the budget (nodes or seconds) runs out, the result carries the best plan found
+and a proven lower bound: the least bound over the prefixes not yet explored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.solvers.arrays import CostArrays
+
+INF = math.inf
+
+
+@dataclass
+class SearchBudget:
+    max_nodes: int = 2_000_000
+    max_seconds: float = 30.0
+    nodes: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() - self.started >= self.max_seconds
+
+
+@dataclass
+class SearchResult:
+    cost: float
+    """Least cost found (inf: no plan found)."""
+    sequence: tuple[int, ...]
+    boundaries: tuple[int, ...]
+    """Stage ends, one per device of ``sequence`` (the last is N)."""
+    lower_bound: float
+    complete: bool
+    """True when the search space was exhausted: ``cost`` is optimal (or no plan exists)."""
+    nodes: int
+
+
+class SearchSpace:
+    """The arrays under an optional bottleneck filter, with the relaxed completion bound."""
+
+    def __init__(self, arr: CostArrays, beta: float = INF):
+        self.arr = arr
+        self.beta = beta
+        n, dn = arr.n, len(arr.devices)
+        emax = arr.emax.copy()
+        if beta < INF:
+            # largest e with prefix[d, e] - prefix[d, a] <= beta (prefix is nondecreasing)
+            for d in range(dn):
+                lim = np.searchsorted(arr.prefix[d], arr.prefix[d] + beta * (1 + 1e-12), side="right") - 1
+                emax[d] = np.minimum(emax[d], lim)
+        emax = np.maximum(emax, np.arange(n + 1)[None, :])
+        self.emax = emax
+        a_idx = np.arange(n + 1)[:, None]
+        e_idx = np.arange(n + 1)[None, :]
+        self.valid = (e_idx > a_idx)[None, :, :] & (e_idx <= emax[:, :, None])
+        tr = arr.transfer.copy()
+        ret = arr.ret.copy()
+        if beta < INF:
+            tr[arr.occupancy > beta * (1 + 1e-12)] = INF
+            ret[arr.ret_occupancy > beta * (1 + 1e-12)] = INF
+        # No stage may go to the source (it holds stage 0) or back to the same device.
+        tr[:, arr.src, :] = INF
+        for d in range(dn):
+            tr[d, d, :] = INF
+        self.tr = tr
+        self.ret = ret
+        self.g = self._relaxed_completion()
+        self.classes = _symmetry_classes(arr)
+
+    def _relaxed_completion(self) -> np.ndarray:
+        """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable."""
+        arr, n = self.arr, self.arr.n
+        dn = len(arr.devices)
+        g = np.full((dn, n + 1), INF)
+        h = np.full((dn, n + 1), INF)
+        g[:, n] = self.ret
+        p = arr.prefix
+        for a in range(n - 1, -1, -1):
+            cand = p[:, a + 1:] - p[:, a:a + 1] + g[:, a + 1:]
+            cand = np.where(self.valid[:, a, a + 1:], cand, INF)
+            h[:, a] = cand.min(axis=1)
+            if a >= 1:
+                g[:, a] = (self.tr[:, :, a] + h[None, :, a]).min(axis=1)
+        self.h = h
+        return g
+
+    def root(self) -> np.ndarray:
+        arr = self.arr
+        f = np.where(self.valid[arr.src, 0], arr.prefix[arr.src] - arr.prefix[arr.src, 0], INF)
+        return f
+
+    def root_bound(self) -> float:
+        return float(self.h[self.arr.src, 0])
+
+    def extend(self, f: np.ndarray, d: int, d2: int) -> np.ndarray:
+        """F of the prefix extended by a stage on d2 (min-plus over the previous stage's end)."""
+        a_vals = f + self.tr[d, d2]
+        idx = np.flatnonzero(a_vals < INF)
+        if idx.size == 0:
+            return np.full_like(f, INF)
+        p = self.arr.prefix[d2]
+        z = (a_vals[idx] - p[idx])[:, None]
+        cand = np.where(self.valid[d2, idx], z, INF).min(axis=0)
+        return cand + p
+
+
+def _symmetry_classes(arr: CostArrays) -> np.ndarray:
+    """cls[d]: the lowest index of a device interchangeable with d (d itself if none)."""
+    dn = len(arr.devices)
+    cls = np.arange(dn)
+    reps: list[int] = []
+    for d in range(dn):
+        if d == arr.src:
+            continue
+        for r in reps:
+            if _interchangeable(arr, r, d):
+                cls[d] = r
+                break
+        else:
+            reps.append(d)
+    return cls
+
+
+def _interchangeable(arr: CostArrays, i: int, j: int) -> bool:
+    if not (np.array_equal(arr.prefix[i], arr.prefix[j]) and np.array_equal(arr.emax[i], arr.emax[j])):
+        return False
+    if arr.ret[i] != arr.ret[j] or arr.ret_occupancy[i] != arr.ret_occupancy[j]:
+        return False
+    others = [k for k in range(len(arr.devices)) if k not in (i, j)]
+    for t in (arr.transfer, arr.occupancy):
+        if not (np.array_equal(t[i, others], t[j, others]) and np.array_equal(t[others, i], t[others, j])
+                and np.array_equal(t[i, j], t[j, i])):
+            return False
+    return True
+
+
+def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchBudget | None = None,
+                     stop_below: float = -INF) -> SearchResult:
+    """Least-cost device sequence and boundaries; prunes anything not below ``incumbent``.
+
+    ``stop_below``: return as soon as a plan cheaper than this is found (a feasibility
+    question; the result is then not proven optimal unless its cost equals the bound).
+    """
+    arr = space.arr
+    n, dn, src = arr.n, len(arr.devices), arr.src
+    budget = budget or SearchBudget()
+    g = space.g
+    cls = space.classes
+    best = {"cost": incumbent, "seq": ()}
+    envelopes: dict[tuple[int, int], np.ndarray] = {}
+    pending: list[float] = []
+    state = {"stopped": False, "found_early": False}
+    eps = 1e-12
+
+    def explore(used: int, d: int, f: np.ndarray, seq: tuple[int, ...]) -> None:
+        budget.nodes += 1
+        if f[n] < INF:
+            c = f[n] + space.ret[d]
+            if c < best["cost"] * (1 - eps):
+                best["cost"], best["seq"] = c, seq
+                if c < stop_below:
+                    state["found_early"] = True
+                    state["stopped"] = True
+                    return
+        # The node budget applies once a plan is in hand; the time limit always.
+        if (budget.nodes >= budget.max_nodes and best["seq"]) or (budget.nodes % 16 == 0 and budget.out_of_time()):
+            state["stopped"] = True
+            pending.append(float(np.min(f[1:n] + g[d, 1:n], initial=INF)))
+            return
+        children = []
+        for d2 in range(dn):
+            if used >> d2 & 1:
+                continue
+            r = cls[d2]
+            if r != d2:
+                # interchangeable devices are taken in index order
+                ok = True
+                for q in range(r, d2):
+                    if cls[q] == r and not (used >> q & 1):
+                        ok = False
+                        break
+                if not ok:
+                    continue
+            f2 = space.extend(f, d, d2)
+            tot = f2 + g[d2]
+            keep = tot < best["cost"] * (1 - eps)
+            if not keep.any():
+                continue
+            f2 = np.where(keep, f2, INF)
+            key = (used | (1 << d2), d2)
+            env = envelopes.get(key)
+            if env is not None:
+                if np.all(f2 >= env):
+                    continue
+                envelopes[key] = np.minimum(env, f2)
+            else:
+                envelopes[key] = f2
+            children.append((float(tot[keep].min()), d2, f2))
+        children.sort(key=lambda c: c[0])
+        for i, (lb, d2, f2) in enumerate(children):
+            if lb >= best["cost"] * (1 - eps):
+                break
+            if state["stopped"]:
+                if not state["found_early"]:
+                    pending.extend(c[0] for c in children[i:])
+                return
+            explore(used | (1 << d2), d2, f2, seq + (d2,))
+        if state["stopped"] and not state["found_early"]:
+            pass
+
+    root = space.root()
+    explore(1 << src, src, root, (src,))
+    complete = not state["stopped"]
+    if complete:
+        lower = best["cost"]
+    elif state["found_early"]:
+        lower = space.root_bound()
+    else:
+        lower = min([best["cost"], *pending])
+        lower = max(lower, space.root_bound()) if lower < INF else lower
+    seq = best["seq"]
+    bounds = reconstruct(space, seq) if seq else ()
+    return SearchResult(cost=best["cost"] if seq else INF, sequence=seq, boundaries=bounds,
+                        lower_bound=lower, complete=complete, nodes=budget.nodes)
+
+
+def reconstruct(space: SearchSpace, seq: tuple[int, ...]) -> tuple[int, ...]:
+    """The optimal stage ends for a fixed device sequence (DP with back-pointers)."""
+    arr = space.arr
+    n = arr.n
+    fs = [space.root()]
+    for d, d2 in zip(seq, seq[1:]):
+        fs.append(space.extend(fs[-1], d, d2))
+    ends = [n]
+    e = n
+    for j in range(len(seq) - 1, 0, -1):
+        d_prev, d = seq[j - 1], seq[j]
+        # find the previous end a with fs[j-1][a] + tr + stage(d, a, e) == fs[j][e]
+        prev = fs[j - 1] + space.tr[d_prev, d] + arr.prefix[d, e] - arr.prefix[d]
+        prev = np.where(space.valid[d, :, e], prev, INF)
+        a = int(np.argmin(prev))
+        ends.append(a)
+        e = a
+    return tuple(reversed(ends))
