@@ -86,7 +86,8 @@ class _Fanout:
 
 
 def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
-                   workspace: str = "", session_id: int | None = None, plan=None, problem=None) -> dict:
+                   workspace: str = "", session_id: int | None = None, plan=None, problem=None,
+                   model_name: str = "") -> dict:
     """Worker-thread job: run ``settings`` on ``backend`` and record it in ``workspace``.
 
     Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
@@ -104,8 +105,10 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
                 import time as _time
                 session_id = store.create_session(f"Studio {_time.strftime('%Y-%m-%d %H:%M')}")
             plan_id = store.add_plan(session_id, plan) if plan is not None else None
-            run_id = store.create_run(session_id, model=Path(settings.model_dir).name or settings.model_dir,
-                                      mode=settings.mode, kind="measured", plan_id=plan_id, problem=problem,
+            profile_id = store.add_profile(session_id, problem.profile) if problem is not None else None
+            run_id = store.create_run(session_id, model=model_name or Path(settings.model_dir).name or "?",
+                                      mode=settings.mode, kind="measured", plan_id=plan_id,
+                                      profile_id=profile_id, problem=problem,
                                       settings={**asdict(settings), "prompts": list(settings.prompts),
                                                 "lanes": backend.lanes()})
             recorder = RunRecorder(store, run_id)
@@ -310,8 +313,9 @@ class RunPanel(QWidget):
         plan = getattr(self.state, "plan", None)
         problem = getattr(self.state, "problem", None)
         self.last_outcome = ""
+        model_name = getattr(self.state, "model_name", "") or Path(settings.model_dir).name
         self.runner.start(run_and_record, self.backend, settings, self.bridge, workspace, self.session_id,
-                          plan, problem)
+                          plan, problem, model_name)
         self._set_running(True)
         self.status_label.setText(f"Running {settings.mode} with {len(settings.prompts)} prompt(s)…")
         self.run_started.emit()
