@@ -1,0 +1,64 @@
+"""Solver scale benchmark: prints one JSON line of figures.
+
+- the paper's testbed (12 AGX Orin, 2 Orin NX, 1 RTX 3090; 50 Mbit/s ±20 % between
+  edges, 1 Mbit/s to the server), Llama-2-7B/13B/70B: exact latency and throughput times;
+- 64 devices of the same classes (50/10/4): plan and proven gap within a 10 s budget;
+- harder, every device different (random TFLOPS, bandwidth, memory; no symmetry to
+  exploit), 15 and 64 devices: time, proven gap.
+
+Run: python bench/solver.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from core.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
+from core.solvers import solve_max_throughput, solve_min_latency  # noqa: E402
+
+
+def _timed(fn, problem, **kw):
+    t = time.perf_counter()
+    res = fn(problem, **kw)
+    return res, time.perf_counter() - t
+
+
+def _figures(tag: str, problem, limit: float, out: dict) -> None:
+    lat, t_lat = _timed(solve_min_latency, problem, time_limit_s=limit)
+    tput, t_tput = _timed(solve_max_throughput, problem, time_limit_s=limit)
+    out[f"{tag}_latency_s"] = round(t_lat, 4)
+    out[f"{tag}_latency_proven"] = lat.proven_optimal
+    out[f"{tag}_latency_gap"] = round(lat.gap, 6)
+    out[f"{tag}_latency_ms_per_token"] = round(lat.value * 1e3, 3)
+    out[f"{tag}_stages"] = len(lat.plan.stages)
+    out[f"{tag}_throughput_s"] = round(t_tput, 4)
+    out[f"{tag}_throughput_proven"] = tput.proven_optimal
+    out[f"{tag}_throughput_gap"] = round(tput.gap, 6)
+    out[f"{tag}_tokens_per_s"] = round(tput.value, 4)
+    out[f"{tag}_micro_batching"] = f"{tput.plan.micro_batch_size}x{tput.plan.micro_batches}"
+
+
+def _heterogeneous(n: int, seed: int = 1):
+    rng = random.Random(seed)
+    return [DeviceSpec(id=f"dev-{i:02d}", tflops=rng.uniform(5, 60), memory_bandwidth_gb_s=rng.uniform(50, 400),
+                       memory_gib=rng.choice([8, 16, 32, 64])) for i in range(n)]
+
+
+def main() -> None:
+    out: dict = {"bench": "solver", "cpus": os.cpu_count()}
+    for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
+        _figures(f"paper15_{model.split('-')[-1]}", paper_problem(model), 30.0, out)
+    _figures("paper64_70b", paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4)), 10.0, out)
+    _figures("hetero15_70b", paper_problem("llama-2-70b", devices=_heterogeneous(15)), 10.0, out)
+    _figures("hetero64_70b", paper_problem("llama-2-70b", devices=_heterogeneous(64)), 10.0, out)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Every strategy side by side on one problem: what ``edgeshard compare`` prints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from core.cost import PlanCost, evaluate, structural_violations
+from core.errors import EdgeShardError
+from core.plan import ShardPlan
+from core.problem import PlanningProblem
+from core.solvers import STRATEGIES
+from core.solvers.exact import solve_max_throughput, solve_min_latency
+
+
+class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    strategy: str
+    objective: Literal["latency", "throughput"]
+    status: Literal["optimal", "ok", "oom", "invalid", "failed"]
+    """optimal: proven optimum; ok: a valid plan; oom: a device's memory overflows;
+    invalid: breaks another rule; failed: the strategy produced no plan (``error`` says why)."""
+    plan: ShardPlan | None = None
+    cost: PlanCost | None = None
+    error: str = ""
+    gap: float = 0.0
+    """For the exact strategy cut short: the proven relative gap."""
+
+
+def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0) -> StrategyOutcome:
+    """One strategy's plan and cost; errors a user can cause become a ``failed`` outcome."""
+    try:
+        if name == "edgeshard":
+            solve = solve_min_latency if objective == "latency" else solve_max_throughput
+            res = solve(problem, time_limit_s=time_limit_s)
+            return StrategyOutcome(strategy=name, objective=objective, plan=res.plan, cost=res.cost,
+                                   status="optimal" if res.proven_optimal else "ok", gap=res.gap)
+        plan = STRATEGIES[name](problem, objective)
+    except EdgeShardError as err:
+        return StrategyOutcome(strategy=name, objective=objective, status="failed", error=str(err))
+    cost = evaluate(problem, plan)
+    if cost.feasible:
+        status = "ok"
+    elif cost.memory and not all(m.fits for m in cost.memory) and not structural_violations(problem, plan):
+        status = "oom"
+    else:
+        status = "invalid"
+    return StrategyOutcome(strategy=name, objective=objective, plan=plan, cost=cost, status=status,
+                           error="; ".join(cost.violations))
+
+
+def compare(problem: PlanningProblem, objective: str, time_limit_s: float = 30.0) -> list[StrategyOutcome]:
+    """Every strategy of ``STRATEGIES`` for one objective, the exact one first."""
+    names = sorted(STRATEGIES, key=lambda n: (n != "edgeshard", n))
+    return [run_strategy(problem, n, objective, time_limit_s) for n in names]

@@ -1,0 +1,96 @@
+import json
+import os
+import stat
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from core.errors import FormatError
+from core.formats import SCHEMA_BEGIN, SCHEMA_END, decode, format_of, json_schema, load, save, schemas_markdown
+from core.plan import ShardPlan
+from core.problem import PlanningProblem
+from core.profile import Profile
+from core.scenarios import Scenario, paper_scenario, random_problem
+from core.solvers import solve_min_latency
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_problem_and_plan_survive_a_save_and_load(tmp_path):
+    problem = random_problem(3, 3, 6)
+    plan = solve_min_latency(problem).plan
+    save(tmp_path / "p.json", problem)
+    save(tmp_path / "plan.json", plan)
+    assert load(tmp_path / "p.json", PlanningProblem) == problem
+    assert load(tmp_path / "plan.json", ShardPlan) == plan
+    assert format_of(tmp_path / "plan.json") == "edgeshard.plan"
+
+
+def test_saved_files_are_ordinary_readable_documents(tmp_path):
+    save(tmp_path / "plan.json", solve_min_latency(random_problem(3, 3, 6)).plan)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(tmp_path / "plan.json").st_mode) == 0o666 & ~umask  # not mkstemp's 0600
+
+
+def test_a_wrong_field_names_the_file_the_json_path_and_the_problem(tmp_path):
+    doc = json.loads(msgspec.json.encode(random_problem(3, 3, 6)))
+    doc["profile"]["cluster"]["devices"][1]["memory_bytes"] = "lots"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as info:
+        load(path, PlanningProblem)
+    err = info.value
+    assert err.source == str(path)
+    assert err.field == "$.profile.cluster.devices[1].memory_bytes"
+    assert "int" in err.problem
+
+
+def test_an_unknown_field_is_rejected(tmp_path):
+    doc = json.loads(msgspec.json.encode(random_problem(3, 3, 6)))
+    doc["workload"]["promt_tokens"] = 5
+    with pytest.raises(FormatError, match="promt_tokens"):
+        decode(json.dumps(doc), PlanningProblem, "x.json")
+
+
+def test_a_file_of_another_format_says_what_it_is():
+    plan = solve_min_latency(random_problem(3, 3, 6)).plan
+    with pytest.raises(FormatError, match="'edgeshard.plan' file, expected format 'edgeshard.problem'"):
+        decode(msgspec.json.encode(plan), PlanningProblem, "plan.json")
+
+
+def test_a_newer_version_is_refused_with_advice():
+    doc = json.loads(msgspec.json.encode(random_problem(3, 3, 6)))
+    doc["version"] = 99
+    with pytest.raises(FormatError, match="upgrade"):
+        decode(json.dumps(doc), PlanningProblem)
+
+
+def test_not_json_is_a_format_error():
+    with pytest.raises(FormatError, match="not valid JSON"):
+        decode(b"{", Profile, "p.json")
+
+
+def test_scenario_is_a_registered_versioned_format(tmp_path):
+    scen = Scenario(name="one", problems=(random_problem(1, 3, 5),))
+    save(tmp_path / "s.json", scen)
+    assert format_of(tmp_path / "s.json") == "edgeshard.scenario"
+    assert load(tmp_path / "s.json", Scenario) == scen
+
+
+def test_schemas_are_generated_from_the_types():
+    schema = json_schema(ShardPlan)
+    props = schema["$defs"]["ShardPlan"]["properties"]
+    assert {"stages", "micro_batch_size", "micro_batches", "format", "version"} <= set(props)
+
+
+def test_docs_embed_the_current_schemas():
+    text = (REPO / "docs" / "formats.md").read_text()
+    block = text.split(SCHEMA_BEGIN)[1].split(SCHEMA_END)[0]
+    assert block.strip() == schemas_markdown().strip(), "run: python -m core.formats docs/formats.md"
+
+
+def test_the_shipped_paper_scenario_is_what_the_code_derives():
+    shipped = load(REPO / "resources" / "scenarios" / "edgeshard-paper.json", Scenario)
+    assert shipped == paper_scenario(), "run: python -m core.scenarios"
