@@ -1,0 +1,125 @@
+"""``python -m agents serve``: run an agent on this device (this is what gets deployed).
+
+The agent needs the coordinator's CurveZMQ public key (it accepts control from that key
+only) and its own keypair, kept in ``--key-file`` (created with mode 0600 on first start;
+the public half is also written to ``KEYFILE.pub`` so a deployer can fetch it).
+When it is listening it prints one line that launchers parse::
+
+    EDGESHARD-AGENT-READY device=NAME control=PORT data=PORT public_key=KEY pid=PID
+
+SIGTERM / SIGINT close it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+
+READY_PREFIX = "EDGESHARD-AGENT-READY"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agents", description="EdgeShard agent")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the control and data sockets")
+    add_serve_arguments(s)
+    return p
+
+
+def add_serve_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--device", default=socket.gethostname(), help="device name (default: hostname)")
+    s.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
+    s.add_argument("--advertise-host", default=None, help="address peers use to reach this agent")
+    s.add_argument("--control-port", type=int, default=0, help="0 = any free port")
+    s.add_argument("--data-port", type=int, default=0, help="0 = any free port")
+    s.add_argument("--coordinator-key", required=True, help="the coordinator's CurveZMQ public key (Z85)")
+    s.add_argument("--key-file", default=None, help="this agent's keypair file (created if missing)")
+    s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    s.add_argument("--link-mbit", type=float, default=0.0, help="emulated bandwidth of the outgoing data link")
+    s.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated one-way latency added when sending")
+    s.add_argument("--announce", action="store_true", help="register _edgeshard._tcp over mDNS")
+    s.add_argument("--log-level", default="WARNING")
+
+
+def serve(args: argparse.Namespace) -> int:
+    from agents.agent import Agent
+    from agents.protocol import LinkShape
+    from agents.transport import CurveKeys, is_z85_key
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if not is_z85_key(args.coordinator_key):
+        print("agent: --coordinator-key must be a 40-character Z85 CurveZMQ public key", file=sys.stderr)
+        return 2
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        keys = CurveKeys.load_or_create(args.key_file) if args.key_file else CurveKeys.generate()
+    except (OSError, ValueError) as err:
+        print(f"agent: cannot use key file: {err}", file=sys.stderr)
+        return 2
+    if args.key_file:
+        with open(f"{args.key_file}.pub", "w") as f:
+            f.write(keys.public + "\n")
+    agent = Agent(
+        args.device,
+        args.coordinator_key,
+        keys,
+        host=args.host,
+        control_port=args.control_port,
+        data_port=args.data_port,
+        advertise_host=args.advertise_host,
+        default_link=LinkShape(bandwidth_mbit_s=args.link_mbit, latency_ms=args.link_latency_ms),
+    )
+    try:
+        agent.start()
+    except Exception as err:  # e.g. port in use
+        print(f"agent: cannot listen: {err}", file=sys.stderr)
+        agent.close()
+        return 1
+    announcer = None
+    if args.announce:
+        try:
+            from agents import announce
+
+            announcer = announce.announce_agent(
+                args.advertise_host or args.host, agent.control_port, name=agent.device
+            )
+        except Exception as err:
+            print(f"agent: mDNS announcement failed: {err}", file=sys.stderr)
+
+    def _stop(signum, frame):
+        agent._shutdown.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    print(
+        f"{READY_PREFIX} device={agent.device} control={agent.control_port} data={agent.data_port} "
+        f"public_key={keys.public} pid={os.getpid()}",
+        flush=True,
+    )
+    try:
+        while not agent.wait(0.5):
+            pass
+    finally:
+        if announcer is not None:
+            try:
+                announcer.close()
+            except Exception:
+                pass
+        agent.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

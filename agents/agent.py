@@ -1,0 +1,682 @@
+"""The agent: serves one device's control socket and runs its stage of a plan.
+
+Two threads, no busy polling:
+
+- the **control thread** blocks on a zmq Poller over the control ROUTER socket and a
+  wake-up pipe. It answers pings and status at once (so heartbeats keep flowing while the
+  stage computes), hands long work to the worker, forwards what the worker produced
+  (replies, tokens, run results) and flushes timeline events about every 50 ms;
+- the **worker thread** loads shards and runs the stage loop: block on the data PULL
+  socket (with a timeout so a stop is noticed), compute, hand the result to libzmq (or to
+  the emulated link's sender thread) and go back to waiting — sending overlaps compute.
+
+The source stage (stage 0) also schedules the run: it holds the prompts' token ids
+(they never leave it), injects prefill and decode steps per micro-batch according to
+the mode, and receives the sampled tokens back from the last stage:
+
+- ``sequential``: one micro-batch at a time, start to finish;
+- ``bubbles``: all micro-batches advance one step together (a barrier per step);
+- ``no-bubbles``: a micro-batch starts its next step as soon as its token is back.
+
+Errors never kill the agent: a bad frame gets an ``ErrorReply``, a failing shard or run
+a ``RunError`` naming this device, and the agent returns to a state it can report.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import zmq
+
+from agents import AGENT_VERSION
+from agents.protocol import (
+    AgentEvent,
+    AgentStatus,
+    DataHeader,
+    ErrorReply,
+    EventBatch,
+    GetLogs,
+    GetStatus,
+    LinkShape,
+    LoadShard,
+    LogLine,
+    Logs,
+    MeasureLink,
+    Ok,
+    PeerSpec,
+    Ping,
+    Pong,
+    ProfileCompute,
+    ProfileResult,
+    ProtocolError,
+    RunError,
+    RunFinished,
+    SamplingSpec,
+    StartRun,
+    StopRun,
+    TokensProduced,
+    Unload,
+    decode_control,
+    decode_data,
+    encode_control,
+)
+from agents.transport import (
+    CONTROL_DOMAIN,
+    DATA_DOMAIN,
+    CurveKeys,
+    KeyGate,
+    LinkSender,
+    RunAborted,
+    bind_port,
+    curve_client,
+    curve_server,
+    data_message,
+    harden,
+    start_authenticator,
+    tcp_address,
+    tensor_frame,
+    tensor_from_frame,
+)
+
+log = logging.getLogger("edgeshard.agent")
+
+EVENT_FLUSH_S = 0.05
+DATA_POLL_MS = 100
+"""How long the stage loop blocks on its data socket before re-checking for a stop."""
+SEND_TIMEOUT_MS = 200
+MAX_DATA_BYTES = 1 << 30
+
+
+class AgentClock:
+    """Wall-clock seconds with perf_counter resolution and monotonic steps.
+
+    Events from different agents are placed on the coordinator's clock through an
+    offset estimated from pings, so the agent's clock must be the one pings read.
+    """
+
+    def __init__(self) -> None:
+        self._wall0 = time.time()
+        self._perf0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return self._wall0 + (time.perf_counter() - self._perf0)
+
+
+def default_executor_factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None):
+    from agents.shard import StageExecutor
+
+    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads)
+
+
+def default_sampler(spec: SamplingSpec):
+    """Build ``(sample_fn, make_generator)`` from agents.sampling for a run."""
+    from agents.sampling import SamplingParams, sample
+
+    wanted = {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed}
+    accepted = inspect.signature(SamplingParams).parameters
+    params = SamplingParams(**{k: v for k, v in wanted.items() if k in accepted})
+    return lambda logits, gen: sample(logits, params, gen)
+
+
+@dataclass
+class _Group:
+    """Source-side state of one micro-batch."""
+
+    index: int
+    seq_ids: tuple[int, ...]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    step: int = -1
+    reported: int = -1
+    """Last step whose tokens came back."""
+    tokens: list[list[int]] = field(default_factory=list)
+    finished: list[bool] = field(default_factory=list)
+    last: torch.Tensor | None = None
+    done: bool = False
+
+
+@dataclass
+class _Loaded:
+    msg: LoadShard
+    executor: object
+    next_peer: PeerSpec | None
+    link: LinkShape
+    source_device: str
+    push: zmq.Socket | None = None
+    sender: LinkSender | None = None
+
+    @property
+    def next_device(self) -> str:
+        return self.next_peer.device if self.next_peer else ""
+
+
+class Agent:
+    """One device's agent. ``start()`` binds and launches the threads; ``close()`` joins them."""
+
+    def __init__(
+        self,
+        device: str,
+        coordinator_key: str,
+        keys: CurveKeys | None = None,
+        *,
+        host: str = "127.0.0.1",
+        control_port: int = 0,
+        data_port: int = 0,
+        advertise_host: str | None = None,
+        executor_factory=default_executor_factory,
+        sampler_factory=default_sampler,
+        default_link: LinkShape | None = None,
+    ) -> None:
+        self.device = device
+        self.coordinator_key = coordinator_key
+        self.keys = keys or CurveKeys.generate()
+        self.host = host
+        self.advertise_host = advertise_host or (host if host not in ("0.0.0.0", "*") else "127.0.0.1")
+        self._want_ports = (control_port, data_port)
+        self.executor_factory = executor_factory
+        self.sampler_factory = sampler_factory
+        self.default_link = default_link or LinkShape()
+        """Emulated shaping of this agent's outgoing data link unless a LoadShard sets one."""
+        self.clock = AgentClock()
+        self.context = zmq.Context()
+        self.gate = KeyGate()
+        self.gate.allow(CONTROL_DOMAIN, [coordinator_key])
+        self.gate.allow(DATA_DOMAIN, [])
+        self._auth = None
+        self.control_port = 0
+        self.data_port = 0
+        self._state = "idle"
+        self._error = ""
+        self._loaded: _Loaded | None = None
+        self._work: queue.Queue = queue.Queue()
+        self._outbox: collections.deque = collections.deque()
+        self._events: collections.deque = collections.deque()
+        self._event_meta = ("", 0)  # run_id, stage of the events in the deque
+        self._stop_run = threading.Event()
+        self._shutdown = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        self._logs: collections.deque[str] = collections.deque(maxlen=2000)
+        self._coordinator_identity: bytes | None = None
+        self._threads: list[threading.Thread] = []
+        self._data: zmq.Socket | None = None
+        self._control: zmq.Socket | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def data_address(self) -> str:
+        return tcp_address(self.advertise_host, self.data_port)
+
+    @property
+    def control_address(self) -> str:
+        return tcp_address(self.advertise_host, self.control_port)
+
+    def start(self) -> "Agent":
+        self._auth = start_authenticator(self.context, self.gate)
+        self._control = self.context.socket(zmq.ROUTER)
+        harden(self._control)
+        self._control.router_mandatory = False
+        curve_server(self._control, self.keys, CONTROL_DOMAIN)
+        self.control_port = bind_port(self._control, self.host, self._want_ports[0])
+        self._data = self.context.socket(zmq.PULL)
+        harden(self._data)
+        self._data.rcvhwm = 1000
+        curve_server(self._data, self.keys, DATA_DOMAIN)
+        self.data_port = bind_port(self._data, self.host, self._want_ports[1])
+        self._threads = [
+            threading.Thread(target=self._control_loop, name=f"agent-control-{self.device}", daemon=True),
+            threading.Thread(target=self._worker_loop, name=f"agent-worker-{self.device}", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        self._log(
+            f"agent {self.device} up: control {self.control_address} data {self.data_address} "
+            f"key {self.keys.public}"
+        )
+        return self
+
+    def close(self) -> None:
+        self._shutdown.set()
+        self._stop_run.set()
+        self._work.put(("shutdown", None))
+        self._wake()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        self.context.destroy(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until ``close()`` was called (by a signal handler) or ``timeout``."""
+        return self._shutdown.wait(timeout)
+
+    # ------------------------------------------------------------------- helpers
+    def _log(self, line: str) -> None:
+        stamped = f"{time.strftime('%H:%M:%S')} {line}"
+        self._logs.append(stamped)
+        log.info(line)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _post(self, msg) -> None:
+        """Queue a message for the coordinator (any thread)."""
+        self._outbox.append(msg)
+        self._wake()
+
+    def _event(self, kind: str, phase: str, step: int, mb: int, start: float, end: float, nbytes=0, peer=""):
+        self._events.append(AgentEvent(kind, phase, step, mb, start, end, nbytes, peer))
+
+    def _status(self, req: int) -> AgentStatus:
+        loaded = self._loaded
+        return AgentStatus(
+            req=req,
+            device=self.device,
+            agent_version=AGENT_VERSION,
+            state=self._state,
+            public_key=self.keys.public,
+            data_address=self.data_address,
+            stage=loaded.msg.stage if loaded else -1,
+            units=(loaded.msg.start, loaded.msg.end) if loaded else (0, 0),
+            memory_bytes=int(loaded.executor.memory_bytes()) if loaded else 0,
+            error=self._error,
+            pid=os.getpid(),
+        )
+
+    # -------------------------------------------------------------- control thread
+    def _control_loop(self) -> None:
+        sock = self._control
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        last_flush = time.monotonic()
+        while not self._shutdown.is_set():
+            timeout = EVENT_FLUSH_S * 1000 if self._events else 1000
+            ready = dict(poller.poll(timeout))
+            if sock in ready:
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                    except zmq.Again:
+                        break
+                    self._on_control(frames)
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            if self._outbox:
+                self._flush_events()
+                last_flush = time.monotonic()
+                while self._outbox:
+                    self._send_to_coordinator(self._outbox.popleft())
+            if self._events and time.monotonic() - last_flush >= EVENT_FLUSH_S:
+                self._flush_events()
+                last_flush = time.monotonic()
+        sock.close(linger=0)
+
+    def _send_to_coordinator(self, msg, identity: bytes | None = None) -> None:
+        ident = identity or self._coordinator_identity
+        if ident is None:
+            return
+        try:
+            self._control.send_multipart([ident, encode_control(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as err:  # coordinator gone: nothing to do but note it
+            self._logs.append(f"cannot reach coordinator: {err}")
+
+    def _flush_events(self) -> None:
+        if not self._events:
+            return
+        batch = []
+        while self._events:
+            batch.append(self._events.popleft())
+        run_id, stage = self._event_meta
+        self._send_to_coordinator(EventBatch(run_id=run_id, device=self.device, stage=stage, events=tuple(batch)))
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        if len(frames) != 2:
+            self._reply_error(identity, 0, "bad_frame", f"expected one frame per message, got {len(frames) - 1}")
+            return
+        try:
+            msg = decode_control(frames[1])
+        except ProtocolError as err:
+            self._log(f"rejected control frame: {err.code}: {err}")
+            self._reply_error(identity, 0, err.code, str(err))
+            return
+        self._coordinator_identity = identity
+        req = msg.req
+        if isinstance(msg, Ping):
+            t1 = self.clock()
+            self._send_to_coordinator(Pong(req=req, t0=msg.t0, t1=t1, t2=self.clock(), state=self._state), identity)
+        elif isinstance(msg, GetStatus):
+            self._send_to_coordinator(self._status(req), identity)
+        elif isinstance(msg, GetLogs):
+            lines = tuple(list(self._logs)[-max(0, msg.lines) :]) if msg.lines else ()
+            self._send_to_coordinator(Logs(req=req, lines=lines), identity)
+        elif isinstance(msg, StopRun):
+            self._stop_run.set()
+            self._work.put(("stop", msg))
+        elif isinstance(msg, (LoadShard, Unload, StartRun, ProfileCompute, MeasureLink)):
+            if isinstance(msg, StartRun):
+                if self._loaded is None or self._state not in ("ready",):
+                    self._reply_error(identity, req, "bad_state", f"cannot start a run while {self._state}")
+                    return
+                self._state = "running"
+                self._stop_run.clear()
+            elif isinstance(msg, LoadShard):
+                if self._state in ("running", "loading"):
+                    self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
+                    return
+                self._state = "loading"
+            self._work.put((type(msg).__name__, msg))
+        else:
+            self._reply_error(identity, req, "bad_message", f"{type(msg).__name__} is not a request")
+
+    def _reply_error(self, identity: bytes, req: int, code: str, message: str) -> None:
+        self._send_to_coordinator(ErrorReply(req=req, code=code, message=message), identity)
+
+    # --------------------------------------------------------------- worker thread
+    def _worker_loop(self) -> None:
+        while True:
+            kind, msg = self._work.get()
+            if kind == "shutdown":
+                break
+            try:
+                if kind == "LoadShard":
+                    self._load(msg)
+                elif kind == "Unload":
+                    self._unload()
+                    self._state = "idle"
+                    self._post(Ok(req=msg.req, detail="unloaded"))
+                elif kind == "StartRun":
+                    self._post(Ok(req=msg.req, detail="started"))
+                    self._run(msg)
+                elif kind == "stop":
+                    if self._state == "running":
+                        self._state = "ready"
+                    self._post(Ok(req=msg.req, detail="stopped"))
+                elif kind == "ProfileCompute":
+                    from agents import profiler
+
+                    self._post(ProfileResult(req=msg.req, result=profiler.profile_compute(self, msg.options)))
+                elif kind == "MeasureLink":
+                    from agents import profiler
+
+                    self._post(ProfileResult(req=msg.req, result=profiler.measure_link(self, msg.peer, msg.options)))
+            except Exception as err:  # a failure of this device's work, reported, never fatal
+                self._log(f"{kind} failed: {type(err).__name__}: {err}")
+                if kind == "LoadShard":
+                    self._unload()
+                    self._state = "failed"
+                    self._error = f"{type(err).__name__}: {err}"
+                self._post(ErrorReply(req=msg.req if msg else 0, code="failed", message=f"{type(err).__name__}: {err}"))
+        self._unload()
+        if self._data is not None:
+            self._data.close(linger=0)
+
+    def _load(self, msg: LoadShard) -> None:
+        self._unload()
+        t0 = time.perf_counter()
+        peers = sorted(msg.peers, key=lambda p: p.stage)
+        if not peers or peers[msg.stage].device != self.device:
+            raise ValueError(f"plan stage {msg.stage} is not this device ({self.device})")
+        if msg.threads > 0:
+            torch.set_num_threads(msg.threads)
+        executor = self.executor_factory(
+            msg.model_dir, msg.start, msg.end, dtype=msg.dtype, threads=msg.threads or None
+        )
+        self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device])
+        nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
+        shape = msg.link if msg.link != LinkShape() else self.default_link
+        self._loaded = _Loaded(msg, executor, nxt, shape, source_device=peers[0].device)
+        self._event_meta = ("", msg.stage)
+        self._state = "ready"
+        self._error = ""
+        self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
+        self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
+
+    def _unload(self) -> None:
+        loaded, self._loaded = self._loaded, None
+        if loaded is None:
+            return
+        if loaded.sender is not None:
+            loaded.sender.close()
+        if loaded.push is not None:
+            loaded.push.close(linger=0)
+        self.gate.allow(DATA_DOMAIN, [])
+
+    # ------------------------------------------------------------------ the stage
+    def _connect_next(self, loaded: _Loaded) -> None:
+        """Connect to the next stage at the first run, not at load: by then every agent of
+        the plan has loaded and allows our key, so the CurveZMQ handshake cannot be refused."""
+        if loaded.next_peer is None or loaded.push is not None:
+            return
+        push = self.context.socket(zmq.PUSH)
+        harden(push)
+        push.sndtimeo = SEND_TIMEOUT_MS
+        curve_client(push, self.keys, loaded.next_peer.public_key)
+        push.connect(loaded.next_peer.data_address)
+        loaded.push = push
+        loaded.sender = LinkSender(push, loaded.link, clock=self.clock)
+
+    def _run(self, msg: StartRun) -> None:
+        loaded = self._loaded
+        assert loaded is not None
+        self._connect_next(loaded)
+        self._event_meta = (msg.run_id, loaded.msg.stage)
+        run = _StageRun(self, loaded, msg)
+        try:
+            run.execute()
+        except RunAborted:
+            self._log(f"run {msg.run_id} stopped")
+        except Exception as err:
+            self._log(f"run {msg.run_id} failed: {type(err).__name__}: {err}")
+            self._post(RunError(run_id=msg.run_id, device=self.device, message=f"{type(err).__name__}: {err}"))
+        finally:
+            run.drop_all()
+            if self._state == "running":
+                self._state = "ready"
+
+
+class _StageRun:
+    """One run on one stage: the receive-compute-send loop, and the source's scheduler."""
+
+    def __init__(self, agent: Agent, loaded: _Loaded, msg: StartRun) -> None:
+        self.agent = agent
+        self.ex = loaded.executor
+        self.loaded = loaded
+        self.msg = msg
+        self.stage = loaded.msg.stage
+        self.is_first = bool(self.ex.is_first)
+        self.is_last = bool(self.ex.is_last)
+        self.clock = agent.clock
+        self.seen_groups: set[int] = set()
+        self.sample = agent.sampler_factory(msg.sampling) if self.is_last else None
+        self.generators: dict[int, torch.Generator] = {}
+        self.groups: dict[int, _Group] = {}
+        self.wait_started = self.clock()
+
+    # ---------------------------------------------------------------- main loop
+    def execute(self) -> None:
+        if self.is_first:
+            self._setup_groups()
+            self._schedule_start()
+            if self._all_done():
+                self._finish()
+                return
+        data = self.agent._data
+        stop = self.agent._stop_run
+        while not stop.is_set():
+            if not data.poll(DATA_POLL_MS):
+                continue
+            frames = data.recv_multipart(copy=False)
+            got = self.clock()
+            try:
+                header, bufs = decode_data(frames, MAX_DATA_BYTES)
+            except ProtocolError as err:
+                self.agent._log(f"dropped data message: {err.code}: {err}")
+                continue
+            if header.run_id != self.msg.run_id:
+                continue  # a straggler of an earlier run
+            if header.kind == "probe":
+                continue
+            self.agent._event("recv_wait", header.phase, header.step, header.micro_batch, self.wait_started, got)
+            tensors = [tensor_from_frame(s, b) for s, b in zip(header.tensors, bufs)]
+            if header.kind == "tokens" and self.is_first:
+                self._on_tokens(header.micro_batch, header.step, tensors[0], got)
+                if self._all_done():
+                    self._finish()
+                    return
+            elif header.kind == "hidden":
+                mask = tensors[1] if header.phase == "prefill" and len(tensors) > 1 else None
+                self._compute_and_forward(header.micro_batch, header.phase, header.step, tensors[0], mask)
+            self.wait_started = self.clock()
+        raise RunAborted()
+
+    def drop_all(self) -> None:
+        for g in sorted(self.seen_groups):
+            try:
+                self.ex.drop(g)
+            except Exception:
+                pass
+        self.seen_groups.clear()
+
+    # ------------------------------------------------------------ compute + send
+    def _compute_and_forward(self, mb: int, phase: str, step: int, x: torch.Tensor, mask) -> None:
+        self.seen_groups.add(mb)
+        t0 = self.clock()
+        with torch.inference_mode():
+            out = self.ex.prefill(mb, x, mask) if phase == "prefill" else self.ex.decode(mb, x)
+            if self.is_last:
+                gen = self.generators.get(mb)
+                if gen is None:
+                    gen = self.generators[mb] = torch.Generator().manual_seed(self.msg.sampling.seed + mb)
+                out = self.sample(out, gen).to(torch.int64)
+        self.agent._event("compute", phase, step, mb, t0, self.clock())
+        if self.is_last and self.is_first:
+            self._on_tokens(mb, step, out, self.clock())
+            return
+        tensors = [out]
+        if phase == "prefill" and not self.is_last and mask is not None:
+            tensors.append(mask.to(torch.int64))
+        specs, bufs = zip(*(tensor_frame(t) for t in tensors))
+        header = DataHeader(
+            run_id=self.msg.run_id,
+            kind="tokens" if self.is_last else "hidden",
+            phase=phase,
+            step=step,
+            micro_batch=mb,
+            sender=self.agent.device,
+            tensors=tuple(specs),
+            t_sent=self.clock(),
+        )
+        nbytes = sum(s.nbytes() for s in specs)
+        peer = self.loaded.next_device
+        agent = self.agent
+
+        def on_sent(start: float, end: float, n: int) -> None:
+            agent._event("send", phase, step, mb, start, end, n, peer)
+
+        self.loaded.sender.send(data_message(header, list(bufs)), nbytes, on_sent, self.agent._stop_run)
+
+    # ---------------------------------------------------------- source scheduler
+    def _setup_groups(self) -> None:
+        ids = torch.tensor(self.msg.input_ids, dtype=torch.int64)
+        mask = torch.tensor(self.msg.attention_mask, dtype=torch.int64)
+        for g, seqs in enumerate(self.msg.micro_batches):
+            idx = list(seqs)
+            self.groups[g] = _Group(
+                index=g,
+                seq_ids=tuple(seqs),
+                input_ids=ids[idx],
+                attention_mask=mask[idx],
+                tokens=[[] for _ in idx],
+                finished=[False] * len(idx),
+            )
+
+    def _inject(self, g: _Group) -> None:
+        g.step += 1
+        if g.step == 0:
+            self._compute_and_forward(g.index, "prefill", 0, g.input_ids, g.attention_mask)
+        else:
+            self._compute_and_forward(g.index, "decode", g.step, g.last.view(-1, 1), None)
+
+    def _schedule_start(self) -> None:
+        if self.msg.max_new_tokens <= 0:
+            for g in self.groups.values():
+                g.done = True
+            return
+        if self.msg.mode == "sequential":
+            self._inject(self.groups[0])
+        else:
+            for g in self.groups.values():
+                self._inject(g)
+
+    def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
+        g = self.groups[mb]
+        ids = ids.reshape(-1).to(torch.int64)
+        eos = set(self.msg.eos_token_ids)
+        fed = []
+        for i, tok in enumerate(ids.tolist()):
+            if g.finished[i]:
+                fed.append(self.msg.pad_token_id)
+                continue
+            g.tokens[i].append(tok)
+            fed.append(tok)
+            if tok in eos or len(g.tokens[i]) >= self.msg.max_new_tokens:
+                g.finished[i] = True
+        g.last = torch.tensor(fed, dtype=torch.int64)
+        g.reported = step
+        g.done = all(g.finished)
+        self.agent._post(
+            TokensProduced(
+                run_id=self.msg.run_id,
+                micro_batch=mb,
+                step=step,
+                sequence_ids=g.seq_ids,
+                token_ids=tuple(int(x) for x in ids.tolist()),
+                t=t,
+            )
+        )
+        mode = self.msg.mode
+        if mode == "no-bubbles":
+            if not g.done:
+                self._inject(g)
+        elif mode == "sequential":
+            if not g.done:
+                self._inject(g)
+            else:
+                nxt = next((h for h in self.groups.values() if h.step < 0), None)
+                if nxt is not None:
+                    self._inject(nxt)
+        else:  # bubbles: a barrier — every micro-batch of this step must be back first
+            if all(h.reported == step for h in self.groups.values() if h.step == step):
+                for h in self.groups.values():
+                    if not h.done:
+                        self._inject(h)
+
+    def _all_done(self) -> bool:
+        return all(g.done for g in self.groups.values())
+
+    def _finish(self) -> None:
+        tokens: dict[int, list[int]] = {}
+        for g in self.groups.values():
+            for sid, toks in zip(g.seq_ids, g.tokens):
+                tokens[sid] = toks
+        n = len(self.msg.input_ids)
+        self.agent._post(RunFinished(run_id=self.msg.run_id, tokens=tuple(tuple(tokens.get(i, ())) for i in range(n))))

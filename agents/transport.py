@@ -1,0 +1,300 @@
+"""ZeroMQ plumbing shared by agents and the coordinator: keys, secured sockets, tensor
+frames and the emulated-link sender.
+
+Security model: every socket speaks CurveZMQ. The coordinator owns one keypair and an
+agent accepts control connections only from that public key; an agent's data socket
+accepts only the public keys of the stages of the plan it has loaded. Both checks run in
+one ZAP handler (pyzmq's ``ThreadAuthenticator``) that looks at the socket's ZAP domain
+(``control`` or ``data``). ``curve=None`` gives plain TCP, used only by the benchmark that
+measures what encryption costs per hop.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from agents.protocol import (
+    MAX_SOCKET_MESSAGE,
+    DataHeader,
+    LinkShape,
+    TensorSpec,
+    encode_data_header,
+)
+
+# Received frames are read-only; stages never write into their inputs, so viewing them
+# as tensors without a copy is safe (torch warns once per process otherwise).
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+CONTROL_DOMAIN = "control"
+DATA_DOMAIN = "data"
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A CurveZMQ keypair as Z85 text (40 characters each)."""
+
+    public: str
+    secret: str
+
+    @staticmethod
+    def generate() -> "CurveKeys":
+        pub, sec = zmq.curve_keypair()
+        return CurveKeys(pub.decode("ascii"), sec.decode("ascii"))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``public secret`` to ``path`` readable by the owner only."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{self.public}\n{self.secret}\n")
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "CurveKeys":
+        lines = Path(path).read_text().split()
+        if len(lines) != 2 or not all(len(k) == 40 for k in lines):
+            raise ValueError(f"{path}: expected a public and a secret Z85 key (40 chars each)")
+        return CurveKeys(lines[0], lines[1])
+
+    @staticmethod
+    def load_or_create(path: str | os.PathLike) -> "CurveKeys":
+        if Path(path).exists():
+            return CurveKeys.load(path)
+        keys = CurveKeys.generate()
+        keys.save(path)
+        return keys
+
+
+def is_z85_key(text: str) -> bool:
+    try:
+        return len(text) == 40 and len(zmq.utils.z85.decode(text.encode("ascii"))) == 32
+    except (ValueError, UnicodeEncodeError, KeyError):
+        return False
+
+
+class KeyGate:
+    """ZAP credentials provider: which public keys may use which domain. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._allowed: dict[str, frozenset[str]] = {}
+
+    def allow(self, domain: str, keys) -> None:
+        with self._lock:
+            self._allowed[domain] = frozenset(keys)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        text = key.decode("ascii") if isinstance(key, bytes) else str(key)
+        with self._lock:
+            return text in self._allowed.get(domain, frozenset())
+
+
+def start_authenticator(ctx: zmq.Context, gate: KeyGate) -> ThreadAuthenticator:
+    auth = ThreadAuthenticator(ctx, log=_quiet_logger())
+    auth.start()
+    auth.configure_curve_callback(CONTROL_DOMAIN, credentials_provider=gate)
+    auth.configure_curve_callback(DATA_DOMAIN, credentials_provider=gate)
+    return auth
+
+
+def _quiet_logger():
+    import logging
+
+    log = logging.getLogger("edgeshard.zap")
+    log.setLevel(logging.WARNING)
+    return log
+
+
+def curve_server(sock: zmq.Socket, keys: CurveKeys | None, domain: str) -> None:
+    """Make ``sock`` a CurveZMQ server checked by the ZAP handler for ``domain``."""
+    if keys is None:
+        return
+    sock.curve_secretkey = keys.secret.encode("ascii")
+    sock.curve_publickey = keys.public.encode("ascii")
+    sock.curve_server = True
+    sock.zap_domain = domain.encode("ascii")
+
+
+def curve_client(sock: zmq.Socket, keys: CurveKeys | None, server_public: str | None) -> None:
+    if keys is None or server_public is None:
+        return
+    sock.curve_secretkey = keys.secret.encode("ascii")
+    sock.curve_publickey = keys.public.encode("ascii")
+    sock.curve_serverkey = server_public.encode("ascii")
+
+
+def harden(sock: zmq.Socket) -> None:
+    """Options every socket gets: no lingering on close, libzmq's size cut-off."""
+    sock.linger = 0
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_SOCKET_MESSAGE)
+
+
+# ---------------------------------------------------------------------------- tensors
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+}
+_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+def tensor_frame(t: torch.Tensor) -> tuple[TensorSpec, object]:
+    """The spec and a zero-copy buffer of a tensor (bfloat16 travels as raw 16-bit words)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    spec = TensorSpec(_DTYPE_NAMES[t.dtype], tuple(t.shape))
+    if t.dtype == torch.bfloat16:
+        buf = t.view(torch.int16).numpy()
+    else:
+        buf = t.numpy()
+    return spec, buf
+
+
+def tensor_from_frame(spec: TensorSpec, buf: memoryview) -> torch.Tensor:
+    """View received bytes as a tensor without copying (the frame keeps them alive)."""
+    dtype = _TORCH_DTYPES[spec.dtype]
+    if buf.nbytes == 0:
+        return torch.empty(spec.shape, dtype=dtype)
+    if dtype == torch.bfloat16:
+        t = torch.frombuffer(buf, dtype=torch.int16).view(torch.bfloat16)
+    else:
+        t = torch.frombuffer(buf, dtype=dtype)
+    return t.view(spec.shape)
+
+
+def data_message(header: DataHeader, buffers: list) -> list:
+    return [encode_data_header(header), *buffers]
+
+
+# ----------------------------------------------------------------------- link sender
+
+
+class LinkSender:
+    """Sends data messages on one PUSH socket, optionally through an emulated link.
+
+    Unshaped, ``send`` hands the frames to libzmq (its IO thread writes them while the
+    caller computes). Shaped, messages go through a FIFO served by one thread that holds
+    each message until ``token bucket finish time + latency`` — so back-to-back messages
+    are serialised at the link bandwidth and each one arrives ``latency`` later, like a
+    real link, while the compute thread never sleeps. ``on_sent(start, end, nbytes)`` is
+    called when a message left (on the caller's thread unshaped, else on the sender's).
+    """
+
+    def __init__(self, sock: zmq.Socket, shape: LinkShape | None = None, clock=time.time) -> None:
+        self.sock = sock
+        self.shape = shape or LinkShape()
+        self.clock = clock
+        self._shaped = self.shape.bandwidth_mbit_s > 0 or self.shape.latency_ms > 0
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._link_free_at = 0.0
+        self._error: Exception | None = None
+        self._thread: threading.Thread | None = None
+        if self._shaped:
+            self._thread = threading.Thread(target=self._serve, name="edgeshard-link", daemon=True)
+            self._thread.start()
+
+    @property
+    def shaped(self) -> bool:
+        return self._shaped
+
+    def send(self, frames: list, nbytes: int, on_sent=None, stop: threading.Event | None = None) -> None:
+        if self._error is not None:
+            raise self._error
+        start = self.clock()
+        if not self._shaped:
+            send_multipart_interruptible(self.sock, frames, stop)
+            if on_sent:
+                on_sent(start, self.clock(), nbytes)
+            return
+        now = time.monotonic()
+        bw = self.shape.bandwidth_mbit_s
+        tx = nbytes * 8.0 / (bw * 1e6) if bw > 0 else 0.0
+        with self._cv:
+            self._link_free_at = max(now, self._link_free_at) + tx
+            due = self._link_free_at + self.shape.latency_ms / 1e3
+            self._queue.append((due, frames, nbytes, start, on_sent, stop))
+            self._cv.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed and not self._queue:
+                    return
+                due, frames, nbytes, start, on_sent, stop = self._queue[0]
+                delay = due - time.monotonic()
+                if delay > 0:
+                    # wakes early on close(); re-checks the head afterwards
+                    self._cv.wait(timeout=delay)
+                    if self._closed:
+                        self._queue.clear()
+                        return
+                    continue
+                self._queue.popleft()
+            try:
+                send_multipart_interruptible(self.sock, frames, stop)
+                if on_sent:
+                    on_sent(start, self.clock(), nbytes)
+            except Exception as err:  # surfaced on the next send()
+                self._error = err
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+def send_multipart_interruptible(sock: zmq.Socket, frames: list, stop: threading.Event | None) -> None:
+    """Send, blocking while the peer is slow, but give up when ``stop`` is set.
+
+    The socket has a send timeout (SNDTIMEO) so a vanished peer cannot hang the stage.
+    """
+    while True:
+        try:
+            sock.send_multipart(frames, copy=False)
+            return
+        except zmq.Again:
+            if stop is not None and stop.is_set():
+                raise RunAborted("run stopped while sending") from None
+
+
+class RunAborted(Exception):
+    """The run was stopped (by the coordinator or a failure) while a stage was blocked."""
+
+
+def tcp_address(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+def bind_port(sock: zmq.Socket, host: str, port: int) -> int:
+    """Bind to ``host:port`` (port 0 = any free port) and return the port in use."""
+    if port == 0:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    sock.bind(tcp_address(host, port))
+    return port
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()

@@ -1,0 +1,196 @@
+"""A plan run over agents produces exactly the unpartitioned model's tokens in every mode,
+and streams a complete, clock-corrected timeline while it runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
+from transformers import AutoModelForCausalLM
+
+from agents.agent import Agent, AgentClock
+from agents.local_pipeline import generate_partitioned
+from agents.protocol import SamplingSpec
+from agents.sampling import SamplingParams
+from agents.shard import StageExecutor
+from agents.transport import CurveKeys
+from core.checkpoints import ModelRecipe, make_model
+from core.coordinator import AgentEndpoint, Coordinator, RunRequest, split_micro_batches
+from core.errors import RunFailed
+from core.generation import GenerationSettings, generate, load_tokenizer
+from core.plan import plan_from_boundaries
+
+DEVICES = ["src", "mid", "head"]
+SKEW_S = 250.0
+"""The "mid" agent's clock runs this far ahead of everyone else's."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=11)
+    return str(make_model(recipe, tmp_path_factory.mktemp("coord") / "tiny-llama"))
+
+
+class Recorder:
+    def __init__(self):
+        self.events, self.tokens, self.times = [], [], []
+
+    def on_event(self, event):
+        self.events.append(event)
+        self.times.append(time.monotonic())
+
+    def on_tokens(self, tokens):
+        self.tokens.append(tokens)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    keys = CurveKeys.generate()
+    agents = []
+    for d in DEVICES:
+        a = Agent(d, keys.public)
+        if d == "mid":
+            base = AgentClock()
+            a.clock = lambda base=base: base() + SKEW_S
+        agents.append(a.start())
+    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
+    coordinator.open()
+    plan = plan_from_boundaries("tiny-llama", 6, DEVICES, [2, 3])  # uneven: 2 | 1 | 3 units
+    coordinator.load(plan, model_dir)
+    coordinator.sync_clocks()
+    yield coordinator, plan, agents
+    coordinator.close()
+    for a in agents:
+        a.close()
+
+
+PROMPTS = ["the cat sat", "a much longer prompt about the river and its banks", "hello", "one two three four"]
+
+
+def _request(model_dir, mode, micro_batches=2, max_new_tokens=6, sampling=SamplingSpec(), prompts=PROMPTS):
+    tok = load_tokenizer(model_dir)
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    return enc, RunRequest(
+        input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+        attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
+        max_new_tokens=max_new_tokens, mode=mode, micro_batches=micro_batches,
+        eos_token_ids=(2,), pad_token_id=0, sampling=sampling,
+    )
+
+
+def _hf_new_tokens(model_dir, enc, max_new_tokens):
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, eos_token_id=2)
+    rows = []
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        seq = []
+        for t in row:
+            seq.append(t)
+            if t == 2:
+                break
+        rows.append(tuple(seq))
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["sequential", "bubbles", "no-bubbles"])
+def test_every_mode_generates_exactly_the_unpartitioned_models_tokens(cluster, model_dir, mode):
+    coordinator, plan, _ = cluster
+    enc, req = _request(model_dir, mode)
+    result = coordinator.run(plan, req)
+    assert list(result.tokens) == _hf_new_tokens(model_dir, enc, req.max_new_tokens)
+
+
+def test_every_stage_reports_compute_send_and_wait_per_micro_batch_and_step_while_running(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=5)
+    sink = Recorder()
+    result = coordinator.run(plan, req, sink)
+    assert sink.events and len(sink.events) == len(result.events)
+    steps = {(t.micro_batch, t.step) for t in result.token_events}
+    for stage, device in enumerate(DEVICES):
+        mine = [e for e in result.events if e.device == device]
+        assert all(e.stage == stage for e in mine)
+        computed = {(e.micro_batch, e.step) for e in mine if e.kind == "compute"}
+        assert computed == steps, device
+        sends = [e for e in mine if e.kind == "send"]
+        assert {(e.micro_batch, e.step) for e in sends} == steps
+        assert all(e.nbytes > 0 and e.peer == DEVICES[(stage + 1) % 3] for e in sends)
+        assert any(e.kind == "recv_wait" for e in mine)
+        assert all(e.end_s >= e.start_s for e in mine)
+    # hidden states [B, T, 64] fp32 go stage to stage, token ids [B] int64 come back
+    prefill_send = next(e for e in result.events if e.device == "src" and e.kind == "send" and e.step == 0)
+    assert prefill_send.nbytes >= 2 * 64 * 4
+    back = [e for e in result.events if e.device == "head" and e.kind == "send"]
+    assert all(e.nbytes == 2 * 8 for e in back)
+    # events arrived over the run, not in one lump at the end
+    assert max(sink.times) - min(sink.times) > 0.02
+
+
+def test_events_of_an_agent_with_a_skewed_clock_land_on_the_coordinators_clock(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    clocks = coordinator.clocks()
+    assert abs(clocks["mid"].offset_s - SKEW_S) < 0.05 and clocks["mid"].uncertainty_s < 0.05
+    assert abs(clocks["src"].offset_s) < 0.05
+    _, req = _request(model_dir, "sequential", micro_batches=1, max_new_tokens=3)
+    result = coordinator.run(plan, req)
+    slack = 0.005
+
+    def compute(device, step):
+        return next(e for e in result.events if e.device == device and e.kind == "compute" and e.step == step)
+
+    for step in range(3):
+        assert compute("src", step).end_s <= compute("mid", step).start_s + slack
+        assert compute("mid", step).end_s <= compute("head", step).start_s + slack
+    assert all(-1.0 < e.start_s < result.wall_s + 1.0 for e in result.events)
+    assert all(e.clock_uncertainty_s == clocks[e.device].uncertainty_s for e in result.events)
+
+
+def test_seeded_sampling_gives_the_same_tokens_in_every_mode_and_matches_the_reference(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    spec = SamplingSpec(temperature=0.9, top_p=0.9, seed=5)
+    enc, req = _request(model_dir, "sequential", micro_batches=1, max_new_tokens=6, sampling=spec)
+    first = coordinator.run(plan, req).tokens
+    for mode in ("bubbles", "no-bubbles"):
+        assert coordinator.run(plan, _request(model_dir, mode, 1, 6, spec)[1]).tokens == first
+    executors = [StageExecutor(model_dir, s.start, s.end) for s in plan.stages]
+    ref = generate_partitioned(executors, enc["input_ids"], enc["attention_mask"],
+                               SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_new_tokens=6,
+                                              eos_token_ids=(2,), pad_token_id=0))
+    for got, row in zip(first, ref.tokens.tolist()):
+        assert list(got) == row[: len(got)]
+
+
+def test_text_in_text_out_streams_pieces_that_add_up_to_the_final_text(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    sink = Recorder()
+    out = generate(coordinator, plan, model_dir, PROMPTS[:2],
+                   GenerationSettings(max_new_tokens=6, mode="bubbles", micro_batches=2), sink=sink, load=False)
+    for seq, text in enumerate(out.texts):
+        pieces = "".join(t.text[t.sequence_ids.index(seq)] for t in sorted(sink.tokens, key=lambda t: t.t_s)
+                         if seq in t.sequence_ids)
+        assert pieces == text
+    assert out.figures.ttft_s is not None and out.figures.ttft_s > 0 and out.figures.tokens > 0
+
+
+def test_stopping_from_another_thread_ends_the_run_and_leaves_agents_ready(cluster, model_dir):
+    coordinator, plan, agents = cluster
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=400)
+    req = RunRequest(**{**req.__dict__, "eos_token_ids": ()})
+    timer = threading.Timer(0.3, coordinator.stop)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match="stopped"):
+        coordinator.run(plan, req)
+    timer.join()
+    assert time.monotonic() - t0 < 10
+    assert {s.state for s in coordinator.status().values()} == {"ready"}
+    _, small = _request(model_dir, "sequential", 1, 2)
+    assert len(coordinator.run(plan, small).tokens) == len(PROMPTS)
+
+
+def test_micro_batches_split_sequences_evenly_in_order():
+    assert split_micro_batches(5, 2) == ((0, 1, 2), (3, 4))
+    assert split_micro_batches(2, 4) == ((0,), (1,))
