@@ -335,7 +335,7 @@ class RunPanel(QWidget):
             self.backend.stop()
         ok = self.runner.shutdown(timeout_s)
         self.bridge.flush()
-        return ok
+        return self.monitor.shutdown(timeout_s) and ok
 
     # -- runner signals (GUI thread) -----------------------------------------------------
     def _finish(self, outcome: str, text: str) -> None:

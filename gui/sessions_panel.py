@@ -406,4 +406,5 @@ class SessionsPanel(QWidget):
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         self._tick.stop()
-        return all([r.shutdown(timeout_s) for r in (self.list_runner, self.load_runner, self.export_runner)])
+        runners = (self.list_runner, self.load_runner, self.export_runner)
+        return all([r.shutdown(timeout_s) for r in runners] + [self.monitor.shutdown(timeout_s)])

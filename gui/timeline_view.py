@@ -22,7 +22,7 @@ import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
 from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor, QCursor, QPalette, QPen
+from PySide6.QtGui import QBrush, QColor, QCursor, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
                                QVBoxLayout, QWidget)
 
@@ -76,40 +76,32 @@ class _Style:
     hatch: QBrush | None
 
 
-def _aggregate_subpixel(x0, x1, y0, y1, xmin: float, px: float):
-    """Level of detail: merge boxes at most two pixels wide into per-pixel-column runs.
+def _pixel_runs(spans, n_rows: int, lo: int, width: int):
+    """Level of detail for a zoomed-out view: what each device pixel shows, as runs.
 
-    Zoomed out over a long run, most boxes are narrower than a pixel; drawing each is
-    wasted work. Narrow boxes mark an occupancy bitmap (rows = distinct y bands, columns =
-    pixels) and each run of occupied columns becomes one rect. The picture is the same at
-    this zoom; wider boxes are kept as they are. Cost is O(n + rows x width), no sort.
+    ``spans`` is, in drawing order, one ``(rows, X0, X1)`` per style: the box's row
+    (lane x band) and its device-pixel columns ``[X0, X1)``. Later styles overwrite
+    earlier ones in a (rows x width) "winner" bitmap, exactly as painting them one over
+    the other would; each run of equal winners in a row becomes one rect. So every pixel
+    is filled once, however many boxes overlap it: the cost is O(pixels covered), not
+    O(boxes x overdraw). Returns (style index, row, X0, X1) arrays.
     """
-    c0 = np.floor((x0 - xmin) / px).astype(np.int64)
-    c1 = np.floor((x1 - xmin) / px).astype(np.int64)
-    lo = min(int(c0.min()), 0)
-    c0 -= lo
-    c1 -= lo
-    narrow = (c1 - c0) <= 1
-    if not narrow.any():
-        return x0, x1, y0, y1
-    bands, row = np.unique(y0[narrow], return_inverse=True)
-    heights = np.empty(len(bands))
-    heights[row] = (y1 - y0)[narrow]
-    width = int(c1[narrow].max()) + 3
-    occ = np.zeros((len(bands), width), dtype=bool)
-    occ[row, c0[narrow]] = True
-    occ[row, c1[narrow]] = True
-    padded = np.zeros((len(bands), width + 2), dtype=np.int8)
-    padded[:, 1:-1] = occ
-    edges = np.diff(padded, axis=1)
-    r_start, col_start = np.nonzero(edges == 1)
-    r_end, col_end = np.nonzero(edges == -1)  # same row-major order as the starts
-    ax0 = xmin + (col_start + lo) * px
-    ax1 = xmin + (col_end + lo) * px
-    wide = ~narrow
-    return (np.concatenate([x0[wide], ax0]), np.concatenate([x1[wide], ax1]),
-            np.concatenate([y0[wide], bands[r_start]]),
-            np.concatenate([y1[wide], bands[r_start] + heights[r_start]]))
+    win = np.full((n_rows, width + 2), -1, dtype=np.int32)
+    for style_idx, (rows, X0, X1) in enumerate(spans):
+        lengths = X1 - X0
+        total = int(lengths.sum())
+        if total == 0:
+            continue
+        # expand each box to its columns: repeat the start, add 0..len-1
+        starts = np.repeat(X0 - lo + 1, lengths)
+        offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        win[np.repeat(rows, lengths), starts + offsets] = style_idx
+    r, c = np.nonzero(win[:, 1:] != win[:, :-1])  # boundaries, row-major
+    same_row = r[:-1] == r[1:]
+    seg_r, seg_start, seg_end = r[:-1][same_row], c[:-1][same_row], c[1:][same_row]
+    value = win[seg_r, seg_start + 1]
+    keep = value >= 0
+    return value[keep], seg_r[keep], seg_start[keep] + lo, seg_end[keep] + lo
 
 
 class TimelineBoxesItem(pg.GraphicsObject):
@@ -209,41 +201,66 @@ class TimelineBoxesItem(pg.GraphicsObject):
         if vb is None:
             return
         (xmin, xmax), _ = vb.viewRange()
-        px = self.pixelWidth() or 0.0  # data units per device pixel
-        outline = False
-        self.painted_boxes = 0
-        per_lane: dict[int, int] = {}
+        tr = painter.transform()
+        sx, dx, sy, dy = tr.m11(), tr.dx(), tr.m22(), tr.dy()
+        self.painted_boxes = self.painted_rects = 0
+        self.painted_per_lane = {}
+        if sx <= 0 or sy == 0:
+            return
+        slack = 1.0 / sx  # one device pixel, in seconds
         # recv_wait first (behind), then compute, then transfers.
         order = sorted(self._groups, key=lambda k: (k[0] != KIND_CODE["recv_wait"], k))
-        visible_sets = []
-        total_visible = 0
+        n_lanes = self._lane_count + 1
+        left = int(np.floor(xmin * sx + dx)) - 2
+        right = int(np.ceil(xmax * sx + dx)) + 2
+        styles, spans = [], []
+        per_lane = np.zeros(n_lanes, dtype=np.int64)
         for key in order:
             g = self._groups[key].rows
-            mask = (g["x1"] >= xmin) & (g["x0"] <= xmax)
-            vis = g[mask]
-            if len(vis):
-                visible_sets.append((key, vis))
-                total_visible += len(vis)
-        if total_visible and px > 0:
-            # Outlines only when few, wide boxes are on screen: they cost a second pass.
-            outline = total_visible < 4000
+            vis = g[(g["x1"] >= xmin - slack) & (g["x0"] <= xmax + slack)]
+            if not len(vis):
+                continue
+            lane = np.floor(vis["y0"]).astype(np.int64).clip(0, n_lanes - 1)
+            X0 = np.floor(np.clip(vis["x0"] * sx + dx, left, right)).astype(np.int64)
+            X1 = np.ceil(np.clip(vis["x1"] * sx + dx, left, right)).astype(np.int64)
+            X1 = np.maximum(X1, X0 + 1)  # at least one pixel wide, so a short box is still seen
+            row = lane * 2 + (1 if key[0] == KIND_CODE["send"] else 0)
+            styles.append(key)
+            spans.append((row, X0, X1))
+            per_lane += np.bincount(lane, minlength=n_lanes)
+            self.painted_boxes += len(vis)
+        self.painted_per_lane = {i: int(c) for i, c in enumerate(per_lane.tolist()) if c}
+        if not styles:
+            return
+        aggregate = self.painted_boxes > self.AGGREGATE_ABOVE
+        if aggregate:
+            which, rows, X0s, X1s = _pixel_runs(spans, 2 * n_lanes, left, right - left + 1)
+            by_style = np.argsort(which, kind="stable")
+            bounds = np.searchsorted(which[by_style], np.arange(len(styles) + 1))
+            spans = [(rows[by_style[a:b]], X0s[by_style[a:b]], X1s[by_style[a:b]])
+                     for a, b in zip(bounds[:-1], bounds[1:])]
+        outline = not aggregate and self.painted_boxes < 4000  # a second pass only for few boxes
+        # Draw in device pixels with an identity transform: integer, axis-aligned rects
+        # take the raster engine's fast fill path (no scaled-path rasterisation, no AA).
+        painter.save()
+        painter.resetTransform()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, False)
         painter.setPen(Qt.PenStyle.NoPen)
-        self.painted_rects = 0
-        for key, vis in visible_sets:
-            n = len(vis)
-            x0 = np.maximum(vis["x0"], xmin - px)
-            x1 = np.minimum(vis["x1"], xmax + px)
-            y0, y1 = vis["y0"], vis["y1"]
-            if n > self.AGGREGATE_ABOVE and px > 0:
-                x0, x1, y0, y1 = _aggregate_subpixel(x0, x1, y0, y1, xmin, px)
-            m = len(x0)
+        for key, (row, X0, X1) in zip(styles, spans):
+            m = len(X0)
+            if not m:
+                continue
+            band0, band1 = BANDS[key[0]]
+            lane = row // 2
+            ya = (lane + band0) * sy + dy
+            yb = (lane + band1) * sy + dy
+            top = np.round(np.minimum(ya, yb))
             self._rects.resize(m)
             arr = self._rects.ndarray()
-            arr[:, 0] = x0
-            arr[:, 1] = y0
-            # at least one pixel wide, so a sub-pixel box is still seen
-            arr[:, 2] = np.maximum(x1 - x0, px)
-            arr[:, 3] = y1 - y0
+            arr[:, 0] = X0
+            arr[:, 1] = top
+            arr[:, 2] = X1 - X0
+            arr[:, 3] = np.round(np.maximum(ya, yb)) - top
             style = self._style(key)
             painter.setBrush(style.brush)
             painter.drawRects(*self._rects.drawargs())
@@ -255,12 +272,8 @@ class TimelineBoxesItem(pg.GraphicsObject):
                 painter.setPen(self._outline_pen)
                 painter.drawRects(*self._rects.drawargs())
                 painter.setPen(Qt.PenStyle.NoPen)
-            self.painted_boxes += n
             self.painted_rects += m
-            lanes, counts = np.unique(np.floor(vis["y0"]).astype(np.int64), return_counts=True)
-            for lane, count in zip(lanes.tolist(), counts.tolist()):
-                per_lane[lane] = per_lane.get(lane, 0) + count
-        self.painted_per_lane = per_lane
+        painter.restore()
 
     # -- hit testing -----------------------------------------------------------------------
     def box_at(self, x: float, y: float, tolerance_x: float = 0.0) -> TimelineEvent | None:
@@ -373,6 +386,8 @@ class TimelineView(QWidget):
             plot.setTitle(title, size="9pt")
             plot.getAxis("left").setWidth(90)
             plot.showGrid(x=True, y=False, alpha=0.25)
+            # major ticks only: every grid line is a full-height line redrawn on each pan
+            plot.getAxis("bottom").setStyle(maxTickLevel=0)
             vb = plot.getViewBox()
             vb.disableAutoRange()
             vb.setLimits(xMin=-0.05, minXRange=1e-5)
