@@ -13,7 +13,7 @@ def launch(workspace: str | None = None, profile: str | None = None, demo: bool 
     if demo:
         from gui.demo import DemoSession
 
-        demo_session = DemoSession(window.state, workspace=workspace)
+        demo_session = DemoSession(window.state, window=window, workspace=workspace)
         demo_session.start()
     elif workspace:
         window.open_workspace(workspace)

@@ -511,7 +511,7 @@ class PlanEditorPanel(QWidget):
             return
         self._solve_kind = "compare"
         self.solve_status.setText("Comparing strategies…")
-        self._solve_runner.start(planning_tasks.compare_strategies, problem)
+        self._solve_runner.start(planning_tasks.compare_strategies, problem, self.objective_combo.currentData())
 
     def _on_solver_busy_changed(self, busy: bool) -> None:
         self.solve_progress.setVisible(busy)
@@ -550,7 +550,9 @@ class PlanEditorPanel(QWidget):
             b.setEnabled(r.plan is not None)
             b.clicked.connect(lambda _c=False, i=i: self.adopt(i))
             t.setCellWidget(i, 3, b)
-        self.solve_status.setText(f"{len(results)} strategies compared; Adopt one to edit it.")
+        best = next((r for r in results if r.name == "edgeshard" and r.optimal), None)
+        self.solve_status.setText(f"{len(results)} strategies compared" + (" (edgeshard proven optimal)" if best else "")
+                                  + "; Adopt one to edit it.")
         self._draw_comparison()
 
     def adopt(self, index: int) -> None:

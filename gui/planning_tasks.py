@@ -57,23 +57,15 @@ def solve(reporter: Reporter, problem: PlanningProblem, objective: str) -> Strat
     return _result(name, problem, fn(problem))
 
 
-def strategies() -> list[tuple[str, Any]]:
-    """Every strategy the comparison runs: the exact solvers, then the baselines."""
+def compare_strategies(reporter: Reporter, problem: PlanningProblem, objective: str = "latency") -> list[StrategyResult]:
+    """Run every strategy of ``core.solvers.STRATEGIES`` for ``objective``.
+
+    The exact solver goes through ``solve`` so its optimality proof is kept; a strategy
+    that cannot place the model is listed with its reason rather than dropped.
+    """
     from core import solvers
 
-    out: list[tuple[str, Any]] = [
-        ("EdgeShard-latency", solvers.solve_min_latency),
-        ("EdgeShard-throughput", solvers.solve_max_throughput),
-    ]
-    baselines = getattr(solvers, "BASELINES", None)
-    if isinstance(baselines, dict):
-        out += sorted(baselines.items())
-    return out
-
-
-def compare_strategies(reporter: Reporter, problem: PlanningProblem) -> list[StrategyResult]:
-    """Run every strategy; one that cannot place the model is listed with its reason."""
-    items = strategies()
+    items = sorted(solvers.STRATEGIES.items(), key=lambda kv: (kv[0] != "edgeshard", kv[0]))
     results = []
     for i, (name, fn) in enumerate(items):
         if reporter.cancel_requested():
@@ -81,7 +73,10 @@ def compare_strategies(reporter: Reporter, problem: PlanningProblem) -> list[Str
         reporter.status(f"{name}…")
         reporter.progress(i, len(items))
         try:
-            results.append(_result(name, problem, fn(problem)))
+            if name == "edgeshard":
+                results.append(msgspec.structs.replace(solve(reporter, problem, objective), name=name))
+            else:
+                results.append(_result(name, problem, fn(problem, objective)))
         except EdgeShardError as err:
             results.append(StrategyResult(name=name, plan=None, cost=None, note=str(err)))
     reporter.progress(len(items), len(items))

@@ -173,3 +173,32 @@ def test_saved_plan_loads_back_and_a_bad_file_is_refused(editor, tmp_path, qtbot
     box = editor.findChild(QMessageBox, "errorDialog")
     assert box is not None and "expected format 'edgeshard.plan'" in box.text()
     box.close()
+
+
+def test_auto_solve_runs_in_a_worker_and_adopts_the_optimal_plan(editor, qtbot):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=10000):
+        editor.solve_button.click()
+    from core.solvers import solve_min_latency
+
+    assert editor.state.plan == solve_min_latency(problem).plan
+    assert editor.cost.feasible
+    assert "proven optimal" in editor.solve_status.text()
+    editor.undo_stack.undo()
+    assert editor.state.plan.devices() == ("phone",)
+
+
+def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
+    from core.solvers import STRATEGIES
+
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.compare_button.click()
+    names = [editor.compare_table.item(r, 0).text().rstrip(" ✗") for r in range(editor.compare_table.rowCount())]
+    assert sorted(names) == sorted(STRATEGIES) and names[0] == "edgeshard"
+    best = editor.comparison[0]
+    assert all(r.cost is None or r.cost.latency_per_token_s >= best.cost.latency_per_token_s - 1e-12
+               for r in editor.comparison if r.feasible)
+    assert len(editor.compare_plot.ci.items) == 2

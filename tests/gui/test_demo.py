@@ -1,0 +1,61 @@
+"""The demo: real local agents and a real small model, driven through the studio's screens."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from core.plan import plan_from_boundaries
+from gui import app as studio_app
+from gui.main_window import MainWindow
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("demo-models")
+
+
+def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path, model_root, monkeypatch):
+    from PySide6.QtCore import QSettings
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+    from gui.demo import DemoSession
+
+    studio_app.create_app()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "demo.edgeshard"),
+                       workdir=str(tmp_path / "work"), model_root=str(model_root))
+    try:
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            demo.start()
+        devices = window.screens["Devices"]
+        assert sorted(devices.records) == ["edge-a", "edge-b", "edge-c"]
+        assert {r.status for r in devices.records.values()} == {"running"}
+        assert window.connection_label.text() == "● demo cluster: 3 agents on 127.0.0.1"
+        assert window.workspace_label.text() == "Workspace: demo.edgeshard"
+
+        # a hand-made three-stage plan over the agents, then a real run from the Run screen
+        n = 6 + 2  # embedding + 6 blocks + head
+        window.state.set_plan(plan_from_boundaries("demo-llama", n, ["edge-a", "edge-b", "edge-c"], [3, 6]))
+        run = window.screens["Run"]
+        with qtbot.waitSignal(run.run_finished, timeout=120_000) as finished:
+            assert demo.run_once(window, max_new_tokens=6)
+        assert finished.args == ["completed"], run.message.text()
+        figures = run.monitor.figures()
+        assert figures.tokens > 0
+        # every stage computed, in prefill and decode, and the text streamed
+        assert {e.device for e in run.monitor.events if e.kind == "compute"} == {"edge-a", "edge-b", "edge-c"}
+        assert {e.phase for e in run.monitor.events} == {"prefill", "decode"}
+        run.monitor.timeline.flush()
+        assert run.monitor.timeline.box_count("edge-b", "compute") > 0
+        assert run.monitor.text_of(0) != ""
+        assert os.path.exists(tmp_path / "demo.edgeshard")
+    finally:
+        window.close()
+        demo.stop()
+    assert demo.parts.cluster is None and demo.parts.coordinator is None
