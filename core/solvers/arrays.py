@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,6 +41,15 @@ class CostArrays:
     """(N+1, N+1) int64: memory of a stage [a, e) at this (m, K) (−1 where e ≤ a)."""
     budgets: np.ndarray
     """(D,) int64: memory each device may fill."""
+    max_latency: float = 0.0
+    """The largest one-way link latency between usable devices, s."""
+
+    @cached_property
+    def symmetry_classes(self) -> np.ndarray:
+        """cls[d]: the lowest index of a device interchangeable with d (d itself if none)."""
+        from core.solvers.search import symmetry_classes
+
+        return symmetry_classes(self)
 
     def stage_time(self, d: int, a: int, e: int) -> float:
         return float(self.prefix[d, e] - self.prefix[d, a])
@@ -74,34 +84,48 @@ def stage_memory_matrix(problem: PlanningProblem, sequences: int, pass_sequences
     return out
 
 
-def build_arrays(problem: PlanningProblem, m: int, k: int) -> CostArrays:
-    """Arrays for K = k micro-batches of m sequences (a latency plan: m = batch, k = 1)."""
+def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | None = None) -> CostArrays:
+    """Arrays for K = k micro-batches of m sequences (a latency plan: m = batch, k = 1).
+
+    ``prefix_cache`` (m → decode prefix sums) saves re-reading the profile for each K.
+    """
     devices = usable_devices(problem)
     model = problem.profile.model
     n = model.num_units
     dn = len(devices)
-    prefix = np.zeros((dn, n + 1))
-    for i, dev in enumerate(devices):
-        t = problem.profile.times_of(dev)
-        prefix[i, 1:] = np.cumsum([t.decode_time(u, m) for u in range(n)])
+    prefix = None if prefix_cache is None else prefix_cache.get(m)
+    if prefix is None:
+        prefix = np.zeros((dn, n + 1))
+        by_id = {t.device: t for t in problem.profile.times}
+        for i, dev in enumerate(devices):
+            t = by_id[dev]
+            prefix[i, 1:] = np.cumsum([t.decode_time(u, m) for u in range(n)])
+        if prefix_cache is not None:
+            prefix_cache[m] = prefix
     mem = stage_memory_matrix(problem, m * k, m)
     cluster = problem.profile.cluster
-    budgets = np.array([int(cluster.device(d).memory_bytes * (1.0 - problem.memory_headroom)) for d in devices], dtype=np.int64)
+    mem_of = {d.id: d.memory_bytes for d in cluster.devices}
+    budgets = np.array([int(mem_of[d] * (1.0 - problem.memory_headroom)) for d in devices], dtype=np.int64)
     fits = (mem[None, :, :] >= 0) & (mem[None, :, :] <= budgets[:, None, None])
     emax = np.arange(n + 1)[None, :] + fits.sum(axis=2)
     # Monotone in e (memory only grows with the range), so the count is the last fitting end.
     act = np.array([u.activation_bytes_per_token for u in model.units], dtype=float)
     out_bytes = np.zeros(n + 1)
     out_bytes[1:] = act * m
-    bw = np.full((dn, dn), 0.0)
-    lat = np.full((dn, dn), INF)
-    links = cluster.link_index()
-    for i, a in enumerate(devices):
-        for j, b in enumerate(devices):
-            link = links.get((a, b))
-            if i != j and link is not None and link.bandwidth_mbit_s > 0:
+    cached = None if prefix_cache is None else prefix_cache.get("links")
+    if cached is None:
+        bw = np.full((dn, dn), 0.0)
+        lat = np.full((dn, dn), INF)
+        pos = {dev: i for i, dev in enumerate(devices)}
+        for link in cluster.links:
+            i, j = pos.get(link.src), pos.get(link.dst)
+            if i is not None and j is not None and i != j and link.bandwidth_mbit_s > 0:
                 bw[i, j] = link.bandwidth_mbit_s * 1e6
                 lat[i, j] = link.latency_ms / 1e3
+        if prefix_cache is not None:
+            prefix_cache["links"] = (bw, lat)
+    else:
+        bw, lat = cached
     with np.errstate(divide="ignore"):
         inv = np.where(bw > 0, 8.0 / np.where(bw > 0, bw, 1.0), INF)
     out_bytes[0] = 1.0  # boundary 0 is never a stage end; avoids inf · 0 below
@@ -117,5 +141,5 @@ def build_arrays(problem: PlanningProblem, m: int, k: int) -> CostArrays:
     return CostArrays(
         devices=devices, src=src, n=n, m=m, k=k, prefix=prefix, emax=emax,
         transfer=transfer, occupancy=occupancy, ret=ret, ret_occupancy=ret_occ,
-        stage_bytes=mem, budgets=budgets,
+        stage_bytes=mem, budgets=budgets, max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
     )

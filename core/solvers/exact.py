@@ -158,61 +158,63 @@ class _ComboOutcome(msgspec.Struct):
     phi: float  # best cycle time found (inf: none)
     seq: tuple = ()
     ends: tuple = ()
-    phi_bound: float = 0.0  # proven lower bound of phi
+    phi_bound: float = 0.0  # proven: no plan of this (m, K) has a smaller phi
     proven: bool = False
     nodes: int = 0
 
 
-def _solve_combo(arr: CostArrays, deadline: float, max_nodes: int) -> _ComboOutcome:
-    """Least φ = max(K·B, L) for fixed (m, K) (see the module docstring)."""
-    k = arr.k
-    nodes = 0
+def _latency_first(space: SearchSpace, deadline: float, max_nodes: int):
+    """The least-latency plan of this (m, K): a quick incumbent and the bound L ≥ L*."""
+    budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, deadline - time.monotonic()))
+    return branch_and_bound(space, budget=budget)
 
-    def budget() -> SearchBudget:
-        return SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, deadline - time.monotonic()))
 
-    base = SearchSpace(arr)
-    lat = branch_and_bound(base, budget=budget())
-    nodes += lat.nodes
-    if not lat.sequence:
-        return _ComboOutcome(phi=INF, phi_bound=lat.lower_bound, proven=lat.complete, nodes=nodes)
-    l_star, b_lat = sequence_terms(arr, lat.sequence, lat.boundaries)
-    best = _ComboOutcome(phi=max(k * b_lat, l_star), seq=lat.sequence, ends=lat.boundaries)
-    l_low = lat.lower_bound if not lat.complete else l_star
-    phi_bound = l_low
-    if k == 1 or l_star >= k * b_lat:
-        best.phi_bound, best.proven, best.nodes = max(phi_bound, 0.0), lat.complete, nodes
-        if lat.complete:
-            best.phi_bound = best.phi
-        return best
-    # Candidate bottleneck values: every stage compute and link occupancy that can occur.
-    dn, n = len(arr.devices), arr.n
+def _candidate_periods(arr: CostArrays) -> np.ndarray:
+    """Every value a stage period can take: stage compute sums and link occupancies, sorted."""
+    n = arr.n
     vals = [arr.ret_occupancy]
     a_idx, e_idx = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
-    for d in range(dn):
+    for d in range(len(arr.devices)):
         ok = (e_idx > a_idx) & (e_idx <= arr.emax[d][:, None])
         vals.append((arr.prefix[d][None, :] - arr.prefix[d][:, None])[ok])
-    occ = arr.occupancy[np.isfinite(arr.occupancy)]
-    vals.append(occ)
+    vals.append(arr.occupancy[np.isfinite(arr.occupancy)])
     cands = np.unique(np.concatenate([np.ravel(v) for v in vals]))
-    cands = cands[np.isfinite(cands)]
-    hi_val = best.phi / k
+    return cands[np.isfinite(cands)]
+
+
+def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_target: float) -> _ComboOutcome:
+    """Least φ = max(K·B, L) for fixed (m, K), caring only about φ < ``phi_target``."""
+    k = arr.k
+    nodes = 0
+    l_star, b_lat = sequence_terms(arr, lat.sequence, lat.boundaries)
+    best = _ComboOutcome(phi=max(k * b_lat, l_star), seq=lat.sequence, ends=lat.boundaries)
+    l_low = l_star if lat.complete else lat.lower_bound
+    if k == 1 or l_star >= k * b_lat:
+        # φ ≥ L ≥ L* for every plan, and this plan reaches it.
+        best.proven, best.phi_bound = lat.complete, best.phi if lat.complete else l_low
+        return best
+    target = min(best.phi, phi_target)
+    cands = _candidate_periods(arr)
     lo = int(np.searchsorted(cands, l_low / k * (1 - 1e-12), side="left"))
-    hi = int(np.searchsorted(cands, hi_val * (1 + 1e-12), side="right")) - 1
+    # hi is a sentinel "true": at a period of cands[hi] or more, φ ≥ K·cands[hi] ≥ target.
+    hi = int(np.searchsorted(cands, target / k * (1 - 1e-12), side="left"))
     all_proven = lat.complete
     found: dict[int, tuple] = {}
     false_max = -1
-    # invariant: pred(cands[hi]) is true (the latency plan, or a plan found below)
+
+    def slice_budget(share: float) -> SearchBudget:
+        left = max(0.0, deadline - time.monotonic())
+        return SearchBudget(max_nodes=max_nodes, max_seconds=min(left, max(0.25, left * share)))
+
     while lo < hi:
         mid = (lo + hi) // 2
         beta = float(cands[mid])
         space = SearchSpace(arr, beta)
         limit = k * beta * (1 + 1e-12)
         if space.root_bound() > limit:
-            lo = mid + 1
-            false_max = max(false_max, mid)
+            lo, false_max = mid + 1, max(false_max, mid)
             continue
-        res = branch_and_bound(space, incumbent=limit, budget=budget(), stop_below=limit)
+        res = branch_and_bound(space, incumbent=limit, budget=slice_budget(0.25), stop_below=limit)
         nodes += res.nodes
         if res.sequence:
             found[mid] = (res.sequence, res.boundaries)
@@ -221,17 +223,15 @@ def _solve_combo(arr: CostArrays, deadline: float, max_nodes: int) -> _ComboOutc
             if res.complete:
                 false_max = max(false_max, mid)
             else:
-                all_proven = False
+                all_proven = False  # unknown: treated as false, so the bound does not use it
             lo = mid + 1
     star = hi
-    options = [(best.seq, best.ends)]
-    if star in found:
-        options.append(found[star])
-    # The last contender: least latency with every period <= the candidate just below beta*.
+    upper = k * float(cands[star]) if star in found else target
+    options = [found[star]] if star in found else []
     if star - 1 >= 0:
-        beta_prev = float(cands[star - 1])
-        space = SearchSpace(arr, beta_prev)
-        res = branch_and_bound(space, incumbent=k * float(cands[star]) * (1 + 1e-12), budget=budget())
+        # The last contender: least latency with every period ≤ the candidate just below.
+        res = branch_and_bound(SearchSpace(arr, float(cands[star - 1])), incumbent=upper * (1 + 1e-12),
+                               budget=slice_budget(1.0))
         nodes += res.nodes
         if res.sequence:
             options.append((res.sequence, res.boundaries))
@@ -242,27 +242,32 @@ def _solve_combo(arr: CostArrays, deadline: float, max_nodes: int) -> _ComboOutc
         phi = max(k * bv, lv)
         if phi < best.phi:
             best.phi, best.seq, best.ends = phi, seq, ends
+    best.nodes = nodes
     if all_proven:
-        best.phi_bound, best.proven = best.phi, True
+        # nothing below min(best, target) exists for this (m, K)
+        best.proven, best.phi_bound = True, min(best.phi, target)
     else:
-        # proven: every plan has L >= l_low, and phi > K·cands[false_max] (pred false there)
         bound = l_low
         if false_max >= 0:
             bound = max(bound, k * float(cands[false_max]))
         best.phi_bound = min(bound, best.phi)
-    best.nodes = nodes
     return best
 
 
 def _relaxed_phi_bound(arr: CostArrays, space: SearchSpace) -> float:
-    """A cheap lower bound of φ for (m, K): the relaxed latency and a bottleneck bound from it."""
+    """A cheap lower bound of φ = max(K·B, L) for (m, K).
+
+    L ≥ the relaxed latency bound. B ≥ the least time any device takes for the slowest
+    unit (some stage holds it), and B ≥ (L − k·max link latency) / 2k for k ≤ D stages,
+    since every stage's compute and outgoing occupancy are both ≤ B.
+    """
     l_lo = space.root_bound()
     if l_lo == INF:
         return INF
-    lat = arr.transfer[np.isfinite(arr.transfer)]
-    max_lat = float(lat.max()) if lat.size else 0.0
+    max_lat = arr.max_latency
     dn = len(arr.devices)
-    b_lo = max(0.0, (l_lo - dn * max_lat) / dn)
+    unit_min = np.diff(arr.prefix, axis=1).min(axis=0)
+    b_lo = max(float(unit_min.max()), (l_lo - dn * max_lat) / (2 * dn), 0.0)
     return max(l_lo, arr.k * b_lo)
 
 
@@ -270,7 +275,12 @@ def solve_max_throughput(
     problem: PlanningProblem, *, time_limit_s: float = 60.0, max_nodes: int = 2_000_000,
     reporter: Reporter | None = None,
 ) -> SolveResult:
-    """The plan and micro-batching (m, K) with the most tokens/s within memory."""
+    """The plan and micro-batching (m, K) with the most tokens/s within memory.
+
+    First every (m, K)'s least-latency plan (fast) gives an incumbent; then the pairs
+    whose upper bound beats it are solved exactly, best bound first, each only for
+    plans that would beat the incumbent.
+    """
     t0 = time.monotonic()
     deadline = t0 + time_limit_s
     reporter = reporter or NullReporter()
@@ -278,42 +288,56 @@ def solve_max_throughput(
     combos = []
     prefix_cache: dict[int, np.ndarray] = {}
     for m, k in micro_batch_choices(problem):
-        arr = build_arrays(problem, m, k)
+        arr = build_arrays(problem, m, k, prefix_cache)
         if not arr.devices or arr.devices[arr.src] != problem.source:
             raise does_not_fit(problem, arr)
-        prefix_cache.setdefault(m, arr.prefix)
         space = SearchSpace(arr)
         lo = _relaxed_phi_bound(arr, space)
-        ub = 0.0 if lo == INF else k * m / lo
-        combos.append((ub, m, k, arr))
+        combos.append((0.0 if lo == INF else k * m / lo, m, k, arr, space))
     combos.sort(key=lambda c: (-c[0], -c[1] * c[2]))
     best_tput, best = 0.0, None
     proven = True
     tput_bound = 0.0
     nodes = 0
-    for i, (ub, m, k, arr) in enumerate(combos):
+    lats = []
+    for ub, m, k, arr, space in combos:
+        if ub <= 0 or ub <= best_tput * (1 + 1e-12):
+            lats.append(None)
+            continue
+        lat = _latency_first(space, deadline, max_nodes)
+        nodes += lat.nodes
+        lats.append(lat)
+        if lat.sequence:
+            lv, bv = sequence_terms(arr, lat.sequence, lat.boundaries)
+            tput = k * m / max(k * bv, lv)
+            if tput > best_tput * (1 + 1e-12):
+                best_tput, best = tput, (arr, lat.sequence, lat.boundaries)
+        elif not lat.complete:
+            proven = False
+            tput_bound = max(tput_bound, ub)
+    for i, ((ub, m, k, arr, _), lat) in enumerate(zip(combos, lats)):
         reporter.progress(i, len(combos))
-        if ub <= best_tput * (1 + 1e-12):
-            break
+        if lat is None or not lat.sequence or ub <= best_tput * (1 + 1e-12):
+            continue
         if time.monotonic() >= deadline:
             proven = False
             tput_bound = max(tput_bound, ub)
             continue
-        out = _solve_combo(arr, deadline, max_nodes)
+        out = _solve_combo(arr, lat, deadline, max_nodes, k * m / best_tput if best_tput > 0 else INF)
         nodes += out.nodes
         if out.seq:
             tput = k * m / out.phi
             if tput > best_tput * (1 + 1e-12):
-                best_tput, best = tput, (arr, out)
+                best_tput, best = tput, (arr, out.seq, out.ends)
         if not out.proven:
             proven = False
-            tput_bound = max(tput_bound, k * m / out.phi_bound if out.phi_bound > 0 else INF)
+            tput_bound = max(tput_bound, k * m / out.phi_bound if out.phi_bound > 0 else ub)
     if best is None:
         if proven:
             raise does_not_fit(problem, combos[-1][3] if combos else build_arrays(problem, 1, 1))
         raise ModelDoesNotFit("no plan found within the search budget; raise the time limit", 0)
-    arr, out = best
-    plan = plan_from_sequence(problem, arr, out.seq, out.ends, EXACT_STRATEGY, "throughput")
+    arr, seq, ends = best
+    plan = plan_from_sequence(problem, arr, seq, ends, EXACT_STRATEGY, "throughput")
     cost = evaluate(problem, plan)
     value = cost.throughput_tokens_s
     bound = value if proven else max(value, tput_bound)

@@ -88,7 +88,11 @@ class SearchSpace:
         self.tr = tr
         self.ret = ret
         self.g = self._relaxed_completion()
-        self.classes = _symmetry_classes(arr)
+        self.classes = arr.symmetry_classes
+        # cap[d, e]: the most units one stage on d can hold starting at or after unit e.
+        # Units [e, N) need distinct unused devices, so Σ_unused cap[d, e] ≥ N − e.
+        span = (self.emax - np.arange(n + 1)[None, :]).astype(float)
+        self.cap = np.maximum.accumulate(span[:, ::-1], axis=1)[:, ::-1]
 
     def _relaxed_completion(self) -> np.ndarray:
         """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable."""
@@ -115,6 +119,17 @@ class SearchSpace:
     def root_bound(self) -> float:
         return float(self.h[self.arr.src, 0])
 
+    def extend_all(self, f: np.ndarray, d: int, targets: np.ndarray) -> np.ndarray:
+        """``extend`` to every device in ``targets`` at once: shape (len(targets), N+1)."""
+        a_vals = f[None, :] + self.tr[d, targets]
+        idx = np.flatnonzero(np.isfinite(a_vals).any(axis=0))
+        if idx.size == 0:
+            return np.full((len(targets), f.size), INF)
+        p = self.arr.prefix[targets]
+        z = (a_vals[:, idx] - p[:, idx])[:, :, None]
+        cand = np.where(self.valid[targets][:, idx, :], z, INF).min(axis=1)
+        return cand + p
+
     def extend(self, f: np.ndarray, d: int, d2: int) -> np.ndarray:
         """F of the prefix extended by a stage on d2 (min-plus over the previous stage's end)."""
         a_vals = f + self.tr[d, d2]
@@ -127,14 +142,20 @@ class SearchSpace:
         return cand + p
 
 
-def _symmetry_classes(arr: CostArrays) -> np.ndarray:
-    """cls[d]: the lowest index of a device interchangeable with d (d itself if none)."""
+def symmetry_classes(arr: CostArrays) -> np.ndarray:
+    """cls[d]: the lowest index of a device interchangeable with d (d itself if none).
+
+    Swapping two interchangeable devices maps every plan to one of equal cost, so the
+    search uses the members of a class in index order only.
+    """
     dn = len(arr.devices)
     cls = np.arange(dn)
-    reps: list[int] = []
+    groups: dict[bytes, list[int]] = {}
     for d in range(dn):
         if d == arr.src:
             continue
+        sig = arr.prefix[d].tobytes() + arr.emax[d].tobytes() + arr.ret[d:d + 1].tobytes() + arr.ret_occupancy[d:d + 1].tobytes()
+        reps = groups.setdefault(sig, [])
         for r in reps:
             if _interchangeable(arr, r, d):
                 cls[d] = r
@@ -145,10 +166,7 @@ def _symmetry_classes(arr: CostArrays) -> np.ndarray:
 
 
 def _interchangeable(arr: CostArrays, i: int, j: int) -> bool:
-    if not (np.array_equal(arr.prefix[i], arr.prefix[j]) and np.array_equal(arr.emax[i], arr.emax[j])):
-        return False
-    if arr.ret[i] != arr.ret[j] or arr.ret_occupancy[i] != arr.ret_occupancy[j]:
-        return False
+    """Same times, memory and return link are checked by the caller's signature."""
     others = [k for k in range(len(arr.devices)) if k not in (i, j)]
     for t in (arr.transfer, arr.occupancy):
         if not (np.array_equal(t[i, others], t[j, others]) and np.array_equal(t[others, i], t[others, j])
@@ -175,7 +193,10 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
     state = {"stopped": False, "found_early": False}
     eps = 1e-12
 
-    def explore(used: int, d: int, f: np.ndarray, seq: tuple[int, ...]) -> None:
+    need = float(n) - np.arange(n + 1)
+    all_caps = space.cap.sum(axis=0)
+
+    def explore(used: int, d: int, f: np.ndarray, seq: tuple[int, ...], caps_left: np.ndarray) -> None:
         budget.nodes += 1
         if f[n] < INF:
             c = f[n] + space.ret[d]
@@ -190,35 +211,39 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
             state["stopped"] = True
             pending.append(float(np.min(f[1:n] + g[d, 1:n], initial=INF)))
             return
-        children = []
+        targets = []
         for d2 in range(dn):
             if used >> d2 & 1:
                 continue
             r = cls[d2]
             if r != d2:
                 # interchangeable devices are taken in index order
-                ok = True
-                for q in range(r, d2):
-                    if cls[q] == r and not (used >> q & 1):
-                        ok = False
-                        break
-                if not ok:
+                if any(cls[q] == r and not (used >> q & 1) for q in range(r, d2)):
                     continue
-            f2 = space.extend(f, d, d2)
-            tot = f2 + g[d2]
-            keep = tot < best["cost"] * (1 - eps)
-            if not keep.any():
-                continue
-            f2 = np.where(keep, f2, INF)
-            key = (used | (1 << d2), d2)
-            env = envelopes.get(key)
-            if env is not None:
-                if np.all(f2 >= env):
+            targets.append(d2)
+        children = []
+        if targets:
+            tarr = np.array(targets)
+            f2s = space.extend_all(f, d, tarr)
+            tots = f2s + g[tarr]
+            keeps = tots < best["cost"] * (1 - eps)
+            short = (caps_left[None, :] - space.cap[tarr]) < need[None, :]
+            short[:, n] = False
+            keeps &= ~short
+            for i, d2 in enumerate(targets):
+                keep = keeps[i]
+                if not keep.any():
                     continue
-                envelopes[key] = np.minimum(env, f2)
-            else:
-                envelopes[key] = f2
-            children.append((float(tot[keep].min()), d2, f2))
+                f2 = np.where(keep, f2s[i], INF)
+                key = (used | (1 << d2), d2)
+                env = envelopes.get(key)
+                if env is not None:
+                    if np.all(f2 >= env):
+                        continue
+                    envelopes[key] = np.minimum(env, f2)
+                else:
+                    envelopes[key] = f2
+                children.append((float(tots[i][keep].min()), d2, f2))
         children.sort(key=lambda c: c[0])
         for i, (lb, d2, f2) in enumerate(children):
             if lb >= best["cost"] * (1 - eps):
@@ -227,12 +252,12 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
                 if not state["found_early"]:
                     pending.extend(c[0] for c in children[i:])
                 return
-            explore(used | (1 << d2), d2, f2, seq + (d2,))
+            explore(used | (1 << d2), d2, f2, seq + (d2,), caps_left - space.cap[d2])
         if state["stopped"] and not state["found_early"]:
             pass
 
     root = space.root()
-    explore(1 << src, src, root, (src,))
+    explore(1 << src, src, root, (src,), all_caps - space.cap[src])
     complete = not state["stopped"]
     if complete:
         lower = best["cost"]
