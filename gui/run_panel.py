@@ -14,12 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
-from PySide6.QtCore import Qt
 
 from agents.protocol import TimelineEvent, TokenEvent
 from core.errors import EdgeShardError, RunFailed
@@ -273,6 +272,9 @@ class RunPanel(QWidget):
             state.problem_changed.connect(self._on_settings_changed)
             self._on_state_model_changed(state.model_name)
         self._update_prediction()
+        app = QApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)  # never leave a run thread behind
 
     # -- public API ----------------------------------------------------------------------
     def set_backend(self, backend: RunBackend | None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QMenu, QPushButton,
+from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QLabel, QMenu, QPushButton,
                                QSlider, QSplitter, QToolButton, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
@@ -223,6 +223,18 @@ class SessionsPanel(QWidget):
             state.workspace_changed.connect(self.set_workspace)
             if state.workspace:
                 self.set_workspace(state.workspace)
+        app = QApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+
+    def showEvent(self, event) -> None:
+        """Coming back to this screen shows runs recorded meanwhile (e.g. on the Run screen)."""
+        super().showEvent(event)
+        if self.workspace and not self._replay_active():
+            self.refresh()
+
+    def _replay_active(self) -> bool:
+        return self._tick.isActive()
 
     # -- workspace and list --------------------------------------------------------------
     def set_workspace(self, path: str) -> None:

@@ -9,7 +9,7 @@ import time
 
 import msgspec
 
-from agents.protocol import TimelineEvent, TokenEvent
+from agents.protocol import TimelineEvent
 from core.errors import RunFailed
 from core.plan import plan_from_boundaries
 from core.reporting import Cancelled
