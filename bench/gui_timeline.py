@@ -243,11 +243,13 @@ def main() -> None:
     args = parser.parse_args()
     app = QApplication.instance() or QApplication([])
     result = {"bench": "gui_timeline", "platform": os.environ.get("QT_QPA_PLATFORM"),
-              "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+              "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "load_avg_1min_at_start": round(os.getloadavg()[0], 2)}
     result.update(bench_pan_zoom(app, args.boxes, args.frames))
     result.update({"stream_rate_target": args.rate, "stream_seconds": args.seconds, "preloaded_boxes": args.preload})
     result.update(bench_stream(app, args.rate, args.seconds, args.preload, whole_monitor=False))
     result.update(bench_stream(app, args.rate, args.seconds, args.preload, whole_monitor=True))
+    result["load_avg_1min_at_end"] = round(os.getloadavg()[0], 2)
     result["pan_zoom_ok"] = result["fps_mean"] >= 30
     result["stall_ok"] = result["stall_ms_max"] < 50 and result["monitor_stall_ms_max"] < 50
     print(json.dumps(result))
