@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import gc
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -78,6 +79,8 @@ class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True):
     accelerator: str
     threads: int
     seconds: float
+    arch: str = ""
+    cores: int = 0
 
 
 # ----------------------------------------------------------------------------- memory
@@ -329,6 +332,8 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
         accelerator=accelerator_name(),
         threads=torch.get_num_threads(),
         seconds=time.perf_counter() - t_start,
+        arch=platform.machine(),
+        cores=os.cpu_count() or 0,
     )
 
 
@@ -407,13 +412,21 @@ def _send(agent, peer, opts: LinkOptions) -> LinkResult:
             sender.send([header(step, n), chunk[:n]], n)
             sent += n
             step += 1
-        # the end marker carries the total so the receiver knows when it is done
-        sender.send([header(1 << 30, 8), tiny], 8)
-        sender.close()
+        sender.send([header(1 << 30, 8), tiny], 8)  # end marker
+        _drain(sender, opts.timeout_s)
         return LinkResult(role="send", probe_id=opts.probe_id, seconds=time.perf_counter() - t0)
     finally:
         sender.close()
         sock.close(linger=int(opts.timeout_s * 1000))
+
+
+def _drain(sender, timeout_s: float) -> None:
+    """Wait until an emulated link has put every queued message on the socket
+    (closing it earlier would drop them)."""
+    queue = getattr(sender, "_queue", None)
+    deadline = time.monotonic() + timeout_s
+    while queue and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _receive(agent, peer, opts: LinkOptions) -> LinkResult:

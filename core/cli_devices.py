@@ -20,11 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's sub-commands to the CLI."""
     _register_testbed(sub)
     _register_discover(sub)
-    try:
-        from core import cli_deploy
-    except ImportError:  # pragma: no cover - deploy lands separately
-        return
-    cli_deploy.register(sub)
+    _register_deploy(sub)
+    _register_agents(sub)
+    _register_profile(sub)
 
 
 # testbed ---------------------------------------------------------------------------
@@ -156,3 +154,230 @@ def _discover(args) -> int:
 
 def _path(p: str | None) -> Path | None:
     return Path(p).expanduser() if p else None
+
+
+# deploy / agents ---------------------------------------------------------------------
+def _add_ssh_arguments(p) -> None:
+    p.add_argument("hosts", nargs="*", metavar="[NAME=][USER@]HOST[:PORT]",
+                   help="devices to act on (NAME defaults to HOST)")
+    p.add_argument("--testbed", metavar="NAME", help="all devices of a running netns testbed (its operator key)")
+    p.add_argument("--user", "-u", default=None, help="SSH login (default: from HOST, else $USER)")
+    p.add_argument("--key", "-k", default=None, metavar="FILE", help="private key file")
+    p.add_argument("--password", action="store_true", help="ask for a password (used once, never stored)")
+    p.add_argument("--no-ssh-agent", action="store_true", help="do not try ssh-agent keys")
+    p.add_argument("--trust-new-host-keys", action="store_true",
+                   help="accept host keys not yet known (their SHA256 fingerprints are printed)")
+    p.add_argument("--workspace", default=None, help="workspace directory (default: ~/.edgeshard)")
+    p.add_argument("--remote-dir", default=None,
+                   help="agent directory on the device, relative to home ({device} = device name; "
+                        "default .edgeshard-agent/{device})")
+
+
+def _targets(args) -> tuple[list, str | None]:
+    """(targets, key file) from host specs and/or --testbed."""
+    from core.deploy import SshTarget
+
+    targets = []
+    key = args.key
+    if args.testbed:
+        from core.testbed import testbed_status
+
+        state = testbed_status(args.testbed)
+        if state is None:
+            raise EdgeShardError(f"testbed {args.testbed!r} is not running (edgeshard testbed up)")
+        targets += [SshTarget(d.name, d.address, d.ssh_port, args.user or state.ssh_user) for d in state.devices]
+        key = key or state.operator_key
+    for spec in args.hosts:
+        name, _, rest = spec.rpartition("=")
+        user, host, port = parse_host_spec(rest)
+        targets.append(SshTarget(name or host, host, port, args.user or user))
+    if not targets:
+        raise EdgeShardError("no devices given: name hosts ([USER@]HOST[:PORT]) or --testbed NAME")
+    return targets, key
+
+
+def _conn_kwargs(args, key) -> dict:
+    import getpass
+
+    password = getpass.getpass("SSH password: ") if args.password else None
+    trust = True if args.trust_new_host_keys else (_prompt_trust if sys.stdin.isatty() else False)
+    kw = dict(key_file=key, password=password, use_agent=not args.no_ssh_agent, trust_new_host_keys=trust)
+    if args.workspace:
+        kw["workspace"] = Path(args.workspace).expanduser()
+    return kw
+
+
+def _prompt_trust(info) -> bool:
+    print(f"The host {info.host_label} is not known.\n  {info.key_type} key fingerprint is {info.fingerprint}",
+          file=sys.stderr)
+    return input("Trust it and continue? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _register_deploy(sub) -> None:
+    p = sub.add_parser("deploy", help="install and start the agent on devices over SSH")
+    _add_ssh_arguments(p)
+    p.add_argument("--python", default="python3", help="Python on the device (default python3)")
+    p.add_argument("--control-port", type=int, default=47000)
+    p.add_argument("--data-port", type=int, default=47001)
+    p.add_argument("--no-announce", action="store_true", help="agent does not register _edgeshard._tcp")
+    p.add_argument("--threads", type=int, default=0)
+    p.set_defaults(func=_deploy)
+
+
+class _PrefixReporter:
+    """Per-device lines on stderr: ``[device] step``."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def status(self, text: str) -> None:
+        print(f"[{self.device}] {text}", file=sys.stderr, flush=True)
+
+    def progress(self, done: float, total: float) -> None:
+        pass
+
+    def partial_result(self, value) -> None:
+        pass
+
+    def cancel_requested(self) -> bool:
+        return False
+
+
+def _deploy(args) -> int:
+    from core.deploy import DEFAULT_REMOTE_DIR, DeployOptions, deploy_many
+
+    targets, key = _targets(args)
+    opts = DeployOptions(python=args.python, remote_dir=args.remote_dir or DEFAULT_REMOTE_DIR,
+                         control_port=args.control_port, data_port=args.data_port,
+                         announce=not args.no_announce, threads=args.threads)
+    kw = _conn_kwargs(args, key)
+    results = deploy_many(targets, _PrefixReporter, options=opts, **kw)
+    failed = 0
+    for name in sorted(results):
+        r = results[name]
+        if isinstance(r, Exception):
+            failed += 1
+            print(f"{name}: FAILED: {r}")
+        else:
+            print(f"{name}: {r.summary}")
+    ws = kw.get("workspace") or __import__("core.deploy", fromlist=["x"]).default_workspace()
+    if len(results) > failed:
+        print(f"agents file: {Path(ws) / 'agents.json'}")
+    return 1 if failed else 0
+
+
+def _register_agents(sub) -> None:
+    p = sub.add_parser("agents", help="status, logs, stop or upgrade deployed agents")
+    asub = p.add_subparsers(dest="agents_command", metavar="ACTION", required=True)
+    for action, text in (("status", "is the agent running, which version, pid"),
+                         ("logs", "tail of the agent's log"),
+                         ("stop", "stop the agent (idempotent)"),
+                         ("upgrade", "deploy this version where another runs (same as deploy)")):
+        a = asub.add_parser(action, help=text)
+        _add_ssh_arguments(a)
+        if action == "logs":
+            a.add_argument("--lines", "-n", type=int, default=100)
+        if action == "upgrade":
+            a.add_argument("--python", default="python3")
+            a.add_argument("--control-port", type=int, default=47000)
+            a.add_argument("--data-port", type=int, default=47001)
+            a.add_argument("--no-announce", action="store_true")
+            a.add_argument("--threads", type=int, default=0)
+            a.set_defaults(func=_deploy)
+        else:
+            a.set_defaults(func=_agents)
+
+
+def _agents(args) -> int:
+    from core import deploy
+
+    targets, key = _targets(args)
+    kw = _conn_kwargs(args, key)
+    remote = args.remote_dir or deploy.DEFAULT_REMOTE_DIR
+    rc = 0
+    for t in targets:
+        try:
+            if args.agents_command == "status":
+                st = deploy.status_of(t, remote_dir=remote, **kw)
+                if isinstance(st, deploy.AgentRunning):
+                    r = st.record
+                    print(f"{t.device}: running pid {r.pid}, {r.bundle_stamp}, {r.control_address}, log {r.log_path}")
+                elif isinstance(st, deploy.AgentStopped):
+                    print(f"{t.device}: stopped (last pid {st.record.pid}, log {st.record.log_path})")
+                    rc = max(rc, 1)
+                else:
+                    print(f"{t.device}: no agent deployed")
+                    rc = max(rc, 1)
+            elif args.agents_command == "logs":
+                print(f"==> {t.device} <==")
+                print(deploy.logs_of(t, lines=args.lines, remote_dir=remote, **kw), end="")
+            elif args.agents_command == "stop":
+                stopped = deploy.stop(t, remote_dir=remote, **kw)
+                print(f"{t.device}: " + ("stopped" if stopped else "was not running"))
+        except EdgeShardError as err:
+            print(f"{t.device}: error: {err}", file=sys.stderr)
+            rc = 2
+    return rc
+
+
+# profile ------------------------------------------------------------------------------
+def _register_profile(sub) -> None:
+    p = sub.add_parser("profile", help="measure compute per unit and every link, write a profile for `plan`")
+    p.add_argument("--agents", required=True, metavar="agents.json",
+                   help="agents file (written by `edgeshard deploy` or `edgeshard cluster local`)")
+    p.add_argument("--model", required=True, metavar="DIR|config.json",
+                   help="the model's HF config (a checkpoint dir or its config.json); no weights needed")
+    p.add_argument("--out", "-o", required=True, metavar="profile.json")
+    p.add_argument("--name", default="", help="model name recorded in the profile")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--batch-sizes", default="1,2,4", help="decode batch sizes (comma separated)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--headroom-mib", type=int, default=512, help="memory each device keeps free")
+    p.add_argument("--threads", type=int, default=0, help="torch threads on the devices (0: default)")
+    p.add_argument("--no-network", action="store_true", help="skip the link measurements")
+    p.add_argument("--link-seconds", type=float, default=1.0, help="duration of each bandwidth probe")
+    p.set_defaults(func=_profile)
+
+
+def _profile(args) -> int:
+    from core.coordinator import Coordinator
+    from core.errors import FormatError
+    from core.local_cluster import load_agents_file
+    from core.profiling import profile_cluster
+    from core.reporting import TerminalReporter
+
+    cfg_path = Path(args.model)
+    if cfg_path.is_dir():
+        cfg_path = cfg_path / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text())
+    except OSError as err:
+        raise FormatError(str(cfg_path), f"cannot read ({err.strerror or err})") from None
+    except ValueError as err:
+        raise FormatError(str(cfg_path), f"not valid JSON ({err})") from None
+    try:
+        batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    except ValueError:
+        raise EdgeShardError(f"--batch-sizes must be integers like 1,2,4, got {args.batch_sizes!r}") from None
+    if not batch_sizes or min(batch_sizes) < 1 or args.prompt_tokens < 1 or args.repeats < 1:
+        raise EdgeShardError("--batch-sizes, --prompt-tokens and --repeats must be >= 1")
+    endpoints, keys = load_agents_file(args.agents)
+    with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0) as coord:
+        coord.wait_ready(timeout_s=30)
+        result = profile_cluster(coord, config, model_name=args.name or Path(args.model).name, dtype=args.dtype,
+                                 prompt_tokens=args.prompt_tokens, batch_sizes=batch_sizes, repeats=args.repeats,
+                                 headroom_bytes=args.headroom_mib << 20, threads=args.threads,
+                                 network=not args.no_network, link_target_s=args.link_seconds,
+                                 reporter=TerminalReporter(), out_path=args.out)
+    prof = result.profile
+    print(f"{'DEVICE':<14} {'MEMORY BUDGET':>14} {'DECODE/TOKEN (b=1)':>19} {'PREFILL':>10}")
+    for t in prof.times:
+        dev = prof.cluster.device(t.device)
+        dec = sum(u[0] for u in t.decode_s)
+        pre = sum(u[0] for u in t.prefill_s)
+        print(f"{t.device:<14} {dev.memory_bytes / 2**30:>12.2f} G {dec * 1e3:>16.2f} ms {pre * 1e3:>7.1f} ms")
+    for m in result.links:
+        print(f"link {m.src} -> {m.dst}: {m.bandwidth_mbit_s:9.1f} Mbit/s, one-way {m.one_way_ms:.3f} ms")
+    print(f"profile written to {args.out}")
+    return 0

@@ -427,3 +427,25 @@ def leftovers(name: str = DEFAULT_NAME) -> list[str]:
 
 def state_as_json(state: TestbedState) -> str:
     return json.dumps(msgspec.to_builtins(state), indent=2)
+
+
+def reinstall_device(device_name: str, name: str = DEFAULT_NAME, state_root: Path | None = None) -> TestbedState:
+    """Give a device a fresh host key and restart its sshd, as a reinstalled machine would
+    look (what a changed host key warning is about); returns the updated state."""
+    state = testbed_status(name, state_root)
+    if state is None:
+        raise TestbedError(f"testbed {name} is not running")
+    dev = state.device(device_name)
+    _kill_pids([dev.sshd_pid])
+    key = Path(dev.host_key_path)
+    key.unlink(missing_ok=True)
+    Path(str(key) + ".pub").unlink(missing_ok=True)
+    _keygen(key, f"{dev.name}-host-reinstalled")
+    ddir = key.parent
+    pid = _spawn(dev.namespace, ["/usr/sbin/sshd", "-D", "-e", "-f", str(ddir / "sshd_config")], ddir / "sshd.log")
+    if not _wait_tcp(dev.address, dev.ssh_port, 10.0):
+        raise TestbedError(f"{dev.name}: sshd did not come back")
+    new = msgspec.structs.replace(dev, sshd_pid=pid)
+    state = msgspec.structs.replace(state, devices=tuple(new if d.name == dev.name else d for d in state.devices))
+    _save_state(Path(state.state_dir), state)
+    return state

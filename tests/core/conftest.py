@@ -157,3 +157,48 @@ def avahi_peer(testbed, tmp_path_factory):
                 p.wait()
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", veth], capture_output=True)
+
+
+class DeployedAgents:
+    """Agents deployed over SSH to the session testbed's devices."""
+
+    def __init__(self, testbed, workspace: Path, remote_root: Path, results: dict):
+        self.testbed, self.workspace, self.remote_root, self.results = testbed, workspace, remote_root, results
+
+    def options(self, **kw):
+        import sys
+
+        from core.deploy import DeployOptions
+
+        return DeployOptions(python=sys.executable, remote_dir=str(self.remote_root / "{device}"), **kw)
+
+    def target(self, name: str):
+        from core.deploy import SshTarget
+
+        d = self.testbed.device(name)
+        return SshTarget(d.name, d.address, d.ssh_port, self.testbed.ssh_user)
+
+    def conn(self) -> dict:
+        """Connection keyword arguments for core.deploy's status_of / logs_of / stop."""
+        return dict(key_file=self.testbed.operator_key, workspace=self.workspace, use_agent=False,
+                    user_known=Path("/nonexistent"))
+
+
+@pytest.fixture(scope="session")
+def deployed(testbed, tmp_path_factory):
+    """The agent deployed to all 3 session devices in parallel (key auth; host keys
+    pre-trusted from the testbed's own host key files, as an operator who checked them)."""
+    from core.deploy import SshTarget, deploy_many
+
+    ws = tmp_path_factory.mktemp("workspace")
+    (ws / "known_hosts").write_text("\n".join(testbed.known_hosts_lines()) + "\n")
+    remote = tmp_path_factory.mktemp("remote")
+    agents = DeployedAgents(testbed, ws, remote, {})
+    targets = [SshTarget(d.name, d.address, d.ssh_port, testbed.ssh_user) for d in testbed.devices]
+    results = deploy_many(targets, key_file=testbed.operator_key, workspace=ws, options=agents.options(),
+                          use_agent=False, user_known=Path("/nonexistent"))
+    failed = {k: v for k, v in results.items() if isinstance(v, Exception)}
+    if failed:
+        pytest.fail(f"deploy failed: {failed}")
+    agents.results = results
+    return agents
