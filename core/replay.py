@@ -22,6 +22,11 @@ from core.run_metrics import RunFigures, compute_figures
 from core.store import RecordedItem, SessionStore
 
 
+_EPS = 1e-9
+"""Items due within a nanosecond count as due: float rounding of clock arithmetic must
+not leave play() sleeping zero-length sleeps forever."""
+
+
 class Replay:
     def __init__(
         self,
@@ -121,7 +126,7 @@ class Replay:
         """Items that have become due since the last call (non-blocking; for timers)."""
         with self._lock:
             pos = self.position_s
-            end = bisect.bisect_right(self._at, pos, lo=self._cursor)
+            end = bisect.bisect_right(self._at, pos + _EPS, lo=self._cursor)
             out = self.items[self._cursor:end]
             self._cursor = end
             return out
@@ -134,7 +139,7 @@ class Replay:
                     return
                 pos = self.position_s
                 nxt = self._at[self._cursor]
-                if not self._paused and nxt <= pos:
+                if not self._paused and nxt <= pos + _EPS:
                     item = self.items[self._cursor]
                     self._cursor += 1
                 else:

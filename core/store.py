@@ -140,10 +140,11 @@ def schema_version_of(conn: sqlite3.Connection) -> int | None:
     return int(row[0] or 0)
 
 
-def migrate(db: sqlite_utils.Database, path: str, upto: int = SCHEMA_VERSION) -> int:
-    """Bring a workspace to version ``upto`` (tests pass a lower one to write old files)."""
+def check_openable(conn: sqlite3.Connection, path: str) -> int:
+    """The file's schema version (0 for an empty file); a StoreError for a file that is
+    not a workspace or was written by a newer program."""
     try:
-        version = schema_version_of(db.conn)
+        version = schema_version_of(conn)
     except sqlite3.DatabaseError as err:
         raise StoreError(f"{path}: not an EdgeShard workspace ({err})") from None
     if version is None:
@@ -153,6 +154,12 @@ def migrate(db: sqlite_utils.Database, path: str, upto: int = SCHEMA_VERSION) ->
             f"{path}: this workspace was written by a newer EdgeShard Studio (schema v{version}); "
             f"this program reads up to v{SCHEMA_VERSION}. Upgrade edgeshard-studio to open it."
         )
+    return version
+
+
+def migrate(db: sqlite_utils.Database, path: str, upto: int = SCHEMA_VERSION) -> int:
+    """Bring a workspace to version ``upto`` (tests pass a lower one to write old files)."""
+    version = check_openable(db.conn, path)
     if version == 0:
         db["schema_version"].create({"version": int, "applied_at": str}, pk="version", if_not_exists=True)
     for target in range(version + 1, upto + 1):
@@ -280,6 +287,9 @@ class SessionStore:
         self.db = sqlite_utils.Database(conn, execute_plugins=False)
         self._lock = threading.RLock()
         try:
+            # Check the version before anything writes to the file (WAL mode changes its
+            # header): a refused file is left exactly as it was.
+            check_openable(conn, str(self.path))
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
