@@ -43,6 +43,8 @@ class CostArrays:
     """(D,) int64: memory each device may fill."""
     max_latency: float = 0.0
     """The largest one-way link latency between usable devices, s."""
+    weights_prefix: np.ndarray | None = None
+    """(N+1,) parameter bytes of units [0, e)."""
 
     @cached_property
     def symmetry_classes(self) -> np.ndarray:
@@ -141,5 +143,7 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     return CostArrays(
         devices=devices, src=src, n=n, m=m, k=k, prefix=prefix, emax=emax,
         transfer=transfer, occupancy=occupancy, ret=ret, ret_occupancy=ret_occ,
-        stage_bytes=mem, budgets=budgets, max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
+        stage_bytes=mem, budgets=budgets,
+        weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
+        max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
     )

@@ -93,6 +93,31 @@ class SearchSpace:
         # Units [e, N) need distinct unused devices, so Σ_unused cap[d, e] ≥ N − e.
         span = (self.emax - np.arange(n + 1)[None, :]).astype(float)
         self.cap = np.maximum.accumulate(span[:, ::-1], axis=1)[:, ::-1]
+        # Byte-rate bound: t(d, u) ≥ w_u · rate[d] (w = parameter bytes), and a stage on d
+        # holds at most capb[d] bytes, so the units [e, N) cost at least the cheapest
+        # fractional filling of their bytes into the unused devices (a convex piecewise
+        # linear function of the bytes left: np.interp over the devices sorted by rate).
+        wp = arr.weights_prefix
+        w = np.diff(wp)
+        unit_t = np.diff(arr.prefix, axis=1)
+        pos = w > 0
+        self.rate = (unit_t[:, pos] / w[pos]).min(axis=1) if pos.any() else np.zeros(dn)
+        self.capb = (wp[self.emax] - wp[None, :]).max(axis=1)
+        self.rate_order = np.argsort(self.rate, kind="stable")
+        self.wsuf = wp[n] - wp
+        out = self.tr.min(axis=1)
+        out[:, n] = self.ret
+        self.outmin = out
+
+    def byte_bound(self, unused: np.ndarray) -> np.ndarray:
+        """Least compute for units [e, N) on the devices marked ``unused`` (inf: not enough room)."""
+        sel = self.rate_order[unused[self.rate_order]]
+        caps = self.capb[sel]
+        xs = np.concatenate(([0.0], np.cumsum(caps)))
+        ys = np.concatenate(([0.0], np.cumsum(caps * self.rate[sel])))
+        lb = np.interp(self.wsuf, xs, ys)
+        lb[self.wsuf > xs[-1] * (1 + 1e-12)] = INF
+        return lb
 
     def _relaxed_completion(self) -> np.ndarray:
         """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable."""
@@ -230,10 +255,21 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
             short = (caps_left[None, :] - space.cap[tarr]) < need[None, :]
             short[:, n] = False
             keeps &= ~short
+            unused = np.ones(dn, dtype=bool)
+            for q in range(dn):
+                if used >> q & 1:
+                    unused[q] = False
             for i, d2 in enumerate(targets):
                 keep = keeps[i]
                 if not keep.any():
                     continue
+                unused[d2] = False
+                tot = np.maximum(tots[i], f2s[i] + space.byte_bound(unused) + space.outmin[d2])
+                unused[d2] = True
+                keep = keep & (tot < best["cost"] * (1 - eps))
+                if not keep.any():
+                    continue
+                tots[i] = tot
                 f2 = np.where(keep, f2s[i], INF)
                 key = (used | (1 << d2), d2)
                 env = envelopes.get(key)
