@@ -19,8 +19,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from core.problem import Workload  # noqa: E402
 from core.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
 from core.solvers import solve_max_throughput, solve_min_latency  # noqa: E402
+from core.solvers.comparison import run_strategy  # noqa: E402
 
 
 def _timed(fn, problem, **kw):
@@ -55,8 +57,17 @@ def main() -> None:
     for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
         _figures(f"paper15_{model.split('-')[-1]}", paper_problem(model), 30.0, out)
     _figures("paper64_70b", paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4)), 10.0, out)
+    batch16 = Workload(prompt_tokens=128, generated_tokens=128, batch_size=16)
+    _figures("paper15_70b_batch16", paper_problem("llama-2-70b", workload=batch16), 10.0, out)
     _figures("hetero15_70b", paper_problem("llama-2-70b", devices=_heterogeneous(15)), 10.0, out)
     _figures("hetero64_70b", paper_problem("llama-2-70b", devices=_heterogeneous(64)), 10.0, out)
+    # side by side in the same run: the optimum against the exo / llama.cpp-style split
+    problem = paper_problem("llama-2-70b")
+    for objective, field in (("latency", "latency_per_token_s"), ("throughput", "throughput_tokens_s")):
+        opt = run_strategy(problem, "edgeshard", objective).cost
+        base = run_strategy(problem, "memory-proportional", objective).cost
+        ratio = getattr(base, field) / getattr(opt, field) if objective == "latency" else getattr(opt, field) / getattr(base, field)
+        out[f"paper15_70b_{objective}_gain_vs_memory_proportional"] = round(ratio, 3)
     print(json.dumps(out))
 
 

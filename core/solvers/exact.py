@@ -28,12 +28,14 @@ from core.cost import PlanCost, evaluate
 from core.errors import ModelDoesNotFit
 from core.plan import ShardPlan, Stage
 from core.problem import PlanningProblem
-from core.reporting import NullReporter, Reporter
+from core.reporting import Cancelled, NullReporter, Reporter
 from core.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix, usable_devices
 from core.solvers.search import SearchBudget, SearchSpace, branch_and_bound
 
 INF = math.inf
 EXACT_STRATEGY = "edgeshard-exact"
+SAFETY = 0.95
+"""Share of the time limit given to the searches (the rest: setup and evaluation)."""
 
 
 class SolveResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,7 +126,8 @@ def solve_min_latency(
     if not arr.devices or arr.devices[arr.src] != problem.source:
         raise does_not_fit(problem, arr)
     space = SearchSpace(arr)
-    budget = SearchBudget(max_nodes=max_nodes, max_seconds=time_limit_s)
+    budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, time_limit_s * SAFETY - (time.monotonic() - t0)),
+                          cancel_requested=reporter.cancel_requested)
     res = branch_and_bound(space, budget=budget)
     if not res.sequence:
         if res.complete or res.lower_bound == INF:
@@ -163,9 +166,9 @@ class _ComboOutcome(msgspec.Struct):
     nodes: int = 0
 
 
-def _latency_first(space: SearchSpace, deadline: float, max_nodes: int):
+def _latency_first(space: SearchSpace, deadline: float, max_nodes: int, cancel=None):
     """The least-latency plan of this (m, K): a quick incumbent and the bound L ≥ L*."""
-    budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, deadline - time.monotonic()))
+    budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, deadline - time.monotonic()), cancel_requested=cancel)
     return branch_and_bound(space, budget=budget)
 
 
@@ -182,7 +185,7 @@ def _candidate_periods(arr: CostArrays) -> np.ndarray:
     return cands[np.isfinite(cands)]
 
 
-def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_target: float) -> _ComboOutcome:
+def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_target: float, cancel=None) -> _ComboOutcome:
     """Least φ = max(K·B, L) for fixed (m, K), caring only about φ < ``phi_target``."""
     k = arr.k
     nodes = 0
@@ -204,7 +207,7 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
 
     def slice_budget(share: float) -> SearchBudget:
         left = max(0.0, deadline - time.monotonic())
-        return SearchBudget(max_nodes=max_nodes, max_seconds=min(left, max(0.25, left * share)))
+        return SearchBudget(max_nodes=max_nodes, max_seconds=min(left, max(0.25, left * share)), cancel_requested=cancel)
 
     while lo < hi:
         mid = (lo + hi) // 2
@@ -282,7 +285,7 @@ def solve_max_throughput(
     plans that would beat the incumbent.
     """
     t0 = time.monotonic()
-    deadline = t0 + time_limit_s
+    deadline = t0 + time_limit_s * SAFETY
     reporter = reporter or NullReporter()
     reporter.status("searching the maximum-throughput plan")
     combos = []
@@ -304,7 +307,7 @@ def solve_max_throughput(
         if ub <= 0 or ub <= best_tput * (1 + 1e-12):
             lats.append(None)
             continue
-        lat = _latency_first(space, deadline, max_nodes)
+        lat = _latency_first(space, deadline, max_nodes, reporter.cancel_requested)
         nodes += lat.nodes
         lats.append(lat)
         if lat.sequence:
@@ -323,7 +326,10 @@ def solve_max_throughput(
             proven = False
             tput_bound = max(tput_bound, ub)
             continue
-        out = _solve_combo(arr, lat, deadline, max_nodes, k * m / best_tput if best_tput > 0 else INF)
+        if reporter.cancel_requested():
+            raise Cancelled()
+        out = _solve_combo(arr, lat, deadline, max_nodes, k * m / best_tput if best_tput > 0 else INF,
+                           reporter.cancel_requested)
         nodes += out.nodes
         if out.seq:
             tput = k * m / out.phi

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.reporting import Cancelled
 from core.solvers.arrays import CostArrays
 
 INF = math.inf
@@ -40,8 +42,12 @@ class SearchBudget:
     max_seconds: float = 30.0
     nodes: int = 0
     started: float = field(default_factory=time.monotonic)
+    cancel_requested: Callable[[], bool] | None = None
+    """Polled with the clock; when it returns True the search raises ``Cancelled``."""
 
     def out_of_time(self) -> bool:
+        if self.cancel_requested is not None and self.cancel_requested():
+            raise Cancelled()
         return time.monotonic() - self.started >= self.max_seconds
 
 

@@ -240,3 +240,32 @@ def test_the_optimum_is_never_worse_than_any_feasible_baseline(objective):
                 assert res.value <= cost.latency_per_token_s * (1 + 1e-9), name
             else:
                 assert res.value >= cost.throughput_tokens_s * (1 - 1e-9), name
+
+
+def _heterogeneous(n=15, seed=1):
+    rng = random.Random(seed)
+    return [DeviceSpec(id=f"dev-{i:02d}", tflops=rng.uniform(5, 60), memory_bandwidth_gb_s=rng.uniform(50, 400),
+                       memory_gib=rng.choice([8, 16, 32, 64])) for i in range(n)]
+
+
+def test_a_cut_short_throughput_search_keeps_a_valid_plan_and_an_upper_bound():
+    problem = paper_problem("llama-2-70b", devices=_heterogeneous())
+    exact = solve_max_throughput(problem)
+    cut = solve_max_throughput(problem, max_nodes=3)
+    assert exact.proven_optimal
+    assert validate(problem, cut.plan) == []
+    assert not cut.proven_optimal
+    assert cut.value <= exact.value * (1 + 1e-9) <= cut.bound * (1 + 1e-9)
+    assert cut.lower_bound == pytest.approx(1 / cut.bound)
+
+
+def test_a_solver_stops_when_its_reporter_asks():
+    from core.reporting import Cancelled
+
+    rep = RecordingReporter()
+    rep.cancel()
+    problem = paper_problem("llama-2-70b", devices=_heterogeneous())
+    with pytest.raises(Cancelled):
+        solve_min_latency(problem, reporter=rep)
+    with pytest.raises(Cancelled):
+        solve_max_throughput(problem, reporter=rep)
