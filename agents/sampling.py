@@ -2,7 +2,8 @@
 
 Sampling draws only from the ``torch.Generator`` passed in (seeded from
 ``SamplingParams.seed`` once per run), never from the global RNG, so a run is
-reproducible and equal however the model is partitioned. The top-p rule is HF's
+reproducible and equal however the model is partitioned. The order is HF's
+(temperature, then top-k, then top-p); the top-p rule is HF's
 ``TopPLogitsWarper``: keep the smallest set of most likely tokens whose probability
 reaches ``top_p`` (always at least one).
 """
@@ -17,6 +18,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     temperature: float = 0.0
     """0 = greedy (argmax)."""
     top_p: float = 1.0
+    top_k: int = 0
+    """Keep only the k most likely tokens before top-p (0 = off), as HF's TopKLogitsWarper."""
     seed: int = 0
     max_new_tokens: int = 32
     eos_token_ids: tuple[int, ...] = ()
@@ -29,6 +32,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -46,6 +51,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         return logits.argmax(dim=-1)
     scores = logits / params.temperature
+    if 0 < params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_scores, sorted_index = torch.sort(scores, descending=False, dim=-1)
         cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)

@@ -221,3 +221,43 @@ PRESETS: dict[str, ModelRecipe] = {
 def make_benchmark_model(out_dir: str | Path, reporter: Reporter | None = None) -> Path:
     """The ≈ 170 M-parameter Llama used by ``bench/runtime.py`` (well under a minute here)."""
     return make_model(BENCHMARK_RECIPE, out_dir, reporter)
+
+
+@dataclass(frozen=True)
+class ModelDirInfo:
+    """What the runtime needs to know about a checkpoint directory before planning a run."""
+
+    path: str
+    family: str
+    layers: int
+    hidden: int
+    vocab: int
+    num_units: int
+    sharded: bool
+    has_tokenizer: bool
+
+
+def check_model_dir(model_dir: str | Path) -> ModelDirInfo:
+    """Check that ``model_dir`` is a checkpoint agents can run; ``UnsupportedModelError`` if not.
+
+    Reads config.json and the safetensors index or header only (no weights), through the
+    same reader the agents use, so what passes here loads on a device.
+    """
+    from agents.checkpoint_reader import CheckpointError, CheckpointReader, load_config
+
+    path = Path(model_dir)
+    try:
+        config = load_config(path)
+        CheckpointReader(path)
+    except CheckpointError as err:
+        raise UnsupportedModelError(str(err)) from None
+    return ModelDirInfo(
+        path=str(path),
+        family=config.model_type,
+        layers=int(config.num_hidden_layers),
+        hidden=int(config.hidden_size),
+        vocab=int(config.vocab_size),
+        num_units=int(config.num_hidden_layers) + 2,
+        sharded=(path / "model.safetensors.index.json").is_file(),
+        has_tokenizer=(path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file(),
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from agents.sampling import SamplingParams, sample
 
@@ -28,11 +28,20 @@ def test_top_p_keeps_the_same_tokens_as_hf_warper():
     for top_p in (0.3, 0.8, 0.95):
         expected = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(0.7)(None, logits.clone()))
         allowed = torch.isfinite(expected)
-        draws = torch.stack([sample(logits, SamplingParams(temperature=0.7, top_p=top_p),
-                                    torch.Generator().manual_seed(s)) for s in range(200)], dim=1)
+        draws = sample(logits.repeat(200, 1), SamplingParams(temperature=0.7, top_p=top_p),
+                       torch.Generator().manual_seed(0)).view(200, 8).T
         assert allowed.gather(1, draws).all()
         if top_p == 0.3:
             assert allowed.sum(1).max() < 300
+
+
+def test_top_k_keeps_the_same_tokens_as_hf_warper():
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(8))
+    allowed = torch.isfinite(TopKLogitsWarper(5)(None, logits.clone()))
+    draws = sample(logits.repeat(300, 1), SamplingParams(temperature=2.0, top_k=5),
+                   torch.Generator().manual_seed(0)).view(300, 6).T
+    assert allowed.gather(1, draws).all()
+    assert all(len(set(row.tolist())) == 5 for row in draws)
 
 
 def test_tiny_top_p_is_greedy():
@@ -51,7 +60,7 @@ def test_same_seed_same_draws_and_global_rng_untouched():
     assert torch.equal(state, torch.random.get_rng_state())
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", 0)])
+@pytest.mark.parametrize("field,value", [("temperature", -1.0), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", 0)])
 def test_invalid_sampling_params_are_rejected(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

@@ -110,14 +110,14 @@ def test_generation_makes_exactly_max_new_tokens_without_eos(tiny_llama_dir):
 def test_seeded_sampling_is_reproducible_and_equal_across_partitionings(tiny_model_dirs, family):
     model_dir = tiny_model_dirs[family]
     ids, mask = encode(model_dir)
-    params = SamplingParams(temperature=1.2, top_p=0.9, seed=1234, max_new_tokens=12)
+    params = SamplingParams(temperature=1.2, top_p=0.9, seed=1234, max_new_tokens=8)
     runs = {name: generate_partitioned(stages(model_dir, PARTITIONS[name]), ids, mask, params).tokens
             for name in ("1-stage", "3-uneven", "4-head-alone")}
     again = generate_partitioned(stages(model_dir, PARTITIONS["1-stage"]), ids, mask, params).tokens
     other_seed = generate_partitioned(stages(model_dir, PARTITIONS["1-stage"]), ids, mask,
-                                      SamplingParams(temperature=1.2, top_p=0.9, seed=99, max_new_tokens=12)).tokens
+                                      SamplingParams(temperature=1.2, top_p=0.9, seed=99, max_new_tokens=8)).tokens
     greedy = generate_partitioned(stages(model_dir, PARTITIONS["1-stage"]), ids, mask,
-                                  SamplingParams(max_new_tokens=12)).tokens
+                                  SamplingParams(max_new_tokens=8)).tokens
 
     assert torch.equal(runs["1-stage"], again)
     assert torch.equal(runs["1-stage"], runs["3-uneven"])

@@ -74,24 +74,21 @@ def touch(stage):  # weights are memory-mapped: count them once a forward pass h
     stage.drop(0)
 
 warm = StageExecutor(sys.argv[1], 1, 2); touch(warm); del warm; gc.collect()
-before = rss()
-stage = StageExecutor(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
-touch(stage)
-gc.collect()
-print(rss() - before, stage.memory_bytes())
+for start, end in ((1, 3), (1, 9)):  # a quarter of the blocks, then all of them (freed in between)
+    before = rss()
+    stage = StageExecutor(sys.argv[1], start, end)
+    touch(stage)
+    print(rss() - before, stage.memory_bytes())
+    del stage
+    gc.collect()
 """
 
 
 def test_quarter_of_the_blocks_allocates_about_a_quarter_of_the_memory(llama8_dir):
-    def grown(start: int, end: int) -> tuple[int, int]:
-        out = subprocess.run([sys.executable, "-c", RSS_PROBE, llama8_dir, str(start), str(end)],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
-        rss, params = out.stdout.split()
-        return int(rss), int(params)
-
-    quarter_rss, quarter_params = grown(1, 3)
-    all_rss, all_params = grown(1, 9)
-    assert all_params > 40_000_000
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, llama8_dir],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    (quarter_rss, quarter_params), (all_rss, all_params) = [map(int, line.split()) for line in out.stdout.splitlines()]
+    assert all_params > 40_000_000 and quarter_params * 4 == all_params
     assert 0.9 * all_params < all_rss < 1.3 * all_params  # the process grows by the weights it holds
     assert 0.2 < quarter_rss / all_rss < 0.32
 
@@ -186,3 +183,13 @@ def test_bad_inputs_get_a_stage_input_error_and_the_stage_keeps_working(tiny_lla
         rest.prefill(0, torch.zeros(2, 6, 64), mask[0])
     hidden = first.prefill(0, ids, mask)
     assert rest.prefill(0, hidden, mask).shape == (2, rest.vocab_size)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "mixtral"])
+def test_planner_unit_bytes_equal_what_each_one_unit_stage_holds(tiny_model_dirs, family):
+    from core.model_units import model_spec_from_config
+
+    model_dir = tiny_model_dirs[family]
+    spec = model_spec_from_config(json.loads((Path(model_dir) / "config.json").read_text()), dtype="fp32")
+    held = [StageExecutor(model_dir, u, u + 1).memory_bytes() for u in range(spec.num_units)]
+    assert held == [unit.param_bytes for unit in spec.units]

@@ -112,3 +112,18 @@ def test_cli_reports_missing_options_without_traceback(tmp_path, capsys):
     assert code != 0 and "--layers" in err and "Traceback" not in err
     code = main(["make-model", "--family", "llama", "--layers", "2", "--hidden", "60", "--heads", "7", str(tmp_path / "y")])
     assert code != 0 and "heads" in capsys.readouterr().err
+
+
+def test_check_model_dir_describes_a_runnable_checkpoint_and_rejects_others(tmp_path):
+    from core.checkpoints import check_model_dir
+
+    out = make_model(small("mixtral", kv_heads=2), tmp_path / "m")
+    info = check_model_dir(out)
+    assert (info.family, info.layers, info.hidden, info.num_units, info.sharded, info.has_tokenizer) == (
+        "mixtral", 2, 64, 4, False, True)
+    with pytest.raises(UnsupportedModelError, match="config.json"):
+        check_model_dir(tmp_path / "nothing-here")
+    (tmp_path / "weights-missing").mkdir()
+    (tmp_path / "weights-missing" / "config.json").write_text((out / "config.json").read_text())
+    with pytest.raises(UnsupportedModelError, match="safetensors"):
+        check_model_dir(tmp_path / "weights-missing")
