@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
@@ -205,4 +206,19 @@ def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_clust
     assert panel.monitor.text_of(0) and panel.monitor.text_of(1)
     assert panel.shutdown()
     with SessionStore(state.workspace) as store:
-        assert [r.status for r in store.runs()] == ["stopped", "completed"]
+        runs = store.runs()
+        assert [r.status for r in runs] == ["stopped", "completed"]
+    # the real run replays exactly as it was seen live
+    from gui.sessions_panel import SessionsPanel
+
+    sessions = SessionsPanel(state)
+    qtbot.addWidget(sessions)
+    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+        sessions.open_run(runs[1].id)
+    sessions.set_speed(20.0)
+    with qtbot.waitSignal(sessions.replay_finished, timeout=20_000):
+        sessions.play()
+    assert np.array_equal(sessions.monitor.timeline.boxes(), panel.monitor.timeline.boxes())
+    assert sessions.monitor.figures() == panel.monitor.figures()
+    assert sessions.monitor.text_edit.toPlainText() == panel.monitor.text_edit.toPlainText()
+    assert sessions.shutdown()
