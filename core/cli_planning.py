@@ -16,8 +16,8 @@ import msgspec
 from core.errors import EdgeShardError, FormatError
 from core.formats import format_of, load, save
 from core.plan import ShardPlan
-from core.problem import PROBLEM_FORMAT, PlanningProblem, Workload
-from core.profile import PROFILE_FORMAT, Profile
+from core.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem
+from core.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.scenarios import SCENARIO_FORMAT, Scenario
 from core.solvers import STRATEGIES
 from core.solvers.comparison import StrategyOutcome, compare, run_strategy
@@ -67,11 +67,18 @@ def load_problems(args: argparse.Namespace) -> list[PlanningProblem]:
     elif fmt == SCENARIO_FORMAT:
         problems = list(load(path, Scenario).problems)
     elif fmt == PROFILE_FORMAT:
-        problems = [_problem_from_profile(load(path, Profile), args, path)]
+        profile = load(path, Profile)
+        errors = profile_errors(profile)
+        if errors:
+            field, _, msg = errors[0].partition(": ")
+            raise FormatError(path, msg, field)
+        problems = [_problem_from_profile(profile, args, path)]
     else:
         raise FormatError(path, f"this is a {fmt!r} file; expected a problem, scenario or profile", "$.format")
     if getattr(args, "problem", None):
         problems = [_pick(problems, args.problem, path)]
+    for p in problems:
+        check_problem(p, path)
     return problems
 
 

@@ -88,3 +88,56 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             if t.device == device_id:
                 return t
         raise KeyError(device_id)
+
+
+def profile_errors(profile: Profile) -> list[str]:
+    """Every inconsistency msgspec's type check cannot see, as (JSON path, problem) text.
+
+    Types alone allow a times table shorter than the model or a link to an unknown
+    device; the planner would fail deep inside with an IndexError. Checked on load by
+    the CLI and by the solvers, so bad input is a clear error, never a traceback.
+    """
+    out: list[str] = []
+    n = len(profile.model.units)
+    if n == 0:
+        out.append("$.model.units: the model has no units")
+    for i, u in enumerate(profile.model.units):
+        if u.index != i:
+            out.append(f"$.model.units[{i}].index: is {u.index}, expected {i}")
+        for name in ("param_bytes", "activation_bytes_per_token", "kv_bytes_per_token", "workspace_bytes_per_token"):
+            if getattr(u, name) < 0:
+                out.append(f"$.model.units[{i}].{name}: must not be negative")
+    ids = [d.id for d in profile.cluster.devices]
+    if len(set(ids)) != len(ids):
+        out.append("$.cluster.devices: device ids must be unique")
+    for i, d in enumerate(profile.cluster.devices):
+        if d.memory_bytes < 0:
+            out.append(f"$.cluster.devices[{i}].memory_bytes: must not be negative")
+    known = set(ids)
+    for i, link in enumerate(profile.cluster.links):
+        for end in ("src", "dst"):
+            if getattr(link, end) not in known:
+                out.append(f"$.cluster.links[{i}].{end}: unknown device {getattr(link, end)!r}")
+        if not link.bandwidth_mbit_s > 0:
+            out.append(f"$.cluster.links[{i}].bandwidth_mbit_s: must be positive")
+        if link.latency_ms < 0:
+            out.append(f"$.cluster.links[{i}].latency_ms: must not be negative")
+    for i, t in enumerate(profile.times):
+        where = f"$.times[{i}]"
+        if t.device not in known:
+            out.append(f"{where}.device: unknown device {t.device!r}")
+        for xs_name, ys_name in (("decode_batch_sizes", "decode_s"), ("prefill_token_counts", "prefill_s")):
+            xs, ys = getattr(t, xs_name), getattr(t, ys_name)
+            if not xs or any(x < 1 for x in xs) or list(xs) != sorted(set(xs)):
+                out.append(f"{where}.{xs_name}: needs increasing positive sample points")
+            if len(ys) != n:
+                out.append(f"{where}.{ys_name}: has {len(ys)} rows, the model has {n} units")
+                continue
+            for u, row in enumerate(ys):
+                if len(row) != len(xs):
+                    out.append(f"{where}.{ys_name}[{u}]: has {len(row)} values for {len(xs)} sample points")
+                    break
+                if any(not (v >= 0) or v == float("inf") for v in row):
+                    out.append(f"{where}.{ys_name}[{u}]: times must be finite and not negative")
+                    break
+    return out

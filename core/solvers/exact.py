@@ -27,7 +27,7 @@ import numpy as np
 from core.cost import PlanCost, evaluate
 from core.errors import ModelDoesNotFit
 from core.plan import ShardPlan, Stage
-from core.problem import PlanningProblem
+from core.problem import PlanningProblem, check_problem
 from core.reporting import Cancelled, NullReporter, Reporter
 from core.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix, usable_devices
 from core.solvers.search import SearchBudget, SearchSpace, branch_and_bound
@@ -122,6 +122,7 @@ def solve_min_latency(
     t0 = time.monotonic()
     reporter = reporter or NullReporter()
     reporter.status("searching the minimum-latency plan")
+    check_problem(problem)
     arr = build_arrays(problem, problem.workload.batch_size, 1)
     if not arr.devices or arr.devices[arr.src] != problem.source:
         raise does_not_fit(problem, arr)
@@ -288,6 +289,7 @@ def solve_max_throughput(
     deadline = t0 + time_limit_s * SAFETY
     reporter = reporter or NullReporter()
     reporter.status("searching the maximum-throughput plan")
+    check_problem(problem)
     combos = []
     prefix_cache: dict[int, np.ndarray] = {}
     for m, k in micro_batch_choices(problem):

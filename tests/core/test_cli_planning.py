@@ -117,3 +117,21 @@ def test_a_file_of_the_wrong_kind_is_refused(tmp_path, capsys):
     save(plan, ShardPlan(model="m", num_units=1, stages=()))
     assert main(["compare", str(plan)]) == 2
     assert "edgeshard.plan" in capsys.readouterr().err
+
+
+def test_a_profile_whose_times_do_not_match_the_model_is_a_format_error(tmp_path, capsys):
+    profile = random_problem(4, 3, 6).profile
+    times = list(profile.times)
+    times[1] = msgspec.structs.replace(times[1], decode_s=times[1].decode_s[:-1])
+    path = tmp_path / "short.json"
+    save(path, msgspec.structs.replace(profile, times=tuple(times)))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "$.times[1].decode_s" in err and "the model has 6 units" in err
+
+
+def test_a_problem_with_an_unknown_source_is_a_format_error(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    save(path, msgspec.structs.replace(random_problem(4, 3, 6), source="ghost"))
+    assert main(["compare", str(path)]) == 2
+    assert "$.source" in capsys.readouterr().err

@@ -94,3 +94,20 @@ def test_docs_embed_the_current_schemas():
 def test_the_shipped_paper_scenario_is_what_the_code_derives():
     shipped = load(REPO / "resources" / "scenarios" / "edgeshard-paper.json", Scenario)
     assert shipped == paper_scenario(), "run: python -m core.scenarios"
+
+
+def test_problem_errors_lists_every_inconsistency_beyond_the_types():
+    from core.cluster import Link
+    from core.problem import Workload, problem_errors
+
+    problem = random_problem(3, 3, 6)
+    cluster = msgspec.structs.replace(problem.profile.cluster, links=problem.profile.cluster.links + (
+        Link(src="d0", dst="nowhere", bandwidth_mbit_s=0.0),))
+    bad = msgspec.structs.replace(
+        problem, profile=msgspec.structs.replace(problem.profile, cluster=cluster), memory_headroom=1.5,
+        workload=Workload(prompt_tokens=0, generated_tokens=1, batch_size=2, micro_batch_size=3))
+    text = "\n".join(problem_errors(bad))
+    for needle in ("links[", "unknown device 'nowhere'", "bandwidth_mbit_s: must be positive", "prompt_tokens",
+                   "micro_batch_size", "memory_headroom"):
+        assert needle in text
+    assert problem_errors(problem) == []
