@@ -62,7 +62,10 @@ class EventBridge(QObject):
             if self._wake_posted:
                 return
             self._wake_posted = True
-        self._woken.emit()
+        try:
+            self._woken.emit()
+        except RuntimeError:  # the bridge's Qt side is gone (window closed mid-run): drop
+            pass
 
     # -- GUI thread ----------------------------------------------------------------------
     def _on_bridge_woken(self) -> None:

@@ -435,6 +435,8 @@ class TimelineView(QWidget):
         self.predicted_check.setEnabled(bool(events))
         if not events:
             self.predicted_check.setChecked(False)
+        elif not self.measured_item.boxes.size:
+            self.fit_all()  # before a run, show the whole prediction
 
     def clear(self) -> None:
         """Forget all measured and predicted boxes and lanes (a new run)."""

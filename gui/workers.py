@@ -166,6 +166,13 @@ class TaskRunner(QObject):
     def _run(self, task_id: TaskId, reporter: QtReporter, fn: Callable[..., Any],
              args: tuple, kwargs: dict) -> None:
         try:
+            self._run_and_report(task_id, reporter, fn, args, kwargs)
+        except RuntimeError as err:  # the runner was deleted while its task ran: nobody to tell
+            log.debug("task %s ended after its runner was deleted: %s", task_id, err)
+
+    def _run_and_report(self, task_id: TaskId, reporter: QtReporter, fn: Callable[..., Any],
+                        args: tuple, kwargs: dict) -> None:
+        try:
             result = fn(reporter, *args, **kwargs)
         except Cancelled:
             self._task_ended.emit(task_id, "cancelled", None)
