@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from core.problem import Workload  # noqa: E402
 from core.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
-from core.solvers import solve_max_throughput, solve_min_latency  # noqa: E402
+from core.cost import evaluate  # noqa: E402
+from core.solvers import even_split, solve_max_throughput, solve_min_latency  # noqa: E402
 from core.solvers.comparison import run_strategy  # noqa: E402
 
 
@@ -68,6 +69,14 @@ def main() -> None:
         base = run_strategy(problem, "memory-proportional", objective).cost
         ratio = getattr(base, field) / getattr(opt, field) if objective == "latency" else getattr(opt, field) / getattr(base, field)
         out[f"paper15_70b_{objective}_gain_vs_memory_proportional"] = round(ratio, 3)
+    # the cost model as the plan editor's live preview calls it: a 64-stage plan
+    big = paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4))
+    plan = even_split(big)
+    evaluate(big, plan)
+    t = time.perf_counter()
+    for _ in range(20):
+        evaluate(big, plan)
+    out["evaluate_64_stage_plan_ms"] = round((time.perf_counter() - t) / 20 * 1e3, 3)
     print(json.dumps(out))
 
 

@@ -96,8 +96,42 @@ def link_occupancy_s(problem: PlanningProblem, src: str, dst: str, nbytes: float
     return nbytes * 8.0 / (link.bandwidth_mbit_s * 1e6)
 
 
-def _links(problem: PlanningProblem):
-    return problem.profile.cluster.link_index()
+# One-entry caches keyed by object identity: (object, index). A tuple is swapped in
+# whole, so concurrent callers (GUI preview, workers) never see a mismatched pair.
+_link_cache: tuple = (None, {})
+_times_cache: tuple = (None, {})
+_memory_cache: tuple = (None, {})
+
+
+def _links(problem: PlanningProblem) -> dict:
+    """The cluster's links by (src, dst), built once per cluster object (values are immutable)."""
+    global _link_cache
+    cluster = problem.profile.cluster
+    cached = _link_cache
+    if cached[0] is not cluster:
+        cached = _link_cache = (cluster, cluster.link_index())
+    return cached[1]
+
+
+def _times(problem: PlanningProblem, device: str) -> DeviceTimes:
+    global _times_cache
+    profile = problem.profile
+    cached = _times_cache
+    if cached[0] is not profile:
+        cached = _times_cache = (profile, {t.device: t for t in profile.times})
+    try:
+        return cached[1][device]
+    except KeyError:
+        raise KeyError(device) from None
+
+
+def _device_memory(problem: PlanningProblem, device: str) -> int:
+    global _memory_cache
+    cluster = problem.profile.cluster
+    cached = _memory_cache
+    if cached[0] is not cluster:
+        cached = _memory_cache = (cluster, {d.id: d.memory_bytes for d in cluster.devices})
+    return cached[1][device]
 
 
 def stage_compute_s(times: DeviceTimes, stage: Stage, phase: str, tokens: int) -> float:
@@ -122,7 +156,7 @@ def step_time_s(problem: PlanningProblem, plan: ShardPlan, phase: str, batch: in
     prompt = problem.workload.prompt_tokens
     total = 0.0
     for j, st in enumerate(plan.stages):
-        times = problem.profile.times_of(st.device)
+        times = _times(problem, st.device)
         tokens = batch if phase == "decode" else batch * prompt
         total += stage_compute_s(times, st, phase, tokens)
         last = j == len(plan.stages) - 1
@@ -139,14 +173,13 @@ def memory_of(problem: PlanningProblem, plan: ShardPlan, sequences: int, pass_se
     out = []
     for st in plan.stages:
         units = model.units[st.start:st.end]
-        dev = problem.profile.cluster.device(st.device)
         out.append(
             DeviceMemory(
                 device=st.device,
                 weights_bytes=sum(u.param_bytes for u in units),
                 kv_cache_bytes=sum(u.kv_bytes_per_token for u in units) * sequences * ctx,
                 workspace_bytes=max((u.workspace_bytes_per_token for u in units), default=0) * pass_tokens,
-                budget_bytes=int(dev.memory_bytes * (1.0 - problem.memory_headroom)),
+                budget_bytes=int(_device_memory(problem, st.device) * (1.0 - problem.memory_headroom)),
             )
         )
     return tuple(out)
@@ -195,7 +228,7 @@ def throughput_tokens_s(problem: PlanningProblem, plan: ShardPlan, m: int, k: in
     """tokens/s for K=k micro-batches of m sequences (no bubbles), plus per-stage terms."""
     comp, xfer, occ = [], [], []
     for j, st in enumerate(plan.stages):
-        comp.append(stage_compute_s(problem.profile.times_of(st.device), st, "decode", m))
+        comp.append(stage_compute_s(_times(problem, st.device), st, "decode", m))
         nb = stage_output_bytes(problem, st, m)
         nxt = next_device(plan, j)
         xfer.append(transfer_s(problem, st.device, nxt, nb))
