@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--strategy", choices=sorted(STRATEGIES), default="edgeshard",
                    help="edgeshard = the exact optimum (default); the others are baselines")
+    p.add_argument("--devices", metavar="A,B,...", help="for even / memory-proportional: the devices, in stage order")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan (edgeshard.plan format)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (edgeshard.plan-result)")
     p.set_defaults(func=cmd_plan)
@@ -115,7 +116,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         names = ", ".join(f"{i}: {p.profile.model.name}" for i, p in enumerate(problems))
         raise EdgeShardError(f"{args.file} holds {len(problems)} problems; choose one with --problem ({names})")
     problem = problems[0]
-    out = run_strategy(problem, args.strategy, args.objective, args.time_limit)
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
+    if devices is not None and args.strategy not in ("even", "memory-proportional"):
+        raise EdgeShardError("--devices applies to the even and memory-proportional strategies only")
+    out = run_strategy(problem, args.strategy, args.objective, args.time_limit, devices=devices)
     if out.status == "failed":
         raise EdgeShardError(out.error)
     if args.out:

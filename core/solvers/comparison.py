@@ -10,7 +10,7 @@ from core.cost import PlanCost, evaluate, structural_violations
 from core.errors import EdgeShardError
 from core.plan import ShardPlan
 from core.problem import PlanningProblem
-from core.solvers import STRATEGIES
+from core.solvers import STRATEGIES, best_micro_batching, even_split, memory_proportional
 from core.solvers.exact import solve_max_throughput, solve_min_latency
 
 
@@ -27,15 +27,25 @@ class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """For the exact strategy cut short: the proven relative gap."""
 
 
-def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0) -> StrategyOutcome:
-    """One strategy's plan and cost; errors a user can cause become a ``failed`` outcome."""
+def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0,
+                 devices: list[str] | None = None) -> StrategyOutcome:
+    """One strategy's plan and cost; errors a user can cause become a ``failed`` outcome.
+
+    ``devices``: the device set of the even / memory-proportional splits (default: all usable).
+    """
     try:
         if name == "edgeshard":
             solve = solve_min_latency if objective == "latency" else solve_max_throughput
             res = solve(problem, time_limit_s=time_limit_s)
             return StrategyOutcome(strategy=name, objective=objective, plan=res.plan, cost=res.cost,
                                    status="optimal" if res.proven_optimal else "ok", gap=res.gap)
-        plan = STRATEGIES[name](problem, objective)
+        if devices is not None and name in ("even", "memory-proportional"):
+            split = even_split if name == "even" else memory_proportional
+            plan = split(problem, devices, objective=objective)
+            if objective == "throughput":
+                plan = best_micro_batching(problem, plan)
+        else:
+            plan = STRATEGIES[name](problem, objective)
     except EdgeShardError as err:
         return StrategyOutcome(strategy=name, objective=objective, status="failed", error=str(err))
     cost = evaluate(problem, plan)

@@ -135,3 +135,11 @@ def test_a_problem_with_an_unknown_source_is_a_format_error(tmp_path, capsys):
     save(path, msgspec.structs.replace(random_problem(4, 3, 6), source="ghost"))
     assert main(["compare", str(path)]) == 2
     assert "$.source" in capsys.readouterr().err
+
+
+def test_even_split_over_a_chosen_device_set(problem_file, capsys):
+    path, problem = problem_file
+    assert main(["plan", str(path), "--strategy", "even", "--devices", "agx-00,agx-03", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["device"] for s in doc["plan"]["stages"]] == ["agx-00", "agx-03"]
+    assert doc["plan"]["stages"][0]["end"] == problem.profile.model.num_units // 2
