@@ -32,6 +32,7 @@ DEMO_DEVICES = ("edge-a", "edge-b", "edge-c")
 DEMO_LINK_MBIT = 200.0
 DEMO_LINK_LATENCY_MS = 2.0
 DEMO_MODEL_NAME = "demo-llama"
+DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3)
 DEMO_PROMPTS = ("The edge devices", "A pipeline of layers")
 
 
@@ -143,8 +144,11 @@ class DemoSession(QObject):
     failed = Signal(str)
 
     def __init__(self, state: StudioState, window=None, workspace: str | None = None, workdir: str | None = None,
-                 devices=DEMO_DEVICES, model_root: str | None = None, parent: QObject | None = None) -> None:
+                 devices=DEMO_DEVICES, model_root: str | None = None, profile_options: dict | None = None,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
+        self.profile_options = profile_options or dict(DEMO_PROFILE_OPTIONS)
+        """Keyword arguments for ``core.profiling.profile_cluster`` (a quick profile by default)."""
         self.state = state
         self.window = window
         self.devices = tuple(devices)
@@ -231,7 +235,14 @@ class DemoSession(QObject):
         parts = self.parts
 
         def measure(reporter: Reporter):
-            return profiling.profile_cluster(reporter, parts.coordinator, str(parts.model_dir), name=DEMO_MODEL_NAME)
+            import json
+
+            config = json.loads((Path(parts.model_dir) / "config.json").read_text())
+            result = profiling.profile_cluster(
+                parts.coordinator, config, model_name=DEMO_MODEL_NAME, dtype="fp32", reporter=reporter,
+                **self.profile_options,
+            )
+            return result.profile
 
         return measure
 

@@ -29,19 +29,33 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
     window = MainWindow()
     qtbot.addWidget(window)
     demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "demo.edgeshard"),
-                       workdir=str(tmp_path / "work"), model_root=str(model_root))
+                       workdir=str(tmp_path / "work"), model_root=str(model_root), devices=("edge-a", "edge-b"),
+                       profile_options=dict(prompt_tokens=8, batch_sizes=(1,), repeats=1, link_target_s=0.1))
     try:
         with qtbot.waitSignal(demo.ready, timeout=120_000):
             demo.start()
         devices = window.screens["Devices"]
-        assert sorted(devices.records) == ["edge-a", "edge-b", "edge-c"]
+        assert sorted(devices.records) == ["edge-a", "edge-b"]
         assert {r.status for r in devices.records.values()} == {"running"}
-        assert window.connection_label.text() == "● demo cluster: 3 agents on 127.0.0.1"
+        assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
         assert window.workspace_label.text() == "Workspace: demo.edgeshard"
 
-        # a hand-made three-stage plan over the agents, then a real run from the Run screen
-        n = 6 + 2  # embedding + 6 blocks + head
-        window.state.set_plan(plan_from_boundaries("demo-llama", n, ["edge-a", "edge-b", "edge-c"], [3, 6]))
+        # profile the agents from the Profile screen, then auto-solve on the Plan screen
+        profile = window.screens["Profile"]
+        assert profile.profile_button.isEnabled()
+        with qtbot.waitSignal(window.state.profile_changed, timeout=120_000):
+            profile.profile_button.click()
+        assert sorted(t.device for t in window.state.profile.times) == ["edge-a", "edge-b"]
+        assert len(window.state.profile.cluster.links) == 2
+        assert {r.status for r in devices.records.values()} == {"profiled"}
+        plan_editor = window.screens["Plan"]
+        with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
+            plan_editor.solve_button.click()
+        assert plan_editor.cost is not None and plan_editor.cost.feasible
+        # a two-stage plan over the agents (the optimum may use one), then a real run from the Run screen
+        n = window.state.profile.model.num_units
+        plan_editor.push_plan(plan_from_boundaries("demo-llama", n, ["edge-a", "edge-b"], [4]), "2 stages")
+        assert plan_editor.cost.feasible, plan_editor.cost.violations
         run = window.screens["Run"]
         with qtbot.waitSignal(run.run_finished, timeout=120_000) as finished:
             assert demo.run_once(window, max_new_tokens=6)
@@ -49,7 +63,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         figures = run.monitor.figures()
         assert figures.tokens > 0
         # every stage computed, in prefill and decode, and the text streamed
-        assert {e.device for e in run.monitor.events if e.kind == "compute"} == {"edge-a", "edge-b", "edge-c"}
+        assert {e.device for e in run.monitor.events if e.kind == "compute"} == {"edge-a", "edge-b"}
         assert {e.phase for e in run.monitor.events} == {"prefill", "decode"}
         run.monitor.timeline.flush()
         assert run.monitor.timeline.box_count("edge-b", "compute") > 0
