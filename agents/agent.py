@@ -282,7 +282,10 @@ class Agent:
         self._wake()
 
     def _event(self, kind: str, phase: str, step: int, mb: int, start: float, end: float, nbytes=0, peer=""):
+        was_empty = not self._events
         self._events.append(AgentEvent(kind, phase, step, mb, start, end, nbytes, peer))
+        if was_empty:  # the control loop may sit in a 1 s poll: have it flush within EVENT_FLUSH_S
+            self._wake()
 
     def _status(self, req: int) -> AgentStatus:
         loaded = self._loaded
