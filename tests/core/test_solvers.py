@@ -269,3 +269,39 @@ def test_a_solver_stops_when_its_reporter_asks():
         solve_min_latency(problem, reporter=rep)
     with pytest.raises(Cancelled):
         solve_max_throughput(problem, reporter=rep)
+
+
+def _with_clones(problem, rng):
+    """Copies of some devices (same times, memory and links both ways): symmetric instances."""
+    from core.cluster import Cluster, Device, Link
+
+    cl = problem.profile.cluster
+    devs, links, times = list(cl.devices), list(cl.links), list(problem.profile.times)
+    others = [d for d in devs if d.id != problem.source]
+    for d in rng.sample(others, min(len(others), 2)):
+        for c in range(rng.randint(1, 2)):
+            nid = f"{d.id}c{c}"
+            devs.append(Device(id=nid, memory_bytes=d.memory_bytes))
+            times.append(msgspec.structs.replace(problem.profile.times_of(d.id), device=nid))
+            links += [msgspec.structs.replace(l, src=nid) for l in cl.links if l.src == d.id]
+            links += [msgspec.structs.replace(l, dst=nid) for l in cl.links if l.dst == d.id]
+            links += [Link(src=d.id, dst=nid, bandwidth_mbit_s=50, latency_ms=1), Link(src=nid, dst=d.id, bandwidth_mbit_s=50, latency_ms=1)]
+    profile = msgspec.structs.replace(problem.profile, cluster=Cluster(devices=tuple(devs), links=tuple(links)), times=tuple(times))
+    return msgspec.structs.replace(problem, profile=profile)
+
+
+def test_exact_solvers_equal_enumeration_on_instances_with_cloned_devices_and_exclusions():
+    from core.solvers.arrays import build_arrays
+
+    symmetric = 0
+    for seed in range(25):
+        rng = random.Random(seed)
+        problem = _with_clones(random_problem(seed, rng.randint(2, 4), rng.randint(3, 9), tightness=rng.uniform(1.0, 2.5),
+                                              batch=rng.choice([1, 2, 4])), rng)
+        if seed % 3 == 0:
+            problem = msgspec.structs.replace(problem, excluded_devices=(problem.profile.cluster.device_ids()[-1],))
+        arr = build_arrays(problem, 1, 1)
+        symmetric += bool((arr.symmetry_classes != range(len(arr.devices))).any())
+        for objective in ("latency", "throughput"):
+            _assert_matches_enumeration(problem, objective)
+    assert symmetric >= 15
