@@ -145,9 +145,13 @@ def _problem_header(problem: PlanningProblem) -> str:
 
 def _status_text(out: StrategyOutcome) -> str:
     if out.status == "optimal":
-        return "proven optimal"
+        return f"proven optimal ({out.elapsed_s:.2f} s)" if out.elapsed_s else "proven optimal"
     if out.status == "ok":
-        return f"gap ≤ {out.gap * 100:.2f} %" if out.strategy == "edgeshard" else "ok"
+        if out.strategy != "edgeshard":
+            return "ok"
+        unit = "ms/token" if out.objective == "latency" else "tokens/s"
+        bound = out.bound * 1e3 if out.objective == "latency" else out.bound
+        return f"search budget ran out: gap ≤ {out.gap * 100:.2f} % (best possible {bound:.2f} {unit})"
     if out.status == "oom":
         over = [m for m in out.cost.memory if not m.fits]
         return "OOM: " + ", ".join(f"{m.device} +{(m.total_bytes - m.budget_bytes) / GIB:.2f} GiB" for m in over)
@@ -229,6 +233,7 @@ def _outcome_doc(x: StrategyOutcome) -> dict:
     """The JSON shape of one strategy's result (documented in docs/formats.md)."""
     return {
         "strategy": x.strategy, "objective": x.objective, "status": x.status, "error": x.error, "gap": x.gap,
+        "bound": x.bound, "elapsed_s": round(x.elapsed_s, 4),
         "plan": None if x.plan is None else msgspec.to_builtins(x.plan),
         "cost": None if x.cost is None else _cost_doc(x.cost),
     }

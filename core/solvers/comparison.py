@@ -25,6 +25,9 @@ class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
     gap: float = 0.0
     """For the exact strategy cut short: the proven relative gap."""
+    bound: float | None = None
+    """For the exact strategy: the proven best possible value (latency lower / throughput upper bound)."""
+    elapsed_s: float = 0.0
 
 
 def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0,
@@ -38,7 +41,8 @@ def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit
             solve = solve_min_latency if objective == "latency" else solve_max_throughput
             res = solve(problem, time_limit_s=time_limit_s)
             return StrategyOutcome(strategy=name, objective=objective, plan=res.plan, cost=res.cost,
-                                   status="optimal" if res.proven_optimal else "ok", gap=res.gap)
+                                   status="optimal" if res.proven_optimal else "ok", gap=res.gap,
+                                   bound=res.bound, elapsed_s=res.elapsed_s)
         if devices is not None and name in ("even", "memory-proportional"):
             split = even_split if name == "even" else memory_proportional
             plan = split(problem, devices, objective=objective)

@@ -143,3 +143,19 @@ def test_even_split_over_a_chosen_device_set(problem_file, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [s["device"] for s in doc["plan"]["stages"]] == ["agx-00", "agx-03"]
     assert doc["plan"]["stages"][0]["end"] == problem.profile.model.num_units // 2
+
+
+def test_a_search_cut_short_reports_its_gap(tmp_path, capsys):
+    import random as _random
+
+    from core.scenarios import DeviceSpec
+
+    rng = _random.Random(1)
+    devs = [DeviceSpec(id=f"dev-{i:02d}", tflops=rng.uniform(5, 60), memory_bandwidth_gb_s=rng.uniform(50, 400),
+                       memory_gib=rng.choice([8, 16, 32, 64])) for i in range(64)]
+    path = tmp_path / "p.json"
+    save(path, paper_problem("llama-2-70b", devices=devs))  # its throughput proof takes far more than 1 s
+    assert main(["plan", str(path), "--objective", "throughput", "--time-limit", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "ok" and doc["gap"] > 0
+    assert doc["bound"] > doc["cost"]["throughput_tokens_s"]
