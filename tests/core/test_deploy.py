@@ -271,3 +271,77 @@ def test_parallel_deploy_reports_each_device_and_one_failure_does_not_stop_the_o
 def test_errors_are_deploy_errors_with_a_hint():
     err = deploy.MissingPackages("dev", "python3", {"zmq": "pyzmq"})
     assert isinstance(err, DeployError) and "pip install pyzmq" in str(err) and err.hint
+
+
+# ------------------------------------------------------------------- stage checkpoints
+class _CancelAfter(RecordingReporter):
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def cancel_requested(self):
+        return len(self.progresses) > self.n
+
+
+def test_stage_upload_carries_only_its_units_and_resumes_after_an_interruption(deployed, tmp_path):
+    import hashlib
+
+    import transformers
+    from safetensors import safe_open
+
+    from core.reporting import Cancelled
+    from core.stage_checkpoint import write_stage_checkpoint
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=256)
+    model_dir = tmp_path / "model"
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
+    stage = write_stage_checkpoint(model_dir, 2, 4, tmp_path / "cache")  # blocks 1 and 2
+    with safe_open(str(stage / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert {n.split(".")[2] for n in names if ".layers." in n} == {"1", "2"}
+    assert not any("embed_tokens" in n or n.startswith("lm_head") for n in names)
+    assert "model.norm.weight" in names
+
+    remote = tmp_path / "remote-model" / "model.safetensors"
+    policy = deploy.HostKeyPolicy(workspace_known_hosts=deployed.workspace / "known_hosts", user_known_hosts=None)
+    auth = deploy.SshAuth(key_file=deployed.testbed.operator_key, use_agent=False)
+    local = stage / "model.safetensors"
+    with deploy.connect(deployed.target("estb1"), auth, policy) as ssh:
+        with pytest.raises(Cancelled):
+            deploy.upload_file_resumable(ssh, local, str(remote), _CancelAfter(3), chunk=8192)
+    part = Path(str(remote) + ".part")
+    partial = part.stat().st_size
+    assert 0 < partial < local.stat().st_size and not remote.exists()
+    rep = RecordingReporter()
+    with deploy.connect(deployed.target("estb1"), auth, policy) as ssh:
+        assert deploy.upload_file_resumable(ssh, local, str(remote), rep, chunk=8192) == "resumed"
+        assert rep.progresses[0] == (partial, local.stat().st_size)  # continued where it stopped
+        assert deploy.upload_file_resumable(ssh, local, str(remote)) == "already there"
+    assert hashlib.sha256(remote.read_bytes()).digest() == hashlib.sha256(local.read_bytes()).digest()
+    assert rep.progresses[-1] == (local.stat().st_size, local.stat().st_size)
+
+
+# ----------------------------------------------------------------------------- the CLI
+def test_cli_deploy_refuses_an_unknown_host_key_and_prints_its_fingerprint(small_testbed, tmp_path, capsys):
+    from core.cli import main
+
+    state = tb.testbed_status("eshk", small_testbed[1])
+    d = state.devices[0]
+    rc = main(["deploy", f"{d.name}=root@{d.address}", "--key", state.operator_key, "--no-ssh-agent",
+               "--workspace", str(tmp_path), "--python", sys.executable])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert _ssh_keygen_fingerprint(d.host_key_path + ".pub") in out and "--trust-new-host-keys" in out
+
+
+def test_cli_agents_status_and_logs_of_a_deployed_agent(deployed, capsys):
+    from core.cli import main
+
+    d = deployed.testbed.device("estb1")
+    common = [f"estb1=root@{d.address}", "--key", deployed.testbed.operator_key, "--no-ssh-agent",
+              "--workspace", str(deployed.workspace), "--remote-dir", deployed.options().remote_dir]
+    assert main(["agents", "status", *common]) == 0
+    assert f"estb1: running pid {deployed.results['estb1'].record.pid}" in capsys.readouterr().out
+    assert main(["agents", "logs", "-n", "5", *common]) == 0
+    assert "EDGESHARD-AGENT-READY" in capsys.readouterr().out

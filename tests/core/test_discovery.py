@@ -198,3 +198,13 @@ def test_agent_registration_is_visible_to_avahi_browse(testbed, avahi_peer):
     assert any(r[3] == "estb3" and r[7] == dev.address and r[8] == "47111" for r in resolved), out
     txt = next(r[9] for r in resolved if r[3] == "estb3")
     assert '"port=47111"' in txt and '"proto=1"' in txt
+
+
+def test_cli_discover_lists_the_testbed_devices_as_json(testbed, capsys):
+    from core.cli import main
+
+    assert main(["discover", "--interface", testbed.bridge, "--timeout", "1.5", "--json",
+                 "--add", "root@10.79.0.200:2222"]) == 0
+    devs = {d["id"]: d for d in json.loads(capsys.readouterr().out)}
+    assert {"estb1", "estb2", "estb3"} <= set(devs)
+    assert devs["10.79.0.200"]["manual"] and devs["10.79.0.200"]["ssh_port"] == 2222
