@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-import numpy as np
 import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QColor, QPalette, QWheelEvent
@@ -200,14 +199,19 @@ def test_bridge_delivers_events_from_many_threads_in_few_batches_on_the_gui_thre
 
 
 def test_bridge_is_a_coordinator_run_sink(qtbot):
-    from core.coordinator import RunSink  # the protocol the coordinator calls
+    from agents.protocol import TokenEvent
+    from core.coordinator import FanoutSink  # what the coordinator calls during a run
 
     bridge = EventBridge()
-    assert isinstance(bridge, object) and all(hasattr(bridge, m) for m in RunSink.__dict__
-                                              if m in ("on_event", "on_tokens"))
-    got = []
-    bridge.token_events_arrived.connect(got.extend)
-    from agents.protocol import TokenEvent
-    bridge.on_tokens(TokenEvent(micro_batch=0, step=0, sequence_ids=(0,), token_ids=(5,)))
-    bridge.flush()
-    assert len(got) == 1 and np.array_equal(got[0].token_ids, (5,))
+    events, tokens = [], []
+    bridge.timeline_events_arrived.connect(events.extend)
+    bridge.token_events_arrived.connect(tokens.extend)
+    sink = FanoutSink(bridge)
+    event = TimelineEvent(device="a", stage=0, kind="send", phase="prefill", step=0, micro_batch=0,
+                          start_s=0.0, end_s=0.001, nbytes=64, peer="b")
+    token = TokenEvent(micro_batch=0, step=0, sequence_ids=(0,), token_ids=(5,))
+    worker = threading.Thread(target=lambda: (sink.on_event(event), sink.on_tokens(token)))
+    worker.start()
+    worker.join()
+    qtbot.waitUntil(lambda: bool(events and tokens), timeout=2000)
+    assert events == [event] and tokens == [token]
