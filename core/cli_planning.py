@@ -15,7 +15,6 @@ import msgspec
 
 from core.errors import EdgeShardError, FormatError
 from core.formats import format_of, load, save
-from core.plan import ShardPlan
 from core.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem
 from core.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.scenarios import SCENARIO_FORMAT, Scenario

@@ -29,7 +29,7 @@ from core.errors import ModelDoesNotFit
 from core.plan import ShardPlan, Stage
 from core.problem import PlanningProblem, check_problem
 from core.reporting import Cancelled, NullReporter, Reporter
-from core.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix, usable_devices
+from core.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix
 from core.solvers.search import SearchBudget, SearchSpace, branch_and_bound
 
 INF = math.inf

@@ -295,8 +295,6 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
                     pending.extend(c[0] for c in children[i:])
                 return
             explore(used | (1 << d2), d2, f2, seq + (d2,), caps_left - space.cap[d2])
-        if state["stopped"] and not state["found_early"]:
-            pass
 
     root = space.root()
     explore(1 << src, src, root, (src,), all_caps - space.cap[src])

@@ -9,7 +9,7 @@ from core.errors import ModelDoesNotFit
 from core.model_units import model_spec_from_config
 from core.problem import Workload
 from core.reporting import RecordingReporter
-from core.scenarios import DeviceSpec, paper_devices, paper_problem, random_problem, synthetic_problem
+from core.scenarios import DeviceSpec, paper_problem, random_problem, synthetic_problem
 from core.solvers import (
     STRATEGIES,
     cloud_edge_even,
