@@ -129,7 +129,11 @@ def solve_min_latency(
     space = SearchSpace(arr)
     budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, time_limit_s * SAFETY - (time.monotonic() - t0)),
                           cancel_requested=reporter.cancel_requested)
-    res = branch_and_bound(space, budget=budget)
+
+    def report(seq, ends, _cost):
+        reporter.partial_result(plan_from_sequence(problem, arr, seq, ends, EXACT_STRATEGY, "latency"))
+
+    res = branch_and_bound(space, budget=budget, on_incumbent=report)
     if not res.sequence:
         if res.complete or res.lower_bound == INF:
             raise does_not_fit(problem, arr)
@@ -317,6 +321,7 @@ def solve_max_throughput(
             tput = k * m / max(k * bv, lv)
             if tput > best_tput * (1 + 1e-12):
                 best_tput, best = tput, (arr, lat.sequence, lat.boundaries)
+                reporter.partial_result(plan_from_sequence(problem, arr, lat.sequence, lat.boundaries, EXACT_STRATEGY, "throughput"))
         elif not lat.complete:
             proven = False
             tput_bound = max(tput_bound, ub)
@@ -337,6 +342,7 @@ def solve_max_throughput(
             tput = k * m / out.phi
             if tput > best_tput * (1 + 1e-12):
                 best_tput, best = tput, (arr, out.seq, out.ends)
+                reporter.partial_result(plan_from_sequence(problem, arr, out.seq, out.ends, EXACT_STRATEGY, "throughput"))
         if not out.proven:
             proven = False
             tput_bound = max(tput_bound, k * m / out.phi_bound if out.phi_bound > 0 else ub)

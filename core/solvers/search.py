@@ -207,11 +207,12 @@ def _interchangeable(arr: CostArrays, i: int, j: int) -> bool:
 
 
 def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchBudget | None = None,
-                     stop_below: float = -INF) -> SearchResult:
+                     stop_below: float = -INF, on_incumbent: Callable[[tuple, tuple, float], None] | None = None) -> SearchResult:
     """Least-cost device sequence and boundaries; prunes anything not below ``incumbent``.
 
     ``stop_below``: return as soon as a plan cheaper than this is found (a feasibility
     question; the result is then not proven optimal unless its cost equals the bound).
+    ``on_incumbent(sequence, stage_ends, cost)`` is called for each better plan found.
     """
     arr = space.arr
     n, dn, src = arr.n, len(arr.devices), arr.src
@@ -233,6 +234,8 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
             c = f[n] + space.ret[d]
             if c < best["cost"] * (1 - eps):
                 best["cost"], best["seq"] = c, seq
+                if on_incumbent is not None:
+                    on_incumbent(seq, reconstruct(space, seq), c)
                 if c < stop_below:
                     state["found_early"] = True
                     state["stopped"] = True

@@ -202,10 +202,14 @@ def test_a_workload_that_fixes_the_micro_batching_is_respected():
         assert res.value == pytest.approx(best, rel=1e-9)
 
 
-def test_solver_reports_progress_to_its_reporter():
+def test_solver_reports_progress_and_improving_plans_to_its_reporter():
     rep = RecordingReporter()
-    solve_min_latency(paper_problem("llama-2-7b"), reporter=rep)
+    res = solve_min_latency(paper_problem("llama-2-70b"), reporter=rep)
     assert rep.statuses and rep.progresses[-1] == (1, 1)
+    assert rep.partials and rep.partials[-1] == res.plan
+    rep = RecordingReporter()
+    res = solve_max_throughput(paper_problem("llama-2-13b"), reporter=rep)
+    assert rep.partials[-1] == res.plan
 
 
 def test_baselines_return_plans_in_their_shape():
