@@ -187,6 +187,11 @@ class StageExecutor:
         if attention_mask.ndim != 2:
             raise StageInputError(f"attention mask must be [B, T], got {tuple(attention_mask.shape)}")
         self._check_input(x, attention_mask.shape[0], attention_mask.shape[1])
+        if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise StageInputError("attention mask must hold only 0 and 1")
+        if attention_mask.shape[1] == 0 or not bool((attention_mask[:, -1] == 1).all()):
+            # Decoder-only generation appends at the end: a right-padded row would get wrong tokens.
+            raise StageInputError("every prompt must be non-empty and left-padded (mask[:, -1] == 1)")
         cache = None
         if self._layers:
             from transformers import DynamicCache

@@ -200,6 +200,7 @@ def make_model(recipe: ModelRecipe, out_dir: str | Path, reporter: Reporter | No
         raise Cancelled()
     reporter.status(f"writing {out} ({sum(p.numel() for p in model.parameters()):,} parameters)")
     reporter.progress(2, steps)
+    transformers.utils.logging.disable_progress_bar()  # our reporter shows progress
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     reporter.status(f"done in {time.perf_counter() - started:.1f} s")

@@ -181,6 +181,10 @@ def test_bad_inputs_get_a_stage_input_error_and_the_stage_keeps_working(tiny_lla
         rest.prefill(0, torch.zeros(2, 6, 7), mask)
     with pytest.raises(StageInputError, match=r"\[B, T\]"):
         rest.prefill(0, torch.zeros(2, 6, 64), mask[0])
+    with pytest.raises(StageInputError, match="left-padded"):
+        first.prefill(0, ids, mask.flip(1))
+    with pytest.raises(StageInputError, match="only 0 and 1"):
+        first.prefill(0, ids, mask * 2)
     hidden = first.prefill(0, ids, mask)
     assert rest.prefill(0, hidden, mask).shape == (2, rest.vocab_size)
 
@@ -193,3 +197,10 @@ def test_planner_unit_bytes_equal_what_each_one_unit_stage_holds(tiny_model_dirs
     spec = model_spec_from_config(json.loads((Path(model_dir) / "config.json").read_text()), dtype="fp32")
     held = [StageExecutor(model_dir, u, u + 1).memory_bytes() for u in range(spec.num_units)]
     assert held == [unit.param_bytes for unit in spec.units]
+
+
+def test_generation_defaults_come_from_the_checkpoint(tiny_llama_dir):
+    from agents.checkpoint_reader import read_generation_defaults
+
+    defaults = read_generation_defaults(tiny_llama_dir)
+    assert (defaults["eos_token_ids"], defaults["pad_token_id"], defaults["bos_token_id"]) == ((2,), 0, 1)
