@@ -110,17 +110,24 @@ def _paper_algorithm_1(problem):
 
 
 def test_instances_include_ones_where_the_per_layer_dp_breaks_the_rules_and_the_solver_stays_exact():
-    broken = 0
+    reused = overfilled = 0
     for seed in range(300, 420):
         problem = _instance(seed)
         assign = _paper_algorithm_1(problem)
         if assign is None:
             continue
         runs = [d for i, d in enumerate(assign) if i == 0 or assign[i - 1] != d]
-        if len(runs) != len(set(runs)):
-            broken += 1
-            _assert_matches_enumeration(problem, "latency")
-    assert broken >= 3
+        if len(runs) == len(set(runs)):
+            continue
+        reused += 1
+        units, wl = problem.profile.model.units, problem.workload
+        held: dict[str, int] = {}
+        for u, d in enumerate(assign):
+            held[d] = held.get(d, 0) + units[u].param_bytes + units[u].kv_bytes_per_token * wl.batch_size * wl.context_tokens
+        if any(b > problem.profile.cluster.device(d).memory_bytes for d, b in held.items()):
+            overfilled += 1
+        _assert_matches_enumeration(problem, "latency")
+    assert reused >= 3 and overfilled >= 1
 
 
 def _tiny_llama(layers=6):
