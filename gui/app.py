@@ -50,7 +50,8 @@ def stage_color(index: int) -> QColor:
 
 
 def stylesheet(mode: ThemeMode) -> str:
-    return (THEME_DIR / "studio.qss").read_text().format(**_colors(mode))
+    values = {k: v for k, v in _colors(mode).items() if isinstance(v, str)}
+    return (THEME_DIR / "studio.qss").read_text().format(**values, mode=mode, theme_dir=THEME_DIR.as_posix())
 
 
 def apply_theme(app: QApplication, mode: ThemeMode) -> None:

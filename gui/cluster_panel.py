@@ -183,16 +183,22 @@ class ClusterPanel(QWidget):
         p.invertY(True)
         n = len(ids)
         finite = m[np.isfinite(m)]
-        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        # the scale starts at 0 so near-equal links look equal (not min..max stretched)
+        lo, hi = 0.0, (float(finite.max()) if finite.size else 1.0)
         img = pg.ImageItem(np.nan_to_num(m.T, nan=lo), levels=(lo, hi if hi > lo else lo + 1))
         img.setColorMap(pg.colormap.get(cmap))
         p.addItem(img)
         for i in range(n):
             for j in range(n):
                 v = m[i, j]
+                if not np.isfinite(v):
+                    blank = pg.QtWidgets.QGraphicsRectItem(j, i, 1, 1)
+                    blank.setBrush(pg.mkBrush(c["alt_base"]))
+                    blank.setPen(pg.mkPen(None))
+                    p.addItem(blank)
                 txt = "—" if not np.isfinite(v) else fmt(v)
                 bright = np.isfinite(v) and hi > lo and (v - lo) / (hi - lo) > 0.6
-                color = "#111111" if bright else "#ffffff" if np.isfinite(v) else "#cccccc"
+                color = "#111111" if bright else "#ffffff" if np.isfinite(v) else c["muted"]
                 t = pg.TextItem(txt, color=color, anchor=(0.5, 0.5))
                 t.setPos(j + 0.5, i + 0.5)
                 p.addItem(t)

@@ -186,6 +186,19 @@ class MainWindow(QMainWindow):
         self.dark_action.setCheckable(True)
         self.dark_action.setChecked(studio_app.theme_mode() == "dark")
 
+        d = mb.addMenu("&Devices")
+        devices, profile = self.screens.get("Devices"), self.screens.get("Profile")
+        if hasattr(devices, "open_deploy_dialog"):
+            self._action(d, "Discover devices", lambda: (self.show_screen("Devices"), devices.toggle_discovery()),
+                         "Ctrl+Shift+F", "Start or stop browsing the network (mDNS)")
+            self._action(d, "Add device…", lambda: (self.show_screen("Devices"), devices._on_add_clicked()),
+                         "Ctrl+Shift+A", "Add a device by address")
+            self._action(d, "Deploy…", lambda: (self.show_screen("Devices"), devices.open_deploy_dialog()), "Ctrl+D",
+                         "Deploy the agent to the selected devices")
+        if hasattr(profile, "start_profiling"):
+            self._action(d, "Profile cluster", lambda: (self.show_screen("Profile"), profile.start_profiling()), "Ctrl+P",
+                         "Measure every unit on every device")
+
         p = mb.addMenu("&Plan")
         if hasattr(plan, "auto_solve"):
             self._action(p, "Auto-solve", lambda: (self.show_screen("Plan"), plan.auto_solve()), "Ctrl+R",
@@ -257,6 +270,8 @@ class MainWindow(QMainWindow):
         lines = [f"Ctrl+{i + 1}: {n}" for i, n in enumerate(SCREENS)] + [
             "Ctrl+O: open workspace", "Ctrl+Shift+P: load profile", "Ctrl+S: save plan", "Ctrl+Z / Ctrl+Shift+Z: undo / redo",
             "Ctrl+R: auto-solve", "Ctrl+Shift+C: compare strategies", "Ctrl+Shift+D: dark theme",
+            "Ctrl+D: deploy selected devices", "Ctrl+P: profile cluster", "Ctrl+Shift+F: discover devices",
+            "Ctrl+Shift+A: add device", "Ctrl+Enter / Esc (Run screen): start / stop a run",
         ]
         QMessageBox.information(self, "Keyboard shortcuts", "\n".join(lines))
 

@@ -173,16 +173,35 @@ class PlanEditorPanel(QWidget):
         hh = self.stage_table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeToContents)
         hh.setSectionResizeMode(len(STAGE_COLUMNS) - 1, QHeaderView.Stretch)
-        ll.addWidget(self.stage_table, 2)
+        ll.addWidget(self.stage_table)
+        compare = QSplitter(Qt.Horizontal)
+        compare.setChildrenCollapsible(False)
         self.compare_plot = pg.GraphicsLayoutWidget()
         self.compare_plot.setAccessibleName("Strategy comparison chart")
+        self.compare_plot.setToolTip("Compare strategies draws every strategy's predicted latency and throughput here")
         self.compare_plot.setMinimumHeight(170)
-        ll.addWidget(self.compare_plot, 1)
+        compare.addWidget(self.compare_plot)
+        compare.addWidget(self._build_compare_table())
+        compare.setStretchFactor(0, 3)
+        compare.setStretchFactor(1, 2)
+        ll.addWidget(compare, 1)
         split.addWidget(left)
         split.addWidget(self._build_solver_box())
-        split.setStretchFactor(0, 3)
+        split.setStretchFactor(0, 4)
         split.setStretchFactor(1, 1)
         root.addWidget(split, 1)
+
+    def _build_compare_table(self) -> QWidget:
+        self.compare_table = QTableWidget(0, 4)
+        self.compare_table.setHorizontalHeaderLabels(["Strategy", "Latency", "Tokens/s", ""])
+        self.compare_table.verticalHeader().hide()
+        self.compare_table.setAccessibleName("Strategies")
+        self.compare_table.setToolTip("Every strategy's predicted figures; Adopt makes one the current plan")
+        self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.compare_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        self.compare_table.setMinimumWidth(330)
+        return self.compare_table
 
     def _button(self, text: str, tip: str, slot) -> QPushButton:
         b = QPushButton(text)
@@ -257,15 +276,8 @@ class PlanEditorPanel(QWidget):
         self.solve_status.setWordWrap(True)
         self.solve_status.setProperty("role", "subtitle")
         form.addRow(self.solve_status)
-        self.compare_table = QTableWidget(0, 4)
-        self.compare_table.setHorizontalHeaderLabels(["Strategy", "Latency", "Tokens/s", ""])
-        self.compare_table.verticalHeader().hide()
-        self.compare_table.setAccessibleName("Strategies")
-        self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.compare_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        form.addRow(self.compare_table)
-        box.setMinimumWidth(380)
+        box.setMinimumWidth(300)
+        box.setMaximumWidth(380)
         return box
 
     # state -> view ----------------------------------------------------------------
@@ -395,6 +407,14 @@ class PlanEditorPanel(QWidget):
             t.setCellWidget(j, 6, bar)
         if 0 <= selected < len(plan.stages):
             t.selectRow(selected)
+        self._fit_stage_table()
+
+    def _fit_stage_table(self) -> None:
+        """The table as tall as its rows (up to 8), so the comparison below gets the rest."""
+        t = self.stage_table
+        rows = min(max(1, t.rowCount()), 8)
+        row_h = t.verticalHeader().defaultSectionSize()
+        t.setFixedHeight(t.horizontalHeader().height() + rows * row_h + 2 * t.frameWidth() + 2)
 
     # edits -------------------------------------------------------------------------
     def push_plan(self, plan: ShardPlan, text: str) -> None:
@@ -568,20 +588,28 @@ class PlanEditorPanel(QWidget):
             return
         c = theme_colors()
         names = [r.name for r in rs]
+        current = self.state.plan
         ticks = [list(enumerate(names))]
         for col, (title, values) in enumerate((
-            ("Latency / token (ms)", [min(r.cost.latency_per_token_s * 1e3, 1e9) for r in rs]),
-            ("Throughput (tokens/s)", [r.cost.throughput_tokens_s for r in rs]),
+            ("Latency / token (ms) — lower is better", [r.cost.latency_per_token_s * 1e3 for r in rs]),
+            ("Throughput (tokens/s) — higher is better", [r.cost.throughput_tokens_s for r in rs]),
         )):
-            p = self.compare_plot.addPlot(row=0, col=col, title=title)
+            p = self.compare_plot.addPlot(row=col, col=0, title=title)
             p.setMenuEnabled(False)
             p.setMouseEnabled(False, False)
-            brushes = [pg.mkBrush(c["accent"] if r.feasible else c["error"]) for r in rs]
+            p.invertY(True)
+            brushes = [pg.mkBrush(c["error"] if not r.feasible else c["ok"] if r.plan == current else c["accent"])
+                       for r in rs]
             finite = [v if math.isfinite(v) else 0.0 for v in values]
-            p.addItem(pg.BarGraphItem(x=list(range(len(rs))), height=finite, width=0.6, brushes=brushes))
-            ax = p.getAxis("bottom")
+            p.addItem(pg.BarGraphItem(x0=0, y=list(range(len(rs))), height=0.6, width=finite, brushes=brushes))
+            for i, v in enumerate(values):
+                label = pg.TextItem(f"{v:.1f}" if math.isfinite(v) else "∞", color=c["text"], anchor=(0, 0.5))
+                label.setPos(finite[i], i)
+                p.addItem(label)
+            ax = p.getAxis("left")
             ax.setTicks(ticks)
             ax.setStyle(tickFont=self.font())
+            p.setXRange(0, max(finite + [1e-9]) * 1.25, padding=0)
 
     def shutdown(self) -> None:
         self._solve_runner.shutdown()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "docs" / "screenshots"
+DEMO_RUN_PROMPTS = ("The edge devices", "A pipeline of layers", "Split the model", "Tokens stream back")
 
 
 def wait(app, seconds: float, until=None) -> bool:
@@ -87,7 +90,8 @@ def main() -> int:
     if not args.no_demo:
         from gui.demo import DemoSession
 
-        demo = DemoSession(window.state, window=window)
+        workspace = tempfile.mkdtemp(prefix="edgeshard-shots-")
+        demo = DemoSession(window.state, window=window, workspace=os.path.join(workspace, "demo.edgeshard"))
         demo.start()
         if not wait(app, 120, demo.is_ready):
             print("demo did not become ready: " + demo.describe(), file=sys.stderr)
@@ -98,7 +102,17 @@ def main() -> int:
         window.state.set_connection("synthetic scenario (no agents)")
     try:
         plan = window.screens["Plan"]
-        for name in ("Devices", "Cluster", "Profile"):
+        window.show_screen("Devices")
+        grab(app, window, "devices")
+        if demo is not None and demo.error == "":
+            profile = window.screens["Profile"]
+            window.show_screen("Profile")
+            profile.start_profiling()
+            wait(app, 1.5)
+            grab(app, window, "profile-running")
+            if not wait(app, 300, lambda: window.state.profile is not None):
+                print("profiling did not finish: " + profile.error.text(), file=sys.stderr)
+        for name in ("Cluster", "Profile"):
             window.show_screen(name)
             grab(app, window, name.lower())
         window.show_screen("Plan")
@@ -107,25 +121,42 @@ def main() -> int:
         grab(app, window, "plan")
         plan.compare()
         wait(app, 60, lambda: not plan._solve_runner.is_busy())
+        # adopt a multi-stage strategy, so the strip and the run show a real pipeline
+        multi = [i for i, r in enumerate(plan.comparison) if r.plan is not None and r.feasible and len(r.plan.stages) > 2]
+        if multi:
+            plan.adopt(multi[0])
         grab(app, window, "plan-compare")
-        if demo is not None:
-            demo.run_once(window)
+        if demo is not None and demo.error == "":
+            run = window.screens["Run"]
+            run.mode_combo.setCurrentText("no-bubbles")
+            run.micro_batches_spin.setValue(2)
+            demo.run_once(window, prompts=DEMO_RUN_PROMPTS, max_new_tokens=16)
             window.show_screen("Run")
-            wait(app, 180, demo.run_finished)
+            wait(app, 240, demo.run_finished)
+            wait(app, 1.0)
             grab(app, window, "run")
+            sessions = window.screens["Sessions"]
             window.show_screen("Sessions")
+            wait(app, 1.0)
+            items = sessions.run_items()
+            if items:
+                sessions.open_run(max(items))
+                sessions.pause()
+                if sessions.replay is not None:
+                    sessions.seek(sessions.replay.duration_s if hasattr(sessions.replay, "duration_s") else 1e6)
+                wait(app, 0.5)
             grab(app, window, "sessions")
         if args.theme in ("dark", "both"):
             window.dark_action.setChecked(True)
             window._on_dark_toggled(True)
-            window.show_screen("Plan")
-            grab(app, window, "plan-dark")
-            window.show_screen("Cluster")
-            grab(app, window, "cluster-dark")
+            for name in ("Plan", "Cluster", "Run"):
+                window.show_screen(name)
+                grab(app, window, f"{name.lower()}-dark")
     finally:
         window.close()
         if demo is not None:
             demo.stop()
+            shutil.rmtree(workspace, ignore_errors=True)
     return 0
 
 
