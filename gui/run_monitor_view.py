@@ -10,6 +10,7 @@ O(events) — ~20 ms per 20k events — which would stall the GUI thread of a lo
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import pyqtgraph as pg
@@ -120,7 +121,9 @@ class RunMonitorView(QWidget):
         layout.addWidget(splitter)
 
         self._refresh_timer = QTimer(self)
-        self._refresh_timer.setInterval(int(1000 / refresh_hz))
+        self._base_interval_ms = int(1000 / refresh_hz)
+        self._refresh_timer.setInterval(self._base_interval_ms)
+        self._figures_started = 0.0
         self._refresh_timer.timeout.connect(self._on_refresh_timer_timeout)
         self._figures_runner = TaskRunner(self, name="figures")
         self._figures_runner.task_finished.connect(self._on_figures_runner_task_finished)
@@ -134,6 +137,7 @@ class RunMonitorView(QWidget):
         self._texts = {}
         self._prompts = tuple(prompts)
         self._figures_runner.cancel()  # a result for the old lists must not land
+        self._refresh_timer.setInterval(self._base_interval_ms)
         self.timeline.clear()
         self.timeline.set_lanes(list(lanes))
         self._clear_util_devices()
@@ -191,9 +195,14 @@ class RunMonitorView(QWidget):
         if self._figures_runner.is_busy():
             return  # the previous snapshot is still being computed; try at the next tick
         self._dirty = False
+        self._figures_started = time.perf_counter()
         self._figures_runner.start(compute_view_figures, list(self.events), list(self.tokens))
 
     def _on_figures_runner_task_finished(self, task_id: int, result: object) -> None:
+        # Keep the figures' share of the CPU (and of the GIL the GUI thread needs) near
+        # 10 %: a long run refreshes them less often, a short one at the full rate.
+        took_ms = (time.perf_counter() - self._figures_started) * 1000
+        self._refresh_timer.setInterval(int(min(2000, max(self._base_interval_ms, 10 * took_ms))))
         self._show_figures(*result)
 
     def refresh(self) -> None:

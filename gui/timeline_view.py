@@ -239,7 +239,7 @@ class TimelineBoxesItem(pg.GraphicsObject):
             bounds = np.searchsorted(which[by_style], np.arange(len(styles) + 1))
             spans = [(rows[by_style[a:b]], X0s[by_style[a:b]], X1s[by_style[a:b]])
                      for a, b in zip(bounds[:-1], bounds[1:])]
-        outline = not aggregate and self.painted_boxes < 4000  # a second pass only for few boxes
+        outline = not aggregate and self.painted_boxes < 1000  # a second pass only for few boxes
         # Draw in device pixels with an identity transform: integer, axis-aligned rects
         # take the raster engine's fast fill path (no scaled-path rasterisation, no AA).
         painter.save()
