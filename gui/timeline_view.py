@@ -333,6 +333,8 @@ class TimelineView(QWidget):
     def __init__(self, parent: QWidget | None = None, frame_rate_hz: float = 30.0):
         super().__init__(parent)
         self.setAccessibleName("Pipeline timeline")
+        self.setAccessibleDescription("Wheel or +/- to zoom, drag or arrow keys to pan, F to fit")
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self._lanes: list[str] = []
         self._lane_of: dict[str, int] = {}
         self._pending: list[TimelineEvent] = []
@@ -510,6 +512,23 @@ class TimelineView(QWidget):
         b0, b1 = BANDS[KIND_CODE[band]]
         item = self.predicted_item if predicted else self.measured_item
         return item.box_at(x, lane + (b0 + b1) / 2)
+
+    def keyPressEvent(self, event) -> None:
+        """Keyboard zoom and pan: + / - zoom around the centre, Left / Right pan by a tenth."""
+        x0, x1 = self.x_range()
+        width, centre = x1 - x0, (x0 + x1) / 2
+        key = event.key()
+        if key in (Qt.Key.Key_Plus, Qt.Key.Key_Equal):
+            self.set_x_range(centre - width / 3, centre + width / 3)
+        elif key == Qt.Key.Key_Minus:
+            self.set_x_range(max(0.0, centre - width * 0.75), centre + width * 0.75)
+        elif key == Qt.Key.Key_Left:
+            shift = min(width / 10, x0)
+            self.set_x_range(x0 - shift, x1 - shift)
+        elif key == Qt.Key.Key_Right:
+            self.set_x_range(x0 + width / 10, x1 + width / 10)
+        else:
+            super().keyPressEvent(event)
 
     # -- internals -----------------------------------------------------------------------
     def _lane_index(self, device: str) -> int:

@@ -215,3 +215,17 @@ def test_bridge_is_a_coordinator_run_sink(qtbot):
     worker.join()
     qtbot.waitUntil(lambda: bool(events and tokens), timeout=2000)
     assert events == [event] and tokens == [token]
+
+
+def test_keyboard_zooms_and_pans_the_time_axis(qtbot, view, simulated):
+    view.append_events(simulated.events)
+    view.flush()
+    view.set_x_range(0.1, 0.4)
+    qtbot.keyClick(view, Qt.Key.Key_Plus)
+    x0, x1 = view.x_range()
+    assert x1 - x0 == pytest.approx(0.2) and (x0 + x1) / 2 == pytest.approx(0.25)
+    qtbot.keyClick(view, Qt.Key.Key_Right)
+    assert view.x_range() == pytest.approx((x0 + 0.02, x1 + 0.02))
+    qtbot.keyClick(view, Qt.Key.Key_Minus)
+    assert view.x_range()[1] - view.x_range()[0] == pytest.approx(0.3)
+    assert not view.follow_live()
