@@ -1,37 +1,57 @@
-"""The deploy dialog's SSH functions, backed by core.deploy.
+"""The deploy dialog's SSH functions and the devices screen's SSH agent control, over core.deploy.
 
-Kept apart from the dialog so the dialog stays free of SSH code and the adapter is
-the one place that follows core.deploy's API.
+Kept apart from the views so they hold no SSH code and this is the one place that
+follows core.deploy's API.
 """
 
 from __future__ import annotations
 
-from core.errors import DeployError
+from dataclasses import replace
+
+from core import deploy
 from core.reporting import Reporter
 from gui.deploy_dialog import Credentials, HostKeyProbe
 
 
-def _core_deploy():
-    try:
-        from core import deploy
-    except ImportError:
-        raise DeployError("studio", "SSH deployment (core.deploy) is not part of this build",
-                          hint="deploy with `edgeshard deploy` once available, or use `edgeshard studio --demo`") from None
-    return deploy
-
-
 class CoreDeployFunctions:
     def probe_host_key(self, reporter: Reporter, record, credentials: Credentials) -> HostKeyProbe:
-        deploy = _core_deploy()
         reporter.status("checking host key")
         info = deploy.probe_host_key(record.address, record.ssh_port)
         return HostKeyProbe(device=record.id, key_type=info.key_type, fingerprint=info.fingerprint,
                             known=info.known, changed=info.changed)
 
     def deploy_agent(self, reporter: Reporter, record, credentials: Credentials, trusted: HostKeyProbe) -> str:
-        deploy = _core_deploy()
+        device = replace(record, ssh_user=credentials.user or record.ssh_user).to_device()
         result = deploy.deploy_agent(
-            reporter, record.to_device(), user=credentials.user, key_file=credentials.key_file or None,
+            reporter, device, user=credentials.user or None, key_file=credentials.key_file or None,
             password=credentials.password or None, trusted_fingerprint=trusted.fingerprint,
         )
-        return str(getattr(result, "summary", "") or "agent running")
+        return result.summary
+
+
+class SshAgentControl:
+    """Start (deploy again: idempotent), stop and read the log of one device's agent over SSH."""
+
+    def __init__(self, record, credentials: Credentials) -> None:
+        self.record = record
+        self.credentials = credentials
+
+    def _conn(self) -> dict:
+        c = self.credentials
+        return dict(user=c.user or None, key_file=c.key_file or None, password=c.password or None)
+
+    def _device(self):
+        return replace(self.record, ssh_user=self.credentials.user or self.record.ssh_user).to_device()
+
+    def start_agent(self, reporter: Reporter, device: str):
+        result = deploy.deploy_agent(reporter, self._device(), **self._conn())
+        return replace(self.record, status="running", detail=result.summary)
+
+    def stop_agent(self, reporter: Reporter, device: str):
+        reporter.status(f"stopping the agent on {device}")
+        was_running = deploy.stop(self._device(), **self._conn())
+        return replace(self.record, status="agent deployed",
+                       detail="agent stopped" if was_running else "no agent was running")
+
+    def agent_log(self, reporter: Reporter, device: str) -> list[str]:
+        return deploy.logs_of(self._device(), **self._conn()).splitlines()

@@ -68,7 +68,7 @@ class DeployFunctions(Protocol):
 
 
 def default_functions() -> DeployFunctions:
-    """The SSH implementation from core.deploy (imported when first needed)."""
+    """The SSH implementation from core.deploy (imported when first needed: paramiko is slow to import)."""
     from gui.deploy_adapter import CoreDeployFunctions
 
     return CoreDeployFunctions()
@@ -90,6 +90,7 @@ class DeployDialog(QDialog):
         self.records = {r.id: r for r in records}
         self._functions = functions
         self.runners: dict[str, TaskRunner] = {}
+        self.credentials_used: dict[str, Credentials] = {}
         self.probes: dict[str, HostKeyProbe] = {}
         self.outcome: dict[str, str] = {}
         self.confirmations: dict[str, QMessageBox] = {}
@@ -283,7 +284,9 @@ class DeployDialog(QDialog):
         runner.status_reported.connect(lambda _t, s, dev=dev: self._set_row(dev, s))
         runner.progress_reported.connect(lambda _t, d, t, dev=dev: self._set_row(dev, progress=d / t if t else 0))
         self._set_row(dev, "connecting", "")
-        runner.start(self.functions.deploy_agent, self.records[dev], self.credentials(), probe)
+        creds = self.credentials()
+        self.credentials_used[dev] = creds
+        runner.start(self.functions.deploy_agent, self.records[dev], creds, probe)
 
     def _on_deploy_finished(self, dev: str, detail: Any) -> None:
         self._set_row(dev, "done", str(detail or "agent running"), progress=1.0)

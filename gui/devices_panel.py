@@ -106,6 +106,9 @@ class DevicesPanel(QWidget):
         self.state = state
         self.records: dict[str, DeviceRecord] = {}
         self.agent_control: AgentControl | None = None
+        """Default agent control (the demo's local processes)."""
+        self.device_controls: dict[str, AgentControl] = {}
+        """Per-device control, e.g. SSH with the credentials a deploy succeeded with."""
         self.deploy_functions: Any = None
         """Override for the deploy dialog's SSH functions (None: core.deploy)."""
         self.discovery = None
@@ -229,7 +232,7 @@ class DevicesPanel(QWidget):
     def _update_buttons(self) -> None:
         ids = self.selected_ids()
         one = len(ids) == 1
-        has_control = self.agent_control is not None
+        has_control = one and self.control_of(ids[0]) is not None
         self.deploy_button.setEnabled(bool(ids))
         for b in (self.start_button, self.stop_button, self.log_button):
             b.setEnabled(one and has_control)
@@ -300,17 +303,29 @@ class DevicesPanel(QWidget):
         from gui.deploy_dialog import DeployDialog
 
         dlg = DeployDialog([self.records[i] for i in ids], functions=self.deploy_functions, parent=self)
-        dlg.device_deployed.connect(lambda dev, detail: self.set_status(dev, "agent deployed", detail))
+        dlg.device_deployed.connect(lambda dev, detail, dlg=dlg: self._on_deploy_dialog_device_deployed(dlg, dev, detail))
         dlg.device_failed.connect(lambda dev, detail: self.set_status(dev, "error", detail))
         dlg.open()
         return dlg
 
+    def _on_deploy_dialog_device_deployed(self, dlg, dev: str, detail: str) -> None:
+        self.set_status(dev, "running", detail)
+        creds = dlg.credentials_used.get(dev)
+        if creds is not None and dlg._functions is None:  # real SSH (not a test's functions)
+            from gui.deploy_adapter import SshAgentControl
+
+            self.device_controls[dev] = SshAgentControl(self.records[dev], creds)
+        self._update_buttons()
+
+    def control_of(self, device: str) -> AgentControl | None:
+        return self.device_controls.get(device) or self.agent_control
+
     def _agent_action(self, what: str) -> None:
         ids = self.selected_ids()
-        if len(ids) != 1 or self.agent_control is None:
+        if len(ids) != 1 or self.control_of(ids[0]) is None:
             return
         dev = ids[0]
-        ctl = self.agent_control
+        ctl = self.control_of(dev)
         if what == "start":
             self.message.setText(f"Starting the agent on {dev}…")
             self._run(lambda rep: ctl.start_agent(rep, dev), self._on_agent_changed)

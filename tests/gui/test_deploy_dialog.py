@@ -109,3 +109,84 @@ def test_password_sign_in_requires_a_password(qtbot, make_dialog):
     dlg.password_radio.setChecked(True)
     dlg.deploy_button.click()
     assert "Enter the password" in dlg.summary.text() and fns.threads == []
+
+
+# --- against a real sshd on loopback (root: sshd must run as root to switch users) ------------
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def real_sshd(tmp_path):
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if os.geteuid() != 0 or not os.path.exists(sshd):
+        pytest.skip("needs root and openssh-server")
+    os.makedirs("/run/sshd", exist_ok=True)
+    key = tmp_path / "host_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    port = _free_port()
+    conf = tmp_path / "sshd_config"
+    conf.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {tmp_path}/sshd.pid\n"
+                    f"AuthorizedKeysFile {tmp_path}/authorized_keys\nUsePAM no\nPasswordAuthentication no\n"
+                    "StrictModes no\n")
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    fp = subprocess.run(["ssh-keygen", "-lf", f"{key}.pub"], capture_output=True, text=True, check=True).stdout.split()[1]
+    yield port, fp, (key.with_suffix(".pub")).read_text().split()
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_real_sshd_unknown_host_shows_the_fingerprint_ssh_keygen_prints(qtbot, real_sshd, tmp_path, monkeypatch):
+    port, fp, _pub = real_sshd
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EDGESHARD_WORKSPACE", str(tmp_path / "ws"))
+    dlg = DeployDialog([DeviceRecord(id="loop", address="127.0.0.1", ssh_port=port, ssh_user="root")])
+    qtbot.addWidget(dlg)
+    dlg.show()
+    try:
+        with qtbot.waitSignal(dlg.host_key_confirmation_requested, timeout=15000):
+            dlg.deploy_button.click()
+        box = dlg.findChild(QMessageBox, "hostKey-loop")
+        assert fp in box.informativeText() and "ssh-ed25519" in box.informativeText()
+        dlg.confirm_host_key("loop", False)
+        assert dlg.step_text("loop") == "skipped"
+    finally:
+        dlg.done(0)
+
+
+def test_real_sshd_known_host_without_authorized_key_fails_in_plain_words(qtbot, real_sshd, tmp_path, monkeypatch):
+    port, _fp, (key_type, key_b64, *_rest) = real_sshd
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("EDGESHARD_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    dlg = DeployDialog([DeviceRecord(id="loop", address="127.0.0.1", ssh_port=port, ssh_user="root")])
+    qtbot.addWidget(dlg)
+    dlg.show()
+    try:
+        with qtbot.waitSignal(dlg.device_failed, timeout=30000):
+            dlg.deploy_button.click()
+        detail = dlg.detail_text("loop")
+        assert dlg.step_text("loop") == "failed"
+        assert "loop:" in detail and "Traceback" not in detail and "Unexpected error" not in detail
+        assert "key file" in detail  # what to do: give a key file, a password or run ssh-agent
+    finally:
+        dlg.done(0)
