@@ -201,6 +201,8 @@ class Agent:
         self._events: collections.deque = collections.deque()
         self._event_meta = ("", 0)  # run_id, stage of the events in the deque
         self._stop_run = threading.Event()
+        """Set to end the current run; a fresh Event per run, so a late stop of one run
+        can never be cleared by (or leak into) the next."""
         self._shutdown = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self._logs: collections.deque[str] = collections.deque(maxlen=2000)
@@ -245,7 +247,7 @@ class Agent:
     def close(self) -> None:
         self._shutdown.set()
         self._stop_run.set()
-        self._work.put(("shutdown", None))
+        self._work.put(("shutdown", None, None))
         self._wake()
         for t in self._threads:
             t.join(timeout=5)
@@ -373,20 +375,20 @@ class Agent:
             self._send_to_coordinator(Logs(req=req, lines=lines), identity)
         elif isinstance(msg, StopRun):
             self._stop_run.set()
-            self._work.put(("stop", msg))
+            self._work.put(("stop", msg, None))
         elif isinstance(msg, (LoadShard, Unload, StartRun, ProfileCompute, MeasureLink)):
             if isinstance(msg, StartRun):
                 if self._loaded is None or self._state not in ("ready",):
                     self._reply_error(identity, req, "bad_state", f"cannot start a run while {self._state}")
                     return
                 self._state = "running"
-                self._stop_run.clear()
+                self._stop_run = threading.Event()
             elif isinstance(msg, LoadShard):
                 if self._state in ("running", "loading"):
                     self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
                     return
                 self._state = "loading"
-            self._work.put((type(msg).__name__, msg))
+            self._work.put((type(msg).__name__, msg, self._stop_run))
         else:
             self._reply_error(identity, req, "bad_message", f"{type(msg).__name__} is not a request")
 
@@ -396,7 +398,7 @@ class Agent:
     # --------------------------------------------------------------- worker thread
     def _worker_loop(self) -> None:
         while True:
-            kind, msg = self._work.get()
+            kind, msg, stop = self._work.get()
             if kind == "shutdown":
                 break
             try:
@@ -408,7 +410,7 @@ class Agent:
                     self._post(Ok(req=msg.req, detail="unloaded"))
                 elif kind == "StartRun":
                     self._post(Ok(req=msg.req, detail="started"))
-                    self._run(msg)
+                    self._run(msg, stop)
                 elif kind == "stop":
                     if self._state == "running":
                         self._state = "ready"
@@ -477,12 +479,12 @@ class Agent:
         loaded.push = push
         loaded.sender = LinkSender(push, loaded.link, clock=self.clock)
 
-    def _run(self, msg: StartRun) -> None:
+    def _run(self, msg: StartRun, stop: threading.Event) -> None:
         loaded = self._loaded
         assert loaded is not None
         self._connect_next(loaded)
         self._event_meta = (msg.run_id, loaded.msg.stage)
-        run = _StageRun(self, loaded, msg)
+        run = _StageRun(self, loaded, msg, stop)
         try:
             run.execute()
         except RunAborted:
@@ -499,8 +501,9 @@ class Agent:
 class _StageRun:
     """One run on one stage: the receive-compute-send loop, and the source's scheduler."""
 
-    def __init__(self, agent: Agent, loaded: _Loaded, msg: StartRun) -> None:
+    def __init__(self, agent: Agent, loaded: _Loaded, msg: StartRun, stop: threading.Event) -> None:
         self.agent = agent
+        self.stop = stop
         self.ex = loaded.executor
         self.loaded = loaded
         self.msg = msg
@@ -522,8 +525,9 @@ class _StageRun:
             if self._all_done():
                 self._finish()
                 return
+            self.wait_started = self.clock()
         data = self.agent._data
-        stop = self.agent._stop_run
+        stop = self.stop
         while not stop.is_set():
             if not data.poll(DATA_POLL_MS):
                 continue
@@ -595,7 +599,7 @@ class _StageRun:
         def on_sent(start: float, end: float, n: int) -> None:
             agent._event("send", phase, step, mb, start, end, n, peer)
 
-        self.loaded.sender.send(data_message(header, list(bufs)), nbytes, on_sent, self.agent._stop_run)
+        self.loaded.sender.send(data_message(header, list(bufs)), nbytes, on_sent, self.stop)
 
     # ---------------------------------------------------------- source scheduler
     def _setup_groups(self) -> None:

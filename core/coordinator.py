@@ -396,7 +396,9 @@ class Coordinator:
                 phase=e.phase,
                 step=e.step,
                 micro_batch=e.micro_batch,
-                start_s=self._to_run_clock(run, c, e.start),
+                # a downstream stage starts waiting just before the source starts the run
+                start_s=max(0.0, self._to_run_clock(run, c, e.start)) if e.kind == "recv_wait"
+                else self._to_run_clock(run, c, e.start),
                 end_s=self._to_run_clock(run, c, e.end),
                 nbytes=e.nbytes,
                 peer=e.peer,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -159,44 +158,4 @@ def generate(
     return Generation(texts=texts, result=result, figures=compute_figures(result.events, result.token_events))
 
 
-class AgentsBackend:
-    """A ``RunBackend`` for the GUI's Run screen over real agents.
-
-    ``settings`` needs ``model_dir``, ``prompts``, ``max_new_tokens``, ``mode`` and
-    ``micro_batches`` (temperature, top_p and seed are read when present). The shard is
-    loaded once per model and reused by later runs.
-    """
-
-    def __init__(self, coordinator: Coordinator, plan: ShardPlan, *, threads: int = 0,
-                 links: dict[str, LinkShape] | None = None) -> None:
-        self.coordinator = coordinator
-        self.plan = plan
-        self.threads = threads
-        self.links = links or {}
-        self._loaded_model: str | None = None
-
-    def lanes(self) -> list[str]:
-        return [s.device for s in self.plan.stages]
-
-    def run(self, settings: Any, sink: RunSink, reporter: Reporter) -> Generation:
-        gs = GenerationSettings(
-            max_new_tokens=settings.max_new_tokens,
-            mode=settings.mode,
-            micro_batches=settings.micro_batches,
-            temperature=getattr(settings, "temperature", 0.0),
-            top_p=getattr(settings, "top_p", 1.0),
-            seed=getattr(settings, "seed", 0),
-            threads=self.threads,
-            links=self.links,
-        )
-        need_load = self._loaded_model != settings.model_dir
-        out = generate(self.coordinator, self.plan, settings.model_dir, list(settings.prompts), gs, sink=sink,
-                       reporter=reporter, load=need_load)
-        self._loaded_model = settings.model_dir
-        return out
-
-    def stop(self) -> None:
-        self.coordinator.stop()
-
-
-__all__ = ["AgentsBackend", "Generation", "GenerationSettings", "RunFailed", "generate", "load_tokenizer"]
+__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "load_tokenizer"]

@@ -6,7 +6,7 @@ coordinator's public key, reads each agent's ready line, and writes ``agents.jso
 (format ``edgeshard.agents``) that ``edgeshard run --agents FILE`` and the GUI use to
 connect. Each agent may emulate a slow outgoing link (bandwidth, latency).
 
-Children die with the parent (PR_SET_PDEATHSIG on Linux) and ``stop()`` terminates,
+Children started from the main thread die with the parent (PR_SET_PDEATHSIG on Linux), and ``stop()`` terminates,
 waits, then kills what is left, so no process outlives the cluster.
 """
 
@@ -184,7 +184,11 @@ class LocalCluster:
             text=True,
             env=env,
             start_new_session=True,  # Ctrl-C reaches the cluster, which stops the agents in order
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            # the kernel signals on the death of the spawning *thread*: only tie the agents to
+            # the main thread (a GUI worker thread may end long before the cluster should)
+            preexec_fn=_die_with_parent
+            if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+            else None,
         )
         proc = _Proc(device, popen)
         proc.reader = threading.Thread(target=self._read, args=(proc,), name=f"local-agent-{device}", daemon=True)

@@ -153,3 +153,28 @@ def test_an_unshaped_link_sends_on_the_callers_thread_without_a_helper_thread():
     finally:
         sender.close()
         ctx.destroy(linger=0)
+
+
+def test_a_data_socket_takes_messages_only_from_keys_the_plan_allows():
+    from agents.transport import DATA_DOMAIN, KeyGate, curve_client, curve_server, start_authenticator
+
+    ctx = zmq.Context()
+    gate = KeyGate()
+    server, peer, stranger = CurveKeys.generate(), CurveKeys.generate(), CurveKeys.generate()
+    gate.allow(DATA_DOMAIN, [peer.public])
+    auth = start_authenticator(ctx, gate)
+    try:
+        pull = ctx.socket(zmq.PULL)
+        curve_server(pull, server, DATA_DOMAIN)
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        for keys, payload in ((stranger, b"from a stranger"), (peer, b"from the plan's peer")):
+            push = ctx.socket(zmq.PUSH)
+            push.linger = 0
+            curve_client(push, keys, server.public)
+            push.connect(f"tcp://127.0.0.1:{port}")
+            push.send(payload)
+        assert pull.poll(3000) and pull.recv() == b"from the plan's peer"
+        assert not pull.poll(500), "the stranger's message must never arrive"
+    finally:
+        auth.stop()
+        ctx.destroy(linger=0)

@@ -194,3 +194,32 @@ def test_stopping_from_another_thread_ends_the_run_and_leaves_agents_ready(clust
 def test_micro_batches_split_sequences_evenly_in_order():
     assert split_micro_batches(5, 2) == ((0, 1, 2), (3, 4))
     assert split_micro_batches(2, 4) == ((0,), (1,))
+
+
+def test_after_loading_each_agent_takes_data_only_from_the_other_stages_of_the_plan(cluster):
+    _, _, agents = cluster
+    keys = {a.device: a.keys.public for a in agents}
+    outsider = CurveKeys.generate().public
+    for a in agents:
+        for device, key in keys.items():
+            assert a.gate.callback("data", key.encode()) == (device != a.device)
+        assert not a.gate.callback("data", outsider.encode())
+        assert not a.gate.callback("control", keys[a.device].encode())
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt2", "mixtral"])
+def test_other_families_split_over_agents_also_generate_exactly(family, tmp_path):
+    extra = {} if family == "gpt2" else {"kv_heads": 2}
+    recipe = ModelRecipe(family=family, layers=2, hidden=64, heads=4, vocab=512, seed=2, **extra)
+    model_dir = str(make_model(recipe, tmp_path / family))
+    keys = CurveKeys.generate()
+    agents = [Agent(d, keys.public).start() for d in ("a", "b")]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            plan = plan_from_boundaries(family, 4, ["a", "b"], [1])  # embedding | blocks + head
+            co.load(plan, model_dir)
+            enc, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=4, prompts=PROMPTS[:3])
+            assert list(co.run(plan, req).tokens) == _hf_new_tokens(model_dir, enc, 4)
+    finally:
+        for a in agents:
+            a.close()

@@ -1,0 +1,321 @@
+"""Benchmark the partitioned runtime side by side in one run; prints one JSON line.
+
+Model: the generated ≈170 M-parameter Llama of ``core.checkpoints.BENCHMARK_RECIPE``
+(made once into ``--model`` if missing). Figures (targets from issue 3):
+
+- ``agent_vs_hf``: decode tokens/s of a 1-stage agent over an in-process HF forward loop
+  with a KV cache (same thread count), target >= 0.95;
+- ``four_vs_one``: 4 stages on loopback, sequential, over 1 stage, target >= 0.90;
+- ``hop_us``: one hop of a 1x4096 fp32 activation between two processes through this
+  project's framing (PUSH/PULL, header + raw tensor frame, strict decode), with and
+  without CurveZMQ: half the median round trip;
+- ``nobubbles_vs_bubbles``: decode throughput with 2 stages and 4 micro-batches.
+
+All agents live at once (a solo agent, a 4-stage and a 2-stage plan, on disjoint
+agents) and the configurations are measured in interleaved rounds, so drift in the
+machine's load hits all of them alike. On a machine shared with other work the wall
+times swing 2x from round to round, so besides medians of the per-round rates the bench
+reports ``*_quiet`` ratios from the 10th percentile of per-token gaps (the speed when the
+process got the cores) and the 1-minute load average before and after. Sequential runs give each
+agent 2 torch threads (one stage computes at a time); the pipelined 2-stage plan gives
+each stage 1 of the 2 cores.
+
+Usage: python bench/runtime.py [--model DIR] [--rounds 5] [--new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import zmq
+
+from agents.protocol import DataHeader
+from agents.transport import (
+    DATA_DOMAIN,
+    CurveKeys,
+    KeyGate,
+    curve_client,
+    curve_server,
+    data_message,
+    start_authenticator,
+    tensor_frame,
+    tensor_from_frame,
+)
+
+PROMPT_TOKENS = 16
+
+
+# ------------------------------------------------------------------------- per hop
+def _echo(port_in: int, port_out: int, curve: str) -> None:
+    """Child process: receive a data message, decode it strictly, send it back."""
+    from agents.protocol import decode_data
+
+    ctx = zmq.Context()
+    keys = None
+    if curve:
+        server_pub, my_pub, my_sec = curve.split(",")
+        keys = CurveKeys(my_pub, my_sec)
+        gate = KeyGate()
+        gate.allow(DATA_DOMAIN, [server_pub])
+        auth = start_authenticator(ctx, gate)
+    pull = ctx.socket(zmq.PULL)
+    curve_server(pull, keys, DATA_DOMAIN)
+    pull.bind(f"tcp://127.0.0.1:{port_in}")
+    push = ctx.socket(zmq.PUSH)
+    curve_client(push, keys, server_pub if curve else None)
+    push.connect(f"tcp://127.0.0.1:{port_out}")
+    print("ready", flush=True)
+    while True:
+        frames = pull.recv_multipart(copy=False)
+        if len(frames) == 1:
+            break
+        header, bufs = decode_data(frames, 1 << 30)
+        t = tensor_from_frame(header.tensors[0], bufs[0])
+        spec, buf = tensor_frame(t)
+        push.send_multipart(data_message(header, [buf]), copy=False)
+    if curve:
+        auth.stop()
+    ctx.destroy(linger=0)
+
+
+def measure_hop_us(curve: bool, n: int = 2000) -> float:
+    from agents.protocol import decode_data
+
+    ctx = zmq.Context()
+    keys = echo_keys = None
+    auth = None
+    if curve:
+        keys, echo_keys = CurveKeys.generate(), CurveKeys.generate()
+        gate = KeyGate()
+        gate.allow(DATA_DOMAIN, [echo_keys.public])
+        auth = start_authenticator(ctx, gate)
+    pull = ctx.socket(zmq.PULL)
+    curve_server(pull, keys, DATA_DOMAIN)
+    port_back = pull.bind_to_random_port("tcp://127.0.0.1")
+    probe = ctx.socket(zmq.PULL)
+    port_in = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close()
+    arg = f"{keys.public},{echo_keys.public},{echo_keys.secret}" if curve else ""
+    child = subprocess.Popen([sys.executable, __file__, "--echo", str(port_in), str(port_back), arg or "-"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        push = ctx.socket(zmq.PUSH)
+        curve_client(push, keys, echo_keys.public if curve else None)
+        push.connect(f"tcp://127.0.0.1:{port_in}")
+        x = torch.randn(1, 4096)
+        rtts = []
+        for i in range(n + 200):
+            t0 = time.perf_counter()
+            spec, buf = tensor_frame(x)
+            header = DataHeader(run_id="bench", kind="hidden", phase="decode", step=i, micro_batch=0,
+                                sender="bench", tensors=(spec,))
+            push.send_multipart(data_message(header, [buf]), copy=False)
+            frames = pull.recv_multipart(copy=False)
+            h, bufs = decode_data(frames, 1 << 30)
+            tensor_from_frame(h.tensors[0], bufs[0])
+            if i >= 200:
+                rtts.append(time.perf_counter() - t0)
+        push.send(b"stop")
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if auth is not None:
+            auth.stop()
+        ctx.destroy(linger=0)
+    return statistics.median(rtts) / 2 * 1e6
+
+
+# --------------------------------------------------------------------- HF baseline
+def hf_decode_stamps(model, input_ids: torch.Tensor, new_tokens: int) -> list[float]:
+    """Greedy decode with the model's own forward and a DynamicCache (what generate does, minus its bookkeeping)."""
+    from transformers import DynamicCache
+
+    stamps = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        mask = torch.ones_like(input_ids)
+        out = model(input_ids=input_ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        stamps.append(time.perf_counter())
+        for _ in range(new_tokens - 1):
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            out = model(input_ids=tok, attention_mask=mask, past_key_values=cache, use_cache=True)
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            stamps.append(time.perf_counter())
+    return stamps
+
+
+def rate(stamps: list[float]) -> float:
+    """Tokens per second after the first (fencepost-free), as core.run_metrics defines it."""
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def gaps(stamps: list[float]) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def step_compute_s(events, devices: list[str]) -> list[float]:
+    """Per decode step: compute time summed over the stages (the work, without the hops)."""
+    per: dict[int, float] = {}
+    for e in events:
+        if e.kind == "compute" and e.phase == "decode" and e.device in devices:
+            per[e.step] = per.get(e.step, 0.0) + e.duration_s
+    return list(per.values())
+
+
+def hop_latencies_s(events, devices: list[str]) -> list[float]:
+    """Send start on one stage to compute start of the same step on the next stage (the
+    token hop back to the source feeds its next step): wire + framing + wake-up."""
+    compute = {(e.device, e.step): e.start_s for e in events if e.kind == "compute"}
+    out = []
+    for e in events:
+        if e.kind != "send" or e.phase != "decode":
+            continue
+        i = devices.index(e.device)
+        nxt = devices[(i + 1) % len(devices)]
+        step = e.step + 1 if nxt == devices[0] else e.step
+        if (nxt, step) in compute:
+            out.append(compute[(nxt, step)] - e.start_s)
+    return out
+
+
+def p10(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10)[0]
+
+
+# ---------------------------------------------------------------------- the bench
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(Path.home() / ".cache" / "edgeshard" / "bench-llama-170m"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per agent and for the HF baseline (1: the 2 cores are shared)")
+    args = ap.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    from agents.protocol import SamplingSpec
+    from core.checkpoints import make_benchmark_model
+    from core.coordinator import Coordinator, RunRequest
+    from core.local_cluster import LocalCluster
+    from core.plan import plan_from_boundaries
+    from core.run_metrics import decode_tokens_per_s
+
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").exists():
+        make_benchmark_model(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    layers = int(config["num_hidden_layers"])
+    units = layers + 2
+    torch.set_num_threads(args.threads)
+
+    hop_plain = measure_hop_us(curve=False)
+    hop_curve = measure_hop_us(curve=True)
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, int(config["vocab_size"]), (4, PROMPT_TOKENS), generator=gen)
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    params = sum(p.numel() for p in hf.parameters())
+
+    solo = ["solo"]
+    four = [f"four-{i}" for i in range(4)]
+    two = ["two-0", "two-1"]
+    q = units // 4
+    plan1 = plan_from_boundaries("bench", units, solo, [])
+    plan4 = plan_from_boundaries("bench", units, four, [q, 2 * q, 3 * q])
+    plan2 = plan_from_boundaries("bench", units, two, [units // 2])
+
+    def request(n_seqs: int, mode: str, micro_batches: int) -> RunRequest:
+        rows = tuple(tuple(r) for r in ids[:n_seqs].tolist())
+        return RunRequest(input_ids=rows, attention_mask=tuple((1,) * PROMPT_TOKENS for _ in rows),
+                          max_new_tokens=args.new_tokens, mode=mode, micro_batches=micro_batches,
+                          eos_token_ids=(), sampling=SamplingSpec())
+
+    figures: dict[str, list[float]] = {k: [] for k in ("hf", "agent1", "agent4", "bubbles", "nobubbles")}
+    token_gaps: dict[str, list[float]] = {"hf": [], "agent1": [], "agent4": []}
+    step_compute: dict[str, list[float]] = {"agent1": [], "agent4": []}
+    hops: list[float] = []
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="edgeshard-bench-") as tmp:
+        with LocalCluster(tmp, solo + four + two, threads_per_agent=args.threads) as cluster:
+            with Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=60) as co:
+                co.load(plan1, str(model_dir), threads=args.threads)
+                co.load(plan4, str(model_dir), threads=args.threads)
+                co.load(plan2, str(model_dir), threads=max(1, args.threads // 2))
+                co.sync_clocks()
+                for rnd in range(args.rounds + 1):  # the first round warms up
+                    print(f"round {rnd}/{args.rounds}", file=sys.stderr, flush=True)
+                    stamps = hf_decode_stamps(hf, ids[:1], args.new_tokens)
+                    if rnd:
+                        figures["hf"].append(rate(stamps))
+                        token_gaps["hf"] += gaps(stamps)
+                    for key, plan in (("agent1", plan1), ("agent4", plan4)):
+                        r = co.run(plan, request(1, "sequential", 1))
+                        stamps = [t.t_s for t in sorted(r.token_events, key=lambda t: t.step)][1:]
+                        if rnd:
+                            figures[key].append(decode_tokens_per_s(r.token_events))
+                            token_gaps[key] += gaps(stamps)
+                            devs = list(plan.devices())
+                            step_compute[key] += step_compute_s(r.events, devs)
+                            if len(devs) > 1:
+                                hops.extend(hop_latencies_s(r.events, devs))
+                    for key, mode in (("bubbles", "bubbles"), ("nobubbles", "no-bubbles")):
+                        r = co.run(plan2, request(4, mode, 4))
+                        if rnd:
+                            figures[key].append(decode_tokens_per_s(r.token_events))
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    best = {k: max(v) for k, v in figures.items()}
+    quiet = {k: 1.0 / p10(v) for k, v in token_gaps.items()}
+    med_gap = {k: statistics.median(v) for k, v in token_gaps.items()}
+    out = {
+        "bench": "runtime",
+        "model": f"llama {layers} layers, hidden {config['hidden_size']}, {params / 1e6:.0f}M params, fp32",
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {args.threads}",
+        "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "rounds": args.rounds,
+        "new_tokens": args.new_tokens,
+        "hf_decode_tok_s": round(med["hf"], 2),
+        "agent1_decode_tok_s": round(med["agent1"], 2),
+        "agent_vs_hf": round(med["agent1"] / med["hf"], 3),
+        "agent_vs_hf_quiet": round(quiet["agent1"] / quiet["hf"], 3),
+        "agent4_decode_tok_s": round(med["agent4"], 2),
+        "four_vs_one": round(med["agent4"] / med["agent1"], 3),
+        "four_vs_one_quiet": round(quiet["agent4"] / quiet["agent1"], 3),
+        "per_token_ms_hf": round(med_gap["hf"] * 1e3, 2),
+        "per_token_ms_1_stage": round(med_gap["agent1"] * 1e3, 2),
+        "per_token_ms_4_stages": round(med_gap["agent4"] * 1e3, 2),
+        "per_token_ms_p10": {k: round(1e3 / v, 2) for k, v in quiet.items()},
+        "step_compute_ms_1_stage": round(statistics.median(step_compute["agent1"]) * 1e3, 2),
+        "step_compute_ms_4_stages_sum": round(statistics.median(step_compute["agent4"]) * 1e3, 2),
+        "runtime_hop_us_median": round(statistics.median(hops) * 1e6, 1),
+        "runtime_hop_us_p10": round(p10(hops) * 1e6, 1),
+        "hop_us_plain": round(hop_plain, 1),
+        "hop_us_curve": round(hop_curve, 1),
+        "curve_cost_us": round(hop_curve - hop_plain, 1),
+        "bubbles_tok_s_2x4": round(med["bubbles"], 2),
+        "nobubbles_tok_s_2x4": round(med["nobubbles"], 2),
+        "nobubbles_vs_bubbles": round(med["nobubbles"] / med["bubbles"], 3),
+        "nobubbles_vs_bubbles_best_round": round(best["nobubbles"] / best["bubbles"], 3),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--echo":
+        _echo(int(sys.argv[2]), int(sys.argv[3]), "" if sys.argv[4] == "-" else sys.argv[4])
+    else:
+        main()
