@@ -1,0 +1,144 @@
+"""What the stage executor itself costs, without any transport; prints one JSON line.
+
+Model: the generated ≈170 M-parameter Llama of ``core.checkpoints.BENCHMARK_RECIPE``
+(made once into ``--model`` if missing). Measured side by side in interleaved rounds:
+
+- ``stage_vs_hf``: greedy decode tokens/s of one ``StageExecutor`` holding every unit over
+  the HF model's own forward with a DynamicCache (what ``generate`` runs per token);
+- ``four_stages_vs_one``: the same model as 4 executors chained in-process (the hops of a
+  real run minus the network) over 1 executor;
+- per-stage weight bytes of an even 4-stage split and the load time of each stage.
+
+Ratios use medians of per-round rates and, because this machine is shared, also the 10th
+percentile of per-token times (``*_quiet``: the speed when the process had the cores).
+
+Usage: python bench/shard_executor.py [--model DIR] [--rounds 5] [--new-tokens 24] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def decode_times(step, first_token: torch.Tensor, new_tokens: int) -> list[float]:
+    times, token = [], first_token
+    for _ in range(new_tokens):
+        started = time.perf_counter()
+        token = step(token)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def hf_run(model, ids, mask, new_tokens):
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        state = {"mask": mask}
+
+        def step(token):
+            state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((1, 1))], dim=1)
+            logits = model(input_ids=token, attention_mask=state["mask"], past_key_values=cache,
+                           use_cache=True, logits_to_keep=1).logits
+            return logits[:, -1].argmax(-1, keepdim=True)
+
+        return decode_times(step, out.logits[:, -1].argmax(-1, keepdim=True), new_tokens)
+
+
+def chain_run(executors, ids, mask, new_tokens):
+    x = ids
+    for ex in executors:
+        x = ex.prefill(0, x, mask)
+
+    def step(token):
+        y = token
+        for ex in executors:
+            y = ex.decode(0, y)
+        return y.argmax(-1, keepdim=True)
+
+    times = decode_times(step, x.argmax(-1, keepdim=True), new_tokens)
+    for ex in executors:
+        ex.drop(0)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(Path.home() / ".cache" / "edgeshard" / "bench-llama-170m"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    import transformers
+
+    from agents.shard import StageExecutor
+    from core.checkpoints import make_benchmark_model
+
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        make_benchmark_model(model_dir)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    units = hf.config.num_hidden_layers + 2
+    whole = StageExecutor(str(model_dir), 0, units)
+    bounds = [0] + [1 + round(k * hf.config.num_hidden_layers / 4) for k in range(1, 4)] + [units]
+    four, load_s = [], []
+    for start, end in zip(bounds, bounds[1:]):
+        started = time.perf_counter()
+        four.append(StageExecutor(str(model_dir), start, end))
+        load_s.append(round(time.perf_counter() - started, 3))
+
+    ids = torch.randint(3, 1000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    runs = {"hf": (lambda: hf_run(hf, ids, mask, args.new_tokens)),
+            "one": (lambda: chain_run([whole], ids, mask, args.new_tokens)),
+            "four": (lambda: chain_run(four, ids, mask, args.new_tokens))}
+    for run in runs.values():  # warm up (page in the memory-mapped weights, allocator, kernels)
+        run()
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    gaps: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            times = run()
+            rates[name].append(len(times) / sum(times))
+            gaps[name].extend(times)
+
+    def median(name):
+        return statistics.median(rates[name])
+
+    def quiet(name):
+        return 1.0 / sorted(gaps[name])[len(gaps[name]) // 10]
+
+    print(json.dumps({
+        "bench": "shard_executor",
+        "model": f"llama {hf.config.num_hidden_layers} layers, hidden {hf.config.hidden_size}, "
+                 f"{sum(p.numel() for p in hf.parameters()) / 1e6:.0f}M params, fp32",
+        "threads": args.threads,
+        "hf_tokens_per_s": round(median("hf"), 2),
+        "stage_tokens_per_s": round(median("one"), 2),
+        "four_stages_tokens_per_s": round(median("four"), 2),
+        "stage_vs_hf": round(median("one") / median("hf"), 3),
+        "stage_vs_hf_quiet": round(quiet("one") / quiet("hf"), 3),
+        "four_stages_vs_one": round(median("four") / median("one"), 3),
+        "four_stages_vs_one_quiet": round(quiet("four") / quiet("one"), 3),
+        "four_stage_units": [[a, b] for a, b in zip(bounds, bounds[1:])],
+        "four_stage_weight_mb": [round(ex.memory_bytes() / 2**20, 1) for ex in four],
+        "four_stage_load_s": load_s,
+        "whole_weight_mb": round(whole.memory_bytes() / 2**20, 1),
+        "loadavg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }))
+
+
+if __name__ == "__main__":
+    main()
