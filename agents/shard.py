@@ -5,7 +5,8 @@ head; a stage runs ``[start, end)``. The stage builds the transformers 5 modules
 units on the meta device (no memory, no random init), then assigns only its own tensors
 read from the checkpoint, so a stage holding a quarter of the blocks holds a quarter of
 their weights. safetensors hands out memory-mapped tensors: pages come in on first use
-and are shared with the page cache (in fp32; another dtype makes an owned copy). Layers get LOCAL indices 0..k-1 (the KV cache is indexed by
+and are shared with the page cache (when the stored dtype is the one asked for;
+converting makes an owned copy). Layers get LOCAL indices 0..k-1 (the KV cache is indexed by
 ``self_attn.layer_idx``), rotary embeddings and masks are computed per stage exactly as
 the HF model computes them for the whole stack, so a chain of stages reproduces the whole
 model's outputs (see ``agents.local_pipeline`` and the tests).
