@@ -155,7 +155,11 @@ class SessionsPanel(QWidget):
         self.scrubber.setAccessibleName("Replay position")
         self.scrubber.setToolTip("Drag to jump to any moment of the run")
         self.scrubber.setRange(0, SCRUB_STEPS)
+        # seek on release, not on every pixel of a drag: a seek rebuilds the view from the
+        # delivered prefix, which for a long run is a noticeable amount of work
+        self.scrubber.setTracking(False)
         self.scrubber.valueChanged.connect(self._on_scrubber_value_changed)
+        self.scrubber.sliderMoved.connect(self._on_scrubber_slider_moved)
         self.time_label = QLabel("0.00 / 0.00 s")
         self.time_label.setAccessibleName("Replay time")
         self.time_label.setMinimumWidth(110)
@@ -382,6 +386,10 @@ class SessionsPanel(QWidget):
         self.scrubber.setValue(int(round(SCRUB_STEPS * pos_s / duration)) if duration > 0 else 0)
         self._scrubbing = False
         self.time_label.setText(f"{min(pos_s, duration):.2f} / {duration:.2f} s")
+
+    def _on_scrubber_slider_moved(self, value: int) -> None:
+        duration = self.replay.duration_s if self.replay is not None else 0.0
+        self.time_label.setText(f"{duration * value / SCRUB_STEPS:.2f} / {duration:.2f} s")
 
     def _on_scrubber_value_changed(self, value: int) -> None:
         if self._scrubbing or self.replay is None:
