@@ -204,3 +204,28 @@ def test_generation_defaults_come_from_the_checkpoint(tiny_llama_dir):
 
     defaults = read_generation_defaults(tiny_llama_dir)
     assert (defaults["eos_token_ids"], defaults["pad_token_id"], defaults["bos_token_id"]) == ((2,), 0, 1)
+
+
+def test_mixtral_saved_with_fused_experts_runs_like_the_old_layout(tiny_model_dirs, tmp_path):
+    source = Path(tiny_model_dirs["mixtral"])
+    old = load_file(source / "model.safetensors")
+    assert any(".block_sparse_moe.experts.0.w1." in k for k in old)
+    fused: dict[str, torch.Tensor] = {}
+    for layer in range(4):
+        p = f"model.layers.{layer}.block_sparse_moe."
+        experts = range(4)
+        fused[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([old[f"{p}experts.{e}.w1.weight"], old[f"{p}experts.{e}.w3.weight"]]) for e in experts])
+        fused[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack(
+            [old[f"{p}experts.{e}.w2.weight"] for e in experts])
+        fused[f"model.layers.{layer}.mlp.gate.weight"] = old[f"{p}gate.weight"]
+    fused.update({k: v for k, v in old.items() if ".block_sparse_moe." not in k})
+    (tmp_path / "new").mkdir()
+    shutil.copy(source / "config.json", tmp_path / "new" / "config.json")
+    save_file(fused, tmp_path / "new" / "model.safetensors", metadata={"format": "pt"})
+    ids, mask = prompt_batch()
+    params = SamplingParams(max_new_tokens=5)
+    split = [(0, 3), (3, 6)]
+    expected = generate_partitioned([StageExecutor(str(source), a, b) for a, b in split], ids, mask, params)
+    got = generate_partitioned([StageExecutor(str(tmp_path / "new"), a, b) for a, b in split], ids, mask, params)
+    assert torch.equal(got.tokens, expected.tokens)
