@@ -382,6 +382,8 @@ class SessionsPanel(QWidget):
 
     def _set_scrubber(self, pos_s: float) -> None:
         duration = self.replay.duration_s if self.replay is not None else 0.0
+        if self.scrubber.isSliderDown():
+            return  # the operator is dragging it: the release seeks
         self._scrubbing = True
         self.scrubber.setValue(int(round(SCRUB_STEPS * pos_s / duration)) if duration > 0 else 0)
         self._scrubbing = False
