@@ -64,9 +64,9 @@ class RunMonitorView(QWidget):
         self.latency_card = MetricCard("Latency / token", "Mean time between a sequence's consecutive tokens")
         self.rate_card = MetricCard("Decode tokens/s", "Tokens per second over the decode steps")
         self.tokens_card = MetricCard("Tokens", "Tokens generated so far")
-        cards = QHBoxLayout()
-        for card in (self.ttft_card, self.latency_card, self.rate_card, self.tokens_card):
-            cards.addWidget(card)
+        cards = QGridLayout()  # 2 x 2: readable in a narrow side column
+        for i, card in enumerate((self.ttft_card, self.latency_card, self.rate_card, self.tokens_card)):
+            cards.addWidget(card, i // 2, i % 2)
 
         self.rate_plot = pg.PlotWidget()
         self.rate_plot.setAccessibleName("Tokens per second over time")
@@ -112,9 +112,10 @@ class RunMonitorView(QWidget):
         splitter.setChildrenCollapsible(False)
         splitter.addWidget(self.timeline)
         splitter.addWidget(side)
-        splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 2)
-        splitter.setSizes([700, 420])
+        splitter.setStretchFactor(0, 2)
+        splitter.setStretchFactor(1, 1)
+        side.setMinimumWidth(300)
+        splitter.setSizes([760, 360])
         self.splitter = splitter
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)

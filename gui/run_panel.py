@@ -244,8 +244,8 @@ class RunPanel(QWidget):
         buttons.addStretch(1)
 
         settings = QWidget()
-        settings.setMinimumWidth(300)
-        settings.setMaximumWidth(420)
+        settings.setMinimumWidth(270)
+        settings.setMaximumWidth(400)
         s_layout = QVBoxLayout(settings)
         s_layout.setContentsMargins(0, 0, 8, 0)
         s_layout.addLayout(form)
