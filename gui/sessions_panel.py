@@ -209,7 +209,7 @@ class SessionsPanel(QWidget):
         splitter.addWidget(left)
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([380, 1000])
+        splitter.setSizes([320, 1060])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 12, 16, 12)
         layout.addWidget(panel_header(
