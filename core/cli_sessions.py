@@ -20,8 +20,8 @@ from core.plan import ShardPlan
 from core.problem import PlanningProblem
 from core.recording import record_simulation
 from core.replay import Replay
-from core.run_metrics import LiveMetrics
-from core.simulator import MODES, simulate
+from core.run_metrics import LiveMetrics, compute_figures
+from core.simulator import MODES, simulate, simulate_recorded
 from core.store import SessionStore, default_workspace_path
 from core.trace_export import write_chrome_trace, write_events_csv, write_events_jsonl
 
@@ -35,8 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "~/.local/share/edgeshard/workspace.sqlite)")
 
     p = sub.add_parser("simulate", help="predict a plan's timeline and figures with the discrete-event simulator")
-    p.add_argument("problem", metavar="PROBLEM.json")
-    p.add_argument("--plan", required=True, metavar="PLAN.json")
+    p.add_argument("problem", metavar="PROBLEM.json", nargs="?")
+    p.add_argument("--plan", metavar="PLAN.json")
+    p.add_argument("--run", type=int, metavar="RUN",
+                   help="predict a recorded run (its problem, plan, mode and batches) and compare with what it measured")
     p.add_argument("--mode", choices=MODES, default="sequential")
     p.add_argument("--micro-batches", type=int, metavar="K", help="micro-batches in flight (default: the plan's)")
     p.add_argument("--micro-batch-size", type=int, metavar="M", help="sequences per micro-batch (default: the plan's)")
@@ -94,6 +96,10 @@ def _fmt_rate(x: float | None) -> str:
 
 
 def _cmd_simulate(args) -> int:
+    if args.run is not None:
+        return _cmd_simulate_run(args)
+    if not args.problem or not args.plan:
+        raise EdgeShardError("give PROBLEM.json and --plan PLAN.json, or --run RUN")
     problem = formats.load(args.problem, PlanningProblem)
     plan = formats.load(args.plan, ShardPlan)
     try:
@@ -135,6 +141,45 @@ def _cmd_simulate(args) -> int:
     print("  utilisation        " + ", ".join(f"{d} {u * 100:.0f}%" for d, u in f.utilisation.items()))
     if args.record:
         print(f"recorded as run {figures['run']} (session {figures['session']})")
+    return 0
+
+
+_COMPARED = (("ttft_s", "TTFT"), ("per_token_latency_s", "per-token latency"),
+             ("decode_tokens_per_s", "decode throughput"))
+
+
+def _cmd_simulate_run(args) -> int:
+    with _open(args) as store:
+        run = store.run(args.run)
+        problem = store.problem_of(args.run)
+        if problem is None or run.plan_id is None:
+            raise StoreError(f"run {run.id} was recorded without its problem and plan; nothing to predict from")
+        plan = store.plan(run.plan_id)
+        items = store.timeline(args.run)
+    tokens = [i.tokens for i in items if i.tokens is not None]
+    events = [i.event for i in items if i.event is not None]
+    try:
+        res = simulate_recorded(problem, plan, run.mode, tokens)
+    except ValueError as err:
+        raise EdgeShardError(f"run {run.id}: {err}") from None
+    measured = compute_figures(events, tokens)
+    rows = []
+    for key, label in _COMPARED:
+        pred, meas = getattr(res.figures, key), getattr(measured, key)
+        err = (pred / meas - 1) if pred is not None and meas else None
+        rows.append({"figure": key, "label": label, "predicted": pred, "measured": meas, "error": err})
+    if args.json:
+        print(json.dumps({"run": run.id, "mode": res.mode, "micro_batches": res.micro_batches,
+                          "micro_batch_size": res.micro_batch_size, "generated_tokens": res.generated_tokens,
+                          "figures": rows}, sort_keys=True))
+        return 0
+    print(f"run {run.id} ({run.kind} {res.mode}, {res.micro_batches} micro-batch(es) of {res.micro_batch_size}, "
+          f"{res.generated_tokens} tokens): predicted vs measured")
+    print(f"  {'':<18} {'predicted':>14}  {'measured':>14}  {'error':>9}")
+    for r in rows:
+        fmt = _fmt_rate if r["figure"] == "decode_tokens_per_s" else _fmt_s
+        err = "-" if r["error"] is None else f"{r['error'] * 100:+.1f} %"
+        print(f"  {r['label']:<18} {fmt(r['predicted']):>14}  {fmt(r['measured']):>14}  {err:>9}")
     return 0
 
 

@@ -264,3 +264,15 @@ class _Simulation:
             events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
             steady_tokens_per_s=steady, link_wait_s=self.link_wait, step_done_s=step_done,
         )
+
+
+def simulate_recorded(problem: PlanningProblem, plan: ShardPlan, mode: str, tokens) -> SimulationResult:
+    """Predict a run that was recorded: micro-batches, their size and the generated tokens
+    are read from its ``TokenEvent``s (what really ran), the rest from the problem."""
+    if not tokens:
+        raise ValueError("the run has no token outputs to compare with")
+    mbs = {t.micro_batch for t in tokens}
+    size = max(len(t.sequence_ids) for t in tokens)
+    steps = max(t.step for t in tokens) + 1
+    return simulate(problem, plan, mode if mode in MODES else "sequential", micro_batches=len(mbs),
+                    micro_batch_size=size, generated_tokens=steps)

@@ -72,6 +72,24 @@ def test_a_recorded_simulation_is_listed_exported_and_replayed(files, capsys):
     assert f"TTFT {ttft_ms:.2f} ms" in lines[-2]
 
 
+def test_simulate_run_predicts_a_recorded_run_and_compares_with_what_it_measured(files, capsys):
+    tmp, p, plan = files
+    rc, out, _ = _run(["simulate", tmp / "problem.json", "--plan", tmp / "plan.json", "--mode", "bubbles",
+                       "--record", "--json"], capsys)
+    run = json.loads(out)["run"]
+    rc, out, _ = _run(["simulate", "--run", run, "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and (doc["mode"], doc["micro_batches"], doc["generated_tokens"]) == ("bubbles", 3, 6)
+    # a recorded prediction is predicted again exactly: the comparison's own consistency check
+    assert [r["error"] for r in doc["figures"]] == [0.0, 0.0, 0.0]
+    rc, out, _ = _run(["simulate", "--run", run], capsys)
+    assert "predicted" in out and "+0.0 %" in out
+    with SessionStore(tmp / "ws.sqlite") as store:
+        bare = store.create_run(store.create_session("bare"), model="m", mode="sequential")
+    rc, _, err = _run(["simulate", "--run", bare], capsys)
+    assert rc == 2 and "without its problem and plan" in err
+
+
 def test_a_session_moves_to_another_workspace_through_one_file(files, capsys):
     tmp, p, plan = files
     _run(["simulate", tmp / "problem.json", "--plan", tmp / "plan.json", "--record"], capsys)
