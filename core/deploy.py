@@ -31,6 +31,7 @@ import posixpath
 import re
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,6 +62,8 @@ REQUIRED_MODULES: dict[str, str] = {
 """Module the agent imports → the pip package that provides it."""
 FREE_SPACE_MARGIN = 16 << 20
 READY_PREFIX = "EDGESHARD-AGENT-READY"
+_WORKSPACE_LOCK = threading.Lock()
+"""Parallel deploys share the workspace's key, known_hosts and agents.json: one writer at a time."""
 
 
 # ------------------------------------------------------------------------------ errors
@@ -211,10 +214,11 @@ class HostKeyPolicy:
 
     def remember(self, host: str, port: int, key: paramiko.PKey) -> None:
         path = self.workspace_known_hosts
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(f"{known_hosts_name(host, port)} {key.get_name()} {key.get_base64()}\n")
-        os.chmod(path, 0o600)
+        with _WORKSPACE_LOCK:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"{known_hosts_name(host, port)} {key.get_name()} {key.get_base64()}\n")
+            os.chmod(path, 0o600)
 
 
 def _load_known_hosts(path: Path) -> paramiko.HostKeys:
@@ -774,8 +778,9 @@ def coordinator_keypair(workspace: Path):
     """The workspace's CurveZMQ keypair: agents accept control only from its public key."""
     from agents.transport import CurveKeys
 
-    workspace.mkdir(parents=True, exist_ok=True)
-    return CurveKeys.load_or_create(workspace / "coordinator.key")
+    with _WORKSPACE_LOCK:
+        workspace.mkdir(parents=True, exist_ok=True)
+        return CurveKeys.load_or_create(workspace / "coordinator.key")
 
 
 def _remember_agent(workspace: Path, record: AgentRecord) -> None:
@@ -784,19 +789,21 @@ def _remember_agent(workspace: Path, record: AgentRecord) -> None:
     from core.local_cluster import AgentEntry, AgentsFile
 
     path = workspace / "agents.json"
-    entries: dict[str, AgentEntry] = {}
-    if path.is_file():
-        try:
-            old = msgspec.json.decode(path.read_bytes(), type=AgentsFile)
-            entries = {a.device: a for a in old.agents}
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            entries = {}
-    entries[record.device] = AgentEntry(device=record.device, control_address=record.control_address,
-                                        public_key=record.public_key, pid=record.pid)
-    data = AgentsFile(coordinator_key_file="coordinator.key", agents=tuple(entries[d] for d in sorted(entries)))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2))
-    os.replace(tmp, path)
+    with _WORKSPACE_LOCK:
+        entries: dict[str, AgentEntry] = {}
+        if path.is_file():
+            try:
+                old = msgspec.json.decode(path.read_bytes(), type=AgentsFile)
+                entries = {a.device: a for a in old.agents}
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                entries = {}
+        entries[record.device] = AgentEntry(device=record.device, control_address=record.control_address,
+                                            public_key=record.public_key, pid=record.pid)
+        data = AgentsFile(coordinator_key_file="coordinator.key",
+                          agents=tuple(entries[d] for d in sorted(entries)))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2))
+        os.replace(tmp, path)
 
 
 def deploy_many(
