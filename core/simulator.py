@@ -64,7 +64,7 @@ class SimulationResult(msgspec.Struct, frozen=True, kw_only=True):
     figures: RunFigures
     """The same figures a real run gets (``core.run_metrics``)."""
     steady_tokens_per_s: float | None
-    """Decode throughput over the second half of the decode steps (whole rounds)."""
+    """Decode throughput over the middle half of the decode steps (whole rounds)."""
     link_wait_s: float
     """Total time transfers waited for a link busy with another transfer (contention)."""
     step_done_s: tuple[float, ...]
@@ -80,12 +80,17 @@ def simulate(
     micro_batch_size: int | None = None,
     generated_tokens: int | None = None,
     overlap: bool = True,
+    host_cores: int | None = None,
 ) -> SimulationResult:
     """Play ``plan`` out on ``problem`` and return the predicted events and figures.
 
     Defaults: ``sequential`` serves the workload's batch as one micro-batch; the pipeline
     modes use the plan's micro-batch size and count. Raises ``PlanInvalid`` for a plan
     whose shape is broken (memory is the cost model's concern, not the simulator's).
+
+    ``host_cores``: the stages' devices are emulated on one host with that many cores
+    (a local cluster): n stages computing at once each progress at min(1, cores / n)
+    (processor sharing). None: independent devices, as in the cost model.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -101,16 +106,23 @@ def simulate(
     g = generated_tokens if generated_tokens is not None else wl.generated_tokens
     if k_mb < 1 or m < 1 or g < 1:
         raise ValueError("micro-batches, micro-batch size and generated tokens must be at least 1")
-    return _Simulation(problem, plan, mode, k_mb, m, g, overlap).run()
+    if host_cores is not None and host_cores < 1:
+        raise ValueError("host_cores must be at least 1")
+    return _Simulation(problem, plan, mode, k_mb, m, g, overlap, host_cores).run()
 
 
 _ARRIVE, _COMPUTE_DONE, _LINK_DONE, _TOKEN = range(4)
 
 
 class _Simulation:
-    def __init__(self, problem, plan, mode, k_mb, m, g, overlap):
+    def __init__(self, problem, plan, mode, k_mb, m, g, overlap, host_cores=None):
         self.problem, self.plan, self.mode = problem, plan, mode
         self.k_mb, self.m, self.g, self.overlap = k_mb, m, g, overlap
+        self.host_cores = host_cores
+        # Processor sharing (host_cores): stage -> [remaining seconds at full speed,
+        # start time, job, version]; a completion whose version is stale is ignored.
+        self.active: dict[int, list] = {}
+        self.active_since = 0.0
         stages = plan.stages
         self.n = len(stages)
         prompt = problem.workload.prompt_tokens
@@ -162,7 +174,9 @@ class _Simulation:
                 self.stage_queue[j].append(job)
                 self._try_stage(j, t)
             elif action == _COMPUTE_DONE:
-                self._compute_done(t, *args)
+                if self.host_cores is not None and not self._ps_done(t, *args):
+                    continue
+                self._compute_done(t, args[0], args[1])
             elif action == _LINK_DONE:
                 j = args[0]
                 self.link_busy[j] = False
@@ -188,10 +202,43 @@ class _Simulation:
                 start_s=self.stage_free_since[j], end_s=t))
         self.stage_busy[j] = True
         d = self.compute[j, phase]
+        if self.host_cores is not None:
+            self._ps_advance(t)
+            self.active[j] = [d, t, (mb, step), 0]
+            self._ps_reschedule(t)
+            return
         self.events.append(TimelineEvent(
             device=dev, stage=j, kind="compute", phase=phase, step=step, micro_batch=mb,
             start_s=t, end_s=t + d))
         self.push(t + d, _COMPUTE_DONE, j, (mb, step))
+
+    def _ps_rate(self) -> float:
+        return min(1.0, self.host_cores / len(self.active)) if self.active else 1.0
+
+    def _ps_advance(self, t: float) -> None:
+        rate = self._ps_rate()
+        for a in self.active.values():
+            a[0] -= (t - self.active_since) * rate
+        self.active_since = t
+
+    def _ps_reschedule(self, t: float) -> None:
+        rate = self._ps_rate()
+        for j, a in self.active.items():
+            a[3] += 1
+            self.push(t + max(0.0, a[0]) / rate, _COMPUTE_DONE, j, a[2], a[3])
+
+    def _ps_done(self, t: float, j: int, job, version: int) -> bool:
+        a = self.active.get(j)
+        if a is None or a[3] != version:
+            return False
+        self._ps_advance(t)
+        del self.active[j]
+        self._ps_reschedule(t)
+        mb, step = job
+        self.events.append(TimelineEvent(
+            device=self.plan.stages[j].device, stage=j, kind="compute", phase=self._phase(step), step=step,
+            micro_batch=mb, start_s=a[1], end_s=t))
+        return True
 
     def _free_stage(self, j: int, t: float) -> None:
         self.stage_busy[j] = False
@@ -255,7 +302,9 @@ class _Simulation:
         events = sorted(self.events, key=lambda e: (e.end_s, e.start_s, e.stage, e.kind, e.micro_batch))
         tokens = sorted(self.tokens, key=lambda t: (t.t_s, t.micro_batch))
         step_done = tuple(max(self.step_arrivals[s]) for s in range(self.g))
-        lo, hi = max(1, self.g // 2), self.g - 1
+        # The middle half of the decode steps: past the prefill transient, before the
+        # drain (finished micro-batches free shared resources for the last ones).
+        lo, hi = max(1, self.g // 4), max(1, (3 * self.g) // 4)
         steady = None
         if hi > lo and step_done[hi] > step_done[lo]:
             steady = self.k_mb * self.m * (hi - lo) / (step_done[hi] - step_done[lo])

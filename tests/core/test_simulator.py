@@ -134,3 +134,21 @@ def test_an_unknown_mode_is_refused():
     p = _problem()
     with pytest.raises(ValueError, match="no-bubbles"):
         simulate(p, make_plan(p, ["a", "b"], [4]), "zigzag")
+
+
+def test_stages_emulated_on_one_host_share_its_cores():
+    # Four equal stages on a 2-core host, negligible links: every stage busy at once
+    # progresses at half speed, so the pipeline delivers 2 cores' worth: 2 / ΣC tokens/s.
+    p = make_problem({"a": 0.01, "b": 0.01, "c": 0.01, "d": 0.01}, blocks=6, bandwidth_mbit_s=1e12,
+                     latency_ms=0.0, generated_tokens=40)
+    plan = make_plan(p, ["a", "b", "c", "d"], [2, 4, 6], m=1, k=8)
+    total_c = 4 * 0.02
+    shared = simulate(p, plan, "no-bubbles", host_cores=2)
+    assert shared.steady_tokens_per_s == pytest.approx(2 / total_c, rel=1e-6)
+    assert simulate(p, plan, "no-bubbles", host_cores=4).steady_tokens_per_s == pytest.approx(
+        simulate(p, plan, "no-bubbles").steady_tokens_per_s, rel=1e-9)
+    # one compute at a time: sharing changes nothing
+    seq = simulate(p, plan, "sequential")
+    assert simulate(p, plan, "sequential", host_cores=1).events == seq.events
+    busy = sorted((e for e in shared.events if e.kind == "compute" and e.phase == "decode"), key=lambda e: e.start_s)
+    assert max(e.duration_s for e in busy) == pytest.approx(2 * 0.02, rel=1e-6), "half speed when all four run"
