@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batches", type=int, metavar="K", help="micro-batches in flight (default: the plan's)")
     p.add_argument("--micro-batch-size", type=int, metavar="M", help="sequences per micro-batch (default: the plan's)")
     p.add_argument("--generated-tokens", type=int, metavar="G", help="tokens per sequence (default: the workload's)")
+    p.add_argument("--host-cores", type=int, metavar="N",
+                   help="the devices are emulated on one host with N cores (a local cluster): they share them")
     p.add_argument("--events", metavar="OUT.jsonl", help="write the predicted TimelineEvents (JSON lines)")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto, chrome://tracing)")
     p.add_argument("--record", action="store_true", help="store the prediction as a simulated run in the workspace")
@@ -104,7 +106,8 @@ def _cmd_simulate(args) -> int:
     plan = formats.load(args.plan, ShardPlan)
     try:
         res = simulate(problem, plan, args.mode, micro_batches=args.micro_batches,
-                       micro_batch_size=args.micro_batch_size, generated_tokens=args.generated_tokens)
+                       micro_batch_size=args.micro_batch_size, generated_tokens=args.generated_tokens,
+                       host_cores=args.host_cores)
     except ValueError as err:
         raise EdgeShardError(str(err)) from None
     m, k = res.micro_batch_size, res.micro_batches

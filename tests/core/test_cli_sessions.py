@@ -47,6 +47,11 @@ def test_simulate_prints_the_simulator_figures_and_writes_the_events(files, caps
     rc, out, _ = _run(["simulate", tmp / "problem.json", "--plan", tmp / "plan.json", "--mode", "bubbles",
                        "--micro-batches", 2], capsys)
     assert rc == 0 and "bubbles: 2 micro-batch(es)" in out and "per-token latency" in out
+    rc, out, _ = _run(["simulate", tmp / "problem.json", "--plan", tmp / "plan.json", "--mode", "no-bubbles",
+                       "--host-cores", 1, "--json"], capsys)
+    shared = simulate(p, plan, "no-bubbles", host_cores=1)
+    assert json.loads(out)["steady_tokens_per_s"] == pytest.approx(shared.steady_tokens_per_s)
+    assert shared.steady_tokens_per_s < res.steady_tokens_per_s
 
 
 def test_a_recorded_simulation_is_listed_exported_and_replayed(files, capsys):
