@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,24 @@ def test_cli_agents_status_and_logs_of_a_deployed_agent(deployed, capsys):
     assert f"estb1: running pid {deployed.results['estb1'].record.pid}" in capsys.readouterr().out
     assert main(["agents", "logs", "-n", "5", *common]) == 0
     assert "EDGESHARD-AGENT-READY" in capsys.readouterr().out
+
+
+def test_ssh_agent_keys_are_used_when_no_key_file_is_given(small_testbed, tmp_path, monkeypatch):
+    state = tb.testbed_status("eshk", small_testbed[1])
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
+        subprocess.run(["ssh-add", state.operator_key], env=env, check=True, capture_output=True)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        policy = deploy.HostKeyPolicy(workspace_known_hosts=tmp_path / "kh", user_known_hosts=NO_USER_KNOWN,
+                                      trust_new=True)
+        with deploy.connect(_target(state), deploy.SshAuth(use_agent=True), policy) as s:
+            assert s.run("id -u")[1].strip() == "0"
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
