@@ -11,7 +11,6 @@ runs are recorded in the demo workspace. ``stop()`` ends every process it starte
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import tempfile
 import threading
@@ -178,41 +177,19 @@ class DemoSession(QObject):
     def describe(self) -> str:
         return self.error or ("ready" if self._ready else "starting")
 
-    def _screens(self) -> dict:
-        return self.window.screens if self.window is not None else {}
-
     def _on_setup_finished(self, _task: int, parts: DemoParts) -> None:
         st = self.state
         st.set_model(DEMO_MODEL_NAME, path=str(parts.model_dir))
         st.set_connection(f"demo cluster: {len(self.devices)} agents on 127.0.0.1")
-        screens = self._screens()
-        devices = screens.get("Devices")
-        if devices is not None and hasattr(devices, "upsert"):
-            for dev, status in sorted((parts.statuses or {}).items()):
-                devices.upsert(DeviceRecord(
-                    id=dev, address="127.0.0.1", status="running", arch=platform.machine(), cores=os.cpu_count() or 0,
-                    memory_bytes=status.memory_bytes or _host_memory_bytes() // len(self.devices),
-                    origin="local cluster",
-                    detail=f"agent {status.agent_version}, pid {status.pid}, "
-                           f"link {DEMO_LINK_MBIT:.0f} Mbit/s + {DEMO_LINK_LATENCY_MS:.0f} ms (emulated)",
-                ))
-            devices.agent_control = LocalAgentControl(parts)
-            devices.refresh()
-        profile = screens.get("Profile")
-        task = self.profile_task()
-        if profile is not None and hasattr(profile, "set_profile_task"):
-            profile.set_profile_task(task)
-        if task is None:
-            self.missing.append("profiling (core.profiling) is not available: load a profile instead")
-        run = screens.get("Run")
-        if run is not None and hasattr(run, "set_backend"):
-            from gui.cluster_backend import ClusterRunBackend
+        if self.window is not None:
+            from gui.agents_connection import attach
 
-            run.set_backend(ClusterRunBackend(parts.coordinator, st))
-            if hasattr(run, "model_edit") and not run.model_edit.text():
-                run.model_edit.setText(str(parts.model_dir))
-        else:
-            self.missing.append("the Run screen (gui.run_panel) is not available")
+            self.missing += attach(
+                self.window, parts.coordinator, parts.statuses or {}, origin="local cluster",
+                detail=f"link {DEMO_LINK_MBIT:.0f} Mbit/s + {DEMO_LINK_LATENCY_MS:.0f} ms (emulated)",
+                profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
+                agent_control=LocalAgentControl(parts),
+            )
         for m in self.missing:
             st.log(f"demo: {m}", "warning")
         st.log("demo ready: Profile ▸ Profile cluster, then Plan ▸ Auto-solve, then Run ▸ Start")
@@ -225,26 +202,6 @@ class DemoSession(QObject):
         self.state.log(f"demo could not start: {message}", "error")
         self.failed.emit(message)
         self._cleanup()
-
-    def profile_task(self):
-        """``fn(reporter) -> Profile`` measuring the demo agents, or None if profiling is missing."""
-        try:
-            from core import profiling
-        except ImportError:
-            return None
-        parts = self.parts
-
-        def measure(reporter: Reporter):
-            import json
-
-            config = json.loads((Path(parts.model_dir) / "config.json").read_text())
-            result = profiling.profile_cluster(
-                parts.coordinator, config, model_name=DEMO_MODEL_NAME, dtype="fp32", reporter=reporter,
-                **self.profile_options,
-            )
-            return result.profile
-
-        return measure
 
     # scripted use (screenshots, tests) --------------------------------------------------------
     def run_once(self, window=None, prompts=DEMO_PROMPTS, max_new_tokens: int = 12) -> bool:
@@ -287,10 +244,3 @@ class DemoSession(QObject):
                 p.cluster = None
         if self._own_workdir and self._stopped:
             shutil.rmtree(p.workdir, ignore_errors=True)
-
-
-def _host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0

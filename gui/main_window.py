@@ -57,6 +57,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("EdgeShard Studio")
         self.setObjectName("mainWindow")
         self.screens: dict[str, QWidget] = {}
+        self.coordinator = None
+        """The connection to agents opened from an agents.json (closed with the window)."""
+        self._agents_runner = None
         self._build_screens()
         self._build_log_dock()
         self._build_status_bar()
@@ -65,6 +68,9 @@ class MainWindow(QMainWindow):
         self.state.model_changed.connect(lambda m: self.model_label.setText(f"Model: {m or '—'}"))
         self.state.connection_changed.connect(lambda c: self.connection_label.setText(f"● {c}"))
         self.state.log_added.connect(self._on_state_log_added)
+        run = self.screens.get("Run")
+        if hasattr(run, "model_edit"):
+            run.model_edit.editingFinished.connect(self._on_run_model_edited)
         self.resize(1440, 900)
         self._restore_layout()
 
@@ -164,6 +170,8 @@ class MainWindow(QMainWindow):
         self.recent_menu = f.addMenu("Recent workspaces")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         f.addSeparator()
+        self._action(f, "Connect to agents…", self._on_connect_agents, "Ctrl+Shift+K",
+                     "Connect to running agents from an agents.json (edgeshard cluster local, edgeshard deploy)")
         self._action(f, "Load profile…", self._on_load_profile, "Ctrl+Shift+P", "Load a profile or problem file")
         plan = self.screens.get("Plan")
         if hasattr(plan, "load_plan_file"):
@@ -210,6 +218,11 @@ class MainWindow(QMainWindow):
         self._action(h, "About EdgeShard Studio", self._on_about)
 
     # behaviour ----------------------------------------------------------------------
+    def _on_run_model_edited(self) -> None:
+        path = self.screens["Run"].model_edit.text().strip()
+        if path and Path(path).is_dir():
+            self.state.set_model(Path(path).name, path=path)
+
     def show_screen(self, name: str) -> None:
         self.sidebar.setCurrentRow(SCREENS.index(name))
 
@@ -236,6 +249,42 @@ class MainWindow(QMainWindow):
             return False
         self.state.log(f"loaded {path}")
         return True
+
+    def connect_agents(self, path: str) -> None:
+        """Connect (in a worker) to the agents an agents.json lists, then wire the screens to them."""
+        from gui.agents_connection import open_coordinator
+        from gui.workers import TaskRunner
+
+        if self._agents_runner is None:
+            self._agents_runner = TaskRunner(self, name="agents")
+            self._agents_runner.task_finished.connect(self._on_agents_connected)
+            self._agents_runner.task_failed.connect(
+                lambda _t, msg: (self.state.set_connection("not connected"), self.state.log(msg, "error"),
+                                 show_error(self, "Cannot connect to the agents", msg,
+                                            "Check that the agents are running (edgeshard agents status) and that "
+                                            "this agents.json is the one they were started with.")))
+        self.state.set_connection("connecting…")
+        self._agents_runner.start(open_coordinator, path)
+
+    def _on_agents_connected(self, _task: int, result) -> None:
+        from gui.agents_connection import attach
+
+        coordinator, statuses = result
+        if self.coordinator is not None:
+            self.coordinator.close()
+        self.coordinator = coordinator
+        for m in attach(self, coordinator, statuses, origin="agents file"):
+            self.state.log(m, "warning")
+        self.state.set_connection(f"{len(statuses)} agent(s) connected")
+        self.state.log(f"connected to {', '.join(sorted(statuses))}")
+
+    def _on_connect_agents(self) -> None:
+        from core.deploy import default_workspace
+
+        start = str(default_workspace() / "agents.json")
+        path, _ = QFileDialog.getOpenFileName(self, "Connect to agents", start, "Agents file (agents.json *.json)")
+        if path:
+            self.connect_agents(path)
 
     def _on_open_workspace(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Open or create workspace", "workspace.edgeshard",
@@ -311,6 +360,11 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         self.save_layout()
+        if self._agents_runner is not None:
+            self._agents_runner.shutdown()
+        if self.coordinator is not None:
+            self.coordinator.close()
+            self.coordinator = None
         for w in self.screens.values():
             if hasattr(w, "shutdown"):
                 w.shutdown()

@@ -91,3 +91,28 @@ def test_dark_theme_switch_restyles_without_errors(window):
     assert window.palette().window().color().name() == studio_app.theme_colors()["window"]
     window._on_dark_toggled(False)
     assert studio_app.theme_mode() == "light"
+
+
+def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_run(window, qtbot, tmp_path):
+    from core.local_cluster import LocalCluster
+
+    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
+        window.connect_agents(str(cluster.agents_file))
+        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+        devices = window.screens["Devices"]
+        assert devices.records["solo"].status == "running" and devices.records["solo"].origin == "agents file"
+        assert window.screens["Profile"].profile_button.isEnabled()
+        assert window.screens["Run"].backend is not None
+        window.close()
+        assert window.coordinator is None
+
+
+def test_a_bad_agents_file_is_a_dialog_not_a_traceback(window, qtbot, tmp_path):
+    bad = tmp_path / "agents.json"
+    bad.write_text('{"format": "edgeshard.agents", "version": 1}')
+    window.connect_agents(str(bad))
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorDialog") is not None, timeout=10_000)
+    box = window.findChild(QMessageBox, "errorDialog")
+    assert str(bad) in box.text() and "Traceback" not in box.text()
+    assert window.state.connection == "not connected"
+    box.close()

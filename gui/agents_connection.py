@@ -1,0 +1,92 @@
+"""Connecting the studio to running agents: an ``agents.json`` (from ``edgeshard cluster
+local`` or ``edgeshard deploy``) or the demo's own cluster.
+
+``open_coordinator`` is long work (connect, wait for every agent to answer) for a worker;
+``attach`` then wires the screens on the GUI thread: the Devices screen lists the agents,
+the Profile screen measures them with ``core.profiling``, the Run screen runs on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from core.errors import EdgeShardError
+from core.reporting import Reporter
+from gui.devices_panel import DeviceRecord
+
+HEARTBEAT_TIMEOUT_S = 90.0
+"""Generous: an agent loading its shard (importing torch) can miss heartbeats for many seconds."""
+
+
+def open_coordinator(reporter: Reporter, agents_file: str):
+    """Connect to the agents listed in ``agents_file``; returns (coordinator, statuses)."""
+    from core.coordinator import Coordinator
+    from core.local_cluster import load_agents_file
+
+    endpoints, keys = load_agents_file(agents_file)
+    if not endpoints:
+        raise EdgeShardError(f"{agents_file} lists no agents: deploy or start some first")
+    reporter.status(f"connecting to {len(endpoints)} agent(s)")
+    coordinator = Coordinator(endpoints, keys, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, request_timeout_s=30.0)
+    coordinator.open()
+    try:
+        statuses = coordinator.wait_ready(30.0)
+    except BaseException:
+        coordinator.close()
+        raise
+    return coordinator, statuses
+
+
+def profile_function(coordinator, state, options: dict, model_name: str = ""):
+    """``fn(reporter) -> Profile`` for the Profile screen: measures the model the studio has selected."""
+
+    def measure(reporter: Reporter):
+        from core import profiling
+
+        model_dir = getattr(state, "model_path", "")
+        if not model_dir or not (Path(model_dir) / "config.json").exists():
+            raise EdgeShardError("choose the model checkpoint directory (Run screen ▸ Browse…) before profiling")
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        result = profiling.profile_cluster(coordinator, config, model_name=model_name or Path(model_dir).name,
+                                           dtype="fp32", reporter=reporter, **options)
+        return result.profile
+
+    return measure
+
+
+def attach(window, coordinator, statuses: dict, *, origin: str, detail: str = "", profile_options: dict | None = None,
+           model_name: str = "", agent_control=None) -> list[str]:
+    """Wire the screens of ``window`` to ``coordinator``; returns what could not be wired."""
+    missing: list[str] = []
+    screens = window.screens
+    state = window.state
+    devices = screens.get("Devices")
+    if devices is not None and hasattr(devices, "upsert"):
+        for dev, status in sorted(statuses.items()):
+            address = coordinator.endpoints[dev].control_address.split("//")[-1].rsplit(":", 1)[0]
+            local = address in ("127.0.0.1", "localhost")
+            devices.upsert(DeviceRecord(
+                id=dev, address=address, status="running", origin=origin,
+                arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
+                memory_bytes=status.memory_bytes,
+                detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {detail}" if detail else ""),
+            ))
+        if agent_control is not None:
+            devices.agent_control = agent_control
+        devices.refresh()
+    profile = screens.get("Profile")
+    if profile is not None and hasattr(profile, "set_profile_task"):
+        profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name))
+    run = screens.get("Run")
+    if run is not None and hasattr(run, "set_backend"):
+        from gui.cluster_backend import ClusterRunBackend
+
+        run.set_backend(ClusterRunBackend(coordinator, state))
+        if hasattr(run, "model_edit") and not run.model_edit.text() and state.model_path:
+            run.model_edit.setText(state.model_path)
+    else:
+        missing.append("the Run screen (gui.run_panel) is not available")
+    return missing
