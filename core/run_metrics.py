@@ -115,17 +115,43 @@ class LiveMetrics:
 
     Not thread-safe by itself: feed it from one thread (the GUI's queued slot, the
     replay loop). Live and replay use this same class, so they agree by construction.
+
+    The O(events) parts of ``compute_figures`` (the run's end and each device's busy
+    time) are kept up to date per event, in arrival order, so ``figures()`` costs
+    O(tokens) and equals ``compute_figures(events, tokens)`` exactly: ``utilisation``
+    clips each event at the run's end, which is never below an event's own end.
     """
 
     def __init__(self) -> None:
         self.events: list[TimelineEvent] = []
         self.tokens: list[TokenEvent] = []
+        self._busy: dict[str, float] = {}
+        self._events_end = 0.0
+        self._tokens_end = 0.0
 
     def add_event(self, ev: TimelineEvent) -> None:
         self.events.append(ev)
+        if ev.kind == "compute":
+            self._busy[ev.device] = self._busy.get(ev.device, 0.0) + max(0.0, ev.end_s - max(ev.start_s, 0.0))
+        else:
+            self._busy.setdefault(ev.device, 0.0)
+        self._events_end = max(self._events_end, ev.end_s)
 
     def add_tokens(self, tok: TokenEvent) -> None:
         self.tokens.append(tok)
+        self._tokens_end = max(self._tokens_end, tok.t_s)
 
     def figures(self) -> RunFigures:
-        return compute_figures(self.events, self.tokens)
+        tokens = self.tokens
+        dur = max(self._events_end, self._tokens_end)
+        n = token_count(tokens)
+        last_tok = max((t.t_s for t in tokens), default=0.0)
+        return RunFigures(
+            ttft_s=ttft_s(tokens),
+            per_token_latency_s=per_token_latency_s(tokens),
+            decode_tokens_per_s=decode_tokens_per_s(tokens),
+            tokens_per_s=(n / last_tok) if n and last_tok > 0 else None,
+            tokens=n,
+            duration_s=dur,
+            utilisation={d: (b / dur if dur > 0 else 0.0) for d, b in sorted(self._busy.items())},
+        )

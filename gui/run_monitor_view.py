@@ -2,15 +2,13 @@
 
 The Run screen feeds it live (through the EventBridge) and the Sessions screen feeds it
 from a replay, through the same two methods and the same ``core.run_metrics`` functions,
-so a replayed run shows exactly what was seen live. Figures are recomputed on a 4 Hz
-timer (not per event), on a worker thread from a snapshot of the lists: they are
-O(events) — ~20 ms per 20k events — which would stall the GUI thread of a long run.
-``flush()`` computes them at once (end of a run, a seek).
+so a replayed run shows exactly what was seen live. ``core.run_metrics.LiveMetrics``
+keeps the O(events) parts up to date per event, so the figures, redrawn on a 4 Hz timer
+(not per event), cost O(tokens) on the GUI thread however long the run.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import pyqtgraph as pg
@@ -20,10 +18,9 @@ from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
                                QProgressBar, QSplitter, QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent, TokenEvent
-from core.run_metrics import RunFigures, compute_figures, tokens_per_s_over_time
+from core.run_metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.timeline_view import TimelineView
 from gui.widgets import MetricCard
-from gui.workers import TaskRunner
 
 
 def rate_window_s(duration_s: float) -> float:
@@ -32,13 +29,6 @@ def rate_window_s(duration_s: float) -> float:
         if duration_s / w <= 40:
             return w
     return 30.0
-
-
-def compute_view_figures(reporter, events: list, tokens: list) -> tuple[RunFigures, float, list]:
-    """Worker job: the figures and the tokens/s series of a snapshot of a run."""
-    fig = compute_figures(events, tokens)
-    window = rate_window_s(fig.duration_s)
-    return fig, window, tokens_per_s_over_time(tokens, window)
 
 
 def _ms(s: float | None) -> str:
@@ -51,8 +41,7 @@ class RunMonitorView(QWidget):
     def __init__(self, parent: QWidget | None = None, refresh_hz: float = 4.0):
         super().__init__(parent)
         self.setAccessibleName("Run monitor")
-        self.events: list[TimelineEvent] = []
-        self.tokens: list[TokenEvent] = []
+        self.metrics = LiveMetrics()
         self._texts: dict[int, list[str]] = {}
         self._prompts: tuple[str, ...] = ()
         self._dirty = False
@@ -122,23 +111,16 @@ class RunMonitorView(QWidget):
         layout.addWidget(splitter)
 
         self._refresh_timer = QTimer(self)
-        self._base_interval_ms = int(1000 / refresh_hz)
-        self._refresh_timer.setInterval(self._base_interval_ms)
-        self._figures_started = 0.0
+        self._refresh_timer.setInterval(int(1000 / refresh_hz))
         self._refresh_timer.timeout.connect(self._on_refresh_timer_timeout)
-        self._figures_runner = TaskRunner(self, name="figures")
-        self._figures_runner.task_finished.connect(self._on_figures_runner_task_finished)
         self._apply_palette()
 
     # -- feeding -------------------------------------------------------------------------
     def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = ()) -> None:
         """Start over for a new run (or a replay seek): nothing drawn, no figures."""
-        self.events = []
-        self.tokens = []
+        self.metrics = LiveMetrics()
         self._texts = {}
         self._prompts = tuple(prompts)
-        self._figures_runner.cancel()  # a result for the old lists must not land
-        self._refresh_timer.setInterval(self._base_interval_ms)
         self.timeline.clear()
         self.timeline.set_lanes(list(lanes))
         self._clear_util_devices()
@@ -149,15 +131,17 @@ class RunMonitorView(QWidget):
     def add_timeline_events(self, events: Sequence[TimelineEvent]) -> None:
         if not events:
             return
-        self.events.extend(events)
+        add = self.metrics.add_event
+        for event in events:
+            add(event)
         self.timeline.append_events(events)
         self._mark_dirty()
 
     def add_token_events(self, tokens: Sequence[TokenEvent]) -> None:
         if not tokens:
             return
-        self.tokens.extend(tokens)
         for tok in tokens:
+            self.metrics.add_tokens(tok)
             pieces = tok.text if tok.text else tuple(f"[{t}]" for t in tok.token_ids)
             for seq, piece in zip(tok.sequence_ids, pieces):
                 self._texts.setdefault(seq, []).append(piece)
@@ -169,14 +153,22 @@ class RunMonitorView(QWidget):
     def flush(self) -> None:
         """Draw and compute everything fed so far, now (end of a run, tests)."""
         self.timeline.flush()
-        self._figures_runner.cancel()
         self.refresh()
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
+        """Stop refreshing (nothing here runs on another thread)."""
         self._refresh_timer.stop()
-        return self._figures_runner.shutdown(timeout_s)
+        return True
 
     # -- reading -------------------------------------------------------------------------
+    @property
+    def events(self) -> list[TimelineEvent]:
+        return self.metrics.events
+
+    @property
+    def tokens(self) -> list[TokenEvent]:
+        return self.metrics.tokens
+
     def figures(self) -> RunFigures:
         return self._last_figures
 
@@ -193,26 +185,15 @@ class RunMonitorView(QWidget):
         if not self._dirty:
             self._refresh_timer.stop()
             return
-        if self._figures_runner.is_busy():
-            return  # the previous snapshot is still being computed; try at the next tick
-        self._dirty = False
-        self._figures_started = time.perf_counter()
-        self._figures_runner.start(compute_view_figures, list(self.events), list(self.tokens))
-
-    def _on_figures_runner_task_finished(self, task_id: int, result: object) -> None:
-        # Keep the figures' share of the CPU (and of the GIL the GUI thread needs) near
-        # 10 %: a long run refreshes them less often, a short one at the full rate.
-        took_ms = (time.perf_counter() - self._figures_started) * 1000
-        self._refresh_timer.setInterval(int(min(2000, max(self._base_interval_ms, 10 * took_ms))))
-        self._show_figures(*result)
+        self.refresh()
 
     def refresh(self) -> None:
-        """Recompute and show the figures now, on the GUI thread."""
+        """Recompute and show the figures now."""
         self._dirty = False
-        self._show_figures(*compute_view_figures(None, self.events, self.tokens))
-
-    def _show_figures(self, fig: RunFigures, window: float, series: list) -> None:
+        fig = self.metrics.figures()
         self._last_figures = fig
+        window = rate_window_s(fig.duration_s)
+        series = tokens_per_s_over_time(self.metrics.tokens, window)
         self.ttft_card.set_value(_ms(fig.ttft_s))
         self.latency_card.set_value(_ms(fig.per_token_latency_s))
         self.rate_card.set_value("—" if fig.decode_tokens_per_s is None else f"{fig.decode_tokens_per_s:.1f}")
