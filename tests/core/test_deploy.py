@@ -210,23 +210,23 @@ def test_status_of_a_device_without_agent_says_not_deployed(deployed, tmp_path):
 
 
 def test_upgrade_replaces_an_agent_of_another_version(deployed, tmp_path):
-    """A second agent instance on estb3 (own dir and ports): v1, then a changed bundle."""
+    """estb3 runs the session's agent; a changed bundle (a new version) replaces it in place."""
     pkg = tmp_path / "agents"
     shutil.copytree(Path(deploy.agents.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "__init__.py").write_text((pkg / "__init__.py").read_text() + "\n# patched build\n")
     v1, v2 = deploy.build_bundle(), deploy.build_bundle(pkg)
     assert v1.stamp != v2.stamp
-    opts = DeployOptions(python=sys.executable, remote_dir=str(tmp_path / "{device}"), control_port=47010,
-                         data_port=47011, announce=False)
-    kw = dict(key_file=deployed.testbed.operator_key, workspace=deployed.workspace, options=opts, use_agent=False,
-              user_known=NO_USER_KNOWN)
-    old = deploy.deploy_agent(None, deployed.target("estb3"), bundle=v1, **kw)
-    new = deploy.deploy_agent(None, deployed.target("estb3"), bundle=v2, **kw)
-    try:
-        assert new.action == "upgraded" and new.record.bundle_stamp == v2.stamp
-        assert new.record.pid != old.record.pid and not _alive(old.record.pid)
-    finally:
-        deploy.stop(deployed.target("estb3"), remote_dir=opts.remote_dir, **deployed.conn())
+    old = deployed.results["estb3"].record
+    assert old.bundle_stamp == v1.stamp
+    rep = RecordingReporter()
+    new = deploy.deploy_agent(rep, deployed.target("estb3"), bundle=v2, key_file=deployed.testbed.operator_key,
+                              workspace=deployed.workspace, options=deployed.options(), use_agent=False,
+                              user_known=NO_USER_KNOWN)
+    deployed.results["estb3"] = new
+    assert new.action == "upgraded" and new.record.bundle_stamp == v2.stamp
+    assert new.record.pid != old.pid and not _alive(old.pid)
+    assert new.record.control_port == old.control_port
+    assert any("stopping the running agent" in s for s in rep.statuses)
 
 
 def _alive(pid: int) -> bool:

@@ -101,7 +101,7 @@ def test_discover_deploy_profile_plan_run_on_the_netns_testbed(tmp_path):
         with Coordinator(endpoints, keys, heartbeat_timeout_s=30) as coord:
             coord.wait_ready(timeout_s=30)
             prof = profile_cluster(coord, config, model_name="tiny-llama", prompt_tokens=8, batch_sizes=(1,),
-                                   repeats=3, link_target_s=1.0, out_path=tmp_path / "profile.json")
+                                   repeats=2, link_target_s=1.0, out_path=tmp_path / "profile.json")
         measured = {(m.src, m.dst): m.bandwidth_mbit_s for m in prof.links}
         assert len(measured) == 6
         print(f"e2e: shaped {SHAPED[2]} Mbit/s link measured at {measured[SHAPED[:2]]:.2f} Mbit/s; "
