@@ -70,6 +70,42 @@ class _Columns:
         self.size = 0
 
 
+class _Group:
+    """The boxes of one style as contiguous columns (fast to slice and transform per frame)."""
+
+    def __init__(self) -> None:
+        self.x0 = np.empty(256)
+        self.x1 = np.empty(256)
+        self.lane = np.empty(256, dtype=np.int64)
+        self.size = 0
+        self.min_x0 = np.inf
+        self.max_x1 = -np.inf
+
+    def extend(self, x0: np.ndarray, x1: np.ndarray, lane: np.ndarray) -> None:
+        need = self.size + len(x0)
+        if need > len(self.x0):
+            cap = max(need, 2 * len(self.x0))
+            for name in ("x0", "x1", "lane"):
+                old = getattr(self, name)
+                grown = np.empty(cap, dtype=old.dtype)
+                grown[: self.size] = old[: self.size]
+                setattr(self, name, grown)
+        self.x0[self.size:need] = x0
+        self.x1[self.size:need] = x1
+        self.lane[self.size:need] = lane
+        self.size = need
+        self.min_x0 = min(self.min_x0, float(x0.min()))
+        self.max_x1 = max(self.max_x1, float(x1.max()))
+
+    def visible(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = self.size
+        x0, x1, lane = self.x0[:n], self.x1[:n], self.lane[:n]
+        if self.min_x0 >= lo and self.max_x1 <= hi:
+            return x0, x1, lane  # all of it: no mask, no copy
+        mask = (x1 >= lo) & (x0 <= hi)
+        return x0[mask], x1[mask], lane[mask]
+
+
 @dataclass(frozen=True)
 class _Style:
     brush: QBrush
@@ -114,8 +150,7 @@ class TimelineBoxesItem(pg.GraphicsObject):
         super().__init__()
         self.boxes = _Columns(BOX_DTYPE)
         self.events: list[TimelineEvent] = []
-        self._groups: dict[tuple[int, int, int], _Columns] = {}
-        self._group_dtype = np.dtype([("x0", "f8"), ("x1", "f8"), ("y0", "f8"), ("y1", "f8")])
+        self._groups: dict[tuple[int, int, int], _Group] = {}
         self._rects = PrimitiveArray(QRectF, 4)
         self._bounds = QRectF(0, 0, 1, 1)
         self._max_end = 0.0
@@ -142,14 +177,8 @@ class TimelineBoxesItem(pg.GraphicsObject):
             group_key = (int(key // 1000), int(key // 100 % 10), int(key % 100))
             group = self._groups.get(group_key)
             if group is None:
-                group = self._groups[group_key] = _Columns(self._group_dtype, 256)
-            band0, band1 = BANDS[group_key[0]]
-            g = np.empty(len(sel), dtype=self._group_dtype)
-            g["x0"] = sel["start_s"]
-            g["x1"] = sel["end_s"]
-            g["y0"] = sel["lane"] + band0
-            g["y1"] = sel["lane"] + band1
-            group.extend(g)
+                group = self._groups[group_key] = _Group()
+            group.extend(sel["start_s"], sel["end_s"], sel["lane"])
         self._update_bounds()
 
     def clear(self) -> None:
@@ -216,19 +245,17 @@ class TimelineBoxesItem(pg.GraphicsObject):
         styles, spans = [], []
         per_lane = np.zeros(n_lanes, dtype=np.int64)
         for key in order:
-            g = self._groups[key].rows
-            vis = g[(g["x1"] >= xmin - slack) & (g["x0"] <= xmax + slack)]
-            if not len(vis):
+            x0, x1, lane = self._groups[key].visible(xmin - slack, xmax + slack)
+            if not len(x0):
                 continue
-            lane = np.floor(vis["y0"]).astype(np.int64).clip(0, n_lanes - 1)
-            X0 = np.floor(np.clip(vis["x0"] * sx + dx, left, right)).astype(np.int64)
-            X1 = np.ceil(np.clip(vis["x1"] * sx + dx, left, right)).astype(np.int64)
+            X0 = np.floor(np.clip(x0 * sx + dx, left, right)).astype(np.int64)
+            X1 = np.ceil(np.clip(x1 * sx + dx, left, right)).astype(np.int64)
             X1 = np.maximum(X1, X0 + 1)  # at least one pixel wide, so a short box is still seen
             row = lane * 2 + (1 if key[0] == KIND_CODE["send"] else 0)
             styles.append(key)
             spans.append((row, X0, X1))
             per_lane += np.bincount(lane, minlength=n_lanes)
-            self.painted_boxes += len(vis)
+            self.painted_boxes += len(x0)
         self.painted_per_lane = {i: int(c) for i, c in enumerate(per_lane.tolist()) if c}
         if not styles:
             return
