@@ -9,6 +9,7 @@ output equals ``generate()``'s new tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -55,8 +56,12 @@ def generate_partitioned(
     *,
     group: int = 0,
     keep_logits: bool = False,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
 ) -> GenerationResult:
-    """Generate with the chain ``executors`` (which must cover all units in order)."""
+    """Generate with the chain ``executors`` (which must cover all units in order).
+
+    ``on_step(step, tokens)`` is called with each step's tokens [B] as they are produced.
+    """
     check_chain(executors)
     generator = params.make_generator()
     eos = torch.tensor(params.eos_token_ids, dtype=torch.long)
@@ -72,6 +77,8 @@ def generate_partitioned(
             token = sample(logits, params, generator)
             token = torch.where(unfinished, token, torch.full_like(token, params.pad_token_id))
             produced.append(token)
+            if on_step is not None:
+                on_step(len(produced) - 1, token)
             if eos.numel():
                 unfinished &= ~torch.isin(token, eos)
             if len(produced) >= params.max_new_tokens or not bool(unfinished.any()):

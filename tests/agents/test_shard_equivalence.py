@@ -106,9 +106,12 @@ def test_generation_stops_at_eos_like_hf_generate(tiny_model_dirs, family):
 
 def test_generation_makes_exactly_max_new_tokens_without_eos(tiny_llama_dir):
     ids, mask = encode(tiny_llama_dir)
+    streamed = []
     result = generate_partitioned(stages(tiny_llama_dir, PARTITIONS["2-uneven"]), ids, mask,
-                                  SamplingParams(max_new_tokens=7))
+                                  SamplingParams(max_new_tokens=7), on_step=lambda k, t: streamed.append((k, t)))
     assert result.tokens.shape == (len(PROMPTS), 7)
+    assert [k for k, _ in streamed] == list(range(7))
+    assert torch.equal(torch.stack([t for _, t in streamed], 1), result.tokens)
     assert result.tokens.dtype == torch.int64
 
 
