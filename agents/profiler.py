@@ -55,6 +55,9 @@ class ComputeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     threads: int = 0
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
     seed: int = 0
+    device: str = "cpu"
+    """Where the agent's runtime computes ("cpu", or "cuda" on a GPU device); timing and
+    the memory budget follow it (the stage executor runs on the CPU today)."""
 
 
 class UnitTimes(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,17 +113,15 @@ def accelerator_name() -> str:
     return ""
 
 
-def memory_budget(headroom_bytes: int = DEFAULT_HEADROOM_BYTES) -> tuple[int, int, int]:
-    """(budget, total, available): available accelerator memory, else available RAM
-    (MemAvailable), minus ``headroom_bytes`` kept for the OS, the agent and activations."""
-    try:
+def memory_budget(headroom_bytes: int = DEFAULT_HEADROOM_BYTES, device: str = "cpu") -> tuple[int, int, int]:
+    """(budget, total, available): free accelerator memory when the runtime computes on
+    ``cuda``, else available RAM (MemAvailable), minus ``headroom_bytes`` kept for the OS,
+    the agent and activations."""
+    if device.startswith("cuda"):
         import torch
 
-        if torch.cuda.is_available():
-            free, total = torch.cuda.mem_get_info(0)
-            return max(0, int(free) - headroom_bytes), int(total), int(free)
-    except Exception:
-        pass
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return max(0, int(free) - headroom_bytes), int(total), int(free)
     info = _meminfo()
     total = info.get("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     avail = info.get("MemAvailable", total)
@@ -139,13 +140,15 @@ def _stats(samples: list[float]) -> tuple[float, float]:
     return med, (iqr / med if med > 0 else 0.0)
 
 
-def _time(fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
+def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], None] = lambda: None) -> list[float]:
     for _ in range(warmup):
         fn()
+    sync()
     out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        sync()  # GPU kernels are asynchronous: the time ends when they are done
         out.append(time.perf_counter() - t0)
     return out
 
@@ -153,7 +156,7 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
 class _UnitBench:
     """One unit built alone with random weights, and the calls to time it."""
 
-    def __init__(self, hf_config, unit: int, dtype, seed: int):
+    def __init__(self, hf_config, unit: int, dtype, seed: int, device="cpu"):
         import torch
         from torch import nn
         from transformers import AutoModelForCausalLM
@@ -174,7 +177,7 @@ class _UnitBench:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(cfg)
         base = getattr(skeleton, skeleton.base_model_prefix)
-        gen = torch.Generator().manual_seed(seed + unit)
+        gen = torch.Generator(device=device).manual_seed(seed + unit)
         self.vocab = int(cfg.vocab_size)
         self.hidden = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd"))
         self.modules: dict[str, nn.Module] = {}
@@ -189,7 +192,7 @@ class _UnitBench:
             blocks = getattr(base, "layers", None) or getattr(base, "h")
             self.modules["layer"] = blocks[0]
         for m in self.modules.values():
-            m.to_empty(device="cpu")
+            m.to_empty(device=device)
             m.to(dtype)
             for name, p in m.named_parameters():
                 p.requires_grad_(False)
@@ -204,7 +207,7 @@ class _UnitBench:
             m.eval()
         self.rotary = None
         if self.kind == "block" and hasattr(base, "rotary_emb"):
-            self.rotary = type(base.rotary_emb)(config=cfg)
+            self.rotary = type(base.rotary_emb)(config=cfg).to(device)
         self.param_bytes = sum(p.numel() * p.element_size() for m in self.modules.values() for p in m.parameters())
         del skeleton, base
 
@@ -299,19 +302,25 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     if bad:
         raise ValueError(f"units {bad} outside [0, {num_units})")
     context = opts.context_tokens or opts.prompt_tokens
+    if opts.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {opts.device!r} requested but torch sees no CUDA device")
+    if not (opts.device == "cpu" or opts.device.startswith("cuda")):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {opts.device!r}")
+    device = torch.device(opts.device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     decode_bs = tuple(sorted(set(opts.batch_sizes)))
     prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
     results = []
-    with torch.inference_mode():
+    with torch.inference_mode(), device:  # factory calls (inputs, caches) land on the device
         for i, u in enumerate(units):
-            bench = _UnitBench(cfg, u, dtype, opts.seed)
+            bench = _UnitBench(cfg, u, dtype, opts.seed, device)
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
-                m, s = _stats(_time(bench.decode_fn(b, context), opts.repeats, opts.warmup))
+                m, s = _stats(_time(bench.decode_fn(b, context), opts.repeats, opts.warmup, sync))
                 dec.append(m)
                 dec_sp.append(s)
             for b in prefill_bs:
-                m, s = _stats(_time(bench.prefill_fn(b, opts.prompt_tokens), opts.repeats, opts.warmup))
+                m, s = _stats(_time(bench.prefill_fn(b, opts.prompt_tokens), opts.repeats, opts.warmup, sync))
                 pre.append(m)
                 pre_sp.append(s)
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
@@ -320,7 +329,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             gc.collect()
             if progress:
                 progress(i + 1, len(units))
-    budget, total, avail = memory_budget(opts.headroom_bytes)
+    budget, total, avail = memory_budget(opts.headroom_bytes, opts.device)
     return ComputeProfile(
         device=device,
         decode_batch_sizes=decode_bs,

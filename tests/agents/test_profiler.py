@@ -56,6 +56,8 @@ def test_bad_options_are_rejected_with_the_reason():
         profile_units(ComputeOptions(config=TINY_LLAMA, units=(7,)))
     with pytest.raises(ValueError, match="model_type"):
         profile_units(ComputeOptions(config={"hidden_size": 8}))
+    with pytest.raises(ValueError, match="device"):
+        profile_units(ComputeOptions(config=TINY_LLAMA, device="tpu"))
 
 
 _UNDER_LIMIT = textwrap.dedent(
