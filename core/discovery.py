@@ -14,6 +14,7 @@ callback must be thread-safe (the GUI forwards it through a queued signal).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +30,7 @@ from core.errors import EdgeShardError
 SSH_SERVICE_TYPES = ("_ssh._tcp.local.", "_sftp-ssh._tcp.local.", "_workstation._tcp.local.")
 AGENT_SERVICE_TYPE = announce.SERVICE_TYPE
 ALL_SERVICE_TYPES = (*SSH_SERVICE_TYPES, AGENT_SERVICE_TYPE)
+log = logging.getLogger("edgeshard.discovery")
 
 
 class DiscoveryError(EdgeShardError):
@@ -255,7 +257,11 @@ class DeviceDiscovery:
         if state_change is ServiceStateChange.Removed:
             self._remove(service_type, name)
             return
-        info = zeroconf.get_service_info(service_type, name, timeout=self._resolve_ms)
+        try:
+            info = zeroconf.get_service_info(service_type, name, timeout=self._resolve_ms)
+        except Exception as err:  # a malformed record from the network must not stop browsing
+            log.warning("cannot resolve %s: %s", name, err)
+            return
         if info is None:
             return
         host = (info.server or name).rstrip(".")
