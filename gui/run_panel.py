@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFormLayout
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
-from agents.protocol import TimelineEvent, TokenEvent
+from core.coordinator import FanoutSink, RunSink
 from core.errors import EdgeShardError, RunFailed
 from core.reporting import Cancelled, Reporter
 from gui.event_bridge import EventBridge
@@ -47,14 +47,6 @@ class RunSettings:
     micro_batches: int
 
 
-class RunSink(Protocol):
-    """``core.coordinator.RunSink``: both callbacks may fire on any thread."""
-
-    def on_event(self, event: TimelineEvent) -> None: ...
-
-    def on_tokens(self, tokens: TokenEvent) -> None: ...
-
-
 class RunBackend(Protocol):
     """Runs the partitioned model for the Run screen (the demo cluster, or real agents).
 
@@ -69,19 +61,6 @@ class RunBackend(Protocol):
     def run(self, settings: RunSettings, sink: RunSink, reporter: Reporter) -> Any: ...
 
     def stop(self) -> None: ...
-
-
-class _Fanout:
-    def __init__(self, *sinks) -> None:
-        self.sinks = sinks
-
-    def on_event(self, event: TimelineEvent) -> None:
-        for s in self.sinks:
-            s.on_event(event)
-
-    def on_tokens(self, tokens: TokenEvent) -> None:
-        for s in self.sinks:
-            s.on_tokens(tokens)
 
 
 def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
@@ -116,7 +95,7 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
             raise
         ids = {"session_id": session_id, "run_id": run_id}
         reporter.partial_result(ids)
-        sink = _Fanout(sink, recorder)
+        sink = FanoutSink(sink, recorder)
     status = "failed"
     try:
         backend.run(settings, sink, reporter)
