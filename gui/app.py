@@ -108,6 +108,7 @@ def create_app(argv: list[str] | None = None) -> QApplication:
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName(APPLICATION)
+    app.setStyle("Fusion")  # the same look on every desktop; draws check boxes and arrows from the palette
     mode = settings().value("theme", "light")
     apply_theme(app, "dark" if mode == "dark" else "light")
     return app

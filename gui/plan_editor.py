@@ -340,6 +340,7 @@ class PlanEditorPanel(QWidget):
             self.violations.show_lines(list(cost.violations), "This plan cannot run as it is:")
         self._fill_stage_table(problem, plan, cost)
         self.cost_changed.emit(cost)
+        style_plot(self.compare_plot)
         if self.comparison:
             self._draw_comparison()
 

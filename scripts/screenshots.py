@@ -141,6 +141,7 @@ def main() -> int:
             items = sessions.run_items()
             if items:
                 sessions.open_run(max(items))
+                wait(app, 20, lambda: sessions.replay is not None and sessions.loaded is not None)
                 sessions.pause()
                 if sessions.replay is not None:
                     sessions.seek(sessions.replay.duration_s if hasattr(sessions.replay, "duration_s") else 1e6)
