@@ -184,9 +184,10 @@ while True:
     now = time.time()
     rec.on_event(TimelineEvent(device="a", stage=0, kind="compute", phase="decode", step=i, micro_batch=0,
                                start_s=now, end_s=now))
-    i += 1
     if i % 10 == 0:
+        print(i, now, flush=True)  # "event i (stamped now) was handed to the recorder"
         time.sleep(0.002)
+    i += 1
 """
 
 
@@ -200,18 +201,22 @@ def test_kill_9_during_a_run_loses_at_most_the_last_second_and_never_corrupts_th
         killed_at = time.time()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+        reported = [tuple(map(float, line.split())) for line in proc.stdout.read().decode().splitlines()]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
+    # The newest event the child handed over at least a second before the kill must be stored
+    # (measured on the child's own stamps, so a child starved by a busy machine is not "loss").
+    due = max(int(i) for i, stamp in reported if stamp <= killed_at - 1.0)
     with SessionStore(path) as store:
         assert store.integrity_check() == "ok"
         events = store.events(rid)
         assert len(events) > 500, "the child recorded events for 1.5 s"
         assert [e.step for e in events] == list(range(len(events))), "a prefix, without gaps"
-        assert events[-1].start_s >= killed_at - 1.0, f"lost {killed_at - events[-1].start_s:.2f} s of events"
+        assert len(events) > due, f"lost events older than 1 s (stored {len(events)}, needed > {due})"
         store.append_event(rid, len(events), 0.0, _ev(0))  # the file is writable again
         store.flush()
         assert len(store.events(rid)) == len(events) + 1
