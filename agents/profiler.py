@@ -306,14 +306,14 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
         raise ValueError(f"device {opts.device!r} requested but torch sees no CUDA device")
     if not (opts.device == "cpu" or opts.device.startswith("cuda")):
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {opts.device!r}")
-    device = torch.device(opts.device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    tdev = torch.device(opts.device)  # not ``device``: that is the agent's name, reported below
+    sync = (lambda: torch.cuda.synchronize(tdev)) if tdev.type == "cuda" else (lambda: None)
     decode_bs = tuple(sorted(set(opts.batch_sizes)))
     prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
     results = []
-    with torch.inference_mode(), device:  # factory calls (inputs, caches) land on the device
+    with torch.inference_mode(), tdev:  # factory calls (inputs, caches) land on the device
         for i, u in enumerate(units):
-            bench = _UnitBench(cfg, u, dtype, opts.seed, device)
+            bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
                 m, s = _stats(_time(bench.decode_fn(b, context), opts.repeats, opts.warmup, sync))

@@ -92,3 +92,16 @@ def test_a_model_larger_than_the_memory_limit_is_profiled_one_unit_at_a_time():
     assert out["units"] == 14
     assert out["total"] > 2 * (400 << 20)
     assert out["whole"] == "does not fit"
+
+
+def test_result_is_plain_data_for_the_wire():
+    import msgspec
+
+    from agents.profiler import profile_compute
+
+    class FakeAgent:
+        device = "dev-a"
+
+    out = profile_compute(FakeAgent(), {"config": TINY_LLAMA, "repeats": 1, "warmup": 0, "batch_sizes": [1]})
+    assert out["device"] == "dev-a" and len(out["units"]) == 4
+    msgspec.msgpack.encode(out)  # what the agent sends back
