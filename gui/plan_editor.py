@@ -343,6 +343,10 @@ class PlanEditorPanel(QWidget):
         style_plot(self.compare_plot)
         if self.comparison:
             self._draw_comparison()
+        else:
+            self.compare_plot.clear()
+            self.compare_plot.addLabel("Compare strategies (Ctrl+Shift+C) charts every strategy's latency and "
+                                       "throughput here", color=theme_colors()["muted"])
 
     def _bad_stages(self, plan: ShardPlan | None, cost: PlanCost | None) -> set[int]:
         if plan is None or cost is None:
