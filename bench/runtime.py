@@ -16,7 +16,10 @@ agents) and the configurations are measured in interleaved rounds, so drift in t
 machine's load hits all of them alike. On a machine shared with other work the wall
 times swing 2x from round to round, so besides medians of the per-round rates the bench
 reports ``*_quiet`` ratios from the 10th percentile of per-token gaps (the speed when the
-process got the cores) and the 1-minute load average before and after. Sequential runs give each
+process got the cores), ``*_cpu`` ratios from CPU seconds per generated token (HF:
+the computing thread's CPU time; agents: user+system time of the agent processes over the
+run, every thread included — the most load-independent measure of the runtime's own
+cost), and the 1-minute load average before and after. Sequential runs give each
 agent 2 torch threads (one stage computes at a time); the pipelined 2-stage plan gives
 each stage 1 of the 2 cores.
 
@@ -192,6 +195,20 @@ def hop_latencies_s(events, devices: list[str]) -> list[float]:
     return out
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds of a process, every thread, from the scheduler's exact accounting
+    (/proc/PID/task/*/schedstat, in ns; /proc/PID/stat's tick sampling is too coarse for
+    processes that run in 10-20 ms bursts)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):
+            pass  # a thread that just ended
+    return total / 1e9
+
+
 def p10(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[0]
 
@@ -223,8 +240,11 @@ def main() -> None:
     units = layers + 2
     torch.set_num_threads(args.threads)
 
-    hop_plain = measure_hop_us(curve=False)
-    hop_curve = measure_hop_us(curve=True)
+    plain, curve = [], []
+    for _ in range(3):  # interleaved, so the machine's load drifts over both alike
+        plain.append(measure_hop_us(curve=False, n=1000))
+        curve.append(measure_hop_us(curve=True, n=1000))
+    hop_plain, hop_curve = statistics.median(plain), statistics.median(curve)
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, int(config["vocab_size"]), (4, PROMPT_TOKENS), generator=gen)
@@ -249,6 +269,7 @@ def main() -> None:
     token_gaps: dict[str, list[float]] = {"hf": [], "agent1": [], "agent4": []}
     step_compute: dict[str, list[float]] = {"agent1": [], "agent4": []}
     hops: list[float] = []
+    cpu_s = {"hf": 0.0, "agent1": 0.0, "agent4": 0.0}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="edgeshard-bench-") as tmp:
         with LocalCluster(tmp, solo + four + two, threads_per_agent=args.threads) as cluster:
@@ -259,12 +280,18 @@ def main() -> None:
                 co.sync_clocks()
                 for rnd in range(args.rounds + 1):  # the first round warms up
                     print(f"round {rnd}/{args.rounds}", file=sys.stderr, flush=True)
+                    c0 = time.thread_time()  # 1 torch thread: HF computes on this thread
                     stamps = hf_decode_stamps(hf, ids[:1], args.new_tokens)
                     if rnd:
+                        cpu_s["hf"] += time.thread_time() - c0
                         figures["hf"].append(rate(stamps))
                         token_gaps["hf"] += gaps(stamps)
                     for key, plan in (("agent1", plan1), ("agent4", plan4)):
+                        pids = [cluster.pid_of(d) for d in plan.devices()]
+                        c0 = sum(proc_cpu_s(p) for p in pids)
                         r = co.run(plan, request(1, "sequential", 1))
+                        if rnd:
+                            cpu_s[key] += sum(proc_cpu_s(p) for p in pids) - c0
                         stamps = [t.t_s for t in sorted(r.token_events, key=lambda t: t.step)][1:]
                         if rnd:
                             figures[key].append(decode_tokens_per_s(r.token_events))
@@ -292,6 +319,9 @@ def main() -> None:
         "agent1_decode_tok_s": round(med["agent1"], 2),
         "agent_vs_hf": round(med["agent1"] / med["hf"], 3),
         "agent_vs_hf_quiet": round(quiet["agent1"] / quiet["hf"], 3),
+        "cpu_ms_per_token": {k: round(v / (args.rounds * args.new_tokens) * 1e3, 2) for k, v in cpu_s.items()},
+        "agent_vs_hf_cpu": round(cpu_s["hf"] / cpu_s["agent1"], 3),
+        "four_vs_one_cpu": round(cpu_s["agent1"] / cpu_s["agent4"], 3),
         "agent4_decode_tok_s": round(med["agent4"], 2),
         "four_vs_one": round(med["agent4"] / med["agent1"], 3),
         "four_vs_one_quiet": round(quiet["agent4"] / quiet["agent1"], 3),

@@ -65,7 +65,11 @@ def test_edgeshard_run_over_agent_processes_prints_the_text_and_figures(cluster,
     assert "TTFT" in out and "per-token latency" in out and "tokens/s" in out
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert {line["type"] for line in lines} == {"timeline", "tokens"}
-    assert {line["value"]["device"] for line in lines if line["type"] == "timeline"} == set(DEVICES)
+    timeline = [line["value"] for line in lines if line["type"] == "timeline"]
+    assert {e["device"] for e in timeline} == set(DEVICES)
+    # every agent emulates 15 ms of latency on its outgoing link: a send ends no earlier
+    sends = [e for e in timeline if e["kind"] == "send"]
+    assert sends and all(e["end_s"] - e["start_s"] >= 0.0145 for e in sends)
 
 
 def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_return_to_ready(cluster, model_dir):
