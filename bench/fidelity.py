@@ -24,6 +24,10 @@ simulator knows the agents share this host's cores (``simulate(host_cores=...)``
 
 Usage: python bench/fidelity.py [--model DIR] [--rounds 3] [--new-tokens 24]
        [--link-mbit 20] [--link-latency-ms 4]
+On a machine shared with other work, run it as ``nice -n -10 python bench/fidelity.py``:
+the agents inherit the priority, so the runs and the profile measure the devices rather
+than the neighbours' load (at load 7-9 on 2 cores a stage's compute varied 2.5x between
+runs minutes apart without it).
 """
 
 from __future__ import annotations
