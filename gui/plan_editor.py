@@ -334,7 +334,11 @@ class PlanEditorPanel(QWidget):
         else:
             self.latency_card.set_value(fmt_s(cost.latency_per_token_s), math.isinf(cost.latency_per_token_s))
             self.prefill_card.set_value(fmt_s(cost.prefill_s), math.isinf(cost.prefill_s))
-            self.throughput_card.set_value(f"{cost.throughput_tokens_s:.1f} tok/s")
+            batching = (f"  ({cost.micro_batches} × {cost.micro_batch_size})"
+                        if cost.micro_batches > 1 or cost.micro_batch_size > 1 else "")
+            self.throughput_card.set_value(f"{cost.throughput_tokens_s:.1f} tok/s{batching}")
+            self.throughput_card.setToolTip("Pipelined tokens per second with the plan's micro-batches "
+                                            f"({cost.micro_batches} in flight of {cost.micro_batch_size} sequence(s))")
             n = len(cost.violations)
             self.status_card.set_value("all satisfied" if n == 0 else f"{n} violated", n > 0)
             self.violations.show_lines(list(cost.violations), "This plan cannot run as it is:")

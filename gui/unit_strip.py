@@ -37,7 +37,11 @@ class UnitStripView(QWidget):
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.setAccessibleName("Unit strip")
         self.setAccessibleDescription("Model units coloured by stage; drag a boundary to move units between stages")
-        self.setToolTip("Drag the boundary between two stages to move units")
+        self.setToolTip("Drag the boundary between two stages to move units.\n"
+                        "Keyboard: Tab to the strip, Up/Down picks a boundary, Left/Right moves it by one unit")
+        self.setFocusPolicy(Qt.StrongFocus)
+        self._kb_stage = 1
+        """The boundary (left edge of this stage) that the arrow keys move."""
 
     def sizeHint(self) -> QSize:
         return QSize(800, 96)
@@ -45,7 +49,25 @@ class UnitStripView(QWidget):
     def set_plan(self, model: ModelSpec | None, plan: ShardPlan | None, bad_stages: set[int] = frozenset()) -> None:
         self._model, self._plan, self._bad_stages = model, plan, set(bad_stages)
         self._drag_stage = self._drag_unit = None
+        n = len(plan.stages) if plan else 0
+        self._kb_stage = min(max(1, self._kb_stage), max(1, n - 1))
         self.update()
+
+    def keyPressEvent(self, ev) -> None:
+        plan = self._plan
+        if plan is None or len(plan.stages) < 2:
+            return super().keyPressEvent(ev)
+        j = self._kb_stage
+        if ev.key() in (Qt.Key_Up, Qt.Key_Down):
+            step = 1 if ev.key() == Qt.Key_Down else -1
+            self._kb_stage = (j - 1 + step) % (len(plan.stages) - 1) + 1
+            self.update()
+        elif ev.key() in (Qt.Key_Left, Qt.Key_Right):
+            new = plan.stages[j].start + (1 if ev.key() == Qt.Key_Right else -1)
+            if plan.stages[j - 1].start < new < plan.stages[j].end:
+                self.boundary_moved.emit(j, new)
+        else:
+            super().keyPressEvent(ev)
 
     # geometry -------------------------------------------------------------
     def _n(self) -> int:
@@ -128,10 +150,10 @@ class UnitStripView(QWidget):
         # handles
         for j in range(1, len(starts)):
             x = self.unit_x(starts[j])
-            active = j == self._drag_stage
+            active = j == self._drag_stage or (self.hasFocus() and j == self._kb_stage and self._drag_stage is None)
             p.setPen(QPen(QColor(c["text"]), 3 if active else 2))
             p.drawLine(QPointF(x, r.top() - 4), QPointF(x, r.bottom() + 4))
-            p.setBrush(QColor(c["base"]))
+            p.setBrush(QColor(c["accent"] if active else c["base"]))
             p.drawRoundedRect(QRectF(x - 4, r.center().y() - 10, 8, 20), 3, 3)
         p.end()
 

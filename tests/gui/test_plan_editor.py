@@ -202,3 +202,35 @@ def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
     assert all(r.cost is None or r.cost.latency_per_token_s >= best.cost.latency_per_token_s - 1e-12
                for r in editor.comparison if r.feasible)
     assert len(editor.compare_plot.ci.items) == 2
+
+
+def test_the_strip_is_editable_from_the_keyboard(editor, qtbot):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.push_plan(plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [3, 6]), "start")
+    editor.strip.setFocus()
+    qtbot.keyClick(editor.strip, Qt.Key_Right)
+    assert [s.start for s in editor.state.plan.stages] == [0, 4, 6]
+    qtbot.keyClick(editor.strip, Qt.Key_Down)  # the next boundary
+    qtbot.keyClick(editor.strip, Qt.Key_Left)
+    assert [s.start for s in editor.state.plan.stages] == [0, 4, 5]
+    qtbot.keyClick(editor.strip, Qt.Key_Left)  # would empty stage 1: refused
+    assert [s.start for s in editor.state.plan.stages] == [0, 4, 5]
+    editor.undo_stack.undo()
+    assert [s.start for s in editor.state.plan.stages] == [0, 4, 6]
+
+
+def test_throughput_solve_shows_its_micro_batching(editor, qtbot):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.objective_combo.setCurrentIndex(editor.objective_combo.findData("throughput"))
+    editor.batch_spin.setValue(4)  # four sequences to serve: worth pipelining micro-batches
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.solve_button.click()
+    plan = editor.state.plan
+    from core.solvers import solve_max_throughput
+
+    assert plan == solve_max_throughput(editor.state.problem).plan
+    assert plan.micro_batches * plan.micro_batch_size == 4 and len(plan.stages) > 1
+    assert f"({plan.micro_batches} × {plan.micro_batch_size})" in editor.throughput_card.text()
+    assert editor.throughput_card.text().startswith(f"{editor.cost.throughput_tokens_s:.1f} tok/s")
