@@ -202,6 +202,12 @@ class DemoSession(QObject):
         self.state.log(f"demo could not start: {message}", "error")
         self.failed.emit(message)
         self._cleanup()
+        if self.window is not None:
+            from gui.widgets import show_error
+
+            show_error(self.window, "The demo cluster could not start", message,
+                       "The planning screens still work with a loaded profile (File ▸ Load profile…). "
+                       "To run models, start agents with `edgeshard cluster local` and use File ▸ Connect to agents….")
 
     # scripted use (screenshots, tests) --------------------------------------------------------
     def run_once(self, window=None, prompts=DEMO_PROMPTS, max_new_tokens: int = 12) -> bool:

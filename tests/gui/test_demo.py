@@ -73,3 +73,35 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         window.close()
         demo.stop()
     assert demo.parts.cluster is None and demo.parts.coordinator is None
+
+
+def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QMessageBox
+
+    import gui.demo as demo_module
+    from core.errors import DeployError
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+
+    def no_model(reporter, root=None):
+        raise DeployError("demo", "cannot write the demo model", hint="free some disk space")
+
+    monkeypatch.setattr(demo_module, "ensure_demo_model", no_model)
+    studio_app.create_app()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    demo = demo_module.DemoSession(window.state, window=window, workspace=str(tmp_path / "w.edgeshard"),
+                                   workdir=str(tmp_path / "work"))
+    try:
+        with qtbot.waitSignal(demo.failed, timeout=10_000):
+            demo.start()
+        box = window.findChild(QMessageBox, "errorDialog")
+        assert box is not None and "cannot write the demo model" in box.text() and "free some disk space" in box.text()
+        assert window.connection_label.text() == "● demo cluster failed"
+        box.close()
+    finally:
+        window.close()
+        demo.stop()
+    assert demo.parts.cluster is None and demo.runner.alive_threads() == []
