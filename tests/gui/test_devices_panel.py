@@ -113,3 +113,29 @@ def test_stop_and_log_run_off_the_gui_thread(qtbot):
     assert row_of(panel, "phone")[2] == "agent deployed"
     assert all(t is not threading.main_thread() for t in panel.agent_control.threads)
     panel.shutdown()
+
+
+def test_discover_finds_an_agent_announced_over_real_mdns(qtbot):
+    from agents.announce import announce_agent
+    from core.discovery import select_interfaces
+
+    addresses = select_interfaces()
+    if not addresses:
+        import pytest
+
+        pytest.skip("no multicast-capable interface")
+    panel = DevicesPanel(StudioState())
+    qtbot.addWidget(panel)
+    announcement = announce_agent(addresses[0], 7999, name="guiprobe", accelerator="", memory_bytes=3 * 2**30)
+    try:
+        panel.discover_button.click()
+        qtbot.waitUntil(lambda: any(d.startswith("guiprobe") for d in panel.records), timeout=15_000)
+        dev = next(d for d in panel.records if d.startswith("guiprobe"))
+        rec = panel.records[dev]
+        assert rec.status == "running" and rec.memory_bytes == 3 * 2**30 and rec.origin == "mDNS"
+        assert panel.discover_button.text() == "Stop discovery"
+        panel.discover_button.click()
+        assert panel.discovery is None and panel.discover_button.text() == "Discover"
+    finally:
+        announcement.close()
+        panel.shutdown()
