@@ -115,6 +115,7 @@ class DevicesPanel(QWidget):
         self._bridge = _DiscoveryBridge(self)
         self._bridge.device_seen.connect(self._on_discovery_device_seen, Qt.QueuedConnection)
         self.runner = TaskRunner(self, name="devices")
+        self._closer = TaskRunner(self, name="discovery-stop")
         self.runner.task_finished.connect(self._on_runner_finished)
         self.runner.task_failed.connect(self._on_runner_failed)
         self.runner.status_reported.connect(lambda _t, s: self.message.setText(s))
@@ -265,9 +266,10 @@ class DevicesPanel(QWidget):
         self.state.log(text)
 
     def stop_discovery(self) -> None:
+        """Stop browsing; zeroconf's goodbye packets take a moment, so it closes in a worker."""
         if self.discovery is not None:
-            self.discovery.stop()
-            self.discovery = None
+            disc, self.discovery = self.discovery, None
+            self._closer.start(lambda rep: disc.stop())
         self.discover_button.setChecked(False)
         self.discover_button.setText("Discover")
 
@@ -377,7 +379,10 @@ class DevicesPanel(QWidget):
 
     def shutdown(self) -> None:
         self.runner.shutdown()
-        self.stop_discovery()
+        if self.discovery is not None:
+            self.discovery.stop()
+            self.discovery = None
+        self._closer.shutdown()
 
 
 class AddDeviceDialog(QDialog):
