@@ -646,7 +646,8 @@ def _start(session: SshSession, opts: DeployOptions, bundle: AgentBundle, bundle
     key_file = posixpath.join(base, "agent.key")
     args = ["-m", "agents", "serve", "--device", dev, "--host", opts.bind_host, "--advertise-host", address,
             "--control-port", str(opts.control_port), "--data-port", str(opts.data_port),
-            "--coordinator-key", coordinator_public_key, "--key-file", key_file, "--log-level", "INFO"]
+            # "=" form: a Z85 key may start with "-", which argparse would take for an option
+            f"--coordinator-key={coordinator_public_key}", "--key-file", key_file, "--log-level", "INFO"]
     if opts.announce:
         args.append("--announce")
     if opts.threads:

@@ -167,7 +167,7 @@ class LocalCluster:
             self.python, "-m", "agents", "serve",
             "--device", device,
             "--host", "127.0.0.1",
-            "--coordinator-key", self.keys.public,
+            f"--coordinator-key={self.keys.public}",  # a Z85 key may start with "-"
             "--key-file", str(self.workdir / f"{device}.key"),
             "--threads", str(self.threads_per_agent),
             "--link-mbit", str(self.link_mbit),
