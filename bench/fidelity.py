@@ -17,7 +17,9 @@ of decode = steady-state tokens/s), because on a shared machine other tenants' s
 inflate means (``core.run_metrics`` means are reported beside them). ``terms`` splits the
 sequential step into measured stage compute (vs the profile) and hops (the gap from a
 stage's compute end to the next stage's compute start, vs occupancy + latency), and
-reports the stages' compute while pipelined. ``shared_host_*``: the prediction when the
+reports the stages' compute while pipelined. ``calibrated_*``: the profile's unit times
+scaled by one factor per device, measured by running the whole model alone on that
+device (a plan none of the three compared is), then predicting the three plans. ``shared_host_*``: the prediction when the
 simulator knows the agents share this host's cores (``simulate(host_cores=...)``);
 ``run_derived_*``: with each stage's compute and each hop taken from the sequential runs
 (sequential figures then agree by construction; the no-bubbles one is still a prediction).
@@ -61,6 +63,7 @@ def main() -> None:
 
     from agents.protocol import SamplingSpec
     from core import formats
+    from core import cost
     from core.checkpoints import ModelRecipe, make_model
     from core.coordinator import Coordinator, RunRequest
     from core.local_cluster import LocalCluster
@@ -114,6 +117,19 @@ def main() -> None:
                                       max_new_tokens=args.new_tokens, mode=mode, micro_batches=n,
                                       eos_token_ids=(), sampling=SamplingSpec())
 
+                # Calibration on a different plan: each device runs the whole model alone;
+                # its measured decode compute over the profile's gives one factor per device.
+                calib_scale = {}
+                for d in devices:
+                    solo = plan_from_boundaries(profile.model.name, units, [d], [])
+                    co.load(solo, str(model_dir), threads=1)
+                    co.run(solo, request(1, "sequential"))  # warm-up
+                    r = co.run(solo, request(1, "sequential"))
+                    durs = [e.duration_s for e in r.events if e.kind == "compute" and e.phase == "decode"]
+                    prof_s = cost.stage_compute_s(profile.times_of(d), solo.stages[0], "decode", 1)
+                    calib_scale[d] = statistics.median(durs) / prof_s
+                calibrated = _scaled_problem(problem, calib_scale)
+
                 measured: dict[str, dict[str, list[float]]] = {
                     n: {"latency": [], "seq_tps": [], "pipe_tps": [], "mean_latency": [], "mean_pipe_tps": []}
                     for n in plans}
@@ -150,12 +166,15 @@ def main() -> None:
     # (overlap, one transfer per link, the cycle) from sequential measurements.
     derived = {name: _derived_problem(problem, plan, terms[name]) for name, plan in plans.items()}
     per_plan = {}
-    errors, derived_errors, host_errors = [], [], []
+    errors, derived_errors, host_errors, calibrated_errors = [], [], [], []
     for name, plan in plans.items():
         k = len(plan.stages)
         m = {key: statistics.median(measured[name][key]) for key in ("latency", "seq_tps", "pipe_tps")}
         err, pred = _errors(simulate, problem, plan, k, m)
         derr, dpred = _errors(simulate, derived[name], plan, k, m)
+        cerr, cpred = _errors(simulate, calibrated, plan, k, m)
+        cherr, _ = _errors(simulate, calibrated, plan, k, m, host_cores=os.cpu_count())
+        calibrated_errors += list(cerr.values())
         herr, hpred = _errors(simulate, problem, plan, k, m, host_cores=os.cpu_count())
         hderr, _ = _errors(simulate, derived[name], plan, k, m, host_cores=os.cpu_count())
         host_errors += [herr["pipe_tps"]]
@@ -163,6 +182,10 @@ def main() -> None:
         derived_errors += list(derr.values())
         per_plan[name] = {
             "terms": terms[name],
+            "calibrated_errors": {key: round(v, 3) for key, v in cerr.items()},
+            "calibrated_shared_host_nobubbles_error": round(cherr["pipe_tps"], 3),
+            "calibrated_per_token_ms": round(cpred["latency"] * 1e3, 2),
+            "calibrated_nobubbles_tok_s": round(cpred["pipe_tps"], 2),
             "run_derived_errors": {key: round(v, 3) for key, v in derr.items()},
             "shared_host_nobubbles_tok_s": round(hpred["pipe_tps"], 2),
             "shared_host_nobubbles_error": round(herr["pipe_tps"], 3),
@@ -193,6 +216,8 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "plans": per_plan,
         "max_abs_error": round(max(abs(e) for e in errors), 3),
+        "device_calibration_measured_over_profiled": {d: round(v, 3) for d, v in calib_scale.items()},
+        "max_abs_error_calibrated": round(max(abs(e) for e in calibrated_errors), 3),
         "max_abs_error_run_derived": round(max(abs(e) for e in derived_errors), 3),
         "max_abs_nobubbles_error_shared_host": round(max(abs(e) for e in host_errors), 3),
         "wall_s": round(time.perf_counter() - started, 1),
@@ -265,6 +290,22 @@ def _terms(problem, plan, events) -> dict:
                      "predicted_ms": round(pred * 1e3, 3),
                      "unmodelled_ms": round(med - pred * 1e3, 3) if gaps else None})
     return {"stages": stages, "hops": hops}
+
+
+def _scaled_problem(problem, scale: dict[str, float]):
+    import msgspec
+
+    times = tuple(
+        msgspec.structs.replace(
+            t,
+            decode_s=tuple(tuple(x * scale.get(t.device, 1.0) for x in row) for row in t.decode_s),
+            prefill_s=tuple(tuple(x * scale.get(t.device, 1.0) for x in row) for row in t.prefill_s),
+        )
+        for t in problem.profile.times
+    )
+    profile = msgspec.structs.replace(problem.profile, times=times,
+                                      notes="calibrated: unit times scaled by a whole-model run per device")
+    return msgspec.structs.replace(problem, profile=profile)
 
 
 def _derived_problem(problem, plan, terms):
