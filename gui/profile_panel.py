@@ -46,8 +46,18 @@ class ProfilePanel(QWidget):
         self.progress.hide()
         self.progress_label = QLabel("")
         self.progress_label.setProperty("role", "subtitle")
+        self.load_button = QPushButton("Load…")
+        self.load_button.setToolTip("Load a profile or problem file (edgeshard profile --out, edgeshard scenario)")
+        self.load_button.setAccessibleName("Load profile")
+        self.load_button.clicked.connect(self._on_load_clicked)
+        self.save_button = QPushButton("Save…")
+        self.save_button.setToolTip("Save this profile for `edgeshard plan --profile` and later sessions")
+        self.save_button.setAccessibleName("Save profile")
+        self.save_button.clicked.connect(self._on_save_clicked)
         bar.addWidget(self.profile_button)
         bar.addWidget(self.cancel_button)
+        bar.addWidget(self.load_button)
+        bar.addWidget(self.save_button)
         bar.addWidget(self.progress, 1)
         bar.addWidget(self.progress_label, 1)
         lay.addLayout(bar)
@@ -109,8 +119,34 @@ class ProfilePanel(QWidget):
                               "Profiling failed:")
         self.state.log(message, "error")
 
+    # files ----------------------------------------------------------------------------
+    def save_profile_file(self, path: str) -> bool:
+        from core import formats
+
+        try:
+            formats.save(path, self.state.profile)
+        except OSError as err:
+            self.error.show_lines([f"Cannot save {path}: {err.strerror or err}. Choose a folder you can write to."])
+            return False
+        self.error.show_lines([])
+        self.state.log(f"saved profile to {path}")
+        return True
+
+    def _on_save_clicked(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getSaveFileName(self, "Save profile", "profile.json", "Profile files (*.json)")
+        if path:
+            self.save_profile_file(path)
+
+    def _on_load_clicked(self) -> None:
+        window = self.window()
+        if hasattr(window, "_on_load_profile"):
+            window._on_load_profile()
+
     # drawing --------------------------------------------------------------------------
     def refresh(self) -> None:
+        self.save_button.setEnabled(self.state.profile is not None)
         self.plots.clear()
         style_plot(self.plots)
         p = self.state.profile

@@ -67,3 +67,22 @@ def test_a_failed_profiling_run_is_shown_inline(qtbot):
         panel.start_profiling()
     assert "phone: agent stopped answering" in panel.error.text()
     panel.shutdown()
+
+
+def test_a_profile_saves_to_a_file_that_loads_back_equal(qtbot, tmp_path):
+    from core import formats
+    from core.profile import Profile
+
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    assert not panel.save_button.isEnabled()
+    state.set_profile(make_problem().profile)
+    assert panel.save_button.isEnabled()
+    path = tmp_path / "p.json"
+    assert panel.save_profile_file(str(path))
+    assert formats.load(path, Profile) == state.profile
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    assert not panel.save_profile_file(str(blocker / "p.json"))
+    assert "Cannot save" in panel.error.text() and "Choose a folder" in panel.error.text()
