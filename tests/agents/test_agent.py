@@ -103,3 +103,18 @@ def test_pings_carry_the_agents_clock_for_offset_estimation(agent):
         assert pong.t0 == 123.0 and pong.t1 <= pong.t2 and abs(pong.t1 - agent.clock()) < 5
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_shard_that_cannot_load_is_reported_and_the_agent_stays_up(agent, tmp_path):
+    from agents.protocol import LoadShard, PeerSpec
+
+    ctx, sock = _client(agent, agent.test_coordinator_keys)
+    try:
+        me = PeerSpec(device="dev-a", stage=0, data_address=agent.data_address, public_key=agent.keys.public)
+        reply = _ask(sock, encode_control(LoadShard(req=5, model_dir=str(tmp_path / "missing"), stage=0, start=0,
+                                                    end=3, peers=(me,))), timeout_ms=30000)
+        assert isinstance(reply, ErrorReply) and reply.code == "failed" and reply.req == 5
+        status = _ask(sock, encode_control(GetStatus(req=6)))
+        assert status.state == "failed" and status.error
+    finally:
+        ctx.destroy(linger=0)

@@ -223,3 +223,25 @@ def test_other_families_split_over_agents_also_generate_exactly(family, tmp_path
     finally:
         for a in agents:
             a.close()
+
+
+def test_garbage_on_a_data_socket_is_dropped_and_the_run_still_matches(cluster, model_dir):
+    import zmq
+
+    from agents.transport import curve_client
+
+    coordinator, plan, agents = cluster
+    src, mid = agents[0], agents[1]
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.linger = 0
+        curve_client(push, src.keys, mid.keys.public)  # a key the plan allows
+        push.connect(mid.data_address)
+        for frames in ([b"\xc1garbage"], [b"\x81\xa1v\x05", b"x"], [b"\x00" * 100, b"\x01"]):
+            push.send_multipart(frames)
+        enc, req = _request(model_dir, "no-bubbles")
+        assert list(coordinator.run(plan, req).tokens) == _hf_new_tokens(model_dir, enc, req.max_new_tokens)
+        assert any("dropped data message" in line for line in coordinator.logs("mid"))
+    finally:
+        ctx.destroy(linger=0)
