@@ -212,6 +212,7 @@ class Coordinator:
         self._wake_r, self._wake_w = os.pipe()
         self._closing = threading.Event()
         self._run: _ActiveRun | None = None
+        self._run_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.on_lost: Callable[[str], None] | None = None
 
@@ -350,8 +351,12 @@ class Coordinator:
         if isinstance(msg, Pong):
             t3 = time.time()
             c.last_pong = time.monotonic()
-            if c.lost:
+            if c.lost:  # back after being declared lost: end whatever run it was part of
                 c.lost = False
+                try:
+                    c.sock.send(encode_control(StopRun()), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
             self._add_clock_sample(c, msg.t0, msg.t1, msg.t2, t3)
             if not msg.req:
                 return
@@ -530,6 +535,14 @@ class Coordinator:
         reporter: Reporter | None = None,
     ) -> RunResult:
         """Run one generation over the loaded plan; blocks the calling thread (not the IO thread)."""
+        if not self._run_lock.acquire(blocking=False):
+            raise RunFailed("a run is already in progress on these agents")
+        try:
+            return self._run_locked(plan, request, sink, reporter)
+        finally:
+            self._run_lock.release()
+
+    def _run_locked(self, plan, request, sink, reporter) -> RunResult:
         reporter = reporter or NullReporter()
         sink = sink or NullSink()
         if request.mode not in MODES:

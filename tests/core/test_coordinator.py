@@ -245,3 +245,23 @@ def test_garbage_on_a_data_socket_is_dropped_and_the_run_still_matches(cluster, 
         assert any("dropped data message" in line for line in coordinator.logs("mid"))
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_second_run_while_one_is_in_progress_is_refused(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=400)
+    req = RunRequest(**{**req.__dict__, "eos_token_ids": ()})
+    errors = []
+    first = threading.Thread(target=lambda: errors.append(pytest.raises(RunFailed, coordinator.run, plan, req)))
+    first.start()
+    try:
+        deadline = time.monotonic() + 5
+        while coordinator._run is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RunFailed, match="already in progress"):
+            coordinator.run(plan, _request(model_dir, "sequential", 1, 2)[1])
+    finally:
+        coordinator.stop()
+        first.join(10)
+    assert errors and "stopped" in str(errors[0].value)
+    assert {s.state for s in coordinator.status().values()} == {"ready"}
