@@ -1,0 +1,105 @@
+"""Where a token's CPU time goes, per agent process and thread: 1 stage vs 4 stages.
+
+Runs the benchmark Llama (``bench/runtime.py`` makes it) sequentially on a solo agent and
+on a 4-stage plan, in interleaved rounds, and reads every agent thread's CPU time from the
+scheduler (/proc/PID/task/TID/schedstat, ns) before and after each run. Threads are
+grouped by role: ``worker`` (the stage loop: compute + framing), ``control`` (pings,
+event flushes), ``zmq_io`` (libzmq's IO thread: CurveZMQ and the sockets), ``other`` (main thread, ZAP authenticator).
+Prints one JSON line of milliseconds of CPU per generated token.
+
+Usage: python bench/runtime_threads.py [--model DIR] [--rounds 4] [--new-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from agents.protocol import SamplingSpec
+from core.coordinator import Coordinator, RunRequest
+from core.local_cluster import LocalCluster
+from core.plan import plan_from_boundaries
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            out[f"{tid}:{name}"] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def role(name: str, worker_tid: str, control_tid: str) -> str:
+    tid, comm = name.split(":", 1)
+    if comm.startswith("ZMQbg/IO"):
+        return "zmq_io"
+    if tid == worker_tid:
+        return "worker"
+    if tid == control_tid:
+        return "control"
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(Path.home() / ".cache" / "edgeshard" / "bench-llama-170m"))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    args = ap.parse_args()
+    if not (Path(args.model) / "config.json").exists():
+        from core.checkpoints import make_benchmark_model
+
+        make_benchmark_model(args.model)
+    units = json.loads((Path(args.model) / "config.json").read_text())["num_hidden_layers"] + 2
+    q = units // 4
+    plans = {
+        "1_stage": plan_from_boundaries("bench", units, ["solo"], []),
+        "4_stages": plan_from_boundaries("bench", units, ["s0", "s1", "s2", "s3"], [q, 2 * q, 3 * q]),
+    }
+    ids = torch.randint(3, 1000, (1, 16), generator=torch.Generator().manual_seed(0)).tolist()
+    req = RunRequest(input_ids=tuple(map(tuple, ids)), attention_mask=((1,) * 16,), max_new_tokens=args.new_tokens,
+                     mode="sequential", eos_token_ids=(), sampling=SamplingSpec())
+    totals: dict[str, dict[str, dict[str, float]]] = {k: {} for k in plans}
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(tmp, ["solo", "s0", "s1", "s2", "s3"], threads_per_agent=1) as cluster, \
+            Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=60) as co:
+        for plan in plans.values():
+            co.load(plan, args.model, threads=1)
+        # the worker is the thread with most CPU after a warm-up run, control the second
+        # (the main thread, which imported torch and then sleeps, is left out)
+        tids = {}
+        for key, plan in plans.items():
+            co.run(plan, req)
+            for d in plan.devices():
+                pid = str(cluster.pid_of(d))
+                ranked = sorted((v, k) for k, v in thread_cpu_s(cluster.pid_of(d)).items()
+                                if not k.split(":", 1)[1].startswith("ZMQbg") and k.split(":")[0] != pid)
+                tids[d] = (ranked[-1][1].split(":")[0], ranked[-2][1].split(":")[0])
+        for _ in range(args.rounds):
+            for key, plan in plans.items():
+                before = {d: thread_cpu_s(cluster.pid_of(d)) for d in plan.devices()}
+                co.run(plan, req)
+                for d in plan.devices():
+                    for name, v in thread_cpu_s(cluster.pid_of(d)).items():
+                        r = role(name, *tids[d])
+                        per = totals[key].setdefault(d, {})
+                        per[r] = per.get(r, 0.0) + v - before[d].get(name, 0.0)
+    tokens = args.rounds * args.new_tokens
+    out: dict = {"bench": "runtime_threads", "unit": "ms CPU per generated token", "load_avg_1min": os.getloadavg()[0]}
+    for key, per_dev in totals.items():
+        out[key] = {d: {r: round(v / tokens * 1e3, 2) for r, v in sorted(roles.items())} for d, roles in per_dev.items()}
+        out[f"{key}_total"] = round(sum(sum(r.values()) for r in per_dev.values()) / tokens * 1e3, 2)
+    out["extra_ms_4_vs_1"] = round(out["4_stages_total"] - out["1_stage_total"], 2)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
