@@ -5,15 +5,16 @@ PIP = $(PY) -m pip
 .PHONY: run test install install-test
 
 install:
+	bash scripts/install-system-deps.sh      # Qt's xcb libraries, sshd, avahi, xvfb (only those missing; needs root)
 	$(PIP) install -q torch==2.13.0          # the CPU wheel on disk; install first so nothing pulls a CUDA build
 	$(PIP) install -q -e .
 
 install-test: install
-	bash scripts/install-system-deps.sh
 	$(PIP) install -q -e '.[test]'
 
+# The main job: the studio on a local demo cluster (needs a display; see README for xvfb-run).
 run: install
-	edgeshard compare resources/scenarios/edgeshard-paper.json
+	$(PY) -m core.cli studio --demo
 
 test: install-test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
