@@ -677,6 +677,7 @@ class TimelineView(QWidget):
                 axis = plot.getAxis(name)
                 axis.setPen(pg.mkPen(text))
                 axis.setTextPen(pg.mkPen(text))
-            plot.titleLabel.item.setDefaultTextColor(text)
+            # LabelItem writes its colour into the title's HTML, so re-set the text with it.
+            plot.setTitle(plot.titleLabel.text, size="9pt", color=text.name())
         for item in (self.measured_item, self.predicted_item):
             item.set_dark(dark)

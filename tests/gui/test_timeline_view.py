@@ -173,6 +173,15 @@ def test_background_follows_a_dark_palette(qtbot, view):
     assert img.pixelColor(3, 3).lightness() < 60
 
 
+def test_plot_titles_take_the_palette_text_colour_so_they_read_on_dark(qtbot, view):
+    pal = QPalette(view.palette())
+    pal.setColor(QPalette.ColorRole.Base, QColor(20, 20, 24))
+    pal.setColor(QPalette.ColorRole.Text, QColor(230, 230, 230))
+    view.setPalette(pal)
+    html = view.measured_plot.titleLabel.item.toHtml().lower()
+    assert "#e6e6e6" in html
+
+
 def test_bridge_delivers_events_from_many_threads_in_few_batches_on_the_gui_thread(qtbot):
     bridge = EventBridge()
     batches, threads = [], set()
