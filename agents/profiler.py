@@ -8,6 +8,14 @@ decode for one new token per sequence over a KV cache of ``context_tokens``, at 
 batch sizes. Each figure is the median of ``repeats`` runs after a warm-up; the spread is
 IQR / median.
 
+A block is timed the way the stage runtime (agents/shard.py) runs it: the causal mask,
+positions and rotary embedding are computed once per stage and step, outside the blocks,
+so they are built once here too, outside the timed forward (and the KV cache is reset
+to the context length between repeats, untimed). That once-per-stage work is timed on
+its own — the stage overhead: growing the group's mask, positions, the causal mask and
+the rotary embedding (decode), plus a fresh KV cache (prefill) — and reported beside the
+units, so the cost model charges it once per stage instead of once per block.
+
 Links: the sender pushes probe data messages through its data-plane socket (and through
 its link emulation, when the agent emulates one), the receiver timestamps each arrival on
 its own data socket. Bandwidth is read at the receiver (bytes after the first ones /
@@ -28,7 +36,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -84,6 +92,10 @@ class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
     arch: str = ""
     cores: int = 0
+    stage_decode_overhead_s: float = 0.0
+    """Once per stage and decode step (smallest decode batch): mask, positions, rotary."""
+    stage_prefill_overhead_s: float = 0.0
+    """Once per stage and prefill (first prefill batch): the same plus a fresh KV cache."""
 
 
 # ----------------------------------------------------------------------------- memory
@@ -140,17 +152,32 @@ def _stats(samples: list[float]) -> tuple[float, float]:
     return med, (iqr / med if med > 0 else 0.0)
 
 
-def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], None] = lambda: None) -> list[float]:
+def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], None] = lambda: None,
+          reset: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` calls; ``reset``
+    (e.g. crop the KV cache back) runs before each call, untimed."""
     for _ in range(warmup):
+        if reset is not None:
+            reset()
         fn()
     sync()
     out = []
     for _ in range(repeats):
+        if reset is not None:
+            reset()
+            sync()
         t0 = time.perf_counter()
         fn()
         sync()  # GPU kernels are asynchronous: the time ends when they are done
         out.append(time.perf_counter() - t0)
     return out
+
+
+class _Timed(NamedTuple):
+    run: Callable[[], Any]
+    """What is timed."""
+    reset: Callable[[], Any] | None = None
+    """Run before each timed call, untimed."""
 
 
 class _UnitBench:
@@ -214,11 +241,14 @@ class _UnitBench:
     def _hidden(self, b: int, t: int):
         return self.torch.randn(b, t, self.hidden, dtype=self.dtype)
 
-    def _block(self, x, mask_2d, cache):
+    def _step_inputs(self, x, mask_2d, cache):
+        """What the stage runtime computes once per stage and step before its blocks
+        (agents/shard.py ``StageExecutor._run`` / ``_run_layers``): positions from the
+        attention mask, the causal mask of the layer type, the rotary embedding."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-        past = cache.get_seq_length() if cache is not None else 0
-        positions = self.torch.arange(past, past + x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        new = x.shape[1]
+        positions = (mask_2d.cumsum(-1) - 1).masked_fill(mask_2d == 0, 0)[:, -new:]
         types = getattr(self.cfg, "layer_types", None) or ["full_attention"]
         maker = create_sliding_window_causal_mask if types[0] == "sliding_attention" else create_causal_mask
         mask = maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, past_key_values=cache,
@@ -226,47 +256,88 @@ class _UnitBench:
         extra = {}
         if self.rotary is not None:
             extra["position_embeddings"] = self.rotary(x, position_ids=positions)
+        return positions, mask, extra
+
+    def _forward(self, x, cache, inputs):
+        positions, mask, extra = inputs
         out = self.modules["layer"](x, attention_mask=mask, position_ids=positions, past_key_values=cache,
                                     use_cache=True, **extra)
         return out[0] if isinstance(out, tuple) else out
 
-    def prefill_fn(self, b: int, t: int) -> Callable[[], Any]:
+    def _block(self, x, mask_2d, cache):
+        return self._forward(x, cache, self._step_inputs(x, mask_2d, cache))
+
+    def prefill_fn(self, b: int, t: int) -> _Timed:
         torch = self.torch
         if self.kind == "embedding":
             ids = torch.randint(0, self.vocab, (b, t))
             pos = torch.arange(t).unsqueeze(0).expand(b, -1)
             wpe = self.modules.get("wpe")
-            return lambda: self.modules["embed"](ids) + (wpe(pos) if wpe is not None else 0)
+            return _Timed(lambda: self.modules["embed"](ids) + (wpe(pos) if wpe is not None else 0))
         if self.kind == "head":
             x = self._hidden(b, t)
-            return lambda: self.modules["head"](self.modules["norm"](x[:, -1:, :]))
+            return _Timed(lambda: self.modules["head"](self.modules["norm"](x[:, -1:, :])))
+        from transformers import DynamicCache
+
         x = self._hidden(b, t)
-        mask = torch.ones(b, t, dtype=torch.long)
+        inputs = self._step_inputs(x, torch.ones(b, t, dtype=torch.long), DynamicCache(config=self.cfg))
+        box = [None]
 
-        def run():
-            from transformers import DynamicCache
+        def reset():  # each prefill starts a fresh cache, as the runtime's does
+            box[0] = DynamicCache(config=self.cfg)
 
-            return self._block(x, mask, DynamicCache(config=self.cfg))
+        return _Timed(lambda: self._forward(x, box[0], inputs), reset)
 
-        return run
-
-    def decode_fn(self, b: int, context: int) -> Callable[[], Any]:
+    def decode_fn(self, b: int, context: int) -> _Timed:
         """One new token per sequence over a ``context``-token cache (kept at that length)."""
         torch = self.torch
         if self.kind != "block":
             return self.prefill_fn(b, 1)
+        cache = self._context_cache(b, context)
+        x = self._hidden(b, 1)
+        inputs = self._step_inputs(x, torch.ones(b, context + 1, dtype=torch.long), cache)
+
+        def reset():  # drop the token a run added: every repeat sees `context` tokens
+            extra = cache.get_seq_length() - context
+            if extra > 0:
+                cache.crop(-extra)
+
+        return _Timed(lambda: self._forward(x, cache, inputs), reset)
+
+    def _context_cache(self, b: int, context: int):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.cfg)
-        self._block(self._hidden(b, context), torch.ones(b, context, dtype=torch.long), cache)
+        self._block(self._hidden(b, context), self.torch.ones(b, context, dtype=self.torch.long), cache)
+        return cache
+
+    def stage_decode_overhead_fn(self, b: int, context: int) -> _Timed:
+        """The runtime's once-per-stage work of a decode step: grow the mask by one column,
+        positions, causal mask, rotary embedding (block units only)."""
+        torch = self.torch
+        cache = self._context_cache(b, context)
+        seen = torch.ones(b, context, dtype=torch.long)
         x = self._hidden(b, 1)
-        mask = torch.ones(b, context + 1, dtype=torch.long)
 
         def run():
-            self._block(x, mask, cache)
-            cache.crop(-1)  # drop the token just added: every repeat sees `context` tokens
+            mask = torch.cat([seen, seen.new_ones((b, 1))], dim=1)
+            return self._step_inputs(x, mask, cache)
 
-        return run
+        return _Timed(run)
+
+    def stage_prefill_overhead_fn(self, b: int, t: int) -> _Timed:
+        """The runtime's once-per-stage work of a prefill: a fresh KV cache, the mask as
+        long, positions, causal mask, rotary embedding (block units only)."""
+        torch = self.torch
+        from transformers import DynamicCache
+
+        x = self._hidden(b, t)
+        seen = torch.ones(b, t, dtype=torch.int64)
+
+        def run():
+            return self._step_inputs(x, seen.to(torch.long), DynamicCache(config=self.cfg))
+
+        return _Timed(run)
 
 
 def _hf_config(config: dict[str, Any]):
@@ -311,18 +382,28 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     decode_bs = tuple(sorted(set(opts.batch_sizes)))
     prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
     results = []
+    overhead = {"decode": 0.0, "prefill": 0.0}
     with torch.inference_mode(), tdev:  # factory calls (inputs, caches) land on the device
         for i, u in enumerate(units):
             bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
-                m, s = _stats(_time(bench.decode_fn(b, context), opts.repeats, opts.warmup, sync))
+                fn = bench.decode_fn(b, context)
+                m, s = _stats(_time(fn.run, opts.repeats, opts.warmup, sync, fn.reset))
                 dec.append(m)
                 dec_sp.append(s)
             for b in prefill_bs:
-                m, s = _stats(_time(bench.prefill_fn(b, opts.prompt_tokens), opts.repeats, opts.warmup, sync))
+                fn = bench.prefill_fn(b, opts.prompt_tokens)
+                m, s = _stats(_time(fn.run, opts.repeats, opts.warmup, sync, fn.reset))
                 pre.append(m)
                 pre_sp.append(s)
+            if bench.kind == "block" and not overhead["decode"]:  # once, with the first block's config
+                # more repeats than a unit: these are tens of microseconds, noisier relative to themselves
+                reps = max(opts.repeats, 20)
+                fn = bench.stage_decode_overhead_fn(decode_bs[0], context)
+                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
+                fn = bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens)
+                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
                                      prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes))
             del bench
@@ -343,6 +424,8 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
         seconds=time.perf_counter() - t_start,
         arch=platform.machine(),
         cores=os.cpu_count() or 0,
+        stage_decode_overhead_s=overhead["decode"],
+        stage_prefill_overhead_s=overhead["prefill"],
     )
 
 

@@ -235,6 +235,8 @@ def _min_times(a, b):
             t,
             decode_s=tuple(tuple(map(min, x, y)) for x, y in zip(t.decode_s, o.decode_s)),
             prefill_s=tuple(tuple(map(min, x, y)) for x, y in zip(t.prefill_s, o.prefill_s)),
+            stage_decode_overhead_s=min(t.stage_decode_overhead_s, o.stage_decode_overhead_s),
+            stage_prefill_overhead_s=min(t.stage_prefill_overhead_s, o.stage_prefill_overhead_s),
         ))
     return msgspec.structs.replace(a, times=tuple(times))
 
@@ -292,17 +294,26 @@ def _terms(problem, plan, events) -> dict:
     return {"stages": stages, "hops": hops}
 
 
-def _scaled_problem(problem, scale: dict[str, float]):
+def _scaled_times(times, scale: dict[str, float]):
+    """Every compute term of a device (unit times and the once-per-stage overhead) × its factor."""
     import msgspec
 
-    times = tuple(
+    return tuple(
         msgspec.structs.replace(
             t,
             decode_s=tuple(tuple(x * scale.get(t.device, 1.0) for x in row) for row in t.decode_s),
             prefill_s=tuple(tuple(x * scale.get(t.device, 1.0) for x in row) for row in t.prefill_s),
+            stage_decode_overhead_s=t.stage_decode_overhead_s * scale.get(t.device, 1.0),
+            stage_prefill_overhead_s=t.stage_prefill_overhead_s * scale.get(t.device, 1.0),
         )
-        for t in problem.profile.times
+        for t in times
     )
+
+
+def _scaled_problem(problem, scale: dict[str, float]):
+    import msgspec
+
+    times = _scaled_times(problem.profile.times, scale)
     profile = msgspec.structs.replace(problem.profile, times=times,
                                       notes="calibrated: unit times scaled by a whole-model run per device")
     return msgspec.structs.replace(problem, profile=profile)
@@ -315,14 +326,7 @@ def _derived_problem(problem, plan, terms):
 
     scale = {t["device"]: (t["measured_ms"] / t["profiled_ms"]) for t in terms["stages"]
              if t["measured_ms"] and t["profiled_ms"]}
-    times = tuple(
-        msgspec.structs.replace(
-            t,
-            decode_s=tuple(tuple(x * scale.get(t.device, 1.0) for x in row) for row in t.decode_s),
-            prefill_s=tuple(tuple(x * scale.get(t.device, 1.0) for x in row) for row in t.prefill_s),
-        )
-        for t in problem.profile.times
-    )
+    times = _scaled_times(problem.profile.times, scale)
     latency: dict[tuple[str, str], float] = {}
     for j, (st, hop) in enumerate(zip(plan.stages, terms["hops"])):
         nd = cost.next_device(plan, j)

@@ -3,7 +3,14 @@
 Notation (EdgeShard, Zhang et al. 2024): a plan has stages j = 0..k-1 on devices d_j
 holding units [a_j, b_j). For a step over ``batch`` sequences:
 
-- compute   C_j = Σ_{u in stage j} t(d_j, u)      (decode: t at ``batch``; prefill: at batch × prompt tokens)
+- compute   C_j = Σ_{u in stage j} t(d_j, u) + o(d_j)
+            (decode: t at ``batch``; prefill: at batch × prompt tokens). o is the
+            device's once-per-stage overhead (``DeviceTimes.stage_decode_overhead_s`` /
+            ``stage_prefill_overhead_s``): the attention mask, positions and rotary
+            embedding the runtime builds once per stage and step for all its blocks,
+            charged to a stage holding at least one decoder block (0 in older profiles).
+            The solvers' arrays (core/solvers/arrays.py) do not include o yet: a plan
+            they return is re-evaluated here with it.
 - transfer  T_j = O_{b_j - 1} · n / B(d_j, d_{j+1}) + lat(d_j, d_{j+1})
             n = tokens sent: ``batch`` in decode, batch × prompt in prefill; the last
             stage sends the sampled token ids (the head's output) back to the source.
@@ -135,10 +142,12 @@ def _device_memory(problem: PlanningProblem, device: str) -> int:
 
 
 def stage_compute_s(times: DeviceTimes, stage: Stage, phase: str, tokens: int) -> float:
-    """Compute time of a stage: decode over ``tokens`` sequences, or prefill of ``tokens``."""
+    """Compute time of a stage: decode over ``tokens`` sequences, or prefill of ``tokens``,
+    plus the device's once-per-stage overhead (the module docstring's o)."""
+    overhead = times.stage_overhead_time(phase, stage.start, stage.end)
     if phase == "decode":
-        return sum(times.decode_time(u, tokens) for u in range(stage.start, stage.end))
-    return sum(times.prefill_time(u, tokens) for u in range(stage.start, stage.end))
+        return sum(times.decode_time(u, tokens) for u in range(stage.start, stage.end)) + overhead
+    return sum(times.prefill_time(u, tokens) for u in range(stage.start, stage.end)) + overhead
 
 
 def stage_output_bytes(problem: PlanningProblem, stage: Stage, tokens: int) -> int:

@@ -36,12 +36,27 @@ class DeviceTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     prefill_s: tuple[tuple[float, ...], ...]
     decode_spread: tuple[float, ...] = ()
     """Optional relative spread (IQR / median) per unit of the decode measurement."""
+    stage_decode_overhead_s: float = 0.0
+    """Seconds a stage holding decoder blocks spends once per decode step outside the
+    units' forwards: the attention mask grown by one column, positions, the causal mask
+    and the rotary embedding, which the runtime builds once per stage and passes to
+    every block. Measured at the smallest decode batch (it hardly depends on it); 0 in
+    profiles that predate it, whose block times included it once per block instead."""
+    stage_prefill_overhead_s: float = 0.0
+    """The same once-per-stage work for a prefill (plus a fresh KV cache)."""
 
     def decode_time(self, unit: int, batch: int) -> float:
         return interpolate(self.decode_batch_sizes, self.decode_s[unit], batch)
 
     def prefill_time(self, unit: int, tokens: int) -> float:
         return interpolate(self.prefill_token_counts, self.prefill_s[unit], tokens)
+
+    def stage_overhead_time(self, phase: str, start: int, end: int) -> float:
+        """Once-per-stage overhead of a stage running units [start, end): charged when the
+        stage holds at least one decoder block (units 1..L; L = rows of the table − 2)."""
+        if not (start < len(self.decode_s) - 1 and end > 1):
+            return 0.0
+        return self.stage_decode_overhead_s if phase == "decode" else self.stage_prefill_overhead_s
 
 
 def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
@@ -126,6 +141,10 @@ def profile_errors(profile: Profile) -> list[str]:
         where = f"$.times[{i}]"
         if t.device not in known:
             out.append(f"{where}.device: unknown device {t.device!r}")
+        for name in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
+            v = getattr(t, name)
+            if not (v >= 0) or v == float("inf"):
+                out.append(f"{where}.{name}: must be finite and not negative")
         for xs_name, ys_name in (("decode_batch_sizes", "decode_s"), ("prefill_token_counts", "prefill_s")):
             xs, ys = getattr(t, xs_name), getattr(t, ys_name)
             if not xs or any(x < 1 for x in xs) or list(xs) != sorted(set(xs)):

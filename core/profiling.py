@@ -163,6 +163,8 @@ def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links:
             prefill_token_counts=c.prefill_token_counts,
             prefill_s=tuple(tuple(u.prefill_s) for u in units),
             decode_spread=tuple(u.decode_spread[0] for u in units),
+            stage_decode_overhead_s=c.stage_decode_overhead_s,
+            stage_prefill_overhead_s=c.stage_prefill_overhead_s,
         ))
     cluster = Cluster(devices=tuple(devices), links=tuple(
         Link(src=m.src, dst=m.dst, bandwidth_mbit_s=max(m.bandwidth_mbit_s, 1e-3), latency_ms=m.one_way_ms)

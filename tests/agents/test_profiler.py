@@ -26,6 +26,60 @@ def test_every_unit_gets_decode_and_prefill_medians_with_their_spread():
         assert all(s >= 0 for s in u.decode_spread + u.prefill_spread)
 
 
+def test_a_block_is_timed_without_building_its_mask_or_rotary_embedding(monkeypatch):
+    """The runtime builds the causal mask and rotary embedding once per stage, not per
+    block: the timed block forward must not include them (they are the stage overhead)."""
+    import torch
+    import transformers.masking_utils as mu
+
+    from agents.profiler import _hf_config, _UnitBench
+
+    calls = []
+    real = mu.create_causal_mask
+    monkeypatch.setattr(mu, "create_causal_mask", lambda **kw: calls.append("mask") or real(**kw))
+    with torch.inference_mode():
+        bench = _UnitBench(_hf_config(TINY_LLAMA), 1, torch.float32, 0)
+        real_rotary = bench.rotary.forward
+        bench.rotary.forward = lambda *a, **kw: calls.append("rotary") or real_rotary(*a, **kw)
+        for timed in (bench.decode_fn(2, 8), bench.prefill_fn(1, 8)):
+            calls.clear()
+            for _ in range(3):
+                timed.reset()
+                timed.run()
+            assert calls == []
+        overhead = bench.stage_decode_overhead_fn(1, 8)
+        calls.clear()
+        overhead.run()
+        assert sorted(calls) == ["mask", "rotary"]
+
+
+def test_decode_repeats_see_the_same_context_length():
+    import torch
+
+    from agents.profiler import _hf_config, _UnitBench
+
+    with torch.inference_mode():
+        bench = _UnitBench(_hf_config(TINY_LLAMA), 1, torch.float32, 0)
+        timed = bench.decode_fn(1, 8)
+        for _ in range(3):
+            timed.reset()
+            out = timed.run()
+            assert out.shape == (1, 1, 64)
+        # the cache the block reads is back at 8 tokens before each run: 9 after one
+        lengths = [c.cell_contents.get_seq_length() for c in timed.run.__closure__
+                   if hasattr(c.cell_contents, "get_seq_length")]
+        assert lengths == [9]
+
+
+def test_the_once_per_stage_overhead_is_measured_beside_the_units():
+    r = profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=3, warmup=1))
+    assert r.stage_decode_overhead_s > 0 and r.stage_prefill_overhead_s > 0
+    # without a decoder block among the units there is no such work to time
+    r = profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=3, warmup=1,
+                                     units=(0, 3)))
+    assert r.stage_decode_overhead_s == 0.0 and r.stage_prefill_overhead_s == 0.0
+
+
 def test_unit_weights_add_up_to_the_whole_hf_model():
     import transformers
 

@@ -62,6 +62,44 @@ def test_prefill_sends_prompt_sized_activations_but_returns_only_token_ids():
     assert cost.prefill_s == pytest.approx(compute + to_b + back)
 
 
+def _with_overhead(problem, decode, prefill):
+    times = tuple(msgspec.structs.replace(t, stage_decode_overhead_s=decode[t.device],
+                                          stage_prefill_overhead_s=prefill[t.device]) for t in problem.profile.times)
+    return msgspec.structs.replace(problem, profile=msgspec.structs.replace(problem.profile, times=times))
+
+
+def test_the_stage_overhead_is_charged_once_per_stage_that_holds_a_decoder_block():
+    base = _problem()
+    problem = _with_overhead(base, {"a": 0.003, "b": 0.0005}, {"a": 0.007, "b": 0.001})
+    # a runs the embedding only (no block, no mask or rotary to build); b runs block + head
+    plan = _plan(m=2)
+    before, after = evaluate(base, plan), evaluate(problem, plan)
+    assert after.stage_compute_s == pytest.approx((before.stage_compute_s[0], before.stage_compute_s[1] + 0.0005))
+    assert after.latency_per_token_s == pytest.approx(before.latency_per_token_s + 0.0005)
+    assert after.prefill_s == pytest.approx(before.prefill_s + 0.001)
+    # a runs embedding + block: charged once; b runs the head only: not charged
+    plan2 = ShardPlan(model="toy", num_units=3, stages=(Stage(device="a", start=0, end=2),
+                                                        Stage(device="b", start=2, end=3)), micro_batch_size=2)
+    before, after = evaluate(base, plan2), evaluate(problem, plan2)
+    assert after.latency_per_token_s == pytest.approx(before.latency_per_token_s + 0.003)
+    assert after.prefill_s == pytest.approx(before.prefill_s + 0.007)
+    m, k = 1, 2
+    plan3 = msgspec.structs.replace(plan, micro_batch_size=m, micro_batches=k)
+    cost3 = evaluate(problem, plan3)
+    occ = [1000 * m * 8 / 8e6, 4 * m * 8 / 0.8e6]
+    periods = [max(c, o) for c, o in zip(cost3.stage_compute_s, occ)]
+    assert cost3.throughput_tokens_s == pytest.approx(k * m / max(k * max(periods), cost3.latency_per_token_s))
+
+
+def test_a_negative_stage_overhead_is_a_profile_error():
+    from core.profile import profile_errors
+
+    problem = _with_overhead(_problem(), {"a": -1.0, "b": 0.0}, {"a": 0.0, "b": float("inf")})
+    errors = profile_errors(problem.profile)
+    assert "$.times[0].stage_decode_overhead_s: must be finite and not negative" in errors
+    assert "$.times[1].stage_prefill_overhead_s: must be finite and not negative" in errors
+
+
 def test_throughput_is_k_m_over_the_larger_of_k_bottlenecks_and_the_cycle():
     problem = _problem(batch=4)
     for m, k in [(1, 1), (1, 4), (2, 2)]:

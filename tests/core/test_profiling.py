@@ -59,6 +59,24 @@ def test_a_profile_needs_figures_for_every_unit():
         build_profile(TINY, {"a": c}, [], dtype="fp32", model_name="t", prompt_tokens=8)
 
 
+def test_the_measured_stage_overhead_is_carried_into_the_profile():
+    from agents.profiler import ComputeProfile, UnitTimes
+
+    units = tuple(UnitTimes(unit=i, decode_s=(1e-3,), decode_spread=(0.0,), prefill_s=(2e-3,), prefill_spread=(0.0,),
+                            param_bytes=1) for i in range(4))
+    c = ComputeProfile(device="a", decode_batch_sizes=(1,), prefill_token_counts=(8,), units=units,
+                       memory_budget_bytes=1, memory_total_bytes=1, memory_available_bytes=1, accelerator="",
+                       threads=1, seconds=0.0, stage_decode_overhead_s=1.5e-4, stage_prefill_overhead_s=2.5e-4)
+    times = build_profile(TINY, {"a": c}, [], dtype="fp32", model_name="t", prompt_tokens=8).times_of("a")
+    assert (times.stage_decode_overhead_s, times.stage_prefill_overhead_s) == (1.5e-4, 2.5e-4)
+    # an older agent's result has no overhead fields: the profile says 0, not an error
+    import msgspec
+
+    old = msgspec.to_builtins(c)
+    del old["stage_decode_overhead_s"], old["stage_prefill_overhead_s"]
+    assert msgspec.convert(old, ComputeProfile).stage_decode_overhead_s == 0.0
+
+
 @pytest.mark.netns
 @needs_root
 def test_tc_shaped_testbed_link_is_measured_within_ten_percent_over_the_data_plane(deployed):

@@ -47,6 +47,28 @@ def test_no_bubbles_steady_state_throughput_equals_the_closed_form(k, bandwidth,
     assert res.steady_tokens_per_s == pytest.approx(expected, rel=1e-9), why
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_once_per_stage_overhead_moves_simulator_and_closed_forms_alike(k):
+    import msgspec
+
+    base = _problem(generated_tokens=40)
+    ovh = {"a": 0.004, "b": 0.001, "c": 0.002}
+    times = tuple(msgspec.structs.replace(t, stage_decode_overhead_s=ovh[t.device],
+                                          stage_prefill_overhead_s=2 * ovh[t.device]) for t in base.profile.times)
+    p = msgspec.structs.replace(base, profile=msgspec.structs.replace(base.profile, times=times))
+    plan = make_plan(p, ["a", "b", "c"], [3, 5], m=1, k=k)
+    seq = simulate(p, plan, "sequential")
+    # every stage holds decoder blocks: one overhead per stage and step, not one per block
+    assert cost.step_time_s(p, plan, "decode", 1) == pytest.approx(cost.step_time_s(base, plan, "decode", 1) + 0.007)
+    assert cost.step_time_s(p, plan, "prefill", 1) == pytest.approx(cost.step_time_s(base, plan, "prefill", 1) + 0.014)
+    assert seq.figures.per_token_latency_s == pytest.approx(cost.step_time_s(p, plan, "decode", 1), rel=1e-12)
+    assert seq.figures.ttft_s == pytest.approx(cost.step_time_s(p, plan, "prefill", 1), rel=1e-12)
+    pipe = simulate(p, plan, "no-bubbles")
+    assert pipe.steady_tokens_per_s == pytest.approx(cost.throughput_tokens_s(p, plan, 1, k)[0], rel=1e-9)
+    computes = {e.stage: e.duration_s for e in pipe.events if e.kind == "compute" and e.phase == "decode"}
+    assert computes[0] == pytest.approx(HETERO["a"] * 3 + 0.004)
+
+
 def test_single_device_plan_runs_without_transfers():
     p = _problem(generated_tokens=5)
     plan = ShardPlan(model=p.profile.model.name, num_units=8, stages=(Stage(device="a", start=0, end=8),))
