@@ -58,6 +58,7 @@ class CurveKeys:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already exists
         with os.fdopen(fd, "w") as f:
             f.write(f"{self.public}\n{self.secret}\n")
 

@@ -111,6 +111,14 @@ def test_curve_keys_are_saved_owner_only_and_load_back(tmp_path):
     assert CurveKeys.load_or_create(path) == keys
 
 
+def test_curve_keys_saved_over_a_world_readable_file_become_owner_only(tmp_path):
+    path = tmp_path / "agent.key"
+    path.write_text("old\n")
+    path.chmod(0o644)
+    CurveKeys.generate().save(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def _pair():
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
