@@ -1,7 +1,8 @@
 """Shared fixtures for the devices tests: a netns testbed brought up once per session.
 
-The session testbed ``estb`` has 3 devices (10.79.0.1-3, host side 10.79.0.254) and one
-shaped link estb1 → estb2 at 10 Mbit/s. Tests that break a device (changed host key,
+The session testbed has 3 devices (``SESSION_DEVICES`` on a free 10.79.X.0/24, host side
+.254) and one shaped link device 1 → device 2 at 10 Mbit/s; its name holds the pid of the
+test run, so concurrent runs on one machine do not collide. Tests that break a device (changed host key,
 stopped sshd) build their own small testbed instead. Only root can build testbeds:
 without root the netns tests are skipped with that reason.
 """
@@ -13,9 +14,27 @@ from pathlib import Path
 
 import pytest
 
-SESSION_TESTBED = "estb"
-SESSION_SUBNET = "10.79.0.0/24"
-SHAPED_LINK = ("estb1", "estb2", 10.0)
+
+
+def _free_subnet(first: int) -> str:
+    """A 10.79.X.0/24 that no interface of this machine is on (another test run's testbed may be)."""
+    import subprocess
+
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    for k in range(250):
+        x = (first + k) % 250
+        if f" 10.79.{x}." not in used:
+            return f"10.79.{x}.0/24"
+    return f"10.79.{first % 250}.0/24"
+
+
+SESSION_TESTBED = f"e{os.getpid():x}x"
+"""Unique per test run (pid in hex), so two runs on one machine never share or tear down each
+other's namespaces and bridge. It ends in 'x' (never a hex digit): no session's name followed
+by a device number can match another's (testbed_down removes ``es-NAME<digits>``)."""
+SESSION_SUBNET = _free_subnet(os.getpid())
+SESSION_DEVICES = tuple(f"{SESSION_TESTBED}{i}" for i in (1, 2, 3))
+SHAPED_LINK = (SESSION_DEVICES[0], SESSION_DEVICES[1], 10.0)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces (CI runs as root)")
 
@@ -28,12 +47,25 @@ def testbed(tmp_path_factory):
     from core import testbed as tb
     from core.testbed import LinkShape, LinksFile, leftovers
 
+    _remove_testbeds_of_dead_runs(tb)
     root = tmp_path_factory.mktemp("testbed-state")
     links = LinksFile(links=(LinkShape(src=SHAPED_LINK[0], dst=SHAPED_LINK[1], bandwidth_mbit_s=SHAPED_LINK[2]),))
     state = tb.testbed_up(3, links=links, name=SESSION_TESTBED, subnet=SESSION_SUBNET, state_root=Path(root))
     yield state
     tb.testbed_down(SESSION_TESTBED, state_root=Path(root))
     assert leftovers(SESSION_TESTBED) == []
+
+
+def _remove_testbeds_of_dead_runs(tb) -> None:
+    """A crashed run cannot take its session testbed down; its pid names it, so the next run
+    removes it once that pid is gone (a live pid may be another run: never touched)."""
+    import re
+    import subprocess
+
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for pid_hex in sorted({m.group(1) for m in re.finditer(r"^es-e([0-9a-f]+)x\d+", out, re.M)}):
+        if not Path(f"/proc/{int(pid_hex, 16)}").exists():
+            tb.testbed_down(f"e{pid_hex}x")
 
 
 @pytest.fixture
@@ -116,7 +148,8 @@ def avahi_peer(testbed, tmp_path_factory):
     (d / "avahi.conf").write_text(_AVAHI_CONF.format(host=host))
     bus = d / "bus"
     (d / "bus.conf").write_text(_BUS_CONF.format(sock=bus))
-    ns, veth, address = f"es-{SESSION_TESTBED}9", f"es{SESSION_TESTBED}9", "10.79.0.9"
+    ns, veth = f"es-{SESSION_TESTBED}9", f"es{SESSION_TESTBED}9"
+    address = SESSION_SUBNET.replace(".0/24", ".9")
     run = lambda *a: subprocess.run(list(a), check=True, capture_output=True, timeout=30)  # noqa: E731
     run("ip", "netns", "add", ns)
     procs: list[subprocess.Popen] = []

@@ -23,7 +23,9 @@ from core.deploy import (
 from core.errors import DeployError
 from core.reporting import RecordingReporter
 
-from .conftest import needs_root
+from .conftest import SESSION_DEVICES, needs_root
+
+D1, D2, D3 = SESSION_DEVICES
 
 pytestmark = [pytest.mark.netns, needs_root]
 
@@ -159,38 +161,38 @@ def test_full_disk_is_reported_before_uploading(small_testbed, tmp_path):
 
 # ------------------------------------------------------------------ the agent's life
 def test_deployed_agent_runs_detached_and_answers_over_its_control_socket(deployed):
-    res = deployed.results["estb1"]
+    res = deployed.results[D1]
     rec = res.record
     assert res.action in ("started", "already running")
     # the SSH session is closed: the agent lives on in the device's namespace
-    pids = subprocess.run(["ip", "netns", "pids", "es-estb1"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["ip", "netns", "pids", f"es-{D1}"], capture_output=True, text=True).stdout.split()
     assert str(rec.pid) in pids
-    assert rec.log_path.startswith(str(deployed.remote_root / "estb1"))
+    assert rec.log_path.startswith(str(deployed.remote_root / D1))
     from agents.transport import CurveKeys
     from core.coordinator import AgentEndpoint, Coordinator
 
     keys = CurveKeys.load(deployed.workspace / "coordinator.key")
-    with Coordinator([AgentEndpoint("estb1", rec.control_address, rec.public_key)], keys) as coord:
-        assert coord.status()["estb1"].device == "estb1"
+    with Coordinator([AgentEndpoint(D1, rec.control_address, rec.public_key)], keys) as coord:
+        assert coord.status()[D1].device == D1
     # the three parallel deploys all landed in one agents.json, readable with one key
     from core.local_cluster import load_agents_file
 
     endpoints, _ = load_agents_file(deployed.workspace / "agents.json")
-    assert {e.device for e in endpoints} >= {"estb1", "estb2", "estb3"}
+    assert {e.device for e in endpoints} >= {D1, D2, D3}
     assert rec.control_address in {e.control_address for e in endpoints}
 
 
 def test_redeploy_is_idempotent_and_status_logs_stop_work(deployed):
     rep = RecordingReporter()
-    target = deployed.target("estb2")
-    first = deployed.results["estb2"].record
+    target = deployed.target(D2)
+    first = deployed.results[D2].record
     again = deploy.deploy_agent(rep, target, key_file=deployed.testbed.operator_key, workspace=deployed.workspace,
                                 options=deployed.options(), use_agent=False, user_known=NO_USER_KNOWN)
     assert again.action == "already running" and again.record.pid == first.pid
     assert rep.progresses[-1] == (6, 6) and any("already running" in s for s in rep.statuses)
     state = deploy.status_of(target, remote_dir=deployed.options().remote_dir, **deployed.conn())
     assert isinstance(state, AgentRunning) and state.record.pid == first.pid
-    assert "EDGESHARD-AGENT-READY device=estb2" in deploy.logs_of(target, remote_dir=deployed.options().remote_dir,
+    assert f"EDGESHARD-AGENT-READY device={D2}" in deploy.logs_of(target, remote_dir=deployed.options().remote_dir,
                                                                    **deployed.conn())
     assert deploy.stop(target, remote_dir=deployed.options().remote_dir, **deployed.conn()) is True
     assert not Path(f"/proc/{first.pid}").exists() or "Z" in Path(f"/proc/{first.pid}/stat").read_text().split()[2]
@@ -201,28 +203,28 @@ def test_redeploy_is_idempotent_and_status_logs_stop_work(deployed):
                                     workspace=deployed.workspace, options=deployed.options(), use_agent=False,
                                     user_known=NO_USER_KNOWN)
     assert restarted.action == "started" and restarted.record.pid != first.pid
-    deployed.results["estb2"] = restarted
+    deployed.results[D2] = restarted
 
 
 def test_status_of_a_device_without_agent_says_not_deployed(deployed, tmp_path):
-    state = deploy.status_of(deployed.target("estb3"), remote_dir=str(tmp_path / "nothing"), **deployed.conn())
+    state = deploy.status_of(deployed.target(D3), remote_dir=str(tmp_path / "nothing"), **deployed.conn())
     assert isinstance(state, AgentNotDeployed)
 
 
 def test_upgrade_replaces_an_agent_of_another_version(deployed, tmp_path):
-    """estb3 runs the session's agent; a changed bundle (a new version) replaces it in place."""
+    """Device 3 runs the session's agent; a changed bundle (a new version) replaces it in place."""
     pkg = tmp_path / "agents"
     shutil.copytree(Path(deploy.agents.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "__init__.py").write_text((pkg / "__init__.py").read_text() + "\n# patched build\n")
     v1, v2 = deploy.build_bundle(), deploy.build_bundle(pkg)
     assert v1.stamp != v2.stamp
-    old = deployed.results["estb3"].record
+    old = deployed.results[D3].record
     assert old.bundle_stamp == v1.stamp
     rep = RecordingReporter()
-    new = deploy.deploy_agent(rep, deployed.target("estb3"), bundle=v2, key_file=deployed.testbed.operator_key,
+    new = deploy.deploy_agent(rep, deployed.target(D3), bundle=v2, key_file=deployed.testbed.operator_key,
                               workspace=deployed.workspace, options=deployed.options(), use_agent=False,
                               user_known=NO_USER_KNOWN)
-    deployed.results["estb3"] = new
+    deployed.results[D3] = new
     assert new.action == "upgraded" and new.record.bundle_stamp == v2.stamp
     assert new.record.pid != old.pid and not _alive(old.pid)
     assert new.record.control_port == old.control_port
@@ -238,7 +240,7 @@ def _alive(pid: int) -> bool:
 
 def test_agent_that_cannot_start_is_reported_with_its_log_tail(deployed, tmp_path):
     """Its control port is taken on the device: the agent exits, the error shows why."""
-    blocker = subprocess.Popen(["ip", "netns", "exec", "es-estb3", sys.executable, "-c",
+    blocker = subprocess.Popen(["ip", "netns", "exec", f"es-{D3}", sys.executable, "-c",
                                 "import socket,sys; s=socket.socket(); s.bind(('0.0.0.0', 47020)); s.listen();"
                                 " print('ok', flush=True); sys.stdin.read()"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -247,7 +249,7 @@ def test_agent_that_cannot_start_is_reported_with_its_log_tail(deployed, tmp_pat
         opts = DeployOptions(python=sys.executable, remote_dir=str(tmp_path / "{device}"), control_port=47020,
                              data_port=47021, announce=False)
         with pytest.raises(deploy.AgentDidNotStart) as err:
-            deploy.deploy_agent(None, deployed.target("estb3"), key_file=deployed.testbed.operator_key,
+            deploy.deploy_agent(None, deployed.target(D3), key_file=deployed.testbed.operator_key,
                                 workspace=deployed.workspace, options=opts, use_agent=False,
                                 user_known=NO_USER_KNOWN)
         assert "cannot listen" in err.value.log_tail
@@ -258,8 +260,8 @@ def test_agent_that_cannot_start_is_reported_with_its_log_tail(deployed, tmp_pat
 
 
 def test_parallel_deploy_reports_each_device_and_one_failure_does_not_stop_the_others(deployed):
-    good = deployed.target("estb1")
-    bad = SshTarget("nosshd", deployed.testbed.device("estb1").address, 2222, "root")
+    good = deployed.target(D1)
+    bad = SshTarget("nosshd", deployed.testbed.device(D1).address, 2222, "root")
     reporters: dict[str, RecordingReporter] = {}
 
     def reporter_for(name):
@@ -269,8 +271,8 @@ def test_parallel_deploy_reports_each_device_and_one_failure_does_not_stop_the_o
                                  workspace=deployed.workspace, options=deployed.options(), use_agent=False,
                                  user_known=NO_USER_KNOWN)
     assert isinstance(results["nosshd"], deploy.ConnectionRefused)
-    assert results["estb1"].action == "already running"
-    assert reporters["estb1"].statuses and reporters["nosshd"].statuses
+    assert results[D1].action == "already running"
+    assert reporters[D1].statuses and reporters["nosshd"].statuses
 
 
 def test_errors_are_deploy_errors_with_a_hint():
@@ -312,14 +314,14 @@ def test_stage_upload_carries_only_its_units_and_resumes_after_an_interruption(d
     policy = deploy.HostKeyPolicy(workspace_known_hosts=deployed.workspace / "known_hosts", user_known_hosts=None)
     auth = deploy.SshAuth(key_file=deployed.testbed.operator_key, use_agent=False)
     local = stage / "model.safetensors"
-    with deploy.connect(deployed.target("estb1"), auth, policy) as ssh:
+    with deploy.connect(deployed.target(D1), auth, policy) as ssh:
         with pytest.raises(Cancelled):
             deploy.upload_file_resumable(ssh, local, str(remote), _CancelAfter(3), chunk=8192)
     part = Path(str(remote) + ".part")
     partial = part.stat().st_size
     assert 0 < partial < local.stat().st_size and not remote.exists()
     rep = RecordingReporter()
-    with deploy.connect(deployed.target("estb1"), auth, policy) as ssh:
+    with deploy.connect(deployed.target(D1), auth, policy) as ssh:
         assert deploy.upload_file_resumable(ssh, local, str(remote), rep, chunk=8192) == "resumed"
         assert rep.progresses[0] == (partial, local.stat().st_size)  # continued where it stopped
         assert deploy.upload_file_resumable(ssh, local, str(remote)) == "already there"
@@ -343,11 +345,11 @@ def test_cli_deploy_refuses_an_unknown_host_key_and_prints_its_fingerprint(small
 def test_cli_agents_status_and_logs_of_a_deployed_agent(deployed, capsys):
     from core.cli import main
 
-    d = deployed.testbed.device("estb1")
-    common = [f"estb1=root@{d.address}", "--key", deployed.testbed.operator_key, "--no-ssh-agent",
+    d = deployed.testbed.device(D1)
+    common = [f"{D1}=root@{d.address}", "--key", deployed.testbed.operator_key, "--no-ssh-agent",
               "--workspace", str(deployed.workspace), "--remote-dir", deployed.options().remote_dir]
     assert main(["agents", "status", *common]) == 0
-    assert f"estb1: running pid {deployed.results['estb1'].record.pid}" in capsys.readouterr().out
+    assert f"{D1}: running pid {deployed.results[D1].record.pid}" in capsys.readouterr().out
     assert main(["agents", "logs", "-n", "5", *common]) == 0
     assert "EDGESHARD-AGENT-READY" in capsys.readouterr().out
 
