@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from pathlib import Path
 
 import msgspec
@@ -207,10 +208,17 @@ def _conn_kwargs(args, key) -> dict:
     return kw
 
 
+_PROMPT_LOCK = threading.Lock()
+
+
 def _prompt_trust(info) -> bool:
-    print(f"The host {info.host_label} is not known.\n  {info.key_type} key fingerprint is {info.fingerprint}",
-          file=sys.stderr)
-    return input("Trust it and continue? [y/N] ").strip().lower() in ("y", "yes")
+    """Up to ten deploy threads ask at once: one question at a time (the lock spans print and
+    input), and the question itself names host and fingerprint, so a "y" answers only it."""
+    with _PROMPT_LOCK:
+        print(f"The host {info.host_label} is not known.\n  {info.key_type} key fingerprint is {info.fingerprint}",
+              file=sys.stderr, flush=True)
+        answer = input(f"Trust {info.host_label} with {info.key_type} key {info.fingerprint}? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _register_deploy(sub) -> None:
