@@ -81,6 +81,7 @@ def simulate(
     generated_tokens: int | None = None,
     overlap: bool = True,
     host_cores: int | None = None,
+    micro_batch_sizes: tuple[int, ...] | None = None,
 ) -> SimulationResult:
     """Play ``plan`` out on ``problem`` and return the predicted events and figures.
 
@@ -91,6 +92,10 @@ def simulate(
     ``host_cores``: the stages' devices are emulated on one host with that many cores
     (a local cluster): n stages computing at once each progress at min(1, cores / n)
     (processor sharing). None: independent devices, as in the cost model.
+
+    ``micro_batch_sizes``: the size of each micro-batch when they differ (a real run splits
+    5 prompts into 3 + 2, ``core.coordinator.split_micro_batches``); it overrides
+    ``micro_batches`` and ``micro_batch_size``.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -103,21 +108,27 @@ def simulate(
     else:
         k_mb = micro_batches if micro_batches is not None else plan.micro_batches
         m = micro_batch_size if micro_batch_size is not None else plan.micro_batch_size
+    if micro_batch_sizes is not None:
+        if not micro_batch_sizes or min(micro_batch_sizes) < 1:
+            raise ValueError("every micro-batch needs at least one sequence")
+        k_mb, m = len(micro_batch_sizes), max(micro_batch_sizes)
     g = generated_tokens if generated_tokens is not None else wl.generated_tokens
     if k_mb < 1 or m < 1 or g < 1:
         raise ValueError("micro-batches, micro-batch size and generated tokens must be at least 1")
     if host_cores is not None and host_cores < 1:
         raise ValueError("host_cores must be at least 1")
-    return _Simulation(problem, plan, mode, k_mb, m, g, overlap, host_cores).run()
+    return _Simulation(problem, plan, mode, k_mb, m, g, overlap, host_cores, micro_batch_sizes).run()
 
 
 _ARRIVE, _COMPUTE_DONE, _LINK_DONE, _TOKEN = range(4)
 
 
 class _Simulation:
-    def __init__(self, problem, plan, mode, k_mb, m, g, overlap, host_cores=None):
+    def __init__(self, problem, plan, mode, k_mb, m, g, overlap, host_cores=None, sizes=None):
         self.problem, self.plan, self.mode = problem, plan, mode
         self.k_mb, self.m, self.g, self.overlap = k_mb, m, g, overlap
+        self.sizes = tuple(sizes) if sizes is not None else (m,) * k_mb
+        self.first_seq = [sum(self.sizes[:mb]) for mb in range(k_mb)]
         self.host_cores = host_cores
         # Processor sharing (host_cores): stage -> [remaining seconds at full speed,
         # start time, job, version]; a completion whose version is stale is ignored.
@@ -127,22 +138,23 @@ class _Simulation:
         self.n = len(stages)
         prompt = problem.workload.prompt_tokens
         links = problem.profile.cluster.link_index()
-        # Per stage and phase: compute seconds, link occupancy and latency, bytes sent.
-        self.compute: dict[tuple[int, str], float] = {}
-        self.xfer: dict[tuple[int, str], tuple[float, float, int]] = {}
+        # Per stage, phase and micro-batch size: compute seconds, link occupancy and latency, bytes sent.
+        self.compute: dict[tuple[int, str, int], float] = {}
+        self.xfer: dict[tuple[int, str, int], tuple[float, float, int]] = {}
         for j, st in enumerate(stages):
             times = problem.profile.times_of(st.device)
             last = j == self.n - 1
-            for phase, tokens in (("prefill", m * prompt), ("decode", m)):
-                self.compute[j, phase] = stage_compute_s(times, st, phase, tokens)
-                sent = m if (phase == "decode" or last) else m * prompt
-                nbytes = stage_output_bytes(problem, st, sent)
-                nxt = next_device(plan, j)
-                if nxt == st.device:
-                    self.xfer[j, phase] = (0.0, 0.0, 0)
-                else:
-                    occ = link_occupancy_s(problem, st.device, nxt, nbytes)
-                    self.xfer[j, phase] = (occ, links[(st.device, nxt)].latency_ms / 1e3, nbytes)
+            for size in set(self.sizes):
+                for phase, tokens in (("prefill", size * prompt), ("decode", size)):
+                    self.compute[j, phase, size] = stage_compute_s(times, st, phase, tokens)
+                    sent = size if (phase == "decode" or last) else size * prompt
+                    nbytes = stage_output_bytes(problem, st, sent)
+                    nxt = next_device(plan, j)
+                    if nxt == st.device:
+                        self.xfer[j, phase, size] = (0.0, 0.0, 0)
+                    else:
+                        occ = link_occupancy_s(problem, st.device, nxt, nbytes)
+                        self.xfer[j, phase, size] = (occ, links[(st.device, nxt)].latency_ms / 1e3, nbytes)
         self.heap: list = []
         self.order = 0
         self.stage_queue = [deque() for _ in stages]
@@ -201,7 +213,7 @@ class _Simulation:
                 device=dev, stage=j, kind="recv_wait", phase=phase, step=step, micro_batch=mb,
                 start_s=self.stage_free_since[j], end_s=t))
         self.stage_busy[j] = True
-        d = self.compute[j, phase]
+        d = self.compute[j, phase, self.sizes[mb]]
         if self.host_cores is not None:
             self._ps_advance(t)
             self.active[j] = [d, t, (mb, step), 0]
@@ -261,7 +273,7 @@ class _Simulation:
         (mb, step), ready = self.link_queue[j].popleft()
         self.link_wait += t - ready
         phase = self._phase(step)
-        occ, lat, nbytes = self.xfer[j, phase]
+        occ, lat, nbytes = self.xfer[j, phase, self.sizes[mb]]
         self.link_busy[j] = True
         self.events.append(TimelineEvent(
             device=self.plan.stages[j].device, stage=j, kind="send", phase=phase, step=step,
@@ -279,9 +291,9 @@ class _Simulation:
 
     def _token(self, t: float, job: tuple[int, int]) -> None:
         mb, step = job
-        ids = tuple(range(mb * self.m, (mb + 1) * self.m))
-        self.tokens.append(TokenEvent(micro_batch=mb, step=step, sequence_ids=ids,
-                                      token_ids=(0,) * self.m, t_s=t))
+        first, size = self.first_seq[mb], self.sizes[mb]
+        self.tokens.append(TokenEvent(micro_batch=mb, step=step, sequence_ids=tuple(range(first, first + size)),
+                                      token_ids=(0,) * size, t_s=t))
         arrivals = self.step_arrivals.setdefault(step, [])
         arrivals.append(t)
         if self.mode == "sequential":
@@ -307,7 +319,7 @@ class _Simulation:
         lo, hi = max(1, self.g // 4), max(1, (3 * self.g) // 4)
         steady = None
         if hi > lo and step_done[hi] > step_done[lo]:
-            steady = self.k_mb * self.m * (hi - lo) / (step_done[hi] - step_done[lo])
+            steady = sum(self.sizes) * (hi - lo) / (step_done[hi] - step_done[lo])
         return SimulationResult(
             mode=self.mode, micro_batch_size=self.m, micro_batches=self.k_mb, generated_tokens=self.g,
             events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),

@@ -14,14 +14,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
 from core.coordinator import FanoutSink, RunSink
-from core.errors import EdgeShardError, RunFailed
+from core.errors import RunFailed
 from core.reporting import Cancelled, Reporter
 from gui.event_bridge import EventBridge
 from gui.run_monitor_view import RunMonitorView
@@ -29,6 +29,7 @@ from gui.widgets import InlineMessage, panel_header
 from gui.workers import TaskRunner
 
 MODES = ("sequential", "bubbles", "no-bubbles")
+PREDICT_DEBOUNCE_MS = 200
 MODE_HELP = {
     "sequential": "One micro-batch step in the pipeline at a time (lowest latency per token)",
     "bubbles": "Micro-batches pipelined; every step waits for all micro-batches (bubbles)",
@@ -145,6 +146,19 @@ class RunPanel(QWidget):
         self.runner.status_reported.connect(self._on_runner_status_reported)
         self.runner.progress_reported.connect(self._on_runner_progress_reported)
         self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
+        # The prediction (core.run_prediction) runs on its own worker after a short pause in
+        # the edits: a big plan takes seconds to simulate and must never block the GUI.
+        self.predict_runner = TaskRunner(self, name="predict")
+        self.predict_runner.task_finished.connect(self._on_predict_runner_task_finished)
+        self.predict_runner.task_failed.connect(self._on_predict_runner_task_failed)
+        self._predict_timer = QTimer(self)
+        self._predict_timer.setSingleShot(True)
+        self._predict_timer.setInterval(PREDICT_DEBOUNCE_MS)
+        self._predict_timer.timeout.connect(self._update_prediction)
+        self.prediction_note = QLabel("")
+        self.prediction_note.setAccessibleName("Prediction note")
+        self.prediction_note.setWordWrap(True)
+        self.prediction_note.setVisible(False)
 
         self.model_edit = QLineEdit()
         self.model_edit.setAccessibleName("Model directory")
@@ -232,6 +246,7 @@ class RunPanel(QWidget):
         s_layout.addWidget(self.progress)
         s_layout.addWidget(self.status_label)
         s_layout.addWidget(self.message)
+        s_layout.addWidget(self.prediction_note)
         s_layout.addStretch(1)
 
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -250,7 +265,7 @@ class RunPanel(QWidget):
             state.plan_changed.connect(self._on_settings_changed)
             state.problem_changed.connect(self._on_settings_changed)
             self._on_state_model_changed(state.model_name)
-        self._update_prediction()
+        self._predict_timer.start()
         app = QApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)  # never leave a run thread behind
@@ -314,7 +329,8 @@ class RunPanel(QWidget):
         """Stop any run and join its thread (window close, tests)."""
         if self.backend is not None and self.runner.is_busy():
             self.backend.stop()
-        ok = self.runner.shutdown(timeout_s)
+        self._predict_timer.stop()
+        ok = self.predict_runner.shutdown(timeout_s) and self.runner.shutdown(timeout_s)
         self.bridge.flush()
         return self.monitor.shutdown(timeout_s) and ok
 
@@ -367,7 +383,7 @@ class RunPanel(QWidget):
 
     def _on_settings_changed(self, *_args) -> None:
         if not self.runner.is_busy():
-            self._update_prediction()
+            self._predict_timer.start()  # restarts: one prediction after the edits pause
 
     def _set_running(self, running: bool) -> None:
         self.start_button.setEnabled(not running)
@@ -379,21 +395,29 @@ class RunPanel(QWidget):
             self.progress.setValue(0)
 
     def _update_prediction(self) -> None:
-        """The simulator's timeline for the current plan and settings, under the measured one."""
+        """Start predicting the timeline for the current plan and settings (on a worker; a
+        newer prediction supersedes an older one); it is drawn under the measured one."""
+        from core.run_prediction import predict_run_task
+
+        self._predict_timer.stop()
         problem = getattr(self.state, "problem", None)
         plan = getattr(self.state, "plan", None)
         if problem is None or plan is None:
-            self.monitor.set_predicted([])
+            self.predict_runner.cancel()
+            self._show_prediction(None)
             return
-        from core.simulator import simulate
-
         s = self.settings()
-        n = max(1, len(s.prompts))
-        k = 1 if s.mode == "sequential" else max(1, min(s.micro_batches, n))
-        try:
-            result = simulate(problem, plan, s.mode, micro_batches=k, micro_batch_size=max(1, -(-n // k)),
-                              generated_tokens=s.max_new_tokens)
-        except (EdgeShardError, ValueError):
-            self.monitor.set_predicted([])
-            return
-        self.monitor.set_predicted(result.events)
+        self.predict_runner.start(predict_run_task, problem, plan, s.mode, len(s.prompts), s.micro_batches,
+                                  s.max_new_tokens)
+
+    def _show_prediction(self, prediction) -> None:
+        self.monitor.set_predicted(prediction.result.events if prediction is not None else [])
+        note = prediction.note if prediction is not None else ""
+        self.prediction_note.setText(note)
+        self.prediction_note.setVisible(bool(note))
+
+    def _on_predict_runner_task_finished(self, _task_id: int, prediction: object) -> None:
+        self._show_prediction(prediction)
+
+    def _on_predict_runner_task_failed(self, _task_id: int, _message: str) -> None:
+        self._show_prediction(None)  # a plan the simulator refuses has no predicted timeline

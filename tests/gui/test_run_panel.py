@@ -5,6 +5,7 @@ recorded in the workspace."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def state(qtbot, run_data, tmp_path):
 
 def _panel(qtbot, state, backend) -> RunPanel:
     panel = RunPanel(state, backend)
-    qtbot.addWidget(panel)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))  # no prediction thread left
     panel.resize(1400, 800)
     panel.prompts_edit.setPlainText("first prompt\nsecond prompt")
     return panel
@@ -121,7 +122,7 @@ def test_a_failing_run_shows_its_reason_inline_not_a_traceback(qtbot, state, run
 
 def test_start_without_prompts_or_cluster_says_what_to_do(qtbot, state):
     panel = RunPanel(state, backend=None)
-    qtbot.addWidget(panel)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
     panel.prompts_edit.setPlainText("   \n")
     panel.start_run()
     assert not panel.is_running()
@@ -129,16 +130,62 @@ def test_start_without_prompts_or_cluster_says_what_to_do(qtbot, state):
     assert "at least one prompt" in text and "No cluster to run on" in text
 
 
+def _predicted_mbs(panel) -> set[int]:
+    return set(panel.monitor.timeline.boxes(predicted=True)["micro_batch"].tolist())
+
+
 def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
     panel = _panel(qtbot, state, None)
     timeline = panel.monitor.timeline
     panel.mode_combo.setCurrentText("sequential")
-    sequential_mbs = set(timeline.boxes(predicted=True)["micro_batch"].tolist())
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and _predicted_mbs(panel) == {0}, timeout=5000)
     panel.mode_combo.setCurrentText("no-bubbles")
     panel.micro_batches_spin.setValue(2)
-    pipelined_mbs = set(timeline.boxes(predicted=True)["micro_batch"].tolist())
-    assert sequential_mbs == {0} and pipelined_mbs == {0, 1}
+    qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1}, timeout=5000)
     assert timeline.predicted_check.isEnabled()
+    assert panel.shutdown(5.0)
+
+
+def test_quick_settings_changes_predict_off_the_gui_thread_once_and_keep_the_gui_responsive(
+        qtbot, state, monkeypatch):
+    import core.run_prediction as run_prediction
+    from PySide6.QtCore import QElapsedTimer, QTimer
+
+    calls = []
+    real_simulate = run_prediction.simulate
+
+    def slow_simulate(*args, **kwargs):  # a big plan: the simulation takes a while
+        calls.append((threading.current_thread() is threading.main_thread(), kwargs.get("micro_batch_sizes")))
+        time.sleep(0.6)
+        return real_simulate(*args, **kwargs)
+
+    monkeypatch.setattr(run_prediction, "simulate", slow_simulate)
+    panel = _panel(qtbot, state, None)
+    panel.mode_combo.setCurrentText("no-bubbles")
+    gaps, clock = [], QElapsedTimer()
+    clock.start()
+
+    def tick():
+        gaps.append(clock.restart())
+
+    ticker = QTimer()
+    ticker.setInterval(10)
+    ticker.timeout.connect(tick)
+    ticker.start()
+    for k in range(1, 9):  # an operator stepping the spin box quickly
+        panel.micro_batches_spin.setValue(k)
+        qtbot.wait(20)
+    panel.prompts_edit.setPlainText("a\nb\nc\nd\ne")
+    panel.micro_batches_spin.setValue(2)
+    qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1} and not panel.predict_runner.is_busy()
+                    and not panel._predict_timer.isActive(), timeout=10000)
+    ticker.stop()
+    assert calls and not any(on_gui for on_gui, _ in calls)
+    assert calls[-1][1] == (3, 2)  # the real run's split of 5 prompts, not 3 + 3
+    assert len(calls) <= 3  # debounced: not one simulation per spin-box step
+    assert max(gaps) < 400  # the GUI thread was never blocked by a 600 ms simulation
+    assert panel.shutdown(5.0)
 
 
 # -- against a real local run: in-process agents, ZeroMQ, a generated tiny Llama -------------------
