@@ -7,7 +7,10 @@ When it is listening it prints one line that launchers parse::
 
     EDGESHARD-AGENT-READY device=NAME control=PORT data=PORT public_key=KEY pid=PID
 
-SIGTERM / SIGINT close it cleanly.
+SIGTERM / SIGINT close it cleanly. With ``--exit-on-stdin-eof`` it also stops when its
+stdin reaches end-of-file: the launcher keeps the write end of a pipe open, and the kernel
+closes it when the launcher's *process* dies in any way (even ``kill -9``), whatever thread
+started the agent. That is how ``edgeshard cluster local`` leaves no agent behind.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 READY_PREFIX = "EDGESHARD-AGENT-READY"
 
@@ -42,11 +46,13 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--link-mbit", type=float, default=0.0, help="emulated bandwidth of the outgoing data link")
     s.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated one-way latency added when sending")
     s.add_argument("--announce", action="store_true", help="register _edgeshard._tcp over mDNS")
+    s.add_argument("--exit-on-stdin-eof", action="store_true",
+                   help="stop when stdin closes (the launching process ended); used by `cluster local`")
     s.add_argument("--log-level", default="WARNING")
 
 
 def serve(args: argparse.Namespace) -> int:
-    from agents.agent import Agent
+    from agents.agent import Agent, warm_imports
     from agents.protocol import LinkShape
     from agents.transport import CurveKeys, is_z85_key
 
@@ -77,6 +83,10 @@ def serve(args: argparse.Namespace) -> int:
         default_link=LinkShape(bandwidth_mbit_s=args.link_mbit, latency_ms=args.link_latency_ms),
     )
     try:
+        warm_imports()
+    except ImportError as err:  # reported again, precisely, when a shard is loaded
+        print(f"agent: cannot import the model code ({err}); loading shards will fail", file=sys.stderr)
+    try:
         agent.start()
     except Exception as err:  # e.g. port in use
         print(f"agent: cannot listen: {err}", file=sys.stderr)
@@ -98,6 +108,8 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    if getattr(args, "exit_on_stdin_eof", False):
+        threading.Thread(target=_stop_at_stdin_eof, args=(agent,), name="agent-parent-watch", daemon=True).start()
     print(
         f"{READY_PREFIX} device={agent.device} control={agent.control_port} data={agent.data_port} "
         f"public_key={keys.public} pid={os.getpid()}",
@@ -114,6 +126,16 @@ def serve(args: argparse.Namespace) -> int:
                 pass
         agent.close()
     return 0
+
+
+def _stop_at_stdin_eof(agent) -> None:
+    """Block reading stdin (GIL released); end-of-file means the launcher is gone."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    agent._shutdown.set()
 
 
 def main(argv: list[str] | None = None) -> int:

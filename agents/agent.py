@@ -6,9 +6,17 @@ Two threads, no busy polling:
   wake-up pipe. It answers pings and status at once (so heartbeats keep flowing while the
   stage computes), hands long work to the worker, forwards what the worker produced
   (replies, tokens, run results) and flushes timeline events about every 50 ms;
-- the **worker thread** loads shards and runs the stage loop: block on the data PULL
-  socket (with a timeout so a stop is noticed), compute, hand the result to libzmq (or to
-  the emulated link's sender thread) and go back to waiting — sending overlaps compute.
+- the **worker thread** does every long action — loading a shard, profiling, the stage
+  loop of a run: block on the data PULL socket (with a timeout so a stop is noticed),
+  compute, hand the result to libzmq (or to the emulated link's sender thread) and go back
+  to waiting — sending overlaps compute. While it works, status reports what it is doing
+  (``activity``) and how far it got (``progress``, e.g. blocks read while loading).
+
+The control thread must never wait on the worker, and nothing the worker does may hold
+the GIL for long: ``warm_imports()`` (called by ``python -m agents serve`` before it
+listens) imports transformers up front, because importing it the first time loads
+extension modules under the GIL for up to a few hundred ms here (more on slow devices),
+which would otherwise stall pongs during the first load.
 
 The source stage (stage 0) also schedules the run: it holds the prompts' token ids
 (they never leave it), injects prefill and decode steps per micro-batch according to
@@ -110,10 +118,19 @@ class AgentClock:
         return self._wall0 + (time.perf_counter() - self._perf0)
 
 
-def default_executor_factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None):
+def default_executor_factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None,
+                             progress=None):
     from agents.shard import StageExecutor
 
-    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads)
+    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
+
+
+def warm_imports() -> None:
+    """Import what loading a shard needs, before the agent serves (see the module docstring)."""
+    import transformers.masking_utils  # noqa: F401
+    from transformers import AutoModelForCausalLM, DynamicCache  # noqa: F401
+
+    import agents.shard  # noqa: F401
 
 
 def default_sampler(spec: SamplingSpec):
@@ -195,6 +212,8 @@ class Agent:
         self.data_port = 0
         self._state = "idle"
         self._error = ""
+        self._activity = ""
+        self._progress = 0.0
         self._loaded: _Loaded | None = None
         self._work: queue.Queue = queue.Queue()
         self._outbox: collections.deque = collections.deque()
@@ -203,6 +222,8 @@ class Agent:
         self._stop_run = threading.Event()
         """Set to end the current run; a fresh Event per run, so a late stop of one run
         can never be cleared by (or leak into) the next."""
+        self._run_id = ""
+        """Id of the last run accepted (control thread): what a ``StopRun`` is compared with."""
         self._shutdown = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self._logs: collections.deque[str] = collections.deque(maxlen=2000)
@@ -303,6 +324,8 @@ class Agent:
             memory_bytes=int(loaded.executor.memory_bytes()) if loaded else 0,
             error=self._error,
             pid=os.getpid(),
+            activity=self._activity,
+            progress=self._progress,
         )
 
     # -------------------------------------------------------------- control thread
@@ -374,7 +397,10 @@ class Agent:
             lines = tuple(list(self._logs)[-max(0, msg.lines) :]) if msg.lines else ()
             self._send_to_coordinator(Logs(req=req, lines=lines), identity)
         elif isinstance(msg, StopRun):
-            self._stop_run.set()
+            # a stop names its run (empty: the current one); a late stop of an earlier run
+            # must not end the next. The state changes only where the run ends (``_run``).
+            if not msg.run_id or msg.run_id == self._run_id:
+                self._stop_run.set()
             self._work.put(("stop", msg, None))
         elif isinstance(msg, (LoadShard, Unload, StartRun, ProfileCompute, MeasureLink)):
             if isinstance(msg, StartRun):
@@ -383,6 +409,7 @@ class Agent:
                     return
                 self._state = "running"
                 self._stop_run = threading.Event()
+                self._run_id = msg.run_id
             elif isinstance(msg, LoadShard):
                 if self._state in ("running", "loading"):
                     self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
@@ -396,11 +423,14 @@ class Agent:
         self._send_to_coordinator(ErrorReply(req=req, code=code, message=message), identity)
 
     # --------------------------------------------------------------- worker thread
+    _ACTIVITIES = {"LoadShard": "loading", "ProfileCompute": "profiling compute", "MeasureLink": "measuring a link"}
+
     def _worker_loop(self) -> None:
         while True:
             kind, msg, stop = self._work.get()
             if kind == "shutdown":
                 break
+            self._activity, self._progress = self._ACTIVITIES.get(kind, ""), 0.0
             try:
                 if kind == "LoadShard":
                     self._load(msg)
@@ -411,9 +441,7 @@ class Agent:
                 elif kind == "StartRun":
                     self._post(Ok(req=msg.req, detail="started"))
                     self._run(msg, stop)
-                elif kind == "stop":
-                    if self._state == "running":
-                        self._state = "ready"
+                elif kind == "stop":  # queued behind the run it stops: the reply follows its last events
                     self._post(Ok(req=msg.req, detail="stopped"))
                 elif kind == "ProfileCompute":
                     from agents import profiler
@@ -423,7 +451,9 @@ class Agent:
                     from agents import profiler
 
                     self._post(ProfileResult(req=msg.req, result=profiler.measure_link(self, msg.peer, msg.options)))
+                self._activity, self._progress = "", 0.0
             except Exception as err:  # a failure of this device's work, reported, never fatal
+                self._activity, self._progress = "", 0.0
                 self._log(f"{kind} failed: {type(err).__name__}: {err}")
                 if kind == "LoadShard":
                     self._unload()
@@ -437,23 +467,35 @@ class Agent:
     def _load(self, msg: LoadShard) -> None:
         self._unload()
         t0 = time.perf_counter()
+        self._activity = f"loading units [{msg.start}, {msg.end}) of {msg.model_dir}"
         peers = sorted(msg.peers, key=lambda p: p.stage)
         if not peers or peers[msg.stage].device != self.device:
             raise ValueError(f"plan stage {msg.stage} is not this device ({self.device})")
+        if not os.path.isdir(msg.model_dir):
+            where = "" if os.path.isabs(msg.model_dir) else f" (relative to the agent's directory {os.getcwd()})"
+            raise FileNotFoundError(
+                f"model directory {msg.model_dir!r} does not exist on device {self.device}{where}: "
+                "copy the checkpoint there or pass the path it has on that device"
+            )
         if msg.threads > 0:
             torch.set_num_threads(msg.threads)
-        executor = self.executor_factory(
-            msg.model_dir, msg.start, msg.end, dtype=msg.dtype, threads=msg.threads or None
-        )
+        kwargs = dict(dtype=msg.dtype, threads=msg.threads or None)
+        if "progress" in inspect.signature(self.executor_factory).parameters:
+            kwargs["progress"] = self._set_progress
+        executor = self.executor_factory(msg.model_dir, msg.start, msg.end, **kwargs)
         self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device])
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
         shape = msg.link if msg.link != LinkShape() else self.default_link
         self._loaded = _Loaded(msg, executor, nxt, shape, source_device=peers[0].device)
         self._event_meta = ("", msg.stage)
+        self._progress = 1.0
         self._state = "ready"
         self._error = ""
         self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
+
+    def _set_progress(self, fraction: float) -> None:
+        self._progress = max(0.0, min(1.0, float(fraction)))
 
     def _unload(self) -> None:
         loaded, self._loaded = self._loaded, None
@@ -515,6 +557,9 @@ class _StageRun:
         self.sample = agent.sampler_factory(msg.sampling) if self.is_last else None
         self.generators: dict[int, torch.Generator] = {}
         self.groups: dict[int, _Group] = {}
+        self.injections: collections.deque[tuple[_Group, int]] = collections.deque()
+        """Steps the source scheduled but has not computed yet. The execute loop runs them, so
+        a one-stage plan (first and last at once) loops per token instead of recursing."""
         self.wait_started = self.clock()
 
     # ---------------------------------------------------------------- main loop
@@ -522,6 +567,7 @@ class _StageRun:
         if self.is_first:
             self._setup_groups()
             self._schedule_start()
+            self._run_injections()
             if self._all_done():
                 self._finish()
                 return
@@ -546,6 +592,7 @@ class _StageRun:
             tensors = [tensor_from_frame(s, b) for s, b in zip(header.tensors, bufs)]
             if header.kind == "tokens" and self.is_first:
                 self._on_tokens(header.micro_batch, header.step, tensors[0], got)
+                self._run_injections()
                 if self._all_done():
                     self._finish()
                     return
@@ -617,11 +664,20 @@ class _StageRun:
             )
 
     def _inject(self, g: _Group) -> None:
+        """Schedule ``g``'s next step; its step counts as started at once (the bubbles
+        barrier must see it), the compute happens in ``_run_injections``."""
         g.step += 1
-        if g.step == 0:
-            self._compute_and_forward(g.index, "prefill", 0, g.input_ids, g.attention_mask)
-        else:
-            self._compute_and_forward(g.index, "decode", g.step, g.last.view(-1, 1), None)
+        self.injections.append((g, g.step))
+
+    def _run_injections(self) -> None:
+        """Compute the scheduled steps in order; on a one-stage plan each one schedules the
+        next through ``_on_tokens``, so this drains a whole run (checking for a stop per step)."""
+        while self.injections and not self.stop.is_set():
+            g, step = self.injections.popleft()
+            if step == 0:
+                self._compute_and_forward(g.index, "prefill", 0, g.input_ids, g.attention_mask)
+            else:
+                self._compute_and_forward(g.index, "decode", step, g.last.view(-1, 1), None)
 
     def _schedule_start(self) -> None:
         if self.msg.max_new_tokens <= 0:

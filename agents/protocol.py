@@ -147,6 +147,10 @@ class AgentStatus(_Msg, frozen=True, tag="status"):
     memory_bytes: int = 0
     error: str = ""
     pid: int = 0
+    activity: str = ""
+    """What the worker is doing now (e.g. ``loading units [0, 3)``, ``profiling compute``); empty when idle."""
+    progress: float = 0.0
+    """Fraction of ``activity`` done (0..1) where it can tell (loading: blocks read)."""
 
 
 class LoadShard(_Msg, frozen=True, tag="load_shard"):

@@ -45,8 +45,10 @@ class StageExecutor:
     """Holds units ``[start, end)`` of the model in ``model_dir`` and runs them per micro-batch group."""
 
     def __init__(
-        self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None
+        self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
+        progress=None,
     ):
+        """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it)."""
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -106,6 +108,8 @@ class StageExecutor:
                 _load(layer, state, f"block {global_index}")
                 self._fix_layer_index_dependent_scaling(layer, local, global_index)
                 self._layers.append(layer)
+                if progress is not None:
+                    progress((local + 1) / (len(self.layer_indices) + 1))
             if layout.rotary:
                 self._rotary = type(getattr(base, layout.rotary))(config=stage_config)
         if self.is_last:

@@ -15,7 +15,6 @@ import collections
 import os
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +31,6 @@ from agents.protocol import (
     TensorSpec,
     encode_data_header,
 )
-
-# Received frames are read-only; stages never write into their inputs, so viewing them
-# as tensors without a copy is safe (torch warns once per process otherwise).
-warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 CONTROL_DOMAIN = "control"
 DATA_DOMAIN = "data"
@@ -169,10 +164,21 @@ def tensor_frame(t: torch.Tensor) -> tuple[TensorSpec, object]:
 
 
 def tensor_from_frame(spec: TensorSpec, buf: memoryview) -> torch.Tensor:
-    """View received bytes as a tensor without copying (the frame keeps them alive)."""
+    """The received bytes as a tensor, without a copy when they are writable.
+
+    Frames received with ``copy=False`` are writable zmq message memory (the stage loop's
+    case), so the tensor views them and the frame keeps them alive. Read-only bytes (a
+    copying receive, ``bytes`` built by hand) are copied once: a torch tensor is writable,
+    and viewing read-only memory would let a write corrupt an immutable object (torch warns
+    about exactly that).
+    """
     dtype = _TORCH_DTYPES[spec.dtype]
     if buf.nbytes == 0:
         return torch.empty(spec.shape, dtype=dtype)
+    if not isinstance(buf, memoryview):
+        buf = memoryview(buf)
+    if buf.readonly:
+        buf = bytearray(buf)
     if dtype == torch.bfloat16:
         t = torch.frombuffer(buf, dtype=torch.int16).view(torch.bfloat16)
     else:

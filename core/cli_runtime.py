@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- run
 def _register_run(sub) -> None:
     p = sub.add_parser("run", help="run a model split over agents and print the text as it is generated")
-    p.add_argument("--model", required=True, help="checkpoint directory (HF layout)")
+    p.add_argument("--model", required=True, help="checkpoint directory (HF layout); the agents get its absolute "
+                   "path, so remote agents need the checkpoint at that same path")
     p.add_argument("--plan", required=True, help="plan JSON (edgeshard.plan)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--agents", help="agents.json (from `cluster local` or deploy), or "
@@ -134,6 +135,9 @@ def cmd_run(args) -> int:
     prompts = _read_prompts(args)
     if not Path(args.model, "config.json").exists():
         raise FormatError(args.model, "not a checkpoint directory (no config.json)")
+    # agents resolve paths in their own directory: send the absolute path (remote agents need the
+    # checkpoint at that same path; an agent without it answers with an error naming itself and the path)
+    model_dir = os.path.abspath(args.model)
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
         mode=args.mode,
@@ -158,7 +162,7 @@ def cmd_run(args) -> int:
         else:
             endpoints, keys = _parse_agents(args.agents, args.coordinator_key_file)
         with Coordinator(endpoints, keys) as coordinator:
-            out = generate(coordinator, plan, args.model, prompts, settings, sink=sink, reporter=reporter)
+            out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
     finally:
         sink.close()
         if cluster is not None:

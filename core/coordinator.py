@@ -12,8 +12,12 @@ map to the coordinator's clock as ``t - offset``.
 
 Failure detection: an agent whose pongs stop for ``heartbeat_timeout_s`` (default 2 s,
 pinged every 0.5 s, so noticed within 2.5 s) is declared lost; a run in progress ends
-with ``RunFailed`` naming the device and the other agents are told to stop (back to
-ready). Nothing here touches Qt: sinks are plain callables that may run on the IO thread.
+with ``RunFailed`` naming the device, and every other agent is told to stop and unload
+(back to idle; the next run loads the plan again). Silence is judged against pings that
+were really sent, after draining what already arrived, so a coordinator whose own IO
+thread was held up (a slow sink, the GIL held by an import in the GUI process) does not
+declare healthy agents lost. Nothing here touches Qt: sinks are plain callables that may
+run on the IO thread.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from agents.protocol import (
     encode_control,
 )
 from agents.transport import CurveKeys, curve_client, harden
-from core.errors import RunFailed
+from core.errors import FormatError, RunFailed
 from core.plan import ShardPlan
 from core.reporting import NullReporter, Reporter
 
@@ -158,6 +162,8 @@ class _Conn:
     clock: ClockEstimate | None = None
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     lost: bool = False
+    unanswered_since: float | None = None
+    """When the oldest ping not yet followed by a pong was sent (monotonic)."""
 
 
 @dataclass
@@ -171,10 +177,14 @@ class _ActiveRun:
     events: list[TimelineEvent] = field(default_factory=list)
     tokens: list[TokenEvent] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    operator_stop: bool = False
+    """Ended by ``stop()`` or a cancelled reporter: the shards stay loaded for the next run."""
 
 
 def split_micro_batches(n_sequences: int, k: int) -> tuple[tuple[int, ...], ...]:
     """Sequences 0..n-1 into k contiguous, near-equal micro-batches (no empty ones)."""
+    if n_sequences < 1:
+        raise FormatError("run request", f"needs at least one sequence, got {n_sequences}", "input_ids")
     k = max(1, min(k, n_sequences))
     base, extra = divmod(n_sequences, k)
     out, start = [], 0
@@ -214,6 +224,8 @@ class Coordinator:
         self._run: _ActiveRun | None = None
         self._run_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._by_sock: dict[zmq.Socket, _Conn] = {}
+        self._loaded: tuple[ShardPlan, object] | None = None
         self.on_lost: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -264,6 +276,7 @@ class Coordinator:
         try:
             reply = fut.result(timeout=timeout_s or self.request_timeout_s)
         except cf.TimeoutError:
+            self._forget(fut)
             raise RunFailed(f"no reply to {type(msg).__name__} within {timeout_s or self.request_timeout_s:.0f} s",
                             device) from None
         if isinstance(reply, ErrorReply):
@@ -272,7 +285,7 @@ class Coordinator:
 
     def request_async(self, device: str, msg) -> cf.Future:
         if device not in self.endpoints:
-            raise KeyError(device)
+            raise RunFailed("no agent address is known for this device (add it to the agents list)", device)
         req = next(self._ids)
         msg = msgspec.structs.replace(msg, req=req)
         fut: cf.Future = cf.Future()
@@ -281,25 +294,33 @@ class Coordinator:
         self._wake()
         return fut
 
+    def _forget(self, fut: cf.Future) -> None:
+        """Drop a request nobody waits for any more (a reply arriving later is ignored)."""
+        for req, (_, f) in list(self._pending.items()):
+            if f is fut:
+                self._pending.pop(req, None)
+
     # ------------------------------------------------------------------ IO thread
     def _io_loop(self) -> None:
         poller = zmq.Poller()
         for c in self._conns.values():
             poller.register(c.sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        by_sock = {c.sock: c for c in self._conns.values()}
+        by_sock = self._by_sock = {c.sock: c for c in self._conns.values()}
         next_ping = 0.0
         while not self._closing.is_set():
             now = time.monotonic()
             if now >= next_ping:
+                self._check_heartbeats(now)
                 for c in self._conns.values():
                     if not c.lost:
                         try:
                             c.sock.send(encode_control(Ping(t0=time.time())), zmq.NOBLOCK)
+                            if c.unanswered_since is None:
+                                c.unanswered_since = time.monotonic()
                         except zmq.Again:
                             pass
-                next_ping = now + self.heartbeat_interval_s
-                self._check_heartbeats(now)
+                next_ping = time.monotonic() + self.heartbeat_interval_s
             ready = dict(poller.poll(max(1, int((next_ping - time.monotonic()) * 1000))))
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
@@ -313,23 +334,41 @@ class Coordinator:
                 except zmq.Again:
                     self._fail_pending_of(device, "control socket would block (agent unreachable)")
             for sock, c in by_sock.items():
-                if sock not in ready:
-                    continue
-                while True:
-                    try:
-                        frame = sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._on_message(c, frame)
+                if sock in ready:
+                    self._drain(c)
+
+    def _drain(self, c: _Conn) -> None:
+        """Handle every message already received from ``c`` (IO thread)."""
+        while True:
+            try:
+                frame = c.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_message(c, frame)
+
+    def _silent(self, c: _Conn, now: float) -> bool:
+        """No pong for the timeout, and a ping sent at least half the timeout ago is unanswered
+        (so a coordinator that itself sent no pings for a while cannot blame the agent)."""
+        return (
+            now - c.last_pong > self.heartbeat_timeout_s
+            and c.unanswered_since is not None
+            and now - c.unanswered_since > self.heartbeat_timeout_s / 2
+        )
 
     def _check_heartbeats(self, now: float) -> None:
         for dev, c in self._conns.items():
-            if c.lost or now - c.last_pong <= self.heartbeat_timeout_s:
+            if c.lost or not self._silent(c, now):
+                continue
+            self._drain(c)  # pongs may wait unread if this thread was held up
+            now = time.monotonic()
+            if not self._silent(c, now):
                 continue
             c.lost = True
+            if self._loaded is not None and dev in self._loaded[0].devices():
+                self._loaded = None
             self._fail_pending_of(dev, f"no heartbeat for {now - c.last_pong:.1f} s")
             run = self._run
-            if run is not None and not run.done.done():
+            if run is not None and dev in run.stages and not run.done.done():  # an idle agent's loss is only reported
                 run.done.set_exception(
                     RunFailed(f"agent stopped answering (no heartbeat for {now - c.last_pong:.1f} s)", dev)
                 )
@@ -351,12 +390,14 @@ class Coordinator:
         if isinstance(msg, Pong):
             t3 = time.time()
             c.last_pong = time.monotonic()
-            if c.lost:  # back after being declared lost: end whatever run it was part of
+            c.unanswered_since = None
+            if c.lost:  # back after being declared lost: end its run, drop its shard (back to idle)
                 c.lost = False
-                try:
-                    c.sock.send(encode_control(StopRun()), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
+                for back in (StopRun(), Unload()):
+                    try:
+                        c.sock.send(encode_control(back), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
             self._add_clock_sample(c, msg.t0, msg.t1, msg.t2, t3)
             if not msg.req:
                 return
@@ -449,9 +490,14 @@ class Coordinator:
     def sync_clocks(self, samples: int = 8, timeout_s: float = 5.0) -> dict[str, ClockEstimate]:
         """Probe every agent ``samples`` times; keep the minimum-RTT estimate."""
         for _ in range(samples):
-            futs = [self.request_async(d, Ping(t0=time.time())) for d in self.endpoints]
-            for f in futs:
-                f.result(timeout=timeout_s)
+            futs = [(d, self.request_async(d, Ping(t0=time.time()))) for d in self.endpoints]
+            for d, f in futs:
+                try:
+                    f.result(timeout=timeout_s)
+                except cf.TimeoutError:
+                    for _, other in futs:
+                        self._forget(other)
+                    raise RunFailed(f"no answer to a clock probe within {timeout_s:g} s", d) from None
         return self.clocks()
 
     def clocks(self) -> dict[str, ClockEstimate]:
@@ -485,6 +531,7 @@ class Coordinator:
         missing = [s.device for s in plan.stages if s.device not in self.endpoints]
         if missing:
             raise RunFailed(f"plan uses devices without an agent: {', '.join(missing)}")
+        self._loaded = None
         statuses = self.status()
         peers = tuple(
             PeerSpec(device=s.device, stage=i, data_address=statuses[s.device].data_address,
@@ -509,12 +556,28 @@ class Coordinator:
                 raise RunFailed(f"cannot load its shard: {reply.message}", dev)
             done += 1
             reporter.progress(done, len(futs))
-        self._plan = plan
+        self._loaded = (plan, model_dir)
+
+    def is_loaded(self, plan: ShardPlan, model_dir) -> bool:
+        """Whether ``plan`` of ``model_dir`` is loaded on live agents (false after a failure,
+        which unloads every agent of the plan)."""
+        return self._loaded == (plan, model_dir) and not any(self._conns[d].lost for d in plan.devices())
 
     def unload(self) -> None:
+        self._loaded = None
         for d in self.endpoints:
             if not self._conns[d].lost:
                 self.request(d, Unload())
+
+    def _unload_after_failure(self, devices: list[str]) -> None:
+        """A failed run leaves no half-used plan behind: every live agent of it goes back to idle."""
+        self._loaded = None
+        futs = [(d, self.request_async(d, Unload())) for d in devices if not self._conns[d].lost]
+        for d, f in futs:
+            try:
+                self._await(d, f, 10.0, "unloading after the failure")
+            except RunFailed:
+                pass
 
     def _await(self, device: str, fut: cf.Future, timeout_s: float, what: str):
         deadline = time.monotonic() + timeout_s
@@ -546,7 +609,7 @@ class Coordinator:
         reporter = reporter or NullReporter()
         sink = sink or NullSink()
         if request.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}")
+            raise FormatError("run request", f"{request.mode!r} is not one of {', '.join(MODES)}", "mode")
         n = len(request.input_ids)
         groups = split_micro_batches(n, request.micro_batches)
         run_id = uuid.uuid4().hex[:12]
@@ -579,13 +642,16 @@ class Coordinator:
                     break
                 except cf.TimeoutError:
                     if reporter.cancel_requested():
+                        run.operator_stop = True
                         raise RunFailed("run cancelled") from None
                     with run.lock:
                         got = sum(1 for t in run.tokens)
                     reporter.progress(min(got, request.max_new_tokens * len(groups)),
                                       request.max_new_tokens * len(groups))
-        except BaseException:
+        except BaseException as err:
             self._stop_all(devices, run_id)
+            if not run.operator_stop and not isinstance(err, KeyboardInterrupt):
+                self._unload_after_failure(devices)
             self._run = None
             raise
         self._stop_all(devices, run_id)
@@ -609,4 +675,5 @@ class Coordinator:
         """Abort the current run from another thread (the GUI's Stop button)."""
         run = self._run
         if run is not None and not run.done.done():
+            run.operator_stop = True
             run.done.set_exception(RunFailed("run stopped by the operator"))

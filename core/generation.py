@@ -9,6 +9,7 @@ the ids go to the source agent only) and turns each step's tokens into text piec
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,13 +56,23 @@ def stop_token_ids(model_dir: str, tokenizer) -> tuple[int, ...]:
 
 
 class TextPieces:
-    """Per sequence, the text each new token adds (decoding the whole sequence and taking
-    the new suffix, so multi-byte characters split over tokens come out right)."""
+    """Per sequence, the text each new token adds.
 
-    def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...]) -> None:
+    Decodes the whole sequence and emits the new suffix, so tokenizers that merge pieces
+    (leading spaces, byte fallback) come out right; a character whose bytes are split over
+    tokens decodes to U+FFFD until its last byte arrives, so that tail is held back and
+    emitted whole with the token that completes it (or, never completed, when the sequence
+    ends: at a stop token or after ``max_new_tokens``). So the pieces of a sequence add up to
+    its full decoded text (as long as decoding more tokens never re-spells earlier text,
+    which holds for the byte-level and SentencePiece decoders of transformers).
+    """
+
+    def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...], max_new_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
         self.ids: list[list[int]] = [[] for _ in range(n)]
         self.text = [""] * n
+        """What has been emitted so far, per sequence."""
         self.finished = [False] * n
         self.stop = set(stop_ids)
 
@@ -70,12 +81,28 @@ class TextPieces:
             return ""
         if token in self.stop:
             self.finished[seq] = True
-            return ""
+            return self._rest(seq)
         self.ids[seq].append(token)
+        if self.max_new_tokens is not None and len(self.ids[seq]) >= self.max_new_tokens:
+            self.finished[seq] = True
+            return self._rest(seq)
         full = self.tokenizer.decode(self.ids[seq], skip_special_tokens=True)
-        new = full[len(self.text[seq]) :] if full.startswith(self.text[seq]) else full
-        self.text[seq] = full
-        return new
+        done = self.text[seq]
+        if not full.startswith(done):  # the tokenizer re-spelled earlier text: emit nothing wrong
+            common = os.path.commonprefix([full, done])
+            self.text[seq] = common
+            done = common
+        ready = full.rstrip("\ufffd") if full.endswith("\ufffd") else full
+        if len(ready) <= len(done):
+            return ""
+        self.text[seq] = ready
+        return ready[len(done):]
+
+    def _rest(self, seq: int) -> str:
+        """Everything not emitted yet (an incomplete character included): the sequence ended."""
+        full = self.tokenizer.decode(self.ids[seq], skip_special_tokens=True)
+        done, self.text[seq] = self.text[seq], full
+        return full[len(done):] if full.startswith(done) else ""
 
 
 @dataclass(frozen=True)
@@ -142,7 +169,7 @@ def generate(
         coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
                          reporter=reporter)
     coordinator.sync_clocks()
-    pieces = TextPieces(tok, len(prompts), stops)
+    pieces = TextPieces(tok, len(prompts), stops, settings.max_new_tokens)
     request = RunRequest(
         input_ids=tuple(tuple(r) for r in enc["input_ids"].tolist()),
         attention_mask=tuple(tuple(r) for r in enc["attention_mask"].tolist()),

@@ -6,15 +6,17 @@ coordinator's public key, reads each agent's ready line, and writes ``agents.jso
 (format ``edgeshard.agents``) that ``edgeshard run --agents FILE`` and the GUI use to
 connect. Each agent may emulate a slow outgoing link (bandwidth, latency).
 
-Children started from the main thread die with the parent (PR_SET_PDEATHSIG on Linux), and ``stop()`` terminates,
-waits, then kills what is left, so no process outlives the cluster.
+No process outlives the cluster: each agent runs with ``--exit-on-stdin-eof`` and its stdin
+is a pipe whose write end only this process holds, so when this process ends in any way
+(even ``kill -9``) the kernel closes it and the agents shut down. That is tied to the
+*process*, not to the thread that called ``start()`` (unlike PR_SET_PDEATHSIG, which fires
+when the spawning thread exits), so a cluster can be started from a short-lived worker
+thread. ``stop()`` terminates, waits, then kills what is left.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -71,14 +73,6 @@ def load_agents_file(path: str | os.PathLike) -> tuple[list[AgentEndpoint], Curv
     except (OSError, ValueError) as err:
         raise FormatError(str(key_path), f"cannot read the coordinator key ({err})") from None
     return data.endpoints(), keys
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -172,6 +166,7 @@ class LocalCluster:
             "--threads", str(self.threads_per_agent),
             "--link-mbit", str(self.link_mbit),
             "--link-latency-ms", str(self.link_latency_ms),
+            "--exit-on-stdin-eof",
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, self.threads_per_agent)))
@@ -180,15 +175,11 @@ class LocalCluster:
             cmd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # never written; its end-of-file tells the agent we are gone
             text=True,
             env=env,
+            cwd=self.workdir,  # like a remote agent, it does not share the operator's directory
             start_new_session=True,  # Ctrl-C reaches the cluster, which stops the agents in order
-            # the kernel signals on the death of the spawning *thread*: only tie the agents to
-            # the main thread (a GUI worker thread may end long before the cluster should)
-            preexec_fn=_die_with_parent
-            if sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-            else None,
         )
         proc = _Proc(device, popen)
         proc.reader = threading.Thread(target=self._read, args=(proc,), name=f"local-agent-{device}", daemon=True)
@@ -220,5 +211,6 @@ class LocalCluster:
                 p.popen.wait(timeout=timeout_s)
             if p.reader is not None:
                 p.reader.join(timeout=timeout_s)
-            if p.popen.stdout is not None:
-                p.popen.stdout.close()
+            for pipe in (p.popen.stdin, p.popen.stdout):
+                if pipe is not None:
+                    pipe.close()

@@ -17,10 +17,6 @@ from core.errors import EdgeShardError
 from core.reporting import Reporter
 from gui.devices_panel import DeviceRecord
 
-HEARTBEAT_TIMEOUT_S = 90.0
-"""Generous: an agent loading its shard (importing torch) can miss heartbeats for many seconds."""
-
-
 def open_coordinator(reporter: Reporter, agents_file: str):
     """Connect to the agents listed in ``agents_file``; returns (coordinator, statuses)."""
     from core.coordinator import Coordinator
@@ -30,7 +26,9 @@ def open_coordinator(reporter: Reporter, agents_file: str):
     if not endpoints:
         raise EdgeShardError(f"{agents_file} lists no agents: deploy or start some first")
     reporter.status(f"connecting to {len(endpoints)} agent(s)")
-    coordinator = Coordinator(endpoints, keys, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, request_timeout_s=30.0)
+    # the default heartbeat timeout: agents answer pings while they load or profile, so a dead
+    # agent is noticed within 3 s
+    coordinator = Coordinator(endpoints, keys, request_timeout_s=30.0)
     coordinator.open()
     try:
         statuses = coordinator.wait_ready(30.0)

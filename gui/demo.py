@@ -14,7 +14,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,28 +91,12 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     reporter.status(f"starting {len(devices)} local agents")
     parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices), link_mbit=DEMO_LINK_MBIT,
                                  link_latency_ms=DEMO_LINK_LATENCY_MS)
-    parts.cluster.start()
-    # generous heartbeats: the demo shares a laptop's cores with the studio, and an agent loading its
-    # shard (importing torch and transformers) can miss heartbeats for many seconds
-    parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, heartbeat_timeout_s=90.0,
-                                    request_timeout_s=30.0)
+    parts.cluster.start()  # the agents live as long as this process, not this worker thread
+    # default heartbeats: a dead agent is noticed within 3 s (agents answer pings while they load)
+    parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, request_timeout_s=30.0)
     parts.coordinator.open()
     reporter.status("waiting for the agents")
     parts.statuses = parts.coordinator.wait_ready(30.0)
-    return parts
-
-
-def run_demo_cluster(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model_root: Path | None = None) -> DemoParts:
-    """Worker job that sets the demo up, reports ``parts`` as a partial result, then holds.
-
-    The thread must outlive the agents: ``LocalCluster`` children get PR_SET_PDEATHSIG,
-    which Linux fires when the *thread* that forked them exits, so a setup thread that
-    returned would take the agents with it. It returns when the reporter is cancelled.
-    """
-    setup_demo(reporter, parts, devices, model_root)
-    reporter.partial_result(parts)
-    while not reporter.cancel_requested():
-        time.sleep(0.1)
     return parts
 
 
@@ -156,7 +139,7 @@ class DemoSession(QObject):
         self.parts = DemoParts(workdir=Path(workdir or tempfile.mkdtemp(prefix="edgeshard-demo-")))
         self.workspace = workspace or str(_mkdir(cache_dir()) / "demo.edgeshard")
         self.runner = TaskRunner(self, name="demo")
-        self.runner.partial_result_reported.connect(self._on_setup_finished)
+        self.runner.task_finished.connect(self._on_setup_finished)
         self.runner.task_failed.connect(self._on_setup_failed)
         self.runner.status_reported.connect(lambda _t, s: self.state.log(f"demo: {s}"))
         self._ready = False
@@ -169,7 +152,7 @@ class DemoSession(QObject):
     def start(self) -> None:
         self.state.set_connection("starting the demo cluster…")
         self.state.set_workspace(self.workspace)
-        self.runner.start(run_demo_cluster, self.parts, self.devices, self.model_root)
+        self.runner.start(setup_demo, self.parts, self.devices, self.model_root)
 
     def is_ready(self) -> bool:
         return self._ready or bool(self.error)

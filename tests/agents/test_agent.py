@@ -114,7 +114,65 @@ def test_a_shard_that_cannot_load_is_reported_and_the_agent_stays_up(agent, tmp_
         reply = _ask(sock, encode_control(LoadShard(req=5, model_dir=str(tmp_path / "missing"), stage=0, start=0,
                                                     end=3, peers=(me,))), timeout_ms=30000)
         assert isinstance(reply, ErrorReply) and reply.code == "failed" and reply.req == 5
+        # the reply names the device and the path as the agent saw it
+        assert "dev-a" in reply.message and str(tmp_path / "missing") in reply.message
         status = _ask(sock, encode_control(GetStatus(req=6)))
         assert status.state == "failed" and status.error
     finally:
         ctx.destroy(linger=0)
+
+
+def test_pings_are_answered_within_half_a_second_while_a_slow_shard_load_reports_its_progress(tiny_llama_dir):
+    """Loading runs on the worker: the control thread keeps answering pings at once, and
+    status says what is loading and how far it got."""
+    import time
+
+    from agents.agent import default_executor_factory
+    from agents.protocol import LoadShard, Ok, PeerSpec
+
+    def slow_real_load(model_dir, start, end, *, dtype, threads, progress=None):
+        def slowly(fraction):  # a slow disk: every block takes a while to read
+            progress(fraction)
+            if fraction < 1:
+                time.sleep(0.4)
+
+        return default_executor_factory(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
+
+    coordinator = CurveKeys.generate()
+    agent = Agent("dev-a", coordinator.public, executor_factory=slow_real_load).start()
+    ctx, sock = _client(agent, coordinator)
+    try:
+        me = PeerSpec(device="dev-a", stage=0, data_address=agent.data_address, public_key=agent.keys.public)
+        sock.send(encode_control(LoadShard(req=1, model_dir=tiny_llama_dir, stage=0, start=0, end=6, peers=(me,))))
+        t_load = time.monotonic()
+        rtts, statuses, loaded = [], [], None
+        req = 100
+        while loaded is None and time.monotonic() - t_load < 60:
+            req += 1
+            sent = time.monotonic()
+            sock.send(encode_control(Ping(req=req, t0=time.time()) if req % 2 else GetStatus(req=req)))
+            while True:  # the load's reply may arrive before the answer to this request
+                assert sock.poll(5000), "no answer within 5 s"
+                reply = decode_control(sock.recv())
+                if reply.req == 1:
+                    loaded = reply
+                    continue
+                assert reply.req == req
+                break
+            if isinstance(reply, Pong):
+                rtts.append(time.monotonic() - sent)
+            else:
+                statuses.append(reply)
+            time.sleep(0.05)
+        assert isinstance(loaded, Ok), loaded
+        assert time.monotonic() - t_load > 1.0  # the load really was slow
+        assert len(rtts) >= 5 and max(rtts) < 0.5, rtts
+        loading = [s for s in statuses if s.state == "loading"]
+        assert loading and all(s.activity.startswith("loading units [0, 6)") for s in loading)
+        fractions = [s.progress for s in loading]
+        assert fractions == sorted(fractions) and any(0 < f < 1 for f in fractions), fractions
+        final = _ask(sock, encode_control(GetStatus(req=7)))
+        assert final.state == "ready" and final.activity == "" and final.memory_bytes > 0
+    finally:
+        ctx.destroy(linger=0)
+        agent.close()

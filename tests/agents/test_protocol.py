@@ -186,3 +186,43 @@ def test_a_data_socket_takes_messages_only_from_keys_the_plan_allows():
     finally:
         auth.stop()
         ctx.destroy(linger=0)
+
+
+RECEIVE_WITHOUT_WARNINGS = """
+import warnings
+import torch, zmq
+from agents.protocol import DataHeader, decode_data
+from agents.transport import data_message, tensor_frame, tensor_from_frame
+
+warnings.simplefilter("error")  # any warning fails this process
+t = torch.arange(4096, dtype=torch.float32).reshape(1, 4096)
+spec, buf = tensor_frame(t)
+header = DataHeader(run_id="r", kind="hidden", phase="decode", step=1, micro_batch=0, sender="a", tensors=(spec,))
+ctx = zmq.Context()
+pull = ctx.socket(zmq.PULL)
+push = ctx.socket(zmq.PUSH)
+push.connect(f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}")
+push.send_multipart(data_message(header, [buf]), copy=False)
+frames = pull.recv_multipart(copy=False)  # what the stage loop does
+_, bufs = decode_data(frames, 1 << 20)
+view = tensor_from_frame(spec, bufs[0])
+assert torch.equal(view, t)
+view[0, 0] = 7  # the frame's own memory: no copy was made
+assert torch.frombuffer(frames[1].buffer, dtype=torch.float32)[0] == 7
+immutable = bytes(memoryview(buf))
+copied = tensor_from_frame(spec, memoryview(immutable))  # read-only input: a writable copy
+copied[0, 0] = 9
+assert immutable == bytes(memoryview(buf)) and torch.equal(copied[0, 1:], t[0, 1:])
+ctx.destroy(linger=0)
+print("ok")
+"""
+
+
+def test_received_frames_become_tensors_without_warnings_and_without_a_copy():
+    """Fresh interpreter: torch warns about non-writable buffers only once per process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", RECEIVE_WITHOUT_WARNINGS], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -265,3 +265,41 @@ def test_a_second_run_while_one_is_in_progress_is_refused(cluster, model_dir):
         first.join(10)
     assert errors and "stopped" in str(errors[0].value)
     assert {s.state for s in coordinator.status().values()} == {"ready"}
+
+
+def test_a_coordinator_held_up_past_the_heartbeat_timeout_does_not_declare_healthy_agents_lost(cluster, model_dir):
+    """Sinks run on the coordinator's IO thread: one that blocks it for longer than the
+    heartbeat timeout must not make the coordinator blame agents that did answer."""
+    coordinator, plan, _ = cluster
+    assert coordinator.heartbeat_timeout_s < 3.0
+    lost = []
+    coordinator.on_lost = lost.append
+
+    class StallOnFirstToken(Recorder):
+        def on_tokens(self, tokens):
+            if not self.tokens:
+                time.sleep(coordinator.heartbeat_timeout_s + 1.0)
+            super().on_tokens(tokens)
+
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=4)
+    try:
+        result = coordinator.run(plan, req, StallOnFirstToken())
+    finally:
+        coordinator.on_lost = None
+    assert lost == [] and len(result.tokens) == len(PROMPTS)
+    assert {s.state for s in coordinator.status().values()} == {"ready"}
+
+
+def test_a_model_directory_missing_on_a_device_is_an_error_naming_the_device_and_the_path(tmp_path):
+    keys = CurveKeys.generate()
+    agent = Agent("far-away", keys.public).start()
+    try:
+        with Coordinator([AgentEndpoint("far-away", agent.control_address, agent.keys.public)], keys) as co:
+            missing = str(tmp_path / "not-copied-here")
+            with pytest.raises(RunFailed) as info:
+                co.load(plan_from_boundaries("m", 6, ["far-away"], []), missing)
+            assert info.value.device == "far-away"
+            assert missing in str(info.value) and "does not exist on device far-away" in str(info.value)
+            assert not co.is_loaded(plan_from_boundaries("m", 6, ["far-away"], []), missing)
+    finally:
+        agent.close()

@@ -34,6 +34,11 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
     try:
         with qtbot.waitSignal(demo.ready, timeout=120_000):
             demo.start()
+        # the setup worker has ended; the agents live on, and a dead one would be noticed within 3 s
+        assert demo.runner.alive_threads() == []
+        co = demo.parts.coordinator
+        assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 3.0
+        assert {s.state for s in co.status().values()} == {"idle"}
         devices = window.screens["Devices"]
         assert sorted(devices.records) == ["edge-a", "edge-b"]
         assert {r.status for r in devices.records.values()} == {"running"}
