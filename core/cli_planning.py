@@ -19,7 +19,7 @@ from core.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_proble
 from core.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.scenarios import SCENARIO_FORMAT, Scenario
 from core.solvers import STRATEGIES
-from core.solvers.comparison import StrategyOutcome, compare, run_strategy
+from core.solvers.comparison import StrategyOutcome, compare, run_strategy, status_text
 
 GIB = 2**30
 PLAN_RESULT_FORMAT = "edgeshard.plan-result"
@@ -143,20 +143,7 @@ def _problem_header(problem: PlanningProblem) -> str:
 
 
 def _status_text(out: StrategyOutcome) -> str:
-    if out.status == "optimal":
-        return f"proven optimal ({out.elapsed_s:.2f} s)" if out.elapsed_s else "proven optimal"
-    if out.status == "ok":
-        if out.strategy != "edgeshard":
-            return "ok"
-        unit = "ms/token" if out.objective == "latency" else "tokens/s"
-        bound = out.bound * 1e3 if out.objective == "latency" else out.bound
-        return f"search budget ran out: gap ≤ {out.gap * 100:.2f} % (best possible {bound:.2f} {unit})"
-    if out.status == "oom":
-        over = [m for m in out.cost.memory if not m.fits]
-        return "OOM: " + ", ".join(f"{m.device} +{(m.total_bytes - m.budget_bytes) / GIB:.2f} GiB" for m in over)
-    if out.status == "failed":
-        return "no plan: " + out.error.splitlines()[0]
-    return "invalid: " + out.error
+    return status_text(out)  # one wording for the CLI and the studio
 
 
 def _plan_table(problem: PlanningProblem, out: StrategyOutcome) -> str:

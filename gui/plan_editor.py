@@ -44,12 +44,17 @@ from core.errors import EdgeShardError
 from core.plan import ShardPlan
 from core.plan_edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
 from core.problem import PlanningProblem
+from core.solvers.comparison import StrategyOutcome, status_text
 from gui import planning_tasks
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.unit_strip import UnitStripView
 from gui.widgets import InlineMessage, MetricCard, panel_header, show_error
 from gui.workers import TaskRunner
+
+
+def _fits(outcome: StrategyOutcome) -> bool:
+    return outcome.status in ("optimal", "ok")
 
 
 def fmt_s(seconds: float) -> str:
@@ -91,7 +96,7 @@ class PlanEditorPanel(QWidget):
         self.state = state
         self.undo_stack = QUndoStack(self)
         self.cost: PlanCost | None = None
-        self.comparison: list[planning_tasks.StrategyResult] = []
+        self.comparison: list[StrategyOutcome] = []
         self._solve_runner = TaskRunner(self, name="solve")
         self._solve_kind = ""
         self._updating = False
@@ -548,10 +553,11 @@ class PlanEditorPanel(QWidget):
         self.compare_button.setEnabled(not busy and self.state.problem is not None)
 
     def _on_solver_finished(self, _task: int, result) -> None:
-        if isinstance(result, planning_tasks.StrategyResult):
-            self.solve_status.setText(result.summary())
-            self.push_plan(result.plan, f"Auto-solve ({result.name})")
-            self.state.log(f"auto-solve: {result.summary()}")
+        if isinstance(result, StrategyOutcome):
+            summary = planning_tasks.summary(result)
+            self.solve_status.setText(summary)
+            self.push_plan(result.plan, f"Auto-solve ({result.strategy})")
+            self.state.log(f"auto-solve: {summary}")
         else:
             self.show_comparison(list(result))
 
@@ -561,25 +567,27 @@ class PlanEditorPanel(QWidget):
         show_error(self, "Solving failed", message,
                    "Relax the constraints (fewer excluded devices, less headroom) or add devices with more memory.")
 
-    def show_comparison(self, results: list[planning_tasks.StrategyResult]) -> None:
+    def show_comparison(self, results: list[StrategyOutcome]) -> None:
         self.comparison = results
         t = self.compare_table
         t.setRowCount(len(results))
         for i, r in enumerate(results):
-            name = QTableWidgetItem(r.name + ("" if r.feasible else " ✗"))
-            name.setToolTip(r.note or ("proven optimal" if r.optimal else ""))
-            if not r.feasible:
+            status = status_text(r)
+            # the status core gives every outcome: proven optimal, the gap left, OOM by how much, why no plan
+            name = QTableWidgetItem(f"{r.strategy} — {status}" if r.status != "ok" or status != "ok" else r.strategy)
+            name.setToolTip(status)
+            if not _fits(r):
                 name.setForeground(QColor(theme_colors()["error"]))
             t.setItem(i, 0, name)
             t.setItem(i, 1, QTableWidgetItem(fmt_s(r.cost.latency_per_token_s) if r.cost else "—"))
             t.setItem(i, 2, QTableWidgetItem(f"{r.cost.throughput_tokens_s:.1f}" if r.cost else "—"))
             b = QPushButton("Adopt")
-            b.setAccessibleName(f"Adopt {r.name}")
-            b.setToolTip(f"Make the {r.name} plan the current plan (undoable)")
+            b.setAccessibleName(f"Adopt {r.strategy}")
+            b.setToolTip(f"Make the {r.strategy} plan the current plan (undoable)")
             b.setEnabled(r.plan is not None)
             b.clicked.connect(lambda _c=False, i=i: self.adopt(i))
             t.setCellWidget(i, 3, b)
-        best = next((r for r in results if r.name == "edgeshard" and r.optimal), None)
+        best = next((r for r in results if r.strategy == "edgeshard" and r.status == "optimal"), None)
         self.solve_status.setText(f"{len(results)} strategies compared" + (" (edgeshard proven optimal)" if best else "")
                                   + "; Adopt one to edit it.")
         self._draw_comparison()
@@ -587,7 +595,7 @@ class PlanEditorPanel(QWidget):
     def adopt(self, index: int) -> None:
         r = self.comparison[index]
         if r.plan is not None:
-            self.push_plan(r.plan, f"Adopt {r.name}")
+            self.push_plan(r.plan, f"Adopt {r.strategy}")
 
     def _draw_comparison(self) -> None:
         self.compare_plot.clear()
@@ -596,7 +604,7 @@ class PlanEditorPanel(QWidget):
         if not rs:
             return
         c = theme_colors()
-        names = [r.name for r in rs]
+        names = [r.strategy for r in rs]
         current = self.state.plan
         ticks = [list(enumerate(names))]
         for col, (title, values) in enumerate((
@@ -607,7 +615,7 @@ class PlanEditorPanel(QWidget):
             p.setMenuEnabled(False)
             p.setMouseEnabled(False, False)
             p.invertY(True)
-            brushes = [pg.mkBrush(c["error"] if not r.feasible else c["ok"] if r.plan == current else c["accent"])
+            brushes = [pg.mkBrush(c["error"] if not _fits(r) else c["ok"] if r.plan == current else c["accent"])
                        for r in rs]
             finite = [v if math.isfinite(v) else 0.0 for v in values]
             p.addItem(pg.BarGraphItem(x0=0, y=list(range(len(rs))), height=0.6, width=finite, brushes=brushes))

@@ -122,7 +122,7 @@ def main() -> int:
         plan.compare()
         wait(app, 60, lambda: not plan._solve_runner.is_busy())
         # adopt a multi-stage strategy, so the strip and the run show a real pipeline
-        multi = [i for i, r in enumerate(plan.comparison) if r.plan is not None and r.feasible and len(r.plan.stages) > 2]
+        multi = [i for i, r in enumerate(plan.comparison) if r.plan is not None and r.status in ("optimal", "ok") and len(r.plan.stages) > 2]
         if multi:
             plan.adopt(multi[0])
         grab(app, window, "plan-compare")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QMouseEvent
@@ -12,8 +13,8 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from core import formats
 from core.cost import evaluate
 from core.plan import plan_from_boundaries
+from core.solvers.comparison import run_strategy
 from gui.plan_editor import PlanEditorPanel
-from gui.planning_tasks import StrategyResult
 from gui.studio_state import StudioState
 from tests.gui.problems import MiB, make_problem
 
@@ -147,7 +148,9 @@ def test_compare_adopts_the_chosen_strategy(editor):
     problem = make_problem()
     editor.state.set_problem(problem)
     plans = [two_stage(problem, 3), plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [1, 4])]
-    results = [StrategyResult(name=f"s{i}", plan=p, cost=evaluate(problem, p)) for i, p in enumerate(plans)]
+    results = [run_strategy(problem, "even", "latency"), run_strategy(problem, "even", "latency")]
+    results = [msgspec.structs.replace(r, strategy=f"s{i}", plan=p, cost=evaluate(problem, p))
+               for i, (r, p) in enumerate(zip(results, plans))]
     editor.show_comparison(results)
     assert editor.compare_table.rowCount() == 2
     editor.compare_table.cellWidget(1, 3).click()
@@ -196,12 +199,28 @@ def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
     editor.state.set_problem(problem)
     with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
         editor.compare_button.click()
-    names = [editor.compare_table.item(r, 0).text().rstrip(" ✗") for r in range(editor.compare_table.rowCount())]
+    names = [editor.compare_table.item(r, 0).text().split(" — ")[0] for r in range(editor.compare_table.rowCount())]
     assert sorted(names) == sorted(STRATEGIES) and names[0] == "edgeshard"
     best = editor.comparison[0]
     assert all(r.cost is None or r.cost.latency_per_token_s >= best.cost.latency_per_token_s - 1e-12
-               for r in editor.comparison if r.feasible)
+               for r in editor.comparison if r.status in ("optimal", "ok"))
     assert len(editor.compare_plot.ci.items) == 2
+
+
+def test_compare_shows_the_core_outcome_of_each_strategy_an_oom_one_in_red_with_its_overflow(editor, qtbot):
+    from core.solvers.comparison import compare
+
+    problem = make_problem(phone_memory=100 * MiB)
+    editor.state.set_problem(problem)
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.compare_button.click()
+    assert editor.comparison == [msgspec.structs.replace(o, elapsed_s=r.elapsed_s)
+                                 for o, r in zip(compare(problem, "latency"), editor.comparison)]
+    rows = {editor.compare_table.item(r, 0).text().split(" — ")[0]: r for r in range(editor.compare_table.rowCount())}
+    even = editor.compare_table.item(rows["even"], 0)
+    assert "OOM: phone +0.14 GiB" in even.text()
+    assert even.foreground().color().name() != editor.compare_table.item(rows["memory-proportional"], 0).foreground().color().name()
+    assert "proven optimal" in editor.compare_table.item(rows["edgeshard"], 0).text()
 
 
 def test_the_strip_is_editable_from_the_keyboard(editor, qtbot):
