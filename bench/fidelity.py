@@ -267,9 +267,14 @@ def _terms(problem, plan, events) -> dict:
     from core import cost
 
     comp: dict[tuple[int, int, int], object] = {}
+    sends: dict[tuple[int, int, int], object] = {}
+    recvs: dict[tuple[int, int, int], object] = {}
     for e in events:
-        if e.kind == "compute" and e.phase == "decode":
-            comp.setdefault((e.stage, e.step, e.micro_batch), e)
+        if e.phase != "decode":
+            continue
+        table = {"compute": comp, "send": sends, "recv_wait": recvs}.get(e.kind)
+        if table is not None:
+            table.setdefault((e.stage, e.step, e.micro_batch), e)
     k = len(plan.stages)
     stages, hops = [], []
     for j, st in enumerate(plan.stages):
@@ -279,18 +284,31 @@ def _terms(problem, plan, events) -> dict:
                        "measured_ms": round(statistics.median(durs) * 1e3, 3) if durs else None,
                        "profiled_ms": round(cost.stage_compute_s(times, st, "decode", 1) * 1e3, 3)})
         gaps = []
+        parts: dict[str, list[float]] = {"before_send": [], "on_link": [], "delivery": [], "receive": []}
         for (sj, step, mb), e in comp.items():
             if sj != j:
                 continue
-            nxt = comp.get((j + 1, step, mb)) if j + 1 < k else comp.get((0, step + 1, mb))
+            key = (j + 1, step, mb) if j + 1 < k else (0, step + 1, mb)
+            nxt = comp.get(key)
             if nxt is not None:
                 gaps.append(nxt.start_s - e.end_s)
+                # where a hop's time goes: compute end -> handed to the link (header, frames),
+                # the emulated link (size/bandwidth + latency), link -> the receiver's socket,
+                # and received -> its compute starts (decoding frames; the source: token handling)
+                snd = sends.get((sj, step, mb))
+                rcv = recvs.get((key[0], step, mb)) if j + 1 < k else recvs.get((0, step, mb))
+                if snd is not None and rcv is not None:
+                    parts["before_send"].append(snd.start_s - e.end_s)
+                    parts["on_link"].append(snd.end_s - snd.start_s)
+                    parts["delivery"].append(rcv.end_s - snd.end_s)
+                    parts["receive"].append(nxt.start_s - rcv.end_s)
         nd = cost.next_device(plan, j)
         pred = cost.transfer_s(problem, st.device, nd, cost.stage_output_bytes(problem, st, 1))
         med = statistics.median(gaps) * 1e3 if gaps else None
         hops.append({"hop": f"{st.device}->{nd}", "measured_ms": round(med, 3) if gaps else None,
                      "predicted_ms": round(pred * 1e3, 3),
-                     "unmodelled_ms": round(med - pred * 1e3, 3) if gaps else None})
+                     "unmodelled_ms": round(med - pred * 1e3, 3) if gaps else None,
+                     "parts_ms": {p: round(statistics.median(v) * 1e3, 3) for p, v in parts.items() if v}})
     return {"stages": stages, "hops": hops}
 
 
