@@ -43,6 +43,7 @@ import paramiko
 import agents
 from agents import AGENT_VERSION
 from core.errors import DeployError
+from core.host_key_types import restrict_to_known_types
 from core.reporting import NullReporter, Reporter
 
 DEFAULT_REMOTE_DIR = ".edgeshard-agent/{device}"
@@ -100,7 +101,7 @@ class HostKeyMismatch(DeployError):
         super().__init__(
             device,
             f"HOST KEY CHANGED for {info.host_label}! It presented {info.key_type} {info.fingerprint}, "
-            f"known_hosts has {info.known_fingerprint} ({info.known_file}). "
+            f"known_hosts has {info.known_key_type} {info.known_fingerprint} ({info.known_file}). "
             "Someone could be intercepting the connection (man-in-the-middle), or the device was reinstalled.",
             f"if the change is expected, remove the old entry: ssh-keygen -R {shlex.quote(info.host_label)} "
             f"-f {shlex.quote(info.known_file)}",
@@ -147,6 +148,7 @@ class HostKeyInfo:
     changed: bool = False
     known_fingerprint: str = ""
     known_file: str = ""
+    known_key_type: str = ""
     key_base64: str = ""
 
     @property
@@ -195,22 +197,54 @@ class HostKeyPolicy:
         return HostKeyInfo(**{**info.__dict__, "known": True})
 
     def classify(self, host: str, port: int, key: paramiko.PKey) -> HostKeyInfo:
-        name = known_hosts_name(host, port)
+        """Known, unknown, or changed. A host with ANY entry that presents a key of a type not
+        on file counts as changed: otherwise a man in the middle with another key type would be
+        an "unknown" host that ``trust_new`` accepts."""
         fp = fingerprint(key)
         base = dict(host=host, port=port, key_type=key.get_name(), fingerprint=fp, key_base64=key.get_base64())
-        for path in [p for p in (self.user_known_hosts, self.workspace_known_hosts) if p]:
-            keys = _load_known_hosts(path)
-            entry = keys.lookup(name)
-            if not entry:
-                continue
-            known = entry.get(key.get_name())
-            if known is None:
+        entries = self.known_entries(host, port)
+        for path, known in entries:
+            if known.get_name() != key.get_name():
                 continue
             if known.asbytes() == key.asbytes():
-                return HostKeyInfo(**base, known=True, known_fingerprint=fp, known_file=str(path))
+                return HostKeyInfo(**base, known=True, known_fingerprint=fp, known_file=str(path),
+                                   known_key_type=known.get_name())
             return HostKeyInfo(**base, known=False, changed=True, known_fingerprint=fingerprint(known),
-                               known_file=str(path))
+                               known_file=str(path), known_key_type=known.get_name())
+        if entries:
+            path, known = entries[0]
+            return HostKeyInfo(**base, known=False, changed=True, known_fingerprint=fingerprint(known),
+                               known_file=str(path), known_key_type=known.get_name())
         return HostKeyInfo(**base, known=False)
+
+    def known_entries(self, host: str, port: int) -> list[tuple[Path, paramiko.PKey]]:
+        """Every key on file for the host (user file first), with the file it is in."""
+        name = known_hosts_name(host, port)
+        found = []
+        for path in [p for p in (self.user_known_hosts, self.workspace_known_hosts) if p]:
+            entry = _load_known_hosts(path).lookup(name)
+            found += [(path, entry[kt]) for kt in (entry.keys() if entry else ())]
+        return found
+
+    def start_verified(self, device: str, host: str, port: int, t: paramiko.Transport,
+                       timeout_s: float) -> paramiko.PKey:
+        """Handshake asking a known host only for key types on file; one that offers none of
+        them is refused as a changed key. Returns the presented key (not yet checked)."""
+        entries = self.known_entries(host, port)
+        restrict_to_known_types(t, dict.fromkeys(k.get_name() for _, k in entries))
+        try:
+            t.start_client(timeout=timeout_s)
+        except paramiko.ssh_exception.IncompatiblePeer as err:
+            if not entries or "host key" not in str(err):
+                raise
+            path, known = entries[0]
+            types = ", ".join(dict.fromkeys(k.get_name() for _, k in entries))
+            raise HostKeyMismatch(device, HostKeyInfo(
+                host=host, port=port, key_type=f"no key of the known type ({types})",
+                fingerprint="(the server offers only other key types)", known=False, changed=True,
+                known_fingerprint=fingerprint(known), known_file=str(path),
+                known_key_type=known.get_name())) from None
+        return t.get_remote_server_key()
 
     def remember(self, host: str, port: int, key: paramiko.PKey) -> None:
         path = self.workspace_known_hosts
@@ -273,8 +307,9 @@ def probe_host_key(address: str, port: int = 22, *, workspace_known_hosts: Path 
     sock = _open_socket(target, timeout_s)
     t = paramiko.Transport(sock)
     try:
-        t.start_client(timeout=timeout_s)
-        return policy.classify(address, port, t.get_remote_server_key())
+        return policy.classify(address, port, policy.start_verified(address, address, port, t, timeout_s))
+    except HostKeyMismatch as err:
+        return err.info
     except paramiko.SSHException as err:
         raise HostUnreachable(address, f"SSH handshake with {address}:{port} failed: {err}") from None
     finally:
@@ -341,11 +376,11 @@ def connect(target: SshTarget, auth: SshAuth, policy: HostKeyPolicy, timeout_s: 
     t = paramiko.Transport(sock)
     try:
         try:
-            t.start_client(timeout=timeout_s)
+            key = policy.start_verified(target.device, target.address, target.port, t, timeout_s)
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise HostUnreachable(target.device, f"SSH handshake with {target.address}:{target.port} failed: {err}",
                                   "is this an SSH server?") from None
-        info = policy.check(target.device, target.address, target.port, t.get_remote_server_key())
+        info = policy.check(target.device, target.address, target.port, key)
         _authenticate(t, target, auth)
         return SshSession(target, t, info)
     except BaseException:
