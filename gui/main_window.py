@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -22,6 +23,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QPlainTextEdit,
+    QScrollArea,
     QStackedWidget,
     QWidget,
 )
@@ -73,6 +75,9 @@ class MainWindow(QMainWindow):
             run.model_edit.editingFinished.connect(self._on_run_model_edited)
         self.resize(1440, 900)
         self._restore_layout()
+        devices = self.screens.get("Devices")
+        if hasattr(devices, "restore_deployments"):
+            devices.restore_deployments()  # agents deployed in earlier sessions stay controllable
 
     # construction ---------------------------------------------------------------
     def _build_screens(self) -> None:
@@ -88,7 +93,7 @@ class MainWindow(QMainWindow):
         for i, name in enumerate(SCREENS):
             widget = self._make_screen(name)
             self.screens[name] = widget
-            self.stack.addWidget(widget)
+            self.stack.addWidget(self._scrollable(widget))
             item = QListWidgetItem(name)
             item.setToolTip(f"{name} screen (Ctrl+{i + 1})")
             self.sidebar.addItem(item)
@@ -97,6 +102,17 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.sidebar)
         lay.addWidget(self.stack, 1)
         self.setCentralWidget(central)
+
+    @staticmethod
+    def _scrollable(screen: QWidget) -> QScrollArea:
+        """A screen scrolls when the window is smaller than it needs, so the window's minimum
+        size stays small (a laptop screen) and a restored size is kept, not enlarged to the
+        largest screen's minimum when the layout first activates."""
+        area = QScrollArea()
+        area.setWidgetResizable(True)
+        area.setFrameShape(QFrame.NoFrame)
+        area.setWidget(screen)
+        return area
 
     def _make_screen(self, name: str) -> QWidget:
         s = self.state
@@ -253,6 +269,7 @@ class MainWindow(QMainWindow):
     def connect_agents(self, path: str) -> None:
         """Connect (in a worker) to the agents an agents.json lists, then wire the screens to them."""
         from gui.agents_connection import open_coordinator
+        from gui.connection_lifecycle import close_connection
         from gui.workers import TaskRunner
 
         if self._agents_runner is None:
@@ -264,7 +281,7 @@ class MainWindow(QMainWindow):
                                             "Check that the agents are running (edgeshard agents status) and that "
                                             "this agents.json is the one they were started with.")))
         self.state.set_connection("connecting…")
-        self._agents_runner.start(open_coordinator, path)
+        self._agents_runner.start(open_coordinator, path, on_discarded=close_connection)
 
     def _on_agents_connected(self, _task: int, result) -> None:
         from gui.agents_connection import attach

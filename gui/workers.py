@@ -7,7 +7,10 @@ signals; the reporter object lives on the GUI thread, so every connected slot ru
 
 ``TaskRunner`` runs one task at a time per purpose (a panel's "deploy", "solve", "run"):
 starting a new task cancels the old one and silences it, so a slow stale result can never
-overwrite a newer one. Progress is rate-limited so a tight loop cannot flood the event queue.
+overwrite a newer one. A silenced task's result may hold a live resource (a connected
+``Coordinator``: an IO thread and a ZeroMQ context), so ``start(..., on_discarded=release)``
+hands such a result to ``release`` instead of dropping it. Progress is rate-limited so a
+tight loop cannot flood the event queue.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, Signal
 
 from core.errors import EdgeShardError
 from core.reporting import Cancelled
@@ -101,14 +104,22 @@ class TaskRunner(QObject):
         self._current: TaskId | None = None
         self._reporters: dict[TaskId, QtReporter] = {}
         self._threads: dict[TaskId, threading.Thread] = {}
+        self._on_discarded: dict[TaskId, Callable[[Any], Any]] = {}
         self._task_ended.connect(self._on_worker_task_ended, Qt.ConnectionType.QueuedConnection)
 
     # -- control (GUI thread) ------------------------------------------------------------
-    def start(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> TaskId:
-        """Cancel the current task (if any) and start ``fn`` with a fresh reporter."""
+    def start(self, fn: Callable[..., Any], *args: Any, on_discarded: Callable[[Any], Any] | None = None,
+              **kwargs: Any) -> TaskId:
+        """Cancel the current task (if any) and start ``fn`` with a fresh reporter.
+
+        ``on_discarded(result)`` is called on the GUI thread with a result the task returned
+        after it was superseded or cancelled (nobody receives it): release it there.
+        """
         self.cancel()
         self._next_id += 1
         task_id = self._next_id
+        if on_discarded is not None:
+            self._on_discarded[task_id] = on_discarded
         reporter = QtReporter(self, self._min_interval)
         reporter.status_reported.connect(
             functools.partial(self._on_reporter_status, task_id), Qt.ConnectionType.QueuedConnection)
@@ -160,6 +171,8 @@ class TaskRunner(QObject):
         deadline = time.monotonic() + timeout_s
         for thread in list(self._threads.values()):
             thread.join(max(0.0, deadline - time.monotonic()))
+        # deliver the ends the workers queued, so a discarded result is released now
+        QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
         return not self.alive_threads()
 
     # -- worker thread -------------------------------------------------------------------
@@ -183,7 +196,7 @@ class TaskRunner(QObject):
             self._task_ended.emit(task_id, "failed", f"Unexpected error: {type(err).__name__}: {err}")
         else:
             if reporter.cancel_requested():
-                self._task_ended.emit(task_id, "cancelled", None)
+                self._task_ended.emit(task_id, "discarded", result)
             else:
                 self._task_ended.emit(task_id, "finished", result)
 
@@ -198,6 +211,10 @@ class TaskRunner(QObject):
         current = task_id == self._current
         if current:
             self._current = None
+        release = self._on_discarded.pop(task_id, None)
+        if outcome == "discarded" or (outcome == "finished" and not current):
+            self._release(task_id, release, payload)
+            outcome = "cancelled"
         if outcome == "cancelled" or not current:
             self.task_cancelled.emit(task_id)
         elif outcome == "failed":
@@ -206,6 +223,15 @@ class TaskRunner(QObject):
             self.task_finished.emit(task_id, payload)
         if current:
             self.busy_changed.emit(False)
+
+    @staticmethod
+    def _release(task_id: int, release: Callable[[Any], Any] | None, payload: object) -> None:
+        if release is None or payload is None:
+            return
+        try:
+            release(payload)
+        except Exception:  # a failing release must not break the runner; keep the traceback
+            log.exception("releasing the discarded result of task %s failed", task_id)
 
     def _on_reporter_status(self, task_id: int, text: str) -> None:
         if task_id == self._current:

@@ -17,6 +17,7 @@ def isolated_settings(tmp_path, monkeypatch):
     """QSettings in a temporary folder, so tests never touch the user's own settings."""
     QSettings.setDefaultFormat(QSettings.IniFormat)
     QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))  # no remembered deployments
     yield tmp_path
 
 
@@ -36,7 +37,7 @@ def test_every_screen_is_in_the_sidebar_and_ctrl_number_switches_to_it(window, q
     for i, name in enumerate(SCREENS):
         qtbot.keyClick(window, Qt.Key_1 + i, Qt.ControlModifier)
         assert window.current_screen() == name
-        assert window.stack.currentWidget() is window.screens[name]
+        assert window.stack.currentWidget().widget() is window.screens[name]
 
 
 def test_loading_a_profile_file_sets_model_in_status_bar_and_a_plan(window, tmp_path):
@@ -65,16 +66,26 @@ def test_workspace_appears_in_status_bar_and_in_recent_workspaces(window, tmp_pa
 
 
 def test_window_geometry_and_last_screen_are_restored(qtbot, isolated_settings):
+    """Both windows are really shown, and each step waits for its real condition: on a
+    window system a shown window's resize is confirmed asynchronously, so saving right
+    after resize() (or reading a restored size before the window is mapped) raced with it."""
     studio_app.create_app()
     first = MainWindow()
     qtbot.addWidget(first)
+    first.show()
+    qtbot.waitExposed(first)
     first.resize(720, 520)
+    qtbot.waitUntil(lambda: (first.width(), first.height()) == (720, 520), timeout=5000)
     first.show_screen("Cluster")
     first.close()
+    saved = studio_app.settings().value("window/geometry")
+    assert saved is not None and not saved.isEmpty()
     second = MainWindow()
     qtbot.addWidget(second)
+    second.show()
+    qtbot.waitExposed(second)
     assert second.current_screen() == "Cluster"
-    assert (second.width(), second.height()) == (720, 520)
+    qtbot.waitUntil(lambda: (second.width(), second.height()) == (720, 520), timeout=5000)
     second.close()
 
 
@@ -105,6 +116,25 @@ def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_r
         assert window.screens["Run"].backend is not None
         window.close()
         assert window.coordinator is None
+
+
+def test_connecting_twice_closes_the_superseded_connection_instead_of_leaking_it(window, qtbot, tmp_path):
+    import threading
+
+    from core.local_cluster import LocalCluster
+
+    def coordinator_threads() -> int:
+        return sum(t.name == "edgeshard-coordinator" for t in threading.enumerate())
+
+    before = coordinator_threads()
+    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
+        window.connect_agents(str(cluster.agents_file))
+        window.connect_agents(str(cluster.agents_file))  # supersedes the first, which still connects
+        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+        qtbot.waitUntil(lambda: window._agents_runner.alive_threads() == [], timeout=30_000)
+        qtbot.waitUntil(lambda: coordinator_threads() == before + 1, timeout=10_000)  # only the adopted one
+        window.close()
+        assert coordinator_threads() == before
 
 
 def test_a_bad_agents_file_is_a_dialog_not_a_traceback(window, qtbot, tmp_path):

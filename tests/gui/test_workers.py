@@ -146,3 +146,62 @@ def test_request_stop_keeps_the_task_current_until_it_ends(qtbot, runner):
         assert runner.is_busy()
     assert blocker.args == [task_id]
     assert statuses == ["cleaning up"] and not runner.is_busy()
+
+
+class _Resource:
+    """Stands for a live connection a task hands back (a Coordinator: threads, sockets)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.closed_on: threading.Thread | None = None
+
+    def close(self) -> None:
+        self.closed_on = threading.current_thread()
+
+
+def test_a_superseded_task_s_result_goes_to_on_discarded_not_nowhere(qtbot, runner):
+    started = threading.Event()
+
+    def slow_connect(reporter):
+        started.set()
+        while not reporter.cancel_requested():
+            time.sleep(0.005)
+        return _Resource("stale")  # connected anyway: it must be closed by someone
+
+    finished = []
+    runner.task_finished.connect(lambda tid, v: finished.append(v))
+    stale_tasks = []
+    runner.start(slow_connect, on_discarded=lambda r: (r.close(), stale_tasks.append(r)))
+    assert started.wait(5)
+    fresh = _Resource("fresh")
+    runner.start(lambda reporter: fresh, on_discarded=lambda r: r.close())
+    qtbot.waitUntil(lambda: len(stale_tasks) == 1 and len(finished) == 1, timeout=5000)
+    assert stale_tasks[0].name == "stale" and stale_tasks[0].closed_on is threading.main_thread()
+    assert finished == [fresh] and fresh.closed_on is None  # the current result is delivered, not released
+
+
+def test_shutdown_releases_the_result_of_a_task_that_ends_meanwhile(qtbot, runner):
+    started = threading.Event()
+    released = []
+
+    def connect(reporter):
+        started.set()
+        time.sleep(0.2)  # ignores cancellation: connecting cannot be interrupted
+        return _Resource("late")
+
+    runner.start(connect, on_discarded=released.append)
+    assert started.wait(5)
+    assert runner.shutdown(5.0)
+    assert [r.name for r in released] == ["late"]
+
+
+def test_a_failing_release_is_logged_and_the_runner_goes_on(qtbot, runner, caplog):
+    def bad_release(_r):
+        raise OSError("socket already gone")
+
+    first = runner.start(lambda reporter: (time.sleep(0.05), "x")[1], on_discarded=bad_release)
+    runner.cancel()
+    with qtbot.waitSignal(runner.task_finished, timeout=5000) as blocker:
+        runner.start(lambda reporter: "next")
+    assert blocker.args[1] == "next" and first != blocker.args[0]
+    qtbot.waitUntil(lambda: "releasing the discarded result" in caplog.text, timeout=5000)
