@@ -80,3 +80,68 @@ def check_problem(problem: PlanningProblem, source: str = "<problem>") -> Planni
         more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
         raise FormatError(source, msg + more, field)
     return problem
+
+
+DEFAULT_GENERATED_TOKENS = 32
+"""Tokens generated per sequence when nobody said otherwise (the profile does not know)."""
+DEFAULT_PROMPT_TOKENS = 32
+"""Prompt length when the profile does not record the one it was measured with."""
+
+_CHANGEABLE = ("name", "source", "workload", "excluded_devices", "memory_headroom")
+
+
+def default_problem(profile: Profile, source: str | None = None, workload: Workload | None = None) -> PlanningProblem:
+    """The problem a fresh profile starts as: served from ``source`` (default: the first device
+    with compute times), the profiled prompt length and batch, ``DEFAULT_GENERATED_TOKENS``.
+
+    Raises ``FormatError`` naming the field if ``source`` or ``workload`` do not fit the profile.
+    """
+    if source is None:
+        timed = {t.device for t in profile.times}
+        source = next((d for d in profile.cluster.device_ids() if d in timed), None)
+        if source is None:
+            from core.errors import FormatError
+
+            raise FormatError("profile", "no device has compute times: profile the devices first", "$.times")
+    if workload is None:
+        pw = profile.profiled_workload
+        workload = Workload(prompt_tokens=pw.prompt_tokens if pw else DEFAULT_PROMPT_TOKENS,
+                            generated_tokens=DEFAULT_GENERATED_TOKENS, batch_size=pw.batch_size if pw else 1)
+    problem = PlanningProblem(name=profile.model.name, profile=profile, source=source, workload=workload)
+    return _check_fields(problem, ("source", "workload"))
+
+
+def with_changes(problem: PlanningProblem, **fields) -> PlanningProblem:
+    """``problem`` with some of its fields replaced (source, workload, excluded devices, headroom,
+    name), checked: a wrong type or value raises ``FormatError`` naming the field, so an invalid
+    workload or headroom never reaches the solvers."""
+    import msgspec.structs
+
+    from core.errors import FormatError
+
+    types = {f.name: f.type for f in msgspec.structs.fields(PlanningProblem)}
+    converted = {}
+    for name, value in fields.items():
+        if name not in _CHANGEABLE:
+            raise FormatError("problem", f"{name!r} cannot be changed (changeable: {', '.join(_CHANGEABLE)})",
+                              f"$.{name}")
+        try:
+            converted[name] = msgspec.convert(value, types[name])
+        except msgspec.ValidationError as err:
+            raise FormatError("problem", str(err), f"$.{name}") from None
+    return _check_fields(msgspec.structs.replace(problem, **converted), tuple(converted))
+
+
+def _check_fields(problem: PlanningProblem, changed: tuple[str, ...]) -> PlanningProblem:
+    """Raise ``FormatError`` for the first inconsistency in a ``changed`` field."""
+    from core.errors import FormatError
+
+    errors = [e for e in problem_errors(problem) if any(e.startswith(f"$.{name}") for name in changed)]
+    if "excluded_devices" in changed:
+        ids = set(problem.profile.cluster.device_ids())
+        errors += [f"$.excluded_devices: {d!r} is not a device of the cluster"
+                   for d in problem.excluded_devices if d not in ids]
+    if errors:
+        field, _, msg = errors[0].partition(": ")
+        raise FormatError("problem", msg, field)
+    return problem

@@ -489,10 +489,13 @@ class PlanEditorPanel(QWidget):
             p.workload, prompt_tokens=self.prompt_spin.value(), generated_tokens=self.gen_spin.value(),
             batch_size=self.batch_spin.value(),
         )
-        self.state.update_problem(
-            source=self.source_combo.currentData() or p.source, excluded_devices=excluded,
-            memory_headroom=self.headroom_spin.value() / 100.0, workload=workload,
-        )
+        try:
+            self.state.update_problem(
+                source=self.source_combo.currentData() or p.source, excluded_devices=excluded,
+                memory_headroom=self.headroom_spin.value() / 100.0, workload=workload,
+            )
+        except EdgeShardError as err:  # e.g. a batch smaller than the fixed micro-batch size
+            self.violations.show_lines([str(err)], "The constraints were not applied:")
 
     # files ------------------------------------------------------------------------
     def load_plan_file(self, path: str) -> None:

@@ -7,12 +7,11 @@ reference without copying. Setting an equal value emits nothing.
 
 from __future__ import annotations
 
-import msgspec
 from PySide6.QtCore import QObject, Signal
 
 from core.cluster import Cluster
 from core.plan import ShardPlan
-from core.problem import PlanningProblem, Workload
+from core.problem import PlanningProblem, Workload, default_problem, with_changes
 from core.profile import Profile
 
 
@@ -65,16 +64,12 @@ class StudioState(QObject):
             return
         self.set_cluster(profile.cluster)
         self.set_model(profile.model.name)
-        prev = self.problem
-        if source is None:
-            ids = profile.cluster.device_ids()
-            source = prev.source if prev is not None and prev.source in ids else ids[0]
-        if workload is None:
-            pw = profile.profiled_workload
-            workload = prev.workload if prev is not None else Workload(
-                prompt_tokens=pw.prompt_tokens if pw else 32, generated_tokens=32, batch_size=pw.batch_size if pw else 1
-            )
-        self.set_problem(PlanningProblem(name=profile.model.name, profile=profile, source=source, workload=workload))
+        prev = self.problem  # keep what the operator chose for the previous profile, where it still fits
+        if source is None and prev is not None and prev.source in {t.device for t in profile.times}:
+            source = prev.source
+        if workload is None and prev is not None:
+            workload = prev.workload
+        self.set_problem(default_problem(profile, source, workload))
 
     def set_problem(self, problem: PlanningProblem | None) -> None:
         if problem is self.problem:
@@ -83,9 +78,10 @@ class StudioState(QObject):
         self.problem_changed.emit(problem)
 
     def update_problem(self, **changes) -> None:
-        """Replace fields of the current problem (source, excluded devices, headroom, workload)."""
+        """Replace fields of the current problem (source, excluded devices, headroom, workload);
+        raises ``FormatError`` naming the field for an invalid value (``core.problem.with_changes``)."""
         if self.problem is not None:
-            self.set_problem(msgspec.structs.replace(self.problem, **changes))
+            self.set_problem(with_changes(self.problem, **changes))
 
     def set_plan(self, plan: ShardPlan | None) -> None:
         if plan != self.plan:
