@@ -168,7 +168,9 @@ def _add_ssh_arguments(p) -> None:
     p.add_argument("--no-ssh-agent", action="store_true", help="do not try ssh-agent keys")
     p.add_argument("--trust-new-host-keys", action="store_true",
                    help="accept host keys not yet known (their SHA256 fingerprints are printed)")
-    p.add_argument("--workspace", default=None, help="workspace directory (default: ~/.edgeshard)")
+    p.add_argument("--home", "--workspace", dest="workspace", metavar="DIR", default=None,
+                   help="folder for the coordinator key, known_hosts and agents.json "
+                        "(default: $EDGESHARD_HOME or ~/.edgeshard; --workspace is the old name)")
     p.add_argument("--remote-dir", default=None,
                    help="agent directory on the device, relative to home ({device} = device name; "
                         "default .edgeshard-agent/{device})")

@@ -44,6 +44,7 @@ import agents
 from agents import AGENT_VERSION
 from core.errors import DeployError
 from core.host_key_types import restrict_to_known_types
+from core.paths import edgeshard_home, home_folder
 from core.reporting import NullReporter, Reporter
 
 DEFAULT_REMOTE_DIR = ".edgeshard-agent/{device}"
@@ -317,7 +318,8 @@ def probe_host_key(address: str, port: int = 22, *, workspace_known_hosts: Path 
 
 
 def default_workspace() -> Path:
-    return Path(os.environ.get("EDGESHARD_WORKSPACE", Path.home() / ".edgeshard"))
+    """The deployment folder: $EDGESHARD_HOME, else ~/.edgeshard (core.paths)."""
+    return edgeshard_home()
 
 
 class SshSession:
@@ -750,7 +752,7 @@ def deploy_agent(
     → start detached → wait for its ready line → answer over the control protocol."""
     rep = reporter or NullReporter()
     opts = options or DeployOptions()
-    ws = Path(workspace or default_workspace())
+    ws = home_folder(workspace)
     if isinstance(device, SshTarget):
         target = device if not user else SshTarget(device.device, device.address, device.port, user)
     else:
@@ -874,7 +876,7 @@ def deploy_many(
 # ----------------------------------------------------------------- operations on agents
 def _session_for(device, *, user=None, key_file=None, password=None, workspace=None, trust_new_host_keys=False,
                  use_agent=True, user_known=None) -> SshSession:
-    ws = Path(workspace or default_workspace())
+    ws = home_folder(workspace)
     if isinstance(device, SshTarget):
         target = device if not user else SshTarget(device.device, device.address, device.port, user)
     else:

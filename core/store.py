@@ -46,24 +46,19 @@ import msgspec
 import sqlite_utils
 
 from agents.protocol import TimelineEvent, TokenEvent
-from core import formats
+from core import formats, paths
 from core.cluster import Device
 from core.errors import FormatError, StoreError
 from core.plan import ShardPlan
 from core.problem import PlanningProblem
 from core.profile import Profile
 
-ENV_WORKSPACE = "EDGESHARD_WORKSPACE"
+ENV_WORKSPACE = paths.ENV_WORKSPACE
 
 
 def default_workspace_path() -> Path:
-    """$EDGESHARD_WORKSPACE, else $XDG_DATA_HOME/edgeshard/workspace.sqlite
-    (default ~/.local/share/edgeshard/workspace.sqlite)."""
-    env = os.environ.get(ENV_WORKSPACE)
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "edgeshard" / "workspace.sqlite"
+    """$EDGESHARD_WORKSPACE, else $XDG_DATA_HOME/edgeshard/workspace.sqlite (core.paths)."""
+    return paths.workspace_file()
 
 
 # ---------------------------------------------------------------- schema
@@ -278,7 +273,8 @@ class SessionStore:
                  _schema_upto: int = SCHEMA_VERSION):
         self.path = Path(path).expanduser()
         if self.path.exists() and self.path.is_dir():
-            raise StoreError(f"{self.path}: is a directory, expected a workspace file")
+            raise StoreError(f"{self.path}: is a directory, expected a workspace file (the SQLite sessions "
+                             f"file, ${paths.ENV_WORKSPACE}; deployment keys go in the folder ${paths.ENV_HOME})")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = _connect(self.path)

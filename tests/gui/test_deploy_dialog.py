@@ -155,7 +155,7 @@ def real_sshd(tmp_path):
 def test_real_sshd_unknown_host_shows_the_fingerprint_ssh_keygen_prints(qtbot, real_sshd, tmp_path, monkeypatch):
     port, fp, _pub = real_sshd
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("EDGESHARD_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "ws"))
     dlg = DeployDialog([DeviceRecord(id="loop", address="127.0.0.1", ssh_port=port, ssh_user="root")])
     qtbot.addWidget(dlg)
     dlg.show()
@@ -176,7 +176,7 @@ def test_real_sshd_known_host_without_authorized_key_fails_in_plain_words(qtbot,
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("EDGESHARD_WORKSPACE", str(tmp_path / "ws"))
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "ws"))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     dlg = DeployDialog([DeviceRecord(id="loop", address="127.0.0.1", ssh_port=port, ssh_user="root")])
     qtbot.addWidget(dlg)
