@@ -31,12 +31,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import msgspec
 import zmq
 
 from agents.protocol import (
+    RUN_MODES,
     AgentStatus,
     ErrorReply,
     EventBatch,
@@ -54,6 +55,7 @@ from agents.protocol import (
     ProtocolError,
     RunError,
     RunFinished,
+    RunMode,
     SamplingSpec,
     StartRun,
     StopRun,
@@ -69,8 +71,9 @@ from core.errors import FormatError, RunFailed
 from core.plan import ShardPlan
 from core.reporting import NullReporter, Reporter
 
-Mode = Literal["sequential", "bubbles", "no-bubbles"]
-MODES: tuple[str, ...] = ("sequential", "bubbles", "no-bubbles")
+Mode = RunMode
+MODES = RUN_MODES
+"""Re-exported from ``agents.protocol`` (the one definition of the run modes)."""
 
 
 @dataclass(frozen=True)
@@ -549,14 +552,38 @@ class Coordinator:
                             threads=threads, link=links.get(s.device, LinkShape()))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
-        done = 0
-        for dev, f in futs.items():
-            reply = self._await(dev, f, timeout_s, "loading its shard")
-            if isinstance(reply, ErrorReply):
-                raise RunFailed(f"cannot load its shard: {reply.message}", dev)
-            done += 1
-            reporter.progress(done, len(futs))
+        self._await_loads(futs, timeout_s, reporter)
         self._loaded = (plan, model_dir)
+
+    def _await_loads(self, futs: dict[str, cf.Future], timeout_s: float, reporter: Reporter) -> None:
+        """Wait for every stage's load; report progress from the agents' statuses meanwhile
+        (an agent answers ``get_status`` while it loads, with the fraction of blocks read)."""
+        deadline = time.monotonic() + timeout_s
+        pending = dict(futs)
+        fractions = dict.fromkeys(futs, 0.0)
+        polls: dict[str, cf.Future] = {}
+        while pending:
+            cf.wait(list(pending.values()), timeout=0.3, return_when=cf.FIRST_COMPLETED)
+            for dev, f in list(pending.items()):
+                if f.done():
+                    reply = f.result()  # a lost agent's future holds its RunFailed
+                    if isinstance(reply, ErrorReply):
+                        raise RunFailed(f"cannot load its shard: {reply.message}", dev)
+                    del pending[dev]
+                    fractions[dev] = 1.0
+                elif self._conns[dev].lost:
+                    raise RunFailed("agent lost while loading its shard", dev)
+            if pending and time.monotonic() > deadline:
+                raise RunFailed(f"no answer while loading its shard after {timeout_s:.0f} s", next(iter(pending)))
+            for dev in pending:
+                poll = polls.get(dev)
+                if poll is not None and poll.done() and poll.exception() is None:
+                    st = poll.result()
+                    if isinstance(st, AgentStatus) and st.state == "loading":
+                        fractions[dev] = max(fractions[dev], st.progress)
+                if poll is None or poll.done():
+                    polls[dev] = self.request_async(dev, GetStatus())
+            reporter.progress(sum(fractions.values()), len(futs))
 
     def is_loaded(self, plan: ShardPlan, model_dir) -> bool:
         """Whether ``plan`` of ``model_dir`` is loaded on live agents (false after a failure,
@@ -634,7 +661,9 @@ class Coordinator:
                 else:
                     msg = StartRun(run_id=run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
                                    sampling=request.sampling)
-                self._await(d, self.request_async(d, msg), self.request_timeout_s, "starting the run")
+                reply = self._await(d, self.request_async(d, msg), self.request_timeout_s, "starting the run")
+                if isinstance(reply, ErrorReply):  # e.g. nothing loaded (a failure unloaded it): load the plan first
+                    raise RunFailed(f"cannot start the run ({reply.code}): {reply.message}", d)
             reporter.status(f"running {request.mode} over {len(devices)} stages")
             while True:
                 try:

@@ -11,7 +11,9 @@ is a pipe whose write end only this process holds, so when this process ends in 
 (even ``kill -9``) the kernel closes it and the agents shut down. That is tied to the
 *process*, not to the thread that called ``start()`` (unlike PR_SET_PDEATHSIG, which fires
 when the spawning thread exits), so a cluster can be started from a short-lived worker
-thread. ``stop()`` terminates, waits, then kills what is left.
+thread. ``stop()`` terminates, waits, then kills what is left. (The pipe is close-on-exec,
+so other programs this process starts do not hold it; only a child forked *without* exec,
+e.g. multiprocessing's "fork", would keep the agents up until it ends too.)
 """
 
 from __future__ import annotations

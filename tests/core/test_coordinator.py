@@ -303,3 +303,44 @@ def test_a_model_directory_missing_on_a_device_is_an_error_naming_the_device_and
             assert not co.is_loaded(plan_from_boundaries("m", 6, ["far-away"], []), missing)
     finally:
         agent.close()
+
+
+def test_loading_reports_the_agents_own_progress_while_their_shards_load(model_dir):
+    from agents.agent import default_executor_factory
+    from core.reporting import RecordingReporter
+
+    def slow_real_load(model_dir, start, end, *, dtype, threads, progress=None):
+        def slowly(fraction):  # a slow disk: every block takes a while to read
+            progress(fraction)
+            if fraction < 1:
+                time.sleep(0.4)
+
+        return default_executor_factory(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
+
+    keys = CurveKeys.generate()
+    agents = [Agent(d, keys.public, executor_factory=slow_real_load).start() for d in ("p", "q")]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            reporter = RecordingReporter()
+            co.load(plan_from_boundaries("tiny-llama", 6, ["p", "q"], [3]), model_dir, reporter=reporter)
+            done = [d for d, total in reporter.progresses]
+            assert {total for _, total in reporter.progresses} == {2}
+            assert done == sorted(done) and done[-1] == 2
+            assert any(0 < d < 2 and d != 1 for d in done), done  # fractions of blocks, not just whole stages
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_a_run_on_agents_without_the_plan_loaded_fails_at_once_naming_the_device(model_dir):
+    keys = CurveKeys.generate()
+    agent = Agent("empty", keys.public).start()
+    try:
+        with Coordinator([AgentEndpoint("empty", agent.control_address, agent.keys.public)], keys) as co:
+            _, req = _request(model_dir, "sequential", 1, 2)
+            t0 = time.monotonic()
+            with pytest.raises(RunFailed, match="bad_state") as info:
+                co.run(plan_from_boundaries("tiny-llama", 6, ["empty"], []), req)
+            assert info.value.device == "empty" and time.monotonic() - t0 < 5
+    finally:
+        agent.close()
