@@ -15,6 +15,7 @@ from pathlib import Path
 
 from core.errors import EdgeShardError
 from core.reporting import Reporter
+from gui.connection_lifecycle import watch_lost_agents
 from gui.devices_panel import DeviceRecord
 
 def open_coordinator(reporter: Reporter, agents_file: str):
@@ -75,6 +76,8 @@ def attach(window, coordinator, statuses: dict, *, origin: str, detail: str = ""
         if agent_control is not None:
             devices.agent_control = agent_control
         devices.refresh()
+        if hasattr(devices, "set_status"):
+            watch_lost_agents(coordinator, devices, state)  # a killed agent shows as offline
     profile = screens.get("Profile")
     if profile is not None and hasattr(profile, "set_profile_task"):
         profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name))

@@ -137,6 +137,24 @@ def test_connecting_twice_closes_the_superseded_connection_instead_of_leaking_it
         assert coordinator_threads() == before
 
 
+def test_a_killed_agent_shows_as_offline_on_the_devices_screen(window, qtbot, tmp_path):
+    import os
+    import signal
+
+    from core.local_cluster import LocalCluster
+
+    with LocalCluster(tmp_path / "cluster", ["solo", "duo"]) as cluster:
+        window.connect_agents(str(cluster.agents_file))
+        qtbot.waitUntil(lambda: window.connection_label.text() == "● 2 agent(s) connected", timeout=60_000)
+        devices = window.screens["Devices"]
+        assert devices.records["duo"].status == "running"
+        os.kill(cluster.pid_of("duo"), signal.SIGKILL)
+        qtbot.waitUntil(lambda: devices.records["duo"].status == "offline", timeout=20_000)
+        assert "stopped answering" in devices.records["duo"].detail
+        assert devices.records["solo"].status == "running"  # the live one is untouched
+        window.close()
+
+
 def test_a_bad_agents_file_is_a_dialog_not_a_traceback(window, qtbot, tmp_path):
     bad = tmp_path / "agents.json"
     bad.write_text('{"format": "edgeshard.agents", "version": 1}')
