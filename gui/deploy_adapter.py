@@ -30,11 +30,23 @@ class CoreDeployFunctions:
 
 
 class SshAgentControl:
-    """Start (deploy again: idempotent), stop and read the log of one device's agent over SSH."""
+    """Start (deploy again: idempotent), stop and read the log of one device's agent over SSH.
 
-    def __init__(self, record, credentials: Credentials) -> None:
+    A password-deployed device needs its password again for each action (``needs_password``):
+    the GUI asks, and runs that one action on ``with_password``'s copy; this control never
+    holds it."""
+
+    def __init__(self, record, credentials: Credentials, password_auth: bool = False) -> None:
         self.record = record
         self.credentials = credentials
+        self.password_auth = password_auth
+
+    def needs_password(self) -> bool:
+        return self.password_auth and not self.credentials.password
+
+    def with_password(self, password: str) -> "SshAgentControl":
+        """A copy for one action (dropped when it ends); the kept control has no password."""
+        return SshAgentControl(self.record, replace(self.credentials, password=password), self.password_auth)
 
     def _conn(self) -> dict:
         c = self.credentials

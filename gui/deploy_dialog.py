@@ -12,7 +12,7 @@ holds no SSH code and tests can drive it against a real sshd.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from PySide6.QtCore import Qt, Signal
@@ -285,7 +285,7 @@ class DeployDialog(QDialog):
         runner.progress_reported.connect(lambda _t, d, t, dev=dev: self._set_row(dev, progress=d / t if t else 0))
         self._set_row(dev, "connecting", "")
         creds = self.credentials()
-        self.credentials_used[dev] = creds
+        self.credentials_used[dev] = replace(creds, password="")  # who signed in and how, never the password
         runner.start(self.functions.deploy_agent, self.records[dev], creds, probe)
 
     def _on_deploy_finished(self, dev: str, detail: Any) -> None:
@@ -317,4 +317,5 @@ class DeployDialog(QDialog):
             runner.shutdown(timeout_s=2.0)
         for box in list(self.confirmations.values()):
             box.close()
+        self.password_edit.clear()  # a password is asked at the time, never kept
         super().done(result)

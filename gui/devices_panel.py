@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
@@ -316,18 +317,23 @@ class DevicesPanel(QWidget):
         if creds is not None and dlg._functions is None:  # real SSH (not a test's functions)
             from gui.deploy_adapter import SshAgentControl
 
-            self.device_controls[dev] = SshAgentControl(self.records[dev], creds)
+            self.device_controls[dev] = SshAgentControl(self.records[dev], replace(creds, password=""),
+                                                        password_auth=dlg.password_radio.isChecked())
         self._update_buttons()
 
     def control_of(self, device: str) -> AgentControl | None:
         return self.device_controls.get(device) or self.agent_control
 
-    def _agent_action(self, what: str) -> None:
-        ids = self.selected_ids()
+    def _agent_action(self, what: str, dev: str | None = None, once: AgentControl | None = None) -> None:
+        """``once``: a control for this action only (it carries a password just asked for)."""
+        ids = [dev] if dev else self.selected_ids()
         if len(ids) != 1 or self.control_of(ids[0]) is None:
             return
         dev = ids[0]
-        ctl = self.control_of(dev)
+        ctl = once or self.control_of(dev)
+        if getattr(ctl, "needs_password", lambda: False)():
+            self._ask_password(dev, ctl, what)
+            return
         if what == "start":
             self.message.setText(f"Starting the agent on {dev}…")
             self._run(lambda rep: ctl.start_agent(rep, dev), self._on_agent_changed)
@@ -336,6 +342,26 @@ class DevicesPanel(QWidget):
             self._run(lambda rep: ctl.stop_agent(rep, dev), self._on_agent_changed)
         else:
             self._run(lambda rep: (dev, ctl.agent_log(rep, dev)), self._on_agent_log)
+
+    def _ask_password(self, dev: str, ctl, what: str) -> QInputDialog:
+        """The agent was deployed with a password, which is never stored: ask for it again."""
+        dlg = QInputDialog(self)
+        dlg.setObjectName("passwordPrompt")
+        dlg.setWindowTitle(f"Sign in to {dev}")
+        dlg.setLabelText(f"Password of {ctl.credentials.user or 'the login'} on {dev} "
+                         "(used for this action only, never kept):")
+        dlg.setTextEchoMode(QLineEdit.Password)
+
+        def accepted(text: str) -> None:
+            dlg.setTextValue("")
+            if text:
+                self._agent_action(what, dev, once=ctl.with_password(text))
+
+        dlg.textValueSelected.connect(accepted)
+        dlg.rejected.connect(lambda: dlg.setTextValue(""))  # textValueSelected comes after finished
+        dlg.finished.connect(dlg.deleteLater)
+        dlg.open()
+        return dlg
 
     def _on_agent_changed(self, rec: DeviceRecord | None) -> None:
         if rec is not None:
