@@ -8,7 +8,7 @@ replayed timelines are drawn from one type.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, get_args
 
 import msgspec
 
@@ -19,6 +19,11 @@ EventKind = Literal["compute", "send", "recv_wait"]
 link, ``peer`` is the receiver; recv_wait: a stage idle waiting for its input."""
 
 Phase = Literal["prefill", "decode"]
+
+RunMode = Literal["sequential", "bubbles", "no-bubbles"]
+"""How the source schedules micro-batches (see ``agents.agent``). Defined here, once: the wire
+format owns the names; the coordinator, simulator, CLI and GUI import them."""
+RUN_MODES: tuple[str, ...] = get_args(RunMode)
 
 
 class TimelineEvent(msgspec.Struct, frozen=True, kw_only=True, array_like=False):
@@ -176,7 +181,7 @@ class StartRun(_Msg, frozen=True, tag="start_run"):
     """Begin a run. Only the source (stage 0) gets the prompts' token ids."""
 
     run_id: str
-    mode: Literal["sequential", "bubbles", "no-bubbles"]
+    mode: RunMode
     max_new_tokens: int
     micro_batches: tuple[tuple[int, ...], ...] = ()
     """Sequence indices of each micro-batch (source only)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from agents.protocol import LinkShape, TimelineEvent, TokenEvent
+from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
 from core.errors import FormatError, RunFailed
 
 
@@ -42,7 +42,7 @@ def _register_run(sub) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="file with one prompt per line")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--mode", choices=("sequential", "bubbles", "no-bubbles"), default="sequential")
+    p.add_argument("--mode", choices=RUN_MODES, default="sequential")
     p.add_argument("--micro-batches", type=int, default=None, help="default: the plan's micro_batches")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Literal
-
 import msgspec
 
-from agents.protocol import TimelineEvent, TokenEvent
+from agents.protocol import RUN_MODES, RunMode, TimelineEvent, TokenEvent
 from core.cost import (
     link_occupancy_s,
     next_device,
@@ -50,8 +48,9 @@ from core.plan import ShardPlan
 from core.problem import PlanningProblem
 from core.run_metrics import RunFigures, compute_figures
 
-Mode = Literal["sequential", "bubbles", "no-bubbles"]
-MODES: tuple[str, ...] = ("sequential", "bubbles", "no-bubbles")
+Mode = RunMode
+MODES = RUN_MODES
+"""Re-exported from ``agents.protocol``: the simulator models exactly the runtime's modes."""
 
 
 class SimulationResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFormLayout
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
+from agents.protocol import RUN_MODES
 from core.coordinator import FanoutSink, RunSink
 from core.errors import RunFailed
 from core.reporting import Cancelled, Reporter
@@ -28,7 +29,7 @@ from gui.run_monitor_view import RunMonitorView
 from gui.widgets import InlineMessage, panel_header
 from gui.workers import TaskRunner
 
-MODES = ("sequential", "bubbles", "no-bubbles")
+MODES = RUN_MODES
 PREDICT_DEBOUNCE_MS = 200
 MODE_HELP = {
     "sequential": "One micro-batch step in the pipeline at a time (lowest latency per token)",
