@@ -197,6 +197,8 @@ class StopRun(_Msg, frozen=True, tag="stop_run"):
     """Abort the run (if any), drop its caches, go back to ready."""
 
     run_id: str = ""
+    """The run to stop; empty: whatever run is current. A stop naming an earlier run is
+    answered but stops nothing (it must never end the run that followed)."""
 
 
 class GetLogs(_Msg, frozen=True, tag="get_logs"):
