@@ -17,8 +17,9 @@ from core.problem import PlanningProblem
 from core.reporting import Cancelled, Reporter
 from core.simulator import SimulationResult, simulate
 
-MAX_MICRO_BATCH_STEPS = 1024
-"""At most this many (micro-batch, step) pairs are simulated: a few thousand events per stage."""
+MAX_STAGE_STEPS = 4096
+"""At most this many (stage, micro-batch, step) computations are simulated: about three
+timeline events each (receive wait, compute, send), so the GUI thread draws ~12k boxes at most."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ def run_group_sizes(n_prompts: int, mode: str, micro_batches: int) -> tuple[int,
 
 
 def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts: int, micro_batches: int,
-                max_new_tokens: int, max_micro_batch_steps: int = MAX_MICRO_BATCH_STEPS) -> RunPrediction:
+                max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS) -> RunPrediction:
     """Simulate the run's first steps (prefill included) with the real run's micro-batch split."""
     sizes = run_group_sizes(n_prompts, mode, micro_batches)
-    steps = max(1, min(max_new_tokens, max_micro_batch_steps // len(sizes)))
+    steps = max(1, min(max_new_tokens, max_stage_steps // (len(sizes) * len(plan.stages))))
     result = simulate(problem, plan, mode, micro_batch_sizes=sizes, generated_tokens=steps)
     note = ""
     if steps < max_new_tokens:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.coordinator import split_micro_batches
-from core.run_prediction import MAX_MICRO_BATCH_STEPS, predict_run, run_group_sizes
+from core.run_prediction import MAX_STAGE_STEPS, predict_run, run_group_sizes
 from core.simulator import simulate
 from tests.core.sessions_problems import make_plan, make_problem
 
@@ -46,7 +46,8 @@ def test_sequential_runs_all_prompts_as_one_micro_batch():
 def test_a_long_many_micro_batch_run_predicts_only_its_first_steps_and_says_so():
     p, plan = _problem_and_plan()
     prediction = predict_run(p, plan, "no-bubbles", n_prompts=64, micro_batches=64, max_new_tokens=4096)
-    assert prediction.steps_predicted == MAX_MICRO_BATCH_STEPS // 64
+    assert prediction.steps_predicted == MAX_STAGE_STEPS // (64 * len(plan.stages))
+    assert len(prediction.result.events) <= 3 * MAX_STAGE_STEPS
     assert prediction.result.generated_tokens == prediction.steps_predicted
     assert f"first {prediction.steps_predicted} of 4096 steps" in prediction.note
     short = predict_run(p, plan, "no-bubbles", n_prompts=2, micro_batches=2, max_new_tokens=8)
