@@ -253,3 +253,13 @@ def test_throughput_solve_shows_its_micro_batching(editor, qtbot):
     assert plan.micro_batches * plan.micro_batch_size == 4 and len(plan.stages) > 1
     assert f"({plan.micro_batches} × {plan.micro_batch_size})" in editor.throughput_card.text()
     assert editor.throughput_card.text().startswith(f"{editor.cost.throughput_tokens_s:.1f} tok/s")
+
+
+def test_a_constraint_the_problem_refuses_is_shown_inline_and_not_applied(editor):
+    problem = make_problem()
+    fixed = msgspec.structs.replace(problem, workload=msgspec.structs.replace(
+        problem.workload, batch_size=4, micro_batch_size=2))
+    editor.state.set_problem(fixed)
+    editor.batch_spin.setValue(1)  # smaller than the fixed micro-batch size of 2
+    assert editor.state.problem.workload.batch_size == 4
+    assert "$.workload.micro_batch_size" in editor.violations.text()
