@@ -45,6 +45,9 @@ class CostArrays:
     """The largest one-way link latency between usable devices, s."""
     weights_prefix: np.ndarray | None = None
     """(N+1,) parameter bytes of units [0, e)."""
+    overhead: np.ndarray | None = None
+    """(D,): once-per-stage decode overhead of each device (``DeviceTimes.stage_decode_overhead_s``),
+    charged to a stage that holds a decoder block, i.e. [a, e) with a < N−1 and e > 1."""
 
     @cached_property
     def symmetry_classes(self) -> np.ndarray:
@@ -54,7 +57,19 @@ class CostArrays:
         return symmetry_classes(self)
 
     def stage_time(self, d: int, a: int, e: int) -> float:
-        return float(self.prefix[d, e] - self.prefix[d, a])
+        return float(self.prefix[d, e] - self.prefix[d, a]) + self.stage_overhead(d, a, e)
+
+    def stage_overhead(self, d: int, a: int, e: int) -> float:
+        """As ``DeviceTimes.stage_overhead_time``: paid once by a stage holding a decoder block."""
+        if self.overhead is None or not (a < self.n - 1 and e > 1):
+            return 0.0
+        return float(self.overhead[d])
+
+    def overhead_matrix(self, d: int) -> np.ndarray:
+        """(N+1, N+1): the overhead of every stage [a, e) on d (0 where it holds no block)."""
+        a_idx, e_idx = np.arange(self.n + 1)[:, None], np.arange(self.n + 1)[None, :]
+        o = 0.0 if self.overhead is None else float(self.overhead[d])
+        return np.where((a_idx < self.n - 1) & (e_idx > 1), o, 0.0)
 
 
 def usable_devices(problem: PlanningProblem) -> tuple[str, ...]:
@@ -104,6 +119,8 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
             prefix[i, 1:] = np.cumsum([t.decode_time(u, m) for u in range(n)])
         if prefix_cache is not None:
             prefix_cache[m] = prefix
+    times_by_id = {t.device: t for t in problem.profile.times}
+    overhead = np.array([times_by_id[d].stage_decode_overhead_s for d in devices], dtype=float)
     mem = stage_memory_matrix(problem, m * k, m)
     cluster = problem.profile.cluster
     mem_of = {d.id: d.memory_bytes for d in cluster.devices}
@@ -146,4 +163,5 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
         stage_bytes=mem, budgets=budgets,
         weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
         max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
+        overhead=overhead,
     )

@@ -184,7 +184,7 @@ def _candidate_periods(arr: CostArrays) -> np.ndarray:
     a_idx, e_idx = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
     for d in range(len(arr.devices)):
         ok = (e_idx > a_idx) & (e_idx <= arr.emax[d][:, None])
-        vals.append((arr.prefix[d][None, :] - arr.prefix[d][:, None])[ok])
+        vals.append((arr.prefix[d][None, :] - arr.prefix[d][:, None] + arr.overhead_matrix(d))[ok])
     vals.append(arr.occupancy[np.isfinite(arr.occupancy)])
     cands = np.unique(np.concatenate([np.ravel(v) for v in vals]))
     return cands[np.isfinite(cands)]

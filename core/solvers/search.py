@@ -72,17 +72,29 @@ class SearchSpace:
         self.beta = beta
         n, dn = arr.n, len(arr.devices)
         emax = arr.emax.copy()
+        # off[d, a]: the overhead a stage on d starting at a >= 1 pays (it holds a block iff a < N-1).
+        # A stage starting at 0 (the source's) pays it only when it reaches past the embedding.
+        o = np.zeros(dn) if arr.overhead is None else arr.overhead
+        starts = np.arange(n + 1)
+        off = np.where((starts >= 1) & (starts < n - 1), o[:, None], 0.0)
+        self.overhead = o
         if beta < INF:
-            # largest e with prefix[d, e] - prefix[d, a] <= beta (prefix is nondecreasing)
+            # largest e with prefix[d, e] - prefix[d, a] + overhead <= beta (prefix is nondecreasing)
+            tol = beta * (1 + 1e-12)
             for d in range(dn):
-                lim = np.searchsorted(arr.prefix[d], arr.prefix[d] + beta * (1 + 1e-12), side="right") - 1
+                p = arr.prefix[d]
+                lim = np.searchsorted(p, p + tol - off[d], side="right") - 1
+                lim0 = np.searchsorted(p, p[0] + tol - o[d], side="right") - 1
+                lim[0] = max(lim0, 1) if n >= 1 and p[1] - p[0] <= tol else lim0
                 emax[d] = np.minimum(emax[d], lim)
         emax = np.maximum(emax, np.arange(n + 1)[None, :])
         self.emax = emax
         a_idx = np.arange(n + 1)[:, None]
         e_idx = np.arange(n + 1)[None, :]
         self.valid = (e_idx > a_idx)[None, :, :] & (e_idx <= emax[:, :, None])
-        tr = arr.transfer.copy()
+        # The overhead of the stage a transfer feeds is folded into that transfer, so a
+        # path's sum of transfers and prefix differences is the plan's latency.
+        tr = arr.transfer + off[None, :, :]
         ret = arr.ret.copy()
         if beta < INF:
             tr[arr.occupancy > beta * (1 + 1e-12)] = INF
@@ -144,7 +156,9 @@ class SearchSpace:
 
     def root(self) -> np.ndarray:
         arr = self.arr
-        f = np.where(self.valid[arr.src, 0], arr.prefix[arr.src] - arr.prefix[arr.src, 0], INF)
+        stage0 = arr.prefix[arr.src] - arr.prefix[arr.src, 0]
+        stage0 = stage0 + np.where(np.arange(arr.n + 1) > 1, self.overhead[arr.src], 0.0)
+        f = np.where(self.valid[arr.src, 0], stage0, INF)
         return f
 
     def root_bound(self) -> float:
@@ -185,7 +199,8 @@ def symmetry_classes(arr: CostArrays) -> np.ndarray:
     for d in range(dn):
         if d == arr.src:
             continue
-        sig = arr.prefix[d].tobytes() + arr.emax[d].tobytes() + arr.ret[d:d + 1].tobytes() + arr.ret_occupancy[d:d + 1].tobytes()
+        over = b"" if arr.overhead is None else arr.overhead[d:d + 1].tobytes()
+        sig = over + arr.prefix[d].tobytes() + arr.emax[d].tobytes() + arr.ret[d:d + 1].tobytes() + arr.ret_occupancy[d:d + 1].tobytes()
         reps = groups.setdefault(sig, [])
         for r in reps:
             if _interchangeable(arr, r, d):

@@ -55,7 +55,7 @@ def enumerate_plans(problem: PlanningProblem, m: int, k: int):
         for e in range(start + 1, n + 1):
             if mem(start, e) > budget[d]:
                 break
-            c = sum(times[d][start:e])
+            c = sum(times[d][start:e]) + problem.profile.times_of(d).stage_overhead_time("decode", start, e)
             out = model.units[e - 1].activation_bytes_per_token * m
             if e == n:
                 t, o = xfer(d, src, out)

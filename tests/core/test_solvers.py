@@ -316,3 +316,23 @@ def test_exact_solvers_equal_enumeration_on_instances_with_cloned_devices_and_ex
         for objective in ("latency", "throughput"):
             _assert_matches_enumeration(problem, objective)
     assert symmetric >= 15
+
+
+def _with_stage_overheads(problem, seed: int):
+    """Give every device a once-per-stage overhead (as measured profiles carry)."""
+    r = random.Random(seed)
+    times = tuple(
+        msgspec.structs.replace(t, stage_decode_overhead_s=r.choice([0.0, 1e-4, 2e-3, 1e-2]),
+                                stage_prefill_overhead_s=r.uniform(0, 1e-2))
+        for t in problem.profile.times
+    )
+    return msgspec.structs.replace(problem, profile=msgspec.structs.replace(problem.profile, times=times))
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_exact_solvers_equal_enumeration_when_devices_have_a_once_per_stage_overhead(objective):
+    feasible = 0
+    for seed in range(60):
+        if _assert_matches_enumeration(_with_stage_overheads(_instance(seed), seed), objective) is not None:
+            feasible += 1
+    assert feasible >= 30
