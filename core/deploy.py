@@ -42,10 +42,11 @@ import paramiko
 
 import agents
 from agents import AGENT_VERSION
+from core.deployments import default_workspace
 from core.errors import DeployError
 from core.host_key_types import restrict_to_known_types
-from core.paths import edgeshard_home, home_folder
-from core.reporting import NullReporter, Reporter
+from core.paths import home_folder
+from core.reporting import Cancelled, NullReporter, Reporter
 
 DEFAULT_REMOTE_DIR = ".edgeshard-agent/{device}"
 """Relative to the login's home directory; ``{device}`` is replaced by the device name
@@ -317,9 +318,6 @@ def probe_host_key(address: str, port: int = 22, *, workspace_known_hosts: Path 
         t.close()
 
 
-def default_workspace() -> Path:
-    """The deployment folder: $EDGESHARD_HOME, else ~/.edgeshard (core.paths)."""
-    return edgeshard_home()
 
 
 class SshSession:
@@ -781,12 +779,15 @@ def deploy_agent(
                 raise AgentDidNotStart(target.device, f"the running agent (pid {current.record.pid}) does not "
                                        f"answer: {err}", _tail(s, current.record.log_path)) from None
             _remember_agent(ws, current.record)
+            _remember_deployment(ws, target, key_file, password, base, opts, current.record)
             rep.progress(steps, steps)
             return DeployResult(target.device, current.record, "already running")
+        _stop_if_cancelled(rep)
         rep.status(f"checking Python and packages ({opts.python})")
         rep.progress(1, steps)
         check_device(s, opts, needed_bytes=bundle.size)
         bundle_dir = posixpath.join(base, f"agent-{bundle.stamp}")
+        _stop_if_cancelled(rep)
         rep.status(f"uploading agent {bundle.stamp} ({bundle.size / 1024:.0f} KiB)")
         rep.progress(2, steps)
         _upload_bundle(s, bundle, bundle_dir, NullReporter())
@@ -795,6 +796,7 @@ def deploy_agent(
             rep.status(f"stopping the running agent ({current.record.bundle_stamp})")
             stop_agent(s, base)
             action = "upgraded"
+        _stop_if_cancelled(rep)
         rep.status("starting the agent")
         rep.progress(3, steps)
         record = _start(s, opts, bundle, bundle_dir, base, coordinator_keys.public, target.address, rep)
@@ -807,9 +809,17 @@ def deploy_agent(
             raise AgentDidNotStart(target.device, f"the agent does not answer on {record.control_address}: {err}",
                                    _tail(s, record.log_path)) from None
         _remember_agent(ws, record)
+        _remember_deployment(ws, target, key_file, password, base, opts, record)
         rep.status(f"agent {action}: pid {record.pid}, log {record.log_path}")
         rep.progress(steps, steps)
         return DeployResult(target.device, record, action)
+
+
+def _stop_if_cancelled(rep: Reporter) -> None:
+    """Between deploy steps: a cancelled deploy (dialog closed) stops before the next step
+    rather than starting an agent nobody is waiting for."""
+    if rep.cancel_requested():
+        raise Cancelled()
 
 
 def coordinator_keypair(workspace: Path):
@@ -842,6 +852,20 @@ def _remember_agent(workspace: Path, record: AgentRecord) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2))
         os.replace(tmp, path)
+
+
+def _remember_deployment(workspace: Path, target: SshTarget, key_file: str | None, password: str | None,
+                         remote_dir: str, opts: DeployOptions, record: AgentRecord) -> None:
+    """How to reach this agent again from a later session (never the password itself)."""
+    from core.deployments import Deployment, remember_deployment
+
+    auth = "key" if key_file else "password" if password is not None else "ssh-agent"
+    remember_deployment(workspace, Deployment(
+        device=target.device, address=target.address, ssh_port=target.port,
+        ssh_user=target.user or os.environ.get("USER", "root"), auth=auth,
+        key_file=os.path.abspath(os.path.expanduser(key_file)) if key_file else "", remote_dir=remote_dir,
+        python=opts.python, pid=record.pid, log_path=record.log_path, control_port=record.control_port,
+        bundle_stamp=record.bundle_stamp, deployed_at=time.time()))
 
 
 def deploy_many(
@@ -938,8 +962,6 @@ def upload_file_resumable(session: SshSession, local: Path, remote: str, reporte
             rep.progress(done, size)
             while True:
                 if rep.cancel_requested():
-                    from core.reporting import Cancelled
-
                     raise Cancelled()
                 buf = src.read(chunk)
                 if not buf:

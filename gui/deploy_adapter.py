@@ -32,21 +32,32 @@ class CoreDeployFunctions:
 class SshAgentControl:
     """Start (deploy again: idempotent), stop and read the log of one device's agent over SSH.
 
-    A password-deployed device needs its password again for each action (``needs_password``):
+    Made from a deployment the workspace remembers, so it works for agents deployed in an
+    earlier session too. The host key is verified on every connection (known_hosts);
+    a password-deployed device needs its password again for each action (``needs_password``):
     the GUI asks, and runs that one action on ``with_password``'s copy; this control never
     holds it."""
 
-    def __init__(self, record, credentials: Credentials, password_auth: bool = False) -> None:
+    def __init__(self, record, credentials: Credentials, remote_dir: str = deploy.DEFAULT_REMOTE_DIR,
+                 python: str = "python3", password_auth: bool = False) -> None:
         self.record = record
         self.credentials = credentials
+        self.remote_dir = remote_dir
+        self.python = python
         self.password_auth = password_auth
+
+    @classmethod
+    def from_deployment(cls, dep, record, password: str = "") -> "SshAgentControl":
+        return cls(record, Credentials(user=dep.ssh_user, key_file=dep.key_file, password=password),
+                   remote_dir=dep.remote_dir, python=dep.python, password_auth=dep.auth == "password")
 
     def needs_password(self) -> bool:
         return self.password_auth and not self.credentials.password
 
     def with_password(self, password: str) -> "SshAgentControl":
         """A copy for one action (dropped when it ends); the kept control has no password."""
-        return SshAgentControl(self.record, replace(self.credentials, password=password), self.password_auth)
+        return SshAgentControl(self.record, replace(self.credentials, password=password), self.remote_dir,
+                               self.python, self.password_auth)
 
     def _conn(self) -> dict:
         c = self.credentials
@@ -56,14 +67,15 @@ class SshAgentControl:
         return replace(self.record, ssh_user=self.credentials.user or self.record.ssh_user).to_device()
 
     def start_agent(self, reporter: Reporter, device: str):
-        result = deploy.deploy_agent(reporter, self._device(), **self._conn())
+        opts = deploy.DeployOptions(python=self.python, remote_dir=self.remote_dir)
+        result = deploy.deploy_agent(reporter, self._device(), options=opts, **self._conn())
         return replace(self.record, status="running", detail=result.summary)
 
     def stop_agent(self, reporter: Reporter, device: str):
         reporter.status(f"stopping the agent on {device}")
-        was_running = deploy.stop(self._device(), **self._conn())
+        was_running = deploy.stop(self._device(), remote_dir=self.remote_dir, **self._conn())
         return replace(self.record, status="agent deployed",
                        detail="agent stopped" if was_running else "no agent was running")
 
     def agent_log(self, reporter: Reporter, device: str) -> list[str]:
-        return deploy.logs_of(self._device(), **self._conn()).splitlines()
+        return deploy.logs_of(self._device(), remote_dir=self.remote_dir, **self._conn()).splitlines()

@@ -313,9 +313,24 @@ class DeployDialog(QDialog):
         self.deploy_button.setEnabled(bool(failed) or any(v == "skipped" for v in self.outcome.values()))
 
     def done(self, result: int) -> None:
-        for runner in self.runners.values():
-            runner.shutdown(timeout_s=2.0)
+        """Close at once: running deploys are asked to stop and their late reports are
+        ignored; their threads end in the background (``join_workers`` waits for them)."""
+        for dev, runner in self.runners.items():
+            if runner.is_busy():
+                runner.cancel()
+                self._set_row(dev, "cancelled", "the dialog was closed during the deploy; deploy again to finish")
         for box in list(self.confirmations.values()):
             box.close()
+        self.confirmations.clear()
         self.password_edit.clear()  # a password is asked at the time, never kept
         super().done(result)
+
+    def alive_threads(self) -> list:
+        return [t for r in self.runners.values() for t in r.alive_threads()]
+
+    def join_workers(self, timeout_s: float = 30.0) -> bool:
+        """Wait for every worker this dialog started (at application exit); True if none is left."""
+        ok = True
+        for runner in self.runners.values():
+            ok = runner.shutdown(timeout_s=timeout_s) and ok
+        return ok

@@ -121,6 +121,8 @@ class DevicesPanel(QWidget):
         self.runner.task_failed.connect(self._on_runner_failed)
         self.runner.status_reported.connect(lambda _t, s: self.message.setText(s))
         self._pending: Callable[[Any], None] | None = None
+        self._deploy_dialogs: list = []
+        """Deploy dialogs whose workers may still run (joined at shutdown)."""
         self._build()
         state.profile_changed.connect(self._on_state_profile_changed)
 
@@ -306,6 +308,7 @@ class DevicesPanel(QWidget):
         from gui.deploy_dialog import DeployDialog
 
         dlg = DeployDialog([self.records[i] for i in ids], functions=self.deploy_functions, parent=self)
+        self._deploy_dialogs = [d for d in self._deploy_dialogs if d.isVisible() or d.alive_threads()] + [dlg]
         dlg.device_deployed.connect(lambda dev, detail, dlg=dlg: self._on_deploy_dialog_device_deployed(dlg, dev, detail))
         dlg.device_failed.connect(lambda dev, detail: self.set_status(dev, "error", detail))
         dlg.open()
@@ -315,11 +318,35 @@ class DevicesPanel(QWidget):
         self.set_status(dev, "running", detail)
         creds = dlg.credentials_used.get(dev)
         if creds is not None and dlg._functions is None:  # real SSH (not a test's functions)
-            from gui.deploy_adapter import SshAgentControl
-
-            self.device_controls[dev] = SshAgentControl(self.records[dev], replace(creds, password=""),
-                                                        password_auth=dlg.password_radio.isChecked())
+            self.restore_deployments()  # the deploy recorded itself in the workspace
         self._update_buttons()
+
+    def restore_deployments(self, workspace=None) -> int:
+        """List the agents deployed from this workspace (this session or an earlier one) and
+        give each an SSH control: start, stop and log work after a restart of the studio.
+        Reads one small local file; returns how many were found."""
+        from core.deployments import default_workspace, load_deployments
+        from core.errors import EdgeShardError
+
+        try:
+            deployments = load_deployments(workspace or default_workspace())
+        except EdgeShardError as err:
+            self.error.show_lines([f"Cannot read the remembered deployments: {err}"])
+            return 0
+        if not deployments:
+            return 0
+        from gui.deploy_adapter import SshAgentControl
+
+        for dev, dep in deployments.items():
+            rec = self.records.get(dev)
+            if rec is None:
+                rec = DeviceRecord(id=dev, address=dep.address, ssh_port=dep.ssh_port, ssh_user=dep.ssh_user,
+                                   status="agent deployed", origin="deployed earlier",
+                                   detail=f"agent pid {dep.pid}, log {dep.log_path}")
+                self.upsert(rec)
+            self.device_controls[dev] = SshAgentControl.from_deployment(dep, rec)
+        self._update_buttons()
+        return len(deployments)
 
     def control_of(self, device: str) -> AgentControl | None:
         return self.device_controls.get(device) or self.agent_control
@@ -404,6 +431,11 @@ class DevicesPanel(QWidget):
             self.discovery = None
 
     def shutdown(self) -> None:
+        """At exit: stop discovery and wait for every worker, deploys of closed dialogs included."""
+        for dlg in self._deploy_dialogs:
+            if dlg.isVisible():
+                dlg.done(0)
+            dlg.join_workers()
         self.runner.shutdown()
         if self.discovery is not None:
             self.discovery.stop()

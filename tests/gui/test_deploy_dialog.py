@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from PySide6.QtWidgets import QMessageBox
@@ -36,6 +37,20 @@ class RecordingDeploy:
             raise DeployError(record.id, "python3 was not found on the device", hint="install python3 (>= 3.10)")
         self.deployed.append((record.id, credentials, trusted.fingerprint))
         return "agent running on port 7000"
+
+
+class StuckDeploy(RecordingDeploy):
+    """A deploy stuck in the network: it ignores cancellation until ``release`` is set."""
+
+    def __init__(self):
+        super().__init__(known={"slow"})
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def deploy_agent(self, reporter, record, credentials, trusted):
+        self.entered.set()
+        self.release.wait(20)
+        reporter.status("late status")
+        return "late result"
 
 
 def records(*names):
@@ -103,6 +118,28 @@ def test_a_changed_host_key_is_refused_with_what_to_do(qtbot, make_dialog):
     assert fns.deployed == []
 
 
+def test_closing_during_a_deploy_returns_at_once_and_ignores_the_late_result(qtbot, make_dialog):
+    fns = StuckDeploy()
+    dlg = make_dialog(fns, "slow")
+    deployed, failed = [], []
+    dlg.device_deployed.connect(lambda d, _m: deployed.append(d))
+    dlg.device_failed.connect(lambda d, _m: failed.append(d))
+    dlg.deploy_button.click()
+    qtbot.waitUntil(fns.entered.is_set, timeout=3000)
+    t0 = time.monotonic()
+    dlg.reject()
+    blocked_s = time.monotonic() - t0
+    try:
+        assert blocked_s < 1.0, f"closing blocked the GUI thread for {blocked_s:.2f} s"
+        assert not dlg.isVisible() and dlg.step_text("slow") == "cancelled"
+        assert dlg.alive_threads(), "the stuck worker goes on in the background"
+    finally:
+        fns.release.set()
+    qtbot.waitUntil(lambda: not dlg.alive_threads(), timeout=5000)
+    qtbot.wait(100)  # the worker's late signals arrive now and must be ignored
+    assert deployed == [] and failed == [] and dlg.step_text("slow") == "cancelled"
+
+
 def test_password_sign_in_requires_a_password(qtbot, make_dialog):
     fns = RecordingDeploy()
     dlg = make_dialog(fns, "a")
@@ -116,7 +153,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 
 
 def _free_port() -> int:
@@ -137,7 +173,7 @@ def real_sshd(tmp_path):
     conf = tmp_path / "sshd_config"
     conf.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {tmp_path}/sshd.pid\n"
                     f"AuthorizedKeysFile {tmp_path}/authorized_keys\nUsePAM no\nPasswordAuthentication no\n"
-                    "StrictModes no\n")
+                    "StrictModes no\nSubsystem sftp internal-sftp\n")
     proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

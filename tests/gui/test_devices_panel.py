@@ -139,3 +139,128 @@ def test_discover_finds_an_agent_announced_over_real_mdns(qtbot):
     finally:
         announcement.close()
         panel.shutdown()
+
+
+def test_no_deploy_worker_outlives_the_panel_shutdown_at_exit(qtbot):
+    """Closing the deploy dialog leaves its stuck worker running; the studio's exit
+    (MainWindow.closeEvent -> shutdown) waits for it, so no thread is left behind."""
+    from tests.gui.test_deploy_dialog import StuckDeploy
+
+    panel = DevicesPanel(StudioState())
+    qtbot.addWidget(panel)
+    fns = StuckDeploy()
+    panel.deploy_functions = fns
+    panel.upsert(DeviceRecord(id="slow", address="10.0.0.9", ssh_user="edge"))
+    panel.table.selectRow(0)
+    dlg = panel.open_deploy_dialog()
+    dlg.deploy_button.click()
+    qtbot.waitUntil(fns.entered.is_set, timeout=3000)
+    dlg.reject()
+    assert dlg.alive_threads()
+    threading.Timer(0.3, fns.release.set).start()
+    panel.shutdown()
+    assert dlg.alive_threads() == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("edgeshard-deploy")]
+    assert panel.records["slow"].status != "running"
+
+
+# --- agents deployed in an earlier session (real sshd on loopback, real agent) ---------------
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QInputDialog
+
+from tests.gui.test_deploy_dialog import _free_port, real_sshd  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def earlier_deploy(real_sshd, tmp_path, monkeypatch):  # noqa: F811
+    """An agent deployed over SSH by an earlier studio session; yields (workspace, record)."""
+    from core import deploy
+
+    port, _fp, (key_type, key_b64, *_r) = real_sshd
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    (home / ".ssh").mkdir(parents=True)
+    ws.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("EDGESHARD_HOME", str(ws))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    (ws / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")  # the operator checked it
+    key = tmp_path / "operator_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    (tmp_path / "authorized_keys").write_text(Path(f"{key}.pub").read_text())
+    opts = deploy.DeployOptions(python=sys.executable, remote_dir=str(tmp_path / "remote" / "{device}"),
+                                control_port=_free_port(), data_port=_free_port(), announce=False)
+    target = deploy.SshTarget("loop", "127.0.0.1", port, "root")
+    result = deploy.deploy_agent(None, target, key_file=str(key), workspace=ws, options=opts, use_agent=False)
+    yield ws, target, result.record
+    deploy.stop(target, remote_dir=str(tmp_path / "remote" / "loop"), key_file=str(key), workspace=ws,
+                use_agent=False)
+
+
+def test_a_restarted_studio_reads_the_log_stops_and_restarts_an_agent_deployed_earlier(qtbot, earlier_deploy):
+    from core import deploy
+    from core.deployments import load_deployments
+
+    ws, target, first = earlier_deploy
+    saved = (ws / "deployments.json").read_text()
+    assert "password" not in saved.replace('"auth": "key"', "")
+    dep = load_deployments(ws)["loop"]
+    assert (dep.auth, dep.pid, dep.log_path, dep.ssh_port) == ("key", first.pid, first.log_path, target.port)
+
+    panel = DevicesPanel(StudioState())  # a new session: nothing deployed from it
+    qtbot.addWidget(panel)
+    assert panel.restore_deployments() == 1
+    assert row_of(panel, "loop")[2:8:5] == ["agent deployed", "deployed earlier"]
+    panel.table.selectRow(0)
+    assert panel.log_button.isEnabled() and panel.stop_button.isEnabled()
+    try:
+        with qtbot.waitSignal(panel.runner.task_finished, timeout=30_000):
+            panel.log_button.click()
+        log = panel.findChild(QDialog, "agentLogDialog").findChild(QPlainTextEdit).toPlainText()
+        assert f"EDGESHARD-AGENT-READY device=loop control={first.control_port}" in log
+        with qtbot.waitSignal(panel.runner.task_finished, timeout=60_000):
+            panel.stop_button.click()
+        assert row_of(panel, "loop")[2] == "agent deployed" and row_of(panel, "loop")[8] == "agent stopped"
+        conn = dict(remote_dir=dep.remote_dir, key_file=dep.key_file, workspace=ws, use_agent=False)
+        assert isinstance(deploy.status_of(target, **conn), deploy.AgentStopped)
+        with qtbot.waitSignal(panel.runner.task_finished, timeout=120_000):
+            panel.start_button.click()
+        assert row_of(panel, "loop")[2] == "running", row_of(panel, "loop")
+        now = deploy.status_of(target, **conn)
+        assert isinstance(now, deploy.AgentRunning) and now.record.pid != first.pid
+    finally:
+        panel.shutdown()
+
+
+def test_an_agent_deployed_with_a_password_asks_for_it_again(qtbot, real_sshd, tmp_path, monkeypatch):  # noqa: F811
+    from core.deployments import Deployment, remember_deployment
+
+    port, _fp, (key_type, key_b64, *_r) = real_sshd
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "known_hosts").write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setenv("EDGESHARD_HOME", str(ws))
+    remember_deployment(ws, Deployment(device="pw", address="127.0.0.1", ssh_port=port, ssh_user="root",
+                                       auth="password", remote_dir=str(tmp_path / "remote"), pid=1234,
+                                       log_path=str(tmp_path / "remote" / "agent.log")))
+    assert "secret" not in (ws / "deployments.json").read_text()
+    panel = DevicesPanel(StudioState())
+    qtbot.addWidget(panel)
+    panel.restore_deployments()
+    panel.table.selectRow(0)
+    panel.stop_button.click()
+    prompt = panel.findChild(QInputDialog, "passwordPrompt")
+    assert prompt is not None and prompt.isVisible() and not panel.runner.is_busy()
+    with qtbot.waitSignal(panel.runner.task_failed, timeout=30_000):
+        prompt.setTextValue("secret")
+        prompt.accept()
+    # this sshd takes keys only: the password is refused, in plain words
+    assert "rejected password" in panel.error.text() and "Traceback" not in panel.error.text()
+    assert "secret" not in (ws / "deployments.json").read_text()
+    panel.shutdown()
