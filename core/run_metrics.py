@@ -97,6 +97,11 @@ def utilisation(events: Sequence[TimelineEvent], until_s: float | None = None) -
 def compute_figures(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent]) -> RunFigures:
     """Every figure of a run (or of the prefix of one seen so far)."""
     dur = duration_s(events, tokens)
+    return _figures(tokens, dur, utilisation(events, dur))
+
+
+def _figures(tokens: Sequence[TokenEvent], dur: float, util: dict[str, float]) -> RunFigures:
+    """The figures from the tokens, the run's duration and per-device utilisation (one formula for live and replay)."""
     n = token_count(tokens)
     last_tok = max((t.t_s for t in tokens), default=0.0)
     return RunFigures(
@@ -106,7 +111,7 @@ def compute_figures(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent
         tokens_per_s=(n / last_tok) if n and last_tok > 0 else None,
         tokens=n,
         duration_s=dur,
-        utilisation=utilisation(events, dur),
+        utilisation=util,
     )
 
 
@@ -144,14 +149,4 @@ class LiveMetrics:
     def figures(self) -> RunFigures:
         tokens = self.tokens
         dur = max(self._events_end, self._tokens_end)
-        n = token_count(tokens)
-        last_tok = max((t.t_s for t in tokens), default=0.0)
-        return RunFigures(
-            ttft_s=ttft_s(tokens),
-            per_token_latency_s=per_token_latency_s(tokens),
-            decode_tokens_per_s=decode_tokens_per_s(tokens),
-            tokens_per_s=(n / last_tok) if n and last_tok > 0 else None,
-            tokens=n,
-            duration_s=dur,
-            utilisation={d: (b / dur if dur > 0 else 0.0) for d, b in sorted(self._busy.items())},
-        )
+        return _figures(tokens, dur, {d: (b / dur if dur > 0 else 0.0) for d, b in sorted(self._busy.items())})
