@@ -9,7 +9,6 @@ import time
 import pytest
 import torch
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
-from transformers import AutoModelForCausalLM
 
 from agents.agent import Agent, AgentClock
 from agents.local_pipeline import generate_partitioned
@@ -22,6 +21,7 @@ from core.coordinator import AgentEndpoint, Coordinator, RunRequest, split_micro
 from core.errors import RunFailed
 from core.generation import GenerationSettings, generate, load_tokenizer
 from core.plan import plan_from_boundaries
+from tests.core.hf_reference import hf_greedy_new_tokens
 
 DEVICES = ["src", "mid", "head"]
 SKEW_S = 250.0
@@ -81,26 +81,12 @@ def _request(model_dir, mode, micro_batches=2, max_new_tokens=6, sampling=Sampli
     )
 
 
-def _hf_new_tokens(model_dir, enc, max_new_tokens):
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, eos_token_id=2)
-    rows = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        seq = []
-        for t in row:
-            seq.append(t)
-            if t == 2:
-                break
-        rows.append(tuple(seq))
-    return rows
-
-
 @pytest.mark.parametrize("mode", ["sequential", "bubbles", "no-bubbles"])
 def test_every_mode_generates_exactly_the_unpartitioned_models_tokens(cluster, model_dir, mode):
     coordinator, plan, _ = cluster
     enc, req = _request(model_dir, mode)
     result = coordinator.run(plan, req)
-    assert list(result.tokens) == _hf_new_tokens(model_dir, enc, req.max_new_tokens)
+    assert list(result.tokens) == hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens)
 
 
 def test_every_stage_reports_compute_send_and_wait_per_micro_batch_and_step_while_running(cluster, model_dir):
@@ -219,7 +205,7 @@ def test_other_families_split_over_agents_also_generate_exactly(family, tmp_path
             plan = plan_from_boundaries(family, 4, ["a", "b"], [1])  # embedding | blocks + head
             co.load(plan, model_dir)
             enc, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=4, prompts=PROMPTS[:3])
-            assert list(co.run(plan, req).tokens) == _hf_new_tokens(model_dir, enc, 4)
+            assert list(co.run(plan, req).tokens) == hf_greedy_new_tokens(model_dir, enc, 4)
     finally:
         for a in agents:
             a.close()
@@ -241,7 +227,7 @@ def test_garbage_on_a_data_socket_is_dropped_and_the_run_still_matches(cluster, 
         for frames in ([b"\xc1garbage"], [b"\x81\xa1v\x05", b"x"], [b"\x00" * 100, b"\x01"]):
             push.send_multipart(frames)
         enc, req = _request(model_dir, "no-bubbles")
-        assert list(coordinator.run(plan, req).tokens) == _hf_new_tokens(model_dir, enc, req.max_new_tokens)
+        assert list(coordinator.run(plan, req).tokens) == hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens)
         assert any("dropped data message" in line for line in coordinator.logs("mid"))
     finally:
         ctx.destroy(linger=0)

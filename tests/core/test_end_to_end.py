@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 from .conftest import needs_root
+from .hf_reference import hf_greedy_new_tokens
 
 pytestmark = [pytest.mark.netns, needs_root]
 
@@ -29,22 +30,6 @@ MAX_NEW = 6
 
 def _fingerprint(pub: str) -> str:
     return subprocess.run(["ssh-keygen", "-lf", pub], capture_output=True, text=True, check=True).stdout.split()[1]
-
-
-def _hf_tokens(model_dir, enc):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0, eos_token_id=2)
-    rows = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        seq = []
-        for t in row:
-            seq.append(t)
-            if t == 2:
-                break
-        rows.append(tuple(seq))
-    return rows
 
 
 def test_discover_deploy_profile_plan_run_on_the_netns_testbed(tmp_path):
@@ -139,7 +124,7 @@ def test_discover_deploy_profile_plan_run_on_the_netns_testbed(tmp_path):
         with Coordinator(endpoints, keys, heartbeat_timeout_s=30) as coord:
             coord.load(plan, model_dirs)
             result = coord.run(plan, request)
-        assert list(result.tokens) == _hf_tokens(str(model_dir), enc)
+        assert list(result.tokens) == hf_greedy_new_tokens(str(model_dir), enc, MAX_NEW)
         assert {e.device for e in result.events} == set(names)
         for ns in (d.namespace for d in state.devices):
             out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
