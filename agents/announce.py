@@ -2,7 +2,7 @@
 studio list a device (arch, cores, memory, accelerator) and reach its control socket
 before any connection is made.
 
-The TXT keys are defined here once; core/discovery.py parses and validates them.
+The TXT keys are defined here once; core/devices/discovery.py parses and validates them.
 ``hostname`` matters on emulated devices: namespaces share the machine's hostname, so the
 agent is given its device name and announces ``NAME.local.``, the same host the device's
 ``_ssh._tcp`` record points at, which lets discovery merge both into one device.

@@ -22,7 +22,7 @@ its own data socket. Bandwidth is read at the receiver (bytes after the first on
 time between arrivals), so sender-side buffering cannot inflate it; one-way latency is
 ``arrival - send`` of small spaced probes on the agents' clocks (the coordinator corrects
 for the clock offsets it estimated). Both sides are driven by the coordinator, one pair at
-a time (core/profiling.py).
+a time (core/devices/profiling.py).
 
 This module ships with the agent: it must not import core/.
 """

@@ -9,12 +9,12 @@ three plans compare
 - per-token latency and decode tokens/s of a ``sequential`` run of one sequence, and
 - decode tokens/s of a ``no-bubbles`` run of K = (stages) micro-batches of one sequence,
 
-measured by ``core.run_metrics`` on the coordinator's token events, with the same figures
-of ``core.simulator.simulate`` on the measured profile. Error = predicted / measured - 1.
+measured by ``core.runs.metrics`` on the coordinator's token events, with the same figures
+of ``core.runs.simulator.simulate`` on the measured profile. Error = predicted / measured - 1.
 Measured figures are robust ones: the median gap between a micro-batch's consecutive
 tokens (sequential: the per-token latency; no-bubbles: K / median gap in the second half
 of decode = steady-state tokens/s), because on a shared machine other tenants' stalls
-inflate means (``core.run_metrics`` means are reported beside them). ``terms`` splits the
+inflate means (``core.runs.metrics`` means are reported beside them). ``terms`` splits the
 sequential step into measured stage compute (vs the profile) and hops (the gap from a
 stage's compute end to the next stage's compute start, vs occupancy + latency), and
 reports the stages' compute while pipelined. ``calibrated_*``: the profile's unit times
@@ -63,15 +63,15 @@ def main() -> None:
 
     from agents.protocol import SamplingSpec
     from core import formats
-    from core import cost
-    from core.checkpoints import ModelRecipe, make_model
-    from core.coordinator import Coordinator, RunRequest
-    from core.local_cluster import LocalCluster
-    from core.plan import plan_from_boundaries
-    from core.problem import PlanningProblem, Workload
-    from core.profiling import profile_cluster
-    from core.run_metrics import decode_tokens_per_s, per_token_latency_s
-    from core.simulator import simulate
+    from core.planning import cost
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.runs.coordinator import Coordinator, RunRequest
+    from core.devices.local_cluster import LocalCluster
+    from core.planning.plan import plan_from_boundaries
+    from core.planning.problem import PlanningProblem, Workload
+    from core.devices.profiling import profile_cluster
+    from core.runs.metrics import decode_tokens_per_s, per_token_latency_s
+    from core.runs.simulator import simulate
 
     model_dir = Path(args.model)
     if not (model_dir / "config.json").exists():
@@ -264,8 +264,7 @@ def _errors(simulate, problem, plan, k, m, host_cores=None):
 
 
 def _terms(problem, plan, events) -> dict:
-    from core import cost
-
+    from core.planning import cost
     comp: dict[tuple[int, int, int], object] = {}
     sends: dict[tuple[int, int, int], object] = {}
     recvs: dict[tuple[int, int, int], object] = {}
@@ -340,8 +339,7 @@ def _scaled_problem(problem, scale: dict[str, float]):
 def _derived_problem(problem, plan, terms):
     import msgspec
 
-    from core import cost
-
+    from core.planning import cost
     scale = {t["device"]: (t["measured_ms"] / t["profiled_ms"]) for t in terms["stages"]
              if t["measured_ms"] and t["profiled_ms"]}
     times = _scaled_times(problem.profile.times, scale)

@@ -40,7 +40,7 @@ def main() -> None:
 
     from agents.profiler import _hf_config, _UnitBench
     from agents.shard import StageExecutor
-    from core.checkpoints import ModelRecipe, make_model
+    from core.models.checkpoints import ModelRecipe, make_model
 
     model_dir = Path(args.model)
     if not (model_dir / "config.json").exists():

@@ -1,6 +1,6 @@
 """Benchmark the partitioned runtime side by side in one run; prints one JSON line.
 
-Model: the generated ≈170 M-parameter Llama of ``core.checkpoints.BENCHMARK_RECIPE``
+Model: the generated ≈170 M-parameter Llama of ``core.models.checkpoints.BENCHMARK_RECIPE``
 (made once into ``--model`` if missing). Figures (targets from issue 3):
 
 - ``agent_vs_hf``: decode tokens/s of a 1-stage agent over an in-process HF forward loop
@@ -162,7 +162,7 @@ def hf_decode_stamps(model, input_ids: torch.Tensor, new_tokens: int) -> list[fl
 
 
 def rate(stamps: list[float]) -> float:
-    """Tokens per second after the first (fencepost-free), as core.run_metrics defines it."""
+    """Tokens per second after the first (fencepost-free), as core.runs.metrics defines it."""
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
@@ -226,11 +226,11 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from agents.protocol import SamplingSpec
-    from core.checkpoints import make_benchmark_model
-    from core.coordinator import Coordinator, RunRequest
-    from core.local_cluster import LocalCluster
-    from core.plan import plan_from_boundaries
-    from core.run_metrics import decode_tokens_per_s
+    from core.models.checkpoints import make_benchmark_model
+    from core.runs.coordinator import Coordinator, RunRequest
+    from core.devices.local_cluster import LocalCluster
+    from core.planning.plan import plan_from_boundaries
+    from core.runs.metrics import decode_tokens_per_s
 
     model_dir = Path(args.model)
     if not (model_dir / "config.json").exists():

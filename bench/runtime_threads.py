@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from agents.protocol import SamplingSpec
-from core.coordinator import Coordinator, RunRequest
-from core.local_cluster import LocalCluster
-from core.plan import plan_from_boundaries
+from core.runs.coordinator import Coordinator, RunRequest
+from core.devices.local_cluster import LocalCluster
+from core.planning.plan import plan_from_boundaries
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     args = ap.parse_args()
     if not (Path(args.model) / "config.json").exists():
-        from core.checkpoints import make_benchmark_model
+        from core.models.checkpoints import make_benchmark_model
 
         make_benchmark_model(args.model)
     units = json.loads((Path(args.model) / "config.json").read_text())["num_hidden_layers"] + 2

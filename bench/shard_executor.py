@@ -1,6 +1,6 @@
 """What the stage executor itself costs, without any transport; prints one JSON line.
 
-Model: the generated ≈170 M-parameter Llama of ``core.checkpoints.BENCHMARK_RECIPE``
+Model: the generated ≈170 M-parameter Llama of ``core.models.checkpoints.BENCHMARK_RECIPE``
 (made once into ``--model`` if missing). Measured side by side in interleaved rounds:
 
 - ``stage_vs_hf``: greedy decode tokens/s of one ``StageExecutor`` holding every unit over
@@ -82,7 +82,7 @@ def main() -> None:
     import transformers
 
     from agents.shard import StageExecutor
-    from core.checkpoints import make_benchmark_model
+    from core.models.checkpoints import make_benchmark_model
 
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():

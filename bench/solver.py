@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from core.problem import Workload  # noqa: E402
-from core.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
-from core.cost import evaluate  # noqa: E402
-from core.solvers import even_split, solve_max_throughput, solve_min_latency  # noqa: E402
-from core.solvers.comparison import run_strategy  # noqa: E402
+from core.planning.problem import Workload  # noqa: E402
+from core.planning.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
+from core.planning.cost import evaluate  # noqa: E402
+from core.planning.solvers import even_split, solve_max_throughput, solve_min_latency  # noqa: E402
+from core.planning.solvers.comparison import run_strategy  # noqa: E402
 
 
 def _timed(fn, problem, **kw):

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from agents.protocol import TimelineEvent
-from core.recording import RunRecorder
-from core.store import SessionStore
+from core.sessions.recording import RunRecorder
+from core.sessions.store import SessionStore
 
 
 def _events(n: int) -> list[TimelineEvent]:

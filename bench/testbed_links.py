@@ -3,7 +3,7 @@
 Brings up a netns testbed of 3 devices whose links from dev1 are capped by tc/htb at
 the given rates (dev1→dev2, dev1→dev3; the rest unshaped), deploys the agent to all of
 them over SSH (the real path: host keys, upload, detached start, control answer),
-measures every ordered pair over the agents' data plane (core.profiling.measure_links)
+measures every ordered pair over the agents' data plane (core.devices.profiling.measure_links)
 and compares each capped link with its configured rate. Also times testbed up/down,
 the parallel deploy and an idempotent re-deploy.
 
@@ -30,11 +30,11 @@ def main() -> int:
         print(json.dumps({"bench": "testbed_links", "skipped": "needs root"}))
         return 0
     from agents.protocol import PeerSpec
-    from core import deploy
-    from core import testbed as tb
-    from core.coordinator import Coordinator
-    from core.local_cluster import load_agents_file
-    from core.profiling import measure_links
+    from core.devices import deploy
+    from core.devices import testbed as tb
+    from core.runs.coordinator import Coordinator
+    from core.devices.local_cluster import load_agents_file
+    from core.devices.profiling import measure_links
 
     rates = [float(x) for x in args.rates.split(",")]
     name = "esbench"

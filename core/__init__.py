@@ -1,14 +1,14 @@
-"""The domain and the operator-side machinery. Pure Python: never imports Qt or gui/."""
+"""The domain and the operator-side machinery. Pure Python: never imports Qt or gui/.
 
-from core.cluster import Cluster, Device, Link
-from core.errors import EdgeShardError, FormatError, ModelDoesNotFit, PlanInvalid
-from core.model_units import ModelSpec, ModelUnit
-from core.plan import ShardPlan, Stage
-from core.problem import PlanningProblem, Workload
-from core.profile import DeviceTimes, Profile
+Organised in domain wings, each a package whose ``__init__`` names its public surface;
+a wing imports only the shared modules and the wings before it (an import-linter
+contract in pyproject.toml; docs/architecture.md draws the house):
 
-__all__ = [
-    "Cluster", "Device", "Link", "EdgeShardError", "FormatError", "ModelDoesNotFit",
-    "PlanInvalid", "ModelSpec", "ModelUnit", "ShardPlan", "Stage", "PlanningProblem",
-    "Workload", "DeviceTimes", "Profile",
-]
+    errors, formats, paths, reporting   shared by every wing
+    models     the model as units (unit table from config.json), checkpoints, stage slices
+    devices    cluster, discovery, deploy, agent link, testbed, local cluster, profiling, profile
+    planning   problem, plan, edits, cost model, scenarios, solvers
+    runs       coordinator, run state, generation, metrics, simulator, prediction
+    sessions   SQLite store, recording, replay, export
+    cli        the ``edgeshard`` command, one module per command group
+"""

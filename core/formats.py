@@ -17,22 +17,18 @@ from typing import Any, TypeVar
 import msgspec
 
 from core.errors import FormatError
-from core.plan import PLAN_FORMAT, PLAN_VERSION, ShardPlan
-from core.problem import PROBLEM_FORMAT, PROBLEM_VERSION, PlanningProblem
-from core.profile import PROFILE_FORMAT, PROFILE_VERSION, Profile
 
 T = TypeVar("T")
 
-# format name -> (type, newest version this program reads)
-FORMATS: dict[str, tuple[type, int]] = {
-    PROBLEM_FORMAT: (PlanningProblem, PROBLEM_VERSION),
-    PROFILE_FORMAT: (Profile, PROFILE_VERSION),
-    PLAN_FORMAT: (ShardPlan, PLAN_VERSION),
-}
+# format name -> (type, newest version this program reads); each wing registers its own
+FORMATS: dict[str, tuple[type, int]] = {}
 
 
 def register_format(name: str, typ: type, version: int) -> None:
-    """Other modules (scenarios, traces, sessions) add their own versioned formats."""
+    """The module defining a format registers it at import (plan, problem, profile, scenario, ...).
+
+    So this shared module imports no wing: whoever holds the type has imported its module.
+    """
     FORMATS[name] = (typ, version)
 
 
@@ -127,39 +123,3 @@ def save(path: str | os.PathLike, value: Any) -> None:
 def json_schema(typ: type) -> dict[str, Any]:
     """The JSON Schema of a format, generated from its type (docs/formats.md embeds these)."""
     return msgspec.json.schema(typ)
-
-
-SCHEMA_BEGIN = "<!-- BEGIN GENERATED SCHEMAS (python -m core.formats docs/formats.md) -->"
-SCHEMA_END = "<!-- END GENERATED SCHEMAS -->"
-
-
-DOCUMENTED_FORMATS = ("edgeshard.problem", "edgeshard.profile", "edgeshard.plan", "edgeshard.scenario")
-
-
-def schemas_markdown(names: tuple[str, ...] = DOCUMENTED_FORMATS) -> str:
-    """The JSON Schemas of the planner's formats, as Markdown (embedded in docs/formats.md)."""
-    import core.scenarios  # noqa: F401  (registers the scenario format)
-
-    parts = []
-    for name in names:
-        typ, version = FORMATS[name]
-        schema = json.dumps(json_schema(typ), indent=2, sort_keys=True)
-        parts.append(f"### `{name}` (version {version})\n\n```json\n{schema}\n```\n")
-    return "\n".join(parts)
-
-
-def embed_schemas(doc_path: str | os.PathLike) -> None:
-    """Rewrite the generated block of a Markdown file with the current schemas."""
-    p = Path(doc_path)
-    text = p.read_text()
-    head, _, rest = text.partition(SCHEMA_BEGIN)
-    _, _, tail = rest.partition(SCHEMA_END)
-    p.write_text(f"{head}{SCHEMA_BEGIN}\n\n{schemas_markdown()}\n{SCHEMA_END}{tail}")
-
-
-if __name__ == "__main__":  # python -m core.formats docs/formats.md
-    import sys
-
-    from core import formats  # the imported module, where other modules register their formats
-
-    formats.embed_schemas(sys.argv[1] if len(sys.argv) > 1 else "docs/formats.md")

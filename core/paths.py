@@ -3,7 +3,7 @@
 - ``$EDGESHARD_HOME`` (default ``~/.edgeshard``): a **folder** with what deployment keeps —
   the coordinator's CurveZMQ key, the workspace's known_hosts, agents.json, deployments.json.
 - ``$EDGESHARD_WORKSPACE`` (default ``$XDG_DATA_HOME/edgeshard/workspace.sqlite``): the
-  **SQLite file** that records sessions (core.store).
+  **SQLite file** that records sessions (core.sessions.store).
 
 Two variables because they are two kinds of thing; a value of the wrong kind (a file for
 the home, a folder for the workspace) is a clear error naming the other variable.

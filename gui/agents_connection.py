@@ -3,7 +3,7 @@ local`` or ``edgeshard deploy``) or the demo's own cluster.
 
 ``open_coordinator`` is long work (connect, wait for every agent to answer) for a worker;
 ``attach`` then wires the screens on the GUI thread: the Devices screen lists the agents,
-the Profile screen measures them with ``core.profiling``, the Run screen runs on them.
+the Profile screen measures them with ``core.devices.profiling``, the Run screen runs on them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from gui.devices_panel import DeviceRecord
 
 def open_coordinator(reporter: Reporter, agents_file: str):
     """Connect to the agents listed in ``agents_file``; returns (coordinator, statuses)."""
-    from core.coordinator import Coordinator
-    from core.local_cluster import load_agents_file
+    from core.runs.coordinator import Coordinator
+    from core.devices.local_cluster import load_agents_file
 
     endpoints, keys = load_agents_file(agents_file)
     if not endpoints:
@@ -43,8 +43,7 @@ def profile_function(coordinator, state, options: dict, model_name: str = ""):
     """``fn(reporter) -> Profile`` for the Profile screen: measures the model the studio has selected."""
 
     def measure(reporter: Reporter):
-        from core import profiling
-
+        from core.devices import profiling
         model_dir = getattr(state, "model_path", "")
         if not model_dir or not (Path(model_dir) / "config.json").exists():
             raise EdgeShardError("choose the model checkpoint directory (Run screen ▸ Browse…) before profiling")

@@ -1,7 +1,7 @@
-"""The Run screen's backend over live agents: ``core.generation.generate`` on the studio's plan.
+"""The Run screen's backend over live agents: ``core.runs.generation.generate`` on the studio's plan.
 
-Implements ``gui.run_panel.RunBackend`` with a ``core.coordinator.Coordinator``. Text in,
-text out is ``core.generation``'s job (the same tokenizer handling, stop ids and streamed
+Implements ``gui.run_panel.RunBackend`` with a ``core.runs.coordinator.Coordinator``. Text in,
+text out is ``core.runs.generation``'s job (the same tokenizer handling, stop ids and streamed
 text pieces as ``edgeshard run``); this class only checks what the operator can fix first
 and loads the plan when the agents do not hold it (it changed, or a failure unloaded it).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from core.coordinator import Coordinator
+from core.runs.coordinator import Coordinator
 from core.errors import EdgeShardError
-from core.generation import GenerationSettings, generate
+from core.runs.generation import GenerationSettings, generate
 from core.reporting import Reporter
 
 
@@ -33,7 +33,7 @@ class ClusterRunBackend:
         if plan is None:
             raise EdgeShardError("no plan to run: make one on the Plan screen (Auto-solve) first")
         if problem is not None:
-            from core.cost import structural_violations
+            from core.planning.cost import structural_violations
 
             bad = structural_violations(problem, plan)
             if bad:

@@ -15,8 +15,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
-from core.cluster import Cluster
-from core.profile import Profile
+from core.devices.cluster import Cluster
+from core.devices.profile import Profile
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.widgets import panel_header

@@ -1,8 +1,8 @@
 """``edgeshard studio --demo``: a local cluster of agents and a small model, ready to use.
 
 Setup runs in a worker (making the model and starting agents takes seconds): a small
-Llama checkpoint from ``core.checkpoints`` (cached between launches), agents as local
-processes from ``core.local_cluster`` with emulated links (no root), and a
+Llama checkpoint from ``core.models.checkpoints`` (cached between launches), agents as local
+processes from ``core.devices.local_cluster`` with emulated links (no root), and a
 ``Coordinator`` connected to them. Then the studio is wired to it: the Devices screen
 lists the agents, the Profile screen can measure them, the Run screen runs on them, and
 runs are recorded in the demo workspace. ``stop()`` ends every process it started.
@@ -35,7 +35,7 @@ DEMO_PROMPTS = ("The edge devices", "A pipeline of layers")
 
 
 def demo_recipe():
-    from core.checkpoints import ModelRecipe
+    from core.models.checkpoints import ModelRecipe
 
     return ModelRecipe(family="llama", layers=6, hidden=256, heads=4, kv_heads=2, vocab=1024, seed=7)
 
@@ -47,7 +47,7 @@ def cache_dir() -> Path:
 
 def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
     """The demo checkpoint, made once and reused (the same recipe gives the same files)."""
-    from core.checkpoints import make_model
+    from core.models.checkpoints import make_model
 
     root = root or cache_dir()
     out = root / DEMO_MODEL_NAME
@@ -83,8 +83,8 @@ class DemoParts:
 
 def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model_root: Path | None = None) -> DemoParts:
     """Worker job: model, agents, coordinator. Leaves what it made in ``parts`` even on failure."""
-    from core.coordinator import Coordinator
-    from core.local_cluster import LocalCluster
+    from core.runs.coordinator import Coordinator
+    from core.devices.local_cluster import LocalCluster
 
     reporter.status("preparing the demo model")
     parts.model_dir = ensure_demo_model(reporter, model_root)
@@ -130,7 +130,7 @@ class DemoSession(QObject):
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.profile_options = profile_options or dict(DEMO_PROFILE_OPTIONS)
-        """Keyword arguments for ``core.profiling.profile_cluster`` (a quick profile by default)."""
+        """Keyword arguments for ``core.devices.profiling.profile_cluster`` (a quick profile by default)."""
         self.state = state
         self.window = window
         self.devices = tuple(devices)

@@ -1,14 +1,14 @@
-"""The deploy dialog's SSH functions and the devices screen's SSH agent control, over core.deploy.
+"""The deploy dialog's SSH functions and the devices screen's SSH agent control, over core.devices.deploy.
 
 Kept apart from the views so they hold no SSH code and this is the one place that
-follows core.deploy's API.
+follows core.devices.deploy's API.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from core import deploy
+from core.devices import deploy
 from core.reporting import Reporter
 from gui.deploy_dialog import Credentials, HostKeyProbe
 

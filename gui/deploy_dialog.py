@@ -6,7 +6,7 @@ deployed to only after they confirm it; a host whose key *changed* is refused
 (possible man-in-the-middle) with what to do. Then the deploy runs in the device's own
 worker, its steps and any error shown in plain words on the device's row.
 
-The SSH work itself is ``DeployFunctions`` (by default ``core.deploy``), so the dialog
+The SSH work itself is ``DeployFunctions`` (by default ``core.devices.deploy``), so the dialog
 holds no SSH code and tests can drive it against a real sshd.
 """
 
@@ -68,7 +68,7 @@ class DeployFunctions(Protocol):
 
 
 def default_functions() -> DeployFunctions:
-    """The SSH implementation from core.deploy (imported when first needed: paramiko is slow to import)."""
+    """The SSH implementation from core.devices.deploy (imported when first needed: paramiko is slow to import)."""
     from gui.deploy_adapter import CoreDeployFunctions
 
     return CoreDeployFunctions()

@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.cluster import Cluster, Device
+from core.devices.cluster import Cluster, Device
 from core.reporting import Reporter
 from gui.app import theme_colors
 from gui.studio_state import StudioState
@@ -69,7 +69,7 @@ class DeviceRecord:
 
 
 def record_from_discovered(dev) -> DeviceRecord:
-    """A ``core.discovery.DiscoveredDevice`` as a row."""
+    """A ``core.devices.discovery.DiscoveredDevice`` as a row."""
     a = dev.agent
     status = "offline" if not dev.online else "running" if a is not None else "hand-added" if dev.manual else "discovered"
     return DeviceRecord(
@@ -111,7 +111,7 @@ class DevicesPanel(QWidget):
         self.device_controls: dict[str, AgentControl] = {}
         """Per-device control, e.g. SSH with the credentials a deploy succeeded with."""
         self.deploy_functions: Any = None
-        """Override for the deploy dialog's SSH functions (None: core.deploy)."""
+        """Override for the deploy dialog's SSH functions (None: core.devices.deploy)."""
         self.discovery = None
         self._bridge = _DiscoveryBridge(self)
         self._bridge.device_seen.connect(self._on_discovery_device_seen, Qt.QueuedConnection)
@@ -254,7 +254,7 @@ class DevicesPanel(QWidget):
     # discovery --------------------------------------------------------------------------
     def toggle_discovery(self) -> None:
         if self.discovery is None:
-            from core.discovery import DeviceDiscovery
+            from core.devices.discovery import DeviceDiscovery
 
             self.discovery = DeviceDiscovery(on_change=self._bridge.device_seen.emit)
             disc = self.discovery
@@ -325,7 +325,7 @@ class DevicesPanel(QWidget):
         """List the agents deployed from this workspace (this session or an earlier one) and
         give each an SSH control: start, stop and log work after a restart of the studio.
         Reads one small local file; returns how many were found."""
-        from core.deployments import default_workspace, load_deployments
+        from core.devices.deployments import default_workspace, load_deployments
         from core.errors import EdgeShardError
 
         try:

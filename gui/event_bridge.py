@@ -50,7 +50,7 @@ class EventBridge(QObject):
     def on_token_event(self, event: TokenEvent) -> None:
         self._push(self._tokens, (event,))
 
-    # The coordinator's ``RunSink`` protocol (core/coordinator.py): the bridge is a sink.
+    # The coordinator's ``RunSink`` protocol (core/runs/coordinator.py): the bridge is a sink.
     on_event = on_timeline_event
     on_tokens = on_token_event
 

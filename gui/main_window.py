@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
 
 from core import formats
 from core.errors import EdgeShardError
-from core.problem import PlanningProblem
-from core.profile import Profile
+from core.planning.problem import PlanningProblem
+from core.devices.profile import Profile
 from gui import app as studio_app
 from gui.studio_state import StudioState
 from gui.widgets import panel_header, show_error
@@ -296,7 +296,7 @@ class MainWindow(QMainWindow):
         self.state.log(f"connected to {', '.join(sorted(statuses))}")
 
     def _on_connect_agents(self) -> None:
-        from core.deploy import default_workspace
+        from core.devices.deploy import default_workspace
 
         start = str(default_workspace() / "agents.json")
         path, _ = QFileDialog.getOpenFileName(self, "Connect to agents", start, "Agents file (agents.json *.json)")

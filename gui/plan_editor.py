@@ -2,7 +2,7 @@
 
 Every edit (drag a boundary, pick a stage's device, add or remove a stage, adopt a
 solver's plan, load a file) is a ``QUndoCommand``; every plan or problem change is
-re-evaluated with ``core.cost.evaluate`` (cheap, so on the GUI thread), and every
+re-evaluated with ``core.planning.cost.evaluate`` (cheap, so on the GUI thread), and every
 violation is listed in red with its reason. Auto-solve and Compare run the solvers in a
 ``TaskRunner`` worker, so a big instance never freezes the window.
 """
@@ -39,12 +39,12 @@ from PySide6.QtWidgets import (
 )
 
 from core import formats
-from core.cost import PlanCost, evaluate
+from core.planning.cost import PlanCost, evaluate
 from core.errors import EdgeShardError
-from core.plan import ShardPlan
-from core.plan_edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
-from core.problem import PlanningProblem
-from core.solvers.comparison import StrategyOutcome, status_text
+from core.planning.plan import ShardPlan
+from core.planning.edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
+from core.planning.problem import PlanningProblem
+from core.planning.solvers.comparison import StrategyOutcome, status_text
 from gui import planning_tasks
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState

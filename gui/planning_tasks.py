@@ -1,7 +1,7 @@
 """Solver calls shaped as long work (``fn(reporter, ...)``) for the plan editor's worker.
 
 No Qt here and no solving logic either: each strategy goes through
-``core.solvers.comparison.run_strategy``, the function ``edgeshard plan`` and
+``core.planning.solvers.comparison.run_strategy``, the function ``edgeshard plan`` and
 ``edgeshard compare`` use, so the editor shows the same plans, figures and statuses
 (proven optimal, gap left, OOM, invalid, no plan) as the CLI.
 """
@@ -9,10 +9,10 @@ No Qt here and no solving logic either: each strategy goes through
 from __future__ import annotations
 
 from core.errors import EdgeShardError
-from core.problem import PlanningProblem
+from core.planning.problem import PlanningProblem
 from core.reporting import Cancelled, Reporter
-from core.solvers import STRATEGIES
-from core.solvers.comparison import StrategyOutcome, run_strategy, status_text
+from core.planning.solvers import STRATEGIES
+from core.planning.solvers.comparison import StrategyOutcome, run_strategy, status_text
 
 EXACT = "edgeshard"
 
@@ -37,7 +37,7 @@ def solve(reporter: Reporter, problem: PlanningProblem, objective: str) -> Strat
 
 
 def compare_strategies(reporter: Reporter, problem: PlanningProblem, objective: str = "latency") -> list[StrategyOutcome]:
-    """Every strategy of ``core.solvers.STRATEGIES`` for ``objective``, the exact one first;
+    """Every strategy of ``core.planning.solvers.STRATEGIES`` for ``objective``, the exact one first;
     a strategy that cannot place the model is listed with its reason rather than dropped."""
     names = sorted(STRATEGIES, key=lambda n: (n != EXACT, n))
     results = []

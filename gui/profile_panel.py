@@ -13,7 +13,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from core.profile import Profile
+from core.devices.profile import Profile
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.widgets import InlineMessage, panel_header
@@ -122,7 +122,6 @@ class ProfilePanel(QWidget):
     # files ----------------------------------------------------------------------------
     def save_profile_file(self, path: str) -> bool:
         from core import formats
-
         try:
             formats.save(path, self.state.profile)
         except OSError as err:

@@ -1,8 +1,8 @@
 """What a run looks like while it happens: timeline, figures, tokens/s, utilisation, text.
 
 The Run screen feeds it live (through the EventBridge) and the Sessions screen feeds it
-from a replay, through the same two methods and the same ``core.run_metrics`` functions,
-so a replayed run shows exactly what was seen live. ``core.run_metrics.LiveMetrics``
+from a replay, through the same two methods and the same ``core.runs.metrics`` functions,
+so a replayed run shows exactly what was seen live. ``core.runs.metrics.LiveMetrics``
 keeps the O(events) parts up to date per event, so the figures, redrawn on a 4 Hz timer
 (not per event), cost O(tokens) on the GUI thread however long the run.
 """
@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
                                QProgressBar, QSplitter, QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent, TokenEvent
-from core.run_metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
+from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.timeline_view import TimelineView
 from gui.widgets import MetricCard
 

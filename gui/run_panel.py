@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFormLayout
                                QVBoxLayout, QWidget)
 
 from agents.protocol import RUN_MODES
-from core.coordinator import FanoutSink, RunSink
+from core.runs.coordinator import FanoutSink, RunSink
 from core.errors import RunFailed
 from core.reporting import Cancelled, Reporter
 from gui.event_bridge import EventBridge
@@ -76,8 +76,8 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
     store = recorder = None
     ids: dict[str, Any] = {}
     if workspace:
-        from core.recording import RunRecorder
-        from core.store import SessionStore
+        from core.sessions.recording import RunRecorder
+        from core.sessions.store import SessionStore
 
         store = SessionStore(workspace)
         try:
@@ -147,7 +147,7 @@ class RunPanel(QWidget):
         self.runner.status_reported.connect(self._on_runner_status_reported)
         self.runner.progress_reported.connect(self._on_runner_progress_reported)
         self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
-        # The prediction (core.run_prediction) runs on its own worker after a short pause in
+        # The prediction (core.runs.prediction) runs on its own worker after a short pause in
         # the edits: a big plan takes seconds to simulate and must never block the GUI.
         self.predict_runner = TaskRunner(self, name="predict")
         self.predict_runner.task_finished.connect(self._on_predict_runner_task_finished)
@@ -398,7 +398,7 @@ class RunPanel(QWidget):
     def _update_prediction(self) -> None:
         """Start predicting the timeline for the current plan and settings (on a worker; a
         newer prediction supersedes an older one); it is drawn under the measured one."""
-        from core.run_prediction import predict_run_task
+        from core.runs.prediction import predict_run_task
 
         self._predict_timer.stop()
         problem = getattr(self.state, "problem", None)

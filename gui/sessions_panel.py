@@ -1,7 +1,7 @@
 """The Sessions screen: the workspace's sessions and runs; replay one; export it.
 
 A replay feeds the same ``RunMonitorView`` the Run screen uses, with the recorded items
-in their live arrival order (``core.replay.Replay``), so timeline, figures and text
+in their live arrival order (``core.sessions.replay.Replay``), so timeline, figures and text
 replay exactly as they were seen live. Reading the workspace and exporting happen on
 worker threads; the replay itself is paced by a 30 Hz timer on the GUI thread that asks
 the replay which items fell due (``Replay.due()``), never by sleeping.
@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout
                                QVBoxLayout, QWidget)
 
 from core.reporting import Reporter
-from core.replay import Replay
-from core.store import RecordedItem, RunInfo, SessionInfo, SessionStore
+from core.sessions.replay import Replay
+from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
 from gui.run_monitor_view import RunMonitorView
 from gui.widgets import InlineMessage, panel_header
 from gui.workers import TaskRunner
@@ -64,7 +64,7 @@ def export_run(reporter: Reporter, workspace: str, run_id: int, what: str, path:
     """Worker job: write a run's trace (Chrome JSON, or CSV by extension), plan or profile."""
     from core import formats
     from core.errors import StoreError
-    from core.trace_export import write_chrome_trace, write_events_csv
+    from core.sessions.export import write_chrome_trace, write_events_csv
 
     with SessionStore(workspace) as store:
         run = store.run(run_id)

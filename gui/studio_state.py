@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from core.cluster import Cluster
-from core.plan import ShardPlan
-from core.problem import PlanningProblem, Workload, default_problem, with_changes
-from core.profile import Profile
+from core.devices.cluster import Cluster
+from core.planning.plan import ShardPlan
+from core.planning.problem import PlanningProblem, Workload, default_problem, with_changes
+from core.devices.profile import Profile
 
 
 class StudioState(QObject):
@@ -79,7 +79,7 @@ class StudioState(QObject):
 
     def update_problem(self, **changes) -> None:
         """Replace fields of the current problem (source, excluded devices, headroom, workload);
-        raises ``FormatError`` naming the field for an invalid value (``core.problem.with_changes``)."""
+        raises ``FormatError`` naming the field for an invalid value (``core.planning.problem.with_changes``)."""
         if self.problem is not None:
             self.set_problem(with_changes(self.problem, **changes))
 

@@ -11,8 +11,8 @@ from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from core.model_units import ModelSpec
-from core.plan import ShardPlan
+from core.models.units import ModelSpec
+from core.planning.plan import ShardPlan
 from gui.app import stage_color, theme_colors
 
 MARGIN = 12

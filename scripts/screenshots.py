@@ -50,7 +50,7 @@ def grab(app, window, name: str) -> Path:
 
 
 def synthetic_problem():
-    from core.scenarios import DeviceSpec, synthetic_problem
+    from core.planning.scenarios import DeviceSpec, synthetic_problem
 
     devices = [
         DeviceSpec(id="jetson-nx", name="Jetson Orin NX", tflops=12, memory_bandwidth_gb_s=102.4, memory_gib=6),
@@ -58,7 +58,7 @@ def synthetic_problem():
         DeviceSpec(id="laptop", name="Laptop", tflops=8, memory_bandwidth_gb_s=60, memory_gib=8),
         DeviceSpec(id="server", name="RTX 3090 server", tflops=71, memory_bandwidth_gb_s=936, memory_gib=20),
     ]
-    from core.scenarios import full_mesh
+    from core.planning.scenarios import full_mesh
 
     links = full_mesh([d.id for d in devices], 200.0, 2.0, overrides={
         ("jetson-nx", "server"): (50.0, 10.0), ("server", "jetson-nx"): (50.0, 10.0),

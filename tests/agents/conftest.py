@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.checkpoints import FAMILIES, ModelRecipe, make_model
+from core.models.checkpoints import FAMILIES, ModelRecipe, make_model
 
 TINY_LAYERS = 4
 """4 blocks → 6 units, enough for 4 uneven stages."""

@@ -16,7 +16,7 @@ import transformers
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
-from core.checkpoints import FAMILIES
+from core.models.checkpoints import FAMILIES
 
 PROMPTS = [
     "The lighthouse keeper climbed the steps",

@@ -18,7 +18,7 @@ from agents.checkpoint_reader import CheckpointError
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor, StageInputError
-from core.checkpoints import ModelRecipe, make_model
+from core.models.checkpoints import ModelRecipe, make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,7 +191,7 @@ def test_bad_inputs_get_a_stage_input_error_and_the_stage_keeps_working(tiny_lla
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "mixtral"])
 def test_planner_unit_bytes_equal_what_each_one_unit_stage_holds(tiny_model_dirs, family):
-    from core.model_units import model_spec_from_config
+    from core.models.units import model_spec_from_config
 
     model_dir = tiny_model_dirs[family]
     spec = model_spec_from_config(json.loads((Path(model_dir) / "config.json").read_text()), dtype="fp32")

@@ -44,8 +44,8 @@ def testbed(tmp_path_factory):
     """3 emulated devices with sshd + mDNS; removed (and checked clean) at the end."""
     if os.geteuid() != 0:
         pytest.skip("needs root for network namespaces (CI runs as root)")
-    from core import testbed as tb
-    from core.testbed import LinkShape, LinksFile, leftovers
+    from core.devices import testbed as tb
+    from core.devices.testbed import LinkShape, LinksFile, leftovers
 
     _remove_testbeds_of_dead_runs(tb)
     root = tmp_path_factory.mktemp("testbed-state")
@@ -201,18 +201,18 @@ class DeployedAgents:
     def options(self, **kw):
         import sys
 
-        from core.deploy import DeployOptions
+        from core.devices.deploy import DeployOptions
 
         return DeployOptions(python=sys.executable, remote_dir=str(self.remote_root / "{device}"), **kw)
 
     def target(self, name: str):
-        from core.deploy import SshTarget
+        from core.devices.deploy import SshTarget
 
         d = self.testbed.device(name)
         return SshTarget(d.name, d.address, d.ssh_port, self.testbed.ssh_user)
 
     def conn(self) -> dict:
-        """Connection keyword arguments for core.deploy's status_of / logs_of / stop."""
+        """Connection keyword arguments for core.devices.deploy's status_of / logs_of / stop."""
         return dict(key_file=self.testbed.operator_key, workspace=self.workspace, use_agent=False,
                     user_known=Path("/nonexistent"))
 
@@ -221,7 +221,7 @@ class DeployedAgents:
 def deployed(testbed, tmp_path_factory):
     """The agent deployed to all 3 session devices in parallel (key auth; host keys
     pre-trusted from the testbed's own host key files, as an operator who checked them)."""
-    from core.deploy import SshTarget, deploy_many
+    from core.devices.deploy import SshTarget, deploy_many
 
     ws = tmp_path_factory.mktemp("workspace")
     (ws / "known_hosts").write_text("\n".join(testbed.known_hosts_lines()) + "\n")

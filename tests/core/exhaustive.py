@@ -1,8 +1,8 @@
 """Exhaustive enumeration of every plan: the reference the exact solvers are tested against.
 
-Deliberately naive and independent of core.solvers: it walks every device sequence
+Deliberately naive and independent of core.planning.solvers: it walks every device sequence
 (source first, distinct devices) and every set of stage boundaries, computing costs with
-core.cost's documented per-term functions and plain Python loops. Branches whose stage
+core.planning.cost's documented per-term functions and plain Python loops. Branches whose stage
 does not fit in memory are skipped (every plan through them is infeasible anyway).
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-from core.cost import evaluate
-from core.plan import plan_from_boundaries
-from core.problem import PlanningProblem
-from core.solvers.exact import micro_batch_choices
+from core.planning.cost import evaluate
+from core.planning.plan import plan_from_boundaries
+from core.planning.problem import PlanningProblem
+from core.planning.solvers.exact import micro_batch_choices
 
 
 def _tables(problem: PlanningProblem, m: int, k: int):

@@ -6,11 +6,11 @@ timings can be worked out by hand: every unit on a device takes the same time.
 
 from __future__ import annotations
 
-from core.cluster import Cluster, Device, Link
-from core.model_units import ModelSpec, ModelUnit
-from core.plan import ShardPlan, plan_from_boundaries
-from core.problem import PlanningProblem, Workload
-from core.profile import DeviceTimes, Profile
+from core.devices.cluster import Cluster, Device, Link
+from core.models.units import ModelSpec, ModelUnit
+from core.planning.plan import ShardPlan, plan_from_boundaries
+from core.planning.problem import PlanningProblem, Workload
+from core.devices.profile import DeviceTimes, Profile
 
 HIDDEN_BYTES = 4096  # activation bytes per token (hidden 2048 at fp16)
 

@@ -34,16 +34,16 @@ def _fingerprint(pub: str) -> str:
 
 def test_discover_deploy_profile_plan_run_on_the_netns_testbed(tmp_path):
     from agents.transport import CurveKeys  # noqa: F401  (agents package importable here)
-    from core import deploy
-    from core import testbed as tb
-    from core.checkpoints import ModelRecipe, make_model
-    from core.coordinator import Coordinator, RunRequest
-    from core.discovery import DeviceDiscovery
-    from core.generation import load_tokenizer
-    from core.local_cluster import load_agents_file
-    from core.problem import PlanningProblem, Workload
-    from core.profiling import profile_cluster
-    from core.solvers import solve_min_latency
+    from core.devices import deploy
+    from core.devices import testbed as tb
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.runs.coordinator import Coordinator, RunRequest
+    from core.devices.discovery import DeviceDiscovery
+    from core.runs.generation import load_tokenizer
+    from core.devices.local_cluster import load_agents_file
+    from core.planning.problem import PlanningProblem, Workload
+    from core.devices.profiling import profile_cluster
+    from core.planning.solvers import solve_min_latency
 
     state_root = tmp_path / "state"
     links = tb.LinksFile(links=(tb.LinkShape(src=SHAPED[0], dst=SHAPED[1], bandwidth_mbit_s=SHAPED[2]),))

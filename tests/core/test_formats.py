@@ -7,12 +7,13 @@ import msgspec
 import pytest
 
 from core.errors import FormatError
-from core.formats import SCHEMA_BEGIN, SCHEMA_END, decode, format_of, json_schema, load, save, schemas_markdown
-from core.plan import ShardPlan
-from core.problem import PlanningProblem
-from core.profile import Profile
-from core.scenarios import Scenario, paper_scenario, random_problem
-from core.solvers import solve_min_latency
+from core.formats import decode, format_of, json_schema, load, save
+from core.planning.schemas import SCHEMA_BEGIN, SCHEMA_END, schemas_markdown
+from core.planning.plan import ShardPlan
+from core.planning.problem import PlanningProblem
+from core.devices.profile import Profile
+from core.planning.scenarios import Scenario, paper_scenario, random_problem
+from core.planning.solvers import solve_min_latency
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,17 +89,17 @@ def test_schemas_are_generated_from_the_types():
 def test_docs_embed_the_current_schemas():
     text = (REPO / "docs" / "formats.md").read_text()
     block = text.split(SCHEMA_BEGIN)[1].split(SCHEMA_END)[0]
-    assert block.strip() == schemas_markdown().strip(), "run: python -m core.formats docs/formats.md"
+    assert block.strip() == schemas_markdown().strip(), "run: python -m core.planning.schemas docs/formats.md"
 
 
 def test_the_shipped_paper_scenario_is_what_the_code_derives():
     shipped = load(REPO / "resources" / "scenarios" / "edgeshard-paper.json", Scenario)
-    assert shipped == paper_scenario(), "run: python -m core.scenarios"
+    assert shipped == paper_scenario(), "run: python -m core.planning.scenarios"
 
 
 def test_problem_errors_lists_every_inconsistency_beyond_the_types():
-    from core.cluster import Link
-    from core.problem import Workload, problem_errors
+    from core.devices.cluster import Link
+    from core.planning.problem import Workload, problem_errors
 
     problem = random_problem(3, 3, 6)
     cluster = msgspec.structs.replace(problem.profile.cluster, links=problem.profile.cluster.links + (

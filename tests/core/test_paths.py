@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from core import deploy, paths, store
+from core.devices import deploy
+
+from core import paths
+
+from core.sessions import store
 from core.errors import EdgeShardError, StoreError
 
 

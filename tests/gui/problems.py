@@ -6,10 +6,10 @@ Three devices (a memory-poor source "phone", a "laptop", a fast "server") and a
 
 from __future__ import annotations
 
-from core.cluster import Cluster, Device, Link
-from core.model_units import ModelSpec, ModelUnit
-from core.problem import PlanningProblem, Workload
-from core.profile import DeviceTimes, Profile, ProfiledWorkload
+from core.devices.cluster import Cluster, Device, Link
+from core.models.units import ModelSpec, ModelUnit
+from core.planning.problem import PlanningProblem, Workload
+from core.devices.profile import DeviceTimes, Profile, ProfiledWorkload
 
 MiB = 2**20
 

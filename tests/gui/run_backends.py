@@ -11,9 +11,9 @@ import msgspec
 
 from agents.protocol import TimelineEvent
 from core.errors import RunFailed
-from core.plan import plan_from_boundaries
+from core.planning.plan import plan_from_boundaries
 from core.reporting import Cancelled
-from core.simulator import simulate
+from core.runs.simulator import simulate
 from tests.gui.problems import make_problem
 
 DEVICES = ["phone", "laptop", "server"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.cluster import Cluster, Device, Link
+from core.devices.cluster import Cluster, Device, Link
 from gui.cluster_panel import ClusterPanel, device_compute, link_matrix
 from gui.studio_state import StudioState
 from tests.gui.problems import make_problem

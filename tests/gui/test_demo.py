@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from core.plan import plan_from_boundaries
+from core.planning.plan import plan_from_boundaries
 from gui import app as studio_app
 from gui.main_window import MainWindow
 

@@ -7,7 +7,7 @@ import threading
 from PySide6.QtCore import QItemSelectionModel
 from PySide6.QtWidgets import QDialog, QPlainTextEdit
 
-from core.discovery import AgentAnnouncement, DiscoveredDevice
+from core.devices.discovery import AgentAnnouncement, DiscoveredDevice
 from core.reporting import Reporter
 from gui.devices_panel import DeviceRecord, DevicesPanel
 from gui.studio_state import StudioState
@@ -117,7 +117,7 @@ def test_stop_and_log_run_off_the_gui_thread(qtbot):
 
 def test_discover_finds_an_agent_announced_over_real_mdns(qtbot):
     from agents.announce import announce_agent
-    from core.discovery import select_interfaces
+    from core.devices.discovery import select_interfaces
 
     addresses = select_interfaces()
     if not addresses:
@@ -179,8 +179,7 @@ from tests.gui.test_deploy_dialog import _free_port, real_sshd  # noqa: F401  (f
 @pytest.fixture
 def earlier_deploy(real_sshd, tmp_path, monkeypatch):  # noqa: F811
     """An agent deployed over SSH by an earlier studio session; yields (workspace, record)."""
-    from core import deploy
-
+    from core.devices import deploy
     port, _fp, (key_type, key_b64, *_r) = real_sshd
     home, ws = tmp_path / "home", tmp_path / "ws"
     (home / ".ssh").mkdir(parents=True)
@@ -202,8 +201,8 @@ def earlier_deploy(real_sshd, tmp_path, monkeypatch):  # noqa: F811
 
 
 def test_a_restarted_studio_reads_the_log_stops_and_restarts_an_agent_deployed_earlier(qtbot, earlier_deploy):
-    from core import deploy
-    from core.deployments import load_deployments
+    from core.devices import deploy
+    from core.devices.deployments import load_deployments
 
     ws, target, first = earlier_deploy
     saved = (ws / "deployments.json").read_text()
@@ -237,7 +236,7 @@ def test_a_restarted_studio_reads_the_log_stops_and_restarts_an_agent_deployed_e
 
 
 def test_an_agent_deployed_with_a_password_asks_for_it_again(qtbot, real_sshd, tmp_path, monkeypatch):  # noqa: F811
-    from core.deployments import Deployment, remember_deployment
+    from core.devices.deployments import Deployment, remember_deployment
 
     port, _fp, (key_type, key_b64, *_r) = real_sshd
     ws = tmp_path / "ws"

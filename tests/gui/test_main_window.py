@@ -105,7 +105,7 @@ def test_dark_theme_switch_restyles_without_errors(window):
 
 
 def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_run(window, qtbot, tmp_path):
-    from core.local_cluster import LocalCluster
+    from core.devices.local_cluster import LocalCluster
 
     with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
         window.connect_agents(str(cluster.agents_file))
@@ -121,7 +121,7 @@ def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_r
 def test_connecting_twice_closes_the_superseded_connection_instead_of_leaking_it(window, qtbot, tmp_path):
     import threading
 
-    from core.local_cluster import LocalCluster
+    from core.devices.local_cluster import LocalCluster
 
     def coordinator_threads() -> int:
         return sum(t.name == "edgeshard-coordinator" for t in threading.enumerate())
@@ -141,7 +141,7 @@ def test_a_killed_agent_shows_as_offline_on_the_devices_screen(window, qtbot, tm
     import os
     import signal
 
-    from core.local_cluster import LocalCluster
+    from core.devices.local_cluster import LocalCluster
 
     with LocalCluster(tmp_path / "cluster", ["solo", "duo"]) as cluster:
         window.connect_agents(str(cluster.agents_file))

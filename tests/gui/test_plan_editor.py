@@ -11,9 +11,9 @@ from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from core import formats
-from core.cost import evaluate
-from core.plan import plan_from_boundaries
-from core.solvers.comparison import run_strategy
+from core.planning.cost import evaluate
+from core.planning.plan import plan_from_boundaries
+from core.planning.solvers.comparison import run_strategy
 from gui.plan_editor import PlanEditorPanel
 from gui.studio_state import StudioState
 from tests.gui.problems import MiB, make_problem
@@ -183,7 +183,7 @@ def test_auto_solve_runs_in_a_worker_and_adopts_the_optimal_plan(editor, qtbot):
     editor.state.set_problem(problem)
     with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=10000):
         editor.solve_button.click()
-    from core.solvers import solve_min_latency
+    from core.planning.solvers import solve_min_latency
 
     assert editor.state.plan == solve_min_latency(problem).plan
     assert editor.cost.feasible
@@ -193,7 +193,7 @@ def test_auto_solve_runs_in_a_worker_and_adopts_the_optimal_plan(editor, qtbot):
 
 
 def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
-    from core.solvers import STRATEGIES
+    from core.planning.solvers import STRATEGIES
 
     problem = make_problem()
     editor.state.set_problem(problem)
@@ -208,7 +208,7 @@ def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
 
 
 def test_compare_shows_the_core_outcome_of_each_strategy_an_oom_one_in_red_with_its_overflow(editor, qtbot):
-    from core.solvers.comparison import compare
+    from core.planning.solvers.comparison import compare
 
     problem = make_problem(phone_memory=100 * MiB)
     editor.state.set_problem(problem)
@@ -247,7 +247,7 @@ def test_throughput_solve_shows_its_micro_batching(editor, qtbot):
     with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
         editor.solve_button.click()
     plan = editor.state.plan
-    from core.solvers import solve_max_throughput
+    from core.planning.solvers import solve_max_throughput
 
     assert plan == solve_max_throughput(editor.state.problem).plan
     assert plan.micro_batches * plan.micro_batch_size == 4 and len(plan.stages) > 1

@@ -71,7 +71,7 @@ def test_a_failed_profiling_run_is_shown_inline(qtbot):
 
 def test_a_profile_saves_to_a_file_that_loads_back_equal(qtbot, tmp_path):
     from core import formats
-    from core.profile import Profile
+    from core.devices.profile import Profile
 
     state = StudioState()
     panel = ProfilePanel(state)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from core.run_metrics import compute_figures
-from core.store import SessionStore
+from core.runs.metrics import compute_figures
+from core.sessions.store import SessionStore
 from gui.run_panel import RunPanel
 from gui.studio_state import StudioState
 from tests.gui.run_backends import DEVICES, PacedBackend, simulated_run
@@ -149,7 +149,7 @@ def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
 
 def test_quick_settings_changes_predict_off_the_gui_thread_once_and_keep_the_gui_responsive(
         qtbot, state, monkeypatch):
-    import core.run_prediction as run_prediction
+    import core.runs.prediction as run_prediction
     from PySide6.QtCore import QElapsedTimer, QTimer
 
     calls = []
@@ -197,9 +197,9 @@ def real_cluster(tmp_path_factory):
 
     from agents.agent import Agent
     from agents.transport import CurveKeys
-    from core.checkpoints import ModelRecipe, make_model
-    from core.coordinator import AgentEndpoint, Coordinator
-    from core.plan import plan_from_boundaries
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.planning.plan import plan_from_boundaries
 
     recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
     model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-run") / "tiny-llama"))

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from core import formats
-from core.plan import ShardPlan
-from core.recording import record_simulation
-from core.run_metrics import compute_figures
-from core.simulator import simulate
-from core.store import SessionStore
+from core.planning.plan import ShardPlan
+from core.sessions.recording import record_simulation
+from core.runs.metrics import compute_figures
+from core.runs.simulator import simulate
+from core.sessions.store import SessionStore
 from gui.run_panel import RunPanel
 from gui.sessions_panel import SessionsPanel
 from gui.studio_state import StudioState

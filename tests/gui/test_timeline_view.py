@@ -12,8 +12,8 @@ from PySide6.QtGui import QColor, QPalette, QWheelEvent
 from PySide6.QtWidgets import QApplication
 
 from agents.protocol import TimelineEvent
-from core.plan import plan_from_boundaries
-from core.simulator import simulate
+from core.planning.plan import plan_from_boundaries
+from core.runs.simulator import simulate
 from gui.event_bridge import EventBridge
 from gui.timeline_view import MICRO_BATCH_COLOURS, TimelineView, describe_event
 from tests.gui.problems import make_problem
@@ -209,7 +209,7 @@ def test_bridge_delivers_events_from_many_threads_in_few_batches_on_the_gui_thre
 
 def test_bridge_is_a_coordinator_run_sink(qtbot):
     from agents.protocol import TokenEvent
-    from core.coordinator import FanoutSink  # what the coordinator calls during a run
+    from core.runs.coordinator import FanoutSink  # what the coordinator calls during a run
 
     bridge = EventBridge()
     events, tokens = [], []

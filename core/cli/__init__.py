@@ -1,0 +1,43 @@
+"""The ``edgeshard`` command: a thin argparse front over core's functions.
+
+Sub-commands are plugins found through the ``edgeshard.commands`` entry point group,
+each a ``register(subparsers)`` that adds its parsers and sets ``func``. That keeps the
+layering (core never imports gui; the GUI registers ``studio`` itself).
+An ``EdgeShardError`` is printed as a message and exits non-zero, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import entry_points
+
+from core.errors import EdgeShardError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgeshard",
+        description="EdgeShard Studio: run one LLM collaboratively across edge devices.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for ep in sorted(entry_points(group="edgeshard.commands"), key=lambda e: e.name):
+        ep.load()(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except EdgeShardError as err:
+        print(f"edgeshard: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("edgeshard: interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,253 @@
+"""`edgeshard` sub-commands for runtime: ``run``, ``agent serve``, ``cluster local``.
+
+``run`` prints the generated text as it streams in, then TTFT, per-token latency and
+tokens/s (the definitions of ``core.runs.metrics``), and can write every timeline event
+and token event as JSON lines (``--events``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import msgspec
+
+from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
+from core.errors import FormatError, RunFailed
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's sub-commands to the CLI."""
+    _register_run(sub)
+    _register_agent(sub)
+    _register_cluster(sub)
+
+
+# --------------------------------------------------------------------------- run
+def _register_run(sub) -> None:
+    p = sub.add_parser("run", help="run a model split over agents and print the text as it is generated")
+    p.add_argument("--model", required=True, help="checkpoint directory (HF layout); the agents get its absolute "
+                   "path, so remote agents need the checkpoint at that same path")
+    p.add_argument("--plan", required=True, help="plan JSON (edgeshard.plan)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--agents", help="agents.json (from `cluster local` or deploy), or "
+                       "DEVICE=tcp://HOST:PORT@PUBKEY,... with --coordinator-key-file")
+    where.add_argument("--local", action="store_true", help="start one loopback agent per plan stage for this run")
+    p.add_argument("--coordinator-key-file", help="the coordinator keypair (with an address list in --agents)")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    p.add_argument("--prompts", help="file with one prompt per line")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--mode", choices=RUN_MODES, default="sequential")
+    p.add_argument("--micro-batches", type=int, default=None, help="default: the plan's micro_batches")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--threads", type=int, default=0, help="torch threads per agent (0 = agent default)")
+    p.add_argument("--link-mbit", type=float, default=0.0, help="with --local: emulated bandwidth per link")
+    p.add_argument("--link-latency-ms", type=float, default=0.0, help="with --local: emulated latency per link")
+    p.add_argument("--events", help="write timeline and token events to this JSONL file")
+    p.set_defaults(func=cmd_run)
+
+
+class _PrintSink:
+    """Prints text pieces of the first sequence as they arrive (others at the end) and
+    appends every event to a JSONL file."""
+
+    def __init__(self, n_prompts: int, events_path: str | None) -> None:
+        self.n = n_prompts
+        self._lock = threading.Lock()
+        self._file = open(events_path, "w") if events_path else None
+        self._enc = msgspec.json.Encoder()
+
+    def _write(self, kind: str, value) -> None:
+        if self._file is not None:
+            self._file.write(f'{{"type":"{kind}","value":{self._enc.encode(value).decode()}}}\n')
+
+    def on_event(self, event: TimelineEvent) -> None:
+        with self._lock:
+            self._write("timeline", event)
+
+    def on_tokens(self, tokens: TokenEvent) -> None:
+        with self._lock:
+            self._write("tokens", tokens)
+            if self.n == 1 and tokens.text:
+                sys.stdout.write(tokens.text[0])
+                sys.stdout.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def _parse_agents(spec: str, key_file: str | None):
+    from agents.transport import CurveKeys, is_z85_key
+    from core.runs.coordinator import AgentEndpoint
+    from core.devices.local_cluster import load_agents_file
+
+    if os.path.exists(spec):
+        return load_agents_file(spec)
+    if not key_file:
+        raise FormatError("--agents", "not a file; an address list needs --coordinator-key-file")
+    endpoints = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        try:
+            device, rest = item.split("=", 1)
+            address, key = rest.rsplit("@", 1)
+        except ValueError:
+            raise FormatError("--agents", f"{item!r} is not DEVICE=tcp://HOST:PORT@PUBKEY") from None
+        if not address.startswith("tcp://") or not is_z85_key(key):
+            raise FormatError("--agents", f"{item!r}: need a tcp:// address and a 40-char Z85 public key")
+        endpoints.append(AgentEndpoint(device, address, key))
+    try:
+        keys = CurveKeys.load(key_file)
+    except (OSError, ValueError) as err:
+        raise FormatError(key_file, f"cannot read the coordinator key ({err})") from None
+    return endpoints, keys
+
+
+def _read_prompts(args) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts:
+        try:
+            prompts += [line.rstrip("\n") for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        except OSError as err:
+            raise FormatError(args.prompts, f"cannot read file ({err.strerror or err})") from None
+    if not prompts:
+        raise FormatError("edgeshard run", "give --prompt TEXT or --prompts FILE")
+    return prompts
+
+
+def cmd_run(args) -> int:
+    from core import formats
+    from core.runs.coordinator import Coordinator
+    from core.runs.generation import GenerationSettings, generate
+    from core.devices.local_cluster import LocalCluster
+    from core.planning.plan import ShardPlan
+    from core.reporting import TerminalReporter
+
+    plan = formats.load(args.plan, ShardPlan)
+    prompts = _read_prompts(args)
+    if not Path(args.model, "config.json").exists():
+        raise FormatError(args.model, "not a checkpoint directory (no config.json)")
+    # agents resolve paths in their own directory: send the absolute path (remote agents need the
+    # checkpoint at that same path; an agent without it answers with an error naming itself and the path)
+    model_dir = os.path.abspath(args.model)
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        mode=args.mode,
+        micro_batches=args.micro_batches or plan.micro_batches,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        dtype=args.dtype,
+        threads=args.threads,
+    )
+    reporter = TerminalReporter()
+    sink = _PrintSink(len(prompts), args.events)
+    cluster = tmp = None
+    try:
+        if args.local:
+            tmp = tempfile.TemporaryDirectory(prefix="edgeshard-local-")
+            threads = args.threads or max(1, (os.cpu_count() or 1) // len(plan.stages))
+            cluster = LocalCluster(tmp.name, list(plan.devices()), threads_per_agent=threads,
+                                   link_mbit=args.link_mbit, link_latency_ms=args.link_latency_ms)
+            reporter.status(f"starting {len(plan.stages)} local agents")
+            endpoints, keys = cluster.start(), cluster.keys
+        else:
+            endpoints, keys = _parse_agents(args.agents, args.coordinator_key_file)
+        with Coordinator(endpoints, keys) as coordinator:
+            out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
+    finally:
+        sink.close()
+        if cluster is not None:
+            cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    if len(prompts) == 1:
+        print()
+    else:
+        for i, (p, t) in enumerate(zip(prompts, out.texts)):
+            print(f"[{i}] {p}{t}")
+    f = out.figures
+    ms = lambda v: "n/a" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
+    tps = "n/a" if f.tokens_per_s is None else f"{f.tokens_per_s:.1f}"
+    dtps = "n/a" if f.decode_tokens_per_s is None else f"{f.decode_tokens_per_s:.1f}"
+    print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  "
+          f"tokens/s {tps} (decode {dtps})  tokens {f.tokens}  mode {settings.mode}")
+    return 0
+
+
+# ------------------------------------------------------------------------- agent
+def _register_agent(sub) -> None:
+    from agents.__main__ import add_serve_arguments
+
+    p = sub.add_parser("agent", help="run this machine's agent")
+    asub = p.add_subparsers(dest="agent_command", metavar="ACTION")
+    s = asub.add_parser("serve", help="serve the control and data sockets (what deploy starts)")
+    add_serve_arguments(s)
+    s.set_defaults(func=_cmd_agent_serve)
+
+
+def _cmd_agent_serve(args) -> int:
+    from agents.__main__ import serve
+
+    return serve(args)
+
+
+# ----------------------------------------------------------------------- cluster
+def _register_cluster(sub) -> None:
+    p = sub.add_parser("cluster", help="development clusters")
+    csub = p.add_subparsers(dest="cluster_command", metavar="KIND")
+    s = csub.add_parser("local", help="N agents on loopback (no root); Ctrl-C stops them all")
+    s.add_argument("-n", "--agents", type=int, default=4, dest="n")
+    s.add_argument("--dir", default=None, help="working directory (keys, logs, agents.json); default a temp dir")
+    s.add_argument("--names", default=None, help="comma-separated device names (default local-0..)")
+    s.add_argument("--threads", type=int, default=1, help="torch threads per agent")
+    s.add_argument("--link-mbit", type=float, default=0.0, help="emulated bandwidth of each agent's outgoing link")
+    s.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated added latency per message")
+    s.set_defaults(func=cmd_cluster_local)
+
+
+def cmd_cluster_local(args) -> int:
+    from core.devices.local_cluster import LocalCluster
+
+    if args.n < 1:
+        raise FormatError("-n", "need at least one agent")
+    names = [s.strip() for s in args.names.split(",")] if args.names else args.n
+    if isinstance(names, list) and len(names) != args.n:
+        raise FormatError("--names", f"{len(names)} names for {args.n} agents")
+    tmp = None
+    workdir = args.dir
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="edgeshard-cluster-")
+        workdir = tmp.name
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = LocalCluster(workdir, names, threads_per_agent=args.threads, link_mbit=args.link_mbit,
+                           link_latency_ms=args.link_latency_ms)
+    try:
+        endpoints = cluster.start()
+        for e in endpoints:
+            print(f"{e.device}  {e.control_address}  {e.public_key}")
+        shaped = f", links {args.link_mbit or '∞'} Mbit/s + {args.link_latency_ms} ms" if (
+            args.link_mbit or args.link_latency_ms) else ""
+        print(f"{len(endpoints)} agents up{shaped}. Agents file: {cluster.agents_file}")
+        print("Press Ctrl-C to stop.", flush=True)
+        while not stop.wait(1.0):
+            dead = [p.device for p in cluster._procs if p.popen.poll() is not None]
+            if dead:
+                raise RunFailed("local agent exited", dead[0])
+    finally:
+        cluster.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if tmp is not None:
+            tmp.cleanup()
+        print("cluster stopped", flush=True)
+    return 0

@@ -1,0 +1,7 @@
+"""What is known of the devices, and the machinery that reaches them.
+
+Public: ``cluster`` (Device, Link, Cluster), ``profile`` (Profile: per-device unit times,
+links), ``discovery`` (mDNS), ``deploy`` (SSH deploy, verified host keys), ``deployments``
+(what was deployed, remembered), ``testbed`` (netns devices), ``local_cluster`` (agents as
+local processes), ``profiling`` (measure a Profile through the agents).
+"""

@@ -1,0 +1,218 @@
+"""Agents as subprocesses on loopback: a cluster for development, demos and tests (no root).
+
+The cluster generates the coordinator's CurveZMQ keypair and one keypair per agent in
+its working directory, starts ``python -m agents serve`` for each device with the
+coordinator's public key, reads each agent's ready line, and writes ``agents.json``
+(format ``edgeshard.agents``) that ``edgeshard run --agents FILE`` and the GUI use to
+connect. Each agent may emulate a slow outgoing link (bandwidth, latency).
+
+No process outlives the cluster: each agent runs with ``--exit-on-stdin-eof`` and its stdin
+is a pipe whose write end only this process holds, so when this process ends in any way
+(even ``kill -9``) the kernel closes it and the agents shut down. That is tied to the
+*process*, not to the thread that called ``start()`` (unlike PR_SET_PDEATHSIG, which fires
+when the spawning thread exits), so a cluster can be started from a short-lived worker
+thread. ``stop()`` terminates, waits, then kills what is left. (The pipe is close-on-exec,
+so other programs this process starts do not hold it; only a child forked *without* exec,
+e.g. multiprocessing's "fork", would keep the agents up until it ends too.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from agents.transport import CurveKeys
+from core.runs.coordinator import AgentEndpoint
+from core.errors import DeployError, FormatError
+
+AGENTS_FORMAT = "edgeshard.agents"
+AGENTS_VERSION = 1
+READY_PREFIX = "EDGESHARD-AGENT-READY"
+
+
+class AgentEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    device: str
+    control_address: str
+    public_key: str
+    pid: int = 0
+
+
+class AgentsFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where the agents of a cluster listen, and which coordinator key they trust."""
+
+    format: str = AGENTS_FORMAT
+    version: int = AGENTS_VERSION
+    coordinator_key_file: str
+    agents: tuple[AgentEntry, ...]
+
+    def endpoints(self) -> list[AgentEndpoint]:
+        return [AgentEndpoint(a.device, a.control_address, a.public_key) for a in self.agents]
+
+
+def load_agents_file(path: str | os.PathLike) -> tuple[list[AgentEndpoint], CurveKeys]:
+    """Read an ``agents.json`` and the coordinator keypair it points at."""
+    p = Path(path)
+    try:
+        data = msgspec.json.decode(p.read_bytes(), type=AgentsFile)
+    except OSError as err:
+        raise FormatError(str(p), f"cannot read file ({err.strerror or err})") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise FormatError(str(p), str(err)) from None
+    if data.format != AGENTS_FORMAT or data.version > AGENTS_VERSION:
+        raise FormatError(str(p), f"expected format {AGENTS_FORMAT!r} version <= {AGENTS_VERSION}", "$.format")
+    key_path = Path(data.coordinator_key_file)
+    if not key_path.is_absolute():
+        key_path = p.parent / key_path
+    try:
+        keys = CurveKeys.load(key_path)
+    except (OSError, ValueError) as err:
+        raise FormatError(str(key_path), f"cannot read the coordinator key ({err})") from None
+    return data.endpoints(), keys
+
+
+@dataclass
+class _Proc:
+    device: str
+    popen: subprocess.Popen
+    ready: threading.Event = field(default_factory=threading.Event)
+    line: str = ""
+    tail: deque = field(default_factory=lambda: deque(maxlen=200))
+    reader: threading.Thread | None = None
+
+
+class LocalCluster:
+    """``n`` agents on 127.0.0.1. Use as a context manager, or ``start()`` / ``stop()``."""
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        devices: list[str] | int = 4,
+        *,
+        threads_per_agent: int = 1,
+        link_mbit: float = 0.0,
+        link_latency_ms: float = 0.0,
+        startup_timeout_s: float = 60.0,
+        python: str = sys.executable,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.devices = [f"local-{i}" for i in range(devices)] if isinstance(devices, int) else list(devices)
+        if len(set(self.devices)) != len(self.devices):
+            raise ValueError("device names must be unique")
+        self.threads_per_agent = threads_per_agent
+        self.link_mbit = link_mbit
+        self.link_latency_ms = link_latency_ms
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python
+        self.keys: CurveKeys | None = None
+        self.endpoints: list[AgentEndpoint] = []
+        self._procs: list[_Proc] = []
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def agents_file(self) -> Path:
+        return self.workdir / "agents.json"
+
+    def pid_of(self, device: str) -> int:
+        return next(p.popen.pid for p in self._procs if p.device == device)
+
+    def start(self) -> list[AgentEndpoint]:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.keys = CurveKeys.generate()
+        self.keys.save(self.workdir / "coordinator.key")
+        try:
+            for dev in self.devices:
+                self._procs.append(self._spawn(dev))
+            entries = []
+            for p in self._procs:
+                if not p.ready.wait(self.startup_timeout_s) or not p.line:
+                    tail = "\n".join(p.tail)
+                    raise DeployError(p.device, "local agent did not come up", hint=tail[-2000:] or "no output")
+                fields = dict(kv.split("=", 1) for kv in p.line.split()[1:])
+                entries.append(
+                    AgentEntry(
+                        device=p.device,
+                        control_address=f"tcp://127.0.0.1:{fields['control']}",
+                        public_key=fields["public_key"],
+                        pid=int(fields["pid"]),
+                    )
+                )
+        except BaseException:
+            self.stop()
+            raise
+        self.endpoints = [AgentEndpoint(e.device, e.control_address, e.public_key) for e in entries]
+        doc = AgentsFile(coordinator_key_file="coordinator.key", agents=tuple(entries))
+        self.agents_file.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+        return self.endpoints
+
+    def _spawn(self, device: str) -> _Proc:
+        assert self.keys is not None
+        cmd = [
+            self.python, "-m", "agents", "serve",
+            "--device", device,
+            "--host", "127.0.0.1",
+            f"--coordinator-key={self.keys.public}",  # a Z85 key may start with "-"
+            "--key-file", str(self.workdir / f"{device}.key"),
+            "--threads", str(self.threads_per_agent),
+            "--link-mbit", str(self.link_mbit),
+            "--link-latency-ms", str(self.link_latency_ms),
+            "--exit-on-stdin-eof",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, self.threads_per_agent)))
+        env["PYTHONUNBUFFERED"] = "1"
+        popen = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE,  # never written; its end-of-file tells the agent we are gone
+            text=True,
+            env=env,
+            cwd=self.workdir,  # like a remote agent, it does not share the operator's directory
+            start_new_session=True,  # Ctrl-C reaches the cluster, which stops the agents in order
+        )
+        proc = _Proc(device, popen)
+        proc.reader = threading.Thread(target=self._read, args=(proc,), name=f"local-agent-{device}", daemon=True)
+        proc.reader.start()
+        return proc
+
+    def _read(self, proc: _Proc) -> None:
+        """Drain the agent's output (so it never blocks on a full pipe) and spot its ready line."""
+        with open(self.workdir / f"{proc.device}.log", "a") as log:
+            for line in proc.popen.stdout:
+                log.write(line)
+                log.flush()
+                proc.tail.append(line.rstrip())
+                if line.startswith(READY_PREFIX) and not proc.ready.is_set():
+                    proc.line = line.strip()
+                    proc.ready.set()
+        proc.ready.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        procs, self._procs = self._procs, []
+        for p in procs:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in procs:
+            try:
+                p.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait(timeout=timeout_s)
+            if p.reader is not None:
+                p.reader.join(timeout=timeout_s)
+            for pipe in (p.popen.stdin, p.popen.stdout):
+                if pipe is not None:
+                    pipe.close()

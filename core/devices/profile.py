@@ -1,0 +1,167 @@
+"""Measured (or synthetic) costs: per device and per unit compute times, plus the cluster.
+
+A ``Profile`` is what profiling produces and what a planning problem is built from.
+Compute times are sampled at a few batch sizes (decode) and prompt token counts
+(prefill) and read back by one documented rule, ``interpolate``, so measured,
+synthetic and shipped profiles share one format and one cost model.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Literal
+
+import msgspec
+
+from core.formats import register_format
+
+from core.devices.cluster import Cluster
+from core.models.units import ModelSpec
+
+PROFILE_FORMAT = "edgeshard.profile"
+PROFILE_VERSION = 1
+
+
+class DeviceTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Compute times of every unit on one device.
+
+    ``decode_s[u][i]``: seconds for one decode step of unit ``u`` over
+    ``decode_batch_sizes[i]`` sequences (one new token each) with the workload's context.
+    ``prefill_s[u][i]``: seconds for unit ``u`` to process ``prefill_token_counts[i]``
+    prompt tokens in one pass (batch × prompt length).
+    """
+
+    device: str
+    decode_batch_sizes: tuple[int, ...]
+    decode_s: tuple[tuple[float, ...], ...]
+    prefill_token_counts: tuple[int, ...]
+    prefill_s: tuple[tuple[float, ...], ...]
+    decode_spread: tuple[float, ...] = ()
+    """Optional relative spread (IQR / median) per unit of the decode measurement."""
+    stage_decode_overhead_s: float = 0.0
+    """Seconds a stage holding decoder blocks spends once per decode step outside the
+    units' forwards: the attention mask grown by one column, positions, the causal mask
+    and the rotary embedding, which the runtime builds once per stage and passes to
+    every block. Measured at the smallest decode batch (it hardly depends on it); 0 in
+    profiles that predate it, whose block times included it once per block instead."""
+    stage_prefill_overhead_s: float = 0.0
+    """The same once-per-stage work for a prefill (plus a fresh KV cache)."""
+
+    def decode_time(self, unit: int, batch: int) -> float:
+        return interpolate(self.decode_batch_sizes, self.decode_s[unit], batch)
+
+    def prefill_time(self, unit: int, tokens: int) -> float:
+        return interpolate(self.prefill_token_counts, self.prefill_s[unit], tokens)
+
+    def stage_overhead_time(self, phase: str, start: int, end: int) -> float:
+        """Once-per-stage overhead of a stage running units [start, end): charged when the
+        stage holds at least one decoder block (units 1..L; L = rows of the table − 2)."""
+        if not (start < len(self.decode_s) - 1 and end > 1):
+            return 0.0
+        return self.stage_decode_overhead_s if phase == "decode" else self.stage_prefill_overhead_s
+
+
+def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
+    """The one rule for reading a sampled time curve.
+
+    Inside the sampled range: piecewise linear between neighbouring samples. Outside
+    it: proportional to x from the nearest sample, t(x) = t(x_edge) · x / x_edge
+    (compute grows linearly with the tokens processed; pessimistic for memory-bound
+    decode above the largest sampled batch). With one sample this is plain
+    proportional scaling.
+    """
+    if not xs:
+        raise ValueError("no samples")
+    if x <= xs[0]:
+        return ys[0] * x / xs[0]
+    if x >= xs[-1]:
+        return ys[-1] * x / xs[-1]
+    i = bisect_left(xs, x)
+    if xs[i] == x:
+        return ys[i]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+class ProfiledWorkload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The workload the compute times were measured for (context length matters to attention)."""
+
+    prompt_tokens: int
+    batch_size: int = 1
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    format: Literal["edgeshard.profile"] = PROFILE_FORMAT
+    version: int = PROFILE_VERSION
+    model: ModelSpec
+    cluster: Cluster
+    times: tuple[DeviceTimes, ...]
+    profiled_workload: ProfiledWorkload | None = None
+    source: Literal["measured", "synthetic", "scenario"] = "measured"
+    notes: str = ""
+
+    def times_of(self, device_id: str) -> DeviceTimes:
+        for t in self.times:
+            if t.device == device_id:
+                return t
+        raise KeyError(device_id)
+
+
+def profile_errors(profile: Profile) -> list[str]:
+    """Every inconsistency msgspec's type check cannot see, as (JSON path, problem) text.
+
+    Types alone allow a times table shorter than the model or a link to an unknown
+    device; the planner would fail deep inside with an IndexError. Checked on load by
+    the CLI and by the solvers, so bad input is a clear error, never a traceback.
+    """
+    out: list[str] = []
+    n = len(profile.model.units)
+    if n == 0:
+        out.append("$.model.units: the model has no units")
+    for i, u in enumerate(profile.model.units):
+        if u.index != i:
+            out.append(f"$.model.units[{i}].index: is {u.index}, expected {i}")
+        for name in ("param_bytes", "activation_bytes_per_token", "kv_bytes_per_token", "workspace_bytes_per_token"):
+            if getattr(u, name) < 0:
+                out.append(f"$.model.units[{i}].{name}: must not be negative")
+    ids = [d.id for d in profile.cluster.devices]
+    if len(set(ids)) != len(ids):
+        out.append("$.cluster.devices: device ids must be unique")
+    for i, d in enumerate(profile.cluster.devices):
+        if d.memory_bytes < 0:
+            out.append(f"$.cluster.devices[{i}].memory_bytes: must not be negative")
+    known = set(ids)
+    for i, link in enumerate(profile.cluster.links):
+        for end in ("src", "dst"):
+            if getattr(link, end) not in known:
+                out.append(f"$.cluster.links[{i}].{end}: unknown device {getattr(link, end)!r}")
+        if not link.bandwidth_mbit_s > 0:
+            out.append(f"$.cluster.links[{i}].bandwidth_mbit_s: must be positive")
+        if link.latency_ms < 0:
+            out.append(f"$.cluster.links[{i}].latency_ms: must not be negative")
+    for i, t in enumerate(profile.times):
+        where = f"$.times[{i}]"
+        if t.device not in known:
+            out.append(f"{where}.device: unknown device {t.device!r}")
+        for name in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
+            v = getattr(t, name)
+            if not (v >= 0) or v == float("inf"):
+                out.append(f"{where}.{name}: must be finite and not negative")
+        for xs_name, ys_name in (("decode_batch_sizes", "decode_s"), ("prefill_token_counts", "prefill_s")):
+            xs, ys = getattr(t, xs_name), getattr(t, ys_name)
+            if not xs or any(x < 1 for x in xs) or list(xs) != sorted(set(xs)):
+                out.append(f"{where}.{xs_name}: needs increasing positive sample points")
+            if len(ys) != n:
+                out.append(f"{where}.{ys_name}: has {len(ys)} rows, the model has {n} units")
+                continue
+            for u, row in enumerate(ys):
+                if len(row) != len(xs):
+                    out.append(f"{where}.{ys_name}[{u}]: has {len(row)} values for {len(xs)} sample points")
+                    break
+                if any(not (v >= 0) or v == float("inf") for v in row):
+                    out.append(f"{where}.{ys_name}[{u}]: times must be finite and not negative")
+                    break
+    return out
+
+
+register_format(PROFILE_FORMAT, Profile, PROFILE_VERSION)

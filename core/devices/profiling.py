@@ -1,0 +1,226 @@
+"""Profiling a cluster from the coordinator: drive each agent's on-device profiler
+(agents/profiler.py), measure every ordered pair's link over the agents' data plane, and
+assemble a ``Profile`` that ``edgeshard plan`` reads directly.
+
+Compute is profiled one device at a time by default: emulated devices (namespaces, a
+local cluster) share the same CPU cores, so profiling them together would measure the
+contention, not the device. Links are measured one ordered pair at a time for the same
+reason (pairs would share the bridge and the CPU). A pair's bandwidth is measured in two
+rounds: a short probe to estimate the rate, then one sized to last ``link_target_s`` so
+slow and fast links are measured with similar accuracy.
+
+One-way latency is read from probe timestamps on the two agents' clocks, corrected with
+the offsets the coordinator estimated from pings; the round trip of a pair is the sum of
+both directions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlparse
+
+import msgspec
+
+from agents.profiler import ComputeProfile, LinkResult
+from agents.protocol import ErrorReply, MeasureLink, PeerSpec, ProfileCompute, ProfileResult
+from core.devices.cluster import Cluster, Device, Link
+from core.errors import EdgeShardError
+from core.models.units import model_spec_from_config
+from core.devices.profile import DeviceTimes, Profile, ProfiledWorkload
+from core.reporting import Cancelled, NullReporter, Reporter
+
+_PROFILER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+class ProfilingFailed(EdgeShardError):
+    """An agent could not profile (names the device and its error)."""
+
+
+class LinkMeasurement(msgspec.Struct, frozen=True, kw_only=True):
+    src: str
+    dst: str
+    bandwidth_mbit_s: float
+    one_way_ms: float
+    bytes: int
+    seconds: float
+
+
+class ClusterProfileResult(msgspec.Struct, frozen=True, kw_only=True):
+    profile: Profile
+    links: tuple[LinkMeasurement, ...]
+    compute: tuple[ComputeProfile, ...]
+
+    def rtt_ms(self, a: str, b: str) -> float:
+        """Round trip between ``a`` and ``b``: both one-way latencies."""
+        by = {(m.src, m.dst): m for m in self.links}
+        return by[(a, b)].one_way_ms + by[(b, a)].one_way_ms
+
+
+def _check_cancel(rep: Reporter) -> None:
+    if rep.cancel_requested():
+        raise Cancelled()
+
+
+def _reply(device: str, fut, timeout_s: float, what: str):
+    try:
+        reply = fut.result(timeout=timeout_s)
+    except TimeoutError:
+        raise ProfilingFailed(f"{device}: no answer while {what} within {timeout_s:.0f} s") from None
+    except EdgeShardError:
+        raise
+    except Exception as err:
+        raise ProfilingFailed(f"{device}: {what} failed: {err}") from None
+    if isinstance(reply, ErrorReply):
+        raise ProfilingFailed(f"{device}: {what} failed: {reply.message}")
+    if not isinstance(reply, ProfileResult):
+        raise ProfilingFailed(f"{device}: unexpected reply {type(reply).__name__} while {what}")
+    return reply.result
+
+
+def profile_compute(coord, devices: Sequence[str], options: dict, reporter: Reporter | None = None,
+                    timeout_s: float = 1800) -> dict[str, ComputeProfile]:
+    """Run the on-device compute profiler on each device, one after the other."""
+    rep = reporter or NullReporter()
+    out = {}
+    for i, dev in enumerate(devices):
+        _check_cancel(rep)
+        rep.status(f"{dev}: profiling compute ({i + 1}/{len(devices)})")
+        result = _reply(dev, coord.request_async(dev, ProfileCompute(options=options)), timeout_s, "profiling compute")
+        out[dev] = msgspec.convert(result, ComputeProfile)
+        rep.partial_result(out[dev])
+    return out
+
+
+def measure_pair(coord, src: PeerSpec, dst: PeerSpec, nbytes: int, timeout_s: float = 120) -> LinkResult:
+    """One probe from ``src`` to ``dst``: the receiver is armed first, then the sender starts."""
+    probe = uuid.uuid4().hex[:12]
+    recv = coord.request_async(dst.device, MeasureLink(peer=src, options={
+        "role": "receive", "probe_id": probe, "timeout_s": timeout_s}))
+    time.sleep(0.05)  # the receiver's worker is polling before the first probe leaves
+    send = coord.request_async(src.device, MeasureLink(peer=dst, options={
+        "role": "send", "probe_id": probe, "nbytes": int(nbytes), "timeout_s": timeout_s}))
+    _reply(src.device, send, timeout_s + 10, f"sending probes to {dst.device}")
+    res = msgspec.convert(_reply(dst.device, recv, timeout_s + 10, f"receiving probes from {src.device}"),
+                          LinkResult)
+    if res.error:
+        raise ProfilingFailed(f"{dst.device}: {res.error}")
+    return res
+
+
+def measure_links(coord, peers: dict[str, PeerSpec], reporter: Reporter | None = None, *,
+                  link_target_s: float = 1.0, first_probe_bytes: int = 256 << 10, max_bytes: int = 64 << 20,
+                  offsets: dict[str, float] | None = None) -> list[LinkMeasurement]:
+    """Bandwidth and one-way latency of every ordered pair, one pair at a time."""
+    rep = reporter or NullReporter()
+    names = sorted(peers)
+    pairs = [(a, b) for a in names for b in names if a != b]
+    offsets = offsets or {}
+    out = []
+    for i, (a, b) in enumerate(pairs):
+        _check_cancel(rep)
+        rep.status(f"link {a} -> {b} ({i + 1}/{len(pairs)})")
+        rep.progress(i, len(pairs))
+        first = measure_pair(coord, peers[a], peers[b], first_probe_bytes)
+        est = first.bandwidth_mbit_s or 1.0
+        nbytes = int(min(max_bytes, max(first_probe_bytes, est * 1e6 / 8 * link_target_s)))
+        res = measure_pair(coord, peers[a], peers[b], nbytes)
+        samples = list(first.one_way_s) + list(res.one_way_s)
+        # agent clocks → coordinator clock: t_coord = t_agent - offset(agent)
+        corr = offsets.get(b, 0.0) - offsets.get(a, 0.0)
+        one_way = max(0.0, statistics.median(samples) - corr) if samples else 0.0
+        m = LinkMeasurement(src=a, dst=b, bandwidth_mbit_s=res.bandwidth_mbit_s, one_way_ms=one_way * 1e3,
+                            bytes=res.bytes_received, seconds=res.seconds)
+        rep.partial_result(m)
+        out.append(m)
+    rep.progress(len(pairs), len(pairs))
+    return out
+
+
+def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links: Sequence[LinkMeasurement], *,
+                  dtype: str, model_name: str, prompt_tokens: int, addresses: dict[str, str] | None = None,
+                  notes: str = "") -> Profile:
+    """The planner's Profile from measured figures (units must cover the whole model)."""
+    spec = model_spec_from_config(model_config, dtype=dtype, name=model_name)
+    addresses = addresses or {}
+    devices, times = [], []
+    for dev in sorted(compute):
+        c = compute[dev]
+        by_unit = {u.unit: u for u in c.units}
+        missing = [u for u in range(spec.num_units) if u not in by_unit]
+        if missing:
+            raise ProfilingFailed(f"{dev}: no compute figures for units {missing}")
+        units = [by_unit[u] for u in range(spec.num_units)]
+        devices.append(Device(id=dev, name=dev, memory_bytes=c.memory_budget_bytes, address=addresses.get(dev, ""),
+                              arch=c.arch, cores=c.cores, accelerator=c.accelerator))
+        times.append(DeviceTimes(
+            device=dev,
+            decode_batch_sizes=c.decode_batch_sizes,
+            decode_s=tuple(tuple(u.decode_s) for u in units),
+            prefill_token_counts=c.prefill_token_counts,
+            prefill_s=tuple(tuple(u.prefill_s) for u in units),
+            decode_spread=tuple(u.decode_spread[0] for u in units),
+            stage_decode_overhead_s=c.stage_decode_overhead_s,
+            stage_prefill_overhead_s=c.stage_prefill_overhead_s,
+        ))
+    cluster = Cluster(devices=tuple(devices), links=tuple(
+        Link(src=m.src, dst=m.dst, bandwidth_mbit_s=max(m.bandwidth_mbit_s, 1e-3), latency_ms=m.one_way_ms)
+        for m in links))
+    return Profile(model=spec, cluster=cluster, times=tuple(times),
+                   profiled_workload=ProfiledWorkload(prompt_tokens=prompt_tokens, batch_size=1),
+                   source="measured", notes=notes)
+
+
+def profile_cluster(
+    coord,
+    model_config: dict,
+    *,
+    model_name: str = "",
+    dtype: str = "fp32",
+    prompt_tokens: int = 32,
+    batch_sizes: Sequence[int] = (1, 2, 4),
+    repeats: int = 5,
+    headroom_bytes: int = 512 << 20,
+    threads: int = 0,
+    network: bool = True,
+    link_target_s: float = 1.0,
+    reporter: Reporter | None = None,
+    out_path: str | Path | None = None,
+) -> ClusterProfileResult:
+    """Profile every agent of ``coord`` (a connected core.runs.coordinator.Coordinator) for the
+    model of ``model_config`` and, if ``out_path`` is given, save the Profile there."""
+    rep = reporter or NullReporter()
+    if dtype not in _PROFILER_DTYPES:
+        raise EdgeShardError(f"dtype must be one of {', '.join(_PROFILER_DTYPES)}, got {dtype!r}")
+    model_spec_from_config(model_config, dtype=dtype)  # unsupported families fail before any work
+    rep.status("asking agents for their status")
+    statuses = coord.status()
+    names = sorted(statuses)
+    peers = {d: PeerSpec(device=d, stage=0, data_address=s.data_address, public_key=s.public_key)
+             for d, s in statuses.items()}
+    addresses = {d: urlparse(s.data_address).hostname or "" for d, s in statuses.items()}
+    options = {"config": model_config, "prompt_tokens": prompt_tokens, "batch_sizes": list(batch_sizes),
+               "repeats": repeats, "dtype": _PROFILER_DTYPES[dtype], "headroom_bytes": headroom_bytes,
+               "threads": threads}
+    compute = profile_compute(coord, names, options, rep)
+    links: list[LinkMeasurement] = []
+    if network and len(names) > 1:
+        rep.status("estimating clock offsets")
+        clocks = coord.sync_clocks()
+        offsets = {d: c.offset_s for d, c in clocks.items()}
+        links = measure_links(coord, peers, rep, link_target_s=link_target_s, offsets=offsets)
+    profile = build_profile(model_config, compute, links, dtype=dtype,
+                            model_name=model_name or str(model_config.get("_name_or_path") or
+                                                         model_config.get("model_type")),
+                            prompt_tokens=prompt_tokens, addresses=addresses,
+                            notes=f"measured by edgeshard profile: {repeats} repeats, median; "
+                                  f"links over the agents' data plane")
+    if out_path is not None:
+        from core.formats import save
+
+        save(out_path, profile)
+        rep.status(f"profile saved to {out_path}")
+    return ClusterProfileResult(profile=profile, links=tuple(links), compute=tuple(compute[d] for d in names))

@@ -1,0 +1,66 @@
+"""A shard plan: which device runs which contiguous range of units.
+
+Rules (checked by ``core.planning.cost.validate``): stages cover units [0, N) in order without
+gaps, stage 0 runs on the problem's source device, each device appears at most once,
+and each device's memory (weights + KV cache + workspace) fits its budget.
+Ranges are half-open [start, end).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from core.formats import register_format
+
+PLAN_FORMAT = "edgeshard.plan"
+PLAN_VERSION = 1
+
+StageKind = Literal["layers"]
+
+
+class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    device: str
+    start: int
+    end: int
+    kind: StageKind = "layers"
+    """Room for later stage kinds (attention-only, expert host, ...)."""
+
+    @property
+    def num_units(self) -> int:
+        return self.end - self.start
+
+
+class ShardPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    format: Literal["edgeshard.plan"] = PLAN_FORMAT
+    version: int = PLAN_VERSION
+    model: str
+    """ModelSpec.name the plan was made for."""
+    num_units: int
+    stages: tuple[Stage, ...]
+    strategy: str = "manual"
+    objective: Literal["latency", "throughput", "none"] = "none"
+    micro_batch_size: int = 1
+    micro_batches: int = 1
+
+    def devices(self) -> tuple[str, ...]:
+        return tuple(s.device for s in self.stages)
+
+    def stage_of_unit(self, unit: int) -> int:
+        for i, s in enumerate(self.stages):
+            if s.start <= unit < s.end:
+                return i
+        raise IndexError(unit)
+
+
+def plan_from_boundaries(
+    model: str, num_units: int, devices: list[str], boundaries: list[int], **kw
+) -> ShardPlan:
+    """Build a plan from the devices in order and the first unit of stages 1..k-1."""
+    edges = [0, *boundaries, num_units]
+    stages = tuple(Stage(device=d, start=a, end=b) for d, a, b in zip(devices, edges, edges[1:]))
+    return ShardPlan(model=model, num_units=num_units, stages=stages, **kw)
+
+
+register_format(PLAN_FORMAT, ShardPlan, PLAN_VERSION)

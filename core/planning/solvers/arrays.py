@@ -1,0 +1,167 @@
+"""The cost model of ``core.planning.cost`` as numpy arrays, for one micro-batch size and count.
+
+The solvers search over these; the plan they return is always re-evaluated by
+``core.planning.cost.evaluate``, so the arrays only have to agree with it (tests check that).
+Indices: d = device (the problem's usable devices in cluster order), u = unit,
+e = a boundary (stage ends before unit e, 0..N).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from core.planning.problem import PlanningProblem
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class CostArrays:
+    devices: tuple[str, ...]
+    src: int
+    n: int
+    m: int
+    k: int
+    prefix: np.ndarray
+    """(D, N+1): prefix[d, e] = decode time of units [0, e) on d at batch m."""
+    emax: np.ndarray
+    """(D, N+1) int: a stage on d starting at unit a fits in memory up to end emax[d, a] (a if none)."""
+    transfer: np.ndarray
+    """(D, D, N+1): seconds to send the output of a stage ending at e from d to d' (inf: no link / same)."""
+    occupancy: np.ndarray
+    """(D, D, N+1): seconds the d→d' link is busy with it (no latency)."""
+    ret: np.ndarray
+    """(D,): seconds for the head's output (token ids) from d back to the source (0 on the source)."""
+    ret_occupancy: np.ndarray
+    stage_bytes: np.ndarray
+    """(N+1, N+1) int64: memory of a stage [a, e) at this (m, K) (−1 where e ≤ a)."""
+    budgets: np.ndarray
+    """(D,) int64: memory each device may fill."""
+    max_latency: float = 0.0
+    """The largest one-way link latency between usable devices, s."""
+    weights_prefix: np.ndarray | None = None
+    """(N+1,) parameter bytes of units [0, e)."""
+    overhead: np.ndarray | None = None
+    """(D,): once-per-stage decode overhead of each device (``DeviceTimes.stage_decode_overhead_s``),
+    charged to a stage that holds a decoder block, i.e. [a, e) with a < N−1 and e > 1."""
+
+    @cached_property
+    def symmetry_classes(self) -> np.ndarray:
+        """cls[d]: the lowest index of a device interchangeable with d (d itself if none)."""
+        from core.planning.solvers.search import symmetry_classes
+
+        return symmetry_classes(self)
+
+    def stage_time(self, d: int, a: int, e: int) -> float:
+        return float(self.prefix[d, e] - self.prefix[d, a]) + self.stage_overhead(d, a, e)
+
+    def stage_overhead(self, d: int, a: int, e: int) -> float:
+        """As ``DeviceTimes.stage_overhead_time``: paid once by a stage holding a decoder block."""
+        if self.overhead is None or not (a < self.n - 1 and e > 1):
+            return 0.0
+        return float(self.overhead[d])
+
+    def overhead_matrix(self, d: int) -> np.ndarray:
+        """(N+1, N+1): the overhead of every stage [a, e) on d (0 where it holds no block)."""
+        a_idx, e_idx = np.arange(self.n + 1)[:, None], np.arange(self.n + 1)[None, :]
+        o = 0.0 if self.overhead is None else float(self.overhead[d])
+        return np.where((a_idx < self.n - 1) & (e_idx > 1), o, 0.0)
+
+
+def usable_devices(problem: PlanningProblem) -> tuple[str, ...]:
+    """Devices a plan may use: known, profiled and not excluded (source first)."""
+    timed = {t.device for t in problem.profile.times}
+    ids = [d for d in problem.profile.cluster.device_ids() if d in timed and d not in problem.excluded_devices]
+    if problem.source in ids:
+        ids.remove(problem.source)
+        ids.insert(0, problem.source)
+    return tuple(ids)
+
+
+def stage_memory_matrix(problem: PlanningProblem, sequences: int, pass_sequences: int) -> np.ndarray:
+    """Bytes of every stage [a, e): weights + KV for ``sequences`` + workspace of one pass (as core.planning.cost.memory_of)."""
+    units = problem.profile.model.units
+    n = len(units)
+    ctx = problem.workload.context_tokens
+    pass_tokens = pass_sequences * problem.workload.prompt_tokens
+    w = np.array([u.param_bytes for u in units], dtype=np.int64)
+    kv = np.array([u.kv_bytes_per_token for u in units], dtype=np.int64)
+    ws = np.array([u.workspace_bytes_per_token for u in units], dtype=np.int64)
+    wp = np.concatenate([[0], np.cumsum(w)])
+    kp = np.concatenate([[0], np.cumsum(kv)])
+    out = np.full((n + 1, n + 1), -1, dtype=np.int64)
+    for a in range(n):
+        run = np.maximum.accumulate(ws[a:])
+        ends = np.arange(a + 1, n + 1)
+        out[a, a + 1:] = (wp[ends] - wp[a]) + (kp[ends] - kp[a]) * sequences * ctx + run * pass_tokens
+    return out
+
+
+def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | None = None) -> CostArrays:
+    """Arrays for K = k micro-batches of m sequences (a latency plan: m = batch, k = 1).
+
+    ``prefix_cache`` (m → decode prefix sums) saves re-reading the profile for each K.
+    """
+    devices = usable_devices(problem)
+    model = problem.profile.model
+    n = model.num_units
+    dn = len(devices)
+    prefix = None if prefix_cache is None else prefix_cache.get(m)
+    if prefix is None:
+        prefix = np.zeros((dn, n + 1))
+        by_id = {t.device: t for t in problem.profile.times}
+        for i, dev in enumerate(devices):
+            t = by_id[dev]
+            prefix[i, 1:] = np.cumsum([t.decode_time(u, m) for u in range(n)])
+        if prefix_cache is not None:
+            prefix_cache[m] = prefix
+    times_by_id = {t.device: t for t in problem.profile.times}
+    overhead = np.array([times_by_id[d].stage_decode_overhead_s for d in devices], dtype=float)
+    mem = stage_memory_matrix(problem, m * k, m)
+    cluster = problem.profile.cluster
+    mem_of = {d.id: d.memory_bytes for d in cluster.devices}
+    budgets = np.array([int(mem_of[d] * (1.0 - problem.memory_headroom)) for d in devices], dtype=np.int64)
+    fits = (mem[None, :, :] >= 0) & (mem[None, :, :] <= budgets[:, None, None])
+    emax = np.arange(n + 1)[None, :] + fits.sum(axis=2)
+    # Monotone in e (memory only grows with the range), so the count is the last fitting end.
+    act = np.array([u.activation_bytes_per_token for u in model.units], dtype=float)
+    out_bytes = np.zeros(n + 1)
+    out_bytes[1:] = act * m
+    cached = None if prefix_cache is None else prefix_cache.get("links")
+    if cached is None:
+        bw = np.full((dn, dn), 0.0)
+        lat = np.full((dn, dn), INF)
+        pos = {dev: i for i, dev in enumerate(devices)}
+        for link in cluster.links:
+            i, j = pos.get(link.src), pos.get(link.dst)
+            if i is not None and j is not None and i != j and link.bandwidth_mbit_s > 0:
+                bw[i, j] = link.bandwidth_mbit_s * 1e6
+                lat[i, j] = link.latency_ms / 1e3
+        if prefix_cache is not None:
+            prefix_cache["links"] = (bw, lat)
+    else:
+        bw, lat = cached
+    with np.errstate(divide="ignore"):
+        inv = np.where(bw > 0, 8.0 / np.where(bw > 0, bw, 1.0), INF)
+    out_bytes[0] = 1.0  # boundary 0 is never a stage end; avoids inf · 0 below
+    occupancy = inv[:, :, None] * out_bytes[None, None, :]
+    transfer = occupancy + lat[:, :, None]
+    transfer[:, :, 0] = INF
+    occupancy[:, :, 0] = INF
+    src = 0
+    ret = transfer[:, src, n].copy()
+    ret_occ = occupancy[:, src, n].copy()
+    ret[src] = 0.0
+    ret_occ[src] = 0.0
+    return CostArrays(
+        devices=devices, src=src, n=n, m=m, k=k, prefix=prefix, emax=emax,
+        transfer=transfer, occupancy=occupancy, ret=ret, ret_occupancy=ret_occ,
+        stage_bytes=mem, budgets=budgets,
+        weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
+        max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
+        overhead=overhead,
+    )

@@ -1,0 +1,92 @@
+"""Every strategy side by side on one problem: what ``edgeshard compare`` prints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from core.planning.cost import PlanCost, evaluate, structural_violations
+from core.errors import EdgeShardError
+from core.planning.plan import ShardPlan
+from core.planning.problem import PlanningProblem
+from core.reporting import Reporter
+from core.planning.solvers import STRATEGIES, best_micro_batching, even_split, memory_proportional
+from core.planning.solvers.exact import solve_max_throughput, solve_min_latency
+
+
+class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    strategy: str
+    objective: Literal["latency", "throughput"]
+    status: Literal["optimal", "ok", "oom", "invalid", "failed"]
+    """optimal: proven optimum; ok: a valid plan; oom: a device's memory overflows;
+    invalid: breaks another rule; failed: the strategy produced no plan (``error`` says why)."""
+    plan: ShardPlan | None = None
+    cost: PlanCost | None = None
+    error: str = ""
+    gap: float = 0.0
+    """For the exact strategy cut short: the proven relative gap."""
+    bound: float | None = None
+    """For the exact strategy: the proven best possible value (latency lower / throughput upper bound)."""
+    elapsed_s: float = 0.0
+
+
+def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0,
+                 devices: list[str] | None = None, reporter: Reporter | None = None) -> StrategyOutcome:
+    """One strategy's plan and cost; errors a user can cause become a ``failed`` outcome.
+
+    ``devices``: the device set of the even / memory-proportional splits (default: all usable).
+    ``reporter``: the exact solver's progress and cancellation (the studio's worker).
+    """
+    try:
+        if name == "edgeshard":
+            solve = solve_min_latency if objective == "latency" else solve_max_throughput
+            res = solve(problem, time_limit_s=time_limit_s, reporter=reporter)
+            return StrategyOutcome(strategy=name, objective=objective, plan=res.plan, cost=res.cost,
+                                   status="optimal" if res.proven_optimal else "ok", gap=res.gap,
+                                   bound=res.bound, elapsed_s=res.elapsed_s)
+        if devices is not None and name in ("even", "memory-proportional"):
+            split = even_split if name == "even" else memory_proportional
+            plan = split(problem, devices, objective=objective)
+            if objective == "throughput":
+                plan = best_micro_batching(problem, plan)
+        else:
+            plan = STRATEGIES[name](problem, objective)
+    except EdgeShardError as err:
+        return StrategyOutcome(strategy=name, objective=objective, status="failed", error=str(err))
+    cost = evaluate(problem, plan)
+    if cost.feasible:
+        status = "ok"
+    elif cost.memory and not all(m.fits for m in cost.memory) and not structural_violations(problem, plan):
+        status = "oom"
+    else:
+        status = "invalid"
+    return StrategyOutcome(strategy=name, objective=objective, plan=plan, cost=cost, status=status,
+                           error="; ".join(cost.violations))
+
+
+def compare(problem: PlanningProblem, objective: str, time_limit_s: float = 30.0) -> list[StrategyOutcome]:
+    """Every strategy of ``STRATEGIES`` for one objective, the exact one first."""
+    names = sorted(STRATEGIES, key=lambda n: (n != "edgeshard", n))
+    return [run_strategy(problem, n, objective, time_limit_s) for n in names]
+
+
+GIB = 1024**3
+
+
+def status_text(out: StrategyOutcome) -> str:
+    """One outcome's status in plain words: proven optimal, the gap left, OOM by how much, why no plan."""
+    if out.status == "optimal":
+        return f"proven optimal ({out.elapsed_s:.2f} s)" if out.elapsed_s else "proven optimal"
+    if out.status == "ok":
+        if out.strategy != "edgeshard" or out.bound is None:
+            return "ok"
+        unit = "ms/token" if out.objective == "latency" else "tokens/s"
+        bound = out.bound * 1e3 if out.objective == "latency" else out.bound
+        return f"search budget ran out: gap ≤ {out.gap * 100:.2f} % (best possible {bound:.2f} {unit})"
+    if out.status == "oom":
+        over = [m for m in out.cost.memory if not m.fits]
+        return "OOM: " + ", ".join(f"{m.device} +{(m.total_bytes - m.budget_bytes) / GIB:.2f} GiB" for m in over)
+    if out.status == "failed":
+        return "no plan: " + out.error.splitlines()[0]
+    return "invalid: " + out.error

@@ -1,0 +1,362 @@
+"""Exact minimum-latency and maximum-throughput plans (with honest bounds when cut short).
+
+Latency is additive over stages, so ``branch_and_bound`` minimises it directly.
+
+Throughput for K micro-batches of m sequences is K·m / φ with
+φ = max(K · B, L): B the bottleneck stage period, L the per-token cycle (core.planning.cost).
+For a threshold β let L(β) be the least latency over plans whose every stage period is
+≤ β (a filtered branch and bound). Then φ* = min over candidate β of max(K·β, L(β)),
+where the candidates are the values a stage period can take (stage compute sums and
+link occupancies). ``pred(β)``: "some plan has B ≤ β and L ≤ K·β" is monotone in β, so
+a binary search finds the least true β*; the optimum is then either K·β* or L(β′) for
+the candidate β′ just below β*, which one more exact search settles. Proof of the
+last step: a plan with B ≥ β* has φ ≥ K·β*; a plan with B ≤ β′ has φ ≥ L ≥ L(β′).
+The micro-batch size and count are chosen over every (m, K) with m·K ≤ batch (or as
+the workload fixes them), best upper bound first, stopping when no pair can win.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import msgspec
+import numpy as np
+
+from core.planning.cost import PlanCost, evaluate
+from core.errors import ModelDoesNotFit
+from core.planning.plan import ShardPlan, Stage
+from core.planning.problem import PlanningProblem, check_problem
+from core.reporting import Cancelled, NullReporter, Reporter
+from core.planning.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix
+from core.planning.solvers.search import SearchBudget, SearchSpace, branch_and_bound
+
+INF = math.inf
+EXACT_STRATEGY = "edgeshard-exact"
+SAFETY = 0.95
+"""Share of the time limit given to the searches (the rest: setup and evaluation)."""
+
+
+class SolveResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A solver's answer: the plan, its cost (core.planning.cost.evaluate) and how good it is known to be."""
+
+    plan: ShardPlan
+    cost: PlanCost
+    objective: Literal["latency", "throughput"]
+    value: float
+    """Latency per token (s) or throughput (tokens/s) of the plan."""
+    bound: float
+    """Proven best possible value: a latency lower bound or a throughput upper bound."""
+    proven_optimal: bool
+    gap: float
+    """Relative distance between value and bound (0 when proven optimal)."""
+    nodes: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def lower_bound(self) -> float:
+        """Lower bound on the minimised quantity: seconds per token step (latency) or per token (throughput)."""
+        if self.objective == "latency":
+            return self.bound
+        return 1.0 / self.bound if self.bound > 0 else INF
+
+
+def plan_from_sequence(problem: PlanningProblem, arr: CostArrays, seq, ends, strategy: str, objective: str) -> ShardPlan:
+    stages, start = [], 0
+    for d, e in zip(seq, ends):
+        stages.append(Stage(device=arr.devices[d], start=start, end=int(e)))
+        start = int(e)
+    return ShardPlan(
+        model=problem.profile.model.name, num_units=arr.n, stages=tuple(stages), strategy=strategy,
+        objective=objective, micro_batch_size=arr.m, micro_batches=arr.k,
+    )
+
+
+def sequence_terms(arr: CostArrays, seq, ends) -> tuple[float, float]:
+    """(latency L, bottleneck period B) of a device sequence with stage ends, from the arrays."""
+    lat, bott, start = 0.0, 0.0, 0
+    for j, (d, e) in enumerate(zip(seq, ends)):
+        c = arr.stage_time(d, start, e)
+        if j + 1 < len(seq):
+            t, o = arr.transfer[d, seq[j + 1], e], arr.occupancy[d, seq[j + 1], e]
+        else:
+            t, o = arr.ret[d], arr.ret_occupancy[d]
+        lat += c + t
+        bott = max(bott, c, o)
+        start = e
+    return lat, bott
+
+
+def does_not_fit(problem: PlanningProblem, arr: CostArrays) -> ModelDoesNotFit:
+    """The error for a model no plan can hold, with how much memory is missing."""
+    whole = int(stage_memory_matrix(problem, arr.m * arr.k, arr.m)[0, arr.n])
+    total = int(arr.budgets.sum())
+    gib = 2**30
+    if not arr.devices or problem.source not in arr.devices:
+        return ModelDoesNotFit(f"the source device {problem.source!r} is not usable (unknown, unprofiled or excluded)", whole)
+    if whole > total:
+        missing = whole - total
+        return ModelDoesNotFit(
+            f"{problem.profile.model.name} does not fit: it needs {whole / gib:.2f} GiB (weights, KV cache for "
+            f"{arr.m * arr.k} sequences, workspace) but the {len(arr.devices)} usable devices offer "
+            f"{total / gib:.2f} GiB; {missing / gib:.2f} GiB missing",
+            missing,
+        )
+    # Enough in total, but not as contiguous stages on distinct linked devices.
+    biggest = int(max(arr.stage_bytes[u, u + 1] for u in range(arr.n)))
+    missing = max(0, biggest - int(arr.budgets.max()))
+    return ModelDoesNotFit(
+        f"{problem.profile.model.name} does not fit: the devices offer {total / gib:.2f} GiB for "
+        f"{whole / gib:.2f} GiB needed, but no split into contiguous stages on distinct linked devices fits "
+        f"(largest single unit needs {biggest / gib:.2f} GiB, largest budget {int(arr.budgets.max()) / gib:.2f} GiB)",
+        missing,
+    )
+
+
+def solve_min_latency(
+    problem: PlanningProblem, *, time_limit_s: float = 30.0, max_nodes: int = 2_000_000,
+    reporter: Reporter | None = None,
+) -> SolveResult:
+    """The plan with the least per-token latency for the whole batch (m = batch, K = 1)."""
+    t0 = time.monotonic()
+    reporter = reporter or NullReporter()
+    reporter.status("searching the minimum-latency plan")
+    check_problem(problem)
+    arr = build_arrays(problem, problem.workload.batch_size, 1)
+    if not arr.devices or arr.devices[arr.src] != problem.source:
+        raise does_not_fit(problem, arr)
+    space = SearchSpace(arr)
+    budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, time_limit_s * SAFETY - (time.monotonic() - t0)),
+                          cancel_requested=reporter.cancel_requested)
+
+    def report(seq, ends, _cost):
+        reporter.partial_result(plan_from_sequence(problem, arr, seq, ends, EXACT_STRATEGY, "latency"))
+
+    res = branch_and_bound(space, budget=budget, on_incumbent=report)
+    if not res.sequence:
+        if res.complete or res.lower_bound == INF:
+            raise does_not_fit(problem, arr)
+        raise ModelDoesNotFit("no plan found within the search budget; raise the time limit", 0)
+    plan = plan_from_sequence(problem, arr, res.sequence, res.boundaries, EXACT_STRATEGY, "latency")
+    cost = evaluate(problem, plan)
+    value = cost.latency_per_token_s
+    bound = value if res.complete else min(res.lower_bound, value)
+    reporter.progress(1, 1)
+    return SolveResult(
+        plan=plan, cost=cost, objective="latency", value=value, bound=bound, proven_optimal=res.complete,
+        gap=0.0 if res.complete else (value - bound) / value, nodes=res.nodes, elapsed_s=time.monotonic() - t0,
+    )
+
+
+def micro_batch_choices(problem: PlanningProblem) -> list[tuple[int, int]]:
+    """Every (m, K) the throughput solver may use: fixed by the workload or m·K ≤ batch."""
+    wl = problem.workload
+    b = wl.batch_size
+    if wl.micro_batch_size and wl.micro_batches:
+        return [(wl.micro_batch_size, wl.micro_batches)]
+    if wl.micro_batch_size:
+        return [(wl.micro_batch_size, k) for k in range(1, b // wl.micro_batch_size + 1)] or [(wl.micro_batch_size, 1)]
+    if wl.micro_batches:
+        return [(m, wl.micro_batches) for m in range(1, b // wl.micro_batches + 1)] or [(1, wl.micro_batches)]
+    return [(m, k) for m in range(1, b + 1) for k in range(1, b // m + 1)]
+
+
+class _ComboOutcome(msgspec.Struct):
+    phi: float  # best cycle time found (inf: none)
+    seq: tuple = ()
+    ends: tuple = ()
+    phi_bound: float = 0.0  # proven: no plan of this (m, K) has a smaller phi
+    proven: bool = False
+    nodes: int = 0
+
+
+def _latency_first(space: SearchSpace, deadline: float, max_nodes: int, cancel=None):
+    """The least-latency plan of this (m, K): a quick incumbent and the bound L ≥ L*."""
+    budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, deadline - time.monotonic()), cancel_requested=cancel)
+    return branch_and_bound(space, budget=budget)
+
+
+def _candidate_periods(arr: CostArrays) -> np.ndarray:
+    """Every value a stage period can take: stage compute sums and link occupancies, sorted."""
+    n = arr.n
+    vals = [arr.ret_occupancy]
+    a_idx, e_idx = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
+    for d in range(len(arr.devices)):
+        ok = (e_idx > a_idx) & (e_idx <= arr.emax[d][:, None])
+        vals.append((arr.prefix[d][None, :] - arr.prefix[d][:, None] + arr.overhead_matrix(d))[ok])
+    vals.append(arr.occupancy[np.isfinite(arr.occupancy)])
+    cands = np.unique(np.concatenate([np.ravel(v) for v in vals]))
+    return cands[np.isfinite(cands)]
+
+
+def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_target: float, cancel=None) -> _ComboOutcome:
+    """Least φ = max(K·B, L) for fixed (m, K), caring only about φ < ``phi_target``."""
+    k = arr.k
+    nodes = 0
+    l_star, b_lat = sequence_terms(arr, lat.sequence, lat.boundaries)
+    best = _ComboOutcome(phi=max(k * b_lat, l_star), seq=lat.sequence, ends=lat.boundaries)
+    l_low = l_star if lat.complete else lat.lower_bound
+    if k == 1 or l_star >= k * b_lat:
+        # φ ≥ L ≥ L* for every plan, and this plan reaches it.
+        best.proven, best.phi_bound = lat.complete, best.phi if lat.complete else l_low
+        return best
+    target = min(best.phi, phi_target)
+    cands = _candidate_periods(arr)
+    lo = int(np.searchsorted(cands, l_low / k * (1 - 1e-12), side="left"))
+    # hi is a sentinel "true": at a period of cands[hi] or more, φ ≥ K·cands[hi] ≥ target.
+    hi = int(np.searchsorted(cands, target / k * (1 - 1e-12), side="left"))
+    all_proven = lat.complete
+    found: dict[int, tuple] = {}
+    false_max = -1
+
+    def slice_budget(share: float) -> SearchBudget:
+        left = max(0.0, deadline - time.monotonic())
+        return SearchBudget(max_nodes=max_nodes, max_seconds=min(left, max(0.25, left * share)), cancel_requested=cancel)
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        beta = float(cands[mid])
+        space = SearchSpace(arr, beta)
+        limit = k * beta * (1 + 1e-12)
+        if space.root_bound() > limit:
+            lo, false_max = mid + 1, max(false_max, mid)
+            continue
+        res = branch_and_bound(space, incumbent=limit, budget=slice_budget(0.25), stop_below=limit)
+        nodes += res.nodes
+        if res.sequence:
+            found[mid] = (res.sequence, res.boundaries)
+            hi = mid
+        else:
+            if res.complete:
+                false_max = max(false_max, mid)
+            else:
+                all_proven = False  # unknown: treated as false, so the bound does not use it
+            lo = mid + 1
+    star = hi
+    upper = k * float(cands[star]) if star in found else target
+    options = [found[star]] if star in found else []
+    if star - 1 >= 0:
+        # The last contender: least latency with every period ≤ the candidate just below.
+        res = branch_and_bound(SearchSpace(arr, float(cands[star - 1])), incumbent=upper * (1 + 1e-12),
+                               budget=slice_budget(1.0))
+        nodes += res.nodes
+        if res.sequence:
+            options.append((res.sequence, res.boundaries))
+        if not res.complete:
+            all_proven = False
+    for seq, ends in options:
+        lv, bv = sequence_terms(arr, seq, ends)
+        phi = max(k * bv, lv)
+        if phi < best.phi:
+            best.phi, best.seq, best.ends = phi, seq, ends
+    best.nodes = nodes
+    if all_proven:
+        # nothing below min(best, target) exists for this (m, K)
+        best.proven, best.phi_bound = True, min(best.phi, target)
+    else:
+        bound = l_low
+        if false_max >= 0:
+            bound = max(bound, k * float(cands[false_max]))
+        best.phi_bound = min(bound, best.phi)
+    return best
+
+
+def _relaxed_phi_bound(arr: CostArrays, space: SearchSpace) -> float:
+    """A cheap lower bound of φ = max(K·B, L) for (m, K).
+
+    L ≥ the relaxed latency bound. B ≥ the least time any device takes for the slowest
+    unit (some stage holds it), and B ≥ (L − k·max link latency) / 2k for k ≤ D stages,
+    since every stage's compute and outgoing occupancy are both ≤ B.
+    """
+    l_lo = space.root_bound()
+    if l_lo == INF:
+        return INF
+    max_lat = arr.max_latency
+    dn = len(arr.devices)
+    unit_min = np.diff(arr.prefix, axis=1).min(axis=0)
+    b_lo = max(float(unit_min.max()), (l_lo - dn * max_lat) / (2 * dn), 0.0)
+    return max(l_lo, arr.k * b_lo)
+
+
+def solve_max_throughput(
+    problem: PlanningProblem, *, time_limit_s: float = 60.0, max_nodes: int = 2_000_000,
+    reporter: Reporter | None = None,
+) -> SolveResult:
+    """The plan and micro-batching (m, K) with the most tokens/s within memory.
+
+    First every (m, K)'s least-latency plan (fast) gives an incumbent; then the pairs
+    whose upper bound beats it are solved exactly, best bound first, each only for
+    plans that would beat the incumbent.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + time_limit_s * SAFETY
+    reporter = reporter or NullReporter()
+    reporter.status("searching the maximum-throughput plan")
+    check_problem(problem)
+    combos = []
+    prefix_cache: dict[int, np.ndarray] = {}
+    for m, k in micro_batch_choices(problem):
+        arr = build_arrays(problem, m, k, prefix_cache)
+        if not arr.devices or arr.devices[arr.src] != problem.source:
+            raise does_not_fit(problem, arr)
+        space = SearchSpace(arr)
+        lo = _relaxed_phi_bound(arr, space)
+        combos.append((0.0 if lo == INF else k * m / lo, m, k, arr, space))
+    combos.sort(key=lambda c: (-c[0], -c[1] * c[2]))
+    best_tput, best = 0.0, None
+    proven = True
+    tput_bound = 0.0
+    nodes = 0
+    lats = []
+    for ub, m, k, arr, space in combos:
+        if ub <= 0 or ub <= best_tput * (1 + 1e-12):
+            lats.append(None)
+            continue
+        lat = _latency_first(space, deadline, max_nodes, reporter.cancel_requested)
+        nodes += lat.nodes
+        lats.append(lat)
+        if lat.sequence:
+            lv, bv = sequence_terms(arr, lat.sequence, lat.boundaries)
+            tput = k * m / max(k * bv, lv)
+            if tput > best_tput * (1 + 1e-12):
+                best_tput, best = tput, (arr, lat.sequence, lat.boundaries)
+                reporter.partial_result(plan_from_sequence(problem, arr, lat.sequence, lat.boundaries, EXACT_STRATEGY, "throughput"))
+        elif not lat.complete:
+            proven = False
+            tput_bound = max(tput_bound, ub)
+    for i, ((ub, m, k, arr, _), lat) in enumerate(zip(combos, lats)):
+        reporter.progress(i, len(combos))
+        if lat is None or not lat.sequence or ub <= best_tput * (1 + 1e-12):
+            continue
+        if time.monotonic() >= deadline:
+            proven = False
+            tput_bound = max(tput_bound, ub)
+            continue
+        if reporter.cancel_requested():
+            raise Cancelled()
+        out = _solve_combo(arr, lat, deadline, max_nodes, k * m / best_tput if best_tput > 0 else INF,
+                           reporter.cancel_requested)
+        nodes += out.nodes
+        if out.seq:
+            tput = k * m / out.phi
+            if tput > best_tput * (1 + 1e-12):
+                best_tput, best = tput, (arr, out.seq, out.ends)
+                reporter.partial_result(plan_from_sequence(problem, arr, out.seq, out.ends, EXACT_STRATEGY, "throughput"))
+        if not out.proven:
+            proven = False
+            tput_bound = max(tput_bound, k * m / out.phi_bound if out.phi_bound > 0 else ub)
+    if best is None:
+        if proven:
+            raise does_not_fit(problem, combos[-1][3] if combos else build_arrays(problem, 1, 1))
+        raise ModelDoesNotFit("no plan found within the search budget; raise the time limit", 0)
+    arr, seq, ends = best
+    plan = plan_from_sequence(problem, arr, seq, ends, EXACT_STRATEGY, "throughput")
+    cost = evaluate(problem, plan)
+    value = cost.throughput_tokens_s
+    bound = value if proven else max(value, tput_bound)
+    reporter.progress(len(combos), len(combos))
+    return SolveResult(
+        plan=plan, cost=cost, objective="throughput", value=value, bound=bound, proven_optimal=proven,
+        gap=0.0 if proven else (bound - value) / bound, nodes=nodes, elapsed_s=time.monotonic() - t0,
+    )

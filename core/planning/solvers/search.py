@@ -1,0 +1,350 @@
+"""Exact search for the cheapest plan under the plan rules, by branch and bound.
+
+A plan is a sequence of distinct devices (the source first) plus the boundaries between
+their stages. The search branches on the device sequence; for a sequence prefix it keeps
+a vector ``F[e]``: the least cost of running units [0, e) with the prefix's last stage
+ending at e. Extending the prefix by a device is an O(N²) min-plus step in numpy.
+
+Pruning, all exact:
+- *bound*: ``G[d, e]``, the cheapest completion after a stage on d ended at e when
+  devices may be reused (the paper's per-layer DP, Algorithm 1, with per-stage memory):
+  a relaxation, so ``min_e F[e] + G[d, e]`` is a lower bound of every completion;
+- *dominance*: two prefixes with the same device set and last device have the same
+  completions, so one whose ``F`` is nowhere below what was already seen is dropped;
+- *symmetry*: devices that are interchangeable (same times, memory, links) are used in
+  index order only.
+
+The cost searched is additive: Σ stage compute + Σ transfers (+ the token ids back to
+the source), i.e. the per-token latency; a *filter* ``beta`` (for throughput) forbids
+stages whose compute or outgoing link occupancy exceeds it.
+When the budget (nodes or seconds) runs out, the result carries the best plan found
+and a proven lower bound: the least bound over the prefixes not yet explored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.reporting import Cancelled
+from core.planning.solvers.arrays import CostArrays
+
+INF = math.inf
+
+
+@dataclass
+class SearchBudget:
+    max_nodes: int = 2_000_000
+    max_seconds: float = 30.0
+    nodes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    cancel_requested: Callable[[], bool] | None = None
+    """Polled with the clock; when it returns True the search raises ``Cancelled``."""
+
+    def out_of_time(self) -> bool:
+        if self.cancel_requested is not None and self.cancel_requested():
+            raise Cancelled()
+        return time.monotonic() - self.started >= self.max_seconds
+
+
+@dataclass
+class SearchResult:
+    cost: float
+    """Least cost found (inf: no plan found)."""
+    sequence: tuple[int, ...]
+    boundaries: tuple[int, ...]
+    """Stage ends, one per device of ``sequence`` (the last is N)."""
+    lower_bound: float
+    complete: bool
+    """True when the search space was exhausted: ``cost`` is optimal (or no plan exists)."""
+    nodes: int
+
+
+class SearchSpace:
+    """The arrays under an optional bottleneck filter, with the relaxed completion bound."""
+
+    def __init__(self, arr: CostArrays, beta: float = INF):
+        self.arr = arr
+        self.beta = beta
+        n, dn = arr.n, len(arr.devices)
+        emax = arr.emax.copy()
+        # off[d, a]: the overhead a stage on d starting at a >= 1 pays (it holds a block iff a < N-1).
+        # A stage starting at 0 (the source's) pays it only when it reaches past the embedding.
+        o = np.zeros(dn) if arr.overhead is None else arr.overhead
+        starts = np.arange(n + 1)
+        off = np.where((starts >= 1) & (starts < n - 1), o[:, None], 0.0)
+        self.overhead = o
+        if beta < INF:
+            # largest e with prefix[d, e] - prefix[d, a] + overhead <= beta (prefix is nondecreasing)
+            tol = beta * (1 + 1e-12)
+            for d in range(dn):
+                p = arr.prefix[d]
+                lim = np.searchsorted(p, p + tol - off[d], side="right") - 1
+                lim0 = np.searchsorted(p, p[0] + tol - o[d], side="right") - 1
+                lim[0] = max(lim0, 1) if n >= 1 and p[1] - p[0] <= tol else lim0
+                emax[d] = np.minimum(emax[d], lim)
+        emax = np.maximum(emax, np.arange(n + 1)[None, :])
+        self.emax = emax
+        a_idx = np.arange(n + 1)[:, None]
+        e_idx = np.arange(n + 1)[None, :]
+        self.valid = (e_idx > a_idx)[None, :, :] & (e_idx <= emax[:, :, None])
+        # The overhead of the stage a transfer feeds is folded into that transfer, so a
+        # path's sum of transfers and prefix differences is the plan's latency.
+        tr = arr.transfer + off[None, :, :]
+        ret = arr.ret.copy()
+        if beta < INF:
+            tr[arr.occupancy > beta * (1 + 1e-12)] = INF
+            ret[arr.ret_occupancy > beta * (1 + 1e-12)] = INF
+        # No stage may go to the source (it holds stage 0) or back to the same device.
+        tr[:, arr.src, :] = INF
+        for d in range(dn):
+            tr[d, d, :] = INF
+        self.tr = tr
+        self.ret = ret
+        self.g = self._relaxed_completion()
+        self.classes = arr.symmetry_classes
+        # cap[d, e]: the most units one stage on d can hold starting at or after unit e.
+        # Units [e, N) need distinct unused devices, so Σ_unused cap[d, e] ≥ N − e.
+        span = (self.emax - np.arange(n + 1)[None, :]).astype(float)
+        self.cap = np.maximum.accumulate(span[:, ::-1], axis=1)[:, ::-1]
+        # Byte-rate bound: t(d, u) ≥ w_u · rate[d] (w = parameter bytes), and a stage on d
+        # holds at most capb[d] bytes, so the units [e, N) cost at least the cheapest
+        # fractional filling of their bytes into the unused devices (a convex piecewise
+        # linear function of the bytes left: np.interp over the devices sorted by rate).
+        wp = arr.weights_prefix
+        w = np.diff(wp)
+        unit_t = np.diff(arr.prefix, axis=1)
+        pos = w > 0
+        self.rate = (unit_t[:, pos] / w[pos]).min(axis=1) if pos.any() else np.zeros(dn)
+        self.capb = (wp[self.emax] - wp[None, :]).max(axis=1)
+        self.rate_order = np.argsort(self.rate, kind="stable")
+        self.wsuf = wp[n] - wp
+        out = self.tr.min(axis=1)
+        out[:, n] = self.ret
+        self.outmin = out
+
+    def byte_bound(self, unused: np.ndarray) -> np.ndarray:
+        """Least compute for units [e, N) on the devices marked ``unused`` (inf: not enough room)."""
+        sel = self.rate_order[unused[self.rate_order]]
+        caps = self.capb[sel]
+        xs = np.concatenate(([0.0], np.cumsum(caps)))
+        ys = np.concatenate(([0.0], np.cumsum(caps * self.rate[sel])))
+        lb = np.interp(self.wsuf, xs, ys)
+        lb[self.wsuf > xs[-1] * (1 + 1e-12)] = INF
+        return lb
+
+    def _relaxed_completion(self) -> np.ndarray:
+        """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable."""
+        arr, n = self.arr, self.arr.n
+        dn = len(arr.devices)
+        g = np.full((dn, n + 1), INF)
+        h = np.full((dn, n + 1), INF)
+        g[:, n] = self.ret
+        p = arr.prefix
+        for a in range(n - 1, -1, -1):
+            cand = p[:, a + 1:] - p[:, a:a + 1] + g[:, a + 1:]
+            cand = np.where(self.valid[:, a, a + 1:], cand, INF)
+            h[:, a] = cand.min(axis=1)
+            if a >= 1:
+                g[:, a] = (self.tr[:, :, a] + h[None, :, a]).min(axis=1)
+        self.h = h
+        return g
+
+    def root(self) -> np.ndarray:
+        arr = self.arr
+        stage0 = arr.prefix[arr.src] - arr.prefix[arr.src, 0]
+        stage0 = stage0 + np.where(np.arange(arr.n + 1) > 1, self.overhead[arr.src], 0.0)
+        f = np.where(self.valid[arr.src, 0], stage0, INF)
+        return f
+
+    def root_bound(self) -> float:
+        return float(self.h[self.arr.src, 0])
+
+    def extend_all(self, f: np.ndarray, d: int, targets: np.ndarray) -> np.ndarray:
+        """``extend`` to every device in ``targets`` at once: shape (len(targets), N+1)."""
+        a_vals = f[None, :] + self.tr[d, targets]
+        idx = np.flatnonzero(np.isfinite(a_vals).any(axis=0))
+        if idx.size == 0:
+            return np.full((len(targets), f.size), INF)
+        p = self.arr.prefix[targets]
+        z = (a_vals[:, idx] - p[:, idx])[:, :, None]
+        cand = np.where(self.valid[targets][:, idx, :], z, INF).min(axis=1)
+        return cand + p
+
+    def extend(self, f: np.ndarray, d: int, d2: int) -> np.ndarray:
+        """F of the prefix extended by a stage on d2 (min-plus over the previous stage's end)."""
+        a_vals = f + self.tr[d, d2]
+        idx = np.flatnonzero(a_vals < INF)
+        if idx.size == 0:
+            return np.full_like(f, INF)
+        p = self.arr.prefix[d2]
+        z = (a_vals[idx] - p[idx])[:, None]
+        cand = np.where(self.valid[d2, idx], z, INF).min(axis=0)
+        return cand + p
+
+
+def symmetry_classes(arr: CostArrays) -> np.ndarray:
+    """cls[d]: the lowest index of a device interchangeable with d (d itself if none).
+
+    Swapping two interchangeable devices maps every plan to one of equal cost, so the
+    search uses the members of a class in index order only.
+    """
+    dn = len(arr.devices)
+    cls = np.arange(dn)
+    groups: dict[bytes, list[int]] = {}
+    for d in range(dn):
+        if d == arr.src:
+            continue
+        over = b"" if arr.overhead is None else arr.overhead[d:d + 1].tobytes()
+        sig = over + arr.prefix[d].tobytes() + arr.emax[d].tobytes() + arr.ret[d:d + 1].tobytes() + arr.ret_occupancy[d:d + 1].tobytes()
+        reps = groups.setdefault(sig, [])
+        for r in reps:
+            if _interchangeable(arr, r, d):
+                cls[d] = r
+                break
+        else:
+            reps.append(d)
+    return cls
+
+
+def _interchangeable(arr: CostArrays, i: int, j: int) -> bool:
+    """Same times, memory and return link are checked by the caller's signature."""
+    others = [k for k in range(len(arr.devices)) if k not in (i, j)]
+    for t in (arr.transfer, arr.occupancy):
+        if not (np.array_equal(t[i, others], t[j, others]) and np.array_equal(t[others, i], t[others, j])
+                and np.array_equal(t[i, j], t[j, i])):
+            return False
+    return True
+
+
+def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchBudget | None = None,
+                     stop_below: float = -INF, on_incumbent: Callable[[tuple, tuple, float], None] | None = None) -> SearchResult:
+    """Least-cost device sequence and boundaries; prunes anything not below ``incumbent``.
+
+    ``stop_below``: return as soon as a plan cheaper than this is found (a feasibility
+    question; the result is then not proven optimal unless its cost equals the bound).
+    ``on_incumbent(sequence, stage_ends, cost)`` is called for each better plan found.
+    """
+    arr = space.arr
+    n, dn, src = arr.n, len(arr.devices), arr.src
+    budget = budget or SearchBudget()
+    g = space.g
+    cls = space.classes
+    best = {"cost": incumbent, "seq": ()}
+    envelopes: dict[tuple[int, int], np.ndarray] = {}
+    pending: list[float] = []
+    state = {"stopped": False, "found_early": False}
+    eps = 1e-12
+
+    need = float(n) - np.arange(n + 1)
+    all_caps = space.cap.sum(axis=0)
+
+    def explore(used: int, d: int, f: np.ndarray, seq: tuple[int, ...], caps_left: np.ndarray) -> None:
+        budget.nodes += 1
+        if f[n] < INF:
+            c = f[n] + space.ret[d]
+            if c < best["cost"] * (1 - eps):
+                best["cost"], best["seq"] = c, seq
+                if on_incumbent is not None:
+                    on_incumbent(seq, reconstruct(space, seq), c)
+                if c < stop_below:
+                    state["found_early"] = True
+                    state["stopped"] = True
+                    return
+        # The node budget applies once a plan is in hand; the time limit always.
+        if (budget.nodes >= budget.max_nodes and best["seq"]) or (budget.nodes % 16 == 0 and budget.out_of_time()):
+            state["stopped"] = True
+            pending.append(float(np.min(f[1:n] + g[d, 1:n], initial=INF)))
+            return
+        targets = []
+        for d2 in range(dn):
+            if used >> d2 & 1:
+                continue
+            r = cls[d2]
+            if r != d2:
+                # interchangeable devices are taken in index order
+                if any(cls[q] == r and not (used >> q & 1) for q in range(r, d2)):
+                    continue
+            targets.append(d2)
+        children = []
+        if targets:
+            tarr = np.array(targets)
+            f2s = space.extend_all(f, d, tarr)
+            tots = f2s + g[tarr]
+            keeps = tots < best["cost"] * (1 - eps)
+            short = (caps_left[None, :] - space.cap[tarr]) < need[None, :]
+            short[:, n] = False
+            keeps &= ~short
+            unused = np.ones(dn, dtype=bool)
+            for q in range(dn):
+                if used >> q & 1:
+                    unused[q] = False
+            for i, d2 in enumerate(targets):
+                keep = keeps[i]
+                if not keep.any():
+                    continue
+                unused[d2] = False
+                tot = np.maximum(tots[i], f2s[i] + space.byte_bound(unused) + space.outmin[d2])
+                unused[d2] = True
+                keep = keep & (tot < best["cost"] * (1 - eps))
+                if not keep.any():
+                    continue
+                tots[i] = tot
+                f2 = np.where(keep, f2s[i], INF)
+                key = (used | (1 << d2), d2)
+                env = envelopes.get(key)
+                if env is not None:
+                    if np.all(f2 >= env):
+                        continue
+                    envelopes[key] = np.minimum(env, f2)
+                else:
+                    envelopes[key] = f2
+                children.append((float(tots[i][keep].min()), d2, f2))
+        children.sort(key=lambda c: c[0])
+        for i, (lb, d2, f2) in enumerate(children):
+            if lb >= best["cost"] * (1 - eps):
+                break
+            if state["stopped"]:
+                if not state["found_early"]:
+                    pending.extend(c[0] for c in children[i:])
+                return
+            explore(used | (1 << d2), d2, f2, seq + (d2,), caps_left - space.cap[d2])
+
+    root = space.root()
+    explore(1 << src, src, root, (src,), all_caps - space.cap[src])
+    complete = not state["stopped"]
+    if complete:
+        lower = best["cost"]
+    elif state["found_early"]:
+        lower = space.root_bound()
+    else:
+        lower = min([best["cost"], *pending])
+        lower = max(lower, space.root_bound()) if lower < INF else lower
+    seq = best["seq"]
+    bounds = reconstruct(space, seq) if seq else ()
+    return SearchResult(cost=best["cost"] if seq else INF, sequence=seq, boundaries=bounds,
+                        lower_bound=lower, complete=complete, nodes=budget.nodes)
+
+
+def reconstruct(space: SearchSpace, seq: tuple[int, ...]) -> tuple[int, ...]:
+    """The optimal stage ends for a fixed device sequence (DP with back-pointers)."""
+    arr = space.arr
+    n = arr.n
+    fs = [space.root()]
+    for d, d2 in zip(seq, seq[1:]):
+        fs.append(space.extend(fs[-1], d, d2))
+    ends = [n]
+    e = n
+    for j in range(len(seq) - 1, 0, -1):
+        d_prev, d = seq[j - 1], seq[j]
+        # find the previous end a with fs[j-1][a] + tr + stage(d, a, e) == fs[j][e]
+        prev = fs[j - 1] + space.tr[d_prev, d] + arr.prefix[d, e] - arr.prefix[d]
+        prev = np.where(space.valid[d, :, e], prev, INF)
+        a = int(np.argmin(prev))
+        ends.append(a)
+        e = a
+    return tuple(reversed(ends))

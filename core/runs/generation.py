@@ -1,0 +1,188 @@
+"""Text in, text out over a coordinator: tokenize, load the plan, run, stream text pieces.
+
+This is the entry point the CLI and the GUI share. The coordinator works on token ids;
+this module owns the tokenizer (on the operator's machine, where the prompts are typed;
+the ids go to the source agent only) and turns each step's tokens into text pieces
+(``TokenEvent.text``) so every sink sees readable output as it is produced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from agents.protocol import LinkShape, SamplingSpec, TimelineEvent, TokenEvent
+from core.runs.coordinator import MODES, Coordinator, NullSink, RunRequest, RunResult, RunSink
+from core.errors import FormatError, RunFailed, UnsupportedModelError
+from core.planning.plan import ShardPlan
+from core.reporting import NullReporter, Reporter
+from core.runs.metrics import RunFigures, compute_figures
+
+
+def load_tokenizer(model_dir: str):
+    """The checkpoint's tokenizer, padding on the left (prompts end where generation starts)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise UnsupportedModelError(f"{model_dir}: cannot load a tokenizer ({err})") from None
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def stop_token_ids(model_dir: str, tokenizer) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (int or list), else the tokenizer's."""
+    ids: list[int] = []
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.exists():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except ValueError:
+            eos = None
+        if isinstance(eos, int):
+            ids.append(eos)
+        elif isinstance(eos, list):
+            ids.extend(int(e) for e in eos)
+    if not ids and tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return tuple(ids)
+
+
+class TextPieces:
+    """Per sequence, the text each new token adds.
+
+    Decodes the whole sequence and emits the new suffix, so tokenizers that merge pieces
+    (leading spaces, byte fallback) come out right; a character whose bytes are split over
+    tokens decodes to U+FFFD until its last byte arrives, so that tail is held back and
+    emitted whole with the token that completes it (or, never completed, when the sequence
+    ends: at a stop token or after ``max_new_tokens``). So the pieces of a sequence add up to
+    its full decoded text (as long as decoding more tokens never re-spells earlier text,
+    which holds for the byte-level and SentencePiece decoders of transformers).
+    """
+
+    def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...], max_new_tokens: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.text = [""] * n
+        """What has been emitted so far, per sequence."""
+        self.finished = [False] * n
+        self.stop = set(stop_ids)
+
+    def piece(self, seq: int, token: int) -> str:
+        if self.finished[seq]:
+            return ""
+        if token in self.stop:
+            self.finished[seq] = True
+            return self._rest(seq)
+        self.ids[seq].append(token)
+        if self.max_new_tokens is not None and len(self.ids[seq]) >= self.max_new_tokens:
+            self.finished[seq] = True
+            return self._rest(seq)
+        full = self.tokenizer.decode(self.ids[seq], skip_special_tokens=True)
+        done = self.text[seq]
+        if not full.startswith(done):  # the tokenizer re-spelled earlier text: emit nothing wrong
+            common = os.path.commonprefix([full, done])
+            self.text[seq] = common
+            done = common
+        ready = full.rstrip("\ufffd") if full.endswith("\ufffd") else full
+        if len(ready) <= len(done):
+            return ""
+        self.text[seq] = ready
+        return ready[len(done):]
+
+    def _rest(self, seq: int) -> str:
+        """Everything not emitted yet (an incomplete character included): the sequence ended."""
+        full = self.tokenizer.decode(self.ids[seq], skip_special_tokens=True)
+        done, self.text[seq] = self.text[seq], full
+        return full[len(done):] if full.startswith(done) else ""
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_new_tokens: int = 32
+    mode: str = "sequential"
+    micro_batches: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    dtype: str = "float32"
+    threads: int = 0
+    links: dict[str, LinkShape] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Generation:
+    texts: tuple[str, ...]
+    result: RunResult
+    figures: RunFigures
+
+
+class _TextSink:
+    """Fills ``TokenEvent.text`` before passing tokens on."""
+
+    def __init__(self, inner: RunSink, pieces: TextPieces) -> None:
+        self.inner = inner
+        self.pieces = pieces
+
+    def on_event(self, event: TimelineEvent) -> None:
+        self.inner.on_event(event)
+
+    def on_tokens(self, tokens: TokenEvent) -> None:
+        text = tuple(self.pieces.piece(s, t) for s, t in zip(tokens.sequence_ids, tokens.token_ids))
+        self.inner.on_tokens(msgspec.structs.replace(tokens, text=text))
+
+
+def generate(
+    coordinator: Coordinator,
+    plan: ShardPlan,
+    model_dir: str,
+    prompts: list[str] | tuple[str, ...],
+    settings: GenerationSettings,
+    *,
+    sink: RunSink | None = None,
+    reporter: Reporter | None = None,
+    load: bool = True,
+) -> Generation:
+    """Load ``plan`` (unless already loaded) and generate for ``prompts``; streams into ``sink``."""
+    reporter = reporter or NullReporter()
+    if not prompts:
+        raise FormatError("prompts", "no prompt given")
+    if settings.mode not in MODES:
+        raise FormatError("mode", f"must be one of {', '.join(MODES)}, got {settings.mode!r}")
+    if settings.max_new_tokens < 1:
+        raise FormatError("max-new-tokens", "must be at least 1")
+    tok = load_tokenizer(model_dir)
+    enc = tok(list(prompts), return_tensors="pt", padding=True)
+    if enc["input_ids"].shape[1] == 0:
+        raise FormatError("prompts", "a prompt encodes to no tokens")
+    stops = stop_token_ids(model_dir, tok)
+    if load:
+        reporter.status(f"loading {len(plan.stages)} stage(s) of {Path(model_dir).name}")
+        coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
+                         reporter=reporter)
+    coordinator.sync_clocks()
+    pieces = TextPieces(tok, len(prompts), stops, settings.max_new_tokens)
+    request = RunRequest(
+        input_ids=tuple(tuple(r) for r in enc["input_ids"].tolist()),
+        attention_mask=tuple(tuple(r) for r in enc["attention_mask"].tolist()),
+        max_new_tokens=settings.max_new_tokens,
+        mode=settings.mode,  # type: ignore[arg-type]
+        micro_batches=settings.micro_batches,
+        eos_token_ids=stops,
+        pad_token_id=int(tok.pad_token_id or 0),
+        sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed),
+    )
+    result = coordinator.run(plan, request, _TextSink(sink or NullSink(), pieces), reporter)
+    texts = tuple(tok.decode([t for t in seq if t not in stops], skip_special_tokens=True) for seq in result.tokens)
+    return Generation(texts=texts, result=result, figures=compute_figures(result.events, result.token_events))
+
+
+__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "load_tokenizer"]

@@ -1,0 +1,338 @@
+"""Discrete-event simulator of a shard plan: the predicted timeline before a run.
+
+Why a simulator beside the closed forms of ``core.planning.cost``: the closed forms give one
+decode step's latency and the steady-state throughput of a pipeline without bubbles;
+they do not show the bubbles of a synchronous pipeline, a micro-batch's transfer queued
+behind another's on the same link, or how prefill and decode interleave. The simulator
+plays the plan out event by event with the same per-unit times and transfer terms
+(``core.planning.cost.stage_compute_s`` / ``stage_output_bytes`` / ``Link``), so where the closed
+forms apply the two agree exactly (see tests/core/test_simulator.py).
+
+Resources and rules:
+- each stage computes one micro-batch at a time, first come first served;
+- each link direction carries one transfer at a time: it is occupied for
+  size / bandwidth, and the latency delays the arrival without occupying the link;
+- a stage hands its output to its link and starts its next micro-batch at once
+  (compute/communication overlap); ``overlap=False`` makes it wait for the send;
+- the last stage sends the sampled token ids back to the source; a token's arrival
+  there is a ``TokenEvent`` and may release the micro-batch's next step.
+
+Schedules (EdgeShard §IV-C):
+- ``sequential``: one micro-batch step in flight in the whole pipeline at a time;
+- ``bubbles``: micro-batches are pipelined, but step s+1 starts only when every
+  micro-batch has its step-s token back (a barrier per step: the bubbles);
+- ``no-bubbles``: a micro-batch starts its next step as soon as its own token is back.
+
+Step 0 is the prefill (one pass over the prompt, producing the first token), steps
+1..G-1 the decode steps, G = the workload's generated tokens. The emitted events are
+the ``TimelineEvent`` type a real run emits, ordered by end time (when a real agent
+would report them), so the GUI draws predicted and measured timelines alike.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+import msgspec
+
+from agents.protocol import RUN_MODES, RunMode, TimelineEvent, TokenEvent
+from core.planning.cost import (
+    link_occupancy_s,
+    next_device,
+    stage_compute_s,
+    stage_output_bytes,
+    structural_violations,
+)
+from core.errors import PlanInvalid
+from core.planning.plan import ShardPlan
+from core.planning.problem import PlanningProblem
+from core.runs.metrics import RunFigures, compute_figures
+
+Mode = RunMode
+MODES = RUN_MODES
+"""Re-exported from ``agents.protocol``: the simulator models exactly the runtime's modes."""
+
+
+class SimulationResult(msgspec.Struct, frozen=True, kw_only=True):
+    mode: str
+    micro_batch_size: int
+    micro_batches: int
+    generated_tokens: int
+    events: tuple[TimelineEvent, ...]
+    tokens: tuple[TokenEvent, ...]
+    figures: RunFigures
+    """The same figures a real run gets (``core.runs.metrics``)."""
+    steady_tokens_per_s: float | None
+    """Decode throughput over the middle half of the decode steps (whole rounds)."""
+    link_wait_s: float
+    """Total time transfers waited for a link busy with another transfer (contention)."""
+    step_done_s: tuple[float, ...]
+    """Per step: when the last micro-batch's token of that step reached the source."""
+
+
+def simulate(
+    problem: PlanningProblem,
+    plan: ShardPlan,
+    mode: str = "sequential",
+    *,
+    micro_batches: int | None = None,
+    micro_batch_size: int | None = None,
+    generated_tokens: int | None = None,
+    overlap: bool = True,
+    host_cores: int | None = None,
+    micro_batch_sizes: tuple[int, ...] | None = None,
+) -> SimulationResult:
+    """Play ``plan`` out on ``problem`` and return the predicted events and figures.
+
+    Defaults: ``sequential`` serves the workload's batch as one micro-batch; the pipeline
+    modes use the plan's micro-batch size and count. Raises ``PlanInvalid`` for a plan
+    whose shape is broken (memory is the cost model's concern, not the simulator's).
+
+    ``host_cores``: the stages' devices are emulated on one host with that many cores
+    (a local cluster): n stages computing at once each progress at min(1, cores / n)
+    (processor sharing). None: independent devices, as in the cost model.
+
+    ``micro_batch_sizes``: the size of each micro-batch when they differ (a real run splits
+    5 prompts into 3 + 2, ``core.runs.coordinator.split_micro_batches``); it overrides
+    ``micro_batches`` and ``micro_batch_size``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    violations = structural_violations(problem, plan)
+    if violations:
+        raise PlanInvalid(violations)
+    wl = problem.workload
+    if mode == "sequential" and micro_batches is None and micro_batch_size is None:
+        k_mb, m = 1, wl.batch_size
+    else:
+        k_mb = micro_batches if micro_batches is not None else plan.micro_batches
+        m = micro_batch_size if micro_batch_size is not None else plan.micro_batch_size
+    if micro_batch_sizes is not None:
+        if not micro_batch_sizes or min(micro_batch_sizes) < 1:
+            raise ValueError("every micro-batch needs at least one sequence")
+        k_mb, m = len(micro_batch_sizes), max(micro_batch_sizes)
+    g = generated_tokens if generated_tokens is not None else wl.generated_tokens
+    if k_mb < 1 or m < 1 or g < 1:
+        raise ValueError("micro-batches, micro-batch size and generated tokens must be at least 1")
+    if host_cores is not None and host_cores < 1:
+        raise ValueError("host_cores must be at least 1")
+    return _Simulation(problem, plan, mode, k_mb, m, g, overlap, host_cores, micro_batch_sizes).run()
+
+
+_ARRIVE, _COMPUTE_DONE, _LINK_DONE, _TOKEN = range(4)
+
+
+class _Simulation:
+    def __init__(self, problem, plan, mode, k_mb, m, g, overlap, host_cores=None, sizes=None):
+        self.problem, self.plan, self.mode = problem, plan, mode
+        self.k_mb, self.m, self.g, self.overlap = k_mb, m, g, overlap
+        self.sizes = tuple(sizes) if sizes is not None else (m,) * k_mb
+        self.first_seq = [sum(self.sizes[:mb]) for mb in range(k_mb)]
+        self.host_cores = host_cores
+        # Processor sharing (host_cores): stage -> [remaining seconds at full speed,
+        # start time, job, version]; a completion whose version is stale is ignored.
+        self.active: dict[int, list] = {}
+        self.active_since = 0.0
+        stages = plan.stages
+        self.n = len(stages)
+        prompt = problem.workload.prompt_tokens
+        links = problem.profile.cluster.link_index()
+        # Per stage, phase and micro-batch size: compute seconds, link occupancy and latency, bytes sent.
+        self.compute: dict[tuple[int, str, int], float] = {}
+        self.xfer: dict[tuple[int, str, int], tuple[float, float, int]] = {}
+        for j, st in enumerate(stages):
+            times = problem.profile.times_of(st.device)
+            last = j == self.n - 1
+            for size in set(self.sizes):
+                for phase, tokens in (("prefill", size * prompt), ("decode", size)):
+                    self.compute[j, phase, size] = stage_compute_s(times, st, phase, tokens)
+                    sent = size if (phase == "decode" or last) else size * prompt
+                    nbytes = stage_output_bytes(problem, st, sent)
+                    nxt = next_device(plan, j)
+                    if nxt == st.device:
+                        self.xfer[j, phase, size] = (0.0, 0.0, 0)
+                    else:
+                        occ = link_occupancy_s(problem, st.device, nxt, nbytes)
+                        self.xfer[j, phase, size] = (occ, links[(st.device, nxt)].latency_ms / 1e3, nbytes)
+        self.heap: list = []
+        self.order = 0
+        self.stage_queue = [deque() for _ in stages]
+        self.stage_busy = [False] * self.n
+        self.stage_free_since = [0.0] * self.n
+        self.link_queue = [deque() for _ in stages]
+        self.link_busy = [False] * self.n
+        self.events: list[TimelineEvent] = []
+        self.tokens: list[TokenEvent] = []
+        self.link_wait = 0.0
+        self.step_arrivals: dict[int, list[float]] = {}
+        self.seq_order = [(mb, s) for s in range(g) for mb in range(k_mb)]
+        self.seq_next = 0
+
+    def push(self, t, action, *args):
+        heapq.heappush(self.heap, (t, self.order, action, args))
+        self.order += 1
+
+    def run(self) -> SimulationResult:
+        if self.mode == "sequential":
+            self._release_sequential(0.0)
+        else:
+            for mb in range(self.k_mb):
+                self.push(0.0, _ARRIVE, 0, (mb, 0))
+        while self.heap:
+            t, _, action, args = heapq.heappop(self.heap)
+            if action == _ARRIVE:
+                j, job = args
+                self.stage_queue[j].append(job)
+                self._try_stage(j, t)
+            elif action == _COMPUTE_DONE:
+                if self.host_cores is not None and not self._ps_done(t, *args):
+                    continue
+                self._compute_done(t, args[0], args[1])
+            elif action == _LINK_DONE:
+                j = args[0]
+                self.link_busy[j] = False
+                if not self.overlap:
+                    self._free_stage(j, t)
+                self._try_link(j, t)
+            else:
+                self._token(t, args[0])
+        return self._result()
+
+    def _phase(self, step: int) -> str:
+        return "prefill" if step == 0 else "decode"
+
+    def _try_stage(self, j: int, t: float) -> None:
+        if self.stage_busy[j] or not self.stage_queue[j]:
+            return
+        mb, step = self.stage_queue[j].popleft()
+        phase = self._phase(step)
+        dev = self.plan.stages[j].device
+        if t > self.stage_free_since[j]:
+            self.events.append(TimelineEvent(
+                device=dev, stage=j, kind="recv_wait", phase=phase, step=step, micro_batch=mb,
+                start_s=self.stage_free_since[j], end_s=t))
+        self.stage_busy[j] = True
+        d = self.compute[j, phase, self.sizes[mb]]
+        if self.host_cores is not None:
+            self._ps_advance(t)
+            self.active[j] = [d, t, (mb, step), 0]
+            self._ps_reschedule(t)
+            return
+        self.events.append(TimelineEvent(
+            device=dev, stage=j, kind="compute", phase=phase, step=step, micro_batch=mb,
+            start_s=t, end_s=t + d))
+        self.push(t + d, _COMPUTE_DONE, j, (mb, step))
+
+    def _ps_rate(self) -> float:
+        return min(1.0, self.host_cores / len(self.active)) if self.active else 1.0
+
+    def _ps_advance(self, t: float) -> None:
+        rate = self._ps_rate()
+        for a in self.active.values():
+            a[0] -= (t - self.active_since) * rate
+        self.active_since = t
+
+    def _ps_reschedule(self, t: float) -> None:
+        rate = self._ps_rate()
+        for j, a in self.active.items():
+            a[3] += 1
+            self.push(t + max(0.0, a[0]) / rate, _COMPUTE_DONE, j, a[2], a[3])
+
+    def _ps_done(self, t: float, j: int, job, version: int) -> bool:
+        a = self.active.get(j)
+        if a is None or a[3] != version:
+            return False
+        self._ps_advance(t)
+        del self.active[j]
+        self._ps_reschedule(t)
+        mb, step = job
+        self.events.append(TimelineEvent(
+            device=self.plan.stages[j].device, stage=j, kind="compute", phase=self._phase(step), step=step,
+            micro_batch=mb, start_s=a[1], end_s=t))
+        return True
+
+    def _free_stage(self, j: int, t: float) -> None:
+        self.stage_busy[j] = False
+        self.stage_free_since[j] = t
+        self._try_stage(j, t)
+
+    def _compute_done(self, t: float, j: int, job: tuple[int, int]) -> None:
+        if next_device(self.plan, j) == self.plan.stages[j].device:
+            self._deliver(t, j, job)
+            self._free_stage(j, t)
+            return
+        self.link_queue[j].append((job, t))
+        self._try_link(j, t)
+        if self.overlap:
+            self._free_stage(j, t)
+
+    def _try_link(self, j: int, t: float) -> None:
+        if self.link_busy[j] or not self.link_queue[j]:
+            return
+        (mb, step), ready = self.link_queue[j].popleft()
+        self.link_wait += t - ready
+        phase = self._phase(step)
+        occ, lat, nbytes = self.xfer[j, phase, self.sizes[mb]]
+        self.link_busy[j] = True
+        self.events.append(TimelineEvent(
+            device=self.plan.stages[j].device, stage=j, kind="send", phase=phase, step=step,
+            micro_batch=mb, start_s=t, end_s=t + occ, nbytes=nbytes, peer=next_device(self.plan, j)))
+        self.push(t + occ, _LINK_DONE, j)
+        self._deliver(t + occ + lat, j, (mb, step), scheduled=True)
+
+    def _deliver(self, t: float, j: int, job: tuple[int, int], scheduled: bool = False) -> None:
+        if j + 1 < self.n:
+            self.push(t, _ARRIVE, j + 1, job)
+        elif scheduled:
+            self.push(t, _TOKEN, job)
+        else:
+            self._token(t, job)
+
+    def _token(self, t: float, job: tuple[int, int]) -> None:
+        mb, step = job
+        first, size = self.first_seq[mb], self.sizes[mb]
+        self.tokens.append(TokenEvent(micro_batch=mb, step=step, sequence_ids=tuple(range(first, first + size)),
+                                      token_ids=(0,) * size, t_s=t))
+        arrivals = self.step_arrivals.setdefault(step, [])
+        arrivals.append(t)
+        if self.mode == "sequential":
+            self._release_sequential(t)
+        elif step + 1 < self.g:
+            if self.mode == "no-bubbles":
+                self.push(t, _ARRIVE, 0, (mb, step + 1))
+            elif len(arrivals) == self.k_mb:
+                for other in range(self.k_mb):
+                    self.push(t, _ARRIVE, 0, (other, step + 1))
+
+    def _release_sequential(self, t: float) -> None:
+        if self.seq_next < len(self.seq_order):
+            self.push(t, _ARRIVE, 0, self.seq_order[self.seq_next])
+            self.seq_next += 1
+
+    def _result(self) -> SimulationResult:
+        events = sorted(self.events, key=lambda e: (e.end_s, e.start_s, e.stage, e.kind, e.micro_batch))
+        tokens = sorted(self.tokens, key=lambda t: (t.t_s, t.micro_batch))
+        step_done = tuple(max(self.step_arrivals[s]) for s in range(self.g))
+        # The middle half of the decode steps: past the prefill transient, before the
+        # drain (finished micro-batches free shared resources for the last ones).
+        lo, hi = max(1, self.g // 4), max(1, (3 * self.g) // 4)
+        steady = None
+        if hi > lo and step_done[hi] > step_done[lo]:
+            steady = sum(self.sizes) * (hi - lo) / (step_done[hi] - step_done[lo])
+        return SimulationResult(
+            mode=self.mode, micro_batch_size=self.m, micro_batches=self.k_mb, generated_tokens=self.g,
+            events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
+            steady_tokens_per_s=steady, link_wait_s=self.link_wait, step_done_s=step_done,
+        )
+
+
+def simulate_recorded(problem: PlanningProblem, plan: ShardPlan, mode: str, tokens) -> SimulationResult:
+    """Predict a run that was recorded: micro-batches, their size and the generated tokens
+    are read from its ``TokenEvent``s (what really ran), the rest from the problem."""
+    if not tokens:
+        raise ValueError("the run has no token outputs to compare with")
+    mbs = {t.micro_batch for t in tokens}
+    size = max(len(t.sequence_ids) for t in tokens)
+    steps = max(t.step for t in tokens) + 1
+    return simulate(problem, plan, mode if mode in MODES else "sequential", micro_batches=len(mbs),
+                    micro_batch_size=size, generated_tokens=steps)

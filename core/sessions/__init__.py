@@ -1,0 +1,5 @@
+"""Every run recorded, replayed and exported.
+
+Public: ``store`` (SessionStore, one SQLite file per workspace), ``recording`` (a run into
+the store), ``replay`` (a recorded run at any speed), ``export`` (Chrome trace, CSV).
+"""

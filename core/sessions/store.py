@@ -1,0 +1,596 @@
+"""The SessionStore: one SQLite workspace file holding everything the studio saw.
+
+Why SQLite (through sqlite-utils): one file an operator can copy, WAL mode so the GUI
+reads while a run writes, and transactions so a crash never leaves half a row.
+
+Tables: ``sessions``; ``devices`` (as seen at the time), ``profiles``, ``plans``
+(versioned JSON documents from core.formats); ``runs`` (model, mode, settings,
+status, figures); ``events`` (TimelineEvents) and ``outputs`` (TokenEvents) of a run,
+sharing one per-run ``seq`` (arrival order) and ``recv_s`` (arrival time, seconds since
+the run started) so a replay reproduces exactly what was seen live; ``agent_logs``.
+
+Schema versions: ``MIGRATIONS[i]`` takes a workspace from version i to i+1, each in its
+own transaction, recorded in ``schema_version``. A file from a newer program is
+refused (``StoreError``), never touched; an older one is migrated on open.
+v1: sessions, devices, profiles, plans, runs, events, outputs.
+v2: agent_logs; runs.kind (measured | simulated); (run_id, seq) indexes.
+
+Events arrive from any thread at high rates: ``append_event`` only queues; a writer
+thread with its own connection commits them in batches, at least every
+``flush_interval_s`` (default 0.25 s) or every ``max_batch`` rows. In WAL mode with
+synchronous=NORMAL a committed batch survives a killed process (not a power cut), so
+a ``kill -9`` loses at most the last interval of events and never corrupts the file
+(tests/core/test_store.py kills a real recording process to check it).
+
+Errors: anything the operator can cause (a path that is not a workspace, a newer
+schema, an unknown run id, a bad session file) is a ``StoreError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import sqlite_utils
+
+from agents.protocol import TimelineEvent, TokenEvent
+from core import formats
+from core import paths
+from core.devices.cluster import Device
+from core.errors import FormatError, StoreError
+from core.planning.plan import ShardPlan
+from core.planning.problem import PlanningProblem
+from core.devices.profile import Profile
+
+ENV_WORKSPACE = paths.ENV_WORKSPACE
+
+
+def default_workspace_path() -> Path:
+    """$EDGESHARD_WORKSPACE, else $XDG_DATA_HOME/edgeshard/workspace.sqlite (core.paths)."""
+    return paths.workspace_file()
+
+
+# ---------------------------------------------------------------- schema
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["sessions"].create({"id": int, "uid": str, "name": str, "created_at": str, "notes": str}, pk="id")
+    db["sessions"].create_index(["uid"], unique=True)
+    db["devices"].create({"id": int, "session_id": int, "device_id": str, "seen_at": str, "device_json": str},
+                         pk="id", foreign_keys=[("session_id", "sessions", "id")])
+    db["profiles"].create({"id": int, "session_id": int, "created_at": str, "profile_json": str},
+                          pk="id", foreign_keys=[("session_id", "sessions", "id")])
+    db["plans"].create({"id": int, "session_id": int, "created_at": str, "name": str, "plan_json": str},
+                       pk="id", foreign_keys=[("session_id", "sessions", "id")])
+    db["runs"].create(
+        {"id": int, "session_id": int, "plan_id": int, "profile_id": int, "problem_json": str,
+         "model": str, "mode": str, "settings_json": str, "status": str, "started_at": str,
+         "ended_at": str, "figures_json": str},
+        pk="id", foreign_keys=[("session_id", "sessions", "id")],
+    )
+    db["events"].create(
+        {"id": int, "run_id": int, "seq": int, "recv_s": float, "device": str, "stage": int, "kind": str,
+         "phase": str, "step": int, "micro_batch": int, "start_s": float, "end_s": float, "nbytes": int,
+         "peer": str, "clock_uncertainty_s": float},
+        pk="id", foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["outputs"].create(
+        {"id": int, "run_id": int, "seq": int, "recv_s": float, "micro_batch": int, "step": int, "t_s": float,
+         "sequence_ids": str, "token_ids": str, "text": str},
+        pk="id", foreign_keys=[("run_id", "runs", "id")],
+    )
+
+
+def _v2(db: sqlite_utils.Database) -> None:
+    db["agent_logs"].create(
+        {"id": int, "run_id": int, "device": str, "t_s": float, "level": str, "line": str},
+        pk="id", foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["runs"].add_column("kind", str, not_null_default="measured")
+    db["events"].create_index(["run_id", "seq"])
+    db["outputs"].create_index(["run_id", "seq"])
+    db["agent_logs"].create_index(["run_id", "t_s"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_EVENT_COLS = ("run_id", "seq", "recv_s", "device", "stage", "kind", "phase", "step", "micro_batch",
+               "start_s", "end_s", "nbytes", "peer", "clock_uncertainty_s")
+_OUTPUT_COLS = ("run_id", "seq", "recv_s", "micro_batch", "step", "t_s", "sequence_ids", "token_ids", "text")
+_LOG_COLS = ("run_id", "device", "t_s", "level", "line")
+_INSERT = {
+    "events": f"INSERT INTO events ({', '.join(_EVENT_COLS)}) VALUES ({', '.join('?' * len(_EVENT_COLS))})",
+    "outputs": f"INSERT INTO outputs ({', '.join(_OUTPUT_COLS)}) VALUES ({', '.join('?' * len(_OUTPUT_COLS))})",
+    "agent_logs": f"INSERT INTO agent_logs ({', '.join(_LOG_COLS)}) VALUES ({', '.join('?' * len(_LOG_COLS))})",
+}
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    return conn
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def schema_version_of(conn: sqlite3.Connection) -> int | None:
+    """Newest applied version, None for a file without a schema_version table."""
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "schema_version" not in names:
+        return None if names else 0
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
+
+
+def check_openable(conn: sqlite3.Connection, path: str) -> int:
+    """The file's schema version (0 for an empty file); a StoreError for a file that is
+    not a workspace or was written by a newer program."""
+    try:
+        version = schema_version_of(conn)
+    except sqlite3.DatabaseError as err:
+        raise StoreError(f"{path}: not an EdgeShard workspace ({err})") from None
+    if version is None:
+        raise StoreError(f"{path}: not an EdgeShard workspace (it is an SQLite file without a schema_version table)")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: this workspace was written by a newer EdgeShard Studio (schema v{version}); "
+            f"this program reads up to v{SCHEMA_VERSION}. Upgrade edgeshard-studio to open it."
+        )
+    return version
+
+
+def migrate(db: sqlite_utils.Database, path: str, upto: int = SCHEMA_VERSION) -> int:
+    """Bring a workspace to version ``upto`` (tests pass a lower one to write old files)."""
+    version = check_openable(db.conn, path)
+    if version == 0:
+        db["schema_version"].create({"version": int, "applied_at": str}, pk="version", if_not_exists=True)
+    for target in range(version + 1, upto + 1):
+        with db.atomic():
+            MIGRATIONS[target - 1](db)
+            db.conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (target, _now()))
+    return max(version, upto)
+
+
+# ---------------------------------------------------------------- values
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    uid: str
+    name: str
+    created_at: str
+    notes: str = ""
+
+
+class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    session_id: int
+    model: str
+    mode: str
+    kind: str
+    status: str
+    started_at: str
+    ended_at: str | None
+    settings: dict[str, Any]
+    figures: dict[str, Any]
+    plan_id: int | None = None
+    profile_id: int | None = None
+
+
+class RecordedItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing a run reported, in arrival order: exactly one of event / tokens is set."""
+
+    seq: int
+    recv_s: float
+    event: TimelineEvent | None = None
+    tokens: TokenEvent | None = None
+
+
+class LogLine(msgspec.Struct, frozen=True, kw_only=True):
+    device: str
+    t_s: float
+    level: str
+    line: str
+
+
+# ---------------------------------------------------------------- writer
+
+_STOP = object()
+
+
+class _BatchWriter(threading.Thread):
+    """Commits queued rows in batches on its own connection (one transaction per batch)."""
+
+    def __init__(self, path: Path, flush_interval_s: float, max_batch: int):
+        super().__init__(name=f"store-writer:{path.name}", daemon=True)
+        self.path, self.flush_interval_s, self.max_batch = path, flush_interval_s, max_batch
+        self.queue: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.rows_written = 0
+
+    def run(self) -> None:
+        conn = _connect(self.path)
+        pending: list[tuple[str, tuple]] = []
+        first_at = 0.0
+        try:
+            while True:
+                timeout = None if not pending else max(0.0, self.flush_interval_s - (time.monotonic() - first_at))
+                try:
+                    item = self.queue.get(timeout=timeout)
+                except queue.Empty:
+                    self._flush(conn, pending)
+                    continue
+                if item is _STOP or isinstance(item, threading.Event):
+                    self._flush(conn, pending)
+                    if item is _STOP:
+                        return
+                    item.set()
+                    continue
+                if not pending:
+                    first_at = time.monotonic()
+                pending.append(item)
+                if len(pending) >= self.max_batch:
+                    self._flush(conn, pending)
+        finally:
+            conn.close()
+
+    def _flush(self, conn: sqlite3.Connection, pending: list) -> None:
+        if not pending or self.error is not None:
+            pending.clear()
+            return
+        by_table: dict[str, list[tuple]] = {}
+        for table, row in pending:
+            by_table.setdefault(table, []).append(row)
+        try:
+            with conn:
+                for table, rows in by_table.items():
+                    conn.executemany(_INSERT[table], rows)
+            self.rows_written += len(pending)
+        except sqlite3.Error as err:  # disk full, file removed: reported by flush()/close()
+            self.error = err
+        pending.clear()
+
+
+# ---------------------------------------------------------------- store
+
+class SessionStore:
+    """One workspace file. Thread-safe: reads and metadata writes take a lock, event
+    appends are queued to the batch writer. Close it (or use ``with``) to flush."""
+
+    def __init__(self, path: str | os.PathLike, *, flush_interval_s: float = 0.25, max_batch: int = 2000,
+                 _schema_upto: int = SCHEMA_VERSION):
+        self.path = Path(path).expanduser()
+        if self.path.exists() and self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory, expected a workspace file (the SQLite sessions "
+                             f"file, ${paths.ENV_WORKSPACE}; deployment keys go in the folder ${paths.ENV_HOME})")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = _connect(self.path)
+        except (OSError, sqlite3.Error) as err:
+            raise StoreError(f"{self.path}: cannot open workspace ({err})") from None
+        self.db = sqlite_utils.Database(conn, execute_plugins=False)
+        self._lock = threading.RLock()
+        try:
+            # Check the version before anything writes to the file (WAL mode changes its
+            # header): a refused file is left exactly as it was.
+            check_openable(conn, str(self.path))
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self.schema_version = migrate(self.db, str(self.path), _schema_upto)
+        except sqlite3.DatabaseError as err:
+            conn.close()
+            raise StoreError(f"{self.path}: not an EdgeShard workspace ({err})") from None
+        except StoreError:
+            conn.close()
+            raise
+        self.journal_mode = mode
+        self._flush_interval_s, self._max_batch = flush_interval_s, max_batch
+        self._writer: _BatchWriter | None = None
+        self._closed = False
+
+    # -- lifecycle
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush queued rows, stop the writer, close the file."""
+        if self._closed:
+            return
+        self._closed = True
+        w = self._writer
+        if w is not None:
+            w.queue.put(_STOP)
+            w.join()
+        self.db.conn.close()
+        if w is not None and w.error is not None:
+            raise StoreError(f"{self.path}: writing events failed ({w.error})")
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Block until every queued row is committed."""
+        w = self._writer
+        if w is None:
+            return
+        done = threading.Event()
+        w.queue.put(done)
+        if not done.wait(timeout_s):
+            raise StoreError(f"{self.path}: flushing events timed out after {timeout_s} s")
+        if w.error is not None:
+            raise StoreError(f"{self.path}: writing events failed ({w.error})")
+
+    def _queue(self, table: str, row: tuple) -> None:
+        if self._closed:
+            raise StoreError(f"{self.path}: workspace is closed")
+        w = self._writer
+        if w is None:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = _BatchWriter(self.path, self._flush_interval_s, self._max_batch)
+                    self._writer.start()
+                w = self._writer
+        w.queue.put((table, row))
+
+    def _insert(self, table: str, row: dict) -> int:
+        with self._lock, self.db.atomic():
+            return self.db[table].insert(row).last_pk
+
+    def _rows(self, sql: str, params: Sequence = ()) -> list[dict]:
+        with self._lock:
+            cur = self.db.conn.execute(sql, params)
+            cols = [c[0] for c in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    # -- sessions, devices, profiles, plans
+    def create_session(self, name: str, notes: str = "") -> int:
+        return self._insert("sessions", {"uid": uuid.uuid4().hex, "name": name, "created_at": _now(), "notes": notes})
+
+    def sessions(self) -> list[SessionInfo]:
+        return [SessionInfo(**r) for r in self._rows("SELECT id, uid, name, created_at, notes FROM sessions ORDER BY id")]
+
+    def session(self, session_id: int) -> SessionInfo:
+        rows = self._rows("SELECT id, uid, name, created_at, notes FROM sessions WHERE id = ?", (session_id,))
+        if not rows:
+            raise StoreError(f"{self.path}: no session {session_id}")
+        return SessionInfo(**rows[0])
+
+    def add_devices(self, session_id: int, devices: Iterable[Device]) -> None:
+        seen = _now()
+        rows = [{"session_id": session_id, "device_id": d.id, "seen_at": seen,
+                 "device_json": msgspec.json.encode(d).decode()} for d in devices]
+        with self._lock, self.db.atomic():
+            self.db["devices"].insert_all(rows)
+
+    def devices(self, session_id: int) -> list[Device]:
+        rows = self._rows("SELECT device_json FROM devices WHERE session_id = ? ORDER BY id", (session_id,))
+        return [msgspec.json.decode(r["device_json"], type=Device) for r in rows]
+
+    def add_profile(self, session_id: int, profile: Profile) -> int:
+        return self._insert("profiles", {"session_id": session_id, "created_at": _now(),
+                                         "profile_json": formats.encode(profile).decode()})
+
+    def add_plan(self, session_id: int, plan: ShardPlan, name: str = "") -> int:
+        return self._insert("plans", {"session_id": session_id, "created_at": _now(), "name": name,
+                                      "plan_json": formats.encode(plan).decode()})
+
+    def plan(self, plan_id: int) -> ShardPlan:
+        rows = self._rows("SELECT plan_json FROM plans WHERE id = ?", (plan_id,))
+        if not rows:
+            raise StoreError(f"{self.path}: no plan {plan_id}")
+        return self._decode(rows[0]["plan_json"], ShardPlan, f"plan {plan_id}")
+
+    def profile(self, profile_id: int) -> Profile:
+        rows = self._rows("SELECT profile_json FROM profiles WHERE id = ?", (profile_id,))
+        if not rows:
+            raise StoreError(f"{self.path}: no profile {profile_id}")
+        return self._decode(rows[0]["profile_json"], Profile, f"profile {profile_id}")
+
+    def _decode(self, text: str, typ: type, what: str):
+        try:
+            return formats.decode(text, typ, f"{self.path} ({what})")
+        except FormatError as err:
+            raise StoreError(str(err)) from None
+
+    # -- runs
+    def create_run(self, session_id: int, *, model: str, mode: str, kind: str = "measured",
+                   plan_id: int | None = None, profile_id: int | None = None,
+                   problem: PlanningProblem | None = None, settings: dict[str, Any] | None = None) -> int:
+        self.session(session_id)
+        return self._insert("runs", {
+            "session_id": session_id, "plan_id": plan_id, "profile_id": profile_id,
+            "problem_json": formats.encode(problem).decode() if problem is not None else None,
+            "model": model, "mode": mode, "kind": kind, "settings_json": json.dumps(settings or {}, sort_keys=True),
+            "status": "running", "started_at": _now(), "ended_at": None, "figures_json": "{}",
+        })
+
+    def finish_run(self, run_id: int, status: str, figures: dict[str, Any] | msgspec.Struct | None = None) -> None:
+        self.run(run_id)
+        fig = msgspec.to_builtins(figures) if figures is not None else {}
+        with self._lock, self.db.atomic():
+            self.db["runs"].update(run_id, {"status": status, "ended_at": _now(),
+                                            "figures_json": json.dumps(fig, sort_keys=True)})
+
+    def runs(self, session_id: int | None = None) -> list[RunInfo]:
+        where, params = ("WHERE session_id = ?", (session_id,)) if session_id is not None else ("", ())
+        return [self._run_info(r) for r in self._rows(f"SELECT * FROM runs {where} ORDER BY id", params)]
+
+    def run(self, run_id: int) -> RunInfo:
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            raise StoreError(f"{self.path}: no run {run_id} (see `edgeshard sessions`)")
+        return self._run_info(rows[0])
+
+    @staticmethod
+    def _run_info(r: dict) -> RunInfo:
+        return RunInfo(id=r["id"], session_id=r["session_id"], model=r["model"] or "", mode=r["mode"] or "",
+                       kind=r["kind"], status=r["status"], started_at=r["started_at"], ended_at=r["ended_at"],
+                       settings=json.loads(r["settings_json"] or "{}"), figures=json.loads(r["figures_json"] or "{}"),
+                       plan_id=r["plan_id"], profile_id=r["profile_id"])
+
+    def problem_of(self, run_id: int) -> PlanningProblem | None:
+        rows = self._rows("SELECT problem_json FROM runs WHERE id = ?", (run_id,))
+        if not rows or rows[0]["problem_json"] is None:
+            return None
+        return self._decode(rows[0]["problem_json"], PlanningProblem, f"problem of run {run_id}")
+
+    # -- events, outputs, logs
+    def append_event(self, run_id: int, seq: int, recv_s: float, ev: TimelineEvent) -> None:
+        """Queue one event; committed by the writer within ``flush_interval_s``."""
+        self._queue("events", (run_id, seq, recv_s, ev.device, ev.stage, ev.kind, ev.phase, ev.step,
+                               ev.micro_batch, ev.start_s, ev.end_s, ev.nbytes, ev.peer, ev.clock_uncertainty_s))
+
+    def append_tokens(self, run_id: int, seq: int, recv_s: float, tok: TokenEvent) -> None:
+        self._queue("outputs", (run_id, seq, recv_s, tok.micro_batch, tok.step, tok.t_s,
+                                json.dumps(list(tok.sequence_ids)), json.dumps(list(tok.token_ids)),
+                                json.dumps(list(tok.text))))
+
+    def append_log(self, run_id: int, device: str, t_s: float, level: str, line: str) -> None:
+        self._queue("agent_logs", (run_id, device, t_s, level, line))
+
+    def events(self, run_id: int) -> list[TimelineEvent]:
+        return [i.event for i in self.timeline(run_id) if i.event is not None]
+
+    def tokens(self, run_id: int) -> list[TokenEvent]:
+        return [i.tokens for i in self.timeline(run_id) if i.tokens is not None]
+
+    def logs(self, run_id: int) -> list[LogLine]:
+        return [LogLine(**r) for r in self._rows(
+            "SELECT device, t_s, level, line FROM agent_logs WHERE run_id = ? ORDER BY t_s, id", (run_id,))]
+
+    def timeline(self, run_id: int) -> list[RecordedItem]:
+        """Every committed event and token output of a run, in arrival order."""
+        self.run(run_id)
+        items: list[RecordedItem] = []
+        for r in self._rows(f"SELECT {', '.join(_EVENT_COLS)} FROM events WHERE run_id = ? ORDER BY seq, id", (run_id,)):
+            ev = TimelineEvent(**{k: r[k] for k in _EVENT_COLS[3:]})
+            items.append(RecordedItem(seq=r["seq"], recv_s=r["recv_s"], event=ev))
+        for r in self._rows(f"SELECT {', '.join(_OUTPUT_COLS)} FROM outputs WHERE run_id = ? ORDER BY seq, id", (run_id,)):
+            tok = TokenEvent(micro_batch=r["micro_batch"], step=r["step"], t_s=r["t_s"],
+                             sequence_ids=tuple(json.loads(r["sequence_ids"])),
+                             token_ids=tuple(json.loads(r["token_ids"])), text=tuple(json.loads(r["text"])))
+            items.append(RecordedItem(seq=r["seq"], recv_s=r["recv_s"], tokens=tok))
+        items.sort(key=lambda i: i.seq)
+        return items
+
+    def integrity_check(self) -> str:
+        with self._lock:
+            return self.db.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    # -- one session as one file
+    def export_session(self, session_id: int, path: str | os.PathLike) -> Path:
+        """Write one session (its devices, profiles, plans, runs, events, outputs, logs)
+        as a standalone single-file workspace another machine can import."""
+        self.session(session_id)
+        self.flush()
+        dest = Path(path).expanduser()
+        if dest.exists():
+            raise StoreError(f"{dest}: already exists; choose another file name")
+        tmp = dest.with_name(f".{dest.name}.partial")
+        if tmp.exists():
+            tmp.unlink()
+        try:
+            out = SessionStore(tmp)
+            try:
+                _copy_session(out, self.path, session_id)
+                with out._lock:
+                    out.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    out.db.conn.execute("PRAGMA journal_mode=DELETE")
+            finally:
+                out.close()
+            os.replace(tmp, dest)
+        except BaseException:
+            for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                if p.exists():
+                    p.unlink()
+            raise
+        return dest
+
+    def import_session(self, path: str | os.PathLike) -> int:
+        """Add the session of an exported file to this workspace; returns its new id.
+
+        The file is migrated on a private copy (an older export is fine; a newer one is
+        refused) and ids are renumbered. Importing the same session twice is refused.
+        """
+        src = Path(path).expanduser()
+        if not src.is_file():
+            raise StoreError(f"{src}: no such session file")
+        with tempfile.TemporaryDirectory(prefix="edgeshard-import-") as d:
+            copy = Path(d) / "session.sqlite"
+            shutil.copyfile(src, copy)
+            try:
+                other = SessionStore(copy)
+            except StoreError as err:
+                raise StoreError(f"{src}: cannot import: {err}") from None
+            try:
+                sessions = other.sessions()
+            finally:
+                other.close()
+            if len(sessions) != 1:
+                raise StoreError(f"{src}: a session file holds exactly one session, this one holds {len(sessions)}")
+            existing = self._rows("SELECT id FROM sessions WHERE uid = ?", (sessions[0].uid,))
+            if existing:
+                raise StoreError(f"{src}: this session is already in the workspace as session {existing[0]['id']}")
+            self.flush()
+            return _copy_session(self, copy, sessions[0].id)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA main.table_info({table})") if r[1] != "id"]
+
+
+def _copy_session(dest: SessionStore, src_path: Path, session_id: int) -> int:
+    """Copy one session from the workspace file ``src_path`` into ``dest`` (same schema
+    version), renumbering ids; one transaction. Returns the session's id in ``dest``."""
+    conn = dest.db.conn
+    with dest._lock:
+        conn.execute("ATTACH DATABASE ? AS src", (str(src_path),))
+        try:
+            with dest.db.atomic():
+                cols = _columns(conn, "sessions")
+                conn.execute(f"INSERT INTO main.sessions ({', '.join(cols)}) "
+                             f"SELECT {', '.join(cols)} FROM src.sessions WHERE id = ?", (session_id,))
+                new_sid = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                ids: dict[str, dict[int, int]] = {}
+                for table in ("devices", "profiles", "plans"):
+                    ids[table] = {}
+                    cols = _columns(conn, table)
+                    sel = ", ".join("?" if c == "session_id" else c for c in cols)
+                    for (old,) in conn.execute(f"SELECT id FROM src.{table} WHERE session_id = ? ORDER BY id",
+                                               (session_id,)).fetchall():
+                        conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) SELECT {sel} FROM src.{table} "
+                                     f"WHERE id = ?", (new_sid, old))
+                        ids[table][old] = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                run_cols = _columns(conn, "runs")
+                for old_run, plan_id, profile_id in conn.execute(
+                        "SELECT id, plan_id, profile_id FROM src.runs WHERE session_id = ? ORDER BY id",
+                        (session_id,)).fetchall():
+                    remap = {"session_id": new_sid, "plan_id": ids["plans"].get(plan_id),
+                             "profile_id": ids["profiles"].get(profile_id)}
+                    sel = ", ".join("?" if c in remap else c for c in run_cols)
+                    params = [remap[c] for c in run_cols if c in remap]
+                    conn.execute(f"INSERT INTO main.runs ({', '.join(run_cols)}) SELECT {sel} FROM src.runs "
+                                 f"WHERE id = ?", (*params, old_run))
+                    new_run = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                    for table in ("events", "outputs", "agent_logs"):
+                        cols = _columns(conn, table)
+                        sel = ", ".join("?" if c == "run_id" else c for c in cols)
+                        conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) SELECT {sel} FROM src.{table} "
+                                     f"WHERE run_id = ? ORDER BY id", (new_run, old_run))
+        finally:
+            conn.execute("DETACH DATABASE src")
+    return new_sid

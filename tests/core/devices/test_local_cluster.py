@@ -1,0 +1,196 @@
+"""Agents as real processes on loopback: a CLI run over them, a killed agent noticed by
+heartbeat, and a cluster that leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from core import formats
+from core.models.checkpoints import ModelRecipe, make_model
+from core.cli import main as cli_main
+from core.runs.coordinator import Coordinator
+from core.errors import RunFailed
+from core.runs.generation import GenerationSettings, generate
+from core.devices.local_cluster import LocalCluster, load_agents_file
+from core.planning.plan import plan_from_boundaries
+
+DEVICES = ["edge-0", "edge-1", "edge-2"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    return str(make_model(recipe, tmp_path_factory.mktemp("lc") / "tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), DEVICES, threads_per_agent=1, link_latency_ms=15)
+    c.start()
+    yield c
+    pids = [c.pid_of(d) for d in DEVICES if any(p.device == d for p in c._procs)]
+    c.stop()
+    assert not any(_alive(p) for p in pids)
+
+
+def test_edgeshard_run_over_agent_processes_prints_the_text_and_figures(cluster, model_dir, tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    formats.save(plan_path, plan_from_boundaries("tiny-llama", 6, DEVICES, [1, 4]))
+    events = tmp_path / "events.jsonl"
+    code = cli_main(["run", "--model", model_dir, "--plan", str(plan_path), "--agents", str(cluster.agents_file),
+                     "--prompt", "the river", "--max-new-tokens", "5", "--mode", "no-bubbles",
+                     "--events", str(events)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "TTFT" in out and "per-token latency" in out and "tokens/s" in out
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    assert {line["type"] for line in lines} == {"timeline", "tokens"}
+    timeline = [line["value"] for line in lines if line["type"] == "timeline"]
+    assert {e["device"] for e in timeline} == set(DEVICES)
+    # every agent emulates 15 ms of latency on its outgoing link: a send ends no earlier
+    sends = [e for e in timeline if e["kind"] == "send"]
+    assert sends and all(e["end_s"] - e["start_s"] >= 0.0145 for e in sends)
+
+
+def test_edgeshard_run_with_a_relative_model_path_works_for_agents_in_another_directory(cluster, model_dir,
+                                                                                        tmp_path, monkeypatch, capsys):
+    """The agents' working directory is not the operator's: the CLI sends an absolute path."""
+    plan_path = tmp_path / "plan.json"
+    formats.save(plan_path, plan_from_boundaries("tiny-llama", 6, DEVICES, [2, 4]))
+    here = tmp_path / "deeper" / "down"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    relative = os.path.relpath(model_dir, here)
+    assert not os.path.isdir(os.path.join(cluster.workdir, relative))  # agents run in the cluster's directory
+    code = cli_main(["run", "--model", relative, "--plan", str(plan_path), "--agents", str(cluster.agents_file),
+                     "--prompt", "the river", "--max-new-tokens", "3"])
+    out = capsys.readouterr().out
+    assert code == 0 and "TTFT" in out, out
+
+
+def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_unload_back_to_idle(cluster, model_dir):
+    endpoints, keys = load_agents_file(cluster.agents_file)
+    plan = plan_from_boundaries("tiny-llama", 6, DEVICES, [2, 4])
+    with Coordinator(endpoints, keys) as coordinator:
+        coordinator.load(plan, model_dir)
+        victim = cluster.pid_of("edge-1")
+        killed_at = []
+
+        class KillOnFirstToken:
+            def on_event(self, event):
+                pass
+
+            def on_tokens(self, tokens):
+                if not killed_at:
+                    os.kill(victim, signal.SIGKILL)
+                    killed_at.append(time.monotonic())
+
+        settings = GenerationSettings(max_new_tokens=300, mode="no-bubbles", micro_batches=1)
+        with pytest.raises(RunFailed) as info:
+            generate(coordinator, plan, model_dir, ["a long story"], settings, sink=KillOnFirstToken(), load=False)
+        noticed = time.monotonic() - killed_at[0]
+        assert info.value.device == "edge-1" and "heartbeat" in str(info.value)
+        assert noticed < 3.0, noticed
+        # the survivors were told to stop and unload before the failure was raised: no half-used plan
+        statuses = coordinator.status_of(["edge-0", "edge-2"])
+        assert {d: (s.state, s.stage, s.memory_bytes) for d, s in statuses.items()} == {
+            "edge-0": ("idle", -1, 0), "edge-2": ("idle", -1, 0)}
+        assert not coordinator.is_loaded(plan, model_dir)
+    assert not _alive(victim)
+
+
+def test_cluster_local_stops_every_agent_on_ctrl_c(tmp_path):
+    workdir = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "core.cli", "cluster", "local", "-n", "2", "--dir", str(workdir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        timer = threading.Timer(60, proc.kill)
+        timer.start()
+        for line in proc.stdout:
+            lines.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        timer.cancel()
+        pids = [a["pid"] for a in json.loads((workdir / "agents.json").read_text())["agents"]]
+        assert len(pids) == 2 and all(_alive(p) for p in pids), "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, rest
+        assert "cluster stopped" in rest
+        assert not any(_alive(p) for p in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+PARENT_SCRIPT = """
+import sys, threading, time
+from core.runs.coordinator import Coordinator
+from core.devices.local_cluster import LocalCluster
+
+cluster = LocalCluster(sys.argv[1], ["t-0", "t-1"])
+starter = threading.Thread(target=cluster.start)
+starter.start()
+starter.join()  # the thread that spawned the agents is gone
+time.sleep(1.0)
+with Coordinator(cluster.endpoints, cluster.keys) as co:
+    print("STATES", {d: s.state for d, s in sorted(co.status(10).items())}, flush=True)
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_agents_outlive_the_thread_that_started_them_and_exit_when_the_parent_process_is_killed(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_SCRIPT)
+    workdir = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, str(script), str(workdir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    pids = []
+    try:
+        timer = threading.Timer(90, proc.kill)
+        timer.start()
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("READY"):
+                break
+        timer.cancel()
+        assert any("STATES {'t-0': 'idle', 't-1': 'idle'}" in line for line in lines), "".join(lines)
+        pids = [a["pid"] for a in json.loads((workdir / "agents.json").read_text())["agents"]]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.kill()  # kill -9: no handler in the parent runs
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

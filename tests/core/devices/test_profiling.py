@@ -1,0 +1,101 @@
+"""Cluster profiling from the coordinator: compute on every agent, every ordered link over
+the agents' data plane, a Profile that `edgeshard plan` reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.cli import main
+from core.formats import load
+from core.devices.profile import Profile
+from core.devices.profiling import ProfilingFailed, build_profile
+
+from tests.core.conftest import SHAPED_LINK, needs_root
+
+TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+
+
+def test_profile_of_a_local_cluster_is_saved_and_planned_by_edgeshard_plan(tmp_path, capsys):
+    """Two loopback agents whose outgoing links emulate 40 Mbit/s and 2 ms (no root)."""
+    from core.devices.local_cluster import LocalCluster
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    out = tmp_path / "profile.json"
+    with LocalCluster(tmp_path / "cluster", 2, link_mbit=40, link_latency_ms=2.0) as lc:
+        rc = main(["profile", "--agents", str(lc.agents_file), "--model", str(cfg), "--out", str(out),
+                   "--repeats", "2", "--batch-sizes", "1", "--prompt-tokens", "8", "--link-seconds", "0.5"])
+    assert rc == 0
+    profile = load(out, Profile)
+    assert profile.source == "measured" and profile.model.num_units == 4
+    assert {t.device for t in profile.times} == {"local-0", "local-1"}
+    assert all(len(t.decode_s) == 4 and all(x > 0 for u in t.decode_s for x in u) for t in profile.times)
+    assert all(d.memory_bytes > 0 for d in profile.cluster.devices)
+    links = {(l.src, l.dst): l for l in profile.cluster.links}
+    assert set(links) == {("local-0", "local-1"), ("local-1", "local-0")}
+    for l in links.values():
+        print(f"emulated 40 Mbit/s 2 ms link {l.src}->{l.dst}: {l.bandwidth_mbit_s:.2f} Mbit/s, "
+              f"{l.latency_ms:.2f} ms one way")
+        assert abs(l.bandwidth_mbit_s - 40) <= 4
+        assert 2.0 <= l.latency_ms <= 12.0
+    capsys.readouterr()
+    assert main(["plan", str(out), "--objective", "latency", "--json"]) == 0
+    plan_out = json.loads(capsys.readouterr().out)
+    assert plan_out
+
+
+def test_a_profile_needs_figures_for_every_unit():
+    from agents.profiler import ComputeProfile, UnitTimes
+
+    u = UnitTimes(unit=0, decode_s=(1e-3,), decode_spread=(0.0,), prefill_s=(1e-3,), prefill_spread=(0.0,),
+                  param_bytes=1)
+    c = ComputeProfile(device="a", decode_batch_sizes=(1,), prefill_token_counts=(8,), units=(u,),
+                       memory_budget_bytes=1, memory_total_bytes=1, memory_available_bytes=1, accelerator="",
+                       threads=1, seconds=0.0)
+    with pytest.raises(ProfilingFailed, match=r"units \[1, 2, 3\]"):
+        build_profile(TINY, {"a": c}, [], dtype="fp32", model_name="t", prompt_tokens=8)
+
+
+def test_the_measured_stage_overhead_is_carried_into_the_profile():
+    from agents.profiler import ComputeProfile, UnitTimes
+
+    units = tuple(UnitTimes(unit=i, decode_s=(1e-3,), decode_spread=(0.0,), prefill_s=(2e-3,), prefill_spread=(0.0,),
+                            param_bytes=1) for i in range(4))
+    c = ComputeProfile(device="a", decode_batch_sizes=(1,), prefill_token_counts=(8,), units=units,
+                       memory_budget_bytes=1, memory_total_bytes=1, memory_available_bytes=1, accelerator="",
+                       threads=1, seconds=0.0, stage_decode_overhead_s=1.5e-4, stage_prefill_overhead_s=2.5e-4)
+    times = build_profile(TINY, {"a": c}, [], dtype="fp32", model_name="t", prompt_tokens=8).times_of("a")
+    assert (times.stage_decode_overhead_s, times.stage_prefill_overhead_s) == (1.5e-4, 2.5e-4)
+    # an older agent's result has no overhead fields: the profile says 0, not an error
+    import msgspec
+
+    old = msgspec.to_builtins(c)
+    del old["stage_decode_overhead_s"], old["stage_prefill_overhead_s"]
+    assert msgspec.convert(old, ComputeProfile).stage_decode_overhead_s == 0.0
+
+
+@pytest.mark.netns
+@needs_root
+def test_tc_shaped_testbed_link_is_measured_within_ten_percent_over_the_data_plane(deployed):
+    from agents.protocol import PeerSpec
+    from agents.transport import CurveKeys
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.devices.profiling import measure_links
+
+    src, dst, mbit = SHAPED_LINK
+    keys = CurveKeys.load(deployed.workspace / "coordinator.key")
+    eps = [AgentEndpoint(d, deployed.results[d].record.control_address, deployed.results[d].record.public_key)
+           for d in (src, dst)]
+    with Coordinator(eps, keys) as coord:
+        st = coord.status()
+        peers = {d: PeerSpec(device=d, stage=0, data_address=s.data_address, public_key=s.public_key)
+                 for d, s in st.items()}
+        links = {(m.src, m.dst): m for m in measure_links(coord, peers, offsets={})}
+    shaped, reverse = links[(src, dst)], links[(dst, src)]
+    print(f"tc-shaped {mbit} Mbit/s link {src}->{dst} measured at {shaped.bandwidth_mbit_s:.2f} Mbit/s "
+          f"over the agents' data plane; reverse (unshaped) {reverse.bandwidth_mbit_s:.0f} Mbit/s")
+    assert abs(shaped.bandwidth_mbit_s - mbit) <= 0.1 * mbit
+    assert reverse.bandwidth_mbit_s > 5 * mbit

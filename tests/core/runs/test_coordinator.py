@@ -1,0 +1,332 @@
+"""A plan run over agents produces exactly the unpartitioned model's tokens in every mode,
+and streams a complete, clock-corrected timeline while it runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
+
+from agents.agent import Agent, AgentClock
+from agents.local_pipeline import generate_partitioned
+from agents.protocol import SamplingSpec
+from agents.sampling import SamplingParams
+from agents.shard import StageExecutor
+from agents.transport import CurveKeys
+from core.models.checkpoints import ModelRecipe, make_model
+from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest, split_micro_batches
+from core.errors import RunFailed
+from core.runs.generation import GenerationSettings, generate, load_tokenizer
+from core.planning.plan import plan_from_boundaries
+from tests.core.hf_reference import hf_greedy_new_tokens
+
+DEVICES = ["src", "mid", "head"]
+SKEW_S = 250.0
+"""The "mid" agent's clock runs this far ahead of everyone else's."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=11)
+    return str(make_model(recipe, tmp_path_factory.mktemp("coord") / "tiny-llama"))
+
+
+class Recorder:
+    def __init__(self):
+        self.events, self.tokens, self.times = [], [], []
+
+    def on_event(self, event):
+        self.events.append(event)
+        self.times.append(time.monotonic())
+
+    def on_tokens(self, tokens):
+        self.tokens.append(tokens)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    keys = CurveKeys.generate()
+    agents = []
+    for d in DEVICES:
+        a = Agent(d, keys.public)
+        if d == "mid":
+            base = AgentClock()
+            a.clock = lambda base=base: base() + SKEW_S
+        agents.append(a.start())
+    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
+    coordinator.open()
+    plan = plan_from_boundaries("tiny-llama", 6, DEVICES, [2, 3])  # uneven: 2 | 1 | 3 units
+    coordinator.load(plan, model_dir)
+    coordinator.sync_clocks()
+    yield coordinator, plan, agents
+    coordinator.close()
+    for a in agents:
+        a.close()
+
+
+PROMPTS = ["the cat sat", "a much longer prompt about the river and its banks", "hello", "one two three four"]
+
+
+def _request(model_dir, mode, micro_batches=2, max_new_tokens=6, sampling=SamplingSpec(), prompts=PROMPTS):
+    tok = load_tokenizer(model_dir)
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    return enc, RunRequest(
+        input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+        attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
+        max_new_tokens=max_new_tokens, mode=mode, micro_batches=micro_batches,
+        eos_token_ids=(2,), pad_token_id=0, sampling=sampling,
+    )
+
+
+@pytest.mark.parametrize("mode", ["sequential", "bubbles", "no-bubbles"])
+def test_every_mode_generates_exactly_the_unpartitioned_models_tokens(cluster, model_dir, mode):
+    coordinator, plan, _ = cluster
+    enc, req = _request(model_dir, mode)
+    result = coordinator.run(plan, req)
+    assert list(result.tokens) == hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens)
+
+
+def test_every_stage_reports_compute_send_and_wait_per_micro_batch_and_step_while_running(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=5)
+    sink = Recorder()
+    result = coordinator.run(plan, req, sink)
+    assert sink.events and len(sink.events) == len(result.events)
+    steps = {(t.micro_batch, t.step) for t in result.token_events}
+    for stage, device in enumerate(DEVICES):
+        mine = [e for e in result.events if e.device == device]
+        assert all(e.stage == stage for e in mine)
+        computed = {(e.micro_batch, e.step) for e in mine if e.kind == "compute"}
+        assert computed == steps, device
+        sends = [e for e in mine if e.kind == "send"]
+        assert {(e.micro_batch, e.step) for e in sends} == steps
+        assert all(e.nbytes > 0 and e.peer == DEVICES[(stage + 1) % 3] for e in sends)
+        assert any(e.kind == "recv_wait" for e in mine)
+        assert all(e.end_s >= e.start_s for e in mine)
+    # hidden states [B, T, 64] fp32 go stage to stage, token ids [B] int64 come back
+    prefill_send = next(e for e in result.events if e.device == "src" and e.kind == "send" and e.step == 0)
+    assert prefill_send.nbytes >= 2 * 64 * 4
+    back = [e for e in result.events if e.device == "head" and e.kind == "send"]
+    assert all(e.nbytes == 2 * 8 for e in back)
+    # events arrived over the run, not in one lump at the end
+    assert max(sink.times) - min(sink.times) > 0.02
+
+
+def test_events_of_an_agent_with_a_skewed_clock_land_on_the_coordinators_clock(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    clocks = coordinator.clocks()
+    assert abs(clocks["mid"].offset_s - SKEW_S) < 0.05 and clocks["mid"].uncertainty_s < 0.05
+    assert abs(clocks["src"].offset_s) < 0.05
+    _, req = _request(model_dir, "sequential", micro_batches=1, max_new_tokens=3)
+    result = coordinator.run(plan, req)
+    slack = 0.005
+
+    def compute(device, step):
+        return next(e for e in result.events if e.device == device and e.kind == "compute" and e.step == step)
+
+    for step in range(3):
+        assert compute("src", step).end_s <= compute("mid", step).start_s + slack
+        assert compute("mid", step).end_s <= compute("head", step).start_s + slack
+    assert all(-1.0 < e.start_s < result.wall_s + 1.0 for e in result.events)
+    assert all(e.clock_uncertainty_s == clocks[e.device].uncertainty_s for e in result.events)
+
+
+def test_seeded_sampling_gives_the_same_tokens_in_every_mode_and_matches_the_reference(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    spec = SamplingSpec(temperature=0.9, top_p=0.9, seed=5)
+    enc, req = _request(model_dir, "sequential", micro_batches=1, max_new_tokens=6, sampling=spec)
+    first = coordinator.run(plan, req).tokens
+    for mode in ("bubbles", "no-bubbles"):
+        assert coordinator.run(plan, _request(model_dir, mode, 1, 6, spec)[1]).tokens == first
+    executors = [StageExecutor(model_dir, s.start, s.end) for s in plan.stages]
+    ref = generate_partitioned(executors, enc["input_ids"], enc["attention_mask"],
+                               SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_new_tokens=6,
+                                              eos_token_ids=(2,), pad_token_id=0))
+    for got, row in zip(first, ref.tokens.tolist()):
+        assert list(got) == row[: len(got)]
+
+
+def test_text_in_text_out_streams_pieces_that_add_up_to_the_final_text(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    sink = Recorder()
+    out = generate(coordinator, plan, model_dir, PROMPTS[:2],
+                   GenerationSettings(max_new_tokens=6, mode="bubbles", micro_batches=2), sink=sink, load=False)
+    for seq, text in enumerate(out.texts):
+        pieces = "".join(t.text[t.sequence_ids.index(seq)] for t in sorted(sink.tokens, key=lambda t: t.t_s)
+                         if seq in t.sequence_ids)
+        assert pieces == text
+    assert out.figures.ttft_s is not None and out.figures.ttft_s > 0 and out.figures.tokens > 0
+
+
+def test_stopping_from_another_thread_ends_the_run_and_leaves_agents_ready(cluster, model_dir):
+    coordinator, plan, agents = cluster
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=400)
+    req = RunRequest(**{**req.__dict__, "eos_token_ids": ()})
+    timer = threading.Timer(0.3, coordinator.stop)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match="stopped"):
+        coordinator.run(plan, req)
+    timer.join()
+    assert time.monotonic() - t0 < 10
+    assert {s.state for s in coordinator.status().values()} == {"ready"}
+    _, small = _request(model_dir, "sequential", 1, 2)
+    assert len(coordinator.run(plan, small).tokens) == len(PROMPTS)
+
+
+def test_micro_batches_split_sequences_evenly_in_order():
+    assert split_micro_batches(5, 2) == ((0, 1, 2), (3, 4))
+    assert split_micro_batches(2, 4) == ((0,), (1,))
+
+
+def test_after_loading_each_agent_takes_data_only_from_the_other_stages_of_the_plan(cluster):
+    _, _, agents = cluster
+    keys = {a.device: a.keys.public for a in agents}
+    outsider = CurveKeys.generate().public
+    for a in agents:
+        for device, key in keys.items():
+            assert a.gate.callback("data", key.encode()) == (device != a.device)
+        assert not a.gate.callback("data", outsider.encode())
+        assert not a.gate.callback("control", keys[a.device].encode())
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gpt2", "mixtral"])
+def test_other_families_split_over_agents_also_generate_exactly(family, tmp_path):
+    extra = {} if family == "gpt2" else {"kv_heads": 2}
+    recipe = ModelRecipe(family=family, layers=2, hidden=64, heads=4, vocab=512, seed=2, **extra)
+    model_dir = str(make_model(recipe, tmp_path / family))
+    keys = CurveKeys.generate()
+    agents = [Agent(d, keys.public).start() for d in ("a", "b")]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            plan = plan_from_boundaries(family, 4, ["a", "b"], [1])  # embedding | blocks + head
+            co.load(plan, model_dir)
+            enc, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=4, prompts=PROMPTS[:3])
+            assert list(co.run(plan, req).tokens) == hf_greedy_new_tokens(model_dir, enc, 4)
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_garbage_on_a_data_socket_is_dropped_and_the_run_still_matches(cluster, model_dir):
+    import zmq
+
+    from agents.transport import curve_client
+
+    coordinator, plan, agents = cluster
+    src, mid = agents[0], agents[1]
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.linger = 0
+        curve_client(push, src.keys, mid.keys.public)  # a key the plan allows
+        push.connect(mid.data_address)
+        for frames in ([b"\xc1garbage"], [b"\x81\xa1v\x05", b"x"], [b"\x00" * 100, b"\x01"]):
+            push.send_multipart(frames)
+        enc, req = _request(model_dir, "no-bubbles")
+        assert list(coordinator.run(plan, req).tokens) == hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens)
+        assert any("dropped data message" in line for line in coordinator.logs("mid"))
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_second_run_while_one_is_in_progress_is_refused(cluster, model_dir):
+    coordinator, plan, _ = cluster
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=400)
+    req = RunRequest(**{**req.__dict__, "eos_token_ids": ()})
+    errors = []
+    first = threading.Thread(target=lambda: errors.append(pytest.raises(RunFailed, coordinator.run, plan, req)))
+    first.start()
+    try:
+        deadline = time.monotonic() + 5
+        while coordinator._run is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(RunFailed, match="already in progress"):
+            coordinator.run(plan, _request(model_dir, "sequential", 1, 2)[1])
+    finally:
+        coordinator.stop()
+        first.join(10)
+    assert errors and "stopped" in str(errors[0].value)
+    assert {s.state for s in coordinator.status().values()} == {"ready"}
+
+
+def test_a_coordinator_held_up_past_the_heartbeat_timeout_does_not_declare_healthy_agents_lost(cluster, model_dir):
+    """Sinks run on the coordinator's IO thread: one that blocks it for longer than the
+    heartbeat timeout must not make the coordinator blame agents that did answer."""
+    coordinator, plan, _ = cluster
+    assert coordinator.heartbeat_timeout_s < 3.0
+    lost = []
+    coordinator.on_lost = lost.append
+
+    class StallOnFirstToken(Recorder):
+        def on_tokens(self, tokens):
+            if not self.tokens:
+                time.sleep(coordinator.heartbeat_timeout_s + 1.0)
+            super().on_tokens(tokens)
+
+    _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=4)
+    try:
+        result = coordinator.run(plan, req, StallOnFirstToken())
+    finally:
+        coordinator.on_lost = None
+    assert lost == [] and len(result.tokens) == len(PROMPTS)
+    assert {s.state for s in coordinator.status().values()} == {"ready"}
+
+
+def test_a_model_directory_missing_on_a_device_is_an_error_naming_the_device_and_the_path(tmp_path):
+    keys = CurveKeys.generate()
+    agent = Agent("far-away", keys.public).start()
+    try:
+        with Coordinator([AgentEndpoint("far-away", agent.control_address, agent.keys.public)], keys) as co:
+            missing = str(tmp_path / "not-copied-here")
+            with pytest.raises(RunFailed) as info:
+                co.load(plan_from_boundaries("m", 6, ["far-away"], []), missing)
+            assert info.value.device == "far-away"
+            assert missing in str(info.value) and "does not exist on device far-away" in str(info.value)
+            assert not co.is_loaded(plan_from_boundaries("m", 6, ["far-away"], []), missing)
+    finally:
+        agent.close()
+
+
+def test_loading_reports_the_agents_own_progress_while_their_shards_load(model_dir):
+    from agents.agent import default_executor_factory
+    from core.reporting import RecordingReporter
+
+    def slow_real_load(model_dir, start, end, *, dtype, threads, progress=None):
+        def slowly(fraction):  # a slow disk: every block takes a while to read
+            progress(fraction)
+            if fraction < 1:
+                time.sleep(0.4)
+
+        return default_executor_factory(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
+
+    keys = CurveKeys.generate()
+    agents = [Agent(d, keys.public, executor_factory=slow_real_load).start() for d in ("p", "q")]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            reporter = RecordingReporter()
+            co.load(plan_from_boundaries("tiny-llama", 6, ["p", "q"], [3]), model_dir, reporter=reporter)
+            done = [d for d, total in reporter.progresses]
+            assert {total for _, total in reporter.progresses} == {2}
+            assert done == sorted(done) and done[-1] == 2
+            assert any(0 < d < 2 and d != 1 for d in done), done  # fractions of blocks, not just whole stages
+    finally:
+        for a in agents:
+            a.close()
+
+
+def test_a_run_on_agents_without_the_plan_loaded_fails_at_once_naming_the_device(model_dir):
+    keys = CurveKeys.generate()
+    agent = Agent("empty", keys.public).start()
+    try:
+        with Coordinator([AgentEndpoint("empty", agent.control_address, agent.keys.public)], keys) as co:
+            _, req = _request(model_dir, "sequential", 1, 2)
+            t0 = time.monotonic()
+            with pytest.raises(RunFailed, match="bad_state") as info:
+                co.run(plan_from_boundaries("tiny-llama", 6, ["empty"], []), req)
+            assert info.value.device == "empty" and time.monotonic() - t0 < 5
+    finally:
+        agent.close()

@@ -1,0 +1,111 @@
+"""What goes wrong around a run gets a typed error naming the device, and only what the
+run depends on can end it: an idle agent that dies is reported, the run goes on."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from agents.agent import Agent
+from agents.local_pipeline import generate_partitioned
+from agents.protocol import GetStatus, LinkShape
+from agents.sampling import SamplingParams
+from agents.shard import StageExecutor
+from agents.transport import CurveKeys
+from core.models.checkpoints import ModelRecipe, make_model
+from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest, split_micro_batches
+from core.errors import FormatError, RunFailed
+from core.planning.plan import plan_from_boundaries
+
+PROMPT = (5, 17, 33, 9, 101, 250)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=13)
+    return str(make_model(recipe, tmp_path_factory.mktemp("coord-failures") / "tiny-llama"))
+
+
+@pytest.fixture
+def deaf_agent():
+    """A real agent that only answers another coordinator's key: to us it never replies."""
+    agent = Agent("deaf", CurveKeys.generate().public).start()
+    yield agent
+    agent.close()
+
+
+def _request(max_new_tokens: int, mode: str = "sequential") -> RunRequest:
+    return RunRequest(input_ids=(PROMPT,), attention_mask=((1,) * len(PROMPT),), max_new_tokens=max_new_tokens,
+                      mode=mode, eos_token_ids=(), pad_token_id=0)
+
+
+def test_losing_an_idle_agent_outside_the_plan_is_reported_and_the_run_goes_on(model_dir):
+    keys = CurveKeys.generate()
+    agents = {d: Agent(d, keys.public).start() for d in ("a", "b", "idle")}
+    lost: list[str] = []
+    try:
+        endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+            co.on_lost = lost.append
+            plan = plan_from_boundaries("tiny-llama", 6, ["a", "b"], [3])
+            slow = LinkShape(latency_ms=25)  # 2 hops per token: the run lasts well past the detection
+            co.load(plan, model_dir, links={"a": slow, "b": slow})
+            killer = threading.Timer(0.3, agents["idle"].close)
+            killer.start()
+            try:
+                result = co.run(plan, _request(80))
+            finally:
+                killer.join()
+            assert lost == ["idle"]
+            executors = [StageExecutor(model_dir, s.start, s.end) for s in plan.stages]
+            ref = generate_partitioned(executors, torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.int64),
+                                       SamplingParams(max_new_tokens=80, pad_token_id=0))
+            assert [list(t) for t in result.tokens] == ref.tokens.tolist()
+            assert {s.state for s in co.status_of(["a", "b"]).values()} == {"ready"}
+    finally:
+        for a in agents.values():
+            a.close()
+
+
+def test_a_request_without_a_reply_is_a_run_failed_naming_the_device_and_is_forgotten(deaf_agent):
+    keys = CurveKeys.generate()
+    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
+        with pytest.raises(RunFailed) as info:
+            co.request("deaf", GetStatus(), timeout_s=0.3)
+        assert info.value.device == "deaf" and "no reply to GetStatus" in str(info.value)
+        assert co._pending == {}
+
+
+def test_clock_sync_with_an_agent_that_does_not_answer_is_a_run_failed_naming_it(deaf_agent):
+    keys = CurveKeys.generate()
+    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
+        with pytest.raises(RunFailed) as info:
+            co.sync_clocks(samples=2, timeout_s=0.3)
+        assert info.value.device == "deaf" and "clock probe" in str(info.value)
+        assert co._pending == {}
+
+
+def test_a_request_to_a_device_without_an_agent_is_a_run_failed_naming_it(deaf_agent):
+    keys = CurveKeys.generate()
+    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
+        with pytest.raises(RunFailed) as info:
+            co.request_async("elsewhere", GetStatus())
+        assert info.value.device == "elsewhere"
+        assert co._pending == {}
+
+
+def test_a_run_in_an_unknown_mode_is_a_format_error_naming_the_mode(deaf_agent):
+    keys = CurveKeys.generate()
+    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
+        with pytest.raises(FormatError) as info:
+            co.run(plan_from_boundaries("m", 6, ["deaf"], []), _request(2, mode="fastest"))
+        assert info.value.field == "mode" and "'fastest'" in str(info.value) and "no-bubbles" in str(info.value)
+        assert co._run is None
+
+
+def test_splitting_zero_sequences_into_micro_batches_is_refused():
+    with pytest.raises(FormatError, match="at least one sequence"):
+        split_micro_batches(0, 2)
+    assert split_micro_batches(1, 3) == ((0,),)
