@@ -45,6 +45,7 @@ import torch
 import zmq
 
 from agents import AGENT_VERSION
+from agents.executors import executor_factory_for
 from agents.protocol import (
     AgentEvent,
     AgentStatus,
@@ -118,11 +119,6 @@ class AgentClock:
         return self._wall0 + (time.perf_counter() - self._perf0)
 
 
-def default_executor_factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None,
-                             progress=None):
-    from agents.shard import StageExecutor
-
-    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
 
 
 def warm_imports() -> None:
@@ -188,7 +184,7 @@ class Agent:
         control_port: int = 0,
         data_port: int = 0,
         advertise_host: str | None = None,
-        executor_factory=default_executor_factory,
+        executor_factory=None,
         sampler_factory=default_sampler,
         default_link: LinkShape | None = None,
     ) -> None:
@@ -480,9 +476,10 @@ class Agent:
         if msg.threads > 0:
             torch.set_num_threads(msg.threads)
         kwargs = dict(dtype=msg.dtype, threads=msg.threads or None)
-        if "progress" in inspect.signature(self.executor_factory).parameters:
+        factory = self.executor_factory or executor_factory_for(msg.kind)
+        if "progress" in inspect.signature(factory).parameters:
             kwargs["progress"] = self._set_progress
-        executor = self.executor_factory(msg.model_dir, msg.start, msg.end, **kwargs)
+        executor = factory(msg.model_dir, msg.start, msg.end, **kwargs)
         self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device])
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
         shape = msg.link if msg.link != LinkShape() else self.default_link

@@ -171,6 +171,8 @@ class LoadShard(_Msg, frozen=True, tag="load_shard"):
     threads: int = 0
     link: LinkShape = LinkShape()
     """Emulation for this agent's outgoing data link (to the next stage)."""
+    kind: str = "layers"
+    """The stage's kind: which technique's executor runs it (agents.executors)."""
 
 
 class Unload(_Msg, frozen=True, tag="unload"):

@@ -19,7 +19,8 @@ from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, che
 from core.devices.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.planning.scenarios import SCENARIO_FORMAT, Scenario
 from core.planning.solvers import STRATEGIES
-from core.planning.solvers.comparison import StrategyOutcome, compare, run_strategy, status_text
+from core.planning.solvers.comparison import StrategyOutcome, run_strategy, status_text
+from core.techniques import StrategyOutcomeLike, technique_named, techniques
 
 GIB = 2**30
 PLAN_RESULT_FORMAT = "edgeshard.plan-result"
@@ -43,8 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Compare EdgeShard's optimum with the baselines.")
     _input_args(c)
     c.add_argument("--objective", choices=("latency", "throughput", "both"), default="both")
+    c.add_argument("--technique", default="layer-sharding", metavar="NAME",
+                   help="whose strategies to compare (edgeshard techniques lists them; default layer-sharding)")
     c.add_argument("--json", action="store_true", help="print the comparison as JSON (edgeshard.comparison)")
     c.set_defaults(func=cmd_compare)
+
+    t = sub.add_parser("techniques", help="the placement techniques this studio offers",
+                       description="List the techniques: their strategies, stage kinds and run modes.")
+    t.set_defaults(func=cmd_techniques)
 
 
 def _input_args(p: argparse.ArgumentParser) -> None:
@@ -142,8 +149,10 @@ def _problem_header(problem: PlanningProblem) -> str:
             f"batch {wl.batch_size}, prompt {wl.prompt_tokens}, generate {wl.generated_tokens}")
 
 
-def _status_text(out: StrategyOutcome) -> str:
-    return status_text(out)  # one wording for the CLI and the studio
+def _status_text(out: StrategyOutcomeLike) -> str:
+    if isinstance(out, StrategyOutcome):
+        return status_text(out)  # one wording for the CLI and the studio
+    return out.status if not out.error else f"{out.status}: {out.error.splitlines()[0]}"
 
 
 def _plan_table(problem: PlanningProblem, out: StrategyOutcome) -> str:
@@ -169,10 +178,19 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 # --- compare ---------------------------------------------------------------------------
 
+def cmd_techniques(args: argparse.Namespace) -> int:
+    for t in techniques():
+        print(f"{t.name}: {t.title}")
+        print(f"  strategies: {', '.join(t.strategy_names())} (exact: {t.exact})")
+        print(f"  stage kinds: {', '.join(t.stage_kinds)}; run modes: {', '.join(t.modes) or '-'}")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     problems = load_problems(args)
     objectives = ("latency", "throughput") if args.objective == "both" else (args.objective,)
-    results = [(p, {o: compare(p, o, args.time_limit) for o in objectives}) for p in problems]
+    technique = technique_named(args.technique)
+    results = [(p, {o: technique.compare(p, o, args.time_limit) for o in objectives}) for p in problems]
     if args.json:
         doc = {"format": COMPARISON_FORMAT, "version": 1, "problems": [
             {"name": p.name, "model": p.profile.model.name,
@@ -191,21 +209,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_table(outs: list[StrategyOutcome]) -> str:
+def _compare_table(outs: list[StrategyOutcomeLike]) -> str:
+    """Any technique's outcomes (core.techniques): layer sharding adds m×K and per-stage memory."""
     rows = [("strategy", "latency ms", "tokens/s", "m×K", "status")]
     details = []
     for x in outs:
-        if x.cost is None or x.plan is None:
+        if x.plan is None or x.latency_s is None:
             rows.append((x.strategy, "—", "—", "—", _status_text(x)))
             details.append("")
             continue
         fits = x.status in ("optimal", "ok")
-        rows.append((x.strategy, f"{x.cost.latency_per_token_s * 1e3:.1f}" if fits else "OOM" if x.status == "oom" else "—",
-                     f"{x.cost.throughput_tokens_s:.2f}" if fits else "—",
-                     f"{x.cost.micro_batch_size}×{x.cost.micro_batches}", _status_text(x)))
+        m, k = getattr(x.cost, "micro_batch_size", None), getattr(x.cost, "micro_batches", None)
+        rows.append((x.strategy, f"{x.latency_s * 1e3:.1f}" if fits else "OOM" if x.status == "oom" else "—",
+                     f"{x.tokens_per_s:.2f}" if fits else "—", f"{m}×{k}" if m else "—", _status_text(x)))
+        stages = getattr(x.plan, "stages", None)
         details.append(" → ".join(
-            f"{st.device}[{st.start},{st.end}) {m.total_bytes / GIB:.1f}/{m.budget_bytes / GIB:.1f} GiB"
-            for st, m in zip(x.plan.stages, x.cost.memory)))
+            f"{st.device}[{st.start},{st.end}) {mem.total_bytes / GIB:.1f}/{mem.budget_bytes / GIB:.1f} GiB"
+            for st, mem in zip(stages, x.cost.memory)) if stages else "")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for j, r in enumerate(rows):
@@ -215,18 +235,21 @@ def _compare_table(outs: list[StrategyOutcome]) -> str:
     return "\n".join(lines)
 
 
-def _outcome_doc(x: StrategyOutcome) -> dict:
+def _outcome_doc(x: StrategyOutcomeLike) -> dict:
     """The JSON shape of one strategy's result (documented in docs/formats.md)."""
+    cost = getattr(x, "cost", None)
     return {
-        "strategy": x.strategy, "objective": x.objective, "status": x.status, "error": x.error, "gap": x.gap,
-        "bound": x.bound, "elapsed_s": round(x.elapsed_s, 4),
+        "strategy": x.strategy, "objective": x.objective, "status": x.status, "error": x.error,
+        "gap": getattr(x, "gap", 0.0), "bound": getattr(x, "bound", None), "elapsed_s": round(x.elapsed_s, 4),
         "plan": None if x.plan is None else msgspec.to_builtins(x.plan),
-        "cost": None if x.cost is None else _cost_doc(x.cost),
+        "cost": None if cost is None else _cost_doc(cost),
     }
 
 
 def _cost_doc(cost) -> dict:
     doc = msgspec.to_builtins(cost)
+    if not hasattr(cost, "memory"):
+        return doc  # another technique's cost: its own fields
     doc["feasible"] = cost.feasible
     for m, d in zip(cost.memory, doc["memory"]):
         d["total_bytes"], d["fits"] = m.total_bytes, m.fits

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -70,9 +70,8 @@ def record_simulation(store: SessionStore, session_id: int, problem: PlanningPro
                       result, plan_name: str = "") -> int:
     """Store a ``core.runs.simulator.SimulationResult`` as a run of kind "simulated".
 
-    Each event 'arrives' when it ends and each token when it reaches the source, which
-    is when a real run would have reported them, so a replay of a prediction paces like
-    a replay of a measurement.
+    Layer sharding's prediction with its plan and settings; the timeline itself goes
+    through ``append_predicted``, which any technique's prediction uses.
     """
     plan_id = store.add_plan(session_id, plan, plan_name)
     profile_id = store.add_profile(session_id, problem.profile)
@@ -82,8 +81,21 @@ def record_simulation(store: SessionStore, session_id: int, problem: PlanningPro
         settings={"micro_batches": result.micro_batches, "micro_batch_size": result.micro_batch_size,
                   "generated_tokens": result.generated_tokens, "prompt_tokens": problem.workload.prompt_tokens},
     )
-    items: list[tuple[float, int, Any]] = [(e.end_s, 0, e) for e in result.events]
-    items += [(t.t_s, 1, t) for t in result.tokens]
+    append_predicted(store, run_id, result.events, result.tokens)
+    extra = {"steady_tokens_per_s": result.steady_tokens_per_s, "link_wait_s": result.link_wait_s}
+    store.finish_run(run_id, "completed", {**msgspec.to_builtins(result.figures), **extra})
+    return run_id
+
+
+def append_predicted(store: SessionStore, run_id: int, events: Iterable[TimelineEvent],
+                     tokens: Iterable[TokenEvent]) -> None:
+    """Store any technique's predicted events and tokens as a real run would have reported them.
+
+    Each event 'arrives' when it ends and each token when it reaches the source, so a
+    replay of a prediction paces like a replay of a measurement.
+    """
+    items: list[tuple[float, int, Any]] = [(e.end_s, 0, e) for e in events]
+    items += [(t.t_s, 1, t) for t in tokens]
     items.sort(key=lambda x: (x[0], x[1]))
     for seq, (at, _, item) in enumerate(items):
         if isinstance(item, TimelineEvent):
@@ -91,6 +103,3 @@ def record_simulation(store: SessionStore, session_id: int, problem: PlanningPro
         else:
             store.append_tokens(run_id, seq, at, item)
     store.flush()
-    extra = {"steady_tokens_per_s": result.steady_tokens_per_s, "link_wait_s": result.link_wait_s}
-    store.finish_run(run_id, "completed", {**msgspec.to_builtins(result.figures), **extra})
-    return run_id

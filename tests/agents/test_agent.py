@@ -127,7 +127,7 @@ def test_pings_are_answered_within_half_a_second_while_a_slow_shard_load_reports
     status says what is loading and how far it got."""
     import time
 
-    from agents.agent import default_executor_factory
+    from agents.executors import layers_executor
     from agents.protocol import LoadShard, Ok, PeerSpec
 
     def slow_real_load(model_dir, start, end, *, dtype, threads, progress=None):
@@ -136,7 +136,7 @@ def test_pings_are_answered_within_half_a_second_while_a_slow_shard_load_reports
             if fraction < 1:
                 time.sleep(0.4)
 
-        return default_executor_factory(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
+        return layers_executor(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
 
     coordinator = CurveKeys.generate()
     agent = Agent("dev-a", coordinator.public, executor_factory=slow_real_load).start()

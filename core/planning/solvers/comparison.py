@@ -30,6 +30,15 @@ class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """For the exact strategy: the proven best possible value (latency lower / throughput upper bound)."""
     elapsed_s: float = 0.0
 
+    @property
+    def latency_s(self) -> float | None:
+        """Per generated token; what every technique's outcome says (``core.techniques``)."""
+        return self.cost.latency_per_token_s if self.cost is not None else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.cost.throughput_tokens_s if self.cost is not None else None
+
 
 def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0,
                  devices: list[str] | None = None, reporter: Reporter | None = None) -> StrategyOutcome:

@@ -292,7 +292,7 @@ def test_a_model_directory_missing_on_a_device_is_an_error_naming_the_device_and
 
 
 def test_loading_reports_the_agents_own_progress_while_their_shards_load(model_dir):
-    from agents.agent import default_executor_factory
+    from agents.executors import layers_executor
     from core.reporting import RecordingReporter
 
     def slow_real_load(model_dir, start, end, *, dtype, threads, progress=None):
@@ -301,7 +301,7 @@ def test_loading_reports_the_agents_own_progress_while_their_shards_load(model_d
             if fraction < 1:
                 time.sleep(0.4)
 
-        return default_executor_factory(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
+        return layers_executor(model_dir, start, end, dtype=dtype, threads=threads, progress=slowly)
 
     keys = CurveKeys.generate()
     agents = [Agent(d, keys.public, executor_factory=slow_real_load).start() for d in ("p", "q")]

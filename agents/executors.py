@@ -1,0 +1,70 @@
+"""Stage executors by stage kind: how an agent runs the part of the model its stage holds.
+
+The agent side of the technique seam (core/techniques): each technique registers the
+executor of its stage kind here, ``LoadShard.kind`` names the kind, and the agent builds
+that executor. The stage loop only needs the ``StageExecutorLike`` surface, so a new
+technique does not edit the agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class StageExecutorLike(Protocol):
+    """What the stage loop calls (agents.shard.StageExecutor is the layer-sharding one)."""
+
+    is_first: bool
+    is_last: bool
+
+    def prefill(self, group: int, x: Any, attention_mask: Any) -> Any: ...
+
+    def decode(self, group: int, x: Any) -> Any: ...
+
+    def drop(self, group: int) -> None: ...
+
+    def memory_bytes(self) -> int: ...
+
+
+ExecutorFactory = Callable[..., StageExecutorLike]
+"""``factory(model_dir, start, end, *, dtype, threads, progress=None)``."""
+
+_EXECUTORS: dict[str, ExecutorFactory] = {}
+
+
+class UnknownStageKind(ValueError):
+    """A LoadShard asks for a stage kind this agent has no executor for (an older agent?)."""
+
+
+def register_executor(kind: str, factory: ExecutorFactory) -> None:
+    """Make ``kind`` loadable on this agent (a technique's agent module calls this at import)."""
+    if _EXECUTORS.get(kind, factory) is not factory:
+        raise ValueError(f"stage kind {kind!r} already has an executor")
+    _EXECUTORS[kind] = factory
+
+
+def unregister_executor(kind: str) -> None:
+    _EXECUTORS.pop(kind, None)
+
+
+def executor_factory_for(kind: str) -> ExecutorFactory:
+    """The factory of ``kind``, or ``UnknownStageKind`` naming the kinds this agent runs."""
+    try:
+        return _EXECUTORS[kind]
+    except KeyError:
+        known = ", ".join(sorted(_EXECUTORS)) or "none"
+        raise UnknownStageKind(
+            f"this agent has no executor for stage kind {kind!r} (it runs: {known}); "
+            "upgrade the agent to the studio's version"
+        ) from None
+
+
+def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+    """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard)."""
+    from agents.shard import StageExecutor  # torch/transformers load lazily: the agent starts fast
+
+    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
+
+
+register_executor("layers", layers_executor)

@@ -1,0 +1,167 @@
+"""The technique seam: what one placement technique brings, and the registry of them.
+
+The studio offers several techniques (layer sharding; later attention offloading, expert
+offloading, spatial CNN partitioning, phase disaggregation). They differ in *what* they
+place; everything around the placement is shared and technique-agnostic: devices, the wire
+format, the run state, ``TimelineEvent``s, recording, replay, export, the timeline and the
+Compare view. So a technique is one ``Technique`` value naming its own parts, and shared
+code asks the registry for it instead of importing a technique.
+
+Adding a technique: one folder ``core/techniques/<name>/`` whose ``__init__`` defines
+``TECHNIQUE``, its agent-side executor in ``agents/`` (registered by stage kind with
+``agents.executors.register_executor``), its plan view in ``gui/`` (``gui.plan_views``),
+and one registration line: ``BUILTIN`` below, or an ``edgeshard.techniques`` entry point
+for a technique that lives outside this tree. docs/architecture.md draws the whole house.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, Protocol
+
+from core.errors import EdgeShardError
+from core.models.units import ModelSpec
+from core.reporting import Reporter
+
+Objective = Literal["latency", "throughput"]
+
+BUILTIN = (
+    "core.techniques.layer_sharding",
+)
+"""The techniques that ship with the studio: one line each (module defining ``TECHNIQUE``)."""
+
+ENTRY_POINT_GROUP = "edgeshard.techniques"
+
+
+class UnknownTechnique(EdgeShardError):
+    """A plan, run or command names a technique this studio does not have."""
+
+    exit_code = 2
+
+
+class StrategyOutcomeLike(Protocol):
+    """What a strategy of any technique gives the shared Compare view and ``edgeshard compare``.
+
+    Each technique keeps its own outcome type (its plan and cost differ); these are the
+    fields every one of them has, so strategies line up in one table.
+    """
+
+    strategy: str
+    objective: str
+    status: str
+    """optimal | ok | oom | invalid | failed"""
+    plan: Any
+    error: str
+    elapsed_s: float
+
+    @property
+    def latency_s(self) -> float | None: ...
+
+    @property
+    def tokens_per_s(self) -> float | None: ...
+
+
+class StrategyRunner(Protocol):
+    """Run one named strategy (an exact solver or a baseline); operator errors become ``failed``."""
+
+    def __call__(self, problem: Any, name: str, objective: str, time_limit_s: float = 30.0, *,
+                 reporter: Reporter | None = None) -> StrategyOutcomeLike: ...
+
+
+@dataclass(frozen=True)
+class Technique:
+    """One placement technique's parts. Shared code reaches a technique only through these."""
+
+    name: str
+    """Stable identifier stored with plans and runs (``layer-sharding``)."""
+    title: str
+    """What the studio shows (``Layer sharding (EdgeShard)``)."""
+    applies_to: Callable[[ModelSpec], bool]
+    """Whether the technique can place this model (e.g. MoE offloading needs experts)."""
+    stage_kinds: tuple[str, ...]
+    """The kinds of stage its plans hold; agents pick an executor by kind."""
+    strategies: Mapping[str, Any]
+    """Its exact solver(s) and baselines, by the name the CLI and Compare show (values: its own)."""
+    exact: str
+    """The strategy that is proven optimal (listed first, the default of ``plan``)."""
+    run_strategy: StrategyRunner
+    """Runs one of ``strategies`` on a problem of this technique."""
+    cost: Callable[[Any, Any], Any]
+    """Its cost model: ``cost(problem, plan)`` — the one the solvers, the editor and the simulator use."""
+    simulate: Callable[..., Any]
+    """Its simulated schedule: ``simulate(problem, plan, mode, ...)`` -> a result with the same
+    ``TimelineEvent``s a real run records (``.events``, ``.tokens``, ``.figures``)."""
+    register_cli: Callable[[argparse._SubParsersAction], None] | None = None
+    """Its own CLI verbs, if any beyond the shared ``plan``/``compare``/``run``."""
+    paper: str = ""
+    modes: tuple[str, ...] = field(default=())
+    """The run modes its schedule knows."""
+
+    def strategy_names(self) -> list[str]:
+        """The exact strategy first, then the baselines by name."""
+        return sorted(self.strategies, key=lambda n: (n != self.exact, n))
+
+    def compare(self, problem: Any, objective: Objective, time_limit_s: float = 30.0) -> list[StrategyOutcomeLike]:
+        """Every strategy side by side: what the shared Compare view shows."""
+        return [self.run_strategy(problem, n, objective, time_limit_s) for n in self.strategy_names()]
+
+
+_REGISTRY: dict[str, Technique] = {}
+_LOADED = False
+
+
+def register(technique: Technique) -> Technique:
+    """Make a technique known to the studio (its module calls this, or a test does)."""
+    other = _REGISTRY.get(technique.name)
+    if other is not None and other is not technique:
+        raise ValueError(f"technique {technique.name!r} is registered twice")
+    _REGISTRY[technique.name] = technique
+    return technique
+
+
+def unregister(name: str) -> None:
+    """Forget a technique (tests that plug one in take it out again)."""
+    _REGISTRY.pop(name, None)
+
+
+def _load_registered() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for module in BUILTIN:
+        register(importlib.import_module(module).TECHNIQUE)
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        technique = ep.load()
+        if not isinstance(technique, Technique):
+            raise TypeError(f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} is not a Technique: {ep.value}")
+        register(technique)
+
+
+def techniques() -> list[Technique]:
+    """Every known technique, in registration order (the shipped ones first)."""
+    _load_registered()
+    return list(_REGISTRY.values())
+
+
+def technique_named(name: str) -> Technique:
+    """The technique of that name, or ``UnknownTechnique`` listing the known ones."""
+    _load_registered()
+    if name not in _REGISTRY:
+        raise UnknownTechnique(f"unknown technique {name!r}; this studio has: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def techniques_for(model: ModelSpec) -> list[Technique]:
+    """The techniques that can place ``model`` (the studio offers only these)."""
+    return [t for t in techniques() if t.applies_to(model)]
+
+
+__all__ = [
+    "BUILTIN", "Objective", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
+    "technique_named", "techniques", "techniques_for", "unregister",
+]
