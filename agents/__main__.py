@@ -45,6 +45,10 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     s.add_argument("--link-mbit", type=float, default=0.0, help="emulated bandwidth of the outgoing data link")
     s.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated one-way latency added when sending")
+    s.add_argument("--memory-budget-mib", type=float, default=0.0,
+                   help="emulated memory budget for shard weights; a larger shard is refused (0 = none)")
+    s.add_argument("--compute-slowdown", type=float, default=1.0,
+                   help="emulate a device this many times slower than this machine (>= 1)")
     s.add_argument("--announce", action="store_true", help="register _edgeshard._tcp over mDNS")
     s.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes (the launching process ended); used by `cluster local`")
@@ -53,12 +57,19 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from agents.agent import Agent, warm_imports
+    from agents.emulation import MIB, DeviceEmulation
     from agents.protocol import LinkShape
     from agents.transport import CurveKeys, is_z85_key
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if not is_z85_key(args.coordinator_key):
         print("agent: --coordinator-key must be a 40-character Z85 CurveZMQ public key", file=sys.stderr)
+        return 2
+    try:
+        emulation = DeviceEmulation(memory_budget_bytes=int(args.memory_budget_mib * MIB),
+                                    compute_slowdown=args.compute_slowdown)
+    except ValueError as err:
+        print(f"agent: {err}", file=sys.stderr)
         return 2
     if args.threads > 0:
         import torch
@@ -81,6 +92,7 @@ def serve(args: argparse.Namespace) -> int:
         data_port=args.data_port,
         advertise_host=args.advertise_host,
         default_link=LinkShape(bandwidth_mbit_s=args.link_mbit, latency_ms=args.link_latency_ms),
+        emulation=emulation,
     )
     try:
         warm_imports()

@@ -45,6 +45,7 @@ import torch
 import zmq
 
 from agents import AGENT_VERSION
+from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for
 from agents.protocol import (
     AgentEvent,
@@ -187,6 +188,7 @@ class Agent:
         executor_factory=None,
         sampler_factory=default_sampler,
         default_link: LinkShape | None = None,
+        emulation: DeviceEmulation | None = None,
     ) -> None:
         self.device = device
         self.coordinator_key = coordinator_key
@@ -198,6 +200,8 @@ class Agent:
         self.sampler_factory = sampler_factory
         self.default_link = default_link or LinkShape()
         """Emulated shaping of this agent's outgoing data link unless a LoadShard sets one."""
+        self.emulation = emulation or DeviceEmulation()
+        """Emulated memory budget and compute slowdown (agents/emulation.py)."""
         self.clock = AgentClock()
         self.context = zmq.Context()
         self.gate = KeyGate()
@@ -455,7 +459,8 @@ class Agent:
                     self._unload()
                     self._state = "failed"
                     self._error = f"{type(err).__name__}: {err}"
-                self._post(ErrorReply(req=msg.req if msg else 0, code="failed", message=f"{type(err).__name__}: {err}"))
+                code = err.code if isinstance(err, ShardOverBudget) else "failed"
+                self._post(ErrorReply(req=msg.req if msg else 0, code=code, message=f"{type(err).__name__}: {err}"))
         self._unload()
         if self._data is not None:
             self._data.close(linger=0)
@@ -480,6 +485,9 @@ class Agent:
         if "progress" in inspect.signature(factory).parameters:
             kwargs["progress"] = self._set_progress
         executor = factory(msg.model_dir, msg.start, msg.end, **kwargs)
+        # checked on the weights the shard really holds (dtype and tied heads included)
+        self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end))
+        executor = self.emulation.slowed(executor)
         self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device])
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
         shape = msg.link if msg.link != LinkShape() else self.default_link

@@ -96,6 +96,8 @@ class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True):
     """Once per stage and decode step (smallest decode batch): mask, positions, rotary."""
     stage_prefill_overhead_s: float = 0.0
     """Once per stage and prefill (first prefill batch): the same plus a fresh KV cache."""
+    emulation: str = ""
+    """The emulated limits already applied to these figures (agents/emulation.py); empty: none."""
 
 
 # ----------------------------------------------------------------------------- memory
@@ -432,7 +434,9 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
 def profile_compute(agent, options: dict[str, Any]) -> dict[str, Any]:
     """Agent handler of ``ProfileCompute``: options → ComputeOptions, result as a dict."""
     opts = msgspec.convert(options, ComputeOptions)
-    return msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", "")))
+    result = msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", "")))
+    emulation = getattr(agent, "emulation", None)
+    return emulation.scale_compute_profile(result) if emulation is not None and emulation.active else result
 
 
 # ------------------------------------------------------------------------------ links

@@ -236,7 +236,8 @@ class ErrorReply(_Msg, frozen=True, tag="error"):
     """Every request that cannot be served gets one; the agent stays up."""
 
     code: str
-    """bad_frame | too_large | bad_version | bad_message | bad_state | failed"""
+    """bad_frame | too_large | bad_version | bad_message | bad_state | failed | over_budget
+    (a shard beyond the device's emulated memory budget, agents/emulation.py)"""
     message: str
 
 

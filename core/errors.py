@@ -62,5 +62,10 @@ class RunFailed(EdgeShardError):
         super().__init__(message if device is None else f"{device}: {message}")
 
 
+class ShardOverBudget(RunFailed):
+    """An agent refused a shard beyond its memory budget: the plan must put fewer units on
+    that device (re-profile so the solver sees the budget, then solve again)."""
+
+
 class StoreError(EdgeShardError):
     """A workspace file that cannot be opened, migrated or written."""

@@ -209,19 +209,26 @@ def _register_cluster(sub) -> None:
     s.add_argument("--dir", default=None, help="working directory (keys, logs, agents.json); default a temp dir")
     s.add_argument("--names", default=None, help="comma-separated device names (default local-0..)")
     s.add_argument("--threads", type=int, default=1, help="torch threads per agent")
-    s.add_argument("--link-mbit", type=float, default=0.0, help="emulated bandwidth of each agent's outgoing link")
-    s.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated added latency per message")
+    s.add_argument("--link-mbit", default="0", help="emulated bandwidth of each agent's outgoing link "
+                   "(one value, or one per agent: 200,100,50)")
+    s.add_argument("--link-latency-ms", default="0", help="emulated added latency per message (one or per agent)")
+    s.add_argument("--memory-mib", default=None, help="emulated memory budget per agent, enforced on shard "
+                   "weights (one value, or one per agent: 24,16,12)")
+    s.add_argument("--slowdown", default=None, help="emulated compute slowdown per agent, >= 1 (one or per agent)")
     s.set_defaults(func=cmd_cluster_local)
 
 
 def cmd_cluster_local(args) -> int:
-    from core.devices.local_cluster import LocalCluster
+    from core.devices.local_cluster import LocalCluster, emulations_from_flags, per_agent_values
 
     if args.n < 1:
         raise FormatError("-n", "need at least one agent")
-    names = [s.strip() for s in args.names.split(",")] if args.names else args.n
-    if isinstance(names, list) and len(names) != args.n:
+    names = [s.strip() for s in args.names.split(",")] if args.names else [f"local-{i}" for i in range(args.n)]
+    if len(names) != args.n:
         raise FormatError("--names", f"{len(names)} names for {args.n} agents")
+    mbit = dict(zip(names, per_agent_values(args.link_mbit, args.n, "--link-mbit")))
+    latency = dict(zip(names, per_agent_values(args.link_latency_ms, args.n, "--link-latency-ms")))
+    emulation = emulations_from_flags(names, args.memory_mib, args.slowdown)
     tmp = None
     workdir = args.dir
     if workdir is None:
@@ -229,15 +236,15 @@ def cmd_cluster_local(args) -> int:
         workdir = tmp.name
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(workdir, names, threads_per_agent=args.threads, link_mbit=args.link_mbit,
-                           link_latency_ms=args.link_latency_ms)
+    cluster = LocalCluster(workdir, names, threads_per_agent=args.threads, link_mbit=mbit,
+                           link_latency_ms=latency, emulation=emulation)
     try:
         endpoints = cluster.start()
         for e in endpoints:
-            print(f"{e.device}  {e.control_address}  {e.public_key}")
-        shaped = f", links {args.link_mbit or '∞'} Mbit/s + {args.link_latency_ms} ms" if (
-            args.link_mbit or args.link_latency_ms) else ""
-        print(f"{len(endpoints)} agents up{shaped}. Agents file: {cluster.agents_file}")
+            link = (f", link {mbit[e.device] or '∞'} Mbit/s + {latency[e.device]:g} ms"
+                    if mbit[e.device] or latency[e.device] else "")
+            print(f"{e.device}  {e.control_address}  {e.public_key}  ({emulation[e.device].describe()}{link})")
+        print(f"{len(endpoints)} agents up. Agents file: {cluster.agents_file}")
         print("Press Ctrl-C to stop.", flush=True)
         while not stop.wait(1.0):
             dead = [p.device for p in cluster._procs if p.popen.poll() is not None]

@@ -4,7 +4,9 @@ The cluster generates the coordinator's CurveZMQ keypair and one keypair per age
 its working directory, starts ``python -m agents serve`` for each device with the
 coordinator's public key, reads each agent's ready line, and writes ``agents.json``
 (format ``edgeshard.agents``) that ``edgeshard run --agents FILE`` and the GUI use to
-connect. Each agent may emulate a slow outgoing link (bandwidth, latency).
+connect. Each agent may emulate a different device (agents/emulation.py): a memory
+budget it enforces, a compute slowdown, and a shaped outgoing link (bandwidth, latency),
+given for all agents or per agent — so one machine can show a heterogeneous cluster.
 
 No process outlives the cluster: each agent runs with ``--exit-on-stdin-eof`` and its stdin
 is a pipe whose write end only this process holds, so when this process ends in any way
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from agents.emulation import MIB, DeviceEmulation
 from agents.transport import CurveKeys
 from core.runs.coordinator import AgentEndpoint
 from core.errors import DeployError, FormatError
@@ -77,6 +80,43 @@ def load_agents_file(path: str | os.PathLike) -> tuple[list[AgentEndpoint], Curv
     return data.endpoints(), keys
 
 
+def _per_device(value, devices: list[str], what: str) -> dict:
+    """One value for every device, or a mapping that must name each device exactly."""
+    if not isinstance(value, dict):
+        return dict.fromkeys(devices, value)
+    if set(value) != set(devices):
+        raise ValueError(f"{what} must name exactly the devices {devices}, got {sorted(value)}")
+    return dict(value)
+
+
+def per_agent_values(text: str, n: int, flag: str) -> list[float]:
+    """``"8"`` (every agent) or ``"24,16,12"`` (one per agent) from a command line flag."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise FormatError(flag, f"{text!r} is not a number or a comma-separated list of numbers") from None
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise FormatError(flag, f"{len(values)} values for {n} agents: give one value, or one per agent")
+    return values
+
+
+def emulations_from_flags(devices: list[str], memory_mib: str | None, slowdown: str | None
+                          ) -> dict[str, DeviceEmulation]:
+    """Per-agent emulated limits from ``--memory-mib`` / ``--slowdown`` (FormatError if bad)."""
+    n = len(devices)
+    mem = per_agent_values(memory_mib, n, "--memory-mib") if memory_mib else [0.0] * n
+    slow = per_agent_values(slowdown, n, "--slowdown") if slowdown else [1.0] * n
+    out = {}
+    for dev, m, f in zip(devices, mem, slow):
+        try:
+            out[dev] = DeviceEmulation(memory_budget_bytes=int(m * MIB), compute_slowdown=f)
+        except ValueError as err:
+            raise FormatError("--memory-mib" if m < 0 else "--slowdown", f"{dev}: {err}") from None
+    return out
+
+
 @dataclass
 class _Proc:
     device: str
@@ -96,8 +136,9 @@ class LocalCluster:
         devices: list[str] | int = 4,
         *,
         threads_per_agent: int = 1,
-        link_mbit: float = 0.0,
-        link_latency_ms: float = 0.0,
+        link_mbit: float | dict[str, float] = 0.0,
+        link_latency_ms: float | dict[str, float] = 0.0,
+        emulation: DeviceEmulation | dict[str, DeviceEmulation] | None = None,
         startup_timeout_s: float = 60.0,
         python: str = sys.executable,
     ) -> None:
@@ -106,8 +147,10 @@ class LocalCluster:
         if len(set(self.devices)) != len(self.devices):
             raise ValueError("device names must be unique")
         self.threads_per_agent = threads_per_agent
-        self.link_mbit = link_mbit
-        self.link_latency_ms = link_latency_ms
+        self.link_mbit = _per_device(link_mbit, self.devices, "link_mbit")
+        self.link_latency_ms = _per_device(link_latency_ms, self.devices, "link_latency_ms")
+        self.emulation = _per_device(emulation or DeviceEmulation(), self.devices, "emulation")
+        """Per device: the limits its agent emulates."""
         self.startup_timeout_s = startup_timeout_s
         self.python = python
         self.keys: CurveKeys | None = None
@@ -166,8 +209,10 @@ class LocalCluster:
             f"--coordinator-key={self.keys.public}",  # a Z85 key may start with "-"
             "--key-file", str(self.workdir / f"{device}.key"),
             "--threads", str(self.threads_per_agent),
-            "--link-mbit", str(self.link_mbit),
-            "--link-latency-ms", str(self.link_latency_ms),
+            "--link-mbit", str(self.link_mbit[device]),
+            "--link-latency-ms", str(self.link_latency_ms[device]),
+            "--memory-budget-mib", str(self.emulation[device].memory_budget_bytes / MIB),
+            "--compute-slowdown", str(self.emulation[device].compute_slowdown),
             "--exit-on-stdin-eof",
         ]  # fmt: skip
         env = dict(os.environ)

@@ -67,7 +67,7 @@ from agents.protocol import (
     encode_control,
 )
 from agents.transport import CurveKeys, curve_client, harden
-from core.errors import FormatError, RunFailed
+from core.errors import FormatError, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan
 from core.reporting import NullReporter, Reporter
 
@@ -568,7 +568,8 @@ class Coordinator:
                 if f.done():
                     reply = f.result()  # a lost agent's future holds its RunFailed
                     if isinstance(reply, ErrorReply):
-                        raise RunFailed(f"cannot load its shard: {reply.message}", dev)
+                        error = ShardOverBudget if reply.code == "over_budget" else RunFailed
+                        raise error(f"cannot load its shard: {reply.message}", dev)
                     del pending[dev]
                     fractions[dev] = 1.0
                 elif self._conns[dev].lost:

@@ -1,0 +1,116 @@
+"""Emulated device limits: make one machine's agents behave like different edge devices.
+
+Demos and teaching need a cluster whose devices differ, or every plan puts the whole
+model on one of them. An agent started with a ``DeviceEmulation`` (``python -m agents
+serve --memory-budget-mib M --compute-slowdown F``; ``edgeshard cluster local`` passes
+them per agent) enforces both:
+
+- **memory budget**: a shard whose weights exceed it is refused with ``ShardOverBudget``
+  (error code ``over_budget``) and nothing stays loaded, as a device without the memory
+  would fail; the profile reports the budget, so solvers plan within it;
+- **compute slowdown**: each stage computation takes ``F`` times as long (the agent
+  sleeps ``(F - 1) × the real compute time`` after it, GIL released, so the control thread
+  keeps answering), and the profile reports compute times multiplied by ``F`` — the
+  same rule in both places, so predictions and runs agree.
+
+Links are shaped separately (``--link-mbit``, ``--link-latency-ms``). This module ships
+with the agent: it must not import core/.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+class ShardOverBudget(ValueError):
+    """A shard's weights do not fit this device's (emulated) memory budget."""
+
+    code = "over_budget"
+
+
+@dataclass(frozen=True)
+class DeviceEmulation:
+    """Limits one agent emulates; the defaults emulate nothing."""
+
+    memory_budget_bytes: int = 0
+    """0 = no emulated budget (the device's real memory applies)."""
+    compute_slowdown: float = 1.0
+    """≥ 1: how many times slower than this machine the device computes."""
+
+    def __post_init__(self) -> None:
+        if self.memory_budget_bytes < 0:
+            raise ValueError("the memory budget must be >= 0 (0 = none)")
+        if not self.compute_slowdown >= 1.0:
+            raise ValueError("the compute slowdown must be >= 1 (1 = this machine's speed)")
+
+    @property
+    def active(self) -> bool:
+        return self.memory_budget_bytes > 0 or self.compute_slowdown > 1.0
+
+    def describe(self) -> str:
+        parts = []
+        if self.memory_budget_bytes:
+            parts.append(f"{self.memory_budget_bytes / MIB:.0f} MiB budget")
+        if self.compute_slowdown > 1.0:
+            parts.append(f"{self.compute_slowdown:g}× slower compute")
+        return ", ".join(parts) or "no emulated limits"
+
+    def check_shard(self, device: str, weight_bytes: int, units: tuple[int, int]) -> None:
+        """Refuse a shard beyond the budget (``ShardOverBudget`` says by how much)."""
+        if self.memory_budget_bytes and weight_bytes > self.memory_budget_bytes:
+            raise ShardOverBudget(
+                f"units [{units[0]}, {units[1]}) need {weight_bytes / MIB:.1f} MiB of weights but device {device} "
+                f"has a {self.memory_budget_bytes / MIB:.1f} MiB memory budget: plan fewer units on it "
+                "(re-profile so the solver knows the budget)"
+            )
+
+    def budget(self, real_budget_bytes: int) -> int:
+        """The budget a profile reports: the emulated one, never more than the real one."""
+        if not self.memory_budget_bytes:
+            return real_budget_bytes
+        return min(self.memory_budget_bytes, real_budget_bytes) if real_budget_bytes > 0 else self.memory_budget_bytes
+
+    def slowed(self, executor):
+        """``executor`` itself without a slowdown, else a wrapper whose computations take longer."""
+        return executor if self.compute_slowdown <= 1.0 else SlowedStage(executor, self.compute_slowdown)
+
+    def scale_compute_profile(self, profile: dict) -> dict:
+        """A ``ComputeProfile`` dict with times × slowdown and the emulated budget."""
+        f = self.compute_slowdown
+        out = dict(profile)
+        out["units"] = [
+            dict(u, decode_s=[t * f for t in u["decode_s"]], prefill_s=[t * f for t in u["prefill_s"]])
+            for u in profile["units"]
+        ]
+        for k in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
+            if k in out:
+                out[k] = out[k] * f
+        out["memory_budget_bytes"] = self.budget(int(profile.get("memory_budget_bytes", 0)))
+        out["emulation"] = self.describe()
+        return out
+
+
+class SlowedStage:
+    """A stage executor whose prefill/decode take ``factor`` times their real time."""
+
+    def __init__(self, executor, factor: float) -> None:
+        self._executor = executor
+        self.factor = factor
+
+    def __getattr__(self, name):  # everything but the two computations is the executor's own
+        return getattr(self._executor, name)
+
+    def _slowed(self, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        time.sleep((self.factor - 1.0) * (time.perf_counter() - t0))
+        return out
+
+    def prefill(self, group, x, attention_mask):
+        return self._slowed(self._executor.prefill, group, x, attention_mask)
+
+    def decode(self, group, x):
+        return self._slowed(self._executor.decode, group, x)

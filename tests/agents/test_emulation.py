@@ -1,0 +1,114 @@
+"""Emulated devices: an agent enforces its memory budget, computes slower by its factor, and
+profiles as the device it emulates; ``edgeshard cluster local`` sets them per agent."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from agents.emulation import MIB, DeviceEmulation, ShardOverBudget, SlowedStage
+from agents.profiler import profile_compute
+from agents.shard import StageExecutor
+from core.cli import main as cli_main
+from core.devices.local_cluster import LocalCluster, emulations_from_flags, per_agent_values
+from core.errors import FormatError, ShardOverBudget as CoreShardOverBudget
+from core.planning.plan import plan_from_boundaries
+from core.runs.coordinator import Coordinator
+
+
+def test_a_shard_beyond_the_budget_is_refused_naming_the_device_and_both_sizes():
+    emu = DeviceEmulation(memory_budget_bytes=2 * MIB)
+    emu.check_shard("edge-b", 2 * MIB, (1, 3))  # exactly the budget fits
+    with pytest.raises(ShardOverBudget, match=r"3\.0 MiB.*edge-b.*2\.0 MiB"):
+        emu.check_shard("edge-b", 3 * MIB, (1, 3))
+
+
+def test_bad_emulation_values_are_refused():
+    with pytest.raises(ValueError, match="slowdown"):
+        DeviceEmulation(compute_slowdown=0.5)
+    with pytest.raises(ValueError, match="budget"):
+        DeviceEmulation(memory_budget_bytes=-1)
+
+
+def test_a_slowed_stage_gives_the_same_outputs_and_takes_the_factor_times_longer(tiny_llama_dir):
+    plain = StageExecutor(tiny_llama_dir, 0, 6)
+    inner = StageExecutor(tiny_llama_dir, 0, 6)
+    inner_time = []
+    real_prefill = inner.prefill
+
+    def timed_prefill(*args):
+        t0 = time.perf_counter()
+        out = real_prefill(*args)
+        inner_time.append(time.perf_counter() - t0)
+        return out
+
+    inner.prefill = timed_prefill
+    slowed = SlowedStage(inner, 3.0)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        want = plain.prefill(0, ids, mask)
+        t0 = time.perf_counter()
+        got = slowed.prefill(0, ids, mask)
+        took = time.perf_counter() - t0
+    assert torch.equal(want, got)
+    assert took >= 3.0 * inner_time[0] * 0.99
+    assert slowed.is_last and slowed.memory_bytes() == plain.memory_bytes()  # the rest is the executor's own
+
+
+class _AgentLike:
+    device = "edge-c"
+    emulation = DeviceEmulation(memory_budget_bytes=3 * MIB, compute_slowdown=4.0)
+
+
+def test_an_emulated_device_profiles_with_its_budget_and_slowdown(tiny_llama_dir):
+    import json
+    from pathlib import Path
+
+    config = json.loads(Path(tiny_llama_dir, "config.json").read_text())
+    result = profile_compute(_AgentLike(), dict(config=config, prompt_tokens=4, batch_sizes=(1,), repeats=1, warmup=0))
+    assert result["memory_budget_bytes"] == 3 * MIB
+    assert result["emulation"] == "3 MiB budget, 4× slower compute"
+    raw = {"units": [{"decode_s": [1.0], "prefill_s": [2.0]}], "stage_decode_overhead_s": 0.5,
+           "memory_budget_bytes": 10 * MIB}
+    scaled = _AgentLike.emulation.scale_compute_profile(raw)
+    assert scaled["units"][0]["decode_s"] == [4.0] and scaled["units"][0]["prefill_s"] == [8.0]
+    assert scaled["stage_decode_overhead_s"] == 2.0 and scaled["memory_budget_bytes"] == 3 * MIB
+
+
+def test_per_agent_flags_take_one_value_or_one_per_agent():
+    assert per_agent_values("8", 3, "--memory-mib") == [8.0, 8.0, 8.0]
+    assert per_agent_values("24,16,12", 3, "--memory-mib") == [24.0, 16.0, 12.0]
+    with pytest.raises(FormatError, match="2 values for 3 agents"):
+        per_agent_values("1,2", 3, "--memory-mib")
+    with pytest.raises(FormatError, match="not a number"):
+        per_agent_values("lots", 3, "--memory-mib")
+    emu = emulations_from_flags(["a", "b"], "10,20", "1,2.5")
+    assert emu["b"] == DeviceEmulation(memory_budget_bytes=20 * MIB, compute_slowdown=2.5)
+    with pytest.raises(FormatError, match="--slowdown"):
+        emulations_from_flags(["a"], None, "0.5")
+
+
+def test_cluster_local_refuses_a_slowdown_below_one_with_a_clear_error(capsys):
+    code = cli_main(["cluster", "local", "-n", "2", "--slowdown", "1,0.2"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--slowdown" in err and "Traceback" not in err
+
+
+def test_local_agents_enforce_their_budgets_and_a_plan_within_them_loads(tmp_path, tiny_llama_dir):
+    """Real agent processes: the small device refuses the embedding stage (typed error naming it)."""
+    devices = ["big", "small"]
+    emulation = {"big": DeviceEmulation(), "small": DeviceEmulation(memory_budget_bytes=int(0.2 * MIB))}
+    with LocalCluster(tmp_path, devices, emulation=emulation) as cluster:
+        with Coordinator(cluster.endpoints, cluster.keys) as co:
+            co.wait_ready(30)
+            too_big = plan_from_boundaries("tiny", 6, ["small", "big"], [3])
+            with pytest.raises(CoreShardOverBudget, match="small.*memory budget"):
+                co.load(too_big, tiny_llama_dir, timeout_s=60)
+            assert co.status()["small"].memory_bytes == 0  # nothing stays loaded
+            fits = plan_from_boundaries("tiny", 6, ["big", "small"], [5])  # only the final norm + head on it
+            co.load(fits, tiny_llama_dir, timeout_s=60)
+            st = co.status()
+            assert st["small"].state == "ready" and 0 < st["small"].memory_bytes <= 0.2 * MIB
