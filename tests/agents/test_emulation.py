@@ -108,6 +108,9 @@ def test_local_agents_enforce_their_budgets_and_a_plan_within_them_loads(tmp_pat
             with pytest.raises(CoreShardOverBudget, match="small.*memory budget"):
                 co.load(too_big, tiny_llama_dir, timeout_s=60)
             assert co.status()["small"].memory_bytes == 0  # nothing stays loaded
+            deadline = time.monotonic() + 30  # "big" may still be loading its part of the refused plan
+            while co.status()["big"].state == "loading" and time.monotonic() < deadline:
+                time.sleep(0.05)
             fits = plan_from_boundaries("tiny", 6, ["big", "small"], [5])  # only the final norm + head on it
             co.load(fits, tiny_llama_dir, timeout_s=60)
             st = co.status()
