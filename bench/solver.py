@@ -4,7 +4,11 @@
   edges, 1 Mbit/s to the server), Llama-2-7B/13B/70B: exact latency and throughput times;
 - 64 devices of the same classes (50/10/4): plan and proven gap within a 10 s budget;
 - harder, every device different (random TFLOPS, bandwidth, memory; no symmetry to
-  exploit), 15 and 64 devices: time, proven gap.
+  exploit), 15, 64, 128 and 256 devices: time, proven gap;
+- re-plan after one device fails (the second stage's device of the previous plan),
+  warm-started from the previous plan, 64 all-different devices: time to proven
+  optimal (budget 10 s) and the plan and proven gap under a 100 ms budget, beside a
+  cold solve of the same reduced problem.
 
 Run: python bench/solver.py
 """
@@ -22,7 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from core.planning.problem import Workload  # noqa: E402
 from core.planning.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
 from core.planning.cost import evaluate  # noqa: E402
-from core.planning.solvers import even_split, solve_max_throughput, solve_min_latency  # noqa: E402
+from core.planning.problem import with_changes  # noqa: E402
+from core.planning.solvers import (  # noqa: E402
+    even_split, replan_after_failure, solve_max_throughput, solve_min_latency,
+)
 from core.planning.solvers.comparison import run_strategy  # noqa: E402
 
 
@@ -53,8 +60,29 @@ def _heterogeneous(n: int, seed: int = 1):
                        memory_gib=rng.choice([8, 16, 32, 64])) for i in range(n)]
 
 
+def _replan_figures(problem, out: dict) -> None:
+    """Re-plan without the previous plan's second device: warm (proven, and 100 ms) beside cold."""
+    for objective, solve in (("latency", solve_min_latency), ("throughput", solve_max_throughput)):
+        previous = solve(problem, time_limit_s=10.0).plan
+        failed = previous.stages[1].device
+        tag = f"replan64_{objective}"
+        warm, t_warm = _timed(lambda p: replan_after_failure(p, previous, failed, time_limit_s=10.0), problem)
+        fast, t_fast = _timed(lambda p: replan_after_failure(p, previous, failed, time_limit_s=0.1), problem)
+        cold, t_cold = _timed(solve, with_changes(problem, excluded_devices=(failed,)), time_limit_s=10.0)
+        out[f"{tag}_warm_s"] = round(t_warm, 4)
+        out[f"{tag}_warm_proven"] = warm.proven_optimal
+        out[f"{tag}_warm_gap"] = round(warm.gap, 6)
+        out[f"{tag}_cold_s"] = round(t_cold, 4)
+        out[f"{tag}_cold_proven"] = cold.proven_optimal
+        out[f"{tag}_100ms_s"] = round(t_fast, 4)
+        out[f"{tag}_100ms_proven"] = fast.proven_optimal
+        out[f"{tag}_100ms_gap"] = round(fast.gap, 6)
+        out[f"{tag}_100ms_value_vs_best"] = round(
+            (fast.value / warm.value) if objective == "throughput" else (warm.value / fast.value), 6)
+
+
 def main() -> None:
-    out: dict = {"bench": "solver", "cpus": os.cpu_count()}
+    out: dict = {"bench": "solver", "cpus": os.cpu_count(), "loadavg": os.getloadavg()[0]}
     for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
         _figures(f"paper15_{model.split('-')[-1]}", paper_problem(model), 30.0, out)
     _figures("paper64_70b", paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4)), 10.0, out)
@@ -62,6 +90,9 @@ def main() -> None:
     _figures("paper15_70b_batch16", paper_problem("llama-2-70b", workload=batch16), 10.0, out)
     _figures("hetero15_70b", paper_problem("llama-2-70b", devices=_heterogeneous(15)), 10.0, out)
     _figures("hetero64_70b", paper_problem("llama-2-70b", devices=_heterogeneous(64)), 10.0, out)
+    _figures("hetero128_70b", paper_problem("llama-2-70b", devices=_heterogeneous(128)), 10.0, out)
+    _figures("hetero256_70b", paper_problem("llama-2-70b", devices=_heterogeneous(256)), 10.0, out)
+    _replan_figures(paper_problem("llama-2-70b", devices=_heterogeneous(64)), out)
     # side by side in the same run: the optimum against the exo / llama.cpp-style split
     problem = paper_problem("llama-2-70b")
     for objective, field in (("latency", "latency_per_token_s"), ("throughput", "throughput_tokens_s")):

@@ -19,7 +19,9 @@ from core.planning.solvers.baselines import (
     memory_proportional,
     strongest_device,
 )
-from core.planning.solvers.exact import SolveResult, micro_batch_choices, solve_max_throughput, solve_min_latency
+from core.planning.solvers.exact import (
+    SolveResult, micro_batch_choices, replan_after_failure, solve_max_throughput, solve_min_latency,
+)
 
 
 def edgeshard_optimal(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
@@ -50,5 +52,5 @@ STRATEGIES: dict[str, Callable[[PlanningProblem, str], ShardPlan]] = {
 __all__ = [
     "STRATEGIES", "SolveResult", "solve_min_latency", "solve_max_throughput", "edge_solo", "cloud_edge_even",
     "cloud_edge_opt", "even_split", "memory_proportional", "best_micro_batching", "strongest_device",
-    "micro_batch_choices", "edgeshard_optimal",
+    "micro_batch_choices", "edgeshard_optimal", "replan_after_failure",
 ]

@@ -22,15 +22,16 @@ import time
 from typing import Literal
 
 import msgspec
+import msgspec.structs
 import numpy as np
 
 from core.planning.cost import PlanCost, evaluate
-from core.errors import ModelDoesNotFit
+from core.errors import ModelDoesNotFit, PlanInvalid
 from core.planning.plan import ShardPlan, Stage
 from core.planning.problem import PlanningProblem, check_problem
 from core.reporting import Cancelled, NullReporter, Reporter
 from core.planning.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix
-from core.planning.solvers.search import SearchBudget, SearchSpace, branch_and_bound
+from core.planning.solvers.search import SearchBudget, SearchSpace, branch_and_bound, reconstruct
 
 INF = math.inf
 EXACT_STRATEGY = "edgeshard-exact"
@@ -114,11 +115,46 @@ def does_not_fit(problem: PlanningProblem, arr: CostArrays) -> ModelDoesNotFit:
     )
 
 
+def warm_sequence(space: SearchSpace, plan: ShardPlan | None) -> tuple[tuple, tuple, float] | None:
+    """The cheapest repair of ``plan`` under ``space``: its devices still usable, in its order,
+    with at most one unused device put where a lost one was (or anywhere after the source),
+    each with the best stage ends. None when there is no plan or no repair holds the model.
+
+    A re-plan starts from it: the search then only looks for something strictly better.
+    """
+    if plan is None:
+        return None
+    arr = space.arr
+    index = {dev: i for i, dev in enumerate(arr.devices)}
+    kept = tuple(index[s.device] for s in plan.stages if s.device in index)
+    if not kept or kept[0] != arr.src:
+        return None
+    lost = [i for i, s in enumerate(plan.stages) if s.device not in index]
+    slots = sorted({min(i, len(kept)) for i in lost} or set(range(1, len(kept) + 1)))
+    spare = np.setdiff1d(np.arange(len(arr.devices)), np.array(kept))
+    tries = [kept] + [kept[:i] + (int(c),) + kept[i:] for i in slots for c in spare]
+    best = None
+    for seq in tries:
+        f = space.root()
+        for d, d2 in zip(seq, seq[1:]):
+            f = space.extend(f, d, d2)
+        cost = float(f[arr.n] + space.ret[seq[-1]])
+        if math.isfinite(cost) and (best is None or cost < best[1]):
+            best = (seq, cost)
+    if best is None:
+        return None
+    return best[0], reconstruct(space, best[0]), best[1]
+
+
 def solve_min_latency(
     problem: PlanningProblem, *, time_limit_s: float = 30.0, max_nodes: int = 2_000_000,
-    reporter: Reporter | None = None,
+    reporter: Reporter | None = None, warm_start: ShardPlan | None = None,
 ) -> SolveResult:
-    """The plan with the least per-token latency for the whole batch (m = batch, K = 1)."""
+    """The plan with the least per-token latency for the whole batch (m = batch, K = 1).
+
+    ``warm_start``: a previous plan whose usable devices (in its order) give the first
+    incumbent, so a re-plan after a device fails prunes from the start.
+    """
     t0 = time.monotonic()
     reporter = reporter or NullReporter()
     reporter.status("searching the minimum-latency plan")
@@ -133,7 +169,12 @@ def solve_min_latency(
     def report(seq, ends, _cost):
         reporter.partial_result(plan_from_sequence(problem, arr, seq, ends, EXACT_STRATEGY, "latency"))
 
-    res = branch_and_bound(space, budget=budget, on_incumbent=report)
+    warm = warm_sequence(space, warm_start)
+    res = branch_and_bound(space, incumbent=warm[2] if warm else INF, budget=budget, on_incumbent=report)
+    if not res.sequence and warm is not None:
+        # nothing strictly better than the warm plan was found (proven so if complete)
+        res.sequence, res.boundaries, res.cost = warm
+        res.lower_bound = min(res.lower_bound, warm[2])
     if not res.sequence:
         if res.complete or res.lower_bound == INF:
             raise does_not_fit(problem, arr)
@@ -281,13 +322,14 @@ def _relaxed_phi_bound(arr: CostArrays, space: SearchSpace) -> float:
 
 def solve_max_throughput(
     problem: PlanningProblem, *, time_limit_s: float = 60.0, max_nodes: int = 2_000_000,
-    reporter: Reporter | None = None,
+    reporter: Reporter | None = None, warm_start: ShardPlan | None = None,
 ) -> SolveResult:
     """The plan and micro-batching (m, K) with the most tokens/s within memory.
 
     First every (m, K)'s least-latency plan (fast) gives an incumbent; then the pairs
     whose upper bound beats it are solved exactly, best bound first, each only for
-    plans that would beat the incumbent.
+    plans that would beat the incumbent. ``warm_start``: a previous plan whose usable
+    devices, under every (m, K), give the first incumbent (a re-plan after a failure).
     """
     t0 = time.monotonic()
     deadline = t0 + time_limit_s * SAFETY
@@ -305,6 +347,12 @@ def solve_max_throughput(
         combos.append((0.0 if lo == INF else k * m / lo, m, k, arr, space))
     combos.sort(key=lambda c: (-c[0], -c[1] * c[2]))
     best_tput, best = 0.0, None
+    for _, m, k, arr, space in combos if warm_start is not None else ():
+        warm = warm_sequence(space, warm_start)
+        if warm is not None:
+            lv, bv = sequence_terms(arr, warm[0], warm[1])
+            if k * m / max(k * bv, lv) > best_tput * (1 + 1e-12):
+                best_tput, best = k * m / max(k * bv, lv), (arr, warm[0], warm[1])
     proven = True
     tput_bound = 0.0
     nodes = 0
@@ -360,3 +408,26 @@ def solve_max_throughput(
         plan=plan, cost=cost, objective="throughput", value=value, bound=bound, proven_optimal=proven,
         gap=0.0 if proven else (bound - value) / bound, nodes=nodes, elapsed_s=time.monotonic() - t0,
     )
+
+
+def replan_after_failure(
+    problem: PlanningProblem, previous: ShardPlan, failed: str, *, time_limit_s: float = 5.0,
+    reporter: Reporter | None = None,
+) -> SolveResult:
+    """The best plan for ``previous``'s objective without the ``failed`` device, warm-started
+    from ``previous`` (its other devices, in order), so the recovery of a run is fast.
+
+    The source cannot fail over: it holds the prompt and stage 0, so losing it is a
+    ``PlanInvalid`` that tells the operator to choose another source and solve again.
+    """
+    if failed == problem.source:
+        raise PlanInvalid([f"the source device {failed!r} failed: it holds the prompt and stage 0; choose another "
+                           "source (plan editor or --source) and solve again"])
+    if failed not in problem.profile.cluster.device_ids():
+        raise PlanInvalid([f"{failed!r} is not a device of the cluster; nothing to re-plan around"])
+    excluded = problem.excluded_devices if failed in problem.excluded_devices else (*problem.excluded_devices, failed)
+    # Only the exclusions change, to a device of the cluster: the solver's own check suffices
+    # (with_changes would validate the whole profile a second time on the recovery path).
+    reduced = msgspec.structs.replace(problem, excluded_devices=excluded)
+    solve = solve_max_throughput if previous.objective == "throughput" else solve_min_latency
+    return solve(reduced, time_limit_s=time_limit_s, reporter=reporter, warm_start=previous)

@@ -129,13 +129,32 @@ class SearchSpace:
 
     def byte_bound(self, unused: np.ndarray) -> np.ndarray:
         """Least compute for units [e, N) on the devices marked ``unused`` (inf: not enough room)."""
+        return self.byte_bounds_without(unused, np.array([-1]))[0]
+
+    def byte_bounds_without(self, unused: np.ndarray, drop: np.ndarray) -> np.ndarray:
+        """``byte_bound`` of ``unused`` less one device ``drop[i]`` for each row i (-1: none).
+
+        One sort and one cumulative sum for all rows: dropping a device lowers the
+        breakpoints after it by its capacity (and cost), which np.interp reads per row.
+        """
         sel = self.rate_order[unused[self.rate_order]]
         caps = self.capb[sel]
         xs = np.concatenate(([0.0], np.cumsum(caps)))
         ys = np.concatenate(([0.0], np.cumsum(caps * self.rate[sel])))
-        lb = np.interp(self.wsuf, xs, ys)
-        lb[self.wsuf > xs[-1] * (1 + 1e-12)] = INF
-        return lb
+        where = np.full(len(self.rate), -1)
+        where[sel] = np.arange(len(sel))
+        out = np.empty((len(drop), self.wsuf.size))
+        for i, d in enumerate(drop):
+            p = where[d] if d >= 0 else -1
+            if p < 0:
+                x, y = xs, ys
+            else:
+                x = np.concatenate((xs[:p + 1], xs[p + 2:] - caps[p]))
+                y = np.concatenate((ys[:p + 1], ys[p + 2:] - caps[p] * self.rate[d]))
+            lb = np.interp(self.wsuf, x, y)
+            lb[self.wsuf > x[-1] * (1 + 1e-12)] = INF
+            out[i] = lb
+        return out
 
     def _relaxed_completion(self) -> np.ndarray:
         """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable."""
@@ -242,6 +261,9 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
 
     need = float(n) - np.arange(n + 1)
     all_caps = space.cap.sum(axis=0)
+    has_classes = bool((cls != np.arange(dn)).any())
+    unused = np.ones(dn, dtype=bool)
+    unused[src] = False
 
     def explore(used: int, d: int, f: np.ndarray, seq: tuple[int, ...], caps_left: np.ndarray) -> None:
         budget.nodes += 1
@@ -260,50 +282,43 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
             state["stopped"] = True
             pending.append(float(np.min(f[1:n] + g[d, 1:n], initial=INF)))
             return
-        targets = []
-        for d2 in range(dn):
-            if used >> d2 & 1:
-                continue
-            r = cls[d2]
-            if r != d2:
-                # interchangeable devices are taken in index order
-                if any(cls[q] == r and not (used >> q & 1) for q in range(r, d2)):
-                    continue
-            targets.append(d2)
+        free = np.flatnonzero(unused)
+        if has_classes:
+            # interchangeable devices are taken in index order: only a class's first unused member
+            _, first = np.unique(cls[free], return_index=True)
+            free = np.sort(free[first])
         children = []
-        if targets:
-            tarr = np.array(targets)
-            f2s = space.extend_all(f, d, tarr)
-            tots = f2s + g[tarr]
-            keeps = tots < best["cost"] * (1 - eps)
-            short = (caps_left[None, :] - space.cap[tarr]) < need[None, :]
+        cut = best["cost"] * (1 - eps)
+        if free.size:
+            # A child's cost is at least min_a F[a] + transfer + H[d2, a] (its relaxed finish):
+            # devices that cannot beat the incumbent skip the O(N²) extension.
+            free = free[(f[None, :] + space.tr[d, free] + space.h[free]).min(axis=1) < cut]
+        if free.size:
+            f2s = space.extend_all(f, d, free)
+            tots = f2s + g[free]
+            keeps = tots < cut
+            short = (caps_left[None, :] - space.cap[free]) < need[None, :]
             short[:, n] = False
             keeps &= ~short
-            unused = np.ones(dn, dtype=bool)
-            for q in range(dn):
-                if used >> q & 1:
-                    unused[q] = False
-            for i, d2 in enumerate(targets):
-                keep = keeps[i]
-                if not keep.any():
-                    continue
-                unused[d2] = False
-                tot = np.maximum(tots[i], f2s[i] + space.byte_bound(unused) + space.outmin[d2])
-                unused[d2] = True
-                keep = keep & (tot < best["cost"] * (1 - eps))
-                if not keep.any():
-                    continue
-                tots[i] = tot
-                f2 = np.where(keep, f2s[i], INF)
-                key = (used | (1 << d2), d2)
-                env = envelopes.get(key)
-                if env is not None:
-                    if np.all(f2 >= env):
+            live = np.flatnonzero(keeps.any(axis=1))
+            if live.size:
+                bb = space.byte_bounds_without(unused, free[live])
+                for j, i in enumerate(live):
+                    d2 = int(free[i])
+                    tot = np.maximum(tots[i], f2s[i] + bb[j] + space.outmin[d2])
+                    keep = keeps[i] & (tot < cut)
+                    if not keep.any():
                         continue
-                    envelopes[key] = np.minimum(env, f2)
-                else:
-                    envelopes[key] = f2
-                children.append((float(tots[i][keep].min()), d2, f2))
+                    f2 = np.where(keep, f2s[i], INF)
+                    key = (used | (1 << d2), d2)
+                    env = envelopes.get(key)
+                    if env is not None:
+                        if np.all(f2 >= env):
+                            continue
+                        envelopes[key] = np.minimum(env, f2)
+                    else:
+                        envelopes[key] = f2
+                    children.append((float(tot[keep].min()), d2, f2))
         children.sort(key=lambda c: c[0])
         for i, (lb, d2, f2) in enumerate(children):
             if lb >= best["cost"] * (1 - eps):
@@ -312,7 +327,9 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
                 if not state["found_early"]:
                     pending.extend(c[0] for c in children[i:])
                 return
+            unused[d2] = False
             explore(used | (1 << d2), d2, f2, seq + (d2,), caps_left - space.cap[d2])
+            unused[d2] = True
 
     root = space.root()
     explore(1 << src, src, root, (src,), all_caps - space.cap[src])
