@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import agents
 from core.devices import deploy
 from core.devices import testbed as tb
 from core.devices.deploy import (
@@ -214,7 +215,7 @@ def test_status_of_a_device_without_agent_says_not_deployed(deployed, tmp_path):
 def test_upgrade_replaces_an_agent_of_another_version(deployed, tmp_path):
     """Device 3 runs the session's agent; a changed bundle (a new version) replaces it in place."""
     pkg = tmp_path / "agents"
-    shutil.copytree(Path(deploy.agents.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(agents.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "__init__.py").write_text((pkg / "__init__.py").read_text() + "\n# patched build\n")
     v1, v2 = deploy.build_bundle(), deploy.build_bundle(pkg)
     assert v1.stamp != v2.stamp

@@ -15,7 +15,7 @@ import paramiko
 import pytest
 
 from core.devices import deploy
-from core.devices.host_key_types import algorithms_for
+from core.devices.deploy.host_key_types import algorithms_for
 
 from tests.core.conftest import needs_root
 
