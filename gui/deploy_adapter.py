@@ -1,16 +1,42 @@
 """The deploy dialog's SSH functions and the devices screen's SSH agent control, over core.devices.deploy.
 
 Kept apart from the views so they hold no SSH code and this is the one place that
-follows core.devices.deploy's API.
+follows core.devices.deploy's API. The dialog's contract (``DeployFunctions`` and the values
+it passes) lives here too, so the dialog imports this module and never the other way round.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from core.devices import deploy
 from core.reporting import Reporter
-from gui.deploy_dialog import Credentials, HostKeyProbe
+
+
+@dataclass(frozen=True)
+class Credentials:
+    user: str
+    key_file: str = ""
+    password: str = ""
+
+
+@dataclass(frozen=True)
+class HostKeyProbe:
+    device: str
+    key_type: str
+    fingerprint: str
+    """``SHA256:…`` as OpenSSH prints it."""
+    known: bool
+    """Listed in known_hosts with this very key."""
+    changed: bool = False
+    """Listed in known_hosts with a *different* key."""
+
+
+class DeployFunctions(Protocol):
+    def probe_host_key(self, reporter: Reporter, record: Any, credentials: Credentials) -> HostKeyProbe: ...
+
+    def deploy_agent(self, reporter: Reporter, record: Any, credentials: Credentials, trusted: HostKeyProbe) -> str: ...
 
 
 class CoreDeployFunctions:

@@ -6,14 +6,14 @@ deployed to only after they confirm it; a host whose key *changed* is refused
 (possible man-in-the-middle) with what to do. Then the deploy runs in the device's own
 worker, its steps and any error shown in plain words on the device's row.
 
-The SSH work itself is ``DeployFunctions`` (by default ``core.devices.deploy``), so the dialog
+The SSH work itself is ``DeployFunctions`` (gui/deploy_adapter.py; by default over ``core.devices.deploy``), so the dialog
 holds no SSH code and tests can drive it against a real sshd.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
@@ -36,42 +36,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.errors import DeployError, EdgeShardError
-from core.reporting import Reporter
 from gui.app import theme_colors
+from gui.deploy_adapter import CoreDeployFunctions, Credentials, DeployFunctions, HostKeyProbe
 from gui.workers import TaskRunner
-
-
-@dataclass(frozen=True)
-class Credentials:
-    user: str
-    key_file: str = ""
-    password: str = ""
-
-
-@dataclass(frozen=True)
-class HostKeyProbe:
-    device: str
-    key_type: str
-    fingerprint: str
-    """``SHA256:…`` as OpenSSH prints it."""
-    known: bool
-    """Listed in known_hosts with this very key."""
-    changed: bool = False
-    """Listed in known_hosts with a *different* key."""
-
-
-class DeployFunctions(Protocol):
-    def probe_host_key(self, reporter: Reporter, record: Any, credentials: Credentials) -> HostKeyProbe: ...
-
-    def deploy_agent(self, reporter: Reporter, record: Any, credentials: Credentials, trusted: HostKeyProbe) -> str: ...
-
-
-def default_functions() -> DeployFunctions:
-    """The SSH implementation from core.devices.deploy (imported when first needed: paramiko is slow to import)."""
-    from gui.deploy_adapter import CoreDeployFunctions
-
-    return CoreDeployFunctions()
 
 
 COLUMNS = ["Device", "Address", "Step", "Progress", "Details"]
@@ -99,7 +66,7 @@ class DeployDialog(QDialog):
     @property
     def functions(self) -> DeployFunctions:
         if self._functions is None:
-            self._functions = default_functions()
+            self._functions = CoreDeployFunctions()
         return self._functions
 
     def _build(self, records) -> None:

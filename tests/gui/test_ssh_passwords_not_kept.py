@@ -6,8 +6,8 @@ import socket
 
 from PySide6.QtWidgets import QInputDialog, QLineEdit
 
-from gui.deploy_adapter import SshAgentControl
-from gui.deploy_dialog import Credentials, DeployDialog, HostKeyProbe
+from gui.deploy_adapter import Credentials, HostKeyProbe, SshAgentControl
+from gui.deploy_dialog import DeployDialog
 from gui.devices_panel import DeviceRecord, DevicesPanel
 from gui.studio_state import StudioState
 

@@ -52,8 +52,6 @@ class CostArrays:
     @cached_property
     def symmetry_classes(self) -> np.ndarray:
         """cls[d]: the lowest index of a device interchangeable with d (d itself if none)."""
-        from core.planning.solvers.search import symmetry_classes
-
         return symmetry_classes(self)
 
     def stage_time(self, d: int, a: int, e: int) -> float:
@@ -165,3 +163,37 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
         max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
         overhead=overhead,
     )
+
+
+def symmetry_classes(arr: CostArrays) -> np.ndarray:
+    """cls[d]: the lowest index of a device interchangeable with d (d itself if none).
+
+    Swapping two interchangeable devices maps every plan to one of equal cost, so the
+    search uses the members of a class in index order only.
+    """
+    dn = len(arr.devices)
+    cls = np.arange(dn)
+    groups: dict[bytes, list[int]] = {}
+    for d in range(dn):
+        if d == arr.src:
+            continue
+        over = b"" if arr.overhead is None else arr.overhead[d:d + 1].tobytes()
+        sig = over + arr.prefix[d].tobytes() + arr.emax[d].tobytes() + arr.ret[d:d + 1].tobytes() + arr.ret_occupancy[d:d + 1].tobytes()
+        reps = groups.setdefault(sig, [])
+        for r in reps:
+            if _interchangeable(arr, r, d):
+                cls[d] = r
+                break
+        else:
+            reps.append(d)
+    return cls
+
+
+def _interchangeable(arr: CostArrays, i: int, j: int) -> bool:
+    """Same times, memory and return link are checked by the caller's signature."""
+    others = [k for k in range(len(arr.devices)) if k not in (i, j)]
+    for t in (arr.transfer, arr.occupancy):
+        if not (np.array_equal(t[i, others], t[j, others]) and np.array_equal(t[others, i], t[others, j])
+                and np.array_equal(t[i, j], t[j, i])):
+            return False
+    return True
