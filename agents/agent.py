@@ -18,13 +18,11 @@ listens) imports transformers up front, because importing it the first time load
 extension modules under the GIL for up to a few hundred ms here (more on slow devices),
 which would otherwise stall pongs during the first load.
 
-The source stage (stage 0) also schedules the run: it holds the prompts' token ids
-(they never leave it), injects prefill and decode steps per micro-batch according to
-the mode, and receives the sampled tokens back from the last stage:
-
-- ``sequential``: one micro-batch at a time, start to finish;
-- ``bubbles``: all micro-batches advance one step together (a barrier per step);
-- ``no-bubbles``: a micro-batch starts its next step as soon as its token is back.
+The source stage (stage 0) also drives the run: it holds the prompts' token ids (they
+never leave it), starts prefill and decode steps per micro-batch as ``agents.schedule``
+decides for the mode, and receives the sampled tokens back from the last stage. Every
+stage performs a step by executing ``agents.schedule.step_operations`` (receive, compute,
+send): the schedule is written there once, and the simulator times the same operations.
 
 Errors never kill the agent: a bad frame gets an ``ErrorReply``, a failing shard or run
 a ``RunError`` naming this device, and the agent returns to a state it can report.
@@ -47,6 +45,7 @@ import zmq
 from agents import AGENT_VERSION
 from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for
+from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, step_operations
 from agents.protocol import (
     AgentEvent,
     AgentStatus,
@@ -148,9 +147,6 @@ class _Group:
     seq_ids: tuple[int, ...]
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    step: int = -1
-    reported: int = -1
-    """Last step whose tokens came back."""
     tokens: list[list[int]] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)
     last: torch.Tensor | None = None
@@ -546,7 +542,8 @@ class Agent:
 
 
 class _StageRun:
-    """One run on one stage: the receive-compute-send loop, and the source's scheduler."""
+    """One run on one stage: executes ``agents.schedule``'s operations for each step it
+    receives (or, on the source, starts), and on the source follows the schedule."""
 
     def __init__(self, agent: Agent, loaded: _Loaded, msg: StartRun, stop: threading.Event) -> None:
         self.agent = agent
@@ -555,25 +552,29 @@ class _StageRun:
         self.loaded = loaded
         self.msg = msg
         self.stage = loaded.msg.stage
-        self.is_first = bool(self.ex.is_first)
-        self.is_last = bool(self.ex.is_last)
+        self.n_stages = len(loaded.msg.peers)
+        self.units = (loaded.msg.start, loaded.msg.end)
+        self.is_first = self.stage == 0
+        self.is_last = self.stage == self.n_stages - 1
         self.clock = agent.clock
         self.seen_groups: set[int] = set()
         self.sample = agent.sampler_factory(msg.sampling) if self.is_last else None
         self.generators: dict[int, torch.Generator] = {}
         self.groups: dict[int, _Group] = {}
-        self.injections: collections.deque[tuple[_Group, int]] = collections.deque()
-        """Steps the source scheduled but has not computed yet. The execute loop runs them, so
-        a one-stage plan (first and last at once) loops per token instead of recursing."""
+        self.source: SourceState | None = None
+        self.injections: collections.deque[Step] = collections.deque()
+        """Steps the schedule started but this source has not computed yet. The execute loop
+        runs them, so a one-stage plan (first and last at once) loops per token instead of recursing."""
         self.wait_started = self.clock()
 
     # ---------------------------------------------------------------- main loop
     def execute(self) -> None:
         if self.is_first:
             self._setup_groups()
-            self._schedule_start()
+            self.source, started = begin(self.msg.mode, len(self.groups), self.msg.max_new_tokens)
+            self.injections.extend(started)
             self._run_injections()
-            if self._all_done():
+            if self.source.all_finished:
                 self._finish()
                 return
             self.wait_started = self.clock()
@@ -598,12 +599,13 @@ class _StageRun:
             if header.kind == "tokens" and self.is_first:
                 self._on_tokens(header.micro_batch, header.step, tensors[0], got)
                 self._run_injections()
-                if self._all_done():
+                if self.source.all_finished:
                     self._finish()
                     return
-            elif header.kind == "hidden":
-                mask = tensors[1] if header.phase == "prefill" and len(tensors) > 1 else None
-                self._compute_and_forward(header.micro_batch, header.phase, header.step, tensors[0], mask)
+            elif header.kind == "hidden" and not self.is_first:
+                step = Step(header.micro_batch, header.step)
+                mask = tensors[1] if step.step == 0 and len(tensors) > 1 else None
+                self._perform(step, tensors[0], mask)
             self.wait_started = self.clock()
         raise RunAborted()
 
@@ -615,28 +617,43 @@ class _StageRun:
                 pass
         self.seen_groups.clear()
 
-    # ------------------------------------------------------------ compute + send
-    def _compute_and_forward(self, mb: int, phase: str, step: int, x: torch.Tensor, mask) -> None:
+    # ------------------------------------------------------ one step's operations
+    def _perform(self, step: Step, x: torch.Tensor, mask) -> None:
+        """Execute this stage's operations of ``step`` (its Receive, if any, is what
+        brought ``x`` here)."""
+        for op in step_operations(self.stage, self.n_stages, self.units, step):
+            if isinstance(op, Compute):
+                x = self._compute(op, x, mask)
+            elif isinstance(op, Send):
+                self._send(op, x, mask)
+            elif not isinstance(op, Receive):
+                raise TypeError(f"unknown schedule operation {op!r}")
+        if self.is_first and self.is_last:  # one stage: the sampled tokens are already here
+            self._on_tokens(step.micro_batch, step.step, x, self.clock())
+
+    def _compute(self, op: Compute, x: torch.Tensor, mask) -> torch.Tensor:
+        mb = op.micro_batch
         self.seen_groups.add(mb)
         t0 = self.clock()
         with torch.inference_mode():
-            out = self.ex.prefill(mb, x, mask) if phase == "prefill" else self.ex.decode(mb, x)
-            if self.is_last:
+            out = self.ex.prefill(mb, x, mask) if op.step == 0 else self.ex.decode(mb, x)
+            if op.samples:
                 gen = self.generators.get(mb)
                 if gen is None:
                     gen = self.generators[mb] = torch.Generator().manual_seed(self.msg.sampling.seed + mb)
                 out = self.sample(out, gen).to(torch.int64)
-        self.agent._event("compute", phase, step, mb, t0, self.clock())
-        if self.is_last and self.is_first:
-            self._on_tokens(mb, step, out, self.clock())
-            return
+        self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
+        return out
+
+    def _send(self, op: Send, out: torch.Tensor, mask) -> None:
+        mb, step, phase = op.micro_batch, op.step, op.phase
         tensors = [out]
-        if phase == "prefill" and not self.is_last and mask is not None:
+        if op.step == 0 and op.payload == "hidden" and mask is not None:
             tensors.append(mask.to(torch.int64))
         specs, bufs = zip(*(tensor_frame(t) for t in tensors))
         header = DataHeader(
             run_id=self.msg.run_id,
-            kind="tokens" if self.is_last else "hidden",
+            kind=op.payload,
             phase=phase,
             step=step,
             micro_batch=mb,
@@ -653,7 +670,7 @@ class _StageRun:
 
         self.loaded.sender.send(data_message(header, list(bufs)), nbytes, on_sent, self.stop)
 
-    # ---------------------------------------------------------- source scheduler
+    # ------------------------------------------------------------ the source's part
     def _setup_groups(self) -> None:
         ids = torch.tensor(self.msg.input_ids, dtype=torch.int64)
         mask = torch.tensor(self.msg.attention_mask, dtype=torch.int64)
@@ -668,32 +685,16 @@ class _StageRun:
                 finished=[False] * len(idx),
             )
 
-    def _inject(self, g: _Group) -> None:
-        """Schedule ``g``'s next step; its step counts as started at once (the bubbles
-        barrier must see it), the compute happens in ``_run_injections``."""
-        g.step += 1
-        self.injections.append((g, g.step))
-
     def _run_injections(self) -> None:
-        """Compute the scheduled steps in order; on a one-stage plan each one schedules the
+        """Perform the started steps in order; on a one-stage plan each one starts the
         next through ``_on_tokens``, so this drains a whole run (checking for a stop per step)."""
         while self.injections and not self.stop.is_set():
-            g, step = self.injections.popleft()
-            if step == 0:
-                self._compute_and_forward(g.index, "prefill", 0, g.input_ids, g.attention_mask)
+            step = self.injections.popleft()
+            g = self.groups[step.micro_batch]
+            if step.step == 0:
+                self._perform(step, g.input_ids, g.attention_mask)
             else:
-                self._compute_and_forward(g.index, "decode", step, g.last.view(-1, 1), None)
-
-    def _schedule_start(self) -> None:
-        if self.msg.max_new_tokens <= 0:
-            for g in self.groups.values():
-                g.done = True
-            return
-        if self.msg.mode == "sequential":
-            self._inject(self.groups[0])
-        else:
-            for g in self.groups.values():
-                self._inject(g)
+                self._perform(step, g.last.view(-1, 1), None)
 
     def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
         g = self.groups[mb]
@@ -709,7 +710,6 @@ class _StageRun:
             if tok in eos or len(g.tokens[i]) >= self.msg.max_new_tokens:
                 g.finished[i] = True
         g.last = torch.tensor(fed, dtype=torch.int64)
-        g.reported = step
         g.done = all(g.finished)
         self.agent._post(
             TokensProduced(
@@ -721,25 +721,8 @@ class _StageRun:
                 t=t,
             )
         )
-        mode = self.msg.mode
-        if mode == "no-bubbles":
-            if not g.done:
-                self._inject(g)
-        elif mode == "sequential":
-            if not g.done:
-                self._inject(g)
-            else:
-                nxt = next((h for h in self.groups.values() if h.step < 0), None)
-                if nxt is not None:
-                    self._inject(nxt)
-        else:  # bubbles: a barrier — every micro-batch of this step must be back first
-            if all(h.reported == step for h in self.groups.values() if h.step == step):
-                for h in self.groups.values():
-                    if not h.done:
-                        self._inject(h)
-
-    def _all_done(self) -> bool:
-        return all(g.done for g in self.groups.values())
+        self.source, started = on_returned(self.source, mb, step, finished_early=g.done)
+        self.injections.extend(started)
 
     def _finish(self) -> None:
         tokens: dict[int, list[int]] = {}

@@ -21,7 +21,7 @@ link, ``peer`` is the receiver; recv_wait: a stage idle waiting for its input.""
 Phase = Literal["prefill", "decode"]
 
 RunMode = Literal["sequential", "bubbles", "no-bubbles"]
-"""How the source schedules micro-batches (see ``agents.agent``). Defined here, once: the wire
+"""How the source schedules micro-batches (see ``agents.schedule``). Defined here, once: the wire
 format owns the names; the coordinator, simulator, CLI and GUI import them."""
 RUN_MODES: tuple[str, ...] = get_args(RunMode)
 

@@ -17,11 +17,10 @@ Resources and rules:
 - the last stage sends the sampled token ids back to the source; a token's arrival
   there is a ``TokenEvent`` and may release the micro-batch's next step.
 
-Schedules (EdgeShard §IV-C):
-- ``sequential``: one micro-batch step in flight in the whole pipeline at a time;
-- ``bubbles``: micro-batches are pipelined, but step s+1 starts only when every
-  micro-batch has its step-s token back (a barrier per step: the bubbles);
-- ``no-bubbles``: a micro-batch starts its next step as soon as its own token is back.
+Schedules (EdgeShard §IV-C): the run's schedule is ``agents.schedule``, the one the agents
+execute: when the source starts each micro-batch's step (``begin`` / ``on_returned``; in
+``sequential`` one micro-batch at a time, start to finish) and what each stage does for it
+(``step_operations``: receive, compute, send). The simulator times those operations.
 
 Step 0 is the prefill (one pass over the prompt, producing the first token), steps
 1..G-1 the decode steps, G = the workload's generated tokens. The emitted events are
@@ -36,6 +35,7 @@ from collections import deque
 import msgspec
 
 from agents.protocol import RUN_MODES, RunMode, TimelineEvent, TokenEvent
+from agents.schedule import Compute, Send, Step, begin, on_returned, phase_of, step_operations
 from core.planning.cost import (
     link_occupancy_s,
     next_device,
@@ -165,19 +165,24 @@ class _Simulation:
         self.tokens: list[TokenEvent] = []
         self.link_wait = 0.0
         self.step_arrivals: dict[int, list[float]] = {}
-        self.seq_order = [(mb, s) for s in range(g) for mb in range(k_mb)]
-        self.seq_next = 0
+        self.units = [(st.start, st.end) for st in stages]
+        self.source = None
 
     def push(self, t, action, *args):
         heapq.heappush(self.heap, (t, self.order, action, args))
         self.order += 1
 
+    def ops(self, j: int, job: tuple[int, int]):
+        """Stage ``j``'s operations for ``job`` (micro-batch, step): the agents' own."""
+        ops = step_operations(j, self.n, self.units[j], Step(*job))
+        compute = next(op for op in ops if isinstance(op, Compute))
+        send = next((op for op in ops if isinstance(op, Send)), None)
+        return compute, send
+
     def run(self) -> SimulationResult:
-        if self.mode == "sequential":
-            self._release_sequential(0.0)
-        else:
-            for mb in range(self.k_mb):
-                self.push(0.0, _ARRIVE, 0, (mb, 0))
+        self.source, started = begin(self.mode, self.k_mb, self.g)
+        for s in started:
+            self.push(0.0, _ARRIVE, 0, (s.micro_batch, s.step))
         while self.heap:
             t, _, action, args = heapq.heappop(self.heap)
             if action == _ARRIVE:
@@ -198,14 +203,12 @@ class _Simulation:
                 self._token(t, args[0])
         return self._result()
 
-    def _phase(self, step: int) -> str:
-        return "prefill" if step == 0 else "decode"
-
     def _try_stage(self, j: int, t: float) -> None:
         if self.stage_busy[j] or not self.stage_queue[j]:
             return
         mb, step = self.stage_queue[j].popleft()
-        phase = self._phase(step)
+        compute, _ = self.ops(j, (mb, step))
+        phase = compute.phase
         dev = self.plan.stages[j].device
         if t > self.stage_free_since[j]:
             self.events.append(TimelineEvent(
@@ -247,7 +250,7 @@ class _Simulation:
         self._ps_reschedule(t)
         mb, step = job
         self.events.append(TimelineEvent(
-            device=self.plan.stages[j].device, stage=j, kind="compute", phase=self._phase(step), step=step,
+            device=self.plan.stages[j].device, stage=j, kind="compute", phase=phase_of(step), step=step,
             micro_batch=mb, start_s=a[1], end_s=t))
         return True
 
@@ -257,8 +260,9 @@ class _Simulation:
         self._try_stage(j, t)
 
     def _compute_done(self, t: float, j: int, job: tuple[int, int]) -> None:
-        if next_device(self.plan, j) == self.plan.stages[j].device:
-            self._deliver(t, j, job)
+        _, send = self.ops(j, job)
+        if send is None:  # one stage: the sampled tokens are already at the source
+            self._token(t, job)
             self._free_stage(j, t)
             return
         self.link_queue[j].append((job, t))
@@ -271,43 +275,28 @@ class _Simulation:
             return
         (mb, step), ready = self.link_queue[j].popleft()
         self.link_wait += t - ready
-        phase = self._phase(step)
+        phase = phase_of(step)
         occ, lat, nbytes = self.xfer[j, phase, self.sizes[mb]]
         self.link_busy[j] = True
         self.events.append(TimelineEvent(
             device=self.plan.stages[j].device, stage=j, kind="send", phase=phase, step=step,
             micro_batch=mb, start_s=t, end_s=t + occ, nbytes=nbytes, peer=next_device(self.plan, j)))
         self.push(t + occ, _LINK_DONE, j)
-        self._deliver(t + occ + lat, j, (mb, step), scheduled=True)
-
-    def _deliver(self, t: float, j: int, job: tuple[int, int], scheduled: bool = False) -> None:
-        if j + 1 < self.n:
-            self.push(t, _ARRIVE, j + 1, job)
-        elif scheduled:
-            self.push(t, _TOKEN, job)
+        _, send = self.ops(j, (mb, step))
+        if send.payload == "hidden":
+            self.push(t + occ + lat, _ARRIVE, send.to_stage, (mb, step))
         else:
-            self._token(t, job)
+            self.push(t + occ + lat, _TOKEN, (mb, step))
 
     def _token(self, t: float, job: tuple[int, int]) -> None:
         mb, step = job
         first, size = self.first_seq[mb], self.sizes[mb]
         self.tokens.append(TokenEvent(micro_batch=mb, step=step, sequence_ids=tuple(range(first, first + size)),
                                       token_ids=(0,) * size, t_s=t))
-        arrivals = self.step_arrivals.setdefault(step, [])
-        arrivals.append(t)
-        if self.mode == "sequential":
-            self._release_sequential(t)
-        elif step + 1 < self.g:
-            if self.mode == "no-bubbles":
-                self.push(t, _ARRIVE, 0, (mb, step + 1))
-            elif len(arrivals) == self.k_mb:
-                for other in range(self.k_mb):
-                    self.push(t, _ARRIVE, 0, (other, step + 1))
-
-    def _release_sequential(self, t: float) -> None:
-        if self.seq_next < len(self.seq_order):
-            self.push(t, _ARRIVE, 0, self.seq_order[self.seq_next])
-            self.seq_next += 1
+        self.step_arrivals.setdefault(step, []).append(t)
+        self.source, started = on_returned(self.source, mb, step)
+        for s in started:
+            self.push(t, _ARRIVE, 0, (s.micro_batch, s.step))
 
     def _result(self) -> SimulationResult:
         events = sorted(self.events, key=lambda e: (e.end_s, e.start_s, e.stage, e.kind, e.micro_batch))
