@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from core.planning.problem import Workload  # noqa: E402
-from core.planning.scenarios import DeviceSpec, paper_devices, paper_problem  # noqa: E402
+from core.planning.scenarios import DeviceSpec, paper_devices, legacy_paper_problem  # noqa: E402
 from core.planning.cost import evaluate  # noqa: E402
 from core.planning.problem import with_changes  # noqa: E402
 from core.planning.solvers import (  # noqa: E402
@@ -84,24 +84,24 @@ def _replan_figures(problem, out: dict) -> None:
 def main() -> None:
     out: dict = {"bench": "solver", "cpus": os.cpu_count(), "loadavg": os.getloadavg()[0]}
     for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
-        _figures(f"paper15_{model.split('-')[-1]}", paper_problem(model), 30.0, out)
-    _figures("paper64_70b", paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4)), 10.0, out)
+        _figures(f"paper15_{model.split('-')[-1]}", legacy_paper_problem(model), 30.0, out)
+    _figures("paper64_70b", legacy_paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4)), 10.0, out)
     batch16 = Workload(prompt_tokens=128, generated_tokens=128, batch_size=16)
-    _figures("paper15_70b_batch16", paper_problem("llama-2-70b", workload=batch16), 10.0, out)
-    _figures("hetero15_70b", paper_problem("llama-2-70b", devices=_heterogeneous(15)), 10.0, out)
-    _figures("hetero64_70b", paper_problem("llama-2-70b", devices=_heterogeneous(64)), 10.0, out)
-    _figures("hetero128_70b", paper_problem("llama-2-70b", devices=_heterogeneous(128)), 10.0, out)
-    _figures("hetero256_70b", paper_problem("llama-2-70b", devices=_heterogeneous(256)), 10.0, out)
-    _replan_figures(paper_problem("llama-2-70b", devices=_heterogeneous(64)), out)
+    _figures("paper15_70b_batch16", legacy_paper_problem("llama-2-70b", workload=batch16), 10.0, out)
+    _figures("hetero15_70b", legacy_paper_problem("llama-2-70b", devices=_heterogeneous(15)), 10.0, out)
+    _figures("hetero64_70b", legacy_paper_problem("llama-2-70b", devices=_heterogeneous(64)), 10.0, out)
+    _figures("hetero128_70b", legacy_paper_problem("llama-2-70b", devices=_heterogeneous(128)), 10.0, out)
+    _figures("hetero256_70b", legacy_paper_problem("llama-2-70b", devices=_heterogeneous(256)), 10.0, out)
+    _replan_figures(legacy_paper_problem("llama-2-70b", devices=_heterogeneous(64)), out)
     # side by side in the same run: the optimum against the exo / llama.cpp-style split
-    problem = paper_problem("llama-2-70b")
+    problem = legacy_paper_problem("llama-2-70b")
     for objective, field in (("latency", "latency_per_token_s"), ("throughput", "throughput_tokens_s")):
         opt = run_strategy(problem, "edgeshard", objective).cost
         base = run_strategy(problem, "memory-proportional", objective).cost
         ratio = getattr(base, field) / getattr(opt, field) if objective == "latency" else getattr(opt, field) / getattr(base, field)
         out[f"paper15_70b_{objective}_gain_vs_memory_proportional"] = round(ratio, 3)
     # the cost model as the plan editor's live preview calls it: a 64-stage plan
-    big = paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4))
+    big = legacy_paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4))
     plan = even_split(big)
     evaluate(big, plan)
     t = time.perf_counter()

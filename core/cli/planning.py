@@ -18,8 +18,8 @@ from core.formats import format_of, load, save
 from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem
 from core.devices.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.planning.scenarios import SCENARIO_FORMAT, Scenario
-from core.planning.solvers import STRATEGIES
-from core.planning.solvers.comparison import StrategyOutcome, run_strategy, status_text
+from core.planning.solvers import PAPER_STRATEGIES, STRATEGIES
+from core.planning.solvers.comparison import StrategyOutcome, run_strategy, shortfall_text, status_text
 from core.techniques import StrategyOutcomeLike, technique_named, techniques
 
 GIB = 2**30
@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _input_args(p)
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
     p.add_argument("--strategy", choices=sorted(STRATEGIES), default="edgeshard",
-                   help="edgeshard = the exact optimum (default); the others are baselines")
+                   help="edgeshard = the exact optimum (default); paper-dp-latency / paper-dp-throughput = "
+                        "the paper's Algorithms 1 and 2 as published; the others are baselines")
     p.add_argument("--devices", metavar="A,B,...", help="for even / memory-proportional: the devices, in stage order")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan (edgeshard.plan format)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (edgeshard.plan-result)")
@@ -213,6 +214,7 @@ def _compare_table(outs: list[StrategyOutcomeLike]) -> str:
     """Any technique's outcomes (core.techniques): layer sharding adds m×K and per-stage memory."""
     rows = [("strategy", "latency ms", "tokens/s", "m×K", "status")]
     details = []
+    optimum = next((x for x in outs if isinstance(x, StrategyOutcome) and x.strategy == "edgeshard"), None)
     for x in outs:
         if x.plan is None or x.latency_s is None:
             rows.append((x.strategy, "—", "—", "—", _status_text(x)))
@@ -220,8 +222,11 @@ def _compare_table(outs: list[StrategyOutcomeLike]) -> str:
             continue
         fits = x.status in ("optimal", "ok")
         m, k = getattr(x.cost, "micro_batch_size", None), getattr(x.cost, "micro_batches", None)
+        status = _status_text(x)
+        if x.strategy in PAPER_STRATEGIES and isinstance(x, StrategyOutcome):
+            status += f" ({shortfall_text(x, optimum)})" if shortfall_text(x, optimum) else ""
         rows.append((x.strategy, f"{x.latency_s * 1e3:.1f}" if fits else "OOM" if x.status == "oom" else "—",
-                     f"{x.tokens_per_s:.2f}" if fits else "—", f"{m}×{k}" if m else "—", _status_text(x)))
+                     f"{x.tokens_per_s:.2f}" if fits else "—", f"{m}×{k}" if m else "—", status))
         stages = getattr(x.plan, "stages", None)
         details.append(" → ".join(
             f"{st.device}[{st.start},{st.end}) {mem.total_bytes / GIB:.1f}/{mem.budget_bytes / GIB:.1f} GiB"

@@ -12,7 +12,7 @@ from core.planning.schemas import SCHEMA_BEGIN, SCHEMA_END, schemas_markdown
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.devices.profile import Profile
-from core.planning.scenarios import Scenario, paper_scenario, random_problem
+from core.planning.scenarios import Scenario, legacy_paper_scenario, paper_scenario, random_problem
 from core.planning.solvers import solve_min_latency
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,6 +95,8 @@ def test_docs_embed_the_current_schemas():
 def test_the_shipped_paper_scenario_is_what_the_code_derives():
     shipped = load(REPO / "resources" / "scenarios" / "edgeshard-paper.json", Scenario)
     assert shipped == paper_scenario(), "run: python -m core.planning.scenarios"
+    legacy = load(REPO / "resources" / "scenarios" / "edgeshard-testbed-fp16.json", Scenario)
+    assert legacy == legacy_paper_scenario(), "run: python -m core.planning.scenarios"
 
 
 def test_problem_errors_lists_every_inconsistency_beyond_the_types():

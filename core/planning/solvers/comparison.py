@@ -83,6 +83,17 @@ def compare(problem: PlanningProblem, objective: str, time_limit_s: float = 30.0
 GIB = 1024**3
 
 
+def shortfall_text(out: StrategyOutcome, optimum: StrategyOutcome | None) -> str:
+    """How far a valid plan is from the proven optimum of the same objective ('' if unknown)."""
+    if optimum is None or optimum.status != "optimal" or out.status not in ("ok", "optimal") or out.cost is None:
+        return ""
+    if out.objective == "latency":
+        worse = out.cost.latency_per_token_s / optimum.cost.latency_per_token_s - 1.0
+        return "= the optimum" if worse <= 1e-9 else f"{worse * 100:.1f} % slower than the optimum"
+    worse = 1.0 - out.cost.throughput_tokens_s / optimum.cost.throughput_tokens_s
+    return "= the optimum" if worse <= 1e-9 else f"{worse * 100:.1f} % fewer tokens/s than the optimum"
+
+
 def status_text(out: StrategyOutcome) -> str:
     """One outcome's status in plain words: proven optimal, the gap left, OOM by how much, why no plan."""
     if out.status == "optimal":

@@ -9,14 +9,14 @@ from core.cli import main
 from core.planning.cost import validate
 from core.formats import load, save
 from core.planning.plan import ShardPlan
-from core.planning.scenarios import paper_problem, random_problem
+from core.planning.scenarios import legacy_paper_problem, random_problem
 
-SCENARIO = "resources/scenarios/edgeshard-paper.json"
+SCENARIO = "resources/scenarios/edgeshard-testbed-fp16.json"  # fp16: quick to solve
 
 
 @pytest.fixture
 def problem_file(tmp_path):
-    problem = paper_problem("llama-2-13b")
+    problem = legacy_paper_problem("llama-2-13b")
     path = tmp_path / "problem.json"
     save(path, problem)
     return path, problem
@@ -43,7 +43,7 @@ def test_plan_json_is_machine_readable(problem_file, capsys):
 
 def test_a_baseline_that_overflows_memory_is_shown_as_oom_with_exit_1(tmp_path, capsys):
     path = tmp_path / "p70.json"
-    save(path, paper_problem("llama-2-70b"))
+    save(path, legacy_paper_problem("llama-2-70b"))
     assert main(["plan", str(path), "--strategy", "edge-solo"]) == 1
     assert "OOM" in capsys.readouterr().out
 
@@ -104,7 +104,7 @@ def test_a_malformed_file_gives_a_message_and_exit_2_without_traceback(tmp_path)
 
 
 def test_a_model_that_fits_nowhere_is_a_message_not_a_traceback(tmp_path, capsys):
-    problem = paper_problem("llama-2-70b")
+    problem = legacy_paper_problem("llama-2-70b")
     only = msgspec.structs.replace(problem, excluded_devices=tuple(d for d in problem.profile.cluster.device_ids() if d != "agx-00"))
     path = tmp_path / "p.json"
     save(path, only)
@@ -154,7 +154,7 @@ def test_a_search_cut_short_reports_its_gap(tmp_path, capsys):
     devs = [DeviceSpec(id=f"dev-{i:02d}", tflops=rng.uniform(5, 60), memory_bandwidth_gb_s=rng.uniform(50, 400),
                        memory_gib=rng.choice([8, 16, 32, 64])) for i in range(64)]
     path = tmp_path / "p.json"
-    save(path, paper_problem("llama-2-70b", devices=devs))  # its throughput proof takes far more than 1 s
+    save(path, legacy_paper_problem("llama-2-70b", devices=devs))  # its throughput proof takes far more than 1 s
     assert main(["plan", str(path), "--objective", "throughput", "--time-limit", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "ok" and doc["gap"] > 0

@@ -7,7 +7,7 @@ import pytest
 from core.errors import ModelDoesNotFit, PlanInvalid
 from core.planning.cost import validate
 from core.planning.problem import with_changes
-from core.planning.scenarios import DeviceSpec, paper_problem, random_problem
+from core.planning.scenarios import DeviceSpec, legacy_paper_problem, random_problem
 from core.planning.solvers import replan_after_failure, solve_max_throughput, solve_min_latency
 from tests.core.exhaustive import exhaustive_optimum
 
@@ -47,7 +47,7 @@ def test_a_replan_equals_exhaustive_enumeration_without_the_failed_device(object
 
 
 def test_a_replan_finds_a_device_to_take_over_a_stage_the_others_cannot_hold():
-    problem = paper_problem("llama-2-70b", devices=_hetero(24))
+    problem = legacy_paper_problem("llama-2-70b", devices=_hetero(24))
     previous = solve_min_latency(problem).plan
     failed = max(previous.stages[1:], key=lambda s: s.end - s.start).device
     res = replan_after_failure(problem, previous, failed)
@@ -57,7 +57,7 @@ def test_a_replan_finds_a_device_to_take_over_a_stage_the_others_cannot_hold():
 
 
 def test_a_replan_cut_short_still_returns_a_valid_plan_and_a_proven_bound():
-    problem = paper_problem("llama-2-70b", devices=_hetero(40))
+    problem = legacy_paper_problem("llama-2-70b", devices=_hetero(40))
     previous = solve_max_throughput(problem, time_limit_s=5).plan
     failed = previous.stages[1].device
     res = replan_after_failure(problem, previous, failed, time_limit_s=0.05)
@@ -67,14 +67,14 @@ def test_a_replan_cut_short_still_returns_a_valid_plan_and_a_proven_bound():
 
 
 def test_losing_the_source_is_a_clear_error_naming_what_to_do():
-    problem = paper_problem("llama-2-7b")
+    problem = legacy_paper_problem("llama-2-7b")
     previous = solve_min_latency(problem).plan
     with pytest.raises(PlanInvalid, match="choose another source"):
         replan_after_failure(problem, previous, problem.source)
 
 
 def test_a_failed_device_unknown_to_the_cluster_is_a_clear_error():
-    problem = paper_problem("llama-2-7b")
+    problem = legacy_paper_problem("llama-2-7b")
     previous = solve_min_latency(problem).plan
     with pytest.raises(PlanInvalid, match="not a device of the cluster"):
         replan_after_failure(problem, previous, "no-such-device")

@@ -9,7 +9,7 @@ from core.errors import ModelDoesNotFit
 from core.models.units import model_spec_from_config
 from core.planning.problem import Workload
 from core.reporting import RecordingReporter
-from core.planning.scenarios import DeviceSpec, paper_problem, random_problem, synthetic_problem
+from core.planning.scenarios import DeviceSpec, legacy_paper_problem, random_problem, synthetic_problem
 from core.planning.solvers import (
     STRATEGIES,
     cloud_edge_even,
@@ -148,7 +148,7 @@ def test_interchangeable_devices_are_searched_once_without_losing_the_optimum():
 
 
 def test_excluded_devices_are_never_used():
-    problem = paper_problem("llama-2-70b")
+    problem = legacy_paper_problem("llama-2-70b")
     excluded = ("agx-01", "agx-02", "agx-03")
     restricted = msgspec.structs.replace(problem, excluded_devices=excluded)
     res = solve_min_latency(restricted)
@@ -157,7 +157,7 @@ def test_excluded_devices_are_never_used():
 
 
 def test_a_model_that_fits_nowhere_says_how_much_memory_is_missing():
-    problem = paper_problem("llama-2-70b")
+    problem = legacy_paper_problem("llama-2-70b")
     only_source = msgspec.structs.replace(problem, excluded_devices=tuple(d for d in problem.profile.cluster.device_ids() if d != "agx-00"))
     with pytest.raises(ModelDoesNotFit, match="GiB missing") as info:
         solve_min_latency(only_source)
@@ -172,7 +172,7 @@ def test_a_cut_short_search_returns_a_valid_plan_with_a_proven_bound():
     rng = random.Random(1)
     devs = [DeviceSpec(id=f"dev-{i:02d}", tflops=rng.uniform(5, 60), memory_bandwidth_gb_s=rng.uniform(50, 400),
                        memory_gib=rng.choice([8, 16, 32, 64])) for i in range(15)]
-    problem = paper_problem("llama-2-70b", devices=devs)
+    problem = legacy_paper_problem("llama-2-70b", devices=devs)
     exact = solve_min_latency(problem)
     cut = solve_min_latency(problem, max_nodes=3)
     assert exact.proven_optimal
@@ -183,7 +183,7 @@ def test_a_cut_short_search_returns_a_valid_plan_with_a_proven_bound():
 
 
 def test_throughput_chooses_micro_batching_within_the_batch_and_memory():
-    problem = paper_problem("llama-2-70b", workload=Workload(prompt_tokens=128, generated_tokens=128, batch_size=8))
+    problem = legacy_paper_problem("llama-2-70b", workload=Workload(prompt_tokens=128, generated_tokens=128, batch_size=8))
     res = solve_max_throughput(problem)
     assert res.proven_optimal
     plan = res.plan
@@ -211,16 +211,16 @@ def test_a_workload_that_fixes_the_micro_batching_is_respected():
 
 def test_solver_reports_progress_and_improving_plans_to_its_reporter():
     rep = RecordingReporter()
-    res = solve_min_latency(paper_problem("llama-2-70b"), reporter=rep)
+    res = solve_min_latency(legacy_paper_problem("llama-2-70b"), reporter=rep)
     assert rep.statuses and rep.progresses[-1] == (1, 1)
     assert rep.partials and rep.partials[-1] == res.plan
     rep = RecordingReporter()
-    res = solve_max_throughput(paper_problem("llama-2-13b"), reporter=rep)
+    res = solve_max_throughput(legacy_paper_problem("llama-2-13b"), reporter=rep)
     assert rep.partials[-1] == res.plan
 
 
 def test_baselines_return_plans_in_their_shape():
-    problem = paper_problem("llama-2-13b")
+    problem = legacy_paper_problem("llama-2-13b")
     n = problem.profile.model.num_units
     assert [(s.device, s.start, s.end) for s in edge_solo(problem).stages] == [("agx-00", 0, n)]
     ce = cloud_edge_even(problem)
@@ -260,7 +260,7 @@ def _heterogeneous(n=15, seed=1):
 
 
 def test_a_cut_short_throughput_search_keeps_a_valid_plan_and_an_upper_bound():
-    problem = paper_problem("llama-2-70b", devices=_heterogeneous())
+    problem = legacy_paper_problem("llama-2-70b", devices=_heterogeneous())
     exact = solve_max_throughput(problem)
     cut = solve_max_throughput(problem, max_nodes=3)
     assert exact.proven_optimal
@@ -275,7 +275,7 @@ def test_a_solver_stops_when_its_reporter_asks():
 
     rep = RecordingReporter()
     rep.cancel()
-    problem = paper_problem("llama-2-70b", devices=_heterogeneous())
+    problem = legacy_paper_problem("llama-2-70b", devices=_heterogeneous())
     with pytest.raises(Cancelled):
         solve_min_latency(problem, reporter=rep)
     with pytest.raises(Cancelled):

@@ -1,0 +1,65 @@
+"""The paper's Algorithms 1 and 2 beside the exact solvers, on the faithful testbed and small instances."""
+
+import msgspec
+import pytest
+
+from core.planning.cost import evaluate
+from core.planning.problem import Workload
+from core.planning.scenarios import DeviceSpec, paper_problem, random_problem, synthetic_problem
+from core.planning.solvers import paper_dp_latency, paper_dp_throughput, solve_max_throughput, solve_min_latency
+from core.planning.solvers.comparison import run_strategy, shortfall_text
+
+BATCH_1 = Workload(prompt_tokens=32, generated_tokens=96, batch_size=1)
+
+
+def test_algorithm_1_is_never_better_than_the_exact_optimum_on_random_instances():
+    for seed in range(12):
+        problem = random_problem(seed, devices=4, units=8, tightness=2.0)
+        plan = paper_dp_latency(problem)
+        cost = evaluate(problem, plan)
+        if cost.feasible:
+            assert cost.latency_per_token_s >= solve_min_latency(problem).value * (1 - 1e-9)
+
+
+def test_algorithm_1_on_the_paper_testbed_is_slower_than_the_optimum_and_says_by_how_much():
+    problem = paper_problem("llama-2-7b")  # batch 8: the per-path memory check keeps the wrong path
+    dp = run_strategy(problem, "paper-dp-latency", "latency")
+    exact = run_strategy(problem, "edgeshard", "latency")
+    assert dp.status == "ok" and dp.latency_s > exact.latency_s * 1.05
+    assert shortfall_text(dp, exact).endswith("% slower than the optimum")
+
+
+def test_algorithm_1_may_return_to_a_device_it_left_which_breaks_the_one_stage_per_device_rule():
+    problem = msgspec.structs.replace(paper_problem("llama-2-70b"), workload=BATCH_1)
+    plan = paper_dp_latency(problem)
+    devices = plan.devices()
+    assert len(devices) != len(set(devices))
+    assert run_strategy(problem, "paper-dp-latency", "latency").status == "invalid"
+
+
+def test_algorithm_2_returns_a_plan_within_memory_whose_bottleneck_is_no_worse_than_the_exact_plans():
+    devices = [DeviceSpec(id=f"d{i}", tflops=10 + 5 * i, memory_bandwidth_gb_s=100 + 40 * i, memory_gib=6) for i in range(5)]
+    problem = synthetic_problem(devices, "llama-2-7b", bandwidth_mbit_s=200,
+                                workload=Workload(prompt_tokens=16, generated_tokens=16, batch_size=4))
+    plan = paper_dp_throughput(problem)
+    cost = evaluate(problem, plan)
+    assert cost.feasible
+    exact = solve_max_throughput(problem).plan
+    ours = evaluate(problem, msgspec.structs.replace(exact, micro_batch_size=1, micro_batches=4))
+    assert max(cost.stage_compute_s) <= max(ours.stage_compute_s) + 1e-9 or not ours.feasible
+
+
+def test_algorithm_2_on_the_paper_testbed_falls_short_of_the_exact_throughput():
+    problem = paper_problem("llama-2-7b")
+    dp = run_strategy(problem, "paper-dp-throughput", "throughput")
+    exact = run_strategy(problem, "edgeshard", "throughput")
+    assert dp.status == "ok"
+    assert dp.tokens_per_s < exact.tokens_per_s
+    assert "fewer tokens/s than the optimum" in shortfall_text(dp, exact)
+
+
+def test_algorithm_2_past_its_time_limit_raises_a_typed_error():
+    from core.planning.solvers.paper_dp import PaperAlgorithmTimeout
+
+    with pytest.raises(PaperAlgorithmTimeout, match="device subsets"):
+        paper_dp_throughput(paper_problem("llama-2-13b"), time_limit_s=0.0)
