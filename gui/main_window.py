@@ -36,7 +36,7 @@ from gui import app as studio_app
 from gui.studio_state import StudioState
 from gui.widgets import panel_header, show_error
 
-SCREENS = ("Devices", "Cluster", "Profile", "Plan", "Run", "Sessions")
+SCREENS = ("Devices", "Cluster", "Profile", "Plan", "Run", "Sessions", "Experiments")
 
 
 class MissingScreen(QWidget):
@@ -141,6 +141,10 @@ class MainWindow(QMainWindow):
                 from gui.screens_embed import make_sessions_screen
 
                 return make_sessions_screen(s)
+            if name == "Experiments":
+                from gui.experiments_panel import ExperimentsPanel
+
+                return ExperimentsPanel(s)
         except ImportError as err:
             return MissingScreen(name, f"{err}")
         return MissingScreen(name, "unknown screen")

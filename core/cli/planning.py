@@ -54,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="List the techniques: their strategies, stage kinds and run modes.")
     t.set_defaults(func=cmd_techniques)
 
+    from core.cli import experiments
+
+    experiments.register(sub)  # the paper's experiments: no entry point of their own
+
 
 def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="PROBLEM.json", help="a problem, scenario or profile file")
