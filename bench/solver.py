@@ -85,7 +85,7 @@ def main() -> None:
     out: dict = {"bench": "solver", "cpus": os.cpu_count(), "loadavg": os.getloadavg()[0]}
     for model in ("llama-2-7b", "llama-2-13b", "llama-2-70b"):
         _figures(f"paper15_{model.split('-')[-1]}", legacy_paper_problem(model), 30.0, out)
-    _figures("paper64_70b", legacy_paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4)), 10.0, out)
+    _figures("paper64_70b", legacy_paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4, calibrated=False)), 10.0, out)
     batch16 = Workload(prompt_tokens=128, generated_tokens=128, batch_size=16)
     _figures("paper15_70b_batch16", legacy_paper_problem("llama-2-70b", workload=batch16), 10.0, out)
     _figures("hetero15_70b", legacy_paper_problem("llama-2-70b", devices=_heterogeneous(15)), 10.0, out)
@@ -101,7 +101,7 @@ def main() -> None:
         ratio = getattr(base, field) / getattr(opt, field) if objective == "latency" else getattr(opt, field) / getattr(base, field)
         out[f"paper15_70b_{objective}_gain_vs_memory_proportional"] = round(ratio, 3)
     # the cost model as the plan editor's live preview calls it: a 64-stage plan
-    big = legacy_paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4))
+    big = legacy_paper_problem("llama-2-70b", devices=paper_devices(agx=50, nx=10, servers=4, calibrated=False))
     plan = even_split(big)
     evaluate(big, plan)
     t = time.perf_counter()
