@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
-    QScrollArea,
+    QSizePolicy,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -51,6 +51,24 @@ def _run_and_write(reporter, name: str, out_dir: Path, time_limit_s: float) -> t
     result = run_experiment(name, reporter, time_limit_s)
     reporter.status("writing CSV and figures")
     return result, write_outputs(result, out_dir)
+
+
+class FittedImage(QLabel):
+    """A figure scaled to the space it has, aspect kept (a small window still shows all of it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.original = QPixmap(str(path))
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.setMinimumSize(200, 120)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
+        self.setAccessibleName(path.stem)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(event)
+        if not self.original.isNull():
+            self.setPixmap(self.original.scaled(self.size(), Qt.AspectRatioMode.KeepAspectRatio,
+                                                Qt.TransformationMode.SmoothTransformation))
 
 
 class ExperimentsPanel(QWidget):
@@ -156,8 +174,10 @@ class ExperimentsPanel(QWidget):
             mark = QTableWidgetItem("held" if f.held else "NOT HELD")
             mark.setForeground(Qt.GlobalColor.darkGreen if f.held else Qt.GlobalColor.red)
             self.findings.setItem(i, 0, mark)
-            self.findings.setItem(i, 1, QTableWidgetItem(f.claim))
-            self.findings.setItem(i, 2, QTableWidgetItem(f.detail))
+            for col, text in ((1, f.claim), (2, f.detail + (f"  (figure: {f.figure})" if f.figure else ""))):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)  # the whole text where the column elides it
+                self.findings.setItem(i, col, item)
         self.findings.resizeColumnToContents(0)
         self.findings.resizeRowsToContents()
 
@@ -177,13 +197,7 @@ class ExperimentsPanel(QWidget):
             self.plots.removeTab(0)
             w.deleteLater()
         for png in pngs:
-            label = QLabel()
-            label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-            label.setPixmap(QPixmap(str(png)))
-            area = QScrollArea()
-            area.setWidget(label)
-            area.setWidgetResizable(True)
-            self.plots.addTab(area, png.stem)
+            self.plots.addTab(FittedImage(png), png.stem)
 
     def shutdown(self) -> None:
         """Stop a running experiment and join its worker (the window calls this on close)."""

@@ -52,6 +52,8 @@ class Figure(msgspec.Struct, frozen=True, kw_only=True):
     series: tuple[Series, ...]
     kind: str = "line"
     """line (numeric x) or bar (categories)."""
+    log_y: bool = False
+    """A log scale where values span orders of magnitude (70B beside 7B)."""
 
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,10 +149,10 @@ def table_iv(reporter: Reporter, time_limit_s: float = 30.0) -> ExperimentResult
     reporter.progress(len(PAPER_MODELS), len(PAPER_MODELS))
     figures = (
         Figure(name="table-iv-latency", title="Table IV: latency per token (batch 1)", x_label="model",
-               y_label="ms/token", x=PAPER_MODELS, kind="bar",
+               y_label="ms/token (log)", x=PAPER_MODELS, kind="bar", log_y=True,
                series=tuple(Series(LABELS[m], tuple(_ms(res[mo][(m, "latency")]) for mo in PAPER_MODELS)) for m in METHODS)),
         Figure(name="table-iv-throughput", title="Table IV: throughput (batch ≤ 8)", x_label="model",
-               y_label="tokens/s", x=PAPER_MODELS, kind="bar",
+               y_label="tokens/s (log)", x=PAPER_MODELS, kind="bar", log_y=True,
                series=tuple(Series(LABELS[m], tuple(_tps(res[mo][(m, "throughput")]) for mo in PAPER_MODELS)) for m in METHODS)),
     )
     return ExperimentResult(
@@ -456,16 +458,21 @@ def draw_figure(fig: Figure, out_dir: Path) -> list[Path]:
         width = 0.8 / max(n, 1)
         for i, s in enumerate(fig.series):
             xs = [j + (i - (n - 1) / 2) * width for j in range(len(fig.x))]
-            ys = [v if v is not None else 0.0 for v in s.y]
+            ys = [v if v is not None else float("nan") for v in s.y]
             bars = ax.bar(xs, ys, width=width, label=s.label)
             for b, v in zip(bars, s.y):
-                if v is None:
-                    ax.annotate("OOM", (b.get_x() + b.get_width() / 2, 0), ha="center", va="bottom", fontsize=7, rotation=90)
+                if v is None:  # no bar: say why at the foot of the axis
+                    ax.annotate("OOM", (b.get_x() + b.get_width() / 2, 0.01), xycoords=("data", "axes fraction"),
+                                ha="center", va="bottom", fontsize=7, rotation=90)
+                else:
+                    ax.annotate(f"{v:.3g}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=6)
         ax.set_xticks(range(len(fig.x)), fig.x)
     else:
         xs = [float(x) for x in fig.x]
         for s in fig.series:
             ax.plot(xs, [float("nan") if v is None else v for v in s.y], marker="o", label=s.label)
+    if fig.log_y:
+        ax.set_yscale("log")
     ax.set_title(fig.title, fontsize=10)
     ax.set_xlabel(fig.x_label)
     ax.set_ylabel(fig.y_label)

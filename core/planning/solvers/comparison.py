@@ -84,14 +84,20 @@ GIB = 1024**3
 
 
 def shortfall_text(out: StrategyOutcome, optimum: StrategyOutcome | None) -> str:
-    """How far a valid plan is from the proven optimum of the same objective ('' if unknown)."""
-    if optimum is None or optimum.status != "optimal" or out.status not in ("ok", "optimal") or out.cost is None:
+    """How far a valid plan is from the exact solver's plan of the same objective ('' if unknown);
+    against a plan not proven optimal (search cut short) it says so."""
+    if optimum is None or optimum.status not in ("optimal", "ok") or out.status not in ("ok", "optimal") or out.cost is None:
         return ""
+    ref = "the optimum" if optimum.status == "optimal" else "the exact solver's best (not proven optimal)"
     if out.objective == "latency":
         worse = out.cost.latency_per_token_s / optimum.cost.latency_per_token_s - 1.0
-        return "= the optimum" if worse <= 1e-9 else f"{worse * 100:.1f} % slower than the optimum"
+        if worse < -1e-9:
+            return f"{-worse * 100:.1f} % faster than {ref}"
+        return f"= {ref}" if worse <= 1e-9 else f"{worse * 100:.1f} % slower than {ref}"
     worse = 1.0 - out.cost.throughput_tokens_s / optimum.cost.throughput_tokens_s
-    return "= the optimum" if worse <= 1e-9 else f"{worse * 100:.1f} % fewer tokens/s than the optimum"
+    if worse < -1e-9:
+        return f"{-worse * 100:.1f} % more tokens/s than {ref}"
+    return f"= {ref}" if worse <= 1e-9 else f"{worse * 100:.1f} % fewer tokens/s than {ref}"
 
 
 def status_text(out: StrategyOutcome) -> str:
