@@ -1,16 +1,18 @@
 # The two commands of the README. Both work from a clean clone on Debian 12 / Python 3.11.
 PY ?= python3
 PIP = $(PY) -m pip
+# The exact versions the suite passes with (constraints.txt), for every pip line.
+PINS = -c constraints.txt
 
 .PHONY: run test install install-test
 
 install:
 	bash scripts/install-system-deps.sh      # Qt's xcb libraries, sshd, avahi, xvfb (only those missing; needs root)
-	$(PIP) install -q torch==2.13.0          # the CPU wheel on disk; install first so nothing pulls a CUDA build
-	$(PIP) install -q -e .
+	$(PIP) install -q $(PINS) torch==2.13.0  # the CPU wheel on disk; install first so nothing pulls a CUDA build
+	$(PIP) install -q $(PINS) -e .
 
 install-test: install
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q $(PINS) -e '.[test]'
 
 # The main job: the studio on a local demo cluster (needs a display; see README for xvfb-run).
 run: install
