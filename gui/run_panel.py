@@ -10,6 +10,7 @@ backend to stop at once; the panel never waits for the worker on the GUI thread.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -73,49 +74,36 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
     Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
     The recorded status is completed / stopped / failed, whatever happens.
     """
-    store = recorder = None
-    ids: dict[str, Any] = {}
-    if workspace:
-        from core.sessions.recording import RunRecorder
-        from core.sessions.store import SessionStore
+    if not workspace:
+        _run_backend(reporter, backend, settings, sink)
+        return {}
+    from core.sessions.recording import record_run
 
-        store = SessionStore(workspace)
-        try:
-            if session_id is None:
-                import time as _time
-                session_id = store.create_session(f"Studio {_time.strftime('%Y-%m-%d %H:%M')}")
-            plan_id = store.add_plan(session_id, plan) if plan is not None else None
-            profile_id = store.add_profile(session_id, problem.profile) if problem is not None else None
-            run_id = store.create_run(session_id, model=model_name or Path(settings.model_dir).name or "?",
-                                      mode=settings.mode, kind="measured", plan_id=plan_id,
-                                      profile_id=profile_id, problem=problem,
-                                      settings={**asdict(settings), "prompts": list(settings.prompts),
-                                                "lanes": backend.lanes()})
-            recorder = RunRecorder(store, run_id)
-        except BaseException:
-            store.close()
-            raise
-        ids = {"session_id": session_id, "run_id": run_id}
+    with record_run(workspace, model=model_name or Path(settings.model_dir).name or "?", mode=settings.mode,
+                    settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes()},
+                    session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
+                    plan=plan, problem=problem) as run:
+        ids = {"session_id": run.session_id, "run_id": run.run_id}
         reporter.partial_result(ids)
-        sink = FanoutSink(sink, recorder)
-    status = "failed"
+        try:
+            _run_backend(reporter, backend, settings, FanoutSink(sink, run.recorder))
+        except Cancelled:
+            run.status = "stopped" if reporter.cancel_requested() else "failed"
+            raise
+        run.status = "completed"
+        return ids
+
+
+def _run_backend(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink) -> None:
+    """Run to the end; a run ended by Stop (however the backend ended it) raises ``Cancelled``."""
     try:
         backend.run(settings, sink, reporter)
-        status = "stopped" if reporter.cancel_requested() else "completed"
-        if status == "stopped":
-            raise Cancelled()
-        return ids
-    except (Cancelled, RunFailed):
+    except RunFailed:
         if reporter.cancel_requested():
-            status = "stopped"
             raise Cancelled() from None
         raise
-    finally:
-        if recorder is not None:
-            try:
-                recorder.finish(status)
-            finally:
-                store.close()
+    if reporter.cancel_requested():
+        raise Cancelled()
 
 
 class RunPanel(QWidget):

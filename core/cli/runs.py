@@ -2,7 +2,9 @@
 
 ``run`` prints the generated text as it streams in, then TTFT, per-token latency and
 tokens/s (the definitions of ``core.runs.metrics``), and can write every timeline event
-and token event as JSON lines (``--events``).
+and token event as JSON lines (``--events``). It records the run in the workspace (a new
+session, through ``core.sessions.recording.record_run`` as the GUI's Run screen does), so it
+is listed by ``edgeshard sessions`` and replays in the Sessions screen; ``--no-record`` skips it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import signal
 import sys
 import tempfile
 import threading
+import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import msgspec
@@ -52,6 +56,9 @@ def _register_run(sub) -> None:
     p.add_argument("--link-mbit", type=float, default=0.0, help="with --local: emulated bandwidth per link")
     p.add_argument("--link-latency-ms", type=float, default=0.0, help="with --local: emulated latency per link")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
+    p.add_argument("--workspace", metavar="FILE", help="record the run in this workspace file (default: "
+                   "$EDGESHARD_WORKSPACE or ~/.local/share/edgeshard/workspace.sqlite)")
+    p.add_argument("--no-record", action="store_true", help="do not record the run in the workspace")
     p.set_defaults(func=cmd_run)
 
 
@@ -125,11 +132,12 @@ def _read_prompts(args) -> list[str]:
 
 def cmd_run(args) -> int:
     from core import formats
-    from core.runs.coordinator import Coordinator
-    from core.runs.generation import GenerationSettings, generate
-    from core.devices.local_cluster import LocalCluster
     from core.planning.plan import ShardPlan
     from core.reporting import TerminalReporter
+    from core.runs.coordinator import FanoutSink
+    from core.runs.generation import GenerationSettings
+    from core.sessions.recording import record_run
+    from core.sessions.store import default_workspace_path
 
     plan = formats.load(args.plan, ShardPlan)
     prompts = _read_prompts(args)
@@ -148,27 +156,30 @@ def cmd_run(args) -> int:
         dtype=args.dtype,
         threads=args.threads,
     )
+    agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     reporter = TerminalReporter()
-    sink = _PrintSink(len(prompts), args.events)
-    cluster = tmp = None
+    workspace = None if args.no_record else (args.workspace or default_workspace_path())
+    recording = nullcontext() if workspace is None else record_run(
+        workspace, model=Path(model_dir).name, mode=settings.mode,
+        settings={"model_dir": model_dir, "prompts": prompts, "max_new_tokens": settings.max_new_tokens,
+                  "mode": settings.mode, "micro_batches": settings.micro_batches,
+                  "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,
+                  "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run"},
+        session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan)
+    printer = _PrintSink(len(prompts), args.events)
     try:
-        if args.local:
-            tmp = tempfile.TemporaryDirectory(prefix="edgeshard-local-")
-            threads = args.threads or max(1, (os.cpu_count() or 1) // len(plan.stages))
-            cluster = LocalCluster(tmp.name, list(plan.devices()), threads_per_agent=threads,
-                                   link_mbit=args.link_mbit, link_latency_ms=args.link_latency_ms)
-            reporter.status(f"starting {len(plan.stages)} local agents")
-            endpoints, keys = cluster.start(), cluster.keys
-        else:
-            endpoints, keys = _parse_agents(args.agents, args.coordinator_key_file)
-        with Coordinator(endpoints, keys) as coordinator:
-            out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
+        with recording as run:
+            sink = printer if run is None else FanoutSink(printer, run.recorder)
+            try:
+                out = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter)
+            except KeyboardInterrupt:
+                if run is not None:
+                    run.status = "stopped"
+                raise
+            if run is not None:
+                run.status = "completed"
     finally:
-        sink.close()
-        if cluster is not None:
-            cluster.stop()
-        if tmp is not None:
-            tmp.cleanup()
+        printer.close()
     if len(prompts) == 1:
         print()
     else:
@@ -180,7 +191,35 @@ def cmd_run(args) -> int:
     dtps = "n/a" if f.decode_tokens_per_s is None else f"{f.decode_tokens_per_s:.1f}"
     print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  "
           f"tokens/s {tps} (decode {dtps})  tokens {f.tokens}  mode {settings.mode}")
+    if run is not None:
+        print(f"recorded as run {run.run_id} (session {run.session_id}) in {workspace}")
     return 0
+
+
+def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter):
+    """Connect to ``agents`` (endpoints, keys), or start local ones for this run, and generate."""
+    from core.devices.local_cluster import LocalCluster
+    from core.runs.coordinator import Coordinator
+    from core.runs.generation import generate
+
+    cluster = tmp = None
+    try:
+        if args.local:
+            tmp = tempfile.TemporaryDirectory(prefix="edgeshard-local-")
+            threads = args.threads or max(1, (os.cpu_count() or 1) // len(plan.stages))
+            cluster = LocalCluster(tmp.name, list(plan.devices()), threads_per_agent=threads,
+                                   link_mbit=args.link_mbit, link_latency_ms=args.link_latency_ms)
+            reporter.status(f"starting {len(plan.stages)} local agents")
+            endpoints, keys = cluster.start(), cluster.keys
+        else:
+            endpoints, keys = agents
+        with Coordinator(endpoints, keys) as coordinator:
+            return generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
 
 
 # ------------------------------------------------------------------------- agent

@@ -5,13 +5,20 @@ The coordinator (or anything else emitting ``TimelineEvent``/``TokenEvent``) tak
 thread and only queue rows (the store's writer commits them in batches). Each item gets
 the next per-run ``seq`` and its arrival time ``recv_s`` on the recorder's clock, so a
 replay delivers the same items in the same order at the same pace as the live view.
+
+``record_run`` is the one way a measured run enters the workspace (the GUI's Run screen and
+``edgeshard run`` both use it), so a run looks the same in ``edgeshard sessions`` and the
+Sessions screen whichever started it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -64,6 +71,49 @@ class RunRecorder:
         self.store.finish_run(self.run_id, status, merged)
         self.finished = True
         return computed
+
+
+@dataclass
+class RecordedRun:
+    """The run ``record_run`` is recording: feed ``recorder`` the run's callbacks and set
+    ``status`` (completed / stopped) once known; it stays "failed" otherwise."""
+
+    session_id: int
+    run_id: int
+    recorder: RunRecorder
+    status: str = "failed"
+
+
+@contextmanager
+def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings: dict[str, Any],
+               session_id: int | None = None, session_name: str = "", plan: ShardPlan | None = None,
+               problem: PlanningProblem | None = None) -> Iterator[RecordedRun]:
+    """Record one measured run in the workspace file, whatever happens to it.
+
+    Opens the store, adds a session (``session_name``) unless ``session_id`` is given, the
+    plan and profile when known and the run row; yields a ``RecordedRun``. On leaving, even by
+    an exception, the run is finished with its ``status`` and its figures, and the store closed.
+    ``settings`` should hold ``prompts`` and ``lanes``: the replay draws from them.
+    """
+    store = SessionStore(workspace)
+    try:
+        if session_id is None:
+            session_id = store.create_session(session_name or f"Run {time.strftime('%Y-%m-%d %H:%M')}")
+        plan_id = store.add_plan(session_id, plan) if plan is not None else None
+        profile_id = store.add_profile(session_id, problem.profile) if problem is not None else None
+        run_id = store.create_run(session_id, model=model, mode=mode, kind="measured", plan_id=plan_id,
+                                  profile_id=profile_id, problem=problem, settings=settings)
+        run = RecordedRun(session_id, run_id, RunRecorder(store, run_id))
+    except BaseException:
+        store.close()
+        raise
+    try:
+        yield run
+    finally:
+        try:
+            run.recorder.finish(run.status)
+        finally:
+            store.close()
 
 
 def record_simulation(store: SessionStore, session_id: int, problem: PlanningProblem, plan: ShardPlan,

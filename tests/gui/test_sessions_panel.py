@@ -170,3 +170,43 @@ def test_a_file_that_is_not_a_workspace_is_reported_inline(qtbot, tmp_path):
     assert bad.read_text() == "these are my notes, not a database", "the file is left as it was"
     panel.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("edgeshard-sessions")]
+
+
+def test_a_run_recorded_by_edgeshard_run_replays_in_the_sessions_screen(qtbot, tmp_path):
+    """The CLI and the Run screen record through one path: a CLI run (real loopback agents)
+    opens and replays here with its lanes, boxes, text and figures."""
+    import contextlib
+    import io
+
+    from core.cli import main as cli_main
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.plan import plan_from_boundaries
+
+    devices = ["edge-0", "edge-1"]
+    model = make_model(ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3),
+                       tmp_path / "tiny-llama")
+    formats.save(tmp_path / "plan.json", plan_from_boundaries("tiny-llama", 6, devices, [3]))
+    workspace = tmp_path / "ws.sqlite"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli_main(["run", "--model", str(model), "--plan", str(tmp_path / "plan.json"), "--local",
+                         "--prompt", "the river", "--max-new-tokens", "4", "--workspace", str(workspace)])
+    assert code == 0
+    state = StudioState()
+    state.set_workspace(str(workspace))
+    panel = _sessions(qtbot, state)
+    session = panel.tree.topLevelItem(0)
+    assert session.text(0).startswith("edgeshard run")
+    [(run_id, item)] = panel.run_items().items()
+    assert (item.text(1), item.text(2), item.text(3)) == ("sequential", "measured", "completed")
+    _open(qtbot, panel, run_id)
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=20_000):
+        panel.play()
+    monitor = panel.monitor
+    assert monitor.timeline.lanes() == devices
+    assert all(monitor.timeline.box_count(device=d) > 0 for d in devices)
+    generated = printed.getvalue().split("\nTTFT ")[0]
+    assert generated and monitor.text_of(0) == generated
+    assert monitor.figures().tokens == 4
+    panel.shutdown()

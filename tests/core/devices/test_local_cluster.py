@@ -59,7 +59,7 @@ def test_edgeshard_run_over_agent_processes_prints_the_text_and_figures(cluster,
     events = tmp_path / "events.jsonl"
     code = cli_main(["run", "--model", model_dir, "--plan", str(plan_path), "--agents", str(cluster.agents_file),
                      "--prompt", "the river", "--max-new-tokens", "5", "--mode", "no-bubbles",
-                     "--events", str(events)])
+                     "--events", str(events), "--no-record"])
     out = capsys.readouterr().out
     assert code == 0
     assert "TTFT" in out and "per-token latency" in out and "tokens/s" in out
@@ -83,7 +83,7 @@ def test_edgeshard_run_with_a_relative_model_path_works_for_agents_in_another_di
     relative = os.path.relpath(model_dir, here)
     assert not os.path.isdir(os.path.join(cluster.workdir, relative))  # agents run in the cluster's directory
     code = cli_main(["run", "--model", relative, "--plan", str(plan_path), "--agents", str(cluster.agents_file),
-                     "--prompt", "the river", "--max-new-tokens", "3"])
+                     "--prompt", "the river", "--max-new-tokens", "3", "--no-record"])
     out = capsys.readouterr().out
     assert code == 0 and "TTFT" in out, out
 

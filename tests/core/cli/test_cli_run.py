@@ -1,0 +1,88 @@
+"""`edgeshard run` records the run in the workspace as the Run screen does (real loopback
+agents, a generated checkpoint, a real SQLite workspace); ``--no-record`` records nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from core import formats
+from core.cli import main as cli_main
+from core.models.checkpoints import ModelRecipe, make_model
+from core.planning.plan import plan_from_boundaries
+from core.sessions.store import SessionStore
+
+DEVICES = ["edge-0", "edge-1"]
+
+
+def cli_run_files(folder):
+    """A tiny checkpoint and a two-stage plan for it: (model dir, plan path)."""
+    model = make_model(ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3),
+                       folder / "tiny-llama")
+    plan = folder / "plan.json"
+    formats.save(plan, plan_from_boundaries("tiny-llama", 6, DEVICES, [3]))
+    return model, plan
+
+
+def run_cli(argv) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main([str(a) for a in argv])
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One `edgeshard run --local` recorded in a fresh workspace: (workspace, printed output)."""
+    folder = tmp_path_factory.mktemp("cli-run")
+    model, plan = cli_run_files(folder)
+    workspace = folder / "ws.sqlite"
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "the river",
+                         "--max-new-tokens", "4", "--mode", "no-bubbles", "--workspace", workspace])
+    assert code == 0, out
+    return workspace, out
+
+
+def test_a_cli_run_is_recorded_completed_with_its_events_tokens_and_settings(recorded):
+    workspace, out = recorded
+    with SessionStore(workspace) as store:
+        [session] = store.sessions()
+        [run] = store.runs(session.id)
+        items = store.timeline(run.id)
+        plan = store.plan(run.plan_id)
+    assert f"recorded as run {run.id} (session {session.id})" in out
+    assert session.name.startswith("edgeshard run")
+    assert (run.kind, run.mode, run.status, run.model) == ("measured", "no-bubbles", "completed", "tiny-llama")
+    assert run.settings["prompts"] == ["the river"] and run.settings["lanes"] == DEVICES
+    assert list(plan.devices()) == DEVICES
+    assert {i.event.device for i in items if i.event is not None} == set(DEVICES)
+    generated = "".join(i.tokens.text[0] for i in items if i.tokens is not None)
+    assert generated and out.startswith(generated + "\nTTFT ") and run.figures["tokens"] == 4
+
+
+def test_a_cli_run_is_listed_by_edgeshard_sessions(recorded):
+    workspace, _ = recorded
+    code, out = run_cli(["sessions", "--workspace", workspace])
+    assert code == 0
+    assert "edgeshard run" in out and "measured" in out and "no-bubbles" in out and "completed" in out
+
+
+def test_no_record_leaves_the_workspace_alone(tmp_path, monkeypatch):
+    workspace = tmp_path / "ws.sqlite"
+    monkeypatch.setenv("EDGESHARD_WORKSPACE", str(workspace))
+    model, plan = cli_run_files(tmp_path)
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "x",
+                         "--max-new-tokens", "2", "--no-record"])
+    assert code == 0 and "TTFT" in out and "recorded" not in out
+    assert not workspace.exists()
+
+
+def test_a_workspace_that_is_a_folder_is_refused_before_any_agent_starts(tmp_path, capsys):
+    model, plan = cli_run_files(tmp_path)
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "x",
+                         "--workspace", tmp_path])
+    err = capsys.readouterr().err
+    assert code != 0 and "is a directory, expected a workspace file" in err and "Traceback" not in err
+    assert "TTFT" not in out
