@@ -38,7 +38,7 @@ def main() -> int:
 
     rates = [float(x) for x in args.rates.split(",")]
     name = "esbench"
-    caps = tuple(tb.LinkShape(src=f"{name}1", dst=f"{name}{i + 2}", bandwidth_mbit_s=r) for i, r in enumerate(rates))
+    caps = tuple(tb.LinkCap(src=f"{name}1", dst=f"{name}{i + 2}", bandwidth_mbit_s=r) for i, r in enumerate(rates))
     out: dict = {"bench": "testbed_links", "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

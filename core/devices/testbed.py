@@ -42,7 +42,7 @@ class TestbedError(EdgeShardError):
     """The testbed cannot be built or removed (not root, a command failed, bad links file)."""
 
 
-class LinkShape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class LinkCap(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A bandwidth cap on the directed link src → dst (device names like ``edge1``)."""
 
     src: str
@@ -53,7 +53,7 @@ class LinkShape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 class LinksFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``--links FILE``: caps per ordered pair; pairs not listed use ``default_mbit_s`` (None: unshaped)."""
 
-    links: tuple[LinkShape, ...] = ()
+    links: tuple[LinkCap, ...] = ()
     default_mbit_s: float | None = None
 
 
@@ -80,7 +80,7 @@ class TestbedState(msgspec.Struct, frozen=True, kw_only=True):
     operator_key: str
     """Private key (ed25519, no passphrase) that every device's sshd accepts."""
     devices: tuple[TestbedDevice, ...]
-    links: tuple[LinkShape, ...] = ()
+    links: tuple[LinkCap, ...] = ()
 
     def device(self, name: str) -> TestbedDevice:
         for d in self.devices:
@@ -133,7 +133,7 @@ def load_links_file(path: str | os.PathLike) -> LinksFile:
 
 
 def resolve_links(devices: list[str], bandwidth_mbit_s: float | None, links: LinksFile | None,
-                  source: str = "--links") -> tuple[LinkShape, ...]:
+                  source: str = "--links") -> tuple[LinkCap, ...]:
     """Caps for every ordered pair that has one; rejects unknown devices and bad rates."""
     out: dict[tuple[str, str], float] = {}
     default = bandwidth_mbit_s if links is None else links.default_mbit_s
@@ -154,7 +154,7 @@ def resolve_links(devices: list[str], bandwidth_mbit_s: float | None, links: Lin
         if not l.bandwidth_mbit_s > 0:
             raise FormatError(source, "bandwidth_mbit_s must be > 0", f"$.links[{i}].bandwidth_mbit_s")
         out[(l.src, l.dst)] = float(l.bandwidth_mbit_s)
-    return tuple(LinkShape(src=a, dst=b, bandwidth_mbit_s=v) for (a, b), v in sorted(out.items()))
+    return tuple(LinkCap(src=a, dst=b, bandwidth_mbit_s=v) for (a, b), v in sorted(out.items()))
 
 
 def _write_sshd_config(dev_dir: Path, address: str, port: int, authorized_keys: Path) -> Path:
@@ -194,7 +194,7 @@ def _spawn(ns: str, args: list[str], log: Path) -> int:
     return proc.pid
 
 
-def _shape(ns: str, addresses: dict[str, str], caps: list[LinkShape]) -> None:
+def _shape(ns: str, addresses: dict[str, str], caps: list[LinkCap]) -> None:
     """htb on the namespace's egress: one class per capped destination, u32 dst filters."""
     if not caps:
         return

@@ -199,7 +199,9 @@ class RecordedItem(msgspec.Struct, frozen=True, kw_only=True):
     tokens: TokenEvent | None = None
 
 
-class LogLine(msgspec.Struct, frozen=True, kw_only=True):
+class RecordedLogLine(msgspec.Struct, frozen=True, kw_only=True):
+    """A log line a run stored (``agents.protocol.LogLine`` is the wire message)."""
+
     device: str
     t_s: float
     level: str
@@ -468,8 +470,8 @@ class SessionStore:
     def tokens(self, run_id: int) -> list[TokenEvent]:
         return [i.tokens for i in self.timeline(run_id) if i.tokens is not None]
 
-    def logs(self, run_id: int) -> list[LogLine]:
-        return [LogLine(**r) for r in self._rows(
+    def logs(self, run_id: int) -> list[RecordedLogLine]:
+        return [RecordedLogLine(**r) for r in self._rows(
             "SELECT device, t_s, level, line FROM agent_logs WHERE run_id = ? ORDER BY t_s, id", (run_id,))]
 
     def timeline(self, run_id: int) -> list[RecordedItem]:

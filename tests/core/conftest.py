@@ -45,11 +45,11 @@ def testbed(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root for network namespaces (CI runs as root)")
     from core.devices import testbed as tb
-    from core.devices.testbed import LinkShape, LinksFile, leftovers
+    from core.devices.testbed import LinkCap, LinksFile, leftovers
 
     _remove_testbeds_of_dead_runs(tb)
     root = tmp_path_factory.mktemp("testbed-state")
-    links = LinksFile(links=(LinkShape(src=SHAPED_LINK[0], dst=SHAPED_LINK[1], bandwidth_mbit_s=SHAPED_LINK[2]),))
+    links = LinksFile(links=(LinkCap(src=SHAPED_LINK[0], dst=SHAPED_LINK[1], bandwidth_mbit_s=SHAPED_LINK[2]),))
     state = tb.testbed_up(3, links=links, name=SESSION_TESTBED, subnet=SESSION_SUBNET, state_root=Path(root))
     yield state
     tb.testbed_down(SESSION_TESTBED, state_root=Path(root))

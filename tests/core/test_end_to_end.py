@@ -46,7 +46,7 @@ def test_discover_deploy_profile_plan_run_on_the_netns_testbed(tmp_path):
     from core.planning.solvers import solve_min_latency
 
     state_root = tmp_path / "state"
-    links = tb.LinksFile(links=(tb.LinkShape(src=SHAPED[0], dst=SHAPED[1], bandwidth_mbit_s=SHAPED[2]),))
+    links = tb.LinksFile(links=(tb.LinkCap(src=SHAPED[0], dst=SHAPED[1], bandwidth_mbit_s=SHAPED[2]),))
     state = tb.testbed_up(3, links=links, name=NAME, subnet=SUBNET, state_root=state_root)
     pids_seen: set[int] = set()
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from core.errors import FormatError
 from core.devices import testbed as tb
-from core.devices.testbed import LinkShape, LinksFile, leftovers, resolve_links
+from core.devices.testbed import LinkCap, LinksFile, leftovers, resolve_links
 
 from tests.core.conftest import SESSION_TESTBED, SHAPED_LINK, needs_root
 
@@ -105,14 +105,14 @@ def test_up_cleans_leftovers_of_a_crashed_testbed(tmp_path):
 
 
 def test_links_file_naming_an_unknown_device_is_rejected():
-    links = LinksFile(links=(LinkShape(src="edge1", dst="edge9", bandwidth_mbit_s=5),))
+    links = LinksFile(links=(LinkCap(src="edge1", dst="edge9", bandwidth_mbit_s=5),))
     with pytest.raises(FormatError, match="edge9"):
         resolve_links(["edge1", "edge2"], None, links)
 
 
 def test_bandwidth_applies_to_every_ordered_pair_and_links_file_overrides():
     caps = resolve_links(["e1", "e2", "e3"], None,
-                         LinksFile(default_mbit_s=100, links=(LinkShape(src="e2", dst="e1", bandwidth_mbit_s=7),)))
+                         LinksFile(default_mbit_s=100, links=(LinkCap(src="e2", dst="e1", bandwidth_mbit_s=7),)))
     table = {(c.src, c.dst): c.bandwidth_mbit_s for c in caps}
     assert len(table) == 6 and table[("e2", "e1")] == 7 and table[("e1", "e2")] == 100
 
