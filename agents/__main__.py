@@ -56,7 +56,7 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from agents.agent import Agent, warm_imports
+    from agents.agent import Agent, warm_imports_in_background
     from agents.emulation import MIB, DeviceEmulation
     from agents.protocol import LinkShape
     from agents.transport import CurveKeys, is_z85_key
@@ -95,10 +95,6 @@ def serve(args: argparse.Namespace) -> int:
         emulation=emulation,
     )
     try:
-        warm_imports()
-    except ImportError as err:  # reported again, precisely, when a shard is loaded
-        print(f"agent: cannot import the model code ({err}); loading shards will fail", file=sys.stderr)
-    try:
         agent.start()
     except Exception as err:  # e.g. port in use
         print(f"agent: cannot listen: {err}", file=sys.stderr)
@@ -122,6 +118,10 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     if getattr(args, "exit_on_stdin_eof", False):
         threading.Thread(target=_stop_at_stdin_eof, args=(agent,), name="agent-parent-watch", daemon=True).start()
+    # the model code is imported after the agent listens (seconds on a small device), so a
+    # launcher sees it ready at once; a load or profile arriving meanwhile waits for it
+    warm_imports_in_background(
+        lambda err: print(f"agent: cannot import the model code ({err}); loading shards will fail", file=sys.stderr))
     print(
         f"{READY_PREFIX} device={agent.device} control={agent.control_port} data={agent.data_port} "
         f"public_key={keys.public} pid={os.getpid()}",
@@ -155,5 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     return serve(args)
 
 
+def exit_now(code: int) -> None:
+    """End the process without the interpreter's teardown: after ``agent.close()`` nothing
+    is left to flush but stdio, and tearing down torch + transformers modules takes seconds
+    (measured 3-8 s here), which a launcher stopping its agents would wait for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

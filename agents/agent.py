@@ -13,10 +13,12 @@ Two threads, no busy polling:
   (``activity``) and how far it got (``progress``, e.g. blocks read while loading).
 
 The control thread must never wait on the worker, and nothing the worker does may hold
-the GIL for long: ``warm_imports()`` (called by ``python -m agents serve`` before it
-listens) imports transformers up front, because importing it the first time loads
-extension modules under the GIL for up to a few hundred ms here (more on slow devices),
-which would otherwise stall pongs during the first load.
+the GIL for long: ``warm_imports()`` (called by ``python -m agents serve`` in a thread
+right after it listens, so launchers see the agent ready seconds sooner) imports
+transformers before any shard is loaded, because importing it the first time loads
+extension modules under the GIL for up to a few hundred ms here (more on slow devices).
+Pongs may be that late while it runs, well inside the 3 s heartbeat timeout; a load or
+profile that arrives meanwhile waits for it (``MODEL_CODE_IMPORTED``).
 
 The source stage (stage 0) also drives the run: it holds the prompts' token ids (they
 never leave it), starts prefill and decode steps per micro-batch as ``agents.schedule``
@@ -121,12 +123,35 @@ class AgentClock:
 
 
 
+MODEL_CODE_IMPORTED = threading.Event()
+"""Set once the model code is imported; the worker waits for it before loading or profiling,
+because transformers' lazy modules break when two threads import them at once."""
+MODEL_CODE_IMPORTED.set()  # an agent made in-process (tests) imports on first use, in its worker
+
+
 def warm_imports() -> None:
-    """Import what loading a shard needs, before the agent serves (see the module docstring)."""
+    """Import what loading a shard needs (see the module docstring)."""
     import transformers.masking_utils  # noqa: F401
     from transformers import AutoModelForCausalLM, DynamicCache  # noqa: F401
 
     import agents.shard  # noqa: F401
+
+
+def warm_imports_in_background(on_error) -> threading.Thread:
+    """``warm_imports`` on a thread; loads and profiles wait for it (MODEL_CODE_IMPORTED)."""
+    MODEL_CODE_IMPORTED.clear()
+
+    def run() -> None:
+        try:
+            warm_imports()
+        except ImportError as err:  # reported again, precisely, when a shard is loaded
+            on_error(err)
+        finally:
+            MODEL_CODE_IMPORTED.set()
+
+    t = threading.Thread(target=run, name="agent-warm-imports", daemon=True)
+    t.start()
+    return t
 
 
 def default_sampler(spec: SamplingSpec):
@@ -427,6 +452,8 @@ class Agent:
             if kind == "shutdown":
                 break
             self._activity, self._progress = self._ACTIVITIES.get(kind, ""), 0.0
+            if kind in ("LoadShard", "ProfileCompute"):
+                MODEL_CODE_IMPORTED.wait()
             try:
                 if kind == "LoadShard":
                     self._load(msg)

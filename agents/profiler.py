@@ -434,7 +434,13 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
 def profile_compute(agent, options: dict[str, Any]) -> dict[str, Any]:
     """Agent handler of ``ProfileCompute``: options → ComputeOptions, result as a dict."""
     opts = msgspec.convert(options, ComputeOptions)
-    result = msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", "")))
+
+    def progress(done: int, total: int) -> None:  # read by the coordinator through get_status
+        if hasattr(agent, "_set_progress"):
+            agent._activity = f"profiling compute: unit {done}/{total}"
+            agent._set_progress(done / total)
+
+    result = msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", ""), progress=progress))
     emulation = getattr(agent, "emulation", None)
     return emulation.scale_compute_profile(result) if emulation is not None and emulation.active else result
 

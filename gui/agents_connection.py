@@ -55,7 +55,8 @@ def profile_function(coordinator, state, options: dict, model_name: str = ""):
     return measure
 
 
-def attach(window, coordinator, statuses: dict, *, origin: str, detail: str = "", profile_options: dict | None = None,
+def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | dict[str, str] = "",
+           profile_options: dict | None = None,
            model_name: str = "", agent_control=None) -> list[str]:
     """Wire the screens of ``window`` to ``coordinator``; returns what could not be wired."""
     missing: list[str] = []
@@ -70,7 +71,8 @@ def attach(window, coordinator, statuses: dict, *, origin: str, detail: str = ""
                 id=dev, address=address, status="running", origin=origin,
                 arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
                 memory_bytes=status.memory_bytes,
-                detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {detail}" if detail else ""),
+                detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {note}" if (note := (
+                    detail.get(dev, "") if isinstance(detail, dict) else detail)) else ""),
             ))
         if agent_control is not None:
             devices.agent_control = agent_control

@@ -1,11 +1,22 @@
 """``edgeshard studio --demo``: a local cluster of agents and a small model, ready to use.
 
-Setup runs in a worker (making the model and starting agents takes seconds): a small
-Llama checkpoint from ``core.models.checkpoints`` (cached between launches), agents as local
-processes from ``core.devices.local_cluster`` with emulated links (no root), and a
-``Coordinator`` connected to them. Then the studio is wired to it: the Devices screen
-lists the agents, the Profile screen can measure them, the Run screen runs on them, and
-runs are recorded in the demo workspace. ``stop()`` ends every process it started.
+Setup runs in a worker: the demo checkpoint, agents as local processes from
+``core.devices.local_cluster`` (started in parallel, no root), and a ``Coordinator``
+connected to them. Then the studio is wired to it: the Devices screen lists the agents, the
+Profile screen can measure them, the Run screen runs on them, and runs are recorded in the
+demo workspace. ``stop()`` ends every process it started.
+
+**A demo that shards.** The agents emulate three different edge devices
+(agents/emulation.py): each has a memory budget it enforces — a share of the model's
+weights, no two of them enough for the whole model — a compute slowdown and its own link.
+So auto-solve must use all three devices, the strategies in Compare differ, and a
+pipelined run overlaps micro-batches on the timeline.
+
+**A demo model that speaks.** The model is trained briefly on English quotations
+(Debian's ``fortunes``, core/models/training.py) at first use, in a child process, and
+cached in the user's data folder. Until then the demo starts at once with the untrained
+checkpoint of the same recipe (same units and sizes, so a profile or plan stays valid when
+the trained one replaces it) and says so.
 """
 
 from __future__ import annotations
@@ -27,32 +38,88 @@ from gui.studio_state import StudioState
 from gui.workers import TaskRunner
 
 DEMO_DEVICES = ("edge-a", "edge-b", "edge-c")
-DEMO_LINK_MBIT = 200.0
 DEMO_LINK_LATENCY_MS = 2.0
 DEMO_MODEL_NAME = "demo-llama"
 DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3)
-DEMO_PROMPTS = ("The edge devices", "A pipeline of layers")
+DEMO_PROMPTS = ("The secret of life is", "A wise man once said")
+DEMO_TRAINING = None
+"""``core.models.training.TrainingSettings`` for the demo model (None: its defaults, ~2–3 min on 2 cores)."""
+
+
+@dataclass(frozen=True)
+class DemoDevice:
+    """What one demo agent emulates."""
+
+    memory_share: float
+    """Memory budget as a share of the demo model's weights (< 1: the model cannot fit it alone)."""
+    slowdown: float
+    link_mbit: float
+
+
+DEMO_DEVICE_SHAPES = {
+    "edge-a": DemoDevice(memory_share=0.45, slowdown=1.0, link_mbit=200.0),  # the source: fastest, most memory
+    "edge-b": DemoDevice(memory_share=0.40, slowdown=1.5, link_mbit=100.0),
+    "edge-c": DemoDevice(memory_share=0.35, slowdown=2.0, link_mbit=50.0),
+}
+"""Any two budgets sum to < 1 model, all three to 1.2: a plan needs all three devices."""
+
+UNSHAPED_DEVICE = DemoDevice(memory_share=0.0, slowdown=1.0, link_mbit=200.0)
+"""Devices not in DEMO_DEVICE_SHAPES (tests name their own): no budget, no slowdown."""
 
 
 def demo_recipe():
     from core.models.checkpoints import ModelRecipe
 
-    return ModelRecipe(family="llama", layers=6, hidden=256, heads=4, kv_heads=2, vocab=1024, seed=7)
+    return ModelRecipe(family="llama", layers=6, hidden=192, heads=4, kv_heads=2, vocab=2048, seed=7)
+
+
+def demo_shape(device: str) -> DemoDevice:
+    return DEMO_DEVICE_SHAPES.get(device, UNSHAPED_DEVICE)
+
+
+def demo_emulation(devices, model_dir: Path) -> dict:
+    """Each device's emulated limits, the budgets as shares of ``model_dir``'s weights."""
+    from agents.emulation import DeviceEmulation
+    from core.models.units import load_model_spec
+
+    weights = load_model_spec(model_dir, dtype="fp32").param_bytes
+    return {d: DeviceEmulation(memory_budget_bytes=int(demo_shape(d).memory_share * weights),
+                               compute_slowdown=demo_shape(d).slowdown) for d in devices}
 
 
 def cache_dir() -> Path:
+    """Untrained checkpoints (remade in seconds when missing)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "edgeshard" / "demo"
 
 
+def data_dir() -> Path:
+    """The trained demo model: user data (minutes to remake), beside the workspace file."""
+    from core.paths import workspace_file
+
+    return workspace_file().parent / "demo"
+
+
+def trained_model_dir(root: Path | None = None) -> Path:
+    return (root or data_dir()) / f"{DEMO_MODEL_NAME}-trained"
+
+
+def has_trained_model(root: Path | None = None) -> bool:
+    out = trained_model_dir(root)
+    return (out / "config.json").is_file() and (out / "training.json").is_file() and any(out.glob("*.safetensors"))
+
+
 def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
-    """The demo checkpoint, made once and reused (the same recipe gives the same files)."""
+    """The trained demo checkpoint if cached, else the untrained one, made once and reused."""
     from core.models.checkpoints import make_model
 
+    if has_trained_model(root):
+        reporter.status(f"using the trained demo model in {trained_model_dir(root)}")
+        return trained_model_dir(root)
     root = root or cache_dir()
     out = root / DEMO_MODEL_NAME
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
-        reporter.status(f"using the demo model in {out}")
+        reporter.status(f"using the untrained demo model in {out}")
         return out
     tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=_mkdir(root)))
     try:
@@ -63,6 +130,13 @@ def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def train_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
+    """Worker job: train the demo recipe on the fortunes text in a child process (cancellable)."""
+    from core.models.training import TrainingSettings, train_in_subprocess
+
+    return train_in_subprocess(reporter, demo_recipe(), trained_model_dir(root), DEMO_TRAINING or TrainingSettings())
 
 
 def _mkdir(p: Path) -> Path:
@@ -89,8 +163,10 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     reporter.status("preparing the demo model")
     parts.model_dir = ensure_demo_model(reporter, model_root)
     reporter.status(f"starting {len(devices)} local agents")
-    parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices), link_mbit=DEMO_LINK_MBIT,
-                                 link_latency_ms=DEMO_LINK_LATENCY_MS)
+    parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices),
+                                 link_mbit={d: demo_shape(d).link_mbit for d in devices},
+                                 link_latency_ms=DEMO_LINK_LATENCY_MS,
+                                 emulation=demo_emulation(devices, parts.model_dir))
     parts.cluster.start()  # the agents live as long as this process, not this worker thread
     # default heartbeats: a dead agent is noticed within 3 s (agents answer pings while they load)
     parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, request_timeout_s=30.0)
@@ -124,10 +200,12 @@ class LocalAgentControl:
 class DemoSession(QObject):
     ready = Signal()
     failed = Signal(str)
+    trained = Signal(str)
+    """The trained demo model is ready at this path (and is now the studio's model)."""
 
     def __init__(self, state: StudioState, window=None, workspace: str | None = None, workdir: str | None = None,
                  devices=DEMO_DEVICES, model_root: str | None = None, profile_options: dict | None = None,
-                 parent: QObject | None = None) -> None:
+                 train: bool = True, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.profile_options = profile_options or dict(DEMO_PROFILE_OPTIONS)
         """Keyword arguments for ``core.devices.profiling.profile_cluster`` (a quick profile by default)."""
@@ -147,6 +225,14 @@ class DemoSession(QObject):
         self.missing: list[str] = []
         self._run_done = threading.Event()
         self._stopped = False
+        self.train = train
+        """Train the demo model in the background when no trained one is cached."""
+        self.trainer = TaskRunner(self, name="demo-training")
+        self.trainer.task_finished.connect(self._on_training_finished)
+        self.trainer.task_failed.connect(self._on_training_failed)
+        self.trainer.status_reported.connect(lambda _t, s: self.state.log(f"demo model: {s}"))
+        self.trainer.progress_reported.connect(self._on_training_progress)
+        self.training_bar = None
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -167,17 +253,67 @@ class DemoSession(QObject):
         if self.window is not None:
             from gui.agents_connection import attach
 
+            emulation = parts.cluster.emulation
+            detail = {d: f"emulates {emulation[d].describe()}, link {demo_shape(d).link_mbit:.0f} Mbit/s + "
+                         f"{DEMO_LINK_LATENCY_MS:.0f} ms" for d in self.devices}
             self.missing += attach(
                 self.window, parts.coordinator, parts.statuses or {}, origin="local cluster",
-                detail=f"link {DEMO_LINK_MBIT:.0f} Mbit/s + {DEMO_LINK_LATENCY_MS:.0f} ms (emulated)",
+                detail=detail,
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
                 agent_control=LocalAgentControl(parts),
             )
         for m in self.missing:
             st.log(f"demo: {m}", "warning")
         st.log("demo ready: Profile ▸ Profile cluster, then Plan ▸ Auto-solve, then Run ▸ Start")
+        if has_trained_model(self.model_root):
+            st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")
+        else:
+            st.log("demo model: UNTRAINED (random weights) — its text is gibberish"
+                   + ("; training it on English quotations now (about 3 minutes, progress in the status bar); "
+                      "the demo switches to it when done" if self.train else ""), "warning")
+            if self.train:
+                self._start_training()
         self._ready = True
         self.ready.emit()
+
+    # the trained model -----------------------------------------------------------------------
+    def _start_training(self) -> None:
+        if self.window is not None:
+            from PySide6.QtWidgets import QProgressBar
+
+            bar = self.training_bar = QProgressBar()
+            bar.setObjectName("demoTrainingBar")
+            bar.setFormat("training the demo model %p%")
+            bar.setToolTip("The demo model is being trained on English quotations in a separate process")
+            bar.setMaximumWidth(240)
+            self.window.statusBar().addPermanentWidget(bar)
+        self.trainer.start(train_demo_model, self.model_root)
+
+    def _on_training_progress(self, _task: int, done: float, total: float) -> None:
+        if self.training_bar is not None and total > 0:
+            self.training_bar.setRange(0, 1000)
+            self.training_bar.setValue(int(1000 * done / total))
+
+    def _drop_training_bar(self) -> None:
+        if self.training_bar is not None:
+            self.training_bar.hide()
+            self.training_bar.deleteLater()
+            self.training_bar = None
+
+    def _on_training_finished(self, _task: int, path) -> None:
+        self._drop_training_bar()
+        self.parts.model_dir = Path(path)
+        self.state.set_model(DEMO_MODEL_NAME, path=str(path))
+        run = self.window.screens.get("Run") if self.window is not None else None
+        if run is not None and hasattr(run, "model_edit"):
+            run.model_edit.setText(str(path))
+        self.state.log(f"demo model: trained ({path}); the next run uses it — same units, the profile and plan "
+                       "still hold")
+        self.trained.emit(str(path))
+
+    def _on_training_failed(self, _task: int, message: str) -> None:
+        self._drop_training_bar()
+        self.state.log(f"demo model: training failed, staying with the untrained model: {message}", "warning")
 
     def _on_setup_failed(self, _task: int, message: str) -> None:
         self.error = message
@@ -216,6 +352,7 @@ class DemoSession(QObject):
         if self.parts.coordinator is not None:
             self.parts.coordinator.close()
             self.parts.coordinator = None
+        self.trainer.shutdown(timeout_s=5.0)  # cancelling kills the training process at once
         self.runner.shutdown(timeout_s=60.0)
         self._cleanup()
 

@@ -16,6 +16,7 @@ both directions.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import statistics
 import time
 import uuid
@@ -26,7 +27,7 @@ from urllib.parse import urlparse
 import msgspec
 
 from agents.profiler import ComputeProfile, LinkResult
-from agents.protocol import ErrorReply, MeasureLink, PeerSpec, ProfileCompute, ProfileResult
+from agents.protocol import AgentStatus, ErrorReply, GetStatus, MeasureLink, PeerSpec, ProfileCompute, ProfileResult
 from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
 from core.models.units import model_spec_from_config
@@ -83,16 +84,41 @@ def _reply(device: str, fut, timeout_s: float, what: str):
 
 def profile_compute(coord, devices: Sequence[str], options: dict, reporter: Reporter | None = None,
                     timeout_s: float = 1800) -> dict[str, ComputeProfile]:
-    """Run the on-device compute profiler on each device, one after the other."""
+    """Run the on-device compute profiler on each device, one after the other (agents on one
+    host would disturb each other's timing). While one profiles, its status is polled so the
+    operator sees which agent is at which unit."""
     rep = reporter or NullReporter()
     out = {}
     for i, dev in enumerate(devices):
         _check_cancel(rep)
         rep.status(f"{dev}: profiling compute ({i + 1}/{len(devices)})")
-        result = _reply(dev, coord.request_async(dev, ProfileCompute(options=options)), timeout_s, "profiling compute")
+        fut = coord.request_async(dev, ProfileCompute(options=options))
+        _follow_progress(coord, dev, fut, rep, i, len(devices), timeout_s)
+        result = _reply(dev, fut, timeout_s, "profiling compute")
         out[dev] = msgspec.convert(result, ComputeProfile)
+        rep.progress(i + 1, len(devices))
         rep.partial_result(out[dev])
     return out
+
+
+def _follow_progress(coord, dev: str, fut, rep: Reporter, index: int, count: int, timeout_s: float,
+                     poll_s: float = 0.3) -> None:
+    """Until ``fut`` is done: the agent's own activity (``profiling compute: unit 3/8``) as
+    status and progress; a cancel stops waiting (the agent finishes its unit and stays up)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    poll = None
+    while not fut.done() and time.monotonic() < deadline:
+        _check_cancel(rep)
+        if poll is not None and poll.done() and poll.exception() is None:
+            st = poll.result()
+            if isinstance(st, AgentStatus) and st.activity.startswith("profiling") and st.activity != last:
+                last = st.activity
+                rep.status(f"{dev}: {st.activity} (device {index + 1}/{count})")
+                rep.progress(index + st.progress, count)
+        if poll is None or poll.done():
+            poll = coord.request_async(dev, GetStatus())
+        cf.wait([fut], timeout=poll_s)
 
 
 def measure_pair(coord, src: PeerSpec, dst: PeerSpec, nbytes: int, timeout_s: float = 120) -> LinkResult:

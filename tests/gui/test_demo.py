@@ -29,7 +29,8 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
     window = MainWindow()
     qtbot.addWidget(window)
     demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "demo.edgeshard"),
-                       workdir=str(tmp_path / "work"), model_root=str(model_root), devices=("edge-a", "edge-b"),
+                       workdir=str(tmp_path / "work"), model_root=str(model_root),
+                       devices=("dev-a", "dev-b"), train=False,  # names outside DEMO_DEVICE_SHAPES: unshaped
                        profile_options=dict(prompt_tokens=8, batch_sizes=(1,), repeats=1, link_target_s=0.1))
     try:
         with qtbot.waitSignal(demo.ready, timeout=120_000):
@@ -40,7 +41,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 3.0
         assert {s.state for s in co.status().values()} == {"idle"}
         devices = window.screens["Devices"]
-        assert sorted(devices.records) == ["edge-a", "edge-b"]
+        assert sorted(devices.records) == ["dev-a", "dev-b"]
         assert {r.status for r in devices.records.values()} == {"running"}
         assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
         assert window.workspace_label.text() == "Workspace: demo.edgeshard"
@@ -50,7 +51,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert profile.profile_button.isEnabled()
         with qtbot.waitSignal(window.state.profile_changed, timeout=120_000):
             profile.profile_button.click()
-        assert sorted(t.device for t in window.state.profile.times) == ["edge-a", "edge-b"]
+        assert sorted(t.device for t in window.state.profile.times) == ["dev-a", "dev-b"]
         assert len(window.state.profile.cluster.links) == 2
         assert {r.status for r in devices.records.values()} == {"profiled"}
         plan_editor = window.screens["Plan"]
@@ -59,7 +60,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert plan_editor.cost is not None and plan_editor.cost.feasible
         # a two-stage plan over the agents (the optimum may use one), then a real run from the Run screen
         n = window.state.profile.model.num_units
-        plan_editor.push_plan(plan_from_boundaries("demo-llama", n, ["edge-a", "edge-b"], [4]), "2 stages")
+        plan_editor.push_plan(plan_from_boundaries("demo-llama", n, ["dev-a", "dev-b"], [4]), "2 stages")
         assert plan_editor.cost.feasible, plan_editor.cost.violations
         run = window.screens["Run"]
         with qtbot.waitSignal(run.run_finished, timeout=120_000) as finished:
@@ -68,10 +69,10 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         figures = run.monitor.figures()
         assert figures.tokens > 0
         # every stage computed, in prefill and decode, and the text streamed
-        assert {e.device for e in run.monitor.events if e.kind == "compute"} == {"edge-a", "edge-b"}
+        assert {e.device for e in run.monitor.events if e.kind == "compute"} == {"dev-a", "dev-b"}
         assert {e.phase for e in run.monitor.events} == {"prefill", "decode"}
         run.monitor.timeline.flush()
-        assert run.monitor.timeline.box_count("edge-b", "compute") > 0
+        assert run.monitor.timeline.box_count("dev-b", "compute") > 0
         assert run.monitor.text_of(0) != ""
         assert os.path.exists(tmp_path / "demo.edgeshard")
     finally:
@@ -110,3 +111,97 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
         window.close()
         demo.stop()
     assert demo.parts.cluster is None and demo.runner.alive_threads() == []
+
+
+def _window_and_demo(qtbot, tmp_path, model_root, **kwargs):
+    from PySide6.QtCore import QSettings
+
+    from gui.demo import DemoSession
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+    studio_app.create_app()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "demo.edgeshard"),
+                       workdir=str(tmp_path / "work"), model_root=str(model_root), **kwargs)
+    return window, demo
+
+
+def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses_all_three(qtbot, tmp_path,
+                                                                                          model_root):
+    from core.errors import ShardOverBudget
+    from core.runs.generation import GenerationSettings, generate
+    from gui.demo import DEMO_DEVICES
+
+    window, demo = _window_and_demo(qtbot, tmp_path, model_root, train=False,
+                                    profile_options=dict(prompt_tokens=8, batch_sizes=(1, 2), repeats=1,
+                                                         link_target_s=0.1))
+    try:
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            demo.start()
+        devices = window.screens["Devices"]
+        assert "MiB budget" in devices.records["edge-b"].detail and "slower compute" in devices.records["edge-c"].detail
+        # an agent refuses the whole model (its budget is a share of it), naming itself
+        n = 8
+        with pytest.raises(ShardOverBudget, match="edge-a"):
+            demo.parts.coordinator.load(plan_from_boundaries("demo-llama", n, ["edge-a"], []),
+                                        str(demo.parts.model_dir), timeout_s=60)
+        with qtbot.waitSignal(window.state.profile_changed, timeout=180_000):
+            window.screens["Profile"].profile_button.click()
+        budgets = {d.id: d.memory_bytes for d in window.state.profile.cluster.devices}
+        assert budgets["edge-a"] > budgets["edge-b"] > budgets["edge-c"]
+        assert all(b < window.state.profile.model.param_bytes for b in budgets.values())
+        plan_editor = window.screens["Plan"]
+        with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
+            plan_editor.solve_button.click()
+        plan = window.state.plan
+        assert plan is not None and [s.device for s in plan.stages][0] == "edge-a"
+        assert sorted(plan.devices()) == sorted(DEMO_DEVICES)
+        # the solved plan loads on the agents and runs pipelined: two micro-batches overlap in time
+        events = []
+
+        class Sink:
+            on_event = staticmethod(events.append)
+            on_tokens = staticmethod(lambda tokens: None)
+
+        generate(demo.parts.coordinator, plan, str(demo.parts.model_dir), ["The secret of life is", "A wise man"],
+                 GenerationSettings(max_new_tokens=4, mode="no-bubbles", micro_batches=2), sink=Sink())
+        computes = [e for e in events if e.kind == "compute"]
+        busy = {(e.device, e.micro_batch): (e.start_s, e.end_s) for e in computes}
+        assert {mb for _d, mb in busy} == {0, 1}
+        spans = {mb: (min(e.start_s for e in computes if e.micro_batch == mb),
+                      max(e.end_s for e in computes if e.micro_batch == mb)) for mb in (0, 1)}
+        assert spans[1][0] < spans[0][1]  # micro-batch 1 started before micro-batch 0 finished
+    finally:
+        window.close()
+        demo.stop()
+
+
+def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_and_switches(qtbot, tmp_path,
+                                                                                           monkeypatch):
+    import gui.demo as demo_module
+    from core.models.training import TrainingSettings
+    from core.reporting import NullReporter
+
+    monkeypatch.setattr(demo_module, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16))
+    root = tmp_path / "models"
+    window, demo = _window_and_demo(qtbot, tmp_path, root, devices=("dev-a",))
+    logged: list[str] = []
+    window.state.log_added.connect(lambda level, text: logged.append(f"{level}: {text}"))
+    try:
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            demo.start()
+        assert window.state.model_path == str(root / "demo-llama")  # at once, with the untrained model
+        assert any(line.startswith("warning: demo model: UNTRAINED") for line in logged)
+        assert demo.training_bar is not None
+        with qtbot.waitSignal(demo.trained, timeout=180_000) as trained:
+            pass
+        assert trained.args == [str(root / "demo-llama-trained")]
+        assert window.state.model_path == str(root / "demo-llama-trained")
+        assert demo.training_bar is None
+    finally:
+        window.close()
+        demo.stop()
+    # the next launch uses the trained model at once
+    assert demo_module.ensure_demo_model(NullReporter(), root) == root / "demo-llama-trained"

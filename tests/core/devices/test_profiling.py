@@ -99,3 +99,31 @@ def test_tc_shaped_testbed_link_is_measured_within_ten_percent_over_the_data_pla
           f"over the agents' data plane; reverse (unshaped) {reverse.bandwidth_mbit_s:.0f} Mbit/s")
     assert abs(shaped.bandwidth_mbit_s - mbit) <= 0.1 * mbit
     assert reverse.bandwidth_mbit_s > 5 * mbit
+
+
+def test_compute_profiling_reports_each_agent_and_the_unit_it_is_at():
+    """The operator sees which agent is profiling which unit, not one silent bar per cluster."""
+    from agents.agent import Agent
+    from agents.transport import CurveKeys
+    from core.devices.profiling import profile_compute
+    from core.models.checkpoints import ModelRecipe, build_config
+    from core.reporting import RecordingReporter
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+
+    config = build_config(ModelRecipe(family="llama", layers=8, hidden=192, heads=4, vocab=512)).to_dict()
+    keys = CurveKeys.generate()
+    agents = [Agent(d, keys.public).start() for d in ("dev-a", "dev-b")]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            rep = RecordingReporter()
+            options = {"config": config, "prompt_tokens": 32, "batch_sizes": [1, 2], "repeats": 5}
+            out = profile_compute(co, ["dev-a", "dev-b"], options, rep)
+    finally:
+        for a in agents:
+            a.close()
+    assert sorted(out) == ["dev-a", "dev-b"]
+    for dev in ("dev-a", "dev-b"):
+        units = [s for s in rep.statuses if s.startswith(f"{dev}: profiling compute: unit ")]
+        assert units, rep.statuses
+    assert [p for p in rep.progresses if 0 < p[0] < 1]  # progress moved within the first device
+    assert rep.progresses[-1] == (2, 2)

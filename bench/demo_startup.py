@@ -1,0 +1,93 @@
+"""The demo's speed as an operator feels it; prints one JSON line.
+
+Each launch is a fresh process (``python bench/demo_startup.py --child``) that does what
+``edgeshard studio --demo`` does — QApplication, main window, DemoSession — under the
+offscreen platform, and reports, from the moment its parent spawned it:
+
+- ``ready_s``: until the demo is ready (agents up and attached, the window usable);
+- ``profile_s``: clicking Profile on the Profile screen until the profile is set;
+- ``quit_s``: closing the window and stopping the demo until every agent process is gone.
+
+Launch 1 runs with an empty model cache (the untrained checkpoint is made), launch 2 with
+the cache the first left (the operator's second launch). Both use a temporary data folder,
+never the real HOME, and do not train (``train=False``): training is a one-off of minutes.
+Also reports the demo's auto-solved plan (launch 2). Side by side, one run; say the load.
+
+Usage: python bench/demo_startup.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def child(t_spawn: float, root: str) -> None:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QEventLoop, QSettings, QTimer
+
+    from gui.app import create_app
+    from gui.demo import DemoSession
+    from gui.main_window import MainWindow
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, os.path.join(root, "settings"))
+    app = create_app()
+    window = MainWindow()
+    import inspect
+
+    extra = {"train": False} if "train" in inspect.signature(DemoSession).parameters else {}  # older demos: no training
+    demo = DemoSession(window.state, window=window, workspace=os.path.join(root, "demo.edgeshard"),
+                       model_root=os.path.join(root, "models"), **extra)
+
+    def wait(signal, timeout_s: float) -> None:
+        loop = QEventLoop()
+        signal.connect(loop.quit)
+        QTimer.singleShot(int(timeout_s * 1000), loop.quit)
+        loop.exec()
+
+    demo.start()
+    window.show()
+    wait(demo.ready, 120)
+    ready = time.time() - t_spawn
+    t0 = time.time()
+    window.screens["Profile"].profile_button.click()
+    wait(window.state.profile_changed, 300)
+    profile_s = time.time() - t0
+    plan_editor = window.screens["Plan"]
+    plan_editor.solve_button.click()
+    wait(plan_editor._solve_runner.task_finished, 120)
+    plan = window.state.plan
+    stages = [f"{s.device}[{s.start},{s.end})" for s in plan.stages] if plan else []
+    pids = [p.popen.pid for p in demo.parts.cluster._procs]
+    t0 = time.time()
+    window.close()
+    demo.stop()
+    app.processEvents()
+    quit_s = time.time() - t0
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    print(json.dumps({"ready_s": round(ready, 2), "profile_s": round(profile_s, 2), "quit_s": round(quit_s, 2),
+                      "agents_left": len(alive), "plan": stages}), flush=True)
+
+
+def main() -> None:
+    if "--child" in sys.argv:
+        child(float(sys.argv[sys.argv.index("--child") + 1]), sys.argv[sys.argv.index("--child") + 2])
+        return
+    out = {"load_before": open("/proc/loadavg").read().split()[:3]}
+    with tempfile.TemporaryDirectory(prefix="demo-bench-") as root:
+        for launch in ("first", "second"):
+            proc = subprocess.run([sys.executable, __file__, "--child", repr(time.time()), root],
+                                  capture_output=True, text=True, timeout=900)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+            out[launch] = json.loads(line[-1]) if line else {"error": proc.stderr[-800:]}
+    out["load_after"] = open("/proc/loadavg").read().split()[:3]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Train a small checkpoint briefly on English text, so a demo's generations read as phrases.
+
+A random-weight model babbles, which hides what a demo shows. Weights cannot be
+downloaded here, but text can come from the distribution: Debian's ``fortunes`` package
+(BSD-licensed fortune-mod data: quotations, proverbs, literature excerpts) installs plain
+``%``-separated files under ``/usr/share/games/fortunes`` (scripts/install-system-deps.sh).
+``train_model`` trains a byte-level BPE tokenizer on that text (same code as
+``checkpoints.train_tokenizer``) and the recipe's model on it for a fixed number of steps
+sized for ~2–3 minutes on 2 CPU cores, then writes an ordinary HF checkpoint. The recipe is
+the caller's, so a trained and an untrained checkpoint of one recipe have the same units
+and sizes: a profile or plan made for one holds for the other.
+
+``train_in_subprocess`` runs it in a child process (``python -m core.models.training``) so
+a GUI stays live and the work can be cancelled; the child reports progress as lines on
+stdout, which the parent forwards to its reporter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import FormatError
+from core.models.checkpoints import ModelRecipe, build_config, train_tokenizer
+from core.reporting import Cancelled, NullReporter, Reporter
+
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+FORTUNE_FILES = ("wisdom", "literature", "fortunes", "platitudes", "love", "education", "work", "art", "food",
+                 "kids", "pets", "people", "humorists", "miscellaneous", "science")
+"""The quotation files used (no computer jargon, no offensive set, no verse layouts)."""
+
+PROGRESS_PREFIX = "EDGESHARD-TRAIN"
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    steps: int = 1000
+    """About 2 minutes on 2 idle cores; 430 steps already give phrases ("A wise man once said, but I
+    don't got the world.") where the untrained model gives random tokens."""
+    batch: int = 16
+    seq_len: int = 64
+    learning_rate: float = 3e-3
+    seed: int = 0
+    threads: int = 2
+    max_seconds: float = 240.0
+    """Safety stop on a loaded machine: the checkpoint is written with the steps done by then
+    (``training.json`` records how many)."""
+
+
+def fortune_lines(root: Path = FORTUNES_DIR, files: tuple[str, ...] = FORTUNE_FILES) -> list[str]:
+    """One line per quotation (whitespace joined), from the ``fortunes`` package's files."""
+    present = [root / f for f in files if (root / f).is_file()]
+    if not present:
+        raise FormatError(str(root), "no fortune files to train on; install the Debian package `fortunes` "
+                          "(scripts/install-system-deps.sh does)")
+    lines = []
+    for path in present:
+        for entry in path.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
+            text = " ".join(entry.split())
+            if 20 <= len(text) <= 400 and text.isascii():
+                lines.append(text)
+    return lines
+
+
+def _batches(ids, settings: TrainingSettings, generator):
+    import torch
+
+    n = ids.numel() - settings.seq_len
+    starts = torch.randint(0, n, (settings.batch,), generator=generator)
+    return torch.stack([ids[s: s + settings.seq_len] for s in starts.tolist()])
+
+
+def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, reporter: Reporter | None = None,
+                settings: TrainingSettings = TrainingSettings()) -> Path:
+    """Tokenizer + model trained on ``lines``, written to ``out_dir`` (an HF checkpoint)."""
+    import torch
+    import transformers
+
+    reporter = reporter or NullReporter()
+    r = recipe.resolved()
+    out = Path(out_dir)
+    reporter.status("training the tokenizer on the text")
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
+        tokenizer = train_tokenizer(r.vocab, Path(tmp))
+    eos = tokenizer.eos_token_id
+    ids = []
+    for text in lines:
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.append(eos)
+    data = torch.tensor(ids, dtype=torch.int64)
+    torch.set_num_threads(max(1, settings.threads))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(r.seed)
+        model = transformers.AutoModelForCausalLM.from_config(build_config(r))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, settings.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, settings.steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    gen = torch.Generator().manual_seed(settings.seed)
+    started = time.perf_counter()
+    reporter.status(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {data.numel():,} tokens")
+    loss_value = float("nan")
+    done = 0
+    for step in range(settings.steps):
+        if reporter.cancel_requested():
+            raise Cancelled()
+        if time.perf_counter() - started > settings.max_seconds:
+            reporter.status(f"time limit reached after {step} of {settings.steps} steps")
+            break
+        x = _batches(data, settings, gen)
+        loss = model(input_ids=x, labels=x).loss  # HF shifts the labels: each position predicts the next token
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_value = float(loss.detach())
+        done = step + 1
+        if done % 10 == 0 or done == settings.steps:
+            reporter.progress(done, settings.steps)
+            reporter.status(f"step {done}/{settings.steps}, loss {loss_value:.2f}")
+    model.eval()
+    dtype = getattr(torch, r.dtype)
+    model = model.to(dtype)
+    model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                                            do_sample=False)
+    tmp_out = Path(tempfile.mkdtemp(prefix=".training-", dir=_mkdir(out.parent)))
+    try:
+        transformers.utils.logging.disable_progress_bar()
+        model.save_pretrained(str(tmp_out))
+        tokenizer.save_pretrained(str(tmp_out))
+        (tmp_out / "training.json").write_text(json.dumps(
+            {"text": "Debian fortunes: " + ", ".join(FORTUNE_FILES), "steps": done, "loss": round(loss_value, 3),
+             "seconds": round(time.perf_counter() - started, 1), "recipe": r.__dict__}, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp_out, out)
+    finally:
+        shutil.rmtree(tmp_out, ignore_errors=True)
+    reporter.progress(settings.steps, settings.steps)
+    return out
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+class _LineReporter(NullReporter):
+    """The child's reporter: one parseable line per report, read by ``train_in_subprocess``."""
+
+    def status(self, text: str) -> None:
+        print(f"{PROGRESS_PREFIX} status {text}", flush=True)
+
+    def progress(self, done: float, total: float) -> None:
+        print(f"{PROGRESS_PREFIX} progress {done} {total}", flush=True)
+
+
+def train_in_subprocess(reporter: Reporter, recipe: ModelRecipe, out_dir: str | Path,
+                        settings: TrainingSettings = TrainingSettings(), text_dir: Path = FORTUNES_DIR) -> Path:
+    """``train_model`` in a child process; progress to ``reporter``; cancel stops the child."""
+    fortune_lines(text_dir)  # a missing text is the caller's clear error, before any process starts
+    args = [sys.executable, "-m", "core.models.training", "--out", str(out_dir), "--text-dir", str(text_dir),
+            "--recipe", json.dumps(recipe.__dict__), "--settings", json.dumps(settings.__dict__)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    ended = threading.Event()
+
+    def kill_when_cancelled() -> None:  # a cancel (e.g. the studio quitting) must not wait for the next line
+        while not ended.wait(0.05):
+            if reporter.cancel_requested():
+                proc.kill()
+                return
+
+    threading.Thread(target=kill_when_cancelled, name="training-cancel", daemon=True).start()
+    tail: list[str] = []
+    try:
+        for line in proc.stdout:
+            if line.startswith(PROGRESS_PREFIX):
+                _, kind, rest = line.rstrip("\n").split(" ", 2)
+                if kind == "progress":
+                    done, total = rest.split()
+                    reporter.progress(float(done), float(total))
+                else:
+                    reporter.status(rest)
+            else:
+                tail = (tail + [line.rstrip()])[-20:]
+        code = proc.wait()
+        if reporter.cancel_requested():
+            raise Cancelled()
+    finally:
+        ended.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    if code != 0:
+        raise FormatError("training", f"the training process failed (exit {code}): " + " | ".join(tail[-5:]))
+    return Path(out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core.models.training")
+    p.add_argument("--out", required=True)
+    p.add_argument("--text-dir", default=str(FORTUNES_DIR))
+    p.add_argument("--recipe", required=True, help="ModelRecipe fields as JSON")
+    p.add_argument("--settings", default="{}", help="TrainingSettings fields as JSON")
+    a = p.parse_args(argv)
+    recipe = ModelRecipe(**json.loads(a.recipe))
+    settings = TrainingSettings(**json.loads(a.settings))
+    train_model(recipe, fortune_lines(Path(a.text_dir)), a.out, _LineReporter(), settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
