@@ -21,9 +21,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
-from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QLineF, QPointF, QRect, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QCursor, QPainter, QPalette, QPen
-from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
                                QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent
@@ -42,7 +42,7 @@ MICRO_BATCH_COLOURS = (
 # Vertical bands inside a lane of height 1 (lane i spans [i, i+1), y grows downwards).
 BANDS = {0: (0.10, 0.62), 1: (0.66, 0.90), 2: (0.10, 0.62)}
 
-BOX_DTYPE = np.dtype([("lane", "i4"), ("kind", "i1"), ("phase", "i1"), ("micro_batch", "i4"),
+BOX_DTYPE = np.dtype([("lane", "i4"), ("stage", "i4"), ("kind", "i1"), ("phase", "i1"), ("micro_batch", "i4"),
                       ("step", "i4"), ("start_s", "f8"), ("end_s", "f8"), ("nbytes", "i8")])
 
 
@@ -145,9 +145,13 @@ class TimelineBoxesItem(pg.GraphicsObject):
 
     AGGREGATE_ABOVE = 3000
     """Visible boxes per style beyond which sub-pixel boxes are merged per pixel column."""
+    BRIDGE_PX = 2
+    """Zoomed out, a gap this narrow (device pixels) between boxes of one row is filled."""
 
-    def __init__(self) -> None:
+    def __init__(self, ghost: bool = False) -> None:
         super().__init__()
+        self.ghost = ghost
+        """Drawn as faint outlined boxes under the measured ones (the prediction)."""
         self.boxes = _Columns(BOX_DTYPE)
         self.events: list[TimelineEvent] = []
         self._groups: dict[tuple[int, int, int], _Group] = {}
@@ -157,6 +161,8 @@ class TimelineBoxesItem(pg.GraphicsObject):
         self._lane_count = 1
         self._outline_pen = QPen(QColor(0, 0, 0, 110))
         self._outline_pen.setCosmetic(True)
+        if ghost:
+            self._outline_pen.setStyle(Qt.PenStyle.DashLine)
         self._hatch_colour = QColor(0, 0, 0, 120)
         self._styles: dict[tuple[int, int, int], _Style] = {}
         self.painted_boxes = 0
@@ -212,11 +218,13 @@ class TimelineBoxesItem(pg.GraphicsObject):
             kind, phase, colour_idx = key
             colour = QColor(MICRO_BATCH_COLOURS[colour_idx])
             if kind == KIND_CODE["recv_wait"]:
-                colour = QColor(128, 128, 128, 55)
+                colour = QColor(128, 128, 128, 25 if self.ghost else 55)
+            elif self.ghost:
+                colour.setAlpha(45)
             elif kind == KIND_CODE["send"]:
                 colour.setAlpha(150)
             hatch = None
-            if phase == PHASE_CODE["prefill"] and kind != KIND_CODE["recv_wait"]:
+            if phase == PHASE_CODE["prefill"] and kind != KIND_CODE["recv_wait"] and not self.ghost:
                 hatch = QBrush(self._hatch_colour, Qt.BrushStyle.BDiagPattern)
             style = self._styles[key] = _Style(QBrush(colour), hatch)
         return style
@@ -251,22 +259,27 @@ class TimelineBoxesItem(pg.GraphicsObject):
             X0 = np.floor(np.clip(x0 * sx + dx, left, right)).astype(np.int64)
             X1 = np.ceil(np.clip(x1 * sx + dx, left, right)).astype(np.int64)
             X1 = np.maximum(X1, X0 + 1)  # at least one pixel wide, so a short box is still seen
-            row = lane * 2 + (1 if key[0] == KIND_CODE["send"] else 0)
             styles.append(key)
+            row = lane * 2 + (1 if key[0] == KIND_CODE["send"] else 0)
             spans.append((row, X0, X1))
             per_lane += np.bincount(lane, minlength=n_lanes)
             self.painted_boxes += len(x0)
         self.painted_per_lane = {i: int(c) for i, c in enumerate(per_lane.tolist()) if c}
         if not styles:
             return
-        aggregate = self.painted_boxes > self.AGGREGATE_ABOVE
+        widths = np.concatenate([X1 - X0 for _, X0, X1 in spans])
+        # Zoomed out, boxes of a pixel or two with pixel gaps between them read as a barcode:
+        # merge them per pixel column and bridge gaps of up to BRIDGE_PX, a density band.
+        aggregate = (self.painted_boxes > self.AGGREGATE_ABOVE
+                     or (len(widths) > 50 and float(np.median(widths)) <= 2.0))
         if aggregate:
+            spans = [(row, X0, np.minimum(X1 + self.BRIDGE_PX, right)) for row, X0, X1 in spans]
             which, rows, X0s, X1s = _pixel_runs(spans, 2 * n_lanes, left, right - left + 1)
             by_style = np.argsort(which, kind="stable")
             bounds = np.searchsorted(which[by_style], np.arange(len(styles) + 1))
             spans = [(rows[by_style[a:b]], X0s[by_style[a:b]], X1s[by_style[a:b]])
                      for a, b in zip(bounds[:-1], bounds[1:])]
-        outline = not aggregate and self.painted_boxes < 1000  # a second pass only for few boxes
+        outline = not aggregate and (self.ghost or self.painted_boxes < 1000)  # a second pass only for few boxes
         # Draw in device pixels with an identity transform: integer, axis-aligned rects
         # take the raster engine's fast fill path (no scaled-path rasterisation, no AA).
         painter.save()
@@ -305,6 +318,11 @@ class TimelineBoxesItem(pg.GraphicsObject):
     # -- hit testing -----------------------------------------------------------------------
     def box_at(self, x: float, y: float, tolerance_x: float = 0.0) -> TimelineEvent | None:
         """The event under a point in data coordinates (compute/send before recv_wait)."""
+        idx = self.index_at(x, y, tolerance_x)
+        return None if idx is None else self.events[idx]
+
+    def index_at(self, x: float, y: float, tolerance_x: float = 0.0) -> int | None:
+        """The row index of the box under a point (compute/send before recv_wait)."""
         rows = self.boxes.rows
         if not len(rows):
             return None
@@ -319,7 +337,7 @@ class TimelineBoxesItem(pg.GraphicsObject):
                 continue
             if best is None or rows["kind"][best] == KIND_CODE["recv_wait"]:
                 best = idx
-        return None if best is None else self.events[best]
+        return best
 
 
 def describe_event(event: TimelineEvent) -> str:
@@ -339,6 +357,189 @@ def describe_event(event: TimelineEvent) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class RangeSummary:
+    """Summed figures of the boxes inside a time range (clipped to it)."""
+
+    x0: float
+    x1: float
+    boxes: int
+    compute_s: dict[str, float]
+    """Device -> compute time inside the range."""
+    wait_s: dict[str, float]
+    sent_bytes: int
+
+    def describe(self) -> str:
+        span = self.x1 - self.x0
+        busy = ", ".join(f"{d} {c / span * 100:.0f} % busy" for d, c in self.compute_s.items()) if span > 0 else ""
+        wait = sum(self.wait_s.values())
+        return (f"Range {self.x0 * 1000:.2f}–{self.x1 * 1000:.2f} ms ({span * 1000:.2f} ms): {self.boxes} boxes; "
+                f"{busy}; waiting {wait * 1000:.2f} ms; sent {_fmt_bytes(self.sent_bytes)}")
+
+
+def summarise_range(rows: np.ndarray, lanes: Sequence[str], x0: float, x1: float) -> RangeSummary:
+    """Sum the boxes overlapping [x0, x1], each clipped to the range (a pure function of the rows)."""
+    x0, x1 = min(x0, x1), max(x0, x1)
+    inside = rows[(rows["end_s"] > x0) & (rows["start_s"] < x1)]
+    clipped = np.minimum(inside["end_s"], x1) - np.maximum(inside["start_s"], x0)
+    compute, wait = {}, {}
+    for code, out in ((KIND_CODE["compute"], compute), (KIND_CODE["recv_wait"], wait)):
+        sel = inside["kind"] == code
+        sums = np.bincount(inside["lane"][sel], weights=clipped[sel], minlength=len(lanes))
+        for lane, total in enumerate(sums.tolist()):
+            if lane < len(lanes) and (total > 0 or code == KIND_CODE["compute"]):
+                out[lanes[lane]] = total
+    sends = inside[inside["kind"] == KIND_CODE["send"]]
+    return RangeSummary(x0=x0, x1=x1, boxes=len(inside), compute_s=compute, wait_s=wait,
+                        sent_bytes=int(sends["nbytes"].sum()))
+
+
+def _keys(rows: np.ndarray) -> np.ndarray:
+    return (rows["lane"].astype(np.int64) << 42) | (rows["micro_batch"].astype(np.int64) << 21) | rows["step"]
+
+
+def stage_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[int, float]:
+    """Lane -> error of the prediction in % ((measured - predicted) / predicted compute time).
+
+    Only the (lane, micro-batch, step) computations present in both are compared, so a live
+    run that is half done, or a prediction of the first steps only, is compared like for like.
+    """
+    pc = predicted[predicted["kind"] == KIND_CODE["compute"]]
+    mc = measured[measured["kind"] == KIND_CODE["compute"]]
+    if not len(pc) or not len(mc):
+        return {}
+    pk, mk = _keys(pc), _keys(mc)
+    pc, mc = pc[np.isin(pk, mk)], mc[np.isin(mk, pk)]
+    lanes = int(max(pc["lane"].max(initial=-1), mc["lane"].max(initial=-1))) + 1
+    p = np.bincount(pc["lane"], weights=pc["end_s"] - pc["start_s"], minlength=lanes)
+    m = np.bincount(mc["lane"], weights=mc["end_s"] - mc["start_s"], minlength=lanes)
+    return {lane: float((m[lane] - p[lane]) / p[lane] * 100) for lane in range(lanes) if p[lane] > 0 and m[lane] > 0}
+
+
+def flow_segments(rows: np.ndarray, micro_batch: int) -> np.ndarray:
+    """Arrows (x0, lane0, x1, lane1) following one micro-batch from stage to stage, step by step.
+
+    Each compute box of the micro-batch points to the next stage's compute of the same step
+    (the last stage points to the first stage's next step: the token going back to the source).
+    """
+    c = rows[(rows["kind"] == KIND_CODE["compute"]) & (rows["micro_batch"] == micro_batch)]
+    if len(c) < 2:
+        return np.zeros((0, 4))
+    c = np.sort(c, order=["step", "stage", "start_s"])
+    nxt = c[1:]
+    cur = c[:-1]
+    follows = ((nxt["step"] == cur["step"]) & (nxt["stage"] == cur["stage"] + 1)) | \
+              ((nxt["step"] == cur["step"] + 1) & (nxt["stage"] == 0) & (cur["stage"] == c["stage"].max()))
+    cur, nxt = cur[follows], nxt[follows]
+    return np.column_stack([cur["end_s"], cur["lane"] + 0.36, nxt["start_s"], nxt["lane"] + 0.36])
+
+
+class TimelineOverlayItem(pg.GraphicsObject):
+    """Selection, highlight, flow arrows and the selected range: one item, one pass per kind.
+
+    Fed whole arrays (never one item per box), like ``TimelineBoxesItem``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.highlight = np.zeros(0, dtype=BOX_DTYPE)
+        self.selected = np.zeros(0, dtype=BOX_DTYPE)
+        self.flows = np.zeros((0, 4))
+        self.range: tuple[float, float] | None = None
+        self._colour = QColor("#111111")
+        self._bounds = QRectF(0, 0, 1, 1)
+        self._rects = PrimitiveArray(QRectF, 4)
+        self.setZValue(10)
+
+    def set_colour(self, colour: QColor) -> None:
+        self._colour = QColor(colour)
+        self.update()
+
+    def set_data(self, highlight: np.ndarray, selected: np.ndarray, flows: np.ndarray,
+                 range_: tuple[float, float] | None, bounds: QRectF) -> None:
+        self.prepareGeometryChange()
+        self.highlight, self.selected, self.flows, self.range = highlight, selected, flows, range_
+        self._bounds = QRectF(bounds)
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(self._bounds)
+
+    def _device_rects(self, rows: np.ndarray, sx, dx, sy, dy) -> None:
+        b0 = np.array([BANDS[k][0] for k in range(3)])[rows["kind"]]
+        b1 = np.array([BANDS[k][1] for k in range(3)])[rows["kind"]]
+        X0 = np.floor(rows["start_s"] * sx + dx)
+        X1 = np.maximum(np.ceil(rows["end_s"] * sx + dx), X0 + 1)
+        ya, yb = (rows["lane"] + b0) * sy + dy, (rows["lane"] + b1) * sy + dy
+        self._rects.resize(len(rows))
+        arr = self._rects.ndarray()
+        arr[:, 0], arr[:, 1] = X0, np.round(np.minimum(ya, yb))
+        arr[:, 2], arr[:, 3] = X1 - X0, np.round(np.abs(yb - ya))
+
+    def paint(self, painter, option, widget=None) -> None:
+        tr = painter.transform()
+        sx, dx, sy, dy = tr.m11(), tr.dx(), tr.m22(), tr.dy()
+        if sx <= 0:
+            return
+        painter.save()
+        painter.resetTransform()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        if self.range is not None:
+            shade = QColor(self._colour)
+            shade.setAlpha(40)
+            x0, x1 = (v * sx + dx for v in self.range)
+            painter.fillRect(QRectF(x0, -1e5, x1 - x0, 2e5), shade)
+        for rows, width in ((self.highlight, 1.5), (self.selected, 3.0)):
+            if not len(rows):
+                continue
+            self._device_rects(rows, sx, dx, sy, dy)
+            pen = QPen(self._colour, width)
+            pen.setCosmetic(True)
+            painter.setPen(pen)
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRects(*self._rects.drawargs())
+        if len(self.flows):
+            x0 = self.flows[:, 0] * sx + dx
+            y0 = self.flows[:, 1] * sy + dy
+            x1 = self.flows[:, 2] * sx + dx
+            y1 = self.flows[:, 3] * sy + dy
+            ang = np.arctan2(y1 - y0, x1 - x0)
+            head = 7.0
+            lines = np.column_stack([
+                np.concatenate([x0, x1, x1]), np.concatenate([y0, y1, y1]),
+                np.concatenate([x1, x1 - head * np.cos(ang - 0.45), x1 - head * np.cos(ang + 0.45)]),
+                np.concatenate([y1, y1 - head * np.sin(ang - 0.45), y1 - head * np.sin(ang + 0.45)])])
+            arr = PrimitiveArray(QLineF, 4)
+            arr.resize(len(lines))
+            arr.ndarray()[:] = lines
+            pen = QPen(self._colour, 1.6)
+            pen.setCosmetic(True)
+            painter.setPen(pen)
+            painter.drawLines(*arr.drawargs())
+        painter.restore()
+
+
+class _TimelineViewBox(pg.ViewBox):
+    """Shift + drag selects a time range (its summed figures); plain drag pans as before."""
+
+    def __init__(self, on_range) -> None:
+        super().__init__()
+        self._on_range = on_range
+        self._range_start: float | None = None
+
+    def mouseDragEvent(self, ev, axis=None) -> None:
+        if ev.button() == Qt.MouseButton.LeftButton and ev.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            ev.accept()
+            x = self.mapSceneToView(ev.scenePos()).x()
+            if ev.isStart() or self._range_start is None:
+                self._range_start = self.mapSceneToView(ev.buttonDownScenePos()).x()
+            self._on_range(self._range_start, x, ev.isFinish())
+            if ev.isFinish():
+                self._range_start = None
+            return
+        super().mouseDragEvent(ev, axis)
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -356,11 +557,16 @@ class TimelineView(QWidget):
 
     follow_live_changed = Signal(bool)
     predicted_visibility_changed = Signal(bool)
+    selection_changed = Signal(object)
+    """The selected ``TimelineEvent`` (None when nothing is)."""
+
+    HINT = ("Click a box for its details · Shift+drag to sum a range · W/S zoom, A/D pan, "
+            "Ctrl+wheel zoom, F fit")
 
     def __init__(self, parent: QWidget | None = None, frame_rate_hz: float = 30.0):
         super().__init__(parent)
         self.setAccessibleName("Pipeline timeline")
-        self.setAccessibleDescription("Wheel or +/- to zoom, drag or arrow keys to pan, F to fit")
+        self.setAccessibleDescription("W/S, +/- or Ctrl+wheel to zoom, A/D, arrows or drag to pan, F to fit")
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self._lanes: list[str] = []
         self._lane_of: dict[str, int] = {}
@@ -376,7 +582,8 @@ class TimelineView(QWidget):
         self.follow_check.toggled.connect(self._on_follow_check_toggled)
         self.predicted_check = QCheckBox("Show predicted")
         self.predicted_check.setAccessibleName("Show predicted timeline")
-        self.predicted_check.setToolTip("Show the simulator's predicted timeline for the same plan below")
+        self.predicted_check.setToolTip("Draw the simulator's prediction for the same plan as ghost boxes "
+                                        "under the measured ones, with each stage's error in %")
         self.predicted_check.setEnabled(False)
         self.predicted_check.toggled.connect(self._on_predicted_check_toggled)
         self.fit_button = QPushButton("Fit")
@@ -397,44 +604,72 @@ class TimelineView(QWidget):
         bar.addStretch(1)
         bar.addWidget(self.legend_label)
 
+        self.highlight_combo = QComboBox()
+        self.highlight_combo.setAccessibleName("Highlight")
+        self.highlight_combo.setToolTip("Which boxes a click highlights with the selected one")
+        for label, mode in (("Highlight micro-batch", "micro_batch"), ("Highlight token", "step"),
+                            ("Highlight nothing", "")):
+            self.highlight_combo.addItem(label, mode)
+        self.highlight_combo.currentIndexChanged.connect(self._update_overlay)
+        bar.insertWidget(3, self.highlight_combo)
+        self.details_label = QLabel(self.HINT)
+        self.details_label.setAccessibleName("Selection details")
+        self.details_label.setWordWrap(True)
+        self.details_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # two lines always: selecting a box or a range never moves the plot
+        self.details_label.setFixedHeight(2 * self.details_label.fontMetrics().lineSpacing() + 6)
+        self.details_label.setContentsMargins(6, 0, 6, 0)
+
         self.plot_widget = pg.GraphicsLayoutWidget()
         self.plot_widget.setAccessibleName("Timeline plot")
         self.plot_widget.setToolTip("")
-        self.measured_plot = self.plot_widget.addPlot(row=0, col=0)
-        self.predicted_plot = self.plot_widget.addPlot(row=1, col=0)
+        # keys go to the view as soon as the pointer is over the plot (no focus click first)
+        self.plot_widget.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.plot_widget.viewport().installEventFilter(self)
+        self.measured_plot = self.plot_widget.addPlot(row=0, col=0, viewBox=_TimelineViewBox(self._on_range_dragged))
         self.measured_item = TimelineBoxesItem()
-        self.predicted_item = TimelineBoxesItem()
-        for plot, item, title in ((self.measured_plot, self.measured_item, "measured"),
-                                  (self.predicted_plot, self.predicted_item, "predicted")):
-            plot.addItem(item)
-            plot.setMenuEnabled(False)
-            plot.hideButtons()
-            plot.setMouseEnabled(x=True, y=False)
-            plot.invertY(True)
-            plot.setLabel("bottom", "time", units="s")
-            plot.setTitle(title, size="9pt")
-            plot.getAxis("left").setWidth(90)
-            plot.showGrid(x=True, y=False, alpha=0.25)
-            # major ticks only: every grid line is a full-height line redrawn on each pan
-            plot.getAxis("bottom").setStyle(maxTickLevel=0)
-            vb = plot.getViewBox()
-            vb.disableAutoRange()
-            vb.setLimits(xMin=-0.05, minXRange=1e-5)
-            vb.setYRange(0, 1, padding=0.02)
-        self.predicted_plot.setXLink(self.measured_plot)
-        self.predicted_plot.setVisible(False)
-        self.measured_plot.getViewBox().sigRangeChangedManually.connect(self._on_viewbox_range_changed_manually)
-        self.predicted_plot.getViewBox().sigRangeChangedManually.connect(self._on_viewbox_range_changed_manually)
+        self.predicted_item = TimelineBoxesItem(ghost=True)
+        self.predicted_item.setZValue(-1)
+        self.predicted_item.setVisible(False)
+        self.overlay_item = TimelineOverlayItem()
+        plot = self.measured_plot
+        plot.addItem(self.predicted_item)
+        plot.addItem(self.measured_item)
+        plot.addItem(self.overlay_item)
+        plot.setMenuEnabled(False)
+        plot.hideButtons()
+        plot.setMouseEnabled(x=True, y=False)
+        plot.invertY(True)
+        plot.setLabel("bottom", "time", units="s")
+        plot.getAxis("left").setWidth(120)
+        plot.showGrid(x=True, y=False, alpha=0.25)
+        # major ticks only: every grid line is a full-height line redrawn on each pan
+        plot.getAxis("bottom").setStyle(maxTickLevel=0)
+        vb = plot.getViewBox()
+        vb.disableAutoRange()
+        vb.setLimits(xMin=-0.05, minXRange=1e-5)
+        vb.setYRange(0, 1, padding=0.02)
+        vb.sigRangeChangedManually.connect(self._on_viewbox_range_changed_manually)
         self.plot_widget.scene().sigMouseMoved.connect(self._on_scene_mouse_moved)
+        self.plot_widget.scene().sigMouseClicked.connect(self._on_scene_mouse_clicked)
+        self._selected: int | None = None
+        self._range: tuple[float, float] | None = None
+        self._hover: int | None = None
+        self._errors: dict[int, float] = {}
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(bar)
+        layout.addWidget(self.details_label)
         layout.addWidget(self.plot_widget, 1)
 
         self._frame_timer = QTimer(self)
         self._frame_timer.setInterval(max(1, int(1000 / frame_rate_hz)))
         self._frame_timer.timeout.connect(self._on_frame_timer_timeout)
+        self._errors_timer = QTimer(self)
+        self._errors_timer.setSingleShot(True)
+        self._errors_timer.setInterval(500)
+        self._errors_timer.timeout.connect(self._update_errors)
         self._apply_palette()
         self._update_legend()
 
@@ -460,6 +695,7 @@ class TimelineView(QWidget):
         for event in events:
             self._lane_index(event.device)
         self.predicted_item.add(self._rows(events), list(events))
+        self._errors = stage_errors(self.predicted_item.boxes.rows, self.measured_item.boxes.rows)
         self._update_lane_axis()
         self.predicted_check.setEnabled(bool(events))
         if not events:
@@ -476,6 +712,9 @@ class TimelineView(QWidget):
         self._lanes.clear()
         self._lane_of.clear()
         self._micro_batches.clear()
+        self._errors = {}
+        self._hover = None
+        self.select(None)
         self._update_legend()
         self.predicted_check.setEnabled(False)
         self.predicted_check.setChecked(False)
@@ -486,6 +725,8 @@ class TimelineView(QWidget):
     def flush(self) -> None:
         """Apply queued events now (the frame timer does this ~30 times a second)."""
         self._on_frame_timer_timeout()
+        if self.predicted_item.boxes.size:
+            self._update_errors()
 
     def box_count(self, device: str | None = None, kind: str | None = None,
                   predicted: bool = False) -> int:
@@ -541,19 +782,22 @@ class TimelineView(QWidget):
         return item.box_at(x, lane + (b0 + b1) / 2)
 
     def keyPressEvent(self, event) -> None:
-        """Keyboard zoom and pan: + / - zoom around the centre, Left / Right pan by a tenth."""
+        """Keyboard zoom and pan (as Perfetto): W / + and S / - zoom around the centre,
+        A / Left and D / Right pan by a tenth; Escape clears the selection."""
         x0, x1 = self.x_range()
         width, centre = x1 - x0, (x0 + x1) / 2
         key = event.key()
-        if key in (Qt.Key.Key_Plus, Qt.Key.Key_Equal):
+        if key in (Qt.Key.Key_Plus, Qt.Key.Key_Equal, Qt.Key.Key_W):
             self.set_x_range(centre - width / 3, centre + width / 3)
-        elif key == Qt.Key.Key_Minus:
+        elif key in (Qt.Key.Key_Minus, Qt.Key.Key_S):
             self.set_x_range(max(0.0, centre - width * 0.75), centre + width * 0.75)
-        elif key == Qt.Key.Key_Left:
+        elif key in (Qt.Key.Key_Left, Qt.Key.Key_A):
             shift = min(width / 10, x0)
             self.set_x_range(x0 - shift, x1 - shift)
-        elif key == Qt.Key.Key_Right:
+        elif key in (Qt.Key.Key_Right, Qt.Key.Key_D):
             self.set_x_range(x0 + width / 10, x1 + width / 10)
+        elif key == Qt.Key.Key_Escape:
+            self.select(None)
         else:
             super().keyPressEvent(event)
 
@@ -570,6 +814,7 @@ class TimelineView(QWidget):
         if not len(events):
             return rows
         rows["lane"] = [self._lane_index(e.device) for e in events]
+        rows["stage"] = [e.stage for e in events]
         rows["kind"] = [KIND_CODE[e.kind] for e in events]
         rows["phase"] = [PHASE_CODE[e.phase] for e in events]
         rows["micro_batch"] = [e.micro_batch for e in events]
@@ -595,6 +840,8 @@ class TimelineView(QWidget):
             self._update_legend()
         if self._follow_live:
             self._follow()
+        if self.predicted_item.boxes.size and not self._errors_timer.isActive():
+            self._errors_timer.start()  # at most twice a second, however fast events arrive
 
     def _follow(self) -> None:
         end = self.measured_item.max_end()
@@ -616,14 +863,28 @@ class TimelineView(QWidget):
 
     def _update_lane_axis(self) -> None:
         n = max(1, len(self._lanes))
-        ticks = [[(i + 0.5, name) for i, name in enumerate(self._lanes)], []]
-        for plot, item in ((self.measured_plot, self.measured_item),
-                           (self.predicted_plot, self.predicted_item)):
-            plot.getAxis("left").setTicks(ticks)
+        ticks = [[(i + 0.5, self._lane_label(i, name)) for i, name in enumerate(self._lanes)], []]
+        plot = self.measured_plot
+        plot.getAxis("left").setTicks(ticks)
+        for item in (self.measured_item, self.predicted_item):
             item.set_lane_count(n)
-            vb = plot.getViewBox()
-            vb.setLimits(yMin=-0.05, yMax=n + 0.05)
-            vb.setYRange(0, n, padding=0.0)
+        vb = plot.getViewBox()
+        vb.setLimits(yMin=-0.05, yMax=n + 0.05)
+        vb.setYRange(0, n, padding=0.0)
+
+    def _lane_label(self, lane: int, name: str) -> str:
+        error = self._errors.get(lane) if self.predicted_check.isChecked() else None
+        return name if error is None else f"{name}  {error:+.0f} %"
+
+    def stage_errors(self) -> dict[str, float]:
+        """Device -> prediction error in % of its compute time (what the lane labels show)."""
+        return {self._lanes[lane]: err for lane, err in self._errors.items() if lane < len(self._lanes)}
+
+    def _update_errors(self) -> None:
+        errors = stage_errors(self.predicted_item.boxes.rows, self.measured_item.boxes.rows)
+        if errors != self._errors:
+            self._errors = errors
+            self._update_lane_axis()
 
     def _update_legend(self) -> None:
         mbs = sorted(self._micro_batches) or [0]
@@ -637,28 +898,126 @@ class TimelineView(QWidget):
         self.set_follow_live(on)
 
     def _on_predicted_check_toggled(self, on: bool) -> None:
-        self.predicted_plot.setVisible(on)
+        self.predicted_item.setVisible(on)
+        self.measured_plot.setTitle("measured, predicted as dashed ghosts (lane: prediction error)" if on
+                                    else "measured", size="9pt", color=self._text_colour)
+        self._update_lane_axis()
         self.predicted_visibility_changed.emit(on)
 
     def _on_viewbox_range_changed_manually(self, *_args) -> None:
         if not self._setting_range and self._follow_live:
             self.set_follow_live(False)
 
+    def _item_index_at(self, scene_pos: QPointF) -> tuple[TimelineBoxesItem, int] | None:
+        vb = self.measured_plot.getViewBox()
+        if not vb.sceneBoundingRect().contains(scene_pos):
+            return None
+        p = vb.mapSceneToView(scene_pos)
+        items = [self.measured_item] + ([self.predicted_item] if self.predicted_item.isVisible() else [])
+        for item in items:
+            idx = item.index_at(p.x(), p.y(), tolerance_x=2 * (item.pixelWidth() or 0.0))
+            if idx is not None:
+                return item, idx
+        return None
+
     def _on_scene_mouse_moved(self, scene_pos: QPointF) -> None:
-        for plot, item in ((self.measured_plot, self.measured_item),
-                           (self.predicted_plot, self.predicted_item)):
-            if not plot.isVisible() or not plot.sceneBoundingRect().contains(scene_pos):
-                continue
-            vb = plot.getViewBox()
-            if not vb.sceneBoundingRect().contains(scene_pos):
-                continue
-            p = vb.mapSceneToView(scene_pos)
-            tol = 2 * (item.pixelWidth() or 0.0)
-            event = item.box_at(p.x(), p.y(), tolerance_x=tol)
-            if event is not None:
-                QToolTip.showText(QCursor.pos(), describe_event(event), self.plot_widget)
-                return
-        QToolTip.hideText()
+        hit = self._item_index_at(scene_pos)
+        key = None if hit is None else (id(hit[0]), hit[1])
+        if key == self._hover:
+            return  # resting on the same box: the tooltip stays as it is
+        self._hover = key
+        if hit is None:
+            QToolTip.hideText()
+            return
+        item, idx = hit
+        text = describe_event(item.events[idx])
+        if item is self.predicted_item:
+            text = "predicted\n" + text
+        QToolTip.showText(QCursor.pos(), text, self.plot_widget, QRect(), 60_000)
+
+    def _on_scene_mouse_clicked(self, ev) -> None:
+        if ev.button() != Qt.MouseButton.LeftButton or ev.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            return
+        hit = self._item_index_at(ev.scenePos())
+        if hit is None or hit[0] is not self.measured_item:
+            self.select(None)
+        else:
+            self.select(hit[1])
+
+    # -- selection, highlight, flows, range -------------------------------------------------
+    def select(self, index: int | None) -> None:
+        """Select the measured box at row ``index`` (None: clear): details, highlight, flows."""
+        self._selected = index
+        self._range = None
+        event = None if index is None else self.measured_item.events[index]
+        self.details_label.setText(self.HINT if event is None else self.selection_details(index))
+        self._update_overlay()
+        self.selection_changed.emit(event)
+
+    def select_event(self, event: TimelineEvent) -> None:
+        self.select(self.measured_item.events.index(event))
+
+    def selected_event(self) -> TimelineEvent | None:
+        return None if self._selected is None else self.measured_item.events[self._selected]
+
+    def selection_details(self, index: int) -> str:
+        """What the details line says about one measured box (stage, device, token, wait…)."""
+        rows = self.measured_item.boxes.rows
+        e = self.measured_item.events[index]
+        r = rows[index]
+        same = (rows["lane"] == r["lane"]) & (rows["micro_batch"] == r["micro_batch"]) & (rows["step"] == r["step"])
+        wait = float((rows["end_s"] - rows["start_s"])[same & (rows["kind"] == KIND_CODE["recv_wait"])].sum())
+        what = {"compute": "compute", "send": "transfer", "recv_wait": "waiting for input"}[e.kind]
+        parts = [f"Stage {e.stage} on {e.device} · {what} · micro-batch {e.micro_batch} · step {e.step} "
+                 f"({e.phase}) · token {e.step}",
+                 f"start {e.start_s * 1000:.2f} ms · duration {e.duration_s * 1000:.2f} ms · "
+                 f"bytes {_fmt_bytes(e.nbytes)}" + (f" to {e.peer}" if e.peer else "")
+                 + f" · waited {wait * 1000:.2f} ms for input"]
+        return "\n".join(parts)
+
+    def highlighted_count(self) -> int:
+        return len(self.overlay_item.highlight)
+
+    def flow_count(self) -> int:
+        return len(self.overlay_item.flows)
+
+    def select_range(self, x0: float, x1: float) -> RangeSummary:
+        """Select [x0, x1] and show the summed figures of the boxes inside it."""
+        summary = summarise_range(self.measured_item.boxes.rows, self._lanes, x0, x1)
+        self._selected = None
+        self._range = (summary.x0, summary.x1)
+        self.details_label.setText(summary.describe())
+        self._update_overlay()
+        return summary
+
+    def _on_range_dragged(self, x0: float, x1: float, finished: bool) -> None:
+        if finished:
+            self.select_range(x0, x1)
+        else:
+            self._range = (min(x0, x1), max(x0, x1))
+            self._update_overlay()
+
+    def _update_overlay(self, *_args) -> None:
+        rows = self.measured_item.boxes.rows
+        empty = rows[:0]
+        highlight, selected, flows = empty, empty, np.zeros((0, 4))
+        if self._selected is not None and self._selected < len(rows):
+            r = rows[self._selected]
+            selected = rows[self._selected:self._selected + 1]
+            mode = self.highlight_combo.currentData()
+            if mode:
+                highlight = rows[(rows[mode] == r[mode]) & (rows["kind"] != KIND_CODE["recv_wait"])]
+            flows = flow_segments(rows, int(r["micro_batch"]))
+        self.overlay_item.set_data(highlight, selected, flows, self._range,
+                                   self.measured_item.boundingRect())
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.plot_widget.viewport():
+            if event.type() == QEvent.Type.Enter and not self.hasFocus():
+                self.setFocus(Qt.FocusReason.MouseFocusReason)
+            elif event.type() == QEvent.Type.Leave:
+                self._hover = None
+        return super().eventFilter(obj, event)
 
     # -- palette (light / dark) ----------------------------------------------------------
     def changeEvent(self, event: QEvent) -> None:
@@ -672,12 +1031,14 @@ class TimelineView(QWidget):
         text = pal.color(QPalette.ColorRole.Text)
         dark = base.lightness() < 128
         self.plot_widget.setBackground(base)
-        for plot in (self.measured_plot, self.predicted_plot):
-            for name in ("left", "bottom"):
-                axis = plot.getAxis(name)
-                axis.setPen(pg.mkPen(text))
-                axis.setTextPen(pg.mkPen(text))
-            # LabelItem writes its colour into the title's HTML, so re-set the text with it.
-            plot.setTitle(plot.titleLabel.text, size="9pt", color=text.name())
+        self._text_colour = text.name()
+        plot = self.measured_plot
+        for name in ("left", "bottom"):
+            axis = plot.getAxis(name)
+            axis.setPen(pg.mkPen(text))
+            axis.setTextPen(pg.mkPen(text))
+        # LabelItem writes its colour into the title's HTML, so re-set the text with it.
+        plot.setTitle(plot.titleLabel.text or "measured", size="9pt", color=text.name())
         for item in (self.measured_item, self.predicted_item):
             item.set_dark(dark)
+        self.overlay_item.set_colour(QColor("#f5f5f5") if dark else QColor("#111111"))
