@@ -329,6 +329,8 @@ class RunPanel(QWidget):
         self.monitor.flush()
         self._set_running(False)
         self.last_outcome = outcome
+        if self.state is not None:
+            self.state.live_run_ids.discard(getattr(self, "_recording_run_id", None))
         self.status_label.setText(text)
         if self.state is not None:
             self.state.log(text, "error" if outcome == "failed" else "info")
@@ -357,6 +359,9 @@ class RunPanel(QWidget):
     def _on_runner_partial_result_reported(self, task_id: int, value: object) -> None:
         if isinstance(value, dict) and "run_id" in value:
             self.session_id = value["session_id"]
+            if self.state is not None:
+                self.state.live_run_ids.add(value["run_id"])
+            self._recording_run_id = value["run_id"]
             self.run_recorded.emit(value["session_id"], value["run_id"])
 
     # -- other handlers ------------------------------------------------------------------

@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QBrush, QColor, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QLabel, QMenu, QPushButton,
-                               QSlider, QSplitter, QToolButton, QTreeWidget, QTreeWidgetItem,
+                               QSlider, QSplitter, QStackedWidget, QToolButton, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
 from core.reporting import Reporter
 from core.sessions.replay import Replay
 from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
+from gui.run_comparison import RunComparisonView, load_comparison
 from gui.run_monitor_view import RunMonitorView
 from gui.widgets import InlineMessage, panel_header
 from gui.workers import TaskRunner
@@ -35,6 +36,46 @@ class LoadedRun:
     lanes: list[str]
     prompts: tuple[str, ...]
     source_device: str | None
+    predicted: tuple = ()
+    """The simulator's timeline for the run's plan and settings (empty when it has none)."""
+    prediction_note: str = ""
+
+
+RUN_STATUS_MARKS = {"completed": ("", None), "running": ("● ", "#2e7d32"), "stopped": ("■ ", "#8d6e00"),
+                    "failed": ("✖ ", "#c62828"), "interrupted": ("⚠ ", "#c62828")}
+
+
+def shown_status(status: str, run_id: int, live_run_ids: set[int]) -> str:
+    """What the list says about a run: a "running" row that no live run owns was cut off
+    (the studio or the machine went down mid-run), so it is "interrupted", not normal."""
+    if status == "running" and run_id not in live_run_ids:
+        return "interrupted"
+    return status
+
+
+def predicted_timeline(info: RunInfo, problem, plan) -> tuple[tuple, str]:
+    """The prediction for a recorded run (its plan, mode, prompts, micro-batches, tokens), or
+    ((), why not): what "Show predicted" draws under the replay."""
+    from core.errors import EdgeShardError
+    from core.runs.prediction import predict_run
+
+    if problem is None or plan is None:
+        return (), "No prediction: the run has no stored plan and profile."
+    s = info.settings
+    micro_batches = int(s.get("micro_batches") or 1)
+    # a live run stores its prompts and max_new_tokens; a simulated one its batch and token counts
+    prompts = len(s.get("prompts") or ()) or micro_batches * int(s.get("micro_batch_size") or 1)
+    tokens = int(s.get("max_new_tokens") or s.get("generated_tokens") or 1)
+    try:
+        if info.kind == "simulated":  # re-simulate with the recorded batching, as it was made
+            from core.runs.simulator import simulate
+            return tuple(simulate(problem, plan, info.mode, micro_batches=micro_batches,
+                                  micro_batch_size=int(s.get("micro_batch_size") or 1),
+                                  generated_tokens=tokens).events), ""
+        prediction = predict_run(problem, plan, info.mode, prompts, micro_batches, tokens)
+    except (EdgeShardError, ValueError) as exc:
+        return (), f"No prediction: {exc}"
+    return tuple(prediction.result.events), prediction.note
 
 
 def list_sessions(reporter: Reporter, workspace: str) -> list[tuple[SessionInfo, list[RunInfo]]]:
@@ -56,8 +97,10 @@ def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
         if item.event is not None and item.event.device not in lanes:
             lanes.append(item.event.device)
     prompts = tuple(info.settings.get("prompts") or ())
+    predicted, note = predicted_timeline(info, problem, plan)
     return LoadedRun(info=info, items=items, lanes=lanes, prompts=prompts,
-                     source_device=problem.source if problem is not None else None)
+                     source_device=problem.source if problem is not None else None,
+                     predicted=predicted, prediction_note=note)
 
 
 def export_run(reporter: Reporter, workspace: str, run_id: int, what: str, path: str) -> tuple[str, str]:
@@ -94,9 +137,12 @@ def export_run(reporter: Reporter, workspace: str, run_id: int, what: str, path:
 class SessionsPanel(QWidget):
     """Sessions/runs tree on the left; replay controls and the run monitor on the right."""
 
+    COMPARE_NEEDS_TWO = "Select exactly two runs (Ctrl+click) to compare them side by side"
+
     sessions_listed = Signal(int)
     """Number of sessions now shown."""
     run_opened = Signal(int)
+    runs_compared = Signal(int, int)
     replay_finished = Signal()
     exported = Signal(str, str)
     """(what, path)."""
@@ -125,6 +171,7 @@ class SessionsPanel(QWidget):
         self.tree.setHeaderLabels(["Session / run", "Mode", "Kind", "Status", "Tokens", "Started"])
         self.tree.setAlternatingRowColors(True)
         self.tree.setRootIsDecorated(True)
+        self.tree.setSelectionMode(QTreeWidget.SelectionMode.ExtendedSelection)
         self.tree.itemDoubleClicked.connect(self._on_tree_item_double_clicked)
         self.tree.itemSelectionChanged.connect(self._on_tree_selection_changed)
         self.refresh_button = QPushButton("Refresh")
@@ -137,6 +184,17 @@ class SessionsPanel(QWidget):
         self.open_button.setToolTip("Open the selected run for replay (Enter)")
         self.open_button.setEnabled(False)
         self.open_button.clicked.connect(self._on_open_button_clicked)
+
+        self.compare_button = QPushButton("Compare")
+        self.compare_button.setAccessibleName("Compare two runs")
+        self.compare_button.setEnabled(False)
+        self.compare_button.setToolTip(self.COMPARE_NEEDS_TWO)
+        self.compare_button.clicked.connect(self._on_compare_button_clicked)
+        self.compare_runner = TaskRunner(self, name="sessions-compare")
+        self.compare_runner.task_finished.connect(self._on_compare_runner_task_finished)
+        self.compare_runner.task_failed.connect(self._on_any_runner_task_failed)
+        self.live_run_ids: set[int] = state.live_run_ids if state is not None else set()
+        """Runs being recorded right now (the Run screen's): only these are "running"."""
 
         self.play_button = QPushButton("Play")
         self.play_button.setAccessibleName("Play or pause replay")
@@ -196,14 +254,24 @@ class SessionsPanel(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.refresh_button)
         buttons.addStretch(1)
+        buttons.addWidget(self.compare_button)
         buttons.addWidget(self.open_button)
         left_layout.addLayout(buttons)
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(8, 0, 0, 0)
-        right_layout.addWidget(self.run_label)
-        right_layout.addLayout(controls)
-        right_layout.addWidget(self.monitor, 1)
+        replay_page = QWidget()
+        replay_layout = QVBoxLayout(replay_page)
+        replay_layout.setContentsMargins(0, 0, 0, 0)
+        replay_layout.addWidget(self.run_label)
+        replay_layout.addLayout(controls)
+        replay_layout.addWidget(self.monitor, 1)
+        self.comparison = RunComparisonView()
+        self.comparison.closed.connect(lambda: self.right_stack.setCurrentIndex(0))
+        self.right_stack = QStackedWidget()
+        self.right_stack.addWidget(replay_page)
+        self.right_stack.addWidget(self.comparison)
+        right_layout.addWidget(self.right_stack, 1)
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.setChildrenCollapsible(False)
         splitter.addWidget(left)
@@ -260,10 +328,19 @@ class SessionsPanel(QWidget):
             top.setData(0, Qt.ItemDataRole.UserRole, None)
             for run in runs:
                 tokens = run.figures.get("tokens")
-                child = QTreeWidgetItem([f"run {run.id} · {run.model}", run.mode, run.kind, run.status,
+                status = shown_status(run.status, run.id, self.live_run_ids)
+                mark, colour = RUN_STATUS_MARKS.get(status, ("", None))
+                child = QTreeWidgetItem([f"run {run.id} · {run.model}", run.mode, run.kind, mark + status,
                                          "" if tokens is None else str(tokens), run.started_at])
                 child.setData(0, Qt.ItemDataRole.UserRole, run.id)
                 child.setToolTip(0, "Double-click to open this run for replay")
+                if colour is not None:
+                    child.setForeground(3, QBrush(QColor(colour)))
+                    child.setToolTip(3, {"failed": "The run failed: its events up to the failure are kept",
+                                         "stopped": "Stopped by the operator: what arrived is kept",
+                                         "interrupted": "The run never finished (the studio or the "
+                                                        "machine stopped mid-run): it is incomplete",
+                                         "running": "Being recorded now"}[status])
                 top.addChild(child)
             self.tree.addTopLevelItem(top)
             top.setExpanded(True)
@@ -291,9 +368,34 @@ class SessionsPanel(QWidget):
         if run_id is not None:
             self.open_run(run_id)
 
+    def selected_run_ids(self) -> list[int]:
+        return [i.data(0, Qt.ItemDataRole.UserRole) for i in self.tree.selectedItems()
+                if i.data(0, Qt.ItemDataRole.UserRole) is not None]
+
     def _on_tree_selection_changed(self) -> None:
         items = self.tree.selectedItems()
         self.open_button.setEnabled(bool(items) and items[0].data(0, Qt.ItemDataRole.UserRole) is not None)
+        two = len(self.selected_run_ids()) == 2
+        self.compare_button.setEnabled(two)
+        self.compare_button.setToolTip("Show the two selected runs side by side, aligned at t = 0" if two
+                                       else self.COMPARE_NEEDS_TWO)
+
+    def compare_runs(self, run_a: int, run_b: int) -> None:
+        """Read both runs (on a worker) and show them side by side."""
+        self._pause()
+        self.compare_runner.start(load_comparison, self.workspace, run_a, run_b)
+
+    def _on_compare_button_clicked(self) -> None:
+        ids = self.selected_run_ids()
+        if len(ids) == 2:
+            self.compare_runs(*sorted(ids))
+
+    def _on_compare_runner_task_finished(self, task_id: int, runs: object) -> None:
+        a, b = runs
+        self.message.show_lines([])
+        self.comparison.show_runs(a, b)
+        self.right_stack.setCurrentIndex(1)
+        self.runs_compared.emit(a.info.id, b.info.id)
 
     def _on_open_button_clicked(self) -> None:
         items = self.tree.selectedItems()
@@ -310,9 +412,20 @@ class SessionsPanel(QWidget):
                                f"{len(loaded.items)} recorded items over {self.replay.duration_s:.2f} s")
         for w in self._replay_controls:
             w.setEnabled(True)
-        self.monitor.reset(loaded.lanes, loaded.prompts)
+        self.right_stack.setCurrentIndex(0)
+        self._reset_monitor()
         self._set_scrubber(0.0)
         self.run_opened.emit(info.id)
+
+    def _reset_monitor(self) -> None:
+        """An empty monitor for the open run, with its prediction ready for "Show predicted"."""
+        shown = self.monitor.timeline.predicted_check.isChecked()
+        self.monitor.reset(self.loaded.lanes, self.loaded.prompts)
+        self.monitor.set_predicted(self.loaded.predicted)
+        self.monitor.timeline.predicted_check.setToolTip(
+            self.loaded.prediction_note or self.monitor.timeline.predicted_check.toolTip())
+        if shown and self.loaded.predicted:
+            self.monitor.timeline.show_predicted(True)
 
     def _on_any_runner_task_failed(self, task_id: int, message: str) -> None:
         self.message.show_lines([message], "Could not read the workspace:")
@@ -332,7 +445,7 @@ class SessionsPanel(QWidget):
         if self.replay is None or self.loaded is None:
             return
         self.replay.seek(t_s)
-        self.monitor.reset(self.loaded.lanes, self.loaded.prompts)
+        self._reset_monitor()
         self._deliver(self.replay.delivered())
         self.monitor.flush()
         self._set_scrubber(self.replay.position_s)
@@ -428,5 +541,5 @@ class SessionsPanel(QWidget):
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         self._tick.stop()
-        runners = (self.list_runner, self.load_runner, self.export_runner)
+        runners = (self.list_runner, self.load_runner, self.export_runner, self.compare_runner)
         return all([r.shutdown(timeout_s) for r in runners] + [self.monitor.shutdown(timeout_s)])

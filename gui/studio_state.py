@@ -38,6 +38,8 @@ class StudioState(QObject):
         self.model_path: str = ""
         """Checkpoint directory of the selected model, when it can be run."""
         self.connection: str = "not connected"
+        self.live_run_ids: set[int] = set()
+        """Runs being recorded right now: a stored "running" run not in here was interrupted."""
 
     def set_workspace(self, path: str) -> None:
         if path != self.workspace:

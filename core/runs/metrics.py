@@ -94,6 +94,45 @@ def utilisation(events: Sequence[TimelineEvent], until_s: float | None = None) -
     return {d: (b / span if span > 0 else 0.0) for d, b in sorted(busy.items())}
 
 
+def bubbles(events: Sequence[TimelineEvent]) -> dict[str, float]:
+    """Device -> fraction of the pipeline's span (first to last compute of any device)
+    that the device spent idle: the pipeline bubbles a schedule leaves."""
+    computes = [e for e in events if e.kind == "compute"]
+    if not computes:
+        return {}
+    start = min(e.start_s for e in computes)
+    span = max(e.end_s for e in computes) - start
+    busy: dict[str, float] = {}
+    for e in computes:
+        busy[e.device] = busy.get(e.device, 0.0) + e.duration_s
+    return {d: (max(0.0, 1.0 - b / span) if span > 0 else 0.0) for d, b in sorted(busy.items())}
+
+
+def comparison_rows(a: RunFigures, b: RunFigures, bubbles_a: dict[str, float],
+                    bubbles_b: dict[str, float]) -> list[tuple[str, str, str]]:
+    """The side-by-side table of two runs: (figure, run A, run B), missing figures as '—'."""
+    def ms(v):
+        return "—" if v is None else f"{v * 1000:.1f} ms"
+
+    def rate(v):
+        return "—" if v is None else f"{v:.1f}"
+
+    def pct(d, k):
+        return "—" if k not in d else f"{d[k] * 100:.0f} %"
+
+    rows = [("TTFT", ms(a.ttft_s), ms(b.ttft_s)),
+            ("Latency / token", ms(a.per_token_latency_s), ms(b.per_token_latency_s)),
+            ("Tokens/s (all)", rate(a.tokens_per_s), rate(b.tokens_per_s)),
+            ("Decode tokens/s", rate(a.decode_tokens_per_s), rate(b.decode_tokens_per_s)),
+            ("Tokens", str(a.tokens), str(b.tokens)),
+            ("Duration", f"{a.duration_s:.2f} s", f"{b.duration_s:.2f} s")]
+    for device in sorted(set(a.utilisation) | set(b.utilisation)):
+        rows.append((f"Utilisation · {device}", pct(a.utilisation, device), pct(b.utilisation, device)))
+    for device in sorted(set(bubbles_a) | set(bubbles_b)):
+        rows.append((f"Bubbles · {device}", pct(bubbles_a, device), pct(bubbles_b, device)))
+    return rows
+
+
 def compute_figures(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent]) -> RunFigures:
     """Every figure of a run (or of the prefix of one seen so far)."""
     dur = duration_s(events, tokens)
