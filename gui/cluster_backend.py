@@ -47,7 +47,7 @@ class ClusterRunBackend:
         generation = GenerationSettings(
             max_new_tokens=settings.max_new_tokens,
             mode=settings.mode,
-            micro_batches=1 if settings.mode == "sequential" else max(1, settings.micro_batches),
+            micro_batches=settings.micro_batches,
         )
         out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
                        reporter=reporter, load=not self.coordinator.is_loaded(plan, model_dir))

@@ -33,7 +33,7 @@ from gui.workers import TaskRunner
 MODES = RUN_MODES
 PREDICT_DEBOUNCE_MS = 200
 MODE_HELP = {
-    "sequential": "One micro-batch step in the pipeline at a time (lowest latency per token)",
+    "sequential": "One micro-batch at a time, start to finish (lowest latency per token)",
     "bubbles": "Micro-batches pipelined; every step waits for all micro-batches (bubbles)",
     "no-bubbles": "Each micro-batch starts its next step as soon as its token is back (highest throughput)",
 }
@@ -47,7 +47,8 @@ class RunSettings:
     prompts: tuple[str, ...]
     max_new_tokens: int
     mode: str
-    micro_batches: int
+    micro_batches: int | None
+    """The operator's override of the plan's micro-batch count; None: the plan's."""
 
 
 class RunBackend(Protocol):
@@ -77,10 +78,12 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
     if not workspace:
         _run_backend(reporter, backend, settings, sink)
         return {}
+    from core.runs.batching import batching_settings
     from core.sessions.recording import record_run
 
     with record_run(workspace, model=model_name or Path(settings.model_dir).name or "?", mode=settings.mode,
-                    settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes()},
+                    settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes(),
+                              **batching_settings(plan, settings.micro_batches)},
                     session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
                     plan=plan, problem=problem) as run:
         ids = {"session_id": run.session_id, "run_id": run.run_id}
@@ -182,11 +185,15 @@ class RunPanel(QWidget):
         self.mode_combo.setToolTip("How micro-batches move through the pipeline (EdgeShard §IV-C)")
         self.mode_combo.currentTextChanged.connect(self._on_settings_changed)
 
+        # 0 is "the plan's count" (shown as such): the plan is where micro-batching is decided,
+        # a number here is an override, recorded with the run.
         self.micro_batches_spin = QSpinBox()
-        self.micro_batches_spin.setRange(1, 64)
-        self.micro_batches_spin.setValue(2)
+        self.micro_batches_spin.setRange(0, 64)
+        self.micro_batches_spin.setValue(0)
         self.micro_batches_spin.setAccessibleName("Micro-batches")
-        self.micro_batches_spin.setToolTip("Split the prompts into this many micro-batches (pipelined modes)")
+        self.micro_batches_spin.setToolTip("Split the prompts into this many micro-batches (every mode). "
+                                           "Lowest value: the plan's count; any other value overrides it "
+                                           "and is recorded with the run")
         self.micro_batches_spin.valueChanged.connect(self._on_settings_changed)
         self.max_tokens_spin.valueChanged.connect(self._on_settings_changed)
 
@@ -252,8 +259,10 @@ class RunPanel(QWidget):
         if state is not None:
             state.model_changed.connect(self._on_state_model_changed)
             state.plan_changed.connect(self._on_settings_changed)
+            state.plan_changed.connect(self._on_state_plan_changed)
             state.problem_changed.connect(self._on_settings_changed)
             self._on_state_model_changed(state.model_name)
+        self._on_state_plan_changed()
         self._predict_timer.start()
         app = QApplication.instance()
         if app is not None:
@@ -267,7 +276,7 @@ class RunPanel(QWidget):
         prompts = tuple(line.strip() for line in self.prompts_edit.toPlainText().splitlines() if line.strip())
         return RunSettings(model_dir=self.model_edit.text().strip(), prompts=prompts,
                            max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
-                           micro_batches=self.micro_batches_spin.value())
+                           micro_batches=self.micro_batches_spin.value() or None)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -374,6 +383,11 @@ class RunPanel(QWidget):
         path = getattr(self.state, "model_path", "")
         if path and not self.model_edit.text():
             self.model_edit.setText(path)
+
+    def _on_state_plan_changed(self, *_args) -> None:
+        plan = getattr(self.state, "plan", None)
+        self.micro_batches_spin.setSpecialValueText(
+            f"Plan's ({plan.micro_batches})" if plan is not None else "Plan's")
 
     def _on_settings_changed(self, *_args) -> None:
         if not self.runner.is_busy():

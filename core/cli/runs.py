@@ -47,7 +47,8 @@ def _register_run(sub) -> None:
     p.add_argument("--prompts", help="file with one prompt per line")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--mode", choices=RUN_MODES, default="sequential")
-    p.add_argument("--micro-batches", type=int, default=None, help="default: the plan's micro_batches")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="override the plan's micro_batches (every mode; default: the plan's)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -134,6 +135,7 @@ def cmd_run(args) -> int:
     from core import formats
     from core.planning.plan import ShardPlan
     from core.reporting import TerminalReporter
+    from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
     from core.runs.generation import GenerationSettings
     from core.sessions.recording import record_run
@@ -141,6 +143,7 @@ def cmd_run(args) -> int:
 
     plan = formats.load(args.plan, ShardPlan)
     prompts = _read_prompts(args)
+    k = micro_batch_count(plan, args.micro_batches)
     if not Path(args.model, "config.json").exists():
         raise FormatError(args.model, "not a checkpoint directory (no config.json)")
     # agents resolve paths in their own directory: send the absolute path (remote agents need the
@@ -149,7 +152,7 @@ def cmd_run(args) -> int:
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
         mode=args.mode,
-        micro_batches=args.micro_batches or plan.micro_batches,
+        micro_batches=args.micro_batches,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
@@ -162,9 +165,10 @@ def cmd_run(args) -> int:
     recording = nullcontext() if workspace is None else record_run(
         workspace, model=Path(model_dir).name, mode=settings.mode,
         settings={"model_dir": model_dir, "prompts": prompts, "max_new_tokens": settings.max_new_tokens,
-                  "mode": settings.mode, "micro_batches": settings.micro_batches,
+                  "mode": settings.mode,
                   "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,
-                  "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run"},
+                  "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
+                  **batching_settings(plan, args.micro_batches)},
         session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan)
     printer = _PrintSink(len(prompts), args.events)
     try:
@@ -190,7 +194,8 @@ def cmd_run(args) -> int:
     tps = "n/a" if f.tokens_per_s is None else f"{f.tokens_per_s:.1f}"
     dtps = "n/a" if f.decode_tokens_per_s is None else f"{f.decode_tokens_per_s:.1f}"
     print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  "
-          f"tokens/s {tps} (decode {dtps})  tokens {f.tokens}  mode {settings.mode}")
+          f"tokens/s {tps} (decode {dtps})  tokens {f.tokens}  mode {settings.mode}  "
+          f"micro-batches {min(k, len(prompts))} ({'--micro-batches' if args.micro_batches is not None else 'the plan'})")
     if run is not None:
         print(f"recorded as run {run.run_id} (session {run.session_id}) in {workspace}")
     return 0

@@ -43,7 +43,7 @@ import math
 import msgspec
 
 from core.planning.plan import ShardPlan, Stage
-from core.planning.problem import PlanningProblem
+from core.planning.problem import PlanningProblem, usable_memory_bytes
 from core.devices.profile import DeviceTimes
 
 
@@ -188,7 +188,7 @@ def memory_of(problem: PlanningProblem, plan: ShardPlan, sequences: int, pass_se
                 weights_bytes=sum(u.param_bytes for u in units),
                 kv_cache_bytes=sum(u.kv_bytes_per_token for u in units) * sequences * ctx,
                 workspace_bytes=max((u.workspace_bytes_per_token for u in units), default=0) * pass_tokens,
-                budget_bytes=int(_device_memory(problem, st.device) * (1.0 - problem.memory_headroom)),
+                budget_bytes=usable_memory_bytes(problem, _device_memory(problem, st.device)),
             )
         )
     return tuple(out)

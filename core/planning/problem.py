@@ -41,7 +41,13 @@ class PlanningProblem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     excluded_devices: tuple[str, ...] = ()
     """Devices the operator does not want used (privacy, maintenance)."""
     memory_headroom: float = 0.0
-    """Fraction of every device's budget kept free (0.1 = plan within 90 %)."""
+    """Fraction of every device's budget kept free (0.1 = plan within 90 %); applied by
+    ``usable_memory_bytes`` only, for the cost model and the solvers alike."""
+
+
+def usable_memory_bytes(problem: PlanningProblem, memory_bytes: int) -> int:
+    """What a plan may fill of a device's ``memory_bytes`` once the headroom is kept free."""
+    return int(memory_bytes * (1.0 - problem.memory_headroom))
 
 
 def problem_errors(problem: PlanningProblem) -> list[str]:

@@ -69,6 +69,7 @@ from agents.protocol import (
 from agents.transport import CurveKeys, curve_client, harden
 from core.errors import FormatError, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan
+from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
 
 Mode = RunMode
@@ -139,7 +140,8 @@ class RunRequest:
     attention_mask: tuple[tuple[int, ...], ...]
     max_new_tokens: int
     mode: Mode = "sequential"
-    micro_batches: int = 1
+    micro_batches: int | None = None
+    """An override of the plan's micro-batch count (``core.runs.batching``); None: the plan's."""
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     sampling: SamplingSpec = SamplingSpec()
@@ -182,20 +184,6 @@ class _ActiveRun:
     lock: threading.Lock = field(default_factory=threading.Lock)
     operator_stop: bool = False
     """Ended by ``stop()`` or a cancelled reporter: the shards stay loaded for the next run."""
-
-
-def split_micro_batches(n_sequences: int, k: int) -> tuple[tuple[int, ...], ...]:
-    """Sequences 0..n-1 into k contiguous, near-equal micro-batches (no empty ones)."""
-    if n_sequences < 1:
-        raise FormatError("run request", f"needs at least one sequence, got {n_sequences}", "input_ids")
-    k = max(1, min(k, n_sequences))
-    base, extra = divmod(n_sequences, k)
-    out, start = [], 0
-    for i in range(k):
-        size = base + (1 if i < extra else 0)
-        out.append(tuple(range(start, start + size)))
-        start += size
-    return tuple(out)
 
 
 class Coordinator:
@@ -639,7 +627,7 @@ class Coordinator:
         if request.mode not in MODES:
             raise FormatError("run request", f"{request.mode!r} is not one of {', '.join(MODES)}", "mode")
         n = len(request.input_ids)
-        groups = split_micro_batches(n, request.micro_batches)
+        groups = run_micro_batches(n, plan, request.micro_batches)
         run_id = uuid.uuid4().hex[:12]
         devices = [s.device for s in plan.stages]
         lost = [d for d in devices if self._conns[d].lost]

@@ -109,7 +109,8 @@ class TextPieces:
 class GenerationSettings:
     max_new_tokens: int = 32
     mode: str = "sequential"
-    micro_batches: int = 1
+    micro_batches: int | None = None
+    """Override of the plan's micro-batch count; None: the plan's (``core.runs.batching``)."""
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0

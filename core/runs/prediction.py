@@ -1,7 +1,7 @@
 """The predicted timeline of a run the operator is about to start (the Run screen).
 
 Why not ``core.runs.simulator.simulate`` directly: the prediction must batch the prompts the
-way the real run will (``core.runs.coordinator.split_micro_batches``: 5 prompts in 2
+way the real run will (``core.runs.batching``: 5 prompts in 2
 micro-batches are 3 + 2, not 3 + 3), and it must stay small enough to redraw on every
 settings change: a 70B plan with 64 micro-batches × 4096 tokens is millions of events,
 so only the first steps are predicted and ``note`` says so.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.runs.coordinator import split_micro_batches
+from core.runs.batching import run_micro_batches
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.reporting import Cancelled, Reporter
@@ -33,17 +33,16 @@ class RunPrediction:
     """Non-empty when only the first steps were predicted."""
 
 
-def run_group_sizes(n_prompts: int, mode: str, micro_batches: int) -> tuple[int, ...]:
-    """Sequences per micro-batch of a real run (sequential: one micro-batch of all prompts)."""
-    n = max(1, n_prompts)
-    k = 1 if mode == "sequential" else max(1, micro_batches)
-    return tuple(len(g) for g in split_micro_batches(n, k))
+def run_group_sizes(n_prompts: int, plan: ShardPlan, micro_batches: int | None = None) -> tuple[int, ...]:
+    """Sequences per micro-batch of a real run of ``plan`` (``micro_batches``: the operator's
+    override of the plan's count), in every mode."""
+    return tuple(len(g) for g in run_micro_batches(max(1, n_prompts), plan, micro_batches))
 
 
-def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts: int, micro_batches: int,
+def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts: int, micro_batches: int | None,
                 max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS) -> RunPrediction:
     """Simulate the run's first steps (prefill included) with the real run's micro-batch split."""
-    sizes = run_group_sizes(n_prompts, mode, micro_batches)
+    sizes = run_group_sizes(n_prompts, plan, micro_batches)
     steps = max(1, min(max_new_tokens, max_stage_steps // (len(sizes) * len(plan.stages))))
     result = simulate(problem, plan, mode, micro_batch_sizes=sizes, generated_tokens=steps)
     note = ""

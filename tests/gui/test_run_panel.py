@@ -138,6 +138,7 @@ def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
     panel = _panel(qtbot, state, None)
     timeline = panel.monitor.timeline
     panel.mode_combo.setCurrentText("sequential")
+    panel.micro_batches_spin.setValue(1)
     qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
                     and _predicted_mbs(panel) == {0}, timeout=5000)
     panel.mode_combo.setCurrentText("no-bubbles")
@@ -145,6 +146,38 @@ def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
     qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1}, timeout=5000)
     assert timeline.predicted_check.isEnabled()
     assert panel.shutdown(5.0)
+
+
+def test_micro_batches_come_from_the_plan_in_every_mode_unless_overridden(qtbot, state):
+    """The plan (2 micro-batches) decides; sequential is not forced to one micro-batch."""
+    panel = _panel(qtbot, state, None)
+    assert state.plan.micro_batches == 2
+    assert panel.micro_batches_spin.value() == 0 and panel.micro_batches_spin.text() == "Plan's (2)"
+    assert panel.settings().micro_batches is None
+    panel.mode_combo.setCurrentText("sequential")
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and _predicted_mbs(panel) == {0, 1}, timeout=5000)
+    panel.micro_batches_spin.setValue(1)
+    assert panel.settings().micro_batches == 1
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and _predicted_mbs(panel) == {0}, timeout=5000)
+    assert panel.shutdown(5.0)
+
+
+@pytest.mark.parametrize("override, used", [(0, 2), (3, 3)])
+def test_a_recorded_run_keeps_its_micro_batch_count_and_whether_the_operator_overrode_the_plans(
+        qtbot, state, run_data, override, used):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0))
+    panel.micro_batches_spin.setValue(override)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.settings["micro_batches"] == used
+        assert run.settings["micro_batches_override"] == (override or None)
+        assert run.settings["plan_micro_batches"] == 2
 
 
 def test_quick_settings_changes_predict_off_the_gui_thread_once_and_keep_the_gui_responsive(

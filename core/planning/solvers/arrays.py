@@ -14,7 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
-from core.planning.problem import PlanningProblem
+from core.planning.problem import PlanningProblem, usable_memory_bytes
 
 INF = math.inf
 
@@ -122,7 +122,7 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     mem = stage_memory_matrix(problem, m * k, m)
     cluster = problem.profile.cluster
     mem_of = {d.id: d.memory_bytes for d in cluster.devices}
-    budgets = np.array([int(mem_of[d] * (1.0 - problem.memory_headroom)) for d in devices], dtype=np.int64)
+    budgets = np.array([usable_memory_bytes(problem, mem_of[d]) for d in devices], dtype=np.int64)
     fits = (mem[None, :, :] >= 0) & (mem[None, :, :] <= budgets[:, None, None])
     emax = np.arange(n + 1)[None, :] + fits.sum(axis=2)
     # Monotone in e (memory only grows with the range), so the count is the last fitting end.

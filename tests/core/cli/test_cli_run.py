@@ -86,3 +86,52 @@ def test_a_workspace_that_is_a_folder_is_refused_before_any_agent_starts(tmp_pat
     err = capsys.readouterr().err
     assert code != 0 and "is a directory, expected a workspace file" in err and "Traceback" not in err
     assert "TTFT" not in out
+
+
+@pytest.fixture
+def two_micro_batch_plan(tmp_path):
+    """The tiny checkpoint and a plan made for two micro-batches of one sequence: (model dir, plan path)."""
+    model, _ = cli_run_files(tmp_path)
+    plan = tmp_path / "plan-2mb.json"
+    formats.save(plan, plan_from_boundaries("tiny-llama", 6, DEVICES, [3], micro_batch_size=1, micro_batches=2))
+    return model, plan
+
+
+def test_a_sequential_run_uses_the_plans_micro_batches_and_records_where_they_came_from(two_micro_batch_plan,
+                                                                                         tmp_path):
+    model, plan = two_micro_batch_plan
+    workspace = tmp_path / "ws.sqlite"
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "the cat",
+                         "--prompt", "a river", "--max-new-tokens", "2", "--mode", "sequential",
+                         "--workspace", workspace])
+    assert code == 0, out
+    assert "micro-batches 2 (the plan)" in out
+    with SessionStore(workspace) as store:
+        [session] = store.sessions()
+        [run] = store.runs(session.id)
+    assert run.settings["micro_batches"] == 2 and run.settings["micro_batches_override"] is None
+    assert run.settings["plan_micro_batches"] == 2
+
+
+def test_a_micro_batch_override_is_recorded_with_the_run(two_micro_batch_plan, tmp_path):
+    model, plan = two_micro_batch_plan
+    workspace = tmp_path / "ws.sqlite"
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "the cat",
+                         "--prompt", "a river", "--max-new-tokens", "2", "--mode", "bubbles",
+                         "--micro-batches", "1", "--workspace", workspace])
+    assert code == 0, out
+    assert "micro-batches 1 (--micro-batches)" in out
+    with SessionStore(workspace) as store:
+        [session] = store.sessions()
+        [run] = store.runs(session.id)
+    assert run.settings["micro_batches"] == 1 and run.settings["micro_batches_override"] == 1
+    assert run.settings["plan_micro_batches"] == 2
+
+
+def test_a_micro_batch_override_below_one_is_refused_before_any_agent_starts(two_micro_batch_plan, capsys):
+    model, plan = two_micro_batch_plan
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "x",
+                         "--micro-batches", "0", "--no-record"])
+    err = capsys.readouterr().err
+    assert code != 0 and "micro-batches" in err and "plan's 2" in err and "Traceback" not in err
+    assert "TTFT" not in out

@@ -125,6 +125,13 @@ def test_memory_headroom_shrinks_every_budget():
     assert all(m.budget_bytes == 7500 for m in cost.memory)
 
 
+def test_the_cost_model_and_the_solvers_apply_the_headroom_alike():
+    problem = _problem(headroom=0.3)
+    arrays = build_arrays(problem, 2, 1)
+    budgets = dict(zip(arrays.devices, arrays.budgets.tolist()))
+    assert budgets == {m.device: m.budget_bytes for m in evaluate(problem, _plan()).memory} == {"a": 7000, "b": 7000}
+
+
 def test_every_violation_is_listed_at_once():
     problem = msgspec.structs.replace(_problem(batch=1), excluded_devices=("b",))
     plan = ShardPlan(model="toy", num_units=3, micro_batch_size=2, stages=(

@@ -38,9 +38,15 @@ def test_a_smaller_micro_batch_computes_for_less_time_than_a_bigger_one():
     assert equal.events == same.events and equal.tokens == same.tokens
 
 
-def test_sequential_runs_all_prompts_as_one_micro_batch():
-    assert run_group_sizes(5, "sequential", 4) == (5,)
-    assert run_group_sizes(2, "bubbles", 8) == (1, 1)
+def test_every_mode_splits_the_prompts_into_the_plans_micro_batches_unless_overridden():
+    p, _ = _problem_and_plan()
+    plan = make_plan(p, ["a", "b", "c"], [3, 5], m=2, k=2)
+    assert run_group_sizes(5, plan) == (3, 2)
+    assert run_group_sizes(5, plan, 4) == (2, 1, 1, 1)
+    assert run_group_sizes(2, plan, 8) == (1, 1)
+    sequential = predict_run(p, plan, "sequential", n_prompts=4, micro_batches=None, max_new_tokens=3)
+    assert sequential.group_sizes == (2, 2)
+    assert {t.micro_batch for t in sequential.result.tokens} == {0, 1}
 
 
 def test_a_long_many_micro_batch_run_predicts_only_its_first_steps_and_says_so():

@@ -1,7 +1,8 @@
 """The agents and the simulator perform one schedule (agents.schedule): for every run mode,
 1-4 micro-batches and 1-4 stages, each stage of a real run computes and sends the same
 steps in the same order as the simulated run and as the schedule says, and the tokens
-equal the unpartitioned model's."""
+equal the unpartitioned model's. The micro-batch count reaches the agents from the plan
+(the request does not name it)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,10 @@ def test_agents_and_simulator_perform_the_same_operations_in_the_same_order_per_
         cluster.load(plan, model_dir)
     request = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
                          attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
-                         max_new_tokens=NEW_TOKENS, mode=mode, micro_batches=k, eos_token_ids=(2,), pad_token_id=0)
+                         max_new_tokens=NEW_TOKENS, mode=mode, eos_token_ids=(2,), pad_token_id=0)
     real = cluster.run(plan, request)
     assert list(real.tokens) == reference
+    assert {t.micro_batch for t in real.token_events} == set(range(k)), "the plan's count reached the source"
 
     problem = make_problem({d: 0.001 * (i + 1) for i, d in enumerate(devices)}, blocks=4,
                            generated_tokens=NEW_TOKENS)
