@@ -55,10 +55,10 @@ def child(t_spawn: float, root: str) -> None:
     wait(demo.ready, 120)
     ready = time.time() - t_spawn
     t0 = time.time()
-    window.screens["Profile"].profile_button.click()
+    window.screens.profile.profile_button.click()
     wait(window.state.profile_changed, 300)
     profile_s = time.time() - t0
-    plan_editor = window.screens["Plan"]
+    plan_editor = window.screens.plan
     plan_editor.solve_button.click()
     wait(plan_editor._solve_runner.task_finished, 120)
     plan = window.state.plan

@@ -16,7 +16,7 @@ from pathlib import Path
 from core.errors import EdgeShardError
 from core.reporting import Reporter
 from gui.connection_lifecycle import watch_lost_agents
-from gui.devices_panel import DeviceRecord
+from core.devices.registry import DeviceRecord
 
 def open_coordinator(reporter: Reporter, agents_file: str):
     """Connect to the agents listed in ``agents_file``; returns (coordinator, statuses)."""
@@ -56,39 +56,29 @@ def profile_function(coordinator, state, options: dict, model_name: str = ""):
 
 
 def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | dict[str, str] = "",
-           profile_options: dict | None = None,
-           model_name: str = "", agent_control=None) -> list[str]:
-    """Wire the screens of ``window`` to ``coordinator``; returns what could not be wired."""
-    missing: list[str] = []
-    screens = window.screens
-    state = window.state
-    devices = screens.get("Devices")
-    if devices is not None and hasattr(devices, "upsert"):
-        for dev, status in sorted(statuses.items()):
-            address = coordinator.endpoints[dev].control_address.split("//")[-1].rsplit(":", 1)[0]
-            local = address in ("127.0.0.1", "localhost")
-            devices.upsert(DeviceRecord(
-                id=dev, address=address, status="running", origin=origin,
-                arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
-                memory_bytes=status.memory_bytes,
-                detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {note}" if (note := (
-                    detail.get(dev, "") if isinstance(detail, dict) else detail)) else ""),
-            ))
-        if agent_control is not None:
-            devices.agent_control = agent_control
-        devices.refresh()
-        if hasattr(devices, "set_status"):
-            watch_lost_agents(coordinator, devices, state)  # a killed agent shows as offline
-    profile = screens.get("Profile")
-    if profile is not None and hasattr(profile, "set_profile_task"):
-        profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name))
-    run = screens.get("Run")
-    if run is not None and hasattr(run, "set_backend"):
-        from gui.cluster_backend import ClusterRunBackend
+           profile_options: dict | None = None, model_name: str = "", agent_control=None) -> None:
+    """Wire the screens of ``window`` (its typed ``screens``) to ``coordinator``; ``detail`` is
+    one note for every agent or a note per device."""
+    screens, state = window.screens, window.state
+    devices = screens.devices
+    for dev, status in sorted(statuses.items()):
+        address = coordinator.endpoints[dev].control_address.split("//")[-1].rsplit(":", 1)[0]
+        local = address in ("127.0.0.1", "localhost")
+        note = detail.get(dev, "") if isinstance(detail, dict) else detail
+        devices.upsert(DeviceRecord(
+            id=dev, address=address, status="running", origin=origin,
+            arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
+            memory_bytes=status.memory_bytes,
+            detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {note}" if note else ""),
+        ))
+    if agent_control is not None:
+        devices.agent_control = agent_control
+    devices.refresh()
+    watch_lost_agents(coordinator, devices, state)  # a killed agent shows as offline
+    screens.profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name))
+    from gui.cluster_backend import ClusterRunBackend
 
-        run.set_backend(ClusterRunBackend(coordinator, state))
-        if hasattr(run, "model_edit") and not run.model_edit.text() and state.model_path:
-            run.model_edit.setText(state.model_path)
-    else:
-        missing.append("the Run screen (gui.run_panel) is not available")
-    return missing
+    run = screens.run
+    run.set_backend(ClusterRunBackend(coordinator, state))
+    if not run.model_edit.text() and state.model_path:
+        run.model_edit.setText(state.model_path)

@@ -33,7 +33,7 @@ from PySide6.QtCore import QObject, Signal
 
 from core.errors import EdgeShardError
 from core.reporting import Reporter
-from gui.devices_panel import DeviceRecord
+from core.devices.registry import DeviceRecord
 from gui.studio_state import StudioState
 from gui.workers import TaskRunner
 
@@ -222,7 +222,6 @@ class DemoSession(QObject):
         self.runner.status_reported.connect(lambda _t, s: self.state.log(f"demo: {s}"))
         self._ready = False
         self.error = ""
-        self.missing: list[str] = []
         self._run_done = threading.Event()
         self._stopped = False
         self.train = train
@@ -256,14 +255,12 @@ class DemoSession(QObject):
             emulation = parts.cluster.emulation
             detail = {d: f"emulates {emulation[d].describe()}, link {demo_shape(d).link_mbit:.0f} Mbit/s + "
                          f"{DEMO_LINK_LATENCY_MS:.0f} ms" for d in self.devices}
-            self.missing += attach(
+            attach(
                 self.window, parts.coordinator, parts.statuses or {}, origin="local cluster",
                 detail=detail,
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
                 agent_control=LocalAgentControl(parts),
             )
-        for m in self.missing:
-            st.log(f"demo: {m}", "warning")
         st.log("demo ready: Profile ▸ Profile cluster, then Plan ▸ Auto-solve, then Run ▸ Start")
         if has_trained_model(self.model_root):
             st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")
@@ -304,9 +301,8 @@ class DemoSession(QObject):
         self._drop_training_bar()
         self.parts.model_dir = Path(path)
         self.state.set_model(DEMO_MODEL_NAME, path=str(path))
-        run = self.window.screens.get("Run") if self.window is not None else None
-        if run is not None and hasattr(run, "model_edit"):
-            run.model_edit.setText(str(path))
+        if self.window is not None:
+            self.window.screens.run.model_edit.setText(str(path))
         self.state.log(f"demo model: trained ({path}); the next run uses it — same units, the profile and plan "
                        "still hold")
         self.trained.emit(str(path))
@@ -331,9 +327,10 @@ class DemoSession(QObject):
     # scripted use (screenshots, tests) --------------------------------------------------------
     def run_once(self, window=None, prompts=DEMO_PROMPTS, max_new_tokens: int = 12) -> bool:
         """Start a run on the Run screen with the demo prompts (as a user would)."""
-        run = (window or self.window).screens.get("Run")
-        if run is None or not hasattr(run, "start_run"):
+        target = window or self.window
+        if target is None:
             return False
+        run = target.screens.run
         run.prompts_edit.setPlainText("\n".join(prompts))
         run.max_tokens_spin.setValue(max_new_tokens)
         self._run_done.clear()

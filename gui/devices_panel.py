@@ -1,7 +1,8 @@
 """The devices screen: discovered and hand-added devices, deploy, start/stop agents, logs.
 
-Rows are ``DeviceRecord`` values merged from every source that knows a device (mDNS
-discovery, the operator, a local cluster, deploy results, the profile). mDNS callbacks
+Rows are the ``DeviceRecord`` values of a ``core.devices.registry.DeviceRegistry``, merged
+there from every source that knows a device (mDNS discovery, the operator, a local cluster,
+deploy results, the profile); this screen only shows them and starts the work. mDNS callbacks
 arrive on zeroconf's thread and cross into Qt through a queued signal; every network
 action (discovery start, deploy, start/stop, logs) runs in a ``TaskRunner``.
 
@@ -12,7 +13,6 @@ control for the local demo cluster), so the panel never knows which it drives.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -36,49 +36,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.devices.cluster import Cluster, Device
+from core.devices.registry import DeviceRecord, DeviceRegistry, record_from_deployment, record_from_discovered
 from core.reporting import Reporter
 from gui.app import theme_colors
 from gui.studio_state import StudioState
 from gui.widgets import InlineMessage, panel_header
 from gui.workers import TaskRunner
-
-STATUSES = ("discovered", "hand-added", "agent deployed", "running", "profiled", "offline", "error")
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    id: str
-    address: str = ""
-    ssh_port: int = 22
-    ssh_user: str = ""
-    status: str = "discovered"
-    arch: str = ""
-    cores: int = 0
-    memory_bytes: int = 0
-    accelerator: str = ""
-    origin: str = "mDNS"
-    """Where the studio learned of it: mDNS, hand-added, local cluster."""
-    detail: str = ""
-    """The last error or note, in plain words."""
-
-    def to_device(self) -> Device:
-        return Device(id=self.id, name=self.id, memory_bytes=self.memory_bytes, address=self.address,
-                      ssh_port=self.ssh_port, ssh_user=self.ssh_user, arch=self.arch, cores=self.cores,
-                      accelerator=self.accelerator)
-
-
-def record_from_discovered(dev) -> DeviceRecord:
-    """A ``core.devices.discovery.DiscoveredDevice`` as a row."""
-    a = dev.agent
-    status = "offline" if not dev.online else "running" if a is not None else "hand-added" if dev.manual else "discovered"
-    return DeviceRecord(
-        id=dev.id, address=dev.address, ssh_port=dev.ssh_port or 22, ssh_user=dev.ssh_user, status=status,
-        arch=a.arch if a else "", cores=a.cores if a else 0, memory_bytes=a.memory_bytes if a else 0,
-        accelerator=a.accelerator if a else "", origin="hand-added" if dev.manual else "mDNS",
-        detail="; ".join(dev.problems),
-    )
-
 
 class AgentControl(Protocol):
     """Long work on one device's agent (each takes a reporter, runs in a worker)."""
@@ -105,7 +68,7 @@ class DevicesPanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
-        self.records: dict[str, DeviceRecord] = {}
+        self.registry = DeviceRegistry()
         self.agent_control: AgentControl | None = None
         """Default agent control (the demo's local processes)."""
         self.device_controls: dict[str, AgentControl] = {}
@@ -175,40 +138,30 @@ class DevicesPanel(QWidget):
 
     # records ---------------------------------------------------------------------------
     def upsert(self, rec: DeviceRecord) -> None:
-        """Add or update a row; figures an update does not know are kept."""
-        old = self.records.get(rec.id)
-        if old is not None:
-            rec = replace(
-                rec,
-                address=rec.address or old.address, ssh_user=rec.ssh_user or old.ssh_user,
-                arch=rec.arch or old.arch, cores=rec.cores or old.cores, memory_bytes=rec.memory_bytes or old.memory_bytes,
-                accelerator=rec.accelerator or old.accelerator,
-                origin=old.origin if old.origin != "mDNS" else rec.origin,
-            )
-        self.records[rec.id] = rec
-        self._fill_table()
-        self._publish_cluster()
-        self.records_changed.emit()
+        """Add or update a row; figures an update does not know are kept (``merge_record``)."""
+        self.registry.upsert(rec)
+        self._records_changed()
 
     def set_status(self, device: str, status: str, detail: str = "") -> None:
-        if device in self.records:
-            self.upsert(replace(self.records[device], status=status, detail=detail))
+        if self.registry.set_status(device, status, detail) is not None:
+            self._records_changed()
+
+    def _records_changed(self) -> None:
+        self._fill_table()
+        if self.state.profile is None:  # before profiling, the cluster screen shows the devices as found
+            self.state.set_cluster(self.registry.cluster())
+        self.records_changed.emit()
 
     def selected_ids(self) -> list[str]:
         rows = sorted({i.row() for i in self.table.selectedIndexes()})
         return [self.table.item(r, 0).text() for r in rows]
 
-    def _publish_cluster(self) -> None:
-        """Before profiling, the cluster screen shows the devices as found (no links yet)."""
-        if self.state.profile is None:
-            devs = tuple(r.to_device() for r in sorted(self.records.values(), key=lambda r: r.id))
-            self.state.set_cluster(Cluster(devices=devs) if devs else None)
-
     def _fill_table(self) -> None:
         selected = set(self.selected_ids())
         c = theme_colors()
-        self.table.setRowCount(len(self.records))
-        for r, rec in enumerate(sorted(self.records.values(), key=lambda x: x.id)):
+        records = self.registry.sorted()
+        self.table.setRowCount(len(records))
+        for r, rec in enumerate(records):
             cells = [
                 rec.id, f"{rec.address}:{rec.ssh_port}" if rec.address else "—", rec.status, rec.arch or "—",
                 str(rec.cores) if rec.cores else "—",
@@ -244,12 +197,8 @@ class DevicesPanel(QWidget):
             self.start_button.setToolTip("Deploy the agent first (Deploy…), or run the demo cluster")
 
     def _on_state_profile_changed(self, profile) -> None:
-        if profile is None:
-            return
-        for d in profile.cluster.devices:
-            rec = self.records.get(d.id)
-            if rec is not None:
-                self.upsert(replace(rec, status="profiled", memory_bytes=rec.memory_bytes or d.memory_bytes))
+        if profile is not None and self.registry.mark_profiled(profile):
+            self._records_changed()
 
     # discovery --------------------------------------------------------------------------
     def toggle_discovery(self) -> None:
@@ -307,7 +256,7 @@ class DevicesPanel(QWidget):
             return None
         from gui.deploy_dialog import DeployDialog
 
-        dlg = DeployDialog([self.records[i] for i in ids], functions=self.deploy_functions, parent=self)
+        dlg = DeployDialog([self.registry.records[i] for i in ids], functions=self.deploy_functions, parent=self)
         self._deploy_dialogs = [d for d in self._deploy_dialogs if d.isVisible() or d.alive_threads()] + [dlg]
         dlg.device_deployed.connect(lambda dev, detail, dlg=dlg: self._on_deploy_dialog_device_deployed(dlg, dev, detail))
         dlg.device_failed.connect(lambda dev, detail: self.set_status(dev, "error", detail))
@@ -338,11 +287,9 @@ class DevicesPanel(QWidget):
         from gui.deploy_adapter import SshAgentControl
 
         for dev, dep in deployments.items():
-            rec = self.records.get(dev)
+            rec = self.registry.records.get(dev)
             if rec is None:
-                rec = DeviceRecord(id=dev, address=dep.address, ssh_port=dep.ssh_port, ssh_user=dep.ssh_user,
-                                   status="agent deployed", origin="deployed earlier",
-                                   detail=f"agent pid {dep.pid}, log {dep.log_path}")
+                rec = record_from_deployment(dev, dep)
                 self.upsert(rec)
             self.device_controls[dev] = SshAgentControl.from_deployment(dep, rec)
         self._update_buttons()

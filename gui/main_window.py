@@ -33,23 +33,11 @@ from core.errors import EdgeShardError
 from core.planning.problem import PlanningProblem
 from core.devices.profile import Profile
 from gui import app as studio_app
+from gui.screens import SCREEN_TITLES, Screens
 from gui.studio_state import StudioState
-from gui.widgets import panel_header, show_error
+from gui.widgets import show_error
 
-SCREENS = ("Devices", "Cluster", "Profile", "Plan", "Run", "Sessions", "Experiments")
-
-
-class MissingScreen(QWidget):
-    """Stands in for a screen whose module is not available, saying which and why."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__()
-        from PySide6.QtWidgets import QVBoxLayout
-
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(16, 12, 16, 12)
-        lay.addWidget(panel_header(name, f"This screen is not available in this build: {reason}"))
-        lay.addStretch(1)
+SCREENS = SCREEN_TITLES
 
 
 class MainWindow(QMainWindow):
@@ -58,7 +46,7 @@ class MainWindow(QMainWindow):
         self.state = state or StudioState(self)
         self.setWindowTitle("EdgeShard Studio")
         self.setObjectName("mainWindow")
-        self.screens: dict[str, QWidget] = {}
+        self.screens = Screens.build(self.state)
         self.coordinator = None
         """The connection to agents opened from an agents.json (closed with the window)."""
         self._agents_runner = None
@@ -70,14 +58,11 @@ class MainWindow(QMainWindow):
         self.state.model_changed.connect(lambda m: self.model_label.setText(f"Model: {m or '—'}"))
         self.state.connection_changed.connect(lambda c: self.connection_label.setText(f"● {c}"))
         self.state.log_added.connect(self._on_state_log_added)
-        run = self.screens.get("Run")
-        if hasattr(run, "model_edit"):
-            run.model_edit.editingFinished.connect(self._on_run_model_edited)
+        self.screens.run.model_edit.editingFinished.connect(self._on_run_model_edited)
+        self.screens.profile.load_requested.connect(self._on_load_profile)
         self.resize(1440, 900)
         self._restore_layout()
-        devices = self.screens.get("Devices")
-        if hasattr(devices, "restore_deployments"):
-            devices.restore_deployments()  # agents deployed in earlier sessions stay controllable
+        self.screens.devices.restore_deployments()  # agents deployed in earlier sessions stay controllable
 
     # construction ---------------------------------------------------------------
     def _build_screens(self) -> None:
@@ -90,9 +75,7 @@ class MainWindow(QMainWindow):
         self.sidebar.setAccessibleName("Screens")
         self.sidebar.setFixedWidth(150)
         self.stack = QStackedWidget()
-        for i, name in enumerate(SCREENS):
-            widget = self._make_screen(name)
-            self.screens[name] = widget
+        for i, (name, widget) in enumerate(self.screens.titled()):
             self.stack.addWidget(self._scrollable(widget))
             item = QListWidgetItem(name)
             item.setToolTip(f"{name} screen (Ctrl+{i + 1})")
@@ -113,41 +96,6 @@ class MainWindow(QMainWindow):
         area.setFrameShape(QFrame.NoFrame)
         area.setWidget(screen)
         return area
-
-    def _make_screen(self, name: str) -> QWidget:
-        s = self.state
-        try:
-            if name == "Plan":
-                from gui.plan_editor import PlanEditorPanel
-
-                return PlanEditorPanel(s)
-            if name == "Devices":
-                from gui.devices_panel import DevicesPanel
-
-                return DevicesPanel(s)
-            if name == "Cluster":
-                from gui.cluster_panel import ClusterPanel
-
-                return ClusterPanel(s)
-            if name == "Profile":
-                from gui.profile_panel import ProfilePanel
-
-                return ProfilePanel(s)
-            if name == "Run":
-                from gui.screens_embed import make_run_screen
-
-                return make_run_screen(s)
-            if name == "Sessions":
-                from gui.screens_embed import make_sessions_screen
-
-                return make_sessions_screen(s)
-            if name == "Experiments":
-                from gui.experiments_panel import ExperimentsPanel
-
-                return ExperimentsPanel(s)
-        except ImportError as err:
-            return MissingScreen(name, f"{err}")
-        return MissingScreen(name, "unknown screen")
 
     def _build_log_dock(self) -> None:
         self.log_view = QPlainTextEdit()
@@ -193,21 +141,20 @@ class MainWindow(QMainWindow):
         self._action(f, "Connect to agents…", self._on_connect_agents, "Ctrl+Shift+K",
                      "Connect to running agents from an agents.json (edgeshard cluster local, edgeshard deploy)")
         self._action(f, "Load profile…", self._on_load_profile, "Ctrl+Shift+P", "Load a profile or problem file")
-        plan = self.screens.get("Plan")
-        if hasattr(plan, "load_plan_file"):
-            self._action(f, "Load plan…", plan._on_load_clicked, "Ctrl+Shift+O", "Load a plan file")
-            self._action(f, "Save plan…", plan._on_save_clicked, QKeySequence.Save, "Save the current plan")
+        plan = self.screens.plan
+        self._action(f, "Load plan…", plan._on_load_clicked, "Ctrl+Shift+O", "Load a plan file")
+        self._action(f, "Save plan…", plan._on_save_clicked, QKeySequence.Save, "Save the current plan")
         f.addSeparator()
         self._action(f, "Quit", self.close, QKeySequence.Quit)
 
         e = mb.addMenu("&Edit")
-        if hasattr(plan, "undo_stack"):
-            e.addAction(plan.undo_action)
-            e.addAction(plan.redo_action)
+        e.addAction(plan.undo_action)
+        e.addAction(plan.redo_action)
 
         v = mb.addMenu("&View")
-        for i, name in enumerate(SCREENS):
-            self._action(v, name, lambda _c=False, i=i: self.show_screen(SCREENS[i]), f"Ctrl+{i + 1}", f"Show the {name} screen")
+        for i, (name, screen) in enumerate(self.screens.titled()):
+            self._action(v, name, lambda _c=False, screen=screen: self.show_screen(screen), f"Ctrl+{i + 1}",
+                         f"Show the {name} screen")
         v.addSeparator()
         v.addAction(self.log_dock.toggleViewAction())
         self.dark_action = self._action(v, "Dark theme", self._on_dark_toggled, "Ctrl+Shift+D", "Switch between light and dark")
@@ -215,38 +162,38 @@ class MainWindow(QMainWindow):
         self.dark_action.setChecked(studio_app.theme_mode() == "dark")
 
         d = mb.addMenu("&Devices")
-        devices, profile = self.screens.get("Devices"), self.screens.get("Profile")
-        if hasattr(devices, "open_deploy_dialog"):
-            self._action(d, "Discover devices", lambda: (self.show_screen("Devices"), devices.toggle_discovery()),
-                         "Ctrl+Shift+F", "Start or stop browsing the network (mDNS)")
-            self._action(d, "Add device…", lambda: (self.show_screen("Devices"), devices._on_add_clicked()),
-                         "Ctrl+Shift+A", "Add a device by address")
-            self._action(d, "Deploy…", lambda: (self.show_screen("Devices"), devices.open_deploy_dialog()), "Ctrl+D",
-                         "Deploy the agent to the selected devices")
-        if hasattr(profile, "start_profiling"):
-            self._action(d, "Profile cluster", lambda: (self.show_screen("Profile"), profile.start_profiling()), "Ctrl+P",
-                         "Measure every unit on every device")
+        devices, profile = self.screens.devices, self.screens.profile
+        self._action(d, "Discover devices", lambda: (self.show_screen(devices), devices.toggle_discovery()),
+                     "Ctrl+Shift+F", "Start or stop browsing the network (mDNS)")
+        self._action(d, "Add device…", lambda: (self.show_screen(devices), devices._on_add_clicked()),
+                     "Ctrl+Shift+A", "Add a device by address")
+        self._action(d, "Deploy…", lambda: (self.show_screen(devices), devices.open_deploy_dialog()), "Ctrl+D",
+                     "Deploy the agent to the selected devices")
+        self._action(d, "Profile cluster", lambda: (self.show_screen(profile), profile.start_profiling()), "Ctrl+P",
+                     "Measure every unit on every device")
 
         p = mb.addMenu("&Plan")
-        if hasattr(plan, "auto_solve"):
-            self._action(p, "Auto-solve", lambda: (self.show_screen("Plan"), plan.auto_solve()), "Ctrl+R",
-                         "Solve for the selected objective")
-            self._action(p, "Compare strategies", lambda: (self.show_screen("Plan"), plan.compare()), "Ctrl+Shift+C",
-                         "Compare every strategy")
+        self._action(p, "Auto-solve", lambda: (self.show_screen(plan), plan.auto_solve()), "Ctrl+R",
+                     "Solve for the selected objective")
+        self._action(p, "Compare strategies", lambda: (self.show_screen(plan), plan.compare()), "Ctrl+Shift+C",
+                     "Compare every strategy")
         h = mb.addMenu("&Help")
         self._action(h, "Keyboard shortcuts", self._on_shortcuts, "F1")
         self._action(h, "About EdgeShard Studio", self._on_about)
 
     # behaviour ----------------------------------------------------------------------
     def _on_run_model_edited(self) -> None:
-        path = self.screens["Run"].model_edit.text().strip()
+        path = self.screens.run.model_edit.text().strip()
         if path and Path(path).is_dir():
             self.state.set_model(Path(path).name, path=path)
 
-    def show_screen(self, name: str) -> None:
-        self.sidebar.setCurrentRow(SCREENS.index(name))
+    def show_screen(self, screen: QWidget) -> None:
+        self.sidebar.setCurrentRow([w for _, w in self.screens.titled()].index(screen))
 
-    def current_screen(self) -> str:
+    def current_screen(self) -> QWidget:
+        return self.screens.titled()[self.stack.currentIndex()][1]
+
+    def current_screen_title(self) -> str:
         return SCREENS[self.stack.currentIndex()]
 
     def open_workspace(self, path: str) -> None:
@@ -294,8 +241,7 @@ class MainWindow(QMainWindow):
         if self.coordinator is not None:
             self.coordinator.close()
         self.coordinator = coordinator
-        for m in attach(self, coordinator, statuses, origin="agents file"):
-            self.state.log(m, "warning")
+        attach(self, coordinator, statuses, origin="agents file")
         self.state.set_connection(f"{len(statuses)} agent(s) connected")
         self.state.log(f"connected to {', '.join(sorted(statuses))}")
 
@@ -332,9 +278,9 @@ class MainWindow(QMainWindow):
         mode = "dark" if checked else "light"
         studio_app.apply_theme(QApplication.instance(), mode)
         studio_app.settings().setValue("theme", mode)
-        for w in self.screens.values():
-            if hasattr(w, "refresh"):
-                w.refresh()
+        for screen in (self.screens.devices, self.screens.cluster, self.screens.profile, self.screens.plan,
+                       self.screens.sessions):
+            screen.refresh()
 
     def _on_shortcuts(self) -> None:
         lines = [f"Ctrl+{i + 1}: {n}" for i, n in enumerate(SCREENS)] + [
@@ -368,15 +314,15 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         if isinstance(st, QByteArray) and not st.isEmpty():
             self.restoreState(st)
-        screen = s.value("window/screen", "Devices")
-        if screen in SCREENS:
-            self.show_screen(screen)
+        title = s.value("window/screen", "Devices")
+        if title in SCREENS:
+            self.sidebar.setCurrentRow(SCREENS.index(title))
 
     def save_layout(self) -> None:
         s = studio_app.settings()
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/state", self.saveState())
-        s.setValue("window/screen", self.current_screen())
+        s.setValue("window/screen", self.current_screen_title())
         s.sync()
 
     def closeEvent(self, event) -> None:
@@ -386,7 +332,7 @@ class MainWindow(QMainWindow):
         if self.coordinator is not None:
             self.coordinator.close()
             self.coordinator = None
-        for w in self.screens.values():
-            if hasattr(w, "shutdown"):
-                w.shutdown()
+        for screen in (self.screens.devices, self.screens.profile, self.screens.plan, self.screens.run,
+                       self.screens.sessions, self.screens.experiments):
+            screen.shutdown()
         super().closeEvent(event)

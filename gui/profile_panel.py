@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from core.devices.profile import Profile
@@ -21,6 +22,9 @@ from gui.workers import TaskRunner
 
 
 class ProfilePanel(QWidget):
+    load_requested = Signal()
+    """Load… was clicked: the window asks for the file (profiles and problems load there)."""
+
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
@@ -139,9 +143,7 @@ class ProfilePanel(QWidget):
             self.save_profile_file(path)
 
     def _on_load_clicked(self) -> None:
-        window = self.window()
-        if hasattr(window, "_on_load_profile"):
-            window._on_load_profile()
+        self.load_requested.emit()
 
     # drawing --------------------------------------------------------------------------
     def refresh(self) -> None:

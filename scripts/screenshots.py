@@ -101,21 +101,21 @@ def main() -> int:
         window.state.set_workspace(str(ROOT / "demo.edgeshard"))
         window.state.set_connection("synthetic scenario (no agents)")
     try:
-        plan = window.screens["Plan"]
-        window.show_screen("Devices")
+        plan = window.screens.plan
+        window.show_screen(window.screens.devices)
         grab(app, window, "devices")
         if demo is not None and demo.error == "":
-            profile = window.screens["Profile"]
-            window.show_screen("Profile")
+            profile = window.screens.profile
+            window.show_screen(window.screens.profile)
             profile.start_profiling()
             wait(app, 1.5)
             grab(app, window, "profile-running")
             if not wait(app, 300, lambda: window.state.profile is not None):
                 print("profiling did not finish: " + profile.error.text(), file=sys.stderr)
-        for name in ("Cluster", "Profile"):
-            window.show_screen(name)
-            grab(app, window, name.lower())
-        window.show_screen("Plan")
+        for name, screen in (("cluster", window.screens.cluster), ("profile", window.screens.profile)):
+            window.show_screen(screen)
+            grab(app, window, name)
+        window.show_screen(window.screens.plan)
         plan.auto_solve()
         wait(app, 60, lambda: not plan._solve_runner.is_busy())
         grab(app, window, "plan")
@@ -127,16 +127,16 @@ def main() -> int:
             plan.adopt(multi[0])
         grab(app, window, "plan-compare")
         if demo is not None and demo.error == "":
-            run = window.screens["Run"]
+            run = window.screens.run
             run.mode_combo.setCurrentText("no-bubbles")
             run.micro_batches_spin.setValue(2)
             demo.run_once(window, prompts=DEMO_RUN_PROMPTS, max_new_tokens=16)
-            window.show_screen("Run")
+            window.show_screen(window.screens.run)
             wait(app, 240, demo.run_finished)
             wait(app, 1.0)
             grab(app, window, "run")
-            sessions = window.screens["Sessions"]
-            window.show_screen("Sessions")
+            sessions = window.screens.sessions
+            window.show_screen(window.screens.sessions)
             wait(app, 1.0)
             items = sessions.run_items()
             if items:
@@ -150,9 +150,10 @@ def main() -> int:
         if args.theme in ("dark", "both"):
             window.dark_action.setChecked(True)
             window._on_dark_toggled(True)
-            for name in ("Plan", "Cluster", "Run"):
-                window.show_screen(name)
-                grab(app, window, f"{name.lower()}-dark")
+            for name, screen in (("plan", window.screens.plan), ("cluster", window.screens.cluster),
+                                 ("run", window.screens.run)):
+                window.show_screen(screen)
+                grab(app, window, f"{name}-dark")
     finally:
         window.close()
         if demo is not None:

@@ -40,21 +40,21 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         co = demo.parts.coordinator
         assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 3.0
         assert {s.state for s in co.status().values()} == {"idle"}
-        devices = window.screens["Devices"]
-        assert sorted(devices.records) == ["dev-a", "dev-b"]
-        assert {r.status for r in devices.records.values()} == {"running"}
+        devices = window.screens.devices
+        assert sorted(devices.registry.records) == ["dev-a", "dev-b"]
+        assert {r.status for r in devices.registry.records.values()} == {"running"}
         assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
         assert window.workspace_label.text() == "Workspace: demo.edgeshard"
 
         # profile the agents from the Profile screen, then auto-solve on the Plan screen
-        profile = window.screens["Profile"]
+        profile = window.screens.profile
         assert profile.profile_button.isEnabled()
         with qtbot.waitSignal(window.state.profile_changed, timeout=120_000):
             profile.profile_button.click()
         assert sorted(t.device for t in window.state.profile.times) == ["dev-a", "dev-b"]
         assert len(window.state.profile.cluster.links) == 2
-        assert {r.status for r in devices.records.values()} == {"profiled"}
-        plan_editor = window.screens["Plan"]
+        assert {r.status for r in devices.registry.records.values()} == {"profiled"}
+        plan_editor = window.screens.plan
         with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
             plan_editor.solve_button.click()
         assert plan_editor.cost is not None and plan_editor.cost.feasible
@@ -62,7 +62,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         n = window.state.profile.model.num_units
         plan_editor.push_plan(plan_from_boundaries("demo-llama", n, ["dev-a", "dev-b"], [4]), "2 stages")
         assert plan_editor.cost.feasible, plan_editor.cost.violations
-        run = window.screens["Run"]
+        run = window.screens.run
         with qtbot.waitSignal(run.run_finished, timeout=120_000) as finished:
             assert demo.run_once(window, max_new_tokens=6)
         assert finished.args == ["completed"], run.message.text()
@@ -140,19 +140,20 @@ def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses
     try:
         with qtbot.waitSignal(demo.ready, timeout=120_000):
             demo.start()
-        devices = window.screens["Devices"]
-        assert "MiB budget" in devices.records["edge-b"].detail and "slower compute" in devices.records["edge-c"].detail
+        devices = window.screens.devices
+        records = devices.registry.records
+        assert "MiB budget" in records["edge-b"].detail and "slower compute" in records["edge-c"].detail
         # an agent refuses the whole model (its budget is a share of it), naming itself
         n = 8
         with pytest.raises(ShardOverBudget, match="edge-a"):
             demo.parts.coordinator.load(plan_from_boundaries("demo-llama", n, ["edge-a"], []),
                                         str(demo.parts.model_dir), timeout_s=60)
         with qtbot.waitSignal(window.state.profile_changed, timeout=180_000):
-            window.screens["Profile"].profile_button.click()
+            window.screens.profile.profile_button.click()
         budgets = {d.id: d.memory_bytes for d in window.state.profile.cluster.devices}
         assert budgets["edge-a"] > budgets["edge-b"] > budgets["edge-c"]
         assert all(b < window.state.profile.model.param_bytes for b in budgets.values())
-        plan_editor = window.screens["Plan"]
+        plan_editor = window.screens.plan
         with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
             plan_editor.solve_button.click()
         plan = window.state.plan

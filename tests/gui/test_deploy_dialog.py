@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QMessageBox
 from core.errors import DeployError
 from gui.deploy_adapter import Credentials, HostKeyProbe
 from gui.deploy_dialog import DeployDialog
-from gui.devices_panel import DeviceRecord
+from core.devices.registry import DeviceRecord
 
 FP = "SHA256:nThbg6kXUpJWGl7E1IGOCspRomTxdCARLviKw6E5SY8"
 

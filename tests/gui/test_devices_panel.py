@@ -9,7 +9,8 @@ from PySide6.QtWidgets import QDialog, QPlainTextEdit
 
 from core.devices.discovery import AgentAnnouncement, DiscoveredDevice
 from core.reporting import Reporter
-from gui.devices_panel import DeviceRecord, DevicesPanel
+from core.devices.registry import DeviceRecord
+from gui.devices_panel import DevicesPanel
 from gui.studio_state import StudioState
 from tests.gui.problems import make_problem
 
@@ -129,9 +130,9 @@ def test_discover_finds_an_agent_announced_over_real_mdns(qtbot):
     announcement = announce_agent(addresses[0], 7999, name="guiprobe", accelerator="", memory_bytes=3 * 2**30)
     try:
         panel.discover_button.click()
-        qtbot.waitUntil(lambda: any(d.startswith("guiprobe") for d in panel.records), timeout=15_000)
-        dev = next(d for d in panel.records if d.startswith("guiprobe"))
-        rec = panel.records[dev]
+        qtbot.waitUntil(lambda: any(d.startswith("guiprobe") for d in panel.registry.records), timeout=15_000)
+        dev = next(d for d in panel.registry.records if d.startswith("guiprobe"))
+        rec = panel.registry.records[dev]
         assert rec.status == "running" and rec.memory_bytes == 3 * 2**30 and rec.origin == "mDNS"
         assert panel.discover_button.text() == "Stop discovery"
         panel.discover_button.click()
@@ -161,7 +162,7 @@ def test_no_deploy_worker_outlives_the_panel_shutdown_at_exit(qtbot):
     panel.shutdown()
     assert dlg.alive_threads() == []
     assert not [t for t in threading.enumerate() if t.name.startswith("edgeshard-deploy")]
-    assert panel.records["slow"].status != "running"
+    assert panel.registry.records["slow"].status != "running"
 
 
 # --- agents deployed in an earlier session (real sshd on loopback, real agent) ---------------

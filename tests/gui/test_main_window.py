@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from core import formats
 from gui import app as studio_app
@@ -34,10 +34,10 @@ def window(qtbot, isolated_settings):
 
 def test_every_screen_is_in_the_sidebar_and_ctrl_number_switches_to_it(window, qtbot):
     assert [window.sidebar.item(i).text() for i in range(window.sidebar.count())] == list(SCREENS)
-    for i, name in enumerate(SCREENS):
+    for i, (_, screen) in enumerate(window.screens.titled()):
         qtbot.keyClick(window, Qt.Key_1 + i, Qt.ControlModifier)
-        assert window.current_screen() == name
-        assert window.stack.currentWidget().widget() is window.screens[name]
+        assert window.current_screen() is screen
+        assert window.stack.currentWidget().widget() is screen
 
 
 def test_loading_a_profile_file_sets_model_in_status_bar_and_a_plan(window, tmp_path):
@@ -47,6 +47,16 @@ def test_loading_a_profile_file_sets_model_in_status_bar_and_a_plan(window, tmp_
     assert window.load_profile_file(str(path))
     assert window.model_label.text() == "Model: tiny-llama"
     assert window.state.plan is not None and window.state.plan.devices() == ("phone",)
+
+
+def test_the_profile_screens_load_button_loads_the_chosen_file_through_the_window(window, tmp_path, monkeypatch):
+    path = tmp_path / "problem.json"
+    formats.save(path, make_problem())
+    asked = []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (asked.append(a[1]), (str(path), ""))[1])
+    window.screens.profile.load_button.click()
+    assert asked == ["Load profile"]
+    assert window.model_label.text() == "Model: tiny-llama"
 
 
 def test_a_wrong_file_is_a_dialog_with_what_to_do_not_a_traceback(window, tmp_path):
@@ -76,7 +86,7 @@ def test_window_geometry_and_last_screen_are_restored(qtbot, isolated_settings):
     qtbot.waitExposed(first)
     first.resize(720, 520)
     qtbot.waitUntil(lambda: (first.width(), first.height()) == (720, 520), timeout=5000)
-    first.show_screen("Cluster")
+    first.show_screen(first.screens.cluster)
     first.close()
     saved = studio_app.settings().value("window/geometry")
     assert saved is not None and not saved.isEmpty()
@@ -84,7 +94,7 @@ def test_window_geometry_and_last_screen_are_restored(qtbot, isolated_settings):
     qtbot.addWidget(second)
     second.show()
     qtbot.waitExposed(second)
-    assert second.current_screen() == "Cluster"
+    assert second.current_screen() is second.screens.cluster
     qtbot.waitUntil(lambda: (second.width(), second.height()) == (720, 520), timeout=5000)
     second.close()
 
@@ -110,10 +120,10 @@ def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_r
     with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
         window.connect_agents(str(cluster.agents_file))
         qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
-        devices = window.screens["Devices"]
-        assert devices.records["solo"].status == "running" and devices.records["solo"].origin == "agents file"
-        assert window.screens["Profile"].profile_button.isEnabled()
-        assert window.screens["Run"].backend is not None
+        devices = window.screens.devices
+        assert devices.registry.records["solo"].status == "running" and devices.registry.records["solo"].origin == "agents file"
+        assert window.screens.profile.profile_button.isEnabled()
+        assert window.screens.run.backend is not None
         window.close()
         assert window.coordinator is None
 
@@ -146,12 +156,12 @@ def test_a_killed_agent_shows_as_offline_on_the_devices_screen(window, qtbot, tm
     with LocalCluster(tmp_path / "cluster", ["solo", "duo"]) as cluster:
         window.connect_agents(str(cluster.agents_file))
         qtbot.waitUntil(lambda: window.connection_label.text() == "● 2 agent(s) connected", timeout=60_000)
-        devices = window.screens["Devices"]
-        assert devices.records["duo"].status == "running"
+        devices = window.screens.devices
+        assert devices.registry.records["duo"].status == "running"
         os.kill(cluster.pid_of("duo"), signal.SIGKILL)
-        qtbot.waitUntil(lambda: devices.records["duo"].status == "offline", timeout=20_000)
-        assert "stopped answering" in devices.records["duo"].detail
-        assert devices.records["solo"].status == "running"  # the live one is untouched
+        qtbot.waitUntil(lambda: devices.registry.records["duo"].status == "offline", timeout=20_000)
+        assert "stopped answering" in devices.registry.records["duo"].detail
+        assert devices.registry.records["solo"].status == "running"  # the live one is untouched
         window.close()
 
 

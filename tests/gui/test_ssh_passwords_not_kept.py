@@ -8,7 +8,8 @@ from PySide6.QtWidgets import QInputDialog, QLineEdit
 
 from gui.deploy_adapter import Credentials, HostKeyProbe, SshAgentControl
 from gui.deploy_dialog import DeployDialog
-from gui.devices_panel import DeviceRecord, DevicesPanel
+from core.devices.registry import DeviceRecord
+from gui.devices_panel import DevicesPanel
 from gui.studio_state import StudioState
 
 SECRET = "hunter2-not-kept"
