@@ -343,6 +343,7 @@ class Agent:
             stage=loaded.msg.stage if loaded else -1,
             units=(loaded.msg.start, loaded.msg.end) if loaded else (0, 0),
             memory_bytes=int(loaded.executor.memory_bytes()) if loaded else 0,
+            kv_reserved_bytes=int(getattr(loaded.executor, "kv_reserved_bytes", 0)) if loaded else 0,
             error=self._error,
             pid=os.getpid(),
             activity=self._activity,
@@ -505,11 +506,15 @@ class Agent:
             torch.set_num_threads(msg.threads)
         kwargs = dict(dtype=msg.dtype, threads=msg.threads or None)
         factory = self.executor_factory or executor_factory_for(msg.kind)
-        if "progress" in inspect.signature(factory).parameters:
+        params = inspect.signature(factory).parameters
+        if "progress" in params:
             kwargs["progress"] = self._set_progress
+        if "kv" in params and msg.kv.groups:
+            kwargs["kv"] = msg.kv
         executor = factory(msg.model_dir, msg.start, msg.end, **kwargs)
-        # checked on the weights the shard really holds (dtype and tied heads included)
-        self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end))
+        # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
+        self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),
+                                   kv_bytes=int(getattr(executor, "kv_reserved_bytes", 0)))
         executor = self.emulation.slowed(executor)
         self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device])
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None

@@ -58,11 +58,14 @@ class DeviceEmulation:
             parts.append(f"{self.compute_slowdown:g}× slower compute")
         return ", ".join(parts) or "no emulated limits"
 
-    def check_shard(self, device: str, weight_bytes: int, units: tuple[int, int]) -> None:
-        """Refuse a shard beyond the budget (``ShardOverBudget`` says by how much)."""
-        if self.memory_budget_bytes and weight_bytes > self.memory_budget_bytes:
+    def check_shard(self, device: str, weight_bytes: int, units: tuple[int, int], kv_bytes: int = 0) -> None:
+        """Refuse a shard beyond the budget (``ShardOverBudget`` says by how much): its weights
+        plus the KV cache it reserved at load."""
+        total = weight_bytes + kv_bytes
+        if self.memory_budget_bytes and total > self.memory_budget_bytes:
+            kv = f" + {kv_bytes / MIB:.1f} MiB of reserved KV cache" if kv_bytes else ""
             raise ShardOverBudget(
-                f"units [{units[0]}, {units[1]}) need {weight_bytes / MIB:.1f} MiB of weights but device {device} "
+                f"units [{units[0]}, {units[1]}) need {weight_bytes / MIB:.1f} MiB of weights{kv} but device {device} "
                 f"has a {self.memory_budget_bytes / MIB:.1f} MiB memory budget: plan fewer units on it "
                 "(re-profile so the solver knows the budget)"
             )

@@ -60,11 +60,12 @@ def executor_factory_for(kind: str) -> ExecutorFactory:
         ) from None
 
 
-def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
-    """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard)."""
+def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None):
+    """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard), its KV
+    cache allocated at load when ``kv`` (a ``KvReservation``) asks for it."""
     from agents.shard import StageExecutor  # torch/transformers load lazily: the agent starts fast
 
-    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
+    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
 
 
 register_executor("layers", layers_executor)

@@ -112,6 +112,20 @@ class LinkShape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     latency_ms: float = 0.0
 
 
+class KvReservation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """KV cache a stage allocates at load for the planned run (0 = none: it grows per token).
+
+    As the paper's implementation does: memory is known before the first token, and a plan
+    that does not fit fails at load, not mid-run."""
+
+    groups: int = 0
+    """Micro-batches in flight (each gets its own cache)."""
+    sequences: int = 0
+    """Sequences per micro-batch."""
+    context_tokens: int = 0
+    """Prompt + generated tokens a sequence may reach."""
+
+
 class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the last stage picks tokens; temperature 0 is greedy."""
 
@@ -150,6 +164,8 @@ class AgentStatus(_Msg, frozen=True, tag="status"):
     stage: int = -1
     units: tuple[int, int] = (0, 0)
     memory_bytes: int = 0
+    kv_reserved_bytes: int = 0
+    """KV cache the loaded stage allocated at load (``LoadShard.kv``), beside its weights' ``memory_bytes``."""
     error: str = ""
     pid: int = 0
     activity: str = ""
@@ -173,6 +189,8 @@ class LoadShard(_Msg, frozen=True, tag="load_shard"):
     """Emulation for this agent's outgoing data link (to the next stage)."""
     kind: str = "layers"
     """The stage's kind: which technique's executor runs it (agents.executors)."""
+    kv: KvReservation = KvReservation()
+    """KV cache to allocate at load (agents.shard); the default reserves nothing."""
 
 
 class Unload(_Msg, frozen=True, tag="unload"):

@@ -15,6 +15,7 @@ model's outputs (see ``agents.local_pipeline`` and the tests).
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,14 +42,70 @@ class _GroupState:
     """[B, past + new] 1/0 attention mask of everything this group has seen."""
 
 
+@functools.cache
+def _reserved_layer_class():
+    """transformers' ``DynamicLayer`` writing into buffers allocated at load (built on first use:
+    transformers loads lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """One decoder block's KV cache in [S, H, C, D] key/value buffers reserved at load:
+        ``update`` returns everything cached so far, as ``DynamicLayer`` does, but writes in
+        place instead of concatenating, so a run never allocates KV cache."""
+
+        def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor):
+            super().__init__()
+            self.kbuf, self.vbuf, self.length = kbuf, vbuf, 0
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            self.device = key_states.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            b, n = key_states.shape[0], key_states.shape[-2]
+            end = self.length + n
+            if b > self.kbuf.shape[0] or end > self.kbuf.shape[2] or key_states.shape[1:2] != self.kbuf.shape[1:2] \
+                    or key_states.shape[-1] != self.kbuf.shape[-1]:
+                raise StageInputError(
+                    f"the KV cache reserved at load holds {self.kbuf.shape[0]} sequences of {self.kbuf.shape[2]} "
+                    f"tokens; this step needs {b} sequences of {end}: load the plan for this run's batch and length")
+            self.kbuf[:b, :, self.length:end] = key_states
+            self.vbuf[:b, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self.kbuf[:b, :, :end], self.vbuf[:b, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def get_max_length(self) -> int:
+            return int(self.kbuf.shape[2])
+
+        def reset(self) -> None:
+            self.length = 0
+            self.keys = self.values = None
+            self.is_initialized = False
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("a reserved KV cache is not cropped")
+
+    return ReservedLayer
+
+
 class StageExecutor:
     """Holds units ``[start, end)`` of the model in ``model_dir`` and runs them per micro-batch group."""
 
     def __init__(
         self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
-        progress=None,
+        progress=None, kv=None,
     ):
-        """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it)."""
+        """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it).
+
+        ``kv`` (``agents.protocol.KvReservation``): allocate the KV cache of ``kv.groups`` micro-batches
+        of ``kv.sequences`` sequences up to ``kv.context_tokens`` tokens now (``kv_reserved_bytes``);
+        a run beyond it is refused with ``StageInputError``. None: the cache grows per token."""
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -134,6 +191,47 @@ class StageExecutor:
                 if tensor.is_meta:
                     raise CheckpointError(f"{model_dir}: no weights for {name} of a stage module")
         self._groups: dict[int, _GroupState] = {}
+        self._free_slots: list[list] = []
+        self._slot_of: dict[int, list] = {}
+        self.kv_reserved_bytes = 0
+        """Bytes of KV cache allocated at load (0 without a reservation)."""
+        if kv is not None and kv.groups > 0 and self._layers:
+            self._reserve_kv(config, kv.groups, kv.sequences, kv.context_tokens)
+
+    def _reserve_kv(self, config, groups: int, sequences: int, context: int) -> None:
+        """Zero-filled (so resident, not just promised) key/value buffers per group slot and block."""
+        if sequences < 1 or context < 1:
+            raise CheckpointError(f"a KV reservation needs sequences and context tokens >= 1 (got {sequences}, {context})")
+        if any(t != "full_attention" for t in self._layer_types):
+            raise CheckpointError(f"{self.model_dir}: KV reservation supports full-attention blocks only "
+                                  f"(this stage has {sorted(set(self._layer_types))})")
+        heads = int(getattr(config, "num_attention_heads"))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or self.hidden_size // heads)
+        shape = (sequences, kv_heads, context, head_dim)
+        for _ in range(groups):
+            self._free_slots.append([(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                                     for _ in self._layers])
+        element = torch.empty((), dtype=self.dtype).element_size()
+        self.kv_reserved_bytes = 2 * groups * len(self._layers) * sequences * kv_heads * context * head_dim * element
+
+    def _new_cache(self, group: int):
+        """A fresh cache for ``group``: a reserved slot when the stage reserved its KV cache."""
+        from transformers import DynamicCache
+
+        if not self.kv_reserved_bytes:
+            return DynamicCache(config=self._config)
+        from transformers.cache_utils import Cache
+
+        slot = self._slot_of.get(group)
+        if slot is None:
+            if not self._free_slots:
+                raise StageInputError(
+                    f"all {len(self._slot_of)} KV caches reserved at load are in use: the plan reserved that many "
+                    "micro-batches in flight")
+            slot = self._slot_of[group] = self._free_slots.pop()
+        layer = _reserved_layer_class()
+        return Cache(layers=[layer(k, v) for k, v in slot])
 
     # ----- construction helpers -------------------------------------------------------
     @staticmethod
@@ -198,11 +296,7 @@ class StageExecutor:
         if attention_mask.shape[1] == 0 or not bool((attention_mask[:, -1] == 1).all()):
             # Decoder-only generation appends at the end: a right-padded row would get wrong tokens.
             raise StageInputError("every prompt must be non-empty and left-padded (mask[:, -1] == 1)")
-        cache = None
-        if self._layers:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=self._config)
+        cache = self._new_cache(group) if self._layers else None
         state = _GroupState(cache=cache, mask=attention_mask.to(torch.long))
         self._groups[group] = state
         return self._run(state, x)
@@ -218,8 +312,11 @@ class StageExecutor:
         return self._run(state, x)
 
     def drop(self, group: int) -> None:
-        """Free the KV cache of ``group`` (unknown groups are ignored)."""
+        """Free the KV cache of ``group`` (unknown groups are ignored); a reserved one goes back to the pool."""
         self._groups.pop(group, None)
+        slot = self._slot_of.pop(group, None)
+        if slot is not None:
+            self._free_slots.append(slot)
 
     def groups(self) -> list[int]:
         return sorted(self._groups)

@@ -11,6 +11,7 @@ included, uses the same count: sequential runs the micro-batches one after anoth
 
 from __future__ import annotations
 
+from agents.protocol import KvReservation
 from core.errors import FormatError
 from core.planning.plan import ShardPlan
 
@@ -42,6 +43,24 @@ def split_micro_batches(n_sequences: int, k: int) -> tuple[tuple[int, ...], ...]
 def run_micro_batches(n_sequences: int, plan: ShardPlan, override: int | None = None) -> tuple[tuple[int, ...], ...]:
     """The groups of sequences a run of ``plan`` uses (what the source agent schedules)."""
     return split_micro_batches(n_sequences, micro_batch_count(plan, override))
+
+
+def kv_reservation(groups: tuple[tuple[int, ...], ...], context_tokens: int) -> KvReservation:
+    """The KV cache each stage reserves at load (``LoadShard.kv``) for a run of these groups of
+    sequences up to ``context_tokens`` (padded prompt + generated) tokens."""
+    if not groups or context_tokens < 1:
+        raise FormatError("run request", f"needs sequences and context tokens (got {len(groups)} groups, "
+                          f"{context_tokens} tokens)")
+    return KvReservation(groups=len(groups), sequences=max(len(g) for g in groups), context_tokens=context_tokens)
+
+
+def kv_covers(loaded: KvReservation, needed: KvReservation) -> bool:
+    """Whether stages loaded with ``loaded`` can run what ``needed`` describes (nothing reserved:
+    the cache grows, anything fits)."""
+    if loaded.groups == 0:
+        return True
+    return (0 < needed.groups <= loaded.groups and needed.sequences <= loaded.sequences
+            and needed.context_tokens <= loaded.context_tokens)
 
 
 def batching_settings(plan: ShardPlan | None, override: int | None) -> dict:

@@ -43,6 +43,7 @@ from agents.protocol import (
     EventBatch,
     GetLogs,
     GetStatus,
+    KvReservation,
     LinkShape,
     LoadShard,
     Logs,
@@ -217,6 +218,7 @@ class Coordinator:
         self._thread: threading.Thread | None = None
         self._by_sock: dict[zmq.Socket, _Conn] = {}
         self._loaded: tuple[ShardPlan, object] | None = None
+        self._loaded_kv = KvReservation()
         self.on_lost: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -516,8 +518,12 @@ class Coordinator:
         links: dict[str, LinkShape] | None = None,
         reporter: Reporter | None = None,
         timeout_s: float = 300,
+        kv: KvReservation = KvReservation(),
     ) -> None:
-        """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device."""
+        """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device.
+
+        ``kv`` (``core.runs.batching.kv_reservation``): each stage allocates that KV cache at load, so an emulated
+        budget it breaks refuses the load (``ShardOverBudget``) instead of failing mid-run."""
         reporter = reporter or NullReporter()
         missing = [s.device for s in plan.stages if s.device not in self.endpoints]
         if missing:
@@ -537,11 +543,12 @@ class Coordinator:
         for i, s in enumerate(plan.stages):
             mdir = model_dir[s.device] if isinstance(model_dir, dict) else model_dir
             msg = LoadShard(model_dir=str(mdir), stage=i, start=s.start, end=s.end, peers=peers, dtype=dtype,
-                            threads=threads, link=links.get(s.device, LinkShape()))
+                            threads=threads, link=links.get(s.device, LinkShape()), kv=kv)
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         self._await_loads(futs, timeout_s, reporter)
         self._loaded = (plan, model_dir)
+        self._loaded_kv = kv
 
     def _await_loads(self, futs: dict[str, cf.Future], timeout_s: float, reporter: Reporter) -> None:
         """Wait for every stage's load; report progress from the agents' statuses meanwhile
@@ -574,9 +581,14 @@ class Coordinator:
                     polls[dev] = self.request_async(dev, GetStatus())
             reporter.progress(sum(fractions.values()), len(futs))
 
+    @property
+    def reserved_kv(self) -> KvReservation:
+        """The KV cache the loaded stages reserved (none reserved: they grow theirs)."""
+        return self._loaded_kv if self._loaded is not None else KvReservation()
+
     def is_loaded(self, plan: ShardPlan, model_dir) -> bool:
         """Whether ``plan`` of ``model_dir`` is loaded on live agents (false after a failure,
-        which unloads every agent of the plan)."""
+        which unloads every agent of the plan); ``reserved_kv`` says for which runs."""
         return self._loaded == (plan, model_dir) and not any(self._conns[d].lost for d in plan.devices())
 
     def unload(self) -> None:

@@ -16,7 +16,15 @@ from pathlib import Path
 import msgspec
 
 from agents.protocol import LinkShape, SamplingSpec, TimelineEvent, TokenEvent
-from core.runs.coordinator import MODES, Coordinator, NullSink, RunRequest, RunResult, RunSink
+from core.runs.coordinator import (
+    MODES,
+    Coordinator,
+    NullSink,
+    RunRequest,
+    RunResult,
+    RunSink,
+)
+from core.runs.batching import kv_covers, kv_reservation, run_micro_batches
 from core.errors import FormatError, RunFailed, UnsupportedModelError
 from core.planning.plan import ShardPlan
 from core.reporting import NullReporter, Reporter
@@ -152,7 +160,8 @@ def generate(
     reporter: Reporter | None = None,
     load: bool = True,
 ) -> Generation:
-    """Load ``plan`` (unless already loaded) and generate for ``prompts``; streams into ``sink``."""
+    """Load ``plan`` (unless already loaded with a KV reservation that covers this run) and
+    generate for ``prompts``; streams into ``sink``."""
     reporter = reporter or NullReporter()
     if not prompts:
         raise FormatError("prompts", "no prompt given")
@@ -165,10 +174,14 @@ def generate(
     if enc["input_ids"].shape[1] == 0:
         raise FormatError("prompts", "a prompt encodes to no tokens")
     stops = stop_token_ids(model_dir, tok)
-    if load:
+    # stages reserve the KV cache of this run at load (as the paper's runtime does); a loaded plan
+    # whose reservation is too small for this run (longer prompt, more micro-batches) is reloaded
+    groups = run_micro_batches(len(prompts), plan, settings.micro_batches)
+    kv = kv_reservation(groups, int(enc["input_ids"].shape[1]) + settings.max_new_tokens)
+    if load or not kv_covers(coordinator.reserved_kv, kv):
         reporter.status(f"loading {len(plan.stages)} stage(s) of {Path(model_dir).name}")
         coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
-                         reporter=reporter)
+                         reporter=reporter, kv=kv)
     coordinator.sync_clocks()
     pieces = TextPieces(tok, len(prompts), stops, settings.max_new_tokens)
     request = RunRequest(
