@@ -49,6 +49,9 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
                    help="emulated memory budget for shard weights; a larger shard is refused (0 = none)")
     s.add_argument("--compute-slowdown", type=float, default=1.0,
                    help="emulate a device this many times slower than this machine (>= 1)")
+    s.add_argument("--weights-dir", default=None,
+                   help="where weights sent by the coordinator are kept by content hash "
+                        "(default $XDG_CACHE_HOME/edgeshard-agent/weights)")
     s.add_argument("--announce", action="store_true", help="register _edgeshard._tcp over mDNS")
     s.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes (the launching process ended); used by `cluster local`")
@@ -93,6 +96,7 @@ def serve(args: argparse.Namespace) -> int:
         advertise_host=args.advertise_host,
         default_link=LinkShape(bandwidth_mbit_s=args.link_mbit, latency_ms=args.link_latency_ms),
         emulation=emulation,
+        weights_dir=args.weights_dir,
     )
     try:
         agent.start()

@@ -47,6 +47,7 @@ import zmq
 from agents import AGENT_VERSION
 from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for
+from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, step_operations
 from agents.protocol import (
     AgentEvent,
@@ -68,6 +69,8 @@ from agents.protocol import (
     ProfileCompute,
     ProfileResult,
     ProtocolError,
+    PutWeights,
+    QueryWeights,
     RunError,
     RunFinished,
     SamplingSpec,
@@ -75,6 +78,7 @@ from agents.protocol import (
     StopRun,
     TokensProduced,
     Unload,
+    WeightsHeld,
     decode_control,
     decode_data,
     encode_control,
@@ -210,6 +214,7 @@ class Agent:
         sampler_factory=default_sampler,
         default_link: LinkShape | None = None,
         emulation: DeviceEmulation | None = None,
+        weights_dir: str | os.PathLike | None = None,
     ) -> None:
         self.device = device
         self.coordinator_key = coordinator_key
@@ -223,6 +228,8 @@ class Agent:
         """Emulated shaping of this agent's outgoing data link unless a LoadShard sets one."""
         self.emulation = emulation or DeviceEmulation()
         """Emulated memory budget and compute slowdown (agents/emulation.py)."""
+        self.weights = WeightStore(weights_dir or default_root())
+        """Stage weights the coordinator sent, by content hash (agents/weights.py)."""
         self.clock = AgentClock()
         self.context = zmq.Context()
         self.gate = KeyGate()
@@ -418,6 +425,8 @@ class Agent:
         elif isinstance(msg, GetLogs):
             lines = tuple(list(self._logs)[-max(0, msg.lines) :]) if msg.lines else ()
             self._send_to_coordinator(Logs(req=req, lines=lines), identity)
+        elif isinstance(msg, (QueryWeights, PutWeights)):
+            self._on_weights(identity, msg)
         elif isinstance(msg, StopRun):
             # a stop names its run (empty: the current one); a late stop of an earlier run
             # must not end the next. The state changes only where the run ends (``_run``).
@@ -440,6 +449,23 @@ class Agent:
             self._work.put((type(msg).__name__, msg, self._stop_run))
         else:
             self._reply_error(identity, req, "bad_message", f"{type(msg).__name__} is not a request")
+
+    def _on_weights(self, identity: bytes, msg) -> None:
+        """Answered on the control thread: a chunk is one append and the hash is kept running."""
+        try:
+            if isinstance(msg, QueryWeights):
+                held = tuple(self.weights.have(d) for d in msg.digests)
+            else:
+                held = (self.weights.put(msg.digest, msg.offset, msg.size, msg.data),)
+                if held[0] == msg.size:
+                    self._log(f"received weights {msg.digest[:12]} ({msg.size / 2**20:.1f} MiB), checksum ok")
+        except WeightStoreError as err:
+            self._reply_error(identity, msg.req, "bad_weights", str(err))
+        except OSError as err:  # disk full, permissions: the operator's to fix, the agent stays up
+            self._log(f"cannot store weights in {self.weights.root}: {err}")
+            self._reply_error(identity, msg.req, "failed", f"cannot store weights in {self.weights.root}: {err}")
+        else:
+            self._send_to_coordinator(WeightsHeld(req=msg.req, held=held), identity)
 
     def _reply_error(self, identity: bytes, req: int, code: str, message: str) -> None:
         self._send_to_coordinator(ErrorReply(req=req, code=code, message=message), identity)
@@ -484,6 +510,7 @@ class Agent:
                     self._state = "failed"
                     self._error = f"{type(err).__name__}: {err}"
                 code = err.code if isinstance(err, ShardOverBudget) else "failed"
+                code = "bad_weights" if isinstance(err, WeightStoreError) else code
                 self._post(ErrorReply(req=msg.req if msg else 0, code=code, message=f"{type(err).__name__}: {err}"))
         self._unload()
         if self._data is not None:
@@ -496,7 +523,10 @@ class Agent:
         peers = sorted(msg.peers, key=lambda p: p.stage)
         if not peers or peers[msg.stage].device != self.device:
             raise ValueError(f"plan stage {msg.stage} is not this device ({self.device})")
-        if not os.path.isdir(msg.model_dir):
+        model_dir = msg.model_dir
+        if msg.files:
+            model_dir = str(self.weights.stage_dir(msg.files))
+        elif not os.path.isdir(msg.model_dir):
             where = "" if os.path.isabs(msg.model_dir) else f" (relative to the agent's directory {os.getcwd()})"
             raise FileNotFoundError(
                 f"model directory {msg.model_dir!r} does not exist on device {self.device}{where}: "
@@ -511,7 +541,7 @@ class Agent:
             kwargs["progress"] = self._set_progress
         if "kv" in params and msg.kv.groups:
             kwargs["kv"] = msg.kv
-        executor = factory(msg.model_dir, msg.start, msg.end, **kwargs)
+        executor = factory(model_dir, msg.start, msg.end, **kwargs)
         # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),
                                    kv_bytes=int(getattr(executor, "kv_reserved_bytes", 0)))

@@ -191,6 +191,30 @@ class LoadShard(_Msg, frozen=True, tag="load_shard"):
     """The stage's kind: which technique's executor runs it (agents.executors)."""
     kv: KvReservation = KvReservation()
     """KV cache to allocate at load (agents.shard); the default reserves nothing."""
+    files: tuple[tuple[str, str], ...] = ()
+    """(file name, sha256) of weights sent with ``PutWeights``: load those (``model_dir``
+    is then only a label); empty: load ``model_dir`` as it is on the device."""
+
+
+class QueryWeights(_Msg, frozen=True, tag="query_weights"):
+    """How much of each file (by sha256) the agent holds; answered by ``WeightsHeld``."""
+
+    digests: tuple[str, ...]
+
+
+class WeightsHeld(_Msg, frozen=True, tag="weights_held"):
+    held: tuple[int, ...]
+    """Bytes held per digest asked (complete: the file's size; partial: where to resume)."""
+
+
+class PutWeights(_Msg, frozen=True, tag="put_weights"):
+    """``data`` at ``offset`` of the file ``digest`` (``size`` bytes in all); the agent
+    checks the sha256 when the last byte arrives. Answered by ``WeightsHeld`` (one entry)."""
+
+    digest: str
+    offset: int
+    size: int
+    data: bytes
 
 
 class Unload(_Msg, frozen=True, tag="unload"):
@@ -255,7 +279,8 @@ class ErrorReply(_Msg, frozen=True, tag="error"):
 
     code: str
     """bad_frame | too_large | bad_version | bad_message | bad_state | failed | over_budget
-    (a shard beyond the device's emulated memory budget, agents/emulation.py)"""
+    (a shard beyond the device's emulated memory budget, agents/emulation.py) | bad_weights
+    (a weights chunk or file list that cannot be stored or loaded, agents/weights.py)"""
     message: str
 
 
@@ -312,7 +337,7 @@ class LogLine(_Msg, frozen=True, tag="log"):
 ControlMessage = Union[
     Ping, Pong, GetStatus, AgentStatus, LoadShard, Unload, StartRun, StopRun, GetLogs, Logs,
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
-    RunFinished, RunError, LogLine,
+    RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights,
 ]  # fmt: skip
 
 

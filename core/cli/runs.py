@@ -36,7 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _register_run(sub) -> None:
     p = sub.add_parser("run", help="run a model split over agents and print the text as it is generated")
     p.add_argument("--model", required=True, help="checkpoint directory (HF layout); the agents get its absolute "
-                   "path, so remote agents need the checkpoint at that same path")
+                   "path, so remote agents need the checkpoint at that same path (or use --send-weights)")
+    p.add_argument("--send-weights", action="store_true",
+                   help="send each agent only its stage's weights (checksummed, resumed, kept on the agent by "
+                        "content hash: a plan change re-sends only what moved)")
     p.add_argument("--plan", required=True, help="plan JSON (edgeshard.plan)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--agents", help="agents.json (from `cluster local` or deploy), or "
@@ -158,6 +161,7 @@ def cmd_run(args) -> int:
         seed=args.seed,
         dtype=args.dtype,
         threads=args.threads,
+        send_weights=args.send_weights,
     )
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     reporter = TerminalReporter()

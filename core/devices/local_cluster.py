@@ -213,6 +213,7 @@ class LocalCluster:
             "--link-latency-ms", str(self.link_latency_ms[device]),
             "--memory-budget-mib", str(self.emulation[device].memory_budget_bytes / MIB),
             "--compute-slowdown", str(self.emulation[device].compute_slowdown),
+            "--weights-dir", str(self.workdir / "weights" / device),
             "--exit-on-stdin-eof",
         ]  # fmt: skip
         env = dict(os.environ)

@@ -519,11 +519,13 @@ class Coordinator:
         reporter: Reporter | None = None,
         timeout_s: float = 300,
         kv: KvReservation = KvReservation(),
+        files: dict[str, tuple[tuple[str, str], ...]] | None = None,
     ) -> None:
         """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device.
 
         ``kv`` (``core.runs.batching.kv_reservation``): each stage allocates that KV cache at load, so an emulated
-        budget it breaks refuses the load (``ShardOverBudget``) instead of failing mid-run."""
+        budget it breaks refuses the load (``ShardOverBudget``) instead of failing mid-run.
+        ``files``: per device, the (name, sha256) of weights sent to it (core.runs.weights)."""
         reporter = reporter or NullReporter()
         missing = [s.device for s in plan.stages if s.device not in self.endpoints]
         if missing:
@@ -543,7 +545,8 @@ class Coordinator:
         for i, s in enumerate(plan.stages):
             mdir = model_dir[s.device] if isinstance(model_dir, dict) else model_dir
             msg = LoadShard(model_dir=str(mdir), stage=i, start=s.start, end=s.end, peers=peers, dtype=dtype,
-                            threads=threads, link=links.get(s.device, LinkShape()), kv=kv)
+                            threads=threads, link=links.get(s.device, LinkShape()), kv=kv,
+                            files=(files or {}).get(s.device, ()))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         self._await_loads(futs, timeout_s, reporter)

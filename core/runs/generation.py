@@ -29,6 +29,7 @@ from core.errors import FormatError, RunFailed, UnsupportedModelError
 from core.planning.plan import ShardPlan
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
+from core.runs.weights import ship_stage_weights
 
 
 def load_tokenizer(model_dir: str):
@@ -125,6 +126,9 @@ class GenerationSettings:
     dtype: str = "float32"
     threads: int = 0
     links: dict[str, LinkShape] = field(default_factory=dict)
+    send_weights: bool = False
+    """Send each agent its stage's slice (core.runs.weights) instead of loading ``model_dir``
+    from the device's own disk."""
 
 
 @dataclass(frozen=True)
@@ -179,9 +183,12 @@ def generate(
     groups = run_micro_batches(len(prompts), plan, settings.micro_batches)
     kv = kv_reservation(groups, int(enc["input_ids"].shape[1]) + settings.max_new_tokens)
     if load or not kv_covers(coordinator.reserved_kv, kv):
+        files = None
+        if settings.send_weights:
+            files = ship_stage_weights(coordinator, plan, model_dir, reporter=reporter).files
         reporter.status(f"loading {len(plan.stages)} stage(s) of {Path(model_dir).name}")
         coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
-                         reporter=reporter, kv=kv)
+                         reporter=reporter, kv=kv, files=files)
     coordinator.sync_clocks()
     pieces = TextPieces(tok, len(prompts), stops, settings.max_new_tokens)
     request = RunRequest(

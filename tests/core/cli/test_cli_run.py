@@ -135,3 +135,15 @@ def test_a_micro_batch_override_below_one_is_refused_before_any_agent_starts(two
     err = capsys.readouterr().err
     assert code != 0 and "micro-batches" in err and "plan's 2" in err and "Traceback" not in err
     assert "TTFT" not in out
+
+
+def test_send_weights_cuts_the_model_into_stage_slices_and_sends_them_before_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "home"))
+    model, plan = cli_run_files(tmp_path)
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "the river",
+                         "--max-new-tokens", "3", "--no-record", "--send-weights"])
+    err = capsys.readouterr().err
+    assert code == 0 and "TTFT" in out, err
+    assert "sending stage weights" in err
+    slices = sorted(p.name for p in (tmp_path / "home" / "stage-weights").iterdir())
+    assert len(slices) == 2 and slices[0].endswith("-units-0-3") and slices[1].endswith("-units-3-6")
