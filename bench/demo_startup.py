@@ -58,7 +58,7 @@ def child(t_spawn: float, root: str) -> None:
     window.screens.profile.profile_button.click()
     wait(window.state.profile_changed, 300)
     profile_s = time.time() - t0
-    plan_editor = window.screens.plan
+    plan_editor = window.screens.plan.view
     plan_editor.solve_button.click()
     wait(plan_editor._solve_runner.task_finished, 120)
     plan = window.state.plan

@@ -141,15 +141,15 @@ class MainWindow(QMainWindow):
         self._action(f, "Connect to agents…", self._on_connect_agents, "Ctrl+Shift+K",
                      "Connect to running agents from an agents.json (edgeshard cluster local, edgeshard deploy)")
         self._action(f, "Load profile…", self._on_load_profile, "Ctrl+Shift+P", "Load a profile or problem file")
-        plan = self.screens.plan
-        self._action(f, "Load plan…", plan._on_load_clicked, "Ctrl+Shift+O", "Load a plan file")
-        self._action(f, "Save plan…", plan._on_save_clicked, QKeySequence.Save, "Save the current plan")
+        plan, editor = self.screens.plan, self.screens.plan_editor
+        self._action(f, "Load plan…", lambda: (self.show_screen(plan), editor._on_load_clicked()), "Ctrl+Shift+O", "Load a plan file")
+        self._action(f, "Save plan…", editor._on_save_clicked, QKeySequence.Save, "Save the current plan")
         f.addSeparator()
         self._action(f, "Quit", self.close, QKeySequence.Quit)
 
         e = mb.addMenu("&Edit")
-        e.addAction(plan.undo_action)
-        e.addAction(plan.redo_action)
+        e.addAction(editor.undo_action)
+        e.addAction(editor.redo_action)
 
         v = mb.addMenu("&View")
         for i, (name, screen) in enumerate(self.screens.titled()):
@@ -278,7 +278,7 @@ class MainWindow(QMainWindow):
         mode = "dark" if checked else "light"
         studio_app.apply_theme(QApplication.instance(), mode)
         studio_app.settings().setValue("theme", mode)
-        for screen in (self.screens.devices, self.screens.cluster, self.screens.profile, self.screens.plan,
+        for screen in (self.screens.devices, self.screens.cluster, self.screens.profile, self.screens.plan_editor,
                        self.screens.sessions):
             screen.refresh()
 

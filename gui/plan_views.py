@@ -111,6 +111,14 @@ class PlanScreen(QWidget):
     def view(self) -> QWidget:
         return self.stack.currentWidget()
 
+    def view_for(self, technique: str) -> QWidget:
+        """That technique's plan view, built on first use (shown or not)."""
+        view = self._views.get(technique)
+        if view is None:
+            view = self._views[technique] = _VIEWS[technique](self.state)
+            self.stack.addWidget(view)
+        return view
+
     def auto_solve(self) -> None:
         self.view.auto_solve()
 
@@ -124,10 +132,7 @@ class PlanScreen(QWidget):
                 view.shutdown()
 
     def _show(self, name: str) -> None:
-        view = self._views.get(name)
-        if view is None:
-            view = self._views[name] = _VIEWS[name](self.state)
-            self.stack.addWidget(view)
+        view = self.view_for(name)
         if self.stack.currentWidget() is not view:
             self.stack.setCurrentWidget(view)
             self.technique_changed.emit(name)

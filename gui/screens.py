@@ -12,6 +12,7 @@ from gui.cluster_panel import ClusterPanel
 from gui.devices_panel import DevicesPanel
 from gui.experiments_panel import ExperimentsPanel
 from gui.plan_editor import PlanEditorPanel
+from gui.plan_views import PlanScreen
 from gui.profile_panel import ProfilePanel
 from gui.run_panel import RunPanel
 from gui.sessions_panel import SessionsPanel
@@ -25,7 +26,8 @@ class Screens:
     devices: DevicesPanel
     cluster: ClusterPanel
     profile: ProfilePanel
-    plan: PlanEditorPanel
+    plan: PlanScreen
+    """The chosen technique's plan view (``plan.view``); Auto-solve and Compare go there."""
     run: RunPanel
     sessions: SessionsPanel
     experiments: ExperimentsPanel
@@ -33,8 +35,15 @@ class Screens:
     @classmethod
     def build(cls, state: StudioState) -> Screens:
         return cls(devices=DevicesPanel(state), cluster=ClusterPanel(state), profile=ProfilePanel(state),
-                   plan=PlanEditorPanel(state), run=RunPanel(state), sessions=SessionsPanel(state),
+                   plan=PlanScreen(state), run=RunPanel(state), sessions=SessionsPanel(state),
                    experiments=ExperimentsPanel(state))
+
+    @property
+    def plan_editor(self) -> PlanEditorPanel:
+        """Layer sharding's plan editor (built with the Plan screen): plan files, undo and redo."""
+        view = self.plan.view_for("layer-sharding")
+        assert isinstance(view, PlanEditorPanel)
+        return view
 
     def titled(self) -> list[tuple[str, QWidget]]:
         """(title, screen) in sidebar order."""

@@ -101,7 +101,7 @@ def main() -> int:
         window.state.set_workspace(str(ROOT / "demo.edgeshard"))
         window.state.set_connection("synthetic scenario (no agents)")
     try:
-        plan = window.screens.plan
+        plan = window.screens.plan.view  # the layer-sharding plan editor
         window.show_screen(window.screens.devices)
         grab(app, window, "devices")
         if demo is not None and demo.error == "":

@@ -54,7 +54,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert sorted(t.device for t in window.state.profile.times) == ["dev-a", "dev-b"]
         assert len(window.state.profile.cluster.links) == 2
         assert {r.status for r in devices.registry.records.values()} == {"profiled"}
-        plan_editor = window.screens.plan
+        plan_editor = window.screens.plan.view
         with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
             plan_editor.solve_button.click()
         assert plan_editor.cost is not None and plan_editor.cost.feasible
@@ -153,7 +153,7 @@ def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses
         budgets = {d.id: d.memory_bytes for d in window.state.profile.cluster.devices}
         assert budgets["edge-a"] > budgets["edge-b"] > budgets["edge-c"]
         assert all(b < window.state.profile.model.param_bytes for b in budgets.values())
-        plan_editor = window.screens.plan
+        plan_editor = window.screens.plan.view
         with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
             plan_editor.solve_button.click()
         plan = window.state.plan

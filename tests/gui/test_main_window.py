@@ -174,3 +174,47 @@ def test_a_bad_agents_file_is_a_dialog_not_a_traceback(window, qtbot, tmp_path):
     assert str(bad) in box.text() and "Traceback" not in box.text()
     assert window.state.connection == "not connected"
     box.close()
+
+
+def test_the_plan_screen_is_the_technique_screen_with_layer_sharding_editor_as_its_view(window, qtbot):
+    from gui.plan_editor import PlanEditorPanel
+    from gui.plan_views import PlanScreen
+
+    plan = window.screens.plan
+    assert isinstance(plan, PlanScreen) and plan.view is window.screens.plan_editor
+    assert isinstance(plan.view, PlanEditorPanel) and plan.picker_row.isHidden()
+    problem = make_problem()
+    window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    auto_solve = next(a for m in window.menuBar().actions() if m.text() == "&Plan"
+                      for a in m.menu().actions() if a.text() == "Auto-solve")
+    with qtbot.waitSignal(plan.view._solve_runner.task_finished, timeout=60_000):
+        auto_solve.trigger()
+    assert window.current_screen() is plan
+    assert plan.view.cost is not None and plan.view.cost.feasible
+
+
+def test_a_plugged_in_techniques_view_takes_the_windows_plan_menu(qtbot, isolated_settings):
+    from core.techniques import register, unregister
+    from gui.plan_views import register_plan_view, unregister_plan_view
+    from tests.gui.test_plan_views import WholeModelView
+    from tests.techniques import whole_model
+
+    register(whole_model.TECHNIQUE)
+    register_plan_view(whole_model.TECHNIQUE.name, WholeModelView)
+    try:
+        studio_app.create_app()
+        w = MainWindow()
+        qtbot.addWidget(w)
+        problem = make_problem()
+        w.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+        plan = w.screens.plan
+        assert not plan.picker_row.isHidden()
+        plan.set_technique("whole-model")
+        compare = next(a for m in w.menuBar().actions() if m.text() == "&Plan"
+                       for a in m.menu().actions() if a.text() == "Compare strategies")
+        compare.trigger()
+        assert plan.view.result.text() == "fastest-device, source-only"
+        w.close()
+    finally:
+        unregister_plan_view(whole_model.TECHNIQUE.name)
+        unregister(whole_model.TECHNIQUE.name)
