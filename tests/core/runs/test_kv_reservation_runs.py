@@ -111,3 +111,15 @@ def test_a_loaded_plan_too_small_for_the_next_run_is_reloaded_not_failed_mid_run
         assert [list(t) for t in out.result.tokens] == [list(t) for t in expected]
     finally:
         _close(co, agents)
+
+
+@pytest.mark.parametrize("start,end", [(0, 3), (1, 5), (3, 6), (0, 1)])
+def test_the_planners_kv_bytes_are_what_a_stage_reserves_at_load(model_dir, start, end):
+    """The cost model's memory term (Σ kv_bytes_per_token · sequences · context) is the cache an
+    agent really allocates, so a plan the solver fits also loads."""
+    from core.models.units import load_model_spec
+
+    spec = load_model_spec(model_dir, dtype="fp32")
+    kv = KvReservation(groups=3, sequences=2, context_tokens=37)
+    planned = sum(u.kv_bytes_per_token for u in spec.units[start:end]) * kv.groups * kv.sequences * kv.context_tokens
+    assert StageExecutor(model_dir, start, end, kv=kv).kv_reserved_bytes == planned
