@@ -22,6 +22,7 @@ class ClusterRunBackend:
         self.coordinator = coordinator
         self.state = state
         """The StudioState whose plan is run (read on the worker: plans are immutable values)."""
+        self._loaded_with_sent_weights = False
 
     def lanes(self) -> list[str]:
         plan = self.state.plan
@@ -48,9 +49,14 @@ class ClusterRunBackend:
             max_new_tokens=settings.max_new_tokens,
             mode=settings.mode,
             micro_batches=settings.micro_batches,
+            send_weights=settings.send_weights,
         )
+        # switching "Send stage weights" on or off reloads: the stages must come from where it says
+        same_source = settings.send_weights == self._loaded_with_sent_weights
+        load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)
         out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
-                       reporter=reporter, load=not self.coordinator.is_loaded(plan, model_dir))
+                       reporter=reporter, load=load)
+        self._loaded_with_sent_weights = settings.send_weights
         return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
 
     def stop(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
@@ -49,6 +49,8 @@ class RunSettings:
     mode: str
     micro_batches: int | None
     """The operator's override of the plan's micro-batch count; None: the plan's."""
+    send_weights: bool = False
+    """Send each agent its stage's weights (core.runs.weights) instead of loading from its disk."""
 
 
 class RunBackend(Protocol):
@@ -196,6 +198,12 @@ class RunPanel(QWidget):
                                            "and is recorded with the run")
         self.micro_batches_spin.valueChanged.connect(self._on_settings_changed)
         self.max_tokens_spin.valueChanged.connect(self._on_settings_changed)
+        self.send_weights_check = QCheckBox("Send stage weights")
+        self.send_weights_check.setAccessibleName("Send stage weights")
+        self.send_weights_check.setToolTip(
+            "Send each device only its stage's weights over the encrypted channel before loading "
+            "(checksummed, resumed, kept on the device by content hash: a plan change re-sends only "
+            "what moved). Off: each device loads the checkpoint from the same path on its own disk")
 
         self.start_button = QPushButton("Start")
         self.start_button.setAccessibleName("Start run")
@@ -227,6 +235,7 @@ class RunPanel(QWidget):
         form.addRow("Max new tokens", self.max_tokens_spin)
         form.addRow("Mode", self.mode_combo)
         form.addRow("Micro-batches", self.micro_batches_spin)
+        form.addRow("Weights", self.send_weights_check)
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.stop_button)
@@ -276,7 +285,8 @@ class RunPanel(QWidget):
         prompts = tuple(line.strip() for line in self.prompts_edit.toPlainText().splitlines() if line.strip())
         return RunSettings(model_dir=self.model_edit.text().strip(), prompts=prompts,
                            max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
-                           micro_batches=self.micro_batches_spin.value() or None)
+                           micro_batches=self.micro_batches_spin.value() or None,
+                           send_weights=self.send_weights_check.isChecked())
 
     def is_running(self) -> bool:
         return self.runner.is_busy()

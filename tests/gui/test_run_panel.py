@@ -302,3 +302,49 @@ def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_clust
     assert sessions.monitor.figures() == panel.monitor.figures()
     assert sessions.monitor.text_edit.toPlainText() == panel.monitor.text_edit.toPlainText()
     assert sessions.shutdown()
+
+
+def test_send_stage_weights_ships_each_agent_its_slice_and_runs_from_it(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "home"))  # the coordinator's slice cache
+    import transformers  # noqa: F401
+
+    from agents.agent import Agent
+    from agents.transport import CurveKeys
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.plan import plan_from_boundaries
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from gui.cluster_backend import ClusterRunBackend
+
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    model_dir = str(make_model(recipe, tmp_path / "tiny-llama"))
+    keys = CurveKeys.generate()
+    devices = ["src", "head"]
+    agents = [Agent(d, keys.public, weights_dir=tmp_path / "on-device" / d).start() for d in devices]
+    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
+    coordinator.open()
+    try:
+        state = StudioState()
+        state.set_workspace(str(tmp_path / "ws.sqlite"))
+        state.set_plan(plan_from_boundaries("tiny-llama", 6, devices, [3]))
+        panel = RunPanel(state, ClusterRunBackend(coordinator, state))
+        qtbot.addWidget(panel)
+        panel.model_edit.setText(model_dir)
+        panel.prompts_edit.setPlainText("the river")
+        panel.max_tokens_spin.setValue(3)
+        assert not panel.send_weights_check.isChecked()  # default: each device's own copy
+        panel.send_weights_check.setChecked(True)
+        assert panel.settings().send_weights
+        with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
+            panel.start_run()
+        assert done.args == ["completed"], panel.message.text()
+        for a in agents:
+            blobs = list((tmp_path / "on-device" / a.device / "blobs").iterdir())
+            assert blobs and not [b for b in blobs if b.name.endswith(".part")]
+            assert any("received weights" in line and "checksum ok" in line for line in a._logs)
+        assert sorted(p.name.rsplit("-units-", 1)[1] for p in (tmp_path / "home" / "stage-weights").iterdir()) \
+            == ["0-3", "3-6"]
+        assert panel.shutdown()
+    finally:
+        coordinator.close()
+        for a in agents:
+            a.close()
