@@ -46,9 +46,9 @@ import zmq
 
 from agents import AGENT_VERSION
 from agents.emulation import DeviceEmulation, ShardOverBudget
-from agents.executors import executor_factory_for
+from agents.executors import StageInputError, executor_factory_for
 from agents.weights import WeightStore, WeightStoreError, default_root
-from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, step_operations
+from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
 from agents.protocol import (
     AgentEvent,
     AgentStatus,
@@ -107,6 +107,8 @@ EVENT_FLUSH_S = 0.05
 DATA_POLL_MS = 100
 """How long the stage loop blocks on its data socket before re-checking for a stop."""
 SEND_TIMEOUT_MS = 200
+LEASE_CHECK_MS = 250
+"""The control thread's longest sleep: how late an expired run lease can be noticed."""
 MAX_DATA_BYTES = 1 << 30
 
 
@@ -256,6 +258,10 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         self._logs: collections.deque[str] = collections.deque(maxlen=2000)
         self._coordinator_identity: bytes | None = None
+        self._lease_holder: bytes | None = None
+        """Control identity of the coordinator that started the current run (None: no lease)."""
+        self._lease_s = 0.0
+        self._lease_renewed = 0.0
         self._threads: list[threading.Thread] = []
         self._data: zmq.Socket | None = None
         self._control: zmq.Socket | None = None
@@ -365,7 +371,7 @@ class Agent:
         poller.register(self._wake_r, zmq.POLLIN)
         last_flush = time.monotonic()
         while not self._shutdown.is_set():
-            timeout = EVENT_FLUSH_S * 1000 if self._events else 1000
+            timeout = EVENT_FLUSH_S * 1000 if self._events else LEASE_CHECK_MS
             ready = dict(poller.poll(timeout))
             if sock in ready:
                 while True:
@@ -373,7 +379,11 @@ class Agent:
                         frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
                     except zmq.Again:
                         break
-                    self._on_control(frames)
+                    try:
+                        self._on_control(frames)
+                    except Exception as err:  # the control thread must outlive any frame
+                        self._log(f"control frame not handled: {type(err).__name__}: {err}")
+            self._check_lease()
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             if self._outbox:
@@ -416,6 +426,8 @@ class Agent:
             self._reply_error(identity, 0, err.code, str(err))
             return
         self._coordinator_identity = identity
+        if identity == self._lease_holder:
+            self._lease_renewed = time.monotonic()
         req = msg.req
         if isinstance(msg, Ping):
             t1 = self.clock()
@@ -441,6 +453,9 @@ class Agent:
                 self._state = "running"
                 self._stop_run = threading.Event()
                 self._run_id = msg.run_id
+                self._lease_holder = identity if msg.lease_s > 0 else None
+                self._lease_s = msg.lease_s
+                self._lease_renewed = time.monotonic()
             elif isinstance(msg, LoadShard):
                 if self._state in ("running", "loading"):
                     self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
@@ -466,6 +481,20 @@ class Agent:
             self._reply_error(identity, msg.req, "failed", f"cannot store weights in {self.weights.root}: {err}")
         else:
             self._send_to_coordinator(WeightsHeld(req=msg.req, held=held), identity)
+
+    def _check_lease(self) -> None:
+        """Abort a run whose coordinator went silent (killed, stopped, cut off): the agent
+        must not stay "running" for a coordinator that will never stop it."""
+        if self._lease_holder is None or self._state != "running":
+            return
+        silent = time.monotonic() - self._lease_renewed
+        if silent > self._lease_s and not self._stop_run.is_set():
+            why = f"run lease expired (coordinator silent for {silent:.1f} s): run aborted"
+            self._log(f"run {self._run_id}: {why}")
+            holder, self._lease_holder = self._lease_holder, None
+            self._stop_run.set()
+            # a coordinator that was only stopped (SIGSTOP) learns on SIGCONT why its run ended
+            self._send_to_coordinator(RunError(run_id=self._run_id, device=self.device, message=why), holder)
 
     def _reply_error(self, identity: bytes, req: int, code: str, message: str) -> None:
         self._send_to_coordinator(ErrorReply(req=req, code=code, message=message), identity)
@@ -587,10 +616,11 @@ class Agent:
     def _run(self, msg: StartRun, stop: threading.Event) -> None:
         loaded = self._loaded
         assert loaded is not None
-        self._connect_next(loaded)
         self._event_meta = (msg.run_id, loaded.msg.stage)
-        run = _StageRun(self, loaded, msg, stop)
+        run = None
         try:
+            self._connect_next(loaded)
+            run = _StageRun(self, loaded, msg, stop)
             run.execute()
         except RunAborted:
             self._log(f"run {msg.run_id} stopped")
@@ -598,7 +628,8 @@ class Agent:
             self._log(f"run {msg.run_id} failed: {type(err).__name__}: {err}")
             self._post(RunError(run_id=msg.run_id, device=self.device, message=f"{type(err).__name__}: {err}"))
         finally:
-            run.drop_all()
+            if run is not None:
+                run.drop_all()
             if self._state == "running":
                 self._state = "ready"
 
@@ -656,20 +687,56 @@ class _StageRun:
                 continue  # a straggler of an earlier run
             if header.kind == "probe":
                 continue
+            problem = self._frame_problem(header)
+            if problem:
+                self.agent._log(f"dropped data message from {header.sender!r}: {problem}")
+                continue
             self.agent._event("recv_wait", header.phase, header.step, header.micro_batch, self.wait_started, got)
             tensors = [tensor_from_frame(s, b) for s, b in zip(header.tensors, bufs)]
-            if header.kind == "tokens" and self.is_first:
+            if header.kind == "tokens":
                 self._on_tokens(header.micro_batch, header.step, tensors[0], got)
                 self._run_injections()
                 if self.source.all_finished:
                     self._finish()
                     return
-            elif header.kind == "hidden" and not self.is_first:
+            else:
                 step = Step(header.micro_batch, header.step)
                 mask = tensors[1] if step.step == 0 and len(tensors) > 1 else None
-                self._perform(step, tensors[0], mask)
+                try:
+                    self._perform(step, tensors[0], mask)
+                except StageInputError as err:  # a frame this stage cannot run: dropped, the run goes on
+                    self.agent._log(f"dropped data message from {header.sender!r}: {err}")
             self.wait_started = self.clock()
         raise RunAborted()
+
+    def _frame_problem(self, header: DataHeader) -> str:
+        """Why a decoded frame of this run cannot be used here ("" when it can): checked before
+        any compute, so a lying or broken peer costs a log line, not the run."""
+        if header.kind == "tokens":
+            if not self.is_first:
+                return "token ids sent to a stage that is not the source"
+            g = self.groups.get(header.micro_batch)
+            if g is None:
+                return f"tokens for unknown micro-batch {header.micro_batch}"
+            started = self.source.started[g.index]
+            if header.step != started or self.source.returned[g.index] >= header.step:
+                return f"tokens for step {header.step} of micro-batch {g.index}, expected step {started}"
+            if len(header.tensors) != 1 or header.tensors[0].dtype != "int64":
+                return "tokens must be one int64 tensor"
+            n = 1
+            for d in header.tensors[0].shape:
+                n *= d
+            if n != len(g.seq_ids):
+                return f"{n} token ids for a micro-batch of {len(g.seq_ids)} sequences"
+            return ""
+        if self.is_first:
+            return "hidden states sent to the source stage"
+        if header.phase != phase_of(header.step):
+            return f"phase {header.phase!r} does not match step {header.step}"
+        want = 2 if header.step == 0 else 1
+        if len(header.tensors) != want:
+            return f"{header.phase} needs {want} tensors, got {len(header.tensors)}"
+        return ""
 
     def drop_all(self) -> None:
         for g in sorted(self.seen_groups):

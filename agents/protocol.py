@@ -8,6 +8,8 @@ replayed timelines are drawn from one type.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Literal, Union, get_args
 
 import msgspec
@@ -92,6 +94,9 @@ class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_u
     v: int = PROTOCOL_VERSION
     req: int = 0
     """Correlation id chosen by the coordinator; replies echo it, unsolicited messages use 0."""
+
+    def type_name(self) -> str:
+        return type(self).__struct_config__.tag
 
 
 class PeerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -235,6 +240,10 @@ class StartRun(_Msg, frozen=True, tag="start_run"):
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     sampling: SamplingSpec = SamplingSpec()
+    lease_s: float = 0.0
+    """The run is leased to the coordinator that started it: when nothing arrives from it for
+    this long (its pings renew the lease), the agent aborts the run and returns to ready.
+    0 = no lease (kept for peers that do not ping)."""
 
 
 class StopRun(_Msg, frozen=True, tag="stop_run"):
@@ -361,16 +370,136 @@ def decode_control(frame: bytes, max_size: int = MAX_CONTROL_FRAME) -> ControlMe
         raise ProtocolError("too_large", f"control frame of {len(frame)} bytes exceeds {max_size}")
     try:
         head = _head_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise ProtocolError("bad_frame", f"not a msgpack map: {err}") from None
+    except Exception as err:  # any bytes: invalid UTF-8 and deep nesting raise other types than msgspec's
+        raise ProtocolError("bad_frame", f"not a msgpack map: {_reason(err)}") from None
     if head.v != PROTOCOL_VERSION:
         raise ProtocolError(
-            "bad_version", f"protocol version {head.v!r} not supported (this agent speaks {PROTOCOL_VERSION})"
+            "bad_version", f"protocol version {_short(head.v)} not supported (this agent speaks {PROTOCOL_VERSION})"
         )
     try:
-        return _control_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise ProtocolError("bad_message", f"{head.type!r}: {err}") from None
+        msg = _control_decoder.decode(frame)
+    except Exception as err:
+        raise ProtocolError("bad_message", f"{_short(head.type)}: {_reason(err)}") from None
+    problem = message_problem(msg)
+    if problem:
+        raise ProtocolError("bad_message", f"{msg.type_name()}: {problem}")
+    return msg
+
+
+def _reason(err: BaseException) -> str:
+    """One line for a decode failure, whatever raised it."""
+    if isinstance(err, RecursionError):
+        return "nested too deeply"
+    return _short(f"{type(err).__name__}: {err}" if not isinstance(err, msgspec.MsgspecError) else str(err), 200)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------
+# Field ranges: what decodes by type can still be nonsense (NaN, 10**6 threads, a peer
+# address that is not tcp://host:port). Checked once, here, for every control frame.
+# --------------------------------------------------------------------------------------
+
+MAX_THREADS = 1024
+MAX_TIMEOUT_S = 3600.0
+MAX_NEW_TOKENS = 1 << 20
+MAX_STAGES = 4096
+MAX_ROWS = 1 << 16
+_ADDRESS = re.compile(r"^tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]{1,253}):([0-9]{1,5})$")
+
+
+def is_data_address(text: str) -> bool:
+    """``tcp://host:port`` with a port in 1..65535 (what an agent can connect a PUSH socket to)."""
+    m = _ADDRESS.match(text)
+    return bool(m) and 1 <= int(m.group(2)) <= 65535
+
+
+def _finite(x: float, lo: float, hi: float) -> bool:
+    return math.isfinite(x) and lo <= x <= hi
+
+
+def _options_problem(options: dict) -> str:
+    """Profiling options: numbers must be finite and in range (a NaN or 1e9 timeout pins a worker)."""
+    for key, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value) or value < 0:
+            return f"option {key!r} must be a finite number >= 0, got {value!r}"
+        if key.endswith("_s") and value > MAX_TIMEOUT_S:
+            return f"option {key!r} must be at most {MAX_TIMEOUT_S:.0f} s, got {value!r}"
+        if value > 1 << 40:
+            return f"option {key!r} is out of range: {value!r}"
+    return ""
+
+
+def _peer_problem(peer: PeerSpec) -> str:
+    if not is_data_address(peer.data_address):
+        return f"peer {peer.device!r}: data_address must be tcp://host:port, got {_short(peer.data_address)}"
+    if len(peer.public_key) != 40:
+        return f"peer {peer.device!r}: public_key must be a 40-character Z85 key"
+    if not 0 <= peer.stage < MAX_STAGES:
+        return f"peer {peer.device!r}: stage must be in [0, {MAX_STAGES})"
+    return ""
+
+
+def message_problem(msg: ControlMessage) -> str:
+    """What is out of range in a decoded message ("" when nothing): the one semantic check."""
+    if isinstance(msg, LoadShard):
+        if not 0 <= msg.threads <= MAX_THREADS:
+            return f"threads must be in [0, {MAX_THREADS}], got {msg.threads}"
+        if not 0 <= msg.start < msg.end:
+            return f"units must be a non-empty range [start, end), got [{msg.start}, {msg.end})"
+        if not msg.peers or len(msg.peers) > MAX_STAGES:
+            return f"peers must list 1..{MAX_STAGES} stages"
+        stages = sorted(p.stage for p in msg.peers)
+        if stages != list(range(len(stages))):
+            return f"peers must be stages 0..{len(stages) - 1} once each, got {stages}"
+        if not 0 <= msg.stage < len(msg.peers):
+            return f"stage must be in [0, {len(msg.peers)}), got {msg.stage}"
+        for p in msg.peers:
+            problem = _peer_problem(p)
+            if problem:
+                return problem
+        if msg.dtype not in DTYPE_SIZES:
+            return f"dtype must be one of {', '.join(DTYPE_SIZES)}, got {_short(msg.dtype)}"
+        link = msg.link
+        if not (_finite(link.bandwidth_mbit_s, 0, 1e6) and _finite(link.latency_ms, 0, 60_000)):
+            return "link bandwidth must be in [0, 1e6] Mbit/s and latency in [0, 60000] ms"
+    elif isinstance(msg, StartRun):
+        s = msg.sampling
+        if not _finite(s.temperature, 0, 100):
+            return f"sampling.temperature must be a finite number in [0, 100], got {s.temperature!r}"
+        if not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
+            return f"sampling.top_p must be in (0, 1], got {s.top_p!r}"
+        if s.top_k < 0 or not 0 <= s.seed < 1 << 63:
+            return "sampling.top_k must be >= 0 and sampling.seed in [0, 2**63)"
+        if not 0 <= msg.max_new_tokens <= MAX_NEW_TOKENS:
+            return f"max_new_tokens must be in [0, {MAX_NEW_TOKENS}], got {msg.max_new_tokens}"
+        if not math.isfinite(msg.lease_s) or not 0 <= msg.lease_s <= MAX_TIMEOUT_S:
+            return f"lease_s must be in [0, {MAX_TIMEOUT_S:.0f}], got {msg.lease_s!r}"
+        rows = len(msg.input_ids)
+        if rows > MAX_ROWS or len(msg.attention_mask) != rows:
+            return f"input_ids and attention_mask must have the same rows (at most {MAX_ROWS})"
+        if any(len(a) != len(b) for a, b in zip(msg.input_ids, msg.attention_mask)):
+            return "each attention_mask row must be as long as its input_ids row"
+        if len({len(r) for r in msg.input_ids}) > 1:
+            return "input_ids rows must be padded to one length"
+        seen = sorted(i for mb in msg.micro_batches for i in mb)
+        if rows and seen != list(range(rows)):
+            return f"micro_batches must cover sequences 0..{rows - 1} once each"
+        if any(not mb for mb in msg.micro_batches):
+            return "micro_batches must not be empty"
+    elif isinstance(msg, MeasureLink):
+        return _peer_problem(msg.peer) or _options_problem(msg.options)
+    elif isinstance(msg, ProfileCompute):
+        return _options_problem(msg.options)
+    elif isinstance(msg, GetLogs):
+        if not 0 <= msg.lines <= 100_000:
+            return f"lines must be in [0, 100000], got {msg.lines}"
+    return ""
 
 
 # --------------------------------------------------------------------------------------
@@ -384,6 +513,9 @@ def decode_control(frame: bytes, max_size: int = MAX_CONTROL_FRAME) -> ControlMe
 DataKind = Literal["hidden", "tokens", "probe"]
 
 MAX_DATA_TENSORS = 4
+MAX_DIM = 1 << 31
+"""Largest size of one tensor dimension; with the byte limit it keeps shape arithmetic (and
+torch's stride computation) from overflowing."""
 DTYPE_SIZES: dict[str, int] = {
     "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "uint8": 1,
 }  # fmt: skip
@@ -433,14 +565,16 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
         raise ProtocolError("too_large", "data header too large")
     try:
         head = _head_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise ProtocolError("bad_frame", f"data header is not a msgpack map: {err}") from None
+    except Exception as err:  # any bytes (see decode_control)
+        raise ProtocolError("bad_frame", f"data header is not a msgpack map: {_reason(err)}") from None
     if head.v != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", f"data protocol version {head.v!r} not supported")
+        raise ProtocolError("bad_version", f"data protocol version {_short(head.v)} not supported")
     try:
         header = _data_decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise ProtocolError("bad_message", f"data header: {err}") from None
+    except Exception as err:
+        raise ProtocolError("bad_message", f"data header: {_reason(err)}") from None
+    if header.step < 0 or header.micro_batch < 0 or header.micro_batch >= MAX_ROWS:
+        raise ProtocolError("bad_message", f"step {header.step} / micro_batch {header.micro_batch} out of range")
     if len(header.tensors) > MAX_DATA_TENSORS or len(header.tensors) != len(frames) - 1:
         raise ProtocolError(
             "bad_message", f"header names {len(header.tensors)} tensors, message has {len(frames) - 1}"
@@ -448,8 +582,14 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
     bufs = []
     total = 0
     for spec, frame in zip(header.tensors, frames[1:]):
-        if spec.dtype not in DTYPE_SIZES or any(d < 0 for d in spec.shape) or len(spec.shape) > 4:
-            raise ProtocolError("bad_message", f"bad tensor spec {spec}")
+        if (
+            spec.dtype not in DTYPE_SIZES
+            or not 1 <= len(spec.shape) <= 4
+            or any(not 0 <= d <= MAX_DIM for d in spec.shape)
+        ):
+            raise ProtocolError("bad_message", f"bad tensor spec {_short(spec, 120)}")
+        if spec.nbytes() > max_bytes:
+            raise ProtocolError("too_large", f"tensor {_short(spec, 120)} exceeds {max_bytes} bytes")
         buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         if buf.nbytes != spec.nbytes():
             raise ProtocolError("bad_message", f"tensor {spec} needs {spec.nbytes()} bytes, got {buf.nbytes}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from agents.executors import StageInputError  # noqa: F401  (re-exported: executors raise it)
 from agents.checkpoint_reader import (
     LAYOUTS,
     CheckpointError,
@@ -31,8 +32,6 @@ from agents.checkpoint_reader import (
 )
 
 
-class StageInputError(ValueError):
-    """An input a stage cannot run: wrong shape or dtype, unknown micro-batch group."""
 
 
 @dataclass

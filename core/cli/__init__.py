@@ -15,8 +15,16 @@ from importlib.metadata import entry_points
 from core.errors import EdgeShardError
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the option and what is allowed, exit status 2 (not
+    the whole usage text, which buries the reason)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="edgeshard",
         description="EdgeShard Studio: run one LLM collaboratively across edge devices.",
     )
@@ -40,4 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("edgeshard: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # a read-only workspace, a full disk, a vanished file: the OS said why
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"edgeshard: error: {err.strerror or err}{where}", file=sys.stderr)
+        return 1
 

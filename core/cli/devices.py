@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from core.cli.arguments import PORT, THREADS, float_in, int_in
 from core.errors import EdgeShardError
 
 
@@ -31,9 +32,9 @@ def _register_testbed(sub) -> None:
     p = sub.add_parser("testbed", help="emulated devices in network namespaces (root)")
     tsub = p.add_subparsers(dest="testbed_command", metavar="ACTION", required=True)
     up = tsub.add_parser("up", help="build N devices on a bridge with sshd, mDNS and shaped links")
-    up.add_argument("--devices", "-n", type=int, required=True)
+    up.add_argument("--devices", "-n", type=int_in(1, 64), required=True)
     shape = up.add_mutually_exclusive_group()
-    shape.add_argument("--bandwidth", type=float, metavar="MBIT", help="cap every ordered pair at MBIT Mbit/s")
+    shape.add_argument("--bandwidth", type=float_in(0, 1e6, lo_open=True), metavar="MBIT", help="cap every ordered pair at MBIT Mbit/s")
     shape.add_argument("--links", metavar="FILE", help="JSON caps per ordered pair (docs/devices.md)")
     up.add_argument("--name", default="edge", help="testbed name; devices are NAME1..NAMEn (default: edge)")
     up.add_argument("--subnet", default="10.77.0.0/24")
@@ -98,7 +99,7 @@ def _testbed_status(args) -> int:
 # discover --------------------------------------------------------------------------
 def _register_discover(sub) -> None:
     p = sub.add_parser("discover", help="find devices and agents over mDNS")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to browse (default 3)")
+    p.add_argument("--timeout", type=float_in(0, 3600, lo_open=True), default=3.0, help="seconds to browse (default 3)")
     p.add_argument("--interface", "-i", action="append", default=None,
                    help="browse only on this interface (name or IPv4 address); repeatable")
     p.add_argument("--exclude-interface", "-x", action="append", default=[],
@@ -227,10 +228,10 @@ def _register_deploy(sub) -> None:
     p = sub.add_parser("deploy", help="install and start the agent on devices over SSH")
     _add_ssh_arguments(p)
     p.add_argument("--python", default="python3", help="Python on the device (default python3)")
-    p.add_argument("--control-port", type=int, default=47000)
-    p.add_argument("--data-port", type=int, default=47001)
+    p.add_argument("--control-port", type=PORT, default=47000)
+    p.add_argument("--data-port", type=PORT, default=47001)
     p.add_argument("--no-announce", action="store_true", help="agent does not register _edgeshard._tcp")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=THREADS, default=0)
     p.set_defaults(func=_deploy)
 
 
@@ -286,13 +287,13 @@ def _register_agents(sub) -> None:
         a = asub.add_parser(action, help=text)
         _add_ssh_arguments(a)
         if action == "logs":
-            a.add_argument("--lines", "-n", type=int, default=100)
+            a.add_argument("--lines", "-n", type=int_in(1, 100_000), default=100)
         if action == "upgrade":
             a.add_argument("--python", default="python3")
-            a.add_argument("--control-port", type=int, default=47000)
-            a.add_argument("--data-port", type=int, default=47001)
+            a.add_argument("--control-port", type=PORT, default=47000)
+            a.add_argument("--data-port", type=PORT, default=47001)
             a.add_argument("--no-announce", action="store_true")
-            a.add_argument("--threads", type=int, default=0)
+            a.add_argument("--threads", type=THREADS, default=0)
             a.set_defaults(func=_deploy)
         else:
             a.set_defaults(func=_agents)
@@ -339,13 +340,13 @@ def _register_profile(sub) -> None:
     p.add_argument("--out", "-o", required=True, metavar="profile.json")
     p.add_argument("--name", default="", help="model name recorded in the profile")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int_in(1, 1 << 20), default=32)
     p.add_argument("--batch-sizes", default="1,2,4", help="decode batch sizes (comma separated)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--headroom-mib", type=int, default=512, help="memory each device keeps free")
-    p.add_argument("--threads", type=int, default=0, help="torch threads on the devices (0: default)")
+    p.add_argument("--repeats", type=int_in(1, 1000), default=5)
+    p.add_argument("--headroom-mib", type=int_in(0, 1 << 30), default=512, help="memory each device keeps free")
+    p.add_argument("--threads", type=THREADS, default=0, help="torch threads on the devices (0: default)")
     p.add_argument("--no-network", action="store_true", help="skip the link measurements")
-    p.add_argument("--link-seconds", type=float, default=1.0, help="duration of each bandwidth probe")
+    p.add_argument("--link-seconds", type=float_in(0, 600, lo_open=True), default=1.0, help="duration of each bandwidth probe")
     p.set_defaults(func=_profile)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
+from core.cli.arguments import SEED, int_in
 from core.models.checkpoints import DTYPES, FAMILIES, PRESETS, ModelRecipe, make_model
 from core.errors import FormatError
 from core.reporting import TerminalReporter
@@ -25,14 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", help="directory to create (must not hold a model)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="a named recipe (other options override it)")
     p.add_argument("--family", choices=FAMILIES)
-    p.add_argument("--layers", type=int, help="decoder blocks")
-    p.add_argument("--hidden", type=int, help="hidden size")
-    p.add_argument("--heads", type=int, help="attention heads (default hidden/64)")
-    p.add_argument("--kv-heads", type=int, help="key/value heads for grouped-query attention (default = heads)")
-    p.add_argument("--intermediate", type=int, help="MLP width (default ≈ 8/3·hidden; gpt2 4·hidden)")
-    p.add_argument("--vocab", type=int, help="vocabulary size (default 1024)")
-    p.add_argument("--experts", type=int, help="mixtral: experts per layer (default 4)")
-    p.add_argument("--seed", type=int, help="random seed of the weights (default 0)")
+    p.add_argument("--layers", type=int_in(1, 1024), help="decoder blocks")
+    p.add_argument("--hidden", type=int_in(1, 1 << 16), help="hidden size")
+    p.add_argument("--heads", type=int_in(1, 1024), help="attention heads (default hidden/64)")
+    p.add_argument("--kv-heads", type=int_in(1, 1024), help="key/value heads for grouped-query attention (default = heads)")
+    p.add_argument("--intermediate", type=int_in(1, 1 << 18), help="MLP width (default ≈ 8/3·hidden; gpt2 4·hidden)")
+    p.add_argument("--vocab", type=int_in(1, 1 << 20), help="vocabulary size (default 1024)")
+    p.add_argument("--experts", type=int_in(1, 1024), help="mixtral: experts per layer (default 4)")
+    p.add_argument("--seed", type=SEED, help="random seed of the weights (default 0)")
     p.add_argument("--dtype", choices=DTYPES, help="stored weight dtype (default float32)")
     p.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="share embedding and LM head (default: gpt2 yes, others no)")

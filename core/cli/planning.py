@@ -13,6 +13,7 @@ import sys
 
 import msgspec
 
+from core.cli.arguments import float_in, int_in
 from core.errors import EdgeShardError, FormatError
 from core.formats import format_of, load, save
 from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem
@@ -62,12 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="PROBLEM.json", help="a problem, scenario or profile file")
     p.add_argument("--problem", metavar="NAME", help="in a scenario: the problem's index, name or model name")
-    p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="exact search budget (default 30 s)")
+    p.add_argument("--time-limit", type=float_in(0, 86_400, lo_open=True), default=30.0, metavar="S", help="exact search budget (default 30 s)")
     g = p.add_argument_group("for a profile file")
     g.add_argument("--source", help="device holding the prompt (default: the profile's first device)")
-    g.add_argument("--prompt-tokens", type=int, help="default: the profiled prompt length, else 128")
-    g.add_argument("--generated-tokens", type=int, default=128)
-    g.add_argument("--batch", type=int, default=1, help="sequences served together")
+    g.add_argument("--prompt-tokens", type=int_in(1, 1 << 20), help="default: the profiled prompt length, else 128")
+    g.add_argument("--generated-tokens", type=int_in(1, 1 << 20), default=128)
+    g.add_argument("--batch", type=int_in(1, 1 << 16), default=1, help="sequences served together")
 
 
 def load_problems(args: argparse.Namespace) -> list[PlanningProblem]:

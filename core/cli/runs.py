@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
+from core.cli.arguments import SEED, THREADS, TOKENS, float_in, int_in
 from core.errors import FormatError, RunFailed
 
 
@@ -48,17 +49,17 @@ def _register_run(sub) -> None:
     p.add_argument("--coordinator-key-file", help="the coordinator keypair (with an address list in --agents)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", help="file with one prompt per line")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=TOKENS, default=32)
     p.add_argument("--mode", choices=RUN_MODES, default="sequential")
-    p.add_argument("--micro-batches", type=int, default=None,
+    p.add_argument("--micro-batches", type=int_in(1, 4096), default=None,
                    help="override the plan's micro_batches (every mode; default: the plan's)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float_in(0, 100), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float_in(0, 1, lo_open=True), default=1.0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    p.add_argument("--threads", type=int, default=0, help="torch threads per agent (0 = agent default)")
-    p.add_argument("--link-mbit", type=float, default=0.0, help="with --local: emulated bandwidth per link")
-    p.add_argument("--link-latency-ms", type=float, default=0.0, help="with --local: emulated latency per link")
+    p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
+    p.add_argument("--link-mbit", type=float_in(0, 1e6), default=0.0, help="with --local: emulated bandwidth per link")
+    p.add_argument("--link-latency-ms", type=float_in(0, 60_000), default=0.0, help="with --local: emulated latency per link")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
     p.add_argument("--workspace", metavar="FILE", help="record the run in this workspace file (default: "
                    "$EDGESHARD_WORKSPACE or ~/.local/share/edgeshard/workspace.sqlite)")
@@ -253,10 +254,10 @@ def _register_cluster(sub) -> None:
     p = sub.add_parser("cluster", help="development clusters")
     csub = p.add_subparsers(dest="cluster_command", metavar="KIND")
     s = csub.add_parser("local", help="N agents on loopback (no root); Ctrl-C stops them all")
-    s.add_argument("-n", "--agents", type=int, default=4, dest="n")
+    s.add_argument("-n", "--agents", type=int_in(1, 64), default=4, dest="n")
     s.add_argument("--dir", default=None, help="working directory (keys, logs, agents.json); default a temp dir")
     s.add_argument("--names", default=None, help="comma-separated device names (default local-0..)")
-    s.add_argument("--threads", type=int, default=1, help="torch threads per agent")
+    s.add_argument("--threads", type=THREADS, default=1, help="torch threads per agent")
     s.add_argument("--link-mbit", default="0", help="emulated bandwidth of each agent's outgoing link "
                    "(one value, or one per agent: 200,100,50)")
     s.add_argument("--link-latency-ms", default="0", help="emulated added latency per message (one or per agent)")

@@ -54,6 +54,33 @@ class ShardPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         raise IndexError(unit)
 
 
+def layout_problems(plan: ShardPlan, num_units: int | None = None) -> list[str]:
+    """What makes ``plan`` unrunnable whatever the devices (empty when nothing): stages must be
+    non-empty and cover [0, N) in order without gaps or overlaps, each device once, and N
+    must be the model's unit count when it is known. A run checks this before any work."""
+    problems = []
+    if num_units is not None and plan.num_units != num_units:
+        problems.append(f"plan is for a model of {plan.num_units} units, this checkpoint has {num_units}")
+    if not plan.stages:
+        return problems + ["plan has no stages"]
+    at = 0
+    for i, s in enumerate(plan.stages):
+        if s.end <= s.start:
+            problems.append(f"stage {i} ({s.device}) is empty: [{s.start}, {s.end})")
+        elif s.start != at:
+            kind = "overlaps the previous stage" if s.start < at else f"leaves units [{at}, {s.start}) unassigned"
+            problems.append(f"stage {i} ({s.device}) starts at unit {s.start}: it {kind}")
+        at = max(at, s.end)
+    if at != plan.num_units:
+        problems.append(f"stages end at unit {at}, the model has {plan.num_units}")
+    seen = set()
+    for s in plan.stages:
+        if s.device in seen:
+            problems.append(f"device {s.device} appears in more than one stage")
+        seen.add(s.device)
+    return problems
+
+
 def plan_from_boundaries(
     model: str, num_units: int, devices: list[str], boundaries: list[int], **kw
 ) -> ShardPlan:

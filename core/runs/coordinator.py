@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -68,14 +69,17 @@ from agents.protocol import (
     encode_control,
 )
 from agents.transport import CurveKeys, curve_client, harden
-from core.errors import FormatError, RunFailed, ShardOverBudget
-from core.planning.plan import ShardPlan
+from core.errors import FormatError, PlanInvalid, RunFailed, ShardOverBudget
+from core.planning.plan import ShardPlan, layout_problems
 from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
 
 Mode = RunMode
 MODES = RUN_MODES
 """Re-exported from ``agents.protocol`` (the one definition of the run modes)."""
+
+
+log = logging.getLogger("edgeshard.coordinator")
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ class Coordinator:
         heartbeat_interval_s: float = 0.5,
         heartbeat_timeout_s: float = 2.0,
         request_timeout_s: float = 10.0,
+        lease_s: float = 3.0,
     ) -> None:
         if len({e.device for e in endpoints}) != len(endpoints):
             raise ValueError("two endpoints share a device name")
@@ -206,6 +211,9 @@ class Coordinator:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.lease_s = max(lease_s, 2 * heartbeat_interval_s)
+        """How long agents keep a run of this coordinator alive without hearing from it (its
+        pings renew the lease); then they abort it, so a killed coordinator orphans nothing."""
         self._ctx = zmq.Context()
         self._conns: dict[str, _Conn] = {}
         self._pending: dict[int, tuple[str, cf.Future]] = {}
@@ -337,7 +345,10 @@ class Coordinator:
                 frame = c.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._on_message(c, frame)
+            try:
+                self._on_message(c, frame)
+            except Exception:  # the IO thread must outlive any message (and any sink's bug)
+                log.exception("message from %s not handled", c.endpoint.device)
 
     def _silent(self, c: _Conn, now: float) -> bool:
         """No pong for the timeout, and a ping sent at least half the timeout ago is unanswered
@@ -377,7 +388,8 @@ class Coordinator:
     def _on_message(self, c: _Conn, frame: bytes) -> None:
         try:
             msg = decode_control(frame, max_size=64 << 20)
-        except ProtocolError:
+        except ProtocolError as err:  # any bytes: dropped with the reason, the IO thread goes on
+            log.warning("dropped a control frame from %s: %s: %s", c.endpoint.device, err.code, err)
             return
         dev = c.endpoint.device
         if isinstance(msg, Pong):
@@ -527,11 +539,15 @@ class Coordinator:
         budget it breaks refuses the load (``ShardOverBudget``) instead of failing mid-run.
         ``files``: per device, the (name, sha256) of weights sent to it (core.runs.weights)."""
         reporter = reporter or NullReporter()
+        problems = layout_problems(plan)
+        if problems:
+            raise PlanInvalid(problems)
         missing = [s.device for s in plan.stages if s.device not in self.endpoints]
         if missing:
             raise RunFailed(f"plan uses devices without an agent: {', '.join(missing)}")
         self._loaded = None
         statuses = self.status()
+        self._take_over(statuses)
         peers = tuple(
             PeerSpec(device=s.device, stage=i, data_address=statuses[s.device].data_address,
                      public_key=statuses[s.device].public_key)
@@ -552,6 +568,17 @@ class Coordinator:
         self._await_loads(futs, timeout_s, reporter)
         self._loaded = (plan, model_dir)
         self._loaded_kv = kv
+
+    def _take_over(self, statuses: dict[str, AgentStatus]) -> None:
+        """End runs this coordinator did not start (an earlier coordinator died or hangs):
+        the explicit reset that lets a new coordinator always take over its agents. A stop
+        is answered after the run it ends, so they are ready to load when this returns."""
+        if self._run is not None:
+            return
+        orphans = [d for d, st in statuses.items() if st.state == "running"]
+        futs = [(d, self.request_async(d, StopRun())) for d in orphans]
+        for d, f in futs:
+            self._await(d, f, self.request_timeout_s, "ending a run of an earlier coordinator")
 
     def _await_loads(self, futs: dict[str, cf.Future], timeout_s: float, reporter: Reporter) -> None:
         """Wait for every stage's load; report progress from the agents' statuses meanwhile
@@ -661,10 +688,11 @@ class Coordinator:
                     msg = StartRun(run_id=run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
                                    micro_batches=groups, input_ids=request.input_ids,
                                    attention_mask=request.attention_mask, eos_token_ids=request.eos_token_ids,
-                                   pad_token_id=request.pad_token_id, sampling=request.sampling)
+                                   pad_token_id=request.pad_token_id, sampling=request.sampling,
+                                   lease_s=self.lease_s)
                 else:
                     msg = StartRun(run_id=run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
-                                   sampling=request.sampling)
+                                   sampling=request.sampling, lease_s=self.lease_s)
                 reply = self._await(d, self.request_async(d, msg), self.request_timeout_s, "starting the run")
                 if isinstance(reply, ErrorReply):  # e.g. nothing loaded (a failure unloaded it): load the plan first
                     raise RunFailed(f"cannot start the run ({reply.code}): {reply.message}", d)

@@ -9,6 +9,7 @@ the ids go to the source agent only) and turns each step's tokens into text piec
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,9 @@ from core.runs.coordinator import (
     RunSink,
 )
 from core.runs.batching import kv_covers, kv_reservation, run_micro_batches
-from core.errors import FormatError, RunFailed, UnsupportedModelError
-from core.planning.plan import ShardPlan
+from core.errors import FormatError, PlanInvalid, RunFailed, UnsupportedModelError
+from core.models.checkpoints import check_model_dir
+from core.planning.plan import ShardPlan, layout_problems
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.runs.weights import ship_stage_weights
@@ -131,6 +133,25 @@ class GenerationSettings:
     from the device's own disk."""
 
 
+def settings_problem(settings: GenerationSettings) -> tuple[str, str] | None:
+    """(field, what is allowed) for the first out-of-range setting, None when all are fine.
+    Checked before any work: a NaN temperature must not reach an agent's sampler."""
+    s = settings
+    if not 1 <= s.max_new_tokens <= 1 << 20:
+        return "max-new-tokens", f"must be an integer in [1, {1 << 20}], got {s.max_new_tokens}"
+    if s.micro_batches is not None and not 1 <= s.micro_batches <= 4096:
+        return "micro-batches", f"must be an integer in [1, 4096], got {s.micro_batches}"
+    if not (math.isfinite(s.temperature) and 0 <= s.temperature <= 100):
+        return "temperature", f"must be a finite number in [0, 100], got {s.temperature!r}"
+    if not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
+        return "top-p", f"must be a finite number in (0, 1], got {s.top_p!r}"
+    if not 0 <= s.seed < 1 << 63:
+        return "seed", f"must be an integer in [0, 2**63), got {s.seed}"
+    if not 0 <= s.threads <= 1024:
+        return "threads", f"must be an integer in [0, 1024], got {s.threads}"
+    return None
+
+
 @dataclass(frozen=True)
 class Generation:
     texts: tuple[str, ...]
@@ -171,8 +192,12 @@ def generate(
         raise FormatError("prompts", "no prompt given")
     if settings.mode not in MODES:
         raise FormatError("mode", f"must be one of {', '.join(MODES)}, got {settings.mode!r}")
-    if settings.max_new_tokens < 1:
-        raise FormatError("max-new-tokens", "must be at least 1")
+    problem = settings_problem(settings)
+    if problem:
+        raise FormatError("run settings", problem[1], problem[0])
+    problems = layout_problems(plan, check_model_dir(model_dir).num_units)
+    if problems:
+        raise PlanInvalid(problems)
     tok = load_tokenizer(model_dir)
     enc = tok(list(prompts), return_tensors="pt", padding=True)
     if enc["input_ids"].shape[1] == 0:
