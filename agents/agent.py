@@ -46,9 +46,10 @@ import zmq
 
 from agents import AGENT_VERSION
 from agents.emulation import DeviceEmulation, ShardOverBudget
-from agents.executors import StageInputError, executor_factory_for
+from agents.executors import executor_factory_for
 from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
+from agents.stage_input import StageInputError
 from agents.protocol import (
     AgentEvent,
     AgentStatus,

@@ -33,11 +33,6 @@ ExecutorFactory = Callable[..., StageExecutorLike]
 _EXECUTORS: dict[str, ExecutorFactory] = {}
 
 
-class StageInputError(ValueError):
-    """An input a stage cannot run: wrong shape or dtype, unknown micro-batch group. Raised
-    before any state changes, so the stage loop drops the frame and the run goes on."""
-
-
 class UnknownStageKind(ValueError):
     """A LoadShard asks for a stage kind this agent has no executor for (an older agent?)."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agents.executors import StageInputError  # noqa: F401  (re-exported: executors raise it)
+from agents.stage_input import StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
     CheckpointError,
@@ -30,8 +30,6 @@ from agents.checkpoint_reader import (
     load_config,
     torch_dtype,
 )
-
-
 
 
 @dataclass

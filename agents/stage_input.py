@@ -1,0 +1,7 @@
+"""The one error a stage executor raises for input it cannot run (its own module so that the
+executor registry and the layer executor share it without importing each other)."""
+
+
+class StageInputError(ValueError):
+    """An input a stage cannot run: wrong shape or dtype, unknown micro-batch group. Raised
+    before any state changes, so the stage loop drops the frame and the run goes on."""
