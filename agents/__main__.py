@@ -23,6 +23,8 @@ import socket
 import sys
 import threading
 
+from agents.arguments import float_in, int_in
+
 READY_PREFIX = "EDGESHARD-AGENT-READY"
 
 
@@ -38,16 +40,16 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--device", default=socket.gethostname(), help="device name (default: hostname)")
     s.add_argument("--host", default="0.0.0.0", help="address to bind (default: all)")
     s.add_argument("--advertise-host", default=None, help="address peers use to reach this agent")
-    s.add_argument("--control-port", type=int, default=0, help="0 = any free port")
-    s.add_argument("--data-port", type=int, default=0, help="0 = any free port")
+    s.add_argument("--control-port", type=int_in(0, 65535), default=0, help="0 = any free port")
+    s.add_argument("--data-port", type=int_in(0, 65535), default=0, help="0 = any free port")
     s.add_argument("--coordinator-key", required=True, help="the coordinator's CurveZMQ public key (Z85)")
     s.add_argument("--key-file", default=None, help="this agent's keypair file (created if missing)")
-    s.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    s.add_argument("--link-mbit", type=float, default=0.0, help="emulated bandwidth of the outgoing data link")
-    s.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated one-way latency added when sending")
-    s.add_argument("--memory-budget-mib", type=float, default=0.0,
+    s.add_argument("--threads", type=int_in(0, 1024), default=0, help="torch threads (0 = torch's default)")
+    s.add_argument("--link-mbit", type=float_in(0, 1e6), default=0.0, help="emulated bandwidth of the outgoing data link")
+    s.add_argument("--link-latency-ms", type=float_in(0, 60_000), default=0.0, help="emulated one-way latency added when sending")
+    s.add_argument("--memory-budget-mib", type=float_in(0, 1 << 30), default=0.0,
                    help="emulated memory budget for shard weights; a larger shard is refused (0 = none)")
-    s.add_argument("--compute-slowdown", type=float, default=1.0,
+    s.add_argument("--compute-slowdown", type=float_in(1, 1000), default=1.0,
                    help="emulate a device this many times slower than this machine (>= 1)")
     s.add_argument("--weights-dir", default=None,
                    help="where weights sent by the coordinator are kept by content hash "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from core.cli.arguments import float_in
 from core.reporting import NullReporter
 from core.runs.experiments import EXPERIMENTS, format_result, run_experiment, write_outputs
 
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("name", choices=sorted(EXPERIMENTS), help="table-iv, bandwidth (Figs 7-8), source (Fig 9), "
                    "pipelines (Fig 10), algorithms (the paper's Algorithms 1 and 2 vs the exact solvers)")
     e.add_argument("--out", default="experiments", metavar="DIR", help="where the CSV and figures go (default ./experiments)")
-    e.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="exact search budget per solve (default 30 s)")
+    e.add_argument("--time-limit", type=float_in(0, 86_400, lo_open=True), default=30.0, metavar="S", help="exact search budget per solve (default 30 s)")
     e.add_argument("--quiet", action="store_true", help="no progress on stderr")
     e.set_defaults(func=cmd_experiment)
 

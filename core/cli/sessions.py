@@ -14,7 +14,7 @@ import sys
 
 import msgspec
 
-from core.cli.arguments import float_in, int_in
+from core.cli.arguments import ROW_ID, float_in, int_in
 from core.planning import cost
 
 from core import formats
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="predict a plan's timeline and figures with the discrete-event simulator")
     p.add_argument("problem", metavar="PROBLEM.json", nargs="?")
     p.add_argument("--plan", metavar="PLAN.json")
-    p.add_argument("--run", type=int_in(1), metavar="RUN",
+    p.add_argument("--run", type=ROW_ID, metavar="RUN",
                    help="predict a recorded run (its problem, plan, mode and batches) and compare with what it measured")
     p.add_argument("--mode", choices=MODES, default="sequential")
     p.add_argument("--micro-batches", type=int_in(1, 4096), metavar="K", help="micro-batches in flight (default: the plan's)")
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_sessions)
 
     p = sub.add_parser("export", help="export a run's timeline (Chrome trace, CSV) and its plan/profile JSON")
-    p.add_argument("run", type=int_in(1), metavar="RUN")
+    p.add_argument("run", type=ROW_ID, metavar="RUN")
     p.add_argument("--trace", metavar="OUT.json")
     p.add_argument("--csv", metavar="OUT.csv")
     p.add_argument("--plan", metavar="PLAN.json")
@@ -69,13 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("replay", help="replay a recorded run in the terminal")
-    p.add_argument("run", type=int_in(1), metavar="RUN")
+    p.add_argument("run", type=ROW_ID, metavar="RUN")
     p.add_argument("--speed", type=float_in(0, 1e6, lo_open=True), default=1.0, help="replay speed factor (default 1)")
     workspace_arg(p)
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("export-session", help="write one session as a single file for another machine")
-    p.add_argument("session", type=int_in(1), metavar="SESSION")
+    p.add_argument("session", type=ROW_ID, metavar="SESSION")
     p.add_argument("out", metavar="OUT.edgeshard-session")
     workspace_arg(p)
     p.set_defaults(func=_cmd_export_session)

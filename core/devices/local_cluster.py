@@ -20,6 +20,7 @@ e.g. multiprocessing's "fork", would keep the agents up until it ends too.)
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -95,6 +96,9 @@ def per_agent_values(text: str, n: int, flag: str) -> list[float]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         raise FormatError(flag, f"{text!r} is not a number or a comma-separated list of numbers") from None
+    bad = [v for v in values if not (math.isfinite(v) and v >= 0)]
+    if bad:  # NaN or infinity would reach an agent's sleep or byte budget
+        raise FormatError(flag, f"every value must be a finite number >= 0, got {bad[0]!r}")
     if len(values) == 1:
         return values * n
     if len(values) != n:

@@ -115,7 +115,6 @@ def test_a_session_moves_to_another_workspace_through_one_file(files, capsys):
         (["simulate", "plan.json", "--plan", "plan.json"], "expected format 'edgeshard.problem'"),
         (["simulate", "problem.json", "--plan", "missing.json"], "cannot read file"),
         (["import-session", "problem.json"], "not an EdgeShard workspace"),
-        (["replay", 1, "--speed", 0], "--speed must be positive"),
     ],
 )
 def test_user_errors_are_one_line_messages_with_a_non_zero_exit(files, capsys, monkeypatch, argv, message):
