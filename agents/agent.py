@@ -49,7 +49,7 @@ from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for
 from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
-from agents.stage_input import StageInputError
+from agents.stage_input import ReservationExceeded, StageInputError
 from agents.protocol import (
     AgentEvent,
     AgentStatus,
@@ -705,6 +705,8 @@ class _StageRun:
                 mask = tensors[1] if step.step == 0 and len(tensors) > 1 else None
                 try:
                     self._perform(step, tensors[0], mask)
+                except ReservationExceeded:
+                    raise  # the run is larger than this load: it fails (RunError), nothing to drop
                 except StageInputError as err:  # a frame this stage cannot run: dropped, the run goes on
                     self.agent._log(f"dropped data message from {header.sender!r}: {err}")
             self.wait_started = self.clock()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agents.stage_input import StageInputError
+from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
     CheckpointError,
@@ -65,7 +65,7 @@ def _reserved_layer_class():
             end = self.length + n
             if b > self.kbuf.shape[0] or end > self.kbuf.shape[2] or key_states.shape[1:2] != self.kbuf.shape[1:2] \
                     or key_states.shape[-1] != self.kbuf.shape[-1]:
-                raise StageInputError(
+                raise ReservationExceeded(
                     f"the KV cache reserved at load holds {self.kbuf.shape[0]} sequences of {self.kbuf.shape[2]} "
                     f"tokens; this step needs {b} sequences of {end}: load the plan for this run's batch and length")
             self.kbuf[:b, :, self.length:end] = key_states
@@ -223,7 +223,7 @@ class StageExecutor:
         slot = self._slot_of.get(group)
         if slot is None:
             if not self._free_slots:
-                raise StageInputError(
+                raise ReservationExceeded(
                     f"all {len(self._slot_of)} KV caches reserved at load are in use: the plan reserved that many "
                     "micro-batches in flight")
             slot = self._slot_of[group] = self._free_slots.pop()
