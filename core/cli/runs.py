@@ -51,7 +51,7 @@ def _register_run(sub) -> None:
     p.add_argument("--prompts", help="file with one prompt per line")
     p.add_argument("--max-new-tokens", type=TOKENS, default=32)
     p.add_argument("--mode", choices=RUN_MODES, default="sequential")
-    p.add_argument("--micro-batches", type=int_in(1, 4096), default=None,
+    p.add_argument("--micro-batches", type=int_in(0, 4096), default=None,  # 0: refused with the plan's count
                    help="override the plan's micro_batches (every mode; default: the plan's)")
     p.add_argument("--temperature", type=float_in(0, 100), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float_in(0, 1, lo_open=True), default=1.0)

@@ -139,7 +139,7 @@ def settings_problem(settings: GenerationSettings) -> tuple[str, str] | None:
     s = settings
     if not 1 <= s.max_new_tokens <= 1 << 20:
         return "max-new-tokens", f"must be an integer in [1, {1 << 20}], got {s.max_new_tokens}"
-    if s.micro_batches is not None and not 1 <= s.micro_batches <= 4096:
+    if s.micro_batches is not None and s.micro_batches > 4096:  # below 1: core.runs.batching says why
         return "micro-batches", f"must be an integer in [1, 4096], got {s.micro_batches}"
     if not (math.isfinite(s.temperature) and 0 <= s.temperature <= 100):
         return "temperature", f"must be a finite number in [0, 100], got {s.temperature!r}"
