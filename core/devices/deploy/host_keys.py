@@ -168,10 +168,23 @@ class HostKeyPolicy:
 
 
 def _load_known_hosts(path: Path) -> paramiko.HostKeys:
+    """The plain host keys in an OpenSSH known_hosts file, line by line: a line paramiko cannot
+    read (a ``@cert-authority`` or ``@revoked`` marker, a key type it does not know, garbage)
+    is skipped alone, so it neither breaks every deploy nor hides the other hosts' keys."""
     keys = paramiko.HostKeys()
-    if path.is_file():
+    try:
+        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    except OSError:
+        return keys
+    for lineno, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "@")):
+            continue
         try:
-            keys.load(str(path))
-        except (OSError, paramiko.SSHException):
-            pass
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception:  # paramiko raises several types for lines it cannot read
+            continue
+        if entry is not None and entry.key is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
     return keys
