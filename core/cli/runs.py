@@ -295,10 +295,16 @@ def cmd_cluster_local(args) -> int:
             print(f"{e.device}  {e.control_address}  {e.public_key}  ({emulation[e.device].describe()}{link})")
         print(f"{len(endpoints)} agents up. Agents file: {cluster.agents_file}")
         print("Press Ctrl-C to stop.", flush=True)
+        reported: set[str] = set()
         while not stop.wait(1.0):
-            dead = [p.device for p in cluster._procs if p.popen.poll() is not None]
-            if dead:
-                raise RunFailed("local agent exited", dead[0])
+            for p in cluster._procs:  # one agent's death is reported, the others stay up
+                code = p.popen.poll()
+                if code is not None and p.device not in reported:
+                    reported.add(p.device)
+                    print(f"edgeshard: agent {p.device} exited (status {code}); the other agents stay up",
+                          file=sys.stderr, flush=True)
+            if len(reported) == len(cluster._procs):
+                raise RunFailed("every local agent exited")
     finally:
         cluster.stop()
         for s, h in previous.items():

@@ -1,0 +1,40 @@
+"""`edgeshard cluster local`: one agent dying no longer stops the others (before, the whole
+cluster went down and the error named the wrong device); the dead one is named on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_one_agent_killed_is_named_and_the_others_stay_up(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "core.cli", "cluster", "local", "-n", "3", "--dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "agents up" not in proc.stdout.readline():
+            assert proc.poll() is None and time.monotonic() < deadline
+        entries = json.loads((tmp_path / "agents.json").read_text())["agents"]
+        pids = {e["device"]: e["pid"] for e in entries}
+        victim = sorted(pids)[1]
+        os.kill(pids[victim], signal.SIGKILL)
+        time.sleep(3)
+        assert proc.poll() is None  # the cluster is still up
+        for device, pid in pids.items():
+            if device != victim:
+                os.kill(pid, 0)  # alive (raises if not)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert f"agent {victim} exited" in err
+        assert [d for d in pids if f"agent {d} exited" in err] == [victim]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
