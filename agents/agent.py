@@ -286,6 +286,7 @@ class Agent:
         self._data = self.context.socket(zmq.PULL)
         harden(self._data)
         self._data.rcvhwm = 1000
+        self._data.rcvtimeo = DATA_POLL_MS  # the stage loop's blocking receive notices a stop
         curve_server(self._data, self.keys, DATA_DOMAIN)
         self.data_port = bind_port(self._data, self.host, self._want_ports[1])
         self._threads = [
@@ -334,15 +335,25 @@ class Agent:
         except OSError:
             pass
 
-    def _post(self, msg) -> None:
-        """Queue a message for the coordinator (any thread)."""
+    def _post(self, msg, wake: bool = True) -> None:
+        """Queue a message for the coordinator (any thread). ``wake=False``: the caller
+        wakes the control thread later (``_wake_for_outbox``), off its hot path."""
         self._outbox.append(msg)
-        self._wake()
+        if wake:
+            self._wake()
+
+    def _wake_for_outbox(self) -> None:
+        if self._outbox:
+            self._wake()
 
     def _event(self, kind: str, phase: str, step: int, mb: int, start: float, end: float, nbytes=0, peer=""):
+        """Record a timeline event. During a run the control thread already flushes every
+        EVENT_FLUSH_S, so it is not woken: a wake-up here lands between receive, compute and
+        send, and the woken thread takes the GIL (and on a small machine the core) from the
+        stage loop for a whole control-loop turn — it was most of a hop's cost."""
         was_empty = not self._events
         self._events.append(AgentEvent(kind, phase, step, mb, start, end, nbytes, peer))
-        if was_empty:  # the control loop may sit in a 1 s poll: have it flush within EVENT_FLUSH_S
+        if was_empty and self._state != "running":  # idle, the control loop sits in a long poll
             self._wake()
 
     def _status(self, req: int) -> AgentStatus:
@@ -372,7 +383,7 @@ class Agent:
         poller.register(self._wake_r, zmq.POLLIN)
         last_flush = time.monotonic()
         while not self._shutdown.is_set():
-            timeout = EVENT_FLUSH_S * 1000 if self._events else LEASE_CHECK_MS
+            timeout = EVENT_FLUSH_S * 1000 if self._events or self._state == "running" else LEASE_CHECK_MS
             ready = dict(poller.poll(timeout))
             if sock in ready:
                 while True:
@@ -675,9 +686,10 @@ class _StageRun:
         data = self.agent._data
         stop = self.stop
         while not stop.is_set():
-            if not data.poll(DATA_POLL_MS):
+            try:  # one blocking receive (RCVTIMEO), not a poll and then a receive
+                frames = data.recv_multipart(copy=False)
+            except zmq.Again:
                 continue
-            frames = data.recv_multipart(copy=False)
             got = self.clock()
             try:
                 header, bufs = decode_data(frames, MAX_DATA_BYTES)
@@ -697,6 +709,7 @@ class _StageRun:
             if header.kind == "tokens":
                 self._on_tokens(header.micro_batch, header.step, tensors[0], got)
                 self._run_injections()
+                self.agent._wake_for_outbox()
                 if self.source.all_finished:
                     self._finish()
                     return
@@ -827,6 +840,7 @@ class _StageRun:
                 self._perform(step, g.input_ids, g.attention_mask)
             else:
                 self._perform(step, g.last.view(-1, 1), None)
+            self.agent._wake_for_outbox()  # the tokens that started this step go out now
 
     def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
         g = self.groups[mb]
@@ -843,6 +857,9 @@ class _StageRun:
                 g.finished[i] = True
         g.last = torch.tensor(fed, dtype=torch.int64)
         g.done = all(g.finished)
+        # Not woken here: the next step starts first (its compute and send are the hot
+        # path); ``_run_injections`` wakes the control thread once it is under way. The
+        # token's time ``t`` is its arrival, so figures do not move.
         self.agent._post(
             TokensProduced(
                 run_id=self.msg.run_id,
@@ -851,7 +868,8 @@ class _StageRun:
                 sequence_ids=g.seq_ids,
                 token_ids=tuple(int(x) for x in ids.tolist()),
                 t=t,
-            )
+            ),
+            wake=False,
         )
         self.source, started = on_returned(self.source, mb, step, finished_early=g.done)
         self.injections.extend(started)
