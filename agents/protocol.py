@@ -573,7 +573,8 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
         header = _data_decoder.decode(raw)
     except Exception as err:
         raise ProtocolError("bad_message", f"data header: {_reason(err)}") from None
-    if header.step < 0 or header.micro_batch < 0 or header.micro_batch >= MAX_ROWS:
+    # link probes number their latency probes with negative steps (agents.profiler)
+    if (header.step < 0 and header.kind != "probe") or header.micro_batch < 0 or header.micro_batch >= MAX_ROWS:
         raise ProtocolError("bad_message", f"step {header.step} / micro_batch {header.micro_batch} out of range")
     if len(header.tensors) > MAX_DATA_TENSORS or len(header.tensors) != len(frames) - 1:
         raise ProtocolError(
