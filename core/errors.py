@@ -59,6 +59,8 @@ class RunFailed(EdgeShardError):
 
     def __init__(self, message: str, device: str | None = None):
         self.device = device
+        self.reason = message
+        """The message without the device's name in front."""
         super().__init__(message if device is None else f"{device}: {message}")
 
 

@@ -33,7 +33,7 @@ import msgspec
 
 from agents.emulation import MIB, DeviceEmulation
 from agents.transport import CurveKeys
-from core.runs.coordinator import AgentEndpoint
+from core.devices.agent_link import AgentEndpoint
 from core.errors import DeployError, FormatError
 
 AGENTS_FORMAT = "edgeshard.agents"

@@ -216,7 +216,7 @@ def profile_cluster(
     reporter: Reporter | None = None,
     out_path: str | Path | None = None,
 ) -> ClusterProfileResult:
-    """Profile every agent of ``coord`` (a connected core.runs.coordinator.Coordinator) for the
+    """Profile every agent of ``coord`` (a connected ``core.devices.agent_link.AgentLink``) for the
     model of ``model_config`` and, if ``out_path`` is given, save the Profile there."""
     rep = reporter or NullReporter()
     if dtype not in _PROFILER_DTYPES:

@@ -31,7 +31,6 @@ Objective = Literal["latency", "throughput"]
 
 BUILTIN = (
     "core.techniques.layer_sharding",
-    "core.techniques.spatial",
 )
 """The techniques that ship with the studio: one line each (module defining ``TECHNIQUE``)."""
 

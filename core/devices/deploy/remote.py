@@ -260,8 +260,8 @@ def start_agent(session: SshSession, opts: DeployOptions, bundle: AgentBundle, b
 
 def wait_until_answers(record: AgentRecord, coordinator_keys, timeout_s: float = 20.0) -> None:
     """A real answer over the control protocol (CurveZMQ), not just an open port."""
-    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.devices.agent_link import AgentEndpoint, AgentLink
 
     ep = AgentEndpoint(record.device, record.control_address, record.public_key)
-    with Coordinator([ep], coordinator_keys, heartbeat_timeout_s=timeout_s + 5) as coord:
-        coord.status(timeout_s=timeout_s)
+    with AgentLink([ep], coordinator_keys, heartbeat_timeout_s=timeout_s + 5) as link:
+        link.status(timeout_s=timeout_s)

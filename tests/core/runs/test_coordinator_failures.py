@@ -69,33 +69,6 @@ def test_losing_an_idle_agent_outside_the_plan_is_reported_and_the_run_goes_on(m
             a.close()
 
 
-def test_a_request_without_a_reply_is_a_run_failed_naming_the_device_and_is_forgotten(deaf_agent):
-    keys = CurveKeys.generate()
-    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
-        with pytest.raises(RunFailed) as info:
-            co.request("deaf", GetStatus(), timeout_s=0.3)
-        assert info.value.device == "deaf" and "no reply to GetStatus" in str(info.value)
-        assert co._pending == {}
-
-
-def test_clock_sync_with_an_agent_that_does_not_answer_is_a_run_failed_naming_it(deaf_agent):
-    keys = CurveKeys.generate()
-    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
-        with pytest.raises(RunFailed) as info:
-            co.sync_clocks(samples=2, timeout_s=0.3)
-        assert info.value.device == "deaf" and "clock probe" in str(info.value)
-        assert co._pending == {}
-
-
-def test_a_request_to_a_device_without_an_agent_is_a_run_failed_naming_it(deaf_agent):
-    keys = CurveKeys.generate()
-    with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:
-        with pytest.raises(RunFailed) as info:
-            co.request_async("elsewhere", GetStatus())
-        assert info.value.device == "elsewhere"
-        assert co._pending == {}
-
-
 def test_a_run_in_an_unknown_mode_is_a_format_error_naming_the_mode(deaf_agent):
     keys = CurveKeys.generate()
     with Coordinator([AgentEndpoint("deaf", deaf_agent.control_address, deaf_agent.keys.public)], keys) as co:

@@ -1,0 +1,377 @@
+"""The coordinator's connections to its agents: control sockets, requests, heartbeats.
+
+One IO thread owns every control socket (zmq sockets are not thread-safe): callers on
+any thread submit requests and wait on futures; the IO thread also pings every agent
+every ``heartbeat_interval_s`` (the pings double as clock probes, ``core.devices.clock_sync``)
+and hands what agents send unasked (a run's events and tokens) to ``on_stream``.
+
+Failure detection: an agent whose pongs stop for ``heartbeat_timeout_s`` (default 2 s,
+pinged every 0.5 s, so noticed within 2.5 s) is declared lost: its pending requests fail
+and the lost listeners are told. Silence is judged against pings that were really sent,
+after draining what already arrived, so a link whose own IO thread was held up (a slow
+sink, the GIL held by an import in the GUI process) does not declare healthy agents lost.
+An agent that answers again after being declared lost is told to stop and unload (back to
+idle). Nothing here touches Qt: callbacks are plain callables run on the IO thread.
+
+The devices wing uses this link directly (deploy, profiling, the local cluster); the
+runs wing's ``Coordinator`` loads and runs plans over it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from agents.protocol import (
+    AgentStatus,
+    ErrorReply,
+    GetLogs,
+    GetStatus,
+    Logs,
+    MeasureLink,
+    PeerSpec,
+    Ping,
+    Pong,
+    ProfileCompute,
+    ProfileResult,
+    ProtocolError,
+    StopRun,
+    Unload,
+    decode_control,
+    encode_control,
+)
+from agents.transport import CurveKeys, curve_client, harden
+from core.devices.clock_sync import ClockEstimate, ClockSample, best_estimate, clock_sample, keep_recent
+from core.errors import RunFailed
+
+log = logging.getLogger("edgeshard.coordinator")
+
+MAX_REPLY_FRAME = 64 << 20
+"""Largest control frame the coordinator decodes (event batches of long runs are big)."""
+
+
+@dataclass(frozen=True)
+class AgentEndpoint:
+    """How the coordinator reaches one agent's control socket."""
+
+    device: str
+    control_address: str
+    """``tcp://host:port``"""
+    public_key: str
+    """The agent's CurveZMQ public key (Z85)."""
+
+
+@dataclass
+class _Conn:
+    endpoint: AgentEndpoint
+    sock: zmq.Socket
+    last_pong: float = 0.0
+    connected_at: float = 0.0
+    clock: ClockEstimate | None = None
+    samples: tuple[ClockSample, ...] = ()
+    lost: bool = False
+    unanswered_since: float | None = None
+    """When the oldest ping not yet followed by a pong was sent (monotonic)."""
+
+
+StreamHandler = Callable[[str, object], None]
+"""``(device, message)`` for each unsolicited message (``req == 0``) an agent sends."""
+LostHandler = Callable[[str, str], None]
+"""``(device, why)`` when an agent is declared lost."""
+
+
+class AgentLink:
+    """Live control connections to a set of agents. Use as a context manager."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[AgentEndpoint],
+        keys: CurveKeys,
+        *,
+        heartbeat_interval_s: float = 0.5,
+        heartbeat_timeout_s: float = 2.0,
+        request_timeout_s: float = 10.0,
+        on_stream: StreamHandler | None = None,
+    ) -> None:
+        if len({e.device for e in endpoints}) != len(endpoints):
+            raise ValueError("two endpoints share a device name")
+        self.endpoints = {e.device: e for e in endpoints}
+        self.keys = keys
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.on_stream = on_stream
+        self.on_lost: Callable[[str], None] | None = None
+        """Told the device's name when an agent is declared lost (after the lost listeners)."""
+        self._lost_listeners: list[LostHandler] = []
+        self._ctx = zmq.Context()
+        self._conns: dict[str, _Conn] = {}
+        self._pending: dict[int, tuple[str, cf.Future]] = {}
+        self._submit: queue.Queue = queue.Queue()
+        self._ids = itertools.count(1)
+        self._wake_r, self._wake_w = os.pipe()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> "AgentLink":
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def open(self) -> None:
+        now = time.monotonic()
+        for dev, ep in self.endpoints.items():
+            sock = self._ctx.socket(zmq.DEALER)
+            harden(sock)
+            curve_client(sock, self.keys, ep.public_key)
+            sock.connect(ep.control_address)
+            self._conns[dev] = _Conn(ep, sock, last_pong=now, connected_at=now)
+        self._thread = threading.Thread(target=self._io_loop, name="edgeshard-coordinator", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        for fut in [f for _, f in self._pending.values()]:
+            if not fut.done():
+                fut.set_exception(RunFailed("coordinator closed"))
+        self._ctx.destroy(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def add_lost_listener(self, listener: LostHandler) -> None:
+        """Also call ``listener(device, why)`` (on the IO thread) when an agent is declared lost."""
+        self._lost_listeners.append(listener)
+
+    def is_lost(self, device: str) -> bool:
+        conn = self._conns.get(device)
+        return conn is not None and conn.lost
+
+    # -------------------------------------------------------------- requests
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def request(self, device: str, msg, timeout_s: float | None = None):
+        """Send ``msg`` to ``device`` and wait for its reply; raise ``RunFailed`` on error."""
+        fut = self.request_async(device, msg)
+        try:
+            reply = fut.result(timeout=timeout_s or self.request_timeout_s)
+        except cf.TimeoutError:
+            self.forget(fut)
+            raise RunFailed(f"no reply to {type(msg).__name__} within {timeout_s or self.request_timeout_s:.0f} s",
+                            device) from None
+        if isinstance(reply, ErrorReply):
+            raise RunFailed(f"{type(msg).__name__} refused ({reply.code}): {reply.message}", device)
+        return reply
+
+    def request_async(self, device: str, msg) -> cf.Future:
+        if device not in self.endpoints:
+            raise RunFailed("no agent address is known for this device (add it to the agents list)", device)
+        req = next(self._ids)
+        msg = msgspec.structs.replace(msg, req=req)
+        fut: cf.Future = cf.Future()
+        self._pending[req] = (device, fut)
+        self._submit.put((device, encode_control(msg)))
+        self._wake()
+        return fut
+
+    def forget(self, fut: cf.Future) -> None:
+        """Drop a request nobody waits for any more (a reply arriving later is ignored)."""
+        for req, (_, f) in list(self._pending.items()):
+            if f is fut:
+                self._pending.pop(req, None)
+
+    def await_reply(self, device: str, fut: cf.Future, timeout_s: float, what: str):
+        """The reply in ``fut``; ``RunFailed`` as soon as ``device`` is lost or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return fut.result(timeout=0.2)
+            except cf.TimeoutError:
+                if self.is_lost(device):
+                    raise RunFailed(f"agent lost while {what}", device) from None
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"no answer while {what} after {timeout_s:.0f} s", device) from None
+
+    # ------------------------------------------------------------------ IO thread
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        for c in self._conns.values():
+            poller.register(c.sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        by_sock = {c.sock: c for c in self._conns.values()}
+        next_ping = 0.0
+        while not self._closing.is_set():
+            now = time.monotonic()
+            if now >= next_ping:
+                self._check_heartbeats(now)
+                for c in self._conns.values():
+                    if not c.lost:
+                        try:
+                            c.sock.send(encode_control(Ping(t0=time.time())), zmq.NOBLOCK)
+                            if c.unanswered_since is None:
+                                c.unanswered_since = time.monotonic()
+                        except zmq.Again:
+                            pass
+                next_ping = time.monotonic() + self.heartbeat_interval_s
+            ready = dict(poller.poll(max(1, int((next_ping - time.monotonic()) * 1000))))
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            while True:
+                try:
+                    device, payload = self._submit.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    self._conns[device].sock.send(payload, zmq.NOBLOCK)
+                except zmq.Again:
+                    self._fail_pending_of(device, "control socket would block (agent unreachable)")
+            for sock, c in by_sock.items():
+                if sock in ready:
+                    self._drain(c)
+
+    def _drain(self, c: _Conn) -> None:
+        """Handle every message already received from ``c`` (IO thread)."""
+        while True:
+            try:
+                frame = c.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._on_message(c, frame)
+            except Exception:  # the IO thread must outlive any message (and any sink's bug)
+                log.exception("message from %s not handled", c.endpoint.device)
+
+    def _silent(self, c: _Conn, now: float) -> bool:
+        """No pong for the timeout, and a ping sent at least half the timeout ago is unanswered
+        (so a link that itself sent no pings for a while cannot blame the agent)."""
+        return (
+            now - c.last_pong > self.heartbeat_timeout_s
+            and c.unanswered_since is not None
+            and now - c.unanswered_since > self.heartbeat_timeout_s / 2
+        )
+
+    def _check_heartbeats(self, now: float) -> None:
+        for dev, c in self._conns.items():
+            if c.lost or not self._silent(c, now):
+                continue
+            self._drain(c)  # pongs may wait unread if this thread was held up
+            now = time.monotonic()
+            if not self._silent(c, now):
+                continue
+            c.lost = True
+            why = f"no heartbeat for {now - c.last_pong:.1f} s"
+            self._fail_pending_of(dev, why)
+            for listener in self._lost_listeners:
+                listener(dev, why)
+            if self.on_lost:
+                self.on_lost(dev)
+
+    def _fail_pending_of(self, device: str, why: str) -> None:
+        for req, (dev, fut) in list(self._pending.items()):
+            if dev == device and not fut.done():
+                self._pending.pop(req, None)
+                fut.set_exception(RunFailed(why, device))
+
+    def _on_message(self, c: _Conn, frame: bytes) -> None:
+        try:
+            msg = decode_control(frame, max_size=MAX_REPLY_FRAME)
+        except ProtocolError as err:  # any bytes: dropped with the reason, the IO thread goes on
+            log.warning("dropped a control frame from %s: %s: %s", c.endpoint.device, err.code, err)
+            return
+        if isinstance(msg, Pong):
+            t3 = time.time()
+            c.last_pong = time.monotonic()
+            c.unanswered_since = None
+            if c.lost:  # back after being declared lost: end its run, drop its shard (back to idle)
+                c.lost = False
+                for back in (StopRun(), Unload()):
+                    try:
+                        c.sock.send(encode_control(back), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass
+            c.samples = keep_recent(c.samples, clock_sample(msg.t0, msg.t1, msg.t2, t3))
+            c.clock = best_estimate(c.samples)
+            if not msg.req:
+                return
+        if msg.req:
+            entry = self._pending.pop(msg.req, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(msg)
+            return
+        if self.on_stream is not None and not isinstance(msg, ErrorReply):
+            self.on_stream(c.endpoint.device, msg)
+
+    # ---------------------------------------------------------------- operations
+    def status(self, timeout_s: float = 5.0) -> dict[str, AgentStatus]:
+        futs = {d: self.request_async(d, GetStatus()) for d in self.endpoints}
+        out = {}
+        for d, f in futs.items():
+            try:
+                out[d] = f.result(timeout=timeout_s)
+            except cf.TimeoutError:
+                raise RunFailed(f"agent did not answer within {timeout_s:.0f} s (is it running, is the key right?)",
+                                d) from None
+        return out
+
+    def status_of(self, devices, timeout_s: float = 5.0) -> dict[str, AgentStatus]:
+        futs = {d: self.request_async(d, GetStatus()) for d in devices}
+        return {d: self.await_reply(d, f, timeout_s, "reporting its status") for d, f in futs.items()}
+
+    def wait_ready(self, timeout_s: float = 10.0) -> dict[str, AgentStatus]:
+        """Status of every agent, waiting (up to ``timeout_s``) for them to come up."""
+        return self.status(timeout_s)
+
+    def sync_clocks(self, samples: int = 8, timeout_s: float = 5.0) -> dict[str, ClockEstimate]:
+        """Probe every agent ``samples`` times; keep the minimum-RTT estimate."""
+        for _ in range(samples):
+            futs = [(d, self.request_async(d, Ping(t0=time.time()))) for d in self.endpoints]
+            for d, f in futs:
+                try:
+                    f.result(timeout=timeout_s)
+                except cf.TimeoutError:
+                    for _, other in futs:
+                        self.forget(other)
+                    raise RunFailed(f"no answer to a clock probe within {timeout_s:g} s", d) from None
+        return self.clocks()
+
+    def clocks(self) -> dict[str, ClockEstimate]:
+        return {d: c.clock for d, c in self._conns.items() if c.clock is not None}
+
+    def clock_of(self, device: str) -> ClockEstimate | None:
+        conn = self._conns.get(device)
+        return conn.clock if conn is not None else None
+
+    def logs(self, device: str, lines: int = 200) -> tuple[str, ...]:
+        reply = self.request(device, GetLogs(lines=lines))
+        return reply.lines if isinstance(reply, Logs) else ()
+
+    def profile_compute(self, device: str, options: dict | None = None, timeout_s: float = 600) -> dict:
+        reply = self.request(device, ProfileCompute(options=options or {}), timeout_s)
+        return reply.result if isinstance(reply, ProfileResult) else {}
+
+    def measure_link(self, src: str, peer: PeerSpec, options: dict | None = None, timeout_s: float = 120) -> dict:
+        reply = self.request(src, MeasureLink(peer=peer, options=options or {}), timeout_s)
+        return reply.result if isinstance(reply, ProfileResult) else {}
