@@ -47,7 +47,14 @@ def _layer_sharding_view(state: StudioState) -> QWidget:
     return PlanEditorPanel(state)
 
 
+def _spatial_view(state: StudioState) -> QWidget:
+    from gui.spatial_view import SpatialPlanView
+
+    return SpatialPlanView(state)
+
+
 register_plan_view("layer-sharding", _layer_sharding_view)
+register_plan_view("spatial", _spatial_view)
 
 
 class PlanScreen(QWidget):

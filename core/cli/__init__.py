@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for ep in sorted(entry_points(group="edgeshard.commands"), key=lambda e: e.name):
         ep.load()(sub)
+    from core.techniques import techniques  # a technique's own verbs (Technique.register_cli)
+
+    for technique in techniques():
+        if technique.register_cli is not None:
+            technique.register_cli(sub)
     return parser
 
 

@@ -31,6 +31,7 @@ Objective = Literal["latency", "throughput"]
 
 BUILTIN = (
     "core.techniques.layer_sharding",
+    "core.techniques.spatial",
 )
 """The techniques that ship with the studio: one line each (module defining ``TECHNIQUE``)."""
 

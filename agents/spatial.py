@@ -1,0 +1,312 @@
+"""CNN spatial partitioning (EdgeMI), the agent side: networks, strip geometry, strip compute.
+
+A convolution layer's output is cut into vertical strips (column ranges), one per device.
+A strip through a group of consecutive layers needs a wider input strip (the halo columns
+its kernels reach); the gateway cuts that from the full map and the worker computes its
+strip through the whole group, recomputing the halo's columns in the inner layers (a fused
+tile) instead of exchanging them after every layer. Everything here is plain data and pure
+torch so the agent ships it alone; core.techniques.spatial imports the geometry for its
+cost model so the plan and the agent cannot disagree on a halo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+LayerKind = Literal["conv", "pool", "res"]
+
+BYTES_PER_VALUE = 4
+"""Activations travel and are computed as float32."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One spatial layer: a k×k same-padded conv (+ReLU), a 2×2/2 max pool, or a basic
+    residual block (two 3×3 convs, identity skip, same channels)."""
+
+    kind: LayerKind
+    c_in: int
+    c_out: int
+    h_in: int
+    w_in: int
+    k: int = 3
+
+    @property
+    def h_out(self) -> int:
+        return self.h_in // 2 if self.kind == "pool" else self.h_in
+
+    @property
+    def w_out(self) -> int:
+        return self.w_in // 2 if self.kind == "pool" else self.w_in
+
+    def flops(self, out_cols: int | None = None) -> float:
+        """FLOPs for ``out_cols`` output columns (all by default): 2·H·W·(C_in·K²+1)·C_out per conv."""
+        w = self.w_out if out_cols is None else out_cols
+        if self.kind == "conv":
+            return 2.0 * self.h_out * w * (self.c_in * self.k * self.k + 1) * self.c_out
+        if self.kind == "res":
+            return 2 * 2.0 * self.h_out * w * (self.c_in * 9 + 1) * self.c_out + self.h_out * w * self.c_out
+        return float(self.h_out * w * self.c_out * 4)
+
+    def param_bytes(self) -> int:
+        if self.kind == "conv":
+            return (self.c_in * self.k * self.k + 1) * self.c_out * BYTES_PER_VALUE
+        if self.kind == "res":
+            return 2 * (self.c_in * 9 + 1) * self.c_out * BYTES_PER_VALUE
+        return 0
+
+    def out_bytes(self, cols: int | None = None) -> int:
+        return self.c_out * self.h_out * (self.w_out if cols is None else cols) * BYTES_PER_VALUE
+
+    def in_bytes(self, cols: int | None = None) -> int:
+        return self.c_in * self.h_in * (self.w_in if cols is None else cols) * BYTES_PER_VALUE
+
+    def needs(self, lo: int, hi: int) -> tuple[int, int]:
+        """Input columns [lo', hi') that output columns [lo, hi) read, clipped to the map."""
+        if hi <= lo:
+            return (0, 0)
+        if self.kind == "pool":
+            return (2 * lo, 2 * hi)
+        reach = 2 if self.kind == "res" else self.k // 2
+        return (max(0, lo - reach), min(self.w_in, hi + reach))
+
+
+@dataclass(frozen=True)
+class CnnSpec:
+    """A CNN as spatial layers then a head (global max pool to 1×1 or flatten, then FC layers)."""
+
+    name: str
+    image: int
+    layers: tuple[Layer, ...]
+    head_in: int
+    """Features entering the head (flattened)."""
+    fc: tuple[int, ...]
+    """Widths of the fully connected layers (the last is the class count)."""
+    flatten: bool
+    """VGG flattens the last map; the ResNet-style net averages it to 1×1 first."""
+
+    def head_flops(self) -> float:
+        dims = (self.head_in, *self.fc)
+        return float(sum(2 * a * b for a, b in zip(dims, dims[1:])))
+
+    def head_param_bytes(self) -> int:
+        dims = (self.head_in, *self.fc)
+        return sum((a + 1) * b for a, b in zip(dims, dims[1:])) * BYTES_PER_VALUE
+
+
+def vgg16(image: int = 224, width_div: int = 1, classes: int = 1000) -> CnnSpec:
+    """VGG16 (13 convs, 5 pools, 3 FC); ``width_div`` divides every channel count (small test nets)."""
+    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    layers, c, s = [], 3, image
+    for v in cfg:
+        if v == "M":
+            layers.append(Layer("pool", c, c, s, s))
+            s //= 2
+        else:
+            out = max(1, v // width_div)
+            layers.append(Layer("conv", c, out, s, s))
+            c = out
+    hidden = max(1, 4096 // width_div)
+    return CnnSpec(name=f"vgg16-{image}" + (f"-w{width_div}" if width_div > 1 else ""), image=image,
+                   layers=tuple(layers), head_in=c * s * s, fc=(hidden, hidden, classes), flatten=True)
+
+
+def resnet_style(image: int = 224, width_div: int = 1, classes: int = 1000) -> CnnSpec:
+    """A ResNet-18-like net without strided convs: 7×7 stem conv, pools, two basic blocks per
+    stage (the channel change is a 1×1 conv), global average pool, one FC layer."""
+    c0 = max(1, 64 // width_div)
+    layers = [Layer("conv", 3, c0, image, image, k=7), Layer("pool", c0, c0, image, image)]
+    c, s = c0, image // 2
+    for stage, width in enumerate((64, 128, 256, 512)):
+        out = max(1, width // width_div)
+        if stage:
+            layers.append(Layer("pool", c, c, s, s))
+            s //= 2
+            layers.append(Layer("conv", c, out, s, s, k=1))
+            c = out
+        layers += [Layer("res", c, c, s, s), Layer("res", c, c, s, s)]
+    return CnnSpec(name=f"resnet-style-{image}" + (f"-w{width_div}" if width_div > 1 else ""), image=image,
+                   layers=tuple(layers), head_in=c, fc=(classes,), flatten=False)
+
+
+NETWORKS = {"vgg16": vgg16, "resnet-style": resnet_style}
+
+
+def group_input_ranges(layers: Sequence[Layer], lo: int, hi: int) -> list[tuple[int, int]]:
+    """For output columns [lo, hi) of the group's last layer, the column range each layer of the
+    group must produce, first layer's input first: ``[in0, out0, out1, ..., out_last]``."""
+    ranges = [(lo, hi)]
+    for layer in reversed(layers):
+        ranges.append(layer.needs(*ranges[-1]))
+    return ranges[::-1]
+
+
+def strip_bounds(widths: Sequence[int]) -> list[tuple[int, int]]:
+    """Column ranges [lo, hi) of consecutive strips of these widths, left to right."""
+    out, lo = [], 0
+    for w in widths:
+        out.append((lo, lo + w))
+        lo += w
+    return out
+
+
+# --- torch: the network with generated weights and strip compute ----------------------
+
+def build_network(spec: CnnSpec, seed: int = 0):
+    """The network's parameters, generated from ``seed`` (He-scaled so activations stay O(1))."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def conv(c_in, c_out, k):
+        w = torch.randn(c_out, c_in, k, k, generator=g) * (2.0 / (c_in * k * k)) ** 0.5
+        return w, torch.randn(c_out, generator=g) * 0.01
+
+    params = []
+    for layer in spec.layers:
+        if layer.kind == "conv":
+            params.append([conv(layer.c_in, layer.c_out, layer.k)])
+        elif layer.kind == "res":
+            params.append([conv(layer.c_in, layer.c_out, 3), conv(layer.c_out, layer.c_out, 3)])
+        else:
+            params.append([])
+    dims = (spec.head_in, *spec.fc)
+    head = [(torch.randn(b, a, generator=g) * (2.0 / a) ** 0.5, torch.zeros(b)) for a, b in zip(dims, dims[1:])]
+    return SpatialNet(spec, params, head)
+
+
+class SpatialNet:
+    """A CNN whose spatial layers can run on a column strip (with halo) of their input."""
+
+    def __init__(self, spec: CnnSpec, params, head):
+        self.spec = spec
+        self.params = params
+        self.head_params = head
+
+    @staticmethod
+    def _conv_cols(x, w, b, lo: int, hi: int, width: int, x_lo: int):
+        """Output columns [lo, hi) of a same-padded stride-1 conv whose input ``x`` holds columns
+        [x_lo, x_lo + x.shape[-1]) of a map ``width`` wide: zeros only beyond the map's real edges."""
+        import torch.nn.functional as F
+
+        p = w.shape[-1] // 2
+        a, z = lo - p, hi + p
+        xs = x[..., max(0, a) - x_lo: min(width, z) - x_lo]
+        xs = F.pad(xs, (max(0, -a), max(0, z - width), 0, 0))
+        return F.conv2d(xs, w, b, padding=(p, 0))
+
+    def layer_cols(self, i: int, x, x_lo: int, lo: int, hi: int):
+        """Layer ``i``'s output columns [lo, hi) from its input columns starting at ``x_lo``."""
+        import torch
+        import torch.nn.functional as F
+
+        layer = self.spec.layers[i]
+        if layer.kind == "pool":
+            return F.max_pool2d(x[..., 2 * lo - x_lo: 2 * hi - x_lo], 2)
+        if layer.kind == "conv":
+            (w, b), = self.params[i]
+            return torch.relu(self._conv_cols(x, w, b, lo, hi, layer.w_in, x_lo))
+        (w1, b1), (w2, b2) = self.params[i]
+        m_lo, m_hi = max(0, lo - 1), min(layer.w_in, hi + 1)
+        mid = torch.relu(self._conv_cols(x, w1, b1, m_lo, m_hi, layer.w_in, x_lo))
+        out = self._conv_cols(mid, w2, b2, lo, hi, layer.w_in, m_lo)
+        return torch.relu(out + x[..., lo - x_lo: hi - x_lo])
+
+    def strip(self, start: int, end: int, x, x_lo: int, lo: int, hi: int):
+        """Layers [start, end) on an input strip starting at column ``x_lo``: output columns [lo, hi)
+        of layer end-1 (the inner layers compute the halo columns the next ones read)."""
+        ranges = group_input_ranges(self.spec.layers[start:end], lo, hi)
+        for i, (a, b) in zip(range(start, end), ranges[1:]):
+            x = self.layer_cols(i, x, x_lo, a, b)
+            x_lo = a
+        return x
+
+    def head(self, x):
+        import torch
+
+        x = x.flatten(1) if self.spec.flatten else x.mean(dim=(2, 3))
+        for j, (w, b) in enumerate(self.head_params):
+            x = x @ w.T + b
+            if j < len(self.head_params) - 1:
+                x = torch.relu(x)
+        return x
+
+    def forward(self, x):
+        """The whole network on one device with torch's own padded convs (not the strip code):
+        the reference every partition must equal."""
+        import torch
+        import torch.nn.functional as F
+
+        for layer, params in zip(self.spec.layers, self.params):
+            if layer.kind == "pool":
+                x = F.max_pool2d(x, 2)
+            elif layer.kind == "conv":
+                (w, b), = params
+                x = torch.relu(F.conv2d(x, w, b, padding=layer.k // 2))
+            else:
+                (w1, b1), (w2, b2) = params
+                x = torch.relu(F.conv2d(torch.relu(F.conv2d(x, w1, b1, padding=1)), w2, b2, padding=1) + x)
+        return self.head(x)
+
+    def memory_bytes(self) -> int:
+        tensors = [t for group in self.params for pair in group for t in pair]
+        tensors += [t for pair in self.head_params for t in pair]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def run_partitioned(net: SpatialNet, x, groups: Sequence[tuple[int, int]],
+                    widths: Sequence[Sequence[int]]):
+    """Scatter/compute/gather in one process: for each group, every strip is cut with its halo
+    from the gathered map, computed alone, and the strips are concatenated. The same cuts the
+    gateway makes over the wire; tests compare it with ``net.forward``."""
+    import torch
+
+    for (start, end), ws in zip(groups, widths):
+        layers = net.spec.layers[start:end]
+        strips = []
+        for lo, hi in strip_bounds(ws):
+            if hi <= lo:
+                continue
+            a, b = group_input_ranges(layers, lo, hi)[0]
+            strips.append(net.strip(start, end, x[..., a:b], a, lo, hi))
+        x = torch.cat(strips, dim=-1)
+    return net.head(x)
+
+
+def conv_timing_samples(sizes: Sequence[int] = (8, 16, 24, 32, 48, 64), channels: Sequence[int] = (16, 32),
+                        repeats: int = 5, threads: int | None = None) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) of 3×3 convolutions over map sizes on this device: what the time model
+    y = a·x + b is fitted to. Each shape is warmed up first (oneDNN builds a kernel per shape)
+    and timed over enough calls to last ~2 ms; the best of ``repeats`` is kept (the device's
+    speed, not its neighbours' noise)."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    if threads:
+        torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(1)
+    out = []
+    with torch.inference_mode():
+        for c in channels:
+            w = torch.randn(c, c, 3, 3, generator=g)
+            for s in sizes:
+                x = torch.randn(1, c, s, s, generator=g)
+                t0, calls = time.perf_counter(), 0
+                while calls < 3 or time.perf_counter() - t0 < 2e-3:
+                    F.conv2d(x, w, padding=1)
+                    calls += 1
+                best = float("inf")
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        F.conv2d(x, w, padding=1)
+                    best = min(best, (time.perf_counter() - t0) / calls)
+                out.append((Layer("conv", c, c, s, s).flops(), best))
+    return out
+
+
+STAGE_KIND = "spatial-strip"

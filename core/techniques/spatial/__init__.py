@@ -1,0 +1,49 @@
+"""CNN spatial partitioning (EdgeMI): each convolution layer's map cut into vertical strips.
+
+A CNN (VGG16, a ResNet-style net; ``agents.spatial``) runs on several devices at once: the
+gateway scatters each device its strip with halo columns, the devices compute it through one
+layer or a fused group of layers, the gateway gathers and runs the fully connected head.
+Parts: ``problem`` (problem, plan, time model fit), ``cost`` (the one cost model),
+``partition`` (even, BODP, CBPS, fused tiles, device count), ``strategies`` (Compare's rows),
+``simulator``, ``scenarios``, ``cli``. docs/spatial.md explains them.
+"""
+
+from __future__ import annotations
+
+from agents.spatial import STAGE_KIND
+from core.models.units import ModelSpec
+from core.techniques import Technique
+from core.techniques.spatial.cost import evaluate
+from core.techniques.spatial.simulator import simulate
+from core.techniques.spatial.strategies import STRATEGIES, SpatialOutcome, run_strategy
+
+NAME = "spatial"
+
+
+def _applies(model: ModelSpec) -> bool:
+    """CNNs only: the LLM unit tables of the other techniques are never spatially partitioned."""
+    return model.family == "cnn"
+
+
+def _register_cli(sub) -> None:
+    from core.techniques.spatial.cli import register
+
+    register(sub)
+
+
+TECHNIQUE = Technique(
+    name=NAME,
+    title="Spatial CNN partitioning (EdgeMI)",
+    paper="EdgeMI: CNN inference on multiple edge devices by spatial partitioning (Beijing Jiaotong University)",
+    applies_to=_applies,
+    stage_kinds=(STAGE_KIND,),
+    strategies=STRATEGIES,
+    exact="fused",
+    run_strategy=run_strategy,
+    cost=evaluate,
+    simulate=simulate,
+    register_cli=_register_cli,
+    modes=("sequential",),
+)
+
+__all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "SpatialOutcome", "run_strategy"]

@@ -1,0 +1,128 @@
+"""``edgeshard spatial ...``: the technique's own verbs (registered through Technique.register_cli).
+
+scenario writes a problem; compare/plan/simulate read one (and a plan); profile times this
+machine's convolutions and fits the time model. Errors are one line (EdgeShardError), exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import msgspec
+
+from core.cli.arguments import float_in, int_in
+from core.formats import load, save
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    top = sub.add_parser("spatial", help="CNN spatial partitioning (EdgeMI): scenario, compare, plan, simulate, profile",
+                         description="Split a CNN's convolution maps into strips across devices (docs/spatial.md).")
+    verbs = top.add_subparsers(dest="spatial_command", metavar="VERB", required=True)
+
+    s = verbs.add_parser("scenario", help="write a problem shaped like EdgeMI's testbed")
+    s.add_argument("--nodes", type=int_in(1, 64), default=4)
+    s.add_argument("--bandwidth-mbps", type=float_in(0.0, 1e6, lo_open=True), default=1000.0)
+    s.add_argument("--network", choices=("vgg16", "resnet-style"), default="vgg16")
+    s.add_argument("--out", required=True, metavar="PROBLEM.json")
+    s.set_defaults(func=_scenario)
+
+    c = verbs.add_parser("compare", help="every partitioner side by side (fused, cbps, bodp, even)")
+    c.add_argument("problem", metavar="PROBLEM.json")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_compare)
+
+    p = verbs.add_parser("plan", help="one partitioner's plan")
+    p.add_argument("problem", metavar="PROBLEM.json")
+    p.add_argument("--strategy", choices=("fused", "cbps", "bodp", "even"), default="fused")
+    p.add_argument("--out", metavar="PLAN.json")
+    p.set_defaults(func=_plan)
+
+    m = verbs.add_parser("simulate", help="a plan's predicted timeline and figures")
+    m.add_argument("problem", metavar="PROBLEM.json")
+    m.add_argument("plan", metavar="PLAN.json")
+    m.add_argument("--images", type=int_in(1, 100_000), default=None)
+    m.set_defaults(func=_simulate)
+
+    f = verbs.add_parser("profile", help="time this machine's convolutions over map sizes and fit y = a·x + b")
+    f.add_argument("--threads", type=int_in(1, 1024), default=None)
+    f.set_defaults(func=_profile)
+
+
+def _problem(path: str):
+    from core.techniques.spatial.problem import SpatialProblem, check
+
+    problem = load(path, SpatialProblem)
+    check(problem)
+    return problem
+
+
+def _scenario(args) -> int:
+    from core.techniques.spatial.scenarios import paper_shaped
+
+    save(args.out, paper_shaped(args.nodes, args.bandwidth_mbps, network=args.network))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _compare(args) -> int:
+    from core.techniques.spatial.cost import single_device_seconds
+    from core.techniques.spatial.strategies import compare
+
+    problem = _problem(args.problem)
+    one = single_device_seconds(problem)
+    outs = compare(problem)
+    if args.json:
+        rows = [{"strategy": o.strategy, "status": o.status, "error": o.error, "latency_s": o.latency_s,
+                 "speedup": one / o.latency_s if o.latency_s else None,
+                 "devices": list(o.plan.devices) if o.plan else [], "groups": len(o.plan.groups) if o.plan else 0}
+                for o in outs]
+        print(json.dumps({"format": "edgeshard.spatial-comparison", "version": 1, "problem": problem.name,
+                          "single_device_s": one, "strategies": rows}, indent=2))
+        return 0
+    print(f"{problem.name}: {problem.model.spec().name}, one device {one * 1e3:.1f} ms/image")
+    print(f"  {'strategy':<8} {'ms/image':>9} {'speedup':>8} {'devices':>8} {'groups':>7}  status")
+    for o in outs:
+        if o.cost is None:
+            print(f"  {o.strategy:<8} {'—':>9} {'—':>8} {'—':>8} {'—':>7}  {o.status}: {o.error}")
+            continue
+        print(f"  {o.strategy:<8} {o.latency_s * 1e3:9.1f} {one / o.latency_s:7.2f}× {len(o.plan.devices):>8} "
+              f"{len(o.plan.groups):>7}  {o.status}")
+    return 0
+
+
+def _plan(args) -> int:
+    from core.errors import EdgeShardError
+    from core.techniques.spatial.strategies import run_strategy
+
+    out = run_strategy(_problem(args.problem), args.strategy)
+    if out.plan is None:
+        raise EdgeShardError(out.error)
+    if args.out:
+        save(args.out, out.plan)
+    sys.stdout.write(msgspec.json.encode(out.plan).decode() + "\n")
+    return 0
+
+
+def _simulate(args) -> int:
+    from core.techniques.spatial.problem import SpatialPlan
+    from core.techniques.spatial.simulator import simulate
+
+    problem = _problem(args.problem)
+    sim = simulate(problem, load(args.plan, SpatialPlan), images=args.images)
+    f = sim.figures
+    print(f"{f.tokens} images in {f.duration_s * 1e3:.1f} ms ({f.tokens / f.duration_s:.2f} images/s); "
+          f"{len(sim.events)} timeline events; utilisation "
+          + ", ".join(f"{d} {u:.0%}" for d, u in sorted(f.utilisation.items())))
+    return 0
+
+
+def _profile(args) -> int:
+    from agents.spatial import conv_timing_samples
+    from core.techniques.spatial.problem import fit_time_model
+
+    fit = fit_time_model(conv_timing_samples(threads=args.threads))
+    print(json.dumps({"a_s_per_flop": fit.a, "b_s": fit.b, "gflops": 1e-9 / fit.a,
+                      "median_rel_error": fit.median_rel_error}))
+    return 0

@@ -1,0 +1,115 @@
+"""Time model fit, partitioners and device count against closed forms and brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from core.techniques.spatial.cost import evaluate, group_times, single_device_seconds
+from core.techniques.spatial.partition import (
+    bodp_widths, cbps_widths, device_count_choices, even_widths, fused_plan, per_layer_plan, proportional,
+    with_best_device_count,
+)
+from core.techniques.spatial.problem import SpatialInputError, SpatialPlan, fit_time_model
+from tests.techniques.spatial.conftest import make_problem
+
+
+def test_the_time_model_fit_recovers_a_line_exactly():
+    fit = fit_time_model([(x, 2e-10 * x + 3e-4) for x in (1e6, 4e6, 9e6, 2e7)])
+    assert fit.a == pytest.approx(2e-10) and fit.b == pytest.approx(3e-4) and fit.median_rel_error < 1e-9
+
+
+def test_a_fit_from_one_map_size_is_refused_with_what_to_do():
+    with pytest.raises(SpatialInputError, match="two or more map sizes"):
+        fit_time_model([(1e6, 1e-3), (1e6, 1.1e-3)])
+
+
+def test_proportional_widths_sum_to_the_width_and_follow_the_weights():
+    assert proportional(10, [3, 1, 1]) == (6, 2, 2)
+    assert sum(proportional(17, [0.3, 0.2, 0.11])) == 17
+
+
+def test_bodp_splits_by_compute_speed_alone():
+    p = make_problem((4.0, 2.0, 2.0))
+    spec = p.model.spec()
+    assert bodp_widths(p, spec, 0, 1, ["d0", "d1", "d2"]) == (16, 8, 8)
+    assert even_widths(p, spec, 0, 1, ["d0", "d1", "d2"]) == (11, 11, 10)
+
+
+def _span(p, spec, s, e, devs, ws):
+    return max(t.total_s for t in group_times(p, spec, s, e, devs, ws))
+
+
+@pytest.mark.parametrize("bandwidth", [1000.0, 30.0, 3.0])
+def test_cbps_is_no_slower_than_bodp_or_even_and_near_the_brute_force_optimum(bandwidth):
+    p = make_problem((4.0, 2.0, 1.0), bandwidth)
+    spec = p.model.spec()
+    devs = ["d0", "d1", "d2"]
+    for s in range(len(spec.layers)):
+        w = spec.layers[s].w_out
+        best = min(_span(p, spec, s, s + 1, devs, (a, b, w - a - b))
+                   for a in range(w + 1) for b in range(w + 1 - a))
+        cbps = _span(p, spec, s, s + 1, devs, cbps_widths(p, spec, s, s + 1, devs))
+        assert cbps <= _span(p, spec, s, s + 1, devs, bodp_widths(p, spec, s, s + 1, devs)) + 1e-12
+        assert cbps <= _span(p, spec, s, s + 1, devs, even_widths(p, spec, s, s + 1, devs)) + 1e-12
+        assert cbps <= best * 1.05
+
+
+def test_cbps_gives_a_slow_link_fewer_columns_than_bodp():
+    p = make_problem((2.0, 2.0), 5.0)
+    spec = p.model.spec()
+    cbps = cbps_widths(p, spec, 0, 1, ["d0", "d1"])
+    assert bodp_widths(p, spec, 0, 1, ["d0", "d1"]) == (16, 16) and cbps[1] < 16
+
+
+def test_fused_tiles_are_the_best_of_every_segmentation():
+    p = make_problem((4.0, 2.0), 20.0, network="resnet-style")
+    spec = p.model.spec()
+    n = len(spec.layers)
+    devs = ("d0", "d1")
+    plan = fused_plan(p, devs)
+    spans = {(a, b): _span(p, spec, a, b, devs, cbps_widths(p, spec, a, b, devs))
+             for b in range(1, n + 1) for a in range(b)}
+    brute = float("inf")
+    for mask in itertools.product((0, 1), repeat=n - 1):
+        bounds = [0, *[i + 1 for i, m in enumerate(mask) if m], n]
+        t = sum(spans[a, b] for a, b in zip(bounds, bounds[1:]))
+        brute = min(brute, t)
+    assert sum(evaluate(p, plan).group_s) == pytest.approx(brute)
+
+
+def test_fused_tiles_beat_a_scatter_per_layer_on_a_slow_link():
+    p = make_problem((2.0, 2.0, 2.0), 10.0)
+    assert evaluate(p, fused_plan(p)).latency_s < evaluate(p, per_layer_plan(p, "cbps")).latency_s
+    assert len(fused_plan(p).groups) < len(p.model.spec().layers)
+
+
+def test_one_device_costs_the_single_device_time():
+    p = make_problem((3.0,))
+    for name in ("cbps", "bodp", "even"):
+        assert evaluate(p, per_layer_plan(p, name)).latency_s == pytest.approx(single_device_seconds(p))
+
+
+def test_the_planner_uses_fewer_devices_as_bandwidth_falls():
+    counts = []
+    for mbps in (10000.0, 100.0, 10.0, 1.0, 0.1):
+        p = make_problem((2.0, 2.0, 2.0, 2.0), mbps)
+        counts.append(len(with_best_device_count(p, lambda q, d: per_layer_plan(q, "cbps", d)).devices))
+    assert counts == sorted(counts, reverse=True) and counts[0] == 4 and counts[-1] == 1
+
+
+def test_device_count_choices_start_with_the_gateway_alone():
+    p = make_problem()
+    choices = device_count_choices(p, lambda q, d: per_layer_plan(q, "cbps", d))
+    assert [k for k, _, _ in choices] == [1, 2, 3] and choices[0][1].devices == ("d0",)
+
+
+def test_a_plan_breaking_the_rules_is_refused_naming_each_rule(problem):
+    good = per_layer_plan(problem, "even")
+    bad = SpatialPlan(devices=("d0", "nope"), groups=((0, 2), (3, len(good.groups))), widths=((5, 5),))
+    with pytest.raises(SpatialInputError) as err:
+        evaluate(problem, bad)
+    text = str(err.value)
+    assert "'nope' is not in the problem" in text and "does not continue at layer 2" in text
+    assert "width lists for 2 groups" in text
