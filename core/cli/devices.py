@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from core.cli.arguments import PORT, THREADS, float_in, int_in
+from core.arguments import PORT, THREADS, float_in, int_in
 from core.errors import EdgeShardError
 
 

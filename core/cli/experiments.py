@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from core.cli.arguments import float_in
+from core.arguments import float_in
 from core.reporting import NullReporter
 from core.runs.experiments import EXPERIMENTS, format_result, run_experiment, write_outputs
 

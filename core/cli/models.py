@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from core.cli.arguments import SEED, int_in
+from core.arguments import SEED, int_in
 from core.models.checkpoints import DTYPES, FAMILIES, PRESETS, ModelRecipe, make_model
 from core.errors import FormatError
 from core.reporting import TerminalReporter

@@ -13,7 +13,7 @@ import sys
 
 import msgspec
 
-from core.cli.arguments import float_in, int_in
+from core.arguments import float_in, int_in
 from core.errors import EdgeShardError, FormatError
 from core.formats import format_of, load, save
 from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem

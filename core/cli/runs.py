@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
-from core.cli.arguments import SEED, THREADS, TOKENS, float_in, int_in
+from core.arguments import SEED, THREADS, TOKENS, float_in, int_in
 from core.errors import FormatError, RunFailed
 
 

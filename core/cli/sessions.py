@@ -14,7 +14,7 @@ import sys
 
 import msgspec
 
-from core.cli.arguments import ROW_ID, float_in, int_in
+from core.arguments import ROW_ID, float_in, int_in
 from core.planning import cost
 
 from core import formats

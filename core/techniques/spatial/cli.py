@@ -12,7 +12,7 @@ import sys
 
 import msgspec
 
-from core.cli.arguments import float_in, int_in
+from core.arguments import float_in, int_in
 from core.formats import load, save
 
 

@@ -1,4 +1,4 @@
-"""The ``edgeshard`` CLI's typed arguments: a number out of range is refused while the command
+"""Typed command-line numbers, shared by the `edgeshard` CLI and techniques' own verbs: a number out of range is refused while the command
 line is parsed (one line naming the option and what is allowed, exit status 2), before any
 work starts. The converters live with the agent, which ships alone and needs them too."""
 
