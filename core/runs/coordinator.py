@@ -295,12 +295,15 @@ class Coordinator:
         timeout_s: float = 300,
         kv: KvReservation = KvReservation(),
         files: dict[str, tuple[tuple[str, str], ...]] | None = None,
+        kind: str | dict[str, str] = "layers",
     ) -> None:
         """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device.
 
         ``kv`` (``core.runs.batching.kv_reservation``): each stage allocates that KV cache at load, so an emulated
         budget it breaks refuses the load (``ShardOverBudget``) instead of failing mid-run.
-        ``files``: per device, the (name, sha256) of weights sent to it (core.runs.weights)."""
+        ``files``: per device, the (name, sha256) of weights sent to it (core.runs.weights).
+        ``kind``: the stage kind (``agents.executors``) every stage, or each device's stage, is
+        loaded as — how a technique's plan reaches its own agent-side executor."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
         if problems:
@@ -325,7 +328,8 @@ class Coordinator:
             mdir = model_dir[s.device] if isinstance(model_dir, dict) else model_dir
             msg = LoadShard(model_dir=str(mdir), stage=i, start=s.start, end=s.end, peers=peers, dtype=dtype,
                             threads=threads, link=links.get(s.device, LinkShape()), kv=kv,
-                            files=(files or {}).get(s.device, ()))
+                            files=(files or {}).get(s.device, ()),
+                            kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind)
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         self._await_loads(futs, timeout_s, reporter)
