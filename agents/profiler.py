@@ -432,7 +432,13 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
 
 
 def profile_compute(agent, options: dict[str, Any]) -> dict[str, Any]:
-    """Agent handler of ``ProfileCompute``: options → ComputeOptions, result as a dict."""
+    """Agent handler of ``ProfileCompute``: options → ComputeOptions, result as a dict
+    (``{"kind": "conv-sweep", ...}``: convolution timings for spatial partitioning instead)."""
+    emulation = getattr(agent, "emulation", None)
+    if options.get("kind") == "conv-sweep":
+        from agents.spatial import conv_sweep
+
+        return conv_sweep(options, emulation.compute_slowdown if emulation is not None else 1.0)
     opts = msgspec.convert(options, ComputeOptions)
 
     def progress(done: int, total: int) -> None:  # read by the coordinator through get_status
@@ -441,7 +447,6 @@ def profile_compute(agent, options: dict[str, Any]) -> dict[str, Any]:
             agent._set_progress(done / total)
 
     result = msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", ""), progress=progress))
-    emulation = getattr(agent, "emulation", None)
     return emulation.scale_compute_profile(result) if emulation is not None and emulation.active else result
 
 

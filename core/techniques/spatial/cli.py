@@ -45,8 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--images", type=int_in(1, 100_000), default=None)
     m.set_defaults(func=_simulate)
 
-    f = verbs.add_parser("profile", help="time this machine's convolutions over map sizes and fit y = a·x + b")
+    f = verbs.add_parser("profile", help="time convolutions over map sizes and fit y = a·x + b (this machine, "
+                                         "or every agent of --agents)")
     f.add_argument("--threads", type=int_in(1, 1024), default=None)
+    f.add_argument("--agents", metavar="AGENTS.json", help="profile these agents (edgeshard cluster local writes one)")
+    f.add_argument("--problem", metavar="PROBLEM.json", help="with --agents: give the devices of the same name "
+                                                             "their measured time models")
+    f.add_argument("--out", metavar="PROBLEM.json", help="with --problem: where to write the measured problem")
     f.set_defaults(func=_profile)
 
 
@@ -119,10 +124,43 @@ def _simulate(args) -> int:
 
 
 def _profile(args) -> int:
-    from agents.spatial import conv_timing_samples
+    from core.errors import EdgeShardError
     from core.techniques.spatial.problem import fit_time_model
 
-    fit = fit_time_model(conv_timing_samples(threads=args.threads))
-    print(json.dumps({"a_s_per_flop": fit.a, "b_s": fit.b, "gflops": 1e-9 / fit.a,
-                      "median_rel_error": fit.median_rel_error}))
+    if args.agents is None:
+        if args.problem or args.out:
+            raise EdgeShardError("--problem and --out need --agents (the devices to profile)")
+        from agents.spatial import conv_timing_samples
+
+        fits = {"this machine": fit_time_model(conv_timing_samples(threads=args.threads))}
+    else:
+        fits = _profile_agents(args)
+    for device, fit in fits.items():
+        print(json.dumps({"device": device, "a_s_per_flop": fit.a, "b_s": fit.b, "gflops": 1e-9 / fit.a,
+                          "median_rel_error": fit.median_rel_error}))
     return 0
+
+
+def _profile_agents(args):
+    from core.devices.local_cluster import load_agents_file
+    from core.errors import EdgeShardError
+    from core.runs.coordinator import Coordinator
+    from core.techniques.spatial.profiling import profile_time_models, with_time_models
+
+    problem = _problem(args.problem) if args.problem else None
+    if args.out and problem is None:
+        raise EdgeShardError("--out needs --problem (the problem whose devices get the measured models)")
+    endpoints, keys = load_agents_file(args.agents)
+    with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=300.0) as coord:
+        coord.wait_ready(timeout_s=30)
+        fits = profile_time_models(coord, [e.device for e in endpoints], threads=args.threads or 0)
+    if problem is not None:
+        named = {d.id for d in problem.devices} & set(fits)
+        if not named:
+            raise EdgeShardError(f"no agent of {args.agents} is named like a device of {args.problem} "
+                                 f"(agents: {', '.join(fits)}; devices: {', '.join(d.id for d in problem.devices)})")
+        measured = with_time_models(problem, fits)
+        if args.out:
+            save(args.out, measured)
+            print(f"wrote {args.out} ({len(named)} devices measured)")
+    return fits

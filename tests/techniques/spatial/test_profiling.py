@@ -1,0 +1,59 @@
+"""Time models measured on real agents (a local cluster over CurveZMQ), one slowed 3×."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.emulation import DeviceEmulation
+from core.devices.local_cluster import LocalCluster
+from core.runs.coordinator import Coordinator
+from core.techniques.spatial.profiling import profile_time_models, with_time_models
+from core.techniques.spatial.scenarios import paper_shaped
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("spatial-cluster"), 2,
+                      emulation={"local-0": DeviceEmulation(), "local-1": DeviceEmulation(compute_slowdown=3.0)}) as lc:
+        yield lc
+
+
+@pytest.fixture
+def agents(cluster):
+    with Coordinator(cluster.endpoints, cluster.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as coord:
+        yield coord
+
+
+def test_agents_time_convolutions_and_the_slowed_device_fits_about_three_times_slower(agents):
+    models = profile_time_models(agents, ["local-0", "local-1"], sizes=[16, 32, 48], channels=[16], repeats=3)
+    assert all(m.a > 0 and m.b >= 0 for m in models.values())
+    assert 2.0 < models["local-1"].a / models["local-0"].a < 4.5
+    problem = with_time_models(paper_shaped(2), {"pi-1": models["local-1"]})
+    assert problem.device("pi-1").time == models["local-1"] and problem.device("pi-0").time.a == 1 / 2.0e9
+
+
+def test_a_conv_sweep_with_options_out_of_range_is_refused_and_the_agent_stays_up(agents):
+    from core.errors import EdgeShardError
+
+    with pytest.raises(EdgeShardError, match="conv-sweep options"):
+        agents.profile_compute("local-0", {"kind": "conv-sweep", "sizes": [100000]}, timeout_s=30)
+    assert agents.profile_compute("local-0", {"kind": "conv-sweep", "sizes": [8, 16], "channels": [4],
+                                              "repeats": 1}, timeout_s=30)["samples"]
+
+
+def test_the_cli_writes_a_problem_with_the_agents_measured_time_models(cluster, tmp_path, capsys):
+    from msgspec import structs
+
+    from core.cli import main
+    from core.formats import load, save
+    from core.techniques.spatial.problem import SpatialProblem
+
+    base = paper_shaped(2)
+    renamed = structs.replace(base, gateway="local-0", devices=tuple(
+        structs.replace(d, id=f"local-{i}") for i, d in enumerate(base.devices)))
+    save(tmp_path / "p.json", renamed)
+    assert main(["spatial", "profile", "--agents", str(cluster.agents_file), "--problem", str(tmp_path / "p.json"),
+                 "--out", str(tmp_path / "m.json")]) == 0
+    measured = load(tmp_path / "m.json", SpatialProblem)
+    assert measured.device("local-1").time.a > 2 * measured.device("local-0").time.a
+    assert "wrote" in capsys.readouterr().out
