@@ -144,16 +144,16 @@ def _profile(args) -> int:
 def _profile_agents(args):
     from core.devices.local_cluster import load_agents_file
     from core.errors import EdgeShardError
-    from core.runs.coordinator import Coordinator
+    from core.devices.agent_link import AgentLink
     from core.techniques.spatial.profiling import profile_time_models, with_time_models
 
     problem = _problem(args.problem) if args.problem else None
     if args.out and problem is None:
         raise EdgeShardError("--out needs --problem (the problem whose devices get the measured models)")
     endpoints, keys = load_agents_file(args.agents)
-    with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=300.0) as coord:
-        coord.wait_ready(timeout_s=30)
-        fits = profile_time_models(coord, [e.device for e in endpoints], threads=args.threads or 0)
+    with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=300.0) as link:
+        link.wait_ready(timeout_s=30)
+        fits = profile_time_models(link, [e.device for e in endpoints], threads=args.threads or 0)
     if problem is not None:
         named = {d.id for d in problem.devices} & set(fits)
         if not named:

@@ -1,7 +1,7 @@
 """Time models from the agents: each device times convolutions over map sizes, core fits y = a·x + b.
 
-Works with anything that asks an agent ``profile_compute(device, options, timeout_s)`` — the
-coordinator today, the agent link it is being split into — so it adds no socket code.
+Asks through the agent link (``core.devices.agent_link.AgentLink.profile_compute``, or
+anything with that method), so it adds no socket code.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 
 from agents.emulation import DeviceEmulation
 from core.devices.local_cluster import LocalCluster
-from core.runs.coordinator import Coordinator
+from core.devices.agent_link import AgentLink
 from core.techniques.spatial.profiling import profile_time_models, with_time_models
 from core.techniques.spatial.scenarios import paper_shaped
 
@@ -20,8 +20,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def agents(cluster):
-    with Coordinator(cluster.endpoints, cluster.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as coord:
-        yield coord
+    with AgentLink(cluster.endpoints, cluster.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
+        yield link
 
 
 def test_agents_time_convolutions_and_the_slowed_device_fits_about_three_times_slower(agents):
