@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 import zmq
 
@@ -53,6 +54,7 @@ from agents.stage_input import ReservationExceeded, StageInputError
 from agents.protocol import (
     AgentEvent,
     AgentStatus,
+    ComputeStrip,
     DataHeader,
     ErrorReply,
     EventBatch,
@@ -77,6 +79,7 @@ from agents.protocol import (
     SamplingSpec,
     StartRun,
     StopRun,
+    StripComputed,
     TokensProduced,
     Unload,
     WeightsHeld,
@@ -246,6 +249,8 @@ class Agent:
         self._activity = ""
         self._progress = 0.0
         self._loaded: _Loaded | None = None
+        self._spatial_nets: dict = {}
+        """Spatial partitioning's generated network, by its ``SpatialNet`` (one at a time)."""
         self._work: queue.Queue = queue.Queue()
         self._outbox: collections.deque = collections.deque()
         self._events: collections.deque = collections.deque()
@@ -457,6 +462,11 @@ class Agent:
             if not msg.run_id or msg.run_id == self._run_id:
                 self._stop_run.set()
             self._work.put(("stop", msg, None))
+        elif isinstance(msg, ComputeStrip):
+            if self._state in ("running", "loading"):
+                self._reply_error(identity, req, "bad_state", f"cannot compute a strip while {self._state}")
+                return
+            self._work.put(("ComputeStrip", msg, None))
         elif isinstance(msg, (LoadShard, Unload, StartRun, ProfileCompute, MeasureLink)):
             if isinstance(msg, StartRun):
                 if self._loaded is None or self._state not in ("ready",):
@@ -538,6 +548,8 @@ class Agent:
                     from agents import profiler
 
                     self._post(ProfileResult(req=msg.req, result=profiler.profile_compute(self, msg.options)))
+                elif kind == "ComputeStrip":
+                    self._post(self._compute_strip(msg))
                 elif kind == "MeasureLink":
                     from agents import profiler
 
@@ -597,6 +609,26 @@ class Agent:
         self._error = ""
         self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
+
+    def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
+        """Spatial partitioning (agents.spatial): the network is generated from the request's
+        seed once and kept; the strip's compute is slowed like a stage's on an emulated device."""
+        from agents import spatial
+
+        key = msgspec.structs.astuple(msg.net)
+        net = self._spatial_nets.get(key)
+        if net is None:
+            net = spatial.network_for(msg.net.network, msg.net.image, msg.net.width_div, msg.net.classes, msg.net.seed)
+            self._spatial_nets.clear()  # one network at a time: the memory of the last one goes
+            self._spatial_nets[key] = net
+        t_start = self.clock()
+        t0 = time.perf_counter()
+        out = spatial.compute_strip(net, msg.start, msg.end, msg.x_lo, msg.lo, msg.hi, msg.shape, msg.data, msg.head)
+        took = time.perf_counter() - t0
+        if self.emulation.compute_slowdown > 1.0:
+            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
+        shape, data = out
+        return StripComputed(req=msg.req, shape=shape, data=data, t_start=t_start, t_end=self.clock())
 
     def _set_progress(self, fraction: float) -> None:
         self._progress = max(0.0, min(1.0, float(fraction)))

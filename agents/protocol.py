@@ -343,10 +343,46 @@ class LogLine(_Msg, frozen=True, tag="log"):
     line: str
 
 
+class SpatialNet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which CNN (agents.spatial.NETWORKS) and the seed of its generated weights."""
+
+    network: str
+    image: int
+    width_div: int = 1
+    classes: int = 1000
+    seed: int = 0
+
+
+class ComputeStrip(_Msg, frozen=True, tag="compute_strip"):
+    """Spatial partitioning: compute output columns [lo, hi) of layers [start, end) from an input
+    strip holding columns [x_lo, x_lo + W) (float32, ``shape`` N×C×H×W, raw bytes, never
+    pickled); ``head``: then run the FC head on it (the gateway, on the gathered map).
+    Answered by ``StripComputed``. A strip must fit one control frame (``MAX_CONTROL_FRAME``)."""
+
+    net: SpatialNet
+    start: int
+    end: int
+    x_lo: int
+    lo: int
+    hi: int
+    shape: tuple[int, ...]
+    data: bytes
+    head: bool = False
+
+
+class StripComputed(_Msg, frozen=True, tag="strip_computed"):
+    """The strip (or class scores) computed, with when it ran on the agent's clock."""
+
+    shape: tuple[int, ...]
+    data: bytes
+    t_start: float
+    t_end: float
+
+
 ControlMessage = Union[
     Ping, Pong, GetStatus, AgentStatus, LoadShard, Unload, StartRun, StopRun, GetLogs, Logs,
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
-    RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights,
+    RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights, ComputeStrip, StripComputed,
 ]  # fmt: skip
 
 
@@ -445,8 +481,26 @@ def _peer_problem(peer: PeerSpec) -> str:
     return ""
 
 
+def _strip_problem(msg: ComputeStrip) -> str:
+    net = msg.net
+    if not (32 <= net.image <= 4096 and 1 <= net.width_div <= 4096 and 1 <= net.classes <= 100_000):
+        return "net: image must be in [32, 4096], width_div in [1, 4096], classes in [1, 100000]"
+    if not (0 <= msg.start <= msg.end <= 256 and (msg.start < msg.end or msg.head)):
+        return f"layers must be a range [start, end) within [0, 256] (empty only with head), got [{msg.start}, {msg.end})"
+    if not (0 <= msg.x_lo and 0 <= msg.lo < msg.hi <= 1 << 16):
+        return f"columns must satisfy 0 <= x_lo and 0 <= lo < hi, got x_lo={msg.x_lo} [{msg.lo}, {msg.hi})"
+    if len(msg.shape) != 4 or any(not 1 <= d <= 1 << 16 for d in msg.shape):
+        return f"shape must be 4 dims N×C×H×W in [1, 65536], got {list(msg.shape)[:8]}"
+    n, c, h, w = msg.shape
+    if n * c * h * w * 4 != len(msg.data):
+        return f"data holds {len(msg.data)} bytes, shape {list(msg.shape)} needs {n * c * h * w * 4} (float32)"
+    return ""
+
+
 def message_problem(msg: ControlMessage) -> str:
     """What is out of range in a decoded message ("" when nothing): the one semantic check."""
+    if isinstance(msg, ComputeStrip):
+        return _strip_problem(msg)
     if isinstance(msg, LoadShard):
         if not 0 <= msg.threads <= MAX_THREADS:
             return f"threads must be in [0, {MAX_THREADS}], got {msg.threads}"

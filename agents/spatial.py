@@ -309,6 +309,45 @@ def conv_timing_samples(sizes: Sequence[int] = (8, 16, 24, 32, 48, 64), channels
     return out
 
 
+def network_for(network: str, image: int, width_div: int, classes: int, seed: int) -> SpatialNet:
+    """The generated network a ``ComputeStrip`` names (the coordinator builds the same one)."""
+    if network not in NETWORKS:
+        raise ValueError(f"unknown network {network!r}; this agent has: {', '.join(NETWORKS)}")
+    return build_network(NETWORKS[network](image, width_div, classes), seed)
+
+
+def compute_strip(net: SpatialNet, start: int, end: int, x_lo: int, lo: int, hi: int, shape: Sequence[int],
+                  data: bytes, head: bool = False) -> tuple[tuple[int, ...], bytes]:
+    """A ``ComputeStrip`` request: raw float32 bytes in, raw float32 bytes out. The strip must be
+    exactly the columns its output needs (``group_input_ranges``), else ``ValueError`` says which."""
+    import numpy as np
+    import torch
+
+    layers = net.spec.layers
+    if end > len(layers):
+        raise ValueError(f"layers [{start}, {end}) beyond the network's {len(layers)} spatial layers")
+    x = torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(tuple(shape)).copy())
+    n, c, h, w = x.shape
+    if start < end:
+        first = layers[start]
+        if hi > layers[end - 1].w_out:
+            raise ValueError(f"columns [{lo}, {hi}) beyond layer {end - 1}'s width {layers[end - 1].w_out}")
+        need = group_input_ranges(layers[start:end], lo, hi)[0]
+        if (c, h) != (first.c_in, first.h_in) or need != (x_lo, x_lo + w):
+            raise ValueError(f"strip of {c}×{h}×{w} at column {x_lo} does not match layer {start}: it needs "
+                             f"{first.c_in}×{first.h_in} columns [{need[0]}, {need[1]})")
+        with torch.inference_mode():
+            x = net.strip(start, end, x, x_lo, lo, hi)
+    if head:
+        last = layers[-1]
+        if end != len(layers) or tuple(x.shape[1:]) != (last.c_out, last.h_out, last.w_out):
+            raise ValueError("the head needs the whole last map (gather every strip first)")
+        with torch.inference_mode():
+            x = net.head(x)
+    x = x.contiguous().float()
+    return tuple(x.shape), x.numpy().astype("<f4", copy=False).tobytes()
+
+
 CONV_SWEEP = "conv-sweep"
 """``ProfileCompute.options["kind"]`` that asks an agent for conv timings instead of unit timings."""
 

@@ -1,0 +1,91 @@
+"""Real spatial runs on three local agents over CurveZMQ: every partitioner's class scores
+equal the single-device forward; bad strips are refused by name and the agents stay up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from msgspec import structs
+
+from agents.protocol import ComputeStrip, SpatialNet, decode_control, encode_control, ProtocolError
+from agents.spatial import build_network
+from core.devices.agent_link import AgentLink
+from core.devices.local_cluster import LocalCluster
+from core.errors import RunFailed
+from core.techniques.spatial.problem import CnnRef, SpatialInputError
+from core.techniques.spatial.run import run_spatial
+from core.techniques.spatial.strategies import ORDER, run_strategy
+from tests.techniques.spatial.conftest import make_problem
+
+
+@pytest.fixture(scope="module")
+def link(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("spatial-run"), 3) as lc:
+        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
+            link.wait_ready(timeout_s=30)
+            yield link
+
+
+def _local(network: str, mbps: float = 20.0):
+    p = make_problem((4.0, 2.0, 1.0), mbps, network=network)
+    return structs.replace(p, gateway="local-0", devices=tuple(
+        structs.replace(d, id=f"local-{i}") for i, d in enumerate(p.devices)))
+
+
+@pytest.mark.parametrize("network", ["vgg16", "resnet-style"])
+def test_every_partitioners_real_run_equals_the_single_device_output(link, network):
+    problem = _local(network)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    ref = build_network(problem.model.spec(), seed=0).forward(images)
+    for name in ORDER:
+        plan = run_strategy(problem, name).plan
+        run = run_spatial(link, problem, plan, images)
+        torch.testing.assert_close(torch.tensor(run.scores), ref, rtol=1e-4, atol=1e-4)
+        assert run.figures.tokens == 2 and [t.token_ids[0] for t in run.tokens] == ref.argmax(-1).tolist()
+        computes = [e for e in run.events if e.kind == "compute" and e.step == 0]
+        assert len(computes) == sum(1 for ws in plan.widths for w in ws if w) + 1  # + the head
+        assert all(e.end_s >= e.start_s >= 0 for e in run.events)
+
+
+def test_a_strip_without_its_halo_is_refused_naming_the_columns_and_the_agent_answers_after(link):
+    net = SpatialNet(network="vgg16", image=32, width_div=8, classes=10)
+    x = torch.zeros(1, 3, 32, 16)
+    bad = ComputeStrip(net=net, start=0, end=1, x_lo=0, lo=0, hi=16, shape=(1, 3, 32, 16),
+                       data=x.numpy().tobytes())
+    with pytest.raises(RunFailed, match=r"needs 3×32 columns \[0, 17\)"):
+        link.request("local-1", bad)
+    assert link.status_of(["local-1"])["local-1"].state in ("idle", "ready")
+
+
+def test_a_strip_whose_bytes_do_not_match_its_shape_is_refused_at_decode():
+    net = SpatialNet(network="vgg16", image=32)
+    msg = ComputeStrip(net=net, start=0, end=1, x_lo=0, lo=0, hi=4, shape=(1, 3, 32, 5), data=b"\0" * 12)
+    with pytest.raises(ProtocolError, match="data holds 12 bytes"):
+        decode_control(encode_control(msg))
+
+
+def test_a_plan_whose_strips_exceed_one_control_frame_is_refused_before_anything_is_sent(link):
+    problem = structs.replace(_local("vgg16"), model=CnnRef(network="vgg16", image=224, width_div=1, classes=10))
+    plan = run_strategy(problem, "even").plan
+    with pytest.raises(SpatialInputError, match="over one control frame"):
+        run_spatial(link, problem, plan, torch.zeros(1, 3, 224, 224))
+
+
+def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
+    from core.cli import main
+    from core.formats import save
+    from core.sessions.replay import Replay
+    from core.sessions.store import SessionStore
+
+    with LocalCluster(tmp_path / "cluster", 2) as lc:
+        problem = structs.replace(_local("resnet-style"), devices=_local("resnet-style").devices[:2])
+        save(tmp_path / "p.json", problem)
+        rc = main(["spatial", "run", str(tmp_path / "p.json"), "--agents", str(lc.agents_file), "--images", "2",
+                   "--strategy", "cbps", "--workspace", str(tmp_path / "ws.sqlite")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "max |scores - one device| = " in out
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        runs = store.runs()
+        assert [r.kind for r in runs] == ["measured", "predicted"]
+        assert len(store.tokens(runs[0].id)) == 2
+        assert Replay.from_store(store, runs[0].id).duration_s > 0
