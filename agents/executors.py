@@ -69,3 +69,15 @@ def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads
 
 
 register_executor("layers", layers_executor)
+
+
+def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None,
+                            kv=None):
+    """EdgeMoE (agents.expert_offload): a Mixtral stage with its experts on storage, read into a
+    bounded buffer; options from ``expert-offload.json`` beside the checkpoint."""
+    from agents.expert_offload import ExpertOffloadExecutor
+
+    return ExpertOffloadExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
+
+
+register_executor("expert-offload", expert_offload_executor)

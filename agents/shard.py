@@ -158,7 +158,7 @@ class StageExecutor:
             blocks = getattr(base, layout.blocks)
             for local, global_index in enumerate(self.layer_indices):
                 layer = blocks[local]
-                state = block_state_dict(reader, self.family, f"{prefix}{layout.blocks}.{global_index}.", self.dtype)
+                state = self._block_state(layer, reader, f"{prefix}{layout.blocks}.{global_index}.", global_index)
                 _load(layer, state, f"block {global_index}")
                 self._fix_layer_index_dependent_scaling(layer, local, global_index)
                 self._layers.append(layer)
@@ -231,6 +231,11 @@ class StageExecutor:
         return Cache(layers=[layer(k, v) for k, v in slot])
 
     # ----- construction helpers -------------------------------------------------------
+    def _block_state(self, layer: nn.Module, reader: CheckpointReader, key_prefix: str, global_index: int) -> dict:
+        """The tensors block ``global_index`` holds resident (a technique's executor may keep some
+        elsewhere: agents.expert_offload leaves the experts on storage)."""
+        return block_state_dict(reader, self.family, key_prefix, self.dtype)
+
     @staticmethod
     def _layer_type(config, index: int) -> str:
         types = getattr(config, "layer_types", None)
