@@ -277,35 +277,63 @@ def run_partitioned(net: SpatialNet, x, groups: Sequence[tuple[int, int]],
 
 def conv_timing_samples(sizes: Sequence[int] = (8, 16, 24, 32, 48, 64), channels: Sequence[int] = (16, 32),
                         repeats: int = 5, threads: int | None = None) -> list[tuple[float, float]]:
-    """(FLOPs, seconds) of 3×3 convolutions over map sizes on this device: what the time model
-    y = a·x + b is fitted to. Each shape is warmed up first (oneDNN builds a kernel per shape)
-    and timed over enough calls to last ~2 ms; the best of ``repeats`` is kept (the device's
-    speed, not its neighbours' noise)."""
+    """(FLOPs, seconds) of 3×3 conv layers over map sizes on this device, timed through the path
+    a strip really takes (``compute_strip``: bytes → tensor, padded conv + ReLU, → bytes), so the
+    fitted b holds the per-request work too. Each shape is warmed up first (oneDNN builds a
+    kernel per shape) and timed over enough calls to last ~2 ms; the best of ``repeats`` is
+    kept (the device's speed, not its neighbours' noise)."""
+    return _timing_samples([(Layer("conv", c, c, s, s),) for c in channels for s in sizes], repeats, threads)
+
+
+def fc_timing_samples(widths: Sequence[int] = (256, 512, 1024, 2048), repeats: int = 5,
+                      threads: int | None = None) -> list[tuple[float, float]]:
+    """(FLOPs, seconds) of square fully connected layers: the head is bound by reading its
+    weights, not by FLOPs like a conv, so it gets its own y = a·x + b."""
     import time
 
     import torch
-    import torch.nn.functional as F
 
     if threads:
         torch.set_num_threads(threads)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(2)
     out = []
     with torch.inference_mode():
-        for c in channels:
-            w = torch.randn(c, c, 3, 3, generator=g)
-            for s in sizes:
-                x = torch.randn(1, c, s, s, generator=g)
-                t0, calls = time.perf_counter(), 0
-                while calls < 3 or time.perf_counter() - t0 < 2e-3:
-                    F.conv2d(x, w, padding=1)
-                    calls += 1
-                best = float("inf")
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        F.conv2d(x, w, padding=1)
-                    best = min(best, (time.perf_counter() - t0) / calls)
-                out.append((Layer("conv", c, c, s, s).flops(), best))
+        for n in widths:
+            w, x = torch.randn(n, n, generator=g), torch.randn(1, n, generator=g)
+            best = float("inf")
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                x @ w.T
+                best = min(best, time.perf_counter() - t0)
+            out.append((2.0 * n * n, best))
+    return out
+
+
+def _timing_samples(nets: Sequence[tuple[Layer, ...]], repeats: int, threads: int | None) -> list[tuple[float, float]]:
+    import time
+
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    out = []
+    for layers in nets:
+        first = layers[0]
+        spec = CnnSpec(name="timing", image=first.h_in, layers=layers, head_in=1, fc=(1,), flatten=True)
+        net = build_network(spec, seed=1)
+        x = torch.randn(1, first.c_in, first.h_in, first.w_in, generator=torch.Generator().manual_seed(1))
+        data, shape = x.numpy().tobytes(), tuple(x.shape)
+        t0, calls = time.perf_counter(), 0
+        while calls < 3 or time.perf_counter() - t0 < 2e-3:
+            compute_strip(net, 0, len(layers), 0, 0, layers[-1].w_out, shape, data)
+            calls += 1
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                compute_strip(net, 0, len(layers), 0, 0, layers[-1].w_out, shape, data)
+            best = min(best, (time.perf_counter() - t0) / calls)
+        out.append((sum(layer.flops() for layer in layers), best))
     return out
 
 
@@ -371,7 +399,9 @@ def conv_sweep(options: dict, slowdown: float = 1.0) -> dict:
         raise ValueError("conv-sweep options: sizes = 1..12 ints in [4, 256], channels = 1..6 ints in [1, 512], "
                          f"repeats in [1, 20], threads in [0, 1024], nothing else; got {sorted(options)}")
     samples = conv_timing_samples(sizes, channels, repeats, threads or None)
-    return {"samples": [[flops, seconds * slowdown] for flops, seconds in samples]}
+    fc = fc_timing_samples(repeats=repeats, threads=threads or None)
+    return {"samples": [[flops, seconds * slowdown] for flops, seconds in samples],
+            "fc_samples": [[flops, seconds * slowdown] for flops, seconds in fc]}
 
 
 STAGE_KIND = "spatial-strip"

@@ -68,8 +68,9 @@ class SpatialCost(msgspec.Struct, frozen=True, kw_only=True):
         return 1.0 / self.latency_s if self.latency_s > 0 else 0.0
 
 
-def head_seconds(problem: SpatialProblem, spec: CnnSpec) -> float:
-    return problem.device(problem.gateway).time.seconds(spec.head_flops())
+def head_seconds(problem: SpatialProblem, spec: CnnSpec, device: str | None = None) -> float:
+    dev = problem.device(device or problem.gateway)
+    return (dev.fc_time or dev.time).seconds(spec.head_flops())
 
 
 def evaluate(problem: SpatialProblem, plan: SpatialPlan) -> SpatialCost:
@@ -106,4 +107,4 @@ def single_device_seconds(problem: SpatialProblem, device: str | None = None) ->
     """The whole network on one device (the gateway by default): the speedup's denominator."""
     spec = problem.model.spec()
     dev = problem.device(device or problem.gateway)
-    return sum(dev.time.seconds(layer.flops()) for layer in spec.layers) + dev.time.seconds(spec.head_flops())
+    return sum(dev.time.seconds(layer.flops()) for layer in spec.layers) + head_seconds(problem, spec, dev.id)

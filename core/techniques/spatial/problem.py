@@ -61,6 +61,9 @@ def fit_time_model(samples: Sequence[tuple[float, float]]) -> TimeModel:
 class SpatialDevice(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     time: TimeModel
+    """Spatial layers (conv, pool, residual blocks): seconds from FLOPs."""
+    fc_time: TimeModel | None = None
+    """The fully connected head (memory-bound, so its own fit); ``time`` when not measured."""
     bandwidth_Bps: float
     """Its link to the gateway, bytes per second each way (unused for the gateway itself)."""
     latency_s: float = 0.0

@@ -17,8 +17,19 @@ from core.techniques.spatial.problem import SpatialInputError, SpatialProblem, T
 def profile_time_models(agents, devices: Sequence[str], *, sizes: Sequence[int] = (8, 16, 24, 32, 48, 64),
                         channels: Sequence[int] = (16, 32), repeats: int = 5, threads: int = 0,
                         reporter: Reporter | None = None, timeout_s: float = 300.0) -> dict[str, TimeModel]:
-    """Each device's fitted time model (with its median fit error), one device after another so
-    their timings do not disturb each other on shared hardware."""
+    """Each device's fitted conv time model (with its median fit error), one device after another
+    so their timings do not disturb each other on shared hardware. ``profile_device_models``
+    also gives the head's."""
+    return {d: conv for d, (conv, _fc) in profile_device_models(
+        agents, devices, sizes=sizes, channels=channels, repeats=repeats, threads=threads, reporter=reporter,
+        timeout_s=timeout_s).items()}
+
+
+def profile_device_models(agents, devices: Sequence[str], *, sizes: Sequence[int] = (8, 16, 24, 32, 48, 64),
+                          channels: Sequence[int] = (16, 32), repeats: int = 5, threads: int = 0,
+                          reporter: Reporter | None = None,
+                          timeout_s: float = 300.0) -> dict[str, tuple[TimeModel, TimeModel | None]]:
+    """Per device, (conv model, FC head model or None from an agent that does not time FC)."""
     options = {"kind": "conv-sweep", "sizes": list(sizes), "channels": list(channels), "repeats": repeats,
                "threads": threads}
     out = {}
@@ -28,16 +39,53 @@ def profile_time_models(agents, devices: Sequence[str], *, sizes: Sequence[int] 
                 break
             reporter.status(f"timing convolutions on {device}")
             reporter.progress(i, len(devices))
-        samples = agents.profile_compute(device, options, timeout_s=timeout_s).get("samples")
+        result = agents.profile_compute(device, options, timeout_s=timeout_s)
+        samples, fc = result.get("samples"), result.get("fc_samples")
         if not isinstance(samples, list):
             raise SpatialInputError(f"{device} sent no convolution timings: upgrade its agent to the studio's version")
-        out[device] = fit_time_model([(float(x), float(y)) for x, y in samples])
+        out[device] = (fit_time_model([(float(x), float(y)) for x, y in samples]),
+                       fit_time_model([(float(x), float(y)) for x, y in fc]) if isinstance(fc, list) else None)
     if reporter is not None:
         reporter.progress(len(out), len(devices))
     return out
 
 
-def with_time_models(problem: SpatialProblem, models: Mapping[str, TimeModel]) -> SpatialProblem:
-    """The problem with its devices' time models replaced by measured ones."""
+def with_time_models(problem: SpatialProblem, models: Mapping[str, TimeModel],
+                     fc_models: Mapping[str, TimeModel | None] | None = None) -> SpatialProblem:
+    """The problem with its devices' time models (and head models, when given) replaced by measured ones."""
+    fc_models = fc_models or {}
     return structs.replace(problem, devices=tuple(
-        structs.replace(d, time=models[d.id]) if d.id in models else d for d in problem.devices))
+        structs.replace(d, time=models[d.id], fc_time=fc_models.get(d.id, d.fc_time)) if d.id in models else d
+        for d in problem.devices))
+
+
+def measure_strip_links(link, devices: Sequence[str], *, repeats: int = 5,
+                        timeout_s: float = 60.0) -> dict[str, tuple[float, float]]:
+    """Per device, (bandwidth_Bps, latency_s) of the path a strip really takes (coordinator ⇄
+    agent, encrypted control channel, encode/decode on both ends), from ``ComputeStrip`` round
+    trips of a 2×2 pool (negligible compute, its agent time subtracted) over four strip sizes:
+    round trip − compute = 2·latency + bytes / bandwidth, fitted by least squares."""
+    import time
+
+    import numpy as np
+
+    from agents.protocol import ComputeStrip, SpatialNet, StripComputed
+
+    net = SpatialNet(network="vgg16", image=64, width_div=4, classes=10)  # layer 2: pool of 16 ch × 64²
+    out = {}
+    for device in devices:
+        samples = []
+        for cols in (4, 16, 32, 64):
+            data = np.zeros((1, 16, 64, cols), dtype="<f4").tobytes()
+            msg = ComputeStrip(net=net, start=2, end=3, x_lo=0, lo=0, hi=cols // 2, shape=(1, 16, 64, cols), data=data)
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                reply = link.request(device, msg, timeout_s)
+                rtt = time.perf_counter() - t0
+                if isinstance(reply, StripComputed):
+                    best = min(best, rtt - (reply.t_end - reply.t_start))
+            samples.append((len(data) + len(data) // 4, best))
+        fit = fit_time_model(samples)
+        out[device] = (1.0 / fit.a, fit.b / 2)
+    return out
