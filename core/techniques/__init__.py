@@ -32,6 +32,7 @@ Objective = Literal["latency", "throughput"]
 BUILTIN = (
     "core.techniques.layer_sharding",
     "core.techniques.spatial",
+    "core.techniques.attention_offload",
 )
 """The techniques that ship with the studio: one line each (module defining ``TECHNIQUE``)."""
 

@@ -1,0 +1,42 @@
+"""Attention offloading (Lamina): dense parts on compute devices, attention and KV on memory devices.
+
+Parts: ``problem`` (devices with a price, model geometry, plan), ``cost`` (the one cost model),
+``planner`` (exact search, Lamina's rule, homogeneous and layer-sharding baselines),
+``simulator`` (fixed and rotational staggered pipelining into TimelineEvents), ``scenarios``.
+The agent side is agents/attention_offload.py. docs/attention-offload.md explains them.
+"""
+
+from __future__ import annotations
+
+from core.models.units import ModelSpec
+from core.techniques import Technique
+from core.techniques.attention_offload.planner import STRATEGIES, OffloadOutcome, cost_of, run_strategy
+from core.techniques.attention_offload.simulator import simulate
+
+NAME = "attention-offload"
+DENSE_KIND = "attention-offload-dense"
+MEMORY_KIND = "attention-offload-memory"
+"""The stage kinds of agents.attention_offload (agents never import core, so they are spelled twice;
+a test holds them equal)."""
+
+
+def _applies(model: ModelSpec) -> bool:
+    """Decoder LLMs whose blocks call transformers' attention registry (tested families)."""
+    return model.family in ("llama", "mistral", "qwen2", "gpt2")
+
+
+TECHNIQUE = Technique(
+    name=NAME,
+    title="Attention offloading (Lamina)",
+    paper="Efficient and Economic Large Language Model Inference with Attention Offloading (Tsinghua, 2024)",
+    applies_to=_applies,
+    stage_kinds=(DENSE_KIND, MEMORY_KIND),
+    strategies=STRATEGIES,
+    exact="exact",
+    run_strategy=run_strategy,
+    cost=cost_of,
+    simulate=simulate,
+    modes=("rotational", "fixed"),
+)
+
+__all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "OffloadOutcome", "run_strategy"]
