@@ -304,6 +304,8 @@ class ExpertOffloadExecutor(StageExecutor):
         self._previous_pick: torch.Tensor | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._io_errors: list[BaseException] = []
+        self._predicted: dict[int, set[int]] = {}
+        self.recall_hits = self.recall_total = 0
         super().__init__(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
         if not self._offloaded:
             raise CheckpointError(f"units [{start}, {end}) hold no MoE block: load them as kind 'layers'")
@@ -340,7 +342,15 @@ class ExpertOffloadExecutor(StageExecutor):
             raise CheckpointError(f"reading experts failed: {self._io_errors[0]}")
         self.predictor.observe(local_layer, picked, self._previous_pick if local_layer > 0 else None)
         self._previous_pick = picked
-        for expert in self.predictor.predict(local_layer, picked, self.preload_count):
+        predicted = self._predicted.pop(local_layer, None)
+        if predicted is not None:  # recall: of the experts this layer picked, how many were predicted
+            actual = set(picked.flatten().tolist())
+            self.recall_hits += len(actual & predicted)
+            self.recall_total += len(actual)
+        experts = self.predictor.predict(local_layer, picked, self.preload_count)
+        if experts:
+            self._predicted[local_layer + 1] = set(experts)
+        for expert in experts:
             self._queue.put((local_layer + 1, expert))
 
     def close(self) -> None:
@@ -372,7 +382,8 @@ class ExpertOffloadExecutor(StageExecutor):
             "slots": self.slots, "policy": self.policy, "hits": b.hits, "misses": b.misses,
             "hit_rate": b.hits / lookups if lookups else 0.0, "preloads": b.preloads,
             "preload_hits": b.preload_hits, "evictions": b.evictions, "bytes_read": self.store.bytes_read,
-            "read_s": self.store.read_s, "peak_slots": b.peak_slots, "peak_expert_bytes": b.peak_bytes,
+            "read_s": self.store.read_s,
+            "predictor_recall": self.recall_hits / self.recall_total if self.recall_total else None, "peak_slots": b.peak_slots, "peak_expert_bytes": b.peak_bytes,
         }
 
 

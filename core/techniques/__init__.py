@@ -33,6 +33,7 @@ BUILTIN = (
     "core.techniques.layer_sharding",
     "core.techniques.spatial",
     "core.techniques.attention_offload",
+    "core.techniques.expert_offload",
 )
 """The techniques that ship with the studio: one line each (module defining ``TECHNIQUE``)."""
 
