@@ -53,8 +53,15 @@ def _spatial_view(state: StudioState) -> QWidget:
     return SpatialPlanView(state)
 
 
+def _attention_offload_view(state: StudioState) -> QWidget:
+    from gui.attention_offload_view import AttentionOffloadPlanView
+
+    return AttentionOffloadPlanView(state)
+
+
 register_plan_view("layer-sharding", _layer_sharding_view)
 register_plan_view("spatial", _spatial_view)
+register_plan_view("attention-offload", _attention_offload_view)
 
 
 class PlanScreen(QWidget):

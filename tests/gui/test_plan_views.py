@@ -64,7 +64,23 @@ def plugged_in():
     unregister(whole_model.TECHNIQUE.name)
 
 
-def test_with_layer_sharding_alone_the_screen_is_its_editor_and_has_no_picker(qtbot, state):
+@pytest.fixture
+def no_attention_offload_view(monkeypatch):
+    """The shipped attention-offload view also applies to LLMs; these tests are about the others."""
+    from gui import plan_views
+
+    monkeypatch.delitem(plan_views._VIEWS, "attention-offload")
+
+
+def test_an_llm_is_offered_layer_sharding_first_and_attention_offloading(qtbot, state):
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    request_shutdown(screen)
+    assert screen.available() == ["layer-sharding", "attention-offload"] and not screen.picker_row.isHidden()
+    assert screen.technique == "layer-sharding"
+
+
+def test_with_layer_sharding_alone_the_screen_is_its_editor_and_has_no_picker(qtbot, state, no_attention_offload_view):
     screen = PlanScreen(state)
     qtbot.addWidget(screen)
     request_shutdown(screen)
@@ -72,7 +88,8 @@ def test_with_layer_sharding_alone_the_screen_is_its_editor_and_has_no_picker(qt
     assert screen.technique == "layer-sharding" and screen.picker_row.isHidden()
 
 
-def test_a_plugged_in_technique_is_offered_and_its_view_takes_the_menus_actions(qtbot, state, plugged_in):
+def test_a_plugged_in_technique_is_offered_and_its_view_takes_the_menus_actions(qtbot, state, plugged_in,
+                                                                                 no_attention_offload_view):
     screen = PlanScreen(state)
     qtbot.addWidget(screen)
     request_shutdown(screen)
@@ -86,7 +103,8 @@ def test_a_plugged_in_technique_is_offered_and_its_view_takes_the_menus_actions(
     assert screen.view.result.text() == "fastest-device, source-only"
 
 
-def test_a_technique_that_does_not_apply_to_the_model_is_not_offered(qtbot, state, plugged_in):
+def test_a_technique_that_does_not_apply_to_the_model_is_not_offered(qtbot, state, plugged_in,
+                                                                      no_attention_offload_view):
     from msgspec import structs
 
     problem = state.problem

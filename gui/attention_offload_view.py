@@ -1,0 +1,220 @@
+"""Attention offloading's plan view: which device holds the dense layers, which holds which heads' KV.
+
+The attention-offload technique's face on the Plan screen (gui.plan_views). A scenario (the
+paper's H100 + H20 pairing, or an edge lab) gives the problem; a strategy gives the plan
+(Auto-solve: the exact search; Compare: exact, Lamina's rule and the two baselines). The
+placement canvas draws one row per device: a compute device's bar spans the layers whose dense
+part it holds, a memory device's bar the key/value heads whose KV and attention it holds, each
+with memory used over capacity; baselines show each device's layer range.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import (
+    QComboBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout,
+    QWidget,
+)
+
+from core.techniques.attention_offload.cost import evaluate
+from core.techniques.attention_offload.planner import BaselinePlan, run_strategy
+from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem
+from core.techniques.attention_offload.scenarios import SCENARIOS
+from gui.app import stage_color
+from gui.studio_state import StudioState
+from gui.widgets import InlineMessage, panel_header
+
+STRATEGIES = ("exact", "lamina-rule", "homogeneous", "layer-sharding")
+GIB = 2**30
+
+
+def placement_rows(problem: OffloadProblem, plan) -> list[tuple[str, str, float, float, str]]:
+    """Per device: (device, role, bar start, bar end as fractions of its axis, label). Pure: the
+    canvas draws it, tests check it. Role: dense | kv | layers | unused."""
+    m = problem.model
+    rows: dict[str, tuple[str, str, float, float, str]] = {
+        d.id: (d.id, "unused", 0.0, 0.0, "unused") for d in problem.devices}
+    if isinstance(plan, OffloadPlan):
+        cost = evaluate(problem, plan)
+        for d in plan.compute:
+            cap = problem.device(d).memory_bytes
+            rows[d] = (d, "dense", 0.0, 1.0, f"dense part of layers 0–{m.layers - 1} · no KV · "
+                                             f"{cost.compute_bytes / GIB:.1f}/{cap / GIB:.1f} GiB")
+        for d, heads in plan.kv_heads_of(m.kv_heads).items():
+            cap = problem.device(d).memory_bytes
+            g = m.q_heads // m.kv_heads
+            used = plan.in_flight * plan.batch * problem.workload.context_tokens * m.kv_bytes_per_token() \
+                * len(heads) / m.kv_heads
+            rows[d] = (d, "kv", heads.start / m.kv_heads, heads.stop / m.kv_heads,
+                       f"KV + attention of kv heads {heads.start}–{heads.stop - 1} (q heads {heads.start * g}–"
+                       f"{heads.stop * g - 1}), all layers · {used / GIB:.1f}/{cap / GIB:.1f} GiB")
+    elif isinstance(plan, BaselinePlan):
+        start = 0
+        for d, layers in plan.stages:
+            rows[d] = (d, "layers", start / m.layers, (start + layers) / m.layers,
+                       f"layers {start}–{start + layers - 1} with their KV")
+            start += layers
+        if plan.kind == "homogeneous":
+            top = max(x.flops for x in problem.devices)
+            for x in problem.devices:
+                if x.flops == top:
+                    rows[x.id] = (x.id, "layers", 0.0, 1.0, f"all {m.layers} layers with their own KV (a replica)")
+    return list(rows.values())
+
+
+class PlacementCanvas(QWidget):
+    """One row per device: its bar on the layer axis (dense / layers) or the head axis (KV)."""
+
+    ROW = 34
+    LABEL = 170
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.rows: list[tuple[str, str, float, float, str]] = []
+        self.axis = ""
+        self.setAccessibleName("Placement")
+        self.setMinimumWidth(500)
+
+    def show_rows(self, rows, axis: str) -> None:
+        self.rows, self.axis = rows, axis
+        self.setMinimumHeight(40 + len(rows) * self.ROW + 20)
+        self.updateGeometry()
+        self.update()
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 (Qt)
+        p = QPainter(self)
+        pal = self.palette()
+        text = pal.color(pal.ColorRole.WindowText)
+        p.setPen(text)
+        p.drawText(QRectF(self.LABEL, 4, self.width() - self.LABEL - 12, 20), Qt.AlignLeft | Qt.AlignVCenter, self.axis)
+        x0, width = self.LABEL, max(50, self.width() - self.LABEL - 16)
+        for i, (device, role, a, b, label) in enumerate(self.rows):
+            y = 30 + i * self.ROW
+            p.setPen(text)
+            p.drawText(QRectF(8, y, self.LABEL - 16, self.ROW - 6), Qt.AlignLeft | Qt.AlignVCenter,
+                       f"{device} · {role}")
+            frame = QRectF(x0, y, width, self.ROW - 8)
+            p.setPen(QPen(pal.color(pal.ColorRole.Mid)))
+            p.setBrush(Qt.NoBrush)
+            p.drawRect(frame)
+            if role != "unused" and b > a:
+                color = stage_color(0 if role in ("dense", "layers") and a == 0 else i)
+                if role == "kv":
+                    color = QColor(stage_color(i + 3))
+                bar = QRectF(x0 + a * width, y, (b - a) * width, self.ROW - 8)
+                p.fillRect(bar, color)
+            p.setPen(text)
+            p.drawText(frame.adjusted(6, 0, -6, 0), Qt.AlignLeft | Qt.AlignVCenter, label)
+        p.end()
+
+
+class AttentionOffloadPlanView(QWidget):
+    """Scenario, strategy and objective pickers, the plan's figures, Compare, and the placement."""
+
+    def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.problem: OffloadProblem | None = None
+        self.plan = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(16, 12, 16, 12)
+        lay.addWidget(panel_header("Attention offloading (Lamina)",
+                                   "Dense layers on compute devices, the KV cache and attention on memory devices, "
+                                   "split by heads; per token and layer only q, k, v and the output cross."))
+        controls = QHBoxLayout()
+        self.scenario = QComboBox()
+        self.scenario.addItems(list(SCENARIOS))
+        self.scenario.setAccessibleName("Scenario")
+        self.accelerators = QSpinBox()
+        self.accelerators.setRange(1, 4)
+        self.accelerators.setValue(2)
+        self.accelerators.setAccessibleName("Accelerators")
+        self.memory_devices = QSpinBox()
+        self.memory_devices.setRange(1, 8)
+        self.memory_devices.setValue(4)
+        self.memory_devices.setAccessibleName("Memory devices")
+        self.objective = QComboBox()
+        self.objective.addItems(["throughput-per-dollar", "throughput"])
+        self.objective.setAccessibleName("Objective")
+        self.strategy = QComboBox()
+        self.strategy.addItems(list(STRATEGIES))
+        self.strategy.setAccessibleName("Strategy")
+        for label, w in (("Scenario", self.scenario), ("Accelerators", self.accelerators),
+                         ("Memory devices", self.memory_devices), ("Objective", self.objective),
+                         ("Strategy", self.strategy)):
+            controls.addWidget(QLabel(label))
+            controls.addWidget(w)
+        controls.addStretch(1)
+        lay.addLayout(controls)
+        for w in (self.scenario, self.objective, self.strategy):
+            w.currentTextChanged.connect(lambda _t: self.refresh())
+        for w in (self.accelerators, self.memory_devices):
+            w.valueChanged.connect(lambda _v: self.refresh())
+        self.summary = QLabel("")
+        self.summary.setAccessibleName("Plan summary")
+        self.summary.setWordWrap(True)
+        lay.addWidget(self.summary)
+        self.message = InlineMessage()
+        lay.addWidget(self.message)
+        self.table = QTableWidget(0, 6)
+        self.table.setHorizontalHeaderLabels(["strategy", "tokens/s", "tokens/s per k$", "price $", "batch",
+                                              "status"])
+        self.table.verticalHeader().hide()
+        self.table.setMaximumHeight(150)
+        self.table.setAccessibleName("Comparison")
+        self.table.hide()
+        lay.addWidget(self.table)
+        self.canvas = PlacementCanvas()
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.NoFrame)
+        scroll.setWidget(self.canvas)
+        lay.addWidget(scroll, 1)
+        self.refresh()
+
+    def refresh(self) -> None:
+        make = SCENARIOS[self.scenario.currentText()]
+        self.problem = make(self.accelerators.value(), self.memory_devices.value())
+        self.table.hide()
+        self.show_strategy(self.strategy.currentText())
+
+    def show_strategy(self, name: str) -> None:
+        out = run_strategy(self.problem, name, self.objective.currentText())
+        if out.plan is None:
+            self.plan = None
+            self.message.show_lines([out.error], f"{name} found no plan:")
+            self.summary.setText("")
+            self.canvas.show_rows([], "")
+            return
+        self.message.show_lines([])
+        self.plan, c = out.plan, out.cost
+        shape = (f"batch {out.plan.batch} × {out.plan.in_flight} in flight, {out.plan.schedule} staggering"
+                 if isinstance(out.plan, OffloadPlan) else f"{out.plan.kind}, batch {out.plan.batch}")
+        self.summary.setText(
+            f"{self.problem.name}. {name}: {c.tokens_per_s:,.0f} tokens/s, {c.tokens_per_s_per_dollar * 1e3:.1f} "
+            f"tokens/s per k$ (devices ${c.price:,.0f}), {shape}"
+            + ("" if c.fits else " — does NOT fit in memory"))
+        axis = ("layers 0 → L (dense) · key/value heads 0 → h_kv (KV)" if isinstance(out.plan, OffloadPlan)
+                else "layers 0 → L")
+        self.canvas.show_rows(placement_rows(self.problem, out.plan), axis)
+
+    def auto_solve(self) -> None:
+        self.strategy.setCurrentText("exact")
+        self.show_strategy("exact")
+
+    def compare(self) -> None:
+        outs = [run_strategy(self.problem, n, self.objective.currentText()) for n in STRATEGIES]
+        self.table.setRowCount(len(outs))
+        for r, o in enumerate(outs):
+            c = o.cost
+            shape = "—" if o.plan is None else (f"{o.plan.batch} × {o.plan.in_flight} in flight"
+                                                 if isinstance(o.plan, OffloadPlan)
+                                                 else f"{o.plan.batch} × {o.plan.replicas} replica(s)")
+            cells = [o.strategy, f"{c.tokens_per_s:,.0f}" if c else "—",
+                     f"{c.tokens_per_s_per_dollar * 1e3:.1f}" if c else "—", f"{c.price:,.0f}" if c else "—",
+                     shape, o.status if not o.error else f"{o.status}: {o.error}"]
+            for col, text in enumerate(cells):
+                self.table.setItem(r, col, QTableWidgetItem(text))
+        self.table.resizeColumnsToContents()
+        self.table.show()

@@ -1,0 +1,39 @@
+"""Screenshots of the attention-offload plan view (docs/screenshots/attention-offload-*.png).
+
+QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshot_attention_offload.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gui import app as studio_app
+from gui.plan_views import PlanScreen
+from gui.studio_state import StudioState
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+
+
+def main() -> int:
+    app = studio_app.create_app()
+    screen = PlanScreen(StudioState())
+    screen.set_technique("attention-offload")
+    view = screen.view
+    screen.show()
+    for scenario, strategy, w, h in (("paper", "exact", 1024, 700), ("edge", "exact", 1600, 1000),
+                                     ("paper", "layer-sharding", 1600, 1000)):
+        view.scenario.setCurrentText(scenario)
+        view.strategy.setCurrentText(strategy)
+        view.compare()
+        screen.resize(w, h)
+        for _ in range(5):
+            app.processEvents()
+        path = OUT / f"attention-offload-{scenario}-{strategy}-{w}x{h}.png"
+        screen.grab().save(str(path))
+        print(path)
+    screen.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""The attention-offload plan view: a real PlanScreen with the technique chosen (pytest-qt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.techniques.attention_offload import planner, scenarios
+from gui.attention_offload_view import AttentionOffloadPlanView, placement_rows
+from gui.plan_views import PlanScreen
+from gui.studio_state import StudioState
+
+
+@pytest.fixture
+def view(qtbot):
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    yield screen.view
+    screen.shutdown()
+
+
+def test_the_view_is_offered_and_shows_the_exact_plan_of_the_papers_scenario(view):
+    assert isinstance(view, AttentionOffloadPlanView)
+    view.auto_solve()
+    assert view.strategy.currentText() == "exact" and view.plan.memory
+    assert "tokens/s per k$" in view.summary.text() and "paper" in view.summary.text()
+
+
+def test_compare_lists_the_exact_search_lamina_rule_and_both_baselines(view):
+    view.compare()
+    assert [view.table.item(r, 0).text() for r in range(view.table.rowCount())] == [
+        "exact", "lamina-rule", "homogeneous", "layer-sharding"]
+    assert view.table.item(0, 5).text() == "optimal"
+
+
+def test_the_placement_gives_each_memory_device_its_heads_and_compute_devices_the_dense_layers():
+    p = scenarios.paper()
+    plan = planner.exact(p, "throughput")
+    rows = {r[0]: r for r in placement_rows(p, plan)}
+    kv = sorted((rows[d] for d in plan.memory), key=lambda r: r[2])
+    assert kv[0][2] == 0.0 and kv[-1][3] == 1.0 and all(a[3] == b[2] for a, b in zip(kv, kv[1:]))
+    assert all(rows[d][1] == "dense" and "no KV" in rows[d][4] for d in plan.compute)
+    unused = set(rows) - set(plan.memory) - set(plan.compute)
+    assert all(rows[d][1] == "unused" for d in unused)
+
+
+def test_a_layer_sharding_baseline_shows_contiguous_layer_ranges_covering_the_model(view):
+    view.strategy.setCurrentText("layer-sharding")
+    rows = [r for r in view.canvas.rows if r[1] == "layers"]
+    assert rows[0][2] == 0.0 and rows[-1][3] == 1.0 and all(a[3] == b[2] for a, b in zip(rows, rows[1:]))
+
+
+def test_fewer_memory_devices_change_the_plan_on_screen(view):
+    view.memory_devices.setValue(1)
+    devices = [r[0] for r in view.canvas.rows]
+    assert [d for d in devices if d.startswith("h20")] == ["h20-0"]
+    assert view.plan is not None and set(view.plan.memory) <= set(devices)
