@@ -40,8 +40,16 @@ class ExpertStore:
     Both Mixtral layouts: old per-expert ``block_sparse_moe.experts.{e}.w1/w2/w3`` tensors and
     transformers 5's fused ``mlp.experts.gate_up_proj``/``down_proj`` (one row sliced out)."""
 
-    def __init__(self, model_dir: str, key_prefix: str, dtype: torch.dtype, bandwidth_bps: float | None = None):
+    def __init__(self, model_dir: str, key_prefix: str, dtype: torch.dtype, bandwidth_bps: float | None = None,
+                 expert_bits: dict[tuple[int, int], int] | None = None, shapes=None):
         self.reader = CheckpointReader(model_dir)
+        self.expert_bits = dict(expert_bits or {})
+        """(block, expert) -> 2/4/8: read from ``QUANTIZED_FILE``; others at full precision."""
+        self.shapes = shapes
+        """((2I, H), (H, I)): the shapes a quantised expert is restored to."""
+        if self.expert_bits and not (Path(model_dir) / QUANTIZED_FILE).is_file():
+            raise CheckpointError(f"{model_dir}: expert bit widths are set but {QUANTIZED_FILE} is missing; "
+                                  "write it with write_quantized_experts")
         self.prefix, self.dtype = key_prefix, dtype
         if bandwidth_bps is not None and not bandwidth_bps > 0:
             raise CheckpointError(f"storage bandwidth must be > 0 bytes/s (got {bandwidth_bps})")
@@ -65,6 +73,9 @@ class ExpertStore:
         from safetensors import safe_open
 
         started = time.perf_counter()
+        bits = self.expert_bits.get((layer, expert), 32)
+        if bits < 32:
+            return self._read_quantized(layer, expert, bits, started)
         names = self._names(layer, expert)
         file = self.reader._file_of[names[0]]
         with safe_open(str(file), framework="pt") as f:
@@ -75,6 +86,23 @@ class ExpertStore:
                 gate_up, down = f.get_slice(names[0])[expert], f.get_slice(names[1])[expert]
         gate_up, down = gate_up.to(self.dtype).contiguous(), down.to(self.dtype).contiguous()
         nbytes = gate_up.numel() * gate_up.element_size() + down.numel() * down.element_size()
+        self._account(layer, nbytes, started)
+        return gate_up, down
+
+    def _read_quantized(self, layer: int, expert: int, bits: int, started: float):
+        """The packed codes and scales stored by ``write_quantized_experts`` (fewer bytes read), dequantised."""
+        from safetensors import safe_open
+
+        out, nbytes = [], 0
+        with safe_open(str(Path(self.reader.model_dir) / QUANTIZED_FILE), framework="pt") as f:
+            for name, shape in (("gate_up", self.shapes[0]), ("down", self.shapes[1])):
+                packed, scale = f.get_tensor(f"{layer}.{expert}.{name}.codes"), f.get_tensor(f"{layer}.{expert}.{name}.scale")
+                nbytes += packed.numel() + scale.numel() * 4
+                out.append(dequantize_per_channel(packed, scale, bits, shape).to(self.dtype))
+        self._account(layer, nbytes, started)
+        return out[0], out[1]
+
+    def _account(self, layer: int, nbytes: int, started: float) -> None:
         if self.bandwidth_bps:  # emulate slower storage: a read takes at least bytes / bandwidth
             wait = nbytes / self.bandwidth_bps - (time.perf_counter() - started)
             if wait > 0:
@@ -84,7 +112,6 @@ class ExpertStore:
             self.read_s += time.perf_counter() - started
             self.reads += 1
             self.layers_read.add(layer)
-        return gate_up, down
 
 
 class ExpertBuffer:
@@ -291,12 +318,14 @@ class ExpertOffloadExecutor(StageExecutor):
 
     def __init__(self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
                  progress=None, kv=None, slots: int | None = None, policy: str | None = None,
-                 preload: int | None = None, bandwidth_bps: float | None = None):
+                 preload: int | None = None, bandwidth_bps: float | None = None, whole_layers: bool = False):
         options = _options_file(model_dir)
         self.slots = int(slots if slots is not None else options.get("slots", 4))
         self.policy = str(policy if policy is not None else options.get("policy", "edgemoe"))
         self.preload_count = int(preload if preload is not None else options.get("preload", 1))
         bandwidth = bandwidth_bps if bandwidth_bps is not None else options.get("bandwidth_bps")
+        self.whole_layers = bool(whole_layers or options.get("whole_layers", False))
+        self._expert_bits = _expert_bits(options.get("expert_bits", {}), model_dir)
         if self.preload_count < 0:
             raise CheckpointError(f"preload must be >= 0 experts per layer (got {self.preload_count})")
         self._offloaded: list[OffloadedExperts] = []
@@ -322,7 +351,9 @@ class ExpertOffloadExecutor(StageExecutor):
         if not self._offloaded:
             self.num_experts = int(self._config.num_local_experts)
             block_prefix = key_prefix[: -len(f"{global_index}.")]
-            self.store = ExpertStore(self.model_dir, block_prefix, self.dtype, self._bandwidth)
+            c = self._config
+            shapes = ((2 * int(c.intermediate_size), int(c.hidden_size)), (int(c.hidden_size), int(c.intermediate_size)))
+            self.store = ExpertStore(self.model_dir, block_prefix, self.dtype, self._bandwidth, self._expert_bits, shapes)
             store, indices = self.store, list(self.layer_indices)
             self.buffer = ExpertBuffer(self.slots, lambda local, expert: store.read(indices[local], expert),
                                        len(self.layer_indices), self.policy)
@@ -347,7 +378,10 @@ class ExpertOffloadExecutor(StageExecutor):
             actual = set(picked.flatten().tolist())
             self.recall_hits += len(actual & predicted)
             self.recall_total += len(actual)
-        experts = self.predictor.predict(local_layer, picked, self.preload_count)
+        if self.whole_layers:  # STI-like: stream the next layer's every expert, no expert awareness
+            experts = list(range(self.num_experts)) if local_layer + 1 < len(self._offloaded) else []
+        else:
+            experts = self.predictor.predict(local_layer, picked, self.preload_count)
         if experts:
             self._predicted[local_layer + 1] = set(experts)
         for expert in experts:
@@ -412,6 +446,21 @@ def _options_file(model_dir: str) -> dict:
     return data
 
 
+def _expert_bits(raw, model_dir: str) -> dict[tuple[int, int], int]:
+    """``{"block.expert": bits}`` from the options file, checked."""
+    out = {}
+    try:
+        for key, bits in dict(raw).items():
+            layer, expert = (int(x) for x in str(key).split("."))
+            if bits not in BIT_WIDTHS:
+                raise ValueError(f"bits {bits!r}")
+            out[(layer, expert)] = int(bits)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{model_dir}/{OPTIONS_FILE}: expert_bits must map 'block.expert' to one of "
+                              f"{BIT_WIDTHS} ({err})") from None
+    return out
+
+
 def _profile(model_dir: str, layer_indices: list[int]) -> torch.Tensor | None:
     """The offline activation profile (``expert-profile.safetensors``: transitions [L-1, E, E]) sliced
     to this stage's blocks, or None to learn transitions online."""
@@ -424,3 +473,79 @@ def _profile(model_dir: str, layer_indices: list[int]) -> torch.Tensor | None:
     return full[layer_indices[0]: layer_indices[-1]]
 
 
+
+
+# ----- per-expert bit widths (EdgeMoE's expert-wise bit-width adaptation) ----------------------
+QUANTIZED_FILE = "experts-quantized.safetensors"
+BIT_WIDTHS = (2, 4, 8)
+
+
+def quantize_per_channel(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric linear quantisation per output channel (scale from the row's max |w|): codes packed
+    ``8 // bits`` to a byte (uint8) and the fp32 scales."""
+    if bits not in BIT_WIDTHS:
+        raise CheckpointError(f"expert bit width {bits} is not one of {BIT_WIDTHS}")
+    qmax = 2 ** (bits - 1) - 1 if bits > 2 else 1
+    scale = weight.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / qmax
+    codes = torch.round(weight.float() / scale).clamp(-qmax, qmax).to(torch.int16) + qmax  # 0..2·qmax
+    codes = codes.to(torch.uint8).flatten()
+    per = 8 // bits
+    pad = (-codes.numel()) % per
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    codes = codes.view(-1, per)
+    packed = torch.zeros(codes.shape[0], dtype=torch.uint8)
+    for i in range(per):
+        packed |= codes[:, i] << (i * bits)
+    return packed, scale.squeeze(1)
+
+
+def dequantize_per_channel(packed: torch.Tensor, scale: torch.Tensor, bits: int, shape: tuple[int, int]) -> torch.Tensor:
+    qmax = 2 ** (bits - 1) - 1 if bits > 2 else 1
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    codes = torch.stack([(packed >> (i * bits)) & mask for i in range(per)], dim=1).flatten()[: shape[0] * shape[1]]
+    return (codes.to(torch.float32) - qmax).view(shape) * scale[:, None]
+
+
+def write_quantized_experts(model_dir: str, bits_of: dict[tuple[int, int], int]) -> Path:
+    """Store the experts named in ``bits_of`` ((block, expert) -> 2/4/8) quantised beside the checkpoint,
+    and their bit widths in ``expert-offload.json`` (others stay full precision)."""
+    from safetensors.torch import save_file
+
+    store = ExpertStore(model_dir, "model.layers.", torch.float32)
+    tensors: dict[str, torch.Tensor] = {}
+    for (layer, expert), bits in sorted(bits_of.items()):
+        for name, weight in zip(("gate_up", "down"), store.read(layer, expert)):
+            packed, scale = quantize_per_channel(weight, bits)
+            tensors[f"{layer}.{expert}.{name}.codes"] = packed
+            tensors[f"{layer}.{expert}.{name}.scale"] = scale.contiguous()
+    path = Path(model_dir) / QUANTIZED_FILE
+    save_file(tensors, str(path))
+    options = _options_file(model_dir)
+    options["expert_bits"] = {f"{layer}.{expert}": bits for (layer, expert), bits in sorted(bits_of.items())}
+    (Path(model_dir) / OPTIONS_FILE).write_text(json.dumps(options, indent=1))
+    return path
+
+
+@torch.inference_mode()
+def perplexity(executor: StageExecutor, texts: list[list[int]]) -> float:
+    """Perplexity of a whole-model executor on token sequences, teacher-forced one token at a time
+    (prefill the first token, decode the rest): the accuracy metric of bit-width adaptation."""
+    if not (executor.is_first and executor.is_last):
+        raise CheckpointError("perplexity needs an executor holding the whole model")
+    nll, count = 0.0, 0
+    for group, ids in enumerate(texts):
+        if len(ids) < 2:
+            continue
+        x = torch.tensor([ids], dtype=torch.long)
+        logits = executor.prefill(group, x[:, :1], torch.ones((1, 1), dtype=torch.long))
+        for t in range(1, len(ids)):
+            nll -= float(torch.log_softmax(logits, dim=-1)[0, ids[t]])
+            count += 1
+            if t + 1 < len(ids):
+                logits = executor.decode(group, x[:, t:t + 1])
+        executor.drop(group)
+    if not count:
+        raise CheckpointError("perplexity needs at least one text of 2 tokens or more")
+    return float(torch.exp(torch.tensor(nll / count)))

@@ -179,3 +179,39 @@ def test_an_agent_runs_the_expert_offload_stage_kind_from_the_coordinator_with_e
     assert list(result.tokens) == hf_greedy_new_tokens(str(model_dir), enc, 6)
     stats = getattr(executor, "inner", executor).stats()
     assert stats["peak_slots"] <= 2 and stats["misses"] > 0
+
+
+def test_quantised_experts_read_fewer_bytes_and_stay_close(moe_dir, tmp_path):
+    from agents.expert_offload import write_quantized_experts
+
+    model_dir = tmp_path / "q"
+    shutil.copytree(moe_dir, model_dir)
+    write_quantized_experts(str(model_dir), {(layer, e): 4 for layer in range(LAYERS) for e in range(EXPERTS)})
+    full, quant = _offloaded(moe_dir, slots=1), _offloaded(str(model_dir), slots=1)
+    full.close(), quant.close()
+    a, b = full.store.read(0, 3), quant.store.read(0, 3)
+    assert quant.store.bytes_read < full.store.bytes_read / 6  # 4-bit codes + fp32 scales vs fp32
+    assert (a[0] - b[0]).abs().max() <= a[0].abs().amax(1).max() / 7 / 2 + 1e-6  # half an INT4 step
+
+
+def test_full_precision_perplexity_through_the_buffer_equals_the_resident_models(moe_dir):
+    from agents.expert_offload import perplexity
+
+    texts = [[5, 17, 99, 3, 42, 7], [8, 9, 10, 300]]
+    offloaded = _offloaded(moe_dir, slots=2)
+    try:
+        assert perplexity(offloaded, texts) == pytest.approx(perplexity(StageExecutor(moe_dir, 0, LAYERS + 2), texts),
+                                                             rel=1e-6)
+    finally:
+        offloaded.close()
+
+
+def test_expert_bits_without_the_quantised_file_are_refused(moe_dir, tmp_path):
+    model_dir = tmp_path / "nofile"
+    shutil.copytree(moe_dir, model_dir)
+    (model_dir / "expert-offload.json").write_text(json.dumps({"expert_bits": {"0.1": 4}}))
+    with pytest.raises(CheckpointError, match="experts-quantized"):
+        ExpertOffloadExecutor(str(model_dir), 0, LAYERS + 2)
+    (model_dir / "expert-offload.json").write_text(json.dumps({"expert_bits": {"0.1": 3}}))
+    with pytest.raises(CheckpointError, match="expert_bits"):
+        ExpertOffloadExecutor(str(model_dir), 0, LAYERS + 2)

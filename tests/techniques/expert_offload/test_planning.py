@@ -107,3 +107,14 @@ def test_the_simulation_puts_expert_reads_on_a_storage_lane_overlapping_compute(
     computes = [e for e in events if e.device == "dev" and e.kind == "compute"]
     assert reads and all(e.peer == "storage" and e.nbytes > 0 for e in reads)
     assert any(r.start_s < c.end_s and c.start_s < r.end_s for r in reads for c in computes)  # preloads overlap
+
+
+def test_adaptation_lowers_the_most_experts_the_bound_allows_least_important_first():
+    from core.techniques.expert_offload.adaptation import adapt_bit_widths, average_bits
+
+    importance = {(0, e): float(e) for e in range(8)}  # expert e costs e when alone at INT2
+    measure = lambda bits: sum(importance[k] for k, b in bits.items() if b == 2) / 100  # noqa: E731
+    bits, loss, k = adapt_bit_widths(importance, measure, bound=0.06)
+    assert k == 4 and loss == pytest.approx(0.06)  # 0+1+2+3 = 6 %, adding expert 4 would be 10 %
+    assert {key for key, b in bits.items() if b == 2} == {(0, 0), (0, 1), (0, 2), (0, 3)}
+    assert average_bits(bits, 8) == 3.0
