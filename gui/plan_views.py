@@ -59,9 +59,16 @@ def _attention_offload_view(state: StudioState) -> QWidget:
     return AttentionOffloadPlanView(state)
 
 
+def _expert_offload_view(state: StudioState) -> QWidget:
+    from gui.expert_offload_view import ExpertOffloadPlanView
+
+    return ExpertOffloadPlanView(state)
+
+
 register_plan_view("layer-sharding", _layer_sharding_view)
 register_plan_view("spatial", _spatial_view)
 register_plan_view("attention-offload", _attention_offload_view)
+register_plan_view("expert-offload", _expert_offload_view)
 
 
 class PlanScreen(QWidget):

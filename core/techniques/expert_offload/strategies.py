@@ -56,7 +56,8 @@ def _edgemoe(problem: OffloadProblem) -> OffloadPlan:
         for preload in range(MAX_PRELOAD + 1):
             plans.append(OffloadPlan(device=problem.device, slots=slots, bits=bits, policy="edgemoe", preload=preload))
     if not plans:
-        raise EdgeShardError("no expert bit width within the accuracy bound fits the memory budget")
+        raise EdgeShardError("no expert bit width within the accuracy bound fits the memory budget: give the device "
+                             "more memory, or loosen the accuracy bound to allow lower bit widths")
     return min(plans, key=lambda p: (evaluate(problem, p).latency_per_token_s, p.preload))
 
 
