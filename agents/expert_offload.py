@@ -69,7 +69,8 @@ class ExpertStore:
             return (f"{fused}gate_up_proj", f"{fused}down_proj")
         raise CheckpointError(f"{self.reader.model_dir}: no weights of expert {expert} in block {layer}")
 
-    def read(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, expert: int) -> tuple[torch.Tensor, ...]:
+        """(gate_up, down), or a quantised expert's (codes, scales, codes, scales): see ``weights``."""
         from safetensors import safe_open
 
         started = time.perf_counter()
@@ -95,12 +96,21 @@ class ExpertStore:
 
         out, nbytes = [], 0
         with safe_open(str(Path(self.reader.model_dir) / QUANTIZED_FILE), framework="pt") as f:
-            for name, shape in (("gate_up", self.shapes[0]), ("down", self.shapes[1])):
+            for name in ("gate_up", "down"):
                 packed, scale = f.get_tensor(f"{layer}.{expert}.{name}.codes"), f.get_tensor(f"{layer}.{expert}.{name}.scale")
                 nbytes += packed.numel() + scale.numel() * 4
-                out.append(dequantize_per_channel(packed, scale, bits, shape).to(self.dtype))
+                out += [packed, scale]
         self._account(layer, nbytes, started)
-        return out[0], out[1]
+        return tuple(out)
+
+    def weights(self, layer: int, expert: int, held: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (gate_up, down) matrices of what the buffer holds: as read, or dequantised now (the buffer
+        keeps quantised experts packed, so they take their packed size in it)."""
+        if len(held) == 2:
+            return held
+        bits = self.expert_bits[(layer, expert)]
+        return (dequantize_per_channel(held[0], held[1], bits, self.shapes[0]).to(self.dtype),
+                dequantize_per_channel(held[2], held[3], bits, self.shapes[1]).to(self.dtype))
 
     def _account(self, layer: int, nbytes: int, started: float) -> None:
         if self.bandwidth_bps:  # emulate slower storage: a read takes at least bytes / bandwidth
@@ -299,8 +309,10 @@ class OffloadedExperts(nn.Module):
             if expert_idx == self.num_experts:
                 continue
             key = (self.layer, expert_idx)
-            gate_up_proj, down_proj = buffer.acquire(key)
+            held = buffer.acquire(key)
             try:
+                gate_up_proj, down_proj = self.executor.store.weights(
+                    self.executor.layer_indices[self.layer], expert_idx, held)
                 top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
                 current_state = hidden_states[token_idx]
                 gate, up = nn.functional.linear(current_state, gate_up_proj).chunk(2, dim=-1)

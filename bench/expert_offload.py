@@ -172,13 +172,16 @@ def main() -> None:
         probe = ExpertOffloadExecutor(str(profiled), 0, RECIPE.layers + 2, slots=1)
         probe.close()
         resident, expert = probe.resident_bytes(), probe.expert_bytes()
+        qprobe = ExpertOffloadExecutor(str(qexp_dir), 0, RECIPE.layers + 2, slots=1)
+        qprobe.close()
+        q_expert = sum(t.numel() * t.element_size() for t in qprobe.store.read(0, 0))  # packed INT4 + scales
         rows, exact = [], True
         ref_tokens = None
         for fraction in BUDGETS:
             budget = int(fraction * model_bytes)
             slots = max(1, (budget - resident) // expert)
-            q_slots = min(RECIPE.layers * RECIPE.experts, max(1, (budget - resident) // (expert // 8)))
-            tokens, free_tps = generate(whole, encoded)
+            q_slots = min(RECIPE.layers * RECIPE.experts, max(1, (budget - resident) // q_expert))
+            tokens, free_tps = max((generate(whole, encoded) for _ in range(2)), key=lambda r: r[1])
             ref_tokens = ref_tokens or tokens
             row = {"budget_fraction": fraction, "budget_bytes": budget, "slots_fp32": int(slots),
                    "slots_int4": int(q_slots),
@@ -201,6 +204,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "expert_offload", "model": "mixtral 4 blocks x 8 experts top-2, hidden 128, trained 400 steps",
         "model_bytes": model_bytes, "resident_bytes": resident, "expert_bytes": expert,
+        "int4_expert_bytes": q_expert,
         "storage_bandwidth_bps": BANDWIDTH, "prompts": len(held_out), "new_tokens_each": TOKENS, "batch": 1,
         "tokens_equal_io_free": exact, "budgets": rows,
         "accuracy": {"metric": f"perplexity on {len(texts)} fortunes of the training text (<= 32 tokens each)",
@@ -209,7 +213,7 @@ def main() -> None:
                      "experts_at_int2": adapted["k_int2"], "avg_bits_per_expert_weight": adapted["avg_bits"],
                      "perplexity_evaluations": adapted["measurements"]},
         "notes": "sti = whole next layer preloaded (no expert awareness), LRU; io_qexp: uniform INT4, on demand, "
-                 "LRU, its buffer holds 8x the experts; edgemoe_adapted: EdgeMoE + the adapted INT2/INT4 experts; "
+                 "LRU, its buffer holds ~7x the experts (kept packed); edgemoe_adapted: EdgeMoE + the adapted INT2/INT4 experts; "
                  "edgemoe/io_exp/sti/lru_preload at full precision; best of 2 runs each",
         "loadavg": open("/proc/loadavg").read().split()[:3],
     }))

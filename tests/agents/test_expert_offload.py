@@ -189,9 +189,17 @@ def test_quantised_experts_read_fewer_bytes_and_stay_close(moe_dir, tmp_path):
     write_quantized_experts(str(model_dir), {(layer, e): 4 for layer in range(LAYERS) for e in range(EXPERTS)})
     full, quant = _offloaded(moe_dir, slots=1), _offloaded(str(model_dir), slots=1)
     full.close(), quant.close()
-    a, b = full.store.read(0, 3), quant.store.read(0, 3)
+    a, b = full.store.read(0, 3), quant.store.weights(0, 3, quant.store.read(0, 3))
     assert quant.store.bytes_read < full.store.bytes_read / 6  # 4-bit codes + fp32 scales vs fp32
     assert (a[0] - b[0]).abs().max() <= a[0].abs().amax(1).max() / 7 / 2 + 1e-6  # half an INT4 step
+    ids, mask = encode(moe_dir)
+    executor = ExpertOffloadExecutor(str(model_dir), 0, LAYERS + 2, slots=3)
+    try:
+        generate_partitioned([executor], ids, mask, PARAMS)
+    finally:
+        executor.close()
+    packed = sum(t.numel() * t.element_size() for t in quant.store.read(0, 3))
+    assert executor.stats()["peak_expert_bytes"] <= 3 * packed  # the buffer holds them packed
 
 
 def test_full_precision_perplexity_through_the_buffer_equals_the_resident_models(moe_dir):

@@ -24,6 +24,12 @@ def _applies(model: ModelSpec) -> bool:
     return model.family == "mixtral"
 
 
+def _register_cli(sub) -> None:
+    from core.techniques.expert_offload.cli import register
+
+    register(sub)
+
+
 TECHNIQUE = Technique(
     name=NAME,
     title="MoE expert offloading (EdgeMoE)",
@@ -35,6 +41,7 @@ TECHNIQUE = Technique(
     run_strategy=run_strategy,
     cost=evaluate,
     simulate=simulate,
+    register_cli=_register_cli,
     modes=("sequential",),
 )
 
