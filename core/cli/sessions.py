@@ -87,7 +87,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _open(args) -> SessionStore:
-    return SessionStore(args.workspace or default_workspace_path())
+    store = SessionStore(args.workspace or default_workspace_path())
+    if store.damage:
+        print(f"warning: {store.path} is damaged, some sessions may be missing or unreadable "
+              f"({'; '.join(store.damage)}); recover with `sqlite3 {store.path.name} .recover`", file=sys.stderr)
+    return store
 
 
 def _fmt_s(x: float | None) -> str:

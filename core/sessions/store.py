@@ -22,6 +22,10 @@ synchronous=NORMAL a committed batch survives a killed process (not a power cut)
 a ``kill -9`` loses at most the last interval of events and never corrupts the file
 (tests/core/test_store.py kills a real recording process to check it).
 
+Damage: opening runs ``PRAGMA quick_check``; what it finds (a zeroed or overwritten tail,
+say) is kept in ``SessionStore.damage`` and logged as a warning, and a read that meets a
+damaged page is a ``StoreError`` saying how to recover, never a raw sqlite3 error.
+
 Errors: anything the operator can cause (a path that is not a workspace, a newer
 schema, an unknown run id, a bad session file) is a ``StoreError`` naming the file.
 """
@@ -29,6 +33,7 @@ schema, an unknown run id, a bad session file) is a ``StoreError`` naming the fi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shutil
@@ -55,6 +60,7 @@ from core.planning.problem import PlanningProblem
 from core.devices.profile import Profile
 
 ENV_WORKSPACE = paths.ENV_WORKSPACE
+log = logging.getLogger(__name__)
 
 
 def default_workspace_path() -> Path:
@@ -151,6 +157,25 @@ def check_openable(conn: sqlite3.Connection, path: str) -> int:
             f"this program reads up to v{SCHEMA_VERSION}. Upgrade edgeshard-studio to open it."
         )
     return version
+
+
+def damage_of(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
+    """What ``PRAGMA quick_check`` finds wrong (at most ``limit`` lines); [] for a sound
+    file. Read-only, so a damaged workspace can still be opened for what is left."""
+    try:
+        lines = [r[0] for r in conn.execute(f"PRAGMA quick_check({int(limit)})").fetchall()]
+    except sqlite3.DatabaseError as err:
+        return [str(err)]
+    return [] if lines == ["ok"] else lines
+
+
+def _is_damage(err: sqlite3.Error) -> bool:
+    return getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def damaged_read_error(path: Path, err: sqlite3.Error) -> StoreError:
+    return StoreError(f"{path}: the workspace file is damaged ({err}); copy it aside and recover what is left "
+                      f"with `sqlite3 {path.name} .recover`, or restore a backup")
 
 
 def migrate(db: sqlite_utils.Database, path: str, upto: int = SCHEMA_VERSION) -> int:
@@ -289,6 +314,10 @@ class SessionStore:
             # Check the version before anything writes to the file (WAL mode changes its
             # header): a refused file is left exactly as it was.
             check_openable(conn, str(self.path))
+            self.damage = damage_of(conn)
+            if self.damage:
+                log.warning("%s: workspace damaged, some sessions may be missing or unreadable: %s",
+                            self.path, "; ".join(self.damage))
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -354,9 +383,14 @@ class SessionStore:
 
     def _rows(self, sql: str, params: Sequence = ()) -> list[dict]:
         with self._lock:
-            cur = self.db.conn.execute(sql, params)
-            cols = [c[0] for c in cur.description]
-            return [dict(zip(cols, r)) for r in cur.fetchall()]
+            try:
+                cur = self.db.conn.execute(sql, params)
+                cols = [c[0] for c in cur.description]
+                return [dict(zip(cols, r)) for r in cur.fetchall()]
+            except sqlite3.DatabaseError as err:
+                if _is_damage(err):
+                    raise damaged_read_error(self.path, err) from None
+                raise
 
     # -- sessions, devices, profiles, plans
     def create_session(self, name: str, notes: str = "") -> int:

@@ -133,3 +133,21 @@ def test_a_workspace_from_a_newer_program_is_refused_by_every_command(files, cap
     conn.close()
     rc, _, err = _run(["sessions"], capsys)
     assert rc == 2 and "newer EdgeShard Studio" in err
+
+
+def test_sessions_on_a_workspace_with_a_zeroed_tail_warns_and_exits_cleanly(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "ws.sqlite"
+    monkeypatch.setenv("EDGESHARD_WORKSPACE", str(path))
+    with SessionStore(path) as store:
+        for i in range(20):
+            store.create_session(f"s{i}", "n" * 4000)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size - 20 * 4096)
+        f.write(b"\0" * 20 * 4096)
+    rc, out, err = _run(["sessions"], capsys)
+    assert rc != 0 and "Traceback" not in err
+    assert "warning:" in err and "damaged" in err and ".recover" in err

@@ -261,3 +261,46 @@ def test_a_session_file_from_a_newer_program_is_refused_on_import(tmp_path):
         with pytest.raises(StoreError, match="cannot import.*newer"):
             b.import_session(out)
         assert b.sessions() == []
+
+
+def _zero_tail(path: Path, pages: int) -> None:
+    """A workspace whose last pages were lost to zeros (a crash on a filesystem that
+    extends files before it writes them, a bad copy)."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(size - pages * 4096)
+        f.write(b"\0" * pages * 4096)
+
+
+def _workspace_with_sessions(path: Path) -> None:
+    with SessionStore(path) as store:
+        for i in range(20):
+            store.create_session(f"s{i}", "n" * 4000)
+
+
+def test_a_workspace_with_a_zeroed_tail_is_opened_with_a_warning_naming_the_damage(tmp_path, caplog):
+    path = tmp_path / "ws.sqlite"
+    _workspace_with_sessions(path)
+    _zero_tail(path, 20)
+    with caplog.at_level("WARNING", logger="core.sessions.store"), SessionStore(path) as store:
+        assert store.damage
+    assert "damaged" in caplog.text and str(path) in caplog.text
+
+
+def test_a_read_that_meets_a_zeroed_page_is_a_store_error_saying_how_to_recover(tmp_path):
+    path = tmp_path / "ws.sqlite"
+    _workspace_with_sessions(path)
+    _zero_tail(path, 20)
+    with SessionStore(path) as store, pytest.raises(StoreError, match=r"damaged.*\.recover"):
+        store.sessions()
+
+
+def test_a_sound_workspace_has_no_damage(tmp_path):
+    path = tmp_path / "ws.sqlite"
+    _workspace_with_sessions(path)
+    with SessionStore(path) as store:
+        assert store.damage == []
