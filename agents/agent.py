@@ -54,7 +54,9 @@ from agents.stage_input import ReservationExceeded, StageInputError
 from agents.protocol import (
     AgentEvent,
     AgentStatus,
+    AttendHeads,
     ComputeStrip,
+    HeadsAttended,
     DataHeader,
     ErrorReply,
     EventBatch,
@@ -251,6 +253,8 @@ class Agent:
         self._loaded: _Loaded | None = None
         self._spatial_nets: dict = {}
         """Spatial partitioning's generated network, by its ``SpatialNet`` (one at a time)."""
+        self._attention_stores: dict = {}
+        """Attention offloading: (model_dir, kv_start, kv_stop) -> AttentionStore (agents.attention_offload)."""
         self._work: queue.Queue = queue.Queue()
         self._outbox: collections.deque = collections.deque()
         self._events: collections.deque = collections.deque()
@@ -462,6 +466,11 @@ class Agent:
             if not msg.run_id or msg.run_id == self._run_id:
                 self._stop_run.set()
             self._work.put(("stop", msg, None))
+        elif isinstance(msg, AttendHeads):
+            if self._state == "loading":
+                self._reply_error(identity, req, "bad_state", f"cannot attend while {self._state}")
+                return
+            self._work.put(("AttendHeads", msg, None))
         elif isinstance(msg, ComputeStrip):
             if self._state in ("running", "loading"):
                 self._reply_error(identity, req, "bad_state", f"cannot compute a strip while {self._state}")
@@ -550,6 +559,8 @@ class Agent:
                     self._post(ProfileResult(req=msg.req, result=profiler.profile_compute(self, msg.options)))
                 elif kind == "ComputeStrip":
                     self._post(self._compute_strip(msg))
+                elif kind == "AttendHeads":
+                    self._post(self._attend_heads(msg))
                 elif kind == "MeasureLink":
                     from agents import profiler
 
@@ -609,6 +620,34 @@ class Agent:
         self._error = ""
         self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
+
+    def _attend_heads(self, msg: AttendHeads):
+        """Attention offloading's memory side (agents.attention_offload.AttentionStore): one store
+        per (model geometry, heads), kept across requests; bad tensors get an ErrorReply."""
+        from agents import attention_offload
+
+        key = (msg.model_dir, msg.kv_start, msg.kv_stop)
+        store = self._attention_stores.get(key)
+        if msg.drop:
+            if store is not None:
+                store.drop(msg.group, msg.drop_layers or None)
+            return Ok(req=msg.req, detail="dropped")
+        MODEL_CODE_IMPORTED.wait()  # transformers' lazy modules: never import alongside the warm-up thread
+        t_start = self.clock()
+        t0 = time.perf_counter()
+        try:
+            if store is None:
+                shape = attention_offload.HeadShape.of(msg.model_dir)
+                store = attention_offload.AttentionStore(shape, range(msg.kv_start, msg.kv_stop))
+                self._attention_stores[key] = store
+            out = attention_offload.attend_frames(store, msg)
+        except Exception as err:  # a bad request: named to the coordinator, the agent stays up
+            return ErrorReply(req=msg.req, code="failed", message=f"attention: {type(err).__name__}: {err}")
+        took = time.perf_counter() - t0
+        if self.emulation.compute_slowdown > 1.0:
+            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
+        return HeadsAttended(req=msg.req, shape=tuple(out.shape), data=out.numpy().tobytes(), t_start=t_start,
+                             t_end=self.clock())
 
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's

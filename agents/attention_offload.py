@@ -290,3 +290,15 @@ def attention_stores(model_dir: str, sides: int) -> list[AttentionStore]:
     """``sides`` in-process memory sides over the model's key/value heads, balanced by heads."""
     shape = HeadShape.of(model_dir)
     return [AttentionStore(shape, heads) for heads in split_heads(shape.kv_heads, sides)]
+
+
+def _tensor(data: bytes, shape: Sequence[int], dtype=torch.float32) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(tuple(shape))
+
+
+def attend_frames(store: AttentionStore, msg) -> torch.Tensor:
+    """Serve an ``agents.protocol.AttendHeads`` (sizes already checked by ``message_problem``)."""
+    query = _tensor(msg.query, msg.q_shape)
+    key, value = _tensor(msg.key, msg.kv_shape), _tensor(msg.value, msg.kv_shape)
+    mask = _tensor(msg.mask, msg.mask_shape, torch.uint8).bool() if msg.mask_shape else None
+    return store.attend(msg.group, msg.layer, query, key, value, mask, msg.scaling).contiguous()

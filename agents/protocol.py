@@ -379,10 +379,45 @@ class StripComputed(_Msg, frozen=True, tag="strip_computed"):
     t_end: float
 
 
+class AttendHeads(_Msg, frozen=True, tag="attend_heads"):
+    """Attention offloading: this memory agent holds the KV of key/value heads [kv_start, kv_stop)
+    of ``model_dir``'s geometry; append ``key``/``value`` (float32 [B, h, q, D]) of ``layer`` for
+    micro-batch ``group`` and attend ``query`` ([B, h·g, q, D]) over the cache, ``mask`` (uint8
+    0/1, ``mask_shape`` [B, 1, q, kv], or empty) applied. Raw bytes, never pickled. Answered by
+    ``HeadsAttended`` ([B, q, h·g, D]). ``drop``: forget ``group``'s cache of ``drop_layers``
+    instead (no tensors; answered by ``Ok``)."""
+
+    model_dir: str
+    kv_start: int
+    kv_stop: int
+    group: int
+    layer: int = 0
+    q_shape: tuple[int, ...] = ()
+    kv_shape: tuple[int, ...] = ()
+    query: bytes = b""
+    key: bytes = b""
+    value: bytes = b""
+    mask_shape: tuple[int, ...] = ()
+    mask: bytes = b""
+    scaling: float = 1.0
+    drop: bool = False
+    drop_layers: tuple[int, ...] = ()
+
+
+class HeadsAttended(_Msg, frozen=True, tag="heads_attended"):
+    """The attention output of the heads, with when it ran on the agent's clock."""
+
+    shape: tuple[int, ...]
+    data: bytes
+    t_start: float
+    t_end: float
+
+
 ControlMessage = Union[
     Ping, Pong, GetStatus, AgentStatus, LoadShard, Unload, StartRun, StopRun, GetLogs, Logs,
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
     RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights, ComputeStrip, StripComputed,
+    AttendHeads, HeadsAttended,
 ]  # fmt: skip
 
 
@@ -497,10 +532,43 @@ def _strip_problem(msg: ComputeStrip) -> str:
     return ""
 
 
+def _attend_problem(msg: AttendHeads) -> str:
+    if not (0 <= msg.kv_start < msg.kv_stop <= 4096 and 0 <= msg.group < 1 << 20 and 0 <= msg.layer < 4096):
+        return "kv heads must be a range [kv_start, kv_stop) within [0, 4096], group and layer >= 0"
+    if not all(0 <= x < 4096 for x in msg.drop_layers) or len(msg.drop_layers) > 4096:
+        return "drop_layers must be layer indices in [0, 4096)"
+    if msg.drop:
+        return ""
+    if not (math.isfinite(msg.scaling) and msg.scaling > 0):
+        return "scaling must be a finite number > 0"
+    for name, shape in (("q_shape", msg.q_shape), ("kv_shape", msg.kv_shape)):
+        if len(shape) != 4 or any(not 1 <= d <= 1 << 16 for d in shape):
+            return f"{name} must be 4 dims B×H×T×D in [1, 65536], got {list(shape)[:8]}"
+    b, h, t, d = msg.kv_shape
+    if msg.q_shape[0] != b or msg.q_shape[2] != t or msg.q_shape[3] != d or h != msg.kv_stop - msg.kv_start \
+            or msg.q_shape[1] % h:
+        return f"q_shape {list(msg.q_shape)} and kv_shape {list(msg.kv_shape)} do not fit heads [{msg.kv_start}, {msg.kv_stop})"
+    for name, shape, data in (("query", msg.q_shape, msg.query), ("key", msg.kv_shape, msg.key),
+                              ("value", msg.kv_shape, msg.value)):
+        if math.prod(shape) * 4 != len(data):
+            return f"{name} holds {len(data)} bytes, shape {list(shape)} needs {math.prod(shape) * 4} (float32)"
+    if msg.mask_shape:
+        if len(msg.mask_shape) != 4 or any(not 1 <= x <= 1 << 20 for x in msg.mask_shape) \
+                or msg.mask_shape[0] != b or msg.mask_shape[2] != t:
+            return f"mask_shape must be [B, 1, q, kv] for this query, got {list(msg.mask_shape)[:8]}"
+        if math.prod(msg.mask_shape) != len(msg.mask):
+            return f"mask holds {len(msg.mask)} bytes, shape {list(msg.mask_shape)} needs {math.prod(msg.mask_shape)}"
+    elif msg.mask:
+        return "mask bytes without a mask_shape"
+    return ""
+
+
 def message_problem(msg: ControlMessage) -> str:
     """What is out of range in a decoded message ("" when nothing): the one semantic check."""
     if isinstance(msg, ComputeStrip):
         return _strip_problem(msg)
+    if isinstance(msg, AttendHeads):
+        return _attend_problem(msg)
     if isinstance(msg, LoadShard):
         if not 0 <= msg.threads <= MAX_THREADS:
             return f"threads must be in [0, {MAX_THREADS}], got {msg.threads}"
