@@ -6,6 +6,13 @@ agents (``_edgeshard._tcp`` with TXT records, see agents/announce.py). All recor
 point at one host are merged into one ``DiscoveredDevice``. A device whose records go
 away is kept and marked offline (the operator may still want its logs, or it rebooted).
 
+Vanished devices: a host that dies sends no goodbye, and python-zeroconf stretches the
+lifetime of cached records (>= 1125 s), so waiting for them to expire takes ~19 minutes.
+Instead every known service is re-queried actively (an SRV question with no known
+answers, every ``recheck_s``); a service that leaves ``misses_to_offline`` questions in a
+row unanswered is dropped, so its device is shown offline within ~``recheck_s`` x
+(misses + 1) seconds. It keeps being asked, and comes back online when it answers.
+
 Interface choice: zeroconf is bound to the addresses of the chosen interfaces only, so no
 packet is ever sent on an interface the operator excluded (multicast may be forbidden or
 costly there). Changes are delivered through ``on_change`` on zeroconf's thread: the
@@ -21,7 +28,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import ifaddr
 import msgspec
-from zeroconf import IPVersion, ServiceBrowser, ServiceStateChange, Zeroconf
+from zeroconf import (DNSOutgoing, DNSQuestion, IPVersion, ServiceBrowser, ServiceStateChange, Zeroconf,
+                      current_time_millis)
+from zeroconf.const import _CLASS_IN, _FLAGS_QR_QUERY, _TYPE_SRV
 
 from agents import announce
 from core.devices.cluster import Device
@@ -171,7 +180,12 @@ class DeviceDiscovery:
         exclude_interfaces: Sequence[str] = (),
         service_types: Iterable[str] = ALL_SERVICE_TYPES,
         resolve_timeout_s: float = 3.0,
+        recheck_s: float = 2.0,
+        misses_to_offline: int = 2,
     ) -> None:
+        if not (recheck_s > 0 and misses_to_offline >= 1):
+            raise DiscoveryError(f"recheck_s must be > 0 and misses_to_offline >= 1, got {recheck_s}, "
+                                 f"{misses_to_offline}")
         self._on_change = on_change
         self._interfaces = interfaces
         self._exclude = tuple(exclude_interfaces)
@@ -184,15 +198,27 @@ class DeviceDiscovery:
         self._zc: Zeroconf | None = None
         self._browser: ServiceBrowser | None = None
         self.bound_addresses: list[str] = []
+        self._recheck_s, self._misses_to_offline = recheck_s, misses_to_offline
+        self._misses: dict[tuple[str, str], int] = {}
+        self._vanished: set[tuple[str, str]] = set()
+        self._stopping = threading.Event()
+        self._prober: threading.Thread | None = None
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> DeviceDiscovery:
         self.bound_addresses = select_interfaces(self._interfaces, self._exclude)
         self._zc = Zeroconf(interfaces=self.bound_addresses, ip_version=IPVersion.V4Only)
         self._browser = ServiceBrowser(self._zc, list(self._types), handlers=[self._on_service])
+        self._stopping.clear()
+        self._prober = threading.Thread(target=self._probe_loop, name="mdns-recheck", daemon=True)
+        self._prober.start()
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._prober is not None:
+            self._prober.join()
+            self._prober = None
         if self._browser is not None:
             self._browser.cancel()
             self._browser = None
@@ -281,6 +307,52 @@ class DeviceDiscovery:
                             port=int(info.port or 0), txt=txt, problem=problem)
         self._upsert(rec, agent)
 
+    def _probe_loop(self) -> None:
+        """Ask every known (and every vanished) service again; see the module docstring."""
+        while not self._stopping.is_set():
+            zc = self._zc
+            if zc is None:
+                return
+            with self._lock:
+                keys = set(self._service_owner) | self._vanished
+            if not keys:
+                self._stopping.wait(self._recheck_s)
+                continue
+            asked_ms = current_time_millis()
+            try:
+                out = DNSOutgoing(_FLAGS_QR_QUERY)
+                for _stype, name in sorted(keys):
+                    out.add_question(DNSQuestion(name, _TYPE_SRV, _CLASS_IN))
+                zc.send(out)
+            except Exception as err:  # a closed socket while stopping, an interface gone
+                log.warning("mDNS re-query failed: %s", err)
+                self._stopping.wait(self._recheck_s)
+                continue
+            # Responders answer after up to ~1 s (aggregation delays), so the whole
+            # interval is the window.
+            if self._stopping.wait(self._recheck_s):
+                return
+            for key in sorted(keys):
+                rec = zc.cache.get_by_details(key[1], _TYPE_SRV, _CLASS_IN)
+                self._after_probe(zc, key, answered=rec is not None and rec.created >= asked_ms)
+
+    def _after_probe(self, zc: Zeroconf, key: tuple[str, str], answered: bool) -> None:
+        if answered:
+            self._misses.pop(key, None)
+            if key in self._vanished:
+                self._vanished.discard(key)
+                log.info("%s answers again", key[1])
+                self._on_service(zc, key[0], key[1], ServiceStateChange.Added)
+            return
+        if key in self._vanished:
+            return
+        self._misses[key] = self._misses.get(key, 0) + 1
+        if self._misses[key] >= self._misses_to_offline:
+            self._misses.pop(key, None)
+            self._vanished.add(key)
+            log.info("%s did not answer %d re-queries: offline", key[1], self._misses_to_offline)
+            self._remove(*key)
+
     def _upsert(self, rec: ServiceRecord, agent: AgentAnnouncement | None) -> None:
         with self._lock:
             key = self._service_owner.get((rec.type, rec.name)) or self._find(rec.host, rec.addresses) or rec.host
@@ -289,6 +361,7 @@ class DeviceDiscovery:
             dev = self._merged(dev, services, agent_hint=agent)
             self._devices[key] = dev
             self._service_owner[(rec.type, rec.name)] = key
+            self._vanished.discard((rec.type, rec.name))
             self._cond.notify_all()
         self._emit(dev)
 

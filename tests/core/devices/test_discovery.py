@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -256,3 +258,22 @@ def test_cli_discover_lists_the_testbed_devices_as_json(testbed, capsys):
     assert set(SESSION_DEVICES) <= set(devs)
     assert devs[manual]["manual"] and devs[manual]["ssh_port"] == 2222
 
+
+
+def test_a_device_that_dies_without_a_goodbye_is_offline_within_10_s_and_back_when_it_answers(testbed):
+    """python-zeroconf would keep its records ~19 minutes; the re-query notices in seconds."""
+    dev = testbed.device(D2)
+    with DeviceDiscovery(interfaces=[testbed.bridge]) as disc, \
+            _Registration(dev.namespace, dev.address, "_workstation._tcp.local.", "mute-box", host="mute",
+                          port=9) as reg:
+        assert disc.wait_for(lambda ds: "mute" in _by_id(ds) and _by_id(ds)["mute"].online, 5)
+        reg.proc.send_signal(signal.SIGSTOP)  # silent, as a host that lost power: no goodbye
+        try:
+            t0 = time.monotonic()
+            assert disc.wait_for(lambda ds: not _by_id(ds)["mute"].online, 10)
+            gone_after_s = time.monotonic() - t0
+        finally:
+            reg.proc.send_signal(signal.SIGCONT)
+        print(f"offline {gone_after_s:.1f} s after it went silent")
+        assert gone_after_s < 10
+        assert disc.wait_for(lambda ds: _by_id(ds)["mute"].online, 10)
