@@ -537,6 +537,7 @@ class PlanEditorPanel(QWidget):
     def auto_solve(self) -> None:
         problem = self.state.problem
         if problem is None:
+            self._say_no_problem("auto-solve")
             return
         self._solve_kind = "solve"
         self.solve_status.setText("Solving…")
@@ -545,10 +546,18 @@ class PlanEditorPanel(QWidget):
     def compare(self) -> None:
         problem = self.state.problem
         if problem is None:
+            self._say_no_problem("compare strategies")
             return
         self._solve_kind = "compare"
         self.solve_status.setText("Comparing strategies…")
         self._solve_runner.start(planning_tasks.compare_strategies, problem, self.objective_combo.currentData())
+
+    def _say_no_problem(self, what: str) -> None:
+        """A shortcut pressed before profiling says what is missing instead of doing nothing."""
+        text = (f"Cannot {what} yet: no profile. Profile the cluster first (Devices ▸ Profile cluster, Ctrl+P) "
+                "or load one (File ▸ Load profile…).")
+        self.solve_status.setText(text)
+        self.state.log(text, "warning")
 
     def _on_solver_busy_changed(self, busy: bool) -> None:
         self.solve_progress.setVisible(busy)

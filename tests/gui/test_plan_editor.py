@@ -263,3 +263,17 @@ def test_a_constraint_the_problem_refuses_is_shown_inline_and_not_applied(editor
     editor.batch_spin.setValue(1)  # smaller than the fixed micro-batch size of 2
     assert editor.state.problem.workload.batch_size == 4
     assert "$.workload.micro_batch_size" in editor.violations.text()
+
+
+def test_auto_solve_and_compare_before_profiling_say_what_is_missing(qtbot):
+    state = StudioState()
+    panel = PlanEditorPanel(state)
+    qtbot.addWidget(panel)
+    logged = []
+    state.log_added.connect(lambda level, text: logged.append((level, text)))
+    panel.auto_solve()
+    assert "no profile" in panel.solve_status.text() and "Profile cluster" in panel.solve_status.text()
+    panel.solve_status.setText("")
+    panel.compare()
+    assert "no profile" in panel.solve_status.text()
+    assert [level for level, _ in logged] == ["warning", "warning"]
