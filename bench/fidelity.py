@@ -24,8 +24,10 @@ simulator knows the agents share this host's cores (``simulate(host_cores=...)``
 ``run_derived_*``: with each stage's compute and each hop taken from the sequential runs
 (sequential figures then agree by construction; the no-bubbles one is still a prediction).
 
-Usage: python bench/fidelity.py [--model DIR] [--rounds 3] [--new-tokens 24]
+Usage: python bench/fidelity.py [--model DIR] [--rounds 3] [--new-tokens 24] [--table]
        [--link-mbit 20] [--link-latency-ms 4]
+``--table`` adds the fidelity table: bubbles and no-bubbles with 1-4 micro-batches per plan
+(see docs/runtime.md, "Prediction fidelity").
 On a machine shared with other work, run it as ``nice -n -10 python bench/fidelity.py``:
 the agents inherit the priority, so the runs and the profile measure the devices rather
 than the neighbours' load (at load 7-9 on 2 cores a stage's compute varied 2.5x between
@@ -53,6 +55,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--link-mbit", type=float, default=20.0)
     ap.add_argument("--link-latency-ms", type=float, default=4.0)
+    ap.add_argument("--table", action="store_true",
+                    help="also measure bubbles and no-bubbles with 1-4 micro-batches per plan: the fidelity table")
     ap.add_argument("--profile-out", default="", help="also save the measured profile here")
     ap.add_argument("--extra-profiles", type=int, default=0,
                     help="extra compute profiles, keeping each unit's minimum (on a machine whose load varies, "
@@ -109,7 +113,7 @@ def main() -> None:
                 plans = {name: plan_from_boundaries(profile.model.name, units, devs, cuts)
                          for name, (devs, cuts) in plans_spec.items()}
                 gen = torch.Generator().manual_seed(0)
-                ids = torch.randint(3, int(config["vocab_size"]), (3, PROMPT_TOKENS), generator=gen).tolist()
+                ids = torch.randint(3, int(config["vocab_size"]), (4, PROMPT_TOKENS), generator=gen).tolist()
 
                 def request(n: int, mode: str) -> RunRequest:
                     rows = tuple(tuple(r) for r in ids[:n])
@@ -150,6 +154,16 @@ def main() -> None:
                         measured[name]["pipe_tps"].append(k / _median_gap(r.token_events, second_half=True))
                         measured[name]["mean_pipe_tps"].append(decode_tokens_per_s(r.token_events))
                         pipe_events[name].extend(r.events)
+                table_measured: dict[tuple[str, str, int], list[float]] = {}
+                if args.table:  # steady decode tokens/s of each pipelined mode with 1-4 micro-batches
+                    for name, plan in plans.items():
+                        co.load(plan, str(model_dir), threads=1)
+                        for mode in ("bubbles", "no-bubbles"):
+                            for k in (1, 2, 3, 4):
+                                for _ in range(args.rounds):
+                                    r = co.run(plan, request(k, mode))
+                                    table_measured.setdefault((name, mode, k), []).append(
+                                        k / _median_gap(r.token_events, second_half=True))
     # Which term is off: per stage, the measured decode compute against the profile's;
     # per hop, the measured gap between a stage's compute end and the next compute start
     # against the link model (occupancy + latency).
@@ -204,6 +218,30 @@ def main() -> None:
             "run_metrics_mean_per_token_ms": round(statistics.median(measured[name]["mean_latency"]) * 1e3, 2),
             "run_metrics_nobubbles_tok_s": round(statistics.median(measured[name]["mean_pipe_tps"]), 2),
         }
+    # The fidelity table: (plan, mode, micro-batches, predicted, measured, error); "sequential"
+    # rows are per-token latency (ms), the others steady decode tokens/s. "independent" is
+    # the cost model's devices, "shared_host" the simulator told the agents share this host's cores.
+    table = []
+    for name, plan in plans.items():
+        m = statistics.median(measured[name]["latency"])
+        row = {"plan": name, "mode": "sequential", "micro_batches": 1, "figure": "per_token_ms",
+               "measured": round(m * 1e3, 2)}
+        for label, hc in (("independent", None), ("shared_host", os.cpu_count())):
+            pred = simulate(problem, plan, "sequential", host_cores=hc).figures.per_token_latency_s
+            row[f"predicted_{label}"] = round(pred * 1e3, 2)
+            row[f"error_{label}"] = round(pred / m - 1, 3)
+        table.append(row)
+        for (pname, mode, k), vals in table_measured.items():
+            if pname != name:
+                continue
+            m = statistics.median(vals)
+            row = {"plan": name, "mode": mode, "micro_batches": k, "figure": "tok_s", "measured": round(m, 2)}
+            for label, hc in (("independent", None), ("shared_host", os.cpu_count())):
+                sim = simulate(problem, plan, mode, micro_batches=k, micro_batch_size=1, host_cores=hc)
+                pred = sim.steady_tokens_per_s or sim.figures.decode_tokens_per_s
+                row[f"predicted_{label}"] = round(pred, 2)
+                row[f"error_{label}"] = round(pred / m - 1, 3)
+            table.append(row)
     links = {f"{l.src}->{l.dst}": [round(l.bandwidth_mbit_s, 2), round(l.latency_ms, 2)]
              for l in profile.cluster.links}
     print(json.dumps({
@@ -215,6 +253,7 @@ def main() -> None:
         "rounds": args.rounds,
         "new_tokens": args.new_tokens,
         "plans": per_plan,
+        "fidelity_table": table,
         "max_abs_error": round(max(abs(e) for e in errors), 3),
         "device_calibration_measured_over_profiled": {d: round(v, 3) for d, v in calib_scale.items()},
         "max_abs_error_calibrated": round(max(abs(e) for e in calibrated_errors), 3),
