@@ -42,6 +42,8 @@ DEMO_LINK_LATENCY_MS = 2.0
 DEMO_MODEL_NAME = "demo-llama"
 DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3)
 DEMO_PROMPTS = ("The secret of life is", "A wise man once said")
+DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run", "Start"))
+"""The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
 DEMO_TRAINING = None
 """``core.models.training.TrainingSettings`` for the demo model (None: its defaults, ~2–3 min on 2 cores)."""
 
@@ -261,7 +263,7 @@ class DemoSession(QObject):
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
                 agent_control=LocalAgentControl(parts),
             )
-        st.log("demo ready: Profile ▸ Profile cluster, then Plan ▸ Auto-solve, then Run ▸ Start")
+        st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
         if has_trained_model(self.model_root):
             st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")
         else:

@@ -177,6 +177,12 @@ class MainWindow(QMainWindow):
                      "Solve for the selected objective")
         self._action(p, "Compare strategies", lambda: (self.show_screen(plan), plan.compare()), "Ctrl+Shift+C",
                      "Compare every strategy")
+        r = mb.addMenu("&Run")
+        run = self.screens.run
+        self._action(r, "Start", lambda: (self.show_screen(run), run.start_run()), None,
+                     "Run the model over the cluster with the current plan (Ctrl+Return on the Run screen)")
+        self._action(r, "Stop", lambda: (self.show_screen(run), run.stop_run()), None,
+                     "Stop the run in progress (Esc on the Run screen)")
         h = mb.addMenu("&Help")
         self._action(h, "Keyboard shortcuts", self._on_shortcuts, "F1")
         self._action(h, "About EdgeShard Studio", self._on_about)

@@ -218,3 +218,26 @@ def test_a_plugged_in_techniques_view_takes_the_windows_plan_menu(qtbot, isolate
     finally:
         unregister_plan_view(whole_model.TECHNIQUE.name)
         unregister(whole_model.TECHNIQUE.name)
+
+
+def _menu_paths(window) -> set[tuple[str, str]]:
+    paths = set()
+    for top in window.menuBar().actions():
+        for action in top.menu().actions():
+            if action.text():
+                paths.add((top.text().replace("&", ""), action.text().replace("&", "")))
+    return paths
+
+
+def test_the_readme_and_the_demo_hint_name_only_menus_that_exist(window):
+    import re
+    from pathlib import Path
+
+    from gui.demo import DEMO_MENU_STEPS
+
+    paths = _menu_paths(window)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    named = re.findall(r"\*\*(\w+) ▸ ([^*]+?)\*\*", readme)
+    assert named, "the README names no menus"
+    assert [n for n in named if n not in paths] == []
+    assert [s for s in DEMO_MENU_STEPS if s not in paths] == []
