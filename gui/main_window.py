@@ -44,7 +44,7 @@ class MainWindow(QMainWindow):
     def __init__(self, state: StudioState | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state or StudioState(self)
-        self.setWindowTitle("EdgeShard Studio")
+        self.setWindowTitle("")  # Qt appends the application display name itself
         self.setObjectName("mainWindow")
         self.screens = Screens.build(self.state)
         self.coordinator = None
@@ -304,7 +304,8 @@ class MainWindow(QMainWindow):
     def _on_state_workspace_changed(self, path: str) -> None:
         self.workspace_label.setText(f"Workspace: {Path(path).name if path else '(none)'}")
         self.workspace_label.setToolTip(path)
-        self.setWindowTitle(f"EdgeShard Studio — {Path(path).name}" if path else "EdgeShard Studio")
+        # Only the workspace: Qt appends " — EdgeShard Studio" (the application display name).
+        self.setWindowTitle(Path(path).name if path else "")
 
     def _on_state_log_added(self, level: str, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")

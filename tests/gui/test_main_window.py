@@ -241,3 +241,12 @@ def test_the_readme_and_the_demo_hint_name_only_menus_that_exist(window):
     assert named, "the README names no menus"
     assert [n for n in named if n not in paths] == []
     assert [s for s in DEMO_MENU_STEPS if s not in paths] == []
+
+
+def test_the_window_title_names_the_app_once_qt_appends_the_display_name(window, tmp_path):
+    from PySide6.QtGui import QGuiApplication
+
+    assert QGuiApplication.applicationDisplayName() == studio_app.APPLICATION
+    assert studio_app.APPLICATION not in window.windowTitle()  # no workspace: Qt shows the display name alone
+    window.open_workspace(str(tmp_path / "lab.edgeshard"))
+    assert window.windowTitle() == "lab.edgeshard"  # shown as "lab.edgeshard — EdgeShard Studio"
