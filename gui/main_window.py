@@ -50,6 +50,8 @@ class MainWindow(QMainWindow):
         self.coordinator = None
         """The connection to agents opened from an agents.json (closed with the window)."""
         self._agents_runner = None
+        self._connection_before = "not connected"
+        """What the status bar said before a Connect, restored if it fails."""
         self._build_screens()
         self._build_log_dock()
         self._build_status_bar()
@@ -232,18 +234,34 @@ class MainWindow(QMainWindow):
         if self._agents_runner is None:
             self._agents_runner = TaskRunner(self, name="agents")
             self._agents_runner.task_finished.connect(self._on_agents_connected)
-            self._agents_runner.task_failed.connect(
-                lambda _t, msg: (self.state.set_connection("not connected"), self.state.log(msg, "error"),
-                                 show_error(self, "Cannot connect to the agents", msg,
-                                            "Check that the agents are running (edgeshard agents status) and that "
-                                            "this agents.json is the one they were started with.")))
+            self._agents_runner.task_failed.connect(self._on_agents_connect_failed)
+        if self.state.connection != "connecting…":
+            self._connection_before = self.state.connection
         self.state.set_connection("connecting…")
         self._agents_runner.start(open_coordinator, path, on_discarded=close_connection)
+
+    def _on_agents_connect_failed(self, _task: int, message: str) -> None:
+        """A failed Connect leaves the agents already attached (demo or an earlier file) in use, and says so."""
+        before = self._connection_before
+        self.state.set_connection(before)
+        still = f" Still using the agents already attached ({before})." if before != "not connected" else ""
+        self.state.log(message + still, "error")
+        show_error(self, "Cannot connect to the agents", message,
+                   "Check that the agents are running (edgeshard agents status) and that "
+                   "this agents.json is the one they were started with." + still)
 
     def _on_agents_connected(self, _task: int, result) -> None:
         from gui.agents_connection import attach
 
         coordinator, statuses = result
+        devices = self.screens.devices
+        superseded = sorted(d for d, rec in devices.registry.records.items()
+                            if rec.status == "running" and d not in statuses)
+        for dev in superseded:  # profiling and runs now go to the new agents only: say so on their rows
+            devices.set_status(dev, "not in use", "replaced by the agents of the newly connected agents.json")
+        if superseded:
+            self.state.log(f"profiling and runs now use the new agents only; no longer used: {', '.join(superseded)} "
+                           "(restart the demo or reconnect their agents.json to use them again)", "warning")
         if self.coordinator is not None:
             self.coordinator.close()
         self.coordinator = coordinator

@@ -250,3 +250,38 @@ def test_the_window_title_names_the_app_once_qt_appends_the_display_name(window,
     assert studio_app.APPLICATION not in window.windowTitle()  # no workspace: Qt shows the display name alone
     window.open_workspace(str(tmp_path / "lab.edgeshard"))
     assert window.windowTitle() == "lab.edgeshard"  # shown as "lab.edgeshard — EdgeShard Studio"
+
+
+def test_a_failed_connect_keeps_the_agents_already_attached_and_says_so(window, qtbot, tmp_path):
+    from core.devices.local_cluster import LocalCluster
+
+    bad = tmp_path / "agents.json"
+    bad.write_text('{"format": "edgeshard.agents", "version": 1}')
+    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
+        window.connect_agents(str(cluster.agents_file))
+        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+        backend = window.screens.run.backend
+        window.connect_agents(str(bad))
+        qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorDialog") is not None, timeout=10_000)
+        box = window.findChild(QMessageBox, "errorDialog")
+        assert "Still using the agents already attached" in box.text() + box.informativeText()
+        box.close()
+        assert window.state.connection == "1 agent(s) connected"
+        assert window.screens.run.backend is backend
+        window.close()
+
+
+def test_a_second_agents_file_marks_the_agents_it_replaces_and_warns(window, qtbot, tmp_path):
+    from core.devices.local_cluster import LocalCluster
+
+    logged = []
+    window.state.log_added.connect(lambda level, text: logged.append((level, text)))
+    with LocalCluster(tmp_path / "one", ["solo"]) as first, LocalCluster(tmp_path / "two", ["duo"]) as second:
+        window.connect_agents(str(first.agents_file))
+        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+        window.connect_agents(str(second.agents_file))
+        records = window.screens.devices.registry.records
+        qtbot.waitUntil(lambda: "duo" in records and records["duo"].status == "running", timeout=60_000)
+        assert records["solo"].status == "not in use"
+        assert any(level == "warning" and "no longer used: solo" in text for level, text in logged)
+        window.close()
