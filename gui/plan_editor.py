@@ -97,6 +97,8 @@ class PlanEditorPanel(QWidget):
         self.undo_stack = QUndoStack(self)
         self.cost: PlanCost | None = None
         self.comparison: list[StrategyOutcome] = []
+        self._compared_problem: PlanningProblem | None = None
+        """The problem the comparison was computed for: a different one makes it stale (no Adopt)."""
         self._solve_runner = TaskRunner(self, name="solve")
         self._solve_kind = ""
         self._updating = False
@@ -312,6 +314,8 @@ class PlanEditorPanel(QWidget):
             self._updating = False
         for w in (self.solve_button, self.compare_button, self.add_button, self.load_button):
             w.setEnabled(problem is not None)
+        if self.comparison and problem is not self._compared_problem:
+            self._mark_comparison_stale()
         plan = self.state.plan
         if problem is not None and (plan is None or plan.model != problem.profile.model.name):
             self.undo_stack.clear()
@@ -581,6 +585,7 @@ class PlanEditorPanel(QWidget):
 
     def show_comparison(self, results: list[StrategyOutcome]) -> None:
         self.comparison = results
+        self._compared_problem = self.state.problem
         t = self.compare_table
         t.setRowCount(len(results))
         for i, r in enumerate(results):
@@ -605,9 +610,22 @@ class PlanEditorPanel(QWidget):
         self._draw_comparison()
 
     def adopt(self, index: int) -> None:
+        if self.state.problem is not self._compared_problem:  # its plans may name devices no longer there
+            self._mark_comparison_stale()
+            return
         r = self.comparison[index]
         if r.plan is not None:
             self.push_plan(r.plan, f"Adopt {r.strategy}")
+
+    def _mark_comparison_stale(self) -> None:
+        """The profile or constraints changed since Compare: its plans cannot be adopted any more."""
+        why = "Stale: the profile or constraints changed since this comparison — press Compare again."
+        for i in range(self.compare_table.rowCount()):
+            b = self.compare_table.cellWidget(i, 3)
+            if b is not None:
+                b.setEnabled(False)
+                b.setToolTip(why)
+        self.solve_status.setText(why)
 
     def _draw_comparison(self) -> None:
         self.compare_plot.clear()

@@ -277,3 +277,18 @@ def test_auto_solve_and_compare_before_profiling_say_what_is_missing(qtbot):
     panel.compare()
     assert "no profile" in panel.solve_status.text()
     assert [level for level, _ in logged] == ["warning", "warning"]
+
+
+def test_a_comparison_made_for_another_problem_cannot_be_adopted(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    plan = plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [1, 4])
+    result = msgspec.structs.replace(run_strategy(problem, "even", "latency"), strategy="s0", plan=plan,
+                                     cost=evaluate(problem, plan))
+    editor.show_comparison([result])
+    editor.state.set_problem(make_problem(phone_memory=600 * MiB))  # a new profile: the comparison is stale
+    button = editor.compare_table.cellWidget(0, 3)
+    assert not button.isEnabled() and "Stale" in button.toolTip()
+    before = editor.state.plan
+    editor.adopt(0)
+    assert editor.state.plan == before and "Compare again" in editor.solve_status.text()
