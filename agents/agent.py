@@ -52,7 +52,9 @@ from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.protocol import (
+    PROTOCOL_VERSION,
     AgentEvent,
+    AgentState,
     AgentStatus,
     AttendHeads,
     ComputeStrip,
@@ -83,7 +85,9 @@ from agents.protocol import (
     StopRun,
     StripComputed,
     TokensProduced,
+    UPGRADE_HINT,
     Unload,
+    VersionMismatch,
     WeightsHeld,
     decode_control,
     decode_data,
@@ -246,7 +250,7 @@ class Agent:
         self._auth = None
         self.control_port = 0
         self.data_port = 0
-        self._state = "idle"
+        self._state = AgentState.IDLE
         self._error = ""
         self._activity = ""
         self._progress = 0.0
@@ -362,7 +366,7 @@ class Agent:
         stage loop for a whole control-loop turn — it was most of a hop's cost."""
         was_empty = not self._events
         self._events.append(AgentEvent(kind, phase, step, mb, start, end, nbytes, peer))
-        if was_empty and self._state != "running":  # idle, the control loop sits in a long poll
+        if was_empty and self._state is not AgentState.RUNNING:  # idle, the control loop sits in a long poll
             self._wake()
 
     def _status(self, req: int) -> AgentStatus:
@@ -392,7 +396,7 @@ class Agent:
         poller.register(self._wake_r, zmq.POLLIN)
         last_flush = time.monotonic()
         while not self._shutdown.is_set():
-            timeout = EVENT_FLUSH_S * 1000 if self._events or self._state == "running" else LEASE_CHECK_MS
+            timeout = EVENT_FLUSH_S * 1000 if self._events or self._state is AgentState.RUNNING else LEASE_CHECK_MS
             ready = dict(poller.poll(timeout))
             if sock in ready:
                 while True:
@@ -442,6 +446,15 @@ class Agent:
             return
         try:
             msg = decode_control(frames[1])
+        except VersionMismatch as err:
+            # answered in an older coordinator's own version, echoing its request id, so its
+            # request fails with this reason instead of timing out on a reply it cannot read
+            why = (f"this agent speaks protocol version {PROTOCOL_VERSION}, the coordinator sent version "
+                   f"{err.received!r}: {UPGRADE_HINT}")
+            self._log(f"rejected control frame: {err.code}: {why}")
+            self._send_to_coordinator(ErrorReply(v=err.reply_version, req=err.req, code=err.code, message=why),
+                                      identity)
+            return
         except ProtocolError as err:
             self._log(f"rejected control frame: {err.code}: {err}")
             self._reply_error(identity, 0, err.code, str(err))
@@ -472,26 +485,26 @@ class Agent:
                 return
             self._work.put(("AttendHeads", msg, None))
         elif isinstance(msg, ComputeStrip):
-            if self._state in ("running", "loading"):
+            if self._state in (AgentState.RUNNING, AgentState.LOADING):
                 self._reply_error(identity, req, "bad_state", f"cannot compute a strip while {self._state}")
                 return
             self._work.put(("ComputeStrip", msg, None))
         elif isinstance(msg, (LoadShard, Unload, StartRun, ProfileCompute, MeasureLink)):
             if isinstance(msg, StartRun):
-                if self._loaded is None or self._state not in ("ready",):
+                if self._loaded is None or self._state is not AgentState.READY:
                     self._reply_error(identity, req, "bad_state", f"cannot start a run while {self._state}")
                     return
-                self._state = "running"
+                self._state = AgentState.RUNNING
                 self._stop_run = threading.Event()
                 self._run_id = msg.run_id
                 self._lease_holder = identity if msg.lease_s > 0 else None
                 self._lease_s = msg.lease_s
                 self._lease_renewed = time.monotonic()
             elif isinstance(msg, LoadShard):
-                if self._state in ("running", "loading"):
+                if self._state in (AgentState.RUNNING, AgentState.LOADING):
                     self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
                     return
-                self._state = "loading"
+                self._state = AgentState.LOADING
             self._work.put((type(msg).__name__, msg, self._stop_run))
         else:
             self._reply_error(identity, req, "bad_message", f"{type(msg).__name__} is not a request")
@@ -516,7 +529,7 @@ class Agent:
     def _check_lease(self) -> None:
         """Abort a run whose coordinator went silent (killed, stopped, cut off): the agent
         must not stay "running" for a coordinator that will never stop it."""
-        if self._lease_holder is None or self._state != "running":
+        if self._lease_holder is None or self._state is not AgentState.RUNNING:
             return
         silent = time.monotonic() - self._lease_renewed
         if silent > self._lease_s and not self._stop_run.is_set():
@@ -546,7 +559,7 @@ class Agent:
                     self._load(msg)
                 elif kind == "Unload":
                     self._unload()
-                    self._state = "idle"
+                    self._state = AgentState.IDLE
                     self._post(Ok(req=msg.req, detail="unloaded"))
                 elif kind == "StartRun":
                     self._post(Ok(req=msg.req, detail="started"))
@@ -571,7 +584,7 @@ class Agent:
                 self._log(f"{kind} failed: {type(err).__name__}: {err}")
                 if kind == "LoadShard":
                     self._unload()
-                    self._state = "failed"
+                    self._state = AgentState.FAILED
                     self._error = f"{type(err).__name__}: {err}"
                 code = err.code if isinstance(err, ShardOverBudget) else "failed"
                 code = "bad_weights" if isinstance(err, WeightStoreError) else code
@@ -616,7 +629,7 @@ class Agent:
         self._loaded = _Loaded(msg, executor, nxt, shape, source_device=peers[0].device)
         self._event_meta = ("", msg.stage)
         self._progress = 1.0
-        self._state = "ready"
+        self._state = AgentState.READY
         self._error = ""
         self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
@@ -713,8 +726,8 @@ class Agent:
         finally:
             if run is not None:
                 run.drop_all()
-            if self._state == "running":
-                self._state = "ready"
+            if self._state is AgentState.RUNNING:
+                self._state = AgentState.READY
 
 
 class _StageRun:

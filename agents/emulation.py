@@ -22,6 +22,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import msgspec
+
+from agents.protocol import ComputeProfile
+
 MIB = 1 << 20
 
 
@@ -80,20 +84,18 @@ class DeviceEmulation:
         """``executor`` itself without a slowdown, else a wrapper whose computations take longer."""
         return executor if self.compute_slowdown <= 1.0 else SlowedStage(executor, self.compute_slowdown)
 
-    def scale_compute_profile(self, profile: dict) -> dict:
-        """A ``ComputeProfile`` dict with times × slowdown and the emulated budget."""
+    def scale_compute_profile(self, profile: ComputeProfile) -> ComputeProfile:
+        """``profile`` with times × slowdown and the emulated budget (the rule stages run by)."""
         f = self.compute_slowdown
-        out = dict(profile)
-        out["units"] = [
-            dict(u, decode_s=[t * f for t in u["decode_s"]], prefill_s=[t * f for t in u["prefill_s"]])
-            for u in profile["units"]
-        ]
-        for k in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
-            if k in out:
-                out[k] = out[k] * f
-        out["memory_budget_bytes"] = self.budget(int(profile.get("memory_budget_bytes", 0)))
-        out["emulation"] = self.describe()
-        return out
+        units = tuple(
+            msgspec.structs.replace(u, decode_s=tuple(t * f for t in u.decode_s),
+                                    prefill_s=tuple(t * f for t in u.prefill_s))
+            for u in profile.units
+        )
+        return msgspec.structs.replace(
+            profile, units=units, stage_decode_overhead_s=profile.stage_decode_overhead_s * f,
+            stage_prefill_overhead_s=profile.stage_prefill_overhead_s * f,
+            memory_budget_bytes=self.budget(profile.memory_budget_bytes), emulation=self.describe())
 
 
 class SlowedStage:

@@ -38,66 +38,16 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import msgspec
-
-DEFAULT_HEADROOM_BYTES = 512 << 20
-
-
-class ComputeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What ``profile_compute`` measures (the ``options`` of a ProfileCompute message)."""
-
-    config: dict[str, Any]
-    """The model's HF config.json content."""
-    prompt_tokens: int = 32
-    context_tokens: int = 0
-    """KV-cache length for decode timing (0: prompt_tokens)."""
-    batch_sizes: tuple[int, ...] = (1, 2, 4)
-    """Decode batch sizes."""
-    prefill_batch_sizes: tuple[int, ...] = (1,)
-    """Prefill is timed for prompt_tokens × each of these sequences."""
-    repeats: int = 5
-    warmup: int = 2
-    dtype: str = "float32"
-    units: tuple[int, ...] = ()
-    """Units to time (empty: all)."""
-    threads: int = 0
-    headroom_bytes: int = DEFAULT_HEADROOM_BYTES
-    seed: int = 0
-    device: str = "cpu"
-    """Where the agent's runtime computes ("cpu", or "cuda" on a GPU device); timing and
-    the memory budget follow it (the stage executor runs on the CPU today)."""
-
-
-class UnitTimes(msgspec.Struct, frozen=True, kw_only=True):
-    unit: int
-    decode_s: tuple[float, ...]
-    decode_spread: tuple[float, ...]
-    prefill_s: tuple[float, ...]
-    prefill_spread: tuple[float, ...]
-    param_bytes: int
-
-
-class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True):
-    """The result (sent back as a plain dict through ``msgspec.to_builtins``)."""
-
-    device: str
-    decode_batch_sizes: tuple[int, ...]
-    prefill_token_counts: tuple[int, ...]
-    units: tuple[UnitTimes, ...]
-    memory_budget_bytes: int
-    memory_total_bytes: int
-    memory_available_bytes: int
-    accelerator: str
-    threads: int
-    seconds: float
-    arch: str = ""
-    cores: int = 0
-    stage_decode_overhead_s: float = 0.0
-    """Once per stage and decode step (smallest decode batch): mask, positions, rotary."""
-    stage_prefill_overhead_s: float = 0.0
-    """Once per stage and prefill (first prefill batch): the same plus a fresh KV cache."""
-    emulation: str = ""
-    """The emulated limits already applied to these figures (agents/emulation.py); empty: none."""
+from agents.protocol import (
+    DEFAULT_HEADROOM_BYTES,
+    ComputeOptions,
+    ComputeProfile,
+    ConvSweepOptions,
+    ConvTimings,
+    LinkOptions,
+    LinkResult,
+    UnitTimes,
+)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -431,60 +381,28 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     )
 
 
-def profile_compute(agent, options: dict[str, Any]) -> dict[str, Any]:
-    """Agent handler of ``ProfileCompute``: options → ComputeOptions, result as a dict
-    (``{"kind": "conv-sweep", ...}``: convolution timings for spatial partitioning instead)."""
+def profile_compute(agent, options: ComputeOptions | ConvSweepOptions) -> ComputeProfile | ConvTimings:
+    """Agent handler of ``ProfileCompute``: unit timings, or convolution timings for spatial
+    partitioning; an emulated device's figures carry its slowdown and budget."""
     emulation = getattr(agent, "emulation", None)
-    if options.get("kind") == "conv-sweep":
+    if isinstance(options, ConvSweepOptions):
         from agents.spatial import conv_sweep
 
         return conv_sweep(options, emulation.compute_slowdown if emulation is not None else 1.0)
-    opts = msgspec.convert(options, ComputeOptions)
 
     def progress(done: int, total: int) -> None:  # read by the coordinator through get_status
         if hasattr(agent, "_set_progress"):
             agent._activity = f"profiling compute: unit {done}/{total}"
             agent._set_progress(done / total)
 
-    result = msgspec.to_builtins(profile_units(opts, device=getattr(agent, "device", ""), progress=progress))
+    result = profile_units(options, device=getattr(agent, "device", ""), progress=progress)
     return emulation.scale_compute_profile(result) if emulation is not None and emulation.active else result
 
 
 # ------------------------------------------------------------------------------ links
-class LinkOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``options`` of a MeasureLink message. The coordinator sends the same probe id to the
-    receiver (role "receive", peer = the sender) and the sender (role "send")."""
-
-    role: str = "send"
-    probe_id: str = "probe"
-    nbytes: int = 1 << 20
-    chunk_bytes: int = 64 << 10
-    latency_probes: int = 10
-    latency_gap_s: float = 0.005
-    timeout_s: float = 60.0
-    warmup_fraction: float = 0.2
-    """Bytes at the start that only open the TCP window (not counted)."""
-
-
-class LinkResult(msgspec.Struct, frozen=True, kw_only=True):
-    role: str
-    probe_id: str
-    bytes_received: int = 0
-    bandwidth_mbit_s: float = 0.0
-    one_way_s: tuple[float, ...] = ()
-    """receiver clock at arrival minus sender clock at send, per latency probe."""
-    seconds: float = 0.0
-    error: str = ""
-
-
-def measure_link(agent, peer, options: dict[str, Any]) -> dict[str, Any]:
+def measure_link(agent, peer, options: LinkOptions) -> LinkResult:
     """Agent handler of ``MeasureLink``: send probes to ``peer`` or receive them from it."""
-    opts = msgspec.convert(options, LinkOptions)
-    if opts.role == "receive":
-        return msgspec.to_builtins(_receive(agent, peer, opts))
-    if opts.role == "send":
-        return msgspec.to_builtins(_send(agent, peer, opts))
-    raise ValueError(f"unknown role {opts.role!r} (send | receive)")
+    return _receive(agent, peer, options) if options.role == "receive" else _send(agent, peer, options)
 
 
 def _send(agent, peer, opts: LinkOptions) -> LinkResult:

@@ -8,13 +8,16 @@ replayed timelines are drawn from one type.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from typing import Any, Literal, Union, get_args
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""Bumped whenever a message changes shape. 2: profiling options and results are typed structs
+(they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``."""
 
 EventKind = Literal["compute", "send", "recv_wait"]
 """compute: a stage running its units; send: putting an activation (or token ids) on a
@@ -90,6 +93,28 @@ class ProtocolError(Exception):
         super().__init__(message)
 
 
+UPGRADE_HINT = "upgrade the agent with `edgeshard agents upgrade` (it deploys the studio's own agent version)"
+
+
+class VersionMismatch(ProtocolError):
+    """A frame of another protocol version (code ``bad_version``): the peer runs other code.
+
+    Carries what the receiver needs to answer in a way the peer can still read: the version
+    received (``None`` when the frame named none) and the request id to echo (0 if none)."""
+
+    def __init__(self, received: Any, req: int, message: str):
+        self.received = received
+        self.req = req
+        super().__init__("bad_version", message)
+
+    @property
+    def reply_version(self) -> int:
+        """The version to answer in: an older peer's own (v1's ``ErrorReply`` has this shape, so an
+        older coordinator reads the reason instead of dropping the reply), else ours."""
+        r = self.received
+        return r if type(r) is int and 1 <= r < PROTOCOL_VERSION else PROTOCOL_VERSION
+
+
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
     v: int = PROTOCOL_VERSION
     req: int = 0
@@ -140,6 +165,22 @@ class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     seed: int = 0
 
 
+class AgentState(enum.StrEnum):
+    """What an agent is doing (``AgentStatus.state``, ``Pong.state``), encoded as its string.
+
+    A value outside these is a decode error, not a string nobody compares against; the
+    strings are what the studio shows (a StrEnum compares equal to them)."""
+
+    IDLE = "idle"
+    """No shard loaded."""
+    LOADING = "loading"
+    READY = "ready"
+    """A shard is loaded; a run can start."""
+    RUNNING = "running"
+    FAILED = "failed"
+    """The last load failed; ``AgentStatus.error`` says why."""
+
+
 class Ping(_Msg, frozen=True, tag="ping"):
     """Heartbeat and clock probe: ``t0`` is the coordinator's send time."""
 
@@ -152,7 +193,7 @@ class Pong(_Msg, frozen=True, tag="pong"):
     """Agent clock when the ping arrived."""
     t2: float
     """Agent clock when the pong left."""
-    state: str = "idle"
+    state: AgentState = AgentState.IDLE
 
 
 class GetStatus(_Msg, frozen=True, tag="get_status"):
@@ -162,8 +203,7 @@ class GetStatus(_Msg, frozen=True, tag="get_status"):
 class AgentStatus(_Msg, frozen=True, tag="status"):
     device: str
     agent_version: str
-    state: str
-    """idle | loading | ready | running | failed"""
+    state: AgentState
     public_key: str
     data_address: str
     stage: int = -1
@@ -262,21 +302,157 @@ class Logs(_Msg, frozen=True, tag="logs"):
     lines: tuple[str, ...]
 
 
-class ProfileCompute(_Msg, frozen=True, tag="profile_compute"):
-    """Measure this device's compute; ``options`` go to ``agents.profiler.profile_compute``."""
+# Profiling: typed requests and results (agents/profiler.py measures, core/devices/profiling.py
+# consumes). A request's options and a result are each a small tagged union (``kind``), so the
+# coordinator decodes exactly the result it asked for and the agent range-checks what to measure
+# before it starts (``message_problem``).
 
-    options: dict[str, Any] = {}
+DEFAULT_HEADROOM_BYTES = 512 << 20
+"""Memory a device keeps for its OS, the agent and activations (subtracted from its budget)."""
+
+
+class ComputeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                     tag_field="kind", tag="units"):
+    """Time each unit of a model (``agents.profiler.profile_units``)."""
+
+    config: dict[str, Any]
+    """The model's HF config.json content (free-form by nature: transformers' ``AutoConfig``
+    reads it on the agent; the protocol only checks that it names a ``model_type``)."""
+    prompt_tokens: int = 32
+    context_tokens: int = 0
+    """KV-cache length for decode timing (0: prompt_tokens)."""
+    batch_sizes: tuple[int, ...] = (1, 2, 4)
+    """Decode batch sizes."""
+    prefill_batch_sizes: tuple[int, ...] = (1,)
+    """Prefill is timed for prompt_tokens × each of these sequences."""
+    repeats: int = 5
+    warmup: int = 2
+    dtype: str = "float32"
+    units: tuple[int, ...] = ()
+    """Units to time (empty: all)."""
+    threads: int = 0
+    headroom_bytes: int = DEFAULT_HEADROOM_BYTES
+    seed: int = 0
+    device: str = "cpu"
+    """Where the agent's runtime computes ("cpu", or "cuda[:N]" on a GPU device); timing and
+    the memory budget follow it (the stage executor runs on the CPU today)."""
+
+
+class ConvSweepOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                       tag_field="kind", tag="conv-sweep"):
+    """Time 3×3 convolutions over map sizes (spatial partitioning, ``agents.spatial.conv_sweep``).
+    Bounded (``message_problem``) so a request cannot keep an agent busy for hours."""
+
+    sizes: tuple[int, ...] = (8, 16, 24, 32, 48, 64)
+    """Map sizes, 1..12 of them in [4, 256]."""
+    channels: tuple[int, ...] = (16, 32)
+    """Channel counts, 1..6 of them in [1, 512]."""
+    repeats: int = 5
+    """1..20"""
+    threads: int = 0
+
+
+ProfileOptions = Union[ComputeOptions, ConvSweepOptions]
+
+
+class LinkOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a ``MeasureLink`` does. The coordinator sends the same probe id to the receiver
+    (role "receive", peer = the sender) and the sender (role "send")."""
+
+    role: Literal["send", "receive"]
+    probe_id: str = "probe"
+    nbytes: int = 1 << 20
+    chunk_bytes: int = 64 << 10
+    latency_probes: int = 10
+    latency_gap_s: float = 0.005
+    timeout_s: float = 60.0
+    warmup_fraction: float = 0.2
+    """Bytes at the start that only open the TCP window (not counted)."""
+
+
+class UnitTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One unit's median times: ``decode_s`` per decode batch size, ``prefill_s`` per prefill
+    token count (the profile's lists, in order); spreads are IQR / median."""
+
+    unit: int
+    decode_s: tuple[float, ...]
+    decode_spread: tuple[float, ...]
+    prefill_s: tuple[float, ...]
+    prefill_spread: tuple[float, ...]
+    param_bytes: int
+
+
+class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                     tag_field="kind", tag="units"):
+    """What a device measured for ``ComputeOptions``."""
+
+    device: str
+    decode_batch_sizes: tuple[int, ...]
+    prefill_token_counts: tuple[int, ...]
+    units: tuple[UnitTimes, ...]
+    memory_budget_bytes: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    accelerator: str
+    threads: int
+    seconds: float
+    arch: str = ""
+    cores: int = 0
+    stage_decode_overhead_s: float = 0.0
+    """Once per stage and decode step (smallest decode batch): mask, positions, rotary."""
+    stage_prefill_overhead_s: float = 0.0
+    """Once per stage and prefill (first prefill batch): the same plus a fresh KV cache."""
+    emulation: str = ""
+    """The emulated limits already applied to these figures (agents/emulation.py); empty: none."""
+
+
+class ConvTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                  tag_field="kind", tag="conv-sweep"):
+    """What a device measured for ``ConvSweepOptions``: (FLOPs, seconds) per convolution and per
+    FC layer (the head is bound by reading weights, so it gets its own fit), scaled by its
+    emulated slowdown."""
+
+    samples: tuple[tuple[float, float], ...]
+    fc_samples: tuple[tuple[float, float], ...] = ()
+
+
+class LinkResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                 tag_field="kind", tag="link"):
+    """One side of a link probe (``LinkOptions``); the receiver's carries the figures."""
+
+    role: Literal["send", "receive"]
+    probe_id: str
+    bytes_received: int = 0
+    bandwidth_mbit_s: float = 0.0
+    one_way_s: tuple[float, ...] = ()
+    """receiver clock at arrival minus sender clock at send, per latency probe."""
+    seconds: float = 0.0
+    error: str = ""
+
+
+ProfileOutcome = Union[ComputeProfile, ConvTimings, LinkResult]
+
+RESULT_OF: dict[type, type] = {
+    ComputeOptions: ComputeProfile, ConvSweepOptions: ConvTimings, LinkOptions: LinkResult,
+}
+"""The result type that answers each kind of profiling options."""
+
+
+class ProfileCompute(_Msg, frozen=True, tag="profile_compute"):
+    """Measure this device's compute; answered by a ``ProfileResult`` holding ``RESULT_OF[type(options)]``."""
+
+    options: ProfileOptions
 
 
 class MeasureLink(_Msg, frozen=True, tag="measure_link"):
-    """Measure the data link to ``peer``; handled by ``agents.profiler.measure_link``."""
+    """Measure the data link to ``peer``; answered by a ``ProfileResult`` holding a ``LinkResult``."""
 
     peer: PeerSpec
-    options: dict[str, Any] = {}
+    options: LinkOptions
 
 
 class ProfileResult(_Msg, frozen=True, tag="profile_result"):
-    result: dict[str, Any]
+    result: ProfileOutcome
 
 
 class Ok(_Msg, frozen=True, tag="ok"):
@@ -424,6 +600,7 @@ ControlMessage = Union[
 class _Head(msgspec.Struct):
     v: Any = None
     type: Any = None
+    req: Any = None
 
 
 _head_decoder = msgspec.msgpack.Decoder(_Head)
@@ -444,9 +621,9 @@ def decode_control(frame: bytes, max_size: int = MAX_CONTROL_FRAME) -> ControlMe
     except Exception as err:  # any bytes: invalid UTF-8 and deep nesting raise other types than msgspec's
         raise ProtocolError("bad_frame", f"not a msgpack map: {_reason(err)}") from None
     if head.v != PROTOCOL_VERSION:
-        raise ProtocolError(
-            "bad_version", f"protocol version {_short(head.v)} not supported (this agent speaks {PROTOCOL_VERSION})"
-        )
+        req = head.req if type(head.req) is int and 0 <= head.req < 1 << 63 else 0
+        raise VersionMismatch(head.v, req, f"protocol version {_short(head.v)} received, version {PROTOCOL_VERSION} "
+                                           f"supported here: {UPGRADE_HINT}")
     try:
         msg = _control_decoder.decode(frame)
     except Exception as err:
@@ -492,17 +669,85 @@ def _finite(x: float, lo: float, hi: float) -> bool:
     return math.isfinite(x) and lo <= x <= hi
 
 
-def _options_problem(options: dict) -> str:
-    """Profiling options: numbers must be finite and in range (a NaN or 1e9 timeout pins a worker)."""
-    for key, value in options.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not math.isfinite(value) or value < 0:
-            return f"option {key!r} must be a finite number >= 0, got {value!r}"
-        if key.endswith("_s") and value > MAX_TIMEOUT_S:
-            return f"option {key!r} must be at most {MAX_TIMEOUT_S:.0f} s, got {value!r}"
-        if value > 1 << 40:
-            return f"option {key!r} is out of range: {value!r}"
+def _ints_problem(name: str, values: tuple[int, ...], lo: int, hi: int, most: int, least: int = 1) -> str:
+    if not least <= len(values) <= most or any(not lo <= x <= hi for x in values):
+        return f"{name} must be {least}..{most} integers in [{lo}, {hi}], got {list(values)[:8]}"
+    return ""
+
+
+_PROFILE_DTYPES = ("float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+_DEVICE = re.compile(r"^(cpu|cuda(:[0-9]{1,3})?)$")
+
+
+def _compute_options_problem(o: ComputeOptions) -> str:
+    """What to time, bounded: a request must not pin a device's worker for hours."""
+    if not isinstance(o.config.get("model_type"), str):
+        return "compute options: config must be a model's config.json naming its model_type"
+    return (
+        ("" if 1 <= o.prompt_tokens <= MAX_NEW_TOKENS and 0 <= o.context_tokens <= MAX_NEW_TOKENS
+         else f"compute options: prompt_tokens must be in [1, {MAX_NEW_TOKENS}], "
+              f"context_tokens in [0, {MAX_NEW_TOKENS}]")
+        or _ints_problem("compute options: batch_sizes", o.batch_sizes, 1, MAX_ROWS, 16)
+        or _ints_problem("compute options: prefill_batch_sizes", o.prefill_batch_sizes, 1, MAX_ROWS, 16)
+        or _ints_problem("compute options: units", o.units, 0, MAX_STAGES, MAX_STAGES, least=0)
+        or ("" if 1 <= o.repeats <= 1000 and 0 <= o.warmup <= 1000
+            else "compute options: repeats must be in [1, 1000] and warmup in [0, 1000]")
+        or ("" if o.dtype in _PROFILE_DTYPES
+            else f"compute options: dtype must be one of {', '.join(_PROFILE_DTYPES)}")
+        or ("" if 0 <= o.threads <= MAX_THREADS else f"compute options: threads must be in [0, {MAX_THREADS}]")
+        or ("" if 0 <= o.headroom_bytes < 1 << 50 and 0 <= o.seed < 1 << 63
+            else "compute options: headroom_bytes must be in [0, 2**50) and seed in [0, 2**63)")
+        or ("" if _DEVICE.match(o.device)
+            else f"compute options: device must be cpu or cuda[:N], got {_short(o.device)}")
+    )
+
+
+def _conv_sweep_problem(o: ConvSweepOptions) -> str:
+    if (_ints_problem("", o.sizes, 4, 256, 12) or _ints_problem("", o.channels, 1, 512, 6)
+            or not 1 <= o.repeats <= 20 or not 0 <= o.threads <= MAX_THREADS):
+        return ("conv-sweep options: sizes = 1..12 ints in [4, 256], channels = 1..6 ints in [1, 512], "
+                f"repeats in [1, 20], threads in [0, {MAX_THREADS}]; got sizes={list(o.sizes)[:13]}, "
+                f"channels={list(o.channels)[:7]}, repeats={o.repeats}, threads={o.threads}")
+    return ""
+
+
+def _link_options_problem(o: LinkOptions) -> str:
+    """A NaN or 1e9 timeout, or terabytes to send, would pin both agents' workers."""
+    if not (_finite(o.timeout_s, 0.001, MAX_TIMEOUT_S) and _finite(o.latency_gap_s, 0, 10)
+            and _finite(o.warmup_fraction, 0, 0.99)):
+        return (f"link options: timeout_s must be in (0, {MAX_TIMEOUT_S:.0f}], latency_gap_s in [0, 10] and "
+                f"warmup_fraction in [0, 0.99], got {o.timeout_s!r}, {o.latency_gap_s!r}, {o.warmup_fraction!r}")
+    if not (1 <= o.nbytes <= 1 << 32 and 1 <= o.chunk_bytes <= 64 << 20 and 0 <= o.latency_probes <= 10_000):
+        return ("link options: nbytes must be in [1, 2**32], chunk_bytes in [1, 64 MiB] and latency_probes in "
+                f"[0, 10000], got {o.nbytes}, {o.chunk_bytes}, {o.latency_probes}")
+    if not 1 <= len(o.probe_id) <= 64:
+        return "link options: probe_id must be 1..64 characters"
+    return ""
+
+
+def _all_finite(values, lo: float = 0.0) -> bool:
+    return all(math.isfinite(x) and x >= lo for x in values)
+
+
+def _outcome_problem(r: ProfileOutcome) -> str:
+    """A result the coordinator can build a profile from: shapes agree, times finite and >= 0."""
+    if isinstance(r, ComputeProfile):
+        for u in r.units:
+            if not (len(u.decode_s) == len(u.decode_spread) == len(r.decode_batch_sizes)
+                    and len(u.prefill_s) == len(u.prefill_spread) == len(r.prefill_token_counts)):
+                return f"unit {u.unit}: one time per decode batch size and per prefill token count"
+            if not (_all_finite(u.decode_s) and _all_finite(u.prefill_s) and _all_finite(u.decode_spread)
+                    and _all_finite(u.prefill_spread) and u.unit >= 0 and u.param_bytes >= 0):
+                return f"unit {u.unit}: times, spreads and sizes must be finite and >= 0"
+        if not (_all_finite((r.seconds, r.stage_decode_overhead_s, r.stage_prefill_overhead_s))
+                and min(r.memory_budget_bytes, r.memory_total_bytes, r.memory_available_bytes, r.cores) >= 0):
+            return "compute profile: seconds, overheads, memory and cores must be finite and >= 0"
+    elif isinstance(r, ConvTimings):
+        if not r.samples or not all(_all_finite(pair) for pair in (*r.samples, *r.fc_samples)):
+            return "conv timings: at least one (FLOPs, seconds) pair, every one finite and >= 0"
+    elif not (_all_finite((r.bandwidth_mbit_s, r.seconds)) and r.bytes_received >= 0
+              and _all_finite(r.one_way_s, lo=-math.inf)):
+        return "link result: bandwidth, seconds and bytes must be finite and >= 0, one-way times finite"
     return ""
 
 
@@ -615,9 +860,12 @@ def message_problem(msg: ControlMessage) -> str:
         if any(not mb for mb in msg.micro_batches):
             return "micro_batches must not be empty"
     elif isinstance(msg, MeasureLink):
-        return _peer_problem(msg.peer) or _options_problem(msg.options)
+        return _peer_problem(msg.peer) or _link_options_problem(msg.options)
     elif isinstance(msg, ProfileCompute):
-        return _options_problem(msg.options)
+        o = msg.options
+        return _compute_options_problem(o) if isinstance(o, ComputeOptions) else _conv_sweep_problem(o)
+    elif isinstance(msg, ProfileResult):
+        return _outcome_problem(msg.result)
     elif isinstance(msg, GetLogs):
         if not 0 <= msg.lines <= 100_000:
             return f"lines must be in [0, 100000], got {msg.lines}"
@@ -690,7 +938,8 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
     except Exception as err:  # any bytes (see decode_control)
         raise ProtocolError("bad_frame", f"data header is not a msgpack map: {_reason(err)}") from None
     if head.v != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", f"data protocol version {_short(head.v)} not supported")
+        raise VersionMismatch(head.v, 0, f"data protocol version {_short(head.v)} received from a peer, version "
+                                         f"{PROTOCOL_VERSION} supported here: {UPGRADE_HINT}")
     try:
         header = _data_decoder.decode(raw)
     except Exception as err:

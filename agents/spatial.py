@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from agents.protocol import ConvSweepOptions, ConvTimings
+
 LayerKind = Literal["conv", "pool", "res"]
 
 BYTES_PER_VALUE = 4
@@ -376,32 +378,15 @@ def compute_strip(net: SpatialNet, start: int, end: int, x_lo: int, lo: int, hi:
     return tuple(x.shape), x.numpy().astype("<f4", copy=False).tobytes()
 
 
-CONV_SWEEP = "conv-sweep"
-"""``ProfileCompute.options["kind"]`` that asks an agent for conv timings instead of unit timings."""
-
-
-def conv_sweep(options: dict, slowdown: float = 1.0) -> dict:
-    """Agent handler of a conv-sweep ``ProfileCompute``: {"samples": [[flops, seconds], ...]}.
-
-    Options are checked (sizes 4..256, at most 12; channels 1..512, at most 6; repeats 1..20)
-    so a request cannot make the agent work for hours; an emulated device's times are scaled
-    by its slowdown, the same rule as its unit profile and its stage compute."""
-    sizes = options.get("sizes", [8, 16, 24, 32, 48, 64])
-    channels = options.get("channels", [16, 32])
-    repeats = options.get("repeats", 5)
-    threads = options.get("threads", 0)
-    unknown = set(options) - {"kind", "sizes", "channels", "repeats", "threads"}
-    ok_list = lambda v, lo, hi, n: (isinstance(v, list) and 0 < len(v) <= n  # noqa: E731
-                                    and all(type(x) is int and lo <= x <= hi for x in v))
-    if unknown or not (ok_list(sizes, 4, 256, 12) and ok_list(channels, 1, 512, 6)
-                       and type(repeats) is int and 1 <= repeats <= 20 and type(threads) is int
-                       and 0 <= threads <= 1024):
-        raise ValueError("conv-sweep options: sizes = 1..12 ints in [4, 256], channels = 1..6 ints in [1, 512], "
-                         f"repeats in [1, 20], threads in [0, 1024], nothing else; got {sorted(options)}")
-    samples = conv_timing_samples(sizes, channels, repeats, threads or None)
-    fc = fc_timing_samples(repeats=repeats, threads=threads or None)
-    return {"samples": [[flops, seconds * slowdown] for flops, seconds in samples],
-            "fc_samples": [[flops, seconds * slowdown] for flops, seconds in fc]}
+def conv_sweep(options: ConvSweepOptions, slowdown: float = 1.0) -> ConvTimings:
+    """Agent handler of a conv-sweep ``ProfileCompute`` (its options range-checked at decode,
+    ``agents.protocol``): conv and FC timings; an emulated device's times are scaled by its
+    slowdown, the same rule as its unit profile and its stage compute."""
+    threads = options.threads or None
+    samples = conv_timing_samples(options.sizes, options.channels, options.repeats, threads)
+    fc = fc_timing_samples(repeats=options.repeats, threads=threads)
+    return ConvTimings(samples=tuple((flops, seconds * slowdown) for flops, seconds in samples),
+                       fc_samples=tuple((flops, seconds * slowdown) for flops, seconds in fc))
 
 
 STAGE_KIND = "spatial-strip"

@@ -69,5 +69,17 @@ class ShardOverBudget(RunFailed):
     that device (re-profile so the solver sees the budget, then solve again)."""
 
 
+class AgentVersionMismatch(RunFailed):
+    """An agent speaks another wire protocol version than this studio (older or newer code on
+    the device): nothing it says can be trusted to mean the same, so the link refuses it and
+    the operator redeploys the studio's agent (``edgeshard agents upgrade``)."""
+
+    def __init__(self, device: str, received: object, supported: int, hint: str):
+        self.received = received
+        self.supported = supported
+        super().__init__(f"the agent speaks protocol version {received}, this studio speaks version {supported}: "
+                         f"{hint}", device)
+
+
 class StoreError(EdgeShardError):
     """A workspace file that cannot be opened, migrated or written."""

@@ -11,7 +11,11 @@ and the lost listeners are told. Silence is judged against pings that were reall
 after draining what already arrived, so a link whose own IO thread was held up (a slow
 sink, the GIL held by an import in the GUI process) does not declare healthy agents lost.
 An agent that answers again after being declared lost is told to stop and unload (back to
-idle). Nothing here touches Qt: callbacks are plain callables run on the IO thread.
+idle). An agent whose frames carry another protocol version (other code on the device) is
+declared lost at once, and every request to it fails with ``AgentVersionMismatch`` naming both
+versions and ``edgeshard agents upgrade``. Profiling replies are checked to hold the result
+type the request asked for. Nothing here touches Qt: callbacks are plain callables run on the
+IO thread.
 
 The devices wing uses this link directly (deploy, profiling, the local cluster); the
 runs wing's ``Coordinator`` loads and runs plans over it.
@@ -28,15 +32,25 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import msgspec
 import zmq
 
 from agents.protocol import (
+    PROTOCOL_VERSION,
+    RESULT_OF,
+    UPGRADE_HINT,
     AgentStatus,
+    ComputeOptions,
+    ComputeProfile,
+    ConvSweepOptions,
+    ConvTimings,
     ErrorReply,
     GetLogs,
     GetStatus,
+    LinkOptions,
+    LinkResult,
     Logs,
     MeasureLink,
     PeerSpec,
@@ -47,12 +61,13 @@ from agents.protocol import (
     ProtocolError,
     StopRun,
     Unload,
+    VersionMismatch,
     decode_control,
     encode_control,
 )
 from agents.transport import CurveKeys, curve_client, harden
 from core.devices.clock_sync import ClockEstimate, ClockSample, best_estimate, clock_sample, keep_recent
-from core.errors import RunFailed
+from core.errors import AgentVersionMismatch, RunFailed
 
 log = logging.getLogger("edgeshard.coordinator")
 
@@ -82,6 +97,12 @@ class _Conn:
     lost: bool = False
     unanswered_since: float | None = None
     """When the oldest ping not yet followed by a pong was sent (monotonic)."""
+    mismatch: object = None
+    """The protocol version of a frame the agent sent that was not ours (None: none seen): every
+    request then fails with ``AgentVersionMismatch``."""
+
+    def version_error(self) -> AgentVersionMismatch:
+        return AgentVersionMismatch(self.endpoint.device, self.mismatch, PROTOCOL_VERSION, UPGRADE_HINT)
 
 
 StreamHandler = Callable[[str, object], None]
@@ -189,9 +210,13 @@ class AgentLink:
     def request_async(self, device: str, msg) -> cf.Future:
         if device not in self.endpoints:
             raise RunFailed("no agent address is known for this device (add it to the agents list)", device)
+        fut: cf.Future = cf.Future()
+        conn = self._conns.get(device)
+        if conn is not None and conn.mismatch is not None:  # it cannot read what we would send
+            fut.set_exception(conn.version_error())
+            return fut
         req = next(self._ids)
         msg = msgspec.structs.replace(msg, req=req)
-        fut: cf.Future = cf.Future()
         self._pending[req] = (device, fut)
         self._submit.put((device, encode_control(msg)))
         self._wake()
@@ -281,23 +306,44 @@ class AgentLink:
             now = time.monotonic()
             if not self._silent(c, now):
                 continue
-            c.lost = True
-            why = f"no heartbeat for {now - c.last_pong:.1f} s"
-            self._fail_pending_of(dev, why)
-            for listener in self._lost_listeners:
-                listener(dev, why)
-            if self.on_lost:
-                self.on_lost(dev)
+            self._declare_lost(c, f"no heartbeat for {now - c.last_pong:.1f} s")
 
-    def _fail_pending_of(self, device: str, why: str) -> None:
+    def _declare_lost(self, c: _Conn, why: str, error: Callable[[], RunFailed] | None = None) -> None:
+        dev = c.endpoint.device
+        c.lost = True
+        self._fail_pending_of(dev, why, error)
+        for listener in self._lost_listeners:
+            listener(dev, why)
+        if self.on_lost:
+            self.on_lost(dev)
+
+    def _fail_pending_of(self, device: str, why: str, error: Callable[[], RunFailed] | None = None) -> None:
+        """Fail ``device``'s pending requests with ``RunFailed(why)`` (or a fresh ``error()`` each)."""
         for req, (dev, fut) in list(self._pending.items()):
             if dev == device and not fut.done():
                 self._pending.pop(req, None)
-                fut.set_exception(RunFailed(why, device))
+                fut.set_exception(error() if error is not None else RunFailed(why, device))
+
+    def _on_version_mismatch(self, c: _Conn, err: VersionMismatch) -> None:
+        """A frame of another protocol version is the agent's own code speaking (Curve vouches for
+        the sender): it cannot be used. An older agent answers every request so (with no request
+        id), and never pongs, so it is declared lost at once with the reason, not after the
+        heartbeat timeout with a timed-out request."""
+        if c.mismatch is not None:  # a request sent just before the first refusal was seen
+            self._fail_pending_of(c.endpoint.device, "", c.version_error)
+            return
+        got = err.received
+        c.mismatch = got if type(got) is int else "none" if got is None else repr(got)[:40]
+        error = c.version_error()
+        log.warning("%s", error)
+        self._declare_lost(c, error.reason, c.version_error)
 
     def _on_message(self, c: _Conn, frame: bytes) -> None:
         try:
             msg = decode_control(frame, max_size=MAX_REPLY_FRAME)
+        except VersionMismatch as err:
+            self._on_version_mismatch(c, err)
+            return
         except ProtocolError as err:  # any bytes: dropped with the reason, the IO thread goes on
             log.warning("dropped a control frame from %s: %s: %s", c.endpoint.device, err.code, err)
             return
@@ -368,10 +414,34 @@ class AgentLink:
         reply = self.request(device, GetLogs(lines=lines))
         return reply.lines if isinstance(reply, Logs) else ()
 
-    def profile_compute(self, device: str, options: dict | None = None, timeout_s: float = 600) -> dict:
-        reply = self.request(device, ProfileCompute(options=options or {}), timeout_s)
-        return reply.result if isinstance(reply, ProfileResult) else {}
+    @overload
+    def profile_compute(self, device: str, options: ComputeOptions, timeout_s: float = 600) -> ComputeProfile: ...
 
-    def measure_link(self, src: str, peer: PeerSpec, options: dict | None = None, timeout_s: float = 120) -> dict:
-        reply = self.request(src, MeasureLink(peer=peer, options=options or {}), timeout_s)
-        return reply.result if isinstance(reply, ProfileResult) else {}
+    @overload
+    def profile_compute(self, device: str, options: ConvSweepOptions, timeout_s: float = 600) -> ConvTimings: ...
+
+    def profile_compute(self, device, options, timeout_s=600):
+        """The device's measurement of ``options``: unit timings or convolution timings."""
+        reply = self.request(device, ProfileCompute(options=options), timeout_s)
+        return profile_outcome(device, reply, RESULT_OF[type(options)])
+
+    def measure_link(self, src: str, peer: PeerSpec, options: LinkOptions, timeout_s: float = 120) -> LinkResult:
+        reply = self.request(src, MeasureLink(peer=peer, options=options), timeout_s)
+        return profile_outcome(src, reply, LinkResult)
+
+
+def unexpected_profile_reply(reply, expected: type) -> str:
+    """Why ``reply`` does not answer a profiling request whose result is ``expected`` ("" if it does)."""
+    if not isinstance(reply, ProfileResult):
+        return f"unexpected reply {type(reply).__name__}, wanted a {expected.__name__}"
+    if not isinstance(reply.result, expected):
+        return f"the agent answered with a {type(reply.result).__name__}, wanted a {expected.__name__}"
+    return ""
+
+
+def profile_outcome(device: str, reply, expected: type):
+    """The result a profiling request asked for, or ``RunFailed`` naming what came instead."""
+    problem = unexpected_profile_reply(reply, expected)
+    if problem:
+        raise RunFailed(problem, device)
+    return reply.result

@@ -26,8 +26,19 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from agents.profiler import ComputeProfile, LinkResult
-from agents.protocol import AgentStatus, ErrorReply, GetStatus, MeasureLink, PeerSpec, ProfileCompute, ProfileResult
+from agents.protocol import (
+    AgentStatus,
+    ComputeOptions,
+    ComputeProfile,
+    ErrorReply,
+    GetStatus,
+    LinkOptions,
+    LinkResult,
+    MeasureLink,
+    PeerSpec,
+    ProfileCompute,
+)
+from core.devices.agent_link import unexpected_profile_reply
 from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
 from core.models.units import model_spec_from_config
@@ -66,7 +77,8 @@ def _check_cancel(rep: Reporter) -> None:
         raise Cancelled()
 
 
-def _reply(device: str, fut, timeout_s: float, what: str):
+def _reply(device: str, fut, timeout_s: float, what: str, expected: type):
+    """The ``expected`` result in ``fut``'s reply, or ``ProfilingFailed`` saying what went wrong."""
     try:
         reply = fut.result(timeout=timeout_s)
     except TimeoutError:
@@ -77,12 +89,13 @@ def _reply(device: str, fut, timeout_s: float, what: str):
         raise ProfilingFailed(f"{device}: {what} failed: {err}") from None
     if isinstance(reply, ErrorReply):
         raise ProfilingFailed(f"{device}: {what} failed: {reply.message}")
-    if not isinstance(reply, ProfileResult):
-        raise ProfilingFailed(f"{device}: unexpected reply {type(reply).__name__} while {what}")
+    problem = unexpected_profile_reply(reply, expected)
+    if problem:
+        raise ProfilingFailed(f"{device}: {problem} while {what}")
     return reply.result
 
 
-def profile_compute(coord, devices: Sequence[str], options: dict, reporter: Reporter | None = None,
+def profile_compute(coord, devices: Sequence[str], options: ComputeOptions, reporter: Reporter | None = None,
                     timeout_s: float = 1800) -> dict[str, ComputeProfile]:
     """Run the on-device compute profiler on each device, one after the other (agents on one
     host would disturb each other's timing). While one profiles, its status is polled so the
@@ -94,8 +107,7 @@ def profile_compute(coord, devices: Sequence[str], options: dict, reporter: Repo
         rep.status(f"{dev}: profiling compute ({i + 1}/{len(devices)})")
         fut = coord.request_async(dev, ProfileCompute(options=options))
         _follow_progress(coord, dev, fut, rep, i, len(devices), timeout_s)
-        result = _reply(dev, fut, timeout_s, "profiling compute")
-        out[dev] = msgspec.convert(result, ComputeProfile)
+        out[dev] = _reply(dev, fut, timeout_s, "profiling compute", ComputeProfile)
         rep.progress(i + 1, len(devices))
         rep.partial_result(out[dev])
     return out
@@ -124,14 +136,13 @@ def _follow_progress(coord, dev: str, fut, rep: Reporter, index: int, count: int
 def measure_pair(coord, src: PeerSpec, dst: PeerSpec, nbytes: int, timeout_s: float = 120) -> LinkResult:
     """One probe from ``src`` to ``dst``: the receiver is armed first, then the sender starts."""
     probe = uuid.uuid4().hex[:12]
-    recv = coord.request_async(dst.device, MeasureLink(peer=src, options={
-        "role": "receive", "probe_id": probe, "timeout_s": timeout_s}))
+    recv = coord.request_async(dst.device, MeasureLink(peer=src, options=LinkOptions(
+        role="receive", probe_id=probe, timeout_s=timeout_s)))
     time.sleep(0.05)  # the receiver's worker is polling before the first probe leaves
-    send = coord.request_async(src.device, MeasureLink(peer=dst, options={
-        "role": "send", "probe_id": probe, "nbytes": int(nbytes), "timeout_s": timeout_s}))
-    _reply(src.device, send, timeout_s + 10, f"sending probes to {dst.device}")
-    res = msgspec.convert(_reply(dst.device, recv, timeout_s + 10, f"receiving probes from {src.device}"),
-                          LinkResult)
+    send = coord.request_async(src.device, MeasureLink(peer=dst, options=LinkOptions(
+        role="send", probe_id=probe, nbytes=int(nbytes), timeout_s=timeout_s)))
+    _reply(src.device, send, timeout_s + 10, f"sending probes to {dst.device}", LinkResult)
+    res = _reply(dst.device, recv, timeout_s + 10, f"receiving probes from {src.device}", LinkResult)
     if res.error:
         raise ProfilingFailed(f"{dst.device}: {res.error}")
     return res
@@ -228,9 +239,9 @@ def profile_cluster(
     peers = {d: PeerSpec(device=d, stage=0, data_address=s.data_address, public_key=s.public_key)
              for d, s in statuses.items()}
     addresses = {d: urlparse(s.data_address).hostname or "" for d, s in statuses.items()}
-    options = {"config": model_config, "prompt_tokens": prompt_tokens, "batch_sizes": list(batch_sizes),
-               "repeats": repeats, "dtype": _PROFILER_DTYPES[dtype], "headroom_bytes": headroom_bytes,
-               "threads": threads}
+    options = ComputeOptions(config=model_config, prompt_tokens=prompt_tokens, batch_sizes=tuple(batch_sizes),
+                             repeats=repeats, dtype=_PROFILER_DTYPES[dtype], headroom_bytes=headroom_bytes,
+                             threads=threads)
     compute = profile_compute(coord, names, options, rep)
     links: list[LinkMeasurement] = []
     if network and len(names) > 1:

@@ -24,11 +24,16 @@ from typing import Protocol
 
 from agents.protocol import (
     RUN_MODES,
+    AgentState,
     AgentStatus,
+    ComputeOptions,
+    ConvSweepOptions,
     ErrorReply,
     EventBatch,
     GetStatus,
     KvReservation,
+    LinkOptions,
+    LinkResult,
     LinkShape,
     LoadShard,
     PeerSpec,
@@ -222,10 +227,10 @@ class Coordinator:
     def logs(self, device: str, lines: int = 200) -> tuple[str, ...]:
         return self.link.logs(device, lines)
 
-    def profile_compute(self, device: str, options: dict | None = None, timeout_s: float = 600):
+    def profile_compute(self, device: str, options: ComputeOptions | ConvSweepOptions, timeout_s: float = 600):
         return self.link.profile_compute(device, options, timeout_s)
 
-    def measure_link(self, src: str, peer: PeerSpec, options: dict | None = None, timeout_s: float = 120):
+    def measure_link(self, src: str, peer: PeerSpec, options: LinkOptions, timeout_s: float = 120) -> LinkResult:
         return self.link.measure_link(src, peer, options, timeout_s)
 
     # ------------------------------------------------------------------ what the link reports
@@ -342,7 +347,7 @@ class Coordinator:
         is answered after the run it ends, so they are ready to load when this returns."""
         if self._run is not None:
             return
-        orphans = [d for d, st in statuses.items() if st.state == "running"]
+        orphans = [d for d, st in statuses.items() if st.state is AgentState.RUNNING]
         futs = [(d, self.request_async(d, StopRun())) for d in orphans]
         for d, f in futs:
             self.link.await_reply(d, f, self.request_timeout_s, "ending a run of an earlier coordinator")
@@ -369,7 +374,7 @@ class Coordinator:
                 poll = polls.get(dev)
                 if poll is not None and poll.done() and poll.exception() is None:
                     st = poll.result()
-                    if isinstance(st, AgentStatus) and st.state == "loading":
+                    if isinstance(st, AgentStatus) and st.state is AgentState.LOADING:
                         state = run_state.apply(state, run_state.LoadProgress(dev, st.progress))
                 if poll is None or poll.done():
                     polls[dev] = self.request_async(dev, GetStatus())

@@ -9,9 +9,13 @@ import msgspec
 
 from agents.protocol import (
     MAX_CONTROL_FRAME,
+    PROTOCOL_VERSION,
+    ComputeOptions,
+    ConvSweepOptions,
     DataHeader,
     GetLogs,
     GetStatus,
+    LinkOptions,
     LoadShard,
     MeasureLink,
     PeerSpec,
@@ -54,12 +58,14 @@ def control_refusals() -> list[bytes]:
     """Profiling requests with one number out of range, sent as they are (mutating them could
     make a valid one, which would rightly keep the worker busy for minutes)."""
     return [
-        encode_control(ProfileCompute(req=7, options={"timeout_s": float("nan")})),
-        encode_control(ProfileCompute(req=7, options={"repeats": float("inf")})),
-        encode_control(MeasureLink(req=8, peer=_PEER, options={"timeout_s": 1e9})),
-        encode_control(MeasureLink(req=8, peer=_PEER, options={"timeout_s": float("nan")})),
+        encode_control(ProfileCompute(req=7, options=ComputeOptions(config={"model_type": "llama"}, repeats=10**9))),
+        encode_control(ProfileCompute(req=7, options=ComputeOptions(config={"model_type": "llama"},
+                                                                    batch_sizes=(1 << 20,)))),
+        encode_control(ProfileCompute(req=7, options=ConvSweepOptions(sizes=(100_000,)))),
+        encode_control(MeasureLink(req=8, peer=_PEER, options=LinkOptions(role="send", timeout_s=1e9))),
+        encode_control(MeasureLink(req=8, peer=_PEER, options=LinkOptions(role="receive", timeout_s=float("nan")))),
         encode_control(MeasureLink(req=8, peer=PeerSpec(device="x", stage=0, data_address="tcp://h:0",
-                                                        public_key=KEY))),
+                                                        public_key=KEY), options=LinkOptions(role="send"))),
     ]
 
 
@@ -121,7 +127,8 @@ class Mutator:
         key = r.choice(sorted(obj))
         what = r.randrange(4)
         if what == 0:
-            obj["v"] = r.choice([0, 2, -1, "1", None, 1.5])
+            obj["v"] = r.choice([0, PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1, -1, str(PROTOCOL_VERSION), None,
+                                 1.5])
         elif what == 1:
             obj[f"unknown_{r.randrange(99)}"] = 1
         elif what == 2:

@@ -11,6 +11,7 @@ from agents.agent import Agent
 from agents.protocol import (
     MAX_CONTROL_FRAME,
     PROTOCOL_VERSION,
+    AgentState,
     AgentStatus,
     ErrorReply,
     GetLogs,
@@ -50,6 +51,24 @@ def _ask(sock, payload, timeout_ms=5000):
     if not sock.poll(timeout_ms):
         return None
     return decode_control(sock.recv())
+
+
+def test_a_coordinator_of_the_previous_version_gets_a_version_error_it_can_read(agent):
+    """The refusal is encoded in the older coordinator's own version and echoes its request id,
+    so its request fails with the reason instead of timing out on a reply it would drop."""
+    ctx, sock = _client(agent, agent.test_coordinator_keys)
+    try:
+        sock.send(msgspec.msgpack.encode({"v": PROTOCOL_VERSION - 1, "type": "get_status", "req": 5}))
+        assert sock.poll(5000)
+        reply = msgspec.msgpack.decode(sock.recv(), type=ErrorReply)
+        assert (reply.v, reply.req, reply.code) == (PROTOCOL_VERSION - 1, 5, "bad_version")
+        assert f"this agent speaks protocol version {PROTOCOL_VERSION}" in reply.message
+        assert f"the coordinator sent version {PROTOCOL_VERSION - 1}" in reply.message
+        assert "edgeshard agents upgrade" in reply.message
+        status = _ask(sock, encode_control(GetStatus(req=6)))
+        assert isinstance(status, AgentStatus) and status.req == 6 and status.state is AgentState.IDLE
+    finally:
+        ctx.destroy(linger=0)
 
 
 def test_garbage_oversized_and_wrong_version_frames_get_error_replies_and_the_agent_stays_up(agent):

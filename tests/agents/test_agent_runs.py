@@ -14,7 +14,9 @@ import zmq
 from agents.agent import Agent
 from agents.local_pipeline import generate_partitioned
 from agents.protocol import (
+    AgentState,
     AgentStatus,
+    ComputeOptions,
     ErrorReply,
     GetStatus,
     LoadShard,
@@ -140,7 +142,7 @@ def test_a_stop_queued_before_a_run_never_marks_that_run_ready_while_it_runs(one
     the next StartRun was accepted must not flip that run's state to ready."""
     _, control = one_stage
     config = json.loads((Path(tiny_llama_dir) / "config.json").read_text())
-    control.send(ProfileCompute(req=1, options={"config": config, "repeats": 3, "batch_sizes": [1]}))
+    control.send(ProfileCompute(req=1, options=ComputeOptions(config=config, repeats=3, batch_sizes=(1,))))
     control.send(StopRun(req=2, run_id=""))
     control.send(_start("next", 3, 400))
     states = []
@@ -156,10 +158,10 @@ def test_a_stop_queued_before_a_run_never_marks_that_run_ready_while_it_runs(one
         time.sleep(0.01)
     end = control.wait_for(_run_end("next"))
     assert isinstance(end, RunFinished) and len(end.tokens[0]) == 400, end
-    assert states and set(states) == {"running"}, states
+    assert states and set(states) == {AgentState.RUNNING}, states
     assert isinstance(control.wait_for(lambda m: getattr(m, "req", 0) == 1), ProfileResult)
     assert isinstance(control.wait_for(lambda m: getattr(m, "req", 0) == 2), Ok)
-    assert control.ask(GetStatus(req=req + 1)).state == "ready"
+    assert control.ask(GetStatus(req=req + 1)).state is AgentState.READY
 
 
 def test_a_stop_of_the_current_run_ends_it_and_the_agent_is_ready_for_the_next(one_stage):

@@ -10,6 +10,7 @@ import torch
 
 from agents.emulation import MIB, DeviceEmulation, ShardOverBudget, SlowedStage
 from agents.profiler import profile_compute
+from agents.protocol import ComputeOptions, ComputeProfile, UnitTimes
 from agents.shard import StageExecutor
 from core.cli import main as cli_main
 from core.devices.local_cluster import LocalCluster, emulations_from_flags, per_agent_values
@@ -68,14 +69,19 @@ def test_an_emulated_device_profiles_with_its_budget_and_slowdown(tiny_llama_dir
     from pathlib import Path
 
     config = json.loads(Path(tiny_llama_dir, "config.json").read_text())
-    result = profile_compute(_AgentLike(), dict(config=config, prompt_tokens=4, batch_sizes=(1,), repeats=1, warmup=0))
-    assert result["memory_budget_bytes"] == 3 * MIB
-    assert result["emulation"] == "3 MiB budget, 4× slower compute"
-    raw = {"units": [{"decode_s": [1.0], "prefill_s": [2.0]}], "stage_decode_overhead_s": 0.5,
-           "memory_budget_bytes": 10 * MIB}
+    result = profile_compute(_AgentLike(), ComputeOptions(config=config, prompt_tokens=4, batch_sizes=(1,), repeats=1,
+                                                          warmup=0))
+    assert result.memory_budget_bytes == 3 * MIB
+    assert result.emulation == "3 MiB budget, 4× slower compute"
+    unit = UnitTimes(unit=1, decode_s=(1.0,), decode_spread=(0.1,), prefill_s=(2.0,), prefill_spread=(0.2,),
+                     param_bytes=8)
+    raw = ComputeProfile(device="edge-c", decode_batch_sizes=(1,), prefill_token_counts=(4,), units=(unit,),
+                         memory_budget_bytes=10 * MIB, memory_total_bytes=16 * MIB, memory_available_bytes=12 * MIB,
+                         accelerator="", threads=1, seconds=0.5, stage_decode_overhead_s=0.5)
     scaled = _AgentLike.emulation.scale_compute_profile(raw)
-    assert scaled["units"][0]["decode_s"] == [4.0] and scaled["units"][0]["prefill_s"] == [8.0]
-    assert scaled["stage_decode_overhead_s"] == 2.0 and scaled["memory_budget_bytes"] == 3 * MIB
+    assert scaled.units[0].decode_s == (4.0,) and scaled.units[0].prefill_s == (8.0,)
+    assert scaled.units[0].decode_spread == (0.1,)  # a relative spread does not scale
+    assert scaled.stage_decode_overhead_s == 2.0 and scaled.memory_budget_bytes == 3 * MIB
 
 
 def test_per_agent_flags_take_one_value_or_one_per_agent():

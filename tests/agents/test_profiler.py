@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from agents.profiler import ComputeOptions, memory_budget, profile_units
+from agents.profiler import memory_budget, profile_units
+from agents.protocol import ComputeOptions
 
 TINY_LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
@@ -118,7 +119,8 @@ _UNDER_LIMIT = textwrap.dedent(
     """
     import json, resource, sys
     import torch, transformers
-    from agents.profiler import ComputeOptions, profile_units, _hf_config
+    from agents.profiler import profile_units, _hf_config
+    from agents.protocol import ComputeOptions
     cfg = json.loads(sys.argv[1]); headroom = int(sys.argv[2])
     vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + headroom, vm + headroom))
@@ -148,14 +150,14 @@ def test_a_model_larger_than_the_memory_limit_is_profiled_one_unit_at_a_time():
     assert out["whole"] == "does not fit"
 
 
-def test_result_is_plain_data_for_the_wire():
-    import msgspec
-
+def test_the_result_crosses_the_wire_as_a_typed_profile_and_decodes_equal():
     from agents.profiler import profile_compute
+    from agents.protocol import ComputeProfile, ProfileResult, decode_control, encode_control
 
     class FakeAgent:
         device = "dev-a"
 
-    out = profile_compute(FakeAgent(), {"config": TINY_LLAMA, "repeats": 1, "warmup": 0, "batch_sizes": [1]})
-    assert out["device"] == "dev-a" and len(out["units"]) == 4
-    msgspec.msgpack.encode(out)  # what the agent sends back
+    out = profile_compute(FakeAgent(), ComputeOptions(config=TINY_LLAMA, repeats=1, warmup=0, batch_sizes=(1,)))
+    assert isinstance(out, ComputeProfile) and out.device == "dev-a" and len(out.units) == 4
+    back = decode_control(encode_control(ProfileResult(req=3, result=out)))  # what the coordinator decodes
+    assert isinstance(back, ProfileResult) and back.result == out

@@ -7,7 +7,9 @@ import msgspec
 import pytest
 
 from agents.protocol import (
+    PROTOCOL_VERSION,
     DataHeader,
+    LinkOptions,
     LoadShard,
     MeasureLink,
     PeerSpec,
@@ -48,7 +50,7 @@ def test_a_deeply_nested_frame_is_refused_as_nested_too_deeply():
 
 def test_deep_nesting_inside_a_valid_message_is_refused_as_nested_too_deeply():
     deep = b"\x91" * 200_000 + b"\x01"
-    frame = b"\x83\xa1v\x01\xa4type\xafprofile_compute\xa7options\x81\xa1x" + deep
+    frame = b"\x83\xa1v" + bytes([PROTOCOL_VERSION]) + b"\xa4type\xafprofile_compute\xa7options\x81\xa1x" + deep
     assert "nested too deeply" in str(_refusal(frame))
 
 
@@ -75,7 +77,7 @@ def test_load_shard_whose_peers_skip_a_stage_is_refused():
 
 @pytest.mark.parametrize("timeout", [float("nan"), 1e9, -1.0, float("inf")])
 def test_measure_link_with_a_nan_or_huge_timeout_is_refused(timeout):
-    msg = MeasureLink(peer=_peer(), options={"timeout_s": timeout})
+    msg = MeasureLink(peer=_peer(), options=LinkOptions(role="send", timeout_s=timeout))
     err = _refusal(encode_control(msg))
     assert err.code == "bad_message" and "timeout_s" in str(err)
 

@@ -1,7 +1,8 @@
 """Time models from the agents: each device times convolutions over map sizes, core fits y = a·x + b.
 
-Asks through the agent link (``core.devices.agent_link.AgentLink.profile_compute``, or
-anything with that method), so it adds no socket code.
+Asks through the agent link (``core.devices.agent_link.AgentLink.profile_compute`` with
+``ConvSweepOptions``, or anything with that method), so it adds no socket code; the link
+checks the reply holds ``ConvTimings`` (an agent of another version gets a version error).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from collections.abc import Mapping, Sequence
 
 from msgspec import structs
 
+from agents.protocol import ConvSweepOptions
 from core.reporting import Reporter
-from core.techniques.spatial.problem import SpatialInputError, SpatialProblem, TimeModel, fit_time_model
+from core.techniques.spatial.problem import SpatialProblem, TimeModel, fit_time_model
 
 
 def profile_time_models(agents, devices: Sequence[str], *, sizes: Sequence[int] = (8, 16, 24, 32, 48, 64),
@@ -30,8 +32,7 @@ def profile_device_models(agents, devices: Sequence[str], *, sizes: Sequence[int
                           reporter: Reporter | None = None,
                           timeout_s: float = 300.0) -> dict[str, tuple[TimeModel, TimeModel | None]]:
     """Per device, (conv model, FC head model or None from an agent that does not time FC)."""
-    options = {"kind": "conv-sweep", "sizes": list(sizes), "channels": list(channels), "repeats": repeats,
-               "threads": threads}
+    options = ConvSweepOptions(sizes=tuple(sizes), channels=tuple(channels), repeats=repeats, threads=threads)
     out = {}
     for i, device in enumerate(devices):
         if reporter is not None:
@@ -39,12 +40,9 @@ def profile_device_models(agents, devices: Sequence[str], *, sizes: Sequence[int
                 break
             reporter.status(f"timing convolutions on {device}")
             reporter.progress(i, len(devices))
-        result = agents.profile_compute(device, options, timeout_s=timeout_s)
-        samples, fc = result.get("samples"), result.get("fc_samples")
-        if not isinstance(samples, list):
-            raise SpatialInputError(f"{device} sent no convolution timings: upgrade its agent to the studio's version")
-        out[device] = (fit_time_model([(float(x), float(y)) for x, y in samples]),
-                       fit_time_model([(float(x), float(y)) for x, y in fc]) if isinstance(fc, list) else None)
+        timings = agents.profile_compute(device, options, timeout_s=timeout_s)
+        out[device] = (fit_time_model(list(timings.samples)),
+                       fit_time_model(list(timings.fc_samples)) if timings.fc_samples else None)
     if reporter is not None:
         reporter.progress(len(out), len(devices))
     return out

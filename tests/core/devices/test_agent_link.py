@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import msgspec
 import pytest
+import zmq
 
 from agents.agent import Agent
-from agents.protocol import GetStatus
-from agents.transport import CurveKeys
-from core.devices.agent_link import AgentEndpoint, AgentLink
-from core.errors import RunFailed
+from agents.protocol import (
+    PROTOCOL_VERSION,
+    ComputeOptions,
+    ConvTimings,
+    ErrorReply,
+    GetStatus,
+    LinkResult,
+    Ok,
+    ProfileResult,
+)
+from agents.transport import CurveKeys, curve_server, harden
+from core.devices.agent_link import AgentEndpoint, AgentLink, profile_outcome, unexpected_profile_reply
+from core.errors import AgentVersionMismatch, RunFailed
 
 
 @pytest.fixture
@@ -84,3 +96,83 @@ def test_an_agent_that_stops_answering_is_reported_lost_to_every_listener(agent_
         with pytest.raises(RunFailed) as info:
             link.request("near", GetStatus(), timeout_s=0.3)
         assert info.value.device == "near"
+
+
+class _PreviousVersionAgent:
+    """A CurveZMQ control socket that answers as an agent of the previous protocol version does:
+    it cannot read our frames, so every one gets ``ErrorReply(code="bad_version", req=0)``
+    encoded in its own version, and it never pongs."""
+
+    def __init__(self) -> None:
+        self.keys = CurveKeys.generate()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        harden(self._sock)
+        curve_server(self._sock, self.keys, "control")
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.control_address = f"tcp://127.0.0.1:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        old = PROTOCOL_VERSION - 1
+        refusal = msgspec.msgpack.encode({
+            "type": "error", "v": old, "req": 0, "code": "bad_version",
+            "message": f"protocol version {PROTOCOL_VERSION} not supported (this agent speaks {old})"})
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                identity, _frame = self._sock.recv_multipart()
+                self._sock.send_multipart([identity, refusal])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def previous_version_agent():
+    agent = _PreviousVersionAgent()
+    yield agent
+    agent.close()
+
+
+def test_an_agent_of_the_previous_version_is_refused_naming_both_versions_and_the_upgrade(previous_version_agent):
+    old = previous_version_agent
+    lost = []
+    link = AgentLink([AgentEndpoint("old", old.control_address, old.keys.public)], CurveKeys.generate(),
+                     heartbeat_timeout_s=30.0)  # the refusal itself, not a missed heartbeat, must end it
+    link.add_lost_listener(lambda device, why: lost.append((device, why)))
+    with link:
+        with pytest.raises(AgentVersionMismatch) as info:
+            link.status(timeout_s=10)
+        err = info.value
+        assert err.device == "old" and (err.received, err.supported) == (PROTOCOL_VERSION - 1, PROTOCOL_VERSION)
+        assert str(err).startswith(f"old: the agent speaks protocol version {PROTOCOL_VERSION - 1}, "
+                                   f"this studio speaks version {PROTOCOL_VERSION}")
+        assert "edgeshard agents upgrade" in str(err)
+        assert link.is_lost("old") and lost == [("old", err.reason)]
+        refused = link.request_async("old", GetStatus())
+        assert refused.done() and isinstance(refused.exception(), AgentVersionMismatch)  # refused here, unsent
+        assert link._pending == {}
+
+
+def test_a_profiling_reply_of_another_kind_than_asked_is_refused_naming_both():
+    link_result = ProfileResult(result=LinkResult(role="send", probe_id="p"))
+    assert unexpected_profile_reply(link_result, LinkResult) == ""
+    assert "LinkResult, wanted a ConvTimings" in unexpected_profile_reply(link_result, ConvTimings)
+    assert "unexpected reply Ok" in unexpected_profile_reply(Ok(), LinkResult)
+    with pytest.raises(RunFailed, match="^dev: the agent answered with a LinkResult"):
+        profile_outcome("dev", link_result, ConvTimings)
+
+
+def test_a_compute_profile_comes_back_typed_from_a_real_agent(agent_and_keys):
+    agent, keys = agent_and_keys
+    config = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, vocab_size=64, max_position_embeddings=32)
+    with AgentLink([AgentEndpoint("near", agent.control_address, agent.keys.public)], keys) as link:
+        profile = link.profile_compute("near", ComputeOptions(config=config, prompt_tokens=4, batch_sizes=(1,),
+                                                              repeats=1, warmup=0), timeout_s=120)
+    assert profile.device == "near" and [u.unit for u in profile.units] == [0, 1, 2]
+    assert all(u.decode_s[0] > 0 for u in profile.units)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.emulation import DeviceEmulation
+from agents.protocol import ConvSweepOptions
 from core.devices.local_cluster import LocalCluster
 from core.devices.agent_link import AgentLink
 from core.techniques.spatial.profiling import profile_time_models, with_time_models
@@ -36,9 +37,9 @@ def test_a_conv_sweep_with_options_out_of_range_is_refused_and_the_agent_stays_u
     from core.errors import EdgeShardError
 
     with pytest.raises(EdgeShardError, match="conv-sweep options"):
-        agents.profile_compute("local-0", {"kind": "conv-sweep", "sizes": [100000]}, timeout_s=30)
-    assert agents.profile_compute("local-0", {"kind": "conv-sweep", "sizes": [8, 16], "channels": [4],
-                                              "repeats": 1}, timeout_s=30)["samples"]
+        agents.profile_compute("local-0", ConvSweepOptions(sizes=(100000,)), timeout_s=30)
+    assert agents.profile_compute("local-0", ConvSweepOptions(sizes=(8, 16), channels=(4,), repeats=1),
+                                  timeout_s=30).samples
 
 
 def test_the_cli_writes_a_problem_with_the_agents_measured_time_models(cluster, tmp_path, capsys):
