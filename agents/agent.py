@@ -53,6 +53,7 @@ from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.protocol import (
     PROTOCOL_VERSION,
+    UPGRADE_HINT,
     AgentEvent,
     AgentState,
     AgentStatus,
@@ -85,7 +86,6 @@ from agents.protocol import (
     StopRun,
     StripComputed,
     TokensProduced,
-    UPGRADE_HINT,
     Unload,
     VersionMismatch,
     WeightsHeld,
@@ -457,7 +457,7 @@ class Agent:
             return
         except ProtocolError as err:
             self._log(f"rejected control frame: {err.code}: {err}")
-            self._reply_error(identity, 0, err.code, str(err))
+            self._reply_error(identity, err.req, err.code, str(err))
             return
         self._coordinator_identity = identity
         if identity == self._lease_holder:

@@ -86,10 +86,13 @@ before the bytes reach Python, so a hostile frame cannot exhaust memory."""
 
 
 class ProtocolError(Exception):
-    """A frame that does not decode: carries an error ``code`` for the reply."""
+    """A frame that does not decode: carries an error ``code`` for the reply, and the frame's
+    request id when it could be read (0 if not), so the refusal reaches the request waiting
+    for it instead of leaving it to time out."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, req: int = 0):
         self.code = code
+        self.req = req
         super().__init__(message)
 
 
@@ -104,8 +107,7 @@ class VersionMismatch(ProtocolError):
 
     def __init__(self, received: Any, req: int, message: str):
         self.received = received
-        self.req = req
-        super().__init__("bad_version", message)
+        super().__init__("bad_version", message, req)
 
     @property
     def reply_version(self) -> int:
@@ -620,17 +622,17 @@ def decode_control(frame: bytes, max_size: int = MAX_CONTROL_FRAME) -> ControlMe
         head = _head_decoder.decode(frame)
     except Exception as err:  # any bytes: invalid UTF-8 and deep nesting raise other types than msgspec's
         raise ProtocolError("bad_frame", f"not a msgpack map: {_reason(err)}") from None
+    req = head.req if type(head.req) is int and 0 <= head.req < 1 << 63 else 0
     if head.v != PROTOCOL_VERSION:
-        req = head.req if type(head.req) is int and 0 <= head.req < 1 << 63 else 0
         raise VersionMismatch(head.v, req, f"protocol version {_short(head.v)} received, version {PROTOCOL_VERSION} "
                                            f"supported here: {UPGRADE_HINT}")
     try:
         msg = _control_decoder.decode(frame)
     except Exception as err:
-        raise ProtocolError("bad_message", f"{_short(head.type)}: {_reason(err)}") from None
+        raise ProtocolError("bad_message", f"{_short(head.type)}: {_reason(err)}", req) from None
     problem = message_problem(msg)
     if problem:
-        raise ProtocolError("bad_message", f"{msg.type_name()}: {problem}")
+        raise ProtocolError("bad_message", f"{msg.type_name()}: {problem}", req)
     return msg
 
 

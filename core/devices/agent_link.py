@@ -346,6 +346,11 @@ class AgentLink:
             return
         except ProtocolError as err:  # any bytes: dropped with the reason, the IO thread goes on
             log.warning("dropped a control frame from %s: %s: %s", c.endpoint.device, err.code, err)
+            entry = self._pending.get(err.req) if err.req else None
+            if entry is not None and entry[0] == c.endpoint.device:  # the request it answers fails now, with why
+                self._pending.pop(err.req, None)
+                if not entry[1].done():
+                    entry[1].set_exception(RunFailed(f"its reply does not decode ({err.code}): {err}", entry[0]))
             return
         if isinstance(msg, Pong):
             t3 = time.time()

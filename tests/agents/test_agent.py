@@ -13,12 +13,14 @@ from agents.protocol import (
     PROTOCOL_VERSION,
     AgentState,
     AgentStatus,
+    ConvSweepOptions,
     ErrorReply,
     GetLogs,
     GetStatus,
     Logs,
     Ping,
     Pong,
+    ProfileCompute,
     StartRun,
     decode_control,
     encode_control,
@@ -71,6 +73,16 @@ def test_a_coordinator_of_the_previous_version_gets_a_version_error_it_can_read(
         ctx.destroy(linger=0)
 
 
+def test_a_request_refused_at_decode_is_answered_with_its_own_request_id(agent):
+    ctx, sock = _client(agent, agent.test_coordinator_keys)
+    try:
+        reply = _ask(sock, encode_control(ProfileCompute(req=21, options=ConvSweepOptions(sizes=(100_000,)))))
+        assert isinstance(reply, ErrorReply) and (reply.req, reply.code) == (21, "bad_message")
+        assert "conv-sweep options" in reply.message
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_garbage_oversized_and_wrong_version_frames_get_error_replies_and_the_agent_stays_up(agent):
     ctx, sock = _client(agent, agent.test_coordinator_keys)
     try:
@@ -86,7 +98,7 @@ def test_garbage_oversized_and_wrong_version_frames_get_error_replies_and_the_ag
         reply = _ask(sock, [encode_control(GetStatus()), b"second frame"])
         assert isinstance(reply, ErrorReply) and reply.code == "bad_frame"
         status = _ask(sock, encode_control(GetStatus(req=9)))
-        assert isinstance(status, AgentStatus) and status.req == 9 and status.state == "idle"
+        assert isinstance(status, AgentStatus) and status.req == 9 and status.state is AgentState.IDLE
         logs = _ask(sock, encode_control(GetLogs(req=10)))
         assert isinstance(logs, Logs) and any("rejected control frame" in line for line in logs.lines)
     finally:
@@ -136,7 +148,7 @@ def test_a_shard_that_cannot_load_is_reported_and_the_agent_stays_up(agent, tmp_
         # the reply names the device and the path as the agent saw it
         assert "dev-a" in reply.message and str(tmp_path / "missing") in reply.message
         status = _ask(sock, encode_control(GetStatus(req=6)))
-        assert status.state == "failed" and status.error
+        assert status.state is AgentState.FAILED and status.error
     finally:
         ctx.destroy(linger=0)
 
@@ -186,12 +198,12 @@ def test_pings_are_answered_within_half_a_second_while_a_slow_shard_load_reports
         assert isinstance(loaded, Ok), loaded
         assert time.monotonic() - t_load > 1.0  # the load really was slow
         assert len(rtts) >= 5 and max(rtts) < 0.5, rtts
-        loading = [s for s in statuses if s.state == "loading"]
+        loading = [s for s in statuses if s.state is AgentState.LOADING]
         assert loading and all(s.activity.startswith("loading units [0, 6)") for s in loading)
         fractions = [s.progress for s in loading]
         assert fractions == sorted(fractions) and any(0 < f < 1 for f in fractions), fractions
         final = _ask(sock, encode_control(GetStatus(req=7)))
-        assert final.state == "ready" and final.activity == "" and final.memory_bytes > 0
+        assert final.state is AgentState.READY and final.activity == "" and final.memory_bytes > 0
     finally:
         ctx.destroy(linger=0)
         agent.close()

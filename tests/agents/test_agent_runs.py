@@ -169,7 +169,7 @@ def test_a_stop_of_the_current_run_ends_it_and_the_agent_is_ready_for_the_next(o
     assert isinstance(control.ask(_start("first", 2, 100000)), Ok)
     time.sleep(0.2)
     assert isinstance(control.ask(StopRun(req=3, run_id="first")), Ok)
-    assert control.ask(GetStatus(req=4)).state == "ready"
+    assert control.ask(GetStatus(req=4)).state is AgentState.READY
     assert isinstance(control.ask(_start("second", 5, 3)), Ok)
     assert isinstance(control.wait_for(_run_end("second")), RunFinished)
     assert not any(isinstance(m, ErrorReply) for m in control.seen)

@@ -10,7 +10,7 @@ import torch
 
 from agents.emulation import MIB, DeviceEmulation, ShardOverBudget, SlowedStage
 from agents.profiler import profile_compute
-from agents.protocol import ComputeOptions, ComputeProfile, UnitTimes
+from agents.protocol import AgentState, ComputeOptions, ComputeProfile, UnitTimes
 from agents.shard import StageExecutor
 from core.cli import main as cli_main
 from core.devices.local_cluster import LocalCluster, emulations_from_flags, per_agent_values
@@ -115,9 +115,9 @@ def test_local_agents_enforce_their_budgets_and_a_plan_within_them_loads(tmp_pat
                 co.load(too_big, tiny_llama_dir, timeout_s=60)
             assert co.status()["small"].memory_bytes == 0  # nothing stays loaded
             deadline = time.monotonic() + 30  # "big" may still be loading its part of the refused plan
-            while co.status()["big"].state == "loading" and time.monotonic() < deadline:
+            while co.status()["big"].state is AgentState.LOADING and time.monotonic() < deadline:
                 time.sleep(0.05)
             fits = plan_from_boundaries("tiny", 6, ["big", "small"], [5])  # only the final norm + head on it
             co.load(fits, tiny_llama_dir, timeout_s=60)
             st = co.status()
-            assert st["small"].state == "ready" and 0 < st["small"].memory_bytes <= 0.2 * MIB
+            assert st["small"].state is AgentState.READY and 0 < st["small"].memory_bytes <= 0.2 * MIB

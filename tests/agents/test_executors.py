@@ -7,7 +7,7 @@ import pytest
 
 from agents.agent import Agent
 from agents.executors import executor_factory_for, register_executor, unregister_executor
-from agents.protocol import ErrorReply, GetStatus, LoadShard, Ok, PeerSpec, encode_control
+from agents.protocol import AgentState, ErrorReply, GetStatus, LoadShard, Ok, PeerSpec, encode_control
 from agents.transport import CurveKeys
 from tests.agents.test_agent import _ask, _client
 from tests.techniques.whole_model import STAGE_KIND, WholeModelExecutor
@@ -36,7 +36,7 @@ def test_a_registered_stage_kind_is_loaded_with_its_own_executor(agent_and_socke
                                                     peers=(me,), kind=STAGE_KIND)), timeout_ms=60000)
         assert isinstance(reply, Ok), reply
         assert isinstance(agent._loaded.executor, WholeModelExecutor)
-        assert _ask(sock, encode_control(GetStatus(req=2))).state == "ready"
+        assert _ask(sock, encode_control(GetStatus(req=2))).state is AgentState.READY
     finally:
         unregister_executor(STAGE_KIND)
 

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from agents.agent import Agent
-from agents.protocol import PROTOCOL_VERSION, ErrorReply, VersionMismatch, decode_control
+from agents.protocol import PROTOCOL_VERSION, AgentState, ErrorReply, VersionMismatch, decode_control
 from agents.transport import CurveKeys
 from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
 from core.planning.plan import plan_from_boundaries
@@ -130,7 +130,7 @@ def test_fuzzed_data_frames_during_runs_are_dropped_and_the_run_is_exact(cluster
             result: dict = {}
             runner = threading.Thread(target=lambda: result.update(r=co.run(plan, _request(40))))
             runner.start()
-            while not target._run_id or target._state != "running":
+            while not target._run_id or target._state is not AgentState.RUNNING:
                 time.sleep(0.005)
             seeds = data_seeds(target._run_id, HIDDEN) + data_seeds("old-run", HIDDEN)
             for i in range(FRAMES_PER_BATCH):

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from agents.protocol import AgentState
 from core.planning.plan import plan_from_boundaries
 from gui import app as studio_app
 from gui.main_window import MainWindow
@@ -39,7 +40,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert demo.runner.alive_threads() == []
         co = demo.parts.coordinator
         assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 3.0
-        assert {s.state for s in co.status().values()} == {"idle"}
+        assert {s.state for s in co.status().values()} == {AgentState.IDLE}
         devices = window.screens.devices
         assert sorted(devices.registry.records) == ["dev-a", "dev-b"]
         assert {r.status for r in devices.registry.records.values()} == {"running"}

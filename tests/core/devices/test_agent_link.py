@@ -13,12 +13,15 @@ from agents.agent import Agent
 from agents.protocol import (
     PROTOCOL_VERSION,
     ComputeOptions,
+    ComputeProfile,
     ConvTimings,
     ErrorReply,
     GetStatus,
     LinkResult,
     Ok,
     ProfileResult,
+    UnitTimes,
+    encode_control,
 )
 from agents.transport import CurveKeys, curve_server, harden
 from core.devices.agent_link import AgentEndpoint, AgentLink, profile_outcome, unexpected_profile_reply
@@ -98,13 +101,12 @@ def test_an_agent_that_stops_answering_is_reported_lost_to_every_listener(agent_
         assert info.value.device == "near"
 
 
-class _PreviousVersionAgent:
-    """A CurveZMQ control socket that answers as an agent of the previous protocol version does:
-    it cannot read our frames, so every one gets ``ErrorReply(code="bad_version", req=0)``
-    encoded in its own version, and it never pongs."""
+class _ScriptedAgent:
+    """A CurveZMQ control socket that answers each frame with ``answer(request as a map)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer) -> None:
         self.keys = CurveKeys.generate()
+        self._answer = answer
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         harden(self._sock)
@@ -116,14 +118,10 @@ class _PreviousVersionAgent:
         self._thread.start()
 
     def _serve(self) -> None:
-        old = PROTOCOL_VERSION - 1
-        refusal = msgspec.msgpack.encode({
-            "type": "error", "v": old, "req": 0, "code": "bad_version",
-            "message": f"protocol version {PROTOCOL_VERSION} not supported (this agent speaks {old})"})
         while not self._stop.is_set():
             if self._sock.poll(50):
-                identity, _frame = self._sock.recv_multipart()
-                self._sock.send_multipart([identity, refusal])
+                identity, frame = self._sock.recv_multipart()
+                self._sock.send_multipart([identity, self._answer(msgspec.msgpack.decode(frame))])
 
     def close(self) -> None:
         self._stop.set()
@@ -131,9 +129,17 @@ class _PreviousVersionAgent:
         self._ctx.destroy(linger=0)
 
 
+def _as_previous_version_agent(_request: dict) -> bytes:
+    """What an agent of the previous protocol version answers to every frame of ours: it
+    cannot read it, so ``ErrorReply(code="bad_version", req=0)`` in its own version (no pongs)."""
+    old = PROTOCOL_VERSION - 1
+    why = f"protocol version {PROTOCOL_VERSION} not supported (this agent speaks {old})"
+    return msgspec.msgpack.encode({"type": "error", "v": old, "req": 0, "code": "bad_version", "message": why})
+
+
 @pytest.fixture
 def previous_version_agent():
-    agent = _PreviousVersionAgent()
+    agent = _ScriptedAgent(_as_previous_version_agent)
     yield agent
     agent.close()
 
@@ -176,3 +182,24 @@ def test_a_compute_profile_comes_back_typed_from_a_real_agent(agent_and_keys):
                                                               repeats=1, warmup=0), timeout_s=120)
     assert profile.device == "near" and [u.unit for u in profile.units] == [0, 1, 2]
     assert all(u.decode_s[0] > 0 for u in profile.units)
+
+
+def test_a_profiling_reply_that_does_not_decode_fails_its_request_with_the_reason():
+    def answer(request: dict) -> bytes:  # a compute profile with a NaN time, for the request it answers
+        unit = UnitTimes(unit=0, decode_s=(float("nan"),), decode_spread=(0.0,), prefill_s=(1e-3,),
+                         prefill_spread=(0.0,), param_bytes=1)
+        profile = ComputeProfile(device="odd", decode_batch_sizes=(1,), prefill_token_counts=(4,), units=(unit,),
+                                 memory_budget_bytes=1, memory_total_bytes=1, memory_available_bytes=1,
+                                 accelerator="", threads=1, seconds=0.1)
+        return encode_control(ProfileResult(req=request.get("req", 0), result=profile))
+
+    odd = _ScriptedAgent(answer)
+    try:
+        with AgentLink([AgentEndpoint("odd", odd.control_address, odd.keys.public)], CurveKeys.generate(),
+                       heartbeat_timeout_s=30.0) as link:
+            with pytest.raises(RunFailed) as info:
+                link.profile_compute("odd", ComputeOptions(config={"model_type": "llama"}), timeout_s=20)
+            assert info.value.device == "odd" and "does not decode (bad_message)" in str(info.value)
+            assert "unit 0" in str(info.value) and link._pending == {}
+    finally:
+        odd.close()

@@ -156,7 +156,7 @@ starter.start()
 starter.join()  # the thread that spawned the agents is gone
 time.sleep(1.0)
 with Coordinator(cluster.endpoints, cluster.keys) as co:
-    print("STATES", {d: s.state for d, s in sorted(co.status(10).items())}, flush=True)
+    print("STATES", {d: str(s.state) for d, s in sorted(co.status(10).items())}, flush=True)
 print("READY", flush=True)
 time.sleep(600)
 """

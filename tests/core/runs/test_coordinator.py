@@ -12,7 +12,7 @@ import transformers  # noqa: F401  (imported once here: agents' worker threads i
 
 from agents.agent import Agent, AgentClock
 from agents.local_pipeline import generate_partitioned
-from agents.protocol import SamplingSpec
+from agents.protocol import AgentState, SamplingSpec
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
 from agents.transport import CurveKeys
@@ -172,7 +172,7 @@ def test_stopping_from_another_thread_ends_the_run_and_leaves_agents_ready(clust
         coordinator.run(plan, req)
     timer.join()
     assert time.monotonic() - t0 < 10
-    assert {s.state for s in coordinator.status().values()} == {"ready"}
+    assert {s.state for s in coordinator.status().values()} == {AgentState.READY}
     _, small = _request(model_dir, "sequential", 1, 2)
     assert len(coordinator.run(plan, small).tokens) == len(PROMPTS)
 
@@ -250,7 +250,7 @@ def test_a_second_run_while_one_is_in_progress_is_refused(cluster, model_dir):
         coordinator.stop()
         first.join(10)
     assert errors and "stopped" in str(errors[0].value)
-    assert {s.state for s in coordinator.status().values()} == {"ready"}
+    assert {s.state for s in coordinator.status().values()} == {AgentState.READY}
 
 
 def test_a_coordinator_held_up_past_the_heartbeat_timeout_does_not_declare_healthy_agents_lost(cluster, model_dir):
@@ -273,7 +273,7 @@ def test_a_coordinator_held_up_past_the_heartbeat_timeout_does_not_declare_healt
     finally:
         coordinator.on_lost = None
     assert lost == [] and len(result.tokens) == len(PROMPTS)
-    assert {s.state for s in coordinator.status().values()} == {"ready"}
+    assert {s.state for s in coordinator.status().values()} == {AgentState.READY}
 
 
 def test_a_model_directory_missing_on_a_device_is_an_error_naming_the_device_and_the_path(tmp_path):

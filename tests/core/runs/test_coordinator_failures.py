@@ -10,7 +10,7 @@ import torch
 
 from agents.agent import Agent
 from agents.local_pipeline import generate_partitioned
-from agents.protocol import GetStatus, LinkShape
+from agents.protocol import AgentState, GetStatus, LinkShape
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
 from agents.transport import CurveKeys
@@ -63,7 +63,7 @@ def test_losing_an_idle_agent_outside_the_plan_is_reported_and_the_run_goes_on(m
             ref = generate_partitioned(executors, torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.int64),
                                        SamplingParams(max_new_tokens=80, pad_token_id=0))
             assert [list(t) for t in result.tokens] == ref.tokens.tolist()
-            assert {s.state for s in co.status_of(["a", "b"]).values()} == {"ready"}
+            assert {s.state for s in co.status_of(["a", "b"]).values()} == {AgentState.READY}
     finally:
         for a in agents.values():
             a.close()

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from agents.agent import Agent
+from agents.protocol import AgentState
 from agents.transport import CurveKeys
 from core.models.checkpoints import ModelRecipe, make_model
 from core.planning.plan import plan_from_boundaries
@@ -81,7 +82,7 @@ def test_agents_abort_a_killed_coordinators_run_on_their_own_within_a_few_second
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     t0 = time.monotonic()
-    while any(a._state == "running" for a in agents) and time.monotonic() - t0 < 10:
+    while any(a._state is AgentState.RUNNING for a in agents) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     assert [a._state for a in agents] == ["ready", "ready"]
     assert time.monotonic() - t0 < 5

@@ -8,7 +8,7 @@ import pytest
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
 from agents.agent import Agent
-from agents.protocol import PutWeights
+from agents.protocol import AgentState, PutWeights
 from agents.transport import CurveKeys
 from core.errors import RunFailed
 from core.models.checkpoints import ModelRecipe, make_model
@@ -101,7 +101,7 @@ def test_a_corrupted_chunk_is_refused_with_the_device_named_and_the_agent_stays_
     data[-1] ^= 0xFF
     with pytest.raises(RunFailed, match=r"src: .*checksum mismatch"):
         coordinator.request("src", PutWeights(digest=weights.digest, offset=0, size=weights.size, data=bytes(data)))
-    assert coordinator.status()["src"].state == "idle"
+    assert coordinator.status()["src"].state is AgentState.IDLE
     report = ship_stage_weights(coordinator, plan_from_boundaries("tiny-llama", 6, DEVICES, [2, 4]), model_dir,
                                 cache_dir=cache)
     assert report.sent["src"] == _size(stage_files(model_dir, 0, 2, cache))
@@ -116,4 +116,4 @@ def test_generate_with_send_weights_streams_text_from_agents_without_the_checkpo
     assert out.result.tokens and len(out.result.tokens[0]) >= 1
     assert any((tmp_path / "home" / "stage-weights").iterdir())
     for a in coordinator.status().values():
-        assert a.state == "ready"
+        assert a.state is AgentState.READY

@@ -7,7 +7,7 @@ import pytest
 import torch
 from msgspec import structs
 
-from agents.protocol import ComputeStrip, SpatialNet, decode_control, encode_control, ProtocolError
+from agents.protocol import AgentState, ComputeStrip, SpatialNet, decode_control, encode_control, ProtocolError
 from agents.spatial import build_network
 from core.devices.agent_link import AgentLink
 from core.devices.local_cluster import LocalCluster
@@ -54,7 +54,7 @@ def test_a_strip_without_its_halo_is_refused_naming_the_columns_and_the_agent_an
                        data=x.numpy().tobytes())
     with pytest.raises(RunFailed, match=r"needs 3×32 columns \[0, 17\)"):
         link.request("local-1", bad)
-    assert link.status_of(["local-1"])["local-1"].state in ("idle", "ready")
+    assert link.status_of(["local-1"])["local-1"].state in (AgentState.IDLE, AgentState.READY)
 
 
 def test_a_strip_whose_bytes_do_not_match_its_shape_is_refused_at_decode():
