@@ -480,7 +480,7 @@ class Agent:
                 self._stop_run.set()
             self._work.put(("stop", msg, None))
         elif isinstance(msg, AttendHeads):
-            if self._state == "loading":
+            if self._state is AgentState.LOADING:
                 self._reply_error(identity, req, "bad_state", f"cannot attend while {self._state}")
                 return
             self._work.put(("AttendHeads", msg, None))
