@@ -279,6 +279,8 @@ class RunPanel(QWidget):
 
     # -- public API ----------------------------------------------------------------------
     def set_backend(self, backend: RunBackend | None) -> None:
+        if backend is not None and not self.is_running():
+            self.message.show_lines([])  # "No cluster to run on" no longer holds
         self.backend = backend
 
     def settings(self) -> RunSettings:
@@ -396,6 +398,8 @@ class RunPanel(QWidget):
 
     def _on_state_plan_changed(self, *_args) -> None:
         plan = getattr(self.state, "plan", None)
+        if plan is not None and not self.is_running():
+            self.message.show_lines([])  # a banner about the last attempt ("no plan", a failed run) is stale now
         self.micro_batches_spin.setSpecialValueText(
             f"Plan's ({plan.micro_batches})" if plan is not None else "Plan's")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import msgspec
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
@@ -348,3 +349,25 @@ def test_send_stage_weights_ships_each_agent_its_slice_and_runs_from_it(qtbot, t
         coordinator.close()
         for a in agents:
             a.close()
+
+
+def test_a_failed_runs_banner_goes_when_a_new_plan_is_made(qtbot, state, run_data):
+    problem, plan, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0, fail_after=20))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    assert panel.message.isVisibleTo(panel)
+    state.set_plan(msgspec.structs.replace(plan, micro_batches=plan.micro_batches + 1))
+    assert not panel.message.isVisibleTo(panel)
+    assert panel.status_label.text() == "Run failed."  # the outcome itself stays
+    panel.shutdown()
+
+
+def test_the_no_cluster_banner_goes_when_a_cluster_is_attached(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = RunPanel(state, backend=None)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.start_run()
+    assert "No cluster to run on" in panel.message.text() and panel.message.isVisibleTo(panel)
+    panel.set_backend(PacedBackend(events, tokens, speed=20.0))
+    assert not panel.message.isVisibleTo(panel)
