@@ -27,7 +27,9 @@ def watch_lost_agents(coordinator, devices, state=None) -> LostAgentBridge:
     bridge = LostAgentBridge(devices)
 
     def mark_offline(device: str) -> None:
-        devices.set_status(device, "offline", "the agent stopped answering heartbeats: restart it or redeploy")
+        control = devices.control_of(device)
+        advice = getattr(control, "offline_advice", "restart it or redeploy")  # the demo's agents cannot be restarted
+        devices.set_status(device, "offline", f"the agent stopped answering heartbeats: {advice}")
         if state is not None:
             state.log(f"{device}: agent stopped answering (offline)", "warning")
 

@@ -181,12 +181,15 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
 class LocalAgentControl:
     """Agent actions on the demo's local processes (what SSH does for real devices)."""
 
+    offline_advice = "restart the studio with --demo to get a fresh cluster"
+    """What a lost demo agent's row says (the same as Start's refusal: one piece of advice, not two)."""
+
     def __init__(self, parts: DemoParts) -> None:
         self.parts = parts
 
     def start_agent(self, reporter: Reporter, device: str):
-        raise EdgeShardError(f"{device}: a stopped demo agent cannot be restarted on its own; restart the studio "
-                             "with --demo to get a fresh cluster")
+        raise EdgeShardError(f"{device}: a stopped demo agent cannot be restarted on its own; "
+                             f"{self.offline_advice}")
 
     def stop_agent(self, reporter: Reporter, device: str):
         import signal

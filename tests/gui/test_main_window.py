@@ -285,3 +285,29 @@ def test_a_second_agents_file_marks_the_agents_it_replaces_and_warns(window, qtb
         assert records["solo"].status == "not in use"
         assert any(level == "warning" and "no longer used: solo" in text for level, text in logged)
         window.close()
+
+
+def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtbot, tmp_path):
+    import os
+    import signal
+
+    from core.devices.local_cluster import LocalCluster
+    from core.runs.coordinator import Coordinator
+    from gui.agents_connection import attach
+    from gui.demo import DemoParts, LocalAgentControl
+
+    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
+        parts = DemoParts(workdir=tmp_path, cluster=cluster)
+        parts.coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=10.0)
+        parts.coordinator.open()
+        try:
+            statuses = parts.coordinator.wait_ready(30.0)
+            attach(window, parts.coordinator, statuses, origin="local cluster", agent_control=LocalAgentControl(parts))
+            os.kill(cluster.pid_of("solo"), signal.SIGKILL)
+            records = window.screens.devices.registry.records
+            qtbot.waitUntil(lambda: records["solo"].status == "offline", timeout=20_000)
+            assert "restart the studio with --demo" in records["solo"].detail
+            assert "redeploy" not in records["solo"].detail
+        finally:
+            parts.coordinator.close()
+        window.close()
