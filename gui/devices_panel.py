@@ -150,6 +150,7 @@ class DevicesPanel(QWidget):
         self._fill_table()
         if self.state.profile is None:  # before profiling, the cluster screen shows the devices as found
             self.state.set_cluster(self.registry.cluster())
+        self.state.set_offline(self.registry.offline())
         self.records_changed.emit()
 
     def selected_ids(self) -> list[str]:

@@ -119,9 +119,22 @@ class MainWindow(QMainWindow):
         self.model_label.setToolTip("The model being planned and run")
         self.connection_label = QLabel(f"● {self.state.connection}")
         self.connection_label.setToolTip("Connection to the device agents")
-        for w in (self.workspace_label, self.model_label, self.connection_label):
+        self.offline_label = QLabel()
+        self.offline_label.setObjectName("offlineDevices")
+        self.offline_label.setStyleSheet("color: #c62828; font-weight: bold")
+        self.offline_label.setVisible(False)
+        for w in (self.offline_label, self.workspace_label, self.model_label, self.connection_label):
             w.setContentsMargins(8, 0, 8, 0)
             sb.addPermanentWidget(w)
+        self.state.offline_changed.connect(self._show_offline)
+
+    def _show_offline(self, devices: tuple[str, ...]) -> None:
+        """Offline agents in the status bar, on every screen (the Devices screen says why)."""
+        shown = ", ".join(devices[:4]) + (f" +{len(devices) - 4}" if len(devices) > 4 else "")
+        self.offline_label.setText(f"⚠ Offline: {shown}" if devices else "")
+        self.offline_label.setToolTip("Agents that stopped answering or vanished from the network: "
+                                      + ", ".join(devices) + ". See the Devices screen.")
+        self.offline_label.setVisible(bool(devices))
 
     def _action(self, menu, text: str, slot, shortcut=None, tip: str = "") -> QAction:
         a = QAction(text, self)

@@ -24,6 +24,8 @@ class StudioState(QObject):
     plan_changed = Signal(object)
     model_changed = Signal(str)
     connection_changed = Signal(str)
+    offline_changed = Signal(object)
+    """tuple[str, ...]: the devices now offline."""
     log_added = Signal(str, str)
     """(level, text): level is "info", "warning" or "error"."""
 
@@ -38,6 +40,7 @@ class StudioState(QObject):
         self.model_path: str = ""
         """Checkpoint directory of the selected model, when it can be run."""
         self.connection: str = "not connected"
+        self.offline_devices: tuple[str, ...] = ()
         self.live_run_ids: set[int] = set()
         """Runs being recorded right now: a stored "running" run not in here was interrupted."""
 
@@ -50,6 +53,11 @@ class StudioState(QObject):
         if cluster != self.cluster:
             self.cluster = cluster
             self.cluster_changed.emit(cluster)
+
+    def set_offline(self, devices: tuple[str, ...]) -> None:
+        if tuple(devices) != self.offline_devices:
+            self.offline_devices = tuple(devices)
+            self.offline_changed.emit(self.offline_devices)
 
     def set_model(self, name: str, path: str = "") -> None:
         self.model_path = path or self.model_path

@@ -91,6 +91,11 @@ class DeviceRegistry:
             return None
         return self.upsert(replace(self.records[device], status=status, detail=detail))
 
+    def offline(self) -> tuple[str, ...]:
+        """Devices known to be offline (mDNS silent, or an agent that stopped answering
+        heartbeats): the status bar lists them, planning must not count on them."""
+        return tuple(r.id for r in self.sorted() if r.status == "offline")
+
     def sorted(self) -> list[DeviceRecord]:
         return [self.records[d] for d in sorted(self.records)]
 

@@ -160,9 +160,24 @@ def test_a_killed_agent_shows_as_offline_on_the_devices_screen(window, qtbot, tm
         assert devices.registry.records["duo"].status == "running"
         os.kill(cluster.pid_of("duo"), signal.SIGKILL)
         qtbot.waitUntil(lambda: devices.registry.records["duo"].status == "offline", timeout=20_000)
+        assert window.offline_label.text() == "⚠ Offline: duo"
         assert "stopped answering" in devices.registry.records["duo"].detail
         assert devices.registry.records["solo"].status == "running"  # the live one is untouched
         window.close()
+
+
+def test_the_status_bar_lists_offline_agents_and_clears_when_they_return(window, qtbot):
+    from core.devices.registry import DeviceRecord
+
+    devices = window.screens.devices
+    devices.upsert(DeviceRecord(id="edge-a", status="running"))
+    devices.upsert(DeviceRecord(id="edge-b", status="running"))
+    assert not window.offline_label.isVisible()
+    devices.set_status("edge-b", "offline", "the agent stopped answering heartbeats")
+    assert window.offline_label.isVisible() and "edge-b" in window.offline_label.text()
+    assert "edge-a" not in window.offline_label.text()
+    devices.set_status("edge-b", "running")
+    assert not window.offline_label.isVisible()
 
 
 def test_a_bad_agents_file_is_a_dialog_not_a_traceback(window, qtbot, tmp_path):

@@ -69,3 +69,14 @@ def test_an_agent_deployed_earlier_is_known_from_its_deployment():
                                                   remote_dir="/home/edge/edgeshard", pid=4242, log_path="/tmp/a.log"))
     assert (rec.status, rec.origin, rec.address, rec.ssh_port) == ("agent deployed", "deployed earlier", "10.0.0.9", 2222)
     assert "4242" in rec.detail and "/tmp/a.log" in rec.detail
+
+
+def test_offline_lists_only_the_devices_marked_offline():
+    from core.devices.registry import DeviceRecord, DeviceRegistry
+
+    reg = DeviceRegistry()
+    for d in ("b", "a", "c"):
+        reg.upsert(DeviceRecord(id=d, status="running"))
+    reg.set_status("c", "offline", "stopped answering heartbeats")
+    reg.set_status("a", "offline")
+    assert reg.offline() == ("a", "c")
