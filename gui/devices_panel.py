@@ -40,7 +40,7 @@ from core.devices.registry import DeviceRecord, DeviceRegistry, record_from_depl
 from core.reporting import Reporter
 from gui.app import theme_colors
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, panel_header
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
 class AgentControl(Protocol):
@@ -106,6 +106,11 @@ class DevicesPanel(QWidget):
         self.log_button = self._button("Agent log", "Show the last lines of the selected agent's log", lambda: self._agent_action("log"))
         for b in (self.discover_button, self.add_button, self.deploy_button, self.start_button, self.stop_button, self.log_button):
             bar.addWidget(b)
+        say_why_disabled({
+            self.deploy_button: "select one or more devices in the table first",
+            self.stop_button: "select one device whose agent this studio started (deployed or demo)",
+            self.log_button: "select one device whose agent this studio started (deployed or demo)",
+        })
         bar.addStretch(1)
         lay.addLayout(bar)
         self.table = QTableWidget(0, len(COLUMNS))

@@ -49,7 +49,7 @@ from gui import planning_tasks
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.unit_strip import UnitStripView
-from gui.widgets import InlineMessage, MetricCard, panel_header, show_error
+from gui.widgets import InlineMessage, MetricCard, panel_header, say_why_disabled, show_error
 from gui.workers import TaskRunner
 
 
@@ -273,6 +273,12 @@ class PlanEditorPanel(QWidget):
         self.compare_button.clicked.connect(self.compare)
         form.addRow(self.solve_button)
         form.addRow(self.compare_button)
+        no_profile = "no profile yet: Devices ▸ Profile cluster (Ctrl+P) or File ▸ Load profile…"
+        say_why_disabled({self.solve_button: no_profile, self.compare_button: no_profile,
+                          self.add_button: no_profile + "; or every device already runs a stage",
+                          self.remove_button: "select a stage (click it in the strip); the first stage stays",
+                          self.load_button: no_profile, self.save_button: "no plan yet: Auto-solve or load one",
+                          self.undo_button: "nothing to undo", self.redo_button: "nothing to redo"})
         self.solve_progress = QProgressBar()
         self.solve_progress.setRange(0, 0)
         self.solve_progress.setMaximumHeight(10)

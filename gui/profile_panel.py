@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QV
 from core.devices.profile import Profile
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, panel_header
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
 
@@ -58,6 +58,7 @@ class ProfilePanel(QWidget):
         self.save_button.setToolTip("Save this profile for `edgeshard plan --profile` and later sessions")
         self.save_button.setAccessibleName("Save profile")
         self.save_button.clicked.connect(self._on_save_clicked)
+        say_why_disabled({self.save_button: "no profile yet: profile the cluster or load a profile first"})
         bar.addWidget(self.profile_button)
         bar.addWidget(self.cancel_button)
         bar.addWidget(self.load_button)

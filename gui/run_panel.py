@@ -27,7 +27,7 @@ from core.errors import RunFailed
 from core.reporting import Cancelled, Reporter
 from gui.event_bridge import EventBridge
 from gui.run_monitor_view import RunMonitorView
-from gui.widgets import InlineMessage, panel_header
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
 MODES = RUN_MODES
@@ -215,6 +215,7 @@ class RunPanel(QWidget):
         self.stop_button.setToolTip("Stop the run (Esc); what was produced so far is kept")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_run)
+        say_why_disabled({self.stop_button: "no run in progress"})
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.start_run)
         QShortcut(QKeySequence("Escape"), self, activated=self.stop_run)
 

@@ -22,7 +22,7 @@ from core.sessions.replay import Replay
 from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
 from gui.run_comparison import RunComparisonView, load_comparison
 from gui.run_monitor_view import RunMonitorView
-from gui.widgets import InlineMessage, panel_header
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
@@ -226,6 +226,9 @@ class SessionsPanel(QWidget):
         self.export_button.setAccessibleName("Export run")
         self.export_button.setToolTip("Export the run's trace (Perfetto JSON or CSV), plan or profile")
         self.export_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        say_why_disabled({self.open_button: "select one run in the list first",
+                          self.play_button: "open a run first (select it, then Open or Enter)",
+                          self.export_button: "open a run first (select it, then Open or Enter)"})
         menu = QMenu(self.export_button)
         menu.addAction("Trace (Perfetto / chrome://tracing JSON, or CSV)…", lambda: self.export_dialog("trace"))
         menu.addAction("Plan…", lambda: self.export_dialog("plan"))

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushB
                                QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent
+from gui.widgets import say_why_disabled
 
 KINDS = ("compute", "send", "recv_wait")
 PHASES = ("prefill", "decode")
@@ -585,6 +586,7 @@ class TimelineView(QWidget):
         self.predicted_check.setToolTip("Draw the simulator's prediction for the same plan as ghost boxes "
                                         "under the measured ones, with each stage's error in %")
         self.predicted_check.setEnabled(False)
+        say_why_disabled({self.predicted_check: "no prediction for this run: it needs the plan's profile"})
         self.predicted_check.toggled.connect(self._on_predicted_check_toggled)
         self.fit_button = QPushButton("Fit")
         self.fit_button.setAccessibleName("Fit timeline")

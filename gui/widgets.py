@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMessageBox, QVBoxLayout, QWidget
 
 from core.errors import EdgeShardError
@@ -92,3 +92,34 @@ def show_error(parent: QWidget | None, title: str, err: BaseException | str, wha
         box.setInformativeText(what_to_do)
     box.setObjectName("errorDialog")
     box.open()
+
+
+UNAVAILABLE = "\nUnavailable: "
+
+
+class _DisabledReason(QObject):
+    """Keeps ``UNAVAILABLE + why`` at the end of a widget's tooltip while it is disabled,
+    whoever disables it or rewrites its tooltip."""
+
+    def __init__(self, widget: QWidget, why: str) -> None:
+        super().__init__(widget)
+        self.why = why
+        widget.installEventFilter(self)
+        self._apply(widget)
+
+    def eventFilter(self, obj, event) -> bool:
+        if event.type() in (QEvent.EnabledChange, QEvent.ToolTipChange):
+            self._apply(obj)
+        return False
+
+    def _apply(self, w: QWidget) -> None:
+        base = w.toolTip().split(UNAVAILABLE)[0]
+        tip = base if w.isEnabled() else base + UNAVAILABLE + self.why
+        if tip != w.toolTip():
+            w.setToolTip(tip)
+
+
+def say_why_disabled(reasons: dict[QWidget, str]) -> None:
+    """Disabled controls say why in their tooltip (and what to do), not only what they would do."""
+    for widget, why in reasons.items():
+        _DisabledReason(widget, why)

@@ -1,0 +1,47 @@
+"""Disabled controls say why in their tooltip (issue item 7)."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QAbstractButton
+
+from gui import app as studio_app
+from gui.main_window import MainWindow
+from gui.widgets import UNAVAILABLE
+
+EXPLAINED_ALREADY = {"Start agent", "Profile cluster", "Compare"}
+"""Buttons whose whole tooltip is already the reason (set by their screen as the state changes)."""
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))
+    studio_app.create_app()
+    w = MainWindow()
+    qtbot.addWidget(w)
+    yield w
+    w.close()
+
+
+def test_every_disabled_button_of_a_fresh_window_says_why(window):
+    silent = []
+    for name, screen in window.screens.titled():
+        if name == "Experiments":
+            continue
+        for b in screen.findChildren(QAbstractButton):
+            text = b.text()
+            if not b.isEnabled() and text and text not in EXPLAINED_ALREADY and UNAVAILABLE not in b.toolTip():
+                silent.append(f"{name}: {text}")
+    assert silent == []
+
+
+def test_the_reason_goes_when_the_button_is_enabled_and_returns_when_disabled(window):
+    stop = window.screens.run.stop_button
+    assert stop.toolTip().endswith(UNAVAILABLE + "no run in progress")
+    stop.setEnabled(True)
+    assert UNAVAILABLE not in stop.toolTip() and stop.toolTip().startswith("Stop the run")
+    stop.setEnabled(False)
+    assert stop.toolTip().count(UNAVAILABLE) == 1
