@@ -57,6 +57,9 @@ def fmt_mbit(v: float) -> str:
     return f"{v / 1000:.1f} Gbit/s" if v >= 1000 else f"{v:.0f} Mbit/s" if v >= 10 else f"{v:.2f} Mbit/s"
 
 
+LINK_LABEL_Z = 5
+"""Link labels sit above the link lines (z 0) and their midpoint markers."""
+
 class ClusterPanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -90,6 +93,8 @@ class ClusterPanel(QWidget):
         lay.addWidget(split, 1)
         self.node_tips: dict[str, str] = {}
         self.link_tips: dict[tuple[str, str], str] = {}
+        self.link_labels: list[pg.TextItem] = []
+        """The bandwidth label of each drawn link (on a chip above the line, not struck through by it)."""
         state.cluster_changed.connect(lambda _c: self.refresh())
         state.profile_changed.connect(lambda _p: self.refresh())
         self.refresh()
@@ -101,6 +106,7 @@ class ClusterPanel(QWidget):
         style_plot(self.heatmaps)
         self.node_tips.clear()
         self.link_tips.clear()
+        self.link_labels.clear()
         cluster = self.state.cluster
         if cluster is None or not cluster.devices:
             self.summary.setText("No cluster yet: discover devices on the Devices screen, or load a profile (Ctrl+Shift+P).")
@@ -145,9 +151,12 @@ class ClusterPanel(QWidget):
                 self.link_tips[(ids[i], ids[j])] = tip
                 mids.append(((x0 + x1) / 2, (y0 + y1) / 2))
                 mid_tips.append(tip)
-                label = pg.TextItem(fmt_mbit(best), color=c["muted"], anchor=(0.5, 1.2))
+                # a chip of the background colour above the line: a diagonal line no longer strikes through the text
+                label = pg.TextItem(fmt_mbit(best), color=c["muted"], anchor=(0.5, 1.2), fill=pg.mkBrush(c["base"]))
+                label.setZValue(LINK_LABEL_Z)
                 label.setPos((x0 + x1) / 2, (y0 + y1) / 2)
                 self.graph.addItem(label)
+                self.link_labels.append(label)
         if mids:
             self.graph.addItem(pg.ScatterPlotItem(
                 pos=mids, size=9, brush=pg.mkBrush(c["base"]), pen=pg.mkPen(c["muted"]), data=mid_tips,

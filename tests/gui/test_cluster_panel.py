@@ -38,3 +38,19 @@ def test_panel_shows_every_device_and_link_figure_on_hover_text(qtbot):
     assert set(panel.node_tips) == {"phone", "laptop", "server"}
     assert "memory 16.0 GiB" in panel.node_tips["server"] and "cuda:RTX 3090" in panel.node_tips["server"]
     assert panel.link_tips[("phone", "laptop")].startswith("phone → laptop: 100 Mbit/s, 2.0 ms")
+
+
+def test_link_labels_sit_on_a_chip_above_the_lines_not_struck_through(qtbot):
+    import pyqtgraph as pg
+    from PySide6.QtCore import Qt
+
+    state = StudioState()
+    panel = ClusterPanel(state)
+    qtbot.addWidget(panel)
+    state.set_cluster(make_problem().profile.cluster)
+    assert len(panel.link_labels) == 3
+    lines = [i for i in panel.graph.items() if isinstance(i, pg.PlotCurveItem)]
+    assert lines
+    for label in panel.link_labels:
+        assert label.fill.style() != Qt.BrushStyle.NoBrush
+        assert label.zValue() > max(line.zValue() for line in lines)
