@@ -23,7 +23,7 @@ import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
 from PySide6.QtCore import QEvent, QLineF, QPointF, QRect, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QCursor, QPainter, QPalette, QPen
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolTip,
                                QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent
@@ -597,6 +597,9 @@ class TimelineView(QWidget):
         self.legend_label.setAccessibleName("Timeline legend")
         self.legend_label.setToolTip("Colour = micro-batch; hatched = prefill; thin lower box = transfer; "
                                      "grey = waiting for input")
+        # a legend that grows with the micro-batches seen must not widen the view's minimum: in the
+        # Run screen's splitter that pushed the settings pane aside when a run ended (the page jumped)
+        self.legend_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
         bar = QHBoxLayout()
         bar.setContentsMargins(4, 2, 8, 2)

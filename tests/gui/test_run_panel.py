@@ -371,3 +371,22 @@ def test_the_no_cluster_banner_goes_when_a_cluster_is_attached(qtbot, state, run
     assert "No cluster to run on" in panel.message.text() and panel.message.isVisibleTo(panel)
     panel.set_backend(PacedBackend(events, tokens, speed=20.0))
     assert not panel.message.isVisibleTo(panel)
+
+
+def test_the_run_page_does_not_move_when_a_run_ends(qtbot, state, run_data):
+    from PySide6.QtWidgets import QSplitter
+
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=1.0))
+    panel.show()
+    qtbot.waitExposed(panel)
+    splitter = panel.findChild(QSplitter)
+    done = []
+    panel.run_finished.connect(done.append)
+    panel.start_run()
+    qtbot.wait(20)  # laid out as the run starts, before its micro-batches are seen
+    during = splitter.sizes()
+    qtbot.waitUntil(lambda: done == ["completed"], timeout=20_000)
+    qtbot.wait(50)
+    assert splitter.sizes() == during
+    panel.shutdown()
