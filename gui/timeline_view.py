@@ -23,7 +23,7 @@ import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
 from PySide6.QtCore import QEvent, QLineF, QPointF, QRect, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QCursor, QPainter, QPalette, QPen
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolTip,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
                                QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent
@@ -599,7 +599,8 @@ class TimelineView(QWidget):
                                      "grey = waiting for input")
         # a legend that grows with the micro-batches seen must not widen the view's minimum: in the
         # Run screen's splitter that pushed the settings pane aside when a run ended (the page jumped)
-        self.legend_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # (its preferred width is used where there is room; it shrinks, clipped, only where there is not)
+        self.legend_label.setMinimumWidth(40)
 
         bar = QHBoxLayout()
         bar.setContentsMargins(4, 2, 8, 2)

@@ -389,4 +389,5 @@ def test_the_run_page_does_not_move_when_a_run_ends(qtbot, state, run_data):
     qtbot.waitUntil(lambda: done == ["completed"], timeout=20_000)
     qtbot.wait(50)
     assert splitter.sizes() == during
+    assert panel.monitor.timeline.legend_label.width() > 100  # the legend still shows (it only stopped pushing)
     panel.shutdown()
