@@ -24,6 +24,7 @@ from core.devices.discovery import (
     select_interfaces,
 )
 
+from agents.protocol import PROTOCOL_VERSION
 from tests.core.conftest import SESSION_DEVICES, SESSION_SUBNET, needs_root
 
 D1, D2, D3 = SESSION_DEVICES
@@ -239,13 +240,14 @@ def test_service_published_by_avahi_daemon_is_discovered(testbed, avahi_peer):
 
 
 def test_agent_registration_is_visible_to_avahi_browse(testbed, avahi_peer):
-    dev = testbed.device(D3)
-    with _Registration(dev.namespace, dev.address, "agent", D3, port=47111):
+    # A name of its own: the session's agents may already announce D3 (avahi would rename ours).
+    dev, name = testbed.device(D3), f"{D3}-extra"
+    with _Registration(dev.namespace, dev.address, "agent", name, port=47111):
         out = avahi_peer.browse("_edgeshard._tcp")
     resolved = [line.split(";") for line in out.splitlines() if line.startswith("=")]
-    assert any(r[3] == D3 and r[7] == dev.address and r[8] == "47111" for r in resolved), out
-    txt = next(r[9] for r in resolved if r[3] == D3)
-    assert '"port=47111"' in txt and '"proto=1"' in txt
+    assert any(r[3] == name and r[7] == dev.address and r[8] == "47111" for r in resolved), out
+    txt = next(r[9] for r in resolved if r[3] == name)
+    assert '"port=47111"' in txt and f'"proto={PROTOCOL_VERSION}"' in txt
 
 
 def test_cli_discover_lists_the_testbed_devices_as_json(testbed, capsys):
