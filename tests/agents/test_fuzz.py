@@ -116,9 +116,6 @@ def test_fuzzed_control_frames_never_make_an_agent_deaf(cluster, tiny_llama_dir)
     assert sent >= 3000
 
 
-@pytest.mark.skip(reason="hangs since the coordinator split (7ab39f4): runs now end before the fuzzer has sent its "
-                         "frames and its sender then blocks on a stage that reads no data between runs; the test's "
-                         "flow must follow the run, see the closing note of the stop that landed 7ab39f4")
 def test_fuzzed_data_frames_during_runs_are_dropped_and_the_run_is_exact(cluster, tiny_llama_dir):
     co, agents, keys, plan, reference = cluster
     mutate = Mutator(seed=2)
@@ -128,13 +125,17 @@ def test_fuzzed_data_frames_during_runs_are_dropped_and_the_run_is_exact(cluster
         for batch in range(BATCHES):
             # the source hears "from b", stage 1 "from a": the keys the plan allows
             target, sender = (agents["a"], agents["b"]) if batch % 2 == 0 else (agents["b"], agents["a"])
-            sock = _push(ctx, sender, target)
             co.load(plan, tiny_llama_dir)
             result: dict = {}
             runner = threading.Thread(target=lambda: result.update(r=co.run(plan, _request(40))))
             runner.start()
+            deadline = time.monotonic() + 30
             while not target._run_id or target._state is not AgentState.RUNNING:
+                assert time.monotonic() < deadline, "the run never started on the target"
                 time.sleep(0.005)
+            # Connected once the plan is loaded: a load first allows no peer (the gate refuses the
+            # handshake and libzmq drops the pipe, after which a PUSH blocks for ever).
+            sock = _push(ctx, sender, target)
             seeds = data_seeds(target._run_id, HIDDEN) + data_seeds("old-run", HIDDEN)
             for i in range(FRAMES_PER_BATCH):
                 frames = list(mutate.rng.choice(seeds))
@@ -145,7 +146,8 @@ def test_fuzzed_data_frames_during_runs_are_dropped_and_the_run_is_exact(cluster
                     frames[1] = frames[1][: len(frames[1]) // 2]
                 elif where == 2:
                     frames = frames + [b"extra"] * mutate.rng.randint(1, 5)
-                sock.send_multipart(frames)
+                assert sock.poll(10_000, zmq.POLLOUT), "the agent's data socket stopped taking frames"
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
                 sent += 1
             runner.join(timeout=60)
             assert not runner.is_alive()
