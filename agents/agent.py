@@ -57,6 +57,7 @@ from agents.protocol import (
     AgentEvent,
     AgentState,
     AgentStatus,
+    PHASE_REQUESTS,
     AttendHeads,
     ComputeStrip,
     HeadsAttended,
@@ -484,6 +485,12 @@ class Agent:
                 self._reply_error(identity, req, "bad_state", f"cannot attend while {self._state}")
                 return
             self._work.put(("AttendHeads", msg, None))
+        elif isinstance(msg, PHASE_REQUESTS):
+            if self._state is not AgentState.READY:
+                self._reply_error(identity, req, "bad_state", f"cannot serve {msg.type_name()} while {self._state}: "
+                                                              "load an epd-* stage first")
+                return
+            self._work.put(("phase", msg, None))
         elif isinstance(msg, ComputeStrip):
             if self._state in (AgentState.RUNNING, AgentState.LOADING):
                 self._reply_error(identity, req, "bad_state", f"cannot compute a strip while {self._state}")
@@ -574,6 +581,8 @@ class Agent:
                     self._post(self._compute_strip(msg))
                 elif kind == "AttendHeads":
                     self._post(self._attend_heads(msg))
+                elif kind == "phase":
+                    self._post(self._serve_phase(msg))
                 elif kind == "MeasureLink":
                     from agents import profiler
 
@@ -661,6 +670,27 @@ class Agent:
             time.sleep((self.emulation.compute_slowdown - 1.0) * took)
         return HeadsAttended(req=msg.req, shape=tuple(out.shape), data=out.numpy().tobytes(), t_start=t_start,
                              t_end=self.clock())
+
+    def _serve_phase(self, msg):
+        """EPD (agents.phases): the loaded phase executor serves the request; a request it cannot
+        serve (wrong phase, bad shapes) is refused by name and the agent stays ready. Compute is
+        slowed like a stage's on an emulated device."""
+        loaded = self._loaded
+        serve = getattr(loaded.executor, "serve", None) if loaded is not None else None
+        if serve is None:
+            return ErrorReply(req=msg.req, code="bad_state",
+                              message=f"this agent's stage ({loaded.msg.kind if loaded else 'none'}) serves no phase "
+                                      f"requests: load an epd-* stage")
+        t0 = time.perf_counter()
+        try:
+            reply = serve(msg, clock=self.clock)
+        except ValueError as err:  # agents.phases.PhaseRequestError and the checkpoint's own checks
+            return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
+        took = time.perf_counter() - t0
+        if self.emulation.compute_slowdown > 1.0:
+            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
+            reply = msgspec.structs.replace(reply, t_end=self.clock())
+        return reply
 
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's

@@ -81,3 +81,18 @@ def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str,
 
 
 register_executor("expert-offload", expert_offload_executor)
+
+
+def _phase(name: str):
+    def factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+        from agents import phases
+
+        return getattr(phases, f"{name}_executor")(model_dir, start, end, dtype=dtype, threads=threads,
+                                                   progress=progress)
+
+    factory.__doc__ = f"EPD (agents.phases): the {name} phase of a Llava checkpoint, served by phase requests."
+    return factory
+
+
+for _name in ("encode", "prefill", "decode"):
+    register_executor(f"epd-{_name}", _phase(_name))

@@ -591,11 +591,89 @@ class HeadsAttended(_Msg, frozen=True, tag="heads_attended"):
     t_end: float
 
 
+MAX_RNG_STATE = 1 << 14
+"""Bytes of a sampling generator's state (torch's CPU mt19937 state is 5056)."""
+
+
+class EncodeTiles(_Msg, frozen=True, tag="encode_tiles"):
+    """EPD encode (agents.phases): run the vision tower and projector over tiles ``tiles`` of
+    request ``request`` (float32 N×3×T×T, raw bytes, never pickled). Answered by ``TilesEncoded``."""
+
+    request: int
+    tiles: tuple[int, ...]
+    shape: tuple[int, ...]
+    data: bytes
+
+
+class TilesEncoded(_Msg, frozen=True, tag="tiles_encoded"):
+    """The tiles' multimodal tokens (float32 N×S×H), with when they ran on the agent's clock."""
+
+    request: int
+    tiles: tuple[int, ...]
+    shape: tuple[int, ...]
+    data: bytes
+    t_start: float
+    t_end: float
+
+
+class PrefillPrompt(_Msg, frozen=True, tag="prefill_prompt"):
+    """EPD prefill: ``input_ids`` with one ``<image>`` per row of ``mm`` (float32 M×H multimodal
+    tokens in prompt order); build the KV cache and pick the first token. Answered by
+    ``PromptPrefilled``."""
+
+    request: int
+    input_ids: tuple[int, ...]
+    mm_shape: tuple[int, ...] = ()
+    mm: bytes = b""
+    """Empty for a text-only prompt."""
+    sampling: SamplingSpec = SamplingSpec()
+
+
+class PromptPrefilled(_Msg, frozen=True, tag="prompt_prefilled"):
+    """The first token, the KV cache (float32 [layers, 2, kv heads, tokens, head dim]) and the
+    sampling generator's state after the first draw (decode goes on from it)."""
+
+    request: int
+    token: int
+    kv_shape: tuple[int, ...]
+    kv: bytes
+    rng: bytes
+    t_start: float
+    t_end: float
+
+
+class DecodeTokens(_Msg, frozen=True, tag="decode_tokens"):
+    """EPD decode: from ``kv`` and the first token, generate up to ``max_new_tokens`` in all
+    (the first included), stopping after an eos. ``copies`` > 1 decodes that many copies as one
+    batch (profiling). Answered by ``TokensDecoded``."""
+
+    request: int
+    first_token: int
+    kv_shape: tuple[int, ...]
+    kv: bytes
+    max_new_tokens: int
+    sampling: SamplingSpec = SamplingSpec()
+    rng: bytes = b""
+    eos_token_ids: tuple[int, ...] = ()
+    copies: int = 1
+
+
+class TokensDecoded(_Msg, frozen=True, tag="tokens_decoded"):
+    """The tokens after the first, and when each decode step ended on the agent's clock."""
+
+    request: int
+    tokens: tuple[int, ...]
+    step_ends: tuple[float, ...]
+    t_start: float
+    t_end: float
+
+
 ControlMessage = Union[
     Ping, Pong, GetStatus, AgentStatus, LoadShard, Unload, StartRun, StopRun, GetLogs, Logs,
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
     RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights, ComputeStrip, StripComputed,
-    AttendHeads, HeadsAttended,
+    AttendHeads, HeadsAttended, EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens,
+    TokensDecoded,
 ]  # fmt: skip
 
 
@@ -810,8 +888,63 @@ def _attend_problem(msg: AttendHeads) -> str:
     return ""
 
 
+def _float_tensor_problem(name: str, shape: tuple[int, ...], data: bytes, dims: int) -> str:
+    if len(shape) != dims or any(not 1 <= d <= 1 << 20 for d in shape):
+        return f"{name} shape must be {dims} dims in [1, 1048576], got {list(shape)[:8]}"
+    if math.prod(shape) * 4 != len(data):
+        return f"{name} holds {len(data)} bytes, shape {list(shape)} needs {math.prod(shape) * 4} (float32)"
+    return ""
+
+
+def _sampling_problem(s: SamplingSpec) -> str:
+    if not _finite(s.temperature, 0, 100) or not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
+        return "sampling.temperature must be in [0, 100] and sampling.top_p in (0, 1]"
+    if s.top_k < 0 or not 0 <= s.seed < 1 << 63:
+        return "sampling.top_k must be >= 0 and sampling.seed in [0, 2**63)"
+    return ""
+
+
+def _phase_problem(msg) -> str:
+    """EPD's phase requests and replies: ids in range, every tensor's bytes match its shape."""
+    if not 0 <= msg.request < 1 << 63:
+        return "request must be in [0, 2**63)"
+    if isinstance(msg, (EncodeTiles, TilesEncoded)):
+        if not msg.tiles or len(msg.tiles) != (msg.shape[0] if msg.shape else -1) or not all(
+                0 <= t < 1 << 16 for t in msg.tiles):
+            return f"tiles must name one tile index in [0, 65536) per row of the tensor, got {list(msg.tiles)[:8]}"
+        return _float_tensor_problem("tiles" if isinstance(msg, EncodeTiles) else "tokens", msg.shape, msg.data,
+                                     4 if isinstance(msg, EncodeTiles) else 3)
+    if isinstance(msg, PrefillPrompt):
+        if not 1 <= len(msg.input_ids) <= 1 << 16 or not all(0 <= i < 1 << 31 for i in msg.input_ids):
+            return "input_ids must be 1..65536 token ids in [0, 2**31)"
+        mm = _float_tensor_problem("mm", msg.mm_shape, msg.mm, 2) if msg.mm_shape or msg.mm else ""
+        return mm or _sampling_problem(msg.sampling)
+    if isinstance(msg, (PromptPrefilled, DecodeTokens)):
+        token = msg.token if isinstance(msg, PromptPrefilled) else msg.first_token
+        if not 0 <= token < 1 << 31 or len(msg.rng) > MAX_RNG_STATE:
+            return f"token must be in [0, 2**31) and rng at most {MAX_RNG_STATE} bytes"
+        problem = _float_tensor_problem("kv", msg.kv_shape, msg.kv, 5)
+        if problem or isinstance(msg, PromptPrefilled):
+            return problem
+        if not 1 <= msg.max_new_tokens <= MAX_NEW_TOKENS or not 1 <= msg.copies <= MAX_ROWS:
+            return f"max_new_tokens must be in [1, {MAX_NEW_TOKENS}] and copies in [1, {MAX_ROWS}]"
+        if len(msg.eos_token_ids) > 64:
+            return "at most 64 eos_token_ids"
+        return _sampling_problem(msg.sampling)
+    if isinstance(msg, TokensDecoded):
+        if len(msg.tokens) != len(msg.step_ends) or len(msg.tokens) > MAX_NEW_TOKENS:
+            return "one step end per token, at most max_new_tokens"
+    return ""
+
+
+PHASE_MESSAGES = (EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens, TokensDecoded)
+PHASE_REQUESTS = (EncodeTiles, PrefillPrompt, DecodeTokens)
+
+
 def message_problem(msg: ControlMessage) -> str:
     """What is out of range in a decoded message ("" when nothing): the one semantic check."""
+    if isinstance(msg, PHASE_MESSAGES):
+        return _phase_problem(msg)
     if isinstance(msg, ComputeStrip):
         return _strip_problem(msg)
     if isinstance(msg, AttendHeads):

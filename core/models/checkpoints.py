@@ -165,6 +165,17 @@ def train_tokenizer(vocab_size: int, text_dir: Path = TEXT_DIR):
     )
 
 
+def new_model_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` created for a new checkpoint; ``FormatError`` if it is a file or holds a model."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FormatError(str(out), "exists and is not a directory")
+    if out.is_dir() and any(out.glob("*.safetensors*")):
+        raise FormatError(str(out), "already holds a model; choose an empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def make_model(recipe: ModelRecipe, out_dir: str | Path, reporter: Reporter | None = None) -> Path:
     """Write the checkpoint of ``recipe`` to ``out_dir`` (created; existing model files refused)."""
     import torch
@@ -172,12 +183,7 @@ def make_model(recipe: ModelRecipe, out_dir: str | Path, reporter: Reporter | No
 
     reporter = reporter or NullReporter()
     r = recipe.resolved()
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FormatError(str(out), "exists and is not a directory")
-    if out.is_dir() and any(out.glob("*.safetensors*")):
-        raise FormatError(str(out), "already holds a model; choose an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out = new_model_dir(out_dir)
     steps = 3
     reporter.status("training the tokenizer")
     reporter.progress(0, steps)

@@ -1,0 +1,308 @@
+"""Encode / prefill / decode disaggregation (EPD), the agent side: one executor per phase.
+
+A Llava checkpoint (CLIP vision tower + projector + Llama text model) is split by *phase*,
+not by layer: an **encode** agent holds only the vision tower and projector and turns image
+tiles into multimodal tokens; a **prefill** agent holds the text model, scatters those tokens
+into the prompt's embeddings at its ``<image>`` positions, builds the KV cache and picks the
+first token; a **decode** agent holds the text model too, receives that KV cache and
+generates the rest. Each executor reads only its own tensors from the checkpoint.
+
+Requests and replies are control messages (``EncodeTiles``/``TilesEncoded``,
+``PrefillPrompt``/``PromptPrefilled``, ``DecodeTokens``/``TokensDecoded`` in
+agents.protocol) with tensors as raw little-endian float32 bytes beside their shapes, never
+pickled. Sampling draws from a ``torch.Generator`` seeded once per request whose state
+travels with the KV cache (raw bytes), so prefill's first draw and decode's next draws are
+the single-process sequence. Stage kinds: ``epd-encode``, ``epd-prefill``, ``epd-decode``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agents.checkpoint_reader import CheckpointError, CheckpointReader, torch_dtype
+from agents.protocol import (
+    DecodeTokens,
+    EncodeTiles,
+    PrefillPrompt,
+    PromptPrefilled,
+    TilesEncoded,
+    TokensDecoded,
+)
+from agents.sampling import SamplingParams, sample
+
+KINDS = {"encode": "epd-encode", "prefill": "epd-prefill", "decode": "epd-decode"}
+"""Phase → stage kind (``LoadShard.kind``)."""
+
+
+class PhaseRequestError(ValueError):
+    """A phase request this executor cannot serve (wrong shapes, wrong phase): named in the reply."""
+
+
+def llava_config(model_dir: str | Path):
+    """The checkpoint's ``LlavaConfig`` (sdpa attention), or ``CheckpointError`` saying why not."""
+    from transformers import LlavaConfig
+
+    path = Path(model_dir)
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}/config.json: cannot be read: {err}") from None
+    if not isinstance(data, dict) or data.get("model_type") != "llava":
+        raise CheckpointError(f"{path}: not a Llava checkpoint (phase disaggregation runs Llava models)")
+    config = LlavaConfig.from_pretrained(str(path), local_files_only=True)
+    if config.text_config.model_type != "llama" or config.vision_config.model_type != "clip_vision_model":
+        raise CheckpointError(f"{path}: needs a CLIP vision tower and a Llama text model")
+    for c in (config, config.text_config, config.vision_config):
+        c._attn_implementation = "sdpa"
+    return config
+
+
+def _load(module, reader: CheckpointReader, prefix: str, dtype) -> None:
+    """Fill ``module`` from the checkpoint's tensors under ``prefix`` (every one must be there)."""
+    own = module.state_dict()
+    names = {prefix + k: k for k in own}
+    tensors = reader.read(sorted(names), dtype)
+    module.load_state_dict({names[n]: t for n, t in tensors.items()}, strict=True)
+
+
+VISION_PREFIXES = ("vision_tower.vision_model.", "vision_tower.", "model.vision_tower.vision_model.",
+                   "model.vision_tower.")
+PROJECTOR_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
+TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
+HEAD_PREFIXES = ("language_model.lm_head.", "lm_head.")
+"""Where Llava checkpoints keep each part: transformers 5 saves the first layout of each (the
+hub's Llava-1.5 files too); the ``model.*`` ones are the in-memory names some tools save."""
+
+
+def _prefix(reader: CheckpointReader, prefixes: tuple[str, ...], probe: str) -> str:
+    for p in prefixes:
+        if p + probe in reader:
+            return p
+    raise CheckpointError(f"{reader.model_dir}: no {probe!r} under any of {', '.join(prefixes)}")
+
+
+class _PhaseExecutor:
+    """What the shared stage loop would call: a phase executor is driven by phase requests instead."""
+
+    is_first = True
+    is_last = True
+    phase = ""
+
+    def prefill(self, group, x, attention_mask):
+        raise PhaseRequestError(f"a {KINDS[self.phase]} stage runs phase requests, not the layer pipeline")
+
+    decode = prefill
+
+    def drop(self, group: int) -> None:
+        pass
+
+    def memory_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for m in self._modules() for p in m.parameters())
+
+    def _modules(self):
+        return ()
+
+    def serve(self, msg, clock=time.time):
+        raise NotImplementedError
+
+
+class EncodeExecutor(_PhaseExecutor):
+    """The vision tower and projector only: tiles in, multimodal tokens out."""
+
+    phase = "encode"
+
+    def __init__(self, model_dir: str, start: int = 0, end: int = 1, *, dtype: str = "float32",
+                 threads: int | None = None, progress=None) -> None:
+        from transformers import CLIPVisionModel
+        from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
+
+        self.config = config = llava_config(model_dir)
+        self.dtype = torch_dtype(dtype)
+        reader = CheckpointReader(model_dir)
+        self.tower = CLIPVisionModel(config.vision_config)  # built on the CPU: non-persistent buffers initialised
+        self.projector = LlavaMultiModalProjector(config)
+        _load(self.tower, reader, _prefix(reader, VISION_PREFIXES, "embeddings.patch_embedding.weight"),
+              self.dtype)
+        _load(self.projector, reader, _prefix(reader, PROJECTOR_PREFIXES, "linear_1.weight"), self.dtype)
+        self.tower.eval()
+        self.projector.eval()
+        self.layer = config.vision_feature_layer
+        self.strategy = config.vision_feature_select_strategy
+        self.tile = config.vision_config.image_size
+        if progress:
+            progress(1.0)
+
+    def _modules(self):
+        return (self.tower, self.projector)
+
+    @torch.inference_mode()
+    def encode(self, tiles: torch.Tensor) -> torch.Tensor:
+        """N×3×T×T tiles → N×S×H multimodal tokens (Llava's ``get_image_features``, per tile)."""
+        if tiles.dim() != 4 or tuple(tiles.shape[1:]) != (3, self.tile, self.tile):
+            raise PhaseRequestError(f"tiles must be N×3×{self.tile}×{self.tile}, got {list(tiles.shape)}")
+        out = self.tower(tiles.to(self.dtype), output_hidden_states=True, return_dict=True)
+        h = out.hidden_states[self.layer]
+        if self.strategy == "default":
+            h = h[:, 1:]
+        return self.projector(h).float()
+
+    def serve(self, msg: EncodeTiles, clock=time.time) -> TilesEncoded:
+        if not isinstance(msg, EncodeTiles):
+            raise PhaseRequestError(f"an encode agent serves encode_tiles, not {msg.type_name()}")
+        t_start = clock()
+        out = self.encode(from_bytes(msg.shape, msg.data))
+        return TilesEncoded(req=msg.req, request=msg.request, tiles=msg.tiles, shape=tuple(out.shape),
+                            data=to_bytes(out), t_start=t_start, t_end=clock())
+
+
+class _TextExecutor(_PhaseExecutor):
+    """The Llama text model (embeddings, blocks, norm, head) of a Llava checkpoint."""
+
+    def __init__(self, model_dir: str, start: int = 0, end: int = 1, *, dtype: str = "float32",
+                 threads: int | None = None, progress=None) -> None:
+        from transformers import LlamaForCausalLM
+
+        self.config = config = llava_config(model_dir)
+        self.dtype = torch_dtype(dtype)
+        reader = CheckpointReader(model_dir)
+        self.lm = LlamaForCausalLM(config.text_config)
+        _load(self.lm.model, reader, _prefix(reader, TEXT_PREFIXES, "embed_tokens.weight"), self.dtype)
+        _load(self.lm.lm_head, reader, _prefix(reader, HEAD_PREFIXES, "weight"), self.dtype)
+        self.lm.eval()
+        self.image_token_id = int(config.image_token_id)
+        tc = config.text_config
+        self.kv_heads = int(tc.num_key_value_heads)
+        self.head_dim = int(getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads)
+        self.layers = int(tc.num_hidden_layers)
+        self.vocab = int(tc.vocab_size)
+        if progress:
+            progress(1.0)
+
+    def _modules(self):
+        return (self.lm,)
+
+
+class PrefillExecutor(_TextExecutor):
+    """Prompt + multimodal tokens → KV cache and the first token."""
+
+    phase = "prefill"
+
+    @torch.inference_mode()
+    def prefill_prompt(self, input_ids: list[int], mm: torch.Tensor, params: SamplingParams,
+                       generator: torch.Generator) -> tuple[int, torch.Tensor]:
+        """The first token and the KV cache as one tensor [layers, 2, kv_heads, L, head_dim]."""
+        from transformers import DynamicCache
+
+        ids = torch.tensor([input_ids], dtype=torch.long)
+        if int(ids.max()) >= self.vocab or int(ids.min()) < 0:
+            raise PhaseRequestError(f"token ids must be in [0, {self.vocab})")
+        slots = ids == self.image_token_id
+        n_image = int(slots.sum())
+        if mm.dim() != 2 or mm.shape[0] != n_image or mm.shape[1] != self.lm.config.hidden_size:
+            raise PhaseRequestError(f"the prompt has {n_image} <image> tokens of width {self.lm.config.hidden_size}; "
+                                    f"got multimodal tokens {list(mm.shape)}")
+        embeds = self.lm.get_input_embeddings()(ids)
+        embeds = embeds.masked_scatter(slots.unsqueeze(-1), mm.to(embeds.dtype))
+        cache = DynamicCache(config=self.lm.config)
+        out = self.lm(inputs_embeds=embeds, attention_mask=torch.ones_like(ids), cache=cache,
+                      use_cache=True, logits_to_keep=1)
+        token = int(sample(out.logits[:, -1], params, generator)[0])
+        kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
+        return token, kv
+
+    def serve(self, msg: PrefillPrompt, clock=time.time) -> PromptPrefilled:
+        if not isinstance(msg, PrefillPrompt):
+            raise PhaseRequestError(f"a prefill agent serves prefill_prompt, not {msg.type_name()}")
+        t_start = clock()
+        params = sampling_params(msg.sampling, 1)
+        generator = params.make_generator()
+        token, kv = self.prefill_prompt(list(msg.input_ids), from_bytes(msg.mm_shape, msg.mm), params, generator)
+        return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape),
+                               kv=to_bytes(kv), rng=generator.get_state().numpy().tobytes(), t_start=t_start,
+                               t_end=clock())
+
+
+class DecodeExecutor(_TextExecutor):
+    """KV cache + first token → the remaining tokens, one step at a time."""
+
+    phase = "decode"
+
+    @torch.inference_mode()
+    def decode_tokens(self, kv: torch.Tensor, first: int, max_new_tokens: int, params: SamplingParams,
+                      generator: torch.Generator, eos: tuple[int, ...] = (), copies: int = 1,
+                      clock=time.time) -> tuple[list[int], list[float]]:
+        """Tokens after ``first`` (at most ``max_new_tokens - 1``, stopping after an eos) and the
+        clock time each step ended. ``copies`` > 1 decodes that many copies of the sequence as one
+        batch (profiling a decode batch on real shapes); row 0's tokens are returned."""
+        from transformers import DynamicCache
+
+        expect = (self.layers, 2, self.kv_heads, kv.shape[3] if kv.dim() == 5 else 0, self.head_dim)
+        if kv.dim() != 5 or tuple(kv.shape) != expect or kv.shape[3] < 1:
+            raise PhaseRequestError(f"KV cache must be {list(expect)} (layers, k/v, kv heads, tokens, head dim), "
+                                    f"got {list(kv.shape)}")
+        if not 0 <= first < self.vocab:
+            raise PhaseRequestError(f"first token must be in [0, {self.vocab})")
+        cache = DynamicCache(config=self.lm.config)
+        for i in range(self.layers):
+            k = kv[i, 0].unsqueeze(0).expand(copies, -1, -1, -1).to(self.dtype).contiguous()
+            v = kv[i, 1].unsqueeze(0).expand(copies, -1, -1, -1).to(self.dtype).contiguous()
+            cache.update(k, v, i)
+        context = kv.shape[3]
+        tokens, ends = [], []
+        token = first
+        while len(tokens) + 1 < max_new_tokens and token not in eos:
+            ids = torch.full((copies, 1), token, dtype=torch.long)
+            mask = torch.ones(copies, context + len(tokens) + 1, dtype=torch.long)
+            out = self.lm(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+            token = int(sample(out.logits[:, -1], params, generator)[0])
+            tokens.append(token)
+            ends.append(clock())
+        return tokens, ends
+
+    def serve(self, msg: DecodeTokens, clock=time.time) -> TokensDecoded:
+        if not isinstance(msg, DecodeTokens):
+            raise PhaseRequestError(f"a decode agent serves decode_tokens, not {msg.type_name()}")
+        t_start = clock()
+        params = sampling_params(msg.sampling, msg.max_new_tokens)
+        generator = params.make_generator()
+        if msg.rng:
+            try:
+                generator.set_state(torch.frombuffer(bytearray(msg.rng), dtype=torch.uint8))
+            except (RuntimeError, ValueError) as err:
+                raise PhaseRequestError(f"rng state not usable here ({err})") from None
+        tokens, ends = self.decode_tokens(from_bytes(msg.kv_shape, msg.kv), msg.first_token, msg.max_new_tokens,
+                                          params, generator, tuple(msg.eos_token_ids), msg.copies, clock)
+        return TokensDecoded(req=msg.req, request=msg.request, tokens=tuple(tokens), step_ends=tuple(ends),
+                             t_start=t_start, t_end=clock())
+
+
+def sampling_params(spec, max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k, seed=spec.seed,
+                          max_new_tokens=max(1, max_new_tokens))
+
+
+def to_bytes(t: torch.Tensor) -> bytes:
+    """A tensor as raw little-endian float32 bytes (what travels; its shape travels beside it)."""
+    return t.detach().contiguous().float().numpy().astype("<f4", copy=False).tobytes()
+
+
+def from_bytes(shape, data: bytes) -> torch.Tensor:
+    """Raw float32 bytes back as a tensor of ``shape`` (sizes were checked at decode)."""
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(tuple(shape)).copy())
+
+
+def encode_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+    return EncodeExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
+
+
+def prefill_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+    return PrefillExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
+
+
+def decode_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+    return DecodeExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)

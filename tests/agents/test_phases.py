@@ -1,0 +1,136 @@
+"""EPD's phase executors in one process: encode → prefill → decode gives generate()'s tokens,
+split tiles (IRP) give the same tokens, each executor reads only its part, bad requests are
+refused by name, and phase messages carry only checked raw bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from agents.phases import DecodeExecutor, EncodeExecutor, PhaseRequestError, PrefillExecutor, to_bytes
+from agents.protocol import (
+    DecodeTokens,
+    EncodeTiles,
+    PrefillPrompt,
+    ProtocolError,
+    SamplingSpec,
+    decode_control,
+    encode_control,
+)
+from agents.sampling import SamplingParams
+from core.models.multimodal import TINY_LLAVA, check_multimodal_dir, load_image, make_multimodal_model, prompt_ids, \
+    synthetic_images
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    path = make_multimodal_model(TINY_LLAVA, tmp_path_factory.mktemp("llava") / "m")
+    info = check_multimodal_dir(path)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    tiles = load_image(synthetic_images()[0], info.tile, 4)
+    ids = prompt_ids(tok, "Describe the picture.", 4, info)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(path)).eval()
+    return path, info, tiles, ids, model
+
+
+@pytest.fixture(scope="module")
+def executors(llava):
+    path = str(llava[0])
+    return EncodeExecutor(path), PrefillExecutor(path), DecodeExecutor(path)
+
+
+def _generate(model, ids, tiles, n, **kw):
+    model.generation_config.eos_token_id = None
+    out = model.generate(input_ids=torch.tensor([ids]), pixel_values=tiles, max_new_tokens=n, pad_token_id=0, **kw)
+    return out[0, len(ids):].tolist()
+
+
+def _phases(executors, info, ids, tiles, params, irp=1):
+    enc, pre, dec = executors
+    pieces = torch.tensor_split(torch.arange(tiles.shape[0]), irp)
+    mm = torch.cat([enc.encode(tiles[p]) for p in pieces]).reshape(-1, info.hidden)
+    g = params.make_generator()
+    first, kv = pre.prefill_prompt(ids, mm, params, g)
+    moved = torch.Generator()
+    moved.set_state(torch.frombuffer(bytearray(g.get_state().numpy().tobytes()), dtype=torch.uint8))
+    rest, _ = dec.decode_tokens(kv, first, params.max_new_tokens, params, moved)
+    return [first, *rest]
+
+
+@pytest.mark.parametrize("irp", [1, 2, 4])
+def test_encode_prefill_decode_gives_generates_greedy_tokens_however_tiles_are_split(llava, executors, irp):
+    path, info, tiles, ids, model = llava
+    ref = _generate(model, ids, tiles, 10, do_sample=False)
+    assert _phases(executors, info, ids, tiles, SamplingParams(max_new_tokens=10), irp) == ref
+
+
+def test_seeded_sampling_across_the_phases_gives_generates_tokens(llava, executors):
+    path, info, tiles, ids, model = llava
+    torch.manual_seed(11)
+    ref = _generate(model, ids, tiles, 10, do_sample=True, temperature=0.9, top_k=50, top_p=0.9)
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=11, max_new_tokens=10)
+    assert _phases(executors, info, ids, tiles, params) == ref
+
+
+def test_the_encode_executor_reads_only_the_vision_tower_and_projector(llava):
+    from agents import phases
+
+    reads = []
+    original = phases.CheckpointReader.read
+
+    def spy(self, names, dtype):
+        reads.extend(names)
+        return original(self, names, dtype)
+
+    phases.CheckpointReader.read = spy
+    try:
+        enc = EncodeExecutor(str(llava[0]))
+    finally:
+        phases.CheckpointReader.read = original
+    assert reads and all(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in reads)
+    assert enc.memory_bytes() < PrefillExecutor(str(llava[0])).memory_bytes()
+
+
+def test_multimodal_tokens_that_do_not_fill_the_prompts_image_slots_are_refused(llava, executors):
+    _, info, tiles, ids, _ = llava
+    mm = executors[0].encode(tiles[:2]).reshape(-1, info.hidden)  # 2 tiles for a 4-tile prompt
+    with pytest.raises(PhaseRequestError, match="64 <image> tokens"):
+        executors[1].prefill_prompt(ids, mm, SamplingParams(), torch.Generator())
+
+
+def test_tiles_of_the_wrong_size_are_refused_naming_the_size(executors):
+    with pytest.raises(PhaseRequestError, match=r"N×3×32×32"):
+        executors[0].serve(EncodeTiles(request=0, tiles=(0,), shape=(1, 3, 16, 16),
+                                       data=to_bytes(torch.zeros(1, 3, 16, 16))))
+
+
+def test_a_kv_cache_of_another_geometry_is_refused(executors):
+    kv = torch.zeros(1, 2, 2, 5, 16)
+    with pytest.raises(PhaseRequestError, match="KV cache must be"):
+        executors[2].serve(DecodeTokens(request=0, first_token=5, kv_shape=tuple(kv.shape), kv=to_bytes(kv),
+                                        max_new_tokens=3))
+
+
+def test_a_phase_executor_refuses_another_phases_request(executors):
+    with pytest.raises(PhaseRequestError, match="serves encode_tiles"):
+        executors[0].serve(PrefillPrompt(request=0, input_ids=(1, 2)))
+
+
+@pytest.mark.parametrize("msg, problem", [
+    (EncodeTiles(request=0, tiles=(0,), shape=(1, 3, 32, 32), data=b"\0" * 12), "holds 12 bytes"),
+    (EncodeTiles(request=0, tiles=(0, 1), shape=(1, 3, 2, 2), data=b"\0" * 48), "one tile index"),
+    (PrefillPrompt(request=0, input_ids=(1,), mm_shape=(2, 4), mm=b"\0" * 8), "holds 8 bytes"),
+    (PrefillPrompt(request=0, input_ids=(1,), sampling=SamplingSpec(top_p=0.0)), "top_p"),
+    (DecodeTokens(request=0, first_token=1, kv_shape=(1, 2, 1, 1, 1), kv=b"\0" * 8, max_new_tokens=0), "max_new"),
+    (DecodeTokens(request=0, first_token=1, kv_shape=(1, 2, 1, 1, 1), kv=b"\0" * 8, max_new_tokens=2,
+                  rng=b"\0" * 20000), "rng"),
+])
+def test_phase_messages_whose_fields_do_not_fit_are_refused_at_decode(msg, problem):
+    with pytest.raises(ProtocolError, match=problem):
+        decode_control(encode_control(msg))
+
+
+def test_a_well_formed_phase_message_round_trips():
+    msg = EncodeTiles(request=3, tiles=(0, 1), shape=(2, 3, 2, 2), data=b"\0" * 96)
+    assert decode_control(encode_control(msg)) == msg

@@ -1,0 +1,112 @@
+"""EPD for real on four local agents over CurveZMQ (two encode, one prefill, one decode): a
+workload's tokens equal the single-process generate(), every request's metrics are in order and
+its phases are on the timeline; bad requests are refused by name and the agents stay up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.phases import to_bytes
+from agents.protocol import AgentState, EncodeTiles, SamplingSpec
+from core.devices.agent_link import AgentLink
+from core.devices.local_cluster import LocalCluster
+from core.errors import RunFailed
+from core.models.multimodal import TINY_LLAVA, make_multimodal_model
+from core.techniques.phase_disaggregation.runtime import (
+    load_pools,
+    prepare_requests,
+    reference_tokens,
+    run_epd,
+)
+from core.techniques.phase_disaggregation.types import EpdInputError, PoolConfig, Request, Workload
+
+POOLS = PoolConfig(encode=("local-0", "local-1"), prefill=("local-2",), decode=("local-3",), irp_degree=2,
+                   decode_batch=1)
+
+
+def workload(n=4, gap_s=0.05, tiles=4, output=6) -> Workload:
+    return Workload(requests=tuple(Request(id=i, arrival_s=gap_s * i, images=1 if i % 3 else 2, tiles_per_image=tiles,
+                                           prompt_tokens=6 + i, output_tokens=output) for i in range(n)))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_multimodal_model(TINY_LLAVA, tmp_path_factory.mktemp("llava") / "m")
+
+
+@pytest.fixture(scope="module")
+def link(tmp_path_factory, model):
+    with LocalCluster(tmp_path_factory.mktemp("epd-run"), 4) as lc:
+        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
+            link.wait_ready(timeout_s=30)
+            link.sync_clocks()
+            load_pools(link, model, POOLS)
+            yield link
+
+
+def test_a_workloads_tokens_over_three_pools_equal_the_single_process_generate(link, model):
+    wl = workload()
+    prepared = prepare_requests(model, wl)
+    run = run_epd(link, model, wl, POOLS, prepared=prepared, load=False)
+    assert run.tokens == reference_tokens(model, prepared)
+    assert all(len(t) == 6 for t in run.tokens.values())
+
+
+def test_seeded_sampling_over_three_pools_equals_generate_with_that_seed(link, model):
+    wl = workload(n=2)
+    prepared = prepare_requests(model, wl)
+    sampling = SamplingSpec(temperature=0.8, top_k=40, top_p=0.95, seed=5)
+    run = run_epd(link, model, wl, POOLS, prepared=prepared, sampling=sampling, load=False)
+    assert run.tokens == reference_tokens(model, prepared, sampling)
+
+
+def test_each_request_is_encoded_on_irp_degree_agents_and_its_metrics_are_in_phase_order(link, model):
+    run = run_epd(link, model, workload(), POOLS, load=False)
+    for m in run.metrics:
+        assert set(m.encode_devices) == {"local-0", "local-1"}
+        assert m.prefill_device == "local-2" and m.decode_device == "local-3"
+        assert m.arrival_s <= m.encode_start_s <= m.encode_end_s <= m.ep_transfer_end_s <= m.prefill_start_s
+        assert m.prefill_end_s <= m.pd_transfer_end_s <= m.decode_end_s and m.ttft_s > 0 and m.tpot_s > 0
+        computes = {(e.device, e.stage) for e in run.events if e.micro_batch == m.request_id and e.kind == "compute"}
+        assert computes == {("local-0", 0), ("local-1", 0), ("local-2", 1), ("local-3", 2)}
+    assert run.figures.tokens == sum(len(t) for t in run.tokens.values())
+    assert [t.t_s for t in run.token_events] == sorted(t.t_s for t in run.token_events)
+
+
+def test_requests_arriving_together_wait_for_a_free_agent_and_none_is_lost(link, model):
+    wl = workload(n=5, gap_s=0.0, output=4)
+    run = run_epd(link, model, wl, POOLS, load=False)
+    assert sorted(run.tokens) == [0, 1, 2, 3, 4]
+    prefills = sorted((m.prefill_start_s, m.prefill_end_s) for m in run.metrics)
+    assert all(b[0] >= a[1] - 1e-6 for a, b in zip(prefills, prefills[1:]))  # one at a time on local-2
+
+
+def test_a_multimodal_cache_too_small_for_one_request_is_refused_before_anything_is_sent(link, model):
+    small = PoolConfig(encode=POOLS.encode, prefill=POOLS.prefill, decode=POOLS.decode, decode_batch=1,
+                       mm_cache_tokens=32)
+    with pytest.raises(EpdInputError, match="raise mm_cache_tokens"):
+        run_epd(link, model, workload(n=1), small, load=False)
+
+
+def test_batched_or_coupled_pools_are_refused_for_a_real_run(link, model):
+    with pytest.raises(EpdInputError, match="batch"):
+        run_epd(link, model, workload(n=1), PoolConfig(encode=("local-0",), prefill=("local-2",),
+                                                       decode=("local-3",), decode_batch=4), load=False)
+    pd = PoolConfig(disaggregation="pd", encode=("local-2",), prefill=("local-2",), decode=("local-3",),
+                    decode_batch=1)
+    with pytest.raises(EpdInputError, match="simulated only"):
+        run_epd(link, model, workload(n=1), pd, load=False)
+
+
+def test_tiles_of_the_wrong_size_are_refused_by_the_agent_which_stays_ready(link):
+    bad = EncodeTiles(request=9, tiles=(0,), shape=(1, 3, 8, 8), data=to_bytes(torch.zeros(1, 3, 8, 8)))
+    with pytest.raises(RunFailed, match=r"N×3×32×32"):
+        link.request("local-0", bad)
+    assert link.status_of(["local-0"])["local-0"].state is AgentState.READY
+
+
+def test_a_phase_request_to_the_wrong_pool_is_refused_by_name(link):
+    tiles = torch.zeros(1, 3, 32, 32)
+    with pytest.raises(RunFailed, match="serves decode_tokens, not encode_tiles"):
+        link.request("local-3", EncodeTiles(request=1, tiles=(0,), shape=(1, 3, 32, 32), data=to_bytes(tiles)))
