@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -38,6 +38,54 @@ from gui.studio_state import StudioState
 from gui.widgets import show_error
 
 SCREENS = SCREEN_TITLES
+SIDEBAR_WIDTH, SIDEBAR_NARROW_WIDTH = 150, 132
+"""The narrow one still shows the longest title ("Experiments") in full."""
+
+
+class ScreenScrollArea(QScrollArea):
+    """A screen scrolls only when the window is smaller than the screen's *minimum* size, so
+    the window's minimum size stays small (a laptop screen) and a restored size is kept, not
+    enlarged to the largest screen's minimum when the layout first activates.
+
+    A resizable QScrollArea sizes a screen with word-wrapped labels to its preferred height
+    for the width (height-for-width), which scrolls the Run page at 1440x900 although it fits;
+    here the screen gets the viewport, grown only to its minimum size hint.
+    """
+
+    def __init__(self, screen: QWidget) -> None:
+        super().__init__()
+        self.setFrameShape(QFrame.NoFrame)
+        self.setWidgetResizable(False)
+        self.setWidget(screen)
+        screen.installEventFilter(self)
+        self._fit_timer = QTimer(self)
+        self._fit_timer.setSingleShot(True)
+        self._fit_timer.setInterval(0)
+        self._fit_timer.timeout.connect(self.fit_screen)
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self._fit_timer.start()  # the minimum may have changed (coalesced: one fit per pass)
+        return False
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.fit_screen()
+
+    def fit_screen(self) -> None:
+        screen = self.widget()
+        if screen is None:
+            return
+        need = screen.minimumSizeHint().expandedTo(screen.minimumSize())
+        room = self.maximumViewportSize()  # the viewport without scroll bars
+        width, height = room.width(), room.height()
+        if need.width() > width:  # a horizontal bar takes height
+            height -= self.horizontalScrollBar().sizeHint().height()
+        if need.height() > height:  # a vertical bar takes width
+            width -= self.verticalScrollBar().sizeHint().width()
+            if need.width() > width and need.width() <= room.width():
+                height -= self.horizontalScrollBar().sizeHint().height()
+        screen.resize(max(width, need.width()), max(height, need.height()))
 
 
 class MainWindow(QMainWindow):
@@ -63,6 +111,7 @@ class MainWindow(QMainWindow):
         self.screens.run.model_edit.editingFinished.connect(self._on_run_model_edited)
         self.screens.profile.load_requested.connect(self._on_load_profile)
         self.resize(1440, 900)
+        self._fit_log_dock()
         self._restore_layout()
         self.screens.devices.restore_deployments()  # agents deployed in earlier sessions stay controllable
 
@@ -75,7 +124,8 @@ class MainWindow(QMainWindow):
         self.sidebar = QListWidget()
         self.sidebar.setObjectName("sidebar")
         self.sidebar.setAccessibleName("Screens")
-        self.sidebar.setFixedWidth(150)
+        self.sidebar.setFixedWidth(SIDEBAR_WIDTH)
+        self.sidebar.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.stack = QStackedWidget()
         for i, (name, widget) in enumerate(self.screens.titled()):
             self.stack.addWidget(self._scrollable(widget))
@@ -90,14 +140,7 @@ class MainWindow(QMainWindow):
 
     @staticmethod
     def _scrollable(screen: QWidget) -> QScrollArea:
-        """A screen scrolls when the window is smaller than it needs, so the window's minimum
-        size stays small (a laptop screen) and a restored size is kept, not enlarged to the
-        largest screen's minimum when the layout first activates."""
-        area = QScrollArea()
-        area.setWidgetResizable(True)
-        area.setFrameShape(QFrame.NoFrame)
-        area.setWidget(screen)
-        return area
+        return ScreenScrollArea(screen)
 
     def _build_log_dock(self) -> None:
         self.log_view = QPlainTextEdit()
@@ -109,7 +152,18 @@ class MainWindow(QMainWindow):
         self.log_dock.setWidget(self.log_view)
         self.addDockWidget(Qt.BottomDockWidgetArea, self.log_dock)
         self.log_dock.setMinimumHeight(80)
-        self.resizeDocks([self.log_dock], [120], Qt.Vertical)
+
+    def _fit_log_dock(self) -> None:
+        """The log takes less height on a short window (a 1024x700 laptop), so the screens fit."""
+        self.resizeDocks([self.log_dock], [120 if self.height() >= 800 else 80], Qt.Vertical)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        # a narrower sidebar on a narrow window (1024 px): the screens get the width
+        self.sidebar.setFixedWidth(SIDEBAR_WIDTH if event.size().width() >= 1200 else SIDEBAR_NARROW_WIDTH)
+        before = event.oldSize().height()  # -1 when first shown
+        if event.size().height() < 800 <= before or (before < 0 and not self._layout_restored):
+            self._fit_log_dock()
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
@@ -350,8 +404,9 @@ class MainWindow(QMainWindow):
         geo, st = s.value("window/geometry"), s.value("window/state")
         if isinstance(geo, QByteArray) and not geo.isEmpty():
             self.restoreGeometry(geo)
-        if isinstance(st, QByteArray) and not st.isEmpty():
-            self.restoreState(st)
+        self._layout_restored = isinstance(st, QByteArray) and not st.isEmpty()
+        if self._layout_restored:
+            self.restoreState(st)  # the operator's own dock height is kept
         title = s.value("window/screen", "Devices")
         if title in SCREENS:
             self.sidebar.setCurrentRow(SCREENS.index(title))

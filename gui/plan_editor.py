@@ -114,7 +114,7 @@ class PlanEditorPanel(QWidget):
     # construction ---------------------------------------------------------------
     def _build(self) -> None:
         root = QVBoxLayout(self)
-        root.setContentsMargins(16, 12, 16, 12)
+        root.setContentsMargins(16, 8, 16, 8)
         root.addWidget(panel_header("Plan", "Which device runs which units. Drag a boundary, pick devices, or Auto-solve; "
                                     "every edit is re-predicted with the cost model."))
         tools = QHBoxLayout()
@@ -149,6 +149,11 @@ class PlanEditorPanel(QWidget):
         tools.addWidget(self.strategy_label)
         root.addLayout(tools)
 
+        # The plan (figures, strip, stages, comparison) on the left and the solver's settings
+        # on the right, side by side from the figures down: the screen fits 1024x700.
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
         cards = QHBoxLayout()
         self.latency_card = MetricCard("Latency / token", "One decode step for the workload's batch through every stage and back")
         self.prefill_card = MetricCard("Prefill", "Time to process the prompt and return the first token")
@@ -156,20 +161,17 @@ class PlanEditorPanel(QWidget):
         self.status_card = MetricCard("Constraints", "Whether every rule holds: coverage, source device, memory, links")
         for c in (self.latency_card, self.prefill_card, self.throughput_card, self.status_card):
             cards.addWidget(c)
-        root.addLayout(cards)
+        ll.addLayout(cards)
 
         self.strip = UnitStripView()
         self.strip.boundary_moved.connect(self._on_strip_boundary_moved)
         self.strip.stage_clicked.connect(lambda j: self.stage_table.selectRow(j))
-        root.addWidget(self.strip)
+        ll.addWidget(self.strip)
         self.violations = InlineMessage()
-        root.addWidget(self.violations)
+        ll.addWidget(self.violations)
 
         split = QSplitter(Qt.Horizontal)
         split.setChildrenCollapsible(False)
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(0, 0, 0, 0)
         self.stage_table = QTableWidget(0, len(STAGE_COLUMNS))
         self.stage_table.setHorizontalHeaderLabels(STAGE_COLUMNS)
         self.stage_table.setAccessibleName("Stages")
@@ -180,13 +182,14 @@ class PlanEditorPanel(QWidget):
         hh = self.stage_table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeToContents)
         hh.setSectionResizeMode(len(STAGE_COLUMNS) - 1, QHeaderView.Stretch)
+        self.stage_table.horizontalScrollBar().rangeChanged.connect(lambda *_: self._fit_stage_table())
         ll.addWidget(self.stage_table)
         compare = QSplitter(Qt.Horizontal)
         compare.setChildrenCollapsible(False)
         self.compare_plot = pg.GraphicsLayoutWidget()
         self.compare_plot.setAccessibleName("Strategy comparison chart")
         self.compare_plot.setToolTip("Compare strategies draws every strategy's predicted latency and throughput here")
-        self.compare_plot.setMinimumHeight(170)
+        self.compare_plot.setMinimumHeight(120)
         compare.addWidget(self.compare_plot)
         compare.addWidget(self._build_compare_table())
         compare.setStretchFactor(0, 3)
@@ -207,7 +210,7 @@ class PlanEditorPanel(QWidget):
         self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.compare_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        self.compare_table.setMinimumWidth(330)
+        self.compare_table.setMinimumWidth(260)
         return self.compare_table
 
     def _button(self, text: str, tip: str, slot) -> QPushButton:
@@ -234,7 +237,7 @@ class PlanEditorPanel(QWidget):
         self.excluded_list = QListWidget()
         self.excluded_list.setToolTip("Checked devices are never used (privacy, maintenance)")
         self.excluded_list.setAccessibleName("Excluded devices")
-        self.excluded_list.setMaximumHeight(96)
+        self.excluded_list.setMaximumHeight(60)
         self.excluded_list.itemChanged.connect(self._on_constraints_edited)
         form.addRow("Exclude", self.excluded_list)
         self.headroom_spin = QDoubleSpinBox()
@@ -244,7 +247,6 @@ class PlanEditorPanel(QWidget):
         self.headroom_spin.setToolTip("Memory kept free on every device")
         self.headroom_spin.setAccessibleName("Memory headroom")
         self.headroom_spin.valueChanged.connect(self._on_constraints_edited)
-        form.addRow("Memory headroom", self.headroom_spin)
         self.prompt_spin = QSpinBox()
         self.prompt_spin.setRange(1, 1_000_000)
         self.prompt_spin.setAccessibleName("Prompt tokens")
@@ -259,9 +261,19 @@ class PlanEditorPanel(QWidget):
         self.batch_spin.setToolTip("Sequences served together")
         for s in (self.prompt_spin, self.gen_spin, self.batch_spin):
             s.valueChanged.connect(self._on_constraints_edited)
-        form.addRow("Prompt tokens", self.prompt_spin)
-        form.addRow("Generated tokens", self.gen_spin)
-        form.addRow("Batch", self.batch_spin)
+        # two figures a row (memory headroom and batch; prompt and generated tokens), the two
+        # buttons on one row: the Plan screen fits a 1024x700 window without scrolling
+        memory_row = QHBoxLayout()
+        memory_row.addWidget(self.headroom_spin, 1)
+        memory_row.addWidget(QLabel("Batch"))
+        memory_row.addWidget(self.batch_spin, 1)
+        form.addRow("Headroom", memory_row)
+        tokens_row = QHBoxLayout()
+        tokens_row.setSpacing(4)
+        tokens_row.addWidget(self.prompt_spin, 1)
+        tokens_row.addWidget(QLabel("→"))  # prompt tokens → generated tokens (their tooltips say so)
+        tokens_row.addWidget(self.gen_spin, 1)
+        form.addRow("Tokens", tokens_row)
         self.solve_button = QPushButton("Auto-solve")
         self.solve_button.setProperty("role", "primary")
         self.solve_button.setToolTip("Find the optimal plan for the objective and constraints (Ctrl+R)")
@@ -271,8 +283,10 @@ class PlanEditorPanel(QWidget):
         self.compare_button.setToolTip("Solve with every strategy (exact solvers and baselines) and chart them side by side")
         self.compare_button.setAccessibleName("Compare strategies")
         self.compare_button.clicked.connect(self.compare)
-        form.addRow(self.solve_button)
-        form.addRow(self.compare_button)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.solve_button)
+        buttons.addWidget(self.compare_button)
+        form.addRow(buttons)
         no_profile = "no profile yet: Devices ▸ Profile cluster (Ctrl+P) or File ▸ Load profile…"
         say_why_disabled({self.solve_button: no_profile, self.compare_button: no_profile,
                           self.add_button: no_profile + "; or every device already runs a stage",
@@ -289,8 +303,7 @@ class PlanEditorPanel(QWidget):
         self.solve_status.setWordWrap(True)
         self.solve_status.setProperty("role", "subtitle")
         form.addRow(self.solve_status)
-        box.setMinimumWidth(300)
-        box.setMaximumWidth(380)
+        box.setMaximumWidth(400)
         return box
 
     # state -> view ----------------------------------------------------------------
@@ -438,7 +451,9 @@ class PlanEditorPanel(QWidget):
         t = self.stage_table
         rows = min(max(1, t.rowCount()), 8)
         row_h = t.verticalHeader().defaultSectionSize()
-        t.setFixedHeight(t.horizontalHeader().height() + rows * row_h + 2 * t.frameWidth() + 2)
+        bar = t.horizontalScrollBar()  # a narrow window scrolls the columns: the bar must not hide a row
+        bar_h = bar.sizeHint().height() if bar.maximum() > 0 else 0
+        t.setFixedHeight(t.horizontalHeader().height() + rows * row_h + 2 * t.frameWidth() + 2 + bar_h)
 
     # edits -------------------------------------------------------------------------
     def push_plan(self, plan: ShardPlan, text: str) -> None:

@@ -103,7 +103,7 @@ class RunMonitorView(QWidget):
         splitter.addWidget(side)
         splitter.setStretchFactor(0, 2)
         splitter.setStretchFactor(1, 1)
-        side.setMinimumWidth(300)
+        side.setMinimumWidth(256)
         splitter.setSizes([760, 360])
         self.splitter = splitter
         layout = QVBoxLayout(self)

@@ -243,7 +243,7 @@ class RunPanel(QWidget):
         buttons.addStretch(1)
 
         settings = QWidget()
-        settings.setMinimumWidth(270)
+        settings.setMinimumWidth(240)
         settings.setMaximumWidth(400)
         s_layout = QVBoxLayout(settings)
         s_layout.setContentsMargins(0, 0, 8, 0)

@@ -23,7 +23,7 @@ import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
 from PySide6.QtCore import QEvent, QLineF, QPointF, QRect, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QCursor, QPainter, QPalette, QPen
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QGridLayout, QLabel, QPushButton, QToolTip,
                                QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent
@@ -602,14 +602,6 @@ class TimelineView(QWidget):
         # (its preferred width is used where there is room; it shrinks, clipped, only where there is not)
         self.legend_label.setMinimumWidth(40)
 
-        bar = QHBoxLayout()
-        bar.setContentsMargins(4, 2, 8, 2)
-        bar.addWidget(self.follow_check)
-        bar.addWidget(self.predicted_check)
-        bar.addWidget(self.fit_button)
-        bar.addStretch(1)
-        bar.addWidget(self.legend_label)
-
         self.highlight_combo = QComboBox()
         self.highlight_combo.setAccessibleName("Highlight")
         self.highlight_combo.setToolTip("Which boxes a click highlights with the selected one")
@@ -617,13 +609,25 @@ class TimelineView(QWidget):
                             ("Highlight nothing", "")):
             self.highlight_combo.addItem(label, mode)
         self.highlight_combo.currentIndexChanged.connect(self._update_overlay)
-        bar.insertWidget(3, self.highlight_combo)
+
+        # One row where there is room, two where the view is narrow (a 1024 px screen): the
+        # toolbar's minimum is the two-row one, so it never widens the Run or Sessions page.
+        self.toolbar = QWidget()
+        self._bar = QGridLayout(self.toolbar)
+        self._bar.setContentsMargins(4, 2, 8, 2)
+        self._bar.setVerticalSpacing(2)
+        self._bar_wrapped: bool | None = None
+        self._arrange_toolbar(wrapped=True)
+        self.toolbar.setMinimumWidth(self._bar.minimumSize().width())
+        self._arrange_toolbar(wrapped=False)
+        self._one_row_width = self._bar.minimumSize().width()
         self.details_label = QLabel(self.HINT)
         self.details_label.setAccessibleName("Selection details")
         self.details_label.setWordWrap(True)
         self.details_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        # two lines always: selecting a box or a range never moves the plot
-        self.details_label.setFixedHeight(2 * self.details_label.fontMetrics().lineSpacing() + 6)
+        # a fixed number of lines (two, three where the view is narrow): selecting a box or a
+        # range never moves the plot
+        self._fit_details_label(lines=2)
         self.details_label.setContentsMargins(6, 0, 6, 0)
 
         self.plot_widget = pg.GraphicsLayoutWidget()
@@ -665,7 +669,7 @@ class TimelineView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addLayout(bar)
+        layout.addWidget(self.toolbar)
         layout.addWidget(self.details_label)
         layout.addWidget(self.plot_widget, 1)
 
@@ -678,6 +682,39 @@ class TimelineView(QWidget):
         self._errors_timer.timeout.connect(self._update_errors)
         self._apply_palette()
         self._update_legend()
+
+    def _arrange_toolbar(self, wrapped: bool) -> None:
+        """Toolbar in one row, or in two (highlight and legend below) where the view is narrow."""
+        if wrapped == self._bar_wrapped:
+            return
+        self._bar_wrapped = wrapped
+        bar = self._bar
+        widgets = (self.follow_check, self.predicted_check, self.fit_button, self.highlight_combo, self.legend_label)
+        for w in widgets:
+            bar.removeWidget(w)
+        for column in range(6):
+            bar.setColumnStretch(column, 0)
+        bar.addWidget(self.follow_check, 0, 0)
+        bar.addWidget(self.predicted_check, 0, 1)
+        bar.addWidget(self.fit_button, 0, 2)
+        if wrapped:
+            bar.addWidget(self.highlight_combo, 1, 0, 1, 2)
+            bar.addWidget(self.legend_label, 1, 2, 1, 3)
+            bar.setColumnStretch(4, 1)
+        else:
+            bar.addWidget(self.highlight_combo, 0, 3)
+            bar.addWidget(self.legend_label, 0, 5)
+            bar.setColumnStretch(4, 1)
+
+    def _fit_details_label(self, lines: int) -> None:
+        self.details_label.setFixedHeight(lines * self.details_label.fontMetrics().lineSpacing() + 6)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        # room for the one-row toolbar and some legend, or wrap
+        narrow = event.size().width() < self._one_row_width + 120
+        self._arrange_toolbar(wrapped=narrow)
+        self._fit_details_label(lines=3 if narrow else 2)
 
     # -- public API ----------------------------------------------------------------------
     def set_lanes(self, devices: Sequence[str]) -> None:

@@ -15,7 +15,7 @@ from core.models.units import ModelSpec
 from core.planning.plan import ShardPlan
 from gui.app import stage_color, theme_colors
 
-MARGIN = 12
+MARGIN = 8
 LABEL_H = 22
 HANDLE_PICK_PX = 6
 
@@ -33,7 +33,7 @@ class UnitStripView(QWidget):
         self._drag_stage: int | None = None
         self._drag_unit: int | None = None
         self.setMouseTracking(True)
-        self.setMinimumHeight(96)
+        self.setMinimumHeight(88)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.setAccessibleName("Unit strip")
         self.setAccessibleDescription("Model units coloured by stage; drag a boundary to move units between stages")
@@ -44,7 +44,7 @@ class UnitStripView(QWidget):
         """The boundary (left edge of this stage) that the arrow keys move."""
 
     def sizeHint(self) -> QSize:
-        return QSize(800, 96)
+        return QSize(800, 88)
 
     def set_plan(self, model: ModelSpec | None, plan: ShardPlan | None, bad_stages: set[int] = frozenset()) -> None:
         self._model, self._plan, self._bad_stages = model, plan, set(bad_stages)

@@ -1,0 +1,118 @@
+"""Every screen fits a real screen (issue item 8): usable at 1024x700 with no clipped control,
+and the whole Run page (lanes, axis, figures) visible at 1440x900 without scrolling."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QPoint, QRect, QSettings
+from PySide6.QtWidgets import (QAbstractButton, QAbstractSlider, QAbstractSpinBox, QComboBox, QLineEdit,
+                               QScrollBar, QWidget)
+
+from agents.protocol import TimelineEvent
+from gui import app as studio_app
+from gui.main_window import SCREENS, MainWindow
+from tests.gui.problems import make_problem
+
+CONTROLS = (QAbstractButton, QLineEdit, QAbstractSpinBox, QComboBox, QAbstractSlider)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))
+    studio_app.create_app()
+    w = MainWindow()
+    qtbot.addWidget(w)
+    yield w
+    w.close()
+
+
+def _show(window: MainWindow, qtbot, width: int, height: int) -> None:
+    window.resize(width, height)
+    window.show()
+    qtbot.waitExposed(window)
+    qtbot.wait(50)  # layouts and the screen's scroll area settle
+
+
+def _rect_in_window(widget: QWidget, window: QWidget) -> QRect:
+    return QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+
+
+def _visible_rect(widget: QWidget, window: QWidget) -> QRect:
+    """The part of the window where ``widget`` can show: every ancestor clips its children."""
+    rect = QRect(0, 0, window.width(), window.height())
+    parent = widget.parentWidget()
+    while parent is not None and parent is not window:
+        rect = rect.intersected(_rect_in_window(parent, window))
+        parent = parent.parentWidget()
+    return rect
+
+
+def clipped_controls(window: MainWindow, screen: QWidget) -> list[str]:
+    """Visible controls of ``screen`` that are cut off, scrolled away or smaller than their minimum."""
+    bad = []
+    for c in screen.findChildren(QWidget):
+        if not isinstance(c, CONTROLS) or isinstance(c, QScrollBar) or not c.isVisible():
+            continue
+        if isinstance(c.parentWidget(), (QAbstractSpinBox, QComboBox)):
+            continue  # a spin box's or combo's own editor
+        name = c.accessibleName() or getattr(c, "text", lambda: "")() or type(c).__name__
+        rect = _rect_in_window(c, window)
+        if not _visible_rect(c, window).contains(rect):
+            bad.append(f"{name}: cut off at {rect.getRect()}")
+        hint = c.minimumSizeHint()
+        if c.width() < hint.width() or c.height() < hint.height():
+            bad.append(f"{name}: {c.width()}x{c.height()} below its minimum {hint.width()}x{hint.height()}")
+    return bad
+
+
+@pytest.mark.parametrize("title", SCREENS)
+def test_no_control_is_clipped_at_1024x700(window, qtbot, title):
+    problem = make_problem()  # violates a constraint: the Plan screen shows its banner too
+    window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    _show(window, qtbot, 1024, 700)
+    screen = dict(window.screens.titled())[title]
+    window.show_screen(screen)
+    qtbot.wait(50)
+    assert clipped_controls(window, screen) == []
+    area = window.stack.currentWidget()
+    assert not area.verticalScrollBar().isVisible() and not area.horizontalScrollBar().isVisible()
+
+
+def test_no_control_is_clipped_at_1024x700_in_any_techniques_plan_view(window, qtbot):
+    _show(window, qtbot, 1024, 700)
+    plan = window.screens.plan
+    window.show_screen(plan)
+    assert len(plan.available()) > 1  # before a model is known, every technique's view is offered
+    for technique in plan.available():
+        plan.set_technique(technique)
+        qtbot.wait(50)
+        assert (technique, clipped_controls(window, plan)) == (technique, [])
+
+
+def test_the_whole_run_page_shows_without_scrolling_at_1440x900(window, qtbot):
+    _show(window, qtbot, 1440, 900)
+    run = window.screens.run
+    window.show_screen(run)
+    lanes = ["edge-a", "edge-b", "edge-c"]
+    run.monitor.reset(lanes, ("a prompt",))
+    run.monitor.add_timeline_events([
+        TimelineEvent(device=d, stage=i, kind="compute", phase="prefill", step=0, micro_batch=0,
+                      start_s=0.01 * i, end_s=0.01 * i + 0.008)
+        for i, d in enumerate(lanes)])
+    run.monitor.flush()
+    qtbot.wait(50)
+    area = window.stack.currentWidget()
+    assert not area.verticalScrollBar().isVisible() and not area.horizontalScrollBar().isVisible()
+    monitor = run.monitor
+    shown = [monitor.timeline.plot_widget, monitor.ttft_card, monitor.latency_card, monitor.rate_card,
+             monitor.tokens_card, monitor.rate_plot, monitor.text_edit, *monitor.util_bars.values()]
+    for w in shown:
+        assert w.isVisible() and _visible_rect(w, window).contains(_rect_in_window(w, window)), w.accessibleName()
+    assert monitor.timeline.lanes() == lanes
+    plot = monitor.timeline.measured_plot
+    top, bottom = plot.getViewBox().viewRange()[1]
+    assert top <= 0 and bottom >= len(lanes)  # every lane in view (lane i spans i..i+1)
+    assert plot.getAxis("bottom").isVisible() and plot.getAxis("left").isVisible()
+    assert clipped_controls(window, run) == []
