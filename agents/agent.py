@@ -681,16 +681,10 @@ class Agent:
             return ErrorReply(req=msg.req, code="bad_state",
                               message=f"this agent's stage ({loaded.msg.kind if loaded else 'none'}) serves no phase "
                                       f"requests: load an epd-* stage")
-        t0 = time.perf_counter()
         try:
-            reply = serve(msg, clock=self.clock)
+            return serve(msg, clock=self.clock, slowdown=self.emulation.compute_slowdown)
         except ValueError as err:  # agents.phases.PhaseRequestError and the checkpoint's own checks
             return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
-        took = time.perf_counter() - t0
-        if self.emulation.compute_slowdown > 1.0:
-            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
-            reply = msgspec.structs.replace(reply, t_end=self.clock())
-        return reply
 
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's

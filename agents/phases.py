@@ -17,6 +17,7 @@ the single-process sequence. Stage kinds: ``epd-encode``, ``epd-prefill``, ``epd
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -107,7 +108,7 @@ class _PhaseExecutor:
     def _modules(self):
         return ()
 
-    def serve(self, msg, clock=time.time):
+    def serve(self, msg, clock=time.time, slowdown: float = 1.0):
         raise NotImplementedError
 
 
@@ -151,11 +152,12 @@ class EncodeExecutor(_PhaseExecutor):
             h = h[:, 1:]
         return self.projector(h).float()
 
-    def serve(self, msg: EncodeTiles, clock=time.time) -> TilesEncoded:
+    def serve(self, msg: EncodeTiles, clock=time.time, slowdown: float = 1.0) -> TilesEncoded:
         if not isinstance(msg, EncodeTiles):
             raise PhaseRequestError(f"an encode agent serves encode_tiles, not {msg.type_name()}")
         t_start = clock()
-        out = self.encode(from_bytes(msg.shape, msg.data))
+        with emulated(slowdown):
+            out = self.encode(from_bytes(msg.shape, msg.data))
         return TilesEncoded(req=msg.req, request=msg.request, tiles=msg.tiles, shape=tuple(out.shape),
                             data=to_bytes(out), t_start=t_start, t_end=clock())
 
@@ -215,13 +217,15 @@ class PrefillExecutor(_TextExecutor):
         kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
         return token, kv
 
-    def serve(self, msg: PrefillPrompt, clock=time.time) -> PromptPrefilled:
+    def serve(self, msg: PrefillPrompt, clock=time.time, slowdown: float = 1.0) -> PromptPrefilled:
         if not isinstance(msg, PrefillPrompt):
             raise PhaseRequestError(f"a prefill agent serves prefill_prompt, not {msg.type_name()}")
         t_start = clock()
         params = sampling_params(msg.sampling, 1)
         generator = params.make_generator()
-        token, kv = self.prefill_prompt(list(msg.input_ids), from_bytes(msg.mm_shape, msg.mm), params, generator)
+        mm = from_bytes(msg.mm_shape, msg.mm) if msg.mm_shape else torch.empty(0, self.lm.config.hidden_size)
+        with emulated(slowdown):
+            token, kv = self.prefill_prompt(list(msg.input_ids), mm, params, generator)
         return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape),
                                kv=to_bytes(kv), rng=generator.get_state().numpy().tobytes(), t_start=t_start,
                                t_end=clock())
@@ -235,7 +239,7 @@ class DecodeExecutor(_TextExecutor):
     @torch.inference_mode()
     def decode_tokens(self, kv: torch.Tensor, first: int, max_new_tokens: int, params: SamplingParams,
                       generator: torch.Generator, eos: tuple[int, ...] = (), copies: int = 1,
-                      clock=time.time) -> tuple[list[int], list[float]]:
+                      clock=time.time, slowdown: float = 1.0) -> tuple[list[int], list[float]]:
         """Tokens after ``first`` (at most ``max_new_tokens - 1``, stopping after an eos) and the
         clock time each step ended. ``copies`` > 1 decodes that many copies of the sequence as one
         batch (profiling a decode batch on real shapes); row 0's tokens are returned."""
@@ -258,13 +262,14 @@ class DecodeExecutor(_TextExecutor):
         while len(tokens) + 1 < max_new_tokens and token not in eos:
             ids = torch.full((copies, 1), token, dtype=torch.long)
             mask = torch.ones(copies, context + len(tokens) + 1, dtype=torch.long)
-            out = self.lm(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
-            token = int(sample(out.logits[:, -1], params, generator)[0])
+            with emulated(slowdown):
+                out = self.lm(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+                token = int(sample(out.logits[:, -1], params, generator)[0])
             tokens.append(token)
             ends.append(clock())
         return tokens, ends
 
-    def serve(self, msg: DecodeTokens, clock=time.time) -> TokensDecoded:
+    def serve(self, msg: DecodeTokens, clock=time.time, slowdown: float = 1.0) -> TokensDecoded:
         if not isinstance(msg, DecodeTokens):
             raise PhaseRequestError(f"a decode agent serves decode_tokens, not {msg.type_name()}")
         t_start = clock()
@@ -276,9 +281,19 @@ class DecodeExecutor(_TextExecutor):
             except (RuntimeError, ValueError) as err:
                 raise PhaseRequestError(f"rng state not usable here ({err})") from None
         tokens, ends = self.decode_tokens(from_bytes(msg.kv_shape, msg.kv), msg.first_token, msg.max_new_tokens,
-                                          params, generator, tuple(msg.eos_token_ids), msg.copies, clock)
+                                          params, generator, tuple(msg.eos_token_ids), msg.copies, clock, slowdown)
         return TokensDecoded(req=msg.req, request=msg.request, tokens=tuple(tokens), step_ends=tuple(ends),
                              t_start=t_start, t_end=clock())
+
+
+@contextlib.contextmanager
+def emulated(slowdown: float):
+    """Make the block take ``slowdown`` times its real time (an emulated slower device, like
+    agents.emulation does for stages), per step, so step times and spans stay consistent."""
+    t0 = time.perf_counter()
+    yield
+    if slowdown > 1.0:
+        time.sleep((slowdown - 1.0) * (time.perf_counter() - t0))
 
 
 def sampling_params(spec, max_new_tokens: int) -> SamplingParams:

@@ -56,6 +56,11 @@ STAGES = {"encode": 0, "prefill": 1, "decode": 2}
 "prefill" (the request's first token is their product), decode events phase "decode"."""
 
 
+def link_lane(device: str) -> str:
+    """The timeline lane of a device's sends (they overlap its compute), as the simulator draws them."""
+    return f"{device}:link"
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     """One request's real inputs: its tiles (N×3×T×T) and its prompt's token ids."""
@@ -91,7 +96,7 @@ def prepare_requests(model_dir: str | Path, workload: Workload, images: list[Pat
     if not images:
         raise EpdInputError("no images to run: pass image files (resources/images holds the shipped set)")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    text = tokenizer(" ".join(corpus_lines()[:40]), add_special_tokens=False)["input_ids"]
+    text = tokenizer(" ".join(corpus_lines()[:12]), add_special_tokens=False)["input_ids"]
     text = [t for t in text if t != info.image_token_id]
     out = []
     for i, r in enumerate(workload.requests):
@@ -255,7 +260,7 @@ class _Scheduler:
         return min(max(t, lo), hi)
 
     def _event(self, device, phase, kind, request, start, end, *, step=0, nbytes=0, peer=""):
-        clock = self.link.clock_of(device)
+        clock = self.link.clock_of(device.removesuffix(":link"))
         self.events.append(TimelineEvent(
             device=device, stage=STAGES[phase], kind=kind, phase="decode" if phase == "decode" else "prefill",
             step=step, micro_batch=request, start_s=start, end_s=max(end, start), nbytes=nbytes, peer=peer,
@@ -409,7 +414,7 @@ class _Scheduler:
         self._event(device, phase, "recv_wait", rid, t_sent, ts, nbytes=nbytes)
         self._event(device, phase, "compute", rid, ts, te)
         if phase == "encode":
-            self._event(device, phase, "send", rid, te, t_back, nbytes=len(reply.data), peer="coordinator")
+            self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.data), peer="coordinator")
             st.encoded[piece] = from_bytes(reply.shape, reply.data)
             st.encode_devices.append(device)
             st.encode_start_s = ts if st.encode_start_s is None else min(st.encode_start_s, ts)
@@ -418,7 +423,7 @@ class _Scheduler:
             if len(st.encoded) == len(st.pieces):
                 self.prefill_queue.append(rid)
         elif phase == "prefill":
-            self._event(device, phase, "send", rid, te, t_back, nbytes=len(reply.kv), peer="coordinator")
+            self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.kv), peer="coordinator")
             self.mm_free += st.mm if st.mm_reserved else 0
             st.prefill_start_s, st.prefill_end_s, st.prefill_device, st.prefilled = ts, te, device, reply
             st.tokens = (reply.token,)
@@ -450,3 +455,18 @@ class _Scheduler:
             pd_transfer_end_s=max(st.pd_end_s, st.prefill_end_s), decode_end_s=st.decode_end_s,
             output_tokens=len(st.tokens), encode_devices=tuple(dict.fromkeys(st.encode_devices)),
             prefill_device=st.prefill_device, decode_device=st.decode_device)
+
+
+def record_epd_run(store, session_id: int, run: EpdRun, *, model: str, workload: Workload, pools: PoolConfig,
+                   kind: str = "measured") -> int:
+    """Store a run (its events and tokens, as they arrived, and per-request metrics in its settings)
+    so replay, export and Compare take it like any other technique's run; returns its run id."""
+    from core.sessions.recording import append_predicted
+
+    settings = {"technique": "phase-disaggregation", "pools": msgspec.to_builtins(pools),
+                "workload": msgspec.to_builtins(workload), "metrics": msgspec.to_builtins(run.metrics),
+                "tokens": {str(k): list(v) for k, v in run.tokens.items()}}
+    run_id = store.create_run(session_id, model=model, mode="pools", kind=kind, settings=settings)
+    append_predicted(store, run_id, run.events, run.token_events)
+    store.finish_run(run_id, "completed", run.figures)
+    return run_id

@@ -110,3 +110,41 @@ def test_a_phase_request_to_the_wrong_pool_is_refused_by_name(link):
     tiles = torch.zeros(1, 3, 32, 32)
     with pytest.raises(RunFailed, match="serves decode_tokens, not encode_tiles"):
         link.request("local-3", EncodeTiles(request=1, tiles=(0,), shape=(1, 3, 32, 32), data=to_bytes(tiles)))
+
+
+def test_a_run_is_recorded_and_replays_with_its_phases_and_metrics(link, model, tmp_path):
+    import msgspec
+
+    from core.sessions.replay import Replay
+    from core.sessions.store import SessionStore
+    from core.techniques.phase_disaggregation.runtime import record_epd_run
+    from core.techniques.phase_disaggregation.types import RequestMetrics
+
+    wl = workload(n=2)
+    run = run_epd(link, model, wl, POOLS, load=False)
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        run_id = record_epd_run(store, store.create_session("epd"), run, model="tiny-llava", workload=wl, pools=POOLS)
+        info = store.run(run_id)
+        replay = Replay.from_store(store, run_id)
+        replay.seek(replay.duration_s)
+    assert info.settings["technique"] == "phase-disaggregation" and info.status == "completed"
+    assert msgspec.convert(info.settings["metrics"], tuple[RequestMetrics, ...]) == run.metrics
+    assert replay.duration_s == pytest.approx(max(max(e.end_s for e in run.events),
+                                                  max(t.t_s for t in run.token_events)), abs=1e-6)
+    assert replay.figures().tokens == run.figures.tokens == info.figures["tokens"]
+    assert {(e.device, e.stage) for e in run.events if e.kind == "compute"} == \
+        {(i.event.device, i.event.stage) for i in replay.delivered() if i.event and i.event.kind == "compute"}
+
+
+def test_profiled_phase_costs_fit_the_checkpoint_and_grow_with_the_work(link, model):
+    from core.models.multimodal import check_multimodal_dir
+    from core.techniques.phase_disaggregation.profiling import profile_phases
+
+    info = check_multimodal_dir(model)
+    costs = profile_phases(link, model, POOLS, tiles=(1, 4), prompt_tokens=(16, 96), decode_batches=(1, 4),
+                           decode_steps=4, repeats=3)
+    assert costs.mm_tokens_per_tile == 16 and costs.mm_token_bytes == info.hidden * 4
+    assert costs.kv_token_bytes == info.layers * 2 * info.kv_heads * info.head_dim * 4
+    assert costs.encode_s(4) > costs.encode_s(1) > 0 and costs.prefill_s(96) > costs.prefill_s(16) > 0
+    assert costs.decode_step_seconds(4) >= costs.decode_step_seconds(1) > 0
+    assert "local-0" in costs.source and costs.link_bandwidth_Bps > 0

@@ -1,0 +1,125 @@
+"""``PhaseCosts`` measured on the pools' agents, so the simulator times what a real run does.
+
+Probes are the run's own phase requests (agents.phases) sent to the first device of each
+pool: encode calls over 1..n tiles, prefill calls over prompts of several lengths (text only
+and with image tokens), decode calls of several batch sizes (``DecodeTokens.copies``). An
+agent reports when its compute ran (its own clock, so a duration needs no clock sync); the
+coordinator times each round trip. What one message costs on the way (the control channel's
+encryption, msgpack and scheduling) is what the round trip adds to the compute, fitted as
+``a + bytes / bandwidth`` per hop by least squares.
+
+How the relay maps onto the simulator's model (runtime.py): a transfer E→P or P→D is two hops
+(agent → coordinator → agent), so ``link_latency_s = 2a`` and ``link_bandwidth_Bps`` is half
+the hop's; the hop that brings an encode agent its tiles has no transfer of its own in the
+model, so it is folded into the encode cost (``encode_overhead_s`` + per-tile pixel bytes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from agents.phases import to_bytes
+from agents.protocol import DecodeTokens, EncodeTiles, PrefillPrompt, PromptPrefilled, TilesEncoded, TokensDecoded
+from core.errors import RunFailed
+from core.reporting import NullReporter, Reporter
+from core.techniques.phase_disaggregation.types import EpdInputError, PhaseCosts, PoolConfig
+
+
+def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares ``y = slope·x + intercept``; a negative intercept (noise) is clamped to 0 with
+    the slope refitted through the origin, so no probe size gets a negative time."""
+    pts = [(float(x), float(y)) for x, y in points]
+    if len({x for x, _ in pts}) < 2:
+        raise EpdInputError("fitting a phase cost needs probes of two or more sizes")
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    intercept = my - slope * mx
+    if intercept < 0 or slope <= 0:
+        slope, intercept = sum(x * y for x, y in pts) / sum(x * x for x, _ in pts), 0.0
+    return max(slope, 1e-12), intercept
+
+
+def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Sequence[int] = (1, 2, 4, 6),
+                   prompt_tokens: Sequence[int] = (16, 64, 128), decode_batches: Sequence[int] = (1, 2, 4),
+                   decode_steps: int = 8, repeats: int = 5, timeout_s: float = 120.0,
+                   reporter: Reporter | None = None) -> PhaseCosts:
+    """Measure the phases on the first device of each pool (loaded with ``runtime.load_pools``).
+    Each probe is sent ``repeats`` times and its median kept (shared CPUs are noisy)."""
+    import torch
+
+    from core.models.multimodal import check_multimodal_dir, load_image, synthetic_images
+
+    reporter = reporter or NullReporter()
+    info = check_multimodal_dir(model_dir)
+    enc, pre, dec = pools.encode[0], pools.prefill[0], pools.decode[0]
+    hops: list[tuple[float, float]] = []  # (bytes in + out, round trip − compute)
+
+    def probe(device: str, msg, expected: type, in_bytes: int, out_bytes=None) -> tuple[float, object]:
+        computes, overheads, reply = [], [], None
+        for _ in range(repeats):
+            if reporter.cancel_requested():
+                raise RunFailed("profiling cancelled by the operator", device)
+            t0 = time.perf_counter()
+            reply = link.request(device, msg, timeout_s)
+            rtt = time.perf_counter() - t0
+            if not isinstance(reply, expected):
+                raise RunFailed(f"profiling: unexpected answer {type(reply).__name__}", device)
+            computes.append(reply.t_end - reply.t_start)
+            overheads.append(rtt - computes[-1])
+        if out_bytes is not None:  # a decode probe's round trip carries batched copies: not a plain hop
+            hops.append((in_bytes + out_bytes(reply), statistics.median(overheads)))
+        return statistics.median(computes), reply
+
+    image = synthetic_images()[0]
+    encode_pts, pixel_bytes = [], 0
+    reporter.status(f"timing encode on {enc}")
+    for n in tiles:
+        x = load_image(image, info.tile, n)
+        msg = EncodeTiles(request=0, tiles=tuple(range(n)), shape=tuple(x.shape), data=to_bytes(x))
+        pixel_bytes = len(msg.data) // n
+        s, _ = probe(enc, msg, TilesEncoded, len(msg.data), lambda r: len(r.data))
+        encode_pts.append((n, s))
+    mm_probe = load_image(image, info.tile, max(tiles))
+    mm = link.request(enc, EncodeTiles(request=0, tiles=tuple(range(mm_probe.shape[0])),
+                                       shape=tuple(mm_probe.shape), data=to_bytes(mm_probe)), timeout_s)
+    reporter.status(f"timing prefill on {pre}")
+    prefill_pts, prefilled = [], None
+    for length in prompt_tokens:
+        ids = (1,) + tuple(3 + (i * 7) % 200 for i in range(length - 1))
+        s, prefilled = probe(pre, PrefillPrompt(request=0, input_ids=ids), PromptPrefilled, 8 * length,
+                             lambda r: len(r.kv))
+        prefill_pts.append((length, s))
+    mm_tokens = mm.shape[0] * mm.shape[1]
+    ids = (1,) + (info.image_token_id,) * mm_tokens + (3, 4, 5)
+    s, _ = probe(pre, PrefillPrompt(request=0, input_ids=ids, mm_shape=(mm_tokens, mm.shape[2]), mm=mm.data),
+                 PromptPrefilled, len(mm.data), lambda r: len(r.kv))
+    prefill_pts.append((len(ids), s))
+    reporter.status(f"timing decode on {dec}")
+    decode_pts = []
+    for batch in decode_batches:
+        msg = DecodeTokens(request=0, first_token=prefilled.token, kv_shape=prefilled.kv_shape, kv=prefilled.kv,
+                           max_new_tokens=decode_steps + 1, rng=prefilled.rng, copies=batch)
+        steps = []
+        for _ in range(repeats):
+            r = link.request(dec, msg, timeout_s)
+            if not isinstance(r, TokensDecoded):
+                raise RunFailed(f"profiling: unexpected answer {type(r).__name__}", dec)
+            steps += [b - a for a, b in zip(r.step_ends, r.step_ends[1:])]  # the first step also rebuilds the cache
+        decode_pts.append((batch, statistics.median(steps)))
+    per_byte, two_hops = fit_line(hops)
+    per_tile, encode_overhead = fit_line(encode_pts)
+    per_token, prefill_overhead = fit_line(prefill_pts)
+    for i in range(1, len(decode_pts)):  # the model needs increasing steps; noise may say otherwise
+        decode_pts[i] = (decode_pts[i][0], max(decode_pts[i][1], decode_pts[i - 1][1]))
+    hop_s = two_hops / 2
+    return PhaseCosts(
+        source=f"profiled on {enc}, {pre}, {dec} ({Path(model_dir).name})",
+        encode_s_per_tile=per_tile + pixel_bytes * per_byte, encode_overhead_s=encode_overhead + hop_s,
+        mm_tokens_per_tile=info.tokens_per_tile, prefill_s_per_token=per_token, prefill_overhead_s=prefill_overhead,
+        decode_step_s=tuple(decode_pts), mm_token_bytes=info.hidden * 4,
+        kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4,
+        link_bandwidth_Bps=1.0 / (2 * per_byte), link_latency_s=2 * hop_s)
