@@ -59,6 +59,7 @@ from agents.protocol import (
     AgentStatus,
     PHASE_REQUESTS,
     AttendHeads,
+    ClassifyImage,
     ComputeStrip,
     HeadsAttended,
     DataHeader,
@@ -85,6 +86,7 @@ from agents.protocol import (
     SamplingSpec,
     StartRun,
     StopRun,
+    SpatialSetup,
     StripComputed,
     TokensProduced,
     Unload,
@@ -257,6 +259,8 @@ class Agent:
         self._progress = 0.0
         self._loaded: _Loaded | None = None
         self._spatial_nets: dict = {}
+        self._spatial_run = None
+        """The spatial run this device takes part in (agents.spatial_run.SpatialSession), if any."""
         """Spatial partitioning's generated network, by its ``SpatialNet`` (one at a time)."""
         self._attention_stores: dict = {}
         """Attention offloading: (model_dir, kv_start, kv_stop) -> AttentionStore (agents.attention_offload)."""
@@ -491,6 +495,27 @@ class Agent:
                                                               "load an epd-* stage first")
                 return
             self._work.put(("phase", msg, None))
+        elif isinstance(msg, SpatialSetup):
+            if self._state in (AgentState.RUNNING, AgentState.LOADING):
+                self._reply_error(identity, req, "bad_state", f"cannot join a spatial run while {self._state}")
+                return
+            if self.device not in {p.device for p in msg.devices}:
+                self._reply_error(identity, req, "bad_message", f"device {self.device} is not in this spatial plan")
+                return
+            self._state = AgentState.RUNNING
+            self._stop_run = threading.Event()
+            self._run_id = msg.run_id
+            self._lease_holder = identity if msg.lease_s > 0 else None
+            self._lease_s = msg.lease_s
+            self._lease_renewed = time.monotonic()
+            self._work.put(("SpatialSetup", msg, self._stop_run))
+        elif isinstance(msg, ClassifyImage):
+            session = self._spatial_run
+            if session is None or not session.is_gateway or msg.run_id != self._run_id:
+                self._reply_error(identity, req, "bad_state",
+                                  f"device {self.device} is not the gateway of spatial run {msg.run_id!r}")
+                return
+            session.images.put(msg)
         elif isinstance(msg, ComputeStrip):
             if self._state in (AgentState.RUNNING, AgentState.LOADING):
                 self._reply_error(identity, req, "bad_state", f"cannot compute a strip while {self._state}")
@@ -577,6 +602,8 @@ class Agent:
                     from agents import profiler
 
                     self._post(ProfileResult(req=msg.req, result=profiler.profile_compute(self, msg.options)))
+                elif kind == "SpatialSetup":
+                    self._spatial(msg, stop)
                 elif kind == "ComputeStrip":
                     self._post(self._compute_strip(msg))
                 elif kind == "AttendHeads":
@@ -685,6 +712,40 @@ class Agent:
             return serve(msg, clock=self.clock, slowdown=self.emulation.compute_slowdown)
         except ValueError as err:  # agents.phases.PhaseRequestError and the checkpoint's own checks
             return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
+
+    def gate_data(self, keys) -> None:
+        """Which peers' public keys this agent's data socket accepts (replacing the last set)."""
+        self.gate.allow(DATA_DOMAIN, list(keys))
+
+    def _spatial(self, msg: SpatialSetup, stop: threading.Event) -> None:
+        """Serve a spatial run (agents.spatial_run) until it is stopped; any failure ends it,
+        reported, and the agent goes back to idle with no data peer allowed."""
+        from agents.spatial_run import SpatialSession
+
+        self._unload()
+        self._event_meta = (msg.run_id, 0)
+        session = None
+        try:
+            session = SpatialSession(self, msg, stop)
+            self._spatial_run = session
+            self._post(Ok(req=msg.req, detail=f"spatial run {msg.run_id} ready"))
+            session.serve()
+        except RunAborted:
+            self._log(f"spatial run {msg.run_id} stopped")
+        except Exception as err:
+            self._log(f"spatial run {msg.run_id} failed: {type(err).__name__}: {err}")
+            if session is None:  # the setup itself failed: its request gets the reason
+                self._post(ErrorReply(req=msg.req, code="failed", message=f"{type(err).__name__}: {err}"))
+            else:
+                self._post(RunError(run_id=msg.run_id, device=self.device, message=f"{type(err).__name__}: {err}"))
+        finally:
+            self._spatial_run = None
+            if session is not None:
+                session.close()
+            self.gate_data([])
+            self._lease_holder = None
+            if self._state is AgentState.RUNNING:
+                self._state = AgentState.IDLE
 
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's

@@ -557,6 +557,60 @@ class StripComputed(_Msg, frozen=True, tag="strip_computed"):
     t_end: float
 
 
+class SpatialSetup(_Msg, frozen=True, tag="spatial_setup"):
+    """Spatial partitioning over the data plane (``agents.spatial_run``): this device's part of a
+    map-reduce run. Every device of the plan gets it, workers first; the gateway then takes
+    ``ClassifyImage`` requests, scatters each tile's strips (with their halos) to the workers' data
+    sockets, computes its own, gathers theirs and runs the head; a worker computes the strips it
+    receives and sends them back to the gateway. Answered ``Ok`` once the network is built and
+    the peers' keys are allowed; ends with ``StopRun`` (or the lease)."""
+
+    run_id: str
+    net: SpatialNet
+    devices: tuple[PeerSpec, ...]
+    """The plan's devices, ``stage`` = their index in each tile's widths."""
+    gateway: str
+    groups: tuple[tuple[int, int], ...]
+    """Tiles: layer ranges [start, end), consecutive, covering every spatial layer."""
+    widths: tuple[tuple[int, ...], ...]
+    """Per tile, each device's output columns (left to right, summing to the tile's width)."""
+    lease_s: float = 0.0
+    strip_timeout_s: float = 60.0
+    """How long the gateway waits for a worker's strip before the image fails naming it."""
+
+
+class ClassifyImage(_Msg, frozen=True, tag="classify_image"):
+    """To the gateway of a spatial run: one image (float32 1×3×H×W, raw bytes). Answered by
+    ``ImageClassified`` (or an ``ErrorReply`` naming the worker that did not answer)."""
+
+    run_id: str
+    image: int
+    shape: tuple[int, ...]
+    data: bytes
+
+
+class StripTimes(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """One strip of one image as it went: ``scattered``/``gathered`` on the gateway's clock,
+    ``received``/``start``/``end`` on the computing device's clock (the coordinator maps each
+    through its own offset). The head is the tile numbered ``len(groups)`` on the gateway."""
+
+    device: str
+    group: int
+    scattered: float
+    received: float
+    start: float
+    end: float
+    gathered: float
+    in_bytes: int = 0
+    out_bytes: int = 0
+
+
+class ImageClassified(_Msg, frozen=True, tag="image_classified"):
+    image: int
+    scores: tuple[float, ...]
+    strips: tuple[StripTimes, ...]
+
+
 class AttendHeads(_Msg, frozen=True, tag="attend_heads"):
     """Attention offloading: this memory agent holds the KV of key/value heads [kv_start, kv_stop)
     of ``model_dir``'s geometry; append ``key``/``value`` (float32 [B, h, q, D]) of ``layer`` for
@@ -673,7 +727,7 @@ ControlMessage = Union[
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
     RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights, ComputeStrip, StripComputed,
     AttendHeads, HeadsAttended, EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens,
-    TokensDecoded,
+    TokensDecoded, SpatialSetup, ClassifyImage, ImageClassified,
 ]  # fmt: skip
 
 
@@ -841,10 +895,15 @@ def _peer_problem(peer: PeerSpec) -> str:
     return ""
 
 
-def _strip_problem(msg: ComputeStrip) -> str:
-    net = msg.net
+def _net_problem(net: SpatialNet) -> str:
     if not (32 <= net.image <= 4096 and 1 <= net.width_div <= 4096 and 1 <= net.classes <= 100_000):
         return "net: image must be in [32, 4096], width_div in [1, 4096], classes in [1, 100000]"
+    return ""
+
+
+def _strip_problem(msg: ComputeStrip) -> str:
+    if _net_problem(msg.net):
+        return _net_problem(msg.net)
     if not (0 <= msg.start <= msg.end <= 256 and (msg.start < msg.end or msg.head)):
         return f"layers must be a range [start, end) within [0, 256] (empty only with head), got [{msg.start}, {msg.end})"
     if not (0 <= msg.x_lo and 0 <= msg.lo < msg.hi <= 1 << 16):
@@ -854,6 +913,46 @@ def _strip_problem(msg: ComputeStrip) -> str:
     n, c, h, w = msg.shape
     if n * c * h * w * 4 != len(msg.data):
         return f"data holds {len(msg.data)} bytes, shape {list(msg.shape)} needs {n * c * h * w * 4} (float32)"
+    return ""
+
+
+def _spatial_setup_problem(msg: SpatialSetup) -> str:
+    """Ranges only; whether the tiles fit the network is the agent's check (it has the geometry)."""
+    if _net_problem(msg.net):
+        return _net_problem(msg.net)
+    if not 1 <= len(msg.devices) <= MAX_STAGES:
+        return f"devices must list 1..{MAX_STAGES} devices"
+    if sorted(p.stage for p in msg.devices) != list(range(len(msg.devices))):
+        return "devices must be stages 0..n-1 once each"
+    if len({p.device for p in msg.devices}) != len(msg.devices):
+        return "devices must be named once each"
+    for p in msg.devices:
+        problem = _peer_problem(p)
+        if problem:
+            return problem
+    if msg.gateway not in {p.device for p in msg.devices}:
+        return f"gateway {_short(msg.gateway)} is not one of the devices"
+    if not 1 <= len(msg.groups) <= 256 or len(msg.widths) != len(msg.groups):
+        return "groups must list 1..256 tiles, with one widths row each"
+    at = 0
+    for start, end in msg.groups:
+        if start != at or not start < end <= 256:
+            return f"groups must be consecutive non-empty layer ranges from 0, got [{start}, {end}) after {at}"
+        at = end
+    if any(len(row) != len(msg.devices) or any(not 0 <= w <= 1 << 16 for w in row) for row in msg.widths):
+        return "every widths row must give each device 0..65536 columns"
+    if not (_finite(msg.lease_s, 0, MAX_TIMEOUT_S) and _finite(msg.strip_timeout_s, 0.001, MAX_TIMEOUT_S)):
+        return f"lease_s must be in [0, {MAX_TIMEOUT_S:.0f}] and strip_timeout_s in (0, {MAX_TIMEOUT_S:.0f}]"
+    return ""
+
+
+def _image_problem(msg: ClassifyImage) -> str:
+    if not 0 <= msg.image < 1 << 31:
+        return f"image must be an index >= 0, got {msg.image}"
+    if len(msg.shape) != 4 or msg.shape[0] != 1 or any(not 1 <= d <= 1 << 16 for d in msg.shape):
+        return f"shape must be 1×C×H×W (dims in [1, 65536]), got {list(msg.shape)[:8]}"
+    if math.prod(msg.shape) * 4 != len(msg.data):
+        return f"data holds {len(msg.data)} bytes, shape {list(msg.shape)} needs {math.prod(msg.shape) * 4} (float32)"
     return ""
 
 
@@ -949,6 +1048,13 @@ def message_problem(msg: ControlMessage) -> str:
         return _strip_problem(msg)
     if isinstance(msg, AttendHeads):
         return _attend_problem(msg)
+    if isinstance(msg, SpatialSetup):
+        return _spatial_setup_problem(msg)
+    if isinstance(msg, ClassifyImage):
+        return _image_problem(msg)
+    if isinstance(msg, ImageClassified):
+        if len(msg.scores) > 100_000 or len(msg.strips) > 1 << 16 or not _all_finite(msg.scores, lo=-math.inf):
+            return "scores must be at most 100000 finite numbers, strips at most 65536"
     if isinstance(msg, LoadShard):
         if not 0 <= msg.threads <= MAX_THREADS:
             return f"threads must be in [0, {MAX_THREADS}], got {msg.threads}"
@@ -1015,7 +1121,8 @@ def message_problem(msg: ControlMessage) -> str:
 # viewing the bytes as a tensor (zero-copy, never pickled).
 # --------------------------------------------------------------------------------------
 
-DataKind = Literal["hidden", "tokens", "probe"]
+DataKind = Literal["hidden", "tokens", "probe", "strip"]
+"""``strip``: a spatial run's strip, gateway -> worker (its input with halo) and back (its output)."""
 
 MAX_DATA_TENSORS = 4
 MAX_DIM = 1 << 31
@@ -1046,8 +1153,11 @@ class DataHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     micro_batch: int
     sender: str
     tensors: tuple[TensorSpec, ...]
-    """hidden: (activation, attention_mask on prefill); tokens: (ids,)."""
+    """hidden: (activation, attention_mask on prefill); tokens: (ids,); strip: (columns,)."""
     t_sent: float = 0.0
+    times: tuple[float, ...] = ()
+    """Sender-clock times the receiver relays: a spatial strip's result carries (received,
+    compute start, compute end); step = image, micro_batch = tile."""
 
 
 _data_decoder = msgspec.msgpack.Decoder(DataHeader)
@@ -1082,6 +1192,8 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
     # link probes number their latency probes with negative steps (agents.profiler)
     if (header.step < 0 and header.kind != "probe") or header.micro_batch < 0 or header.micro_batch >= MAX_ROWS:
         raise ProtocolError("bad_message", f"step {header.step} / micro_batch {header.micro_batch} out of range")
+    if len(header.times) > 8:
+        raise ProtocolError("bad_message", f"{len(header.times)} relayed times, at most 8")
     if len(header.tensors) > MAX_DATA_TENSORS or len(header.tensors) != len(frames) - 1:
         raise ProtocolError(
             "bad_message", f"header names {len(header.tensors)} tensors, message has {len(frames) - 1}"

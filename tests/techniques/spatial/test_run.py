@@ -1,5 +1,6 @@
-"""Real spatial runs on three local agents over CurveZMQ: every partitioner's class scores
-equal the single-device forward; bad strips are refused by name and the agents stay up."""
+"""Real spatial runs on three local agents over CurveZMQ (strips on the data plane): every
+partitioner's class scores equal the single-device forward; bad strips are refused by name
+and the agents stay up."""
 
 from __future__ import annotations
 
@@ -64,11 +65,12 @@ def test_a_strip_whose_bytes_do_not_match_its_shape_is_refused_at_decode():
         decode_control(encode_control(msg))
 
 
-def test_a_plan_whose_strips_exceed_one_control_frame_is_refused_before_anything_is_sent(link):
-    problem = structs.replace(_local("vgg16"), model=CnnRef(network="vgg16", image=224, width_div=1, classes=10))
+def test_an_image_larger_than_one_control_frame_is_refused_before_anything_is_sent(link):
+    problem = structs.replace(_local("vgg16"), model=CnnRef(network="vgg16", image=512, width_div=8, classes=10))
     plan = run_strategy(problem, "even").plan
-    with pytest.raises(SpatialInputError, match="over one control frame"):
-        run_spatial(link, problem, plan, torch.zeros(1, 3, 224, 224))
+    with pytest.raises(SpatialInputError, match="does not fit one control frame"):
+        run_spatial(link, problem, plan, torch.zeros(1, 3, 512, 512))
+    assert {s.state for s in link.status().values()} <= {AgentState.IDLE, AgentState.READY}
 
 
 def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
