@@ -23,6 +23,7 @@ WORKLOAD_FORMAT = "edgeshard.epd-workload"
 COSTS_FORMAT = "edgeshard.epd-costs"
 POOLS_FORMAT = "edgeshard.epd-pools"
 METRICS_FORMAT = "edgeshard.epd-metrics"
+PROBLEM_FORMAT = "edgeshard.epd-problem"
 
 Disaggregation = Literal["epd", "pd", "aggregated"]
 """epd: three pools; pd: encode runs on the prefill pool (DistServe-style); aggregated: one pool
@@ -310,6 +311,35 @@ class SLO(msgspec.Struct, frozen=True, kw_only=True):
         return m.ttft_s <= self.ttft_s and m.tpot_s <= self.tpot_s
 
 
+class EpdProblem(msgspec.Struct, frozen=True, kw_only=True):
+    """What the search and the baselines plan for: a calibration, a workload, an SLO and a device budget."""
+
+    format: Literal["edgeshard.epd-problem"] = PROBLEM_FORMAT
+    version: int = 1
+    name: str = "epd"
+    costs: PhaseCosts
+    workload: Workload
+    slo: SLO
+    devices: tuple[str, ...]
+    """The devices the pools may use (the budget); all run at ``costs``' speeds."""
+    mm_cache_tokens: int = 1 << 16
+    """The multimodal cache each encode and prefill worker has room for (``PoolConfig.mm_cache_tokens``)."""
+    kv_cache_tokens: int = 1 << 20
+    """The KV cache each decode worker has room for."""
+
+    def __post_init__(self) -> None:
+        _require(len(self.devices) >= 1, "an EPD problem needs at least one device")
+        _require(self.mm_cache_tokens >= 1 and self.kv_cache_tokens >= 1, "cache sizes must be >= 1 token")
+        _require(len(set(self.devices)) == len(self.devices), "a device appears twice in the problem")
+        _require(all(self.devices), "a device name is empty")
+
+    def check_config(self, config: PoolConfig) -> None:
+        """A pool configuration may only use the problem's devices."""
+        unknown = [d for d in config.devices if d not in self.devices]
+        _require(not unknown, f"the pools use device(s) {', '.join(unknown)} that the problem does not have "
+                              f"(it has: {', '.join(self.devices)})")
+
+
 def load_costs(path: str | Path) -> PhaseCosts:
     return formats.load(path, PhaseCosts)
 
@@ -330,9 +360,10 @@ formats.register_format(WORKLOAD_FORMAT, Workload, 1)
 formats.register_format(COSTS_FORMAT, PhaseCosts, 1)
 formats.register_format(POOLS_FORMAT, PoolConfig, 1)
 formats.register_format(METRICS_FORMAT, MetricsFile, 1)
+formats.register_format(PROBLEM_FORMAT, EpdProblem, 1)
 
 __all__ = [
-    "COSTS_FORMAT", "DISAGGREGATIONS", "Disaggregation", "EpdInputError", "METRICS_FORMAT", "MetricsFile",
+    "COSTS_FORMAT", "DISAGGREGATIONS", "Disaggregation", "EpdInputError", "EpdProblem", "PROBLEM_FORMAT", "METRICS_FORMAT", "MetricsFile",
     "POLICIES", "POOLS_FORMAT", "PhaseCosts", "Policy", "PoolConfig", "Request", "RequestMetrics", "SLO",
     "WORKLOAD_FORMAT", "Workload", "load_costs", "load_pools", "load_workload", "save_costs",
 ]
