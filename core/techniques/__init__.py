@@ -34,6 +34,7 @@ BUILTIN = (
     "core.techniques.spatial",
     "core.techniques.attention_offload",
     "core.techniques.expert_offload",
+    "core.techniques.phase_disaggregation",
 )
 """The techniques that ship with the studio: one line each (module defining ``TECHNIQUE``)."""
 

@@ -1,0 +1,100 @@
+"""The baselines EPD is compared with, and the strategies Compare lists (search first).
+
+- **aggregated**: every device runs whole requests (encode, prefill and decode on one device,
+  prefill-first between decode steps), as a vLLM-style server without disaggregation.
+- **pd-only**: prefill and decode pools, the encoder coupled to prefill (DistServe-style).
+
+Each baseline uses the whole device budget and the best of a small grid of its own knobs
+(decode batch, prefill batch, and for pd-only the prefill/decode split), so it is tuned, not a
+straw man; ``search`` starts from both, so it never returns less goodput than either.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from core.errors import EdgeShardError
+from core.reporting import Reporter
+from core.techniques.phase_disaggregation.search import Candidate, config_for, evaluate, search
+from core.techniques.phase_disaggregation.types import EpdInputError, EpdProblem, PoolConfig
+
+DECODE_GRID = (8, 32)
+PREFILL_GRID = (1, 4)
+
+
+def _best(problem: EpdProblem, configs: list[PoolConfig]) -> Candidate:
+    return max((evaluate(problem, c) for c in configs), key=lambda c: c.score)
+
+
+def aggregated(problem: EpdProblem) -> Candidate:
+    n = len(problem.devices)
+    return _best(problem, [config_for(problem, "aggregated", (n,), decode_batch=db, prefill_batch=pb)
+                           for db in DECODE_GRID for pb in PREFILL_GRID])
+
+
+def pd_only(problem: EpdProblem) -> Candidate:
+    n = len(problem.devices)
+    if n < 2:
+        raise EpdInputError("pd-only needs at least 2 devices (a prefill and a decode pool)")
+    splits = sorted({max(1, min(n - 1, round(n * f))) for f in (0.25, 0.5, 0.75)})
+    return _best(problem, [config_for(problem, "pd", (p, n - p), decode_batch=db, prefill_batch=pb)
+                           for p in splits for db in DECODE_GRID for pb in PREFILL_GRID])
+
+
+def searched(problem: EpdProblem, *, trials: int = 40, time_limit_s: float = 120.0, seed: int = 0,
+             reporter: Reporter | None = None) -> Candidate:
+    """The optimiser's pick, seeded with both baselines."""
+    seeds = [aggregated(problem).config] + ([pd_only(problem).config] if len(problem.devices) >= 2 else [])
+    return search(problem, trials=trials, time_limit_s=time_limit_s, seed=seed, seeds=seeds,
+                  reporter=reporter).best
+
+
+class EpdOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """One strategy's row in Compare."""
+
+    strategy: str
+    objective: str
+    status: str
+    plan: PoolConfig | None = None
+    candidate: Candidate | None = None
+    error: str = ""
+    elapsed_s: float = 0.0
+    mean_output_tokens: float = 0.0
+
+    @property
+    def latency_s(self) -> float | None:
+        """Median TTFT at the workload's rate."""
+        return self.candidate.ttft_p50_s if self.candidate else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Goodput in output tokens per second (requests per second × mean output length)."""
+        if not self.candidate:
+            return None
+        return self.candidate.goodput_rps * self.mean_output_tokens
+
+
+STRATEGIES = {"search": searched, "pd-only": pd_only, "aggregated": aggregated}
+
+
+def run_strategy(problem: EpdProblem, name: str, objective: str = "throughput", time_limit_s: float = 30.0, *,
+                 reporter: Reporter | None = None) -> EpdOutcome:
+    """One strategy; operator errors become ``failed``."""
+    t0 = time.perf_counter()
+    try:
+        if name not in STRATEGIES:
+            raise EpdInputError(f"unknown EPD strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+        fn = STRATEGIES[name]
+        cand = fn(problem, time_limit_s=time_limit_s, reporter=reporter) if name == "search" else fn(problem)
+    except EdgeShardError as err:
+        return EpdOutcome(strategy=name, objective=objective, status="failed", error=str(err),
+                          elapsed_s=time.perf_counter() - t0)
+    reqs = problem.workload.requests
+    return EpdOutcome(strategy=name, objective=objective, status="ok", plan=cand.config, candidate=cand,
+                      elapsed_s=time.perf_counter() - t0,
+                      mean_output_tokens=sum(r.output_tokens for r in reqs) / len(reqs))
+
+
+__all__ = ["EpdOutcome", "STRATEGIES", "aggregated", "pd_only", "run_strategy", "searched"]

@@ -1,0 +1,39 @@
+"""SLO attainment and goodput by bisection over the rate."""
+
+from __future__ import annotations
+
+from core.techniques.phase_disaggregation.goodput import attainment, goodput, rate_point
+from core.techniques.phase_disaggregation.simulator import simulate_pools
+from core.techniques.phase_disaggregation.types import SLO, PoolConfig
+from core.techniques.phase_disaggregation.workload import poisson_workload
+from tests.techniques.phase_disaggregation.conftest import make_costs
+
+CFG = PoolConfig(encode=("e0", "e1"), prefill=("p0",), decode=("d0",), irp_degree=2, decode_batch=16)
+W = poisson_workload(rate_rps=1.0, requests=80, seed=5, images=(1, 3), tiles_per_image=(2, 4),
+                     output_tokens=(8, 24))
+
+
+def test_attainment_counts_requests_meeting_both_slos():
+    ms = simulate_pools(make_costs(), W, CFG).metrics
+    loose, none = SLO(ttft_s=1e6, tpot_s=1e6), SLO(ttft_s=1e-6, tpot_s=1e6)
+    assert attainment(ms, loose) == 1.0
+    assert attainment(ms, none) == 0.0
+
+
+def test_goodput_is_the_edge_where_attainment_drops_below_ninety_percent():
+    slo = SLO(ttft_s=1.5, tpot_s=0.05)
+    g = goodput(make_costs(), W, CFG, slo)
+    assert g.rate_rps > 0
+    assert rate_point(make_costs(), W, CFG, slo, g.rate_rps).attainment >= 0.9
+    assert rate_point(make_costs(), W, CFG, slo, g.rate_rps * 1.1).attainment < 0.9
+
+
+def test_goodput_grows_as_the_slo_loosens():
+    rates = [goodput(make_costs(), W, CFG, SLO(ttft_s=t, tpot_s=0.05)).rate_rps for t in (0.8, 1.5, 3.0, 6.0)]
+    assert rates == sorted(rates)
+    assert rates[-1] > rates[0]
+
+
+def test_goodput_is_zero_when_even_one_request_alone_misses_the_slo():
+    g = goodput(make_costs(), W, CFG, SLO(ttft_s=0.01, tpot_s=0.05))
+    assert g.rate_rps == 0.0

@@ -1,0 +1,53 @@
+"""The configuration search over the simulator, against the baselines."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.reporting import Cancelled, RecordingReporter
+from core.techniques.phase_disaggregation.baselines import aggregated, pd_only, run_strategy
+from core.techniques.phase_disaggregation.search import SearchProgress, config_for, params_of, search
+from core.techniques.phase_disaggregation.types import EpdInputError
+from tests.techniques.phase_disaggregation.conftest import image_heavy_problem
+
+
+def test_search_beats_both_baselines_where_only_irp_meets_the_ttft_slo():
+    problem = image_heavy_problem()
+    agg, pd = aggregated(problem), pd_only(problem)
+    result = search(problem, trials=10, seed=1, seeds=[agg.config, pd.config])
+    assert result.best.goodput_rps >= max(agg.goodput_rps, pd.goodput_rps)
+    assert result.best.goodput_rps > pd.goodput_rps
+    assert result.best.config.disaggregation == "epd" and result.best.config.irp_degree > 1
+
+
+def test_search_reports_progress_and_its_best_so_far():
+    reporter = RecordingReporter()
+    result = search(image_heavy_problem(requests=20), trials=3, reporter=reporter)
+    assert reporter.progresses[-1] == (3, 3)
+    last = reporter.partials[-1]
+    assert isinstance(last, SearchProgress) and last.best == result.best
+    assert len(result.candidates) == 3
+
+
+def test_search_stops_when_cancelled():
+    reporter = RecordingReporter()
+    reporter.cancel()
+    with pytest.raises(Cancelled):
+        search(image_heavy_problem(requests=20), trials=5, reporter=reporter)
+
+
+def test_search_with_too_few_devices_for_epd_says_so():
+    with pytest.raises(EpdInputError, match="too few"):
+        search(image_heavy_problem(devices=2), modes=("epd",), trials=2)
+
+
+def test_params_round_trip_a_configuration():
+    problem = image_heavy_problem()
+    cfg = config_for(problem, "epd", (3, 1, 2), irp_degree=3, decode_batch=32, policy="shortest-first")
+    assert params_of(cfg) == dict(mode="epd", encode_batch=1, prefill_batch=1, decode_batch=32,
+                                  policy="shortest-first", encode_n=3, prefill_n=1, decode_n=2, irp=3)
+
+
+def test_unknown_strategy_is_a_failed_row_not_a_crash():
+    out = run_strategy(image_heavy_problem(requests=10), "magic")
+    assert out.status == "failed" and "unknown EPD strategy" in out.error
