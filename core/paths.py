@@ -4,6 +4,7 @@
   the coordinator's CurveZMQ key, the workspace's known_hosts, agents.json, deployments.json.
 - ``$EDGESHARD_WORKSPACE`` (default ``$XDG_DATA_HOME/edgeshard/workspace.sqlite``): the
   **SQLite file** that records sessions (core.sessions.store).
+- ``$XDG_DATA_HOME/edgeshard/studio``: the studio's last workspace (problem and plan files).
 
 Two variables because they are two kinds of thing; a value of the wrong kind (a file for
 the home, a folder for the workspace) is a clear error naming the other variable.
@@ -32,8 +33,18 @@ def workspace_file() -> Path:
     env = os.environ.get(ENV_WORKSPACE)
     if env:
         return Path(env).expanduser()
+    return _data_folder() / "workspace.sqlite"
+
+
+def _data_folder() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "edgeshard" / "workspace.sqlite"
+    return Path(base) / "edgeshard"
+
+
+def studio_folder() -> Path:
+    """What the studio keeps between launches (the last workspace's problem and plan):
+    ``$XDG_DATA_HOME/edgeshard/studio``, beside the default sessions file."""
+    return _data_folder() / "studio"
 
 
 def home_folder(path: str | os.PathLike | None = None) -> Path:

@@ -15,8 +15,10 @@ def launch(workspace: str | None = None, profile: str | None = None, demo: bool 
 
         demo_session = DemoSession(window.state, window=window, workspace=workspace)
         demo_session.start()
-    elif workspace:
-        window.open_workspace(workspace)
+    else:
+        window.restore_last_workspace()  # the demo keeps its own workspace, and does not replace this one
+        if workspace:
+            window.open_workspace(workspace)
     if profile:
         window.load_profile_file(profile)
     window.show()

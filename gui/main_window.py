@@ -97,6 +97,8 @@ class MainWindow(QMainWindow):
         self.screens = Screens.build(self.state)
         self.coordinator = None
         """The connection to agents opened from an agents.json (closed with the window)."""
+        self.keeps_workspace = False
+        """Whether closing keeps the workspace for the next launch (once it was restored: not the demo's)."""
         self._agents_runner = None
         self._connection_before = "not connected"
         """What the status bar said before a Connect, restored if it fails."""
@@ -418,8 +420,28 @@ class MainWindow(QMainWindow):
         s.setValue("window/screen", self.current_screen_title())
         s.sync()
 
+    def restore_last_workspace(self) -> None:
+        """Reopen the last workspace, profile, plan and Run settings (``gui.last_workspace``);
+        from now on closing the window keeps them for the next launch. What cannot be
+        restored is said in the status bar and the log; the rest still is."""
+        from gui.last_workspace import restore_last_workspace
+
+        self.keeps_workspace = True
+        problems = restore_last_workspace(self)
+        if problems:
+            self.state.log("Last workspace partly restored: " + "; ".join(problems), "warning")
+        elif self.state.problem is not None:
+            plan = self.state.plan
+            self.state.log(f"restored the last workspace: {self.state.problem.profile.model.name}"
+                           + (f", a plan of {len(plan.stages)} stage(s)" if plan is not None else ""))
+
     def closeEvent(self, event) -> None:
         self.save_layout()
+        if self.keeps_workspace:
+            from gui.last_workspace import save_last_workspace
+
+            for problem in save_last_workspace(self.state, self.screens.run.settings()):
+                self.state.log(problem, "warning")
         if self._agents_runner is not None:
             self._agents_runner.shutdown()
         if self.coordinator is not None:

@@ -291,6 +291,15 @@ class RunPanel(QWidget):
                            micro_batches=self.micro_batches_spin.value() or None,
                            send_weights=self.send_weights_check.isChecked())
 
+    def apply_settings(self, settings: RunSettings) -> None:
+        """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
+        self.model_edit.setText(settings.model_dir)
+        self.prompts_edit.setPlainText("\n".join(settings.prompts))
+        self.max_tokens_spin.setValue(settings.max_new_tokens)
+        self.mode_combo.setCurrentText(settings.mode)
+        self.micro_batches_spin.setValue(settings.micro_batches or 0)
+        self.send_weights_check.setChecked(settings.send_weights)
+
     def is_running(self) -> bool:
         return self.runner.is_busy()
 
