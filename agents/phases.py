@@ -288,12 +288,15 @@ class DecodeExecutor(_TextExecutor):
 
 @contextlib.contextmanager
 def emulated(slowdown: float):
-    """Make the block take ``slowdown`` times its real time (an emulated slower device, like
-    agents.emulation does for stages), per step, so step times and spans stay consistent."""
-    t0 = time.perf_counter()
+    """Make the block last ``slowdown`` times the CPU time it used (an emulated slower device),
+    per step, so step times and spans stay consistent. CPU time, not wall time: on a shared
+    machine, time spent waiting for a core would otherwise be multiplied too, and the device
+    would seem slower the busier its neighbours are. (The calling thread's CPU time: agents run
+    phases with one torch thread.)"""
+    w0, c0 = time.perf_counter(), time.thread_time()
     yield
     if slowdown > 1.0:
-        time.sleep((slowdown - 1.0) * (time.perf_counter() - t0))
+        time.sleep(max(0.0, slowdown * (time.thread_time() - c0) - (time.perf_counter() - w0)))
 
 
 def sampling_params(spec, max_new_tokens: int) -> SamplingParams:
