@@ -86,6 +86,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_search)
 
+    from core.techniques.phase_disaggregation.run_cli import register_run_verbs
+
+    register_run_verbs(verbs)  # make-model, profile, run: the real half (run_cli.py)
+
 
 def _slo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ttft", type=float_in(0.0, 1e6, lo_open=True), default=2.5, metavar="SECONDS")

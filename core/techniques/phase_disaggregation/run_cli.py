@@ -1,0 +1,149 @@
+"""``edgeshard epd make-model | profile | run``: the real half of EPD from the command line.
+
+``make-model`` writes a tiny Llava checkpoint; ``profile`` measures ``PhaseCosts`` on the
+pools' agents (for ``epd simulate`` / ``epd search``); ``run`` serves a workload on them for
+real, checks the tokens against the single-process model if asked, prints TTFT/TPOT beside
+the simulator's for the same costs, and records the run (and the simulation) in the session
+store, so the studio replays them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import msgspec
+
+from core.arguments import SEED, float_in, int_in
+from core.formats import load, save
+
+
+def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
+    mk = verbs.add_parser("make-model", help="write a tiny Llava checkpoint (random weights, fixed seed)")
+    mk.add_argument("--out", required=True, metavar="DIR")
+    mk.add_argument("--layers", type=int_in(1, 64), default=2)
+    mk.add_argument("--hidden", type=int_in(8, 8192), default=64)
+    mk.add_argument("--vision-layers", type=int_in(1, 64), default=2)
+    mk.add_argument("--vision-hidden", type=int_in(8, 4096), default=32)
+    mk.add_argument("--seed", type=SEED, default=0)
+    mk.set_defaults(func=_make_model)
+
+    for name, helptext in (("profile", "measure PhaseCosts on the pools' agents (writes COSTS.json)"),
+                           ("run", "serve a workload on the pools' agents for real; record it")):
+        p = verbs.add_parser(name, help=helptext)
+        p.add_argument("--agents", required=True, metavar="AGENTS.json", help="the agents file (edgeshard cluster)")
+        p.add_argument("--model", required=True, metavar="DIR", help="a Llava checkpoint the agents can read")
+        p.add_argument("--pools", required=True, metavar="POOLS.json", help="which agent serves which phase")
+        if name == "profile":
+            p.add_argument("--out", required=True, metavar="COSTS.json")
+            p.add_argument("--repeats", type=int_in(1, 100), default=5)
+            p.set_defaults(func=_profile)
+        else:
+            p.add_argument("--workload", required=True, metavar="WORKLOAD.json")
+            p.add_argument("--images", nargs="+", metavar="IMAGE", help="image files (default: the shipped set)")
+            p.add_argument("--costs", metavar="COSTS.json", help="also simulate with these costs, side by side")
+            p.add_argument("--temperature", type=float_in(0.0, 100.0), default=0.0)
+            p.add_argument("--top-p", type=float_in(0.0, 1.0, lo_open=True), default=1.0)
+            p.add_argument("--top-k", type=int_in(0, 1 << 20), default=0)
+            p.add_argument("--seed", type=SEED, default=0)
+            p.add_argument("--check", action="store_true", help="compare the tokens with generate() here")
+            p.add_argument("--workspace", metavar="WS.sqlite", help="record here (default: the studio's)")
+            p.add_argument("--session", default="epd", help="session name to record under")
+            p.add_argument("--json", action="store_true")
+            p.set_defaults(func=_run)
+
+
+def _make_model(args) -> int:
+    from core.models.multimodal import MultimodalRecipe, make_multimodal_model
+    from core.reporting import TerminalReporter
+
+    heads = max(2, args.hidden // 16)
+    recipe = MultimodalRecipe(layers=args.layers, hidden=args.hidden, heads=heads, kv_heads=max(1, heads // 2),
+                              intermediate=2 * args.hidden, vision_layers=args.vision_layers,
+                              vision_hidden=args.vision_hidden, vision_heads=max(1, args.vision_hidden // 16),
+                              seed=args.seed)
+    path = make_multimodal_model(recipe, args.out, TerminalReporter())
+    print(f"wrote a Llava checkpoint to {path} ({recipe.tokens_per_tile} tokens per {recipe.tile}-px tile)")
+    return 0
+
+
+def _link(args):
+    from core.devices.agent_link import AgentLink
+    from core.devices.local_cluster import load_agents_file
+
+    endpoints, keys = load_agents_file(args.agents)
+    return AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0)
+
+
+def _profile(args) -> int:
+    from core.reporting import TerminalReporter
+    from core.techniques.phase_disaggregation.profiling import profile_phases
+    from core.techniques.phase_disaggregation.runtime import load_pools
+    from core.techniques.phase_disaggregation.types import PoolConfig
+
+    pools = load(args.pools, PoolConfig)
+    with _link(args) as link:
+        link.wait_ready(timeout_s=30)
+        load_pools(link, args.model, pools)
+        costs = profile_phases(link, args.model, pools, repeats=args.repeats, reporter=TerminalReporter())
+    save(args.out, costs)
+    print(f"wrote {args.out}: encode {costs.encode_s_per_tile * 1e3:.2f} ms/tile, prefill "
+          f"{costs.prefill_s_per_token * 1e3:.3f} ms/token, decode step {costs.decode_step_s[0][1] * 1e3:.2f} ms")
+    return 0
+
+
+def _run(args) -> int:
+    from pathlib import Path
+
+    from agents.protocol import SamplingSpec
+    from core.paths import workspace_file
+    from core.sessions.recording import append_predicted
+    from core.sessions.store import SessionStore
+    from core.techniques.phase_disaggregation.runtime import (
+        prepare_requests, record_epd_run, reference_tokens, run_epd,
+    )
+    from core.techniques.phase_disaggregation.simulator import simulate_pools
+    from core.techniques.phase_disaggregation.types import PhaseCosts, PoolConfig, Workload
+
+    pools, workload = load(args.pools, PoolConfig), load(args.workload, Workload)
+    costs = load(args.costs, PhaseCosts) if args.costs else None
+    sampling = SamplingSpec(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    prepared = prepare_requests(args.model, workload, [Path(p) for p in args.images] if args.images else None)
+    with _link(args) as link:
+        link.wait_ready(timeout_s=30)
+        link.sync_clocks()
+        run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling)
+    sim = simulate_pools(costs, workload, pools, record=True) if costs is not None else None
+    equal = run.tokens == reference_tokens(args.model, prepared, sampling) if args.check else None
+    with SessionStore(args.workspace or workspace_file()) as store:
+        session = store.create_session(args.session)
+        model = Path(args.model).name
+        run_id = record_epd_run(store, session, run, model=model, workload=workload, pools=pools)
+        sim_id = None
+        if sim is not None:
+            sim_id = store.create_run(session, model=model, mode="pools", kind="predicted",
+                                      settings={"technique": "phase-disaggregation",
+                                                "pools": msgspec.to_builtins(pools),
+                                                "metrics": msgspec.to_builtins(sim.metrics)})
+            append_predicted(store, sim_id, sim.events, sim.tokens)
+            store.finish_run(sim_id, "completed", sim.figures)
+    med = statistics.median
+    out = {"requests": len(run.metrics), "ttft_p50_s": med(m.ttft_s for m in run.metrics),
+           "tpot_p50_s": med(m.tpot_s for m in run.metrics), "e2e_p50_s": med(m.e2e_s for m in run.metrics),
+           "run_id": run_id, "tokens_equal": equal}
+    if sim is not None:
+        out.update(simulated_ttft_p50_s=med(m.ttft_s for m in sim.metrics),
+                   simulated_tpot_p50_s=med(m.tpot_s for m in sim.metrics), simulated_run_id=sim_id)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        line = (f"{out['requests']} requests on {len(pools.devices)} agents: TTFT p50 {out['ttft_p50_s']:.3f} s, "
+                f"TPOT p50 {out['tpot_p50_s'] * 1e3:.1f} ms, E2E p50 {out['e2e_p50_s']:.2f} s; recorded run {run_id}")
+        if sim is not None:
+            line += (f"; simulated TTFT p50 {out['simulated_ttft_p50_s']:.3f} s, TPOT p50 "
+                     f"{out['simulated_tpot_p50_s'] * 1e3:.1f} ms (run {sim_id})")
+        if equal is not None:
+            line += f"; tokens {'equal' if equal else 'DIFFER from'} the single-process generate()"
+        print(line)
+    return 0 if equal in (None, True) else 1
