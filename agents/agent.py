@@ -62,6 +62,7 @@ from agents.protocol import (
     ClassifyImage,
     ComputeStrip,
     HeadsAttended,
+    HoldHeads,
     DataHeader,
     ErrorReply,
     EventBatch,
@@ -509,6 +510,17 @@ class Agent:
             self._lease_s = msg.lease_s
             self._lease_renewed = time.monotonic()
             self._work.put(("SpatialSetup", msg, self._stop_run))
+        elif isinstance(msg, HoldHeads):
+            if self._state in (AgentState.RUNNING, AgentState.LOADING):
+                self._reply_error(identity, req, "bad_state", f"cannot hold attention heads while {self._state}")
+                return
+            self._state = AgentState.RUNNING
+            self._stop_run = threading.Event()
+            self._run_id = msg.run_id
+            self._lease_holder = identity if msg.lease_s > 0 else None
+            self._lease_s = msg.lease_s
+            self._lease_renewed = time.monotonic()
+            self._work.put(("HoldHeads", msg, self._stop_run))
         elif isinstance(msg, ClassifyImage):
             session = self._spatial_run
             if session is None or not session.is_gateway or msg.run_id != self._run_id:
@@ -604,6 +616,8 @@ class Agent:
                     self._post(ProfileResult(req=msg.req, result=profiler.profile_compute(self, msg.options)))
                 elif kind == "SpatialSetup":
                     self._spatial(msg, stop)
+                elif kind == "HoldHeads":
+                    self._hold_heads(msg, stop)
                 elif kind == "ComputeStrip":
                     self._post(self._compute_strip(msg))
                 elif kind == "AttendHeads":
@@ -654,12 +668,15 @@ class Agent:
             kwargs["progress"] = self._set_progress
         if "kv" in params and msg.kv.groups:
             kwargs["kv"] = msg.kv
+        if "services" in params:  # a stage that calls other agents over the data plane while it computes
+            kwargs["services"], kwargs["agent"] = msg.services, self
         executor = factory(model_dir, msg.start, msg.end, **kwargs)
         # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),
                                    kv_bytes=int(getattr(executor, "kv_reserved_bytes", 0)))
         executor = self.emulation.slowed(executor)
-        self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device])
+        self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device]
+                        + [s.public_key for s in msg.services])
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
         shape = msg.link if msg.link != LinkShape() else self.default_link
         self._loaded = _Loaded(msg, executor, nxt, shape, source_device=peers[0].device)
@@ -747,6 +764,35 @@ class Agent:
             if self._state is AgentState.RUNNING:
                 self._state = AgentState.IDLE
 
+    def _hold_heads(self, msg, stop: threading.Event) -> None:
+        """Attention offloading's memory side on the data plane (agents.attention_offload.HeadsService):
+        answered Ok once serving, serves until the hold's StopRun (or its lease) ends it."""
+        from agents.attention_offload import HeadsService
+
+        MODEL_CODE_IMPORTED.wait()
+        service = None
+        try:
+            service = HeadsService(self, msg, stop)
+            self._log(f"holding heads [{msg.kv_start}, {msg.kv_stop}) of {msg.model_dir} for "
+                      f"{', '.join(p.device for p in msg.dense)}")
+            self._post(Ok(req=msg.req, detail=f"holding heads [{msg.kv_start}, {msg.kv_stop})"))
+            service.serve()
+        except RunAborted:
+            self._log(f"attention hold {msg.run_id} ended")
+        except Exception as err:
+            self._log(f"attention hold {msg.run_id} failed: {type(err).__name__}: {err}")
+            if service is None:
+                self._post(ErrorReply(req=msg.req, code="failed", message=f"{type(err).__name__}: {err}"))
+            else:
+                self._post(RunError(run_id=msg.run_id, device=self.device, message=f"{type(err).__name__}: {err}"))
+        finally:
+            if service is not None:
+                service.close()
+            self.gate_data([])
+            self._lease_holder = None
+            if self._state is AgentState.RUNNING:
+                self._state = AgentState.IDLE
+
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's
         seed once and kept; the strip's compute is slowed like a stage's on an emulated device."""
@@ -774,6 +820,9 @@ class Agent:
         loaded, self._loaded = self._loaded, None
         if loaded is None:
             return
+        close = getattr(loaded.executor, "close", None)
+        if close is not None:  # an executor with sockets of its own (attention offloading's dense side)
+            close()
         if loaded.sender is not None:
             loaded.sender.close()
         if loaded.push is not None:
@@ -956,7 +1005,8 @@ class _StageRun:
                 if gen is None:
                     gen = self.generators[mb] = torch.Generator().manual_seed(self.msg.sampling.seed + mb)
                 out = self.sample(out, gen).to(torch.int64)
-        self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
+        if not getattr(self.ex, "records_own_spans", False):
+            self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
         return out
 
     def _send(self, op: Send, out: torch.Tensor, mask) -> None:

@@ -83,6 +83,19 @@ def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str,
 register_executor("expert-offload", expert_offload_executor)
 
 
+def attention_offload_dense_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None,
+                                     progress=None, agent=None, services=()):
+    """Lamina (agents.attention_offload): the dense part of units [start, end), its attention on the
+    memory agents ``services`` (LoadShard.services), reached over this agent's data plane."""
+    from agents.attention_offload import DenseAgentExecutor
+
+    return DenseAgentExecutor(model_dir, start, end, agent=agent, services=services, dtype=dtype, threads=threads,
+                              progress=progress)
+
+
+register_executor("attention-offload-dense", attention_offload_dense_executor)
+
+
 def _phase(name: str):
     def factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
         from agents import phases

@@ -137,6 +137,16 @@ class PeerSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """The peer's CurveZMQ public key (Z85, 40 chars)."""
 
 
+class ServicePeer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An agent a stage calls while it computes, and the part [start, stop) it serves."""
+
+    device: str
+    data_address: str
+    public_key: str
+    start: int
+    stop: int
+
+
 class LinkShape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Emulated link applied in the sender's send path (0 = unshaped)."""
 
@@ -241,6 +251,9 @@ class LoadShard(_Msg, frozen=True, tag="load_shard"):
     files: tuple[tuple[str, str], ...] = ()
     """(file name, sha256) of weights sent with ``PutWeights``: load those (``model_dir``
     is then only a label); empty: load ``model_dir`` as it is on the device."""
+    services: tuple[ServicePeer, ...] = ()
+    """Other agents this stage calls over the data plane while it computes (attention
+    offloading: the memory agents holding the KV of key/value heads [start, stop))."""
 
 
 class QueryWeights(_Msg, frozen=True, tag="query_weights"):
@@ -636,6 +649,22 @@ class AttendHeads(_Msg, frozen=True, tag="attend_heads"):
     drop_layers: tuple[int, ...] = ()
 
 
+class HoldHeads(_Msg, frozen=True, tag="hold_heads"):
+    """Attention offloading on the data plane: hold the KV of key/value heads [kv_start, kv_stop)
+    of ``model_dir``'s geometry and serve ``DataHeader(kind="attend")`` frames from the ``dense``
+    agents (answered with ``kind="attended"`` frames to their data sockets) until a ``StopRun``
+    naming ``run_id``. Answered by ``Ok`` once serving."""
+
+    run_id: str
+    model_dir: str
+    kv_start: int
+    kv_stop: int
+    dense: tuple[PeerSpec, ...]
+    lease_s: float = 0.0
+    link: LinkShape = LinkShape()
+    """Emulation of this agent's outgoing link (the replies)."""
+
+
 class HeadsAttended(_Msg, frozen=True, tag="heads_attended"):
     """The attention output of the heads, with when it ran on the agent's clock."""
 
@@ -726,7 +755,7 @@ ControlMessage = Union[
     Ping, Pong, GetStatus, AgentStatus, LoadShard, Unload, StartRun, StopRun, GetLogs, Logs,
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
     RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights, ComputeStrip, StripComputed,
-    AttendHeads, HeadsAttended, EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens,
+    AttendHeads, HoldHeads, HeadsAttended, EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens,
     TokensDecoded, SpatialSetup, ClassifyImage, ImageClassified,
 ]  # fmt: skip
 
@@ -1048,6 +1077,13 @@ def message_problem(msg: ControlMessage) -> str:
         return _strip_problem(msg)
     if isinstance(msg, AttendHeads):
         return _attend_problem(msg)
+    if isinstance(msg, HoldHeads):
+        if not 0 <= msg.kv_start < msg.kv_stop <= 4096:
+            return "kv heads must be a range [kv_start, kv_stop) within [0, 4096]"
+        if not msg.dense or len(msg.dense) > 64:
+            return "a memory agent serves 1 to 64 dense agents"
+        if not (math.isfinite(msg.lease_s) and msg.lease_s >= 0):
+            return "lease_s must be a finite number >= 0"
     if isinstance(msg, SpatialSetup):
         return _spatial_setup_problem(msg)
     if isinstance(msg, ClassifyImage):
@@ -1121,7 +1157,7 @@ def message_problem(msg: ControlMessage) -> str:
 # viewing the bytes as a tensor (zero-copy, never pickled).
 # --------------------------------------------------------------------------------------
 
-DataKind = Literal["hidden", "tokens", "probe", "strip"]
+DataKind = Literal["hidden", "tokens", "probe", "strip", "attend", "attended"]
 """``strip``: a spatial run's strip, gateway -> worker (its input with halo) and back (its output)."""
 
 MAX_DATA_TENSORS = 4
@@ -1144,6 +1180,25 @@ class TensorSpec(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
         return n
 
 
+MaskMode = Literal["none", "full", "same", "next"]
+"""How an ``attend`` frame's mask reaches the memory side: none; ``full`` (sent, a uint8 tensor);
+``same`` as the last one of this micro-batch (the next layer of a step); ``next``: the last one's
+last row with one more visible column (the next decode step). Only ``full`` costs bytes."""
+
+
+class AttendSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What an ``attend``/``attended`` data frame is about (tensors: q, k, v[, mask] / output)."""
+
+    layer: int
+    kv_start: int
+    kv_stop: int
+    scaling: float = 1.0
+    mask: MaskMode = "none"
+    t_start: float = 0.0
+    t_end: float = 0.0
+    """``attended``: when the attention ran, on the memory agent's clock."""
+
+
 class DataHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     v: int = PROTOCOL_VERSION
     run_id: str
@@ -1158,6 +1213,8 @@ class DataHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     times: tuple[float, ...] = ()
     """Sender-clock times the receiver relays: a spatial strip's result carries (received,
     compute start, compute end); step = image, micro_batch = tile."""
+    attend: AttendSpec | None = None
+    """``attend``/``attended`` frames (attention offloading): layer, heads, scaling, mask mode."""
 
 
 _data_decoder = msgspec.msgpack.Decoder(DataHeader)
@@ -1194,6 +1251,14 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
         raise ProtocolError("bad_message", f"step {header.step} / micro_batch {header.micro_batch} out of range")
     if len(header.times) > 8:
         raise ProtocolError("bad_message", f"{len(header.times)} relayed times, at most 8")
+    if (header.kind in ("attend", "attended")) != (header.attend is not None):
+        raise ProtocolError("bad_message", "attend/attended frames (and only they) carry an attend spec")
+    if header.attend is not None:
+        a = header.attend
+        if not (0 <= a.layer < 4096 and 0 <= a.kv_start < a.kv_stop <= 4096 and math.isfinite(a.scaling)
+                and a.scaling > 0):
+            raise ProtocolError("bad_message", "attend spec: layer in [0, 4096), heads [kv_start, kv_stop) in "
+                                               "[0, 4096], scaling a finite number > 0")
     if len(header.tensors) > MAX_DATA_TENSORS or len(header.tensors) != len(frames) - 1:
         raise ProtocolError(
             "bad_message", f"header names {len(header.tensors)} tensors, message has {len(frames) - 1}"

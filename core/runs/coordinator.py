@@ -37,6 +37,7 @@ from agents.protocol import (
     LinkShape,
     LoadShard,
     PeerSpec,
+    ServicePeer,
     RunError,
     RunFinished,
     RunMode,
@@ -301,6 +302,7 @@ class Coordinator:
         kv: KvReservation = KvReservation(),
         files: dict[str, tuple[tuple[str, str], ...]] | None = None,
         kind: str | dict[str, str] = "layers",
+        services: dict[str, tuple[ServicePeer, ...]] | None = None,
     ) -> None:
         """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device.
 
@@ -308,7 +310,9 @@ class Coordinator:
         budget it breaks refuses the load (``ShardOverBudget``) instead of failing mid-run.
         ``files``: per device, the (name, sha256) of weights sent to it (core.runs.weights).
         ``kind``: the stage kind (``agents.executors``) every stage, or each device's stage, is
-        loaded as — how a technique's plan reaches its own agent-side executor."""
+        loaded as — how a technique's plan reaches its own agent-side executor.
+        ``services``: per device, the agents its stage calls over the data plane while it computes
+        (``LoadShard.services``; attention offloading's memory agents)."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
         if problems:
@@ -334,7 +338,8 @@ class Coordinator:
             msg = LoadShard(model_dir=str(mdir), stage=i, start=s.start, end=s.end, peers=peers, dtype=dtype,
                             threads=threads, link=links.get(s.device, LinkShape()), kv=kv,
                             files=(files or {}).get(s.device, ()),
-                            kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind)
+                            kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind,
+                            services=(services or {}).get(s.device, ()))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         self._await_loads(futs, timeout_s, reporter)
@@ -430,16 +435,22 @@ class Coordinator:
         request: RunRequest,
         sink: RunSink | None = None,
         reporter: Reporter | None = None,
+        *,
+        helpers: dict[str, str] | None = None,
     ) -> RunResult:
-        """Run one generation over the loaded plan; blocks the calling thread (not the IO thread)."""
+        """Run one generation over the loaded plan; blocks the calling thread (not the IO thread).
+
+        ``helpers``: agents that serve this run outside the plan's stages (attention offloading's
+        memory agents), device -> the id their own work was started under: they are stopped
+        after the stages, and their events (streamed under this run's id) count until they answer."""
         if not self._run_lock.acquire(blocking=False):
             raise RunFailed("a run is already in progress on these agents")
         try:
-            return self._run_locked(plan, request, sink, reporter)
+            return self._run_locked(plan, request, sink, reporter, helpers or {})
         finally:
             self._run_lock.release()
 
-    def _run_locked(self, plan, request, sink, reporter) -> RunResult:
+    def _run_locked(self, plan, request, sink, reporter, helpers: dict[str, str]) -> RunResult:
         reporter = reporter or NullReporter()
         sink = sink or NullSink()
         if request.mode not in MODES:
@@ -466,12 +477,14 @@ class Coordinator:
                 reporter.progress(min(getattr(run.state, "tokens", 0), expected), expected)
         except BaseException as err:  # KeyboardInterrupt and the like: stop the agents, leave them loaded
             self._stop_all(devices, run_id)
+            self._stop_helpers(helpers)
             if not isinstance(err, KeyboardInterrupt):
                 self._unload_after_failure(devices)
             self._last_state = run.state
             self._run = None
             raise
         self._stop_all(devices, run_id)
+        self._stop_helpers(helpers)
         end = run.state
         if isinstance(end, run_state.Failed):
             self._unload_after_failure(devices)
@@ -530,6 +543,14 @@ class Coordinator:
     def _stop_all(self, devices: list[str], run_id: str) -> None:
         """Tell every live agent to end ``run_id``; their replies come after their last events."""
         futs = [(d, self.request_async(d, StopRun(run_id=run_id))) for d in devices if not self.link.is_lost(d)]
+        for d, f in futs:
+            try:
+                self.link.await_reply(d, f, 5.0, "stopping")
+            except RunFailed:
+                pass
+
+    def _stop_helpers(self, helpers: dict[str, str]) -> None:
+        futs = [(d, self.request_async(d, StopRun(run_id=i))) for d, i in helpers.items() if not self.link.is_lost(d)]
         for d, f in futs:
             try:
                 self.link.await_reply(d, f, 5.0, "stopping")

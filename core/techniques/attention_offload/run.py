@@ -1,0 +1,91 @@
+"""A real attention-offloading (Lamina) run on agents: the dense side and the memory sides are agents.
+
+The compute device's agent loads the whole model's dense part as stage kind
+``attention-offload-dense`` (``Coordinator.load(kind=..., services=...)``: one stage, its
+``LoadShard.services`` name the memory agents and the key/value heads each holds); each memory
+agent gets a ``HoldHeads`` (its heads, the dense agent's data address and key) and serves
+attention over its KV cache. Per layer, q and the new k, v of each side's heads go from the
+dense agent's data socket straight to the memory agents', and the outputs come back the same
+way (agents.attention_offload): nothing per token passes through this process. The coordinator
+runs it like any plan (``Coordinator.run``: tokens, the live sink, the run state), so recording,
+replay and the timeline take it as they take layer sharding; the memory agents stream their own
+attention and send spans into the same run. The run stops the holds after the stage (their last events arrive first); however it ends, they are stopped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from agents.protocol import ErrorReply, HoldHeads, Ok, PeerSpec, ServicePeer, StopRun
+from core.errors import RunFailed
+from core.planning.plan import ShardPlan, plan_from_boundaries
+from core.reporting import Reporter
+from core.runs.coordinator import Coordinator, RunRequest, RunResult, RunSink
+from core.techniques.attention_offload import DENSE_KIND
+
+HOLD_TIMEOUT_S = 120.0
+
+
+def head_ranges(kv_heads: int, memory: int) -> list[tuple[int, int]]:
+    """Key/value heads over ``memory`` agents, balanced by heads (``agents.attention_offload.split_heads``)."""
+    from agents.attention_offload import split_heads
+
+    return [(r.start, r.stop) for r in split_heads(kv_heads, memory)]
+
+
+def dense_plan(model: str, layers: int, dense_device: str) -> ShardPlan:
+    """The one dense stage: every unit (embedding, blocks, head) on the compute device."""
+    return plan_from_boundaries(model, layers + 2, [dense_device], [])
+
+
+def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, memory_devices: Sequence[str],
+                request: RunRequest, *, sink: RunSink | None = None, reporter: Reporter | None = None,
+                dtype: str = "float32", threads: int = 0) -> RunResult:
+    """Load the dense stage, hold the heads on the memory agents, run ``request``; ``RunFailed``
+    names the device when one fails. ``CheckpointError`` when there are more memory agents than
+    key/value heads."""
+    from agents.attention_offload import HeadShape
+
+    memory = list(memory_devices)
+    if not memory:
+        raise RunFailed("attention offloading needs at least one memory agent")
+    if dense_device in memory or len(set(memory)) != len(memory):
+        raise RunFailed("the compute agent and the memory agents must be different devices, each once")
+    shape = HeadShape.of(model_dir)
+    ranges = head_ranges(shape.kv_heads, len(memory))
+    plan = dense_plan(str(model_dir), shape.layers, dense_device)
+    statuses = coordinator.status_of([dense_device, *memory])
+    services = tuple(ServicePeer(device=d, data_address=statuses[d].data_address,
+                                 public_key=statuses[d].public_key, start=a, stop=b)
+                     for d, (a, b) in zip(memory, ranges))
+    coordinator.load(plan, str(model_dir), dtype=dtype, threads=threads, kind=DENSE_KIND,
+                     services={dense_device: services}, reporter=reporter)
+    dense = PeerSpec(device=dense_device, stage=0, data_address=statuses[dense_device].data_address,
+                     public_key=statuses[dense_device].public_key)
+    hold_id = uuid.uuid4().hex[:12]
+    lease = max(10.0, 4 * coordinator.link.heartbeat_interval_s)
+    held: list[str] = []
+    try:
+        futs = [(d, coordinator.request_async(d, HoldHeads(run_id=hold_id, model_dir=str(model_dir), kv_start=a,
+                                                             kv_stop=b, dense=(dense,), lease_s=lease)))
+                for d, (a, b) in zip(memory, ranges)]
+        for d, fut in futs:
+            reply = coordinator.link.await_reply(d, fut, HOLD_TIMEOUT_S, "holding attention heads")
+            if not isinstance(reply, Ok):
+                detail = reply.message if isinstance(reply, ErrorReply) else type(reply).__name__
+                raise RunFailed(f"holding attention heads: refused: {detail}", d)
+            held.append(d)
+        return coordinator.run(plan, request, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
+    finally:
+        _release(coordinator, held, hold_id)
+
+
+def _release(coordinator: Coordinator, devices: list[str], hold_id: str) -> None:
+    """End the holds the run did not end (a failed start; a lost agent ends its own through the lease)."""
+    futs = [(d, coordinator.request_async(d, StopRun(run_id=hold_id))) for d in devices]
+    for d, fut in futs:
+        try:
+            coordinator.link.await_reply(d, fut, 10.0, "ending the attention hold")
+        except RunFailed:
+            pass

@@ -1,0 +1,115 @@
+"""The dense side and the memory sides as real agents (issue 15): the coordinator loads the
+dense stage kind with its memory agents as services, q/k/v and outputs travel over the agents'
+data plane, and tokens equal HF generate (greedy) and the unsplit model (seeded)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
+
+from agents.agent import Agent
+from agents.attention_offload import DenseAgentExecutor, HeadShape, mask_mode, next_mask, resolve_mask
+from agents.local_pipeline import generate_partitioned
+from agents.protocol import SamplingSpec
+from agents.sampling import SamplingParams
+from agents.shard import StageExecutor
+from agents.transport import CurveKeys
+from core.errors import RunFailed
+from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
+from core.runs.generation import load_tokenizer
+from core.techniques.attention_offload.run import run_offload
+from tests.core.hf_reference import hf_greedy_new_tokens
+
+PROMPTS = ["the cat sat", "a longer prompt about the river", "hello"]
+MAX_NEW = 6
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    keys = CurveKeys.generate()
+    agents = [Agent(name, keys.public).start() for name in ("dense", "mem-0", "mem-1")]
+    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
+    coordinator.open()
+    yield coordinator, {a.device: a for a in agents}
+    coordinator.close()
+    for agent in agents:
+        agent.close()
+
+
+def _request(model_dir, sampling=SamplingSpec(), max_new=MAX_NEW):
+    enc = load_tokenizer(model_dir)(PROMPTS, return_tensors="pt", padding=True)
+    req = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+                     attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
+                     max_new_tokens=max_new, eos_token_ids=(2,), pad_token_id=0, sampling=sampling)
+    return enc, req
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_dense_agent_and_two_memory_agents_give_the_tokens_of_hf_generate(cluster, tiny_model_dirs, family):
+    coordinator, agents = cluster
+    model_dir = tiny_model_dirs[family]
+    enc, req = _request(model_dir)
+    result = run_offload(coordinator, model_dir, "dense", ["mem-0", "mem-1"], req)
+    assert [list(t) for t in result.tokens] == [list(t) for t in hf_greedy_new_tokens(model_dir, enc, MAX_NEW)]
+    executor = agents["dense"]._loaded.executor
+    assert isinstance(executor, DenseAgentExecutor) and executor.kv_bytes() == 0
+    assert executor.router.calls == MAX_NEW * HeadShape.of(model_dir).layers
+
+
+def test_seeded_sampling_gives_the_tokens_of_the_unsplit_model(cluster, tiny_llama_dir):
+    coordinator, _ = cluster
+    spec = SamplingSpec(temperature=0.9, top_p=0.9, seed=5)
+    enc, req = _request(tiny_llama_dir, spec)
+    result = run_offload(coordinator, tiny_llama_dir, "dense", ["mem-0", "mem-1"], req)
+    ref = generate_partitioned([StageExecutor(tiny_llama_dir, 0, HeadShape.of(tiny_llama_dir).layers + 2)],
+                               enc["input_ids"], enc["attention_mask"],
+                               SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_new_tokens=MAX_NEW,
+                                              eos_token_ids=(2,), pad_token_id=0))
+    for got, row in zip(result.tokens, ref.tokens.tolist()):
+        assert list(got) == row[:len(got)]
+
+
+def test_the_timeline_has_dense_spans_transfers_and_attention_spans_on_the_memory_agents(cluster, tiny_llama_dir):
+    coordinator, _ = cluster
+    _, req = _request(tiny_llama_dir, max_new=3)
+    result = run_offload(coordinator, tiny_llama_dir, "dense", ["mem-0", "mem-1"], req)
+    layers = HeadShape.of(tiny_llama_dir).layers
+    by = lambda device, kind: [e for e in result.events if e.device == device and e.kind == kind]  # noqa: E731
+    for mem in ("mem-0", "mem-1"):
+        attention = by(mem, "compute")
+        assert len(attention) == 3 * layers  # one per layer and step (prefill + 2 decode steps)
+        assert {e.step for e in attention} == {0, 1, 2}
+        sends = [e for e in by("dense", "send") if e.peer == mem]
+        assert len(sends) == 3 * layers and all(e.nbytes > 0 for e in sends)
+        assert len(by(mem, "send")) == 3 * layers
+    # dense segments: one before each layer's attention and one after the last, per step
+    assert len(by("dense", "compute")) == 3 * (layers + 1)
+
+
+def test_the_agents_are_free_after_a_run_and_a_second_run_works(cluster, tiny_llama_dir):
+    coordinator, agents = cluster
+    enc, req = _request(tiny_llama_dir, max_new=2)
+    first = run_offload(coordinator, tiny_llama_dir, "dense", ["mem-0", "mem-1"], req).tokens
+    assert all(agents[m]._state.value == "idle" for m in ("mem-0", "mem-1"))
+    assert run_offload(coordinator, tiny_llama_dir, "dense", ["mem-1", "mem-0"], req).tokens == first
+
+
+def test_memory_agents_that_are_the_dense_one_or_repeated_are_refused(cluster, tiny_llama_dir):
+    coordinator, _ = cluster
+    _, req = _request(tiny_llama_dir, max_new=1)
+    with pytest.raises(RunFailed, match="different devices"):
+        run_offload(coordinator, tiny_llama_dir, "dense", ["dense"], req)
+    with pytest.raises(RunFailed, match="different devices"):
+        run_offload(coordinator, tiny_llama_dir, "dense", ["mem-0", "mem-0"], req)
+
+
+def test_the_mask_is_sent_only_when_the_memory_side_cannot_derive_it():
+    prefill = torch.tensor([[[[False, True, False], [False, True, True]]]])
+    assert mask_mode(None, prefill) == "full"
+    assert mask_mode(prefill, prefill) == "same"
+    step = torch.tensor([[[[False, True, True, True]]]])
+    assert mask_mode(prefill, step) == "next"
+    assert torch.equal(resolve_mask(prefill, "next", None), step) and torch.equal(next_mask(prefill), step)
+    assert mask_mode(prefill, torch.tensor([[[[True, True, True, True]]]])) == "full"
+    assert mask_mode(prefill, None) == "none"
