@@ -65,10 +65,17 @@ def _expert_offload_view(state: StudioState) -> QWidget:
     return ExpertOffloadPlanView(state)
 
 
+def _phase_disaggregation_view(state: StudioState) -> QWidget:
+    from gui.phase_disaggregation_view import PhaseDisaggregationPlanView
+
+    return PhaseDisaggregationPlanView(state)
+
+
 register_plan_view("layer-sharding", _layer_sharding_view)
 register_plan_view("spatial", _spatial_view)
 register_plan_view("attention-offload", _attention_offload_view)
 register_plan_view("expert-offload", _expert_offload_view)
+register_plan_view("phase-disaggregation", _phase_disaggregation_view)
 
 
 class PlanScreen(QWidget):

@@ -1,0 +1,69 @@
+"""The EPD plan view: reachable from the Plan screen; a search fills the configurations (with
+both baselines), the pools, the request timeline, the SLO curves and the progress chart; Stop
+stops it; a bad calibration file is refused with its reason."""
+
+from __future__ import annotations
+
+from gui.phase_disaggregation_view import PhaseDisaggregationPlanView, RequestTimeline
+from gui.plan_views import PlanScreen
+from gui.studio_state import StudioState
+
+
+def _view(qtbot) -> PhaseDisaggregationPlanView:
+    view = PhaseDisaggregationPlanView(StudioState())
+    qtbot.addWidget(view)
+    return view
+
+
+def test_the_plan_screen_offers_the_epd_view(qtbot):
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("phase-disaggregation")
+    assert isinstance(screen.view, PhaseDisaggregationPlanView)
+    screen.shutdown()
+
+
+def test_a_search_fills_every_pane_and_lists_both_baselines(qtbot):
+    view = _view(qtbot)
+    view.devices.setValue(5)
+    view.trials.setValue(3)
+    view.auto_solve(requests=20)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    names = [view.table.item(r, 0).text() for r in range(view.table.rowCount())]
+    assert names[-2:] == ["aggregated", "pd-only"] and names[0].startswith("#1")
+    assert view.pools.config == view.result.best.config
+    assert len(view.timeline.metrics) == 20
+    assert {name for name, _ in view.result.curves} == {"search's pick", "aggregated", "pd-only"}
+    assert len(view.trials_seen) == 3 and "picked" in view.status.text()
+    assert view.search_button.isEnabled() and not view.stop_button.isEnabled()
+    view.shutdown()
+
+
+def test_stop_ends_the_search_and_says_so(qtbot):
+    view = _view(qtbot)
+    view.trials.setValue(500)
+    view.auto_solve(requests=20)
+    qtbot.waitUntil(lambda: len(view.trials_seen) >= 1, timeout=120_000)
+    view.stop_button.click()
+    qtbot.waitUntil(lambda: view.search_button.isEnabled(), timeout=60_000)
+    assert view.status.text() == "search stopped" and view.result is None
+    view.shutdown()
+
+
+def test_a_bad_costs_file_keeps_the_calibration_and_says_why(qtbot, tmp_path):
+    view = _view(qtbot)
+    before = view.costs
+    bad = tmp_path / "c.json"
+    bad.write_text('{"format": "edgeshard.epd-costs", "version": 1}')
+    assert not view.load_costs(str(bad))
+    assert view.costs == before and "costs not loaded" in view.status.text()
+
+
+def test_a_requests_spans_follow_its_phases_in_order():
+    from core.techniques.phase_disaggregation.types import RequestMetrics
+
+    m = RequestMetrics(request_id=0, arrival_s=0.0, encode_start_s=0.0, encode_end_s=1.0, ep_transfer_end_s=1.5,
+                       prefill_start_s=2.0, prefill_end_s=3.0, pd_transfer_end_s=3.5, decode_end_s=5.0,
+                       output_tokens=4)
+    assert RequestTimeline.spans(m) == [("encode", 0.0, 1.0), ("E→P", 1.0, 1.5), ("queue", 1.5, 2.0),
+                                        ("prefill", 2.0, 3.0), ("P→D", 3.0, 3.5), ("decode", 3.5, 5.0)]
