@@ -1,5 +1,10 @@
 """The cluster: a topology graph (nodes sized by compute, links by bandwidth) and heatmaps.
 
+*Show plan* draws the current plan's placement on the graph (as exo previews placements):
+each device coloured by its stage with the units it holds, and each link the pipeline uses
+as an arrow labelled with its predicted traffic (``core.planning.cost.link_bytes_per_token``)
+and, once a run has ended, its measured traffic (``core.runs.metrics.link_traffic``).
+
 Compute is the device's decode speed from the profile when there is one (tokens/s of
 the whole model at batch 1), else its core count, so the picture is honest about
 what it is drawn from; the hover text says which.
@@ -13,13 +18,15 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from core.devices.cluster import Cluster
 from core.devices.profile import Profile
+from core.planning.cost import link_bytes_per_token
+from core.runs.metrics import link_traffic
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
-from gui.widgets import panel_header
+from gui.widgets import panel_header, say_why_disabled
 
 
 def device_compute(cluster: Cluster, profile: Profile | None) -> dict[str, tuple[float, str]]:
@@ -57,8 +64,36 @@ def fmt_mbit(v: float) -> str:
     return f"{v / 1000:.1f} Gbit/s" if v >= 1000 else f"{v:.0f} Mbit/s" if v >= 10 else f"{v:.2f} Mbit/s"
 
 
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def placement_of(plan, problem) -> dict[str, str]:
+    """Device → what the plan puts there ("stage 1 · units 4–9"); devices without a stage are absent."""
+    out: dict[str, str] = {}
+    for j, st in enumerate(plan.stages):
+        text = f"stage {j} · units {st.start}–{st.end - 1}"
+        out[st.device] = out[st.device] + "; " + text if st.device in out else text
+    return out
+
+
+def traffic_label(predicted: int | None, measured) -> str:
+    """A plan link's label: predicted and (after a run) measured bytes per generated token."""
+    parts = [f"{fmt_bytes(predicted)}/token predicted" if predicted is not None else "no prediction"]
+    if measured is not None:
+        per = measured.bytes_per_token
+        parts.append(f"{fmt_bytes(per)}/token measured" if per is not None
+                     else f"{fmt_bytes(measured.total_bytes)} measured (no decode step)")
+    return "\n".join(parts)
+
+
 LINK_LABEL_Z = 5
 """Link labels sit above the link lines (z 0) and their midpoint markers."""
+PLAN_Z = 3
+"""The plan's arrows above the links, below the labels."""
 
 class ClusterPanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
@@ -70,7 +105,17 @@ class ClusterPanel(QWidget):
                                    "Hover a device or a link's midpoint for its figures."))
         self.summary = QLabel("No cluster yet: discover devices or load a profile.")
         self.summary.setProperty("role", "subtitle")
-        lay.addWidget(self.summary)
+        self.plan_check = QCheckBox("Show plan")
+        self.plan_check.setAccessibleName("Show plan on the topology")
+        self.plan_check.setToolTip("Draw the current plan on the graph: each device's stage and units, and each "
+                                   "link's traffic per generated token, predicted by the cost model and measured "
+                                   "in the last run")
+        self.plan_check.toggled.connect(lambda _on: self.refresh())
+        say_why_disabled({self.plan_check: "no plan yet: make one on the Plan screen (Auto-solve, Ctrl+R)"})
+        row = QHBoxLayout()
+        row.addWidget(self.summary, 1)
+        row.addWidget(self.plan_check)
+        lay.addLayout(row)
         split = QSplitter(Qt.Horizontal)
         self.graph = pg.PlotWidget()
         self.graph.setAccessibleName("Topology graph")
@@ -95,8 +140,14 @@ class ClusterPanel(QWidget):
         self.link_tips: dict[tuple[str, str], str] = {}
         self.link_labels: list[pg.TextItem] = []
         """The bandwidth label of each drawn link (on a chip above the line, not struck through by it)."""
+        self.placement: dict[str, str] = {}
+        """Device → its stage and units, while the plan is shown."""
+        self.plan_links: dict[tuple[str, str], str] = {}
+        """(src, dst) → the traffic label of each link the shown plan uses."""
         state.cluster_changed.connect(lambda _c: self.refresh())
         state.profile_changed.connect(lambda _p: self.refresh())
+        state.plan_changed.connect(lambda _p: self.refresh())
+        state.last_run_changed.connect(self.refresh)
         self.refresh()
 
     def refresh(self) -> None:
@@ -107,6 +158,9 @@ class ClusterPanel(QWidget):
         self.node_tips.clear()
         self.link_tips.clear()
         self.link_labels.clear()
+        self.placement.clear()
+        self.plan_links.clear()
+        self.plan_check.setEnabled(self.state.plan is not None)
         cluster = self.state.cluster
         if cluster is None or not cluster.devices:
             self.summary.setText("No cluster yet: discover devices on the Devices screen, or load a profile (Ctrl+Shift+P).")
@@ -119,7 +173,14 @@ class ClusterPanel(QWidget):
             f"{n} device(s), {len(cluster.links)} directed link(s)"
             + (f"; bandwidth {fmt_mbit(finite.min())} – {fmt_mbit(finite.max())}" if finite.size else "; no links measured")
         )
+        plan = self.state.plan if self.plan_check.isChecked() else None
+        self._plan_pairs = []
+        if plan is not None and self.state.problem is not None:
+            self.placement.update(placement_of(plan, self.state.problem))
+            self._plan_pairs = [{a, b} for a, b in link_bytes_per_token(self.state.problem, plan)]
         self._draw_graph(cluster, ids, bw, lat, c)
+        if plan is not None and self.state.problem is not None:
+            self._draw_plan(plan, ids, c)
         self._draw_heatmap(0, "Bandwidth (Mbit/s)", ids, bw, "viridis", fmt_mbit)
         self._draw_heatmap(1, "Latency (ms)", ids, lat, "inferno", lambda v: f"{v:.1f} ms")
 
@@ -150,7 +211,9 @@ class ClusterPanel(QWidget):
                        f"{lat[j, i]:.1f} ms")
                 self.link_tips[(ids[i], ids[j])] = tip
                 mids.append(((x0 + x1) / 2, (y0 + y1) / 2))
-                mid_tips.append(tip)
+                mid_tips.append((ids[i], ids[j]))  # looked up on hover: the plan adds its traffic later
+                if self._plan_pairs and {ids[i], ids[j]} in self._plan_pairs:
+                    continue  # the plan's traffic label takes this link's midpoint (the heatmap has its bandwidth)
                 # a chip of the background colour above the line: a diagonal line no longer strikes through the text
                 label = pg.TextItem(fmt_mbit(best), color=c["muted"], anchor=(0.5, 1.2), fill=pg.mkBrush(c["base"]))
                 label.setZValue(LINK_LABEL_Z)
@@ -160,16 +223,22 @@ class ClusterPanel(QWidget):
         if mids:
             self.graph.addItem(pg.ScatterPlotItem(
                 pos=mids, size=9, brush=pg.mkBrush(c["base"]), pen=pg.mkPen(c["muted"]), data=mid_tips,
-                hoverable=True, tip=lambda x, y, data: data, hoverSize=13))
+                hoverable=True, tip=lambda x, y, data: self.link_tips.get(tuple(data), ""), hoverSize=13))
         sizes, brushes, tips = [], [], []
         source = self.state.problem.source if self.state.problem else None
+        stage_of = ({st.device: j for j, st in reversed(list(enumerate(self.state.plan.stages)))}
+                    if self.placement and self.state.plan is not None else {})
         for i, d in enumerate(cluster.devices):
             value, desc = compute[d.id]
             sizes.append(28 + 50 * math.sqrt(value / max_c))
-            brushes.append(pg.mkBrush(stage_color(i)))
+            if self.placement:  # coloured by stage as on the Plan screen; a device without one is grey
+                brushes.append(pg.mkBrush(stage_color(stage_of[d.id]) if d.id in stage_of else QColor(c["alt_base"])))
+            else:
+                brushes.append(pg.mkBrush(stage_color(i)))
             tip = (f"{d.id}\n{desc}\nmemory {d.memory_bytes / 2**30:.1f} GiB"
                    + (f"\n{d.arch}" if d.arch else "") + (f", {d.accelerator}" if d.accelerator else "")
-                   + ("\nprompt source" if d.id == source else ""))
+                   + ("\nprompt source" if d.id == source else "")
+                   + (f"\n{self.placement.get(d.id, 'no stage in the plan')}" if self.placement else ""))
             tips.append(tip)
             self.node_tips[d.id] = tip
         self.graph.addItem(pg.ScatterPlotItem(
@@ -178,11 +247,59 @@ class ClusterPanel(QWidget):
         bold = QFont(self.font())
         bold.setBold(True)
         for (x, y), d in zip(pos, cluster.devices):
-            t = pg.TextItem(d.id, color=c["text"], anchor=(0.5, 0.0))
+            name = d.id + (f"\n{self.placement.get(d.id, 'no stage')}" if self.placement else "")
+            t = pg.TextItem(name, color=c["text"], anchor=(0.5, 0.0))
             t.setFont(bold)
             t.setPos(x, y - 0.24)
             self.graph.addItem(t)
         self.graph.setRange(xRange=(-1.5, 1.5), yRange=(-1.5, 1.5), padding=0.05)
+        self._node_pos = dict(zip(ids, pos))
+
+    def _draw_plan(self, plan, ids, c) -> None:
+        """The pipeline's links as arrows (stage j → j+1, the last back to the source), each
+        labelled with its predicted and measured traffic per generated token."""
+        predicted = link_bytes_per_token(self.state.problem, plan)
+        measured = (link_traffic(self.state.last_run_events, self.state.last_run_tokens)
+                    if self.state.last_run_events else {})
+        accent = QColor(c["accent"])
+        for (src, dst), nbytes in predicted.items():
+            if src not in self._node_pos or dst not in self._node_pos:
+                continue
+            (x0, y0), (x1, y1) = self._node_pos[src], self._node_pos[dst]
+            length = math.hypot(x1 - x0, y1 - y0) or 1.0
+            # each direction offset to its own side, so a there-and-back pair draws two arrows
+            nx, ny = -(y1 - y0) / length * 0.06, (x1 - x0) / length * 0.06
+            # from the edge of one node to the next, not through their centres
+            ax0, ay0 = x0 + (x1 - x0) * 0.18 + nx, y0 + (y1 - y0) * 0.18 + ny
+            ax1, ay1 = x0 + (x1 - x0) * 0.82 + nx, y0 + (y1 - y0) * 0.82 + ny
+            line = pg.PlotCurveItem([ax0, ax1], [ay0, ay1], pen=pg.mkPen(accent, width=3))
+            line.setZValue(PLAN_Z)
+            self.graph.addItem(line)
+            # the head short of the node's centre, pointing along the link (ArrowItem's angle 0 points left)
+            angle = math.degrees(math.atan2(ay1 - ay0, ax1 - ax0))
+            head = pg.ArrowItem(pos=(ax1, ay1), angle=180 - angle,
+                                headLen=16, brush=pg.mkBrush(accent), pen=pg.mkPen(accent))
+            head.setZValue(PLAN_Z)
+            self.graph.addItem(head)
+            text = traffic_label(nbytes, measured.get((src, dst)) if self.state.last_run_events else None)
+            self.plan_links[(src, dst)] = text
+            label = pg.TextItem(text, color=c["text"], anchor=(0.5, 0.5),
+                                border=pg.mkPen(accent), fill=pg.mkBrush(c["base"]))
+            label.setZValue(LINK_LABEL_Z + 1)
+            # beside the link's midpoint: outside the ring of devices (a ring's labels do not meet
+            # in its centre), or on its arrow's side for a there-and-back pair
+            mx, my = (x0 + x1) / 2, (y0 + y1) / 2
+            out = math.hypot(mx, my)
+            if (dst, src) in predicted or out < 0.2:
+                label.setPos(mx + nx * 2.5, my + ny * 2.5)
+            else:
+                label.setPos(mx + mx / out * 0.25, my + my / out * 0.25)
+            pair = (src, dst) if (src, dst) in self.link_tips else (dst, src)
+            if pair in self.link_tips:
+                run = measured.get((src, dst))
+                self.link_tips[pair] += (f"\nplan: {src} → {dst} " + text.replace("\n", ", ")
+                                         + (f" ({fmt_bytes(run.total_bytes)} in the last run)" if run else ""))
+            self.graph.addItem(label)
 
     def _draw_heatmap(self, row: int, title: str, ids, m: np.ndarray, cmap: str, fmt) -> None:
         c = theme_colors()

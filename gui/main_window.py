@@ -38,8 +38,8 @@ from gui.studio_state import StudioState
 from gui.widgets import show_error
 
 SCREENS = SCREEN_TITLES
-SIDEBAR_WIDTH, SIDEBAR_NARROW_WIDTH = 150, 132
-"""The narrow one still shows the longest title ("Experiments") in full."""
+SIDEBAR_WIDTH = 150
+"""Below 1200 px the sidebar is only as wide as its longest title needs."""
 
 
 class ScreenScrollArea(QScrollArea):
@@ -162,7 +162,8 @@ class MainWindow(QMainWindow):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         # a narrower sidebar on a narrow window (1024 px): the screens get the width
-        self.sidebar.setFixedWidth(SIDEBAR_WIDTH if event.size().width() >= 1200 else SIDEBAR_NARROW_WIDTH)
+        narrow = min(SIDEBAR_WIDTH, self.sidebar.sizeHintForColumn(0) + 4)  # the longest title still whole
+        self.sidebar.setFixedWidth(SIDEBAR_WIDTH if event.size().width() >= 1200 else narrow)
         before = event.oldSize().height()  # -1 when first shown
         if event.size().height() < 800 <= before or (before < 0 and not self._layout_restored):
             self._fit_log_dock()

@@ -233,7 +233,7 @@ class PlanEditorPanel(QWidget):
         self.source_combo.setToolTip("The device holding the prompt: stage 0 runs there")
         self.source_combo.setAccessibleName("Source device")
         self.source_combo.currentIndexChanged.connect(self._on_constraints_edited)
-        form.addRow("Source device", self.source_combo)
+        form.addRow("Source", self.source_combo)  # the device holding the prompt (tooltip)
         self.excluded_list = QListWidget()
         self.excluded_list.setToolTip("Checked devices are never used (privacy, maintenance)")
         self.excluded_list.setAccessibleName("Excluded devices")

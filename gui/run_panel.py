@@ -362,6 +362,7 @@ class RunPanel(QWidget):
         self.last_outcome = outcome
         if self.state is not None:
             self.state.live_run_ids.discard(getattr(self, "_recording_run_id", None))
+            self.state.set_last_run(self.monitor.events, self.monitor.tokens)
         self.status_label.setText(text)
         if self.state is not None:
             self.state.log(text, "error" if outcome == "failed" else "info")

@@ -26,6 +26,8 @@ class StudioState(QObject):
     connection_changed = Signal(str)
     offline_changed = Signal(object)
     """tuple[str, ...]: the devices now offline."""
+    last_run_changed = Signal()
+    """A run on the Run screen ended: ``last_run_events`` / ``last_run_tokens`` are what it measured."""
     log_added = Signal(str, str)
     """(level, text): level is "info", "warning" or "error"."""
 
@@ -41,6 +43,9 @@ class StudioState(QObject):
         """Checkpoint directory of the selected model, when it can be run."""
         self.connection: str = "not connected"
         self.offline_devices: tuple[str, ...] = ()
+        self.last_run_events: tuple = ()
+        self.last_run_tokens: tuple = ()
+        """The last run's timeline and token events (the Cluster screen's measured traffic)."""
         self.live_run_ids: set[int] = set()
         """Runs being recorded right now: a stored "running" run not in here was interrupted."""
 
@@ -97,6 +102,10 @@ class StudioState(QObject):
         if plan != self.plan:
             self.plan = plan
             self.plan_changed.emit(plan)
+
+    def set_last_run(self, events, tokens) -> None:
+        self.last_run_events, self.last_run_tokens = tuple(events), tuple(tokens)
+        self.last_run_changed.emit()
 
     def set_connection(self, text: str) -> None:
         if text != self.connection:

@@ -160,6 +160,18 @@ def next_device(plan: ShardPlan, j: int) -> str:
     return plan.stages[j + 1].device if j + 1 < len(plan.stages) else plan.stages[0].device
 
 
+def link_bytes_per_token(problem: PlanningProblem, plan: ShardPlan) -> dict[tuple[str, str], int]:
+    """(src, dst) → bytes the link carries per generated token of one sequence (a decode step):
+    each stage's output to the next stage, the last stage's token back to the source. A
+    one-stage plan moves nothing. What the Cluster screen draws as predicted traffic."""
+    out: dict[tuple[str, str], int] = {}
+    for j, st in enumerate(plan.stages):
+        dst = next_device(plan, j)
+        if dst != st.device:
+            out[(st.device, dst)] = out.get((st.device, dst), 0) + stage_output_bytes(problem, st, 1)
+    return out
+
+
 def step_time_s(problem: PlanningProblem, plan: ShardPlan, phase: str, batch: int) -> float:
     """One full step (prefill or one decode token) of ``batch`` sequences: eq. (1)–(2)."""
     prompt = problem.workload.prompt_tokens

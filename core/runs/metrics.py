@@ -37,6 +37,33 @@ class RunFigures(msgspec.Struct, frozen=True, kw_only=True):
     """Device → fraction of [0, duration] spent computing."""
 
 
+class LinkTraffic(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run sent over one link (src → dst)."""
+
+    total_bytes: int = 0
+    decode_bytes: int = 0
+    bytes_per_token: float | None = None
+    """Decode bytes per generated token of one sequence (None before a decode token): the
+    measured counterpart of ``core.planning.cost.link_bytes_per_token``."""
+
+
+def link_traffic(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent]) -> dict[tuple[str, str], LinkTraffic]:
+    """(src, dst) → the bytes of the run's send events on that link."""
+    decode_tokens = sum(len(t.sequence_ids) for t in tokens if t.step >= 1)
+    total: dict[tuple[str, str], int] = {}
+    decode: dict[tuple[str, str], int] = {}
+    for ev in events:
+        if ev.kind != "send" or not ev.peer or ev.peer == ev.device:
+            continue
+        link = (ev.device, ev.peer)
+        total[link] = total.get(link, 0) + ev.nbytes
+        if ev.phase == "decode":
+            decode[link] = decode.get(link, 0) + ev.nbytes
+    return {link: LinkTraffic(total_bytes=n, decode_bytes=decode.get(link, 0),
+                              bytes_per_token=decode.get(link, 0) / decode_tokens if decode_tokens else None)
+            for link, n in total.items()}
+
+
 def token_count(tokens: Iterable[TokenEvent]) -> int:
     return sum(len(t.token_ids) for t in tokens)
 

@@ -54,3 +54,55 @@ def test_link_labels_sit_on_a_chip_above_the_lines_not_struck_through(qtbot):
     for label in panel.link_labels:
         assert label.fill.style() != Qt.BrushStyle.NoBrush
         assert label.zValue() > max(line.zValue() for line in lines)
+
+
+def _three_stage(problem):
+    from core.planning.plan import ShardPlan, Stage
+
+    n = problem.profile.model.num_units
+    return ShardPlan(model=problem.profile.model.name, num_units=n,
+                     stages=(Stage(device="phone", start=0, end=3), Stage(device="laptop", start=3, end=6),
+                             Stage(device="server", start=6, end=n)))
+
+
+def test_show_plan_draws_each_stage_on_its_device_and_each_links_predicted_traffic(qtbot):
+    from gui.widgets import UNAVAILABLE
+
+    state = StudioState()
+    panel = ClusterPanel(state)
+    qtbot.addWidget(panel)
+    problem = make_problem(phone_memory=4096 * 2**20)
+    state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    state.set_plan(None)
+    assert not panel.plan_check.isEnabled() and UNAVAILABLE in panel.plan_check.toolTip()
+    state.set_plan(_three_stage(problem))
+    assert panel.plan_check.isEnabled()
+    panel.plan_check.setChecked(True)
+    assert panel.placement == {"phone": "stage 0 · units 0–2", "laptop": "stage 1 · units 3–5",
+                               "server": "stage 2 · units 6–9"}
+    assert "stage 1 · units 3–5" in panel.node_tips["laptop"]
+    # each block sends 4096 bytes per token; the head's token back to the source is 4 bytes
+    assert panel.plan_links == {("phone", "laptop"): "4.0 KiB/token predicted",
+                                ("laptop", "server"): "4.0 KiB/token predicted",
+                                ("server", "phone"): "4 B/token predicted"}
+    assert "plan: phone → laptop 4.0 KiB/token predicted" in panel.link_tips[("phone", "laptop")]
+    panel.plan_check.setChecked(False)
+    assert panel.placement == {} and panel.plan_links == {}
+
+
+def test_after_a_run_each_plan_link_also_shows_its_measured_traffic(qtbot):
+    from core.runs.prediction import predict_run
+
+    state = StudioState()
+    panel = ClusterPanel(state)
+    qtbot.addWidget(panel)
+    problem = make_problem(phone_memory=4096 * 2**20)
+    state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    plan = _three_stage(problem)
+    state.set_plan(plan)
+    panel.plan_check.setChecked(True)
+    run = predict_run(problem, plan, "no-bubbles", 2, 2, 8).result  # the simulator's events, as a run's
+    state.set_last_run(run.events, run.tokens)
+    assert panel.plan_links[("laptop", "server")] == "4.0 KiB/token predicted\n4.0 KiB/token measured"
+    sent = sum(e.nbytes for e in run.events if e.kind == "send" and (e.device, e.peer) == ("laptop", "server"))
+    assert f"({sent / 1024:.1f} KiB in the last run)" in panel.link_tips[("laptop", "server")]

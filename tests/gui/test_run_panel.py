@@ -391,3 +391,13 @@ def test_the_run_page_does_not_move_when_a_run_ends(qtbot, state, run_data):
     assert splitter.sizes() == during
     assert panel.monitor.timeline.legend_label.width() > 100  # the legend still shows (it only stopped pushing)
     panel.shutdown()
+
+
+def test_a_finished_run_becomes_the_cluster_screens_measured_traffic(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))
+    with qtbot.waitSignal(state.last_run_changed, timeout=10_000):
+        panel.start_run()
+    assert state.last_run_events == tuple(panel.monitor.events) and len(state.last_run_events) == len(events)
+    assert len(state.last_run_tokens) == len(tokens)
+    panel.shutdown()

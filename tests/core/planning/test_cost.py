@@ -192,3 +192,14 @@ def test_solver_arrays_agree_with_evaluate_on_random_plans():
                 start = e
             checked += 1
     assert checked > 100
+
+
+def test_link_bytes_per_token_is_each_stages_last_unit_output_and_the_token_back_to_the_source():
+    from core.planning.cost import link_bytes_per_token
+
+    problem = _problem()
+    two = ShardPlan(model=problem.profile.model.name, num_units=3,
+                    stages=(Stage(device="a", start=0, end=2), Stage(device="b", start=2, end=3)))
+    assert link_bytes_per_token(problem, two) == {("a", "b"): 1000, ("b", "a"): 4}
+    one = ShardPlan(model=problem.profile.model.name, num_units=3, stages=(Stage(device="a", start=0, end=3),))
+    assert link_bytes_per_token(problem, one) == {}

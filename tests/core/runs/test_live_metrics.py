@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from agents.protocol import TimelineEvent
 from core.planning.plan import plan_from_boundaries
 from core.runs.metrics import LiveMetrics, compute_figures
@@ -44,3 +46,20 @@ def test_out_of_order_and_negative_start_events_still_agree():
             live.add_tokens(item)
     assert live.figures() == compute_figures(live.events, live.tokens)
     assert LiveMetrics().figures() == compute_figures([], [])
+
+
+def test_link_traffic_sums_each_links_sends_and_divides_decode_bytes_by_decode_tokens():
+    from core.planning.cost import link_bytes_per_token
+    from core.runs.metrics import link_traffic
+
+    problem = make_problem()
+    plan = plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [2, 6], micro_batches=3)
+    result = simulate(problem, plan, "no-bubbles", micro_batches=3, micro_batch_size=1, generated_tokens=8)
+    traffic = link_traffic(result.events, result.tokens)
+    assert set(traffic) == {("phone", "laptop"), ("laptop", "server"), ("server", "phone")}
+    sends = [e for e in result.events if e.kind == "send" and (e.device, e.peer) == ("phone", "laptop")]
+    assert traffic[("phone", "laptop")].total_bytes == sum(e.nbytes for e in sends)
+    # the simulator moves exactly what the cost model predicts per generated token of one sequence
+    predicted = link_bytes_per_token(problem, plan)
+    assert {link: t.bytes_per_token for link, t in traffic.items()} == pytest.approx(predicted)
+    assert link_traffic(result.events, []) [("phone", "laptop")].bytes_per_token is None  # no decode token yet
