@@ -51,6 +51,42 @@ def searched(problem: EpdProblem, *, trials: int = 40, time_limit_s: float = 120
                   reporter=reporter).best
 
 
+class ScaleRow(msgspec.Struct, frozen=True, kw_only=True):
+    strategy: str
+    candidate: Candidate
+    ttft_p50_s: float
+    """Median TTFT at the comparison's common rate."""
+    attainment: float
+    """SLO attainment at that rate."""
+
+
+class ScaleComparison(msgspec.Struct, frozen=True, kw_only=True):
+    """EPD's search pick, aggregated and PD-only on one problem: goodput each, TTFT at one rate."""
+
+    rate_rps: float
+    rows: tuple[ScaleRow, ...]
+    search_s: float
+    trials: int
+
+
+def compare_at_scale(problem: EpdProblem, *, trials: int = 40, time_limit_s: float = 300.0, seed: int = 0,
+                     reporter: Reporter | None = None) -> ScaleComparison:
+    """Baselines, the search seeded with them, and every pick's median TTFT at one common rate:
+    PD-only's goodput (where the coupled design just meets the SLO), or a tenth of the search's
+    when PD-only meets it at no rate."""
+    from core.techniques.phase_disaggregation.goodput import rate_point
+
+    agg, pd = aggregated(problem), pd_only(problem)
+    result = search(problem, trials=trials, time_limit_s=time_limit_s, seed=seed, seeds=[agg.config, pd.config],
+                    reporter=reporter)
+    rate = pd.goodput_rps if pd.goodput_rps > 0 else max(result.best.goodput_rps / 10, 1e-3)
+    rows = []
+    for name, cand in (("search", result.best), ("aggregated", agg), ("pd-only", pd)):
+        point = rate_point(problem.costs, problem.workload, cand.config, problem.slo, rate)
+        rows.append(ScaleRow(strategy=name, candidate=cand, ttft_p50_s=point.ttft_p50_s, attainment=point.attainment))
+    return ScaleComparison(rate_rps=rate, rows=tuple(rows), search_s=result.elapsed_s, trials=len(result.candidates))
+
+
 class EpdOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """One strategy's row in Compare."""
 
@@ -97,4 +133,5 @@ def run_strategy(problem: EpdProblem, name: str, objective: str = "throughput", 
                       mean_output_tokens=sum(r.output_tokens for r in reqs) / len(reqs))
 
 
-__all__ = ["EpdOutcome", "STRATEGIES", "aggregated", "pd_only", "run_strategy", "searched"]
+__all__ = ["EpdOutcome", "STRATEGIES", "ScaleComparison", "ScaleRow", "aggregated", "compare_at_scale", "pd_only",
+           "run_strategy", "searched"]

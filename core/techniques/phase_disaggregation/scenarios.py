@@ -34,4 +34,17 @@ def image_heavy_problem(costs: PhaseCosts | None = None, *, devices: int = 8, ra
                       slo=slo or SLO(ttft_s=2.5, tpot_s=0.08), devices=tuple(f"dev{i}" for i in range(devices)))
 
 
-__all__ = ["illustrative_costs", "image_heavy_problem", "image_heavy_workload"]
+
+
+def derived_slo(costs: PhaseCosts, workload: Workload, *, ttft_slack: float = 1.25, tpot_batch: int = 8,
+                tpot_slack: float = 1.5) -> SLO:
+    """SLOs scaled to the calibration (so one rule serves measured and illustrative costs):
+    TTFT = ``ttft_slack`` × the 90th-percentile request's encode + prefill on one idle device
+    (PD-only's floor: an encoder coupled to prefill meets it for 90 % of requests only when idle);
+    TPOT = ``tpot_slack`` × a decode step of ``tpot_batch`` sequences."""
+    alone = sorted(costs.encode_s(r.tiles) + costs.prefill_s(costs.prefill_tokens(r)) for r in workload.requests)
+    p90 = alone[min(len(alone) - 1, int(0.9 * len(alone)))]
+    return SLO(ttft_s=ttft_slack * p90, tpot_s=tpot_slack * costs.decode_step_seconds(tpot_batch))
+
+
+__all__ = ["derived_slo", "illustrative_costs", "image_heavy_problem", "image_heavy_workload"]

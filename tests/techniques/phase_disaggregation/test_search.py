@@ -51,3 +51,26 @@ def test_params_round_trip_a_configuration():
 def test_unknown_strategy_is_a_failed_row_not_a_crash():
     out = run_strategy(image_heavy_problem(requests=10), "magic")
     assert out.status == "failed" and "unknown EPD strategy" in out.error
+
+
+def test_at_scale_epd_has_lower_ttft_and_more_goodput_than_pd_only():
+    from core.techniques.phase_disaggregation.baselines import compare_at_scale
+    from core.techniques.phase_disaggregation.scenarios import derived_slo, illustrative_costs, image_heavy_workload
+    from core.techniques.phase_disaggregation.types import EpdProblem
+
+    costs, w = illustrative_costs(), image_heavy_workload(requests=40)
+    problem = EpdProblem(costs=costs, workload=w, slo=derived_slo(costs, w), devices=tuple(f"d{i}" for i in range(6)))
+    c = compare_at_scale(problem, trials=6)
+    rows = {r.strategy: r for r in c.rows}
+    assert rows["search"].candidate.goodput_rps > rows["pd-only"].candidate.goodput_rps
+    assert rows["search"].ttft_p50_s < rows["pd-only"].ttft_p50_s
+    assert c.trials == 6 and c.rate_rps > 0
+
+
+def test_derived_ttft_slo_is_met_by_ninety_percent_of_requests_alone_on_one_device():
+    from core.techniques.phase_disaggregation.scenarios import derived_slo, illustrative_costs, image_heavy_workload
+
+    costs, w = illustrative_costs(), image_heavy_workload(requests=50)
+    slo = derived_slo(costs, w, ttft_slack=1.0)
+    alone = [costs.encode_s(r.tiles) + costs.prefill_s(costs.prefill_tokens(r)) for r in w.requests]
+    assert sum(t <= slo.ttft_s for t in alone) / len(alone) >= 0.9
