@@ -135,63 +135,112 @@ def paper_figures() -> dict:
     return {"speedup": speedups, "paper": {"cbps/2": 1.84, "cbps/4": 3.58}, "devices_by_mbps": counts}
 
 
-def measured_local_cluster() -> dict:
-    import tempfile
+SLOWDOWNS = {"local-0": 8.0, "local-1": 3.0, "local-2": 4.0, "local-3": 6.0}
+"""The gateway is the slowest device (the single device the speedup is over); workers are faster."""
+LINK_MBIT = 1000.0
+LINK_LATENCY_MS = 0.2
+ROUNDS = 3
 
-    from msgspec import structs
+
+def measured_emulated_cluster(images_n: int = 3) -> dict:
+    """4 real agents on this machine emulating heterogeneous edge devices (compute slowdowns,
+    shaped links on the data plane the strips cross): measured CBPS / BODP / even / fused with 2
+    and 4 devices beside the gateway alone, all in this one run; the simulator's prediction for
+    each, first from the profiled models and nominal links, then calibrated from one probe run
+    pair — the gateway alone and even over all 4 devices, ``core.techniques.spatial.calibration``
+    — measured before, and apart from, the runs compared; CBPS and fused are also planned on
+    the calibrated models. Every plan is run ROUNDS times round-robin; each figure is its
+    fastest run (the load of other work only slows a run)."""
+    import tempfile
 
     from agents.emulation import DeviceEmulation
     from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import LocalCluster
     from core.runs.metrics import duration_s
+    from core.techniques.spatial.calibration import calibrate_on_agents
     from core.techniques.spatial.partition import fused_plan
-    from core.techniques.spatial.profiling import measure_strip_links, profile_device_models
+    from core.techniques.spatial.profiling import profile_device_models
     from core.techniques.spatial.run import run_spatial
     from core.techniques.spatial.simulator import simulate
 
-    slow = {"local-0": 4.0, "local-1": 6.0, "local-2": 8.0, "local-3": 8.0}
-    model = CnnRef(network="vgg16", image=64, width_div=2, classes=10)
-    images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    out = {"slowdowns": slow, "network": model.spec().name, "images": 3, "speedup": {}, "predicted": {},
-           "predicted_over_measured": {}}
-    with LocalCluster(tempfile.mkdtemp(prefix="spatial-bench-"), list(slow),
+    slow = SLOWDOWNS
+    model = CnnRef(network="vgg16", image=96, width_div=2, classes=10)
+    images = torch.randn(images_n, 3, 96, 96, generator=torch.Generator().manual_seed(0))
+    ref = build_network(model.spec(), seed=0).forward(images)
+    out = {"slowdowns": slow, "link_mbit": LINK_MBIT, "link_latency_ms": LINK_LATENCY_MS,
+           "network": model.spec().name, "images": images_n, "measured_s": {}, "speedup": {},
+           "predicted_profiled_s": {}, "predicted_calibrated_s": {}, "calibrated_over_measured": {},
+           "profiled_over_measured": {}, "max_abs_error": 0.0}
+    with LocalCluster(tempfile.mkdtemp(prefix="spatial-bench-"), list(slow), link_mbit=LINK_MBIT,
+                      link_latency_ms=LINK_LATENCY_MS,
                       emulation={d: DeviceEmulation(compute_slowdown=f) for d, f in slow.items()}) as lc:
         with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=60.0, request_timeout_s=300.0) as link:
             link.wait_ready(timeout_s=60)
             link.sync_clocks()
             models = profile_device_models(link, list(slow), sizes=[16, 32, 48, 64], channels=[32, 64], repeats=3)
-            out["agent_fit_median_rel_error"] = {d: {"conv": round(m.median_rel_error, 4),
-                                                     "fc": round(fc.median_rel_error, 4)}
-                                                 for d, (m, fc) in models.items()}
-            links = measure_strip_links(link, list(slow))
-            out["strip_link"] = {d: {"mbit_s": round(bw * 8 / 1e6, 1), "latency_ms": round(lat * 1e3, 3)}
-                                 for d, (bw, lat) in links.items()}
-            devices = tuple(SpatialDevice(id=d, time=models[d][0], fc_time=models[d][1], bandwidth_Bps=links[d][0], latency_s=links[d][1])
+            devices = tuple(SpatialDevice(id=d, time=models[d][0], fc_time=models[d][1],
+                                          bandwidth_Bps=LINK_MBIT * 1e6 / 8, latency_s=LINK_LATENCY_MS / 1e3)
                             for d in slow)
-            problem = SpatialProblem(name="local-cluster", model=model, devices=devices, gateway="local-0")
+            problem = SpatialProblem(name="emulated-cluster", model=model, devices=devices, gateway="local-0")
             order = list(slow)
 
-            def timed(plan) -> tuple[float, float]:
-                run_spatial(link, problem, plan, images[:1])  # warm: networks generated, kernels built
-                run = run_spatial(link, problem, plan, images)
-                return duration_s(run.events, run.tokens), simulate(problem, plan, images=3).figures.duration_s
+            def fastest(runs: dict) -> dict:
+                """Each plan's fastest of ROUNDS runs, round-robin (the load's drift falls on every
+                plan alike; other engineers' load only slows a run), after a warm run each."""
+                best = {}
+                for plan in runs.values():
+                    run_spatial(link, problem, plan, images[:1])  # networks generated, kernels built
+                for _ in range(ROUNDS):
+                    for key, plan in runs.items():
+                        run = run_spatial(link, problem, plan, images)
+                        err = float((torch.tensor(run.scores) - ref).abs().max())
+                        out["max_abs_error"] = max(out["max_abs_error"], err)
+                        took = duration_s(run.events, run.tokens)
+                        if key not in best or took < best[key][1]:
+                            best[key] = (run, took)
+                return best
 
-            one_meas, one_pred = timed(per_layer_plan(problem, "even", order[:1]))
-            out["one_device_s"] = {"measured": round(one_meas, 4), "predicted": round(one_pred, 4)}
-            for k in (2, 4):
+            cal = calibrate_on_agents(link, problem, images=images_n, rounds=ROUNDS)
+            solo = per_layer_plan(problem, "even", order[:1])
+            out["calibration"] = {"probes": ["single/1", "even/4"],
+                                  "concurrency_scale": [round(f, 3) for f in cal.concurrency_scale],
+                                  "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
+                                  "head_scale": round(cal.head_scale, 3),
+                                  "latency_ms": {d: round(v * 1e3, 3) for d, v in cal.latency_s.items()},
+                                  "tile_overhead_ms": round(cal.tile_overhead_s * 1e3, 3)}
+            plans = {"single/1": solo}
+            for n in (2, 4):
                 for name in ("cbps", "bodp", "even", "fused"):
-                    plan = fused_plan(problem, order[:k]) if name == "fused" else per_layer_plan(problem, name,
-                                                                                                 order[:k])
-                    meas, pred = timed(plan)
-                    key = f"{name}/{k}"
-                    out["speedup"][key] = round(one_meas / meas, 3)
-                    out["predicted"][key] = round(one_pred / pred, 3)
-                    out["predicted_over_measured"][key] = round(pred / meas, 3)
+                    plans[f"{name}/{n}"] = (fused_plan(problem, order[:n]) if name == "fused"
+                                            else per_layer_plan(problem, name, order[:n]))
+            for name in ("cbps", "fused"):  # planned on the calibrated models
+                plans[f"{name}-calibrated/4"] = (fused_plan(cal.problem, order) if name == "fused"
+                                                 else per_layer_plan(cal.problem, name, order))
+            best = fastest(plans)
+            for key, plan in plans.items():
+                meas = best[key][1]
+                prof = simulate(problem, plan, images=images_n).figures.duration_s
+                calp = simulate(cal.problem, plan, images=images_n).figures.duration_s
+                out["measured_s"][key] = round(meas / images_n, 4)
+                out["predicted_profiled_s"][key] = round(prof / images_n, 4)
+                out["predicted_calibrated_s"][key] = round(calp / images_n, 4)
+                out["profiled_over_measured"][key] = round(prof / meas, 3)
+                out["calibrated_over_measured"][key] = round(calp / meas, 3)
+            one = out["measured_s"]["single/1"]
+            out["speedup"] = {k: round(one / v, 3) for k, v in out["measured_s"].items()}
+            errs = [abs(v - 1) for v in out["calibrated_over_measured"].values()]
+            out["calibrated_within_15pct"] = sum(e <= 0.15 for e in errs)
+            out["compared"] = len(errs)
     return out
 
 
 def main() -> int:
     load = open("/proc/loadavg").read().split()[:3]
+    if sys.argv[1:] == ["--measured-only"]:
+        print(json.dumps({"bench": "spatial_partition", "loadavg": load,
+                          "measured_emulated_cluster": measured_emulated_cluster(),
+                          "loadavg_after": open("/proc/loadavg").read().split()[:3]}))
+        return 0
     fits = {}
     for threads in (1, 2):
         fit = fit_time_model(conv_timing_samples(threads=threads))
@@ -207,7 +256,8 @@ def main() -> int:
         "time_model_fit": fits,
         "strip_compute_median_rel_error": round(strip_prediction(fit1), 4),
         "simulated_paper_shaped": paper_figures(),
-        "measured_local_cluster": measured_local_cluster(),
+        "measured_emulated_cluster": measured_emulated_cluster(),
+        "loadavg_after": open("/proc/loadavg").read().split()[:3],
     }
     print(json.dumps(doc))
     return 0

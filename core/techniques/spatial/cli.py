@@ -1,7 +1,8 @@
 """``edgeshard spatial ...``: the technique's own verbs (registered through Technique.register_cli).
 
 scenario writes a problem; compare/plan/simulate read one (and a plan); profile times this
-machine's convolutions and fits the time model. Errors are one line (EdgeShardError), exit 2.
+machine's convolutions and fits the time model; run runs a plan on agents; calibrate fits the
+cost model to real runs on agents. Errors are one line (EdgeShardError), exit 2.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                             "(default: the studio's workspace)")
     r.add_argument("--session", default="spatial", help="session name to record under")
     r.set_defaults(func=_run)
+
+    k = verbs.add_parser("calibrate", help="fit the cost model to real runs on agents (the gateway alone, then "
+                                           "even strips over every device) and write the calibrated problem")
+    k.add_argument("problem", metavar="PROBLEM.json", help="its devices are named like the agents")
+    k.add_argument("--agents", required=True, metavar="AGENTS.json")
+    k.add_argument("--images", type=int_in(1, 1000), default=3)
+    k.add_argument("--rounds", type=int_in(1, 100), default=2, help="runs per probe; the fastest counts")
+    k.add_argument("--out", required=True, metavar="PROBLEM.json")
+    k.set_defaults(func=_calibrate)
 
     f = verbs.add_parser("profile", help="time convolutions over map sizes and fit y = a·x + b (this machine, "
                                          "or every agent of --agents)")
@@ -184,6 +194,24 @@ def _run(args) -> int:
           f"{measured:.3f} s measured, {predicted:.3f} s predicted; max |scores - one device| = {err:.2e}; "
           f"recorded runs {ids[0]} (measured) and {ids[1]} (predicted)")
     return 0 if err < 1e-3 else 1
+
+
+def _calibrate(args) -> int:
+    from core.devices.agent_link import AgentLink
+    from core.devices.local_cluster import load_agents_file
+    from core.techniques.spatial.calibration import calibrate_on_agents
+
+    problem = _problem(args.problem)
+    endpoints, keys = load_agents_file(args.agents)
+    with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
+        link.wait_ready(timeout_s=30)
+        link.sync_clocks()
+        cal = calibrate_on_agents(link, problem, images=args.images, rounds=args.rounds)
+    save(args.out, cal.problem)
+    print(json.dumps({"compute_scale": cal.compute_scale, "head_scale": cal.head_scale, "latency_s": cal.latency_s,
+                      "tile_overhead_s": cal.tile_overhead_s, "concurrency_scale": cal.concurrency_scale}))
+    print(f"wrote {args.out}")
+    return 0
 
 
 def _profile(args) -> int:

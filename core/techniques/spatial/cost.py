@@ -4,8 +4,8 @@ For a group of layers and a device's output strip [lo, hi): it receives its inpu
 halo (agents.spatial.group_input_ranges, the agent's own geometry) from the gateway, runs each
 layer over the columns the next one reads (a·FLOPs + b per layer), and sends its strip back;
 the gateway's own strip moves nothing. Links to the gateway are parallel (the paper's D/B per
-send and receive), so a group takes its slowest device's time; the FC head then runs on the
-gateway. Partitioners, the simulator and Compare all use these functions.
+send and receive), so a group takes its slowest device's time plus the gateway's own per-tile
+work (``tile_overhead_s``, calibrated); the FC head then runs on the gateway. Partitioners, the simulator and Compare all use these functions.
 """
 
 from __future__ import annotations
@@ -30,17 +30,20 @@ class StripTime(msgspec.Struct, frozen=True, kw_only=True):
         return self.scatter_s + self.compute_s + self.gather_s
 
 
-def strip_time(layers: Sequence[Layer], device: SpatialDevice, lo: int, hi: int, *, gateway: bool) -> StripTime:
-    """One device's time for output columns [lo, hi) of a group (zero for an empty strip)."""
+def strip_time(layers: Sequence[Layer], device: SpatialDevice, lo: int, hi: int, *, gateway: bool,
+               sharing: float = 1.0) -> StripTime:
+    """One device's time for output columns [lo, hi) of a group (zero for an empty strip);
+    ``sharing`` scales its compute and per-message latency (devices of one host computing at once
+    share its cores, also for framing and encryption; the wire time is the link's)."""
     if hi <= lo:
         return StripTime()
     ranges = group_input_ranges(layers, lo, hi)
-    compute = sum(device.time.seconds(layer.flops(b - a)) for layer, (a, b) in zip(layers, ranges[1:]))
+    compute = sharing * sum(device.time.seconds(layer.flops(b - a)) for layer, (a, b) in zip(layers, ranges[1:]))
     in_bytes = layers[0].in_bytes(ranges[0][1] - ranges[0][0])
     out_bytes = layers[-1].out_bytes(hi - lo)
     if gateway:
         return StripTime(compute_s=compute)
-    link = lambda n: device.latency_s + n / device.bandwidth_Bps  # noqa: E731
+    link = lambda n: sharing * device.latency_s + n / device.bandwidth_Bps  # noqa: E731
     return StripTime(scatter_s=link(in_bytes), compute_s=compute, gather_s=link(out_bytes),
                      in_bytes=in_bytes, out_bytes=out_bytes)
 
@@ -48,8 +51,15 @@ def strip_time(layers: Sequence[Layer], device: SpatialDevice, lo: int, hi: int,
 def group_times(problem: SpatialProblem, spec: CnnSpec, start: int, end: int,
                 devices: Sequence[str], widths: Sequence[int]) -> list[StripTime]:
     layers = spec.layers[start:end]
-    return [strip_time(layers, problem.device(d), lo, hi, gateway=d == problem.gateway)
+    sharing = sharing_factor(problem, sum(1 for w in widths if w))
+    return [strip_time(layers, problem.device(d), lo, hi, gateway=d == problem.gateway, sharing=sharing)
             for d, (lo, hi) in zip(devices, strip_bounds(widths))]
+
+
+def sharing_factor(problem: SpatialProblem, computing: int) -> float:
+    """The problem's compute factor when ``computing`` devices compute a tile at once."""
+    scale = problem.concurrency_scale
+    return scale[min(computing, len(scale)) - 1] if scale and computing > 0 else 1.0
 
 
 class SpatialCost(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,7 +93,7 @@ def evaluate(problem: SpatialProblem, plan: SpatialPlan) -> SpatialCost:
     act = {d: 0 for d in plan.devices}
     for (start, end), ws in zip(plan.groups, plan.widths):
         times = group_times(problem, spec, start, end, plan.devices, ws)
-        group_s.append(max(t.total_s for t in times))
+        group_s.append(max(t.total_s for t in times) + problem.tile_overhead_s)
         for d, t, w in zip(plan.devices, times, ws):
             busy[d] += t.compute_s
             moved += t.in_bytes + t.out_bytes
@@ -107,4 +117,6 @@ def single_device_seconds(problem: SpatialProblem, device: str | None = None) ->
     """The whole network on one device (the gateway by default): the speedup's denominator."""
     spec = problem.model.spec()
     dev = problem.device(device or problem.gateway)
-    return sum(dev.time.seconds(layer.flops()) for layer in spec.layers) + head_seconds(problem, spec, dev.id)
+    alone = sharing_factor(problem, 1)
+    return (alone * sum(dev.time.seconds(layer.flops()) for layer in spec.layers) + problem.tile_overhead_s
+            * len(spec.layers) + head_seconds(problem, spec, dev.id))

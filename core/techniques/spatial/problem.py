@@ -8,6 +8,8 @@ output columns each device computes. Both are versioned JSON formats.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from typing import Literal
 
@@ -93,6 +95,14 @@ class SpatialProblem(msgspec.Struct, frozen=True, kw_only=True):
     """The device that holds the image, scatters and gathers strips and runs the FC head."""
     images: int = 1
     """Images streamed through per run (one after another)."""
+    tile_overhead_s: float = 0.0
+    """The gateway's own work per tile besides strips (cutting, framing, concatenating): 0 unless
+    calibrated from a real run (``core.techniques.spatial.calibration``)."""
+    concurrency_scale: tuple[float, ...] = ()
+    """Compute-time (and per-message latency) factor when k devices compute a tile at once (index
+    k − 1; beyond the end: the last): devices that share a host's cores (an emulated local
+    cluster) slow each other.
+    Empty: 1 (devices on their own hardware). Calibrated, never guessed."""
 
     def device(self, name: str) -> SpatialDevice:
         for d in self.devices:
@@ -128,6 +138,10 @@ def problem_violations(problem: SpatialProblem) -> list[str]:
             out.append(f"device {d.id}: time model needs a > 0 and b >= 0 (profile it again)")
         if d.id != problem.gateway and not d.bandwidth_Bps > 0:
             out.append(f"device {d.id}: bandwidth to the gateway must be > 0")
+    if not (math.isfinite(problem.tile_overhead_s) and problem.tile_overhead_s >= 0):
+        out.append("tile_overhead_s must be a finite number >= 0")
+    if not all(math.isfinite(f) and f > 0 for f in problem.concurrency_scale):
+        out.append("concurrency_scale factors must be finite numbers > 0")
     if problem.model.image < 32 or problem.model.width_div < 1 or problem.images < 1:
         out.append("model image must be >= 32, width_div >= 1 and images >= 1")
     return out

@@ -50,7 +50,7 @@ def simulate(problem: SpatialProblem, plan: SpatialPlan, mode: str = "sequential
                 if st.gather_s:
                     events.append(TimelineEvent(kind="send", start_s=at, end_s=at + st.gather_s,
                                                 nbytes=st.out_bytes, peer=gw, **common))
-            t += max(st.total_s for st in times)
+            t += max(st.total_s for st in times) + problem.tile_overhead_s
         head = head_seconds(problem, spec)
         events.append(TimelineEvent(device=gw, stage=len(plan.groups), kind="compute", phase="prefill", step=image,
                                     micro_batch=0, start_s=t, end_s=t + head))
