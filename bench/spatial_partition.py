@@ -12,15 +12,15 @@
   over one device of CBPS / BODP / even / fused with 2 and 4 nodes (paper: CBPS 1.84×, 3.58×),
   and the device count the planner picks (per-layer CBPS and fused) as bandwidth falls.
 
-- measured on a local cluster of 4 real agents over CurveZMQ, emulating slow heterogeneous
-  devices (compute slowdown 4, 6, 8, 8: the slowdown sleeps, so 4 agents share 2 cores like
-  4 devices): speedup over the gateway alone with 2 and 4 devices for CBPS / BODP / even /
-  fused (fused with the devices fixed), and the simulator's prediction for each, from time
-  models profiled on the agents and each strip path's latency and bandwidth measured with
-  cheap ComputeStrip round trips (``measure_strip_links``). The scatter/gather goes through the coordinator's control
-  channel, which the agents' emulated links do not shape (docs/spatial.md).
+- measured on an emulated heterogeneous cluster (``measured_emulated_cluster``): 4 real
+  agents over CurveZMQ, the gateway 8× slower than this machine, workers 3×, 4×, 6×, every
+  data link shaped to 1 Gbit/s; the strips cross the data plane (the gateway agent scatters
+  and gathers). Per image: the gateway alone, CBPS / BODP / even / fused with 2 and 4 devices
+  (and CBPS / fused planned on the calibrated model) side by side, round-robin; the
+  simulator's prediction from the profiled models and from models calibrated on two probe
+  runs (``core.techniques.spatial.calibration``).
 
-Run: python bench/spatial_partition.py
+Run: python bench/spatial_partition.py   (--measured-only: just the cluster part)
 """
 
 from __future__ import annotations
