@@ -140,6 +140,10 @@ class AgentClock:
     def __call__(self) -> float:
         return self._wall0 + (time.perf_counter() - self._perf0)
 
+    def at(self, perf_counter_s: float) -> float:
+        """This clock's reading at a past ``time.perf_counter()`` value (executors time with it)."""
+        return self._wall0 + (perf_counter_s - self._perf0)
+
 
 
 
@@ -1007,6 +1011,10 @@ class _StageRun:
                 out = self.sample(out, gen).to(torch.int64)
         if not getattr(self.ex, "records_own_spans", False):
             self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
+        take_events = getattr(self.ex, "take_events", None)  # an executor's own events (expert reads, ...)
+        if take_events is not None:
+            for kind, start, end, nbytes, peer in take_events():
+                self.agent._event(kind, op.phase, op.step, mb, self.clock.at(start), self.clock.at(end), nbytes, peer)
         return out
 
     def _send(self, op: Send, out: torch.Tensor, mask) -> None:

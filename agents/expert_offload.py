@@ -20,13 +20,14 @@ import json
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader
+from agents.protocol import expert_activity
 from agents.shard import StageExecutor
 
 STAGE_KIND = "expert-offload"
@@ -148,6 +149,10 @@ class ExpertBuffer:
         self.peak_slots = 0
         self.peak_bytes = 0
         self._bytes: dict[tuple[int, int], int] = {}
+        self.activity: deque[tuple[str, tuple[int, int], float, float, int]] = deque(maxlen=1 << 16)
+        """(outcome, key, start, end, bytes) per hit, demand load, preload and eviction, in
+        ``time.perf_counter()`` seconds, until the executor takes them (``take_events``; bounded,
+        so an executor used without an agent does not grow)."""
 
     # ----- eviction (pure choice over the held experts) -------------------------------
     def _score(self, key: tuple[int, int]) -> float:
@@ -177,6 +182,8 @@ class ExpertBuffer:
                     return False
                 continue
             del self._held[victim]
+            now = time.perf_counter()
+            self.activity.append(("evict", victim, now, now, 0))
             self._bytes.pop(victim, None)
             self._unused_preloads.discard(victim)
             self.evictions += 1
@@ -184,7 +191,8 @@ class ExpertBuffer:
         self.peak_slots = max(self.peak_slots, len(self._held) + len(self._loading))
         return True
 
-    def _load(self, key) -> None:
+    def _load(self, key, outcome: str) -> None:
+        started = time.perf_counter()
         try:
             tensors = self._read(*key)
         except BaseException:
@@ -196,6 +204,7 @@ class ExpertBuffer:
             self._loading.discard(key)
             self._held[key] = tensors
             self._bytes[key] = sum(t.numel() * t.element_size() for t in tensors)
+            self.activity.append((outcome, key, started, time.perf_counter(), self._bytes[key]))
             self.peak_bytes = max(self.peak_bytes, sum(self._bytes.values()))
             self._cond.notify_all()
 
@@ -208,6 +217,8 @@ class ExpertBuffer:
             self._last_use[key] = self._clock
             if key in self._held or key in self._loading:
                 self.hits += 1
+                now = time.perf_counter()
+                self.activity.append(("hit", key, now, now, 0))
                 if key in self._unused_preloads:
                     self.preload_hits += 1
                     self._unused_preloads.discard(key)
@@ -222,7 +233,7 @@ class ExpertBuffer:
                 if owns:
                     self._cond.release()
                     try:
-                        self._load(key)
+                        self._load(key, "load")
                     finally:
                         self._cond.acquire()
                 while key not in self._held:
@@ -244,12 +255,18 @@ class ExpertBuffer:
                 return False
             self.preloads += 1
             self._unused_preloads.add(key)
-        self._load(key)
+        self._load(key, "preload")
         return True
 
     def held(self) -> list[tuple[int, int]]:
         with self._cond:
             return sorted(self._held)
+
+    def take_activity(self) -> list[tuple[str, tuple[int, int], float, float, int]]:
+        with self._cond:
+            out = list(self.activity)
+            self.activity.clear()
+        return out
 
     def held_bytes(self) -> int:
         with self._cond:
@@ -409,6 +426,12 @@ class ExpertOffloadExecutor(StageExecutor):
             pass
 
     # ----- what the agent reports --------------------------------------------------------
+    def take_events(self) -> list[tuple[str, float, float, int, str]]:
+        """The buffer's activity since the last call as the agent's ``io`` events: (kind, start, end,
+        bytes, peer) with the checkpoint's block index in ``peer`` (agents.protocol.expert_activity)."""
+        return [("io", start, end, nbytes, expert_activity(self.layer_indices[layer], expert, outcome))
+                for outcome, (layer, expert), start, end, nbytes in self.buffer.take_activity()]
+
     def expert_bytes(self) -> int:
         """Bytes of one expert as held in the buffer."""
         c = self._config

@@ -19,9 +19,38 @@ PROTOCOL_VERSION = 2
 """Bumped whenever a message changes shape. 2: profiling options and results are typed structs
 (they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``."""
 
-EventKind = Literal["compute", "send", "recv_wait"]
+EventKind = Literal["compute", "send", "recv_wait", "io"]
 """compute: a stage running its units; send: putting an activation (or token ids) on a
-link, ``peer`` is the receiver; recv_wait: a stage idle waiting for its input."""
+link, ``peer`` is the receiver; recv_wait: a stage idle waiting for its input; io: a stage
+reading weights from its storage, on the lane ``storage_lane(device)`` (expert offloading:
+``peer`` says which expert and what happened, ``expert_activity``; a buffer hit or an
+eviction is a zero-length io event)."""
+
+
+def storage_lane(device: str) -> str:
+    """The timeline lane of a device's storage reads (``io`` events)."""
+    return f"{device}:storage"
+
+
+EXPERT_OUTCOMES = ("hit", "load", "preload", "evict")
+"""What happened to an expert in an ``io`` event: found in the buffer, read on demand (a miss),
+read ahead by the predictor, or evicted."""
+
+
+def expert_activity(block: int, expert: int, outcome: str) -> str:
+    """The ``peer`` of an expert's io event: ``expert BLOCK.EXPERT OUTCOME``."""
+    return f"expert {block}.{expert} {outcome}"
+
+
+def parse_expert_activity(peer: str) -> tuple[int, int, str] | None:
+    """(block, expert, outcome) of an ``expert_activity`` peer; None for anything else."""
+    parts = peer.split(" ")
+    if len(parts) != 3 or parts[0] != "expert" or parts[2] not in EXPERT_OUTCOMES:
+        return None
+    block, _, expert = parts[1].partition(".")
+    if not (block.isdigit() and expert.isdigit()):
+        return None
+    return int(block), int(expert), parts[2]
 
 Phase = Literal["prefill", "decode"]
 

@@ -29,8 +29,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QGridLayout, QLabel, QPushB
 from agents.protocol import TimelineEvent
 from gui.widgets import say_why_disabled
 
-KINDS = ("compute", "send", "recv_wait")
+KINDS = ("compute", "send", "recv_wait", "io")
 PHASES = ("prefill", "decode")
+EVENT_WHAT = {"compute": "compute", "send": "transfer", "recv_wait": "waiting for input", "io": "storage"}
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 
@@ -41,7 +42,7 @@ MICRO_BATCH_COLOURS = (
 """Tableau 10: distinct on light and dark backgrounds."""
 
 # Vertical bands inside a lane of height 1 (lane i spans [i, i+1), y grows downwards).
-BANDS = {0: (0.10, 0.62), 1: (0.66, 0.90), 2: (0.10, 0.62)}
+BANDS = {0: (0.10, 0.62), 1: (0.66, 0.90), 2: (0.10, 0.62), 3: (0.10, 0.62)}
 
 BOX_DTYPE = np.dtype([("lane", "i4"), ("stage", "i4"), ("kind", "i1"), ("phase", "i1"), ("micro_batch", "i4"),
                       ("step", "i4"), ("start_s", "f8"), ("end_s", "f8"), ("nbytes", "i8")])
@@ -222,7 +223,7 @@ class TimelineBoxesItem(pg.GraphicsObject):
                 colour = QColor(128, 128, 128, 25 if self.ghost else 55)
             elif self.ghost:
                 colour.setAlpha(45)
-            elif kind == KIND_CODE["send"]:
+            elif kind in (KIND_CODE["send"], KIND_CODE["io"]):
                 colour.setAlpha(150)
             hatch = None
             if phase == PHASE_CODE["prefill"] and kind != KIND_CODE["recv_wait"] and not self.ghost:
@@ -344,13 +345,15 @@ class TimelineBoxesItem(pg.GraphicsObject):
 def describe_event(event: TimelineEvent) -> str:
     """The hover text of one box: what, where, when, how much."""
     ms = lambda s: f"{s * 1000:.2f} ms"  # noqa: E731
-    what = {"compute": "compute", "send": "transfer", "recv_wait": "waiting for input"}[event.kind]
+    what = EVENT_WHAT[event.kind]
     lines = [f"{event.device} · stage {event.stage} · {what}",
              f"{event.phase}, step {event.step}, micro-batch {event.micro_batch}",
              f"start {ms(event.start_s)}, end {ms(event.end_s)}, duration {ms(event.duration_s)}"]
     if event.kind == "send":
         rate = event.nbytes / event.duration_s / 1e6 if event.duration_s > 0 else 0.0
         lines.append(f"{_fmt_bytes(event.nbytes)} to {event.peer or '?'} ({rate:.1f} MB/s)")
+    elif event.kind == "io":
+        lines.append(f"{event.peer or 'storage read'}" + (f", {_fmt_bytes(event.nbytes)}" if event.nbytes else ""))
     elif event.nbytes:
         lines.append(_fmt_bytes(event.nbytes))
     if event.clock_uncertainty_s:
@@ -467,8 +470,8 @@ class TimelineOverlayItem(pg.GraphicsObject):
         return QRectF(self._bounds)
 
     def _device_rects(self, rows: np.ndarray, sx, dx, sy, dy) -> None:
-        b0 = np.array([BANDS[k][0] for k in range(3)])[rows["kind"]]
-        b1 = np.array([BANDS[k][1] for k in range(3)])[rows["kind"]]
+        b0 = np.array([BANDS[k][0] for k in range(len(KINDS))])[rows["kind"]]
+        b1 = np.array([BANDS[k][1] for k in range(len(KINDS))])[rows["kind"]]
         X0 = np.floor(rows["start_s"] * sx + dx)
         X1 = np.maximum(np.ceil(rows["end_s"] * sx + dx), X0 + 1)
         ya, yb = (rows["lane"] + b0) * sy + dy, (rows["lane"] + b1) * sy + dy
@@ -1010,7 +1013,7 @@ class TimelineView(QWidget):
         r = rows[index]
         same = (rows["lane"] == r["lane"]) & (rows["micro_batch"] == r["micro_batch"]) & (rows["step"] == r["step"])
         wait = float((rows["end_s"] - rows["start_s"])[same & (rows["kind"] == KIND_CODE["recv_wait"])].sum())
-        what = {"compute": "compute", "send": "transfer", "recv_wait": "waiting for input"}[e.kind]
+        what = EVENT_WHAT[e.kind]
         parts = [f"Stage {e.stage} on {e.device} · {what} · micro-batch {e.micro_batch} · step {e.step} "
                  f"({e.phase}) · token {e.step}",
                  f"start {e.start_s * 1000:.2f} ms · duration {e.duration_s * 1000:.2f} ms · "

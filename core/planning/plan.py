@@ -17,7 +17,11 @@ from core.formats import register_format
 PLAN_FORMAT = "edgeshard.plan"
 PLAN_VERSION = 1
 
-StageKind = Literal["layers"]
+StageKind = str
+"""The stage's kind: which technique's agent-side executor runs it (``agents.executors``):
+``layers`` (layer sharding), ``expert-offload`` (EdgeMoE), ... A plan whose stages name a
+kind runs like any plan (``edgeshard run``, the Run screen): each stage is loaded as its kind."""
+STAGE_KIND_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
 class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -25,7 +29,7 @@ class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     start: int
     end: int
     kind: StageKind = "layers"
-    """Room for later stage kinds (attention-only, expert host, ...)."""
+    """Which executor the stage's agent builds (``layers``, ``expert-offload``, ...)."""
 
     @property
     def num_units(self) -> int:
@@ -74,7 +78,10 @@ def layout_problems(plan: ShardPlan, num_units: int | None = None) -> list[str]:
     if at != plan.num_units:
         problems.append(f"stages end at unit {at}, the model has {plan.num_units}")
     seen = set()
-    for s in plan.stages:
+    for i, s in enumerate(plan.stages):
+        if not s.kind or len(s.kind) > 64 or not set(s.kind) <= STAGE_KIND_CHARS:
+            problems.append(f"stage {i} ({s.device}) has kind {s.kind!r}: a stage kind is a short lower-case name "
+                            "such as 'layers' or 'expert-offload'")
         if s.device in seen:
             problems.append(f"device {s.device} appears in more than one stage")
         seen.add(s.device)

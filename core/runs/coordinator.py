@@ -24,6 +24,7 @@ from typing import Protocol
 
 from agents.protocol import (
     RUN_MODES,
+    storage_lane,
     AgentState,
     AgentStatus,
     ComputeOptions,
@@ -267,7 +268,7 @@ class Coordinator:
         unc = clock.uncertainty_s if clock else 0.0
         for e in msg.events:
             ev = TimelineEvent(
-                device=msg.device,
+                device=storage_lane(msg.device) if e.kind == "io" else msg.device,
                 stage=msg.stage,
                 kind=e.kind,
                 phase=e.phase,

@@ -213,7 +213,7 @@ def generate(
             files = ship_stage_weights(coordinator, plan, model_dir, reporter=reporter).files
         reporter.status(f"loading {len(plan.stages)} stage(s) of {Path(model_dir).name}")
         coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
-                         reporter=reporter, kv=kv, files=files)
+                         reporter=reporter, kv=kv, files=files, kind={s.device: s.kind for s in plan.stages})
     coordinator.sync_clocks()
     pieces = TextPieces(tok, len(prompts), stops, settings.max_new_tokens)
     request = RunRequest(

@@ -23,7 +23,7 @@ import msgspec
 from agents.protocol import TimelineEvent, TokenEvent
 from core.errors import FormatError, StoreError
 
-LANES: tuple[str, ...] = ("compute", "send", "recv_wait", "tokens")
+LANES: tuple[str, ...] = ("compute", "send", "recv_wait", "io", "tokens")
 
 CSV_COLUMNS: tuple[str, ...] = ("device", "stage", "kind", "phase", "step", "micro_batch", "start_s", "end_s",
                                 "duration_s", "nbytes", "peer", "clock_uncertainty_s")
@@ -63,7 +63,7 @@ def chrome_trace(events: Sequence[TimelineEvent], tokens: Sequence[TokenEvent] =
     for e in sorted(events, key=lambda e: (e.start_s, pid[e.device], tid[e.kind])):
         label = "prefill" if e.phase == "prefill" else f"decode {e.step}"
         args: dict[str, Any] = {"stage": e.stage, "phase": e.phase, "step": e.step, "micro_batch": e.micro_batch}
-        if e.kind == "send":
+        if e.kind in ("send", "io"):
             args.update(nbytes=e.nbytes, peer=e.peer)
         if e.clock_uncertainty_s:
             args["clock_uncertainty_us"] = _us(e.clock_uncertainty_s)

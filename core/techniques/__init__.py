@@ -99,6 +99,10 @@ class Technique:
     simulate: Callable[..., Any]
     """Its simulated schedule: ``simulate(problem, plan, mode, ...)`` -> a result with the same
     ``TimelineEvent``s a real run records (``.events``, ``.tokens``, ``.figures``)."""
+    run_plan: Callable[..., Any] | None = None
+    """``run_plan(plan, model_dir)`` -> the ``ShardPlan`` (stages of this technique's kinds) that
+    ``edgeshard run`` and the Run screen run for one of its plans on agents; None when its plans
+    are shard plans already (layer sharding) or it runs another way."""
     register_cli: Callable[[argparse._SubParsersAction], None] | None = None
     """Its own CLI verbs, if any beyond the shared ``plan``/``compare``/``run``."""
     paper: str = ""

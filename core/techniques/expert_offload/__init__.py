@@ -30,6 +30,12 @@ def _register_cli(sub) -> None:
     register(sub)
 
 
+def _run_plan(plan, model_dir, bandwidth_bps=None):
+    from core.techniques.expert_offload.running import run_plan
+
+    return run_plan(plan, model_dir, bandwidth_bps)
+
+
 TECHNIQUE = Technique(
     name=NAME,
     title="MoE expert offloading (EdgeMoE)",
@@ -42,6 +48,7 @@ TECHNIQUE = Technique(
     cost=evaluate,
     simulate=simulate,
     register_cli=_register_cli,
+    run_plan=_run_plan,
     modes=("sequential",),
 )
 

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("model_dir", metavar="MODEL_DIR")
     g.add_argument("--bandwidth-mbps", type=float_in(0.0, 1e6, lo_open=True), default=None,
                    help="make agents throttle expert reads to this (emulate slower storage)")
+    g.add_argument("--run-plan", metavar="RUN_PLAN.json",
+                   help="also write the plan `edgeshard run --plan` runs: one expert-offload stage on the "
+                        "plan's device (its live timeline shows expert reads on a storage lane)")
     g.set_defaults(func=_configure)
 
 
@@ -102,21 +105,15 @@ def _plan(args) -> int:
 
 
 def _configure(args) -> int:
-    from core.errors import EdgeShardError
     from core.techniques.expert_offload.problem import OffloadPlan
+    from core.techniques.expert_offload.running import run_plan, write_options
 
     plan = load(args.plan, OffloadPlan)
-    model_dir = Path(args.model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise EdgeShardError(f"{model_dir}: no config.json; give the checkpoint directory the agents load")
-    if plan.bits.avg_bits < 32:
-        raise EdgeShardError(f"the plan's experts are {plan.bits.name}: write the quantised experts first "
-                             "(agents.expert_offload.write_quantized_experts); configure sets full-precision plans")
-    path = model_dir / "expert-offload.json"
-    options = json.loads(path.read_text()) if path.is_file() else {}
-    options.update(slots=plan.slots, policy=plan.policy, preload=plan.preload, whole_layers=plan.whole_layers)
-    if args.bandwidth_mbps is not None:
-        options["bandwidth_bps"] = args.bandwidth_mbps * 1e6
-    path.write_text(json.dumps(options, indent=1))
-    print(f"wrote {path}")
+    bandwidth = None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6
+    if args.run_plan:
+        save(args.run_plan, run_plan(plan, args.model_dir, bandwidth))
+        print(f"wrote {Path(args.model_dir) / 'expert-offload.json'} and {args.run_plan} "
+              f"(run it: edgeshard run --plan {args.run_plan} --model {args.model_dir} ...)")
+        return 0
+    print(f"wrote {write_options(plan, args.model_dir, bandwidth)}")
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agents.protocol import TimelineEvent, TokenEvent
+from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques.expert_offload.cost import evaluate
 from core.techniques.expert_offload.problem import OffloadPlan, OffloadProblem
@@ -20,10 +20,6 @@ class OffloadSimulation(msgspec.Struct, frozen=True, kw_only=True):
     events: tuple[TimelineEvent, ...]
     tokens: tuple[TokenEvent, ...]
     figures: RunFigures
-
-
-def storage_lane(device: str) -> str:
-    return f"{device}:storage"
 
 
 def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str = "sequential", *,
@@ -45,12 +41,12 @@ def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str = "sequential
             ahead = read_s if plan.whole_layers else read_s * recall  # read during the previous layer
             demand = read_s - ahead
             if ahead > 0:
-                events.append(TimelineEvent(device=storage_lane(plan.device), kind="recv_wait", start_s=previous_start,
+                events.append(TimelineEvent(device=storage_lane(plan.device), kind="io", start_s=previous_start,
                                             end_s=previous_start + ahead, nbytes=int(nbytes * ahead / read_s),
                                             peer="storage", **common))
             t = max(t, previous_start + ahead)
             if demand > 0:
-                events.append(TimelineEvent(device=storage_lane(plan.device), kind="recv_wait", start_s=t,
+                events.append(TimelineEvent(device=storage_lane(plan.device), kind="io", start_s=t,
                                             end_s=t + demand, nbytes=int(nbytes * demand / read_s), peer="storage",
                                             **common))
                 t += demand

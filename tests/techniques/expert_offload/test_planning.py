@@ -105,7 +105,7 @@ def test_the_simulation_puts_expert_reads_on_a_storage_lane_overlapping_compute(
     events = technique_named("expert-offload").simulate(p, plan, generated_tokens=3).events
     reads = [e for e in events if e.device == "dev:storage"]
     computes = [e for e in events if e.device == "dev" and e.kind == "compute"]
-    assert reads and all(e.peer == "storage" and e.nbytes > 0 for e in reads)
+    assert reads and all(e.kind == "io" and e.peer == "storage" and e.nbytes > 0 for e in reads)
     assert any(r.start_s < c.end_s and c.start_s < r.end_s for r in reads for c in computes)  # preloads overlap
 
 

@@ -1,0 +1,54 @@
+"""Running an expert-offloading plan on agents: the shared run path with ``expert-offload`` stages.
+
+An ``OffloadPlan`` (buffer slots, eviction, preload depth, bit widths) runs as a one-stage
+``ShardPlan`` whose stage kind is ``expert-offload``: ``edgeshard run`` and the Run screen
+load each stage as its kind (core.runs.generation), so the run, its live timeline (expert
+reads, hits, evictions as ``io`` events on the device's storage lane), its recording and
+its replay are the shared ones. ``LoadShard`` carries no technique options, so the plan's
+buffer options are written beside the checkpoint (``expert-offload.json``), which the agent
+reads when it builds the stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core.errors import EdgeShardError
+from core.models.checkpoints import check_model_dir
+from core.planning.plan import ShardPlan, Stage
+from core.techniques.expert_offload.problem import OffloadPlan
+
+STAGE_KIND = "expert-offload"
+OPTIONS_FILE = "expert-offload.json"
+
+
+def write_options(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float | None = None) -> Path:
+    """Write ``plan``'s buffer options into ``model_dir/expert-offload.json`` (other keys kept)."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise EdgeShardError(f"{model_dir}: no config.json; give the checkpoint directory the agents load")
+    path = model_dir / OPTIONS_FILE
+    try:
+        options = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError as err:
+        raise EdgeShardError(f"{path} is not JSON ({err}): delete it and configure again") from None
+    if plan.bits.avg_bits < 32 and not options.get("expert_bits"):
+        raise EdgeShardError(f"the plan's experts are {plan.bits.name}: write the quantised experts first "
+                             "(edgeshard moe adapt-bits); only full-precision plans run without them")
+    options.update(slots=plan.slots, policy=plan.policy, preload=plan.preload, whole_layers=plan.whole_layers)
+    if bandwidth_bps is not None:
+        options["bandwidth_bps"] = bandwidth_bps
+    path.write_text(json.dumps(options, indent=1))
+    return path
+
+
+def run_plan(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float | None = None) -> ShardPlan:
+    """The ``ShardPlan`` that runs ``plan`` on its device over ``model_dir`` (whose options it writes)."""
+    info = check_model_dir(model_dir)
+    if info.family != "mixtral":
+        raise EdgeShardError(f"{model_dir} is a {info.family} model: expert offloading needs a Mixtral (MoE) one")
+    write_options(plan, model_dir, bandwidth_bps)
+    return ShardPlan(model=Path(model_dir).name, num_units=info.num_units,
+                     stages=(Stage(device=plan.device, start=0, end=info.num_units, kind=STAGE_KIND),),
+                     strategy=f"expert-offload:{plan.policy}")

@@ -1,0 +1,99 @@
+"""An expert-offloading plan runs like any plan: ``edgeshard moe configure --run-plan`` then
+``edgeshard run`` on real loopback agents over a generated Mixtral checkpoint; the tokens equal
+HF generate's, the expert reads, hits and evictions arrive as ``io`` events on the device's
+storage lane, and the run is recorded in the session store with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents.protocol import parse_expert_activity
+from core import formats
+from core.errors import EdgeShardError
+from core.models.checkpoints import ModelRecipe, make_model
+from core.planning.plan import ShardPlan
+from core.runs.generation import load_tokenizer
+from core.sessions.store import SessionStore
+from core.techniques import technique_named
+from core.techniques.expert_offload.problem import OffloadPlan
+from tests.core.cli.test_cli_run import run_cli
+from tests.core.hf_reference import hf_greedy_new_tokens
+
+PROMPT = "the cat sat on the"
+NEW = 5
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("moe-run")
+    model = make_model(ModelRecipe(family="mixtral", layers=3, hidden=64, heads=4, kv_heads=2, vocab=512, seed=5,
+                                   experts=8), folder / "tiny-mixtral")
+    formats.save(folder / "offload.json", OffloadPlan(device="edge-0", slots=3, preload=1))
+    code, out = run_cli(["moe", "configure", folder / "offload.json", model, "--run-plan", folder / "run.json",
+                         "--bandwidth-mbps", "400"])
+    assert code == 0, out
+    workspace = folder / "ws.sqlite"
+    code, out = run_cli(["run", "--model", model, "--plan", folder / "run.json", "--local", "--prompt", PROMPT,
+                         "--max-new-tokens", NEW, "--workspace", workspace, "--events", folder / "events.jsonl"])
+    assert code == 0, out
+    return model, folder, workspace, out
+
+
+def test_configure_writes_a_one_stage_expert_offload_run_plan_and_the_buffer_options(ran):
+    model, folder, _, _ = ran
+    plan = formats.load(folder / "run.json", ShardPlan)
+    assert [(s.device, s.start, s.end, s.kind) for s in plan.stages] == [("edge-0", 0, 5, "expert-offload")]
+    options = json.loads((model / "expert-offload.json").read_text())
+    assert (options["slots"], options["preload"], options["bandwidth_bps"]) == (3, 1, 400e6)
+
+
+def test_edgeshard_run_of_the_plan_gives_hf_generates_tokens(ran):
+    model, _, workspace, _ = ran
+    with SessionStore(workspace) as store:
+        [session] = store.sessions()
+        [run] = store.runs(session.id)
+        items = store.timeline(run.id)
+    tok = load_tokenizer(str(model))
+    enc = tok([PROMPT], return_tensors="pt", padding=True)
+    got = [t.tokens.token_ids[0] for t in sorted((i for i in items if i.tokens is not None),
+                                                 key=lambda i: i.tokens.step)]
+    assert tuple(got) == tuple(hf_greedy_new_tokens(str(model), enc, NEW)[0])
+
+
+def test_expert_activity_is_recorded_as_io_events_on_the_storage_lane(ran):
+    _, folder, workspace, _ = ran
+    with SessionStore(workspace) as store:
+        [run] = store.runs(store.sessions()[0].id)
+        events = [i.event for i in store.timeline(run.id) if i.event is not None]
+    io = [e for e in events if e.kind == "io"]
+    assert io and {e.device for e in io} == {"edge-0:storage"}
+    outcomes = [parse_expert_activity(e.peer) for e in io]
+    assert None not in outcomes
+    seen = {o for _, _, o in outcomes}
+    assert {"load", "hit", "evict"} <= seen  # 3 slots for 3 blocks x 8 experts: it must evict
+    loads = [e for e, (_, _, o) in zip(io, outcomes) if o in ("load", "preload")]
+    assert all(e.nbytes > 0 and e.end_s > e.start_s for e in loads)
+    assert {b for b, _, _ in outcomes} <= {0, 1, 2} and {x for _, x, _ in outcomes} <= set(range(8))
+    written = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert sum(1 for w in written if w["type"] == "timeline" and w["value"]["kind"] == "io") == len(io)
+
+
+def test_a_quantised_plan_without_its_expert_files_is_refused(tmp_path, ran):
+    from core.techniques.expert_offload.problem import BitOption
+
+    model, _, _, _ = ran
+    plan = OffloadPlan(device="edge-0", slots=3, bits=BitOption(name="int4", avg_bits=4.0, accuracy_loss=0.0))
+    options = json.loads((model / "expert-offload.json").read_text())
+    with pytest.raises(EdgeShardError, match="write the quantised experts first"):
+        technique_named("expert-offload").run_plan(plan, model)
+    assert json.loads((model / "expert-offload.json").read_text()) == options  # nothing written
+
+
+def test_a_dense_checkpoint_is_refused_for_an_expert_offload_run(tmp_path):
+    model = make_model(ModelRecipe(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=1),
+                       tmp_path / "dense")
+    with pytest.raises(EdgeShardError, match="needs a Mixtral"):
+        technique_named("expert-offload").run_plan(OffloadPlan(device="d", slots=2), model)
+    assert not (model / "expert-offload.json").exists()
