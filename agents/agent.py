@@ -264,6 +264,8 @@ class Agent:
         self._progress = 0.0
         self._loaded: _Loaded | None = None
         self._spatial_nets: dict = {}
+        self._phase_links = None
+        """EPD: (the loaded stage, its agents.phases.PhaseLinks), made at the stage's first phase request."""
         self._spatial_run = None
         """The spatial run this device takes part in (agents.spatial_run.SpatialSession), if any."""
         """Spatial partitioning's generated network, by its ``SpatialNet`` (one at a time)."""
@@ -729,8 +731,13 @@ class Agent:
             return ErrorReply(req=msg.req, code="bad_state",
                               message=f"this agent's stage ({loaded.msg.kind if loaded else 'none'}) serves no phase "
                                       f"requests: load an epd-* stage")
+        if self._phase_links is None or self._phase_links[0] is not loaded:
+            from agents.phases import PhaseLinks
+
+            self._close_phase_links()
+            self._phase_links = (loaded, PhaseLinks(self, loaded.msg.peers))
         try:
-            return serve(msg, clock=self.clock, slowdown=self.emulation.compute_slowdown)
+            return serve(msg, clock=self.clock, slowdown=self.emulation.compute_slowdown, links=self._phase_links[1])
         except ValueError as err:  # agents.phases.PhaseRequestError and the checkpoint's own checks
             return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
 
@@ -797,6 +804,11 @@ class Agent:
             if self._state is AgentState.RUNNING:
                 self._state = AgentState.IDLE
 
+    def _close_phase_links(self) -> None:
+        links, self._phase_links = self._phase_links, None
+        if links is not None:
+            links[1].close()
+
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's
         seed once and kept; the strip's compute is slowed like a stage's on an emulated device."""
@@ -821,6 +833,7 @@ class Agent:
         self._progress = max(0.0, min(1.0, float(fraction)))
 
     def _unload(self) -> None:
+        self._close_phase_links()
         loaded, self._loaded = self._loaded, None
         if loaded is None:
             return

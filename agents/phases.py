@@ -108,7 +108,7 @@ class _PhaseExecutor:
     def _modules(self):
         return ()
 
-    def serve(self, msg, clock=time.time, slowdown: float = 1.0):
+    def serve(self, msg, clock=time.time, slowdown: float = 1.0, links: PhaseLinks | None = None):
         raise NotImplementedError
 
 
@@ -152,14 +152,20 @@ class EncodeExecutor(_PhaseExecutor):
             h = h[:, 1:]
         return self.projector(h).float()
 
-    def serve(self, msg: EncodeTiles, clock=time.time, slowdown: float = 1.0) -> TilesEncoded:
+    def serve(self, msg: EncodeTiles, clock=time.time, slowdown: float = 1.0,
+              links: PhaseLinks | None = None) -> TilesEncoded:
         if not isinstance(msg, EncodeTiles):
             raise PhaseRequestError(f"an encode agent serves encode_tiles, not {msg.type_name()}")
         t_start = clock()
         with emulated(slowdown):
             out = self.encode(from_bytes(msg.shape, msg.data))
+        t_end = clock()
+        if msg.send_to:
+            _links(links).send(msg.send_to, "mm", msg.request, msg.piece, out)
+            return TilesEncoded(req=msg.req, request=msg.request, tiles=msg.tiles, shape=tuple(out.shape), data=b"",
+                                t_start=t_start, t_end=t_end, sent_to=msg.send_to, t_sent=clock())
         return TilesEncoded(req=msg.req, request=msg.request, tiles=msg.tiles, shape=tuple(out.shape),
-                            data=to_bytes(out), t_start=t_start, t_end=clock())
+                            data=to_bytes(out), t_start=t_start, t_end=t_end)
 
 
 class _TextExecutor(_PhaseExecutor):
@@ -217,18 +223,33 @@ class PrefillExecutor(_TextExecutor):
         kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
         return token, kv
 
-    def serve(self, msg: PrefillPrompt, clock=time.time, slowdown: float = 1.0) -> PromptPrefilled:
+    def serve(self, msg: PrefillPrompt, clock=time.time, slowdown: float = 1.0,
+              links: PhaseLinks | None = None) -> PromptPrefilled:
         if not isinstance(msg, PrefillPrompt):
             raise PhaseRequestError(f"a prefill agent serves prefill_prompt, not {msg.type_name()}")
+        received = 0.0
+        if msg.mm_pieces:  # the encoders' tokens, from this agent's store of what arrived
+            got = _links(links).take("mm", msg.request, msg.mm_pieces)
+            received = max(t for _, t in got.values())
+            mm = torch.cat([got[p][0].reshape(-1, got[p][0].shape[-1]) for p in msg.mm_pieces])
+            if tuple(mm.shape) != tuple(msg.mm_shape):
+                raise PhaseRequestError(f"the pieces hold multimodal tokens {list(mm.shape)}, the request says "
+                                        f"{list(msg.mm_shape)}")
+        else:
+            mm = from_bytes(msg.mm_shape, msg.mm) if msg.mm_shape else torch.empty(0, self.lm.config.hidden_size)
         t_start = clock()
         params = sampling_params(msg.sampling, 1)
         generator = params.make_generator()
-        mm = from_bytes(msg.mm_shape, msg.mm) if msg.mm_shape else torch.empty(0, self.lm.config.hidden_size)
         with emulated(slowdown):
             token, kv = self.prefill_prompt(list(msg.input_ids), mm, params, generator)
+        t_end = clock()
+        rng = generator.get_state().numpy().tobytes()
+        if msg.send_to:
+            _links(links).send(msg.send_to, "kv", msg.request, 0, kv.reshape(-1, *kv.shape[2:]))
+            return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape), kv=b"",
+                                   rng=rng, t_start=t_start, t_end=t_end, mm_received=received, sent_to=msg.send_to)
         return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape),
-                               kv=to_bytes(kv), rng=generator.get_state().numpy().tobytes(), t_start=t_start,
-                               t_end=clock())
+                               kv=to_bytes(kv), rng=rng, t_start=t_start, t_end=t_end, mm_received=received)
 
 
 class DecodeExecutor(_TextExecutor):
@@ -269,9 +290,16 @@ class DecodeExecutor(_TextExecutor):
             ends.append(clock())
         return tokens, ends
 
-    def serve(self, msg: DecodeTokens, clock=time.time, slowdown: float = 1.0) -> TokensDecoded:
+    def serve(self, msg: DecodeTokens, clock=time.time, slowdown: float = 1.0,
+              links: PhaseLinks | None = None) -> TokensDecoded:
         if not isinstance(msg, DecodeTokens):
             raise PhaseRequestError(f"a decode agent serves decode_tokens, not {msg.type_name()}")
+        received = 0.0
+        if msg.kv_from:
+            (kv, received), = _links(links).take("kv", msg.request, (0,)).values()
+            kv = kv.reshape(msg.kv_shape)
+        else:
+            kv = from_bytes(msg.kv_shape, msg.kv)
         t_start = clock()
         params = sampling_params(msg.sampling, msg.max_new_tokens)
         generator = params.make_generator()
@@ -280,10 +308,10 @@ class DecodeExecutor(_TextExecutor):
                 generator.set_state(torch.frombuffer(bytearray(msg.rng), dtype=torch.uint8))
             except (RuntimeError, ValueError) as err:
                 raise PhaseRequestError(f"rng state not usable here ({err})") from None
-        tokens, ends = self.decode_tokens(from_bytes(msg.kv_shape, msg.kv), msg.first_token, msg.max_new_tokens,
+        tokens, ends = self.decode_tokens(kv, msg.first_token, msg.max_new_tokens,
                                           params, generator, tuple(msg.eos_token_ids), msg.copies, clock, slowdown)
         return TokensDecoded(req=msg.req, request=msg.request, tokens=tuple(tokens), step_ends=tuple(ends),
-                             t_start=t_start, t_end=clock())
+                             t_start=t_start, t_end=clock(), kv_received=received)
 
 
 @contextlib.contextmanager
@@ -297,6 +325,103 @@ def emulated(slowdown: float):
     yield
     if slowdown > 1.0:
         time.sleep(max(0.0, slowdown * (time.thread_time() - c0) - (time.perf_counter() - w0)))
+
+
+MAX_HELD_BYTES = 512 << 20
+"""What a phase agent keeps of tensors that arrived before their request (its side of the
+multimodal / KV cache); the coordinator reserves room before sending, so more is a peer's error."""
+TAKE_TIMEOUT_S = 60.0
+
+
+class PhaseLinks:
+    """An agent's EPD data plane: pushes tensors to its pool peers' data sockets (Curve, raw frames
+    beside a checked header, through the emulated link) and keeps what arrives for its requests in
+    a bounded store until a request takes it. One per loaded phase stage."""
+
+    def __init__(self, agent, peers) -> None:
+        self.agent = agent
+        self.peers = {p.device: p for p in peers}
+        self.held: dict[tuple[str, int, int], tuple[torch.Tensor, float]] = {}
+        self.held_bytes = 0
+        self._senders: dict = {}
+        self._socks: list = []
+
+    def close(self) -> None:
+        for sender in self._senders.values():
+            sender.close()
+        for sock in self._socks:
+            sock.close(linger=0)
+
+    def send(self, device: str, kind: str, request: int, piece: int, x: torch.Tensor) -> None:
+        import zmq
+
+        from agents.protocol import DataHeader
+        from agents.transport import LinkSender, curve_client, data_message, harden, tensor_frame
+
+        if device not in self.peers or device == self.agent.device:
+            raise PhaseRequestError(f"{device!r} is not a peer of this stage's pools")
+        sender = self._senders.get(device)
+        if sender is None:
+            push = self.agent.context.socket(zmq.PUSH)
+            harden(push)
+            push.sndtimeo = 1000
+            curve_client(push, self.agent.keys, self.peers[device].public_key)
+            push.connect(self.peers[device].data_address)
+            self._socks.append(push)
+            sender = self._senders[device] = LinkSender(push, self.agent.default_link, clock=self.agent.clock)
+        spec, buf = tensor_frame(x.float().contiguous())
+        header = DataHeader(run_id="epd", kind=kind, phase="prefill", step=request, micro_batch=piece,
+                            sender=self.agent.device, tensors=(spec,), t_sent=self.agent.clock())
+        sender.send(data_message(header, [buf]), spec.nbytes())
+
+    def take(self, kind: str, request: int, pieces, timeout_s: float = TAKE_TIMEOUT_S) -> dict:
+        """The pieces of ``request`` (tensor, arrival time on this agent's clock), receiving until all
+        are here; ``PhaseRequestError`` naming what is missing after ``timeout_s``."""
+        import zmq
+
+        from agents.protocol import ProtocolError, decode_data
+        from agents.transport import tensor_from_frame
+
+        want = {(kind, request, p) for p in pieces}
+        deadline = time.monotonic() + timeout_s
+        while not want <= self.held.keys():
+            if time.monotonic() > deadline:
+                missing = sorted(p for k, r, p in want - self.held.keys())
+                raise PhaseRequestError(f"{kind} pieces {missing} of request {request} did not arrive within "
+                                        f"{timeout_s:g} s (is the sending agent up and its link working?)")
+            try:
+                frames = self.agent._data.recv_multipart(copy=False)
+            except zmq.Again:
+                continue
+            got = self.agent.clock()
+            try:
+                header, bufs = decode_data(frames, MAX_HELD_BYTES)
+            except ProtocolError as err:
+                self.agent._log(f"dropped data message: {err.code}: {err}")
+                continue
+            key = (header.kind, header.step, header.micro_batch)
+            if header.run_id != "epd" or header.kind not in ("mm", "kv") or header.sender not in self.peers \
+                    or len(header.tensors) != 1 or header.tensors[0].dtype != "float32" or key in self.held:
+                self.agent._log(f"dropped a data message from {header.sender!r}: not an expected EPD piece")
+                continue
+            nbytes = header.tensors[0].nbytes()
+            if self.held_bytes + nbytes > MAX_HELD_BYTES:
+                self.agent._log(f"dropped {header.kind} piece of request {header.step}: the store is full")
+                continue
+            self.held[key] = (tensor_from_frame(header.tensors[0], bufs[0]).clone(), got)
+            self.held_bytes += nbytes
+        out = {}
+        for key in sorted(want):
+            t, when = self.held.pop(key)
+            self.held_bytes -= t.numel() * 4
+            out[key[2]] = (t, when)
+        return out
+
+
+def _links(links: PhaseLinks | None) -> PhaseLinks:
+    if links is None:
+        raise PhaseRequestError("this request moves tensors over the data plane, which only an agent has")
+    return links
 
 
 def sampling_params(spec, max_new_tokens: int) -> SamplingParams:

@@ -715,6 +715,10 @@ class EncodeTiles(_Msg, frozen=True, tag="encode_tiles"):
     tiles: tuple[int, ...]
     shape: tuple[int, ...]
     data: bytes
+    send_to: str = ""
+    """Push the tokens to this prefill device's data socket (as piece ``piece``) instead of replying
+    with them."""
+    piece: int = 0
 
 
 class TilesEncoded(_Msg, frozen=True, tag="tiles_encoded"):
@@ -724,8 +728,11 @@ class TilesEncoded(_Msg, frozen=True, tag="tiles_encoded"):
     tiles: tuple[int, ...]
     shape: tuple[int, ...]
     data: bytes
+    """Empty when the tokens went to ``sent_to`` over the data plane."""
     t_start: float
     t_end: float
+    sent_to: str = ""
+    t_sent: float = 0.0
 
 
 class PrefillPrompt(_Msg, frozen=True, tag="prefill_prompt"):
@@ -737,8 +744,12 @@ class PrefillPrompt(_Msg, frozen=True, tag="prefill_prompt"):
     input_ids: tuple[int, ...]
     mm_shape: tuple[int, ...] = ()
     mm: bytes = b""
-    """Empty for a text-only prompt."""
+    """Empty for a text-only prompt, or when the tokens come over the data plane (``mm_pieces``)."""
     sampling: SamplingSpec = SamplingSpec()
+    mm_pieces: tuple[int, ...] = ()
+    """The pieces (in prompt order) whose tokens encode agents push to this agent's data socket."""
+    send_to: str = ""
+    """Push the KV cache to this decode device's data socket instead of replying with it."""
 
 
 class PromptPrefilled(_Msg, frozen=True, tag="prompt_prefilled"):
@@ -749,9 +760,13 @@ class PromptPrefilled(_Msg, frozen=True, tag="prompt_prefilled"):
     token: int
     kv_shape: tuple[int, ...]
     kv: bytes
+    """Empty when the cache went to ``sent_to`` over the data plane."""
     rng: bytes
     t_start: float
     t_end: float
+    mm_received: float = 0.0
+    """When the last multimodal piece arrived over the data plane (agent clock; 0: none did)."""
+    sent_to: str = ""
 
 
 class DecodeTokens(_Msg, frozen=True, tag="decode_tokens"):
@@ -768,6 +783,8 @@ class DecodeTokens(_Msg, frozen=True, tag="decode_tokens"):
     rng: bytes = b""
     eos_token_ids: tuple[int, ...] = ()
     copies: int = 1
+    kv_from: str = ""
+    """The KV cache (``kv_shape``; ``kv`` empty) comes over the data plane from this prefill device."""
 
 
 class TokensDecoded(_Msg, frozen=True, tag="tokens_decoded"):
@@ -778,6 +795,8 @@ class TokensDecoded(_Msg, frozen=True, tag="tokens_decoded"):
     step_ends: tuple[float, ...]
     t_start: float
     t_end: float
+    kv_received: float = 0.0
+    """When the KV cache arrived over the data plane (agent clock; 0: it came with the request)."""
 
 
 ControlMessage = Union[
@@ -1069,18 +1088,34 @@ def _phase_problem(msg) -> str:
         if not msg.tiles or len(msg.tiles) != (msg.shape[0] if msg.shape else -1) or not all(
                 0 <= t < 1 << 16 for t in msg.tiles):
             return f"tiles must name one tile index in [0, 65536) per row of the tensor, got {list(msg.tiles)[:8]}"
+        sent = isinstance(msg, TilesEncoded) and msg.sent_to
+        if sent:
+            return "" if not msg.data and len(msg.shape) == 3 else "tokens sent over the data plane carry no bytes here"
+        if isinstance(msg, EncodeTiles) and not 0 <= msg.piece < 1 << 16:
+            return "piece must be in [0, 65536)"
         return _float_tensor_problem("tiles" if isinstance(msg, EncodeTiles) else "tokens", msg.shape, msg.data,
                                      4 if isinstance(msg, EncodeTiles) else 3)
     if isinstance(msg, PrefillPrompt):
         if not 1 <= len(msg.input_ids) <= 1 << 16 or not all(0 <= i < 1 << 31 for i in msg.input_ids):
             return "input_ids must be 1..65536 token ids in [0, 2**31)"
-        mm = _float_tensor_problem("mm", msg.mm_shape, msg.mm, 2) if msg.mm_shape or msg.mm else ""
+        if msg.mm_pieces:
+            if msg.mm or len(msg.mm_shape) != 2 or len(msg.mm_pieces) > 1 << 16 or \
+                    len(set(msg.mm_pieces)) != len(msg.mm_pieces) or not all(0 <= p < 1 << 16 for p in msg.mm_pieces):
+                return "mm_pieces: distinct piece ids in [0, 65536), an M×H mm_shape and no mm bytes"
+            mm = ""
+        else:
+            mm = _float_tensor_problem("mm", msg.mm_shape, msg.mm, 2) if msg.mm_shape or msg.mm else ""
         return mm or _sampling_problem(msg.sampling)
     if isinstance(msg, (PromptPrefilled, DecodeTokens)):
         token = msg.token if isinstance(msg, PromptPrefilled) else msg.first_token
         if not 0 <= token < 1 << 31 or len(msg.rng) > MAX_RNG_STATE:
             return f"token must be in [0, 2**31) and rng at most {MAX_RNG_STATE} bytes"
-        problem = _float_tensor_problem("kv", msg.kv_shape, msg.kv, 5)
+        moved = msg.sent_to if isinstance(msg, PromptPrefilled) else msg.kv_from
+        if moved:
+            ok = not msg.kv and len(msg.kv_shape) == 5 and all(1 <= d <= 1 << 20 for d in msg.kv_shape)
+            problem = "" if ok else "a KV cache moved over the data plane has a 5-dim kv_shape and no kv bytes"
+        else:
+            problem = _float_tensor_problem("kv", msg.kv_shape, msg.kv, 5)
         if problem or isinstance(msg, PromptPrefilled):
             return problem
         if not 1 <= msg.max_new_tokens <= MAX_NEW_TOKENS or not 1 <= msg.copies <= MAX_ROWS:
@@ -1186,8 +1221,10 @@ def message_problem(msg: ControlMessage) -> str:
 # viewing the bytes as a tensor (zero-copy, never pickled).
 # --------------------------------------------------------------------------------------
 
-DataKind = Literal["hidden", "tokens", "probe", "strip", "attend", "attended"]
-"""``strip``: a spatial run's strip, gateway -> worker (its input with halo) and back (its output)."""
+DataKind = Literal["hidden", "tokens", "probe", "strip", "attend", "attended", "mm", "kv"]
+"""``strip``: a spatial run's strip, gateway -> worker (its input with halo) and back (its output).
+``mm``: EPD multimodal tokens, encode -> prefill (step = request, micro_batch = piece); ``kv``: an
+EPD KV cache, prefill -> decode (layers·2 × kv heads × tokens × head dim)."""
 
 MAX_DATA_TENSORS = 4
 MAX_DIM = 1 << 31

@@ -20,7 +20,7 @@ Simulated half (the paper's scale, the same devices' calibration):
   PD-only, and each one's median TTFT at one common rate (PD-only's goodput); the configuration
   the search picked and its search time (``baselines.compare_at_scale``).
 
-Transfers E→P and P→D are relayed by the coordinator over the control channel (docs).
+Transfers E→P and P→D go agent to agent over the data plane (CurveZMQ data sockets).
 The load of the machine is reported: the figures are noisy on a shared one.
 
 Run: python bench/phase_disaggregation.py   (--simulated-only: the simulated half on the

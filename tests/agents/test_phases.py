@@ -134,3 +134,71 @@ def test_phase_messages_whose_fields_do_not_fit_are_refused_at_decode(msg, probl
 def test_a_well_formed_phase_message_round_trips():
     msg = EncodeTiles(request=3, tiles=(0, 1), shape=(2, 3, 2, 2), data=b"\0" * 96)
     assert decode_control(encode_control(msg)) == msg
+
+
+class _AgentSide:
+    """What PhaseLinks uses of an agent: its data socket (a real PULL, plain TCP here), clock and log."""
+
+    def __init__(self, device="p"):
+        import time
+
+        import zmq
+
+        self.device, self.clock, self.lines = device, time.time, []
+        self.context = zmq.Context.instance()
+        self._data = self.context.socket(zmq.PULL)
+        self._data.rcvtimeo = 50
+        self.port = self._data.bind_to_random_port("tcp://127.0.0.1")
+        self.keys, self.default_link = None, None
+
+    def _log(self, line):
+        self.lines.append(line)
+
+
+def _peers(agent):
+    from agents.protocol import PeerSpec
+
+    return [PeerSpec(device="e", stage=0, data_address="tcp://127.0.0.1:1", public_key="k" * 40),
+            PeerSpec(device=agent.device, stage=1, data_address=f"tcp://127.0.0.1:{agent.port}", public_key="k" * 40)]
+
+
+def test_pieces_that_never_arrive_fail_the_request_naming_them():
+    from agents.phases import PhaseLinks
+
+    agent = _AgentSide()
+    links = PhaseLinks(agent, _peers(agent))
+    with pytest.raises(PhaseRequestError, match=r"mm pieces \[0, 1\] of request 7 did not arrive"):
+        links.take("mm", 7, (0, 1), timeout_s=0.2)
+    agent._data.close(linger=0)
+
+
+def test_a_piece_from_a_device_outside_the_pools_is_dropped_and_logged():
+    import zmq
+
+    from agents.phases import PhaseLinks
+    from agents.protocol import DataHeader
+    from agents.transport import data_message, tensor_frame
+
+    agent = _AgentSide()
+    links = PhaseLinks(agent, _peers(agent))
+    push = agent.context.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{agent.port}")
+    spec, buf = tensor_frame(torch.zeros(2, 4))
+    for sender in ("stranger", "e"):
+        header = DataHeader(run_id="epd", kind="mm", phase="prefill", step=7, micro_batch=0, sender=sender,
+                            tensors=(spec,))
+        push.send_multipart(data_message(header, [buf]))
+    got = links.take("mm", 7, (0,), timeout_s=5.0)
+    assert tuple(got[0][0].shape) == (2, 4) and any("stranger" in line for line in agent.lines)
+    push.close(linger=0)
+    agent._data.close(linger=0)
+
+
+def test_data_plane_phase_messages_must_not_also_carry_the_bytes():
+    msg = DecodeTokens(request=0, first_token=1, kv_shape=(1, 2, 1, 1, 1), kv=b"\0" * 8, max_new_tokens=2,
+                       kv_from="p")
+    with pytest.raises(ProtocolError, match="no kv bytes"):
+        decode_control(encode_control(msg))
+    msg = PrefillPrompt(request=0, input_ids=(1,), mm_shape=(1, 4), mm=b"\0" * 16, mm_pieces=(0,))
+    with pytest.raises(ProtocolError, match="mm_pieces"):
+        decode_control(encode_control(msg))

@@ -8,14 +8,18 @@ coordinator times each round trip. What one message costs on the way (the contro
 encryption, msgpack and scheduling) is what the round trip adds to the compute, fitted as
 ``a + bytes / bandwidth`` per hop by least squares.
 
-How the relay maps onto the simulator's model (runtime.py): a transfer E→P or P→D is two hops
-(agent → coordinator → agent), so ``link_latency_s = 2a`` and ``link_bandwidth_Bps`` is half
-the hop's; the hop that brings an encode agent its tiles has no transfer of its own in the
-model, so it is folded into the encode cost (``encode_overhead_s`` + per-tile pixel bytes).
+The link: on the data plane (the run's default), pushes encode → prefill and prefill → decode
+are timed from the sender's compute end to the receiver's arrival (clocks mapped through the
+sync offsets) over several sizes and fitted as ``latency + bytes / bandwidth``. Relayed
+(``transfers="relay"``), a transfer is two control hops (agent → coordinator → agent), so
+``link_latency_s = 2a`` and ``link_bandwidth_Bps`` is half the hop's. Either way, the hop that
+brings an encode agent its tiles from the coordinator has no transfer of its own in the model,
+so it is folded into the encode cost (``encode_overhead_s`` + per-tile pixel bytes).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -45,7 +49,7 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Sequence[int] = (1, 2, 4, 6),
                    prompt_tokens: Sequence[int] = (16, 64, 128), decode_batches: Sequence[int] = (1, 2, 4),
-                   decode_steps: int = 8, repeats: int = 5, timeout_s: float = 120.0,
+                   decode_steps: int = 8, repeats: int = 5, timeout_s: float = 120.0, transfers: str = "data-plane",
                    reporter: Reporter | None = None) -> PhaseCosts:
     """Measure the phases on the first device of each pool (loaded with ``runtime.load_pools``).
     Each probe is sent ``repeats`` times and its median kept (shared CPUs are noisy)."""
@@ -116,10 +120,51 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
     for i in range(1, len(decode_pts)):  # the model needs increasing steps; noise may say otherwise
         decode_pts[i] = (decode_pts[i][0], max(decode_pts[i][1], decode_pts[i - 1][1]))
     hop_s = two_hops / 2
+    if transfers == "relay":
+        bandwidth, latency = 1.0 / (2 * per_byte), 2 * hop_s
+    else:
+        reporter.status(f"timing the data plane {enc} -> {pre} -> {dec}")
+        per_byte_direct, latency = fit_line(_direct_transfers(link, info, enc, pre, dec, tiles, repeats, timeout_s))
+        bandwidth = 1.0 / per_byte_direct
     return PhaseCosts(
-        source=f"profiled on {enc}, {pre}, {dec} ({Path(model_dir).name})",
+        source=f"profiled on {enc}, {pre}, {dec} ({Path(model_dir).name}; transfers: {transfers})",
         encode_s_per_tile=per_tile + pixel_bytes * per_byte, encode_overhead_s=encode_overhead + hop_s,
         mm_tokens_per_tile=info.tokens_per_tile, prefill_s_per_token=per_token, prefill_overhead_s=prefill_overhead,
         decode_step_s=tuple(decode_pts), mm_token_bytes=info.hidden * 4,
         kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4,
-        link_bandwidth_Bps=1.0 / (2 * per_byte), link_latency_s=2 * hop_s)
+        link_bandwidth_Bps=bandwidth, link_latency_s=latency)
+
+
+def _direct_transfers(link, info, enc: str, pre: str, dec: str, tiles: Sequence[int], repeats: int,
+                      timeout_s: float) -> list[tuple[float, float]]:
+    """(bytes, seconds) of agent-to-agent pushes: multimodal tokens encode → prefill over each tile
+    count, and the resulting KV caches prefill → decode; a push lasts from the sender's compute end
+    to the receiver's arrival, both mapped to the coordinator's clock (offsets from clock sync)."""
+    from core.models.multimodal import load_image, synthetic_images
+
+    def on_coordinator(device: str, t: float) -> float:
+        clock = link.clock_of(device)
+        return t - (clock.offset_s if clock is not None else 0.0)
+
+    samples, request = [], 1 << 40
+    for n in tiles:
+        x = load_image(synthetic_images()[0], info.tile, n)
+        for _ in range(repeats):
+            request += 1
+            encoded = link.request(enc, EncodeTiles(request=request, tiles=tuple(range(n)), shape=tuple(x.shape),
+                                                    data=to_bytes(x), send_to=pre, piece=0), timeout_s)
+            m = n * info.tokens_per_tile
+            ids = (1,) + (info.image_token_id,) * m + (3, 4, 5)
+            prefilled = link.request(pre, PrefillPrompt(request=request, input_ids=ids, mm_shape=(m, info.hidden),
+                                                        mm_pieces=(0,), send_to=dec), timeout_s)
+            decoded = link.request(dec, DecodeTokens(request=request, first_token=prefilled.token,
+                                                     kv_shape=prefilled.kv_shape, kv=b"", max_new_tokens=1,
+                                                     kv_from=pre), timeout_s)
+            if not (isinstance(encoded, TilesEncoded) and isinstance(prefilled, PromptPrefilled)
+                    and isinstance(decoded, TokensDecoded)):
+                raise RunFailed("profiling the data plane: unexpected answers", pre)
+            samples.append((m * info.hidden * 4, on_coordinator(pre, prefilled.mm_received)
+                            - on_coordinator(enc, encoded.t_end)))
+            samples.append((math.prod(prefilled.kv_shape) * 4, on_coordinator(dec, decoded.kv_received)
+                            - on_coordinator(pre, prefilled.t_end)))
+    return samples

@@ -35,6 +35,8 @@ def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
         p.add_argument("--agents", required=True, metavar="AGENTS.json", help="the agents file (edgeshard cluster)")
         p.add_argument("--model", required=True, metavar="DIR", help="a Llava checkpoint the agents can read")
         p.add_argument("--pools", required=True, metavar="POOLS.json", help="which agent serves which phase")
+        p.add_argument("--transfers", choices=("data-plane", "relay"), default="data-plane",
+                       help="tokens and KV caches agent to agent (default), or through the coordinator")
         if name == "profile":
             p.add_argument("--out", required=True, metavar="COSTS.json")
             p.add_argument("--repeats", type=int_in(1, 100), default=5)
@@ -86,7 +88,8 @@ def _profile(args) -> int:
     with _link(args) as link:
         link.wait_ready(timeout_s=30)
         load_pools(link, args.model, pools)
-        costs = profile_phases(link, args.model, pools, repeats=args.repeats, reporter=TerminalReporter())
+        costs = profile_phases(link, args.model, pools, repeats=args.repeats, transfers=args.transfers,
+                               reporter=TerminalReporter())
     save(args.out, costs)
     print(f"wrote {args.out}: encode {costs.encode_s_per_tile * 1e3:.2f} ms/tile, prefill "
           f"{costs.prefill_s_per_token * 1e3:.3f} ms/token, decode step {costs.decode_step_s[0][1] * 1e3:.2f} ms")
@@ -113,7 +116,8 @@ def _run(args) -> int:
     with _link(args) as link:
         link.wait_ready(timeout_s=30)
         link.sync_clocks()
-        run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling)
+        run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling,
+                      transfers=args.transfers)
     sim = simulate_pools(costs, workload, pools, record=True) if costs is not None else None
     equal = run.tokens == reference_tokens(args.model, prepared, sampling) if args.check else None
     with SessionStore(args.workspace or workspace_file()) as store:

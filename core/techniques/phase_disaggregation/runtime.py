@@ -2,28 +2,34 @@
 
 Encode agents (``epd-encode``) run the vision tower over tiles, prefill agents
 (``epd-prefill``) build the KV cache and the first token, decode agents (``epd-decode``)
-generate the rest (agents.phases). The coordinator's process is the scheduler and the relay:
-it releases each request at its arrival time, splits its tiles over ``irp_degree`` encode
-agents (each piece's tokens are taken on as soon as that piece is done), hands a request whose
-tokens are all in to a free prefill agent, and its KV cache to a free decode agent. Every
-request is asynchronous (``AgentLink.request_async``): the pools work on different requests
-at the same time.
+generate the rest (agents.phases). The coordinator's process is the scheduler: it releases each
+request at its arrival time, picks the prefill device whose multimodal cache has room for it,
+splits its tiles over ``irp_degree`` encode agents, each of which pushes its piece's tokens to
+that prefill agent's data socket as soon as it is encoded (``transfers="data-plane"``, the
+default: CurveZMQ, raw frames, emulated links); once every piece is encoded the prefill agent
+is asked to prefill, picks up the pieces it holds and pushes the KV cache to the decode device
+whose KV cache was reserved, which the decode agent picks up when asked to decode. Every request
+is asynchronous (``AgentLink.request_async``): the pools work on different requests at once.
+``transfers="relay"`` moves the tensors through the coordinator's control channel instead (one
+control frame each).
 
-Bounded, not queued: an agent holds at most one request (the next waits here, in the pool's
-queue, ordered by the policy); multimodal tokens wait in a cache of ``mm_cache_tokens`` per
-prefill device, reserved when a request's first piece starts encoding (encode waits when it
-is full), and KV caches in one of ``kv_cache_tokens`` per decode device, reserved when
-prefill starts (prefill waits). What differs from the paper: transfers go agent → coordinator
-→ agent over the encrypted control channel (one message must fit a control frame, 1 MiB), not
-agent to agent; one agent serves one request at a time (batch sizes 1).
+Bounded, not queued: an agent holds at most one request at a time (the next waits here, in the
+pool's queue, ordered by the policy); ``mm_cache_tokens`` per prefill device are reserved when a
+request's first piece starts encoding and freed when its prefill ends (encode waits when no
+prefill device has room), ``kv_cache_tokens`` per decode device when its prefill starts, freed
+when its decode ends (prefill waits); an agent keeps what arrives before its request in a store
+of at most ``agents.phases.MAX_HELD_BYTES``. What differs from the paper: one agent serves one
+request at a time (batch sizes 1).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -47,6 +53,11 @@ from core.errors import RunFailed
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques.phase_disaggregation.types import EpdInputError, PoolConfig, RequestMetrics, Workload
+
+Transfers = Literal["data-plane", "relay"]
+TRANSFERS: tuple[str, ...] = ("data-plane", "relay")
+"""data-plane: multimodal tokens and KV caches go agent to agent (CurveZMQ data sockets, emulated
+links); relay: through the coordinator's control channel (one control frame each)."""
 
 FRAME_SLACK = 1024
 """Bytes of a phase message besides its tensor, kept free under the control-frame limit."""
@@ -185,6 +196,9 @@ class _State:
     tokens: tuple[int, ...] = ()
     mm: int = 0
     """Multimodal tokens the request's tiles become (its reservation in the multimodal cache)."""
+    sends: list = field(default_factory=list)
+    """Data plane: (encode device, its compute end, bytes) of each piece pushed to the prefill agent."""
+    kv_sent: tuple = ()
 
 
 def _split(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -197,10 +211,12 @@ def _split(n: int, parts: int) -> list[tuple[int, ...]]:
 def run_epd(link, model_dir: str | Path, workload: Workload, pools: PoolConfig, *,
             prepared: list[PreparedRequest] | None = None, images: list[Path] | None = None,
             sampling: SamplingSpec = SamplingSpec(), timeout_s: float = 120.0, load: bool = True,
-            reporter: Reporter | None = None) -> EpdRun:
+            transfers: Transfers = "data-plane", reporter: Reporter | None = None) -> EpdRun:
     """Serve ``workload`` on the agents of ``pools`` (named as the link's devices), each request
     released at its arrival time. ``RunFailed`` names a device that failed or went silent;
     ``EpdInputError`` what cannot run (before anything is sent)."""
+    if transfers not in TRANSFERS:
+        raise EpdInputError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
     from core.models.multimodal import check_multimodal_dir
 
     reporter = reporter or NullReporter()
@@ -210,13 +226,12 @@ def run_epd(link, model_dir: str | Path, workload: Workload, pools: PoolConfig, 
     if [p.id for p in prepared] != [r.id for r in workload.requests]:
         raise EpdInputError("prepared requests must be the workload's, in its order")
     kv_token_bytes = info.layers * 2 * info.kv_heads * info.head_dim * 4
-    mm_capacity = pools.mm_cache_tokens * len(pools.prefill)
-    kv_capacity = pools.kv_cache_tokens * len(pools.decode)
+    mm_capacity, kv_capacity = pools.mm_cache_tokens, pools.kv_cache_tokens
     for p in prepared:
         prompt = len(p.input_ids)
         mm = p.tiles.shape[0] * info.tokens_per_tile
-        if prompt * kv_token_bytes + FRAME_SLACK > MAX_CONTROL_FRAME or \
-                mm * info.hidden * 4 + prompt * 8 + FRAME_SLACK > MAX_CONTROL_FRAME:
+        if transfers == "relay" and (prompt * kv_token_bytes + FRAME_SLACK > MAX_CONTROL_FRAME or
+                                     mm * info.hidden * 4 + prompt * 8 + FRAME_SLACK > MAX_CONTROL_FRAME):
             raise EpdInputError(f"request {p.id}: its KV cache ({prompt} tokens × {kv_token_bytes} B) or multimodal "
                                 f"tokens do not fit one control frame ({MAX_CONTROL_FRAME} B): fewer tiles or tokens")
         if mm > mm_capacity or prompt + p.output_tokens > kv_capacity:
@@ -224,21 +239,25 @@ def run_epd(link, model_dir: str | Path, workload: Workload, pools: PoolConfig, 
                                 f"caches hold {mm_capacity} and {kv_capacity}: raise mm_cache_tokens / kv_cache_tokens")
     if load:
         load_pools(link, model_dir, pools, timeout_s=timeout_s)
-    return _Scheduler(link, info, workload, pools, prepared, sampling, timeout_s, reporter).run()
+    return _Scheduler(link, info, workload, pools, prepared, sampling, timeout_s, reporter, transfers).run()
 
 
 class _Scheduler:
     """The run's event loop: dispatch to free agents in policy order, take replies as they come."""
 
-    def __init__(self, link, info, workload: Workload, pools: PoolConfig, prepared, sampling, timeout_s, reporter):
+    def __init__(self, link, info, workload: Workload, pools: PoolConfig, prepared, sampling, timeout_s, reporter,
+                 transfers: str = "data-plane"):
         self.link, self.info, self.pools, self.sampling = link, info, pools, sampling
+        self.direct = transfers == "data-plane"
         self.timeout_s, self.reporter = timeout_s, reporter
         self.requests = {r.id: r for r in workload.requests}
         self.prepared = {p.id: p for p in prepared}
         self.order = [r.id for r in workload.requests]
         self.free = {phase: list(getattr(pools, phase)) for phase in ("encode", "prefill", "decode")}
-        self.mm_free = pools.mm_cache_tokens * len(pools.prefill)
-        self.kv_free = pools.kv_cache_tokens * len(pools.decode)
+        self.mm_free = {d: pools.mm_cache_tokens for d in pools.prefill}
+        """Per prefill device: multimodal tokens its cache has room for (reserved at a request's first encode)."""
+        self.kv_free = {d: pools.kv_cache_tokens for d in pools.decode}
+        """Per decode device: KV tokens its cache has room for (reserved when the request's prefill starts)."""
         self.states: dict[int, _State] = {}
         self.encode_queue: list[tuple[int, int]] = []
         self.prefill_queue: list[int] = []
@@ -331,56 +350,72 @@ class _Scheduler:
 
         return sorted(queue, key=lambda it: (work(it), arrival(it)))
 
+    @staticmethod
+    def _roomiest(free: dict[str, int], need: int) -> str | None:
+        """The device whose cache has the most room, if it has ``need`` (ties: pool order)."""
+        device = max(free, key=lambda d: free[d])
+        return device if free[device] >= need else None
+
     def _dispatch(self) -> None:
+        import torch
+
         for rid, k in self._ordered(self.encode_queue, "encode"):
             if not self.free["encode"]:
                 break
             st = self.states[rid]
             if not st.mm_reserved:
-                if st.mm > self.mm_free:
+                device = self._roomiest(self.mm_free, st.mm)
+                if device is None:
                     if self.pools.policy == "fcfs":
-                        break  # head of line waits for room: the cache back-pressures encode
+                        break  # head of line waits for room: the prefill side's cache back-pressures encode
                     continue
-                self.mm_free -= st.mm
-                st.mm_reserved = True
+                self.mm_free[device] -= st.mm
+                st.mm_reserved, st.prefill_device = True, device
             self.encode_queue.remove((rid, k))
             device = self.free["encode"].pop(0)
             tiles = st.prepared.tiles[list(st.pieces[k])]
-            msg = EncodeTiles(request=rid, tiles=st.pieces[k], shape=tuple(tiles.shape), data=to_bytes(tiles))
+            msg = EncodeTiles(request=rid, tiles=st.pieces[k], shape=tuple(tiles.shape), data=to_bytes(tiles),
+                              send_to=st.prefill_device if self.direct else "", piece=k)
             self._send(device, msg, ("encode", rid, k, len(msg.data)))
         for rid in self._ordered(self.prefill_queue, "prefill"):
-            if not self.free["prefill"]:
-                break
+            st = self.states[rid]
+            device = st.prefill_device or (self.free["prefill"][0] if self.free["prefill"] else "")
+            if device not in self.free["prefill"]:
+                continue
             p = self.prepared[rid]
             need = len(p.input_ids) + p.output_tokens
-            if need > self.kv_free:
+            decode = self._roomiest(self.kv_free, need)
+            if decode is None:
                 if self.pools.policy == "fcfs":
                     break  # the decode side's KV caches are full: prefill waits
                 continue
-            self.kv_free -= need
+            self.kv_free[decode] -= need
+            st.decode_device = decode
             self.prefill_queue.remove(rid)
-            st = self.states[rid]
-            device = self.free["prefill"].pop(0)
-            import torch
-
-            mm = torch.cat([st.encoded[k] for k in range(len(st.pieces))]).reshape(-1, self.info.hidden) \
-                if st.pieces else None
-            msg = PrefillPrompt(request=rid, input_ids=p.input_ids, sampling=self.sampling,
-                                mm_shape=tuple(mm.shape) if mm is not None else (),
-                                mm=to_bytes(mm) if mm is not None else b"")
+            self.free["prefill"].remove(device)
+            st.prefill_device = device
+            mm_shape = (st.mm, self.info.hidden) if st.pieces else ()
+            if self.direct:
+                msg = PrefillPrompt(request=rid, input_ids=p.input_ids, sampling=self.sampling, mm_shape=mm_shape,
+                                    mm_pieces=tuple(range(len(st.pieces))), send_to=decode)
+            else:
+                mm = torch.cat([st.encoded[k] for k in range(len(st.pieces))]).reshape(mm_shape) if st.pieces else None
+                msg = PrefillPrompt(request=rid, input_ids=p.input_ids, sampling=self.sampling, mm_shape=mm_shape,
+                                    mm=to_bytes(mm) if mm is not None else b"")
             st.encoded.clear()
             self._send(device, msg, ("prefill", rid, 0, len(msg.mm)))
         for rid in self._ordered(self.decode_queue, "decode"):
-            if not self.free["decode"]:
-                break
-            self.decode_queue.remove(rid)
             st = self.states[rid]
-            device = self.free["decode"].pop(0)
+            if st.decode_device not in self.free["decode"]:
+                continue
+            self.decode_queue.remove(rid)
+            self.free["decode"].remove(st.decode_device)
             pre = st.prefilled
             msg = DecodeTokens(request=rid, first_token=pre.token, kv_shape=pre.kv_shape, kv=pre.kv,
-                               max_new_tokens=st.prepared.output_tokens, sampling=self.sampling, rng=pre.rng)
+                               max_new_tokens=st.prepared.output_tokens, sampling=self.sampling, rng=pre.rng,
+                               kv_from=st.prefill_device if self.direct else "")
             st.prefilled = None
-            self._send(device, msg, ("decode", rid, 0, len(msg.kv)))
+            self._send(st.decode_device, msg, ("decode", rid, 0, len(msg.kv)))
 
     def _send(self, device: str, msg, what: tuple) -> None:
         fut = self.link.request_async(device, msg)
@@ -414,8 +449,13 @@ class _Scheduler:
         self._event(device, phase, "recv_wait", rid, t_sent, ts, nbytes=nbytes)
         self._event(device, phase, "compute", rid, ts, te)
         if phase == "encode":
-            self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.data), peer="coordinator")
-            st.encoded[piece] = from_bytes(reply.shape, reply.data)
+            if self.direct:  # its send ends when the prefill agent has it: drawn when that is known
+                st.sends.append((device, te, math.prod(reply.shape) * 4))
+                st.encoded[piece] = None
+            else:
+                self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.data),
+                            peer="coordinator")
+                st.encoded[piece] = from_bytes(reply.shape, reply.data)
             st.encode_devices.append(device)
             st.encode_start_s = ts if st.encode_start_s is None else min(st.encode_start_s, ts)
             st.encode_end_s = max(st.encode_end_s, te)
@@ -423,8 +463,18 @@ class _Scheduler:
             if len(st.encoded) == len(st.pieces):
                 self.prefill_queue.append(rid)
         elif phase == "prefill":
-            self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.kv), peer="coordinator")
-            self.mm_free += st.mm if st.mm_reserved else 0
+            if self.direct:
+                if reply.mm_received:
+                    st.ep_end_s = self._local(device, reply.mm_received, 0.0, ts)
+                for src, t_enc, nbytes in st.sends:
+                    self._event(link_lane(src), "encode", "send", rid, t_enc, max(st.ep_end_s, t_enc), nbytes=nbytes,
+                                peer=device)
+                st.kv_sent = (device, te, math.prod(reply.kv_shape) * 4)
+            else:
+                self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.kv),
+                            peer="coordinator")
+            if st.mm_reserved:
+                self.mm_free[device] += st.mm
             st.prefill_start_s, st.prefill_end_s, st.prefill_device, st.prefilled = ts, te, device, reply
             st.tokens = (reply.token,)
             self.token_events.append(TokenEvent(micro_batch=rid, step=0, sequence_ids=(rid,),
@@ -432,6 +482,10 @@ class _Scheduler:
             self.decode_queue.append(rid)
         else:
             st.pd_end_s, st.decode_device = max(ts, st.prefill_end_s), device
+            if self.direct and reply.kv_received:
+                st.pd_end_s = max(self._local(device, reply.kv_received, 0.0, ts), st.prefill_end_s)
+                src, t_pre, nbytes = st.kv_sent
+                self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, nbytes=nbytes, peer=device)
             prev = ts
             for step, (token, t_end) in enumerate(zip(reply.tokens, reply.step_ends), start=1):
                 t = self._local(device, t_end, prev, te)
@@ -441,7 +495,7 @@ class _Scheduler:
             st.decode_end_s = max(te, st.pd_end_s)
             st.tokens = st.tokens + tuple(reply.tokens)
             p = st.prepared
-            self.kv_free += len(p.input_ids) + p.output_tokens
+            self.kv_free[device] += len(p.input_ids) + p.output_tokens
             self.done.append(rid)
             self.reporter.progress(len(self.done), len(self.order))
 

@@ -45,12 +45,22 @@ def link(tmp_path_factory, model):
             yield link
 
 
-def test_a_workloads_tokens_over_three_pools_equal_the_single_process_generate(link, model):
+@pytest.mark.parametrize("transfers", ["data-plane", "relay"])
+def test_a_workloads_tokens_over_three_pools_equal_the_single_process_generate(link, model, transfers):
     wl = workload()
     prepared = prepare_requests(model, wl)
-    run = run_epd(link, model, wl, POOLS, prepared=prepared, load=False)
+    run = run_epd(link, model, wl, POOLS, prepared=prepared, load=False, transfers=transfers)
     assert run.tokens == reference_tokens(model, prepared)
     assert all(len(t) == 6 for t in run.tokens.values())
+
+
+def test_on_the_data_plane_tokens_go_encode_to_prefill_and_kv_prefill_to_decode(link, model):
+    run = run_epd(link, model, workload(n=2), POOLS, load=False)
+    sends = {(e.device, e.peer) for e in run.events if e.kind == "send"}
+    assert sends == {("local-0:link", "local-2"), ("local-1:link", "local-2"), ("local-2:link", "local-3")}
+    kv = [e for e in run.events if e.kind == "send" and e.peer == "local-3"]
+    assert all(e.nbytes == 2 * 2 * 2 * 16 * 4 * (len(prepare_requests(model, workload(n=2))[e.micro_batch].input_ids))
+               for e in kv)
 
 
 def test_seeded_sampling_over_three_pools_equals_generate_with_that_seed(link, model):
