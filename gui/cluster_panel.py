@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtGui import QColor, QFont, QPolygonF
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from core.devices.cluster import Cluster
@@ -275,10 +275,14 @@ class ClusterPanel(QWidget):
             line = pg.PlotCurveItem([ax0, ax1], [ay0, ay1], pen=pg.mkPen(accent, width=3))
             line.setZValue(PLAN_Z)
             self.graph.addItem(line)
-            # the head short of the node's centre, pointing along the link (ArrowItem's angle 0 points left)
-            angle = math.degrees(math.atan2(ay1 - ay0, ax1 - ax0))
-            head = pg.ArrowItem(pos=(ax1, ay1), angle=180 - angle,
-                                headLen=16, brush=pg.mkBrush(accent), pen=pg.mkPen(accent))
+            # the head: a triangle in data coordinates (the view's aspect is locked), at the line's end
+            ux, uy = (ax1 - ax0) / length, (ay1 - ay0) / length
+            px, py = -uy, ux
+            head = pg.QtWidgets.QGraphicsPolygonItem(QPolygonF([
+                QPointF(ax1, ay1), QPointF(ax1 - ux * 0.1 + px * 0.045, ay1 - uy * 0.1 + py * 0.045),
+                QPointF(ax1 - ux * 0.1 - px * 0.045, ay1 - uy * 0.1 - py * 0.045)]))
+            head.setBrush(pg.mkBrush(accent))
+            head.setPen(pg.mkPen(accent))
             head.setZValue(PLAN_Z)
             self.graph.addItem(head)
             text = traffic_label(nbytes, measured.get((src, dst)) if self.state.last_run_events else None)

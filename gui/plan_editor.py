@@ -192,8 +192,8 @@ class PlanEditorPanel(QWidget):
         self.compare_plot.setMinimumHeight(120)
         compare.addWidget(self.compare_plot)
         compare.addWidget(self._build_compare_table())
-        compare.setStretchFactor(0, 3)
-        compare.setStretchFactor(1, 2)
+        compare.setStretchFactor(0, 1)  # the table (strategy names, Adopt) as wide as the chart
+        compare.setStretchFactor(1, 1)
         ll.addWidget(compare, 1)
         split.addWidget(left)
         split.addWidget(self._build_solver_box())
@@ -210,7 +210,7 @@ class PlanEditorPanel(QWidget):
         self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.compare_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        self.compare_table.setMinimumWidth(260)
+        self.compare_table.setMinimumWidth(300)
         return self.compare_table
 
     def _button(self, text: str, tip: str, slot) -> QPushButton:

@@ -65,7 +65,7 @@ class RunMonitorView(QWidget):
         self.rate_plot.setMouseEnabled(x=False, y=False)
         self.rate_plot.setLabel("left", "tokens/s")
         self.rate_plot.setLabel("bottom", "time", units="s")
-        self.rate_plot.setMinimumHeight(120)
+        self.rate_plot.setMinimumHeight(80)  # with three devices' bars the column still fits 1024x700
         self.rate_curve = self.rate_plot.plot([], [], stepMode="center", fillLevel=0,
                                               pen=pg.mkPen("#4e79a7", width=2), brush=(78, 121, 167, 80))
 
@@ -81,6 +81,7 @@ class RunMonitorView(QWidget):
         self.text_edit.setAccessibleName("Generated text")
         self.text_edit.setToolTip("The generated text of every sequence, as it streams")
         self.text_edit.setPlaceholderText("Generated text appears here as tokens arrive.")
+        self.text_edit.setMinimumHeight(48)
         mono = QFont("monospace")
         mono.setStyleHint(QFont.StyleHint.Monospace)
         self.text_edit.setFont(mono)

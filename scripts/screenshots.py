@@ -1,11 +1,13 @@
-"""Render every screen of the studio into docs/screenshots/*.png (a real xcb window).
+"""Render every screen of the studio into docs/screenshots/NAME-WxH.png (a real xcb window),
+at each window size asked for (default 1024x700 and 1600x1000).
 
     QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshots.py [--no-demo]
 
-With the demo (default) it starts the local demo cluster, profiles it, auto-solves and
-runs a real generation before taking the Run and Sessions shots, exactly as a user
-would through the GUI's own actions. ``--no-demo`` uses a synthetic scenario instead
-(no agents; the Run screen stays empty).
+With the demo (default) it starts the local demo cluster, profiles it, auto-solves, adopts
+a strategy of three or more stages and runs a real generation before taking the Run,
+Sessions and Cluster-with-plan shots, exactly as a user would through the GUI's own
+actions. ``--no-demo`` uses a synthetic scenario instead (no agents; the Run screen stays
+empty). The Experiments screen after a run is scripts/screenshot_experiments.py's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,18 @@ def wait(app, seconds: float, until=None) -> bool:
             return True
         time.sleep(0.02)
     return until is None
+
+
+SIZES: list[tuple[int, int]] = []
+"""Window sizes every shot is taken at (set from --sizes)."""
+
+
+def shoot(app, window, name: str) -> None:
+    """``name`` at every size: the window resized, laid out, grabbed."""
+    for width, height in SIZES:
+        window.resize(width, height)
+        wait(app, 0.8)
+        grab(app, window, f"{name}-{width}x{height}")
 
 
 def grab(app, window, name: str) -> Path:
@@ -72,7 +86,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-demo", action="store_true", help="use a synthetic scenario, start no agents")
     ap.add_argument("--theme", choices=["light", "dark", "both"], default="both")
+    ap.add_argument("--sizes", default="1024x700,1600x1000", help="window sizes, WxH,WxH")
     args = ap.parse_args()
+    try:
+        SIZES[:] = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes: expected WxH,WxH (e.g. 1024x700,1600x1000), got {args.sizes!r}")
     OUT.mkdir(parents=True, exist_ok=True)
 
     from gui import app as studio_app
@@ -82,7 +101,7 @@ def main() -> int:
     studio_app.settings().clear()
     studio_app.apply_theme(app, "light")
     window = MainWindow()
-    window.resize(1560, 960)
+    window.resize(*SIZES[-1])
     window.show()
     wait(app, 1.0)
 
@@ -103,29 +122,31 @@ def main() -> int:
     try:
         plan = window.screens.plan.view  # the layer-sharding plan editor
         window.show_screen(window.screens.devices)
-        grab(app, window, "devices")
+        shoot(app, window, "devices")
         if demo is not None and demo.error == "":
             profile = window.screens.profile
             window.show_screen(window.screens.profile)
             profile.start_profiling()
             wait(app, 1.5)
-            grab(app, window, "profile-running")
+            grab(app, window, f"profile-running-{SIZES[-1][0]}x{SIZES[-1][1]}")
             if not wait(app, 300, lambda: window.state.profile is not None):
                 print("profiling did not finish: " + profile.error.text(), file=sys.stderr)
-        for name, screen in (("cluster", window.screens.cluster), ("profile", window.screens.profile)):
+        for name, screen in (("cluster", window.screens.cluster), ("profile", window.screens.profile),
+                             ("experiments", window.screens.experiments)):
             window.show_screen(screen)
-            grab(app, window, name)
+            shoot(app, window, name)
         window.show_screen(window.screens.plan)
         plan.auto_solve()
         wait(app, 60, lambda: not plan._solve_runner.is_busy())
-        grab(app, window, "plan")
+        shoot(app, window, "plan")
         plan.compare()
         wait(app, 60, lambda: not plan._solve_runner.is_busy())
         # adopt a multi-stage strategy, so the strip and the run show a real pipeline
         multi = [i for i, r in enumerate(plan.comparison) if r.plan is not None and r.status in ("optimal", "ok") and len(r.plan.stages) > 2]
         if multi:
             plan.adopt(multi[0])
-        grab(app, window, "plan-compare")
+        shoot(app, window, "plan-compare")
+        print("plan: " + " | ".join(f"{st.device} units {st.start}-{st.end - 1}" for st in window.state.plan.stages))
         if demo is not None and demo.error == "":
             run = window.screens.run
             run.mode_combo.setCurrentText("no-bubbles")
@@ -134,7 +155,12 @@ def main() -> int:
             window.show_screen(window.screens.run)
             wait(app, 240, demo.run_finished)
             wait(app, 1.0)
-            grab(app, window, "run")
+            shoot(app, window, "run")
+            print("text: " + window.screens.run.monitor.text_edit.toPlainText().replace("\n", " / ")[:400])
+            cluster = window.screens.cluster
+            cluster.plan_check.setChecked(True)  # the plan on the topology, with the run's measured traffic
+            window.show_screen(cluster)
+            shoot(app, window, "cluster-plan")
             sessions = window.screens.sessions
             window.show_screen(window.screens.sessions)
             wait(app, 1.0)
@@ -146,14 +172,15 @@ def main() -> int:
                 if sessions.replay is not None:
                     sessions.seek(sessions.replay.duration_s if hasattr(sessions.replay, "duration_s") else 1e6)
                 wait(app, 0.5)
-            grab(app, window, "sessions")
+            shoot(app, window, "sessions")
+        window.resize(*SIZES[-1])
         if args.theme in ("dark", "both"):
             window.dark_action.setChecked(True)
             window._on_dark_toggled(True)
             for name, screen in (("plan", window.screens.plan), ("cluster", window.screens.cluster),
                                  ("run", window.screens.run)):
                 window.show_screen(screen)
-                grab(app, window, f"{name}-dark")
+                grab(app, window, f"{name}-dark-{SIZES[-1][0]}x{SIZES[-1][1]}")
     finally:
         window.close()
         if demo is not None:

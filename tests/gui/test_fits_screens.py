@@ -71,6 +71,8 @@ def clipped_controls(window: MainWindow, screen: QWidget) -> list[str]:
 def test_no_control_is_clipped_at_1024x700(window, qtbot, title):
     problem = make_problem()  # violates a constraint: the Plan screen shows its banner too
     window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    for monitor in (window.screens.run.monitor, window.screens.sessions.monitor):
+        monitor.reset(["phone", "laptop", "server"], ("a prompt",))  # a run's lanes and utilisation bars
     _show(window, qtbot, 1024, 700)
     screen = dict(window.screens.titled())[title]
     window.show_screen(screen)
