@@ -106,6 +106,7 @@ class _Worker:
     steps: int = 0
 
     def queued_tiles(self) -> int:
+        """Tiles waiting here, plus one for a batch running (so an idle encoder is preferred)."""
         return sum(s.tiles for s in self.encode_q) + (1 if self.busy else 0)
 
     def load(self) -> int:
