@@ -363,7 +363,8 @@ def _clock_event(agent, kind: str, step: int, group: int, start: float, end: flo
 class DataPlaneRouter:
     """The dense agent's attention sides over the data plane: per layer, q/k/v of each side's
     heads go to every memory agent at once, the outputs are awaited together. Records the
-    timeline: a ``compute`` span per dense segment, a ``send`` per frame (bytes, memory agent).
+    timeline: a ``compute`` span per dense segment, a ``send`` per frame (its bytes on the link,
+    header included; the memory agent).
     ``wire_bytes``: tensor bytes out and back; ``header_bytes``: the frames' headers."""
 
     def __init__(self, agent, shape: HeadShape, services, timeout_s: float = ATTEND_TIMEOUT_S):
@@ -445,7 +446,7 @@ class DataPlaneRouter:
             def on_sent(start, end, n, peer=peer):
                 _clock_event(agent, "send", step, group, start, end, n, peer)
 
-            self._sender(side).send(frames, nbytes, on_sent, stop)
+            self._sender(side).send(frames, nbytes + len(frames[0]), on_sent, stop)  # what the link carries
         outs = self._await_outputs(group, layer, query.shape[0], query.shape[2])
         self.calls += 1
         self._segment_start = agent.clock()
@@ -656,4 +657,5 @@ class HeadsService:
         def on_sent(start, end, n):
             _clock_event(agent, "send", step, group, start, end, n, peer)
 
-        self._sender(peer).send(data_message(reply, [buf]), spec.nbytes(), on_sent, self.stop)
+        frames = data_message(reply, [buf])
+        self._sender(peer).send(frames, spec.nbytes() + len(frames[0]), on_sent, self.stop)

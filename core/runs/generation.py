@@ -215,7 +215,30 @@ def generate(
         coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
                          reporter=reporter, kv=kv, files=files, kind={s.device: s.kind for s in plan.stages})
     coordinator.sync_clocks()
-    pieces = TextPieces(tok, len(prompts), stops, settings.max_new_tokens)
+    return _generate_text(tok, enc, stops, settings, lambda request, text_sink: coordinator.run(
+        plan, request, text_sink, reporter), sink=sink)
+
+
+def generate_with(run, model_dir: str, prompts: list[str] | tuple[str, ...], settings: GenerationSettings, *,
+                  sink: RunSink | None = None) -> Generation:
+    """Generate for ``prompts`` through ``run(request, sink) -> RunResult``: a technique with its own
+    run driver (attention offloading's ``run_offload``) gets the same tokenization, stop tokens,
+    streamed text and figures as ``generate``."""
+    if not prompts:
+        raise FormatError("prompts", "no prompt given")
+    problem = settings_problem(settings)
+    if problem:
+        raise FormatError("run settings", problem[1], problem[0])
+    tok = load_tokenizer(model_dir)
+    enc = tok(list(prompts), return_tensors="pt", padding=True)
+    if enc["input_ids"].shape[1] == 0:
+        raise FormatError("prompts", "a prompt encodes to no tokens")
+    return _generate_text(tok, enc, stop_token_ids(model_dir, tok), settings,
+                          lambda request, text_sink: run(request, text_sink), sink=sink)
+
+
+def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: RunSink | None = None) -> Generation:
+    pieces = TextPieces(tok, len(enc["input_ids"]), stops, settings.max_new_tokens)
     request = RunRequest(
         input_ids=tuple(tuple(r) for r in enc["input_ids"].tolist()),
         attention_mask=tuple(tuple(r) for r in enc["attention_mask"].tolist()),
@@ -226,9 +249,9 @@ def generate(
         pad_token_id=int(tok.pad_token_id or 0),
         sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed),
     )
-    result = coordinator.run(plan, request, _TextSink(sink or NullSink(), pieces), reporter)
+    result = run(request, _TextSink(sink or NullSink(), pieces))
     texts = tuple(tok.decode([t for t in seq if t not in stops], skip_special_tokens=True) for seq in result.tokens)
     return Generation(texts=texts, result=result, figures=compute_figures(result.events, result.token_events))
 
 
-__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "load_tokenizer"]
+__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "generate_with", "load_tokenizer"]

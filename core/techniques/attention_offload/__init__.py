@@ -25,6 +25,12 @@ def _applies(model: ModelSpec) -> bool:
     return model.family in ("llama", "mistral", "qwen2", "gpt2")
 
 
+def _register_cli(sub) -> None:
+    from core.techniques.attention_offload.cli import register
+
+    register(sub)
+
+
 TECHNIQUE = Technique(
     name=NAME,
     title="Attention offloading (Lamina)",
@@ -37,6 +43,7 @@ TECHNIQUE = Technique(
     cost=cost_of,
     simulate=simulate,
     modes=("rotational", "fixed"),
+    register_cli=_register_cli,
 )
 
 __all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "OffloadOutcome", "run_strategy"]

@@ -22,7 +22,8 @@ from core.errors import RunFailed
 from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.reporting import Reporter
 from core.runs.coordinator import Coordinator, RunRequest, RunResult, RunSink
-from core.techniques.attention_offload import DENSE_KIND
+from agents.attention_offload import DENSE_KIND
+from core.techniques.attention_offload.problem import OffloadModel
 
 HOLD_TIMEOUT_S = 120.0
 
@@ -34,6 +35,20 @@ def head_ranges(kv_heads: int, memory: int) -> list[tuple[int, int]]:
     return [(r.start, r.stop) for r in split_heads(kv_heads, memory)]
 
 
+def checkpoint_model(model_dir: str, bytes_per_element: int = 4) -> OffloadModel:
+    """The cost model's view of a checkpoint (what a run on it is predicted with)."""
+    from agents.checkpoint_reader import load_config
+
+    config = load_config(model_dir)
+    heads = int(config.num_attention_heads)
+    hidden = int(config.hidden_size)
+    return OffloadModel(name=str(model_dir), layers=int(config.num_hidden_layers), hidden=hidden, q_heads=heads,
+                        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+                        head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+                        intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
+                        vocab=int(config.vocab_size), bytes_per_element=bytes_per_element)
+
+
 def dense_plan(model: str, layers: int, dense_device: str) -> ShardPlan:
     """The one dense stage: every unit (embedding, blocks, head) on the compute device."""
     return plan_from_boundaries(model, layers + 2, [dense_device], [])
@@ -43,8 +58,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
                 request: RunRequest, *, sink: RunSink | None = None, reporter: Reporter | None = None,
                 dtype: str = "float32", threads: int = 0) -> RunResult:
     """Load the dense stage, hold the heads on the memory agents, run ``request``; ``RunFailed``
-    names the device when one fails. ``CheckpointError`` when there are more memory agents than
-    key/value heads."""
+    names the device when one fails, or says there are more memory agents than key/value heads."""
     from agents.attention_offload import HeadShape
 
     memory = list(memory_devices)
@@ -52,8 +66,13 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
         raise RunFailed("attention offloading needs at least one memory agent")
     if dense_device in memory or len(set(memory)) != len(memory):
         raise RunFailed("the compute agent and the memory agents must be different devices, each once")
-    shape = HeadShape.of(model_dir)
-    ranges = head_ranges(shape.kv_heads, len(memory))
+    from agents.checkpoint_reader import CheckpointError
+
+    try:
+        shape = HeadShape.of(model_dir)
+        ranges = head_ranges(shape.kv_heads, len(memory))
+    except CheckpointError as err:
+        raise RunFailed(str(err)) from None
     plan = dense_plan(str(model_dir), shape.layers, dense_device)
     statuses = coordinator.status_of([dense_device, *memory])
     services = tuple(ServicePeer(device=d, data_address=statuses[d].data_address,

@@ -15,7 +15,9 @@ import msgspec
 
 from agents.protocol import TimelineEvent, TokenEvent
 from core.runs.metrics import RunFigures, compute_figures
-from core.techniques.attention_offload.cost import attention_seconds, dense_seconds, link_seconds
+from core.techniques.attention_offload.cost import (
+    FRAME_HEADER_BYTES, attention_seconds, dense_seconds, link_seconds,
+)
 from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem, check_plan
 
 
@@ -76,7 +78,8 @@ def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None
         sent = end + link / 2
         for m_id in plan.memory:
             events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=end, end_s=sent,
-                                        nbytes=wire * (ctx if step == 0 else 1) * len(heads[m_id]) // problem.model.kv_heads,
+                                        nbytes=wire * (ctx if step == 0 else 1) * len(heads[m_id]) // problem.model.kv_heads
+                                        + 2 * FRAME_HEADER_BYTES,
                                         peer=m_id, **common))
         attn = (_prefill_attention_s(problem, plan) if step == 0
                 else attention_seconds(problem, memory, plan.batch, ctx + step - 1))

@@ -18,7 +18,8 @@ from agents.transport import CurveKeys
 from core.errors import RunFailed
 from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
 from core.runs.generation import load_tokenizer
-from core.techniques.attention_offload.run import run_offload
+from core.techniques.attention_offload.cost import layer_wire_bytes
+from core.techniques.attention_offload.run import checkpoint_model, run_offload
 from tests.core.hf_reference import hf_greedy_new_tokens
 
 PROMPTS = ["the cat sat", "a longer prompt about the river", "hello"]
@@ -113,3 +114,21 @@ def test_the_mask_is_sent_only_when_the_memory_side_cannot_derive_it():
     assert torch.equal(resolve_mask(prefill, "next", None), step) and torch.equal(next_mask(prefill), step)
     assert mask_mode(prefill, torch.tensor([[[[True, True, True, True]]]])) == "full"
     assert mask_mode(prefill, None) == "none"
+
+
+def test_decode_traffic_is_the_predicted_tensors_exactly_plus_the_headers_the_cost_model_counts(
+        cluster, tiny_llama_dir):
+    coordinator, agents = cluster
+    counted = {}
+    for max_new in (1, 4):
+        _, req = _request(tiny_llama_dir, max_new=max_new)
+        run_offload(coordinator, tiny_llama_dir, "dense", ["mem-0", "mem-1"], req)
+        router = agents["dense"]._loaded.executor.router
+        counted[max_new] = (router.wire_bytes, router.header_bytes)
+    model = checkpoint_model(tiny_llama_dir)
+    batch, steps = len(PROMPTS), 3
+    tensors = counted[4][0] - counted[1][0]
+    headers = counted[4][1] - counted[1][1]
+    assert tensors == steps * batch * model.layers * model.wire_bytes_per_token_layer()  # no mask bytes at all
+    measured = (tensors + headers) / (steps * model.layers)
+    assert measured / layer_wire_bytes(model, batch, 2) == pytest.approx(1.0, abs=0.05)

@@ -11,7 +11,7 @@ import pytest
 from core.errors import PlanInvalid
 from core.techniques import technique_named
 from core.techniques.attention_offload import DENSE_KIND, MEMORY_KIND, planner, scenarios
-from core.techniques.attention_offload.cost import evaluate
+from core.techniques.attention_offload.cost import evaluate, layer_wire_bytes
 from core.techniques.attention_offload.problem import OffloadDevice, OffloadModel, OffloadPlan, OffloadProblem, OffloadWorkload
 from core.techniques.attention_offload.simulator import simulate
 
@@ -127,7 +127,7 @@ def test_the_simulated_timeline_has_attention_lanes_and_no_device_runs_two_thing
         mine = sorted((e for e in computes if e.device == device), key=lambda e: e.start_s)
         assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(mine, mine[1:]))
     assert len(sim.tokens) == 3 * 3 and sum(e.nbytes for e in sim.events if e.kind == "send" and e.step == 1) == \
-        3 * p.model.layers * 4 * p.model.wire_bytes_per_token_layer()
+        3 * p.model.layers * layer_wire_bytes(p.model, 4, 2)  # tensors of 4 sequences + 2 headers per memory device
 
 
 @pytest.mark.parametrize("plan, message", [

@@ -1,0 +1,117 @@
+"""``edgeshard attention-offload run``: a Lamina split run on agents, recorded in the workspace.
+
+The compute agent runs the dense part, the memory agents hold the KV cache and attention
+(``core.techniques.attention_offload.run``). Tokens and text stream as they come; the run is
+recorded through ``core.sessions.recording.record_run`` (the same rows as ``edgeshard run``), so
+``edgeshard sessions`` lists it and the Sessions screen replays its timeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from core.arguments import SEED, THREADS, TOKENS, float_in
+from core.errors import FormatError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    top = sub.add_parser("attention-offload", help="attention offloading (Lamina): run a split on agents")
+    verbs = top.add_subparsers(dest="offload_command", metavar="VERB", required=True)
+    r = verbs.add_parser("run", help="run the dense part on a compute agent and attention + KV on memory agents; "
+                                     "records the run (replayable in Sessions)")
+    r.add_argument("--model", required=True, help="checkpoint directory (HF layout, llama/qwen2/mistral/gpt2)")
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--agents", help="agents.json (from `cluster local` or deploy)")
+    where.add_argument("--local", action="store_true", help="start the named agents on this machine for this run")
+    r.add_argument("--compute", required=True, help="the compute device (its agent runs the dense part)")
+    r.add_argument("--memory", required=True,
+                   help="memory devices, comma separated (each holds the KV of a share of the key/value heads)")
+    r.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    r.add_argument("--max-new-tokens", type=TOKENS, default=32)
+    r.add_argument("--temperature", type=float_in(0, 100), default=0.0, help="0 = greedy")
+    r.add_argument("--top-p", type=float_in(0, 1, lo_open=True), default=1.0)
+    r.add_argument("--seed", type=SEED, default=0)
+    r.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
+    r.add_argument("--workspace", help="workspace file (default: the studio's)")
+    r.add_argument("--no-record", action="store_true", help="do not record the run in the workspace")
+    r.set_defaults(func=_run)
+
+
+def memory_devices(text: str, compute: str) -> list[str]:
+    """The ``--memory`` list, checked: names, none repeated, not the compute device."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise FormatError("--memory", "give device names separated by commas, e.g. mem-0,mem-1")
+    if len(set(names)) != len(names) or compute in names:
+        raise FormatError("--memory", "each memory device once, and not the compute device")
+    return names
+
+
+def _run(args) -> int:
+    from core.devices.local_cluster import LocalCluster, load_agents_file
+    from core.runs.coordinator import Coordinator, FanoutSink
+    from core.runs.generation import GenerationSettings, generate_with
+    from core.sessions.recording import record_run
+    from core.sessions.store import default_workspace_path
+    from core.techniques.attention_offload.run import run_offload
+
+    memory = memory_devices(args.memory, args.compute)
+    if not args.prompt:
+        raise FormatError("edgeshard attention-offload run", "give --prompt TEXT (repeatable)")
+    if not Path(args.model, "config.json").exists():
+        raise FormatError(args.model, "not a checkpoint directory (no config.json)")
+    model_dir = os.path.abspath(args.model)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, seed=args.seed, threads=args.threads)
+    devices = [args.compute, *memory]
+    workspace = None if args.no_record else (args.workspace or default_workspace_path())
+    recording = nullcontext() if workspace is None else record_run(
+        workspace, model=Path(model_dir).name, mode="sequential",
+        settings={"technique": "attention-offload", "model_dir": model_dir, "prompts": args.prompt,
+                  "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                  "seed": args.seed, "compute": args.compute, "memory": memory, "lanes": devices,
+                  "started_by": "edgeshard attention-offload run"},
+        session_name=f"attention offload {time.strftime('%Y-%m-%d %H:%M')}")
+    cluster = tmp = None
+    try:
+        if args.local:
+            tmp = tempfile.TemporaryDirectory(prefix="edgeshard-offload-")
+            cluster = LocalCluster(tmp.name, devices, threads_per_agent=args.threads or 1)
+            endpoints, keys = cluster.start(), cluster.keys
+        else:
+            endpoints, keys = load_agents_file(args.agents)
+            missing = sorted(set(devices) - {e.device for e in endpoints})
+            if missing:
+                raise FormatError(args.agents, f"no agent named {', '.join(missing)} "
+                                               f"(agents: {', '.join(e.device for e in endpoints)})")
+        with recording as rec, Coordinator(endpoints, keys) as coordinator:
+            coordinator.wait_ready(timeout_s=30)
+            coordinator.sync_clocks()
+            sink = rec.recorder if rec is not None else None
+            out = generate_with(lambda request, s: run_offload(coordinator, model_dir, args.compute, memory, request,
+                                                                sink=FanoutSink(s, sink) if sink else s,
+                                                                threads=args.threads),
+                                model_dir, args.prompt, settings)
+            if rec is not None:
+                rec.status = "completed"
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    for i, (p, t) in enumerate(zip(args.prompt, out.texts)):
+        print(f"[{i}] {p}{t}")
+    f = out.figures
+    ms = lambda v: "n/a" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
+    print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  tokens {f.tokens}  "
+          f"compute {args.compute}  memory {', '.join(memory)}")
+    if rec is not None:
+        print(f"recorded as run {rec.run_id} (session {rec.session_id}) in {workspace}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,42 @@
+"""``edgeshard attention-offload run``: a Lamina split on local agents, recorded in the workspace
+with every lane's timeline (replayable in Sessions), greedy text equal to HF generate."""
+
+from __future__ import annotations
+
+import collections
+
+from core.cli import main
+from core.runs.generation import load_tokenizer
+from core.sessions.store import SessionStore
+from tests.core.hf_reference import hf_greedy_new_tokens
+
+
+def test_the_run_verb_runs_on_local_agents_and_records_every_lane(tiny_llama_dir, tmp_path, capsys):
+    workspace = tmp_path / "ws.sqlite"
+    rc = main(["attention-offload", "run", "--model", tiny_llama_dir, "--local", "--compute", "c0", "--memory",
+               "m0,m1", "--prompt", "the cat sat", "--prompt", "hello", "--max-new-tokens", "4",
+               "--workspace", str(workspace)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "recorded as run" in out
+    tok = load_tokenizer(tiny_llama_dir)
+    enc = tok(["the cat sat", "hello"], return_tensors="pt", padding=True)
+    expected = [tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+                for row in hf_greedy_new_tokens(tiny_llama_dir, enc, 4)]
+    assert f"[0] the cat sat{expected[0]}" in out and f"[1] hello{expected[1]}" in out
+    with SessionStore(workspace) as store:
+        (session,) = store.sessions()
+        (run,) = store.runs(session.id)
+        assert run.status == "completed" and run.settings["technique"] == "attention-offload"
+        items = store.timeline(run.id)
+        lanes = collections.Counter((i.event.device, i.event.kind) for i in items if i.event is not None)
+        assert {d for d, _ in lanes} == {"c0", "m0", "m1"}
+        assert lanes[("m0", "compute")] == lanes[("m1", "compute")] == 4 * 4  # 4 steps × 4 layers
+        assert sum(1 for i in items if i.tokens is not None) == 4
+
+
+def test_a_memory_list_naming_the_compute_device_is_refused_before_anything_starts(tiny_llama_dir, tmp_path,
+                                                                                    capsys):
+    rc = main(["attention-offload", "run", "--model", tiny_llama_dir, "--local", "--compute", "c0", "--memory",
+               "m0,c0", "--prompt", "x", "--workspace", str(tmp_path / "ws.sqlite")])
+    assert rc == 2 and "not the compute device" in capsys.readouterr().err
+    assert not (tmp_path / "ws.sqlite").exists()
