@@ -224,12 +224,17 @@ class PhaseDisaggregationPlanView(QWidget):
         self.search_button = QPushButton("Search")
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
+        self.record_button = QPushButton("Record")
+        self.record_button.setToolTip("Store the picked configuration's simulated run in the workspace "
+                                      "(Sessions replays it)")
+        self.record_button.setEnabled(False)
+        self.last_problem: EpdProblem | None = None
         for w in (self.devices, self.rate, self.ttft, self.tpot, self.trials):
             row.addWidget(w)
         row.addStretch(1)
         lay.addLayout(row)
         status = QHBoxLayout()
-        for w in (self.costs_button, self.search_button, self.stop_button):
+        for w in (self.costs_button, self.search_button, self.stop_button, self.record_button):
             status.addWidget(w)
         self.progress = QProgressBar()
         self.progress.setMaximumWidth(140)
@@ -274,6 +279,8 @@ class PhaseDisaggregationPlanView(QWidget):
         self.search_button.clicked.connect(lambda: self.auto_solve())
         self.stop_button.clicked.connect(lambda: self.runner.request_stop())
         self.costs_button.clicked.connect(lambda: self._choose_costs())
+        self.record_button.clicked.connect(lambda: self.record())
+        state.workspace_changed.connect(lambda _p: self._update_record_button())
         self.runner.partial_result_reported.connect(self._on_partial)
         self.runner.status_reported.connect(lambda _id, text: self.status.setText(text))
         self.runner.progress_reported.connect(self._on_progress)
@@ -312,7 +319,9 @@ class PhaseDisaggregationPlanView(QWidget):
         self.search_button.setEnabled(False)
         self.stop_button.setEnabled(True)
         self.progress.setValue(0)
-        self.runner.start(plan_epd, self.problem(requests), self.trials.value())
+        self.record_button.setEnabled(False)
+        self.last_problem = self.problem(requests)
+        self.runner.start(plan_epd, self.last_problem, self.trials.value())
 
     def compare(self) -> None:
         """The baselines are compared in every search: start one."""
@@ -340,6 +349,33 @@ class PhaseDisaggregationPlanView(QWidget):
         self.status.setText(text)
         self.search_button.setEnabled(True)
         self.stop_button.setEnabled(False)
+        self._update_record_button()
+
+    def _update_record_button(self) -> None:
+        ready = self.result is not None and bool(self.state.workspace) and not self.runner.is_busy()
+        self.record_button.setEnabled(ready)
+        self.record_button.setToolTip("Store the picked configuration's simulated run in the workspace "
+                                      "(Sessions replays it)" if self.state.workspace else
+                                      "Open a workspace (File) to record runs in")
+
+    def record(self) -> int | None:
+        """The picked configuration's simulated run, stored as a predicted run of session ``epd``."""
+        from core.sessions.store import SessionStore
+        from core.techniques.phase_disaggregation.simulator import record_simulation
+
+        if self.result is None or self.last_problem is None or not self.state.workspace:
+            return None
+        p, cfg = self.last_problem, self.result.best.config
+        sim = simulate_pools(p.costs, p.workload, cfg, record=True)
+        try:
+            with SessionStore(self.state.workspace) as store:
+                run_id = record_simulation(store, store.create_session("epd"), sim, model="simulated",
+                                           workload=p.workload, pools=cfg)
+        except EdgeShardError as err:
+            self.status.setText(f"not recorded: {err}")
+            return None
+        self.status.setText(f"recorded the picked configuration's simulated run as run {run_id} (session epd)")
+        return run_id
 
     def _on_finished(self, _id: int, result: EpdPlanResult) -> None:
         self.show_result(result)

@@ -67,3 +67,22 @@ def test_a_requests_spans_follow_its_phases_in_order():
                        output_tokens=4)
     assert RequestTimeline.spans(m) == [("encode", 0.0, 1.0), ("E→P", 1.0, 1.5), ("queue", 1.5, 2.0),
                                         ("prefill", 2.0, 3.0), ("P→D", 3.0, 3.5), ("decode", 3.5, 5.0)]
+
+
+def test_record_stores_the_picks_simulated_run_in_the_workspace(qtbot, tmp_path):
+    from core.sessions.store import SessionStore
+
+    view = _view(qtbot)
+    assert not view.record_button.isEnabled()
+    view.devices.setValue(4)
+    view.trials.setValue(2)
+    view.auto_solve(requests=15)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    assert not view.record_button.isEnabled()  # no workspace yet
+    view.state.set_workspace(str(tmp_path / "ws.sqlite"))
+    assert view.record_button.isEnabled()
+    run_id = view.record()
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        assert next(r for r in store.runs() if r.id == run_id).kind == "predicted"
+        assert store.events(run_id)
+    view.shutdown()

@@ -67,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _slo_args(m)
     m.add_argument("--goodput", action="store_true", help="also bisect for the goodput under the SLO")
     m.add_argument("--metrics-out", metavar="METRICS.json", help="write each request's simulated metrics")
+    m.add_argument("--workspace", metavar="WS.sqlite", help="record the simulated run (timeline, tokens, metrics) "
+                                                            "here, to replay in the studio")
+    m.add_argument("--session", default="epd", help="session name to record under (with --workspace)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_simulate)
 
@@ -137,7 +140,8 @@ def _simulate(args) -> int:
 
     costs, workload, slo = _inputs(args)
     pools = load(args.pools, PoolConfig)
-    ms = simulate_pools(costs, workload, pools).metrics
+    sim = simulate_pools(costs, workload, pools, record=bool(args.workspace))
+    ms = sim.metrics
     out = {"requests": len(ms), "ttft_p50_s": _median(m.ttft_s for m in ms),
            "tpot_p50_s": _median(m.tpot_s for m in ms), "e2e_p50_s": _median(m.e2e_s for m in ms),
            "slo_attainment": attainment(ms, slo)}
@@ -145,13 +149,21 @@ def _simulate(args) -> int:
         out["goodput_rps"] = goodput(costs, workload, pools, slo, start_rps=mean_rate_rps(workload)).rate_rps
     if args.metrics_out:
         save(args.metrics_out, MetricsFile(origin="simulated", requests=ms))
+    if args.workspace:
+        from core.sessions.store import SessionStore
+        from core.techniques.phase_disaggregation.simulator import record_simulation
+
+        with SessionStore(args.workspace) as store:
+            out["run_id"] = record_simulation(store, store.create_session(args.session), sim, model="simulated",
+                                              workload=workload, pools=pools)
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"{pools.disaggregation} on {len(pools.devices)} devices: {len(ms)} requests, TTFT p50 "
           f"{out['ttft_p50_s']:.3f} s, TPOT p50 {out['tpot_p50_s'] * 1e3:.1f} ms, E2E p50 {out['e2e_p50_s']:.2f} s, "
           f"SLO attainment {out['slo_attainment']:.0%}"
-          + (f", goodput {out['goodput_rps']:.3g} req/s" if args.goodput else ""))
+          + (f", goodput {out['goodput_rps']:.3g} req/s" if args.goodput else "")
+          + (f"; recorded as run {out['run_id']} in {args.workspace}" if args.workspace else ""))
     return 0
 
 

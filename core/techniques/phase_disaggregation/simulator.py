@@ -416,5 +416,22 @@ def simulate_pools(costs: PhaseCosts, workload: Workload, config: PoolConfig, *,
                          figures=compute_figures(events, tokens))
 
 
+def record_simulation(store, session_id: int, sim: EpdSimulation, *, model: str, workload: Workload,
+                      pools: PoolConfig) -> int:
+    """Store a recorded simulation as a ``predicted`` run (events, tokens, figures, and per-request
+    metrics in its settings, as ``runtime.record_epd_run`` stores a measured one), so the studio's
+    Sessions screen replays and exports it like any run; returns its run id."""
+    from core.sessions.recording import append_predicted
+
+    if not sim.events:
+        raise EpdInputError("only a simulation made with record=True has a timeline to store")
+    settings = {"technique": "phase-disaggregation", "pools": msgspec.to_builtins(pools),
+                "workload": msgspec.to_builtins(workload), "metrics": msgspec.to_builtins(sim.metrics)}
+    run_id = store.create_run(session_id, model=model, mode="pools", kind="predicted", settings=settings)
+    append_predicted(store, run_id, sim.events, sim.tokens)
+    store.finish_run(run_id, "completed", sim.figures)
+    return run_id
+
+
 __all__ = ["CachePeak", "EpdSimulation", "STAGE_DECODE", "STAGE_ENCODE", "STAGE_NAMES", "STAGE_PREFILL",
-           "check_fits", "link_lane", "simulate_pools"]
+           "check_fits", "link_lane", "record_simulation", "simulate_pools"]

@@ -58,3 +58,24 @@ def test_an_inverted_range_is_refused_while_parsing(tmp_path, capsys):
         assert e.code == 2
     assert "LO <= HI" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_simulated_run_is_recorded_and_replays(tmp_path, capsys):
+    from core.sessions.replay import Replay
+    from core.sessions.store import SessionStore
+
+    w, c = _files(tmp_path)
+    pools = tmp_path / "p.json"
+    from core.formats import save
+
+    save(pools, PoolConfig(encode=("e0", "e1"), prefill=("p",), decode=("d",), irp_degree=2))
+    ws = tmp_path / "ws.sqlite"
+    assert main(["epd", "simulate", "--costs", str(c), "--workload", str(w), "--pools", str(pools),
+                 "--workspace", str(ws), "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_id"]
+    with SessionStore(ws) as store:
+        info = next(r for r in store.runs() if r.id == run_id)
+        assert info.kind == "predicted"
+        replay = Replay.from_store(store, run_id)
+        assert replay.duration_s > 0
+        assert {e.device for e in store.events(run_id)} >= {"e0", "e1", "p", "d"}
