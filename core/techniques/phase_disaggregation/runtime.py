@@ -6,8 +6,8 @@ generate the rest (agents.phases). The coordinator's process is the scheduler: i
 request at its arrival time, picks the prefill device whose multimodal cache has room for it,
 splits its tiles over ``irp_degree`` encode agents, each of which pushes its piece's tokens to
 that prefill agent's data socket as soon as it is encoded (``transfers="data-plane"``, the
-default: CurveZMQ, raw frames, emulated links); once every piece is encoded the prefill agent
-is asked to prefill, picks up the pieces it holds and pushes the KV cache to the decode device
+default: CurveZMQ, raw frames, emulated links); once every piece is on its way the prefill agent
+is asked to prefill, starts when the last piece arrives and pushes the KV cache to the decode device
 whose KV cache was reserved, which the decode agent picks up when asked to decode. Every request
 is asynchronous (``AgentLink.request_async``): the pools work on different requests at once.
 ``transfers="relay"`` moves the tensors through the coordinator's control channel instead (one
@@ -311,6 +311,11 @@ class _Scheduler:
         finally:
             for fut in self.outstanding:
                 self.link.forget(fut)
+        for rid in self.order:  # data plane: a piece's push ends when the prefill agent has it
+            st = self.states[rid]
+            for src, t_enc, nbytes in st.sends:
+                self._event(link_lane(src), "encode", "send", rid, t_enc, max(st.ep_end_s, t_enc), nbytes=nbytes,
+                            peer=st.prefill_device)
         metrics = tuple(self._metrics(self.states[i]) for i in self.order)
         self.events.sort(key=lambda e: (e.start_s, e.device))
         self.token_events.sort(key=lambda t: (t.t_s, t.micro_batch))
@@ -377,6 +382,10 @@ class _Scheduler:
             msg = EncodeTiles(request=rid, tiles=st.pieces[k], shape=tuple(tiles.shape), data=to_bytes(tiles),
                               send_to=st.prefill_device if self.direct else "", piece=k)
             self._send(device, msg, ("encode", rid, k, len(msg.data)))
+            if self.direct and not any(r == rid for r, _ in self.encode_queue):
+                # every piece is on its way to the prefill agent: ask for the prefill now, it starts
+                # as soon as the last piece arrives (no round trip through here on the critical path)
+                self.prefill_queue.append(rid)
         for rid in self._ordered(self.prefill_queue, "prefill"):
             st = self.states[rid]
             device = st.prefill_device or (self.free["prefill"][0] if self.free["prefill"] else "")
@@ -459,16 +468,14 @@ class _Scheduler:
             st.encode_devices.append(device)
             st.encode_start_s = ts if st.encode_start_s is None else min(st.encode_start_s, ts)
             st.encode_end_s = max(st.encode_end_s, te)
-            st.ep_end_s = max(st.ep_end_s, t_back)
-            if len(st.encoded) == len(st.pieces):
-                self.prefill_queue.append(rid)
+            if not self.direct:
+                st.ep_end_s = max(st.ep_end_s, t_back)
+                if len(st.encoded) == len(st.pieces):
+                    self.prefill_queue.append(rid)
         elif phase == "prefill":
             if self.direct:
                 if reply.mm_received:
                     st.ep_end_s = self._local(device, reply.mm_received, 0.0, ts)
-                for src, t_enc, nbytes in st.sends:
-                    self._event(link_lane(src), "encode", "send", rid, t_enc, max(st.ep_end_s, t_enc), nbytes=nbytes,
-                                peer=device)
                 st.kv_sent = (device, te, math.prod(reply.kv_shape) * 4)
             else:
                 self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.kv),
@@ -503,9 +510,10 @@ class _Scheduler:
         enc_start = st.encode_start_s if st.encode_start_s is not None else st.arrival_s
         return RequestMetrics(
             request_id=st.prepared.id, arrival_s=st.arrival_s, encode_start_s=max(enc_start, st.arrival_s),
-            encode_end_s=max(st.encode_end_s, enc_start, st.arrival_s), ep_transfer_end_s=max(st.ep_end_s, st.arrival_s),
-            prefill_start_s=max(st.prefill_start_s, st.ep_end_s, st.arrival_s),
-            prefill_end_s=max(st.prefill_end_s, st.prefill_start_s, st.ep_end_s, st.arrival_s),
+            encode_end_s=max(st.encode_end_s, enc_start, st.arrival_s),
+            ep_transfer_end_s=max(st.ep_end_s, st.encode_end_s, enc_start, st.arrival_s),
+            prefill_start_s=max(st.prefill_start_s, st.ep_end_s, st.encode_end_s, st.arrival_s),
+            prefill_end_s=max(st.prefill_end_s, st.prefill_start_s, st.ep_end_s, st.encode_end_s, st.arrival_s),
             pd_transfer_end_s=max(st.pd_end_s, st.prefill_end_s), decode_end_s=st.decode_end_s,
             output_tokens=len(st.tokens), encode_devices=tuple(dict.fromkeys(st.encode_devices)),
             prefill_device=st.prefill_device, decode_device=st.decode_device)
