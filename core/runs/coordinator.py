@@ -145,6 +145,8 @@ class _ActiveRun:
     events: list[TimelineEvent] = field(default_factory=list)
     tokens: list[TokenEvent] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    helpers: frozenset[str] = frozenset()
+    """Agents serving the run outside its stages (``Coordinator.run(helpers=)``): losing one ends it."""
 
 
 class Coordinator:
@@ -240,7 +242,10 @@ class Coordinator:
         if self._loaded is not None and device in self._loaded[0].devices():
             self._loaded = None
         run = self._run
-        if run is not None:  # an idle agent's loss is only reported (the state machine ignores it)
+        if run is not None and device in run.helpers:  # the stages cannot go on without it
+            self._advance(run, run_state.StopRequested(f"agent {device} stopped answering ({why}); the run's "
+                                                       "stages need it"))
+        elif run is not None:  # an idle agent's loss is only reported (the state machine ignores it)
             self._advance(run, run_state.AgentLost(device, why))
 
     def _on_stream(self, device: str, msg) -> None:
@@ -460,11 +465,11 @@ class Coordinator:
         groups = run_micro_batches(n, plan, request.micro_batches)
         run_id = uuid.uuid4().hex[:12]
         devices = [s.device for s in plan.stages]
-        lost = [d for d in devices if self.link.is_lost(d)]
+        lost = [d for d in [*devices, *helpers] if self.link.is_lost(d)]
         if lost:
             raise RunFailed("agent is not answering", lost[0])
         run = _ActiveRun(run_id=run_id, t0=time.time(), stages={d: i for i, d in enumerate(devices)}, sink=sink,
-                         state=run_state.begin(run_id, tuple(devices), load=False))
+                         state=run_state.begin(run_id, tuple(devices), load=False), helpers=frozenset(helpers))
         self._run = run
         t_start = time.perf_counter()
         try:

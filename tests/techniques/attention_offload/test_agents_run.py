@@ -132,3 +132,57 @@ def test_decode_traffic_is_the_predicted_tensors_exactly_plus_the_headers_the_co
     assert tensors == steps * batch * model.layers * model.wire_bytes_per_token_layer()  # no mask bytes at all
     measured = (tensors + headers) / (steps * model.layers)
     assert measured / layer_wire_bytes(model, batch, 2) == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_memory_agent_killed_mid_run_fails_the_run_naming_it_and_frees_the_other_agents(
+        tiny_llama_dir, tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    from core.devices.local_cluster import LocalCluster
+
+    import dataclasses
+
+    _, req = _request(tiny_llama_dir, max_new=200)
+    req = dataclasses.replace(req, eos_token_ids=())  # long enough to be mid-run when m1 dies
+    with LocalCluster(tmp_path / "cluster", ["c0", "m0", "m1"]) as lc, Coordinator(lc.endpoints, lc.keys) as co:
+        co.wait_ready(timeout_s=30)
+        outcome = {}
+
+        def run():
+            try:
+                run_offload(co, tiny_llama_dir, "c0", ["m0", "m1"], req)
+            except RunFailed as err:
+                outcome["error"] = str(err)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while type(co.latest_run_state).__name__ != "Decoding":
+            assert time.monotonic() < deadline, "the run never started decoding"
+            time.sleep(0.05)
+        os.kill(lc.pid_of("m1"), signal.SIGKILL)
+        worker.join(timeout=30)
+        assert not worker.is_alive() and "m1" in outcome["error"]
+        _, short = _request(tiny_llama_dir, max_new=2)
+        with pytest.raises(RunFailed, match="m1"):  # the lost agent is named before anything starts
+            run_offload(co, tiny_llama_dir, "c0", ["m0", "m1"], short)
+        states = co.status_of(["c0", "m0"])
+        assert states["c0"].state.value != "running" and states["m0"].state.value == "idle"
+
+
+def test_attend_frames_without_their_spec_and_masks_that_refer_to_nothing_are_refused():
+    from agents.protocol import AttendSpec, DataHeader, ProtocolError, decode_data, encode_data_header
+    from agents.stage_input import StageInputError
+
+    bare = DataHeader(run_id="r", kind="attend", phase="decode", step=1, micro_batch=0, sender="x", tensors=())
+    with pytest.raises(ProtocolError, match="attend spec"):
+        decode_data([encode_data_header(bare)], 1 << 20)
+    bad = DataHeader(run_id="r", kind="attended", phase="decode", step=1, micro_batch=0, sender="x", tensors=(),
+                     attend=AttendSpec(layer=0, kv_start=2, kv_stop=1))
+    with pytest.raises(ProtocolError, match="kv_start"):
+        decode_data([encode_data_header(bad)], 1 << 20)
+    with pytest.raises(StageInputError, match="never got"):
+        resolve_mask(None, "next", None)
