@@ -480,7 +480,7 @@ class Coordinator:
                 if reporter.cancel_requested():
                     self._advance(run, run_state.StopRequested("run cancelled"))
                     break
-                reporter.progress(min(getattr(run.state, "tokens", 0), expected), expected)
+                reporter.progress(run_state.progress(run.state, expected), expected)
         except BaseException as err:  # KeyboardInterrupt and the like: stop the agents, leave them loaded
             self._stop_all(devices, run_id)
             self._stop_helpers(helpers)

@@ -163,6 +163,15 @@ RunInput = Union[StageLoaded, LoadProgress, StageStarted, StageRefused, AgentLos
 # ---------------------------------------------------------------------------- transitions
 
 
+def progress(state: RunState, expected: int) -> int:
+    """Tokens towards ``expected`` (a run's progress bar): a finished run is complete, and a
+    state that counts none (loading, failed) is at 0. Finished holds the token ids, not a count."""
+    if isinstance(state, Finished):
+        return expected
+    tokens = getattr(state, "tokens", 0)
+    return min(tokens, expected) if isinstance(tokens, int) else 0
+
+
 def begin(run_id: str, stages: tuple[str, ...], *, load: bool) -> RunState:
     """The first state of a run over ``stages``: ``Loading`` when the shards must be loaded."""
     stages = tuple(stages)

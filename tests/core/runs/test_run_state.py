@@ -24,6 +24,7 @@ from core.runs.run_state import (
     apply,
     begin,
     is_terminal,
+    progress,
 )
 
 RUN = "r1"
@@ -192,3 +193,11 @@ def test_an_agent_message_that_is_not_about_runs_is_a_protocol_failure_not_an_ex
 def test_an_input_the_machine_does_not_know_is_a_protocol_failure_not_an_exception():
     state = apply(_running(), "not an event")
     assert isinstance(state, Failed) and state.code == "protocol"
+
+
+def test_progress_counts_tokens_while_running_and_is_complete_once_finished():
+    # Finished holds the token ids (a tuple), not a count: the coordinator's progress loop
+    # once compared that tuple with an int when a run ended between two polls.
+    assert progress(_feed(_running(), _tokens(0)), 10) == 1
+    assert progress(_feed(_running(), _tokens(0), _finished()), 10) == 10
+    assert progress(begin(RUN, STAGES, load=True), 10) == 0
