@@ -281,17 +281,9 @@ def _min_times(a, b):
 
 
 def _median_gap(token_events, second_half: bool = False) -> float:
-    """Median gap between a micro-batch's consecutive token arrivals (decode steps):
-    robust to the stalls other tenants of a shared machine cause, which a mean is not."""
-    by_mb: dict[int, dict[int, float]] = {}
-    for t in token_events:
-        by_mb.setdefault(t.micro_batch, {})[t.step] = t.t_s
-    gaps = []
-    for steps in by_mb.values():
-        last = max(steps)
-        lo = last // 2 if second_half else 1
-        gaps += [steps[s] - steps[s - 1] for s in sorted(steps) if s >= max(1, lo) and s - 1 in steps]
-    return statistics.median(gaps)
+    from core.runs.metrics import median_step_gap_s
+
+    return median_step_gap_s(token_events, second_half)
 
 
 def _errors(simulate, problem, plan, k, m, host_cores=None):

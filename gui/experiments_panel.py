@@ -39,6 +39,7 @@ DESCRIPTIONS = {
     "source": "Fig. 9 — an AGX Orin or an Orin NX holds the prompt",
     "pipelines": "Fig. 10 — pipelines with and without bubbles",
     "algorithms": "The paper's Algorithms 1 and 2 against the exact solvers",
+    "miniature": "Miniature — the paper's setup on a netns testbed, run for real (needs root, ~3 min)",
 }
 
 

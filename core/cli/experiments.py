@@ -23,11 +23,12 @@ class _StderrProgress(NullReporter):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    e = sub.add_parser("experiment", help="reproduce one of the EdgeShard paper's experiments in simulation",
+    e = sub.add_parser("experiment", help="reproduce one of the EdgeShard paper's experiments (in simulation; miniature: measured)",
                        description="Run a paper experiment on the faithful scenario: print the table and which "
                                    "findings hold; write CSV and PNG/SVG figures.")
     e.add_argument("name", choices=sorted(EXPERIMENTS), help="table-iv, bandwidth (Figs 7-8), source (Fig 9), "
-                   "pipelines (Fig 10), algorithms (the paper's Algorithms 1 and 2 vs the exact solvers)")
+                   "pipelines (Fig 10), algorithms (the paper's Algorithms 1 and 2 vs the exact solvers), "
+                   "miniature (the paper's setup on a netns testbed, run for real beside its prediction; needs root)")
     e.add_argument("--out", default="experiments", metavar="DIR", help="where the CSV and figures go (default ./experiments)")
     e.add_argument("--time-limit", type=float_in(0, 86_400, lo_open=True), default=30.0, metavar="S", help="exact search budget per solve (default 30 s)")
     e.add_argument("--quiet", action="store_true", help="no progress on stderr")

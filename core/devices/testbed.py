@@ -98,6 +98,17 @@ class TestbedState(msgspec.Struct, frozen=True, kw_only=True):
         return lines
 
 
+def free_subnet(first: int, second_octet: int = 79) -> str:
+    """A 10.<second_octet>.X.0/24 that no interface of this machine is on (another testbed may be),
+    trying X = first, first + 1, … (mod 250)."""
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
+    for k in range(250):
+        x = (first + k) % 250
+        if f" 10.{second_octet}.{x}." not in used:
+            return f"10.{second_octet}.{x}.0/24"
+    raise TestbedError(f"every 10.{second_octet}.X.0/24 is in use on this machine: take a testbed down first")
+
+
 def state_dir_for(name: str = DEFAULT_NAME, root: Path | None = None) -> Path:
     return (root or STATE_ROOT) / f"testbed-{name}"
 
@@ -198,13 +209,19 @@ def _shape(ns: str, addresses: dict[str, str], caps: list[LinkCap]) -> None:
     """htb on the namespace's egress: one class per capped destination, u32 dst filters."""
     if not caps:
         return
+    # One packet per skb (no GSO super-packets) and a bucket of ~1 ms: htb then paces each
+    # packet, so a small message on a slow link takes about its size / rate, as on a real
+    # link. With GSO and the default burst a 2 KiB message passed at once on a 0.5 Mbit/s
+    # cap as long as the average rate stayed under it (docs/devices.md).
+    _run("ip", "link", "set", "dev", "eth0", "gso_max_segs", "1", ns=ns)
     _run("tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "999", ns=ns)
     _run("tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:999", "htb",
          "rate", "10gbit", "quantum", "200000", ns=ns)
     for k, cap in enumerate(caps, start=10):
         rate = f"{cap.bandwidth_mbit_s * 1000:.0f}kbit"
+        burst = f"{max(100, round(cap.bandwidth_mbit_s * 1e6 / 8 / 1000))}b"  # ~1 ms of the rate
         _run("tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", f"1:{k}", "htb",
-             "rate", rate, "ceil", rate, ns=ns)
+             "rate", rate, "ceil", rate, "burst", burst, "cburst", burst, ns=ns)
         _run("tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1",
              "u32", "match", "ip", "dst", f"{addresses[cap.dst]}/32", "flowid", f"1:{k}", ns=ns)
 

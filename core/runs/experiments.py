@@ -393,12 +393,97 @@ def algorithms(reporter: Reporter, time_limit_s: float = 30.0) -> ExperimentResu
                             findings=tuple(findings), figures=figures)
 
 
+# --- the paper's setup in miniature, measured --------------------------------------------
+
+def miniature(reporter: Reporter, time_limit_s: float = 20.0, setup=None) -> ExperimentResult:
+    """Edge-Solo, Cloud-Edge-Even, Cloud-Edge-Opt and EdgeShard run for real on a netns testbed
+    shaped like the paper's (``core.runs.miniature``), each beside its prediction. Needs root."""
+    from core.runs.miniature import MiniatureSetup, measure_miniature
+
+    setup = setup or MiniatureSetup(time_limit_s=min(time_limit_s, 60.0))
+    return miniature_result(measure_miniature(setup, reporter))
+
+
+def _err(measured: float | None, predicted: float | None) -> str:
+    return "—" if not measured or predicted is None else f"{(predicted / measured - 1) * 100:+.0f} %"
+
+
+def miniature_result(m) -> ExperimentResult:
+    """The table, findings and figures of a ``core.runs.miniature.MiniatureMeasurement``."""
+    s = m.setup
+    rows = tuple(
+        (LABELS[r.method], r.stages, _fmt(r.measured_ms), _fmt(r.predicted_ms), _err(r.measured_ms, r.predicted_ms),
+         r.mk or "—", _fmt(r.measured_tps), _fmt(r.predicted_tps), _err(r.measured_tps, r.predicted_tps),
+         "yes" if r.tokens_equal_edge_solo else "NO", r.status)
+        for r in m.rows)
+    solo, es = m.row("edge-solo"), m.row("edgeshard")
+    even, opt = m.row("cloud-edge-even"), m.row("cloud-edge-opt")
+    findings = []
+
+    def both(*vals) -> bool:
+        return all(v is not None for v in vals)
+
+    if both(solo.measured_ms, es.measured_ms):
+        findings.append(Finding(
+            claim="measured: EdgeShard's latency ≤ Edge-Solo's (paper: 1.85× lower)",
+            held=es.measured_ms <= solo.measured_ms,
+            detail=f"{solo.measured_ms:.1f} / {es.measured_ms:.1f} ms = {solo.measured_ms / es.measured_ms:.2f}× "
+                   f"(predicted {solo.predicted_ms / es.predicted_ms:.2f}×)", figure="miniature-latency"))
+    if both(solo.measured_tps, es.measured_tps):
+        findings.append(Finding(
+            claim="measured: EdgeShard's throughput ≥ Edge-Solo's (paper: 2.2×)",
+            held=es.measured_tps >= solo.measured_tps,
+            detail=f"{es.measured_tps:.1f} / {solo.measured_tps:.1f} tokens/s = {es.measured_tps / solo.measured_tps:.2f}× "
+                   f"(predicted {es.predicted_tps / solo.predicted_tps:.2f}×)", figure="miniature-throughput"))
+    if both(solo.measured_ms, even.measured_ms):
+        findings.append(Finding(
+            claim="measured: over the slow source–cloud link Cloud-Edge-Even is worse than Edge-Solo (paper: at 1 Mbit/s)",
+            held=even.measured_ms > solo.measured_ms,
+            detail=f"{even.measured_ms:.1f} vs {solo.measured_ms:.1f} ms/token", figure="miniature-latency"))
+    findings.append(Finding(
+        claim="Cloud-Edge-Opt = Edge-Solo over the slow link (the same plan)",
+        held=opt.stages == solo.stages, detail=f"Cloud-Edge-Opt {opt.stages}; Edge-Solo {solo.stages}"
+        + (f"; measured {opt.measured_ms:.1f} vs {solo.measured_ms:.1f} ms" if both(opt.measured_ms, solo.measured_ms) else "")))
+    measured = [r for r in m.rows if both(r.measured_ms, r.predicted_ms)]
+    by_measured = [r.method for r in sorted(measured, key=lambda r: r.measured_ms)]
+    by_predicted = [r.method for r in sorted(measured, key=lambda r: r.predicted_ms)]
+    findings.append(Finding(
+        claim="the measured latency ordering is the predicted one",
+        held=by_measured == by_predicted,
+        detail="measured " + " < ".join(LABELS[x] for x in by_measured)
+               + "; predicted " + " < ".join(LABELS[x] for x in by_predicted)))
+    findings.append(Finding(
+        claim="every method computes the same tokens as Edge-Solo (latency runs, greedy)",
+        held=all(r.tokens_equal_edge_solo for r in m.rows),
+        detail=", ".join(f"{LABELS[r.method]}: {'equal' if r.tokens_equal_edge_solo else 'DIFFERENT'}" for r in m.rows)))
+    labels = tuple(LABELS[r.method] for r in m.rows)
+    figures = (
+        Figure(name="miniature-latency", title="Miniature testbed: latency per token, measured vs predicted",
+               x_label="method", y_label="ms/token", x=labels, kind="bar",
+               series=(Series("measured", tuple(r.measured_ms for r in m.rows)),
+                       Series("predicted", tuple(r.predicted_ms for r in m.rows)))),
+        Figure(name="miniature-throughput", title="Miniature testbed: throughput (no-bubbles), measured vs predicted",
+               x_label="method", y_label="tokens/s", x=labels, kind="bar",
+               series=(Series("measured", tuple(r.measured_tps for r in m.rows)),
+                       Series("predicted", tuple(r.predicted_tps for r in m.rows)))),
+    )
+    title = (f"The paper's setup in miniature, measured: Llama {s.layers} layers × {s.hidden} (fp32) on "
+             f"{s.edges} edges ({s.edge_slowdown:g}× slower) + 1 cloud; source–cloud {s.slow_link_mbit:g} Mbit/s, "
+             f"others {s.edge_link_mbit:g} Mbit/s ±{s.edge_link_spread * 100:.0f} %; load {m.load[0]:.1f} → {m.load[1]:.1f}")
+    return ExperimentResult(
+        name="miniature", title=title,
+        columns=("method", "latency plan", "measured ms", "predicted ms", "error", "m×K", "measured tok/s",
+                 "predicted tok/s", "error", "tokens = Edge-Solo", "status"),
+        rows=rows, findings=tuple(findings), figures=figures)
+
+
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "table-iv": table_iv,
     "bandwidth": bandwidth,
     "source": source,
     "pipelines": pipelines,
     "algorithms": algorithms,
+    "miniature": miniature,
 }
 
 

@@ -10,6 +10,10 @@ Definitions (times in seconds on the run's clock, 0 = run start):
   (step s-1 → s, s ≥ 1): one decode step through every stage and back.
 - decode tokens/s: tokens of steps ≥ 1 arriving after the first decode arrival, over the
   time from that first decode arrival to the last (fencepost-free rate).
+- median step gap: the median of those gaps (``second_half``: only the steps in the second
+  half of each micro-batch's decode, the steady state of a pipeline); robust to the stalls
+  other tenants of a shared machine cause, which a mean is not. ``micro_batches`` / it is
+  the steady decode tokens/s of a pipeline of that many micro-batches.
 - tokens/s over time: tokens arrived per window of ``window_s``.
 - device utilisation: compute-busy time of a device over the run's span [0, end].
 """
@@ -84,6 +88,21 @@ def per_token_latency_s(tokens: Sequence[TokenEvent]) -> float | None:
         if s >= 1 and s - 1 in steps
     ]
     return sum(gaps) / len(gaps) if gaps else None
+
+
+def median_step_gap_s(tokens: Sequence[TokenEvent], second_half: bool = False) -> float | None:
+    by_mb: dict[int, dict[int, float]] = {}
+    for t in tokens:
+        by_mb.setdefault(t.micro_batch, {})[t.step] = t.t_s
+    gaps = []
+    for steps in by_mb.values():
+        lo = max(steps) // 2 if second_half else 1
+        gaps += [steps[s] - steps[s - 1] for s in sorted(steps) if s >= max(1, lo) and s - 1 in steps]
+    if not gaps:
+        return None
+    gaps.sort()
+    mid = len(gaps) // 2
+    return gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) / 2
 
 
 def decode_tokens_per_s(tokens: Sequence[TokenEvent]) -> float | None:

@@ -17,15 +17,9 @@ import pytest
 
 
 def _free_subnet(first: int) -> str:
-    """A 10.79.X.0/24 that no interface of this machine is on (another test run's testbed may be)."""
-    import subprocess
+    from core.devices.testbed import free_subnet
 
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    for k in range(250):
-        x = (first + k) % 250
-        if f" 10.79.{x}." not in used:
-            return f"10.79.{x}.0/24"
-    return f"10.79.{first % 250}.0/24"
+    return free_subnet(first)
 
 
 SESSION_TESTBED = f"e{os.getpid():x}x"

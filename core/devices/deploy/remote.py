@@ -100,6 +100,10 @@ class DeployOptions:
     threads: int = 0
     link_mbit: float = 0.0
     link_latency_ms: float = 0.0
+    memory_budget_mib: float = 0.0
+    """An emulated memory budget the agent enforces (agents/emulation.py); 0 = none."""
+    compute_slowdown: float = 1.0
+    """An emulated slower device: each computation takes this many times as long; 1 = none."""
 
 
 _CHECK_SCRIPT = r"""
@@ -229,6 +233,10 @@ def start_agent(session: SshSession, opts: DeployOptions, bundle: AgentBundle, b
         args += ["--link-mbit", str(opts.link_mbit)]
     if opts.link_latency_ms:
         args += ["--link-latency-ms", str(opts.link_latency_ms)]
+    if opts.memory_budget_mib:
+        args += ["--memory-budget-mib", str(opts.memory_budget_mib)]
+    if opts.compute_slowdown != 1.0:
+        args += ["--compute-slowdown", str(opts.compute_slowdown)]
     cmd = (f"cd {quote(bundle_dir)} && : > {quote(log_path)} && PYTHONPATH={quote(bundle_dir)} PYTHONUNBUFFERED=1 "
            f"setsid nohup {quote(opts.python)} {' '.join(quote(a) for a in args)} "
            f">> {quote(log_path)} 2>&1 < /dev/null & echo $!")
