@@ -133,6 +133,7 @@ class _Simulation:
         # start time, job, version]; a completion whose version is stale is ignored.
         self.active: dict[int, list] = {}
         self.active_since = 0.0
+        self.ps_version = 0
         stages = plan.stages
         self.n = len(stages)
         prompt = problem.workload.prompt_tokens
@@ -236,9 +237,14 @@ class _Simulation:
         self.active_since = t
 
     def _ps_reschedule(self, t: float) -> None:
+        # Versions are unique over the whole simulation, not per job: a per-job counter
+        # restarted at 0 let a stale completion of a stage's previous job match its next
+        # job's version and finish it early as the old step (3 stages, bubbles, K >= 3
+        # on 2 cores then never finished).
         rate = self._ps_rate()
         for j, a in self.active.items():
-            a[3] += 1
+            self.ps_version += 1
+            a[3] = self.ps_version
             self.push(t + max(0.0, a[0]) / rate, _COMPUTE_DONE, j, a[2], a[3])
 
     def _ps_done(self, t: float, j: int, job, version: int) -> bool:

@@ -174,3 +174,14 @@ def test_stages_emulated_on_one_host_share_its_cores():
     assert simulate(p, plan, "sequential", host_cores=1).events == seq.events
     busy = sorted((e for e in shared.events if e.kind == "compute" and e.phase == "decode"), key=lambda e: e.start_s)
     assert max(e.duration_s for e in busy) == pytest.approx(2 * 0.02, rel=1e-6), "half speed when all four run"
+
+
+def test_shared_cores_finish_every_step_of_a_bubbled_pipeline_of_three_stages():
+    # A stale completion of a stage's previous job once matched its next job's version and
+    # finished that job as the old step: 3 stages, bubbles, K >= 3 on 2 cores never ended.
+    p = make_problem({"a": 0.01, "b": 0.013, "c": 0.007}, blocks=6, bandwidth_mbit_s=20, latency_ms=4.0,
+                     generated_tokens=24)
+    plan = make_plan(p, ["a", "b", "c"], [2, 4], m=1, k=4)
+    for k in (3, 4):
+        sim = simulate(p, plan, "bubbles", micro_batches=k, micro_batch_size=1, host_cores=2)
+        assert sorted((t.micro_batch, t.step) for t in sim.tokens) == [(mb, s) for mb in range(k) for s in range(24)]
