@@ -86,7 +86,8 @@ class ExperimentsPanel(QWidget):
 
         lay = QVBoxLayout(self)
         lay.addWidget(panel_header("Experiments", "The EdgeShard paper's experiments, reproduced in simulation on "
-                                   "its testbed (resources/scenarios/edgeshard-paper.json)"))
+                                   "its testbed (resources/scenarios/edgeshard-paper.json); "
+                                   "Miniature runs them for real on a netns testbed"))
         bar = QHBoxLayout()
         self.choice = QComboBox()
         self.choice.setAccessibleName("Experiment")
