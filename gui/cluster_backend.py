@@ -1,4 +1,5 @@
-"""The Run screen's backend over live agents: ``core.runs.generation.generate`` on the studio's plan.
+"""The Run screen's backend over live agents: ``core.runs.generation.generate`` on the studio's plan
+(or, for a plan of a technique with its own run driver, ``Technique.run_generation``).
 
 Implements ``gui.run_panel.RunBackend`` with a ``core.runs.coordinator.Coordinator``. Text in,
 text out is ``core.runs.generation``'s job (the same tokenizer handling, stop ids and streamed
@@ -15,6 +16,7 @@ from core.runs.coordinator import Coordinator
 from core.errors import EdgeShardError
 from core.runs.generation import GenerationSettings, generate
 from core.reporting import Reporter
+from core.techniques import generation_for
 
 
 class ClusterRunBackend:
@@ -26,7 +28,9 @@ class ClusterRunBackend:
 
     def lanes(self) -> list[str]:
         plan = self.state.plan
-        return list(plan.devices()) if plan is not None else list(self.coordinator.endpoints)
+        if plan is None or generation_for(plan) is not None:  # a technique that also calls agents outside the plan
+            return list(self.coordinator.endpoints)
+        return list(plan.devices())
 
     def run(self, settings, sink, reporter: Reporter) -> Any:
         plan = self.state.plan
@@ -51,6 +55,11 @@ class ClusterRunBackend:
             micro_batches=settings.micro_batches,
             send_weights=settings.send_weights,
         )
+        technique_run = generation_for(plan)
+        if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run
+            out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
+                                reporter=reporter)
+            return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
         # switching "Send stage weights" on or off reloads: the stages must come from where it says
         same_source = settings.send_weights == self._loaded_with_sent_weights
         load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)

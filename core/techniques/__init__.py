@@ -103,6 +103,12 @@ class Technique:
     """``run_plan(plan, model_dir)`` -> the ``ShardPlan`` (stages of this technique's kinds) that
     ``edgeshard run`` and the Run screen run for one of its plans on agents; None when its plans
     are shard plans already (layer sharding) or it runs another way."""
+    run_generation: Callable[..., Any] | None = None
+    """``run_generation(coordinator, plan, model_dir, prompts, settings, *, sink, reporter)`` ->
+    ``core.runs.generation.Generation``: how the Run screen runs a ``ShardPlan`` whose stages are of
+    its kinds when the shared ``core.runs.generation.generate`` cannot (its stages call agents
+    outside the plan, e.g. attention offloading's memory agents); None: the shared ``generate``.
+    Run surfaces find it with ``generation_for(plan)``."""
     register_cli: Callable[[argparse._SubParsersAction], None] | None = None
     """Its own CLI verbs, if any beyond the shared ``plan``/``compare``/``run``."""
     paper: str = ""
@@ -164,12 +170,22 @@ def technique_named(name: str) -> Technique:
     return _REGISTRY[name]
 
 
+def generation_for(plan) -> Callable[..., Any] | None:
+    """The ``run_generation`` of the technique whose stage kinds ``plan``'s stages have (None: the
+    shared ``generate`` runs it). Technique-neutral: the Run screen asks this, never a technique."""
+    kinds = {getattr(s, "kind", "layers") for s in plan.stages}
+    for technique in techniques():
+        if technique.run_generation is not None and kinds & set(technique.stage_kinds):
+            return technique.run_generation
+    return None
+
+
 def techniques_for(model: ModelSpec) -> list[Technique]:
     """The techniques that can place ``model`` (the studio offers only these)."""
     return [t for t in techniques() if t.applies_to(model)]
 
 
 __all__ = [
-    "BUILTIN", "Objective", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
+    "BUILTIN", "Objective", "generation_for", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
     "technique_named", "techniques", "techniques_for", "unregister",
 ]

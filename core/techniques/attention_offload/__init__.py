@@ -31,6 +31,18 @@ def _register_cli(sub) -> None:
     register(sub)
 
 
+def _run_plan(plan, model_dir):
+    from core.techniques.attention_offload.run import run_plan
+
+    return run_plan(plan, model_dir)
+
+
+def _run_generation(coordinator, plan, model_dir, prompts, settings, *, sink=None, reporter=None, **_):
+    from core.techniques.attention_offload.run import generate_offload
+
+    return generate_offload(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
+
+
 TECHNIQUE = Technique(
     name=NAME,
     title="Attention offloading (Lamina)",
@@ -44,6 +56,8 @@ TECHNIQUE = Technique(
     simulate=simulate,
     modes=("rotational", "fixed"),
     register_cli=_register_cli,
+    run_plan=_run_plan,
+    run_generation=_run_generation,
 )
 
 __all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "OffloadOutcome", "run_strategy"]

@@ -15,7 +15,10 @@ attention and send spans into the same run. The run stops the holds after the st
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from collections.abc import Sequence
+
+import msgspec
 
 from agents.protocol import ErrorReply, HoldHeads, Ok, PeerSpec, ServicePeer, StopRun
 from core.errors import RunFailed
@@ -51,7 +54,9 @@ def checkpoint_model(model_dir: str, bytes_per_element: int = 4) -> OffloadModel
 
 def dense_plan(model: str, layers: int, dense_device: str) -> ShardPlan:
     """The one dense stage: every unit (embedding, blocks, head) on the compute device."""
-    return plan_from_boundaries(model, layers + 2, [dense_device], [])
+    plan = plan_from_boundaries(model, layers + 2, [dense_device], [])
+    return msgspec.structs.replace(plan, stages=tuple(msgspec.structs.replace(s, kind=DENSE_KIND)
+                                                      for s in plan.stages))
 
 
 def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, memory_devices: Sequence[str],
@@ -73,7 +78,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
         ranges = head_ranges(shape.kv_heads, len(memory))
     except CheckpointError as err:
         raise RunFailed(str(err)) from None
-    plan = dense_plan(str(model_dir), shape.layers, dense_device)
+    plan = dense_plan(Path(model_dir).name, shape.layers, dense_device)
     statuses = coordinator.status_of([dense_device, *memory])
     services = tuple(ServicePeer(device=d, data_address=statuses[d].data_address,
                                  public_key=statuses[d].public_key, start=a, stop=b)
@@ -108,3 +113,33 @@ def _release(coordinator: Coordinator, devices: list[str], hold_id: str) -> None
             coordinator.link.await_reply(d, fut, 10.0, "ending the attention hold")
         except RunFailed:
             pass
+
+
+def run_plan(plan, model_dir: str) -> ShardPlan:
+    """The ``ShardPlan`` the Run screen runs for an ``OffloadPlan`` on agents named as its devices:
+    the dense stage on its first compute device (one replica; the memory agents are the other
+    connected agents, ``generate_offload``)."""
+    from agents.attention_offload import HeadShape
+
+    shape = HeadShape.of(str(model_dir))
+    return dense_plan(Path(model_dir).name, shape.layers, plan.compute[0])
+
+
+def generate_offload(coordinator: Coordinator, plan: ShardPlan, model_dir: str, prompts, settings, *,
+                     sink: RunSink | None = None, reporter: Reporter | None = None):
+    """Text in, text out for a dense-stage ``ShardPlan`` (``Technique.run_generation``): the plan's
+    one ``attention-offload-dense`` stage is the compute agent, every other connected agent a
+    memory agent."""
+    from core.runs.generation import generate_with
+
+    if len(plan.stages) != 1 or plan.stages[0].kind != DENSE_KIND:
+        raise RunFailed("an attention-offload plan runs as one attention-offload-dense stage (the compute agent); "
+                        f"this plan has {len(plan.stages)} stage(s) of kinds "
+                        f"{', '.join(sorted({s.kind for s in plan.stages}))}")
+    dense = plan.stages[0].device
+    memory = [d for d in coordinator.endpoints if d != dense]
+    return generate_with(lambda request, s: run_offload(coordinator, model_dir, dense, memory, request, sink=s,
+                                                        reporter=reporter, dtype=settings.dtype,
+                                                        threads=settings.threads),
+                         model_dir, list(prompts), settings, sink=sink)
+
