@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
 
 from agents.protocol import TimelineEvent, TokenEvent
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
+from gui.expert_heat_map import ExpertHeatMap
 from gui.timeline_view import TimelineView
 from gui.widgets import MetricCard
 
@@ -76,6 +77,9 @@ class RunMonitorView(QWidget):
         self._util_layout.setContentsMargins(0, 0, 0, 0)
         self.util_bars: dict[str, QProgressBar] = {}
 
+        self.heat_map = ExpertHeatMap()  # shown once a run carries expert activity (expert offloading)
+        self.heat_map.setMinimumHeight(110)
+
         self.text_edit = QPlainTextEdit()
         self.text_edit.setReadOnly(True)
         self.text_edit.setAccessibleName("Generated text")
@@ -92,11 +96,15 @@ class RunMonitorView(QWidget):
         side_layout.addLayout(cards)
         for title, widget, stretch in (("Tokens per second", self.rate_plot, 1),
                                        ("Compute utilisation", self.util_box, 0),
+                                       ("Expert buffer (blocks × experts)", self.heat_map, 2),
                                        ("Generated text", self.text_edit, 2)):
             label = QLabel(title)
             label.setProperty("role", "metricLabel")
             side_layout.addWidget(label)
             side_layout.addWidget(widget, stretch)
+            if widget is self.heat_map:
+                self.heat_map_label = label
+        self._show_heat_map(False)
 
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.setChildrenCollapsible(False)
@@ -126,6 +134,8 @@ class RunMonitorView(QWidget):
         self.timeline.set_lanes(list(lanes))
         self._clear_util_devices()
         self._set_util_devices(list(lanes))
+        self.heat_map.reset()
+        self._show_heat_map(False)
         self._dirty = True
         self.refresh()
 
@@ -136,6 +146,8 @@ class RunMonitorView(QWidget):
         for event in events:
             add(event)
         self.timeline.append_events(events)
+        if self.heat_map.add_events(events) and self.heat_map.isHidden():
+            self._show_heat_map(True)
         self._mark_dirty()
 
     def add_token_events(self, tokens: Sequence[TokenEvent]) -> None:
@@ -211,6 +223,10 @@ class RunMonitorView(QWidget):
             bar.setFormat(f"{frac * 100:.0f} %")
             bar.setAccessibleDescription(f"{device}: {frac * 100:.0f} percent busy")
         self._render_text()
+
+    def _show_heat_map(self, shown: bool) -> None:
+        self.heat_map.setVisible(shown)
+        self.heat_map_label.setVisible(shown)
 
     def _set_util_devices(self, devices: list[str]) -> None:
         for device in devices:
