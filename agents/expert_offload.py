@@ -277,18 +277,20 @@ class ExpertPredictor:
     """Which experts the next MoE layer will pick, from the transitions seen between consecutive
     layers' picks (learned online, or started from an offline profile)."""
 
-    def __init__(self, num_layers: int, num_experts: int, profile: torch.Tensor | None = None):
+    def __init__(self, num_layers: int, num_experts: int, profile: torch.Tensor | None = None, learn: bool = True):
         shape = (max(num_layers - 1, 0), num_experts, num_experts)
         if profile is not None and tuple(profile.shape) != shape:
             raise CheckpointError(f"expert activation profile has shape {tuple(profile.shape)}, expected {shape}")
         self.transitions = profile.clone().float() if profile is not None else torch.zeros(shape)
         self.frequency = torch.zeros(num_layers, num_experts)
+        self.learn = learn
+        """False: the transitions stay the profile's (to measure its recall on held-out text)."""
 
     def observe(self, layer: int, picked: torch.Tensor, previous: torch.Tensor | None) -> None:
         """``picked``/``previous``: [tokens, k] expert indices of this layer and the one before."""
         counts = torch.bincount(picked.flatten(), minlength=self.frequency.shape[1]).float()
         self.frequency[layer] += counts
-        if previous is not None and layer >= 1 and previous.shape[0] == picked.shape[0]:
+        if self.learn and previous is not None and layer >= 1 and previous.shape[0] == picked.shape[0]:
             for k in range(previous.shape[1]):
                 for j in range(picked.shape[1]):
                     self.transitions[layer - 1].index_put_((previous[:, k], picked[:, j]),
@@ -347,7 +349,8 @@ class ExpertOffloadExecutor(StageExecutor):
 
     def __init__(self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
                  progress=None, kv=None, slots: int | None = None, policy: str | None = None,
-                 preload: int | None = None, bandwidth_bps: float | None = None, whole_layers: bool = False):
+                 preload: int | None = None, bandwidth_bps: float | None = None, whole_layers: bool = False,
+                 learn: bool = True):
         options = _options_file(model_dir)
         self.slots = int(slots if slots is not None else options.get("slots", 4))
         self.policy = str(policy if policy is not None else options.get("policy", "edgemoe"))
@@ -355,6 +358,7 @@ class ExpertOffloadExecutor(StageExecutor):
         bandwidth = bandwidth_bps if bandwidth_bps is not None else options.get("bandwidth_bps")
         self.whole_layers = bool(whole_layers or options.get("whole_layers", False))
         self._expert_bits = _expert_bits(options.get("expert_bits", {}), model_dir)
+        self._learn = learn
         if self.preload_count < 0:
             raise CheckpointError(f"preload must be >= 0 experts per layer (got {self.preload_count})")
         self._offloaded: list[OffloadedExperts] = []
@@ -386,8 +390,8 @@ class ExpertOffloadExecutor(StageExecutor):
             store, indices = self.store, list(self.layer_indices)
             self.buffer = ExpertBuffer(self.slots, lambda local, expert: store.read(indices[local], expert),
                                        len(self.layer_indices), self.policy)
-            self.predictor = ExpertPredictor(len(self.layer_indices), self.num_experts, _profile(self.model_dir,
-                                                                                             self.layer_indices))
+            self.predictor = ExpertPredictor(len(self.layer_indices), self.num_experts,
+                                             _profile(self.model_dir, self.layer_indices), learn=self._learn)
         local = len(self._offloaded)
         layer.mlp.experts = OffloadedExperts(self, local, self.num_experts, layer.mlp.experts.act_fn)
         self._offloaded.append(layer.mlp.experts)

@@ -223,3 +223,21 @@ def test_expert_bits_without_the_quantised_file_are_refused(moe_dir, tmp_path):
     (model_dir / "expert-offload.json").write_text(json.dumps({"expert_bits": {"0.1": 3}}))
     with pytest.raises(CheckpointError, match="expert_bits"):
         ExpertOffloadExecutor(str(model_dir), 0, LAYERS + 2)
+
+
+def test_prompt_processing_reads_each_picked_expert_once_per_block(moe_dir):
+    """EdgeMoE's re-batching by expert: a prompt's tokens are grouped by the expert they picked, so a
+    prefill reads every expert its router picked exactly once per block, even with a 1-slot buffer."""
+    tok = load_tokenizer(moe_dir)
+    ids = torch.tensor([tok("the cat sat on the mat while a river ran through the long green valley")["input_ids"]])
+    executor = _offloaded(moe_dir, slots=1, preload=0)
+    try:
+        executor.prefill(0, ids, torch.ones_like(ids))
+        picked = executor.predictor.frequency
+        loads = [key for outcome, key, *_ in executor.buffer.take_activity() if outcome == "load"]
+    finally:
+        executor.close()
+    assert ids.shape[1] >= 12 and picked.sum() == ids.shape[1] * 2 * LAYERS  # every token picked top-2 in each block
+    for block in range(LAYERS):
+        distinct = {int(e) for e in picked[block].nonzero().flatten()}
+        assert sorted(e for b, e in loads if b == block) == sorted(distinct)  # each once, none twice

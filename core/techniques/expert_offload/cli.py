@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from core.arguments import float_in
+from core.arguments import float_in, int_in
 from core.formats import load, save
 
 
@@ -29,7 +29,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--bandwidth-mbps", type=float_in(0.0, 1e6, lo_open=True), default=200.0,
                    help="storage read bandwidth, MB/s")
     s.add_argument("--out", required=True, metavar="PROBLEM.json")
+    s.add_argument("--activations", metavar="FILE", help="expert-activations.json (profile-activations): its "
+                   "measured top-k recall replaces the assumed one")
+    s.add_argument("--storage", metavar="FILE", help="storage-profile.json (profile-storage): its measured "
+                   "bandwidth replaces --bandwidth-mbps")
+    s.add_argument("--bits", metavar="FILE", help="expert-bits.json (adapt-bits): its measured bit options "
+                   "(fp32, int4, adapted) replace the assumed ones")
     s.set_defaults(func=_scenario)
+
+    a = verbs.add_parser("profile-activations", help="offline activation profile: transitions between blocks' "
+                         "expert picks on calibration text, and its top-k recall on held-out text")
+    a.add_argument("model_dir", metavar="MODEL_DIR")
+    a.add_argument("--texts", required=True, metavar="FILE", help="calibration text, one per line")
+    a.add_argument("--held-out", required=True, metavar="FILE", help="other text, one per line (recall)")
+    a.set_defaults(func=_profile_activations)
+
+    t = verbs.add_parser("profile-storage", help="measure how fast this storage reads the checkpoint's experts")
+    t.add_argument("model_dir", metavar="MODEL_DIR")
+    t.add_argument("--repeats", type=int_in(1, 100), default=1)
+    t.add_argument("--out", metavar="FILE", help="default: MODEL_DIR/storage-profile.json")
+    t.set_defaults(func=_profile_storage)
+
+    b = verbs.add_parser("adapt-bits", help="EdgeMoE's expert-wise bit-width adaptation (writes the "
+                         "quantised experts beside the checkpoint)")
+    b.add_argument("model_dir", metavar="MODEL_DIR")
+    b.add_argument("--texts", required=True, metavar="FILE", help="held-out text for perplexity, one per line")
+    b.add_argument("--bound", type=float_in(0.0, 1.0, lo_open=True), default=0.05,
+                   help="largest relative perplexity increase allowed (0.05 = 5 %%)")
+    b.set_defaults(func=_adapt_bits)
 
     c = verbs.add_parser("compare", help="EdgeMoE and the paper's baselines side by side")
     c.add_argument("problem", metavar="PROBLEM.json")
@@ -60,10 +87,50 @@ def _problem(path: str):
 
 
 def _scenario(args) -> int:
-    from core.techniques.expert_offload.scenarios import paper_shaped
+    from core.techniques.expert_offload.scenarios import measured, paper_shaped
 
-    save(args.out, paper_shaped(args.budget_fraction, args.bandwidth_mbps * 1e6))
+    problem = paper_shaped(args.budget_fraction, args.bandwidth_mbps * 1e6)
+    problem = measured(problem, activations=args.activations, storage=args.storage, bits=args.bits)
+    save(args.out, problem)
     print(f"wrote {args.out}")
+    return 0
+
+
+def _profile_activations(args) -> int:
+    from core.reporting import TerminalReporter
+    from core.techniques.expert_offload.profiling import ACTIVATIONS_FILE, activation_profile, read_texts
+
+    texts, held_out = read_texts(args.texts, args.model_dir), read_texts(args.held_out, args.model_dir)
+    out = activation_profile(args.model_dir, texts, held_out, TerminalReporter())
+    recall = "n/a" if out["recall"] is None else f"{out['recall']:.3f}"
+    print(f"top-{out['top_k']} recall on {out['held_out_texts']} held-out texts: {recall}; "
+          f"wrote {Path(args.model_dir) / 'expert-profile.safetensors'} and {Path(args.model_dir) / ACTIVATIONS_FILE}")
+    return 0
+
+
+def _profile_storage(args) -> int:
+    from core.reporting import TerminalReporter
+    from core.techniques.expert_offload.profiling import STORAGE_FILE, storage_bandwidth
+
+    out = storage_bandwidth(args.model_dir, args.repeats, TerminalReporter())
+    path = Path(args.out) if args.out else Path(args.model_dir) / STORAGE_FILE
+    path.write_text(json.dumps(out, indent=1))
+    cold = "" if out["caches_dropped"] else " (page cache could not be dropped: may be the cache's speed)"
+    print(f"{out['bytes'] / 1e6:.1f} MB in {out['seconds']:.3f} s: {out['bandwidth_bps'] / 1e6:.0f} MB/s{cold}; "
+          f"wrote {path}")
+    return 0
+
+
+def _adapt_bits(args) -> int:
+    from core.reporting import TerminalReporter
+    from core.techniques.expert_offload.profiling import BITS_FILE, bit_options, read_texts
+
+    out = bit_options(args.model_dir, read_texts(args.texts, args.model_dir), args.bound, TerminalReporter())
+    adapted = out["options"][-1]
+    print(f"perplexity fp32 {out['perplexity_fp32']:.2f}, uniform INT4 {out['perplexity_int4']:.2f}, adapted "
+          f"{out['perplexity_adapted']:.2f} ({out['int2_experts']} of {out['experts']} experts at INT2, "
+          f"{adapted['avg_bits']:.2f} bits per expert weight, {out['evaluations']} evaluations); "
+          f"wrote {Path(args.model_dir) / BITS_FILE} and the quantised experts")
     return 0
 
 

@@ -1,0 +1,217 @@
+"""EdgeMoE's offline steps, measured on a real checkpoint (``edgeshard moe profile-...``).
+
+- ``activation_profile``: the transitions between consecutive MoE blocks' expert picks over
+  calibration text (teacher-forced through the agent's own executor), saved beside the
+  checkpoint as ``expert-profile.safetensors`` (what agents' predictors start from), and the
+  profile's top-k recall on held-out text (the predictor frozen to the profile).
+- ``storage_bandwidth``: how fast this storage reads experts: every expert of the checkpoint
+  read through the agent's ``ExpertStore``, the files' cached pages dropped first
+  (``posix_fadvise DONTNEED``, per file) so the reads come from the device.
+- ``bit_options``: EdgeMoE's bit-width adaptation: perplexity at full precision, each expert's
+  importance (loss when it alone is INT2), the bound search, uniform INT4; writes the adapted
+  experts (``experts-quantized.safetensors`` and ``expert_bits`` in ``expert-offload.json``).
+
+Each writes a small JSON file the planner reads (``edgeshard moe scenario --activations
+--storage --bits``). Long work reports progress and stops on cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from core.errors import EdgeShardError, FormatError
+from core.reporting import Cancelled, NullReporter, Reporter
+
+PROFILE_FILE = "expert-profile.safetensors"
+ACTIVATIONS_FILE = "expert-activations.json"
+STORAGE_FILE = "storage-profile.json"
+BITS_FILE = "expert-bits.json"
+
+
+def read_texts(path: str | Path, model_dir: str | Path, minimum: int = 1) -> list[list[int]]:
+    """Token ids of each non-empty line of ``path`` (2 tokens or more); refused when fewer than ``minimum``."""
+    from core.runs.generation import load_tokenizer
+
+    try:
+        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise FormatError(str(path), f"cannot read the text file ({err}); give a UTF-8 file, one text per line") from None
+    tok = load_tokenizer(str(model_dir))
+    texts = [ids for ids in (tok(line)["input_ids"] for line in lines if line) if len(ids) >= 2]
+    if len(texts) < minimum:
+        raise FormatError(str(path), f"has {len(texts)} usable texts (lines of 2 tokens or more); "
+                                     f"need at least {minimum}")
+    return texts
+
+
+def _moe_dir(model_dir: str | Path):
+    from core.models.checkpoints import check_model_dir
+
+    info = check_model_dir(model_dir)
+    if info.family != "mixtral":
+        raise EdgeShardError(f"{model_dir} is a {info.family} model: expert offloading needs a Mixtral (MoE) one")
+    return info
+
+
+def _executor(model_dir, info, **options):
+    from agents.expert_offload import ExpertOffloadExecutor
+
+    probe = json.loads((Path(model_dir) / "config.json").read_text())
+    everything = int(probe["num_hidden_layers"]) * int(probe["num_local_experts"])
+    return ExpertOffloadExecutor(str(model_dir), 0, info.num_units, slots=options.pop("slots", everything), **options)
+
+
+def _perplexities(executor, texts, reporter: Reporter, done: int, total: int) -> float:
+    """Perplexity over ``texts`` one at a time, reporting progress (stops on cancel)."""
+    from agents.expert_offload import perplexity
+
+    nll = count = 0.0
+    import math
+
+    for i, ids in enumerate(texts):
+        if reporter.cancel_requested():
+            raise Cancelled()
+        p = perplexity(executor, [ids])
+        nll += math.log(p) * (len(ids) - 1)
+        count += len(ids) - 1
+        reporter.progress(done + i + 1, total)
+    return math.exp(nll / count)
+
+
+def activation_profile(model_dir: str | Path, texts: list[list[int]], held_out: list[list[int]],
+                       reporter: Reporter | None = None) -> dict:
+    """Learn the transitions on ``texts``, save them beside the checkpoint, measure top-k recall on ``held_out``."""
+    from safetensors.torch import save_file
+
+    reporter = reporter or NullReporter()
+    info = _moe_dir(model_dir)
+    total = len(texts) + len(held_out)
+    reporter.status(f"profiling expert activations on {len(texts)} calibration texts")
+    learner = _executor(model_dir, info, preload=0)
+    try:
+        _perplexities(learner, texts, reporter, 0, total)
+        transitions = learner.predictor.transitions.contiguous()
+        frequency = learner.predictor.frequency
+    finally:
+        learner.close()
+    save_file({"transitions": transitions}, str(Path(model_dir) / PROFILE_FILE))
+    k = int(json.loads((Path(model_dir) / "config.json").read_text()).get("num_experts_per_tok", 2))
+    reporter.status(f"measuring the profile's top-{k} recall on {len(held_out)} held-out texts")
+    frozen = _executor(model_dir, info, preload=k, learn=False)
+    try:
+        _perplexities(frozen, held_out, reporter, len(texts), total)
+        recall = frozen.stats()["predictor_recall"]
+    finally:
+        frozen.close()
+    result = {"format": "edgeshard.expert-activations", "version": 1, "top_k": k,
+              "recall": recall, "calibration_texts": len(texts), "held_out_texts": len(held_out),
+              "calibration_tokens": sum(len(t) for t in texts),
+              "activations": [[int(c) for c in row] for row in frequency.tolist()]}
+    (Path(model_dir) / ACTIVATIONS_FILE).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _drop_cached(path: Path) -> bool:
+    """Ask the kernel to forget this file's cached pages (so the next read comes from the device)."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    finally:
+        os.close(fd)
+
+
+def storage_bandwidth(model_dir: str | Path, repeats: int = 1, reporter: Reporter | None = None) -> dict:
+    """Read every expert of the checkpoint ``repeats`` times (caches dropped before each pass); bytes/s."""
+    import torch
+
+    from agents.expert_offload import ExpertStore
+
+    reporter = reporter or NullReporter()
+    _moe_dir(model_dir)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    layers, experts = int(config["num_hidden_layers"]), int(config["num_local_experts"])
+    store = ExpertStore(str(model_dir), "model.layers.", torch.float32)
+    files = sorted(set(store.reader._file_of.values()))
+    total = repeats * layers * experts
+    seconds = nbytes = 0
+    dropped = True
+    for r in range(repeats):
+        dropped = all([_drop_cached(Path(f)) for f in files]) and dropped
+        reporter.status(f"reading {layers * experts} experts (pass {r + 1} of {repeats})")
+        for layer in range(layers):
+            for expert in range(experts):
+                if reporter.cancel_requested():
+                    raise Cancelled()
+                before, started = store.bytes_read, time.perf_counter()
+                store.read(layer, expert)
+                seconds += time.perf_counter() - started
+                nbytes += store.bytes_read - before
+                reporter.progress(r * layers * experts + layer * experts + expert + 1, total)
+    result = {"format": "edgeshard.storage-profile", "version": 1, "bandwidth_bps": nbytes / seconds,
+              "bytes": nbytes, "seconds": seconds, "reads": total, "caches_dropped": dropped,
+              "path": str(Path(model_dir).resolve())}
+    return result
+
+
+def bit_options(model_dir: str | Path, texts: list[list[int]], bound: float, reporter: Reporter | None = None) -> dict:
+    """EdgeMoE's adaptation on ``texts``: importance per expert, the bound search (INT2/INT4), uniform INT4;
+    the adapted experts are written into ``model_dir``."""
+    import shutil
+    import tempfile
+
+    from agents.expert_offload import write_quantized_experts
+    from core.techniques.expert_offload.adaptation import adapt_bit_widths, average_bits
+
+    reporter = reporter or NullReporter()
+    info = _moe_dir(model_dir)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    keys = [(b, e) for b in range(int(config["num_hidden_layers"])) for e in range(int(config["num_local_experts"]))]
+    evaluations = [0]
+    budget = (len(keys) + 2 + max(1, len(keys)).bit_length() + 1) * len(texts)
+
+    def ppl(directory) -> float:
+        executor = _executor(directory, info)
+        try:
+            out = _perplexities(executor, texts, reporter, evaluations[0] * len(texts), budget)
+        finally:
+            executor.close()
+        evaluations[0] += 1
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="edgeshard-bits-") as tmp:
+        scratch = Path(tmp) / "model"
+        shutil.copytree(model_dir, scratch, ignore=shutil.ignore_patterns("experts-quantized.safetensors",
+                                                                           "expert-offload.json"))
+        reporter.status("perplexity at full precision")
+        base = ppl(scratch)
+        cache: dict = {}
+
+        def loss(bits_of) -> float:
+            key = tuple(sorted(bits_of.items()))
+            if key not in cache:
+                write_quantized_experts(str(scratch), bits_of)
+                cache[key] = ppl(scratch) / base - 1.0
+            return cache[key]
+
+        reporter.status(f"importance of {len(keys)} experts (each alone at INT2)")
+        importance = {k: loss({k: 2}) for k in keys}
+        reporter.status(f"searching the INT2 experts within a {bound * 100:.1f} % loss")
+        bits_of, adapted_loss, k = adapt_bit_widths(importance, loss, bound)
+        int4_loss = loss({key: 4 for key in keys})
+    write_quantized_experts(str(model_dir), bits_of)
+    result = {"format": "edgeshard.expert-bits", "version": 1, "bound": bound, "perplexity_fp32": base,
+              "perplexity_adapted": base * (1 + adapted_loss), "perplexity_int4": base * (1 + int4_loss),
+              "int2_experts": k, "experts": len(keys), "evaluations": evaluations[0],
+              "options": [{"name": "fp32", "avg_bits": 32.0, "accuracy_loss": 0.0},
+                          {"name": "int4", "avg_bits": 4.0, "accuracy_loss": max(0.0, int4_loss)},
+                          {"name": f"int2x{k}+int4", "avg_bits": average_bits(bits_of, len(keys)),
+                           "accuracy_loss": max(0.0, adapted_loss)}],
+              "importance": {f"{b}.{e}": v for (b, e), v in importance.items()}}
+    (Path(model_dir) / BITS_FILE).write_text(json.dumps(result, indent=1))
+    return result
