@@ -50,6 +50,7 @@ from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for
 from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
+from agents.sampling import step_generator
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.protocol import (
     PROTOCOL_VERSION,
@@ -899,7 +900,6 @@ class _StageRun:
         self.clock = agent.clock
         self.seen_groups: set[int] = set()
         self.sample = agent.sampler_factory(msg.sampling) if self.is_last else None
-        self.generators: dict[int, torch.Generator] = {}
         self.groups: dict[int, _Group] = {}
         self.source: SourceState | None = None
         self.injections: collections.deque[Step] = collections.deque()
@@ -1018,10 +1018,7 @@ class _StageRun:
         with torch.inference_mode():
             out = self.ex.prefill(mb, x, mask) if op.step == 0 else self.ex.decode(mb, x)
             if op.samples:
-                gen = self.generators.get(mb)
-                if gen is None:
-                    gen = self.generators[mb] = torch.Generator().manual_seed(self.msg.sampling.seed + mb)
-                out = self.sample(out, gen).to(torch.int64)
+                out = self.sample(out, self._generator(mb, op.step)).to(torch.int64)
         if not getattr(self.ex, "records_own_spans", False):
             self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
         take_events = getattr(self.ex, "take_events", None)  # an executor's own events (expert reads, ...)
@@ -1029,6 +1026,13 @@ class _StageRun:
             for kind, start, end, nbytes, peer in take_events():
                 self.agent._event(kind, op.phase, op.step, mb, self.clock.at(start), self.clock.at(end), nbytes, peer)
         return out
+
+    def _generator(self, mb: int, step: int) -> torch.Generator:
+        """The draw of ``step`` keyed by its place in the whole generation (``StartRun.first_steps``)."""
+        msg = self.msg
+        key = msg.micro_batch_keys[mb] if mb < len(msg.micro_batch_keys) else mb
+        first = msg.first_steps[mb] if mb < len(msg.first_steps) else 0
+        return step_generator(msg.sampling.seed, key, first + step)
 
     def _send(self, op: Send, out: torch.Tensor, mask) -> None:
         mb, step, phase = op.micro_batch, op.step, op.phase
@@ -1061,13 +1065,15 @@ class _StageRun:
         mask = torch.tensor(self.msg.attention_mask, dtype=torch.int64)
         for g, seqs in enumerate(self.msg.micro_batches):
             idx = list(seqs)
+            before = [list(self.msg.generated[i]) if self.msg.generated else [] for i in idx]
+            eos = set(self.msg.eos_token_ids)
             self.groups[g] = _Group(
                 index=g,
                 seq_ids=tuple(seqs),
                 input_ids=ids[idx],
                 attention_mask=mask[idx],
-                tokens=[[] for _ in idx],
-                finished=[False] * len(idx),
+                tokens=before,
+                finished=[bool(t) and (t[-1] in eos or len(t) >= self.msg.max_new_tokens) for t in before],
             )
 
     def _run_injections(self) -> None:

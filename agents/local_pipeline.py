@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agents.sampling import SamplingParams, sample
+from agents.sampling import SamplingParams, sample, step_generator
 from agents.shard import StageExecutor
 
 
@@ -63,7 +63,6 @@ def generate_partitioned(
     ``on_step(step, tokens)`` is called with each step's tokens [B] as they are produced.
     """
     check_chain(executors)
-    generator = params.make_generator()
     eos = torch.tensor(params.eos_token_ids, dtype=torch.long)
     batch = input_ids.shape[0]
     unfinished = torch.ones(batch, dtype=torch.bool)
@@ -74,7 +73,7 @@ def generate_partitioned(
         while True:
             if keep_logits:
                 logits_seen.append(logits)
-            token = sample(logits, params, generator)
+            token = sample(logits, params, step_generator(params.seed, group, len(produced)))
             token = torch.where(unfinished, token, torch.full_like(token, params.pad_token_id))
             produced.append(token)
             if on_step is not None:

@@ -19,12 +19,14 @@ PROTOCOL_VERSION = 2
 """Bumped whenever a message changes shape. 2: profiling options and results are typed structs
 (they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``."""
 
-EventKind = Literal["compute", "send", "recv_wait", "io"]
+EventKind = Literal["compute", "send", "recv_wait", "io", "failure", "replan", "reload"]
 """compute: a stage running its units; send: putting an activation (or token ids) on a
 link, ``peer`` is the receiver; recv_wait: a stage idle waiting for its input; io: a stage
 reading weights from its storage, on the lane ``storage_lane(device)`` (expert offloading:
 ``peer`` says which expert and what happened, ``expert_activity``; a buffer hit or an
-eviction is a zero-length io event)."""
+eviction is a zero-length io event). The coordinator adds a recovery's: failure (on the lost
+device's lane, from the last work heard of it to its detection), replan (the re-plan) and
+reload (on each new stage's lane, loading its shard)."""
 
 
 def storage_lane(device: str) -> str:
@@ -328,6 +330,16 @@ class StartRun(_Msg, frozen=True, tag="start_run"):
     """The run is leased to the coordinator that started it: when nothing arrives from it for
     this long (its pings renew the lease), the agent aborts the run and returns to ready.
     0 = no lease (kept for peers that do not ping)."""
+    first_steps: tuple[int, ...] = ()
+    """Per micro-batch, the decode step of the whole generation this run's prefill produces
+    the token of (a run that resumes an interrupted one; empty: every micro-batch starts at
+    0). The last stage keys its sampler by it, so sampling continues where it stopped."""
+    micro_batch_keys: tuple[int, ...] = ()
+    """Per micro-batch, the key of its sampler (empty: its index): a resumed run keeps the
+    interrupted run's keys even when finished micro-batches are left out."""
+    generated: tuple[tuple[int, ...], ...] = ()
+    """Per sequence, the tokens an interrupted run already produced (source only; empty: none).
+    ``input_ids`` then already end with them, as the prefill that rebuilds the KV cache."""
 
 
 class StopRun(_Msg, frozen=True, tag="stop_run"):
@@ -1200,6 +1212,13 @@ def message_problem(msg: ControlMessage) -> str:
             return f"micro_batches must cover sequences 0..{rows - 1} once each"
         if any(not mb for mb in msg.micro_batches):
             return "micro_batches must not be empty"
+        for name, per_mb in (("first_steps", msg.first_steps), ("micro_batch_keys", msg.micro_batch_keys)):
+            if len(per_mb) > MAX_ROWS or any(not 0 <= v <= MAX_NEW_TOKENS for v in per_mb):
+                return f"{name} must hold at most {MAX_ROWS} values in [0, {MAX_NEW_TOKENS}]"
+        if msg.generated and (len(msg.generated) != rows
+                              or any(len(g) > MAX_NEW_TOKENS or any(not 0 <= t < 1 << 31 for t in g)
+                                     for g in msg.generated)):
+            return f"generated must hold one row of token ids per sequence ({rows}), each at most {MAX_NEW_TOKENS}"
     elif isinstance(msg, MeasureLink):
         return _peer_problem(msg.peer) or _link_options_problem(msg.options)
     elif isinstance(msg, ProfileCompute):

@@ -1,8 +1,10 @@
 """Choose the next token from the last stage's logits: greedy, or seeded temperature/top-p.
 
-Sampling draws only from the ``torch.Generator`` passed in (seeded from
-``SamplingParams.seed`` once per run), never from the global RNG, so a run is
-reproducible and equal however the model is partitioned. The order is HF's
+Sampling draws only from the ``torch.Generator`` passed in, never from the global RNG, so a
+run is reproducible and equal however the model is partitioned. A pipeline run seeds one
+generator per (seed, micro-batch, step) (``step_generator``): the draw of a step depends on
+its position only, so a run that resumes after a failure (a new last stage, the KV cache
+rebuilt) samples exactly what the undisturbed run would have. The order is HF's
 (temperature, then top-k, then top-p); the top-p rule is HF's
 ``TopPLogitsWarper``: keep the smallest set of most likely tokens whose probability
 reaches ``top_p`` (always at least one).
@@ -43,6 +45,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     def make_generator(self) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed)
+
+
+def step_generator(seed: int, micro_batch: int, step: int) -> torch.Generator:
+    """The generator of one step's draw: a function of its position, never of what ran before."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + micro_batch * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) % (1 << 63)
+    return torch.Generator().manual_seed(mixed)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:

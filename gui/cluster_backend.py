@@ -15,6 +15,7 @@ from typing import Any
 from core.runs.coordinator import Coordinator
 from core.errors import EdgeShardError
 from core.runs.generation import GenerationSettings, generate
+from core.runs.recovery import ExactReplanner
 from core.reporting import Reporter
 from core.techniques import generation_for
 
@@ -63,10 +64,15 @@ class ClusterRunBackend:
         # switching "Send stage weights" on or off reloads: the stages must come from where it says
         same_source = settings.send_weights == self._loaded_with_sent_weights
         load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)
+        replan = None
+        if getattr(settings, "on_failure", "replan") == "replan" and problem is not None:
+            replan = ExactReplanner(problem)  # no problem (a plan opened alone): a lost device stops the run
         out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
-                       reporter=reporter, load=load)
+                       reporter=reporter, load=load, replan=replan)
         self._loaded_with_sent_weights = settings.send_weights
-        return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
+        return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
+                "recoveries": [f"{r.failed} lost at step {r.step}: re-planned onto {', '.join(r.new_stages)}"
+                               for r in out.result.recoveries]}
 
     def stop(self) -> None:
         self.coordinator.stop()

@@ -132,6 +132,7 @@ def run_settings_from_json(raw: str) -> RunSettings:
         "mode": lambda v: v in MODES,
         "micro_batches": lambda v: v is None or (type(v) is int and 1 <= v <= 64),
         "send_weights": lambda v: isinstance(v, bool),
+        "on_failure": lambda v: v in ("replan", "stop"),
     }
     for name, ok in checks.items():
         if name in data and not ok(data[name]):

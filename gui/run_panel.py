@@ -51,6 +51,8 @@ class RunSettings:
     """The operator's override of the plan's micro-batch count; None: the plan's."""
     send_weights: bool = False
     """Send each agent its stage's weights (core.runs.weights) instead of loading from its disk."""
+    on_failure: str = "replan"
+    """When a device of the run is lost: "replan" (over the survivors, same tokens) or "stop"."""
 
 
 class RunBackend(Protocol):
@@ -205,6 +207,17 @@ class RunPanel(QWidget):
             "(checksummed, resumed, kept on the device by content hash: a plan change re-sends only "
             "what moved). Off: each device loads the checkpoint from the same path on its own disk")
 
+        self.on_failure_combo = QComboBox()
+        for value, label, tip in (
+                ("replan", "Re-plan and resume", "Re-plan over the surviving devices with the exact solver, "
+                 "load the new shards and resume with the same tokens (needs the plan's planning problem)"),
+                ("stop", "Stop the run", "End the run with an error naming the lost device")):
+            self.on_failure_combo.addItem(label, value)
+            self.on_failure_combo.setItemData(self.on_failure_combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        self.on_failure_combo.setAccessibleName("On device failure")
+        self.on_failure_combo.setToolTip("What the run does when one of its devices dies mid-run "
+                                         "(the timeline shows the failure, the re-plan and the reload)")
+
         self.start_button = QPushButton("Start")
         self.start_button.setAccessibleName("Start run")
         self.start_button.setToolTip("Run the model over the cluster with the current plan (Ctrl+Return)")
@@ -237,6 +250,7 @@ class RunPanel(QWidget):
         form.addRow("Mode", self.mode_combo)
         form.addRow("Micro-batches", self.micro_batches_spin)
         form.addRow("Weights", self.send_weights_check)
+        form.addRow("On failure", self.on_failure_combo)
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.stop_button)
@@ -289,7 +303,8 @@ class RunPanel(QWidget):
         return RunSettings(model_dir=self.model_edit.text().strip(), prompts=prompts,
                            max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
                            micro_batches=self.micro_batches_spin.value() or None,
-                           send_weights=self.send_weights_check.isChecked())
+                           send_weights=self.send_weights_check.isChecked(),
+                           on_failure=self.on_failure_combo.currentData())
 
     def apply_settings(self, settings: RunSettings) -> None:
         """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
@@ -299,6 +314,7 @@ class RunPanel(QWidget):
         self.mode_combo.setCurrentText(settings.mode)
         self.micro_batches_spin.setValue(settings.micro_batches or 0)
         self.send_weights_check.setChecked(settings.send_weights)
+        self.on_failure_combo.setCurrentIndex(max(0, self.on_failure_combo.findData(settings.on_failure)))
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -373,7 +389,9 @@ class RunPanel(QWidget):
         self.bridge.flush()
         self.monitor.flush()
         fig = self.monitor.figures()
-        self._finish("completed", f"Run completed: {fig.tokens} tokens in {fig.duration_s:.2f} s.")
+        recovered = result.get("recoveries", []) if isinstance(result, dict) else []
+        self._finish("completed", f"Run completed: {fig.tokens} tokens in {fig.duration_s:.2f} s."
+                     + "".join(f" Recovered: {r}." for r in recovered))
 
     def _on_runner_task_failed(self, task_id: int, message: str) -> None:
         self.message.show_lines([message], "The run failed:")

@@ -60,6 +60,12 @@ def _register_run(sub) -> None:
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
     p.add_argument("--link-mbit", type=float_in(0, 1e6), default=0.0, help="with --local: emulated bandwidth per link")
     p.add_argument("--link-latency-ms", type=float_in(0, 60_000), default=0.0, help="with --local: emulated latency per link")
+    p.add_argument("--on-failure", choices=("stop", "replan"), default="stop",
+                   help="when an agent is lost mid-run: stop (default: the run fails naming it) or replan "
+                        "(re-plan over the survivors with the exact solver, reload, resume with the same tokens; "
+                        "needs --problem)")
+    p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for; "
+                                     "--on-failure replan re-plans with it")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
     p.add_argument("--workspace", metavar="FILE", help="record the run in this workspace file (default: "
                    "$EDGESHARD_WORKSPACE or ~/.local/share/edgeshard/workspace.sqlite)")
@@ -146,6 +152,7 @@ def cmd_run(args) -> int:
     from core.sessions.store import default_workspace_path
 
     plan = formats.load(args.plan, ShardPlan)
+    replan = _replanner(args, plan)
     prompts = _read_prompts(args)
     k = micro_batch_count(plan, args.micro_batches)
     if not Path(args.model, "config.json").exists():
@@ -180,7 +187,7 @@ def cmd_run(args) -> int:
         with recording as run:
             sink = printer if run is None else FanoutSink(printer, run.recorder)
             try:
-                out = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter)
+                out = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter, replan)
             except KeyboardInterrupt:
                 if run is not None:
                     run.status = "stopped"
@@ -201,12 +208,34 @@ def cmd_run(args) -> int:
     print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  "
           f"tokens/s {tps} (decode {dtps})  tokens {f.tokens}  mode {settings.mode}  "
           f"micro-batches {min(k, len(prompts))} ({'--micro-batches' if args.micro_batches is not None else 'the plan'})")
+    for r in out.result.recoveries:
+        print(f"recovered: {r.failed} lost at step {r.step}, detected at {r.detected_s:.2f} s, re-planned in "
+              f"{(r.replanned_s - r.detected_s) * 1e3:.0f} ms, shards loaded in {r.loaded_s - r.replanned_s:.2f} s; "
+              f"stages {' -> '.join(r.old_stages)} became {' -> '.join(r.new_stages)}")
     if run is not None:
         print(f"recorded as run {run.run_id} (session {run.session_id}) in {workspace}")
     return 0
 
 
-def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter):
+def _replanner(args, plan):
+    """The exact re-planner of ``--on-failure replan`` (None for ``stop``); checked before any work."""
+    from core import formats
+    from core.planning.problem import PlanningProblem
+    from core.runs.recovery import ExactReplanner
+
+    if args.on_failure == "stop":
+        return None
+    if not args.problem:
+        raise FormatError("--on-failure", "replan needs --problem FILE (the planning problem the plan was solved "
+                          "for: the re-plan solves it again without the lost device)")
+    problem = formats.load(args.problem, PlanningProblem)
+    if problem.profile.model.name != plan.model:
+        raise FormatError(args.problem, f"is for model {problem.profile.model.name!r}, the plan for {plan.model!r}",
+                          "profile.model")
+    return ExactReplanner(problem)
+
+
+def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter, replan=None):
     """Connect to ``agents`` (endpoints, keys), or start local ones for this run, and generate."""
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
@@ -224,7 +253,8 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
         else:
             endpoints, keys = agents
         with Coordinator(endpoints, keys) as coordinator:
-            return generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
+            return generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
+                            replan=replan)
     finally:
         if cluster is not None:
             cluster.stop()

@@ -58,6 +58,8 @@ from core.planning.plan import ShardPlan, layout_problems
 from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
 from core.runs import run_state
+from core.runs.batching import kv_reservation
+from core.runs.recovery import RecoveryImpossible, RecoveryRecord, Replanner, Resume, resume_point
 
 __all__ = [
     "MODES", "AgentEndpoint", "ClockEstimate", "Coordinator", "FanoutSink", "Mode", "NullSink", "RunRequest",
@@ -129,6 +131,10 @@ class RunResult:
     token_events: tuple[TokenEvent, ...]
     clocks: dict[str, ClockEstimate]
     wall_s: float
+    recoveries: tuple[RecoveryRecord, ...] = ()
+    """Each lost device the run survived (``run(..., replan=)``), in order."""
+    plan: ShardPlan | None = None
+    """The plan the run finished on (the re-planned one after a recovery)."""
 
 
 @dataclass
@@ -147,6 +153,16 @@ class _ActiveRun:
     lock: threading.Lock = field(default_factory=threading.Lock)
     helpers: frozenset[str] = frozenset()
     """Agents serving the run outside its stages (``Coordinator.run(helpers=)``): losing one ends it."""
+    resume: Resume | None = None
+    """Set while a resumed segment runs: its micro-batches and steps map back onto the whole
+    run's (``Resume.keys``, ``Resume.first_steps``)."""
+
+    def whole_run(self, micro_batch: int, step: int) -> tuple[int, int]:
+        """(micro-batch, step) of the whole run for a segment's own numbering."""
+        r = self.resume
+        if r is None or micro_batch >= len(r.keys):
+            return micro_batch, step
+        return r.keys[micro_batch], r.first_steps[micro_batch] + step
 
 
 class Coordinator:
@@ -182,6 +198,7 @@ class Coordinator:
         self._run_lock = threading.Lock()
         self._loaded: tuple[ShardPlan, object] | None = None
         self._loaded_kv = KvReservation()
+        self._load_args: dict = {}
         self._last_state: run_state.RunState | None = None
 
     # ------------------------------------------------------------------ the link's surface
@@ -255,9 +272,10 @@ class Coordinator:
         if isinstance(msg, EventBatch) and msg.run_id == run.run_id:
             self._on_events(run, device, msg)
         elif isinstance(msg, TokensProduced) and msg.run_id == run.run_id:
+            mb, step = run.whole_run(msg.micro_batch, msg.step)
             ev = TokenEvent(
-                micro_batch=msg.micro_batch,
-                step=msg.step,
+                micro_batch=mb,
+                step=step,
                 sequence_ids=msg.sequence_ids,
                 token_ids=msg.token_ids,
                 t_s=self._to_run_clock(run, device, msg.t),
@@ -272,13 +290,14 @@ class Coordinator:
         clock = self.link.clock_of(device)
         unc = clock.uncertainty_s if clock else 0.0
         for e in msg.events:
+            mb, step = run.whole_run(e.micro_batch, e.step)
             ev = TimelineEvent(
                 device=storage_lane(msg.device) if e.kind == "io" else msg.device,
                 stage=msg.stage,
                 kind=e.kind,
                 phase=e.phase,
-                step=e.step,
-                micro_batch=e.micro_batch,
+                step=step,
+                micro_batch=mb,
                 # a downstream stage starts waiting just before the source starts the run
                 start_s=max(0.0, self._to_run_clock(run, device, e.start)) if e.kind == "recv_wait"
                 else self._to_run_clock(run, device, e.start),
@@ -327,7 +346,9 @@ class Coordinator:
         if missing:
             raise RunFailed(f"plan uses devices without an agent: {', '.join(missing)}")
         self._loaded = None
-        statuses = self.status()
+        self._load_args = dict(model_dir=model_dir, dtype=dtype, threads=threads, links=links, timeout_s=timeout_s,
+                               files=files, kind=kind)
+        statuses = self.link.status_of([d for d in self.endpoints if not self.link.is_lost(d)], 5.0)
         self._take_over(statuses)
         peers = tuple(
             PeerSpec(device=s.device, stage=i, data_address=statuses[s.device].data_address,
@@ -443,20 +464,23 @@ class Coordinator:
         reporter: Reporter | None = None,
         *,
         helpers: dict[str, str] | None = None,
+        replan: Replanner | None = None,
     ) -> RunResult:
         """Run one generation over the loaded plan; blocks the calling thread (not the IO thread).
 
         ``helpers``: agents that serve this run outside the plan's stages (attention offloading's
         memory agents), device -> the id their own work was started under: they are stopped
-        after the stages, and their events (streamed under this run's id) count until they answer."""
+        after the stages, and their events (streamed under this run's id) count until they answer.
+        ``replan``: when an agent of the run is lost, re-plan over the survivors with it, load
+        the new plan and resume (``core.runs.recovery``); None: the run fails naming the device."""
         if not self._run_lock.acquire(blocking=False):
             raise RunFailed("a run is already in progress on these agents")
         try:
-            return self._run_locked(plan, request, sink, reporter, helpers or {})
+            return self._run_locked(plan, request, sink, reporter, helpers or {}, replan)
         finally:
             self._run_lock.release()
 
-    def _run_locked(self, plan, request, sink, reporter, helpers: dict[str, str]) -> RunResult:
+    def _run_locked(self, plan, request, sink, reporter, helpers: dict[str, str], replan) -> RunResult:
         reporter = reporter or NullReporter()
         sink = sink or NullSink()
         if request.mode not in MODES:
@@ -472,24 +496,31 @@ class Coordinator:
                          state=run_state.begin(run_id, tuple(devices), load=False), helpers=frozenset(helpers))
         self._run = run
         t_start = time.perf_counter()
+        recoveries: list[RecoveryRecord] = []
         try:
             self._start_stages(run, devices, request, groups)
             reporter.status(f"running {request.mode} over {len(devices)} stages")
             expected = request.max_new_tokens * len(groups)
-            while not run.ended.wait(0.1):
-                if reporter.cancel_requested():
-                    self._advance(run, run_state.StopRequested("run cancelled"))
+            while True:
+                while not run.ended.wait(0.1):
+                    if reporter.cancel_requested():
+                        self._advance(run, run_state.StopRequested("run cancelled"))
+                        break
+                    reporter.progress(run_state.progress(run.state, expected), expected)
+                self._stop_all(devices, run.run_id)
+                end = run.state
+                if not (replan and isinstance(end, run_state.Failed) and end.code == "agent_lost"
+                        and not reporter.cancel_requested()):
                     break
-                reporter.progress(run_state.progress(run.state, expected), expected)
+                plan, devices = self._recover(run, plan, request, groups, replan, recoveries, reporter)
         except BaseException as err:  # KeyboardInterrupt and the like: stop the agents, leave them loaded
-            self._stop_all(devices, run_id)
+            self._stop_all(devices, run.run_id)
             self._stop_helpers(helpers)
             if not isinstance(err, KeyboardInterrupt):
                 self._unload_after_failure(devices)
             self._last_state = run.state
             self._run = None
             raise
-        self._stop_all(devices, run_id)
         self._stop_helpers(helpers)
         end = run.state
         if isinstance(end, run_state.Failed):
@@ -501,23 +532,118 @@ class Coordinator:
         with run.lock:
             events = tuple(sorted(run.events, key=lambda e: (e.start_s, e.stage)))
             toks = tuple(sorted(run.tokens, key=lambda t: t.t_s))
-        return RunResult(run_id=run_id, tokens=tuple(tuple(t) for t in end.tokens), events=events,
-                         token_events=toks, clocks=self.clocks(), wall_s=time.perf_counter() - t_start)
+        tokens = tuple(tuple(t) for t in end.tokens)
+        if run.resume is not None:  # micro-batches finished before the failure were not resumed
+            tokens = tuple(t if t else run.resume.generated[i] for i, t in enumerate(tokens))
+        return RunResult(run_id=run_id, tokens=tokens, events=events, token_events=toks, clocks=self.clocks(),
+                         wall_s=time.perf_counter() - t_start, recoveries=tuple(recoveries), plan=plan)
 
-    def _start_stages(self, run: _ActiveRun, devices: list[str], request: RunRequest, groups) -> None:
+    def _recover(self, run: _ActiveRun, plan: ShardPlan, request: RunRequest, groups, replan: Replanner,
+                 recoveries: list[RecoveryRecord], reporter: Reporter) -> tuple[ShardPlan, list[str]]:
+        """Re-plan around the lost device, load the new plan and start the run's next segment
+        from where the tokens stopped; returns the new plan and its devices. The run state says
+        where this stands (``Recovering``); a failure to recover leaves it ``Failed``."""
+        failed = run.state.device
+        old = [s.device for s in plan.stages]
+        detected = time.time() - run.t0
+        self._advance_recovery(run, run_state.Replan())
+        with run.lock:
+            tokens = list(run.tokens)
+        step = max((t.step for t in tokens), default=-1) + 1
+        reporter.status(f"{failed} lost at step {step}: re-planning over the survivors")
+        usable = tuple(d for d in self.endpoints if not self.link.is_lost(d))
+        try:
+            if self._load_args.get("files"):
+                raise RecoveryImpossible("the run's weights were sent to the agents (--send-weights); a re-plan "
+                                         "needs the checkpoint on every device", failed)
+            new_plan = replan(plan, failed, usable)
+        except RecoveryImpossible as err:
+            self._advance_recovery(run, run_state.ReplanImpossible(err.reason))
+            raise err from None
+        new = [s.device for s in new_plan.stages]
+        replanned = time.time() - run.t0
+        self._advance_recovery(run, run_state.Replanned(tuple(new)))
+        self._emit(run, TimelineEvent(device=failed, stage=old.index(failed), kind="failure", phase="decode",
+                                      step=step, micro_batch=0, start_s=self._last_heard(run, failed),
+                                      end_s=detected))
+        self._emit(run, TimelineEvent(device=failed, stage=old.index(failed), kind="replan", phase="decode",
+                                      step=step, micro_batch=0, start_s=detected, end_s=replanned))
+        resume = resume_point(request.input_ids, request.attention_mask, groups, tokens,
+                              max_new_tokens=request.max_new_tokens, eos_token_ids=request.eos_token_ids,
+                              pad_token_id=request.pad_token_id)
+        left = request.max_new_tokens - min(resume.first_steps, default=0)
+        reporter.status(f"loading {len(new)} stage(s) of the re-planned run")
+        try:
+            args = dict(self._load_args)
+            kind = args.pop("kind")
+            if isinstance(kind, dict):  # per device: the new plan's stages say theirs
+                kind = {s.device: s.kind for s in new_plan.stages}
+            self.load(new_plan, args.pop("model_dir"), reporter=reporter, files=None, kind=kind,
+                      kv=kv_reservation(resume.micro_batches or ((0,),), resume.context_tokens + left)
+                      if self._loaded_kv.groups else KvReservation(),
+                      **{k: v for k, v in args.items() if k != "files"})
+        except RunFailed as err:
+            self._advance_recovery(run, run_state.ReplanImpossible(f"loading the re-planned stages failed: {err}"))
+            raise
+        loaded = time.time() - run.t0
+        for i, d in enumerate(new):
+            self._emit(run, TimelineEvent(device=d, stage=i, kind="reload", phase="decode", step=step,
+                                          micro_batch=0, start_s=replanned, end_s=loaded))
+        segment = uuid.uuid4().hex[:12]
+        with run.lock:
+            run.resume = resume
+            run.stages = {d: i for i, d in enumerate(new)}
+            run.ended.clear()
+            run.state = run_state.apply(run.state, run_state.Resume(segment))
+            run.run_id = segment
+        if not resume.micro_batches:  # every micro-batch had finished: nothing left to run
+            with run.lock:
+                run.state = run_state.Finished(segment, tuple(new), resume.generated)
+            run.ended.set()
+        else:
+            self._start_stages(run, new, request, resume.micro_batches, resume)
+        recoveries.append(RecoveryRecord(failed=failed, step=step, detected_s=detected, replanned_s=replanned,
+                                         loaded_s=loaded, resumed_s=time.time() - run.t0,
+                                         old_stages=tuple(old), new_stages=tuple(new)))
+        return new_plan, new
+
+    def _advance_recovery(self, run: _ActiveRun, event: run_state.RunInput) -> None:
+        with run.lock:
+            run.state = run_state.apply(run.state, event)
+
+    def _emit(self, run: _ActiveRun, event: TimelineEvent) -> None:
+        with run.lock:
+            run.events.append(event)
+        run.sink.on_event(event)
+
+    @staticmethod
+    def _last_heard(run: _ActiveRun, device: str) -> float:
+        """When the run last heard of ``device``'s work (its failure box starts there)."""
+        with run.lock:
+            ends = [e.end_s for e in run.events if e.device == device]
+        return max(ends, default=0.0)
+
+    def _start_stages(self, run: _ActiveRun, devices: list[str], request: RunRequest, groups,
+                      resume: Resume | None = None) -> None:
         """``StartRun`` to every stage, downstream first so they wait when the source's data arrives."""
+        keys = resume.keys if resume else ()
+        firsts = resume.first_steps if resume else ()
         for i in reversed(range(len(devices))):
             d = devices[i]
             if i == 0:
-                run.t0 = time.time()
+                run.t0 = run.t0 if resume else time.time()
                 msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
-                               micro_batches=groups, input_ids=request.input_ids,
-                               attention_mask=request.attention_mask, eos_token_ids=request.eos_token_ids,
+                               micro_batches=groups,
+                               input_ids=resume.input_ids if resume else request.input_ids,
+                               attention_mask=resume.attention_mask if resume else request.attention_mask,
+                               eos_token_ids=request.eos_token_ids,
                                pad_token_id=request.pad_token_id, sampling=request.sampling,
-                               lease_s=self.lease_s)
+                               lease_s=self.lease_s, first_steps=firsts, micro_batch_keys=keys,
+                               generated=resume.generated if resume else ())
             else:
                 msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
-                               sampling=request.sampling, lease_s=self.lease_s)
+                               sampling=request.sampling, lease_s=self.lease_s, first_steps=firsts,
+                               micro_batch_keys=keys)
             try:
                 reply = self.link.await_reply(d, self.request_async(d, msg), self.request_timeout_s,
                                               "starting the run")

@@ -31,6 +31,7 @@ from core.models.checkpoints import check_model_dir
 from core.planning.plan import ShardPlan, layout_problems
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
+from core.runs.recovery import Replanner
 from core.runs.weights import ship_stage_weights
 
 
@@ -184,9 +185,11 @@ def generate(
     sink: RunSink | None = None,
     reporter: Reporter | None = None,
     load: bool = True,
+    replan: Replanner | None = None,
 ) -> Generation:
     """Load ``plan`` (unless already loaded with a KV reservation that covers this run) and
-    generate for ``prompts``; streams into ``sink``."""
+    generate for ``prompts``; streams into ``sink``. ``replan``: survive a lost device by
+    re-planning over the others (``core.runs.recovery``; None: the run fails)."""
     reporter = reporter or NullReporter()
     if not prompts:
         raise FormatError("prompts", "no prompt given")
@@ -216,7 +219,7 @@ def generate(
                          reporter=reporter, kv=kv, files=files, kind={s.device: s.kind for s in plan.stages})
     coordinator.sync_clocks()
     return _generate_text(tok, enc, stops, settings, lambda request, text_sink: coordinator.run(
-        plan, request, text_sink, reporter), sink=sink)
+        plan, request, text_sink, reporter, replan=replan), sink=sink)
 
 
 def generate_with(run, model_dir: str, prompts: list[str] | tuple[str, ...], settings: GenerationSettings, *,

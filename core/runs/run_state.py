@@ -10,6 +10,11 @@ on the same states, so this module is the single place that says where a run sta
 the shards are loaded, a run finishing before it was started) turns the run into
 ``Failed(code="protocol")`` naming the device that sent it; messages of another run and
 anything after a terminal state leave the state unchanged.
+
+Recovery (``--on-failure replan``): the one way out of a terminal state is ``Replan`` on a
+run that ``Failed`` because an agent was lost. The run is then ``Recovering`` (re-planning,
+loading the new shards) until ``Resume`` starts its next segment under a new run id (the
+interrupted segment's stragglers are ignored) or ``ReplanImpossible`` fails it for good.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ class Finished:
     """Generated ids per sequence (up to and including EOS)."""
 
 
-FailureCode = Literal["agent_lost", "agent_error", "refused", "over_budget", "no_answer", "protocol"]
+FailureCode = Literal["agent_lost", "agent_error", "refused", "over_budget", "no_answer", "protocol", "no_plan"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,28 @@ class Aborted:
     reason: str = "run stopped by the operator"
 
 
-RunState = Union[Loading, Starting, Prefill, Decoding, Finished, Failed, Aborted]
+@dataclass(frozen=True)
+class Recovering:
+    """An agent of the run was lost; the run goes on over the survivors once re-planned and loaded."""
+
+    run_id: str
+    """The interrupted segment's id (its late messages are ignored)."""
+    stages: tuple[str, ...]
+    """The interrupted plan's stages."""
+    failed: str
+    reason: str
+    new_stages: tuple[str, ...] = ()
+    """The re-planned stages (empty while re-planning)."""
+
+    @property
+    def phase(self) -> str:
+        return "loading" if self.new_stages else "replanning"
+
+    def device_lost_text(self) -> str:
+        return f"{self.failed} was lost ({self.reason})"
+
+
+RunState = Union[Loading, Starting, Prefill, Decoding, Recovering, Finished, Failed, Aborted]
 TERMINAL = (Finished, Failed, Aborted)
 
 
@@ -157,7 +183,35 @@ class FromAgent:
     message: EventBatch | TokensProduced | RunFinished | RunError
 
 
-RunInput = Union[StageLoaded, LoadProgress, StageStarted, StageRefused, AgentLost, StopRequested, FromAgent]
+@dataclass(frozen=True)
+class Replan:
+    """Recover a run that failed because ``Failed.device`` was lost (``--on-failure replan``)."""
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """A plan over the survivors was found; its shards are being loaded on ``stages``."""
+
+    stages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReplanImpossible:
+    """No plan fits the survivors (or loading it failed): the run fails for good."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The new shards are loaded; the run goes on as segment ``run_id``."""
+
+    run_id: str
+
+
+RecoveryInput = Union[Replan, Replanned, ReplanImpossible, Resume]
+RunInput = Union[StageLoaded, LoadProgress, StageStarted, StageRefused, AgentLost, StopRequested, FromAgent,
+                 Replan, Replanned, ReplanImpossible, Resume]
 
 
 # ---------------------------------------------------------------------------- transitions
@@ -182,8 +236,14 @@ def begin(run_id: str, stages: tuple[str, ...], *, load: bool) -> RunState:
 
 def apply(state: RunState, event: RunInput) -> RunState:
     """The state after ``event``; never raises (see the module docstring)."""
+    if isinstance(event, Replan):
+        if isinstance(state, Failed) and state.code == "agent_lost":
+            return Recovering(state.run_id, state.stages, state.device, state.reason)
+        return state
     if is_terminal(state):
         return state
+    if isinstance(state, Recovering) or isinstance(event, (Replanned, ReplanImpossible, Resume)):
+        return _recovery_step(state, event)
     if isinstance(event, StopRequested):
         return Aborted(state.run_id, state.stages, event.reason)
     if isinstance(event, AgentLost):
@@ -264,3 +324,27 @@ def _advance(state: Starting | Prefill | Decoding, step: int, tokens: int) -> Ru
     if step >= 1 or isinstance(state, Decoding):
         return Decoding(state.run_id, state.stages, max(current, step), seen)
     return Prefill(state.run_id, state.stages, seen)
+
+
+def _recovery_step(state: RunState, event: RunInput) -> RunState:
+    if not isinstance(state, Recovering):
+        return _illegal(state, "", f"{type(event).__name__} outside a recovery")
+    if isinstance(event, StopRequested):
+        return Aborted(state.run_id, state.stages, event.reason)
+    if isinstance(event, Replanned):
+        if state.new_stages or state.failed in event.stages or not event.stages:
+            return _illegal(state, "", "a re-plan that uses the lost device or comes twice")
+        return replace(state, new_stages=tuple(event.stages))
+    if isinstance(event, ReplanImpossible):
+        return Failed(state.run_id, state.stages, f"{state.device_lost_text()}; cannot recover: {event.reason}",
+                      state.failed, "no_plan")
+    if isinstance(event, Resume):
+        if not state.new_stages:
+            return _illegal(state, "", "a resume before a re-plan")
+        return Starting(event.run_id, state.new_stages)
+    if isinstance(event, (AgentLost, StageRefused)):
+        if event.device not in state.new_stages:  # the interrupted plan's other agents may go too
+            return state
+        return Failed(state.run_id, state.new_stages, f"{event.device} lost while recovering ({event.reason})",
+                      event.device, "agent_lost")
+    return state  # the interrupted segment's late news, load progress: nothing to do

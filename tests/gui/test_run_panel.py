@@ -401,3 +401,16 @@ def test_a_finished_run_becomes_the_cluster_screens_measured_traffic(qtbot, stat
     assert state.last_run_events == tuple(panel.monitor.events) and len(state.last_run_events) == len(events)
     assert len(state.last_run_tokens) == len(tokens)
     panel.shutdown()
+
+
+def test_the_run_screen_recovers_from_a_lost_device_by_default_and_can_be_set_to_stop(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))
+    assert panel.on_failure_combo.currentText() == "Re-plan and resume"
+    assert panel.settings().on_failure == "replan"
+    panel.on_failure_combo.setCurrentIndex(panel.on_failure_combo.findData("stop"))
+    settings = panel.settings()
+    assert settings.on_failure == "stop"
+    panel.on_failure_combo.setCurrentIndex(0)
+    panel.apply_settings(settings)
+    assert panel.on_failure_combo.currentData() == "stop"

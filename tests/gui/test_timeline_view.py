@@ -237,3 +237,24 @@ def test_keyboard_zooms_and_pans_the_time_axis(qtbot, view, simulated):
     qtbot.keyClick(view, Qt.Key.Key_Minus)
     assert view.x_range()[1] - view.x_range()[0] == pytest.approx(0.3)
     assert not view.follow_live()
+
+
+def test_a_recovery_shows_as_a_red_failure_box_on_the_lost_device_and_reload_boxes_on_the_new_stages(qtbot, view):
+    from gui.timeline_view import RECOVERY_COLOURS
+
+    failure = TimelineEvent(device="server", stage=2, kind="failure", phase="decode", step=5, micro_batch=0,
+                            start_s=1.0, end_s=3.0)
+    events = [failure,
+              TimelineEvent(device="server", stage=2, kind="replan", phase="decode", step=5, micro_batch=0,
+                            start_s=3.0, end_s=3.2),
+              TimelineEvent(device="phone", stage=0, kind="reload", phase="decode", step=5, micro_batch=0,
+                            start_s=3.2, end_s=4.0)]
+    view.set_lanes(DEVICES)
+    view.append_events(events)
+    view.flush()
+    view.set_x_range(0.0, 5.0)
+    assert view.box_count("server") == 2 and view.box_count(kind="reload") == 1
+    red = _pixel_at(view, 2.0, DEVICES.index("server"), 0.5)
+    assert red.red() > 150 and red.green() < 120 and red.blue() < 120  # RECOVERY_COLOURS["failure"] over the lane
+    assert RECOVERY_COLOURS["failure"] == "#d62728"
+    assert "device lost" in describe_event(failure) and "step 5" in describe_event(failure)

@@ -147,3 +147,27 @@ def test_send_weights_cuts_the_model_into_stage_slices_and_sends_them_before_the
     assert "sending stage weights" in err
     slices = sorted(p.name for p in (tmp_path / "home" / "stage-weights").iterdir())
     assert len(slices) == 2 and slices[0].endswith("-units-0-3") and slices[1].endswith("-units-3-6")
+
+
+def test_on_failure_replan_without_the_planning_problem_is_refused_before_any_agent_starts(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    formats.save(plan, plan_from_boundaries("tiny-llama", 6, DEVICES, [3]))
+    code, out = run_cli(["run", "--model", tmp_path / "nowhere", "--plan", plan, "--local", "--prompt", "x",
+                         "--on-failure", "replan", "--no-record"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--on-failure" in err and "--problem" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "TTFT" not in out
+
+
+def test_on_failure_replan_with_a_problem_for_another_model_is_refused(tmp_path, capsys):
+    from core.planning.scenarios import DeviceSpec, synthetic_problem
+
+    plan = tmp_path / "plan.json"
+    formats.save(plan, plan_from_boundaries("tiny-llama", 6, DEVICES, [3]))
+    problem = tmp_path / "problem.json"
+    formats.save(problem, synthetic_problem([DeviceSpec(id=d, tflops=1, memory_bandwidth_gb_s=10, memory_gib=8)
+                                             for d in DEVICES], "llama-2-7b"))
+    code, _ = run_cli(["run", "--model", tmp_path / "nowhere", "--plan", plan, "--local", "--prompt", "x",
+                       "--on-failure", "replan", "--problem", problem, "--no-record"])
+    err = capsys.readouterr().err
+    assert code == 2 and "llama-2-7b" in err and "tiny-llama" in err and "Traceback" not in err

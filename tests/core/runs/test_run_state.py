@@ -16,6 +16,11 @@ from core.runs.run_state import (
     Loading,
     LoadProgress,
     Prefill,
+    Recovering,
+    Replan,
+    ReplanImpossible,
+    Replanned,
+    Resume,
     StageLoaded,
     StageRefused,
     StageStarted,
@@ -201,3 +206,60 @@ def test_progress_counts_tokens_while_running_and_is_complete_once_finished():
     assert progress(_feed(_running(), _tokens(0)), 10) == 1
     assert progress(_feed(_running(), _tokens(0), _finished()), 10) == 10
     assert progress(begin(RUN, STAGES, load=True), 10) == 0
+
+
+# ---------------------------------------------------------------------- recovery
+
+def _lost_mid_decode():
+    return _feed(_running(), _tokens(0), _tokens(3), AgentLost("b", "no heartbeat for 2.0 s"))
+
+
+def test_a_replan_turns_a_run_failed_by_a_lost_agent_into_recovering_it():
+    state = apply(_lost_mid_decode(), Replan())
+    assert state == Recovering(RUN, STAGES, "b", "agent stopped answering (no heartbeat for 2.0 s)")
+    assert state.phase == "replanning" and not is_terminal(state)
+
+
+@pytest.mark.parametrize("end", [
+    Failed(RUN, STAGES, "boom", "a", "agent_error"),
+    Finished(RUN, STAGES, ((1,),)),
+    Aborted(RUN, STAGES),
+], ids=["agent-error", "finished", "aborted"])
+def test_only_a_lost_agent_can_be_recovered(end):
+    assert apply(end, Replan()) == end
+
+
+def test_a_recovery_loads_the_new_stages_then_resumes_as_a_new_segment_that_ignores_the_old_one():
+    state = _feed(_lost_mid_decode(), Replan(), Replanned(("a", "c")))
+    assert state.phase == "loading" and state.new_stages == ("a", "c")
+    state = apply(state, Resume("r2"))
+    assert state == Starting("r2", ("a", "c"))
+    assert apply(state, _tokens(9, run_id=RUN)) == state  # the interrupted segment's straggler
+    state = _feed(state, StageStarted("c"), StageStarted("a"), _finished(run_id="r2"))
+    assert isinstance(state, Finished) and state.run_id == "r2"
+
+
+def test_no_plan_for_the_survivors_fails_the_run_naming_the_lost_device():
+    state = _feed(_lost_mid_decode(), Replan(), ReplanImpossible("0.10 GiB missing"))
+    assert isinstance(state, Failed) and state.code == "no_plan" and state.device == "b"
+    assert "b was lost" in state.reason and "0.10 GiB missing" in state.reason
+
+
+def test_a_replan_onto_the_lost_device_or_a_resume_before_any_plan_is_a_protocol_failure():
+    recovering = _feed(_lost_mid_decode(), Replan())
+    assert apply(recovering, Replanned(("a", "b"))).code == "protocol"
+    assert apply(recovering, Resume("r2")).code == "protocol"
+    assert apply(_running(), Replanned(("a",))).code == "protocol"
+
+
+def test_losing_a_new_stage_while_recovering_fails_again_and_can_be_recovered_again():
+    state = _feed(_lost_mid_decode(), Replan(), Replanned(("a", "c")))
+    assert apply(state, AgentLost("b", "late news")) == state  # the one already lost
+    again = apply(state, AgentLost("c", "no heartbeat"))
+    assert isinstance(again, Failed) and again.code == "agent_lost" and again.device == "c"
+    assert apply(again, Replan()).failed == "c"
+
+
+def test_the_operator_can_stop_a_recovery():
+    state = apply(_feed(_lost_mid_decode(), Replan()), StopRequested())
+    assert isinstance(state, Aborted)
