@@ -1,0 +1,80 @@
+"""The Run screen runs an expert-offloading plan on a real agent (the shared generate loads its
+``expert-offload`` stage): text equal to HF generate, the expert reads on the storage lane and
+the expert heat map filling in live, the run recorded with its expert events."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import pytest
+
+from core.runs.generation import load_tokenizer
+from core.sessions.store import SessionStore
+from core.techniques import generation_for, technique_named
+from core.techniques.expert_offload.activity import ExpertActivity
+from core.techniques.expert_offload.problem import OffloadPlan
+from gui.run_panel import RunPanel
+from gui.studio_state import StudioState
+from tests.core.hf_reference import hf_greedy_new_tokens
+
+PROMPTS = ["the river and its banks", "hello there"]
+
+
+@pytest.fixture(scope="module")
+def moe_cluster(tmp_path_factory):
+    import transformers  # noqa: F401  (import once here, not concurrently in agents' threads)
+
+    from agents.agent import Agent
+    from agents.transport import CurveKeys
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+
+    recipe = ModelRecipe(family="mixtral", layers=3, hidden=64, heads=4, kv_heads=2, vocab=512, seed=9, experts=8)
+    model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-moe") / "tiny-mixtral"))
+    keys = CurveKeys.generate()
+    agent = Agent("e0", keys.public).start()
+    coordinator = Coordinator([AgentEndpoint(agent.device, agent.control_address, agent.keys.public)], keys)
+    coordinator.open()
+    yield coordinator, model_dir
+    coordinator.close()
+    agent.close()
+
+
+def test_the_run_screen_runs_an_expert_offload_plan_with_its_heat_map_live_and_recorded(qtbot, moe_cluster, tmp_path):
+    from gui.cluster_backend import ClusterRunBackend
+
+    coordinator, source = moe_cluster
+    model_dir = str(tmp_path / "tiny-mixtral")
+    shutil.copytree(source, model_dir)
+    plan = technique_named("expert-offload").run_plan(OffloadPlan(device="e0", slots=3, preload=1), model_dir)
+    assert generation_for(plan) is None  # the shared generate runs it
+    state = StudioState()
+    state.set_workspace(str(tmp_path / "ws.sqlite"))
+    state.set_plan(plan)
+    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
+    qtbot.addWidget(panel)
+    panel.model_edit.setText(model_dir)
+    panel.prompts_edit.setPlainText("\n".join(PROMPTS))
+    panel.max_tokens_spin.setValue(4)
+    with qtbot.waitSignal(panel.run_finished, timeout=90_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"], panel.message.text()
+    monitor = panel.monitor
+    monitor.flush()
+    assert monitor.timeline.lanes() == ["e0", "e0:storage"]
+    assert monitor.timeline.box_count("e0:storage", "io") > 0
+    heat = monitor.heat_map
+    assert not heat.isHidden() and heat.blocks() == [0, 1, 2] and heat.activity.totals()["misses"] > 0
+    tok = load_tokenizer(model_dir)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    for i, row in enumerate(hf_greedy_new_tokens(model_dir, enc, 4)):
+        assert monitor.text_of(i) == tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+    qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("edgeshard-run")],
+                    timeout=3000)
+    assert panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        recorded = ExpertActivity()
+        recorded.add([i.event for i in store.timeline(run.id) if i.event is not None])
+    assert run.status == "completed" and recorded.totals() == heat.activity.totals()
