@@ -13,8 +13,6 @@ import argparse
 import json
 import statistics
 
-import msgspec
-
 from core.arguments import SEED, float_in, int_in
 from core.formats import load, save
 
@@ -101,12 +99,11 @@ def _run(args) -> int:
 
     from agents.protocol import SamplingSpec
     from core.paths import workspace_file
-    from core.sessions.recording import append_predicted
     from core.sessions.store import SessionStore
     from core.techniques.phase_disaggregation.runtime import (
         prepare_requests, record_epd_run, reference_tokens, run_epd,
     )
-    from core.techniques.phase_disaggregation.simulator import simulate_pools
+    from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
     from core.techniques.phase_disaggregation.types import PhaseCosts, PoolConfig, Workload
 
     pools, workload = load(args.pools, PoolConfig), load(args.workload, Workload)
@@ -124,14 +121,8 @@ def _run(args) -> int:
         session = store.create_session(args.session)
         model = Path(args.model).name
         run_id = record_epd_run(store, session, run, model=model, workload=workload, pools=pools)
-        sim_id = None
-        if sim is not None:
-            sim_id = store.create_run(session, model=model, mode="pools", kind="predicted",
-                                      settings={"technique": "phase-disaggregation",
-                                                "pools": msgspec.to_builtins(pools),
-                                                "metrics": msgspec.to_builtins(sim.metrics)})
-            append_predicted(store, sim_id, sim.events, sim.tokens)
-            store.finish_run(sim_id, "completed", sim.figures)
+        sim_id = None if sim is None else record_simulation(store, session, sim, model=model, workload=workload,
+                                                            pools=pools)
     med = statistics.median
     out = {"requests": len(run.metrics), "ttft_p50_s": med(m.ttft_s for m in run.metrics),
            "tpot_p50_s": med(m.tpot_s for m in run.metrics), "e2e_p50_s": med(m.e2e_s for m in run.metrics),

@@ -52,6 +52,7 @@ from agents.protocol import (
 from core.errors import RunFailed
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
+from core.techniques.phase_disaggregation.simulator import link_lane
 from core.techniques.phase_disaggregation.types import EpdInputError, PoolConfig, RequestMetrics, Workload
 
 Transfers = Literal["data-plane", "relay"]
@@ -65,11 +66,6 @@ FRAME_SLACK = 1024
 STAGES = {"encode": 0, "prefill": 1, "decode": 2}
 """A phase's ``TimelineEvent.stage`` (its lane group); encode and prefill events carry phase
 "prefill" (the request's first token is their product), decode events phase "decode"."""
-
-
-def link_lane(device: str) -> str:
-    """The timeline lane of a device's sends (they overlap its compute), as the simulator draws them."""
-    return f"{device}:link"
 
 
 @dataclass(frozen=True)
@@ -519,16 +515,10 @@ class _Scheduler:
             prefill_device=st.prefill_device, decode_device=st.decode_device)
 
 
-def record_epd_run(store, session_id: int, run: EpdRun, *, model: str, workload: Workload, pools: PoolConfig,
-                   kind: str = "measured") -> int:
-    """Store a run (its events and tokens, as they arrived, and per-request metrics in its settings)
-    so replay, export and Compare take it like any other technique's run; returns its run id."""
-    from core.sessions.recording import append_predicted
+def record_epd_run(store, session_id: int, run: EpdRun, *, model: str, workload: Workload, pools: PoolConfig) -> int:
+    """A real run as a ``measured`` run, through the simulator's ``record_pools_run`` (one recording path)."""
+    from core.techniques.phase_disaggregation.simulator import record_pools_run
 
-    settings = {"technique": "phase-disaggregation", "pools": msgspec.to_builtins(pools),
-                "workload": msgspec.to_builtins(workload), "metrics": msgspec.to_builtins(run.metrics),
-                "tokens": {str(k): list(v) for k, v in run.tokens.items()}}
-    run_id = store.create_run(session_id, model=model, mode="pools", kind=kind, settings=settings)
-    append_predicted(store, run_id, run.events, run.token_events)
-    store.finish_run(run_id, "completed", run.figures)
-    return run_id
+    return record_pools_run(store, session_id, kind="measured", model=model, workload=workload, pools=pools,
+                            metrics=run.metrics, events=run.events, token_events=run.token_events,
+                            figures=run.figures, tokens=run.tokens)

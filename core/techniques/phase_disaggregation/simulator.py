@@ -416,22 +416,33 @@ def simulate_pools(costs: PhaseCosts, workload: Workload, config: PoolConfig, *,
                          figures=compute_figures(events, tokens))
 
 
-def record_simulation(store, session_id: int, sim: EpdSimulation, *, model: str, workload: Workload,
-                      pools: PoolConfig) -> int:
-    """Store a recorded simulation as a ``predicted`` run (events, tokens, figures, and per-request
-    metrics in its settings, as ``runtime.record_epd_run`` stores a measured one), so the studio's
-    Sessions screen replays and exports it like any run; returns its run id."""
+def record_pools_run(store, session_id: int, *, kind: str, model: str, workload: Workload, pools: PoolConfig,
+                     metrics: tuple[RequestMetrics, ...], events: tuple[TimelineEvent, ...],
+                     token_events: tuple[TokenEvent, ...], figures: RunFigures,
+                     tokens: dict[int, tuple[int, ...]] | None = None) -> int:
+    """The one way an EPD run is stored, measured (``runtime.run_epd``, with its ``tokens``) or
+    ``predicted`` (a simulation): events, tokens, figures, and per-request metrics in its settings,
+    so the studio's Sessions screen replays, exports and compares either like any run; returns its id."""
     from core.sessions.recording import append_predicted
 
-    if not sim.events:
-        raise EpdInputError("only a simulation made with record=True has a timeline to store")
+    if not events:
+        raise EpdInputError("the run has no timeline to store (simulate with record=True)")
     settings = {"technique": "phase-disaggregation", "pools": msgspec.to_builtins(pools),
-                "workload": msgspec.to_builtins(workload), "metrics": msgspec.to_builtins(sim.metrics)}
-    run_id = store.create_run(session_id, model=model, mode="pools", kind="predicted", settings=settings)
-    append_predicted(store, run_id, sim.events, sim.tokens)
-    store.finish_run(run_id, "completed", sim.figures)
+                "workload": msgspec.to_builtins(workload), "metrics": msgspec.to_builtins(metrics)}
+    if tokens is not None:
+        settings["tokens"] = {str(k): list(v) for k, v in tokens.items()}
+    run_id = store.create_run(session_id, model=model, mode="pools", kind=kind, settings=settings)
+    append_predicted(store, run_id, events, token_events)
+    store.finish_run(run_id, "completed", figures)
     return run_id
 
 
+def record_simulation(store, session_id: int, sim: EpdSimulation, *, model: str, workload: Workload,
+                      pools: PoolConfig) -> int:
+    """A recorded simulation (``record=True``) as a ``predicted`` run (``record_pools_run``)."""
+    return record_pools_run(store, session_id, kind="predicted", model=model, workload=workload, pools=pools,
+                            metrics=sim.metrics, events=sim.events, token_events=sim.tokens, figures=sim.figures)
+
+
 __all__ = ["CachePeak", "EpdSimulation", "STAGE_DECODE", "STAGE_ENCODE", "STAGE_NAMES", "STAGE_PREFILL",
-           "check_fits", "link_lane", "record_simulation", "simulate_pools"]
+           "check_fits", "link_lane", "record_pools_run", "record_simulation", "simulate_pools"]

@@ -44,6 +44,8 @@ def test_profile_then_run_checks_tokens_and_records_the_run_beside_its_simulatio
         runs = store.runs()
         assert [r.kind for r in runs] == ["measured", "predicted"]
         assert all(r.settings["technique"] == "phase-disaggregation" for r in runs)
+        # one recording path: the simulation carries what the real run does, but the real tokens
+        assert set(runs[0].settings) - set(runs[1].settings) == {"tokens"}
         assert len(store.tokens(runs[0].id)) == 12
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from core.techniques.phase_disaggregation.simulator import link_lane, simulate_pools
@@ -116,3 +117,21 @@ def test_shortest_first_serves_the_small_request_before_the_big_one(costs):
     sjf = simulate_pools(costs, w, PoolConfig(**cfg, policy="shortest-first")).metrics
     assert fcfs[1].encode_start_s < fcfs[2].encode_start_s
     assert sjf[2].encode_start_s < sjf[1].encode_start_s
+
+
+def test_a_recorded_simulation_is_stored_with_its_workload_and_metrics_and_an_unrecorded_one_is_refused(
+        costs, tmp_path):
+    from core.sessions.store import SessionStore
+    from core.techniques.phase_disaggregation.simulator import record_simulation
+
+    w = Workload(requests=tuple(one_request(rid=i, arrival=0.1 * i, output=3) for i in range(2)))
+    pools = PoolConfig(**EPD)
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        sid = store.create_session("epd")
+        run_id = record_simulation(store, sid, simulate_pools(costs, w, pools, record=True), model="sim",
+                                   workload=w, pools=pools)
+        with pytest.raises(EpdInputError, match="record=True"):
+            record_simulation(store, sid, simulate_pools(costs, w, pools), model="sim", workload=w, pools=pools)
+        info, tokens = store.run(run_id), store.tokens(run_id)
+    assert info.kind == "predicted" and msgspec.convert(info.settings["workload"], Workload) == w
+    assert len(info.settings["metrics"]) == 2 and "tokens" not in info.settings and len(tokens) == 2 * 3
