@@ -9,13 +9,16 @@ from __future__ import annotations
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
+    QVBoxLayout, QWidget,
 )
+
+from core.errors import EdgeShardError
 
 from core.techniques import technique_named
 from core.techniques.expert_offload.scenarios import paper_shaped
 from gui.studio_state import StudioState
-from gui.widgets import panel_header
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
 
 COMPUTE = QColor("#4c78a8")
 STALL = QColor("#e45756")
@@ -91,6 +94,17 @@ class ExpertOffloadPlanView(QWidget):
         side.addRow("Plan", self.plan_label)
         controls.addLayout(side, 1)
         lay.addLayout(controls)
+        run_row = QHBoxLayout()
+        self.use_for_run = QPushButton("Use for Run")
+        self.use_for_run.setToolTip("Make this strategy's buffer options the Run screen's plan: the model checkpoint "
+                                    "(Model) with its experts on storage, on the prompt's source device")
+        self.use_for_run.clicked.connect(self.use_plan_for_run)
+        say_why_disabled({self.use_for_run: "load a Mixtral checkpoint (Model) and connect agents first"})
+        self.run_message = InlineMessage()
+        run_row.addWidget(self.use_for_run)
+        run_row.addWidget(self.run_message, 1)
+        run_row.addStretch()  # the button keeps its size while there is no message
+        lay.addLayout(run_row)
         self.table = QTableWidget(0, len(self.HEADERS))
         self.table.setHorizontalHeaderLabels(self.HEADERS)
         self.table.verticalHeader().setVisible(False)
@@ -101,7 +115,42 @@ class ExpertOffloadPlanView(QWidget):
         for spin in (self.budget, self.bandwidth, self.bound):
             spin.valueChanged.connect(lambda _v: self.refresh())
         self.strategy.currentTextChanged.connect(lambda _t: self.refresh())
+        for signal in (state.model_changed, state.cluster_changed, state.problem_changed):
+            signal.connect(lambda *_: self._update_run_button())
+        self._update_run_button()
         self.refresh()
+
+    # -- running the plan ------------------------------------------------------------------
+    def run_device(self) -> str | None:
+        """Where the run goes: the prompt's source device of the studio's problem, else the cluster's first."""
+        problem = getattr(self.state, "problem", None)
+        if problem is not None:
+            return problem.source
+        cluster = getattr(self.state, "cluster", None)
+        return cluster.device_ids()[0] if cluster is not None and cluster.devices else None
+
+    def _update_run_button(self) -> None:
+        self.use_for_run.setEnabled(bool(getattr(self.state, "model_path", "")) and self.run_device() is not None)
+
+    def use_plan_for_run(self) -> None:
+        """The chosen strategy's plan on the real checkpoint (``Technique.run_plan``) becomes the studio's plan."""
+        import msgspec
+
+        out = self.technique.run_strategy(self.problem(), self.strategy.currentText(), "latency")
+        device = self.run_device()
+        if out.plan is None or device is None:
+            self.run_message.show_lines([out.error or "no device to run on: connect agents first"],
+                                        "Cannot use this plan:")
+            return
+        plan = msgspec.structs.replace(out.plan, device=device)
+        try:
+            run_plan = self.technique.run_plan(plan, self.state.model_path)
+        except EdgeShardError as err:
+            self.run_message.show_lines([str(err)], "Cannot use this plan:")
+            return
+        self.state.set_plan(run_plan)
+        self.run_message.show_lines([f"The Run screen runs {run_plan.model} on {device} with {plan.slots} expert "
+                                     f"slots, preload {plan.preload}, eviction {plan.policy}."])
 
     def problem(self):
         base = paper_shaped(self.budget.value() / 100.0, self.bandwidth.value() * 1e6)
