@@ -13,8 +13,14 @@ are timed from the sender's compute end to the receiver's arrival (clocks mapped
 sync offsets) over several sizes and fitted as ``latency + bytes / bandwidth``. Relayed
 (``transfers="relay"``), a transfer is two control hops (agent → coordinator → agent), so
 ``link_latency_s = 2a`` and ``link_bandwidth_Bps`` is half the hop's. Either way, the hop that
-brings an encode agent its tiles from the coordinator has no transfer of its own in the model,
-so it is folded into the encode cost (``encode_overhead_s`` + per-tile pixel bytes).
+brings an encode agent its tiles from the coordinator has no transfer of its own in the model:
+its per-tile pixel bytes are folded into the encode cost, and the rest into the dispatch delay.
+
+The dispatch delay (``dispatch_delay_s``): probes released as the run releases a request (the
+coordinator sleeps until the release time, then builds and sends the encode request), timed from
+that release to the encode agent's compute start (clocks mapped through the sync offsets). It is
+what a loaded coordinator machine adds before a request's first phase; the simulator otherwise
+starts encode at the arrival itself.
 """
 
 from __future__ import annotations
@@ -114,6 +120,8 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
                 raise RunFailed(f"profiling: unexpected answer {type(r).__name__}", dec)
             steps += [b - a for a, b in zip(r.step_ends, r.step_ends[1:])]  # the first step also rebuilds the cache
         decode_pts.append((batch, statistics.median(steps)))
+    reporter.status(f"timing the dispatch to {enc}")
+    dispatch = _dispatch_delays(link, enc, load_image(image, info.tile, 1), repeats, timeout_s)
     per_byte, two_hops = fit_line(hops)
     per_tile, encode_overhead = fit_line(encode_pts)
     per_token, prefill_overhead = fit_line(prefill_pts)
@@ -128,11 +136,33 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
         bandwidth = 1.0 / per_byte_direct
     return PhaseCosts(
         source=f"profiled on {enc}, {pre}, {dec} ({Path(model_dir).name}; transfers: {transfers})",
-        encode_s_per_tile=per_tile + pixel_bytes * per_byte, encode_overhead_s=encode_overhead + hop_s,
+        encode_s_per_tile=per_tile + pixel_bytes * per_byte, encode_overhead_s=encode_overhead,
         mm_tokens_per_tile=info.tokens_per_tile, prefill_s_per_token=per_token, prefill_overhead_s=prefill_overhead,
         decode_step_s=tuple(decode_pts), mm_token_bytes=info.hidden * 4,
         kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4,
-        link_bandwidth_Bps=bandwidth, link_latency_s=latency)
+        link_bandwidth_Bps=bandwidth, link_latency_s=latency,
+        dispatch_delay_s=max(0.0, statistics.median(dispatch) - pixel_bytes * per_byte))
+
+
+def _on_coordinator(link, device: str, t: float) -> float:
+    """An agent-clock time on the coordinator's clock (the sync offset; none measured: as is)."""
+    clock = link.clock_of(device)
+    return t - (clock.offset_s if clock is not None else 0.0)
+
+
+def _dispatch_delays(link, device: str, tile, repeats: int, timeout_s: float) -> list[float]:
+    """Seconds from a one-tile request's release to its encode starting on ``device``, released
+    as ``runtime`` releases one: sleep until the release time, then build and send the request."""
+    out = []
+    for k in range(max(3, repeats)):
+        release = time.time() + 0.02
+        time.sleep(max(0.0, release - time.time()))
+        reply = link.request(device, EncodeTiles(request=(1 << 41) + k, tiles=(0,), shape=tuple(tile.shape),
+                                                 data=to_bytes(tile)), timeout_s)
+        if not isinstance(reply, TilesEncoded):
+            raise RunFailed(f"profiling the dispatch: unexpected answer {type(reply).__name__}", device)
+        out.append(_on_coordinator(link, device, reply.t_start) - release)
+    return out
 
 
 def _direct_transfers(link, info, enc: str, pre: str, dec: str, tiles: Sequence[int], repeats: int,
@@ -141,10 +171,6 @@ def _direct_transfers(link, info, enc: str, pre: str, dec: str, tiles: Sequence[
     count, and the resulting KV caches prefill → decode; a push lasts from the sender's compute end
     to the receiver's arrival, both mapped to the coordinator's clock (offsets from clock sync)."""
     from core.models.multimodal import load_image, synthetic_images
-
-    def on_coordinator(device: str, t: float) -> float:
-        clock = link.clock_of(device)
-        return t - (clock.offset_s if clock is not None else 0.0)
 
     samples, request = [], 1 << 40
     for n in tiles:
@@ -163,8 +189,8 @@ def _direct_transfers(link, info, enc: str, pre: str, dec: str, tiles: Sequence[
             if not (isinstance(encoded, TilesEncoded) and isinstance(prefilled, PromptPrefilled)
                     and isinstance(decoded, TokensDecoded)):
                 raise RunFailed("profiling the data plane: unexpected answers", pre)
-            samples.append((m * info.hidden * 4, on_coordinator(pre, prefilled.mm_received)
-                            - on_coordinator(enc, encoded.t_end)))
-            samples.append((math.prod(prefilled.kv_shape) * 4, on_coordinator(dec, decoded.kv_received)
-                            - on_coordinator(pre, prefilled.t_end)))
+            samples.append((m * info.hidden * 4, _on_coordinator(link, pre, prefilled.mm_received)
+                            - _on_coordinator(link, enc, encoded.t_end)))
+            samples.append((math.prod(prefilled.kv_shape) * 4, _on_coordinator(link, dec, decoded.kv_received)
+                            - _on_coordinator(link, pre, prefilled.t_end)))
     return samples

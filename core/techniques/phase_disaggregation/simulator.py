@@ -15,7 +15,8 @@ Per request (``PoolConfig.disaggregation``):
   prefills and encodes before its next decode step (prefill-first, as vLLM), so new requests
   stall the running ones' decode.
 
-Sends go over the sender's one link (FIFO, ``PhaseCosts.transfer_s``); compute and sends
+A request reaches the pools ``PhaseCosts.dispatch_delay_s`` after its arrival (the coordinator
+releasing it; measured by profiling). Sends go over the sender's one link (FIFO, ``PhaseCosts.transfer_s``); compute and sends
 overlap. The result is per-request ``RequestMetrics`` and, when asked, the shared
 ``TimelineEvent``s (stage 0 encode, 1 prefill, 2 decode; sends on a ``<device>:link`` lane)
 and one ``TokenEvent`` per generated token, as a real run records them.
@@ -165,8 +166,8 @@ class _Sim:
         heapq.heappush(self.heap, (t, next(self.seq), fn, args))
 
     def run(self) -> None:
-        for q in self.reqs:
-            self.at(q.r.arrival_s, self.arrive, q)
+        for q in self.reqs:  # the coordinator's dispatch: the pools see a request that late
+            self.at(q.r.arrival_s + self.c.dispatch_delay_s, self.arrive, q)
         while self.heap:
             self.now, _, fn, args = heapq.heappop(self.heap)
             fn(*args)

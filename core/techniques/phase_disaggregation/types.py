@@ -138,12 +138,15 @@ class PhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
     """Bytes of one token's KV cache sent P→D (all layers, K and V)."""
     link_bandwidth_Bps: float
     link_latency_s: float = 0.0
+    dispatch_delay_s: float = 0.0
+    """From a request's arrival to its first phase starting on an agent (the coordinator releasing
+    it, the control hop there), paid once per request; 0 in files older than the field."""
 
     def __post_init__(self) -> None:
         for name in ("encode_s_per_tile", "prefill_s_per_token"):
             v = getattr(self, name)
             _require(_finite(v) and v > 0, f"{name} must be > 0 (profile the phase again), got {v}")
-        for name in ("encode_overhead_s", "prefill_overhead_s", "link_latency_s"):
+        for name in ("encode_overhead_s", "prefill_overhead_s", "link_latency_s", "dispatch_delay_s"):
             v = getattr(self, name)
             _require(_finite(v) and v >= 0, f"{name} must be >= 0, got {v}")
         _require(self.mm_tokens_per_tile >= 1, f"mm_tokens_per_tile must be >= 1, got {self.mm_tokens_per_tile}")

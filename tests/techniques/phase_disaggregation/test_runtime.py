@@ -158,3 +158,4 @@ def test_profiled_phase_costs_fit_the_checkpoint_and_grow_with_the_work(link, mo
     assert costs.encode_s(4) > costs.encode_s(1) > 0 and costs.prefill_s(96) > costs.prefill_s(16) > 0
     assert costs.decode_step_seconds(4) >= costs.decode_step_seconds(1) > 0
     assert "local-0" in costs.source and costs.link_bandwidth_Bps > 0
+    assert 0 < costs.dispatch_delay_s < 1.0  # the release → encode start of a real request: never free

@@ -20,6 +20,14 @@ def test_one_request_alone_has_ttft_of_encode_plus_transfer_plus_prefill(costs):
     assert m.ttft_s == pytest.approx(expected)
 
 
+def test_the_dispatch_delay_starts_a_request_that_much_after_its_arrival_and_adds_to_its_ttft(costs):
+    req, pools = one_request(arrival=0.5), PoolConfig(**EPD)
+    base = simulate_pools(costs, single(req), pools).metrics[0]
+    m = simulate_pools(make_costs(dispatch_delay_s=0.04), single(req), pools).metrics[0]
+    assert m.arrival_s == base.arrival_s == 0.5 and m.encode_start_s == pytest.approx(0.54)
+    assert m.ttft_s == pytest.approx(base.ttft_s + 0.04) and m.tpot_s == pytest.approx(base.tpot_s)
+
+
 def test_one_request_alone_has_tpot_of_one_decode_step_after_its_kv_moves(costs):
     req = one_request(output=5)
     m = simulate_pools(costs, single(req), PoolConfig(**EPD)).metrics[0]

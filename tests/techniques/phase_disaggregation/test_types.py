@@ -30,6 +30,15 @@ def test_costs_file_with_a_negative_phase_time_names_the_problem(tmp_path):
         load_costs(p)
 
 
+def test_a_costs_file_older_than_the_dispatch_delay_loads_with_none_and_a_negative_one_is_refused(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_bytes(formats.encode(costs()).replace(b',\n  "dispatch_delay_s": 0.0', b""))
+    assert b"dispatch_delay_s" not in p.read_bytes() and load_costs(p).dispatch_delay_s == 0.0
+    p.write_bytes(formats.encode(costs()).replace(b'"dispatch_delay_s": 0.0', b'"dispatch_delay_s": -0.01'))
+    with pytest.raises(FormatError, match="dispatch_delay_s must be >= 0"):
+        load_costs(p)
+
+
 def test_decode_step_time_interpolates_between_and_extends_beyond_the_points():
     c = costs()
     assert c.decode_step_seconds(1) == pytest.approx(0.01)
