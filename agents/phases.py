@@ -27,6 +27,7 @@ import torch
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader, torch_dtype
 from agents.protocol import (
+    MAX_RNG_STATE,
     DecodeTokens,
     EncodeTiles,
     PrefillPrompt,
@@ -244,8 +245,9 @@ class PrefillExecutor(_TextExecutor):
             token, kv = self.prefill_prompt(list(msg.input_ids), mm, params, generator)
         t_end = clock()
         rng = generator.get_state().numpy().tobytes()
-        if msg.send_to:
+        if msg.send_to:  # the KV cache, then what decode goes on from: it can start as soon as both are there
             _links(links).send(msg.send_to, "kv", msg.request, 0, kv.reshape(-1, *kv.shape[2:]))
+            _links(links).send(msg.send_to, "kv", msg.request, HANDOFF_PIECE, handoff_tensor(token, rng))
             return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape), kv=b"",
                                    rng=rng, t_start=t_start, t_end=t_end, mm_received=received, sent_to=msg.send_to)
         return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape),
@@ -294,21 +296,26 @@ class DecodeExecutor(_TextExecutor):
               links: PhaseLinks | None = None) -> TokensDecoded:
         if not isinstance(msg, DecodeTokens):
             raise PhaseRequestError(f"a decode agent serves decode_tokens, not {msg.type_name()}")
-        received = 0.0
-        if msg.kv_from:
-            (kv, received), = _links(links).take("kv", msg.request, (0,)).values()
+        received, first, rng = 0.0, msg.first_token, msg.rng
+        if msg.kv_from:  # the KV cache and the first token + sampler state, pushed by the prefill agent
+            got = _links(links).take("kv", msg.request, (0, HANDOFF_PIECE))
+            received = max(t for _, t in got.values())
+            kv = got[0][0]
+            if kv.numel() != int(np.prod(msg.kv_shape)):
+                raise PhaseRequestError(f"the KV cache that arrived holds {kv.numel()} values, not {list(msg.kv_shape)}")
             kv = kv.reshape(msg.kv_shape)
+            first, rng = from_handoff(got[HANDOFF_PIECE][0])
         else:
             kv = from_bytes(msg.kv_shape, msg.kv)
         t_start = clock()
         params = sampling_params(msg.sampling, msg.max_new_tokens)
         generator = params.make_generator()
-        if msg.rng:
+        if rng:
             try:
-                generator.set_state(torch.frombuffer(bytearray(msg.rng), dtype=torch.uint8))
+                generator.set_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
             except (RuntimeError, ValueError) as err:
                 raise PhaseRequestError(f"rng state not usable here ({err})") from None
-        tokens, ends = self.decode_tokens(kv, msg.first_token, msg.max_new_tokens,
+        tokens, ends = self.decode_tokens(kv, first, msg.max_new_tokens,
                                           params, generator, tuple(msg.eos_token_ids), msg.copies, clock, slowdown)
         return TokensDecoded(req=msg.req, request=msg.request, tokens=tuple(tokens), step_ends=tuple(ends),
                              t_start=t_start, t_end=clock(), kv_received=received)
@@ -331,6 +338,25 @@ MAX_HELD_BYTES = 512 << 20
 """What a phase agent keeps of tensors that arrived before their request (its side of the
 multimodal / KV cache); the coordinator reserves room before sending, so more is a peer's error."""
 TAKE_TIMEOUT_S = 60.0
+HANDOFF_PIECE = 1
+"""The ``kv`` piece beside the KV cache (piece 0): the first token and the sampler state, so a
+decode agent starts when they arrive, not when the coordinator hears from the prefill agent."""
+
+
+def handoff_tensor(token: int, rng: bytes) -> torch.Tensor:
+    """The first token and the sampler state's bytes as one float32 vector (exact: all < 2**24)."""
+    if not 0 <= token < 1 << 24:
+        raise PhaseRequestError(f"a token id {token} does not travel as a float32 handoff (below 2**24 only)")
+    return torch.tensor([token, *rng], dtype=torch.float32)
+
+
+def from_handoff(t: torch.Tensor) -> tuple[int, bytes]:
+    """``handoff_tensor``'s inverse; ``PhaseRequestError`` for a vector that is not one."""
+    v = t.reshape(-1)
+    if v.numel() < 1 or v.numel() > 1 + MAX_RNG_STATE or not torch.equal(v, v.round()) \
+            or float(v.min()) < 0 or float(v[0]) >= 1 << 24 or (v.numel() > 1 and float(v[1:].max()) > 255):
+        raise PhaseRequestError("the prefill agent's handoff is not a token and sampler-state bytes")
+    return int(v[0]), bytes(v[1:].to(torch.uint8).tolist())
 
 
 class PhaseLinks:

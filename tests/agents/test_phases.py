@@ -202,3 +202,14 @@ def test_data_plane_phase_messages_must_not_also_carry_the_bytes():
     msg = PrefillPrompt(request=0, input_ids=(1,), mm_shape=(1, 4), mm=b"\0" * 16, mm_pieces=(0,))
     with pytest.raises(ProtocolError, match="mm_pieces"):
         decode_control(encode_control(msg))
+
+
+def test_the_first_token_and_sampler_state_travel_exactly_beside_the_kv_cache_and_a_bad_handoff_is_refused():
+    from agents.phases import from_handoff, handoff_tensor
+
+    gen = torch.Generator().manual_seed(5)
+    rng = gen.get_state().numpy().tobytes()
+    assert from_handoff(handoff_tensor(123_456, rng)) == (123_456, rng)
+    for bad in (torch.tensor([1.5, 3.0]), torch.tensor([1.0, 300.0]), torch.tensor([-1.0]), torch.empty(0)):
+        with pytest.raises(PhaseRequestError, match="handoff is not a token and sampler-state bytes"):
+            from_handoff(bad)

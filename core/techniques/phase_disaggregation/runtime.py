@@ -7,8 +7,9 @@ request at its arrival time, picks the prefill device whose multimodal cache has
 splits its tiles over ``irp_degree`` encode agents, each of which pushes its piece's tokens to
 that prefill agent's data socket as soon as it is encoded (``transfers="data-plane"``, the
 default: CurveZMQ, raw frames, emulated links); once every piece is on its way the prefill agent
-is asked to prefill, starts when the last piece arrives and pushes the KV cache to the decode device
-whose KV cache was reserved, which the decode agent picks up when asked to decode. Every request
+is asked to prefill, starts when the last piece arrives and pushes the KV cache (with the first token
+and the sampler state) to the decode device whose KV cache was reserved; that agent, asked to decode
+together with the prefill, starts as soon as they arrive. Every request
 is asynchronous (``AgentLink.request_async``): the pools work on different requests at once.
 ``transfers="relay"`` moves the tensors through the coordinator's control channel instead (one
 control frame each).
@@ -195,6 +196,8 @@ class _State:
     sends: list = field(default_factory=list)
     """Data plane: (encode device, its compute end, bytes) of each piece pushed to the prefill agent."""
     kv_sent: tuple = ()
+    early_decode: tuple | None = None
+    """Data plane: a decode answer that came before its prefill's (it is taken once that is in)."""
 
 
 def _split(n: int, parts: int) -> list[tuple[int, ...]]:
@@ -409,17 +412,24 @@ class _Scheduler:
                                     mm=to_bytes(mm) if mm is not None else b"")
             st.encoded.clear()
             self._send(device, msg, ("prefill", rid, 0, len(msg.mm)))
+            if self.direct:  # the decode agent starts when the KV cache (and the first token) arrive
+                self.decode_queue.append(rid)
         for rid in self._ordered(self.decode_queue, "decode"):
             st = self.states[rid]
             if st.decode_device not in self.free["decode"]:
                 continue
             self.decode_queue.remove(rid)
             self.free["decode"].remove(st.decode_device)
-            pre = st.prefilled
-            msg = DecodeTokens(request=rid, first_token=pre.token, kv_shape=pre.kv_shape, kv=pre.kv,
-                               max_new_tokens=st.prepared.output_tokens, sampling=self.sampling, rng=pre.rng,
-                               kv_from=st.prefill_device if self.direct else "")
-            st.prefilled = None
+            if self.direct:  # first token, sampler state and KV cache come from the prefill agent
+                kv_shape = (self.info.layers, 2, self.info.kv_heads, len(st.prepared.input_ids), self.info.head_dim)
+                msg = DecodeTokens(request=rid, first_token=0, kv_shape=kv_shape, kv=b"",
+                                   max_new_tokens=st.prepared.output_tokens, sampling=self.sampling,
+                                   kv_from=st.prefill_device)
+            else:
+                pre = st.prefilled
+                msg = DecodeTokens(request=rid, first_token=pre.token, kv_shape=pre.kv_shape, kv=pre.kv,
+                                   max_new_tokens=st.prepared.output_tokens, sampling=self.sampling, rng=pre.rng)
+                st.prefilled = None
             self._send(st.decode_device, msg, ("decode", rid, 0, len(msg.kv)))
 
     def _send(self, device: str, msg, what: tuple) -> None:
@@ -482,25 +492,35 @@ class _Scheduler:
             st.tokens = (reply.token,)
             self.token_events.append(TokenEvent(micro_batch=rid, step=0, sequence_ids=(rid,),
                                                 token_ids=(reply.token,), t_s=te))
-            self.decode_queue.append(rid)
+            if not self.direct:
+                self.decode_queue.append(rid)
+            elif st.early_decode is not None:
+                self._decoded(st, *st.early_decode)
+        elif self.direct and st.prefilled is None:  # the decode answered first: its prefill's figures are needed
+            st.early_decode = (device, ts, te, reply)
         else:
-            st.pd_end_s, st.decode_device = max(ts, st.prefill_end_s), device
-            if self.direct and reply.kv_received:
-                st.pd_end_s = max(self._local(device, reply.kv_received, 0.0, ts), st.prefill_end_s)
-                src, t_pre, nbytes = st.kv_sent
-                self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, nbytes=nbytes, peer=device)
-            prev = ts
-            for step, (token, t_end) in enumerate(zip(reply.tokens, reply.step_ends), start=1):
-                t = self._local(device, t_end, prev, te)
-                self.token_events.append(TokenEvent(micro_batch=rid, step=step, sequence_ids=(rid,),
-                                                    token_ids=(token,), t_s=t))
-                prev = t
-            st.decode_end_s = max(te, st.pd_end_s)
-            st.tokens = st.tokens + tuple(reply.tokens)
-            p = st.prepared
-            self.kv_free[device] += len(p.input_ids) + p.output_tokens
-            self.done.append(rid)
-            self.reporter.progress(len(self.done), len(self.order))
+            self._decoded(st, device, ts, te, reply)
+
+    def _decoded(self, st: _State, device: str, ts: float, te: float, reply: TokensDecoded) -> None:
+        """A decode's answer, once its request's prefill answer is in (the first token, the KV's send)."""
+        rid = st.prepared.id
+        st.pd_end_s, st.decode_device = max(ts, st.prefill_end_s), device
+        if self.direct and reply.kv_received:
+            st.pd_end_s = max(self._local(device, reply.kv_received, 0.0, ts), st.prefill_end_s)
+            src, t_pre, nbytes = st.kv_sent
+            self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, nbytes=nbytes, peer=device)
+        prev = ts
+        for step, (token, t_end) in enumerate(zip(reply.tokens, reply.step_ends), start=1):
+            t = self._local(device, t_end, prev, te)
+            self.token_events.append(TokenEvent(micro_batch=rid, step=step, sequence_ids=(rid,),
+                                                token_ids=(token,), t_s=t))
+            prev = t
+        st.decode_end_s = max(te, st.pd_end_s)
+        st.tokens = st.tokens + tuple(reply.tokens)
+        p = st.prepared
+        self.kv_free[device] += len(p.input_ids) + p.output_tokens
+        self.done.append(rid)
+        self.reporter.progress(len(self.done), len(self.order))
 
     def _metrics(self, st: _State) -> RequestMetrics:
         enc_start = st.encode_start_s if st.encode_start_s is not None else st.arrival_s

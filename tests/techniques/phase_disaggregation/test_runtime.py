@@ -63,6 +63,18 @@ def test_on_the_data_plane_tokens_go_encode_to_prefill_and_kv_prefill_to_decode(
                for e in kv)
 
 
+def test_on_the_data_plane_decode_is_asked_for_with_the_prefill_so_it_starts_when_the_kv_cache_arrives(link, model):
+    wl = workload(n=3, gap_s=1.5)  # spaced: the decode agent is free when each prefill is asked for
+    prepared = prepare_requests(model, wl)
+    run = run_epd(link, model, wl, POOLS, prepared=prepared, load=False)
+    assert run.tokens == reference_tokens(model, prepared)
+    for m in run.metrics:
+        asked = {e.stage: e.start_s for e in run.events
+                 if e.kind == "recv_wait" and e.micro_batch == m.request_id and e.stage in (1, 2)}
+        assert asked[2] <= m.prefill_start_s  # not after the coordinator heard from the prefill agent
+        assert m.prefill_end_s <= m.pd_transfer_end_s <= m.decode_end_s
+
+
 def test_seeded_sampling_over_three_pools_equals_generate_with_that_seed(link, model):
     wl = workload(n=2)
     prepared = prepare_requests(model, wl)
