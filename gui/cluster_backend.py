@@ -15,6 +15,7 @@ from typing import Any
 from core.runs.coordinator import Coordinator
 from core.errors import EdgeShardError
 from core.runs.generation import GenerationSettings, generate
+from core.planning.plan import offline_problems
 from core.runs.recovery import ExactReplanner
 from core.reporting import Reporter
 from core.techniques import generation_for
@@ -44,6 +45,9 @@ class ClusterRunBackend:
             bad = structural_violations(problem, plan)
             if bad:
                 raise EdgeShardError("the plan cannot run: " + "; ".join(bad))
+        down = offline_problems(plan, getattr(self.state, "offline_devices", ()))
+        if down:
+            raise EdgeShardError("the plan cannot run: " + "; ".join(down))
         model_dir = settings.model_dir or getattr(self.state, "model_path", "")
         if not model_dir:
             raise EdgeShardError("choose the model checkpoint directory first")

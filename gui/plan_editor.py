@@ -40,10 +40,10 @@ from PySide6.QtWidgets import (
 
 from core import formats
 from core.planning.cost import PlanCost, evaluate
-from core.errors import EdgeShardError
-from core.planning.plan import ShardPlan
+from core.errors import EdgeShardError, PlanInvalid
+from core.planning.plan import ShardPlan, offline_problems
 from core.planning.edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
-from core.planning.problem import PlanningProblem
+from core.planning.problem import PlanningProblem, without_offline
 from core.planning.solvers.comparison import StrategyOutcome, status_text
 from gui import planning_tasks
 from gui.app import stage_color, style_plot, theme_colors
@@ -105,6 +105,7 @@ class PlanEditorPanel(QWidget):
         self._build()
         state.problem_changed.connect(self._on_state_problem_changed)
         state.plan_changed.connect(self._on_state_plan_changed)
+        state.offline_changed.connect(lambda _devices: self.refresh())
         self._solve_runner.task_finished.connect(self._on_solver_finished)
         self._solve_runner.task_failed.connect(self._on_solver_failed)
         self._solve_runner.status_reported.connect(lambda _i, t: self.solve_status.setText(t))
@@ -367,9 +368,10 @@ class PlanEditorPanel(QWidget):
             self.throughput_card.set_value(f"{cost.throughput_tokens_s:.1f} tok/s{batching}")
             self.throughput_card.setToolTip("Pipelined tokens per second with the plan's micro-batches "
                                             f"({cost.micro_batches} in flight of {cost.micro_batch_size} sequence(s))")
-            n = len(cost.violations)
+            violations = [*cost.violations, *offline_problems(plan, self.state.offline_devices)]
+            n = len(violations)
             self.status_card.set_value("all satisfied" if n == 0 else f"{n} violated", n > 0)
-            self.violations.show_lines(list(cost.violations), "This plan cannot run as it is:")
+            self.violations.show_lines(violations, "This plan cannot run as it is:")
         self._fill_stage_table(problem, plan, cost)
         self.cost_changed.emit(cost)
         style_plot(self.compare_plot)
@@ -384,7 +386,7 @@ class PlanEditorPanel(QWidget):
         if plan is None or cost is None:
             return set()
         bad = {j for j, m in enumerate(cost.memory) if not m.fits}
-        for v in cost.violations:
+        for v in (*cost.violations, *offline_problems(plan, self.state.offline_devices)):
             for j, st in enumerate(plan.stages):
                 if f"stage {j} " in v or f"stage {j}:" in v or (j == 0 and v.startswith("stage 0 runs")):
                     bad.add(j)
@@ -564,8 +566,11 @@ class PlanEditorPanel(QWidget):
         if problem is None:
             self._say_no_problem("auto-solve")
             return
+        problem = self._online_only(problem)
+        if problem is None:
+            return
         self._solve_kind = "solve"
-        self.solve_status.setText("Solving…")
+        self.solve_status.setText("Solving…" + self._leaving_out())
         self._solve_runner.start(planning_tasks.solve, problem, self.objective_combo.currentData())
 
     def compare(self) -> None:
@@ -573,9 +578,27 @@ class PlanEditorPanel(QWidget):
         if problem is None:
             self._say_no_problem("compare strategies")
             return
+        problem = self._online_only(problem)
+        if problem is None:
+            return
         self._solve_kind = "compare"
-        self.solve_status.setText("Comparing strategies…")
+        self.solve_status.setText("Comparing strategies…" + self._leaving_out())
         self._solve_runner.start(planning_tasks.compare_strategies, problem, self.objective_combo.currentData())
+
+    def _online_only(self, problem):
+        """The problem the solvers get: offline devices left out (None, said why, when the source is one)."""
+        try:
+            return without_offline(problem, self.state.offline_devices)
+        except PlanInvalid as err:
+            text = "Cannot solve: " + "; ".join(err.violations)
+            self.solve_status.setText(text)
+            self.state.log(text, "warning")
+            return None
+
+    def _leaving_out(self) -> str:
+        known = set(self.state.problem.profile.cluster.device_ids()) if self.state.problem else set()
+        down = [d for d in self.state.offline_devices if d in known]
+        return f" (leaving out offline {', '.join(down)})" if down else ""
 
     def _say_no_problem(self, what: str) -> None:
         """A shortcut pressed before profiling says what is missing instead of doing nothing."""

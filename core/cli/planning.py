@@ -16,7 +16,7 @@ import msgspec
 from core.arguments import float_in, int_in
 from core.errors import EdgeShardError, FormatError
 from core.formats import format_of, load, save
-from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem
+from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem, without_offline
 from core.devices.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.planning.scenarios import SCENARIO_FORMAT, Scenario
 from core.planning.solvers import PAPER_STRATEGIES, STRATEGIES
@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the paper's Algorithms 1 and 2 as published; the others are baselines")
     p.add_argument("--devices", metavar="A,B,...", help="for even / memory-proportional: the devices, in stage order")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan (edgeshard.plan format)")
+    p.add_argument("--agents", metavar="AGENTS.json",
+                   help="the cluster's agents (from `cluster local` or deploy): devices whose agent does not "
+                        "answer within 3 s are offline and left out of the plan")
     p.add_argument("--json", action="store_true", help="print the result as JSON (edgeshard.plan-result)")
     p.set_defaults(func=cmd_plan)
 
@@ -131,20 +134,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     if devices is not None and args.strategy not in ("even", "memory-proportional"):
         raise EdgeShardError("--devices applies to the even and memory-proportional strategies only")
+    offline = _offline_devices(args.agents, problem) if args.agents else ()
+    if offline:
+        problem = without_offline(problem, offline)
+        if devices is not None and set(devices) & set(offline):
+            raise EdgeShardError(f"--devices names offline device(s): {', '.join(sorted(set(devices) & set(offline)))}")
     out = run_strategy(problem, args.strategy, args.objective, args.time_limit, devices=devices)
     if out.status == "failed":
         raise EdgeShardError(out.error)
     if args.out:
         save(args.out, out.plan)
     if args.json:
-        doc = {"format": PLAN_RESULT_FORMAT, "version": 1, "problem": problem.name, **_outcome_doc(out)}
+        doc = {"format": PLAN_RESULT_FORMAT, "version": 1, "problem": problem.name, **_outcome_doc(out),
+               **({"offline": list(offline)} if args.agents else {})}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         print(_problem_header(problem))
+        if offline:
+            print(f"  left out, offline (their agents did not answer): {', '.join(offline)}")
         print(_plan_table(problem, out))
         if args.out:
             print(f"plan written to {args.out}")
     return 0 if out.status in ("optimal", "ok") else 1
+
+
+def _offline_devices(agents_file: str, problem: PlanningProblem) -> tuple[str, ...]:
+    """The problem's devices whose agent (listed in ``agents_file``) does not answer: offline."""
+    from core.devices.agent_link import unanswering_agents
+    from core.devices.local_cluster import load_agents_file
+
+    endpoints, keys = load_agents_file(agents_file)
+    ids = set(problem.profile.cluster.device_ids())
+    return unanswering_agents([e for e in endpoints if e.device in ids], keys)
 
 
 def _problem_header(problem: PlanningProblem) -> str:

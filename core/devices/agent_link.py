@@ -450,3 +450,15 @@ def profile_outcome(device: str, reply, expected: type):
     if problem:
         raise RunFailed(problem, device)
     return reply.result
+
+
+def unanswering_agents(endpoints: Sequence[AgentEndpoint], keys: CurveKeys, timeout_s: float = 3.0) -> tuple[str, ...]:
+    """The devices whose agent does not answer a status request within ``timeout_s`` (asked all
+    at once): the offline ones a solver must leave out (``core.planning.problem.without_offline``)."""
+    from agents.protocol import GetStatus
+
+    with AgentLink(endpoints, keys, heartbeat_timeout_s=max(2.0, timeout_s)) as link:
+        futs = {e.device: link.request_async(e.device, GetStatus()) for e in endpoints}
+        cf.wait(list(futs.values()), timeout=timeout_s)
+        return tuple(d for d, f in futs.items() if not f.done() or f.exception() is not None
+                     or isinstance(f.result(), ErrorReply))

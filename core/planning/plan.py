@@ -98,3 +98,12 @@ def plan_from_boundaries(
 
 
 register_format(PLAN_FORMAT, ShardPlan, PLAN_VERSION)
+
+
+def offline_problems(plan: ShardPlan, offline) -> list[str]:
+    """One line per stage of ``plan`` on a device that is offline (its agent stopped answering
+    or it left the network), naming it: such a plan cannot run until the device is back or the
+    plan is solved again without it. Empty when the plan avoids every offline device."""
+    down = set(offline)
+    return [f"stage {j} runs on {s.device!r}, which is offline: bring it back, or auto-solve again "
+            f"(offline devices are left out)" for j, s in enumerate(plan.stages) if s.device in down]

@@ -156,3 +156,18 @@ def _check_fields(problem: PlanningProblem, changed: tuple[str, ...]) -> Plannin
 
 
 register_format(PROBLEM_FORMAT, PlanningProblem, PROBLEM_VERSION)
+
+
+def without_offline(problem: PlanningProblem, offline) -> PlanningProblem:
+    """``problem`` with the offline devices of its cluster excluded, so a solver never counts on
+    them. An offline source cannot be left out (it holds the prompt): ``PlanInvalid`` says so."""
+    from core.errors import PlanInvalid
+
+    ids = problem.profile.cluster.device_ids()
+    down = [d for d in ids if d in set(offline) and d not in problem.excluded_devices]
+    if problem.source in set(offline):
+        raise PlanInvalid([f"the source device {problem.source!r} is offline: it holds the prompt and stage 0; "
+                           "bring it back or choose another source"])
+    if not down:
+        return problem
+    return msgspec.structs.replace(problem, excluded_devices=(*problem.excluded_devices, *down))

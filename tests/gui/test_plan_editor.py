@@ -292,3 +292,30 @@ def test_a_comparison_made_for_another_problem_cannot_be_adopted(editor):
     before = editor.state.plan
     editor.adopt(0)
     assert editor.state.plan == before and "Compare again" in editor.solve_status.text()
+
+
+def test_a_plan_on_an_offline_device_is_flagged_naming_it_and_clears_when_it_is_back(editor):
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    editor.state.set_plan(two_stage(problem))
+    assert editor.status_card.text() == "all satisfied"
+    editor.state.set_offline(("server",))
+    assert editor.status_card.text() == "1 violated"
+    assert "'server', which is offline" in editor.violations.text()
+    editor.state.set_offline(("laptop",))  # the plan avoids it: nothing to flag
+    assert editor.status_card.text() == "all satisfied"
+
+
+def test_auto_solve_leaves_offline_devices_out(editor, qtbot):
+    from core.planning.problem import without_offline
+    from core.planning.solvers import solve_min_latency
+
+    problem = make_problem()
+    editor.state.set_problem(problem)
+    assert "server" in solve_min_latency(problem).plan.devices()  # online, the optimum uses it
+    editor.state.set_offline(("server",))
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.solve_button.click()
+    assert "server" not in editor.state.plan.devices()
+    assert editor.state.plan == solve_min_latency(without_offline(problem, ("server",))).plan
+    assert editor.status_card.text() == "all satisfied"

@@ -414,3 +414,21 @@ def test_the_run_screen_recovers_from_a_lost_device_by_default_and_can_be_set_to
     panel.on_failure_combo.setCurrentIndex(0)
     panel.apply_settings(settings)
     assert panel.on_failure_combo.currentData() == "stop"
+
+
+def test_the_run_screen_refuses_a_plan_on_an_offline_device_naming_it(qtbot, real_cluster, tmp_path):
+    from gui.cluster_backend import ClusterRunBackend
+
+    coordinator, plan, model_dir, devices = real_cluster
+    state = StudioState()
+    state.set_workspace(str(tmp_path / "ws.sqlite"))
+    state.set_plan(plan)
+    state.set_offline((devices[-1],))
+    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.model_edit.setText(model_dir)
+    panel.prompts_edit.setPlainText("the river")
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000) as done:
+        panel.start_run()
+    assert done.args == ["failed"]
+    assert f"{devices[-1]!r}, which is offline" in panel.message.text()

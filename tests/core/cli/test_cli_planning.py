@@ -159,3 +159,39 @@ def test_a_search_cut_short_reports_its_gap(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "ok" and doc["gap"] > 0
     assert doc["bound"] > doc["cost"]["throughput_tokens_s"]
+
+
+def test_plan_with_agents_leaves_out_a_device_whose_agent_does_not_answer(tmp_path, capsys):
+    import msgspec
+
+    from agents.agent import Agent
+    from agents.transport import CurveKeys
+    from core import formats as fmt
+    from core.cli import main as cli_main
+    from core.devices.local_cluster import AgentEntry, AgentsFile
+    from core.planning.scenarios import DeviceSpec, synthetic_problem
+
+    specs = [DeviceSpec(id="src", tflops=2, memory_bandwidth_gb_s=20, memory_gib=8),
+             DeviceSpec(id="fast", tflops=60, memory_bandwidth_gb_s=900, memory_gib=24),
+             DeviceSpec(id="mid", tflops=20, memory_bandwidth_gb_s=200, memory_gib=24)]
+    problem = tmp_path / "problem.json"
+    fmt.save(problem, synthetic_problem(specs, "llama-2-7b", bandwidth_mbit_s=1000))
+    keys = CurveKeys.generate()
+    keys.save(tmp_path / "coordinator.key")
+    agents = {d: Agent(d, keys.public).start() for d in ("src", "fast", "mid")}
+    try:
+        entries = tuple(AgentEntry(device=a.device, control_address=a.control_address, public_key=a.keys.public,
+                                   pid=0) for a in agents.values())
+        (tmp_path / "agents.json").write_bytes(msgspec.json.encode(
+            AgentsFile(coordinator_key_file="coordinator.key", agents=entries)))
+        out_plan = tmp_path / "plan.json"
+        assert cli_main(["plan", str(problem), "--out", str(out_plan)]) == 0
+        assert "fast" in fmt.load(out_plan, ShardPlan).devices()  # all online: the optimum uses it
+        agents["fast"].close()
+        assert cli_main(["plan", str(problem), "--agents", str(tmp_path / "agents.json"), "--out", str(out_plan)]) == 0
+        printed = capsys.readouterr().out
+        assert "left out, offline (their agents did not answer): fast" in printed
+        assert "fast" not in fmt.load(out_plan, ShardPlan).devices()
+    finally:
+        for a in agents.values():
+            a.close()

@@ -82,3 +82,22 @@ def test_splitting_zero_sequences_into_micro_batches_is_refused():
     with pytest.raises(FormatError, match="at least one sequence"):
         split_micro_batches(0, 2)
     assert split_micro_batches(1, 3) == ((0,),)
+
+
+def test_a_plan_that_avoids_an_offline_agent_loads_and_runs_as_if_it_were_not_there(model_dir):
+    keys = CurveKeys.generate()
+    agents = {d: Agent(d, keys.public).start() for d in ("a", "b", "gone")}
+    try:
+        endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+            lost = threading.Event()
+            co.on_lost = lambda device: lost.set()
+            agents["gone"].close()
+            assert lost.wait(10)
+            plan = plan_from_boundaries("tiny-llama", 6, ["a", "b"], [3])
+            co.load(plan, model_dir)
+            result = co.run(plan, _request(5))
+            assert len(result.tokens[0]) == 5
+    finally:
+        for a in agents.values():
+            a.close()
