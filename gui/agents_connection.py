@@ -74,6 +74,7 @@ def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | di
     if agent_control is not None:
         devices.agent_control = agent_control
     devices.refresh()
+    state.set_agents(coordinator)
     watch_lost_agents(coordinator, devices, state)  # a killed agent shows as offline
     screens.profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name))
     from gui.cluster_backend import ClusterRunBackend

@@ -352,6 +352,8 @@ class DemoSession(QObject):
             return
         self._stopped = True
         if self.parts.coordinator is not None:
+            if self.state.agents is self.parts.coordinator:
+                self.state.set_agents(None)
             self.parts.coordinator.close()
             self.parts.coordinator = None
         self.trainer.shutdown(timeout_s=5.0)  # cancelling kills the training process at once

@@ -6,16 +6,22 @@ plan (Auto-solve: the fused planner; Compare: every partitioner side by side). T
 canvas draws one row per spatial layer: the solid part is the columns each device owns, the
 hatched band under it the input columns the device reads (its strip plus the halo), so a
 halo shows as hatching reaching into the neighbour's colour; a line marks each tile (group)
-where the gateway scatters and gathers.
+where the gateway scatters and gathers. *Run on agents* runs the plan on the connected agents
+(``StudioState.agents``: the demo cluster or an agents.json) on a worker thread
+(``core.techniques.spatial.run.run_and_record``): each image's strips land on the timeline as
+they finish, each image's latency and agreement with the single-device forward in the table,
+and the run is recorded (with its prediction) for the Sessions screen.
 """
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSpinBox,
-    QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QComboBox, QDoubleSpinBox, QFileDialog, QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSpinBox,
+    QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
 from agents.spatial import CnnSpec, Layer, group_input_ranges, strip_bounds
@@ -23,11 +29,14 @@ from core.errors import EdgeShardError
 from core.formats import load
 from core.techniques.spatial.cost import evaluate, single_device_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
+from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
 from gui.app import stage_color
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, panel_header
+from gui.timeline_view import TimelineView
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
+from gui.workers import TaskRunner
 
 
 def owned_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
@@ -188,8 +197,158 @@ class SpatialPlanView(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.NoFrame)
         scroll.setWidget(self.canvas)
-        lay.addWidget(scroll, 1)
+        split = QSplitter(Qt.Vertical)
+        split.setChildrenCollapsible(False)
+        split.addWidget(scroll)
+        split.addWidget(self._run_box())
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        lay.addWidget(split, 1)
+        self.runner = TaskRunner(self, name="spatial-run")
+        self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
+        self.runner.progress_reported.connect(self._on_runner_progress_reported)
+        self.runner.task_finished.connect(self._on_runner_task_finished)
+        self.runner.task_failed.connect(self._on_runner_task_failed)
+        self.runner.task_cancelled.connect(self._on_runner_task_cancelled)
+        self.runner.busy_changed.connect(lambda _b: self.update_run_controls())
+        state.agents_changed.connect(lambda _a: self.update_run_controls())
+        state.offline_changed.connect(lambda _o: self.update_run_controls())
         self.use_scenario()
+
+    def _run_box(self) -> QWidget:
+        box = QWidget()
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(0, 4, 0, 0)
+        row = QHBoxLayout()
+        self.run_images = QSpinBox()
+        self.run_images.setRange(1, 256)
+        self.run_images.setValue(8)
+        self.run_images.setAccessibleName("Images")
+        self.run_images.setToolTip("Random images (seeded) to classify on the agents")
+        self.run_button = QPushButton("Run on agents")
+        self.run_button.setToolTip("Run this plan on the connected agents: strips on their data plane, "
+                                   "each image checked against one device, recorded for Sessions")
+        self.run_button.clicked.connect(self.start_run)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop after the image in flight (what ran is recorded as stopped)")
+        self.stop_button.clicked.connect(self.stop_run)
+        self.run_status = QLabel("")
+        self.run_status.setAccessibleName("Run status")
+        for w in (QLabel("Images"), self.run_images, self.run_button, self.stop_button):
+            row.addWidget(w)
+        row.addWidget(self.run_status, 1)
+        lay.addLayout(row)
+        self.run_message = InlineMessage()
+        lay.addWidget(self.run_message)
+        self.timeline = TimelineView()
+        self.image_table = QTableWidget(0, 5)
+        self.image_table.setHorizontalHeaderLabels(["image", "ms", "class", "= 1 dev", "max |Δ|"])
+        self.image_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.image_table.verticalHeader().hide()
+        self.image_table.setAccessibleName("Images classified")
+        self.image_table.setToolTip("Per image: latency (first strip scattered → head done), top class, whether it "
+                                    "equals the single-device forward's, and max |scores − single-device scores|")
+        self.image_table.setMinimumWidth(320)
+        live = QSplitter(Qt.Horizontal)
+        live.setChildrenCollapsible(False)
+        live.addWidget(self.timeline)
+        live.addWidget(self.image_table)
+        live.setStretchFactor(0, 3)
+        live.setStretchFactor(1, 1)
+        lay.addWidget(live, 1)
+        return box
+
+    # running on agents ------------------------------------------------------------
+    def _agent_names(self) -> list[str]:
+        agents = self.state.agents
+        if agents is None:
+            return []
+        return [a for a in agents.endpoints if a not in self.state.offline_devices]
+
+    def run_blocker(self) -> str:
+        """Why *Run on agents* cannot start now ("" when it can): what the operator must do."""
+        if self.runner.is_busy():
+            return "a run is in progress: Stop it first"
+        if self.state.agents is None:
+            return "no agents connected: start the demo cluster or connect an agents.json (File menu)"
+        if self.plan is None or self.problem is None:
+            return "no plan: pick a strategy that finds one"
+        try:
+            on_agents(self.problem, self.plan, self._agent_names())
+        except EdgeShardError as err:
+            return str(err)
+        return ""
+
+    def update_run_controls(self) -> None:
+        why = self.run_blocker()
+        self.run_button.setEnabled(not why)
+        say_why_disabled({self.run_button: why})
+        self.stop_button.setEnabled(self.runner.is_busy())
+        say_why_disabled({self.stop_button: "no run in progress"})
+
+    def start_run(self) -> None:
+        why = self.run_blocker()
+        if why:
+            self.run_message.show_lines([why], "Cannot run on agents:")
+            return
+        problem, plan = on_agents(self.problem, self.plan, self._agent_names())
+        self.run_message.show_lines([])
+        self.image_table.setRowCount(0)
+        self.timeline.clear()
+        self.timeline.set_lanes(list(plan.devices))
+        self._run_t0 = time.monotonic()
+        self.run_status.setText("starting: " + ", ".join(f"{a} as {d}" for d, a in zip(self.plan.devices, plan.devices))
+                                + "…")
+        self.runner.start(_run_job, self.state.agents.link, problem, plan, self.run_images.value(),
+                          self.state.workspace, f"Spatial {time.strftime('%Y-%m-%d %H:%M')}",
+                          on_discarded=self._on_runner_task_finished_discarded)
+
+    def stop_run(self) -> None:
+        if self.runner.is_busy():
+            self.run_status.setText("stopping after the image in flight…")
+            self.runner.request_stop()
+
+    def _on_runner_partial_result_reported(self, _task: int, value) -> None:
+        events, res = value
+        self.timeline.append_events(events)
+        r = self.image_table.rowCount()
+        self.image_table.insertRow(r)
+        for c, text in enumerate((str(res.image), f"{res.latency_s * 1e3:.1f}", str(res.top_class),
+                                  "yes" if res.agrees else "NO", f"{res.max_abs_error:.1e}")):
+            self.image_table.setItem(r, c, QTableWidgetItem(text))
+        self.image_table.scrollToBottom()
+
+    def _on_runner_progress_reported(self, _task: int, done: float, total: float) -> None:
+        self.run_status.setText(f"image {int(done) + 1} of {int(total)}…")
+
+    def _on_runner_task_finished_discarded(self, out) -> None:
+        """A stopped run still returns what it measured and recorded: show it."""
+        self._on_runner_task_finished(0, out)
+
+    def _on_runner_task_finished(self, _task: int, out) -> None:
+        self.timeline.flush()
+        self.timeline.fit_all()
+        run = out.run
+        n = len(run.tokens)
+        rate = n / run.figures.duration_s if run.figures.duration_s > 0 else 0.0
+        recorded = (f"recorded as runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)"
+                    if out.run_ids else "not recorded: open a workspace to keep runs")
+        self.run_status.setText(f"{out.status}: {n} image(s), {rate:.1f} images/s, "
+                                f"max |scores − one device| = {out.max_abs_error:.1e}; {recorded}")
+        self.state.log(f"spatial run {out.status}: {n} image(s) on {len(self.timeline.lanes())} agents; {recorded}")
+
+    def _on_runner_task_failed(self, _task: int, message: str) -> None:
+        self.timeline.flush()
+        self.run_status.setText("failed")
+        self.run_message.show_lines([message], "The spatial run failed:")
+        self.state.log(f"spatial run failed: {message}", "error")
+
+    def _on_runner_task_cancelled(self, _task: int) -> None:
+        if not self.run_status.text().startswith("stopped"):
+            self.run_status.setText("stopped")
+
+    def shutdown(self) -> None:
+        self.runner.shutdown(timeout_s=30.0)
 
     # problem ----------------------------------------------------------------------
     def use_scenario(self) -> None:
@@ -224,6 +383,7 @@ class SpatialPlanView(QWidget):
             self.plan = None
             self.message.show_lines([out.error], f"{name} found no plan:")
             self.canvas.show_plan(None, None)
+            self.update_run_controls()
             return
         self.plan = out.plan
         one = single_device_seconds(self.problem)
@@ -234,6 +394,7 @@ class SpatialPlanView(QWidget):
             f"{len(out.plan.groups)} tiles, {cost.moved_bytes / 1e6:.1f} MB moved per image"
             + ("" if cost.fits else " — does NOT fit in memory"))
         self.canvas.show_plan(self.problem.model.spec(), out.plan)
+        self.update_run_controls()
 
     def auto_solve(self) -> None:
         self.strategy.setCurrentText("fused")
@@ -254,3 +415,17 @@ class SpatialPlanView(QWidget):
                 self.table.setItem(r, c, QTableWidgetItem(text))
         self.table.resizeColumnsToContents()
         self.table.show()
+
+
+def _run_job(reporter, link, problem: SpatialProblem, plan: SpatialPlan, n: int, workspace: str, session: str):
+    """Worker: ``n`` seeded random images through ``run_and_record``, each image reported as it lands."""
+    import torch
+
+    from core.techniques.spatial.run import run_and_record
+
+    spec = problem.model.spec()
+    images = torch.randn(n, 3, spec.image, spec.image, generator=torch.Generator().manual_seed(0))
+    reporter.status("synchronising clocks")
+    link.sync_clocks()
+    return run_and_record(link, problem, plan, images, workspace=workspace, session=session, reporter=reporter,
+                          on_image=lambda events, _token, result: reporter.partial_result((events, result)))

@@ -24,6 +24,8 @@ class StudioState(QObject):
     plan_changed = Signal(object)
     model_changed = Signal(str)
     connection_changed = Signal(str)
+    agents_changed = Signal(object)
+    """The connected agents' ``Coordinator`` (demo cluster or agents.json), or None."""
     offline_changed = Signal(object)
     """tuple[str, ...]: the devices now offline."""
     last_run_changed = Signal()
@@ -43,6 +45,8 @@ class StudioState(QObject):
         """Checkpoint directory of the selected model, when it can be run."""
         self.connection: str = "not connected"
         self.offline_devices: tuple[str, ...] = ()
+        self.agents = None
+        """The connected agents' ``Coordinator`` (techniques with their own run driver use its link)."""
         self.last_run_events: tuple = ()
         self.last_run_tokens: tuple = ()
         """The last run's timeline and token events (the Cluster screen's measured traffic)."""
@@ -63,6 +67,11 @@ class StudioState(QObject):
         if tuple(devices) != self.offline_devices:
             self.offline_devices = tuple(devices)
             self.offline_changed.emit(self.offline_devices)
+
+    def set_agents(self, coordinator) -> None:
+        if coordinator is not self.agents:
+            self.agents = coordinator
+            self.agents_changed.emit(coordinator)
 
     def set_model(self, name: str, path: str = "") -> None:
         self.model_path = path or self.model_path

@@ -120,6 +120,12 @@ class _DisabledReason(QObject):
 
 
 def say_why_disabled(reasons: dict[QWidget, str]) -> None:
-    """Disabled controls say why in their tooltip (and what to do), not only what they would do."""
+    """Disabled controls say why in their tooltip (and what to do), not only what they would do.
+    Saying it again for a widget replaces its reason (a reason that changes with the state)."""
     for widget, why in reasons.items():
-        _DisabledReason(widget, why)
+        known = widget.findChild(_DisabledReason, options=Qt.FindDirectChildrenOnly)
+        if known is None:
+            _DisabledReason(widget, why)
+        else:
+            known.why = why
+            known._apply(widget)

@@ -228,15 +228,17 @@ class AgentLink:
             if f is fut:
                 self._pending.pop(req, None)
 
-    def await_reply(self, device: str, fut: cf.Future, timeout_s: float, what: str):
-        """The reply in ``fut``; ``RunFailed`` as soon as ``device`` is lost or after ``timeout_s``."""
+    def await_reply(self, device: str, fut: cf.Future, timeout_s: float, what: str, *, peers: Sequence[str] = ()):
+        """The reply in ``fut``; ``RunFailed`` as soon as ``device`` or one of ``peers`` (agents it
+        waits on over the data plane) is lost, or after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 return fut.result(timeout=0.2)
             except cf.TimeoutError:
-                if self.is_lost(device):
-                    raise RunFailed(f"agent lost while {what}", device) from None
+                for d in (device, *peers):
+                    if self.is_lost(d):
+                        raise RunFailed(f"agent lost while {what}", d) from None
                 if time.monotonic() > deadline:
                     raise RunFailed(f"no answer while {what} after {timeout_s:.0f} s", device) from None
 

@@ -45,3 +45,17 @@ def test_the_reason_goes_when_the_button_is_enabled_and_returns_when_disabled(wi
     assert UNAVAILABLE not in stop.toolTip() and stop.toolTip().startswith("Stop the run")
     stop.setEnabled(False)
     assert stop.toolTip().count(UNAVAILABLE) == 1
+
+
+def test_saying_why_again_replaces_the_reason_instead_of_adding_one(qtbot):
+    from PySide6.QtWidgets import QPushButton
+
+    from gui.widgets import say_why_disabled
+
+    b = QPushButton("Go")
+    qtbot.addWidget(b)
+    b.setToolTip("Does it")
+    b.setEnabled(False)
+    say_why_disabled({b: "first reason"})
+    say_why_disabled({b: "second reason"})
+    assert b.toolTip() == "Does it" + UNAVAILABLE + "second reason"

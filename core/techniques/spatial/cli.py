@@ -154,10 +154,8 @@ def _run(args) -> int:
     from core.devices.agent_link import AgentLink
     from core.errors import EdgeShardError
     from core.paths import workspace_file
-    from core.sessions.recording import append_predicted
-    from core.sessions.store import SessionStore
     from core.techniques.spatial.problem import SpatialPlan
-    from core.techniques.spatial.run import run_spatial
+    from core.techniques.spatial.run import record, run_spatial
     from core.techniques.spatial.simulator import simulate
     from core.techniques.spatial.strategies import run_strategy
 
@@ -179,16 +177,7 @@ def _run(args) -> int:
     ref = build_network(spec, seed=args.seed).forward(images)
     err = float((torch.tensor(run.scores) - ref).abs().max())
     sim = simulate(problem, plan, images=args.images)
-    with SessionStore(args.workspace or workspace_file()) as store:
-        session = store.create_session(args.session)
-        ids = []
-        for kind, result in (("measured", run), ("predicted", sim)):
-            run_id = store.create_run(session, model=spec.name, mode="sequential", kind=kind,
-                                      settings={"technique": "spatial", "strategy": plan.strategy,
-                                                "plan": msgspec.to_builtins(plan)})
-            append_predicted(store, run_id, result.events, result.tokens)
-            store.finish_run(run_id, "completed", result.figures)
-            ids.append(run_id)
+    ids = record(args.workspace or workspace_file(), args.session, problem, plan, run, seed=args.seed)
     measured, predicted = run.figures.duration_s, sim.figures.duration_s
     print(f"{args.images} images on {len(plan.devices)} agents ({plan.strategy}, {len(plan.groups)} tiles): "
           f"{measured:.3f} s measured, {predicted:.3f} s predicted; max |scores - one device| = {err:.2e}; "

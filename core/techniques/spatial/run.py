@@ -12,14 +12,16 @@ never pass through this process or the control channel, and the agents' emulated
 shared ``TimelineEvent``s (scatter = ``recv_wait``, ``compute``, gather = ``send``, on each
 device's lane; agent clocks mapped through the link's offset estimates) so recording, replay
 and the timeline take a real run like a simulated one; ``on_image`` gets them image by image
-(the live timeline).
+(the live timeline, with the image's class scores). ``on_agents`` names a plan's devices as the
+connected agents, ``run_and_record`` runs and records a run like ``edgeshard spatial run`` (the
+studio's *Run on agents*; the CLI records through ``record``).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -48,7 +50,8 @@ class SpatialRun(msgspec.Struct, frozen=True, kw_only=True):
 
 def run_spatial(link, problem: SpatialProblem, plan: SpatialPlan, images, *, seed: int = 0,
                 timeout_s: float = 120.0, reporter: Reporter | None = None,
-                on_image: Callable[[list[TimelineEvent], TokenEvent], None] | None = None) -> SpatialRun:
+                on_image: Callable[[list[TimelineEvent], TokenEvent, tuple[float, ...]], None] | None = None,
+                ) -> SpatialRun:
     """Run ``images`` (N×3×H×W float tensor) on the plan's agents (named as the plan's devices).
     ``RunFailed`` names the device that failed; ``SpatialInputError`` an image too large for one
     control frame before anything is sent. The agents are stopped however the run ends."""
@@ -95,7 +98,7 @@ def run_spatial(link, problem: SpatialProblem, plan: SpatialPlan, images, *, see
                                           data=x.numpy().astype("<f4").tobytes())))
             t_sent, fut = sent.pop(i)
             reply = _reply(link, gw, fut, timeout_s * (len(plan.groups) + 1), f"classifying image {i}",
-                           expect=ImageClassified)
+                           expect=ImageClassified, peers=workers)
             window = (t_sent - t_run, time.time() - t_run)
             if len(reply.scores) != ref.classes or reply.image != i:
                 raise RunFailed(f"image {i}: the gateway answered image {reply.image} with {len(reply.scores)} "
@@ -108,7 +111,7 @@ def run_spatial(link, problem: SpatialProblem, plan: SpatialPlan, images, *, see
             tokens.append(token)
             scores.append(reply.scores)
             if on_image is not None:
-                on_image(mine, token)
+                on_image(mine, token, reply.scores)
         for _, fut in sent.values():
             link.forget(fut)
     finally:
@@ -128,8 +131,8 @@ def _stop(link, devices, run_id: str) -> None:
             pass
 
 
-def _reply(link, device: str, fut, timeout_s: float, what: str, *, expect):
-    reply = link.await_reply(device, fut, timeout_s, what)
+def _reply(link, device: str, fut, timeout_s: float, what: str, *, expect, peers=()):
+    reply = link.await_reply(device, fut, timeout_s, what, peers=peers)
     if isinstance(reply, ErrorReply):
         raise RunFailed(f"{what}: refused ({reply.code}): {reply.message}", device)
     if expect is not None and not isinstance(reply, expect):
@@ -166,3 +169,113 @@ def strip_events(link, gateway: str, image: int, st: StripTimes, t_run: float,
         out.append(TimelineEvent(kind="send", start_s=te - t_run, end_s=t3 - t_run, nbytes=st.out_bytes,
                                  peer=gateway, **common))
     return out
+
+
+def on_agents(problem: SpatialProblem, plan: SpatialPlan,
+              agents: Sequence[str]) -> tuple[SpatialProblem, SpatialPlan]:
+    """The problem and plan with the plan's devices named as ``agents`` (sorted; the gateway, the
+    plan's first device, on the first agent), unchanged when the plan already names agents: a plan
+    made on the scenario's devices runs on whatever agents are connected. Pure."""
+    if set(plan.devices) <= set(agents):
+        return problem, plan
+    agents = sorted(agents)
+    if len(agents) < len(plan.devices):
+        raise SpatialInputError(f"the plan uses {len(plan.devices)} devices but {len(agents)} agent(s) are "
+                                f"connected: connect more agents or plan for {len(agents)} nodes")
+    names = dict(zip(plan.devices, agents))
+    devices = tuple(msgspec.structs.replace(d, id=names[d.id]) for d in problem.devices if d.id in names)
+    return (msgspec.structs.replace(problem, devices=devices, gateway=names[plan.devices[0]]),
+            msgspec.structs.replace(plan, devices=tuple(names[d] for d in plan.devices)))
+
+
+def record(workspace: str, session: str, problem: SpatialProblem, plan: SpatialPlan, measured: SpatialRun,
+           *, status: str = "completed", seed: int = 0) -> tuple[int, int]:
+    """Store ``measured`` and the simulator's prediction for as many images as two runs of a new
+    session (Sessions replays and compares them); returns their run ids."""
+    from core.sessions.recording import append_predicted
+    from core.sessions.store import SessionStore
+    from core.techniques.spatial.simulator import simulate
+
+    spec = problem.model.spec()
+    predicted = simulate(problem, plan, images=max(1, len(measured.tokens)))
+    with SessionStore(workspace) as store:
+        session_id = store.create_session(session)
+        ids = []
+        for kind, result, end in (("measured", measured, status), ("predicted", predicted, "completed")):
+            run_id = store.create_run(session_id, model=spec.name, mode="sequential", kind=kind,
+                                      settings={"technique": "spatial", "strategy": plan.strategy, "seed": seed,
+                                                "plan": msgspec.to_builtins(plan)})
+            append_predicted(store, run_id, result.events, result.tokens)
+            store.finish_run(run_id, end, result.figures)
+            ids.append(run_id)
+    return ids[0], ids[1]
+
+
+class ImageResult(msgspec.Struct, frozen=True):
+    """One image of a live run, as the studio lists it."""
+
+    image: int
+    latency_s: float
+    """First strip scattered → the head's end, on the run's timeline."""
+    top_class: int
+    agrees: bool
+    """The top class equals the single-device forward's."""
+    max_abs_error: float
+    """max |scores − single-device scores|."""
+
+
+class RecordedRun(msgspec.Struct, frozen=True):
+    run: SpatialRun
+    status: str
+    """completed, stopped or failed."""
+    max_abs_error: float
+    run_ids: tuple[int, ...]
+    """(measured, predicted) when recorded."""
+
+
+def run_and_record(link, problem: SpatialProblem, plan: SpatialPlan, images, *, seed: int = 0,
+                   workspace: str = "", session: str = "spatial", reporter: Reporter | None = None,
+                   on_image: Callable[[list[TimelineEvent], TokenEvent, ImageResult], None] | None = None,
+                   ) -> RecordedRun:
+    """``run_spatial`` with each image checked against the single-device forward as it arrives, and
+    the run (completed, stopped by ``reporter``, or failed part way: what was measured) recorded in
+    ``workspace`` when given. A failure is recorded, then raised."""
+    import torch
+
+    from agents.spatial import build_network
+
+    ref = build_network(problem.model.spec(), seed=seed).forward(images)
+    events: list[TimelineEvent] = []
+    tokens: list[TokenEvent] = []
+    scores: list[tuple[float, ...]] = []
+
+    def seen(mine, token, image_scores):
+        i = token.step
+        err = float((torch.tensor(image_scores) - ref[i]).abs().max())
+        latency = max(e.end_s for e in mine) - min(e.start_s for e in mine) if mine else 0.0
+        result = ImageResult(image=i, latency_s=latency, top_class=token.token_ids[0],
+                             agrees=token.token_ids[0] == int(ref[i].argmax()), max_abs_error=err)
+        events.extend(mine)
+        tokens.append(token)
+        scores.append(tuple(image_scores))
+        if on_image is not None:
+            on_image(mine, token, result)
+
+    def partial() -> SpatialRun:
+        evs = sorted(events, key=lambda e: (e.start_s, e.device))
+        return SpatialRun(scores=tuple(scores), events=tuple(evs), tokens=tuple(tokens),
+                          figures=compute_figures(evs, tokens))
+
+    def max_err(run: SpatialRun) -> float:
+        return float((torch.tensor(run.scores) - ref[:len(run.scores)]).abs().max()) if run.scores else 0.0
+
+    try:
+        run = run_spatial(link, problem, plan, images, seed=seed, reporter=reporter, on_image=seen)
+    except RunFailed as err:
+        run = partial()
+        ids = record(workspace, session, problem, plan, run, status="failed", seed=seed) if workspace else ()
+        raise RunFailed(err.reason + (f" (recorded as run {ids[0]}, failed)" if ids else ""), err.device) from err
+    stopped = reporter is not None and reporter.cancel_requested() and len(run.tokens) < images.shape[0]
+    status = "stopped" if stopped else "completed"
+    ids = record(workspace, session, problem, plan, run, status=status, seed=seed) if workspace else ()
+    return RecordedRun(run=run, status=status, max_abs_error=max_err(run), run_ids=tuple(ids))

@@ -84,7 +84,7 @@ def test_a_worker_that_stops_answering_fails_the_image_naming_it_and_every_agent
         link.wait_ready(timeout_s=30)
         pid = lc.pid_of("local-1")
 
-        def freeze(events, token):
+        def freeze(events, token, _scores):
             if token.step == 0:
                 os.kill(pid, signal.SIGSTOP)
                 threading.Timer(4.0, os.kill, (pid, signal.SIGCONT)).start()

@@ -91,3 +91,18 @@ def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
         assert [r.kind for r in runs] == ["measured", "predicted"]
         assert len(store.tokens(runs[0].id)) == 2
         assert Replay.from_store(store, runs[0].id).duration_s > 0
+
+
+def test_a_plan_on_scenario_devices_is_named_as_the_agents_gateway_first_and_too_few_agents_are_refused():
+    from core.techniques.spatial.problem import check
+    from core.techniques.spatial.run import on_agents
+
+    problem = make_problem((4.0, 2.0, 1.0), 100.0)
+    plan = run_strategy(problem, "even").plan
+    p2, plan2 = on_agents(problem, plan, ["local-2", "local-0", "local-1", "local-3"])
+    assert plan2.devices == ("local-0", "local-1", "local-2") and p2.gateway == "local-0"
+    assert plan2.widths == plan.widths and [d.time for d in p2.devices] == [d.time for d in problem.devices]
+    check(p2, plan2)
+    assert on_agents(p2, plan2, ["local-0", "local-1", "local-2"]) == (p2, plan2)
+    with pytest.raises(SpatialInputError, match="the plan uses 3 devices but 2 agent"):
+        on_agents(problem, plan, ["local-0", "local-1"])
