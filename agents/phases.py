@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader, torch_dtype
+from agents.phase_kinds import KINDS
 from agents.protocol import (
     MAX_RNG_STATE,
     DecodeTokens,
@@ -36,9 +37,6 @@ from agents.protocol import (
     TokensDecoded,
 )
 from agents.sampling import SamplingParams, sample
-
-KINDS = {"encode": "epd-encode", "prefill": "epd-prefill", "decode": "epd-decode"}
-"""Phase → stage kind (``LoadShard.kind``)."""
 
 
 class PhaseRequestError(ValueError):

@@ -18,11 +18,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import functools
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    import torch
 
 from agents.protocol import (
     MAX_SOCKET_MESSAGE,
@@ -139,23 +144,30 @@ def harden(sock: zmq.Socket) -> None:
 
 # ---------------------------------------------------------------------------- tensors
 
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-}
-_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+@functools.cache
+def _torch_dtypes() -> dict:
+    """Wire name → torch dtype. torch is imported on first use, not with this module: the
+    studio imports the coordinator (and so this module) at launch, and torch alone took
+    most of its launch time; a tensor is first framed only when a run starts."""
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
+
+
+@functools.cache
+def _dtype_names() -> dict:
+    return {v: k for k, v in _torch_dtypes().items()}
 
 
 def tensor_frame(t: torch.Tensor) -> tuple[TensorSpec, object]:
     """The spec and a zero-copy buffer of a tensor (bfloat16 travels as raw 16-bit words)."""
+    import torch
+
     t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    spec = TensorSpec(_DTYPE_NAMES[t.dtype], tuple(t.shape))
+    spec = TensorSpec(_dtype_names()[t.dtype], tuple(t.shape))
     if t.dtype == torch.bfloat16:
         buf = t.view(torch.int16).numpy()
     else:
@@ -172,7 +184,9 @@ def tensor_from_frame(spec: TensorSpec, buf: memoryview) -> torch.Tensor:
     and viewing read-only memory would let a write corrupt an immutable object (torch warns
     about exactly that).
     """
-    dtype = _TORCH_DTYPES[spec.dtype]
+    import torch
+
+    dtype = _torch_dtypes()[spec.dtype]
     if buf.nbytes == 0:
         return torch.empty(spec.shape, dtype=dtype)
     if not isinstance(buf, memoryview):

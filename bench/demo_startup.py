@@ -37,12 +37,18 @@ def child(t_spawn: float, root: str) -> None:
     QSettings.setDefaultFormat(QSettings.IniFormat)
     QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, os.path.join(root, "settings"))
     app = create_app()
-    window = MainWindow()
     import inspect
 
+    import gui.launch
+
     extra = {"train": False} if "train" in inspect.signature(DemoSession).parameters else {}  # older demos: no training
-    demo = DemoSession(window.state, window=window, workspace=os.path.join(root, "demo.edgeshard"),
-                       model_root=os.path.join(root, "models"), **extra)
+    options = dict(workspace=os.path.join(root, "demo.edgeshard"), model_root=os.path.join(root, "models"), **extra)
+    if hasattr(gui.launch, "open_demo_window"):  # as `edgeshard studio --demo` opens it (agents started first)
+        window, demo = gui.launch.open_demo_window(**options)
+    else:
+        window = MainWindow()
+        demo = DemoSession(window.state, window=window, **options)
+        demo.start()
 
     def wait(signal, timeout_s: float) -> None:
         loop = QEventLoop()
@@ -50,7 +56,6 @@ def child(t_spawn: float, root: str) -> None:
         QTimer.singleShot(int(timeout_s * 1000), loop.quit)
         loop.exec()
 
-    demo.start()
     window.show()
     wait(demo.ready, 120)
     ready = time.time() - t_spawn

@@ -6,16 +6,30 @@ from gui.app import create_app
 from gui.main_window import MainWindow
 
 
+def open_demo_window(workspace: str | None = None, **demo_options):
+    """The main window and a started ``DemoSession``. The demo's agents are started before the
+    window is built, so their start-up (each agent process imports torch) overlaps building
+    the window instead of following it; the demo's results reach the window through queued
+    signals, delivered once the event loop runs."""
+    from gui.demo import DemoSession
+    from gui.studio_state import StudioState
+
+    state = StudioState()
+    demo_session = DemoSession(state, workspace=workspace, **demo_options)
+    demo_session.start()
+    window = MainWindow(state)
+    state.setParent(window)
+    demo_session.window = window
+    return window, demo_session
+
+
 def launch(workspace: str | None = None, profile: str | None = None, demo: bool = False) -> int:
     app = create_app()
-    window = MainWindow()
     demo_session = None
     if demo:
-        from gui.demo import DemoSession
-
-        demo_session = DemoSession(window.state, window=window, workspace=workspace)
-        demo_session.start()
+        window, demo_session = open_demo_window(workspace)
     else:
+        window = MainWindow()
         window.restore_last_workspace()  # the demo keeps its own workspace, and does not replace this one
         if workspace:
             window.open_workspace(workspace)

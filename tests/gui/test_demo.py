@@ -207,3 +207,28 @@ def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_a
         demo.stop()
     # the next launch uses the trained model at once
     assert demo_module.ensure_demo_model(NullReporter(), root) == root / "demo-llama-trained"
+
+
+def test_the_demo_window_opened_as_the_cli_does_starts_agents_first_and_attaches_them(qtbot, tmp_path, model_root):
+    """``edgeshard studio --demo`` starts the agents before building the window (their start-up
+    overlaps it); once ready the window shows them as any demo does."""
+    from PySide6.QtCore import QSettings
+
+    from gui.launch import open_demo_window
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+    studio_app.create_app()
+    window, demo = open_demo_window(str(tmp_path / "demo.edgeshard"), workdir=str(tmp_path / "work"),
+                                    model_root=str(model_root), devices=("dev-a", "dev-b"), train=False)
+    qtbot.addWidget(window)
+    try:
+        assert demo.runner.is_busy()  # started before the window was built
+        assert demo.window is window and window.state is demo.state
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            pass
+        assert sorted(window.screens.devices.registry.records) == ["dev-a", "dev-b"]
+        assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
+    finally:
+        window.close()
+        demo.stop()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.phases import KINDS
+from agents.phase_kinds import KINDS  # not agents.phases: that imports torch
 from core.models.units import ModelSpec
 from core.techniques import Technique
 from core.techniques.phase_disaggregation.baselines import STRATEGIES, EpdOutcome, run_strategy
