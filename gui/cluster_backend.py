@@ -76,7 +76,8 @@ class ClusterRunBackend:
         self._loaded_with_sent_weights = settings.send_weights
         return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
                 "recoveries": [f"{r.failed} lost at step {r.step}: re-planned onto {', '.join(r.new_stages)}"
-                               for r in out.result.recoveries]}
+                               for r in out.result.recoveries],
+                "recovered_plan": out.result.plan if out.result.recoveries else None}
 
     def stop(self) -> None:
         self.coordinator.stop()

@@ -77,11 +77,11 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
     """Worker-thread job: run ``settings`` on ``backend`` and record it in ``workspace``.
 
     Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
-    The recorded status is completed / stopped / failed, whatever happens.
+    The recorded status is completed / stopped / failed, whatever happens. Returns what the
+    backend said of the run (its recoveries, the plan it ended on) with the recorded ids.
     """
     if not workspace:
-        _run_backend(reporter, backend, settings, sink)
-        return {}
+        return _run_backend(reporter, backend, settings, sink)
     from core.runs.batching import batching_settings
     from core.sessions.recording import record_run
 
@@ -93,24 +93,25 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
         ids = {"session_id": run.session_id, "run_id": run.run_id}
         reporter.partial_result(ids)
         try:
-            _run_backend(reporter, backend, settings, FanoutSink(sink, run.recorder))
+            said = _run_backend(reporter, backend, settings, FanoutSink(sink, run.recorder))
         except Cancelled:
             run.status = "stopped" if reporter.cancel_requested() else "failed"
             raise
         run.status = "completed"
-        return ids
+        return {**said, **ids}
 
 
-def _run_backend(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink) -> None:
+def _run_backend(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink) -> dict:
     """Run to the end; a run ended by Stop (however the backend ended it) raises ``Cancelled``."""
     try:
-        backend.run(settings, sink, reporter)
+        said = backend.run(settings, sink, reporter)
     except RunFailed:
         if reporter.cancel_requested():
             raise Cancelled() from None
         raise
     if reporter.cancel_requested():
         raise Cancelled()
+    return said if isinstance(said, dict) else {}
 
 
 class RunPanel(QWidget):
@@ -392,6 +393,12 @@ class RunPanel(QWidget):
         recovered = result.get("recoveries", []) if isinstance(result, dict) else []
         self._finish("completed", f"Run completed: {fig.tokens} tokens in {fig.duration_s:.2f} s."
                      + "".join(f" Recovered: {r}." for r in recovered))
+        new_plan = result.get("recovered_plan") if isinstance(result, dict) else None
+        if new_plan is not None and self.state is not None:
+            # The old plan names the lost device, so the next run would be refused: the plan the
+            # run finished on becomes the current one (the Plan screen shows it; auto-solve redoes it).
+            self.state.set_plan(new_plan)
+            self.state.log("The plan the run recovered onto is now the current plan.", "info")
 
     def _on_runner_task_failed(self, task_id: int, message: str) -> None:
         self.message.show_lines([message], "The run failed:")

@@ -416,6 +416,34 @@ def test_the_run_screen_recovers_from_a_lost_device_by_default_and_can_be_set_to
     assert panel.on_failure_combo.currentData() == "stop"
 
 
+class _RecoveringBackend(PacedBackend):
+    """A run that lost a device and finished on another plan, as ClusterRunBackend reports it."""
+
+    def __init__(self, events, tokens, recovered_plan):
+        super().__init__(events, tokens, speed=8.0)
+        self.recovered_plan = recovered_plan
+
+    def run(self, settings, sink, reporter):
+        super().run(settings, sink, reporter)
+        return {"run_id": "r", "wall_s": 0.1, "texts": [], "recoveries": ["server lost at step 3: re-planned onto "
+                                                                           "phone, laptop"],
+                "recovered_plan": self.recovered_plan}
+
+
+def test_after_a_recovery_the_plan_the_run_finished_on_becomes_the_current_plan(qtbot, state, run_data):
+    _, plan, events, tokens = run_data
+    survivors = msgspec.structs.replace(plan, stages=tuple(
+        msgspec.structs.replace(st, device=DEVICES[i % 2]) for i, st in enumerate(plan.stages[:2])))
+    survivors = msgspec.structs.replace(survivors, stages=(
+        *survivors.stages[:-1], msgspec.structs.replace(survivors.stages[-1], end=plan.stages[-1].end)))
+    panel = _panel(qtbot, state, _RecoveringBackend(events, tokens, survivors))
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"]
+    assert "Recovered: server lost at step 3" in panel.status_label.text()
+    assert state.plan == survivors
+
+
 def test_the_run_screen_refuses_a_plan_on_an_offline_device_naming_it(qtbot, real_cluster, tmp_path):
     from gui.cluster_backend import ClusterRunBackend
 
