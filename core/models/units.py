@@ -75,8 +75,9 @@ ACTIVATION_BYTES: dict[str, float] = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "in
 """Bytes per activation / KV element. int8 and int4 are weight-only quantization (as in
 GPTQ, AWQ, llama.cpp): activations and the KV cache stay in 16-bit."""
 
-TOKEN_ID_BYTES = 4
-"""The head's output after sampling: one int32 token id per sequence."""
+TOKEN_ID_BYTES = 8
+"""The head's output after sampling: one token id per sequence, int64 as the agents send it
+(agents/protocol data frames; the Cluster screen measured 8 B per token where 4 were predicted)."""
 
 LOGIT_BYTES = 4
 """Logits are computed in fp32 before sampling (the head's workspace)."""

@@ -52,7 +52,7 @@ def test_block_sizes_follow_the_config_at_fp16():
     assert block.workspace_bytes_per_token == 2 * 28672 * 2
     assert block.param_bytes == block.params * 2
     head = spec.units[-1]
-    assert head.activation_bytes_per_token == 4  # the sampled token id
+    assert head.activation_bytes_per_token == 8  # the sampled token id, int64 as the agents send it
     assert head.workspace_bytes_per_token == 32000 * 4  # fp32 logits
     assert spec.units[0].kv_bytes_per_token == 0
 
