@@ -23,7 +23,7 @@ import msgspec
 
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
 from core.arguments import SEED, THREADS, TOKENS, float_in, int_in
-from core.errors import FormatError, RunFailed
+from core.errors import DeployError, FormatError, RunFailed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -294,6 +294,8 @@ def _register_cluster(sub) -> None:
     s.add_argument("--memory-mib", default=None, help="emulated memory budget per agent, enforced on shard "
                    "weights (one value, or one per agent: 24,16,12)")
     s.add_argument("--slowdown", default=None, help="emulated compute slowdown per agent, >= 1 (one or per agent)")
+    s.add_argument("--restart", action="store_true", help="start an agent that exits again, on its ports and key "
+                   "(coordinators reach it where they did)")
     s.set_defaults(func=cmd_cluster_local)
 
 
@@ -327,13 +329,24 @@ def cmd_cluster_local(args) -> int:
         print("Press Ctrl-C to stop.", flush=True)
         reported: set[str] = set()
         while not stop.wait(1.0):
-            for p in cluster._procs:  # one agent's death is reported, the others stay up
-                code = p.popen.poll()
-                if code is not None and p.device not in reported:
-                    reported.add(p.device)
-                    print(f"edgeshard: agent {p.device} exited (status {code}); the other agents stay up",
+            for device, code in cluster.exited():  # one agent's death is reported, the others stay up
+                if device in reported:
+                    continue
+                if args.restart:
+                    print(f"edgeshard: agent {device} exited (status {code}); restarting it", file=sys.stderr,
+                          flush=True)
+                    try:
+                        e = cluster.restart(device)
+                    except DeployError as err:
+                        print(f"edgeshard: {err}", file=sys.stderr, flush=True)
+                        reported.add(device)
+                        continue
+                    print(f"{e.device}  {e.control_address}  {e.public_key}  (restarted)", flush=True)
+                else:
+                    reported.add(device)
+                    print(f"edgeshard: agent {device} exited (status {code}); the other agents stay up",
                           file=sys.stderr, flush=True)
-            if len(reported) == len(cluster._procs):
+            if len(reported) == len(cluster.devices):
                 raise RunFailed("every local agent exited")
     finally:
         cluster.stop()

@@ -160,6 +160,7 @@ class LocalCluster:
         self.keys: CurveKeys | None = None
         self.endpoints: list[AgentEndpoint] = []
         self._procs: list[_Proc] = []
+        self._entries: list[AgentEntry] = []
 
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -182,29 +183,52 @@ class LocalCluster:
         try:
             for dev in self.devices:
                 self._procs.append(self._spawn(dev))
-            entries = []
-            for p in self._procs:
-                if not p.ready.wait(self.startup_timeout_s) or not p.line:
-                    tail = "\n".join(p.tail)
-                    raise DeployError(p.device, "local agent did not come up", hint=tail[-2000:] or "no output")
-                fields = dict(kv.split("=", 1) for kv in p.line.split()[1:])
-                entries.append(
-                    AgentEntry(
-                        device=p.device,
-                        control_address=f"tcp://127.0.0.1:{fields['control']}",
-                        public_key=fields["public_key"],
-                        pid=int(fields["pid"]),
-                    )
-                )
+            self._entries = [self._wait_ready(p) for p in self._procs]
         except BaseException:
             self.stop()
             raise
-        self.endpoints = [AgentEndpoint(e.device, e.control_address, e.public_key) for e in entries]
-        doc = AgentsFile(coordinator_key_file="coordinator.key", agents=tuple(entries))
-        self.agents_file.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+        self._write_agents_file()
         return self.endpoints
 
-    def _spawn(self, device: str) -> _Proc:
+    def restart(self, device: str) -> AgentEndpoint:
+        """Start ``device``'s agent again after it exited, on the ports and key it had, so a
+        coordinator that knew it reaches it at the same address (the agents file is rewritten
+        with its new pid). DeployError when it does not come up."""
+        at = next((i for i, p in enumerate(self._procs) if p.device == device), None)
+        if at is None:
+            raise DeployError(device, "not an agent of this local cluster", hint=f"its agents: {self.devices}")
+        old = self._procs[at]
+        if old.popen.poll() is None:
+            raise DeployError(device, "its agent is still running", hint="stop it first, or leave it")
+        fields = dict(kv.split("=", 1) for kv in old.line.split()[1:])
+        proc = self._spawn(device, ports=(int(fields["control"]), int(fields["data"])))
+        self._procs[at] = proc
+        try:
+            self._entries[at] = self._wait_ready(proc)
+        except DeployError:
+            proc.popen.kill()
+            raise
+        self._write_agents_file()
+        return self.endpoints[at]
+
+    def exited(self) -> list[tuple[str, int]]:
+        """(device, exit status) of each agent that is no longer running."""
+        return [(p.device, p.popen.returncode) for p in self._procs if p.popen.poll() is not None]
+
+    def _wait_ready(self, p: _Proc) -> AgentEntry:
+        if not p.ready.wait(self.startup_timeout_s) or not p.line:
+            tail = "\n".join(p.tail)
+            raise DeployError(p.device, "local agent did not come up", hint=tail[-2000:] or "no output")
+        fields = dict(kv.split("=", 1) for kv in p.line.split()[1:])
+        return AgentEntry(device=p.device, control_address=f"tcp://127.0.0.1:{fields['control']}",
+                          public_key=fields["public_key"], pid=int(fields["pid"]))
+
+    def _write_agents_file(self) -> None:
+        self.endpoints = [AgentEndpoint(e.device, e.control_address, e.public_key) for e in self._entries]
+        doc = AgentsFile(coordinator_key_file="coordinator.key", agents=tuple(self._entries))
+        self.agents_file.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+
+    def _spawn(self, device: str, ports: tuple[int, int] = (0, 0)) -> _Proc:
         assert self.keys is not None
         cmd = [
             self.python, "-m", "agents", "serve",
@@ -219,6 +243,8 @@ class LocalCluster:
             "--compute-slowdown", str(self.emulation[device].compute_slowdown),
             "--weights-dir", str(self.workdir / "weights" / device),
             "--exit-on-stdin-eof",
+            "--control-port", str(ports[0]),
+            "--data-port", str(ports[1]),
         ]  # fmt: skip
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, self.threads_per_agent)))

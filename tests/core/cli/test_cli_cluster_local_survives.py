@@ -38,3 +38,40 @@ def test_one_agent_killed_is_named_and_the_others_stay_up(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_with_restart_a_killed_agent_comes_back_where_it_was_and_answers(tmp_path):
+    from agents.transport import CurveKeys
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "core.cli", "cluster", "local", "-n", "2", "--dir", str(tmp_path),
+                             "--restart"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "agents up" not in proc.stdout.readline():
+            assert proc.poll() is None and time.monotonic() < deadline
+        before = {e["device"]: e for e in json.loads((tmp_path / "agents.json").read_text())["agents"]}
+        victim = sorted(before)[1]
+        os.kill(before[victim]["pid"], signal.SIGKILL)
+        while "(restarted)" not in proc.stdout.readline():
+            assert proc.poll() is None and time.monotonic() < deadline + 60
+        after = {e["device"]: e for e in json.loads((tmp_path / "agents.json").read_text())["agents"]}
+        assert after[victim]["pid"] != before[victim]["pid"]
+        assert after[victim]["control_address"] == before[victim]["control_address"]  # same ports, same key
+        assert after[victim]["public_key"] == before[victim]["public_key"]
+        keys = CurveKeys.load(tmp_path / "coordinator.key")
+        co = Coordinator([AgentEndpoint(d, e["control_address"], e["public_key"]) for d, e in after.items()], keys)
+        co.open()
+        try:
+            assert set(co.status_of(list(after), timeout_s=10.0)) == set(after)
+        finally:
+            co.close()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert f"agent {victim} exited" in err and "restarting it" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
