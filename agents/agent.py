@@ -510,24 +510,12 @@ class Agent:
             if self.device not in {p.device for p in msg.devices}:
                 self._reply_error(identity, req, "bad_message", f"device {self.device} is not in this spatial plan")
                 return
-            self._state = AgentState.RUNNING
-            self._stop_run = threading.Event()
-            self._run_id = msg.run_id
-            self._lease_holder = identity if msg.lease_s > 0 else None
-            self._lease_s = msg.lease_s
-            self._lease_renewed = time.monotonic()
-            self._work.put(("SpatialSetup", msg, self._stop_run))
+            self._take_run(identity, msg)
         elif isinstance(msg, HoldHeads):
             if self._state in (AgentState.RUNNING, AgentState.LOADING):
                 self._reply_error(identity, req, "bad_state", f"cannot hold attention heads while {self._state}")
                 return
-            self._state = AgentState.RUNNING
-            self._stop_run = threading.Event()
-            self._run_id = msg.run_id
-            self._lease_holder = identity if msg.lease_s > 0 else None
-            self._lease_s = msg.lease_s
-            self._lease_renewed = time.monotonic()
-            self._work.put(("HoldHeads", msg, self._stop_run))
+            self._take_run(identity, msg)
         elif isinstance(msg, ClassifyImage):
             session = self._spatial_run
             if session is None or not session.is_gateway or msg.run_id != self._run_id:
@@ -545,12 +533,8 @@ class Agent:
                 if self._loaded is None or self._state is not AgentState.READY:
                     self._reply_error(identity, req, "bad_state", f"cannot start a run while {self._state}")
                     return
-                self._state = AgentState.RUNNING
-                self._stop_run = threading.Event()
-                self._run_id = msg.run_id
-                self._lease_holder = identity if msg.lease_s > 0 else None
-                self._lease_s = msg.lease_s
-                self._lease_renewed = time.monotonic()
+                self._take_run(identity, msg)
+                return
             elif isinstance(msg, LoadShard):
                 if self._state in (AgentState.RUNNING, AgentState.LOADING):
                     self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
@@ -559,6 +543,17 @@ class Agent:
             self._work.put((type(msg).__name__, msg, self._stop_run))
         else:
             self._reply_error(identity, req, "bad_message", f"{type(msg).__name__} is not a request")
+
+    def _take_run(self, identity: bytes, msg) -> None:
+        """Start a run the sender holds a lease on: a fresh stop event (a late stop of the
+        last run cannot reach it), the run id a ``StopRun`` is compared with, then the work."""
+        self._state = AgentState.RUNNING
+        self._stop_run = threading.Event()
+        self._run_id = msg.run_id
+        self._lease_holder = identity if msg.lease_s > 0 else None
+        self._lease_s = msg.lease_s
+        self._lease_renewed = time.monotonic()
+        self._work.put((type(msg).__name__, msg, self._stop_run))
 
     def _on_weights(self, identity: bytes, msg) -> None:
         """Answered on the control thread: a chunk is one append and the hash is kept running."""
