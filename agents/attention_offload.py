@@ -372,8 +372,9 @@ class DataPlaneRouter:
         HeadRouter(shape, [_Covers(r) for r in ranges])  # the same coverage rule, same message
         self.agent, self.shape, self.timeout_s = agent, shape, timeout_s
         self.sides = sorted(services, key=lambda s: s.start)
-        self._senders: dict[str, object] = {}
-        self._socks: list = []
+        from agents.transport import PeerSenders
+
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
         self._last_mask: dict[int, torch.Tensor] = {}
         self.wire_bytes = 0
         self.header_bytes = 0
@@ -383,27 +384,10 @@ class DataPlaneRouter:
         self._segment_start = 0.0
 
     def _sender(self, side):
-        import zmq
-
-        from agents.transport import LinkSender, curve_client, harden
-
-        sender = self._senders.get(side.device)
-        if sender is None:
-            push = self.agent.context.socket(zmq.PUSH)
-            harden(push)
-            push.sndtimeo = 200
-            curve_client(push, self.agent.keys, side.public_key)
-            push.connect(side.data_address)
-            self._socks.append(push)
-            sender = self._senders[side.device] = LinkSender(push, self.agent.default_link, clock=self.agent.clock)
-        return sender
+        return self._senders.to(side.device, side, self.agent.default_link)
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
-        for sock in self._socks:
-            sock.close(linger=0)
-        self._senders, self._socks = {}, []
+        self._senders.close()
 
     def begin(self, group: int, step: int) -> None:
         """A prefill (step 0) or decode step of ``group`` starts: its dense segment opens."""
@@ -560,34 +544,18 @@ class HeadsService:
         self.store = AttentionStore(self.shape, range(msg.kv_start, msg.kv_stop))
         self.dense = {p.device: p for p in msg.dense}
         self._masks: dict[tuple[str, int], torch.Tensor] = {}
-        self._senders: dict[str, object] = {}
-        self._socks: list = []
+        from agents.transport import PeerSenders
+
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
         agent.gate_data([p.public_key for p in msg.dense])
 
     def _sender(self, device: str):
-        import zmq
-
-        from agents.transport import LinkSender, curve_client, harden
-
-        sender = self._senders.get(device)
-        if sender is None:
-            peer = self.dense[device]
-            push = self.agent.context.socket(zmq.PUSH)
-            harden(push)
-            push.sndtimeo = 200
-            curve_client(push, self.agent.keys, peer.public_key)
-            push.connect(peer.data_address)
-            self._socks.append(push)
-            shape = self.msg.link if self.msg.link.bandwidth_mbit_s or self.msg.link.latency_ms \
-                else self.agent.default_link
-            sender = self._senders[device] = LinkSender(push, shape, clock=self.agent.clock)
-        return sender
+        shape = self.msg.link if self.msg.link.bandwidth_mbit_s or self.msg.link.latency_ms \
+            else self.agent.default_link
+        return self._senders.to(device, self.dense[device], shape)
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
-        for sock in self._socks:
-            sock.close(linger=0)
+        self._senders.close()
 
     def serve(self) -> None:
         import zmq

@@ -367,32 +367,20 @@ class PhaseLinks:
         self.peers = {p.device: p for p in peers}
         self.held: dict[tuple[str, int, int], tuple[torch.Tensor, float]] = {}
         self.held_bytes = 0
-        self._senders: dict = {}
-        self._socks: list = []
+        from agents.transport import PeerSenders
+
+        self._senders = PeerSenders(agent.context, agent.keys, 1000, clock=agent.clock)
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
-        for sock in self._socks:
-            sock.close(linger=0)
+        self._senders.close()
 
     def send(self, device: str, kind: str, request: int, piece: int, x: torch.Tensor) -> None:
-        import zmq
-
         from agents.protocol import DataHeader
-        from agents.transport import LinkSender, curve_client, data_message, harden, tensor_frame
+        from agents.transport import data_message, tensor_frame
 
         if device not in self.peers or device == self.agent.device:
             raise PhaseRequestError(f"{device!r} is not a peer of this stage's pools")
-        sender = self._senders.get(device)
-        if sender is None:
-            push = self.agent.context.socket(zmq.PUSH)
-            harden(push)
-            push.sndtimeo = 1000
-            curve_client(push, self.agent.keys, self.peers[device].public_key)
-            push.connect(self.peers[device].data_address)
-            self._socks.append(push)
-            sender = self._senders[device] = LinkSender(push, self.agent.default_link, clock=self.agent.clock)
+        sender = self._senders.to(device, self.peers[device], self.agent.default_link)
         spec, buf = tensor_frame(x.float().contiguous())
         header = DataHeader(run_id="epd", kind=kind, phase="prefill", step=request, micro_batch=piece,
                             sender=self.agent.device, tensors=(spec,), t_sent=self.agent.clock())

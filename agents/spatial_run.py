@@ -38,10 +38,9 @@ from agents.protocol import (
 from agents.spatial import group_input_ranges, network_for, strip_bounds
 from agents.transport import (
     LinkSender,
+    PeerSenders,
     RunAborted,
-    curve_client,
     data_message,
-    harden,
     tensor_frame,
     tensor_from_frame,
 )
@@ -83,8 +82,7 @@ class SpatialSession:
         self.bounds = [dict(zip(self.order, strip_bounds(row))) for row in msg.widths]
         self.is_gateway = agent.device == msg.gateway
         self.images: queue.Queue[ClassifyImage] = queue.Queue()
-        self._senders: dict[str, LinkSender] = {}
-        self._socks: list[zmq.Socket] = []
+        self._senders = PeerSenders(agent.context, agent.keys, SEND_TIMEOUT_MS, clock=self.clock)
         agent.gate_data([p.public_key for p in msg.devices if p.device != agent.device] if self.is_gateway
                         else [self.peers[msg.gateway].public_key])
 
@@ -92,22 +90,10 @@ class SpatialSession:
     def _sender(self, device: str) -> LinkSender:
         """The PUSH to ``device``'s data socket, connected at first use: by then the coordinator
         has had every device's setup answered, so the peer allows our key."""
-        sender = self._senders.get(device)
-        if sender is None:
-            push = self.agent.context.socket(zmq.PUSH)
-            harden(push)
-            push.sndtimeo = SEND_TIMEOUT_MS
-            curve_client(push, self.agent.keys, self.peers[device].public_key)
-            push.connect(self.peers[device].data_address)
-            self._socks.append(push)
-            sender = self._senders[device] = LinkSender(push, self.agent.default_link, clock=self.clock)
-        return sender
+        return self._senders.to(device, self.peers[device], self.agent.default_link)
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
-        for sock in self._socks:
-            sock.close(linger=0)
+        self._senders.close()
 
     def _send(self, device: str, image: int, group: int, x: torch.Tensor, times: tuple[float, ...] = ()) -> int:
         spec, buf = tensor_frame(x)

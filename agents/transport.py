@@ -287,6 +287,38 @@ class LinkSender:
             self._thread.join(timeout=2)
 
 
+class PeerSenders:
+    """A run's PUSH sockets to its peers' data sockets, one ``LinkSender`` per peer device,
+    connected (Curve) at first use — by then the peer has been told to allow our key — and
+    all closed together."""
+
+    def __init__(self, context: zmq.Context, keys: CurveKeys | None, send_timeout_ms: int, clock=time.time) -> None:
+        self._context, self._keys, self._send_timeout_ms, self._clock = context, keys, send_timeout_ms, clock
+        self._senders: dict[str, LinkSender] = {}
+        self._socks: list[zmq.Socket] = []
+
+    def to(self, device: str, peer, shape: LinkShape | None) -> LinkSender:
+        """The sender to ``device`` (``peer``: its ``public_key`` and ``data_address``); ``shape``
+        is the emulated link of a sender made now."""
+        sender = self._senders.get(device)
+        if sender is None:
+            push = self._context.socket(zmq.PUSH)
+            harden(push)
+            push.sndtimeo = self._send_timeout_ms
+            curve_client(push, self._keys, peer.public_key)
+            push.connect(peer.data_address)
+            self._socks.append(push)
+            sender = self._senders[device] = LinkSender(push, shape, clock=self._clock)
+        return sender
+
+    def close(self) -> None:
+        for sender in self._senders.values():
+            sender.close()
+        for sock in self._socks:
+            sock.close(linger=0)
+        self._senders, self._socks = {}, []
+
+
 def send_multipart_interruptible(sock: zmq.Socket, frames: list, stop: threading.Event | None) -> None:
     """Send, blocking while the peer is slow, but give up when ``stop`` is set.
 
