@@ -12,19 +12,18 @@ import pytest
 import torch
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
-from agents.agent import Agent
 from agents.checkpoint_reader import CheckpointError
 from agents.expert_offload import ExpertBuffer, ExpertOffloadExecutor, ExpertStore
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
-from agents.transport import CurveKeys
 from core.models.checkpoints import ModelRecipe, make_model
 from core.planning.plan import plan_from_boundaries
-from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
+from core.runs.coordinator import RunRequest
 from core.runs.generation import load_tokenizer
 from tests.agents.test_shard_equivalence import encode, hf_generate
 from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.in_process_agents import in_process_cluster
 
 EXPERTS = 8
 LAYERS = 4
@@ -149,14 +148,8 @@ def test_a_stage_without_moe_blocks_is_refused(moe_dir):
 
 @pytest.fixture
 def coordinator_and_agents():
-    keys = CurveKeys.generate()
-    agents = [Agent(name, keys.public).start() for name in ("a", "b")]
-    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
-    coordinator.open()
-    yield coordinator, agents
-    coordinator.close()
-    for agent in agents:
-        agent.close()
+    with in_process_cluster(["a", "b"]) as cluster:
+        yield cluster
 
 
 def test_an_agent_runs_the_expert_offload_stage_kind_from_the_coordinator_with_exact_tokens(

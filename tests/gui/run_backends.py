@@ -75,3 +75,21 @@ class PacedBackend:
             if not self.repeat:
                 return self.emitted
             offset += span
+
+
+def cluster_run_panel(qtbot, coordinator, plan, workspace, model_dir: str, prompts, max_tokens: int):
+    """The Run screen over live agents (the studio's ``ClusterRunBackend``) with ``plan`` set,
+    a fresh workspace and the run's fields filled in; returns ``(state, panel)``."""
+    from gui.cluster_backend import ClusterRunBackend
+    from gui.run_panel import RunPanel
+    from gui.studio_state import StudioState
+
+    state = StudioState()
+    state.set_workspace(str(workspace))
+    state.set_plan(plan)
+    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
+    qtbot.addWidget(panel)
+    panel.model_edit.setText(model_dir)
+    panel.prompts_edit.setPlainText("\n".join(prompts))
+    panel.max_tokens_spin.setValue(max_tokens)
+    return state, panel

@@ -16,7 +16,7 @@ from core.runs.metrics import compute_figures
 from core.sessions.store import SessionStore
 from gui.run_panel import RunPanel
 from gui.studio_state import StudioState
-from tests.gui.run_backends import DEVICES, PacedBackend, simulated_run
+from tests.gui.run_backends import DEVICES, PacedBackend, cluster_run_panel, simulated_run
 
 
 @pytest.fixture(scope="module")
@@ -227,40 +227,23 @@ def test_quick_settings_changes_predict_off_the_gui_thread_once_and_keep_the_gui
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory):
-    import transformers  # noqa: F401  (import once here, not concurrently in agents' threads)
-
-    from agents.agent import Agent
-    from agents.transport import CurveKeys
     from core.models.checkpoints import ModelRecipe, make_model
-    from core.runs.coordinator import AgentEndpoint, Coordinator
     from core.planning.plan import plan_from_boundaries
+    from tests.core.in_process_agents import in_process_cluster
 
     recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
     model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-run") / "tiny-llama"))
-    keys = CurveKeys.generate()
     devices = ["src", "mid", "head"]
-    agents = [Agent(d, keys.public).start() for d in devices]
-    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
-    coordinator.open()
     plan = plan_from_boundaries("tiny-llama", 6, devices, [2, 3])
-    yield coordinator, plan, model_dir, devices
-    coordinator.close()
-    for a in agents:
-        a.close()
+    with in_process_cluster(devices) as (coordinator, _):
+        yield coordinator, plan, model_dir, devices
 
 
 def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_cluster, tmp_path):
-    from gui.cluster_backend import ClusterRunBackend  # the studio's backend over live agents
-
     coordinator, plan, model_dir, devices = real_cluster
-    state = StudioState()
-    state.set_workspace(str(tmp_path / "ws.sqlite"))
-    state.set_plan(plan)
-    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
-    qtbot.addWidget(panel)
-    panel.model_edit.setText(model_dir)
-    panel.prompts_edit.setPlainText("the river and its banks\nhello there")
-    panel.max_tokens_spin.setValue(1500)  # seconds of decoding if nobody stops it
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir,
+                                     ["the river and its banks", "hello there"],
+                                     1500)  # seconds of decoding if nobody stops it
     panel.mode_combo.setCurrentText("no-bubbles")
     panel.micro_batches_spin.setValue(2)
     panel.start_run()

@@ -13,9 +13,9 @@ from core.runs.generation import load_tokenizer
 from core.sessions.store import SessionStore
 from core.techniques import generation_for, technique_named
 from core.techniques.attention_offload.problem import OffloadPlan
-from gui.run_panel import RunPanel
-from gui.studio_state import StudioState
 from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.in_process_agents import in_process_cluster
+from tests.gui.run_backends import cluster_run_panel
 
 DEVICES = ["c0", "m0", "m1"]
 PROMPTS = ["the river and its banks", "hello there"]
@@ -23,41 +23,21 @@ PROMPTS = ["the river and its banks", "hello there"]
 
 @pytest.fixture(scope="module")
 def offload_cluster(tmp_path_factory):
-    import transformers  # noqa: F401  (import once here, not concurrently in agents' threads)
-
-    from agents.agent import Agent
-    from agents.transport import CurveKeys
     from core.models.checkpoints import ModelRecipe, make_model
-    from core.runs.coordinator import AgentEndpoint, Coordinator
 
     recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
     model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-offload") / "tiny-llama"))
-    keys = CurveKeys.generate()
-    agents = [Agent(d, keys.public).start() for d in DEVICES]
-    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
-    coordinator.open()
-    yield coordinator, model_dir
-    coordinator.close()
-    for a in agents:
-        a.close()
+    with in_process_cluster(DEVICES) as (coordinator, _):
+        yield coordinator, model_dir
 
 
 def test_the_run_screen_runs_an_attention_offload_plan_with_every_lane_live_and_recorded(
         qtbot, offload_cluster, tmp_path):
-    from gui.cluster_backend import ClusterRunBackend
-
     coordinator, model_dir = offload_cluster
     technique = technique_named("attention-offload")
     plan = technique.run_plan(OffloadPlan(compute=("c0",), memory=("m0", "m1"), batch=2, in_flight=1), model_dir)
     assert generation_for(plan) is technique.run_generation
-    state = StudioState()
-    state.set_workspace(str(tmp_path / "ws.sqlite"))
-    state.set_plan(plan)
-    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
-    qtbot.addWidget(panel)
-    panel.model_edit.setText(model_dir)
-    panel.prompts_edit.setPlainText("\n".join(PROMPTS))
-    panel.max_tokens_spin.setValue(4)
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, PROMPTS, 4)
     with qtbot.waitSignal(panel.run_finished, timeout=90_000) as done:
         panel.start_run()
     assert done.args == ["completed"], panel.message.text()

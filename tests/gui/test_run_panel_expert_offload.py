@@ -14,49 +14,30 @@ from core.sessions.store import SessionStore
 from core.techniques import generation_for, technique_named
 from core.techniques.expert_offload.activity import ExpertActivity
 from core.techniques.expert_offload.problem import OffloadPlan
-from gui.run_panel import RunPanel
-from gui.studio_state import StudioState
 from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.in_process_agents import in_process_cluster
+from tests.gui.run_backends import cluster_run_panel
 
 PROMPTS = ["the river and its banks", "hello there"]
 
 
 @pytest.fixture(scope="module")
 def moe_cluster(tmp_path_factory):
-    import transformers  # noqa: F401  (import once here, not concurrently in agents' threads)
-
-    from agents.agent import Agent
-    from agents.transport import CurveKeys
     from core.models.checkpoints import ModelRecipe, make_model
-    from core.runs.coordinator import AgentEndpoint, Coordinator
 
     recipe = ModelRecipe(family="mixtral", layers=3, hidden=64, heads=4, kv_heads=2, vocab=512, seed=9, experts=8)
     model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-moe") / "tiny-mixtral"))
-    keys = CurveKeys.generate()
-    agent = Agent("e0", keys.public).start()
-    coordinator = Coordinator([AgentEndpoint(agent.device, agent.control_address, agent.keys.public)], keys)
-    coordinator.open()
-    yield coordinator, model_dir
-    coordinator.close()
-    agent.close()
+    with in_process_cluster(["e0"]) as (coordinator, _):
+        yield coordinator, model_dir
 
 
 def test_the_run_screen_runs_an_expert_offload_plan_with_its_heat_map_live_and_recorded(qtbot, moe_cluster, tmp_path):
-    from gui.cluster_backend import ClusterRunBackend
-
     coordinator, source = moe_cluster
     model_dir = str(tmp_path / "tiny-mixtral")
     shutil.copytree(source, model_dir)
     plan = technique_named("expert-offload").run_plan(OffloadPlan(device="e0", slots=3, preload=1), model_dir)
     assert generation_for(plan) is None  # the shared generate runs it
-    state = StudioState()
-    state.set_workspace(str(tmp_path / "ws.sqlite"))
-    state.set_plan(plan)
-    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
-    qtbot.addWidget(panel)
-    panel.model_edit.setText(model_dir)
-    panel.prompts_edit.setPlainText("\n".join(PROMPTS))
-    panel.max_tokens_spin.setValue(4)
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, PROMPTS, 4)
     with qtbot.waitSignal(panel.run_finished, timeout=90_000) as done:
         panel.start_run()
     assert done.args == ["completed"], panel.message.text()

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
-from agents.agent import Agent
 from agents.executors import register_executor, unregister_executor
-from agents.transport import CurveKeys
 from core.models.checkpoints import ModelRecipe, make_model
 from core.planning.plan import plan_from_boundaries
-from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
+from core.runs.coordinator import RunRequest
 from core.runs.generation import load_tokenizer
 from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.in_process_agents import in_process_cluster
 from tests.techniques.whole_model import STAGE_KIND, WholeModelExecutor
 
 PROMPTS = ["the cat sat", "a longer prompt about the river", "hello"]
@@ -29,13 +28,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def whole_model_agent():
     register_executor(STAGE_KIND, WholeModelExecutor)
-    keys = CurveKeys.generate()
-    agent = Agent("box", keys.public).start()
-    coordinator = Coordinator([AgentEndpoint(agent.device, agent.control_address, agent.keys.public)], keys)
-    coordinator.open()
-    yield coordinator, agent
-    coordinator.close()
-    agent.close()
+    with in_process_cluster(["box"]) as (coordinator, (agent,)):
+        yield coordinator, agent
     unregister_executor(STAGE_KIND)
 
 

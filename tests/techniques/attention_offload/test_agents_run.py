@@ -8,19 +8,18 @@ import pytest
 import torch
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
-from agents.agent import Agent
 from agents.attention_offload import DenseAgentExecutor, HeadShape, mask_mode, next_mask, resolve_mask
 from agents.local_pipeline import generate_partitioned
 from agents.protocol import SamplingSpec
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
-from agents.transport import CurveKeys
 from core.errors import RunFailed
-from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
+from core.runs.coordinator import Coordinator, RunRequest
 from core.runs.generation import load_tokenizer
 from core.techniques.attention_offload.cost import layer_wire_bytes
 from core.techniques.attention_offload.run import checkpoint_model, run_offload
 from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.in_process_agents import in_process_cluster
 
 PROMPTS = ["the cat sat", "a longer prompt about the river", "hello"]
 MAX_NEW = 6
@@ -28,14 +27,8 @@ MAX_NEW = 6
 
 @pytest.fixture(scope="module")
 def cluster():
-    keys = CurveKeys.generate()
-    agents = [Agent(name, keys.public).start() for name in ("dense", "mem-0", "mem-1")]
-    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
-    coordinator.open()
-    yield coordinator, {a.device: a for a in agents}
-    coordinator.close()
-    for agent in agents:
-        agent.close()
+    with in_process_cluster(["dense", "mem-0", "mem-1"]) as (coordinator, agents):
+        yield coordinator, {a.device: a for a in agents}
 
 
 def _request(model_dir, sampling=SamplingSpec(), max_new=MAX_NEW):
