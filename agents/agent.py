@@ -758,18 +758,12 @@ class Agent:
             self._log(f"spatial run {msg.run_id} stopped")
         except Exception as err:
             self._log(f"spatial run {msg.run_id} failed: {type(err).__name__}: {err}")
-            if session is None:  # the setup itself failed: its request gets the reason
-                self._post(ErrorReply(req=msg.req, code="failed", message=f"{type(err).__name__}: {err}"))
-            else:
-                self._post(RunError(run_id=msg.run_id, device=self.device, message=f"{type(err).__name__}: {err}"))
+            self._held_run_failed(msg, err, started=session is not None)
         finally:
             self._spatial_run = None
             if session is not None:
                 session.close()
-            self.gate_data([])
-            self._lease_holder = None
-            if self._state is AgentState.RUNNING:
-                self._state = AgentState.IDLE
+            self._end_held_run()
 
     def _hold_heads(self, msg, stop: threading.Event) -> None:
         """Attention offloading's memory side on the data plane (agents.attention_offload.HeadsService):
@@ -788,17 +782,26 @@ class Agent:
             self._log(f"attention hold {msg.run_id} ended")
         except Exception as err:
             self._log(f"attention hold {msg.run_id} failed: {type(err).__name__}: {err}")
-            if service is None:
-                self._post(ErrorReply(req=msg.req, code="failed", message=f"{type(err).__name__}: {err}"))
-            else:
-                self._post(RunError(run_id=msg.run_id, device=self.device, message=f"{type(err).__name__}: {err}"))
+            self._held_run_failed(msg, err, started=service is not None)
         finally:
             if service is not None:
                 service.close()
-            self.gate_data([])
-            self._lease_holder = None
-            if self._state is AgentState.RUNNING:
-                self._state = AgentState.IDLE
+            self._end_held_run()
+
+    def _held_run_failed(self, msg, err: Exception, started: bool) -> None:
+        """A failed setup answers its request with the reason; a run that had started reports a RunError."""
+        why = f"{type(err).__name__}: {err}"
+        if started:
+            self._post(RunError(run_id=msg.run_id, device=self.device, message=why))
+        else:
+            self._post(ErrorReply(req=msg.req, code="failed", message=why))
+
+    def _end_held_run(self) -> None:
+        """After a held run (spatial, attention hold): no data peer allowed, no lease, idle again."""
+        self.gate_data([])
+        self._lease_holder = None
+        if self._state is AgentState.RUNNING:
+            self._state = AgentState.IDLE
 
     def _close_phase_links(self) -> None:
         links, self._phase_links = self._phase_links, None
