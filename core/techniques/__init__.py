@@ -51,7 +51,8 @@ class StrategyOutcomeLike(Protocol):
     """What a strategy of any technique gives the shared Compare view and ``edgeshard compare``.
 
     Each technique keeps its own outcome type (its plan and cost differ); these are the
-    fields every one of them has, so strategies line up in one table.
+    fields every one of them has, so strategies line up in one table. A technique's type
+    extends ``core.techniques.outcomes.StrategyOutcome``, which holds them once.
     """
 
     strategy: str

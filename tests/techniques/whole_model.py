@@ -20,6 +20,7 @@ from core.models.units import ModelSpec
 from core.planning.problem import PlanningProblem
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques import Technique
+from core.techniques.outcomes import PerTokenOutcome
 from agents.protocol import TimelineEvent, TokenEvent
 
 STAGE_KIND = "whole-model"
@@ -38,22 +39,9 @@ class WholeModelCost(msgspec.Struct, frozen=True, kw_only=True):
     fits: bool
 
 
-class WholeModelOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    strategy: str
-    objective: str
-    status: str
+class WholeModelOutcome(PerTokenOutcome, frozen=True, kw_only=True):
     plan: WholeModelPlan | None = None
     cost: WholeModelCost | None = None
-    error: str = ""
-    elapsed_s: float = 0.0
-
-    @property
-    def latency_s(self) -> float | None:
-        return self.cost.latency_per_token_s if self.cost else None
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return 1.0 / self.cost.latency_per_token_s if self.cost else None
 
 
 def cost(problem: PlanningProblem, plan: WholeModelPlan) -> WholeModelCost:
@@ -88,7 +76,7 @@ def run_strategy(problem, name, objective, time_limit_s=30.0, *, reporter=None) 
     try:
         plan = STRATEGIES[name](problem, objective)
     except EdgeShardError as err:
-        return WholeModelOutcome(strategy=name, objective=objective, status="failed", error=str(err))
+        return WholeModelOutcome.failed(name, objective, str(err))
     c = cost(problem, plan)
     status = ("optimal" if name == "fastest-device" else "ok") if c.fits else "oom"
     return WholeModelOutcome(strategy=name, objective=objective, status=status, plan=plan, cost=c)

@@ -23,6 +23,7 @@ from core.techniques.attention_offload.cost import (
     OffloadCost, attention_seconds, dense_seconds, evaluate,
 )
 from core.techniques.attention_offload.problem import OffloadDevice, OffloadPlan, OffloadProblem, check_problem
+from core.techniques.outcomes import StrategyOutcome
 
 Score = Literal["throughput", "throughput-per-dollar", "latency"]
 
@@ -48,14 +49,9 @@ class BaselineCost(msgspec.Struct, frozen=True, kw_only=True):
         return self.step_s
 
 
-class OffloadOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    strategy: str
-    objective: str
-    status: str
+class OffloadOutcome(StrategyOutcome, frozen=True, kw_only=True):
     plan: OffloadPlan | BaselinePlan | None = None
     cost: OffloadCost | BaselineCost | None = None
-    error: str = ""
-    elapsed_s: float = 0.0
 
     @property
     def latency_s(self) -> float | None:
@@ -255,19 +251,18 @@ def run_strategy(problem: OffloadProblem, name: str, objective: str = "throughpu
     """One strategy; ``optimal`` for the exact search, else ``ok``/``oom``; operator errors become ``failed``."""
     t0 = time.perf_counter()
     if not isinstance(problem, OffloadProblem):
-        return OffloadOutcome(strategy=name, objective=objective, status="failed",
-                              error="attention offloading plans an attention-offload problem (devices with FLOP/s, "
-                                    "memory bandwidth and price; see core.techniques.attention_offload.scenarios), "
-                                    f"not a {type(problem).__name__}")
+        return OffloadOutcome.failed(name, objective,
+                                     "attention offloading plans an attention-offload problem (devices with FLOP/s, "
+                                     "memory bandwidth and price; see core.techniques.attention_offload.scenarios), "
+                                     f"not a {type(problem).__name__}")
     if name not in STRATEGIES:
-        return OffloadOutcome(strategy=name, objective=objective, status="failed",
-                              error=f"unknown strategy {name!r}; attention offloading has {', '.join(STRATEGIES)}")
+        return OffloadOutcome.failed(name, objective,
+                                     f"unknown strategy {name!r}; attention offloading has {', '.join(STRATEGIES)}")
     try:
         plan = STRATEGIES[name](problem, objective)
         cost = cost_of(problem, plan)
     except (EdgeShardError, PlanInvalid) as err:
-        return OffloadOutcome(strategy=name, objective=objective, status="failed", error=str(err),
-                              elapsed_s=time.perf_counter() - t0)
+        return OffloadOutcome.failed(name, objective, str(err), started=t0)
     status = ("optimal" if name == "exact" else "ok") if cost.fits else "oom"
     return OffloadOutcome(strategy=name, objective=objective, status=status, plan=plan, cost=cost,
                           elapsed_s=time.perf_counter() - t0)

@@ -5,31 +5,17 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
 from core.errors import EdgeShardError
 from core.techniques.expert_offload.cost import OffloadCost, evaluate
 from core.techniques.expert_offload.problem import FULL_PRECISION, BitOption, OffloadPlan, OffloadProblem
+from core.techniques.outcomes import PerTokenOutcome
 
 MAX_PRELOAD = 3
 
 
-class OffloadOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    strategy: str
-    objective: str
-    status: str
+class OffloadOutcome(PerTokenOutcome, frozen=True, kw_only=True):
     plan: OffloadPlan | None = None
     cost: OffloadCost | None = None
-    error: str = ""
-    elapsed_s: float = 0.0
-
-    @property
-    def latency_s(self) -> float | None:
-        return self.cost.latency_per_token_s if self.cost else None
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return 1.0 / self.cost.latency_per_token_s if self.cost else None
 
 
 def slots_that_fit(problem: OffloadProblem, bits: BitOption) -> int:
@@ -92,13 +78,11 @@ def run_strategy(problem: OffloadProblem, name: str, objective: str = "latency",
                  reporter=None) -> OffloadOutcome:
     started = time.perf_counter()
     if name not in STRATEGIES:
-        return OffloadOutcome(strategy=name, objective=objective, status="failed",
-                              error=f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+        return OffloadOutcome.failed(name, objective, f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
     try:
         plan = STRATEGIES[name](problem)
     except EdgeShardError as err:
-        return OffloadOutcome(strategy=name, objective=objective, status="failed", error=str(err),
-                              elapsed_s=time.perf_counter() - started)
+        return OffloadOutcome.failed(name, objective, str(err), started=started)
     cost = evaluate(problem, plan)
     status = ("optimal" if name == "edgemoe" else "ok") if cost.fits else "oom"
     return OffloadOutcome(strategy=name, objective=objective, status=status, plan=plan, cost=cost,

@@ -17,6 +17,7 @@ import msgspec
 
 from core.errors import EdgeShardError
 from core.reporting import Reporter
+from core.techniques.outcomes import StrategyOutcome
 from core.techniques.phase_disaggregation.search import Candidate, config_for, evaluate, search
 from core.techniques.phase_disaggregation.types import EpdInputError, EpdProblem, PoolConfig
 
@@ -87,16 +88,11 @@ def compare_at_scale(problem: EpdProblem, *, trials: int = 40, time_limit_s: flo
     return ScaleComparison(rate_rps=rate, rows=tuple(rows), search_s=result.elapsed_s, trials=len(result.candidates))
 
 
-class EpdOutcome(msgspec.Struct, frozen=True, kw_only=True):
+class EpdOutcome(StrategyOutcome, frozen=True, kw_only=True):
     """One strategy's row in Compare."""
 
-    strategy: str
-    objective: str
-    status: str
     plan: PoolConfig | None = None
     candidate: Candidate | None = None
-    error: str = ""
-    elapsed_s: float = 0.0
     mean_output_tokens: float = 0.0
 
     @property
@@ -125,8 +121,7 @@ def run_strategy(problem: EpdProblem, name: str, objective: str = "throughput", 
         fn = STRATEGIES[name]
         cand = fn(problem, time_limit_s=time_limit_s, reporter=reporter) if name == "search" else fn(problem)
     except EdgeShardError as err:
-        return EpdOutcome(strategy=name, objective=objective, status="failed", error=str(err),
-                          elapsed_s=time.perf_counter() - t0)
+        return EpdOutcome.failed(name, objective, str(err), started=t0)
     reqs = problem.workload.requests
     return EpdOutcome(strategy=name, objective=objective, status="ok", plan=cand.config, candidate=cand,
                       elapsed_s=time.perf_counter() - t0,

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
-import msgspec
-
 from core.errors import EdgeShardError
+from core.techniques.outcomes import StrategyOutcome
 from core.techniques.spatial.cost import SpatialCost, evaluate
 from core.techniques.spatial.partition import fused_plan, per_layer_plan, with_best_device_count
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem
@@ -15,14 +14,9 @@ ORDER = ("fused", "bodp", "cbps", "even")
 """How Compare lists them: the planner's pick first."""
 
 
-class SpatialOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    strategy: str
-    objective: str
-    status: str
+class SpatialOutcome(StrategyOutcome, frozen=True, kw_only=True):
     plan: SpatialPlan | None = None
     cost: SpatialCost | None = None
-    error: str = ""
-    elapsed_s: float = 0.0
 
     @property
     def latency_s(self) -> float | None:
@@ -55,8 +49,7 @@ def run_strategy(problem: SpatialProblem, name: str, objective: str = "latency",
         plan = STRATEGIES[name](problem)
         cost = evaluate(problem, plan)
     except EdgeShardError as err:
-        return SpatialOutcome(strategy=name, objective=objective, status="failed", error=str(err),
-                              elapsed_s=time.perf_counter() - t0)
+        return SpatialOutcome.failed(name, objective, str(err), started=t0)
     return SpatialOutcome(strategy=name, objective=objective, status="ok" if cost.fits else "oom", plan=plan,
                           cost=cost, elapsed_s=time.perf_counter() - t0)
 
