@@ -125,6 +125,16 @@ class Technique:
         return [self.run_strategy(problem, n, objective, time_limit_s) for n in self.strategy_names()]
 
 
+def cli_of(module: str) -> Callable[[argparse._SubParsersAction], None]:
+    """A ``register_cli`` that calls ``register(sub)`` of the technique's CLI ``module``, imported
+    only when the parser is built (so loading a technique never loads its command line)."""
+
+    def register_cli(sub: argparse._SubParsersAction) -> None:
+        importlib.import_module(module).register(sub)
+
+    return register_cli
+
+
 _REGISTRY: dict[str, Technique] = {}
 _LOADED = False
 
@@ -187,6 +197,6 @@ def techniques_for(model: ModelSpec) -> list[Technique]:
 
 
 __all__ = [
-    "BUILTIN", "Objective", "generation_for", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
+    "BUILTIN", "Objective", "cli_of", "generation_for", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
     "technique_named", "techniques", "techniques_for", "unregister",
 ]

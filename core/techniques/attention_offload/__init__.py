@@ -9,7 +9,7 @@ The agent side is agents/attention_offload.py. docs/attention-offload.md explain
 from __future__ import annotations
 
 from core.models.units import ModelSpec
-from core.techniques import Technique
+from core.techniques import Technique, cli_of
 from core.techniques.attention_offload.planner import STRATEGIES, OffloadOutcome, cost_of, run_strategy
 from core.techniques.attention_offload.simulator import simulate
 
@@ -23,12 +23,6 @@ a test holds them equal)."""
 def _applies(model: ModelSpec) -> bool:
     """Decoder LLMs whose blocks call transformers' attention registry (tested families)."""
     return model.family in ("llama", "mistral", "qwen2", "gpt2")
-
-
-def _register_cli(sub) -> None:
-    from core.techniques.attention_offload.cli import register
-
-    register(sub)
 
 
 def _run_plan(plan, model_dir):
@@ -55,7 +49,7 @@ TECHNIQUE = Technique(
     cost=cost_of,
     simulate=simulate,
     modes=("rotational", "fixed"),
-    register_cli=_register_cli,
+    register_cli=cli_of("core.techniques.attention_offload.cli"),
     run_plan=_run_plan,
     run_generation=_run_generation,
 )

@@ -10,7 +10,7 @@ storage lane), ``scenarios``. The agent side is ``agents.expert_offload`` (stage
 from __future__ import annotations
 
 from core.models.units import ModelSpec
-from core.techniques import Technique
+from core.techniques import Technique, cli_of
 from core.techniques.expert_offload.cost import evaluate
 from core.techniques.expert_offload.simulator import simulate
 from core.techniques.expert_offload.strategies import STRATEGIES, OffloadOutcome, run_strategy
@@ -22,12 +22,6 @@ STAGE_KIND = "expert-offload"
 def _applies(model: ModelSpec) -> bool:
     """Mixture-of-Experts models only."""
     return model.family == "mixtral"
-
-
-def _register_cli(sub) -> None:
-    from core.techniques.expert_offload.cli import register
-
-    register(sub)
 
 
 def _run_plan(plan, model_dir, bandwidth_bps=None):
@@ -47,7 +41,7 @@ TECHNIQUE = Technique(
     run_strategy=run_strategy,
     cost=evaluate,
     simulate=simulate,
-    register_cli=_register_cli,
+    register_cli=cli_of("core.techniques.expert_offload.cli"),
     run_plan=_run_plan,
     modes=("sequential",),
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 from agents.phase_kinds import KINDS  # not agents.phases: that imports torch
 from core.models.units import ModelSpec
-from core.techniques import Technique
+from core.techniques import Technique, cli_of
 from core.techniques.phase_disaggregation.baselines import STRATEGIES, EpdOutcome, run_strategy
 from core.techniques.phase_disaggregation.search import evaluate
 from core.techniques.phase_disaggregation.simulator import EpdSimulation, simulate_pools
@@ -38,12 +38,6 @@ def simulate(problem: EpdProblem, plan: PoolConfig, mode: str = "pools", **_: An
     return simulate_pools(problem.costs, problem.workload, plan, record=True)
 
 
-def _register_cli(sub) -> None:
-    from core.techniques.phase_disaggregation.cli import register
-
-    register(sub)
-
-
 TECHNIQUE = Technique(
     name=NAME,
     title="Encode/prefill/decode disaggregation (EPD)",
@@ -55,7 +49,7 @@ TECHNIQUE = Technique(
     run_strategy=run_strategy,
     cost=evaluate,
     simulate=simulate,
-    register_cli=_register_cli,
+    register_cli=cli_of("core.techniques.phase_disaggregation.cli"),
     modes=("pools",),
 )
 

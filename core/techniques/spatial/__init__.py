@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agents.spatial import STAGE_KIND
 from core.models.units import ModelSpec
-from core.techniques import Technique
+from core.techniques import Technique, cli_of
 from core.techniques.spatial.cost import evaluate
 from core.techniques.spatial.simulator import simulate
 from core.techniques.spatial.strategies import STRATEGIES, SpatialOutcome, run_strategy
@@ -23,12 +23,6 @@ NAME = "spatial"
 def _applies(model: ModelSpec) -> bool:
     """CNNs only: the LLM unit tables of the other techniques are never spatially partitioned."""
     return model.family == "cnn"
-
-
-def _register_cli(sub) -> None:
-    from core.techniques.spatial.cli import register
-
-    register(sub)
 
 
 TECHNIQUE = Technique(
@@ -42,7 +36,7 @@ TECHNIQUE = Technique(
     run_strategy=run_strategy,
     cost=evaluate,
     simulate=simulate,
-    register_cli=_register_cli,
+    register_cli=cli_of("core.techniques.spatial.cli"),
     modes=("sequential",),
 )
 
