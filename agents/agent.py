@@ -749,6 +749,7 @@ class Agent:
         self._unload()
         self._event_meta = (msg.run_id, 0)
         session = None
+        failure: Exception | None = None
         try:
             session = SpatialSession(self, msg, stop)
             self._spatial_run = session
@@ -758,12 +759,14 @@ class Agent:
             self._log(f"spatial run {msg.run_id} stopped")
         except Exception as err:
             self._log(f"spatial run {msg.run_id} failed: {type(err).__name__}: {err}")
-            self._held_run_failed(msg, err, started=session is not None)
+            failure = err
         finally:
             self._spatial_run = None
             if session is not None:
                 session.close()
             self._end_held_run()
+            if failure is not None:  # answered once idle: a status asked right after the reply says idle
+                self._held_run_failed(msg, failure, started=session is not None)
 
     def _hold_heads(self, msg, stop: threading.Event) -> None:
         """Attention offloading's memory side on the data plane (agents.attention_offload.HeadsService):
@@ -772,6 +775,7 @@ class Agent:
 
         MODEL_CODE_IMPORTED.wait()
         service = None
+        failure: Exception | None = None
         try:
             service = HeadsService(self, msg, stop)
             self._log(f"holding heads [{msg.kv_start}, {msg.kv_stop}) of {msg.model_dir} for "
@@ -782,11 +786,13 @@ class Agent:
             self._log(f"attention hold {msg.run_id} ended")
         except Exception as err:
             self._log(f"attention hold {msg.run_id} failed: {type(err).__name__}: {err}")
-            self._held_run_failed(msg, err, started=service is not None)
+            failure = err
         finally:
             if service is not None:
                 service.close()
             self._end_held_run()
+            if failure is not None:  # answered once idle, as a spatial run's failure
+                self._held_run_failed(msg, failure, started=service is not None)
 
     def _held_run_failed(self, msg, err: Exception, started: bool) -> None:
         """A failed setup answers its request with the reason; a run that had started reports a RunError."""
