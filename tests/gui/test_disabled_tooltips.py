@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QAbstractButton
 
-from gui import app as studio_app
-from gui.main_window import MainWindow
 from gui.widgets import UNAVAILABLE
 
 EXPLAINED_ALREADY = {"Start agent", "Profile cluster", "Compare"}
 """Buttons whose whole tooltip is already the reason (set by their screen as the state changes)."""
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    QSettings.setDefaultFormat(QSettings.IniFormat)
-    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
-    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))
-    studio_app.create_app()
-    w = MainWindow()
-    qtbot.addWidget(w)
-    yield w
-    w.close()
 
 
 def test_every_disabled_button_of_a_fresh_window_says_why(window):

@@ -4,28 +4,15 @@ and the whole Run page (lanes, axis, figures) visible at 1440x900 without scroll
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QPoint, QRect, QSettings
+from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import (QAbstractButton, QAbstractSlider, QAbstractSpinBox, QComboBox, QLineEdit,
                                QScrollBar, QWidget)
 
 from agents.protocol import TimelineEvent
-from gui import app as studio_app
 from gui.main_window import SCREENS, MainWindow
 from tests.gui.problems import make_problem
 
 CONTROLS = (QAbstractButton, QLineEdit, QAbstractSpinBox, QComboBox, QAbstractSlider)
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    QSettings.setDefaultFormat(QSettings.IniFormat)
-    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
-    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))
-    studio_app.create_app()
-    w = MainWindow()
-    qtbot.addWidget(w)
-    yield w
-    w.close()
 
 
 def _show(window: MainWindow, qtbot, width: int, height: int) -> None:

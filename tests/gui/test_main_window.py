@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from core import formats
 from gui import app as studio_app
 from gui.main_window import SCREENS, MainWindow
 from tests.gui.problems import make_problem
-
-
-@pytest.fixture
-def isolated_settings(tmp_path, monkeypatch):
-    """QSettings in a temporary folder, so tests never touch the user's own settings."""
-    QSettings.setDefaultFormat(QSettings.IniFormat)
-    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path))
-    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))  # no remembered deployments
-    yield tmp_path
 
 
 @pytest.fixture
