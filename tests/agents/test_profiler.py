@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -141,8 +142,11 @@ def test_a_model_larger_than_the_memory_limit_is_profiled_one_unit_at_a_time():
     cannot be built whole there (checked), yet every unit gets profiled."""
     cfg = dict(model_type="llama", hidden_size=1024, intermediate_size=4096, num_hidden_layers=12,
                num_attention_heads=8, num_key_value_heads=8, vocab_size=8000, max_position_embeddings=256)
+    # One compute thread and one malloc arena: each extra thread reserves address space (its
+    # stack, a 64 MiB arena) that the limit counts, so the margin must not depend on the host.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MALLOC_ARENA_MAX="1")
     proc = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, json.dumps(cfg), str(400 << 20)],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["units"] == 14
