@@ -358,7 +358,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
                 overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
                                      prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes))
-            del bench
+            bench = fn = None  # the timed closures hold the unit too: freed before the next is built
             gc.collect()
             if progress:
                 progress(i + 1, len(units))
