@@ -742,56 +742,56 @@ class Agent:
         self.gate.allow(DATA_DOMAIN, list(keys))
 
     def _spatial(self, msg: SpatialSetup, stop: threading.Event) -> None:
-        """Serve a spatial run (agents.spatial_run) until it is stopped; any failure ends it,
-        reported, and the agent goes back to idle with no data peer allowed."""
+        """Serve a spatial run (agents.spatial_run) until it is stopped."""
         from agents.spatial_run import SpatialSession
 
         self._unload()
         self._event_meta = (msg.run_id, 0)
-        session = None
-        failure: Exception | None = None
-        try:
-            session = SpatialSession(self, msg, stop)
-            self._spatial_run = session
-            self._post(Ok(req=msg.req, detail=f"spatial run {msg.run_id} ready"))
-            session.serve()
-        except RunAborted:
-            self._log(f"spatial run {msg.run_id} stopped")
-        except Exception as err:
-            self._log(f"spatial run {msg.run_id} failed: {type(err).__name__}: {err}")
-            failure = err
-        finally:
-            self._spatial_run = None
-            if session is not None:
-                session.close()
-            self._end_held_run()
-            if failure is not None:  # answered once idle: a status asked right after the reply says idle
-                self._held_run_failed(msg, failure, started=session is not None)
+
+        def open_session():
+            self._spatial_run = SpatialSession(self, msg, stop)
+            return self._spatial_run
+
+        self._serve_held(msg, "spatial run", open_session, ready=f"spatial run {msg.run_id} ready",
+                         ended="stopped")
 
     def _hold_heads(self, msg, stop: threading.Event) -> None:
-        """Attention offloading's memory side on the data plane (agents.attention_offload.HeadsService):
-        answered Ok once serving, serves until the hold's StopRun (or its lease) ends it."""
+        """Attention offloading's memory side on the data plane (agents.attention_offload.HeadsService),
+        served until the hold's StopRun (or its lease) ends it."""
         from agents.attention_offload import HeadsService
 
         MODEL_CODE_IMPORTED.wait()
-        service = None
-        failure: Exception | None = None
-        try:
+
+        def open_service():
             service = HeadsService(self, msg, stop)
             self._log(f"holding heads [{msg.kv_start}, {msg.kv_stop}) of {msg.model_dir} for "
                       f"{', '.join(p.device for p in msg.dense)}")
-            self._post(Ok(req=msg.req, detail=f"holding heads [{msg.kv_start}, {msg.kv_stop})"))
+            return service
+
+        self._serve_held(msg, "attention hold", open_service,
+                         ready=f"holding heads [{msg.kv_start}, {msg.kv_stop})", ended="ended")
+
+    def _serve_held(self, msg, what: str, open_service, *, ready: str, ended: str) -> None:
+        """A held run (spatial session, attention hold): answered Ok once serving, served until
+        stopped. Any failure ends it, answered once the agent is idle again with no data peer
+        allowed (so a status asked right after the reply says idle)."""
+        service = None
+        failure: Exception | None = None
+        try:
+            service = open_service()
+            self._post(Ok(req=msg.req, detail=ready))
             service.serve()
         except RunAborted:
-            self._log(f"attention hold {msg.run_id} ended")
+            self._log(f"{what} {msg.run_id} {ended}")
         except Exception as err:
-            self._log(f"attention hold {msg.run_id} failed: {type(err).__name__}: {err}")
+            self._log(f"{what} {msg.run_id} failed: {type(err).__name__}: {err}")
             failure = err
         finally:
+            self._spatial_run = None
             if service is not None:
                 service.close()
             self._end_held_run()
-            if failure is not None:  # answered once idle, as a spatial run's failure
+            if failure is not None:
                 self._held_run_failed(msg, failure, started=service is not None)
 
     def _held_run_failed(self, msg, err: Exception, started: bool) -> None:
