@@ -13,7 +13,7 @@ from __future__ import annotations
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout,
+    QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout,
     QWidget,
 )
 
@@ -23,7 +23,7 @@ from core.techniques.attention_offload.problem import OffloadPlan, OffloadProble
 from core.techniques.attention_offload.scenarios import SCENARIOS
 from gui.app import stage_color
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, panel_header
+from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header
 
 STRATEGIES = ("exact", "lamina-rule", "homogeneous", "layer-sharding")
 GIB = 2**30
@@ -157,20 +157,10 @@ class AttentionOffloadPlanView(QWidget):
         lay.addWidget(self.summary)
         self.message = InlineMessage()
         lay.addWidget(self.message)
-        self.table = QTableWidget(0, 6)
-        self.table.setHorizontalHeaderLabels(["strategy", "tokens/s", "tokens/s per k$", "price $", "batch",
-                                              "status"])
-        self.table.verticalHeader().hide()
-        self.table.setMaximumHeight(150)
-        self.table.setAccessibleName("Comparison")
-        self.table.hide()
+        self.table = comparison_table(["strategy", "tokens/s", "tokens/s per k$", "price $", "batch", "status"])
         lay.addWidget(self.table)
         self.canvas = PlacementCanvas()
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setWidget(self.canvas)
-        lay.addWidget(scroll, 1)
+        lay.addWidget(borderless_scroll(self.canvas), 1)
         self.refresh()
 
     def refresh(self) -> None:
@@ -205,16 +195,14 @@ class AttentionOffloadPlanView(QWidget):
 
     def compare(self) -> None:
         outs = [run_strategy(self.problem, n, self.objective.currentText()) for n in STRATEGIES]
-        self.table.setRowCount(len(outs))
-        for r, o in enumerate(outs):
+        rows = []
+        for o in outs:
             c = o.cost
             shape = "—" if o.plan is None else (f"{o.plan.batch} × {o.plan.in_flight} in flight"
                                                  if isinstance(o.plan, OffloadPlan)
                                                  else f"{o.plan.batch} × {o.plan.replicas} replica(s)")
-            cells = [o.strategy, f"{c.tokens_per_s:,.0f}" if c else "—",
-                     f"{c.tokens_per_s_per_dollar * 1e3:.1f}" if c else "—", f"{c.price:,.0f}" if c else "—",
-                     shape, o.status if not o.error else f"{o.status}: {o.error}"]
-            for col, text in enumerate(cells):
-                self.table.setItem(r, col, QTableWidgetItem(text))
-        self.table.resizeColumnsToContents()
+            rows.append([o.strategy, f"{c.tokens_per_s:,.0f}" if c else "—",
+                         f"{c.tokens_per_s_per_dollar * 1e3:.1f}" if c else "—", f"{c.price:,.0f}" if c else "—",
+                         shape, o.status if not o.error else f"{o.status}: {o.error}"])
+        fill_table(self.table, rows)
         self.table.show()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
+    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QTableWidget,
     QVBoxLayout, QWidget,
 )
 
@@ -18,7 +18,7 @@ from core.errors import EdgeShardError
 from core.techniques import technique_named
 from core.techniques.expert_offload.scenarios import paper_shaped
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, panel_header, say_why_disabled
+from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disabled
 
 COMPUTE = QColor("#4c78a8")
 STALL = QColor("#e45756")
@@ -176,19 +176,14 @@ class ExpertOffloadPlanView(QWidget):
 
     def compare(self) -> None:
         outs = self.technique.compare(self.problem(), "latency")
-        self.table.setRowCount(len(outs))
-        bars = []
-        for r, o in enumerate(outs):
+        rows, bars = [], []
+        for o in outs:
             c, plan = o.cost, o.plan
-            cells = [o.strategy, o.status,
-                     f"{o.tokens_per_s:.2f}" if o.tokens_per_s else "—", str(plan.slots) if plan else "—",
-                     plan.bits.name if plan else "—", str(plan.preload) if plan else "—",
-                     f"{c.memory_bytes / 1e6:.0f}" if c else "—", f"{c.io_stall_s * 1e3:.0f}" if c else "—"]
-            for col, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(o.error)  # why a strategy failed, without widening the table
-                self.table.setItem(r, col, item)
+            rows.append([o.strategy, o.status,
+                         f"{o.tokens_per_s:.2f}" if o.tokens_per_s else "—", str(plan.slots) if plan else "—",
+                         plan.bits.name if plan else "—", str(plan.preload) if plan else "—",
+                         f"{c.memory_bytes / 1e6:.0f}" if c else "—", f"{c.io_stall_s * 1e3:.0f}" if c else "—"])
             if c:
                 bars.append((o.strategy, c.compute_s, c.io_stall_s))
-        self.table.resizeColumnsToContents()
+        fill_table(self.table, rows, tooltips=[o.error for o in outs])  # why a strategy failed, not widening it
         self.bars.show_rows(bars)

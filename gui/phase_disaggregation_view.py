@@ -18,7 +18,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
     QDoubleSpinBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSpinBox, QSplitter, QTableWidget,
-    QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
+    QTabWidget, QVBoxLayout, QWidget,
 )
 
 from core.errors import EdgeShardError
@@ -30,7 +30,7 @@ from core.techniques.phase_disaggregation.search import Candidate, SearchProgres
 from core.techniques.phase_disaggregation.simulator import CachePeak, simulate_pools
 from core.techniques.phase_disaggregation.types import SLO, EpdProblem, PhaseCosts, PoolConfig, RequestMetrics
 from gui.workers import TaskRunner
-from gui.widgets import panel_header
+from gui.widgets import fill_table, panel_header
 
 SPANS = (("encode", QColor("#9467bd")), ("E→P", QColor("#bab0ac")), ("queue", QColor("#f2cf5b")),
          ("prefill", QColor("#4c78a8")), ("P→D", QColor("#bab0ac")), ("decode", QColor("#54a24b")))
@@ -390,14 +390,10 @@ class PhaseDisaggregationPlanView(QWidget):
         self.timeline.show_metrics(result.metrics)
         rows = [(f"#{i + 1} {c.config.disaggregation}", c) for i, c in enumerate(result.top)]
         rows += [(name, c) for name, c in result.baselines]
-        self.table.setRowCount(len(rows))
-        for r, (name, c) in enumerate(rows):
-            cfg = c.config
-            cells = (name, str(c.devices), pools_text(cfg), f"{cfg.encode_batch}/{cfg.prefill_batch}/{cfg.decode_batch}",
-                     cfg.policy, f"{c.goodput_rps:.3g}", f"{c.ttft_p50_s:.2f}")
-            for col, text in enumerate(cells):
-                self.table.setItem(r, col, QTableWidgetItem(text))
-        self.table.resizeColumnsToContents()
+        fill_table(self.table, [
+            (name, str(c.devices), pools_text(c.config),
+             f"{c.config.encode_batch}/{c.config.prefill_batch}/{c.config.decode_batch}", c.config.policy,
+             f"{c.goodput_rps:.3g}", f"{c.ttft_p50_s:.2f}") for name, c in rows])
         self.slo_plot.clear()
         self.slo_plot.addItem(pg.InfiniteLine(pos=TARGET, angle=0, pen=pg.mkPen("#888888", style=Qt.DashLine)))
         for name, pts in result.curves:

@@ -20,7 +20,7 @@ import time
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSpinBox,
+    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
     QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -35,7 +35,7 @@ from core.techniques.spatial.strategies import ORDER, compare, run_strategy
 from gui.app import stage_color
 from gui.studio_state import StudioState
 from gui.timeline_view import TimelineView
-from gui.widgets import InlineMessage, panel_header, say_why_disabled
+from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
 
@@ -185,21 +185,12 @@ class SpatialPlanView(QWidget):
         lay.addWidget(self.summary)
         self.message = InlineMessage()
         lay.addWidget(self.message)
-        self.table = QTableWidget(0, 6)
-        self.table.setHorizontalHeaderLabels(["strategy", "ms / image", "speedup", "devices", "tiles", "status"])
-        self.table.verticalHeader().hide()
-        self.table.setMaximumHeight(150)
-        self.table.setAccessibleName("Comparison")
-        self.table.hide()
+        self.table = comparison_table(["strategy", "ms / image", "speedup", "devices", "tiles", "status"])
         lay.addWidget(self.table)
         self.canvas = TileCanvas()
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setWidget(self.canvas)
         split = QSplitter(Qt.Vertical)
         split.setChildrenCollapsible(False)
-        split.addWidget(scroll)
+        split.addWidget(borderless_scroll(self.canvas))
         split.addWidget(self._run_box())
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
@@ -405,15 +396,11 @@ class SpatialPlanView(QWidget):
             return
         one = single_device_seconds(self.problem)
         outs = compare(self.problem)
-        self.table.setRowCount(len(outs))
-        for r, o in enumerate(outs):
-            cells = [o.strategy, f"{o.latency_s * 1e3:.1f}" if o.latency_s else "—",
-                     f"{one / o.latency_s:.2f}×" if o.latency_s else "—",
-                     str(len(o.plan.devices)) if o.plan else "—", str(len(o.plan.groups)) if o.plan else "—",
-                     o.status if not o.error else f"{o.status}: {o.error}"]
-            for c, text in enumerate(cells):
-                self.table.setItem(r, c, QTableWidgetItem(text))
-        self.table.resizeColumnsToContents()
+        fill_table(self.table, [
+            [o.strategy, f"{o.latency_s * 1e3:.1f}" if o.latency_s else "—",
+             f"{one / o.latency_s:.2f}×" if o.latency_s else "—",
+             str(len(o.plan.devices)) if o.plan else "—", str(len(o.plan.groups)) if o.plan else "—",
+             o.status if not o.error else f"{o.status}: {o.error}"] for o in outs])
         self.table.show()
 
 

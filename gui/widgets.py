@@ -1,9 +1,10 @@
-"""Small building blocks the screens share: headed panels, metric cards, inline errors."""
+"""Small building blocks the screens share: headed panels, metric cards, inline errors, tables."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMessageBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QScrollArea, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
 
 from core.errors import EdgeShardError
 
@@ -129,3 +130,36 @@ def say_why_disabled(reasons: dict[QWidget, str]) -> None:
         else:
             known.why = why
             known._apply(widget)
+
+
+def comparison_table(headers: list[str]) -> QTableWidget:
+    """A plan view's Compare table: one row per strategy, short, hidden until Compare fills it."""
+    table = QTableWidget(0, len(headers))
+    table.setHorizontalHeaderLabels(headers)
+    table.verticalHeader().hide()
+    table.setMaximumHeight(150)
+    table.setAccessibleName("Comparison")
+    table.hide()
+    return table
+
+
+def fill_table(table: QTableWidget, rows, tooltips=None) -> None:
+    """Replace ``table``'s rows with ``rows`` of text cells (``tooltips``: one per row, on every
+    cell of it) and size the columns to what they hold."""
+    table.setRowCount(len(rows))
+    for r, cells in enumerate(rows):
+        for c, text in enumerate(cells):
+            item = QTableWidgetItem(text)
+            if tooltips is not None:
+                item.setToolTip(tooltips[r])
+            table.setItem(r, c, item)
+    table.resizeColumnsToContents()
+
+
+def borderless_scroll(widget: QWidget) -> QScrollArea:
+    """``widget`` in a frameless scroll area that resizes it (a canvas larger than its room)."""
+    scroll = QScrollArea()
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.NoFrame)
+    scroll.setWidget(widget)
+    return scroll
