@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from core.devices.cluster import Cluster, Device, Link
 from gui.cluster_panel import ClusterPanel, device_compute, link_matrix
@@ -65,14 +66,21 @@ def _three_stage(problem):
                              Stage(device="server", start=6, end=n)))
 
 
-def test_show_plan_draws_each_stage_on_its_device_and_each_links_predicted_traffic(qtbot):
-    from gui.widgets import UNAVAILABLE
-
+@pytest.fixture
+def profiled(qtbot):
+    """A Cluster screen over a profiled three-device problem (phone with 4 GiB), no plan yet."""
     state = StudioState()
     panel = ClusterPanel(state)
     qtbot.addWidget(panel)
     problem = make_problem(phone_memory=4096 * 2**20)
     state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    return state, panel, problem
+
+
+def test_show_plan_draws_each_stage_on_its_device_and_each_links_predicted_traffic(profiled):
+    from gui.widgets import UNAVAILABLE
+
+    state, panel, problem = profiled
     state.set_plan(None)
     assert not panel.plan_check.isEnabled() and UNAVAILABLE in panel.plan_check.toolTip()
     state.set_plan(_three_stage(problem))
@@ -90,14 +98,10 @@ def test_show_plan_draws_each_stage_on_its_device_and_each_links_predicted_traff
     assert panel.placement == {} and panel.plan_links == {}
 
 
-def test_after_a_run_each_plan_link_also_shows_its_measured_traffic(qtbot):
+def test_after_a_run_each_plan_link_also_shows_its_measured_traffic(profiled):
     from core.runs.prediction import predict_run
 
-    state = StudioState()
-    panel = ClusterPanel(state)
-    qtbot.addWidget(panel)
-    problem = make_problem(phone_memory=4096 * 2**20)
-    state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    state, panel, problem = profiled
     plan = _three_stage(problem)
     state.set_plan(plan)
     panel.plan_check.setChecked(True)
