@@ -425,14 +425,18 @@ class Agent:
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             if self._outbox:
-                self._flush_events()
+                self._drain_outbox()
                 last_flush = time.monotonic()
-                while self._outbox:
-                    self._send_to_coordinator(self._outbox.popleft())
             if self._events and time.monotonic() - last_flush >= EVENT_FLUSH_S:
                 self._flush_events()
                 last_flush = time.monotonic()
         sock.close(linger=0)
+
+    def _drain_outbox(self) -> None:
+        """Send the events and messages the worker queued (control thread only)."""
+        self._flush_events()
+        while self._outbox:
+            self._send_to_coordinator(self._outbox.popleft())
 
     def _send_to_coordinator(self, msg, identity: bytes | None = None) -> None:
         ident = identity or self._coordinator_identity
@@ -480,7 +484,11 @@ class Agent:
             t1 = self.clock()
             self._send_to_coordinator(Pong(req=req, t0=msg.t0, t1=t1, t2=self.clock(), state=self._state), identity)
         elif isinstance(msg, GetStatus):
-            self._send_to_coordinator(self._status(req), identity)
+            # read the state, then send what the worker posted before it: a "ready" read after
+            # a run ended must not overtake that run's RunFinished (it would look like mid-run)
+            status = self._status(req)
+            self._drain_outbox()
+            self._send_to_coordinator(status, identity)
         elif isinstance(msg, GetLogs):
             lines = tuple(list(self._logs)[-max(0, msg.lines) :]) if msg.lines else ()
             self._send_to_coordinator(Logs(req=req, lines=lines), identity)
