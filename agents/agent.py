@@ -63,6 +63,7 @@ from agents.protocol import (
     ClassifyImage,
     ComputeStrip,
     HeadsAttended,
+    HoldDense,
     HoldHeads,
     DataHeader,
     ErrorReply,
@@ -519,7 +520,7 @@ class Agent:
                 self._reply_error(identity, req, "bad_message", f"device {self.device} is not in this spatial plan")
                 return
             self._take_run(identity, msg)
-        elif isinstance(msg, HoldHeads):
+        elif isinstance(msg, (HoldHeads, HoldDense)):
             if self._state in (AgentState.RUNNING, AgentState.LOADING):
                 self._reply_error(identity, req, "bad_state", f"cannot hold attention heads while {self._state}")
                 return
@@ -628,6 +629,8 @@ class Agent:
                     self._spatial(msg, stop)
                 elif kind == "HoldHeads":
                     self._hold_heads(msg, stop)
+                elif kind == "HoldDense":
+                    self._hold_dense(msg, stop)
                 elif kind == "ComputeStrip":
                     self._post(self._compute_strip(msg))
                 elif kind == "AttendHeads":
@@ -779,6 +782,22 @@ class Agent:
         self._serve_held(msg, "attention hold", open_service,
                          ready=f"holding heads [{msg.kv_start}, {msg.kv_stop})", ended="ended")
 
+    def _hold_dense(self, msg, stop: threading.Event) -> None:
+        """A compute replica of attention offloading's staggered pipelining
+        (agents.attention_offload_staggered.HeldReplica), served until the hold's StopRun."""
+        from agents.attention_offload_staggered import HeldReplica
+
+        MODEL_CODE_IMPORTED.wait()
+
+        def open_service():
+            service = HeldReplica(self, msg, stop)
+            self._log(f"holding the dense part of {msg.model_dir} as replica {msg.replica} "
+                      f"({msg.staggered.schedule} staggering)")
+            return service
+
+        self._serve_held(msg, "dense replica hold", open_service, ready=f"replica {msg.replica} loaded",
+                         ended="ended")
+
     def _serve_held(self, msg, what: str, open_service, *, ready: str, ended: str) -> None:
         """A held run (spatial session, attention hold): answered Ok once serving, served until
         stopped. Any failure ends it, answered once the agent is idle again with no data peer
@@ -921,6 +940,12 @@ class _StageRun:
 
     # ---------------------------------------------------------------- main loop
     def execute(self) -> None:
+        if self.msg.staggered is not None:  # attention offloading over several replicas: its own schedule
+            from agents.attention_offload_staggered import run_source
+
+            tokens = run_source(self.agent, self.loaded, self.msg, self.stop)
+            self.agent._post(RunFinished(run_id=self.msg.run_id, tokens=tokens))
+            return
         if self.is_first:
             self._setup_groups()
             self.source, started = begin(self.msg.mode, len(self.groups), self.msg.max_new_tokens)

@@ -355,6 +355,19 @@ def resolve_mask(last: torch.Tensor | None, mode: str, sent: torch.Tensor | None
     return last if mode == "same" else next_mask(last)
 
 
+def side_frames(side, group: int, query, key, value, mask, mode: str):
+    """The tensor specs and buffers of one memory side's ``attend`` frame: q of its query heads, the
+    new k and v of its key/value heads (float32), and the mask when ``mode`` is ``full``."""
+    from agents.transport import tensor_frame
+
+    tensors = [query[:, side.start * group:side.stop * group], key[:, side.start:side.stop],
+               value[:, side.start:side.stop]]
+    tensors = [t.detach().to(torch.float32).contiguous() for t in tensors]
+    if mode == "full":
+        tensors.append(mask.to(torch.uint8).contiguous())
+    return zip(*(tensor_frame(t) for t in tensors))
+
+
 def _clock_event(agent, kind: str, step: int, group: int, start: float, end: float, nbytes: int = 0,
                  peer: str = "") -> None:
     agent._event(kind, "prefill" if step == 0 else "decode", step, group, start, end, nbytes, peer)
@@ -400,7 +413,7 @@ class DataPlaneRouter:
 
     def attend(self, group: int, layer: int, query, key, value, mask, scaling: float) -> torch.Tensor:
         from agents.protocol import AttendSpec, DataHeader, encode_data_header
-        from agents.transport import data_message, tensor_frame
+        from agents.transport import data_message
 
         agent, step = self.agent, self.step
         _clock_event(agent, "compute", step, group, self._segment_start, agent.clock())
@@ -410,12 +423,7 @@ class DataPlaneRouter:
         g = self.shape.group
         stop = agent._stop_run
         for side in self.sides:
-            tensors = [query[:, side.start * g:side.stop * g], key[:, side.start:side.stop],
-                       value[:, side.start:side.stop]]
-            tensors = [t.detach().to(torch.float32).contiguous() for t in tensors]
-            if mode == "full":
-                tensors.append(mask.to(torch.uint8).contiguous())
-            specs, bufs = zip(*(tensor_frame(t) for t in tensors))
+            specs, bufs = side_frames(side, g, query, key, value, mask, mode)
             header = DataHeader(run_id=agent._run_id, kind="attend", phase="prefill" if step == 0 else "decode",
                                 step=step, micro_batch=group, sender=agent.device, tensors=tuple(specs),
                                 t_sent=agent.clock(),
@@ -543,7 +551,7 @@ class HeadsService:
         self.shape = HeadShape.of(msg.model_dir)
         self.store = AttentionStore(self.shape, range(msg.kv_start, msg.kv_stop))
         self.dense = {p.device: p for p in msg.dense}
-        self._masks: dict[tuple[str, int], torch.Tensor] = {}
+        self._masks: dict[int, torch.Tensor] = {}
         from agents.transport import PeerSenders
 
         self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
@@ -599,7 +607,7 @@ class HeadsService:
         q, k, v = (tensor_from_frame(s, b) for s, b in zip(header.tensors[:3], bufs[:3]))
         if self.agent._event_meta[0] != header.run_id:  # the run the dense agent's frames belong to
             self.agent._event_meta = (header.run_id, 0)
-        key = (header.sender, header.micro_batch)
+        key = header.micro_batch  # a batch's masks are one sequence, whichever replica sends its slices
         sent = tensor_from_frame(header.tensors[3], bufs[3]).bool() if want == 4 else None
         mask = resolve_mask(self._masks.get(key), a.mask, sent)
         if mask is not None:
@@ -620,7 +628,9 @@ class HeadsService:
                            sender=agent.device, tensors=(spec,), t_sent=t1,
                            attend=AttendSpec(layer=a.layer, kv_start=a.kv_start, kv_stop=a.kv_stop,
                                              scaling=a.scaling, t_start=t0, t_end=t1))
-        peer = header.sender
+        peer = a.reply_to or header.sender
+        if peer not in self.dense:
+            raise StageInputError(f"attention output asked to go to {peer!r}, not one of {sorted(self.dense)}")
 
         def on_sent(start, end, n):
             _clock_event(agent, "send", step, group, start, end, n, peer)

@@ -312,6 +312,14 @@ class Unload(_Msg, frozen=True, tag="unload"):
     pass
 
 
+class StaggeredSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Attention offloading with several compute replicas (agents.schedule.staggered_slices):
+    ``schedule`` (fixed | rotational) and every replica's data plane, replica 0 first (the source)."""
+
+    schedule: str
+    replicas: tuple[PeerSpec, ...]
+
+
 class StartRun(_Msg, frozen=True, tag="start_run"):
     """Begin a run. Only the source (stage 0) gets the prompts' token ids."""
 
@@ -340,6 +348,9 @@ class StartRun(_Msg, frozen=True, tag="start_run"):
     generated: tuple[tuple[int, ...], ...] = ()
     """Per sequence, the tokens an interrupted run already produced (source only; empty: none).
     ``input_ids`` then already end with them, as the prefill that rebuilds the KV cache."""
+    staggered: StaggeredSpec | None = None
+    """Attention offloading's staggered pipelining (source only): the run's micro-batches go over
+    the replicas by ``agents.schedule.staggered_slices``; None: the plan's stages as usual."""
 
 
 class StopRun(_Msg, frozen=True, tag="stop_run"):
@@ -706,6 +717,31 @@ class HoldHeads(_Msg, frozen=True, tag="hold_heads"):
     """Emulation of this agent's outgoing link (the replies)."""
 
 
+class HoldDense(_Msg, frozen=True, tag="hold_dense"):
+    """Attention offloading's staggered pipelining: load the whole dense part of ``model_dir`` and
+    serve as compute replica ``replica`` of ``staggered`` (never replica 0: that one is the run's
+    source stage) the slices ``agents.schedule.staggered_slices`` gives it, for a run whose
+    micro-batches, prompts and sampling are these, until a ``StopRun`` naming ``run_id``.
+    ``services``: the memory agents and their key/value heads. Answered by ``Ok`` once loaded."""
+
+    run_id: str
+    model_dir: str
+    replica: int
+    staggered: StaggeredSpec
+    services: tuple[ServicePeer, ...]
+    micro_batches: tuple[tuple[int, ...], ...]
+    input_ids: tuple[tuple[int, ...], ...]
+    attention_mask: tuple[tuple[int, ...], ...]
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+    sampling: SamplingSpec = SamplingSpec()
+    dtype: str = "float32"
+    threads: int = 0
+    lease_s: float = 0.0
+    link: LinkShape = LinkShape()
+
+
 class HeadsAttended(_Msg, frozen=True, tag="heads_attended"):
     """The attention output of the heads, with when it ran on the agent's clock."""
 
@@ -815,7 +851,7 @@ ControlMessage = Union[
     Ping, Pong, GetStatus, AgentStatus, LoadShard, Unload, StartRun, StopRun, GetLogs, Logs,
     ProfileCompute, MeasureLink, ProfileResult, Ok, ErrorReply, EventBatch, TokensProduced,
     RunFinished, RunError, LogLine, QueryWeights, WeightsHeld, PutWeights, ComputeStrip, StripComputed,
-    AttendHeads, HoldHeads, HeadsAttended, EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens,
+    AttendHeads, HoldHeads, HoldDense, HeadsAttended, EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, DecodeTokens,
     TokensDecoded, SpatialSetup, ClassifyImage, ImageClassified,
 ]  # fmt: skip
 
@@ -1145,6 +1181,24 @@ PHASE_MESSAGES = (EncodeTiles, TilesEncoded, PrefillPrompt, PromptPrefilled, Dec
 PHASE_REQUESTS = (EncodeTiles, PrefillPrompt, DecodeTokens)
 
 
+def _hold_dense_problem(msg: HoldDense) -> str:
+    spec = msg.staggered
+    if spec.schedule not in ("fixed", "rotational"):
+        return f"staggered schedule must be fixed or rotational, got {spec.schedule!r}"
+    if not 1 <= msg.replica < len(spec.replicas) <= 64:
+        return "a held replica is one of 2 to 64 replicas, never replica 0 (the source)"
+    if not msg.services or len(msg.services) > 64:
+        return "a replica calls 1 to 64 memory agents"
+    if not 0 <= msg.threads <= MAX_THREADS or not (math.isfinite(msg.lease_s) and msg.lease_s >= 0):
+        return f"threads must be in [0, {MAX_THREADS}] and lease_s a finite number >= 0"
+    if not 1 <= msg.max_new_tokens <= 1 << 16 or len(msg.input_ids) != len(msg.attention_mask):
+        return "max_new_tokens must be in [1, 65536] and there must be one mask row per prompt row"
+    n = len(msg.input_ids)
+    if not msg.micro_batches or any(not g or any(not 0 <= i < n for i in g) for g in msg.micro_batches):
+        return "micro_batches must be non-empty groups of prompt rows"
+    return _sampling_problem(msg.sampling)
+
+
 def message_problem(msg: ControlMessage) -> str:
     """What is out of range in a decoded message ("" when nothing): the one semantic check."""
     if isinstance(msg, PHASE_MESSAGES):
@@ -1160,6 +1214,8 @@ def message_problem(msg: ControlMessage) -> str:
             return "a memory agent serves 1 to 64 dense agents"
         if not (math.isfinite(msg.lease_s) and msg.lease_s >= 0):
             return "lease_s must be a finite number >= 0"
+    if isinstance(msg, HoldDense):
+        return _hold_dense_problem(msg)
     if isinstance(msg, SpatialSetup):
         return _spatial_setup_problem(msg)
     if isinstance(msg, ClassifyImage):
@@ -1240,10 +1296,13 @@ def message_problem(msg: ControlMessage) -> str:
 # viewing the bytes as a tensor (zero-copy, never pickled).
 # --------------------------------------------------------------------------------------
 
-DataKind = Literal["hidden", "tokens", "probe", "strip", "attend", "attended", "mm", "kv"]
+DataKind = Literal["hidden", "tokens", "probe", "strip", "attend", "attended", "mm", "kv", "residual", "start"]
 """``strip``: a spatial run's strip, gateway -> worker (its input with halo) and back (its output).
 ``mm``: EPD multimodal tokens, encode -> prefill (step = request, micro_batch = piece); ``kv``: an
-EPD KV cache, prefill -> decode (layers·2 × kv heads × tokens × head dim)."""
+EPD KV cache, prefill -> decode (layers·2 × kv heads × tokens × head dim). ``residual``: attention
+offloading's staggered pipelining, a batch's residual stream handed to the replica of its next slice
+(tensors: hidden, the sampled token ids so far [B, steps]); ``start``: the source tells the other
+replicas a staggered run began (no tensors)."""
 
 MAX_DATA_TENSORS = 4
 MAX_DIM = 1 << 31
@@ -1282,6 +1341,10 @@ class AttendSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     t_start: float = 0.0
     t_end: float = 0.0
     """``attended``: when the attention ran, on the memory agent's clock."""
+    reply_to: str = ""
+    """``attend``: the compute replica the output goes to (staggered pipelining: the one that runs
+    the batch's next slice); empty: the sender. ``residual`` frames name the layer whose attention
+    the receiving replica resumes after."""
 
 
 class DataHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1336,8 +1399,8 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
         raise ProtocolError("bad_message", f"step {header.step} / micro_batch {header.micro_batch} out of range")
     if len(header.times) > 8:
         raise ProtocolError("bad_message", f"{len(header.times)} relayed times, at most 8")
-    if (header.kind in ("attend", "attended")) != (header.attend is not None):
-        raise ProtocolError("bad_message", "attend/attended frames (and only they) carry an attend spec")
+    if (header.kind in ("attend", "attended", "residual")) != (header.attend is not None):
+        raise ProtocolError("bad_message", "attend/attended/residual frames (and only they) carry an attend spec")
     if header.attend is not None:
         a = header.attend
         if not (0 <= a.layer < 4096 and 0 <= a.kv_start < a.kv_stop <= 4096 and math.isfinite(a.scaling)

@@ -344,19 +344,41 @@ class StageExecutor:
         # As HF generate: positions count attended tokens; padded slots get position 0.
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
         if self.is_first:
-            hidden = self._embed(x)
-            if self._positions is not None:
-                hidden = hidden + self._positions(positions)
+            hidden = self._embed_tokens(x, positions)
         else:
             hidden = x.to(self.dtype)
         if self._layers:
             hidden = self._run_layers(state, hidden, positions)
         if not self.is_last:
             return hidden
-        hidden = self._norm(hidden[:, -1:, :])
-        return self._head(hidden)[:, -1, :].float()
+        return self._logits(hidden)
+
+    def _embed_tokens(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self._embed(x)
+        if self._positions is not None:
+            hidden = hidden + self._positions(positions)
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [B, V] (final norm and LM head)."""
+        return self._head(self._norm(hidden[:, -1:, :]))[:, -1, :].float()
 
     def _run_layers(self, state: _GroupState, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        masks, extra = self._layer_inputs(state, hidden, positions)
+        for layer, kind in zip(self._layers, self._layer_types):
+            hidden = self._run_layer(layer, hidden, masks[kind], positions, state.cache, extra)
+        return hidden
+
+    @staticmethod
+    def _run_layer(layer, hidden, mask, positions, cache, extra) -> torch.Tensor:
+        hidden = layer(hidden, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                       **extra)
+        if isinstance(hidden, tuple):  # older layer APIs return (hidden, ...)
+            hidden = hidden[0]
+        return hidden
+
+    def _layer_inputs(self, state: _GroupState, hidden: torch.Tensor, positions: torch.Tensor):
+        """The masks (by attention type) and rotary embeddings every block of a step gets."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
@@ -374,18 +396,7 @@ class StageExecutor:
         extra = {}
         if self._rotary is not None:
             extra["position_embeddings"] = self._rotary(hidden, position_ids=positions)
-        for layer, kind in zip(self._layers, self._layer_types):
-            hidden = layer(
-                hidden,
-                attention_mask=masks[kind],
-                position_ids=positions,
-                past_key_values=state.cache,
-                use_cache=True,
-                **extra,
-            )
-            if isinstance(hidden, tuple):  # older layer APIs return (hidden, ...)
-                hidden = hidden[0]
-        return hidden
+        return masks, extra
 
 
 def _load(module: nn.Module, state: dict[str, torch.Tensor], what: str, strict: bool = True) -> None:

@@ -43,6 +43,7 @@ from agents.protocol import (
     RunFinished,
     RunMode,
     SamplingSpec,
+    StaggeredSpec,
     StartRun,
     StopRun,
     TimelineEvent,
@@ -120,6 +121,9 @@ class RunRequest:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     sampling: SamplingSpec = SamplingSpec()
+    staggered: StaggeredSpec | None = None
+    """Attention offloading's staggered pipelining over several compute replicas (the source's
+    ``StartRun.staggered``; ``core.techniques.attention_offload.run.run_staggered`` sets it)."""
 
 
 @dataclass(frozen=True)
@@ -639,7 +643,7 @@ class Coordinator:
                                eos_token_ids=request.eos_token_ids,
                                pad_token_id=request.pad_token_id, sampling=request.sampling,
                                lease_s=self.lease_s, first_steps=firsts, micro_batch_keys=keys,
-                               generated=resume.generated if resume else ())
+                               generated=resume.generated if resume else (), staggered=request.staggered)
             else:
                 msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
                                sampling=request.sampling, lease_s=self.lease_s, first_steps=firsts,

@@ -7,6 +7,7 @@ Per layer and decode step of one batch of B sequences:
   split by heads over the memory devices (they run in parallel; the slowest share bounds);
 - link time: B·(2·h_q + 2·h_kv)·D·bytes, plus a frame header each way per memory device
   (``FRAME_HEADER_BYTES``), over the narrower side's link, plus a latency each way.
+Once per step the batch's head (final norm, LM head, sampling) runs on a compute device.
 Throughput with c compute replicas, one memory pool and n batches in flight is bounded by the
 compute devices, the pool, and the batches' own cycle: the smallest of the three (``decode_step_s``).
 """
@@ -67,6 +68,19 @@ def dense_seconds(problem: OffloadProblem, device: OffloadDevice, tokens: int) -
     return max(2 * params * tokens / device.flops, params * m.bytes_per_element / device.memory_bandwidth)
 
 
+def head_seconds(problem: OffloadProblem, device: OffloadDevice, batch: int) -> float:
+    """Final norm, LM head and sampling of one decode step of the batch (once per step, not per layer)."""
+    m = problem.model
+    params = m.vocab * m.hidden
+    return max(2 * params * batch / device.flops, params * m.bytes_per_element / device.memory_bandwidth)
+
+
+def residual_seconds(problem: OffloadProblem, source: OffloadDevice, target: OffloadDevice, rows: int) -> float:
+    """A batch's residual stream handed from one compute replica to the next (rotational staggering)."""
+    nbytes = rows * problem.model.hidden * problem.model.bytes_per_element + FRAME_HEADER_BYTES
+    return nbytes / min(source.link_bandwidth, target.link_bandwidth) + source.link_latency_s + target.link_latency_s
+
+
 def attention_seconds(problem: OffloadProblem, memory: list[OffloadDevice], batch: int, context: float) -> float:
     """KV read of one layer for the batch, heads split evenly: the slowest device's share bounds."""
     m = problem.model
@@ -100,10 +114,11 @@ def evaluate(problem: OffloadProblem, plan: OffloadPlan) -> OffloadCost:
     # A fixed stagger binds batch b to replica b mod c (the busiest holds ceil(n/c)); a rotational
     # one hands each next slice to the replica free first, so the replicas share n evenly.
     per_replica = -(-n // c) if plan.schedule == "fixed" else n / c
-    bounds = {"compute": per_replica * lt.dense_s, "memory": n * lt.attention_s,
-              "cycle": lt.dense_s + lt.link_s + lt.attention_s}
+    head = max(head_seconds(problem, problem.device(d), plan.batch) for d in plan.compute)
+    bounds = {"compute": per_replica * (layers * lt.dense_s + head), "memory": n * layers * lt.attention_s,
+              "cycle": layers * (lt.dense_s + lt.link_s + lt.attention_s) + head}
     bottleneck = max(bounds, key=bounds.get)
-    step = layers * bounds[bottleneck]
+    step = bounds[bottleneck]
     tps = n * plan.batch / step
     price = sum(problem.device(d).price for d in plan.compute + plan.memory)
     kv_total = n * plan.batch * problem.workload.context_tokens * problem.model.kv_bytes_per_token()

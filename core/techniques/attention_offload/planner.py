@@ -20,7 +20,7 @@ import msgspec
 
 from core.errors import EdgeShardError, PlanInvalid
 from core.techniques.attention_offload.cost import (
-    OffloadCost, attention_seconds, dense_seconds, evaluate,
+    OffloadCost, attention_seconds, dense_seconds, evaluate, head_seconds,
 )
 from core.techniques.attention_offload.problem import OffloadDevice, OffloadPlan, OffloadProblem, check_problem
 from core.techniques.outcomes import StrategyOutcome
@@ -170,6 +170,7 @@ def baseline_cost(problem: OffloadProblem, plan: BaselinePlan) -> BaselineCost:
     devices = [problem.device(d) for d, _ in plan.stages]
     n = len(plan.stages)  # a pipeline keeps one micro-batch per stage in flight
     times = [layers * _layer_step(problem, d, plan.batch) for d, (_, layers) in zip(devices, plan.stages)]
+    times[-1] += head_seconds(problem, devices[-1], plan.batch)  # the last stage runs the head
     hop = sum(plan.batch * problem.model.hidden * problem.model.bytes_per_element / d.link_bandwidth + d.link_latency_s
               for d in devices[:-1])
     step = max(sum(times) + hop, n * max(times))

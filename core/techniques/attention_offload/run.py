@@ -14,13 +14,14 @@ attention and send spans into the same run. The run stops the holds after the st
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from collections.abc import Sequence
 
 import msgspec
 
-from agents.protocol import ErrorReply, HoldHeads, Ok, PeerSpec, ServicePeer, StopRun
+from agents.protocol import ErrorReply, HoldDense, HoldHeads, Ok, PeerSpec, ServicePeer, StaggeredSpec, StopRun
 from core.errors import RunFailed
 from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.reporting import Reporter
@@ -101,6 +102,76 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
                 raise RunFailed(f"holding attention heads: refused: {detail}", d)
             held.append(d)
         return coordinator.run(plan, request, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
+    finally:
+        _release(coordinator, held, hold_id)
+
+
+def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Sequence[str],
+                  memory_devices: Sequence[str], request: RunRequest, *, schedule: str = "rotational",
+                  sink: RunSink | None = None, reporter: Reporter | None = None, dtype: str = "float32",
+                  threads: int = 0) -> RunResult:
+    """Lamina's staggered pipelining on agents: ``request.micro_batches`` batches over the compute
+    replicas ``compute_devices`` (each holds the whole dense part; the first is the run's source
+    stage, the others are held with ``HoldDense``) sharing the memory agents, in the order
+    ``agents.schedule.staggered_slices(schedule, ...)`` gives (the simulator's). ``RunFailed`` names
+    a device that fails or refuses (an emulated memory budget too small for the dense part)."""
+    from agents.attention_offload import HeadShape
+    from agents.checkpoint_reader import CheckpointError
+    from agents.schedule import STAGGERED_SCHEDULES
+    from core.runs.batching import run_micro_batches
+
+    compute, memory = list(compute_devices), list(memory_devices)
+    if schedule not in STAGGERED_SCHEDULES:
+        raise RunFailed(f"unknown staggered schedule {schedule!r}: one of {', '.join(STAGGERED_SCHEDULES)}")
+    if not compute or not memory:
+        raise RunFailed("staggered attention offloading needs at least one compute and one memory agent")
+    if len(set(compute + memory)) != len(compute) + len(memory):
+        raise RunFailed("the compute agents and the memory agents must be different devices, each once")
+    try:
+        shape = HeadShape.of(model_dir)
+        ranges = head_ranges(shape.kv_heads, len(memory))
+    except CheckpointError as err:
+        raise RunFailed(str(err)) from None
+    plan = dense_plan(Path(model_dir).name, shape.layers, compute[0])
+    groups = run_micro_batches(len(request.input_ids), plan, request.micro_batches)
+    statuses = coordinator.status_of(compute + memory)
+    services = tuple(ServicePeer(device=d, data_address=statuses[d].data_address,
+                                 public_key=statuses[d].public_key, start=a, stop=b)
+                     for d, (a, b) in zip(memory, ranges))
+    replicas = tuple(PeerSpec(device=d, stage=i, data_address=statuses[d].data_address,
+                              public_key=statuses[d].public_key) for i, d in enumerate(compute))
+    spec = StaggeredSpec(schedule=schedule, replicas=replicas)
+    coordinator.load(plan, str(model_dir), dtype=dtype, threads=threads, kind=DENSE_KIND,
+                     services={compute[0]: services}, reporter=reporter)
+    hold_id = uuid.uuid4().hex[:12]
+    lease = max(10.0, 4 * coordinator.link.heartbeat_interval_s)
+    held: list[str] = []
+    try:
+        asks = [(d, HoldHeads(run_id=hold_id, model_dir=str(model_dir), kv_start=a, kv_stop=b, dense=replicas,
+                              lease_s=lease), "holding attention heads") for d, (a, b) in zip(memory, ranges)]
+        asks += [(d, HoldDense(run_id=hold_id, model_dir=str(model_dir), replica=i, staggered=spec,
+                               services=services, micro_batches=groups, input_ids=request.input_ids,
+                               attention_mask=request.attention_mask, max_new_tokens=request.max_new_tokens,
+                               eos_token_ids=request.eos_token_ids, pad_token_id=request.pad_token_id,
+                               sampling=request.sampling, dtype=dtype, threads=threads, lease_s=lease),
+                  "loading a dense replica") for i, d in enumerate(compute) if i > 0]
+        futs = [(d, coordinator.request_async(d, msg), what) for d, msg, what in asks]
+        refused: RunFailed | None = None
+        for d, fut, what in futs:  # every answer first, so each hold that started is ended
+            try:
+                reply = coordinator.link.await_reply(d, fut, HOLD_TIMEOUT_S, what)
+            except RunFailed as err:
+                refused = refused or err
+                continue
+            if isinstance(reply, Ok):
+                held.append(d)
+            elif refused is None:
+                detail = reply.message if isinstance(reply, ErrorReply) else type(reply).__name__
+                refused = RunFailed(f"{what}: refused: {detail}", d)
+        if refused is not None:
+            raise refused
+        staggered = dataclasses.replace(request, staggered=spec, micro_batches=len(groups))
+        return coordinator.run(plan, staggered, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
     finally:
         _release(coordinator, held, hold_id)
 

@@ -1,11 +1,15 @@
 """Fixed and rotational staggered pipelining, simulated into the shared TimelineEvents.
 
-n batches share the memory pool; each layer of each batch is a dense slice on a compute
-replica, the traffic out, attention on every memory device (its heads, in parallel: the
-attention lanes), the output back. ``fixed``: batch b always on replica b mod c (a replica with
-more batches than another idles the other); ``rotational``: each next slice goes to the replica
-free first (Lamina's rotation), so replicas share the batches evenly. Tasks are placed in order
-of readiness (list scheduling), each as early as its inputs and its device allow.
+The order is not decided here: ``agents.schedule.staggered_slices`` (the one schedule, which the
+agents execute too) says which replica runs each slice of each batch and in what order. Here
+it is timed: each replica performs its slices in that order, each as early as its batch's
+previous slice (its attention outputs and residual) and the replica allow; the memory pool
+serves the attentions in the same order, every memory device in parallel on its heads (the
+attention lanes). Events are what a real run records (agents.attention_offload_staggered): a
+``compute`` per slice on its replica (stage = the layer whose attention follows, ``layers`` for
+the tail), a ``send`` from the replica to each memory device (q, k, v and a frame header), the
+attention ``compute`` and its answer ``send`` (the output) on each memory device, and a ``send``
+of the residual when the next slice runs on another replica.
 Step 0 is the prefill: dense time of B·prompt tokens, attention by its FLOPs on the memory devices.
 """
 
@@ -14,9 +18,10 @@ from __future__ import annotations
 import msgspec
 
 from agents.protocol import TimelineEvent, TokenEvent
+from agents.schedule import STAGGERED_SCHEDULES, staggered_slices
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques.attention_offload.cost import (
-    FRAME_HEADER_BYTES, attention_seconds, dense_seconds, link_seconds,
+    FRAME_HEADER_BYTES, attention_seconds, dense_seconds, head_seconds, link_seconds, residual_seconds,
 )
 from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem, check_plan
 
@@ -41,62 +46,68 @@ def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None
     """``mode``: ``fixed`` or ``rotational`` (default: the plan's schedule)."""
     check_plan(problem, plan)
     schedule = mode or plan.schedule
-    if schedule not in ("fixed", "rotational"):
+    if schedule not in STAGGERED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: fixed or rotational")
     steps = generated_tokens or problem.workload.generated_tokens
+    model = problem.model
     memory = [problem.device(d) for d in plan.memory]
-    c, layers, n = len(plan.compute), problem.model.layers, plan.in_flight
-    heads = plan.kv_heads_of(problem.model.kv_heads)
+    c, layers, n = len(plan.compute), model.layers, plan.in_flight
+    heads = plan.kv_heads_of(model.kv_heads)
     ctx = problem.workload.prompt_tokens
+    bpe, group = model.bytes_per_element, model.q_heads // model.kv_heads
     compute_free = {d: 0.0 for d in plan.compute}
     memory_free = 0.0
-    ready = [0.0] * n
-    position = [(0, 0)] * n  # (step, layer) each batch does next
-    turn = 0
+    ready = [0.0] * n  # when the batch's previous slice's outputs reach its next replica
     events: list[TimelineEvent] = []
     tokens: list[TokenEvent] = []
-    wire = plan.batch * problem.model.wire_bytes_per_token_layer()
-    remaining = n * steps * layers
-    while remaining:
-        b = min((i for i in range(n) if position[i][0] < steps), key=lambda i: (ready[i], i))
-        step, layer = position[b]
-        phase = "prefill" if step == 0 else "decode"
-        if schedule == "fixed":
-            device = plan.compute[b % c]
-        else:
-            device = min(plan.compute, key=lambda d: (compute_free[d], (plan.compute.index(d) - turn) % c))
-            turn = (plan.compute.index(device) + 1) % c
+    order = staggered_slices(schedule, c, n, steps, layers)
+    nxt = {(s.micro_batch, s.index): s.replica for s in order}
+    for s in order:
+        b, step, layer = s.micro_batch, s.step, s.layer
+        device = plan.compute[s.replica]
         dev = problem.device(device)
-        tokens_now = plan.batch * (ctx if step == 0 else 1)
-        dense = dense_seconds(problem, dev, tokens_now)
+        common = dict(step=step, micro_batch=b, phase=s.phase)
+        rows = plan.batch * (ctx if step == 0 and s.index < layers else 1)  # tokens this slice's dense part runs
+        samples = s.index >= layers and s.index % layers == 0  # the head of the step before, then sampling
+        head = head_seconds(problem, dev, plan.batch) if samples else 0.0
         start = max(ready[b], compute_free[device])
-        end = start + dense
+        end = start + head + (0.0 if s.is_tail else dense_seconds(problem, dev, rows))
         compute_free[device] = end
-        common = dict(step=step, micro_batch=b, phase=phase)
         events.append(TimelineEvent(device=device, stage=layer, kind="compute", start_s=start, end_s=end, **common))
-        link = link_seconds(problem, dev, memory, tokens_now)
+        if samples:
+            done = step - 1 if not s.is_tail else step
+            tokens.append(TokenEvent(micro_batch=b, step=done,
+                                     sequence_ids=tuple(range(b * plan.batch, (b + 1) * plan.batch)),
+                                     token_ids=(0,) * plan.batch, t_s=start + head))
+        if s.is_tail:
+            continue
+        following = plan.compute[nxt[(b, s.index + 1)]]
+        link = link_seconds(problem, dev, memory, rows)
         sent = end + link / 2
         for m_id in plan.memory:
+            h = len(heads[m_id])
             events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=end, end_s=sent,
-                                        nbytes=wire * (ctx if step == 0 else 1) * len(heads[m_id]) // problem.model.kv_heads
-                                        + 2 * FRAME_HEADER_BYTES,
+                                        nbytes=rows * (h * group + 2 * h) * model.head_dim * bpe + FRAME_HEADER_BYTES,
                                         peer=m_id, **common))
         attn = (_prefill_attention_s(problem, plan) if step == 0
                 else attention_seconds(problem, memory, plan.batch, ctx + step - 1))
         a_start = max(sent, memory_free)
         memory_free = a_start + attn
         for m_id in plan.memory:
+            h = len(heads[m_id])
             events.append(TimelineEvent(device=m_id, stage=layer, kind="compute", start_s=a_start,
-                                        end_s=a_start + attn, **common))
+                                        end_s=memory_free, **common))
+            events.append(TimelineEvent(device=m_id, stage=layer, kind="send", start_s=memory_free,
+                                        end_s=memory_free + link / 2,
+                                        nbytes=rows * h * group * model.head_dim * bpe + FRAME_HEADER_BYTES,
+                                        peer=following, **common))
         ready[b] = memory_free + link / 2
-        remaining -= 1
-        if layer + 1 < layers:
-            position[b] = (step, layer + 1)
-        else:
-            position[b] = (step + 1, 0)
-            tokens.append(TokenEvent(micro_batch=b, step=step,
-                                     sequence_ids=tuple(range(b * plan.batch, (b + 1) * plan.batch)),
-                                     token_ids=(0,) * plan.batch, t_s=ready[b]))
+        if following != device:
+            moved = residual_seconds(problem, dev, problem.device(following), rows)
+            events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=end, end_s=end + moved,
+                                        nbytes=rows * model.hidden * bpe + FRAME_HEADER_BYTES, peer=following,
+                                        **common))
+            ready[b] = max(ready[b], end + moved)
     events.sort(key=lambda e: (e.start_s, e.device))
     tokens.sort(key=lambda t: t.t_s)
     # Steady decode rate: each batch's tokens from its first decode step to its last (prefill apart).

@@ -126,8 +126,14 @@ def test_the_simulated_timeline_has_attention_lanes_and_no_device_runs_two_thing
     for device in {e.device for e in computes}:
         mine = sorted((e for e in computes if e.device == device), key=lambda e: e.start_s)
         assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(mine, mine[1:]))
-    assert len(sim.tokens) == 3 * 3 and sum(e.nbytes for e in sim.events if e.kind == "send" and e.step == 1) == \
+    memory = set(plan.memory)
+    attention_bytes = sum(e.nbytes for e in sim.events if e.kind == "send" and e.step == 1
+                          and (e.device in memory or e.peer in memory))
+    assert len(sim.tokens) == 3 * 3 and attention_bytes == \
         3 * p.model.layers * layer_wire_bytes(p.model, 4, 2)  # tensors of 4 sequences + 2 headers per memory device
+    residuals = [e for e in sim.events if e.kind == "send" and e.device in plan.compute and e.peer in plan.compute]
+    assert residuals and all(e.nbytes == p.model.hidden * p.model.bytes_per_element * (4 if e.step else 4 * 4096)
+                             + 240 for e in residuals)  # rotational: the residual follows the batch
 
 
 @pytest.mark.parametrize("plan, message", [

@@ -1,0 +1,468 @@
+"""Attention offloading's staggered pipelining on agents: several compute replicas, one memory pool.
+
+Each compute replica holds the whole dense part (no KV); the run's micro-batches go slice by slice
+over them as ``agents.schedule.staggered_slices`` says (fixed: a batch stays on its replica;
+rotational: consecutive slices of a batch move from replica to replica), and every replica
+performs its own slices in that order. A slice ends at an attention: its q, k, v go to the
+memory agents (``attend`` frames naming ``reply_to``: the replica of the batch's next slice),
+its residual stream (and the tokens sampled so far) to that replica (``residual`` frame), and
+the forward pass is unwound. The next slice resumes the block from the residual and the
+attention outputs: transformers' attention registry hands back the received output, and the
+block's q/k/v projections are swapped for zeros of their width for that call (their result
+is not needed: the memory agents already attended), so no work is done twice and no model code
+is patched. A replica knows every batch's prompt mask, so masks, positions and rotary
+embeddings of any (batch, step) are computed where the slice runs; sampling draws from
+``step_generator(seed, batch, step)``, a function of the position only, so it does not matter
+which replica samples. Replica 0 is the run's source stage (``StartRun.staggered``): it starts
+the others (``start`` frames), runs every batch's tail (the last step's head) and reports the
+tokens; the others are held (``HoldDense``). Each slice is a ``compute`` span on its replica and
+each frame a ``send``, the same events the simulator (core.techniques.attention_offload.
+simulator) predicts from the same schedule. A batch runs all its steps: its finished sequences
+are fed the pad token, as the pipeline does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from agents.attention_offload import (
+    ATTEND_TIMEOUT_S, DenseExecutor, MemorySideSilent, _clock_event, side_frames, _Covers, _lengths_only_layer_class, mask_mode,
+)
+from agents.schedule import slice_replica, staggered_slices
+from agents.stage_input import StageInputError
+
+
+class _Suspended(Exception):
+    """Raised by the attention function once a slice's q, k, v are captured: unwinds the forward."""
+
+
+class SliceRouter:
+    """The dense executor's attention side during a staggered run: captures a slice's q, k, v (and
+    suspends), or hands back the attention output a resumed block is given."""
+
+    def __init__(self):
+        self.resume_with: torch.Tensor | None = None
+        self.captured: tuple | None = None
+        self.calls = 0
+
+    def attend(self, group, layer, query, key, value, mask, scaling):
+        if self.resume_with is not None:
+            out, self.resume_with = self.resume_with, None
+            return out
+        self.captured = (layer, query, key, value, mask, scaling)
+        self.calls += 1
+        raise _Suspended()
+
+    def drop(self, group, layers=None) -> None:
+        pass
+
+
+class _Zeros(nn.Module):
+    """Stands in for a q/k/v projection while a block resumes after its attention."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+
+    def forward(self, x):
+        return x.new_zeros(*x.shape[:-1], self.width)
+
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "c_attn")
+
+
+@contextlib.contextmanager
+def _projections_skipped(attention: nn.Module):
+    saved = {n: getattr(attention, n) for n in _PROJECTIONS if isinstance(getattr(attention, n, None), nn.Module)}
+    for name, module in saved.items():
+        width = getattr(module, "out_features", None) or getattr(module, "nf")
+        setattr(attention, name, _Zeros(int(width)))
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            setattr(attention, name, module)
+
+
+@dataclass
+class _StepInputs:
+    past: int
+    positions: torch.Tensor
+    masks: dict
+    extra: dict
+    cache: object
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What every replica knows of the run: prompts, micro-batches, steps, sampling."""
+
+    run_id: str
+    micro_batches: tuple[tuple[int, ...], ...]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    steps: int
+    eos: frozenset
+    pad: int
+    sampling: object
+    """agents.protocol.SamplingSpec"""
+
+
+class StaggeredReplica:
+    """Replica ``me`` of ``replicas`` (PeerSpecs, replica 0 first) performing its slices."""
+
+    def __init__(self, agent, executor: DenseExecutor, *, me: int, schedule: str, replicas, services,
+                 run: RunInputs, stop, link=None):
+        from agents.transport import PeerSenders
+
+        self.agent, self.ex, self.me, self.stop = agent, executor, me, stop
+        self.replicas = tuple(replicas)
+        self.services = sorted(services, key=lambda s: s.start)
+        self.run = run
+        self.schedule = schedule
+        self.layers = executor.num_layers
+        self.n = len(run.micro_batches)
+        self.order = [s for s in staggered_slices(schedule, len(self.replicas), self.n, run.steps, self.layers)
+                      if s.replica == me]
+        self.link = link if link is not None else agent.default_link
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
+        self._inbox: dict[tuple[int, int], dict] = {}
+        self._steps: dict[tuple[int, int], _StepInputs] = {}
+        self.tokens: dict[int, torch.Tensor] = {}
+        """Replica 0: every batch's sampled ids [B, steps] once its tail ran."""
+        self._sample = agent.sampler_factory(run.sampling)
+        self.router = SliceRouter()
+        self.shape = executor.shape
+
+    def close(self) -> None:
+        self._senders.close()
+
+    def _send(self, peer, frames, nbytes: int, step: int, group: int) -> None:
+        agent = self.agent
+
+        def on_sent(start, end, n, device=peer.device):
+            _clock_event(agent, "send", step, group, start, end, n, device)
+
+        self._senders.to(peer.device, peer, self.link).send(frames, nbytes, on_sent, self.stop)
+
+    # ------------------------------------------------------------------ the loop
+    def start_others(self) -> None:
+        """Replica 0: tell the held replicas the run began (its id)."""
+        from agents.protocol import DataHeader
+        from agents.transport import data_message
+
+        for peer in self.replicas[1:]:
+            header = DataHeader(run_id=self.run.run_id, kind="start", phase="prefill", step=0, micro_batch=0,
+                                sender=self.agent.device, tensors=(), t_sent=self.agent.clock())
+            frames = data_message(header, [])
+            self._senders.to(peer.device, peer, self.link).send(frames, len(frames[0]), lambda *a: None, self.stop)
+
+    def perform(self) -> None:
+        """Every slice of this replica, in the schedule's order."""
+        ex = self.ex
+        saved = ex.router
+        ex.router = self.router
+        try:
+            for sl in self.order:
+                inputs = None if sl.index == 0 else self._await(sl.micro_batch, sl.index - 1)
+                self._perform(sl, inputs)
+        finally:
+            ex.router = saved
+
+    def _await(self, group: int, index: int) -> dict:
+        """The residual and every memory agent's output of ``group``'s slice ``index``."""
+        import zmq
+
+        from agents.protocol import ProtocolError, decode_data
+        from agents.transport import RunAborted
+
+        key = (group, index)
+        deadline = time.monotonic() + ATTEND_TIMEOUT_S
+        while not self._complete(key):
+            if self.stop.is_set():
+                raise RunAborted()
+            if time.monotonic() > deadline:
+                got = self._inbox.get(key, {})
+                missing = [s.device for s in self.services if s.device not in got.get("out", {})]
+                if "residual" not in got:
+                    missing.append(f"the replica of slice {index}")
+                raise MemorySideSilent(f"{', '.join(missing)} did not answer slice {index} of micro-batch {group} "
+                                       f"within {ATTEND_TIMEOUT_S:g} s (is it up, its link working?)")
+            try:
+                frames = self.agent._data.recv_multipart(copy=False)
+            except zmq.Again:
+                continue
+            try:
+                header, bufs = decode_data(frames, 1 << 30)
+            except ProtocolError as err:
+                self.agent._log(f"dropped data message: {err.code}: {err}")
+                continue
+            try:
+                self.take(header, bufs)
+            except StageInputError as err:
+                self.agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
+        return self._inbox.pop(key)
+
+    def _complete(self, key) -> bool:
+        got = self._inbox.get(key)
+        return got is not None and "residual" in got and len(got.get("out", {})) == len(self.services)
+
+    def take(self, header, bufs) -> None:
+        """File an ``attended`` or ``residual`` frame of this run under its (batch, slice)."""
+        from agents.transport import tensor_from_frame
+
+        if header.run_id != self.run.run_id or header.kind not in ("attended", "residual"):
+            raise StageInputError(f"not a frame of staggered run {self.run.run_id}")
+        a = header.attend
+        if not (0 <= header.micro_batch < self.n and 0 <= a.layer < self.layers and 0 <= header.step < self.run.steps):
+            raise StageInputError(f"slice of micro-batch {header.micro_batch}, step {header.step}, layer {a.layer} "
+                                  "is outside this run")
+        key = (header.micro_batch, header.step * self.layers + a.layer)
+        entry = self._inbox.setdefault(key, {})
+        tensors = [tensor_from_frame(s, b) for s, b in zip(header.tensors, bufs)]
+        if header.kind == "residual":
+            if len(tensors) != 2 or tensors[1].dtype != torch.int64:
+                raise StageInputError("a residual frame holds the hidden states and the tokens so far (int64)")
+            entry["residual"] = (tensors[0], tensors[1])
+        else:
+            if header.sender not in {s.device for s in self.services} or len(tensors) != 1:
+                raise StageInputError("attention outputs come from this run's memory agents, one tensor each")
+            entry.setdefault("out", {})[header.sender] = tensors[0]
+
+    # ------------------------------------------------------------------ one slice
+    def _step_inputs(self, group: int, step: int) -> _StepInputs:
+        key = (group, step)
+        got = self._steps.get(key)
+        if got is not None:
+            return got
+        for old in [k for k in self._steps if k[0] == group and k[1] < step - 1]:
+            del self._steps[old]
+        ex, rows = self.ex, list(self.run.micro_batches[group])
+        prompt = self.run.attention_mask[rows]
+        mask = torch.cat([prompt, prompt.new_ones((len(rows), step))], dim=1)
+        new = prompt.shape[1] if step == 0 else 1
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+        from transformers.cache_utils import Cache
+
+        cache = Cache(layers=[_lengths_only_layer_class()() for _ in range(self.layers)])
+        past = mask.shape[1] - new
+        for layer in cache.layers:
+            layer.length = past
+        from agents.shard import _GroupState
+
+        probe = torch.zeros((len(rows), new, ex.hidden_size), dtype=ex.dtype)
+        masks, extra = ex._layer_inputs(_GroupState(cache=cache, mask=mask), probe, positions)
+        got = self._steps[key] = _StepInputs(past=past, positions=positions, masks=masks, extra=extra, cache=cache)
+        return got
+
+    def _layer(self, index: int, hidden: torch.Tensor, inputs: _StepInputs) -> torch.Tensor:
+        ex = self.ex
+        inputs.cache.layers[index].length = inputs.past
+        return ex._run_layer(ex._layers[index], hidden, inputs.masks[ex._layer_types[index]], inputs.positions,
+                             inputs.cache, inputs.extra)
+
+    def _perform(self, sl, inputs: dict | None) -> None:
+        agent, ex, run = self.agent, self.ex, self.run
+        b, k, L = sl.micro_batch, sl.index, self.layers
+        rows = list(run.micro_batches[b])
+        t0, p0 = agent.clock(), time.perf_counter()
+        with torch.inference_mode():
+            if k == 0:
+                tokens = torch.zeros((len(rows), 0), dtype=torch.int64)
+                hidden = ex._embed_tokens(run.input_ids[rows], self._step_inputs(b, 0).positions)
+            else:
+                ps, pl = divmod(k - 1, L)
+                hidden, tokens = inputs["residual"]
+                out = torch.cat([inputs["out"][s.device] for s in self.services], dim=2)
+                attention = getattr(ex._layers[pl], "self_attn", None) or getattr(ex._layers[pl], "attn")
+                self.router.resume_with = out
+                with _projections_skipped(attention):
+                    hidden = self._layer(pl, hidden.to(ex.dtype), self._step_inputs(b, ps))
+                self.router.resume_with = None
+                if pl == L - 1:  # step ps is done: its head and sampling
+                    from agents.sampling import step_generator
+
+                    drawn = self._sample(ex._logits(hidden), step_generator(run.sampling.seed, b, ps)).to(torch.int64)
+                    self._report(b, ps, drawn)
+                    tokens = torch.cat([tokens, drawn[:, None]], dim=1)
+                    if sl.is_tail:
+                        self.tokens[b] = tokens
+                    else:
+                        fed = torch.where(self._finished(tokens[:, :-1]), torch.full_like(drawn, run.pad), drawn)
+                        hidden = ex._embed_tokens(fed[:, None], self._step_inputs(b, sl.step).positions)
+            if not sl.is_tail:
+                inputs_now = self._step_inputs(b, sl.step)
+                try:
+                    self._layer(sl.layer, hidden, inputs_now)
+                except _Suspended:
+                    pass
+                else:
+                    raise StageInputError(f"block {sl.layer} returned without calling its attention")
+        slowdown = agent.emulation.compute_slowdown
+        if slowdown > 1.0:
+            time.sleep((slowdown - 1.0) * (time.perf_counter() - p0))
+        _clock_event(agent, "compute", sl.step, b, t0, agent.clock())
+        if not sl.is_tail:
+            self._dispatch(sl, hidden, tokens)
+
+    def _finished(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Per row: an EOS among the tokens before (the pipeline then feeds pad)."""
+        if tokens.shape[1] == 0 or not self.run.eos:
+            return torch.zeros(tokens.shape[0], dtype=torch.bool)
+        return torch.isin(tokens, torch.tensor(sorted(self.run.eos), dtype=torch.int64)).any(dim=1)
+
+    def _report(self, group: int, step: int, drawn: torch.Tensor) -> None:
+        from agents.protocol import TokensProduced
+
+        self.agent._post(TokensProduced(run_id=self.run.run_id, micro_batch=group, step=step,
+                                        sequence_ids=tuple(self.run.micro_batches[group]),
+                                        token_ids=tuple(int(t) for t in drawn.tolist()), t=self.agent.clock()),
+                         wake=False)
+
+    def _dispatch(self, sl, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The slice's q, k, v to the memory agents, its residual to the next slice's replica."""
+        from agents.protocol import AttendSpec, DataHeader
+        from agents.transport import data_message, tensor_frame
+
+        agent, b, step = self.agent, sl.micro_batch, sl.step
+        layer, query, key, value, mask, scaling = self.router.captured
+        self.router.captured = None
+        nxt = self.replicas[slice_replica(self.schedule, len(self.replicas), self.n, self.run.steps, self.layers,
+                                          b, sl.index + 1)]
+        previous = None
+        if sl.index > 0:
+            ps = (sl.index - 1) // self.layers
+            prev_inputs = self._step_inputs(b, ps)
+            previous = prev_inputs.masks[self.ex._layer_types[(sl.index - 1) % self.layers]]
+        mode = mask_mode(previous, mask)
+        g = self.shape.group
+        phase = sl.phase
+        for side in self.services:
+            specs, bufs = side_frames(side, g, query, key, value, mask, mode)
+            header = DataHeader(run_id=self.run.run_id, kind="attend", phase=phase, step=step, micro_batch=b,
+                                sender=agent.device, tensors=tuple(specs), t_sent=agent.clock(),
+                                attend=AttendSpec(layer=layer, kv_start=side.start, kv_stop=side.stop,
+                                                  scaling=float(scaling), mask=mode, reply_to=nxt.device))
+            frames = data_message(header, list(bufs))
+            self._send(side, frames, sum(s.nbytes() for s in specs) + len(frames[0]), step, b)
+        residual = hidden.detach().to(torch.float32).contiguous()
+        if nxt.device == agent.device:
+            self._inbox.setdefault((b, sl.index), {})["residual"] = (residual, tokens)
+            return
+        specs, bufs = zip(*(tensor_frame(t) for t in (residual, tokens.contiguous())))
+        header = DataHeader(run_id=self.run.run_id, kind="residual", phase=phase, step=step, micro_batch=b,
+                            sender=agent.device, tensors=tuple(specs), t_sent=agent.clock(),
+                            attend=AttendSpec(layer=layer, kv_start=0, kv_stop=self.shape.kv_heads))
+        frames = data_message(header, list(bufs))
+        self._send(nxt, frames, sum(s.nbytes() for s in specs) + len(frames[0]), step, b)
+
+    def final_tokens(self) -> tuple[tuple[int, ...], ...]:
+        """Replica 0 after its slices: per sequence, the tokens up to and including its first EOS."""
+        out: dict[int, tuple[int, ...]] = {}
+        for b, rows in enumerate(self.run.micro_batches):
+            for i, seq in enumerate(rows):
+                got = []
+                for t in self.tokens[b][i].tolist():
+                    got.append(int(t))
+                    if t in self.run.eos:
+                        break
+                out[seq] = tuple(got)
+        return tuple(out.get(i, ()) for i in range(len(self.run.input_ids)))
+
+
+def run_inputs(run_id: str, msg) -> RunInputs:
+    """``RunInputs`` of a ``StartRun`` (replica 0) or a ``HoldDense``."""
+    return RunInputs(run_id=run_id, micro_batches=tuple(tuple(g) for g in msg.micro_batches),
+                     input_ids=torch.tensor(msg.input_ids, dtype=torch.int64),
+                     attention_mask=torch.tensor(msg.attention_mask, dtype=torch.int64), steps=msg.max_new_tokens,
+                     eos=frozenset(msg.eos_token_ids), pad=msg.pad_token_id, sampling=msg.sampling)
+
+
+def run_source(agent, loaded, msg, stop) -> tuple[tuple[int, ...], ...]:
+    """Replica 0 (the run's source stage, ``StartRun.staggered``): start the others, perform its
+    slices (every tail among them), return the run's tokens."""
+    executor = getattr(loaded.executor, "_executor", loaded.executor)  # an emulation wrapper's own
+    if not isinstance(executor, DenseExecutor):
+        raise StageInputError("a staggered run needs an attention-offload-dense stage loaded")
+    spec = msg.staggered
+    if not spec.replicas or spec.replicas[0].device != agent.device:
+        raise StageInputError(f"replica 0 of a staggered run is its source, {agent.device}")
+    agent.gate_data([s.public_key for s in loaded.msg.services] + [p.public_key for p in spec.replicas[1:]])
+    replica = StaggeredReplica(agent, executor, me=0, schedule=spec.schedule, replicas=spec.replicas,
+                               services=loaded.msg.services, run=run_inputs(msg.run_id, msg), stop=stop,
+                               link=loaded.link)
+    try:
+        replica.start_others()
+        replica.perform()
+        return replica.final_tokens()
+    finally:
+        replica.close()
+
+
+class HeldReplica:
+    """A compute replica other than 0 (``HoldDense``): loads the dense part, waits for the source's
+    ``start`` frame, performs its slices, then serves until the hold is stopped."""
+
+    def __init__(self, agent, msg, stop):
+        self.agent, self.msg, self.stop = agent, msg, stop
+        self.executor = DenseExecutor(msg.model_dir, 0, _units(msg.model_dir),
+                                      sides=[_Covers(range(s.start, s.stop)) for s in msg.services],
+                                      dtype=msg.dtype, threads=msg.threads or None)
+        agent.emulation.check_shard(agent.device, int(self.executor.memory_bytes()), (0, self.executor.num_units))
+        agent.gate_data([s.public_key for s in msg.services]
+                        + [p.public_key for i, p in enumerate(msg.staggered.replicas) if i != msg.replica])
+        self.replica: StaggeredReplica | None = None
+
+    def close(self) -> None:
+        if self.replica is not None:
+            self.replica.close()
+
+    def serve(self) -> None:
+        import zmq
+
+        from agents.protocol import ProtocolError, decode_data
+        from agents.transport import RunAborted
+
+        agent, msg = self.agent, self.msg
+        early = []
+        while self.replica is None:
+            if self.stop.is_set():
+                raise RunAborted()
+            try:
+                frames = agent._data.recv_multipart(copy=False)
+            except zmq.Again:
+                continue
+            try:
+                header, bufs = decode_data(frames, 1 << 30)
+            except ProtocolError as err:
+                agent._log(f"dropped data message: {err.code}: {err}")
+                continue
+            if header.kind == "start" and header.sender == msg.staggered.replicas[0].device:
+                agent._event_meta = (header.run_id, 0)
+                self.replica = StaggeredReplica(agent, self.executor, me=msg.replica,
+                                                schedule=msg.staggered.schedule, replicas=msg.staggered.replicas,
+                                                services=msg.services, run=run_inputs(header.run_id, msg),
+                                                stop=self.stop, link=msg.link if msg.link.bandwidth_mbit_s
+                                                or msg.link.latency_ms else None)
+            else:
+                early.append((header, [bytes(b) for b in bufs]))
+        for header, bufs in early:  # frames that overtook the start
+            try:
+                self.replica.take(header, bufs)
+            except StageInputError as err:
+                agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
+        self.replica.perform()
+        while not self.stop.is_set():
+            time.sleep(0.02)
+        raise RunAborted()
+
+
+def _units(model_dir: str) -> int:
+    from agents.attention_offload import HeadShape
+
+    return HeadShape.of(model_dir).layers + 2

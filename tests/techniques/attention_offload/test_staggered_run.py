@@ -1,0 +1,97 @@
+"""Staggered pipelining run for real (issue 15): 2 compute replicas and 2 memory agents serve 3
+batches in the order of the one schedule (agents.schedule.staggered_slices), with the tokens of
+HF generate and the timeline the simulator predicts from the same schedule."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
+
+from agents.attention_offload import HeadShape
+from agents.protocol import SamplingSpec
+from agents.schedule import staggered_slices
+from core.errors import RunFailed
+from core.runs.generation import load_tokenizer
+from core.runs.coordinator import RunRequest
+from core.techniques.attention_offload.problem import OffloadDevice, OffloadPlan, OffloadProblem, OffloadWorkload
+from core.techniques.attention_offload.run import checkpoint_model, run_staggered
+from core.techniques.attention_offload.simulator import simulate
+from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.in_process_agents import in_process_cluster
+
+PROMPTS = ["the cat sat", "a longer prompt about the river", "hello"]
+MAX_NEW = 4
+COMPUTE, MEMORY = ("c0", "c1"), ("m0", "m1")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with in_process_cluster([*COMPUTE, *MEMORY]) as (coordinator, agents):
+        yield coordinator, {a.device: a for a in agents}
+
+
+def _request(model_dir, max_new=MAX_NEW):
+    enc = load_tokenizer(model_dir)(PROMPTS, return_tensors="pt", padding=True)
+    req = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+                     attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())), max_new_tokens=max_new,
+                     micro_batches=3, eos_token_ids=(2,), pad_token_id=0, sampling=SamplingSpec())
+    return enc, req
+
+
+def _signature(events, memory=MEMORY):
+    """What a run does, whatever its timing: per device and kind, each (step, micro-batch, peer)."""
+    return Counter((e.device, e.kind, e.step, e.micro_batch, e.peer if e.kind == "send" else "")
+                   for e in events if e.kind in ("compute", "send"))
+
+
+@pytest.mark.parametrize("schedule", ["rotational", "fixed"])
+def test_three_batches_over_two_replicas_give_hf_tokens_and_the_simulated_timeline(cluster, tiny_llama_dir,
+                                                                                   schedule):
+    coordinator, _ = cluster
+    enc, req = _request(tiny_llama_dir)
+    result = run_staggered(coordinator, tiny_llama_dir, COMPUTE, MEMORY, req, schedule=schedule)
+    assert [list(t) for t in result.tokens] == [list(t) for t in hf_greedy_new_tokens(tiny_llama_dir, enc, MAX_NEW)]
+    model = checkpoint_model(tiny_llama_dir)
+    device = dict(flops=1e12, memory_bandwidth=1e11, memory_bytes=1 << 40, link_bandwidth=1e9)
+    problem = OffloadProblem(devices=tuple(OffloadDevice(id=d, **device) for d in (*COMPUTE, *MEMORY)), model=model,
+                             workload=OffloadWorkload(prompt_tokens=enc["input_ids"].shape[1],
+                                                      generated_tokens=MAX_NEW))
+    sim = simulate(problem, OffloadPlan(compute=COMPUTE, memory=MEMORY, batch=1, in_flight=3, schedule=schedule))
+    assert _signature(result.events) == _signature(sim.events)
+    assert sorted((t.micro_batch, t.step) for t in result.token_events) == \
+        sorted((t.micro_batch, t.step) for t in sim.tokens)
+
+
+def test_rotational_slices_move_between_replicas_and_fixed_ones_stay(cluster, tiny_llama_dir):
+    layers = HeadShape.of(tiny_llama_dir).layers
+    rotational = staggered_slices("rotational", 2, 3, MAX_NEW, layers)
+    fixed = staggered_slices("fixed", 2, 3, MAX_NEW, layers)
+    assert {s.replica for s in rotational if s.micro_batch == 0} == {0, 1}
+    assert {s.replica for s in fixed if s.micro_batch == 1 and not s.is_tail} == {1}
+    coordinator, _ = cluster
+    _, req = _request(tiny_llama_dir, max_new=2)
+    result = run_staggered(coordinator, tiny_llama_dir, COMPUTE, MEMORY, req, schedule="rotational")
+    moved = [e for e in result.events if e.kind == "send" and e.device in COMPUTE and e.peer in COMPUTE]
+    assert moved and all(e.nbytes > 0 for e in moved)
+
+
+def test_seeded_sampling_over_replicas_is_the_single_replica_runs(cluster, tiny_llama_dir):
+    coordinator, _ = cluster
+    _, req = _request(tiny_llama_dir)
+    import dataclasses
+
+    seeded = dataclasses.replace(req, sampling=SamplingSpec(temperature=0.9, top_p=0.9, seed=5))
+    two = run_staggered(coordinator, tiny_llama_dir, COMPUTE, MEMORY, seeded, schedule="rotational")
+    one = run_staggered(coordinator, tiny_llama_dir, COMPUTE[:1], MEMORY, seeded, schedule="fixed")
+    assert two.tokens == one.tokens
+
+
+def test_an_unknown_schedule_or_a_device_in_both_roles_is_refused(cluster, tiny_llama_dir):
+    coordinator, _ = cluster
+    _, req = _request(tiny_llama_dir)
+    with pytest.raises(RunFailed, match="unknown staggered schedule"):
+        run_staggered(coordinator, tiny_llama_dir, COMPUTE, MEMORY, req, schedule="zigzag")
+    with pytest.raises(RunFailed, match="different devices"):
+        run_staggered(coordinator, tiny_llama_dir, COMPUTE, ("c1", "m0"), req)
