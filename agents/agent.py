@@ -59,6 +59,7 @@ from agents.protocol import (
     AgentState,
     AgentStatus,
     PHASE_REQUESTS,
+    DecodeTokens,
     AttendHeads,
     ClassifyImage,
     ComputeStrip,
@@ -204,6 +205,11 @@ class _Group:
     done: bool = False
 
 
+def _batches(msg) -> bool:
+    """A decode request that joins a continuous batch (one copy: profiling's copies run alone)."""
+    return isinstance(msg, DecodeTokens) and msg.copies == 1
+
+
 @dataclass
 class _Loaded:
     msg: LoadShard
@@ -274,6 +280,9 @@ class Agent:
         self._attention_stores: dict = {}
         """Attention offloading: (model_dir, kv_start, kv_stop) -> AttentionStore (agents.attention_offload)."""
         self._work: queue.Queue = queue.Queue()
+        self._requeued: collections.deque = collections.deque()
+        """Work taken off the queue while a decode batch ran that is not a phase request: it comes
+        next, in order, once the batch is done."""
         self._outbox: collections.deque = collections.deque()
         self._events: collections.deque = collections.deque()
         self._event_meta = ("", 0)  # run_id, stage of the events in the deque
@@ -603,7 +612,7 @@ class Agent:
 
     def _worker_loop(self) -> None:
         while True:
-            kind, msg, stop = self._work.get()
+            kind, msg, stop = self._requeued.popleft() if self._requeued else self._work.get()
             if kind == "shutdown":
                 break
             self._activity, self._progress = self._ACTIVITIES.get(kind, ""), 0.0
@@ -636,7 +645,7 @@ class Agent:
                 elif kind == "AttendHeads":
                     self._post(self._attend_heads(msg))
                 elif kind == "phase":
-                    self._post(self._serve_phase(msg))
+                    self._serve_phases(msg)
                 elif kind == "MeasureLink":
                     from agents import profiler
 
@@ -738,15 +747,55 @@ class Agent:
             return ErrorReply(req=msg.req, code="bad_state",
                               message=f"this agent's stage ({loaded.msg.kind if loaded else 'none'}) serves no phase "
                                       f"requests: load an epd-* stage")
+        try:
+            return serve(msg, clock=self.clock, slowdown=self.emulation.compute_slowdown, links=self._links_of(loaded))
+        except ValueError as err:  # agents.phases.PhaseRequestError and the checkpoint's own checks
+            return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
+
+    def _links_of(self, loaded):
         if self._phase_links is None or self._phase_links[0] is not loaded:
             from agents.phases import PhaseLinks
 
             self._close_phase_links()
             self._phase_links = (loaded, PhaseLinks(self, loaded.msg.peers))
-        try:
-            return serve(msg, clock=self.clock, slowdown=self.emulation.compute_slowdown, links=self._phase_links[1])
-        except ValueError as err:  # agents.phases.PhaseRequestError and the checkpoint's own checks
-            return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
+        return self._phase_links[1]
+
+    def _serve_phases(self, msg) -> None:
+        """A phase request; a decode starts a continuous batch (agents.phases.DecodeBatch): until it
+        is empty, decodes that come join it between steps and other phase requests (an aggregated
+        agent's encode and prefill) are served between steps too, before the next one (prefill
+        first). Other work waits, in order, until the batch is done."""
+        from agents.phases import DecodeBatch
+
+        loaded = self._loaded
+        executor = loaded.executor if loaded is not None else None
+        make = getattr(executor, "decode_batch", None)
+        batch = make(answer=self._answer_phase, clock=self.clock, slowdown=self.emulation.compute_slowdown,
+                     links=self._links_of(loaded)) if make is not None and _batches(msg) else None
+        if not isinstance(batch, DecodeBatch):
+            self._post(self._serve_phase(msg))
+            return
+        batch.add(msg)
+        holding = False
+        while batch:
+            while not holding:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] != "phase":
+                    self._requeued.append(item)
+                    holding = True
+                elif _batches(item[1]):
+                    batch.add(item[1])
+                else:
+                    self._post(self._serve_phase(item[1]))
+            batch.step()
+
+    def _answer_phase(self, msg, reply) -> None:
+        if isinstance(reply, Exception):
+            reply = ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {reply}")
+        self._post(reply)
 
     def gate_data(self, keys) -> None:
         """Which peers' public keys this agent's data socket accepts (replacing the last set)."""

@@ -103,9 +103,11 @@ def _phase(name: str):
         return getattr(phases, f"{name}_executor")(model_dir, start, end, dtype=dtype, threads=threads,
                                                    progress=progress)
 
-    factory.__doc__ = f"EPD (agents.phases): the {name} phase of a Llava checkpoint, served by phase requests."
+    factory.__doc__ = f"EPD (agents.phases): the {name} phase(s) of a Llava checkpoint, served by phase requests."
     return factory
 
 
 for _name in ("encode", "prefill", "decode"):
     register_executor(f"epd-{_name}", _phase(_name))
+register_executor("epd-encode-prefill", _phase("encode_prefill"))
+register_executor("epd-aggregated", _phase("aggregated"))

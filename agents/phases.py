@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader, torch_dtype
-from agents.phase_kinds import KINDS
+from agents.phase_kinds import COUPLED_KINDS, KINDS
 from agents.protocol import (
     MAX_RNG_STATE,
     DecodeTokens,
@@ -94,7 +94,12 @@ class _PhaseExecutor:
     phase = ""
 
     def prefill(self, group, x, attention_mask):
-        raise PhaseRequestError(f"a {KINDS[self.phase]} stage runs phase requests, not the layer pipeline")
+        raise PhaseRequestError(f"a {KINDS.get(self.phase, self.phase)} stage runs phase requests, not the layer "
+                                f"pipeline")
+
+    def decode_batch(self, **kwargs) -> DecodeBatch | None:
+        """A continuous decode batch over this executor's text model (None: it does not decode)."""
+        return None
 
     decode = prefill
 
@@ -257,6 +262,25 @@ class DecodeExecutor(_TextExecutor):
 
     phase = "decode"
 
+    def decode_batch(self, **kwargs) -> DecodeBatch:
+        return DecodeBatch(self, **kwargs)
+
+    def check_kv(self, kv: torch.Tensor, first: int) -> None:
+        """A KV cache of this model's geometry holding at least one token, and a token of its vocabulary."""
+        expect = (self.layers, 2, self.kv_heads, kv.shape[3] if kv.dim() == 5 else 0, self.head_dim)
+        if kv.dim() != 5 or tuple(kv.shape) != expect or kv.shape[3] < 1:
+            raise PhaseRequestError(f"KV cache must be {list(expect)} (layers, k/v, kv heads, tokens, head dim), "
+                                    f"got {list(kv.shape)}")
+        if not 0 <= first < self.vocab:
+            raise PhaseRequestError(f"first token must be in [0, {self.vocab})")
+
+    @classmethod
+    def sharing(cls, text: _TextExecutor) -> DecodeExecutor:
+        """A decode executor over ``text``'s already loaded model (a coupled agent holds it once)."""
+        out = cls.__new__(cls)
+        out.__dict__.update(text.__dict__)
+        return out
+
     @torch.inference_mode()
     def decode_tokens(self, kv: torch.Tensor, first: int, max_new_tokens: int, params: SamplingParams,
                       generator: torch.Generator, eos: tuple[int, ...] = (), copies: int = 1,
@@ -266,12 +290,7 @@ class DecodeExecutor(_TextExecutor):
         batch (profiling a decode batch on real shapes); row 0's tokens are returned."""
         from transformers import DynamicCache
 
-        expect = (self.layers, 2, self.kv_heads, kv.shape[3] if kv.dim() == 5 else 0, self.head_dim)
-        if kv.dim() != 5 or tuple(kv.shape) != expect or kv.shape[3] < 1:
-            raise PhaseRequestError(f"KV cache must be {list(expect)} (layers, k/v, kv heads, tokens, head dim), "
-                                    f"got {list(kv.shape)}")
-        if not 0 <= first < self.vocab:
-            raise PhaseRequestError(f"first token must be in [0, {self.vocab})")
+        self.check_kv(kv, first)
         cache = DynamicCache(config=self.lm.config)
         for i in range(self.layers):
             k = kv[i, 0].unsqueeze(0).expand(copies, -1, -1, -1).to(self.dtype).contiguous()
@@ -306,17 +325,219 @@ class DecodeExecutor(_TextExecutor):
         else:
             kv = from_bytes(msg.kv_shape, msg.kv)
         t_start = clock()
-        params = sampling_params(msg.sampling, msg.max_new_tokens)
-        generator = params.make_generator()
-        if rng:
-            try:
-                generator.set_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
-            except (RuntimeError, ValueError) as err:
-                raise PhaseRequestError(f"rng state not usable here ({err})") from None
+        params, generator = resumed_sampler(msg, rng)
         tokens, ends = self.decode_tokens(kv, first, msg.max_new_tokens,
                                           params, generator, tuple(msg.eos_token_ids), msg.copies, clock, slowdown)
         return TokensDecoded(req=msg.req, request=msg.request, tokens=tuple(tokens), step_ends=tuple(ends),
                              t_start=t_start, t_end=clock(), kv_received=received)
+
+
+MAX_DECODE_BATCH = 64
+"""Sequences one decode agent runs at once; the coordinator sends at most its pools' ``decode_batch``
+(and what its KV cache holds), so this only bounds a coordinator that does not."""
+WAITING_POLL_MS = 5
+"""How long a decode agent with nothing to step waits on its data socket for a KV cache before it
+looks for new requests again."""
+
+
+class _Sequence:
+    """One request in a decode batch: its KV cache (per layer, while the batch is being rebuilt),
+    its last token, its sampler and what it generated."""
+
+    def __init__(self, msg: DecodeTokens, kv: torch.Tensor, first: int, params: SamplingParams,
+                 generator: torch.Generator, t_start: float, received: float) -> None:
+        self.msg, self.token, self.params, self.generator = msg, first, params, generator
+        self.keys = [kv[i, 0].unsqueeze(0) for i in range(kv.shape[0])]
+        self.values = [kv[i, 1].unsqueeze(0) for i in range(kv.shape[0])]
+        self.length = kv.shape[3]
+        self.tokens: list[int] = []
+        self.ends: list[float] = []
+        self.t_start, self.received = t_start, received
+        self.eos = tuple(msg.eos_token_ids)
+
+    def done(self) -> bool:
+        return len(self.tokens) + 1 >= self.msg.max_new_tokens or self.token in self.eos
+
+
+class DecodeBatch:
+    """Continuous batching on a decode agent: a request joins the running batch between two steps
+    as soon as its KV cache is here, and leaves it (its answer sent) when it is done, so a new
+    request never waits for the others to finish. One left-padded batch cache, rebuilt only when
+    the members change; each row has its own positions, mask and sampler, so its tokens are the
+    ones it would generate alone. ``answer(msg, reply_or_error)`` gets each request's outcome."""
+
+    def __init__(self, executor: DecodeExecutor, *, answer, clock=time.time, slowdown: float = 1.0,
+                 links: PhaseLinks | None = None) -> None:
+        self.x, self.answer, self.clock, self.slowdown, self.links = executor, answer, clock, slowdown, links
+        self.running: list[_Sequence] = []
+        self.waiting: list[tuple[DecodeTokens, float]] = []
+        """Requests whose KV cache is on its way (data plane), with their deadline (monotonic)."""
+        self.cache = None
+        self.pads: list[int] = []
+        self.width = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add(self, msg) -> None:
+        """A decode request: it joins now (its KV cache inline) or once its KV cache arrives."""
+        try:
+            if not isinstance(msg, DecodeTokens):
+                raise PhaseRequestError(f"a decode agent serves decode_tokens, not {msg.type_name()}")
+            if msg.kv_from:
+                self.waiting.append((msg, time.monotonic() + TAKE_TIMEOUT_S))
+            else:
+                self._join(msg, from_bytes(msg.kv_shape, msg.kv), msg.first_token, msg.rng, 0.0)
+        except ValueError as err:
+            self.answer(msg, err)
+
+    def _join(self, msg: DecodeTokens, kv: torch.Tensor, first: int, rng: bytes, received: float) -> None:
+        x = self.x
+        x.check_kv(kv, first)
+        params, generator = resumed_sampler(msg, rng)
+        seq = _Sequence(msg, kv.to(x.dtype), first, params, generator, self.clock(), received)
+        if seq.done():
+            self._finish(seq)
+            return
+        self._unpack()
+        self.running.append(seq)
+
+    def _admit(self) -> None:
+        """Join every waiting request whose KV cache (and first token) arrived; fail the overdue."""
+        if not self.waiting or len(self.running) >= MAX_DECODE_BATCH:
+            return
+        links = _links(self.links)
+        while links.receive(0):
+            pass
+        for item in list(self.waiting):
+            msg, deadline = item
+            if len(self.running) >= MAX_DECODE_BATCH:
+                break
+            pieces = (0, HANDOFF_PIECE)
+            if links.has("kv", msg.request, pieces):
+                self.waiting.remove(item)
+                try:
+                    got = links.pop("kv", msg.request, pieces)
+                    kv = got[0][0]
+                    if kv.numel() != int(np.prod(msg.kv_shape)):
+                        raise PhaseRequestError(f"the KV cache that arrived holds {kv.numel()} values, not "
+                                                f"{list(msg.kv_shape)}")
+                    first, rng = from_handoff(got[HANDOFF_PIECE][0])
+                    self._join(msg, kv.reshape(msg.kv_shape), first, rng, max(t for _, t in got.values()))
+                except ValueError as err:
+                    self.answer(msg, err)
+            elif time.monotonic() > deadline:
+                self.waiting.remove(item)
+                self.answer(msg, PhaseRequestError(links.missing("kv", msg.request, pieces, TAKE_TIMEOUT_S)))
+
+    def _unpack(self) -> None:
+        """Each running row's KV back into its sequence (before the members change)."""
+        if self.cache is None:
+            return
+        for r, (seq, pad) in enumerate(zip(self.running, self.pads)):
+            seq.keys = [layer.keys[r:r + 1, :, pad:] for layer in self.cache.layers]
+            seq.values = [layer.values[r:r + 1, :, pad:] for layer in self.cache.layers]
+        self.cache = None
+
+    def _pack(self) -> None:
+        from transformers import DynamicCache
+
+        self.width = max(s.length for s in self.running)
+        self.pads = [self.width - s.length for s in self.running]
+        self.cache = DynamicCache(config=self.x.lm.config)
+        pad = torch.nn.functional.pad
+        for i in range(self.x.layers):
+            k = torch.cat([pad(s.keys[i], (0, 0, p, 0)) for s, p in zip(self.running, self.pads)])
+            v = torch.cat([pad(s.values[i], (0, 0, p, 0)) for s, p in zip(self.running, self.pads)])
+            self.cache.update(k, v, i)
+        for s in self.running:
+            s.keys = s.values = []
+
+    def step(self) -> None:
+        """One decode step of every running request (after admitting those whose KV cache came);
+        with none running, a short wait on the data socket for one to come."""
+        self._admit()
+        if not self.running:
+            if self.waiting:
+                _links(self.links).receive(WAITING_POLL_MS)
+            return
+        try:
+            self._step()
+        except Exception as err:  # the whole batch failed: every member is told, the agent goes on
+            self.cache = None
+            failed, self.running = self.running, []
+            for seq in failed:
+                self.answer(seq.msg, PhaseRequestError(f"decode step failed: {type(err).__name__}: {err}"))
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        if self.cache is None:
+            self._pack()
+        rows = len(self.running)
+        ids = torch.tensor([[s.token] for s in self.running], dtype=torch.long)
+        mask = torch.ones(rows, self.width + 1, dtype=torch.long)
+        for r, p in enumerate(self.pads):
+            mask[r, :p] = 0
+        positions = torch.tensor([[s.length] for s in self.running], dtype=torch.long)
+        with emulated(self.slowdown):
+            out = self.x.lm(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
+                            use_cache=True)
+            logits = out.logits[:, -1]
+            tokens = [int(sample(logits[r:r + 1], s.params, s.generator)[0]) for r, s in enumerate(self.running)]
+        now = self.clock()
+        self.width += 1
+        for s, token in zip(self.running, tokens):
+            s.token, s.length = token, s.length + 1
+            s.tokens.append(token)
+            s.ends.append(now)
+        finished = [s for s in self.running if s.done()]
+        if finished:
+            self._unpack()
+            self.running = [s for s in self.running if not s.done()]
+            for s in finished:
+                self._finish(s)
+
+    def _finish(self, seq: _Sequence) -> None:
+        seq.keys = seq.values = []
+        msg = seq.msg
+        self.answer(msg, TokensDecoded(req=msg.req, request=msg.request, tokens=tuple(seq.tokens),
+                                       step_ends=tuple(seq.ends), t_start=seq.t_start, t_end=self.clock(),
+                                       kv_received=seq.received))
+
+
+class CoupledExecutor(_PhaseExecutor):
+    """Several phases on one agent: PD-only's encode + prefill (DistServe-style) or the aggregated
+    layout's all three. The same executors as the disaggregated pools, prefill and decode sharing
+    one text model; what one phase hands the next (multimodal tokens, the KV cache) stays on the
+    agent (``PhaseLinks.send`` to itself puts it in its own store) instead of crossing a link."""
+
+    def __init__(self, model_dir: str, start: int = 0, end: int = 1, *, phases: tuple[str, ...],
+                 dtype: str = "float32", threads: int | None = None, progress=None) -> None:
+        if tuple(phases) not in COUPLED_KINDS:
+            raise PhaseRequestError(f"no coupled stage serves {', '.join(phases)}")
+        self.phase = "+".join(phases)
+        self.kind = COUPLED_KINDS[tuple(phases)]
+        encode = EncodeExecutor(model_dir, dtype=dtype, threads=threads)
+        prefill = PrefillExecutor(model_dir, dtype=dtype, threads=threads)
+        self.parts = {EncodeTiles: encode, PrefillPrompt: prefill}
+        if "decode" in phases:
+            self.parts[DecodeTokens] = DecodeExecutor.sharing(prefill)
+        if progress:
+            progress(1.0)
+
+    def _modules(self):
+        return tuple(dict.fromkeys(m for part in self.parts.values() for m in part._modules()))
+
+    def decode_batch(self, **kwargs) -> DecodeBatch | None:
+        decode = self.parts.get(DecodeTokens)
+        return decode.decode_batch(**kwargs) if decode is not None else None
+
+    def serve(self, msg, clock=time.time, slowdown: float = 1.0, links: PhaseLinks | None = None):
+        part = self.parts.get(type(msg))
+        if part is None:
+            served = ", ".join(t.__struct_config__.tag for t in self.parts)
+            raise PhaseRequestError(f"a {self.kind} agent serves {served}, not {msg.type_name()}")
+        return part.serve(msg, clock=clock, slowdown=slowdown, links=links)
 
 
 @contextlib.contextmanager
@@ -375,65 +596,109 @@ class PhaseLinks:
         self._senders.close()
 
     def send(self, device: str, kind: str, request: int, piece: int, x: torch.Tensor) -> None:
+        """Push ``x`` to ``device``'s store; to this agent itself (a coupled stage handing one phase's
+        product to its next phase), straight into its own store: nothing crosses a link."""
         from agents.protocol import DataHeader
         from agents.transport import data_message, tensor_frame
 
-        if device not in self.peers or device == self.agent.device:
+        if device not in self.peers:
             raise PhaseRequestError(f"{device!r} is not a peer of this stage's pools")
+        if device == self.agent.device:
+            if not self._hold((kind, request, piece), x.float().contiguous(), self.agent.clock()):
+                raise PhaseRequestError(f"{kind} piece {piece} of request {request} does not fit this agent's store "
+                                        f"({MAX_HELD_BYTES} B): the coordinator sent more than its caches hold")
+            return
         sender = self._senders.to(device, self.peers[device], self.agent.default_link)
         spec, buf = tensor_frame(x.float().contiguous())
         header = DataHeader(run_id="epd", kind=kind, phase="prefill", step=request, micro_batch=piece,
                             sender=self.agent.device, tensors=(spec,), t_sent=self.agent.clock())
         sender.send(data_message(header, [buf]), spec.nbytes())
 
-    def take(self, kind: str, request: int, pieces, timeout_s: float = TAKE_TIMEOUT_S) -> dict:
-        """The pieces of ``request`` (tensor, arrival time on this agent's clock), receiving until all
-        are here; ``PhaseRequestError`` naming what is missing after ``timeout_s``."""
+    def _hold(self, key: tuple[str, int, int], t: torch.Tensor, when: float) -> bool:
+        """Keep ``t`` for its request if the store has room (bounded: ``MAX_HELD_BYTES``)."""
+        nbytes = t.numel() * 4
+        if key in self.held or self.held_bytes + nbytes > MAX_HELD_BYTES:
+            return False
+        self.held[key] = (t, when)
+        self.held_bytes += nbytes
+        return True
+
+    def has(self, kind: str, request: int, pieces) -> bool:
+        return all((kind, request, p) in self.held for p in pieces)
+
+    def receive(self, timeout_ms: int | None = None) -> bool:
+        """Keep one data message that arrived (waiting at most ``timeout_ms``; None: the socket's own
+        timeout); False when none came. A message that is not an expected EPD piece is dropped and logged."""
         import zmq
 
         from agents.protocol import ProtocolError, decode_data
         from agents.transport import tensor_from_frame
 
-        want = {(kind, request, p) for p in pieces}
-        deadline = time.monotonic() + timeout_s
-        while not want <= self.held.keys():
-            if time.monotonic() > deadline:
-                missing = sorted(p for k, r, p in want - self.held.keys())
-                raise PhaseRequestError(f"{kind} pieces {missing} of request {request} did not arrive within "
-                                        f"{timeout_s:g} s (is the sending agent up and its link working?)")
-            try:
-                frames = self.agent._data.recv_multipart(copy=False)
-            except zmq.Again:
-                continue
-            got = self.agent.clock()
-            try:
-                header, bufs = decode_data(frames, MAX_HELD_BYTES)
-            except ProtocolError as err:
-                self.agent._log(f"dropped data message: {err.code}: {err}")
-                continue
-            key = (header.kind, header.step, header.micro_batch)
-            if header.run_id != "epd" or header.kind not in ("mm", "kv") or header.sender not in self.peers \
-                    or len(header.tensors) != 1 or header.tensors[0].dtype != "float32" or key in self.held:
-                self.agent._log(f"dropped a data message from {header.sender!r}: not an expected EPD piece")
-                continue
-            nbytes = header.tensors[0].nbytes()
-            if self.held_bytes + nbytes > MAX_HELD_BYTES:
-                self.agent._log(f"dropped {header.kind} piece of request {header.step}: the store is full")
-                continue
-            self.held[key] = (tensor_from_frame(header.tensors[0], bufs[0]).clone(), got)
-            self.held_bytes += nbytes
+        sock = self.agent._data
+        try:
+            if timeout_ms is not None and not sock.poll(timeout_ms):
+                return False
+            frames = sock.recv_multipart(copy=False, flags=zmq.NOBLOCK if timeout_ms is not None else 0)
+        except zmq.Again:
+            return False
+        got = self.agent.clock()
+        try:
+            header, bufs = decode_data(frames, MAX_HELD_BYTES)
+        except ProtocolError as err:
+            self.agent._log(f"dropped data message: {err.code}: {err}")
+            return True
+        key = (header.kind, header.step, header.micro_batch)
+        if header.run_id != "epd" or header.kind not in ("mm", "kv") or header.sender not in self.peers \
+                or len(header.tensors) != 1 or header.tensors[0].dtype != "float32" or key in self.held:
+            self.agent._log(f"dropped a data message from {header.sender!r}: not an expected EPD piece")
+            return True
+        if header.tensors[0].nbytes() + self.held_bytes > MAX_HELD_BYTES:
+            self.agent._log(f"dropped {header.kind} piece of request {header.step}: the store is full")
+            return True
+        self._hold(key, tensor_from_frame(header.tensors[0], bufs[0]).clone(), got)
+        return True
+
+    def pop(self, kind: str, request: int, pieces) -> dict:
+        """The held pieces of ``request``: piece → (tensor, arrival time on this agent's clock)."""
         out = {}
-        for key in sorted(want):
-            t, when = self.held.pop(key)
+        for p in sorted(pieces):
+            t, when = self.held.pop((kind, request, p))
             self.held_bytes -= t.numel() * 4
-            out[key[2]] = (t, when)
+            out[p] = (t, when)
         return out
+
+    def take(self, kind: str, request: int, pieces, timeout_s: float = TAKE_TIMEOUT_S) -> dict:
+        """The pieces of ``request`` (tensor, arrival time on this agent's clock), receiving until all
+        are here; ``PhaseRequestError`` naming what is missing after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.has(kind, request, pieces):
+            if time.monotonic() > deadline:
+                raise PhaseRequestError(self.missing(kind, request, pieces, timeout_s))
+            self.receive()
+        return self.pop(kind, request, pieces)
+
+    def missing(self, kind: str, request: int, pieces, timeout_s: float) -> str:
+        gone = sorted(p for p in pieces if (kind, request, p) not in self.held)
+        return (f"{kind} pieces {gone} of request {request} did not arrive within {timeout_s:g} s (is the "
+                f"sending agent up and its link working?)")
 
 
 def _links(links: PhaseLinks | None) -> PhaseLinks:
     if links is None:
         raise PhaseRequestError("this request moves tensors over the data plane, which only an agent has")
     return links
+
+
+def resumed_sampler(msg: DecodeTokens, rng: bytes) -> tuple[SamplingParams, torch.Generator]:
+    """A decode's sampling parameters and its generator, carrying on from the prefill's state ``rng``."""
+    params = sampling_params(msg.sampling, msg.max_new_tokens)
+    generator = params.make_generator()
+    if rng:
+        try:
+            generator.set_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+        except (RuntimeError, ValueError) as err:
+            raise PhaseRequestError(f"rng state not usable here ({err})") from None
+    return params, generator
 
 
 def sampling_params(spec, max_new_tokens: int) -> SamplingParams:
@@ -461,3 +726,14 @@ def prefill_executor(model_dir: str, start: int, end: int, *, dtype: str, thread
 
 def decode_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
     return DecodeExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress)
+
+
+def encode_prefill_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None,
+                            progress=None):
+    return CoupledExecutor(model_dir, start, end, phases=("encode", "prefill"), dtype=dtype, threads=threads,
+                           progress=progress)
+
+
+def aggregated_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+    return CoupledExecutor(model_dir, start, end, phases=("encode", "prefill", "decode"), dtype=dtype,
+                           threads=threads, progress=progress)

@@ -10,7 +10,19 @@ Measured half (real agents):
 - ``PhaseCosts`` profiled on the agents (``profiling.profile_phases``), then the same workload
   (Poisson-free: one request every ``GAP_S``) run for real and simulated with those costs
   (``simulator.simulate_pools``): TTFT and TPOT medians side by side and their ratio, and the
-  TTFT ratio of the same simulation without the profiled dispatch delay (the simulator before it).
+  TTFT ratio of the same simulation without the profiled dispatch delay (the simulator before it);
+  ``dispatch_ms``: each request's arrival → its encode starting on an agent (p50 / p90 / max).
+
+Layouts measured (the same 4 agents, the same runtime, the layouts as pool assignments):
+- EPD (``POOLS``), PD-only (encode coupled to prefill on each of its prefill agents, its best
+  prefill/decode split by simulation on the profiled costs) and aggregated (every agent does all
+  three phases of its requests); a phase hand-off on one agent stays there (no send);
+- decode agents batch continuously (up to ``LAYOUT_DECODE_BATCH`` requests each);
+- an image-heavy Poisson workload (``LAYOUT_REQUESTS`` requests of 2 images × 4 tiles) run for real
+  at a ladder of rates (``LADDER`` × one coupled device's encode + prefill rate), SLOs derived from
+  the profiled costs as in the simulated half; per layout: tokens equal generate(), median TTFT and
+  attainment at each rate, measured goodput (the last ladder rate with 90 % attainment,
+  ``goodput.ladder_goodput``) beside the simulator's goodput (bisection) for the same layout.
 
 Simulated half (the paper's scale, the same devices' calibration):
 - the ``PhaseCosts`` profiled above, an image-heavy Poisson workload (4–10 images of 4 tiles,
@@ -46,6 +58,7 @@ from core.devices.agent_link import AgentLink  # noqa: E402
 from core.devices.local_cluster import LocalCluster  # noqa: E402
 from core.models.multimodal import MultimodalRecipe, make_multimodal_model  # noqa: E402
 from core.techniques.phase_disaggregation.baselines import compare_at_scale  # noqa: E402
+from core.techniques.phase_disaggregation.goodput import goodput, ladder_goodput, point_of  # noqa: E402
 from core.techniques.phase_disaggregation.profiling import profile_phases  # noqa: E402
 from core.techniques.phase_disaggregation.runtime import (  # noqa: E402
     load_pools, prepare_requests, reference_tokens, run_epd,
@@ -55,6 +68,7 @@ from core.techniques.phase_disaggregation.scenarios import (  # noqa: E402
 )
 from core.techniques.phase_disaggregation.simulator import simulate_pools  # noqa: E402
 from core.techniques.phase_disaggregation.types import EpdProblem, PhaseCosts, PoolConfig, Request, Workload  # noqa: E402
+from core.techniques.phase_disaggregation.workload import at_rate, poisson_workload  # noqa: E402
 
 RECIPE = MultimodalRecipe(layers=4, hidden=256, heads=8, kv_heads=4, intermediate=512, vision_layers=4,
                           vision_hidden=128, vision_heads=4)
@@ -72,6 +86,13 @@ def local_workload(n: int = REQUESTS, gap_s: float = GAP_S) -> Workload:
 
 def _median(xs) -> float:
     return statistics.median(list(xs))
+
+
+def _quantiles_ms(xs) -> dict:
+    """p50 / p90 / max in ms: arrival → encode start on its agent (the coordinator's dispatch)."""
+    xs = sorted(xs)
+    return {"p50": round(1e3 * statistics.median(xs), 2), "p90": round(1e3 * xs[int(0.9 * (len(xs) - 1))], 2),
+            "max": round(1e3 * xs[-1], 2)}
 
 
 def measured_half(workdir: str) -> tuple[dict, object]:
@@ -92,6 +113,7 @@ def measured_half(workdir: str) -> tuple[dict, object]:
             profile_s = time.perf_counter() - t0
             sampled = run_epd(link, model, sampled_wl, POOLS, prepared=sampled_prepared, sampling=sampling, load=False)
             run = run_epd(link, model, wl, POOLS, prepared=prepared, load=False)
+            layouts = measured_layouts(link, model, costs)
     sim = simulate_pools(costs, wl, POOLS)
     undelayed = simulate_pools(msgspec.structs.replace(costs, dispatch_delay_s=0.0), wl, POOLS)
     m_ttft, s_ttft = _median(m.ttft_s for m in run.metrics), _median(m.ttft_s for m in sim.metrics)
@@ -112,14 +134,78 @@ def measured_half(workdir: str) -> tuple[dict, object]:
             "tpot_sim_over_measured": round(s_tpot / m_tpot, 3),
             "within_15pct": abs(s_ttft / m_ttft - 1) <= 0.15 and abs(s_tpot / m_tpot - 1) <= 0.15,
             "profile_s": round(profile_s, 2),
+            "dispatch_ms": _quantiles_ms([m.encode_start_s - m.arrival_s for m in run.metrics]),
             "costs": {"encode_s_per_tile": costs.encode_s_per_tile, "encode_overhead_s": costs.encode_overhead_s,
                       "prefill_s_per_token": costs.prefill_s_per_token,
                       "prefill_overhead_s": costs.prefill_overhead_s, "decode_step_s": costs.decode_step_s,
                       "link_bandwidth_Bps": round(costs.link_bandwidth_Bps), "link_latency_s": costs.link_latency_s,
                       "dispatch_delay_s": round(costs.dispatch_delay_s, 4)},
         },
+        "layouts_measured": layouts,
     }
     return figures, costs
+
+
+LAYOUT_REQUESTS = 12
+LADDER = (0.1, 0.2, 0.35, 0.5)
+LAYOUT_DECODE_BATCH = 4
+"""Every layout's decode agents run continuous batches of up to this many requests."""
+AGENTS = ("local-0", "local-1", "local-2", "local-3")
+
+
+def layout_workload() -> Workload:
+    return poisson_workload(rate_rps=1.0, requests=LAYOUT_REQUESTS, seed=1, images=(2, 2), tiles_per_image=(4, 4),
+                            prompt_tokens=(12, 12), output_tokens=(8, 8))
+
+
+def layout_pools(costs: PhaseCosts, wl: Workload, slo) -> dict[str, PoolConfig]:
+    """EPD as the bench runs it, aggregated over every agent, PD-only at its best split (simulated)."""
+    db = LAYOUT_DECODE_BATCH
+    agg = PoolConfig(disaggregation="aggregated", encode=AGENTS, prefill=AGENTS, decode=AGENTS, decode_batch=db)
+    splits = [PoolConfig(disaggregation="pd", encode=AGENTS[:p], prefill=AGENTS[:p], decode=AGENTS[p:],
+                         decode_batch=db) for p in (1, 2, 3)]
+    pd = max(splits, key=lambda c: (goodput(costs, wl, c, slo).rate_rps, -len(c.prefill)))
+    return {"epd": msgspec.structs.replace(POOLS, decode_batch=db), "pd_only": pd, "aggregated": agg}
+
+
+def measured_layouts(link, model, costs: PhaseCosts) -> dict:
+    """EPD vs PD-only vs aggregated run for real at a ladder of rates on the same agents."""
+    wl = layout_workload()
+    slo = derived_slo(costs, wl)
+    r = wl.requests[0]
+    base = 1.0 / (costs.encode_s(r.tiles) + costs.prefill_s(costs.prefill_tokens(r)))
+    rates = [round(base * f, 4) for f in LADDER]
+    out: dict = {"requests": LAYOUT_REQUESTS, "images_per_request": 2, "tiles_per_image": 4, "prompt_tokens": 12,
+                 "output_tokens": 8, "decode_batch": LAYOUT_DECODE_BATCH, "slo": {"ttft_s": round(slo.ttft_s, 4), "tpot_s": round(slo.tpot_s, 4)},
+                 "rates_rps": rates}
+    prepared = prepare_requests(model, wl)
+    reference = reference_tokens(model, prepared)
+    t0 = time.perf_counter()
+    for name, pools in layout_pools(costs, wl, slo).items():
+        load_pools(link, model, pools)
+        points, equal = [], True
+        for rate in rates:
+            run = run_epd(link, model, at_rate(wl, rate), pools, prepared=prepared, load=False)
+            equal = equal and run.tokens == reference
+            points.append(point_of(run.metrics, slo, rate))
+        sim = goodput(costs, wl, pools, slo)
+        out[name] = {
+            "pools": {"encode": len(pools.encode), "prefill": len(pools.prefill), "decode": len(pools.decode),
+                      "irp_degree": pools.irp_degree if name == "epd" else 1},
+            "tokens_equal": equal,
+            "ttft_median_s": [round(p.ttft_p50_s, 4) for p in points],
+            "tpot_median_s": [round(p.tpot_p50_s, 4) for p in points],
+            "attainment": [round(p.attainment, 3) for p in points],
+            "goodput_rps_measured": ladder_goodput(points),
+            "goodput_rps_simulated": round(sim.rate_rps, 4),
+            "ttft_median_s_simulated": [round(point_of(simulate_pools(costs, at_rate(wl, x), pools).metrics, slo,
+                                                       x).ttft_p50_s, 4) for x in rates],
+        }
+    out["measure_s"] = round(time.perf_counter() - t0, 1)
+    out["epd_ttft_lower_than_pd_only_at_every_rate"] = all(
+        a < b for a, b in zip(out["epd"]["ttft_median_s"], out["pd_only"]["ttft_median_s"]))
+    out["epd_ttft_lower_than_pd_only_at_lowest_rate"] = out["epd"]["ttft_median_s"][0] < out["pd_only"]["ttft_median_s"][0]
+    return out
 
 
 SCALE_DEVICES = 8

@@ -213,3 +213,63 @@ def test_the_first_token_and_sampler_state_travel_exactly_beside_the_kv_cache_an
     for bad in (torch.tensor([1.5, 3.0]), torch.tensor([1.0, 300.0]), torch.tensor([-1.0]), torch.empty(0)):
         with pytest.raises(PhaseRequestError, match="handoff is not a token and sampler-state bytes"):
             from_handoff(bad)
+
+
+def _prefilled(llava, executors, n_tiles, words, params):
+    path, info, tiles, _, model = llava
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    ids = prompt_ids(tok, " ".join(["Describe the picture"] + ["again"] * words), n_tiles, info)
+    enc, pre, _ = executors
+    mm = enc.encode(tiles[:n_tiles]).reshape(-1, info.hidden)
+    g = params.make_generator()
+    first, kv = pre.prefill_prompt(ids, mm, params, g)
+    return ids, tiles[:n_tiles], first, kv, g.get_state().numpy().tobytes()
+
+
+@pytest.mark.parametrize("sampling", [SamplingSpec(), SamplingSpec(temperature=0.9, top_k=50, top_p=0.9, seed=4)],
+                         ids=["greedy", "seeded"])
+def test_requests_joining_a_running_decode_batch_each_get_the_tokens_they_would_alone(llava, executors, sampling):
+    from agents.phases import DecodeBatch, sampling_params, to_bytes
+
+    model = llava[4]
+    answers = {}
+    batch = DecodeBatch(executors[2], answer=lambda msg, reply: answers.__setitem__(msg.request, reply))
+    requests = {0: (4, 0, 9), 1: (1, 5, 6), 2: (2, 2, 8)}  # tiles, extra words, tokens: contexts of other lengths
+    msgs = {}
+    for rid, (n_tiles, words, n) in requests.items():
+        ids, tiles, first, kv, rng = _prefilled(llava, executors, n_tiles, words, sampling_params(sampling, n))
+        msgs[rid] = (ids, tiles, DecodeTokens(request=rid, first_token=first, kv_shape=tuple(kv.shape),
+                                               kv=to_bytes(kv), max_new_tokens=n, sampling=sampling, rng=rng))
+    batch.add(msgs[0][2])
+    batch.step()
+    batch.step()
+    batch.add(msgs[1][2])
+    batch.add(msgs[2][2])
+    batch.step()
+    assert len(batch.running) == 3  # joined the running request, did not wait for it to finish
+    while batch:
+        batch.step()
+    for rid, (ids, tiles, msg) in msgs.items():
+        kw = dict(do_sample=True, temperature=0.9, top_k=50, top_p=0.9) if sampling.temperature else dict(
+            do_sample=False)
+        torch.manual_seed(sampling.seed)
+        ref = _generate(model, ids, tiles, msg.max_new_tokens, **kw)
+        reply = answers[rid]
+        assert [msg.first_token, *reply.tokens] == ref
+        assert len(reply.step_ends) == len(reply.tokens) == msg.max_new_tokens - 1
+
+
+def test_a_bad_request_in_a_decode_batch_is_answered_with_its_error_and_the_others_go_on(llava, executors):
+    from agents.phases import DecodeBatch, sampling_params, to_bytes
+
+    answers = {}
+    batch = DecodeBatch(executors[2], answer=lambda msg, reply: answers.__setitem__(msg.request, reply))
+    _, _, first, kv, rng = _prefilled(llava, executors, 1, 0, sampling_params(SamplingSpec(), 4))
+    batch.add(DecodeTokens(request=0, first_token=first, kv_shape=tuple(kv.shape), kv=to_bytes(kv), max_new_tokens=4,
+                           rng=rng))
+    bad = torch.zeros(1, 2, 1, 3, 1)
+    batch.add(DecodeTokens(request=1, first_token=1, kv_shape=tuple(bad.shape), kv=to_bytes(bad), max_new_tokens=4))
+    while batch:
+        batch.step()
+    assert isinstance(answers[1], PhaseRequestError) and "KV cache must be" in str(answers[1])
+    assert len(answers[0].tokens) == 3

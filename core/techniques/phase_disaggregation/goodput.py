@@ -41,7 +41,13 @@ class RatePoint(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def rate_point(costs: PhaseCosts, workload: Workload, config: PoolConfig, slo: SLO, rate_rps: float) -> RatePoint:
-    ms = simulate_pools(costs, at_rate(workload, rate_rps), config).metrics
+    return point_of(simulate_pools(costs, at_rate(workload, rate_rps), config).metrics, slo, rate_rps)
+
+
+def point_of(ms: Sequence[RequestMetrics], slo: SLO, rate_rps: float) -> RatePoint:
+    """One rate's point from its requests' metrics, simulated or measured."""
+    if not ms:
+        raise EpdInputError("a rate point needs at least one request's metrics")
     ttfts = sorted(m.ttft_s for m in ms)
     return RatePoint(rate_rps=rate_rps, attainment=attainment(ms, slo), ttft_p50_s=statistics.median(ttfts),
                      tpot_p50_s=statistics.median(m.tpot_s for m in ms),
@@ -93,10 +99,22 @@ def goodput(costs: PhaseCosts, workload: Workload, config: PoolConfig, slo: SLO,
     return done(lo)
 
 
+def ladder_goodput(points: Sequence[RatePoint], *, target: float = TARGET) -> float:
+    """Goodput from a few rates run for real (too slow to bisect): the highest rate meeting
+    ``target`` attainment below which every rate tried met it too (0: not even the lowest)."""
+    best = 0.0
+    for p in sorted(points, key=lambda p: p.rate_rps):
+        if p.attainment < target:
+            break
+        best = p.rate_rps
+    return best
+
+
 def attainment_curve(costs: PhaseCosts, workload: Workload, config: PoolConfig, slo: SLO,
                      rates: Sequence[float]) -> list[RatePoint]:
     """Attainment and latency at each rate (the studio's SLO chart)."""
     return [rate_point(costs, workload, config, slo, r) for r in rates]
 
 
-__all__ = ["Goodput", "RatePoint", "TARGET", "attainment", "attainment_curve", "goodput", "rate_point"]
+__all__ = ["Goodput", "RatePoint", "TARGET", "attainment", "attainment_curve", "goodput", "ladder_goodput", "point_of",
+           "rate_point"]

@@ -14,13 +14,18 @@ is asynchronous (``AgentLink.request_async``): the pools work on different reque
 ``transfers="relay"`` moves the tensors through the coordinator's control channel instead (one
 control frame each).
 
-Bounded, not queued: an agent holds at most one request at a time (the next waits here, in the
-pool's queue, ordered by the policy); ``mm_cache_tokens`` per prefill device are reserved when a
+The layout is the pools: PD-only and aggregated run on the same runtime (a device in several pools
+loads one stage serving them all; a request encodes as one piece on its prefill device, aggregated
+decodes there too, and a hand-off between phases on one agent stays on it).
+
+Bounded, not queued: an agent holds at most one encode and one prefill at a time and up to
+``decode_batch`` decodes (its continuous batch; the next waits here, in the pool's queue, ordered
+by the policy); ``mm_cache_tokens`` per prefill device are reserved when a
 request's first piece starts encoding and freed when its prefill ends (encode waits when no
 prefill device has room), ``kv_cache_tokens`` per decode device when its prefill starts, freed
 when its decode ends (prefill waits); an agent keeps what arrives before its request in a store
-of at most ``agents.phases.MAX_HELD_BYTES``. What differs from the paper: one agent serves one
-request at a time (batch sizes 1).
+of at most ``agents.phases.MAX_HELD_BYTES``. What differs from the paper: encode and prefill batch
+sizes are 1.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from typing import Literal
 
 import msgspec
 
-from agents.phases import KINDS, from_bytes, to_bytes
+from agents.phase_kinds import kind_for
+from agents.phases import MAX_DECODE_BATCH, to_bytes
 from agents.protocol import (
     MAX_CONTROL_FRAME,
     DecodeTokens,
@@ -151,8 +157,9 @@ def load_pools(link, model_dir: str | Path, pools: PoolConfig, *, dtype: str = "
                            public_key=statuses[d].public_key) for i, d in enumerate(pools.devices))
     futs = []
     for i, device in enumerate(pools.devices):
-        phase = next(p for p in ("encode", "prefill", "decode") if device in getattr(pools, p))
-        msg = LoadShard(model_dir=str(model_dir), stage=i, start=0, end=1, peers=peers, dtype=dtype, kind=KINDS[phase])
+        phases = [p for p in ("encode", "prefill", "decode") if device in getattr(pools, p)]
+        msg = LoadShard(model_dir=str(model_dir), stage=i, start=0, end=1, peers=peers, dtype=dtype,
+                        kind=kind_for(phases))
         futs.append((device, link.request_async(device, msg)))
     for device, fut in futs:
         reply = link.await_reply(device, fut, timeout_s, "loading its phase")
@@ -161,12 +168,15 @@ def load_pools(link, model_dir: str | Path, pools: PoolConfig, *, dtype: str = "
 
 
 def check_real_pools(pools: PoolConfig) -> None:
-    """What the real run serves: disjoint EPD pools, one request per agent at a time."""
-    if pools.disaggregation != "epd":
-        raise EpdInputError(f"the real run serves EPD pools; {pools.disaggregation!r} is simulated only")
-    if pools.encode_batch != 1 or pools.prefill_batch != 1 or pools.decode_batch != 1:
-        raise EpdInputError("the real run serves one request per agent at a time: set encode_batch, prefill_batch "
-                            "and decode_batch to 1 (larger batches are simulated only)")
+    """What the real run serves: every layout (EPD's disjoint pools, PD-only's encode coupled to
+    prefill, aggregated), one encode and one prefill per agent at a time, up to ``decode_batch``
+    decodes in an agent's continuous batch."""
+    if pools.encode_batch != 1 or pools.prefill_batch != 1:
+        raise EpdInputError("the real run encodes and prefills one request per agent at a time: set encode_batch "
+                            "and prefill_batch to 1 (larger ones are simulated only)")
+    if pools.decode_batch > MAX_DECODE_BATCH:
+        raise EpdInputError(f"decode_batch {pools.decode_batch} is more than a decode agent runs at once "
+                            f"({MAX_DECODE_BATCH})")
 
 
 @dataclass
@@ -248,11 +258,17 @@ class _Scheduler:
                  transfers: str = "data-plane"):
         self.link, self.info, self.pools, self.sampling = link, info, pools, sampling
         self.direct = transfers == "data-plane"
+        self.coupled = pools.disaggregation != "epd"
+        """PD-only / aggregated: a request encodes (one piece, no IRP) on its prefill device, and
+        aggregated decodes there too; on the data plane each hand-off stays on that agent."""
         self.timeout_s, self.reporter = timeout_s, reporter
         self.requests = {r.id: r for r in workload.requests}
         self.prepared = {p.id: p for p in prepared}
         self.order = [r.id for r in workload.requests]
-        self.free = {phase: list(getattr(pools, phase)) for phase in ("encode", "prefill", "decode")}
+        self.free = {phase: list(getattr(pools, phase)) for phase in ("encode", "prefill")}
+        self.free["decode"] = [d for d in pools.decode for _ in range(pools.decode_batch)]
+        """Free slots per phase: an agent's one encode and one prefill, ``decode_batch`` decodes (its
+        continuous batch); a device appears once per free slot."""
         self.mm_free = {d: pools.mm_cache_tokens for d in pools.prefill}
         """Per prefill device: multimodal tokens its cache has room for (reserved at a request's first encode)."""
         self.kv_free = {d: pools.kv_cache_tokens for d in pools.decode}
@@ -313,6 +329,8 @@ class _Scheduler:
         for rid in self.order:  # data plane: a piece's push ends when the prefill agent has it
             st = self.states[rid]
             for src, t_enc, nbytes in st.sends:
+                if src == st.prefill_device:
+                    continue  # a coupled agent's hand-off to itself crosses no link
                 self._event(link_lane(src), "encode", "send", rid, t_enc, max(st.ep_end_s, t_enc), nbytes=nbytes,
                             peer=st.prefill_device)
         metrics = tuple(self._metrics(self.states[i]) for i in self.order)
@@ -325,7 +343,8 @@ class _Scheduler:
     def _admit(self, rid: int) -> None:
         p = self.prepared[rid]
         n = p.tiles.shape[0]
-        st = _State(prepared=p, arrival_s=self.requests[rid].arrival_s, pieces=_split(n, self.pools.irp_degree))
+        st = _State(prepared=p, arrival_s=self.requests[rid].arrival_s,
+                    pieces=_split(n, 1 if self.coupled else self.pools.irp_degree))
         st.mm = n * self.info.tokens_per_tile
         self.states[rid] = st
         if n:
@@ -361,14 +380,14 @@ class _Scheduler:
         return device if free[device] >= need else None
 
     def _dispatch(self) -> None:
-        import torch
-
         for rid, k in self._ordered(self.encode_queue, "encode"):
             if not self.free["encode"]:
                 break
             st = self.states[rid]
             if not st.mm_reserved:
-                device = self._roomiest(self.mm_free, st.mm)
+                # coupled: the request's prefill device is the encoder it gets, so only free ones are candidates
+                room = {d: n for d, n in self.mm_free.items() if not self.coupled or d in self.free["encode"]}
+                device = self._roomiest(room, st.mm) if room else None
                 if device is None:
                     if self.pools.policy == "fcfs":
                         break  # head of line waits for room: the prefill side's cache back-pressures encode
@@ -376,8 +395,14 @@ class _Scheduler:
                 self.mm_free[device] -= st.mm
                 st.mm_reserved, st.prefill_device = True, device
             self.encode_queue.remove((rid, k))
-            device = self.free["encode"].pop(0)
-            tiles = st.prepared.tiles[list(st.pieces[k])]
+            if self.coupled:
+                device = st.prefill_device
+                self.free["encode"].remove(device)
+            else:
+                device = self.free["encode"].pop(0)
+            # a slice (the pieces are contiguous ranges): a view, no torch kernel. An index kernel here woke
+            # torch's thread pool, which on a loaded machine held each release up by tens of ms
+            tiles = st.prepared.tiles[st.pieces[k][0]:st.pieces[k][-1] + 1]
             msg = EncodeTiles(request=rid, tiles=st.pieces[k], shape=tuple(tiles.shape), data=to_bytes(tiles),
                               send_to=st.prefill_device if self.direct else "", piece=k)
             self._send(device, msg, ("encode", rid, k, len(msg.data)))
@@ -392,7 +417,9 @@ class _Scheduler:
                 continue
             p = self.prepared[rid]
             need = len(p.input_ids) + p.output_tokens
-            decode = self._roomiest(self.kv_free, need)
+            # aggregated: the request decodes where it prefilled (its KV cache never leaves the device)
+            decode = self._roomiest({device: self.kv_free[device]} if self.pools.disaggregation == "aggregated"
+                                    else self.kv_free, need)
             if decode is None:
                 if self.pools.policy == "fcfs":
                     break  # the decode side's KV caches are full: prefill waits
@@ -406,10 +433,9 @@ class _Scheduler:
             if self.direct:
                 msg = PrefillPrompt(request=rid, input_ids=p.input_ids, sampling=self.sampling, mm_shape=mm_shape,
                                     mm_pieces=tuple(range(len(st.pieces))), send_to=decode)
-            else:
-                mm = torch.cat([st.encoded[k] for k in range(len(st.pieces))]).reshape(mm_shape) if st.pieces else None
+            else:  # the pieces' raw float32 bytes in tile order are the whole request's (no torch op here)
                 msg = PrefillPrompt(request=rid, input_ids=p.input_ids, sampling=self.sampling, mm_shape=mm_shape,
-                                    mm=to_bytes(mm) if mm is not None else b"")
+                                    mm=b"".join(st.encoded[k] for k in range(len(st.pieces))))
             st.encoded.clear()
             self._send(device, msg, ("prefill", rid, 0, len(msg.mm)))
             if self.direct:  # the decode agent starts when the KV cache (and the first token) arrive
@@ -470,7 +496,7 @@ class _Scheduler:
             else:
                 self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.data),
                             peer="coordinator")
-                st.encoded[piece] = from_bytes(reply.shape, reply.data)
+                st.encoded[piece] = reply.data  # raw float32, its size checked at decode
             st.encode_devices.append(device)
             st.encode_start_s = ts if st.encode_start_s is None else min(st.encode_start_s, ts)
             st.encode_end_s = max(st.encode_end_s, te)
@@ -508,7 +534,8 @@ class _Scheduler:
         if self.direct and reply.kv_received:
             st.pd_end_s = max(self._local(device, reply.kv_received, 0.0, ts), st.prefill_end_s)
             src, t_pre, nbytes = st.kv_sent
-            self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, nbytes=nbytes, peer=device)
+            if src != device:  # aggregated keeps the KV cache on the agent: no send
+                self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, nbytes=nbytes, peer=device)
         prev = ts
         for step, (token, t_end) in enumerate(zip(reply.tokens, reply.step_ends), start=1):
             t = self._local(device, t_end, prev, te)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from core.techniques.phase_disaggregation.types import SLO, EpdProblem, PhaseCosts, Request, Workload
@@ -22,6 +24,27 @@ def one_request(images=2, tiles=4, prompt=32, output=8, arrival=0.0, rid=0) -> R
 
 def single(req: Request) -> Workload:
     return Workload(requests=(req,))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny Llava checkpoint (random weights, fixed seed), made once per test module."""
+    from core.models.multimodal import TINY_LLAVA, make_multimodal_model
+
+    return make_multimodal_model(TINY_LLAVA, tmp_path_factory.mktemp("llava") / "m")
+
+
+@contextlib.contextmanager
+def local_agents(directory, n: int):
+    """``n`` real agents on loopback (CurveZMQ), linked, ready and clock-synced."""
+    from core.devices.agent_link import AgentLink
+    from core.devices.local_cluster import LocalCluster
+
+    with LocalCluster(directory, n) as lc:
+        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
+            link.wait_ready(timeout_s=30)
+            link.sync_clocks()
+            yield link
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.techniques.phase_disaggregation.goodput import attainment, goodput, rate_point
+from core.techniques.phase_disaggregation.goodput import RatePoint, attainment, goodput, ladder_goodput, rate_point
 from core.techniques.phase_disaggregation.simulator import simulate_pools
 from core.techniques.phase_disaggregation.types import SLO, PoolConfig
 from core.techniques.phase_disaggregation.workload import poisson_workload
@@ -37,3 +37,13 @@ def test_goodput_grows_as_the_slo_loosens():
 def test_goodput_is_zero_when_even_one_request_alone_misses_the_slo():
     g = goodput(make_costs(), W, CFG, SLO(ttft_s=0.01, tpot_s=0.05))
     assert g.rate_rps == 0.0
+
+
+def _point(rate, att):
+    return RatePoint(rate_rps=rate, attainment=att, ttft_p50_s=0.1, tpot_p50_s=0.01, ttft_p90_s=0.2)
+
+
+def test_a_ladders_goodput_is_the_last_rate_meeting_the_target_before_one_misses_it():
+    points = [_point(2.0, 0.95), _point(1.0, 1.0), _point(4.0, 0.5), _point(8.0, 0.95)]
+    assert ladder_goodput(points) == 2.0  # 8 rps meeting it by luck after 4 missed does not count
+    assert ladder_goodput([_point(1.0, 0.8)]) == 0.0

@@ -9,10 +9,7 @@ import torch
 
 from agents.phases import to_bytes
 from agents.protocol import AgentState, EncodeTiles, SamplingSpec
-from core.devices.agent_link import AgentLink
-from core.devices.local_cluster import LocalCluster
 from core.errors import RunFailed
-from core.models.multimodal import TINY_LLAVA, make_multimodal_model
 from core.techniques.phase_disaggregation.runtime import (
     load_pools,
     prepare_requests,
@@ -20,6 +17,7 @@ from core.techniques.phase_disaggregation.runtime import (
     run_epd,
 )
 from core.techniques.phase_disaggregation.types import EpdInputError, PoolConfig, Request, Workload
+from tests.techniques.phase_disaggregation.conftest import local_agents
 
 POOLS = PoolConfig(encode=("local-0", "local-1"), prefill=("local-2",), decode=("local-3",), irp_degree=2,
                    decode_batch=1)
@@ -31,18 +29,10 @@ def workload(n=4, gap_s=0.05, tiles=4, output=6) -> Workload:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_multimodal_model(TINY_LLAVA, tmp_path_factory.mktemp("llava") / "m")
-
-
-@pytest.fixture(scope="module")
 def link(tmp_path_factory, model):
-    with LocalCluster(tmp_path_factory.mktemp("epd-run"), 4) as lc:
-        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
-            link.wait_ready(timeout_s=30)
-            link.sync_clocks()
-            load_pools(link, model, POOLS)
-            yield link
+    with local_agents(tmp_path_factory.mktemp("epd-run"), 4) as link:
+        load_pools(link, model, POOLS)
+        yield link
 
 
 @pytest.mark.parametrize("transfers", ["data-plane", "relay"])
@@ -111,14 +101,10 @@ def test_a_multimodal_cache_too_small_for_one_request_is_refused_before_anything
         run_epd(link, model, workload(n=1), small, load=False)
 
 
-def test_batched_or_coupled_pools_are_refused_for_a_real_run(link, model):
+def test_batched_pools_are_refused_for_a_real_run(link, model):
     with pytest.raises(EpdInputError, match="batch"):
         run_epd(link, model, workload(n=1), PoolConfig(encode=("local-0",), prefill=("local-2",),
-                                                       decode=("local-3",), decode_batch=4), load=False)
-    pd = PoolConfig(disaggregation="pd", encode=("local-2",), prefill=("local-2",), decode=("local-3",),
-                    decode_batch=1)
-    with pytest.raises(EpdInputError, match="simulated only"):
-        run_epd(link, model, workload(n=1), pd, load=False)
+                                                       decode=("local-3",), prefill_batch=4), load=False)
 
 
 def test_tiles_of_the_wrong_size_are_refused_by_the_agent_which_stays_ready(link):
@@ -170,4 +156,5 @@ def test_profiled_phase_costs_fit_the_checkpoint_and_grow_with_the_work(link, mo
     assert costs.encode_s(4) > costs.encode_s(1) > 0 and costs.prefill_s(96) > costs.prefill_s(16) > 0
     assert costs.decode_step_seconds(4) >= costs.decode_step_seconds(1) > 0
     assert "local-0" in costs.source and costs.link_bandwidth_Bps > 0
-    assert 0 < costs.dispatch_delay_s < 1.0  # the release → encode start of a real request: never free
+    # the release → encode start less the tile's fitted transfer: sub-ms on loopback, so noise may clamp it to 0
+    assert 0 <= costs.dispatch_delay_s < 1.0
