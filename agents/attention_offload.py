@@ -539,6 +539,22 @@ class DenseAgentExecutor(DenseExecutor):
         self.router.close()
 
 
+def check_kv_budget(agent, shape: HeadShape, msg) -> None:
+    """Refuse a hold whose KV share (``HoldHeads.kv``, float32) exceeds the agent's emulated budget."""
+    kv = msg.kv
+    needed = 2 * shape.layers * (msg.kv_stop - msg.kv_start) * shape.head_dim * kv.groups * kv.sequences \
+        * kv.context_tokens * 4
+    budget = agent.emulation.memory_budget_bytes
+    if kv.groups and budget and needed > budget:
+        from agents.emulation import ShardOverBudget
+
+        mib = 1 << 20
+        raise ShardOverBudget(f"key/value heads [{msg.kv_start}, {msg.kv_stop}) of {kv.groups} micro-batch(es) of "
+                              f"{kv.sequences} sequences up to {kv.context_tokens} tokens need {needed / mib:.1f} MiB "
+                              f"of KV cache but device {agent.device} has a {budget / mib:.1f} MiB memory budget: "
+                              "use more memory agents, a smaller batch or a shorter context")
+
+
 class HeadsService:
     """A memory agent's part of a run (``HoldHeads``): serves ``attend`` frames from its dense
     agents with one ``AttentionStore`` and pushes each output back to the sender's data socket.
@@ -550,6 +566,7 @@ class HeadsService:
         self.agent, self.msg, self.stop = agent, msg, stop
         self.shape = HeadShape.of(msg.model_dir)
         self.store = AttentionStore(self.shape, range(msg.kv_start, msg.kv_stop))
+        check_kv_budget(agent, self.shape, msg)
         self.dense = {p.device: p for p in msg.dense}
         self._masks: dict[int, torch.Tensor] = {}
         from agents.transport import PeerSenders

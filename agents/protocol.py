@@ -715,6 +715,9 @@ class HoldHeads(_Msg, frozen=True, tag="hold_heads"):
     lease_s: float = 0.0
     link: LinkShape = LinkShape()
     """Emulation of this agent's outgoing link (the replies)."""
+    kv: KvReservation = KvReservation()
+    """The KV cache the run will need at most (micro-batches × sequences × context tokens): a
+    memory agent whose (emulated) memory budget cannot hold its heads' share refuses the hold."""
 
 
 class HoldDense(_Msg, frozen=True, tag="hold_dense"):

@@ -13,13 +13,17 @@
 - control_channel_before: the earlier path (AttendHeads requests over the control channel, the
   dense side in this process): encoded bytes per decoded token and layer over the tensor-only
   prediction (the 1.32x: the mask row every layer and msgpack framing with the model path);
-- local_cluster: the dense agent and 2 memory agents as processes (LocalCluster, data plane):
-  tokens vs generate(); the decode steps' bytes on the links (send events: frames, headers
-  included, both ways) over the tensor-only prediction and over the cost model's
-  ``layer_wire_bytes`` (tensors + a header per frame; tensors alone are asserted exact in
-  tests/techniques/attention_offload/test_agents_run.py); per-token latency measured (the run's figures) vs simulated (the
-  technique's simulator on a problem calibrated in this process: dense time per layer and
-  attention time per layer measured in-process, link latency = the agents' ping RTT / 2).
+- local_cluster: agents as processes (LocalCluster, data plane): tokens vs generate() for one
+  replica and for staggered runs (2 replicas, 2 memory agents, 3 batches, fixed and rotational);
+  the decode steps' bytes on the links (send events, headers included) over the tensor-only
+  prediction and over the cost model's ``layer_wire_bytes``; decode throughput measured vs
+  predicted by the technique's simulator on a problem calibrated from a separate *profiling run*'s
+  own events (dense segment per layer, attention span, per-frame send cost on each side, the
+  rest of the round trip as link latency, the per-step overhead), for one replica and for
+  rotational staggering;
+- largest_batch_x_context: compute device memory emulated at its weights + 2 MiB, memory agents
+  at 8 MiB: the largest batch at a 124-token context that layer sharding (whole model + KV on the
+  compute device) and attention offloading (KV on the memory agents) admit and run.
 
 Run: python bench/attention_offload.py
 """
@@ -35,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import msgspec  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
@@ -112,101 +117,243 @@ def control_channel_before(root: Path) -> dict:
     return {"wire_over_predicted": round(per / (shape.wire_elements_per_token_layer() * 4), 3)}
 
 
-def _calibrated_problem(model_dir: str, enc, rtt_s: float, max_new: int):
-    """A local-cluster problem for the simulator, from in-process measurements of this checkpoint."""
+def profiled_problem(runs, model, compute: list[str], memory: list[str], batch: int, prompt_tokens: int,
+                     generated: int) -> tuple:
+    """The cost model's problem for the local cluster, calibrated from a *profiling run*'s own events
+    (one replica, ``run_offload``; several runs: their means): per decode layer the dense segment (FLOP rate), the attention
+    span on the memory agents (their KV read rate), the per-frame CPU cost of a send on each side
+    (``frame_s``: the remote attention call's overhead, paid per memory device and layer) and what
+    remains of the round trip (link latency). The first decode step is left out (warm-up)."""
     from core.techniques.attention_offload.problem import OffloadDevice, OffloadProblem, OffloadWorkload
-    from core.techniques.attention_offload.run import checkpoint_model
 
-    stores = attention_stores(model_dir, 2)
-    spent = {"attend": 0.0}
-
-    class Timed:
-        def __init__(self, store):
-            self.store, self.kv_heads = store, store.kv_heads
-
-        def attend(self, *a):
-            t0 = time.perf_counter()
-            out = self.store.attend(*a)
-            spent["attend"] += time.perf_counter() - t0
-            return out
-
-        def drop(self, *a):
-            self.store.drop(*a)
-
-    dense = DenseExecutor(model_dir, 0, 6, sides=[Timed(s) for s in stores])
-    model = checkpoint_model(model_dir)
-    batch, prompt = enc["input_ids"].shape
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each agent runs (threads_per_agent=1); more threads on a loaded box is ~30x slower
-    dense.prefill(0, enc["input_ids"], enc["attention_mask"])
-    x = torch.zeros((batch, 1), dtype=torch.long)
-    dense.decode(0, x)  # warm-up
-    spent["attend"] = 0.0
-    t0 = time.perf_counter()
-    for _ in range(max_new):
-        dense.decode(0, x)
-    total = time.perf_counter() - t0
-    torch.set_num_threads(threads)
-    dense_layer_s = (total - spent["attend"]) / (max_new * model.layers)
-    attend_layer_s = spent["attend"] / (max_new * model.layers) / 2  # the two stores ran one after the other
-    ctx = prompt + max_new / 2
-    kv_read = batch * ctx * 2 * 1 * model.head_dim * model.bytes_per_element  # one kv head per memory device
-    fast = 1e12
-    devices = [OffloadDevice(id="c0", flops=2 * model.dense_params_per_layer * batch / dense_layer_s,
-                             memory_bandwidth=fast, memory_bytes=1 << 40, link_bandwidth=1e9,
-                             link_latency_s=rtt_s / 4)]
-    devices += [OffloadDevice(id=m, flops=fast, memory_bandwidth=kv_read / attend_layer_s, memory_bytes=1 << 40,
-                              link_bandwidth=1e9, link_latency_s=rtt_s / 4) for m in ("m0", "m1")]
+    L, dense_dev = model.layers, compute[0]
+    ev, layer_s, gaps, periods = [], [], [], []
+    for run in runs:
+        mine = [e for e in run.events if e.step >= 2]
+        ev += mine
+        segs_by_step: dict[int, list] = {}
+        for e in mine:
+            if e.device == dense_dev and e.kind == "compute":
+                segs_by_step.setdefault(e.step, []).append(e)
+        firsts = []
+        for step, segs in sorted(segs_by_step.items()):
+            segs.sort(key=lambda e: e.start_s)
+            if len(segs) != L + 1:
+                continue
+            layer_s += [e.end_s - e.start_s for e in segs[1:L]]
+            gaps += [b.start_s - a.end_s for a, b in zip(segs, segs[1:])]
+            firsts.append(segs[0].start_s)
+        periods.append((firsts[-1] - firsts[0]) / (len(firsts) - 1))  # one decode step of the batch
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    period = mean(periods)
+    dense_layer = mean(layer_s)
+    attention = max(mean([e.end_s - e.start_s for e in ev if e.device == m and e.kind == "compute"]) for m in memory)
+    frame_c = mean([e.end_s - e.start_s for e in ev if e.device == dense_dev and e.kind == "send"])
+    frame_m = mean([e.end_s - e.start_s for e in ev if e.device in memory and e.kind == "send"])
+    wire = batch * model.wire_bytes_per_token_layer()
+    bandwidth = 1e9
+    m = len(memory)
+    # what the round trip costs beyond the frames' CPU time and the attention: wire and wake-ups
+    rest = mean(gaps) - 2 * m * frame_c - attention - 2 * frame_m - wire / bandwidth
+    latency = max(0.0, rest) / 4  # link = bytes/bw + 2·(compute latency + memory latency)
+    ctx = prompt_tokens + generated / 2
+    kv_read = batch * ctx * 2 * (model.kv_heads // m) * model.head_dim * model.bytes_per_element
+    fast = 1e13
+    flops = 2 * model.dense_params_per_layer * batch / dense_layer
+    head = 2 * model.vocab * model.hidden * batch / flops
+    # what a step costs beyond its layers' cycles and the head: sampling, the stage loop's turn-around
+    step_overhead = max(0.0, period - L * (dense_layer + mean(gaps)) - head)
+    devices = [OffloadDevice(id=c, flops=flops, memory_bandwidth=fast, memory_bytes=1 << 40, link_bandwidth=bandwidth,
+                             link_latency_s=latency, frame_s=frame_c, step_overhead_s=step_overhead)
+               for c in compute]
+    devices += [OffloadDevice(id=d, flops=fast, memory_bandwidth=kv_read / max(attention - 0.0, 1e-9),
+                              memory_bytes=1 << 40, link_bandwidth=bandwidth, link_latency_s=latency, frame_s=frame_m)
+                for d in memory]
     problem = OffloadProblem(devices=tuple(devices), model=model,
-                             workload=OffloadWorkload(prompt_tokens=prompt, generated_tokens=max_new))
-    return problem, {"dense_layer_ms": round(dense_layer_s * 1e3, 3), "attention_layer_ms": round(attend_layer_s * 1e3, 3)}
+                             workload=OffloadWorkload(prompt_tokens=prompt_tokens, generated_tokens=generated))
+    ms = lambda x: round(x * 1e3, 3)  # noqa: E731
+    return problem, {"dense_layer_ms": ms(dense_layer), "attention_layer_ms": ms(attention),
+                     "frame_send_ms_compute": ms(frame_c), "frame_send_ms_memory": ms(frame_m),
+                     "round_trip_ms": ms(mean(gaps)), "link_latency_ms_each": ms(latency),
+                     "step_ms": ms(period), "step_overhead_ms": ms(step_overhead)}
+
+
+def _prompts(n: int) -> list[str]:
+    return [PROMPTS[i % len(PROMPTS)] + " " + "and more words" * (i % 2) for i in range(n)]
+
+
+def _request_of(enc, max_new: int, micro_batches: int | None = None):
+    from core.runs.coordinator import RunRequest
+
+    return RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+                      attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())), max_new_tokens=max_new,
+                      eos_token_ids=(), pad_token_id=0, micro_batches=micro_batches)
 
 
 def local_cluster(root: Path) -> dict:
-    """Dense agent + 2 memory agents (processes) on the data plane: tokens, bytes, per-token latency."""
+    """Dense agent(s) + 2 memory agents (processes) on the data plane: tokens, bytes, and decode
+    throughput predicted (a profiling run calibrates the cost model) vs measured, for one replica
+    and for rotational staggering (2 replicas, 3 batches)."""
     from core.devices.local_cluster import LocalCluster
-    from core.runs.coordinator import Coordinator, RunRequest
+    from core.runs.coordinator import Coordinator
     from core.techniques.attention_offload.cost import layer_wire_bytes
-    from core.techniques.attention_offload.run import checkpoint_model, run_offload
+    from core.techniques.attention_offload.run import checkpoint_model, run_offload, run_staggered
+    from core.techniques.attention_offload.simulator import decode_tokens_per_s
 
     model_dir = _llama(root, "cluster-llama")
-    enc = transformers.AutoTokenizer.from_pretrained(model_dir)(PROMPTS, padding=True, return_tensors="pt")
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    enc = tok(PROMPTS, padding=True, return_tensors="pt")
+    enc9 = tok(_prompts(9), padding=True, return_tensors="pt")
     ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     expected = ref.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=MAX_NEW,
                             do_sample=False)[:, enc["input_ids"].shape[1]:].tolist()
+    expected9 = ref.generate(enc9["input_ids"], attention_mask=enc9["attention_mask"], max_new_tokens=MAX_NEW,
+                             do_sample=False)[:, enc9["input_ids"].shape[1]:].tolist()
     model = checkpoint_model(model_dir)
-
-    def request(n):
-        return RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
-                          attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())), max_new_tokens=n,
-                          eos_token_ids=(), pad_token_id=0)
-
-    with LocalCluster(root / "cluster", ["c0", "m0", "m1"], threads_per_agent=1) as lc, \
+    B, steps, rounds = len(PROMPTS), 24, 3
+    one_plan = OffloadPlan(compute=("c0",), memory=("m0", "m1"), batch=B, in_flight=1)
+    stag_plan = OffloadPlan(compute=("c0", "c1"), memory=("m0", "m1"), batch=3, in_flight=3)
+    figures = {"one_replica": [], "rotational_2_replicas_3_batches": []}
+    with LocalCluster(root / "cluster", ["c0", "c1", "m0", "m1"], threads_per_agent=1) as lc, \
             Coordinator(lc.endpoints, lc.keys) as coordinator:
-        coordinator.wait_ready(timeout_s=30)
-        clocks = coordinator.sync_clocks()
-        rtt = sorted(c.rtt_s for c in clocks.values())[len(clocks) // 2]
-        run = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], request(MAX_NEW))
-    from core.runs.metrics import compute_figures
+        coordinator.wait_ready(timeout_s=60)
+        coordinator.sync_clocks()
+        run = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, MAX_NEW))
+        exact9 = run_staggered(coordinator, model_dir, ["c0", "c1"], ["m0", "m1"], _request_of(enc9, MAX_NEW, 3),
+                               schedule="fixed")
 
-    figures = compute_figures(run.events, run.token_events)
-    steps = MAX_NEW - 1
+        def profile():
+            return run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, 8))
+
+        # The machine is shared: each measured run is bracketed by profiling runs (the calibration
+        # is their mean), and the rounds' ratios are reported with their median.
+        for _ in range(rounds):
+            before = profile()
+            one = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, steps))
+            staggered = run_staggered(coordinator, model_dir, ["c0", "c1"], ["m0", "m1"],
+                                      _request_of(enc9, steps, 3), schedule="rotational")
+            after = profile()
+            problem, calibration = profiled_problem([before, after], model, ["c0", "c1"], ["m0", "m1"], B,
+                                                    enc["input_ids"].shape[1], 8)
+            predicted_one = simulate(problem, one_plan, "rotational", generated_tokens=steps).decode_tokens_per_s
+            stag_problem = msgspec.structs.replace(problem, workload=msgspec.structs.replace(
+                problem.workload, prompt_tokens=enc9["input_ids"].shape[1]))
+            predicted_stag = simulate(stag_problem, stag_plan, "rotational",
+                                      generated_tokens=steps).decode_tokens_per_s
+            for key, measured, predicted in (("one_replica", decode_tokens_per_s(one.token_events), predicted_one),
+                                             ("rotational_2_replicas_3_batches",
+                                              decode_tokens_per_s(staggered.token_events), predicted_stag)):
+                figures[key].append({"measured": round(measured, 2), "predicted": round(predicted, 2),
+                                     "measured_over_predicted": round(measured / predicted, 3),
+                                     "calibration": calibration if key == "one_replica" else "same"})
+    throughput = {key: {"median_measured_over_predicted": sorted(r["measured_over_predicted"] for r in rows)[
+        len(rows) // 2], "rounds": rows} for key, rows in figures.items()}
     total = _decode_link_bytes(run)
-    problem, calibration = _calibrated_problem(model_dir, enc, rtt, MAX_NEW)
-    sim = simulate(problem, OffloadPlan(compute=("c0",), memory=("m0", "m1"), batch=len(PROMPTS), in_flight=1),
-                   "rotational", generated_tokens=MAX_NEW)
+    done = MAX_NEW - 1
     return {
         "tokens_equal": [list(t) for t in run.tokens] == expected,
+        "staggered_tokens_equal": {"rotational_2x3": [list(t)[:MAX_NEW] for t in staggered.tokens] == expected9,
+                                   "fixed_2x3": [list(t) for t in exact9.tokens] == expected9},
+        "decode_tokens_per_s": {**throughput, "steps": steps, "batch": B,
+                                "staggered": "2 replicas, 2 memory agents, 3 batches of 3"},
         "decode_link_bytes_over_tensor_only_prediction": round(
-            total / (steps * len(PROMPTS) * model.layers * model.wire_bytes_per_token_layer()), 4),
-        "decode_link_bytes_over_cost_model": round(
-            total / (steps * model.layers * layer_wire_bytes(model, len(PROMPTS), 2)), 4),
-        "per_token_latency_ms_measured": round(figures.per_token_latency_s * 1e3, 3),
-        "per_token_latency_ms_simulated": round(sim.figures.per_token_latency_s * 1e3, 3),
-        "per_token_latency_measured_over_simulated": round(
-            figures.per_token_latency_s / sim.figures.per_token_latency_s, 3),
-        "calibration": {**calibration, "agent_rtt_ms": round(rtt * 1e3, 3)},
+            total / (done * B * model.layers * model.wire_bytes_per_token_layer()), 4),
+        "decode_link_bytes_over_cost_model": round(total / (done * model.layers * layer_wire_bytes(model, B, 2)), 4),
     }
+
+
+def largest_batch_context(root: Path) -> dict:
+    """The largest batch at a fixed context that runs with the compute device's memory emulated
+    (its weights + 2 MiB), memory agents with 8 MiB each: layer sharding (the whole model with its
+    KV cache on the compute device, reserved at load) vs attention offloading (weights there, KV on
+    the memory agents, each refusing a hold its share does not fit). Found by bisection on the
+    agents' own admission (load with ``kv``, ``HoldHeads.kv``), then run for real at the largest
+    and refused one above it."""
+    import random
+
+    from agents.emulation import DeviceEmulation
+    from agents.protocol import HoldHeads, KvReservation, PeerSpec, StopRun
+    from agents.shard import StageExecutor
+    from core.devices.local_cluster import LocalCluster
+    from core.errors import EdgeShardError
+    from core.planning.plan import plan_from_boundaries
+    from core.runs.batching import kv_reservation
+    from core.runs.coordinator import Coordinator
+    from core.techniques.attention_offload.run import head_ranges, run_offload
+
+    mib = 1 << 20
+    model_dir = _llama(root, "capacity-llama")
+    shape = HeadShape.of(model_dir)
+    units = shape.layers + 2
+    weights = StageExecutor(model_dir, 0, units).memory_bytes()
+    compute_budget, memory_budget = weights + 2 * mib, 8 * mib
+    prompt, new = 120, 4
+    ctx = prompt + new
+    rng = random.Random(3)
+    emulation = {"c0": DeviceEmulation(memory_budget_bytes=compute_budget),
+                 "m0": DeviceEmulation(memory_budget_bytes=memory_budget),
+                 "m1": DeviceEmulation(memory_budget_bytes=memory_budget)}
+    whole = plan_from_boundaries("capacity", units, ["c0"], [])
+
+    def request(batch):
+        ids = tuple(tuple(rng.randrange(3, 500) for _ in range(prompt)) for _ in range(batch))
+        return _request_of({"input_ids": torch.tensor(ids), "attention_mask": torch.ones(batch, prompt,
+                                                                                          dtype=torch.long)}, new)
+
+    def bisect(fits) -> int:
+        lo, hi = 0, 1
+        while fits(hi):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    with LocalCluster(root / "capacity", ["c0", "m0", "m1"], threads_per_agent=1, emulation=emulation) as lc, \
+            Coordinator(lc.endpoints, lc.keys) as co:
+        co.wait_ready(timeout_s=60)
+        statuses = co.status_of(["c0", "m0", "m1"])
+        dense = PeerSpec(device="c0", stage=0, data_address=statuses["c0"].data_address,
+                         public_key=statuses["c0"].public_key)
+
+        def sharding_fits(batch):
+            try:
+                co.load(whole, model_dir, kv=kv_reservation((tuple(range(batch)),), ctx))
+                return True
+            except EdgeShardError:
+                return False
+
+        def offload_fits(batch):
+            ok = True
+            for device, (a, b) in zip(["m0", "m1"], head_ranges(shape.kv_heads, 2)):
+                try:
+                    co.request(device, HoldHeads(run_id=f"probe{batch}", model_dir=model_dir, kv_start=a, kv_stop=b,
+                                                 dense=(dense,), kv=KvReservation(groups=1, sequences=batch,
+                                                                                  context_tokens=ctx)), timeout_s=60)
+                except EdgeShardError:  # refused: over its memory budget
+                    ok = False
+                    continue
+                co.request(device, StopRun(run_id=f"probe{batch}"), timeout_s=30)
+            return ok
+
+        b_shard = bisect(sharding_fits)
+        b_off = bisect(offload_fits)
+        ran = {}
+        co.load(whole, model_dir, kv=kv_reservation((tuple(range(b_shard)),), ctx))
+        ran["layer_sharding"] = len(co.run(whole, request(b_shard)).tokens) == b_shard
+        ran["layer_sharding_one_more_refused"] = not sharding_fits(b_shard + 1)
+        ran["offload"] = len(run_offload(co, model_dir, "c0", ["m0", "m1"], request(b_off)).tokens) == b_off
+        try:
+            run_offload(co, model_dir, "c0", ["m0", "m1"], request(b_off + 1))
+            ran["offload_one_more_refused"] = False
+        except EdgeShardError as err:
+            ran["offload_one_more_refused"] = "memory budget" in str(err)
+    return {"context_tokens": ctx, "compute_budget_mib": round(compute_budget / mib, 2),
+            "compute_weights_mib": round(weights / mib, 2), "memory_agents": 2,
+            "memory_budget_mib_each": memory_budget // mib,
+            "layer_sharding": {"batch": b_shard, "batch_x_context": b_shard * ctx},
+            "offload": {"batch": b_off, "batch_x_context": b_off * ctx},
+            "offload_over_layer_sharding": round(b_off / max(b_shard, 1), 2), "confirmed_by_runs": ran}
 
 
 def _decode_link_bytes(result) -> int:
@@ -220,6 +367,7 @@ def main() -> None:
         ex = exactness(Path(tmp))
         before = control_channel_before(Path(tmp))
         cluster = local_cluster(Path(tmp))
+        capacity = largest_batch_context(Path(tmp))
     paper = scenarios.paper()
     offload = planner.run_strategy(paper, "exact", "throughput-per-dollar")
     homogeneous = planner.run_strategy(paper, "homogeneous", "throughput-per-dollar")
@@ -236,6 +384,7 @@ def main() -> None:
         "wire_measured_where": "in-process hand-over between dense side and memory sides",
         "control_channel_before": before,
         "local_cluster": cluster,
+        "largest_batch_x_context": capacity,
         "dense_kv_bytes": ex["dense_kv_bytes"],
         "paper_offload_plan": {"compute": offload.plan.compute, "memory": offload.plan.memory,
                                "batch": offload.plan.batch, "in_flight": offload.plan.in_flight},

@@ -10,10 +10,10 @@ with memory used over capacity; baselines show each device's layer range.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRectF, Qt
+from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout,
+    QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout,
     QWidget,
 )
 
@@ -23,7 +23,7 @@ from core.techniques.attention_offload.problem import OffloadPlan, OffloadProble
 from core.techniques.attention_offload.scenarios import SCENARIOS
 from gui.app import stage_color
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header
+from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 
 STRATEGIES = ("exact", "lamina-rule", "homogeneous", "layer-sharding")
 GIB = 2**30
@@ -110,7 +110,11 @@ class PlacementCanvas(QWidget):
 
 
 class AttentionOffloadPlanView(QWidget):
-    """Scenario, strategy and objective pickers, the plan's figures, Compare, and the placement."""
+    """Scenario, strategy and objective pickers, the plan's figures, Compare, the placement, and
+    *Run on agents*: the plan's split (one compute agent, the others memory agents) on the
+    connected agents, through the Run screen (live timeline, recorded like every run)."""
+
+    run_requested = Signal()
 
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -161,6 +165,21 @@ class AttentionOffloadPlanView(QWidget):
         lay.addWidget(self.table)
         self.canvas = PlacementCanvas()
         lay.addWidget(borderless_scroll(self.canvas), 1)
+        run_row = QHBoxLayout()
+        self.run_button = QPushButton("Run on agents")
+        self.run_button.setToolTip("Run this split on the connected agents: the first is the compute agent "
+                                   "(dense layers, no KV), every other one a memory agent (KV and attention, "
+                                   "split by heads); opens the Run screen with its live timeline, recorded")
+        self.run_button.clicked.connect(self.run_on_agents)
+        self.run_where = QLabel("")
+        self.run_where.setAccessibleName("Run on agents")
+        self.run_where.setWordWrap(True)
+        run_row.addWidget(self.run_button)
+        run_row.addWidget(self.run_where, 1)
+        lay.addLayout(run_row)
+        state.agents_changed.connect(lambda _a: self.update_run_controls())
+        state.offline_changed.connect(lambda _o: self.update_run_controls())
+        state.model_changed.connect(lambda _m: self.update_run_controls())
         self.refresh()
 
     def refresh(self) -> None:
@@ -176,6 +195,7 @@ class AttentionOffloadPlanView(QWidget):
             self.message.show_lines([out.error], f"{name} found no plan:")
             self.summary.setText("")
             self.canvas.show_rows([], "")
+            self.update_run_controls()
             return
         self.message.show_lines([])
         self.plan, c = out.plan, out.cost
@@ -188,6 +208,52 @@ class AttentionOffloadPlanView(QWidget):
         axis = ("layers 0 → L (dense) · key/value heads 0 → h_kv (KV)" if isinstance(out.plan, OffloadPlan)
                 else "layers 0 → L")
         self.canvas.show_rows(placement_rows(self.problem, out.plan), axis)
+        self.update_run_controls()
+
+    # running on agents --------------------------------------------------------------
+    def _agent_names(self) -> list[str]:
+        agents = self.state.agents
+        return [] if agents is None else [a for a in agents.endpoints if a not in self.state.offline_devices]
+
+    def run_blocker(self) -> str:
+        """Why *Run on agents* cannot start now ("" when it can): what the operator must do."""
+        if self.state.agents is None:
+            return "no agents connected: start the demo cluster or connect an agents.json (File menu)"
+        if len(self._agent_names()) < 2:
+            return "attention offloading needs two agents at least (one compute, one or more memory)"
+        if not isinstance(self.plan, OffloadPlan):
+            return "pick an attention-offload plan (strategy exact or lamina-rule), not a baseline"
+        if not self.state.model_path:
+            return "choose the model checkpoint on the Run screen (Browse…) first"
+        return ""
+
+    def update_run_controls(self) -> None:
+        why = self.run_blocker()
+        self.run_button.setEnabled(not why)
+        say_why_disabled({self.run_button: why})
+        names = self._agent_names()
+        self.run_where.setText(why or f"compute: {names[0]} · memory: {', '.join(names[1:])} "
+                                      f"(the scenario's {len(self.plan.compute)} compute / "
+                                      f"{len(self.plan.memory)} memory devices map onto the connected agents)")
+
+    def run_on_agents(self) -> None:
+        """Put the split of the connected agents in the studio state and ask for it to run."""
+        why = self.run_blocker()
+        if why:
+            self.message.show_lines([why], "Cannot run on agents:")
+            return
+        from core.techniques import technique_named
+
+        names = self._agent_names()
+        on_agents = OffloadPlan(compute=(names[0],), memory=tuple(names[1:]), batch=self.plan.batch, in_flight=1)
+        try:
+            shard_plan = technique_named("attention-offload").run_plan(on_agents, self.state.model_path)
+        except (ValueError, OSError) as err:  # a checkpoint it cannot read (CheckpointError): say so here
+            self.message.show_lines([f"{type(err).__name__}: {err}"], "Cannot run on agents:")
+            return
+        self.message.show_lines([])
+        self.state.set_plan(shard_plan)
+        self.run_requested.emit()
 
     def auto_solve(self) -> None:
         self.strategy.setCurrentText("exact")

@@ -112,6 +112,8 @@ class MainWindow(QMainWindow):
         self.state.log_added.connect(self._on_state_log_added)
         self.screens.run.model_edit.editingFinished.connect(self._on_run_model_edited)
         self.screens.profile.load_requested.connect(self._on_load_profile)
+        self.screens.plan.run_requested.connect(
+            lambda: (self.show_screen(self.screens.run), self.screens.run.start_run()))
         self.resize(1440, 900)
         self._fit_log_dock()
         self._restore_layout()

@@ -82,6 +82,9 @@ class PlanScreen(QWidget):
     """The Plan screen: the chosen technique's plan view, views built when first shown."""
 
     technique_changed = Signal(str)
+    run_requested = Signal()
+    """A plan view put a runnable plan in the studio state and asks for it to run (the window
+    shows the Run screen and starts it)."""
 
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -145,6 +148,8 @@ class PlanScreen(QWidget):
         if view is None:
             view = self._views[technique] = _VIEWS[technique](self.state)
             self.stack.addWidget(view)
+            if hasattr(view, "run_requested"):
+                view.run_requested.connect(self.run_requested)
         return view
 
     def auto_solve(self) -> None:

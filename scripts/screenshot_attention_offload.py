@@ -14,14 +14,30 @@ from gui.studio_state import StudioState
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 
 
+class _Agents:
+    """Connected agents as the view sees them (names only): the *Run on agents* row's mapping."""
+
+    endpoints = ("orin", "minipc-0", "minipc-1")
+
+
 def main() -> int:
+    import tempfile
+
+    from core.models.checkpoints import ModelRecipe, make_model
+
     app = studio_app.create_app()
-    screen = PlanScreen(StudioState())
+    state = StudioState()
+    screen = PlanScreen(state)
     screen.set_technique("attention-offload")
     view = screen.view
     screen.show()
-    for scenario, strategy, w, h in (("paper", "exact", 1024, 700), ("edge", "exact", 1600, 1000),
-                                     ("paper", "layer-sharding", 1600, 1000)):
+    tmp = tempfile.mkdtemp()
+    model = make_model(ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512), Path(tmp) / "m")
+    for i, (scenario, strategy, w, h) in enumerate((("paper", "exact", 1024, 700), ("edge", "exact", 1600, 1000),
+                                                     ("paper", "layer-sharding", 1600, 1000))):
+        if i == 1:  # agents connected and a checkpoint chosen: Run on agents maps the split onto them
+            state.set_agents(_Agents())
+            state.set_model("tiny-llama", path=str(model))
         view.scenario.setCurrentText(scenario)
         view.strategy.setCurrentText(strategy)
         view.compare()

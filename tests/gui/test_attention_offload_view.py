@@ -8,6 +8,7 @@ from core.techniques.attention_offload import planner, scenarios
 from gui.attention_offload_view import AttentionOffloadPlanView, placement_rows
 from gui.plan_views import PlanScreen
 from gui.studio_state import StudioState
+from tests.agents.conftest import tiny_llama_dir, tiny_model_dirs  # noqa: F401  (the tiny checkpoints)
 
 
 @pytest.fixture
@@ -55,3 +56,37 @@ def test_fewer_memory_devices_change_the_plan_on_screen(view):
     devices = [r[0] for r in view.canvas.rows]
     assert [d for d in devices if d.startswith("h20")] == ["h20-0"]
     assert view.plan is not None and set(view.plan.memory) <= set(devices)
+
+
+class _Agents:
+    """The connected agents as the view sees them (their names)."""
+
+    endpoints = ("c0", "m0", "m1")
+
+
+def test_run_on_agents_says_why_it_cannot_start_until_agents_and_a_checkpoint_are_there(view):
+    view.auto_solve()
+    assert not view.run_button.isEnabled() and "no agents connected" in view.run_button.toolTip()
+    view.state.set_agents(_Agents())
+    assert not view.run_button.isEnabled() and "model checkpoint" in view.run_button.toolTip()
+    view.strategy.setCurrentText("homogeneous")
+    assert "not a baseline" in view.run_blocker()
+
+
+def test_run_on_agents_puts_the_split_of_the_connected_agents_in_the_state_and_asks_the_screen_to_run(
+        qtbot, tiny_llama_dir):
+    from agents.attention_offload import DENSE_KIND
+
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    view = screen.view
+    view.auto_solve()
+    state.set_agents(_Agents())
+    state.set_model("tiny-llama", path=tiny_llama_dir)
+    assert view.run_button.isEnabled() and "compute: c0 · memory: m0, m1" in view.run_where.text()
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    (stage,) = state.plan.stages
+    assert (stage.device, stage.kind) == ("c0", DENSE_KIND)

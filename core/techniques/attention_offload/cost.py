@@ -5,6 +5,9 @@ Per layer and decode step of one batch of B sequences:
   weight read (params bytes over memory bandwidth): compute-bound at large B;
 - attention time on the memory devices: the KV bytes the batch reads (B·context·2·h_kv·D·bytes),
   split by heads over the memory devices (they run in parallel; the slowest share bounds);
+- per-frame costs (``OffloadDevice.frame_s``, profiled on agents): a compute device sends and
+  receives one frame per memory device and layer, a memory device one each way — CPU time on
+  each (a remote attention call is not free even when its tensors are tiny);
 - link time: B·(2·h_q + 2·h_kv)·D·bytes, plus a frame header each way per memory device
   (``FRAME_HEADER_BYTES``), over the narrower side's link, plus a latency each way.
 Once per step the batch's head (final norm, LM head, sampling) runs on a compute device.
@@ -62,17 +65,22 @@ def layer_wire_bytes(model: OffloadModel, batch: int, memory_devices: int) -> in
     return batch * model.wire_bytes_per_token_layer() + 2 * memory_devices * FRAME_HEADER_BYTES
 
 
-def dense_seconds(problem: OffloadProblem, device: OffloadDevice, tokens: int) -> float:
+def dense_seconds(problem: OffloadProblem, device: OffloadDevice, tokens: int, memory_devices: int = 0) -> float:
+    """One layer's dense part for ``tokens`` rows, plus the frames it sends to and gets back from
+    ``memory_devices`` memory devices (its CPU is busy with them: ``frame_s`` each)."""
     m = problem.model
     params = m.dense_params_per_layer
-    return max(2 * params * tokens / device.flops, params * m.bytes_per_element / device.memory_bandwidth)
+    return max(2 * params * tokens / device.flops, params * m.bytes_per_element / device.memory_bandwidth) \
+        + 2 * memory_devices * device.frame_s
 
 
 def head_seconds(problem: OffloadProblem, device: OffloadDevice, batch: int) -> float:
-    """Final norm, LM head and sampling of one decode step of the batch (once per step, not per layer)."""
+    """Final norm, LM head and sampling of one decode step of the batch (once per step, not per layer),
+    with the device's profiled per-step overhead."""
     m = problem.model
     params = m.vocab * m.hidden
-    return max(2 * params * batch / device.flops, params * m.bytes_per_element / device.memory_bandwidth)
+    return max(2 * params * batch / device.flops, params * m.bytes_per_element / device.memory_bandwidth) \
+        + device.step_overhead_s
 
 
 def residual_seconds(problem: OffloadProblem, source: OffloadDevice, target: OffloadDevice, rows: int) -> float:
@@ -86,7 +94,8 @@ def attention_seconds(problem: OffloadProblem, memory: list[OffloadDevice], batc
     m = problem.model
     per_head = batch * context * 2 * m.head_dim * m.bytes_per_element
     base, extra = divmod(m.kv_heads, len(memory))
-    return max((base + (1 if i < extra else 0)) * per_head / d.memory_bandwidth for i, d in enumerate(memory))
+    return max((base + (1 if i < extra else 0)) * per_head / d.memory_bandwidth + 2 * d.frame_s
+               for i, d in enumerate(memory))
 
 
 def link_seconds(problem: OffloadProblem, compute: OffloadDevice, memory: list[OffloadDevice], batch: int) -> float:
@@ -100,7 +109,7 @@ def layer_times(problem: OffloadProblem, plan: OffloadPlan) -> LayerTimes:
     compute = [problem.device(d) for d in plan.compute]
     memory = [problem.device(d) for d in plan.memory]
     ctx = problem.workload.mean_context_tokens
-    return LayerTimes(dense_s=max(dense_seconds(problem, d, plan.batch) for d in compute),
+    return LayerTimes(dense_s=max(dense_seconds(problem, d, plan.batch, len(memory)) for d in compute),
                       attention_s=attention_seconds(problem, memory, plan.batch, ctx),
                       link_s=max(link_seconds(problem, d, memory, plan.batch) for d in compute))
 

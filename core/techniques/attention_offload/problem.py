@@ -30,6 +30,15 @@ class OffloadDevice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     link_bandwidth: float
     """Bytes/s of its network link."""
     link_latency_s: float = 0.0
+    frame_s: float = 0.0
+    """CPU seconds one data frame costs this device to send or to receive (header, encryption, the
+    socket calls, the receive loop): per layer a compute device sends and receives one frame per
+    memory device, a memory device one each way. Profiled on the agents (bench/attention_offload.py);
+    0 for datasheet scenarios, where it vanishes beside the tensors."""
+    step_overhead_s: float = 0.0
+    """Per decode step of a batch on a compute device, beyond its layers and LM head: sampling and
+    the step's turn-around in the agent (profiled, like layer sharding's ``stage_decode_overhead_s``;
+    0 for datasheet scenarios)."""
     price: float = 0.0
     """Purchase price (USD, scenario defaults from public list prices): throughput per dollar."""
 
@@ -129,8 +138,9 @@ def check_problem(problem: OffloadProblem) -> None:
     for d in problem.devices:
         values = (d.flops, d.memory_bandwidth, d.link_bandwidth)
         if not all(math.isfinite(v) and v > 0 for v in values) or d.memory_bytes < 1 \
-                or not (math.isfinite(d.price) and d.price >= 0) or not (math.isfinite(d.link_latency_s) and d.link_latency_s >= 0):
-            raise _invalid(f"device {d.id!r}: FLOP/s, bandwidths and memory must be > 0, price and latency >= 0")
+                or not all(math.isfinite(v) and v >= 0 for v in (d.price, d.link_latency_s, d.frame_s, d.step_overhead_s)):
+            raise _invalid(f"device {d.id!r}: FLOP/s, bandwidths and memory must be > 0, price, latency and "
+                           "frame cost >= 0")
     w = problem.workload
     if w.prompt_tokens < 1 or w.generated_tokens < 1 or w.max_batch < 1:
         raise _invalid("workload: prompt and generated tokens and max batch must be >= 1")

@@ -80,6 +80,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
     except CheckpointError as err:
         raise RunFailed(str(err)) from None
     plan = dense_plan(Path(model_dir).name, shape.layers, dense_device)
+    kv = _kv_needed(request, plan)
     statuses = coordinator.status_of([dense_device, *memory])
     services = tuple(ServicePeer(device=d, data_address=statuses[d].data_address,
                                  public_key=statuses[d].public_key, start=a, stop=b)
@@ -93,7 +94,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
     held: list[str] = []
     try:
         futs = [(d, coordinator.request_async(d, HoldHeads(run_id=hold_id, model_dir=str(model_dir), kv_start=a,
-                                                             kv_stop=b, dense=(dense,), lease_s=lease)))
+                                                             kv_stop=b, dense=(dense,), lease_s=lease, kv=kv)))
                 for d, (a, b) in zip(memory, ranges)]
         for d, fut in futs:
             reply = coordinator.link.await_reply(d, fut, HOLD_TIMEOUT_S, "holding attention heads")
@@ -147,8 +148,9 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
     lease = max(10.0, 4 * coordinator.link.heartbeat_interval_s)
     held: list[str] = []
     try:
+        kv = _kv_needed(dataclasses.replace(request, micro_batches=len(groups)), plan)
         asks = [(d, HoldHeads(run_id=hold_id, model_dir=str(model_dir), kv_start=a, kv_stop=b, dense=replicas,
-                              lease_s=lease), "holding attention heads") for d, (a, b) in zip(memory, ranges)]
+                              lease_s=lease, kv=kv), "holding attention heads") for d, (a, b) in zip(memory, ranges)]
         asks += [(d, HoldDense(run_id=hold_id, model_dir=str(model_dir), replica=i, staggered=spec,
                                services=services, micro_batches=groups, input_ids=request.input_ids,
                                attention_mask=request.attention_mask, max_new_tokens=request.max_new_tokens,
@@ -174,6 +176,14 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
         return coordinator.run(plan, staggered, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
     finally:
         _release(coordinator, held, hold_id)
+
+
+def _kv_needed(request: RunRequest, plan: ShardPlan):
+    """The KV cache a run of ``request`` reaches (its micro-batches, the padded prompt + new tokens)."""
+    from core.runs.batching import kv_reservation, run_micro_batches
+
+    groups = run_micro_batches(len(request.input_ids), plan, request.micro_batches)
+    return kv_reservation(groups, len(request.input_ids[0]) + request.max_new_tokens)
 
 
 def _release(coordinator: Coordinator, devices: list[str], hold_id: str) -> None:

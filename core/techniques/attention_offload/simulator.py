@@ -58,6 +58,7 @@ def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None
     compute_free = {d: 0.0 for d in plan.compute}
     memory_free = 0.0
     ready = [0.0] * n  # when the batch's previous slice's outputs reach its next replica
+    moved_in = [0.0] * n  # the residual frame the batch's next replica receives first
     events: list[TimelineEvent] = []
     tokens: list[TokenEvent] = []
     order = staggered_slices(schedule, c, n, steps, layers)
@@ -71,7 +72,8 @@ def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None
         samples = s.index >= layers and s.index % layers == 0  # the head of the step before, then sampling
         head = head_seconds(problem, dev, plan.batch) if samples else 0.0
         start = max(ready[b], compute_free[device])
-        end = start + head + (0.0 if s.is_tail else dense_seconds(problem, dev, rows))
+        end = start + moved_in[b] + head + (0.0 if s.is_tail else dense_seconds(problem, dev, rows, len(memory)))
+        moved_in[b] = 0.0
         compute_free[device] = end
         events.append(TimelineEvent(device=device, stage=layer, kind="compute", start_s=start, end_s=end, **common))
         if samples:
@@ -108,13 +110,20 @@ def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None
                                         nbytes=rows * model.hidden * bpe + FRAME_HEADER_BYTES, peer=following,
                                         **common))
             ready[b] = max(ready[b], end + moved)
+            compute_free[device] = end + dev.frame_s  # the residual's frame: sent here, received there
+            moved_in[b] = problem.device(following).frame_s
     events.sort(key=lambda e: (e.start_s, e.device))
     tokens.sort(key=lambda t: t.t_s)
-    # Steady decode rate: each batch's tokens from its first decode step to its last (prefill apart).
-    decode_tps = 0.0
-    for b in range(n):
-        mine = [t.t_s for t in tokens if t.micro_batch == b and t.step >= 1]
-        if len(mine) > 1 and mine[-1] > mine[0]:
-            decode_tps += plan.batch * (len(mine) - 1) / (mine[-1] - mine[0])
     return OffloadSimulation(events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
-                             decode_tokens_per_s=decode_tps)
+                             decode_tokens_per_s=decode_tokens_per_s(tokens))
+
+
+def decode_tokens_per_s(tokens) -> float:
+    """Steady decode rate of a run (simulated or measured, ``TokenEvent``s): each batch's tokens from
+    its first decode step to its last (the prefill apart), summed over the batches."""
+    total = 0.0
+    for b in sorted({t.micro_batch for t in tokens}):
+        mine = sorted((t.t_s, len(t.sequence_ids)) for t in tokens if t.micro_batch == b and t.step >= 1)
+        if len(mine) > 1 and mine[-1][0] > mine[0][0]:
+            total += sum(n for _, n in mine[1:]) / (mine[-1][0] - mine[0][0])
+    return total

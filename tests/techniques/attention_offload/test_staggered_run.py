@@ -95,3 +95,26 @@ def test_an_unknown_schedule_or_a_device_in_both_roles_is_refused(cluster, tiny_
         run_staggered(coordinator, tiny_llama_dir, COMPUTE, MEMORY, req, schedule="zigzag")
     with pytest.raises(RunFailed, match="different devices"):
         run_staggered(coordinator, tiny_llama_dir, COMPUTE, ("c1", "m0"), req)
+
+
+def test_a_memory_agent_refuses_a_hold_whose_kv_share_exceeds_its_emulated_budget(tiny_llama_dir):
+    from agents.agent import Agent
+    from agents.emulation import DeviceEmulation
+    from agents.transport import CurveKeys
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.techniques.attention_offload.run import run_offload
+
+    keys = CurveKeys.generate()
+    # 4 layers·1 head·16 dims·4 bytes·2 (k, v) = 512 B per token of KV on each memory agent: m1 holds 8 tokens
+    agents = [Agent("c0", keys.public).start(),
+              Agent("m0", keys.public, emulation=DeviceEmulation(memory_budget_bytes=1 << 20)).start(),
+              Agent("m1", keys.public, emulation=DeviceEmulation(memory_budget_bytes=1 << 12)).start()]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            _, req = _request(tiny_llama_dir)
+            with pytest.raises(RunFailed, match="m1.*KV cache but device m1 has a 0.0 MiB memory budget"):
+                run_offload(co, tiny_llama_dir, "c0", ["m0", "m1"], req)
+            assert {s.state for s in co.status().values()} <= {"idle", "ready"}
+    finally:
+        for a in agents:
+            a.close()
