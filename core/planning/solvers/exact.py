@@ -132,18 +132,25 @@ def warm_sequence(space: SearchSpace, plan: ShardPlan | None) -> tuple[tuple, tu
     lost = [i for i, s in enumerate(plan.stages) if s.device not in index]
     slots = sorted({min(i, len(kept)) for i in lost} or set(range(1, len(kept) + 1)))
     spare = np.setdiff1d(np.arange(len(arr.devices)), np.array(kept))
-    tries = [kept] + [kept[:i] + (int(c),) + kept[i:] for i in slots for c in spare]
-    best = None
-    for seq in tries:
-        f = space.root()
-        for d, d2 in zip(seq, seq[1:]):
-            f = space.extend(f, d, d2)
-        cost = float(f[arr.n] + space.ret[seq[-1]])
-        if math.isfinite(cost) and (best is None or cost < best[1]):
-            best = (seq, cost)
-    if best is None:
+    # The kept devices alone, then each spare at each slot (all spares of a slot at once).
+    prefixes = [space.root()]
+    for d, d2 in zip(kept, kept[1:]):
+        prefixes.append(space.extend(prefixes[-1], d, d2))
+    tries: list[tuple] = [kept]
+    costs = [float(prefixes[-1][arr.n] + space.ret[kept[-1]])]
+    for i in slots if spare.size else ():
+        rows = space.extend_all(prefixes[i - 1], kept[i - 1], spare)
+        prev = spare
+        for d2 in kept[i:]:
+            rows = space.extend_rows(rows, prev, d2)
+            prev = np.full(spare.size, d2)
+        costs.extend((rows[:, arr.n] + space.ret[prev]).tolist())
+        tries.extend(kept[:i] + (int(c),) + kept[i:] for c in spare)
+    finite = [j for j, c in enumerate(costs) if math.isfinite(c)]
+    if not finite:
         return None
-    return best[0], reconstruct(space, best[0]), best[1]
+    j = min(finite, key=lambda j: (costs[j], j))  # the first of the cheapest, in the order above
+    return tries[j], reconstruct(space, tries[j]), costs[j]
 
 
 def solve_min_latency(
