@@ -127,6 +127,10 @@ SEND_TIMEOUT_MS = 200
 LEASE_CHECK_MS = 250
 """The control thread's longest sleep: how late an expired run lease can be noticed."""
 MAX_DATA_BYTES = 1 << 30
+LOADER_SILENT_S = 5.0
+"""A loaded stage belongs to the coordinator that loaded it while that coordinator speaks (its link
+pings every 0.5 s); silent this long, another coordinator's spatial run or attention hold may
+replace the stage (a CLI run that exited must not hold the device forever)."""
 
 
 class AgentClock:
@@ -299,6 +303,16 @@ class Agent:
         """Control identity of the coordinator that started the current run (None: no lease)."""
         self._lease_s = 0.0
         self._lease_renewed = 0.0
+        self._heard: dict[bytes, float] = {}
+        """When each coordinator (control identity) last sent anything (monotonic)."""
+        self._loader: bytes | None = None
+        """The coordinator that loaded the current stage (the owner of a READY agent)."""
+        self._run_owner: bytes | None = None
+        """The coordinator that started the current run or held session (the owner of a RUNNING agent)."""
+        self._worker_peer: bytes | None = None
+        """The coordinator whose request the worker serves now (its replies go there)."""
+        self._current = None
+        """The message that started the current run or held session (StartRun, SpatialSetup, HoldHeads)."""
         self._threads: list[threading.Thread] = []
         self._data: zmq.Socket | None = None
         self._control: zmq.Socket | None = None
@@ -340,7 +354,7 @@ class Agent:
     def close(self) -> None:
         self._shutdown.set()
         self._stop_run.set()
-        self._work.put(("shutdown", None, None))
+        self._work.put(("shutdown", None, None, None))
         self._wake()
         for t in self._threads:
             t.join(timeout=5)
@@ -371,12 +385,18 @@ class Agent:
         except OSError:
             pass
 
-    def _post(self, msg, wake: bool = True) -> None:
+    def _post(self, msg, wake: bool = True, to: bytes | None = None) -> None:
         """Queue a message for the coordinator (any thread). ``wake=False``: the caller
         wakes the control thread later (``_wake_for_outbox``), off its hot path."""
-        self._outbox.append(msg)
+        to = to or (self._worker_peer if msg.req else self._stream_peer())
+        self._outbox.append((to, msg))
         if wake:
             self._wake()
+
+    def _stream_peer(self) -> bytes | None:
+        """Where a run's stream (events, tokens, its end) goes: the coordinator that started the run,
+        not whoever spoke last (another coordinator asking for a status must not take it)."""
+        return self._run_owner or self._coordinator_identity
 
     def _wake_for_outbox(self) -> None:
         if self._outbox:
@@ -392,8 +412,22 @@ class Agent:
         if was_empty and self._state is not AgentState.RUNNING:  # idle, the control loop sits in a long poll
             self._wake()
 
-    def _status(self, req: int) -> AgentStatus:
+    def _owner(self) -> bytes | None:
+        """The coordinator whose work this agent does now: its run's or session's, else its stage's."""
+        if self._state is AgentState.RUNNING:
+            return self._run_owner
+        if self._state is AgentState.LOADING or self._loaded is not None:
+            return self._loader
+        return None
+
+    def _silent_s(self, identity: bytes | None) -> float:
+        heard = self._heard.get(identity) if identity is not None else None
+        return 0.0 if heard is None else time.monotonic() - heard
+
+    def _status(self, req: int, identity: bytes | None = None) -> AgentStatus:
         loaded = self._loaded
+        owner = self._owner()
+        held_by = "" if owner is None else ("you" if owner == identity else "another coordinator")
         return AgentStatus(
             req=req,
             device=self.device,
@@ -409,6 +443,8 @@ class Agent:
             pid=os.getpid(),
             activity=self._activity,
             progress=self._progress,
+            held_by=held_by,
+            holder_silent_s=self._silent_s(owner),
         )
 
     # -------------------------------------------------------------- control thread
@@ -446,7 +482,8 @@ class Agent:
         """Send the events and messages the worker queued (control thread only)."""
         self._flush_events()
         while self._outbox:
-            self._send_to_coordinator(self._outbox.popleft())
+            to, msg = self._outbox.popleft()
+            self._send_to_coordinator(msg, to)
 
     def _send_to_coordinator(self, msg, identity: bytes | None = None) -> None:
         ident = identity or self._coordinator_identity
@@ -464,7 +501,8 @@ class Agent:
         while self._events:
             batch.append(self._events.popleft())
         run_id, stage = self._event_meta
-        self._send_to_coordinator(EventBatch(run_id=run_id, device=self.device, stage=stage, events=tuple(batch)))
+        self._send_to_coordinator(EventBatch(run_id=run_id, device=self.device, stage=stage, events=tuple(batch)),
+                                  self._stream_peer())
 
     def _on_control(self, frames: list[bytes]) -> None:
         identity = frames[0]
@@ -487,6 +525,7 @@ class Agent:
             self._reply_error(identity, err.req, err.code, str(err))
             return
         self._coordinator_identity = identity
+        self._hear(identity)
         if identity == self._lease_holder:
             self._lease_renewed = time.monotonic()
         req = msg.req
@@ -496,7 +535,7 @@ class Agent:
         elif isinstance(msg, GetStatus):
             # read the state, then send what the worker posted before it: a "ready" read after
             # a run ended must not overtake that run's RunFinished (it would look like mid-run)
-            status = self._status(req)
+            status = self._status(req, identity)
             self._drain_outbox()
             self._send_to_coordinator(status, identity)
         elif isinstance(msg, GetLogs):
@@ -504,35 +543,36 @@ class Agent:
             self._send_to_coordinator(Logs(req=req, lines=lines), identity)
         elif isinstance(msg, (QueryWeights, PutWeights)):
             self._on_weights(identity, msg)
+        elif refusal := self._refusal(identity, msg):
+            self._log(f"refused {msg.type_name()}: {refusal}")
+            self._reply_error(identity, req, "busy", refusal)
         elif isinstance(msg, StopRun):
+            if msg.run_id and msg.run_id != self._run_id and self._state is AgentState.RUNNING:
+                # not the run it serves: answered now, not queued behind that run
+                self._send_to_coordinator(Ok(req=req, detail=f"run {msg.run_id} is not running here"), identity)
+                return
             # a stop names its run (empty: the current one); a late stop of an earlier run
             # must not end the next. The state changes only where the run ends (``_run``).
             if not msg.run_id or msg.run_id == self._run_id:
                 self._stop_run.set()
-            self._work.put(("stop", msg, None))
+            self._work.put(("stop", msg, None, identity))
         elif isinstance(msg, AttendHeads):
             if self._state is AgentState.LOADING:
                 self._reply_error(identity, req, "bad_state", f"cannot attend while {self._state}")
                 return
-            self._work.put(("AttendHeads", msg, None))
+            self._work.put(("AttendHeads", msg, None, identity))
         elif isinstance(msg, PHASE_REQUESTS):
             if self._state is not AgentState.READY:
                 self._reply_error(identity, req, "bad_state", f"cannot serve {msg.type_name()} while {self._state}: "
                                                               "load an epd-* stage first")
                 return
-            self._work.put(("phase", msg, None))
+            self._work.put(("phase", msg, None, identity))
         elif isinstance(msg, SpatialSetup):
-            if self._state in (AgentState.RUNNING, AgentState.LOADING):
-                self._reply_error(identity, req, "bad_state", f"cannot join a spatial run while {self._state}")
-                return
             if self.device not in {p.device for p in msg.devices}:
                 self._reply_error(identity, req, "bad_message", f"device {self.device} is not in this spatial plan")
                 return
             self._take_run(identity, msg)
         elif isinstance(msg, (HoldHeads, HoldDense)):
-            if self._state in (AgentState.RUNNING, AgentState.LOADING):
-                self._reply_error(identity, req, "bad_state", f"cannot hold attention heads while {self._state}")
-                return
             self._take_run(identity, msg)
         elif isinstance(msg, ClassifyImage):
             session = self._spatial_run
@@ -542,10 +582,7 @@ class Agent:
                 return
             session.images.put(msg)
         elif isinstance(msg, ComputeStrip):
-            if self._state in (AgentState.RUNNING, AgentState.LOADING):
-                self._reply_error(identity, req, "bad_state", f"cannot compute a strip while {self._state}")
-                return
-            self._work.put(("ComputeStrip", msg, None))
+            self._work.put(("ComputeStrip", msg, None, identity))
         elif isinstance(msg, (LoadShard, Unload, StartRun, ProfileCompute, MeasureLink)):
             if isinstance(msg, StartRun):
                 if self._loaded is None or self._state is not AgentState.READY:
@@ -554,24 +591,99 @@ class Agent:
                 self._take_run(identity, msg)
                 return
             elif isinstance(msg, LoadShard):
-                if self._state in (AgentState.RUNNING, AgentState.LOADING):
-                    self._reply_error(identity, req, "bad_state", f"cannot load a shard while {self._state}")
-                    return
                 self._state = AgentState.LOADING
-            self._work.put((type(msg).__name__, msg, self._stop_run))
+                self._loader = identity
+            self._work.put((type(msg).__name__, msg, self._stop_run, identity))
         else:
             self._reply_error(identity, req, "bad_message", f"{type(msg).__name__} is not a request")
+
+    def _hear(self, identity: bytes) -> None:
+        self._heard[identity] = time.monotonic()
+        if len(self._heard) > 64:  # coordinators come and go: keep the ones heard last
+            for old in sorted(self._heard, key=self._heard.get)[:32]:
+                if old not in (self._loader, self._run_owner):
+                    del self._heard[old]
+
+    _EXCLUSIVE = (LoadShard, StartRun, SpatialSetup, HoldHeads, HoldDense, ComputeStrip, ProfileCompute, MeasureLink)
+    """Requests that need the worker to themselves or start work of their own: one at a time."""
+
+    def _refusal(self, identity: bytes, msg) -> str:
+        """Why ``msg`` may not run now because the agent serves other work ("" when it may).
+
+        One coordinator's work at a time: while a run, a spatial session or an attention hold runs
+        (or a stage loads) nothing else starts, and only its own coordinator unloads or stops it
+        without naming it (a ``StopRun`` naming the run is honoured from anyone: the operator asked
+        for that run). A stage another coordinator loaded and still speaks to is not replaced by a
+        session of another technique (``LOADER_SILENT_S``); layer-sharding loads replace stages as
+        before. A refusal is immediate: queued behind the work, the request would hang until it ended."""
+        state = self._state
+        if state in (AgentState.RUNNING, AgentState.LOADING):
+            owner = self._owner()
+            foreign = owner is not None and owner != identity
+            if isinstance(msg, self._EXCLUSIVE) or (foreign and isinstance(msg, Unload)):
+                return self._busy_text(identity, msg)
+            if (isinstance(msg, StopRun) and not msg.run_id and state is AgentState.RUNNING and foreign
+                    and self._lease_holder is not None):
+                return self._busy_text(identity, msg)
+            return ""
+        if (state is AgentState.READY and isinstance(msg, (SpatialSetup, HoldHeads, HoldDense, Unload))
+                and self._loader not in (None, identity) and self._silent_s(self._loader) < LOADER_SILENT_S):
+            return self._busy_text(identity, msg)
+        return ""
+
+    def _doing(self) -> str:
+        """What this agent serves, for an operator: the run or session, else the loaded stage."""
+        cur, loaded = self._current, self._loaded
+        if self._state is AgentState.LOADING:
+            return "loading a stage"
+        if self._state is AgentState.RUNNING:
+            if isinstance(cur, SpatialSetup):
+                role = "gateway" if cur.gateway == self.device else "a worker"
+                return f"spatial run {cur.run_id} of {cur.net.network} (as {role})"
+            if isinstance(cur, HoldHeads):
+                return f"attention-offload hold {cur.run_id} (KV heads [{cur.kv_start}, {cur.kv_stop}))"
+            if isinstance(cur, HoldDense):
+                return f"attention-offload dense replica hold {cur.run_id} (replica {cur.replica})"
+            if isinstance(cur, StartRun) and loaded is not None:
+                return f"{loaded.msg.kind} run {cur.run_id} (units [{loaded.msg.start}, {loaded.msg.end}))"
+            return "a run"
+        if loaded is not None:
+            m = loaded.msg
+            return f"a loaded {m.kind} stage (units [{m.start}, {m.end}) of {os.path.basename(m.model_dir) or m.model_dir})"
+        return "nothing"
+
+    _WANTED = {"LoadShard": "load a stage", "StartRun": "start a run", "SpatialSetup": "join a spatial run",
+               "HoldHeads": "hold attention heads", "HoldDense": "hold a dense replica",
+               "ComputeStrip": "compute a strip", "ProfileCompute": "profile", "MeasureLink": "measure a link",
+               "Unload": "unload", "StopRun": "stop a run it did not name"}
+
+    def _busy_text(self, identity: bytes, msg) -> str:
+        owner = self._owner()
+        whose = "this coordinator" if owner == identity else "another coordinator"
+        if self._state is AgentState.LOADING:
+            ends = "try again once the load is done"
+        elif self._state is AgentState.RUNNING and self._lease_holder is not None:
+            ends = (f"it ends when {whose} stops it, or by itself {self._lease_s:g} s after that coordinator "
+                    "goes silent")
+        elif self._state is AgentState.RUNNING:
+            ends = f"it ends when {whose} stops it"
+        else:
+            ends = (f"unload it from {whose}, or close that coordinator: once silent for {LOADER_SILENT_S:g} s "
+                    "its stage may be replaced")
+        return (f"cannot {self._WANTED.get(type(msg).__name__, msg.type_name())}: busy with {self._doing()} "
+                f"for {whose}; {ends}")
 
     def _take_run(self, identity: bytes, msg) -> None:
         """Start a run the sender holds a lease on: a fresh stop event (a late stop of the
         last run cannot reach it), the run id a ``StopRun`` is compared with, then the work."""
         self._state = AgentState.RUNNING
+        self._run_owner, self._current = identity, msg
         self._stop_run = threading.Event()
         self._run_id = msg.run_id
         self._lease_holder = identity if msg.lease_s > 0 else None
         self._lease_s = msg.lease_s
         self._lease_renewed = time.monotonic()
-        self._work.put((type(msg).__name__, msg, self._stop_run))
+        self._work.put((type(msg).__name__, msg, self._stop_run, identity))
 
     def _on_weights(self, identity: bytes, msg) -> None:
         """Answered on the control thread: a chunk is one append and the hash is kept running."""
@@ -612,10 +724,12 @@ class Agent:
 
     def _worker_loop(self) -> None:
         while True:
-            kind, msg, stop = self._requeued.popleft() if self._requeued else self._work.get()
+            kind, msg, stop, self._worker_peer = self._requeued.popleft() if self._requeued else self._work.get()
             if kind == "shutdown":
                 break
             self._activity, self._progress = self._ACTIVITIES.get(kind, ""), 0.0
+            if kind in ("StartRun", "SpatialSetup", "HoldHeads", "HoldDense"):
+                self._activity = self._doing()
             if kind in ("LoadShard", "ProfileCompute"):
                 MODEL_CODE_IMPORTED.wait()
             try:
@@ -697,8 +811,7 @@ class Agent:
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),
                                    kv_bytes=int(getattr(executor, "kv_reserved_bytes", 0)))
         executor = self.emulation.slowed(executor)
-        self.gate.allow(DATA_DOMAIN, [p.public_key for p in peers if p.device != self.device]
-                        + [s.public_key for s in msg.services])
+        self._allow_stage_peers(msg)
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
         shape = msg.link if msg.link != LinkShape() else self.default_link
         self._loaded = _Loaded(msg, executor, nxt, shape, source_device=peers[0].device)
@@ -708,6 +821,11 @@ class Agent:
         self._error = ""
         self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
+
+    def _allow_stage_peers(self, msg: LoadShard) -> None:
+        """The data socket accepts the loaded stage's plan peers and the services it calls."""
+        self.gate.allow(DATA_DOMAIN, [p.public_key for p in msg.peers if p.device != self.device]
+                        + [s.public_key for s in msg.services])
 
     def _attend_heads(self, msg: AttendHeads):
         """Attention offloading's memory side (agents.attention_offload.AttentionStore): one store
@@ -789,7 +907,7 @@ class Agent:
                 elif _batches(item[1]):
                     batch.add(item[1])
                 else:
-                    self._post(self._serve_phase(item[1]))
+                    self._post(self._serve_phase(item[1]), to=item[3])
             batch.step()
 
     def _answer_phase(self, msg, reply) -> None:
@@ -805,6 +923,9 @@ class Agent:
         """Serve a spatial run (agents.spatial_run) until it is stopped."""
         from agents.spatial_run import SpatialSession
 
+        if self._loaded is not None:  # its own coordinator's, or one silent for LOADER_SILENT_S (_refusal)
+            m = self._loaded.msg
+            self._log(f"unloading its {m.kind} stage (units [{m.start}, {m.end})) for spatial run {msg.run_id}")
         self._unload()
         self._event_meta = (msg.run_id, 0)
 
@@ -880,10 +1001,13 @@ class Agent:
 
     def _end_held_run(self) -> None:
         """After a held run (spatial, attention hold): no data peer allowed, no lease, idle again."""
-        self.gate_data([])
         self._lease_holder = None
+        if self._loaded is not None:  # an attention hold keeps a stage loaded beside it
+            self._allow_stage_peers(self._loaded.msg)
+        else:
+            self.gate_data([])
         if self._state is AgentState.RUNNING:
-            self._state = AgentState.IDLE
+            self._state = AgentState.READY if self._loaded is not None else AgentState.IDLE
 
     def _close_phase_links(self) -> None:
         links, self._phase_links = self._phase_links, None

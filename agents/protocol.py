@@ -15,9 +15,10 @@ from typing import Any, Literal, Union, get_args
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped whenever a message changes shape. 2: profiling options and results are typed structs
-(they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``."""
+(they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``.
+3: ``AgentStatus.held_by`` / ``holder_silent_s`` (one coordinator's work at a time)."""
 
 EventKind = Literal["compute", "send", "recv_wait", "io", "failure", "replan", "reload"]
 """compute: a stage running its units; send: putting an activation (or token ids) on a
@@ -260,6 +261,11 @@ class AgentStatus(_Msg, frozen=True, tag="status"):
     """What the worker is doing now (e.g. ``loading units [0, 3)``, ``profiling compute``); empty when idle."""
     progress: float = 0.0
     """Fraction of ``activity`` done (0..1) where it can tell (loading: blocks read)."""
+    held_by: str = ""
+    """Whose the agent's run, session or loaded stage is, seen by the asker: ``you``, ``another
+    coordinator`` or "" (none). An agent serves one coordinator's work at a time."""
+    holder_silent_s: float = 0.0
+    """Seconds since that coordinator last sent anything (its pings renew a run's lease)."""
 
 
 class LoadShard(_Msg, frozen=True, tag="load_shard"):
@@ -530,7 +536,9 @@ class ErrorReply(_Msg, frozen=True, tag="error"):
     """Every request that cannot be served gets one; the agent stays up."""
 
     code: str
-    """bad_frame | too_large | bad_version | bad_message | bad_state | failed | over_budget
+    """bad_frame | too_large | bad_version | bad_message | bad_state | failed | busy (the agent
+    serves another run or session, or holds another coordinator's stage: the message says which,
+    whose and how it ends) | over_budget
     (a shard beyond the device's emulated memory budget, agents/emulation.py) | bad_weights
     (a weights chunk or file list that cannot be stored or loaded, agents/weights.py)"""
     message: str

@@ -17,8 +17,8 @@
   data link shaped to 1 Gbit/s; the strips cross the data plane (the gateway agent scatters
   and gathers). Per image: the gateway alone, CBPS / BODP / even / fused with 2 and 4 devices
   (and CBPS / fused planned on the calibrated model) side by side, round-robin; the
-  simulator's prediction from the profiled models and from models calibrated on two probe
-  runs (``core.techniques.spatial.calibration``).
+  simulator's prediction from the profiled models and from models calibrated on probe runs
+  over 1, 2, 3 and 4 devices (``core.techniques.spatial.calibration``).
 
 Run: python bench/spatial_partition.py   (--measured-only: just the cluster part)
 """
@@ -146,8 +146,8 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
     """4 real agents on this machine emulating heterogeneous edge devices (compute slowdowns,
     shaped links on the data plane the strips cross): measured CBPS / BODP / even / fused with 2
     and 4 devices beside the gateway alone, all in this one run; the simulator's prediction for
-    each, first from the profiled models and nominal links, then calibrated from one probe run
-    pair — the gateway alone and even over all 4 devices, ``core.techniques.spatial.calibration``
+    each, first from the profiled models and nominal links, then calibrated from probe runs —
+    even strips over the gateway and 0..3 workers, ``core.techniques.spatial.calibration``
     — measured before, and apart from, the runs compared; CBPS and fused are also planned on
     the calibrated models. Every plan is run ROUNDS times round-robin; each figure is its
     fastest run (the load of other work only slows a run)."""
@@ -202,12 +202,13 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
 
             cal = calibrate_on_agents(link, problem, images=images_n, rounds=ROUNDS)
             solo = per_layer_plan(problem, "even", order[:1])
-            out["calibration"] = {"probes": ["single/1", "even/4"],
+            out["calibration"] = {"probes": ["single/1", "even/2", "even/3", "even/4"],
                                   "concurrency_scale": [round(f, 3) for f in cal.concurrency_scale],
                                   "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
                                   "head_scale": round(cal.head_scale, 3),
                                   "latency_ms": {d: round(v * 1e3, 3) for d, v in cal.latency_s.items()},
-                                  "tile_overhead_ms": round(cal.tile_overhead_s * 1e3, 3)}
+                                  "tile_overhead_ms": round(cal.tile_overhead_s * 1e3, 3),
+                                  "worker_overhead_ms": round(cal.worker_overhead_s * 1e3, 3)}
             plans = {"single/1": solo}
             for n in (2, 4):
                 for name in ("cbps", "bodp", "even", "fused"):

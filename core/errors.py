@@ -69,6 +69,12 @@ class ShardOverBudget(RunFailed):
     that device (re-profile so the solver sees the budget, then solve again)."""
 
 
+class AgentBusy(RunFailed):
+    """An agent refused work because it serves another run or session (a spatial run, an attention
+    hold, a layer-sharded run) or holds another coordinator's stage; the message says which, whose
+    and how it ends. Nothing was started: the operator waits, or stops that work first."""
+
+
 class AgentVersionMismatch(RunFailed):
     """An agent speaks another wire protocol version than this studio (older or newer code on
     the device): nothing it says can be trusted to mean the same, so the link refuses it and

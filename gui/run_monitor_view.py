@@ -9,6 +9,8 @@ keeps the O(events) parts up to date per event, so the figures, redrawn on a 4 H
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import pyqtgraph as pg
@@ -36,6 +38,24 @@ def _ms(s: float | None) -> str:
     return "—" if s is None else f"{s * 1000:.1f} ms"
 
 
+
+class SparseAxis(pg.AxisItem):
+    """A vertical axis for a short plot (~100 px): one labelled tick per ``MIN_GAP_PX`` at most, at
+    1, 2 or 5 × 10^k, so the labels never crowd or clip (pyqtgraph puts at least 2.25 intervals on
+    any axis: six labels 0 … 1.0 on top of one another in the Run screen's rate plot)."""
+
+    MIN_GAP_PX = 28
+
+    def tickSpacing(self, minVal: float, maxVal: float, size: float):
+        span = abs(maxVal - minVal)
+        if span == 0 or size <= 0:
+            return []
+        intervals = max(1, int(size // self.MIN_GAP_PX))
+        raw = span / intervals
+        unit = 10 ** math.floor(math.log10(raw))
+        step = next(f * unit for f in (1, 2, 5, 10) if f * unit >= raw)
+        return [(step, 0.0)]
+
 class RunMonitorView(QWidget):
     """Timeline + figures + generated text of one run (live or replayed)."""
 
@@ -58,7 +78,7 @@ class RunMonitorView(QWidget):
         for i, card in enumerate((self.ttft_card, self.latency_card, self.rate_card, self.tokens_card)):
             cards.addWidget(card, i // 2, i % 2)
 
-        self.rate_plot = pg.PlotWidget()
+        self.rate_plot = pg.PlotWidget(axisItems={"left": SparseAxis("left")})
         self.rate_plot.setAccessibleName("Tokens per second over time")
         self.rate_plot.setToolTip("Tokens arrived per second, in windows over the run")
         self.rate_plot.setMenuEnabled(False)
@@ -67,6 +87,9 @@ class RunMonitorView(QWidget):
         self.rate_plot.setLabel("left", "tokens/s")
         self.rate_plot.setLabel("bottom", "time", units="s")
         self.rate_plot.setMinimumHeight(80)  # with three devices' bars the column still fits 1024x700
+        self.rate_plot.getAxis("bottom").setStyle(maxTickLevel=0)
+        self.rate_plot.getViewBox().setDefaultPadding(0.1)  # the top tick's label is not cut in half
+        self._empty_rate_range()
         self.rate_curve = self.rate_plot.plot([], [], stepMode="center", fillLevel=0,
                                               pen=pg.mkPen("#4e79a7", width=2), brush=(78, 121, 167, 80))
 
@@ -200,6 +223,10 @@ class RunMonitorView(QWidget):
             return
         self.refresh()
 
+    def _empty_rate_range(self) -> None:
+        """No tokens yet: 0 … 1 with the same padding data gets (autorange stays on for the run)."""
+        self.rate_plot.getViewBox().setRange(yRange=(0, 1), padding=0.1, disableAutoRange=False)
+
     def refresh(self) -> None:
         """Recompute and show the figures now."""
         self._dirty = False
@@ -216,6 +243,7 @@ class RunMonitorView(QWidget):
             self.rate_curve.setData(xs, [r for _, r in series])
         else:
             self.rate_curve.setData([], [])
+            self._empty_rate_range()
         self._set_util_devices(list(fig.utilisation))
         for device, bar in self.util_bars.items():
             frac = fig.utilisation.get(device, 0.0)

@@ -15,6 +15,7 @@ and the run is recorded (with its prediction) for the Sessions screen.
 
 from __future__ import annotations
 
+import os
 import time
 
 from PySide6.QtCore import QRectF, Qt
@@ -142,6 +143,8 @@ class SpatialPlanView(QWidget):
         self.state = state
         self.problem: SpatialProblem | None = None
         self.plan: SpatialPlan | None = None
+        self._run_files: list[str] = []
+        """The image files of the run in progress (names in the image table)."""
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 12, 16, 12)
         lay.addWidget(panel_header("Spatial CNN partitioning (EdgeMI)",
@@ -216,6 +219,16 @@ class SpatialPlanView(QWidget):
         self.run_images.setValue(8)
         self.run_images.setAccessibleName("Images")
         self.run_images.setToolTip("Random images (seeded) to classify on the agents")
+        self.image_files: list[str] = []
+        """Image files to classify instead of random images (empty: random)."""
+        self.files_button = QPushButton("Image files…")
+        self.files_button.setToolTip("Classify image files (PNG, JPEG, ...) instead of random images: each is "
+                                     "resized and centre-cropped to the network's input")
+        self.files_button.clicked.connect(self._files_clicked)
+        self.random_button = QPushButton("Random")
+        self.random_button.setToolTip("Classify seeded random images again instead of the chosen files")
+        self.random_button.clicked.connect(lambda: self.set_image_files([]))
+        self.random_button.hide()
         self.run_button = QPushButton("Run on agents")
         self.run_button.setToolTip("Run this plan on the connected agents: strips on their data plane, "
                                    "each image checked against one device, recorded for Sessions")
@@ -225,13 +238,18 @@ class SpatialPlanView(QWidget):
         self.stop_button.clicked.connect(self.stop_run)
         self.run_status = QLabel("")
         self.run_status.setAccessibleName("Run status")
-        for w in (QLabel("Images"), self.run_images, self.run_button, self.stop_button):
+        for w in (QLabel("Images"), self.run_images, self.files_button, self.random_button, self.run_button,
+                  self.stop_button):
             row.addWidget(w)
         row.addWidget(self.run_status, 1)
         lay.addLayout(row)
         self.run_message = InlineMessage()
         lay.addWidget(self.run_message)
         self.timeline = TimelineView()
+        self.timeline.set_legend_terms(
+            (("▨", "strip compute"), ("▂", "gather (lower band)"), ("<span style='color:gray'>■</span>", "scatter")),
+            "Per agent: hatched = computing its strips (the gateway also the head); thin lower box = its strip "
+            "going back to the gateway (gather); grey = waiting for its strip (scatter)", micro_batches=False)
         self.image_table = QTableWidget(0, 5)
         self.image_table.setHorizontalHeaderLabels(["image", "ms", "class", "= 1 dev", "max |Δ|"])
         self.image_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
@@ -250,6 +268,24 @@ class SpatialPlanView(QWidget):
         return box
 
     # running on agents ------------------------------------------------------------
+    def _files_clicked(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Images to classify", "",
+                                                "Images (*.png *.jpg *.jpeg *.bmp *.gif *.webp);;All files (*)")
+        if paths:
+            self.set_image_files(paths)
+
+    def set_image_files(self, paths: list[str]) -> None:
+        """Classify these files on the next run (empty: seeded random images). They are read when the
+        run starts, on its worker; a bad one fails the run before anything is sent, named inline."""
+        self.image_files = list(paths)
+        self.run_images.setEnabled(not paths)
+        self.random_button.setVisible(bool(paths))
+        names = ", ".join(os.path.basename(p) for p in paths[:3]) + (", …" if len(paths) > 3 else "")
+        self.files_button.setText(f"{len(paths)} file{'s' if len(paths) != 1 else ''}…" if paths else "Image files…")
+        self.files_button.setToolTip(f"Classifying {names}; click to choose others" if paths else
+                                     "Classify image files (PNG, JPEG, ...) instead of random images: each is "
+                                     "resized and centre-cropped to the network's input")
+
     def _agent_names(self) -> list[str]:
         agents = self.state.agents
         if agents is None:
@@ -290,7 +326,8 @@ class SpatialPlanView(QWidget):
         self._run_t0 = time.monotonic()
         self.run_status.setText("starting: " + ", ".join(f"{a} as {d}" for d, a in zip(self.plan.devices, plan.devices))
                                 + "…")
-        self.runner.start(_run_job, self.state.agents.link, problem, plan, self.run_images.value(),
+        self._run_files = list(self.image_files)
+        self.runner.start(_run_job, self.state.agents.link, problem, plan, self._run_files or self.run_images.value(),
                           self.state.workspace, f"Spatial {time.strftime('%Y-%m-%d %H:%M')}",
                           on_discarded=self._on_runner_task_finished_discarded)
 
@@ -304,7 +341,8 @@ class SpatialPlanView(QWidget):
         self.timeline.append_events(events)
         r = self.image_table.rowCount()
         self.image_table.insertRow(r)
-        for c, text in enumerate((str(res.image), f"{res.latency_s * 1e3:.1f}", str(res.top_class),
+        name = os.path.basename(self._run_files[res.image]) if res.image < len(self._run_files) else ""
+        for c, text in enumerate((f"{res.image} {name}".strip(), f"{res.latency_s * 1e3:.1f}", str(res.top_class),
                                   "yes" if res.agrees else "NO", f"{res.max_abs_error:.1e}")):
             self.image_table.setItem(r, c, QTableWidgetItem(text))
         self.image_table.scrollToBottom()
@@ -404,14 +442,21 @@ class SpatialPlanView(QWidget):
         self.table.show()
 
 
-def _run_job(reporter, link, problem: SpatialProblem, plan: SpatialPlan, n: int, workspace: str, session: str):
-    """Worker: ``n`` seeded random images through ``run_and_record``, each image reported as it lands."""
+def _run_job(reporter, link, problem: SpatialProblem, plan: SpatialPlan, images: int | list[str], workspace: str,
+             session: str):
+    """Worker: ``images`` (that many seeded random images, or image files) through ``run_and_record``,
+    each image reported as it lands."""
     import torch
 
+    from core.techniques.spatial.images import load_images
     from core.techniques.spatial.run import run_and_record
 
     spec = problem.model.spec()
-    images = torch.randn(n, 3, spec.image, spec.image, generator=torch.Generator().manual_seed(0))
+    if isinstance(images, list):
+        reporter.status(f"reading {len(images)} image file(s)")
+        images = load_images(images, spec.image)
+    else:
+        images = torch.randn(images, 3, spec.image, spec.image, generator=torch.Generator().manual_seed(0))
     reporter.status("synchronising clocks")
     link.sync_clocks()
     return run_and_record(link, problem, plan, images, workspace=workspace, session=session, reporter=reporter,

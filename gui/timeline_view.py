@@ -15,6 +15,7 @@ timeline (the simulator's ``TimelineEvent``s for the same plan) on the same time
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -44,6 +45,12 @@ MICRO_BATCH_COLOURS = (
     "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac",
 )
 """Tableau 10: distinct on light and dark backgrounds."""
+
+LEGEND_TERMS = (("▨", "prefill"), ("■", "decode"), ("<span style='color:gray'>■</span>", "waiting"))
+"""The legend's entries after the micro-batch colours: (symbol as rich text, words)."""
+LEGEND_TOOLTIP = "Colour = micro-batch; hatched = prefill; thin lower box = transfer; grey = waiting for input"
+LEGEND_CHIPS = 6
+"""Micro-batch colours named one by one up to this many; more are one row of chips and a range."""
 
 # Vertical bands inside a lane of height 1 (lane i spans [i, i+1), y grows downwards).
 BANDS = {0: (0.10, 0.62), 1: (0.66, 0.90), 2: (0.10, 0.62), 3: (0.10, 0.62), 4: (0.04, 0.96), 5: (0.04, 0.96),
@@ -552,6 +559,11 @@ class _TimelineViewBox(pg.ViewBox):
         super().mouseDragEvent(ev, axis)
 
 
+def _plain(rich: str) -> str:
+    """A legend's rich text as the words it shows."""
+    return re.sub(r"<[^>]+>", "", rich).replace("&nbsp;", " ")
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -606,12 +618,15 @@ class TimelineView(QWidget):
         self.fit_button.clicked.connect(self.fit_all)
         self.legend_label = QLabel()
         self.legend_label.setAccessibleName("Timeline legend")
-        self.legend_label.setToolTip("Colour = micro-batch; hatched = prefill; thin lower box = transfer; "
-                                     "grey = waiting for input")
+        self._legend_terms = LEGEND_TERMS
+        self._legend_micro_batches = True
+        self.legend_label.setToolTip(LEGEND_TOOLTIP)
         # a legend that grows with the micro-batches seen must not widen the view's minimum: in the
-        # Run screen's splitter that pushed the settings pane aside when a run ended (the page jumped)
-        # (its preferred width is used where there is room; it shrinks, clipped, only where there is not)
+        # Run screen's splitter that pushed the settings pane aside when a run ended (the page jumped).
+        # Where its one line does not fit, the toolbar wraps (legend on a row of its own) and the
+        # legend wraps between entries (never inside one), instead of clipping its last words.
         self.legend_label.setMinimumWidth(40)
+        self.legend_label.setWordWrap(True)
 
         self.highlight_combo = QComboBox()
         self.highlight_combo.setAccessibleName("Highlight")
@@ -627,11 +642,13 @@ class TimelineView(QWidget):
         self._bar = QGridLayout(self.toolbar)
         self._bar.setContentsMargins(4, 2, 8, 2)
         self._bar.setVerticalSpacing(2)
-        self._bar_wrapped: bool | None = None
+        self._bar_wrapped: tuple[bool, bool] | None = None
+        self._legend_width = 0
         self._arrange_toolbar(wrapped=True)
         self.toolbar.setMinimumWidth(self._bar.minimumSize().width())
         self._arrange_toolbar(wrapped=False)
-        self._one_row_width = self._bar.minimumSize().width()
+        self._one_row_width = self._bar.minimumSize().width() - self.legend_label.minimumWidth()
+        """The one-row toolbar's width without its legend (the legend's own width is added when deciding)."""
         self.details_label = QLabel(self.HINT)
         self.details_label.setAccessibleName("Selection details")
         self.details_label.setWordWrap(True)
@@ -693,12 +710,15 @@ class TimelineView(QWidget):
         self._errors_timer.timeout.connect(self._update_errors)
         self._apply_palette()
         self._update_legend()
+        self._update_lane_axis()  # no lanes yet: no numeric ticks on the lane axis
 
-    def _arrange_toolbar(self, wrapped: bool) -> None:
-        """Toolbar in one row, or in two (highlight and legend below) where the view is narrow."""
-        if wrapped == self._bar_wrapped:
+    def _arrange_toolbar(self, wrapped: bool, legend_alone: bool = False) -> None:
+        """Toolbar in one row, or in two (highlight and legend below) where the view is narrow, or
+        in three (the legend on a row of its own) where even the second row has no room for it."""
+        layout = (wrapped, legend_alone and wrapped)
+        if layout == self._bar_wrapped:
             return
-        self._bar_wrapped = wrapped
+        self._bar_wrapped = layout
         bar = self._bar
         widgets = (self.follow_check, self.predicted_check, self.fit_button, self.highlight_combo, self.legend_label)
         for w in widgets:
@@ -710,21 +730,31 @@ class TimelineView(QWidget):
         bar.addWidget(self.fit_button, 0, 2)
         if wrapped:
             bar.addWidget(self.highlight_combo, 1, 0, 1, 2)
-            bar.addWidget(self.legend_label, 1, 2, 1, 3)
-            bar.setColumnStretch(4, 1)
-        else:
+            if legend_alone:
+                bar.addWidget(self.legend_label, 2, 0, 1, 6)
+            else:
+                bar.addWidget(self.legend_label, 1, 2, 1, 4)
+            bar.setColumnStretch(5, 1)
+            self.legend_label.setMinimumWidth(40)
+        else:  # chosen only where the whole legend fits (``_arrange_for_width``): it gets that width
             bar.addWidget(self.highlight_combo, 0, 3)
             bar.addWidget(self.legend_label, 0, 5)
             bar.setColumnStretch(4, 1)
+            self.legend_label.setMinimumWidth(max(40, self._legend_width))
 
     def _fit_details_label(self, lines: int) -> None:
         self.details_label.setFixedHeight(lines * self.details_label.fontMetrics().lineSpacing() + 6)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        # room for the one-row toolbar and some legend, or wrap
-        narrow = event.size().width() < self._one_row_width + 120
-        self._arrange_toolbar(wrapped=narrow)
+        self._arrange_for_width(event.size().width())
+
+    def _arrange_for_width(self, width: int) -> None:
+        """One toolbar row where the whole legend fits beside the controls, else two."""
+        narrow = width < self._one_row_width + self._legend_width
+        beside = width - self.highlight_combo.sizeHint().width() - 24  # the legend's room on the second row
+        self._arrange_toolbar(wrapped=narrow, legend_alone=beside < self._legend_width)
+        self.legend_label.setMinimumWidth(40 if narrow else max(40, self._legend_width))
         self._fit_details_label(lines=3 if narrow else 2)
 
     # -- public API ----------------------------------------------------------------------
@@ -940,13 +970,36 @@ class TimelineView(QWidget):
             self._errors = errors
             self._update_lane_axis()
 
+    def set_legend_terms(self, terms: Sequence[tuple[str, str]], tooltip: str, *, micro_batches: bool = True) -> None:
+        """What the legend names (after the micro-batch colours unless ``micro_batches`` is off): for a
+        technique whose boxes mean other things, e.g. spatial strips (compute, scatter, gather)."""
+        self._legend_terms = tuple(terms)
+        self._legend_micro_batches = micro_batches
+        self.legend_label.setToolTip(tooltip)
+        self._update_legend()
+
+    def legend_text(self) -> str:
+        """The legend as plain words (what an operator reads)."""
+        return _plain(self.legend_label.text())
+
     def _update_legend(self) -> None:
         mbs = sorted(self._micro_batches) or [0]
-        chips = " ".join(
-            f"<span style='color:{MICRO_BATCH_COLOURS[m % len(MICRO_BATCH_COLOURS)]}'>■</span> mb{m}"
-            for m in mbs[:10])
-        self.legend_label.setText(f"{chips} &nbsp; ▨ prefill &nbsp; ■ decode &nbsp; "
-                                  f"<span style='color:gray'>■</span> waiting")
+
+        def chip(m: int) -> str:
+            return f"<span style='color:{MICRO_BATCH_COLOURS[m % len(MICRO_BATCH_COLOURS)]}'>■</span>"
+
+        if not self._legend_micro_batches:
+            entries = []
+        elif len(mbs) <= LEGEND_CHIPS:
+            entries = [f"{chip(m)}&nbsp;mb{m}" for m in mbs]
+        else:  # one entry: a chip per colour in use, then the range
+            entries = ["".join(chip(m) for m in mbs[:len(MICRO_BATCH_COLOURS)]) + f"&nbsp;mb{mbs[0]}–{mbs[-1]}"]
+        entries += [f"{symbol}&nbsp;{words.replace(' ', '&nbsp;')}" for symbol, words in self._legend_terms]
+        # entries never break inside (non-breaking spaces); the label wraps between them
+        self.legend_label.setText("&nbsp;&nbsp; ".join(entries))
+        self._legend_width = self.legend_label.fontMetrics().horizontalAdvance(_plain(self.legend_label.text())) + 16
+        if self._bar_wrapped is not None:
+            self._arrange_for_width(self.width())
 
     def _on_follow_check_toggled(self, on: bool) -> None:
         self.set_follow_live(on)

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
-from core.arguments import SEED, THREADS, TOKENS, float_in, int_in
+from core.arguments import SEED, THREADS, TOKENS, add_image_arguments, float_in, int_in
 from core.errors import DeployError, FormatError, RunFailed
 
 
@@ -36,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- run
 def _register_run(sub) -> None:
     p = sub.add_parser("run", help="run a model split over agents and print the text as it is generated")
-    p.add_argument("--model", required=True, help="checkpoint directory (HF layout); the agents get its absolute "
-                   "path, so remote agents need the checkpoint at that same path (or use --send-weights)")
+    p.add_argument("--model", help="checkpoint directory (HF layout; required for a language-model plan); the "
+                   "agents get its absolute path, so remote agents need the checkpoint at that same path (or use "
+                   "--send-weights)")
     p.add_argument("--send-weights", action="store_true",
                    help="send each agent only its stage's weights (checksummed, resumed, kept on the agent by "
                         "content hash: a plan change re-sends only what moved)")
@@ -67,6 +68,7 @@ def _register_run(sub) -> None:
     p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for; "
                                      "--on-failure replan re-plans with it")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
+    add_image_arguments(p)
     p.add_argument("--workspace", metavar="FILE", help="record the run in this workspace file (default: "
                    "$EDGESHARD_WORKSPACE or ~/.local/share/edgeshard/workspace.sqlite)")
     p.add_argument("--no-record", action="store_true", help="do not record the run in the workspace")
@@ -150,7 +152,17 @@ def cmd_run(args) -> int:
     from core.runs.generation import GenerationSettings
     from core.sessions.recording import record_run
     from core.sessions.store import default_workspace_path
+    from core.techniques import technique_for_plan_format
 
+    technique = technique_for_plan_format(formats.format_of(args.plan))
+    if technique is not None:  # a technique's own plan file (a spatial CNN plan): its own run
+        return technique.run_plan_file(args, None if args.local else _parse_agents(args.agents,
+                                                                                 args.coordinator_key_file))
+    if not args.model:
+        raise FormatError("edgeshard run", "give --model CHECKPOINT_DIR: the plan is a language model's")
+    if args.image or args.images is not None:
+        raise FormatError("edgeshard run", "--image / --images are for a CNN plan (edgeshard.spatial-plan); "
+                                           "this plan is a language model's: give --prompt")
     plan = formats.load(args.plan, ShardPlan)
     replan = _replanner(args, plan)
     prompts = _read_prompts(args)

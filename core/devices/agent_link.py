@@ -67,7 +67,7 @@ from agents.protocol import (
 )
 from agents.transport import CurveKeys, curve_client, harden
 from core.devices.clock_sync import ClockEstimate, ClockSample, best_estimate, clock_sample, keep_recent
-from core.errors import AgentVersionMismatch, RunFailed
+from core.errors import AgentBusy, AgentVersionMismatch, RunFailed
 
 log = logging.getLogger("edgeshard.coordinator")
 
@@ -204,7 +204,7 @@ class AgentLink:
             raise RunFailed(f"no reply to {type(msg).__name__} within {timeout_s or self.request_timeout_s:.0f} s",
                             device) from None
         if isinstance(reply, ErrorReply):
-            raise RunFailed(f"{type(msg).__name__} refused ({reply.code}): {reply.message}", device)
+            raise refusal(reply, f"{type(msg).__name__} refused", device)
         return reply
 
     def request_async(self, device: str, msg) -> cf.Future:
@@ -435,6 +435,14 @@ class AgentLink:
     def measure_link(self, src: str, peer: PeerSpec, options: LinkOptions, timeout_s: float = 120) -> LinkResult:
         reply = self.request(src, MeasureLink(peer=peer, options=options), timeout_s)
         return profile_outcome(src, reply, LinkResult)
+
+
+def refusal(reply: ErrorReply, what: str, device: str) -> RunFailed:
+    """The typed error of an agent's ``ErrorReply`` to ``what``: ``AgentBusy`` when it serves other
+    work (its message says which and whose), else ``RunFailed`` with the agent's code."""
+    if reply.code == "busy":
+        return AgentBusy(f"{what}: {reply.message}", device)
+    return RunFailed(f"{what} ({reply.code}): {reply.message}", device)
 
 
 def unexpected_profile_reply(reply, expected: type) -> str:

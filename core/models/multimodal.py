@@ -184,19 +184,10 @@ def load_image(path: str | Path, tile: int, tiles: int | None = None):
     naming the file, never a traceback."""
     import numpy as np
     import torch
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     p = Path(path)
-    if not p.is_file():
-        raise FormatError(str(p), "no such image file")
-    try:
-        with Image.open(p) as im:
-            if max(im.size) > MAX_IMAGE_SIDE:
-                raise FormatError(str(p), f"image is {im.size[0]}×{im.size[1]}, over {MAX_IMAGE_SIDE} pixels a side")
-            im.load()
-            rgb = im.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise FormatError(str(p), f"not a readable image ({type(err).__name__}: {err})") from None
+    rgb = read_rgb(p)
     if tiles is not None:
         if not 1 <= tiles <= 1024:
             raise FormatError(str(p), f"tiles must be in [1, 1024], got {tiles}")
@@ -208,6 +199,26 @@ def load_image(path: str | Path, tile: int, tiles: int | None = None):
     x = torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0).permute(2, 0, 1)
     mean, std = torch.tensor(CLIP_MEAN).view(3, 1, 1), torch.tensor(CLIP_STD).view(3, 1, 1)
     return tile_image((x - mean) / std, tile)
+
+
+def read_rgb(path: str | Path):
+    """The image file at ``path`` (PNG, JPEG, anything Pillow reads) as an RGB ``PIL.Image``. A missing,
+    unreadable or oversized file, or no Pillow, is a ``FormatError`` naming the file, never a traceback."""
+    p = Path(path)
+    if not p.is_file():
+        raise FormatError(str(p), "no such image file")
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise FormatError(str(p), "reading image files needs Pillow (pip install pillow)") from None
+    try:
+        with Image.open(p) as im:
+            if max(im.size) > MAX_IMAGE_SIDE:
+                raise FormatError(str(p), f"image is {im.size[0]}×{im.size[1]}, over {MAX_IMAGE_SIDE} pixels a side")
+            im.load()
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
+        raise FormatError(str(p), f"not a readable image ({type(err).__name__}: {err})") from None
 
 
 def tile_image(image, tile: int):
@@ -233,5 +244,6 @@ def prompt_ids(tokenizer, text: str, tiles: int, info: MultimodalInfo) -> list[i
 
 __all__ = [
     "IMAGE_TOKEN", "MultimodalInfo", "MultimodalRecipe", "TINY_LLAVA", "build_multimodal_config",
-    "check_multimodal_dir", "load_image", "make_multimodal_model", "prompt_ids", "synthetic_images", "tile_image",
+    "check_multimodal_dir", "load_image", "make_multimodal_model", "prompt_ids", "read_rgb", "synthetic_images",
+    "tile_image",
 ]

@@ -54,7 +54,7 @@ from agents.protocol import (
 from agents.transport import CurveKeys
 from core.devices.agent_link import AgentEndpoint, AgentLink
 from core.devices.clock_sync import ClockEstimate, to_coordinator_clock
-from core.errors import FormatError, PlanInvalid, RunFailed, ShardOverBudget
+from core.errors import AgentBusy, FormatError, PlanInvalid, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan, layout_problems
 from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
@@ -353,7 +353,7 @@ class Coordinator:
         self._load_args = dict(model_dir=model_dir, dtype=dtype, threads=threads, links=links, timeout_s=timeout_s,
                                files=files, kind=kind)
         statuses = self.link.status_of([d for d in self.endpoints if not self.link.is_lost(d)], 5.0)
-        self._take_over(statuses)
+        self._take_over({d: statuses[d] for d in plan.devices() if d in statuses})
         peers = tuple(
             PeerSpec(device=s.device, stage=i, data_address=statuses[s.device].data_address,
                      public_key=statuses[s.device].public_key)
@@ -378,15 +378,34 @@ class Coordinator:
         self._loaded_kv = kv
 
     def _take_over(self, statuses: dict[str, AgentStatus]) -> None:
-        """End runs this coordinator did not start (an earlier coordinator died or hangs):
-        the explicit reset that lets a new coordinator always take over its agents. A stop
-        is answered after the run it ends, so they are ready to load when this returns."""
+        """Free the plan's agents from runs this coordinator did not start, so a new coordinator can
+        always take over agents whose coordinator died or hangs. A stop is answered after the run it
+        ends, so they are ready to load when this returns. An agent refuses the stop (``busy``) while
+        the run's coordinator holds its lease: then it is waited for — a silent coordinator's run ends
+        by its lease — and one that still speaks is not ours to end (``AgentBusy`` names the run)."""
         if self._run is not None:
             return
         orphans = [d for d, st in statuses.items() if st.state is AgentState.RUNNING]
         futs = [(d, self.request_async(d, StopRun())) for d in orphans]
         for d, f in futs:
-            self.link.await_reply(d, f, self.request_timeout_s, "ending a run of an earlier coordinator")
+            reply = self.link.await_reply(d, f, self.request_timeout_s, "ending a run of an earlier coordinator")
+            if isinstance(reply, ErrorReply) and reply.code == "busy":
+                self._await_lease(d)
+
+    def _await_lease(self, device: str) -> None:
+        """Wait until ``device`` no longer runs another coordinator's run (its lease runs out while
+        that coordinator is silent); ``AgentBusy`` as soon as that coordinator is heard again."""
+        deadline = time.monotonic() + self.request_timeout_s
+        last = None
+        while True:
+            st = self.link.status_of([device], 5.0)[device]
+            if st.state is not AgentState.RUNNING:
+                return
+            if (last is not None and st.holder_silent_s < last) or time.monotonic() > deadline:
+                raise AgentBusy(f"busy with {st.activity or 'a run'} for another coordinator that is still "
+                                "connected: stop it there, or wait for it to end", device)
+            last = st.holder_silent_s
+            time.sleep(0.2)
 
     def _await_loads(self, futs: dict[str, cf.Future], timeout_s: float, reporter: Reporter) -> None:
         """Wait for every stage's load through the run state machine; report progress from the
@@ -427,7 +446,7 @@ class Coordinator:
                 return run_state.StageRefused(dev, getattr(err, "reason", str(err)), "agent_lost")
             reply = fut.result()
             if isinstance(reply, ErrorReply):
-                code = "over_budget" if reply.code == "over_budget" else "refused"
+                code = reply.code if reply.code in ("over_budget", "busy") else "refused"
                 return run_state.StageRefused(dev, f"cannot load its shard: {reply.message}", code)
             return run_state.StageLoaded(dev)
         if self.link.is_lost(dev):
@@ -441,8 +460,17 @@ class Coordinator:
 
     def is_loaded(self, plan: ShardPlan, model_dir) -> bool:
         """Whether ``plan`` of ``model_dir`` is loaded on live agents (false after a failure,
-        which unloads every agent of the plan); ``reserved_kv`` says for which runs."""
-        return self._loaded == (plan, model_dir) and not any(self.link.is_lost(d) for d in plan.devices())
+        which unloads every agent of the plan); ``reserved_kv`` says for which runs. The agents are
+        asked: a spatial run of this coordinator (or another's load) may have replaced a stage."""
+        if self._loaded != (plan, model_dir) or any(self.link.is_lost(d) for d in plan.devices()):
+            return False
+        try:
+            statuses = self.link.status_of(plan.devices(), 5.0)
+        except RunFailed:
+            return False
+        return all(isinstance(st := statuses[s.device], AgentStatus) and st.state is AgentState.READY
+                   and st.held_by == "you" and st.stage == i and tuple(st.units) == (s.start, s.end)
+                   for i, s in enumerate(plan.stages))
 
     def unload(self) -> None:
         self._loaded = None
@@ -655,7 +683,8 @@ class Coordinator:
                 self._advance(run, run_state.StageRefused(d, err.reason, "no_answer"))
                 return
             if isinstance(reply, ErrorReply):  # e.g. nothing loaded (a failure unloaded it): load the plan first
-                self._advance(run, run_state.StageRefused(d, f"cannot start the run ({reply.code}): {reply.message}"))
+                self._advance(run, run_state.StageRefused(d, f"cannot start the run ({reply.code}): {reply.message}",
+                                                          "busy" if reply.code == "busy" else "refused"))
                 return
             self._advance(run, run_state.StageStarted(d))
             if run.ended.is_set():
@@ -704,5 +733,5 @@ def run_failure(state: run_state.Failed | run_state.Aborted) -> RunFailed:
     """The typed error a run (or a load) that did not finish ends with."""
     if isinstance(state, run_state.Aborted):
         return RunFailed(state.reason)
-    error = ShardOverBudget if state.code == "over_budget" else RunFailed
+    error = {"over_budget": ShardOverBudget, "busy": AgentBusy}.get(state.code, RunFailed)
     return error(state.reason, state.device or None)

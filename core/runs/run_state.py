@@ -85,7 +85,8 @@ class Finished:
     """Generated ids per sequence (up to and including EOS)."""
 
 
-FailureCode = Literal["agent_lost", "agent_error", "refused", "over_budget", "no_answer", "protocol", "no_plan"]
+FailureCode = Literal["agent_lost", "agent_error", "refused", "busy", "over_budget", "no_answer", "protocol",
+                      "no_plan"]
 
 
 @dataclass(frozen=True)

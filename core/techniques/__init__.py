@@ -112,6 +112,12 @@ class Technique:
     Run surfaces find it with ``generation_for(plan)``."""
     register_cli: Callable[[argparse._SubParsersAction], None] | None = None
     """Its own CLI verbs, if any beyond the shared ``plan``/``compare``/``run``."""
+    plan_format: str = ""
+    """The JSON ``format`` of its plan files when they are not shard plans (``edgeshard.spatial-plan``)."""
+    run_plan_file: Callable[[argparse.Namespace, Any], int] | None = None
+    """``edgeshard run --plan FILE`` for a file of ``plan_format``: ``run_plan_file(args, agents)`` runs
+    it with the parsed ``run`` arguments (``--problem``, ``--image``, ...) on ``agents`` ((endpoints,
+    keys) from ``--agents``; None with ``--local``) and returns the exit code."""
     paper: str = ""
     modes: tuple[str, ...] = field(default=())
     """The run modes its schedule knows."""
@@ -191,12 +197,17 @@ def generation_for(plan) -> Callable[..., Any] | None:
     return None
 
 
+def technique_for_plan_format(fmt: str) -> Technique | None:
+    """The technique whose own plan files have the JSON format ``fmt`` (None: a shard plan's or unknown)."""
+    return next((t for t in techniques() if t.plan_format and t.plan_format == fmt), None)
+
+
 def techniques_for(model: ModelSpec) -> list[Technique]:
     """The techniques that can place ``model`` (the studio offers only these)."""
     return [t for t in techniques() if t.applies_to(model)]
 
 
 __all__ = [
-    "BUILTIN", "Objective", "cli_of", "generation_for", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
+    "BUILTIN", "Objective", "cli_of", "generation_for", "technique_for_plan_format", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
     "technique_named", "techniques", "techniques_for", "unregister",
 ]

@@ -89,6 +89,35 @@ def test_a_run_draws_each_images_strips_live_checks_them_and_is_recorded(view, a
         assert Replay.from_store(store, measured.id).duration_s > 0
 
 
+def test_chosen_image_files_are_classified_by_name_and_checked_against_one_device(view, agents, qtbot):
+    from core.models.multimodal import synthetic_images
+
+    files = [str(p) for p in synthetic_images()[:2]]
+    view.state.set_agents(agents)
+    view.set_image_files(files)
+    assert not view.run_images.isEnabled() and view.files_button.text() == "2 files…"
+    view.run_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.run_message.isHidden(), view.run_message.text()
+    t = view.image_table
+    assert [t.item(r, 0).text() for r in range(t.rowCount())] == [f"{i} {os.path.basename(f)}"
+                                                                   for i, f in enumerate(files)]
+    assert [t.item(r, 3).text() for r in range(2)] == ["yes", "yes"]
+    view.random_button.click()
+    assert view.image_files == [] and view.run_images.isEnabled()
+
+
+def test_an_unreadable_image_file_fails_the_run_naming_the_file_before_anything_runs(view, agents, qtbot, tmp_path):
+    bad = tmp_path / "notes.png"
+    bad.write_text("not a picture")
+    view.state.set_agents(agents)
+    view.set_image_files([str(bad)])
+    view.run_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert "notes.png" in view.run_message.text() and "not a readable image" in view.run_message.text()
+    assert view.image_table.rowCount() == 0
+
+
 def test_stop_ends_the_run_and_records_it_as_stopped(view, agents, qtbot):
     view.state.set_agents(agents)
     view.run_images.setValue(200)

@@ -258,3 +258,34 @@ def test_a_recovery_shows_as_a_red_failure_box_on_the_lost_device_and_reload_box
     assert red.red() > 150 and red.green() < 120 and red.blue() < 120  # RECOVERY_COLOURS["failure"] over the lane
     assert RECOVERY_COLOURS["failure"] == "#d62728"
     assert "device lost" in describe_event(failure) and "step 5" in describe_event(failure)
+
+
+@pytest.mark.parametrize("width", [260, 420, 700, 1200])
+def test_every_legend_entry_is_shown_whole_at_any_width(qtbot, view, simulated, width):
+    view.append_events(simulated.events)
+    view.flush()
+    view.resize(width, 420)
+    qtbot.wait(20)
+    label = view.legend_label
+    if label.wordWrap():
+        assert label.height() >= label.heightForWidth(label.width())  # no line cut off below
+    else:
+        assert label.width() >= label.sizeHint().width()
+    assert label.geometry().right() <= view.toolbar.width()  # nor on the right
+    assert all(word in view.legend_text() for word in ("mb0", "mb2", "prefill", "decode", "waiting"))
+
+
+def test_many_micro_batches_are_one_legend_entry_with_their_range(qtbot, view):
+    view.append_events([TimelineEvent(device="phone", stage=0, kind="compute", phase="decode", step=1,
+                                      micro_batch=m, start_s=m * 0.01, end_s=m * 0.01 + 0.005) for m in range(12)])
+    view.flush()
+    assert "mb0–11" in view.legend_text() and "mb5 " not in view.legend_text()
+
+
+def test_a_technique_names_its_own_legend_terms(view):
+    view.set_legend_terms((("▨", "strip compute"), ("▂", "gather")), "strips", micro_batches=False)
+    assert view.legend_text().split() == ["▨", "strip", "compute", "▂", "gather"]
+
+
+def test_an_empty_timeline_labels_no_lanes_instead_of_numbers(view):
+    assert view.measured_plot.getAxis("left")._tickLevels == [[], []]  # fixed (empty) ticks: no 0.0 … 1.0

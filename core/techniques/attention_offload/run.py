@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import msgspec
 
 from agents.protocol import ErrorReply, HoldDense, HoldHeads, Ok, PeerSpec, ServicePeer, StaggeredSpec, StopRun
+from core.devices.agent_link import refusal
 from core.errors import RunFailed
 from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.reporting import Reporter
@@ -98,9 +99,10 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
                 for d, (a, b) in zip(memory, ranges)]
         for d, fut in futs:
             reply = coordinator.link.await_reply(d, fut, HOLD_TIMEOUT_S, "holding attention heads")
+            if isinstance(reply, ErrorReply):
+                raise refusal(reply, "holding attention heads: refused", d)
             if not isinstance(reply, Ok):
-                detail = reply.message if isinstance(reply, ErrorReply) else type(reply).__name__
-                raise RunFailed(f"holding attention heads: refused: {detail}", d)
+                raise RunFailed(f"holding attention heads: unexpected answer {type(reply).__name__}", d)
             held.append(d)
         return coordinator.run(plan, request, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
     finally:
@@ -168,8 +170,8 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
             if isinstance(reply, Ok):
                 held.append(d)
             elif refused is None:
-                detail = reply.message if isinstance(reply, ErrorReply) else type(reply).__name__
-                refused = RunFailed(f"{what}: refused: {detail}", d)
+                refused = (refusal(reply, f"{what}: refused", d) if isinstance(reply, ErrorReply)
+                           else RunFailed(f"{what}: unexpected answer {type(reply).__name__}", d))
         if refused is not None:
             raise refused
         staggered = dataclasses.replace(request, staggered=spec, micro_batches=len(groups))

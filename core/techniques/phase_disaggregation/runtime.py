@@ -56,6 +56,7 @@ from agents.protocol import (
     TokenEvent,
     TokensDecoded,
 )
+from core.devices.agent_link import refusal
 from core.errors import RunFailed
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
@@ -164,7 +165,7 @@ def load_pools(link, model_dir: str | Path, pools: PoolConfig, *, dtype: str = "
     for device, fut in futs:
         reply = link.await_reply(device, fut, timeout_s, "loading its phase")
         if isinstance(reply, ErrorReply):
-            raise RunFailed(f"loading its phase: refused ({reply.code}): {reply.message}", device)
+            raise refusal(reply, "loading its phase: refused", device)
 
 
 def check_real_pools(pools: PoolConfig) -> None:

@@ -25,6 +25,12 @@ def _applies(model: ModelSpec) -> bool:
     return model.family == "cnn"
 
 
+def _run_plan_file(args, agents) -> int:
+    from core.techniques.spatial.cli import run_plan_file
+
+    return run_plan_file(args, agents)
+
+
 TECHNIQUE = Technique(
     name=NAME,
     title="Spatial CNN partitioning (EdgeMI)",
@@ -37,6 +43,8 @@ TECHNIQUE = Technique(
     cost=evaluate,
     simulate=simulate,
     register_cli=cli_of("core.techniques.spatial.cli"),
+    plan_format="edgeshard.spatial-plan",
+    run_plan_file=_run_plan_file,
     modes=("sequential",),
 )
 

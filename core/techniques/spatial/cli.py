@@ -13,7 +13,7 @@ import sys
 
 import msgspec
 
-from core.arguments import float_in, int_in
+from core.arguments import add_image_arguments, float_in, int_in
 from core.formats import load, save
 
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--agents", required=True, metavar="AGENTS.json")
     r.add_argument("--strategy", choices=("fused", "cbps", "bodp", "even"), default="fused")
     r.add_argument("--plan", metavar="PLAN.json", help="run this plan instead of planning with --strategy")
-    r.add_argument("--images", type=int_in(1, 10_000), default=4)
+    add_image_arguments(r)
     r.add_argument("--seed", type=int_in(0, 2**31 - 1), default=0, help="of the generated weights and images")
     r.add_argument("--workspace", metavar="WS.sqlite", help="record the run and its prediction here "
                                                             "(default: the studio's workspace)")
@@ -76,6 +76,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                              "their measured time models")
     f.add_argument("--out", metavar="PROBLEM.json", help="with --problem: where to write the measured problem")
     f.set_defaults(func=_profile)
+
+
+def run_images(args, size: int):
+    """The N×3×size×size images ``args`` asks for (``add_image_arguments``)."""
+    import torch
+
+    from core.techniques.spatial.images import load_images
+    from core.techniques.spatial.problem import SpatialInputError
+
+    if args.image:
+        if args.images is not None:
+            raise SpatialInputError("give --image files or --images N random images, not both")
+        return load_images(args.image, size)
+    n = args.images or 4
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(args.seed))
 
 
 def _problem(path: str):
@@ -147,16 +162,10 @@ def _simulate(args) -> int:
 
 
 def _run(args) -> int:
-    import torch
-
-    from agents.spatial import build_network
     from core.devices.local_cluster import load_agents_file
-    from core.devices.agent_link import AgentLink
     from core.errors import EdgeShardError
     from core.paths import workspace_file
     from core.techniques.spatial.problem import SpatialPlan
-    from core.techniques.spatial.run import record, run_spatial
-    from core.techniques.spatial.simulator import simulate
     from core.techniques.spatial.strategies import run_strategy
 
     problem = _problem(args.problem)
@@ -167,22 +176,64 @@ def _run(args) -> int:
         if out.plan is None:
             raise EdgeShardError(out.error)
         plan = out.plan
-    spec = problem.model.spec()
-    images = torch.randn(args.images, 3, spec.image, spec.image, generator=torch.Generator().manual_seed(args.seed))
+    images = run_images(args, problem.model.spec().image)
     endpoints, keys = load_agents_file(args.agents)
+    return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, args.workspace or workspace_file(),
+                          args.session)
+
+
+def run_plan_file(args, agents) -> int:
+    """``edgeshard run --plan PLAN.json`` for a spatial plan: with its ``--problem``, on ``--agents``
+    (``agents``: their endpoints and key, parsed by ``run``; None with ``--local``: one loopback agent
+    per device of the plan), classifying ``--image`` files or
+    ``--images`` random ones; recorded unless ``--no-record``."""
+    import tempfile
+
+    from core.devices.local_cluster import LocalCluster
+    from core.errors import FormatError
+    from core.sessions.store import default_workspace_path
+    from core.techniques.spatial.problem import SpatialPlan
+
+    if not args.problem:
+        raise FormatError("edgeshard run", "a spatial CNN plan runs with the problem it was planned for: "
+                                           "add --problem PROBLEM.json")
+    if args.prompt or args.prompts or args.model:
+        raise FormatError("edgeshard run", "a spatial CNN plan classifies images: give --image FILE (or "
+                                           "--images N), not --model or prompts")
+    problem, plan = _problem(args.problem), load(args.plan, SpatialPlan)
+    images = run_images(args, problem.model.spec().image)
+    workspace = "" if args.no_record else (args.workspace or str(default_workspace_path()))
+    session = f"edgeshard run {args.plan}"
+    if agents is not None:
+        endpoints, keys = agents
+        return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, workspace, session)
+    with tempfile.TemporaryDirectory(prefix="edgeshard-spatial-") as tmp, \
+            LocalCluster(tmp, len(plan.devices), link_mbit=args.link_mbit,
+                         link_latency_ms=args.link_latency_ms) as lc:
+        return _run_on_agents(lc.endpoints, lc.keys, problem, plan, images, args.seed, workspace, session)
+
+
+def _run_on_agents(endpoints, keys, problem, plan, images, seed: int, workspace: str, session: str) -> int:
+    """Run ``images`` on the agents (the plan's devices named as them, ``on_agents``), check every
+    image against one device, record the run and its prediction in ``workspace`` ("" : not recorded)."""
+    from core.devices.agent_link import AgentLink
+    from core.techniques.spatial.run import on_agents, run_and_record
+    from core.techniques.spatial.simulator import simulate
+
+    problem, plan = on_agents(problem, plan, [e.device for e in endpoints])
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
         link.wait_ready(timeout_s=30)
         link.sync_clocks()
-        run = run_spatial(link, problem, plan, images, seed=args.seed)
-    ref = build_network(spec, seed=args.seed).forward(images)
-    err = float((torch.tensor(run.scores) - ref).abs().max())
-    sim = simulate(problem, plan, images=args.images)
-    ids = record(args.workspace or workspace_file(), args.session, problem, plan, run, seed=args.seed)
-    measured, predicted = run.figures.duration_s, sim.figures.duration_s
-    print(f"{args.images} images on {len(plan.devices)} agents ({plan.strategy}, {len(plan.groups)} tiles): "
-          f"{measured:.3f} s measured, {predicted:.3f} s predicted; max |scores - one device| = {err:.2e}; "
-          f"recorded runs {ids[0]} (measured) and {ids[1]} (predicted)")
-    return 0 if err < 1e-3 else 1
+        out = run_and_record(link, problem, plan, images, seed=seed, workspace=workspace, session=session)
+    n = len(out.run.tokens)
+    recorded = (f"recorded runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)" if out.run_ids
+                else "not recorded")
+    print(f"{n} images on {len(plan.devices)} agents ({plan.strategy}, {len(plan.groups)} tiles): "
+          f"{out.run.figures.duration_s:.3f} s measured, "
+          f"{simulate(problem, plan, images=max(1, n)).figures.duration_s:.3f} s predicted; "
+          f"classes {[t.token_ids[0] for t in out.run.tokens]}; max |scores - one device| = "
+          f"{out.max_abs_error:.2e}; {recorded}")
+    return 0 if out.max_abs_error < 1e-3 else 1
 
 
 def _calibrate(args) -> int:
@@ -198,7 +249,8 @@ def _calibrate(args) -> int:
         cal = calibrate_on_agents(link, problem, images=args.images, rounds=args.rounds)
     save(args.out, cal.problem)
     print(json.dumps({"compute_scale": cal.compute_scale, "head_scale": cal.head_scale, "latency_s": cal.latency_s,
-                      "tile_overhead_s": cal.tile_overhead_s, "concurrency_scale": cal.concurrency_scale}))
+                      "tile_overhead_s": cal.tile_overhead_s, "worker_overhead_s": cal.worker_overhead_s,
+                      "concurrency_scale": cal.concurrency_scale}))
     print(f"wrote {args.out}")
     return 0
 

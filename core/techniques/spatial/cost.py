@@ -56,6 +56,14 @@ def group_times(problem: SpatialProblem, spec: CnnSpec, start: int, end: int,
             for d, (lo, hi) in zip(devices, strip_bounds(widths))]
 
 
+def tile_seconds(problem: SpatialProblem, devices: Sequence[str], widths: Sequence[int],
+                 times: Sequence[StripTime]) -> float:
+    """A tile's time: its slowest strip (links in parallel) plus the gateway's own work for the
+    tile and for each worker it scatters to and gathers from."""
+    workers = sum(1 for d, w in zip(devices, widths) if w and d != problem.gateway)
+    return max(t.total_s for t in times) + problem.tile_overhead_s + workers * problem.worker_overhead_s
+
+
 def sharing_factor(problem: SpatialProblem, computing: int) -> float:
     """The problem's compute factor when ``computing`` devices compute a tile at once."""
     scale = problem.concurrency_scale
@@ -93,7 +101,7 @@ def evaluate(problem: SpatialProblem, plan: SpatialPlan) -> SpatialCost:
     act = {d: 0 for d in plan.devices}
     for (start, end), ws in zip(plan.groups, plan.widths):
         times = group_times(problem, spec, start, end, plan.devices, ws)
-        group_s.append(max(t.total_s for t in times) + problem.tile_overhead_s)
+        group_s.append(tile_seconds(problem, plan.devices, ws, times))
         for d, t, w in zip(plan.devices, times, ws):
             busy[d] += t.compute_s
             moved += t.in_bytes + t.out_bytes

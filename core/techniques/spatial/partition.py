@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from agents.spatial import CnnSpec
-from core.techniques.spatial.cost import evaluate, group_times
+from core.techniques.spatial.cost import evaluate, group_times, tile_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
 
 Widths = tuple[int, ...]
@@ -42,7 +42,8 @@ def bodp_widths(problem, spec, start, end, devices) -> Widths:
 
 
 def _group_span(problem, spec, start, end, devices, widths) -> float:
-    return max(t.total_s for t in group_times(problem, spec, start, end, devices, widths))
+    """A group's time with the gateway's own per-tile and per-worker work (what the DP sums)."""
+    return tile_seconds(problem, devices, widths, group_times(problem, spec, start, end, devices, widths))
 
 
 def cbps_widths(problem, spec, start, end, devices, *, step: int = 1, threshold: float = 0.02) -> Widths:

@@ -98,6 +98,10 @@ class SpatialProblem(msgspec.Struct, frozen=True, kw_only=True):
     tile_overhead_s: float = 0.0
     """The gateway's own work per tile besides strips (cutting, framing, concatenating): 0 unless
     calibrated from a real run (``core.techniques.spatial.calibration``)."""
+    worker_overhead_s: float = 0.0
+    """The gateway's work per tile and per worker it scatters to and gathers from (cutting that
+    strip, framing and handing it to the link, taking its result in), on top of ``tile_overhead_s``:
+    0 unless calibrated from probes with different worker counts."""
     concurrency_scale: tuple[float, ...] = ()
     """Compute-time (and per-message latency) factor when k devices compute a tile at once (index
     k − 1; beyond the end: the last): devices that share a host's cores (an emulated local
@@ -140,6 +144,8 @@ def problem_violations(problem: SpatialProblem) -> list[str]:
             out.append(f"device {d.id}: bandwidth to the gateway must be > 0")
     if not (math.isfinite(problem.tile_overhead_s) and problem.tile_overhead_s >= 0):
         out.append("tile_overhead_s must be a finite number >= 0")
+    if not (math.isfinite(problem.worker_overhead_s) and problem.worker_overhead_s >= 0):
+        out.append("worker_overhead_s must be a finite number >= 0")
     if not all(math.isfinite(f) and f > 0 for f in problem.concurrency_scale):
         out.append("concurrency_scale factors must be finite numbers > 0")
     if problem.model.image < 32 or problem.model.width_div < 1 or problem.images < 1:

@@ -29,7 +29,8 @@ from agents.protocol import (
     MAX_CONTROL_FRAME, ClassifyImage, ErrorReply, ImageClassified, PeerSpec, SpatialNet, SpatialSetup, StopRun,
     StripTimes, TimelineEvent, TokenEvent,
 )
-from core.errors import RunFailed
+from core.devices.agent_link import refusal
+from core.errors import AgentBusy, RunFailed
 from core.reporting import Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques.spatial.problem import SpatialInputError, SpatialPlan, SpatialProblem, check
@@ -134,7 +135,7 @@ def _stop(link, devices, run_id: str) -> None:
 def _reply(link, device: str, fut, timeout_s: float, what: str, *, expect, peers=()):
     reply = link.await_reply(device, fut, timeout_s, what, peers=peers)
     if isinstance(reply, ErrorReply):
-        raise RunFailed(f"{what}: refused ({reply.code}): {reply.message}", device)
+        raise refusal(reply, f"{what}: refused", device)
     if expect is not None and not isinstance(reply, expect):
         raise RunFailed(f"{what}: unexpected answer {type(reply).__name__}", device)
     return reply
@@ -274,7 +275,10 @@ def run_and_record(link, problem: SpatialProblem, plan: SpatialPlan, images, *, 
     except RunFailed as err:
         run = partial()
         ids = record(workspace, session, problem, plan, run, status="failed", seed=seed) if workspace else ()
-        raise RunFailed(err.reason + (f" (recorded as run {ids[0]}, failed)" if ids else ""), err.device) from err
+        if not ids:
+            raise
+        again = AgentBusy if isinstance(err, AgentBusy) else RunFailed
+        raise again(err.reason + f" (recorded as run {ids[0]}, failed)", err.device) from err
     stopped = reporter is not None and reporter.cancel_requested() and len(run.tokens) < images.shape[0]
     status = "stopped" if stopped else "completed"
     ids = record(workspace, session, problem, plan, run, status=status, seed=seed) if workspace else ()

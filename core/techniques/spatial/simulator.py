@@ -14,7 +14,7 @@ import msgspec
 from agents.protocol import TimelineEvent, TokenEvent
 from agents.spatial import strip_bounds
 from core.runs.metrics import RunFigures, compute_figures
-from core.techniques.spatial.cost import group_times, head_seconds
+from core.techniques.spatial.cost import group_times, head_seconds, tile_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
 
 
@@ -50,7 +50,7 @@ def simulate(problem: SpatialProblem, plan: SpatialPlan, mode: str = "sequential
                 if st.gather_s:
                     events.append(TimelineEvent(kind="send", start_s=at, end_s=at + st.gather_s,
                                                 nbytes=st.out_bytes, peer=gw, **common))
-            t += max(st.total_s for st in times) + problem.tile_overhead_s
+            t += tile_seconds(problem, plan.devices, ws, times)
         head = head_seconds(problem, spec)
         events.append(TimelineEvent(device=gw, stage=len(plan.groups), kind="compute", phase="prefill", step=image,
                                     micro_batch=0, start_s=t, end_s=t + head))

@@ -40,6 +40,25 @@ def test_a_calibrated_problem_predicts_the_true_problems_other_plans():
         assert simulate(base, plan, images=3).figures.duration_s < 0.7 * want  # uncalibrated: far under
 
 
+def test_probes_on_every_device_count_fit_the_sharing_per_count_and_the_gateways_work_per_worker():
+    """A 2-core host: one and two computing devices run alike, three slow each other; each worker
+    costs the gateway 0.5 ms per tile. Fitted from even probes on 1, 2 and 3 devices, the
+    calibrated problem predicts the true one's other plans on 2 devices (linear sharing from alone to
+    all, and one overhead per tile, could not)."""
+    base = make_problem((4.0, 2.0, 1.0), 200.0, image=64, width_div=8)
+    truth = structs.replace(_truth(base), concurrency_scale=(0.5, 0.5, 1.0), worker_overhead_s=5e-4)
+    probes = {k: per_layer_plan(base, "even", ["d0", "d1", "d2"][:k]) for k in (1, 2, 3)}
+    runs = {k: simulate(truth, p, images=2) for k, p in probes.items()}
+    cal = calibrate(base, probes[3], runs[3].events, runs[3].figures.duration_s,
+                    ladder=[(probes[k], runs[k].events, runs[k].figures.duration_s) for k in (1, 2)])
+    assert cal.concurrency_scale == pytest.approx((0.5, 0.5, 1.0))
+    assert (cal.tile_overhead_s, cal.worker_overhead_s) == pytest.approx((1e-3, 5e-4))
+    for plan in (per_layer_plan(base, "cbps", ["d0", "d1"]), fused_plan(base, ["d0", "d1"]),
+                 fused_plan(base, ["d0", "d1", "d2"])):
+        want = simulate(truth, plan, images=3).figures.duration_s
+        assert simulate(cal.problem, plan, images=3).figures.duration_s == pytest.approx(want, rel=1e-6)
+
+
 def test_without_a_solo_run_no_host_sharing_is_assumed():
     base = _base()
     probe = per_layer_plan(base, "even", ["d0", "d1"])

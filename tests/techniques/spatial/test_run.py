@@ -93,6 +93,45 @@ def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
         assert Replay.from_store(store, runs[0].id).duration_s > 0
 
 
+def test_edgeshard_run_of_a_spatial_plan_classifies_png_and_jpeg_files_on_agents_and_records_them(tmp_path, capsys):
+    from PIL import Image
+
+    from core.cli import main
+    from core.formats import save
+    from core.models.multimodal import synthetic_images
+    from core.sessions.store import SessionStore
+
+    jpeg = tmp_path / "circles.jpg"
+    Image.open(synthetic_images()[1]).convert("RGB").save(jpeg, quality=90)
+    problem = make_problem((4.0, 2.0), 100.0, network="resnet-style")  # scenario devices: mapped onto the agents
+    save(tmp_path / "p.json", problem)
+    save(tmp_path / "plan.json", run_strategy(problem, "cbps").plan)
+    with LocalCluster(tmp_path / "cluster", 2) as lc:
+        rc = main(["run", "--plan", str(tmp_path / "plan.json"), "--problem", str(tmp_path / "p.json"),
+                   "--agents", str(lc.agents_file), "--image", str(synthetic_images()[0]), "--image", str(jpeg),
+                   "--workspace", str(tmp_path / "ws.sqlite")])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("2 images on 2 agents (cbps") and "max |scores - one device| = " in out
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        measured = next(r for r in store.runs() if r.kind == "measured")
+        assert len(store.tokens(measured.id)) == 2
+
+
+def test_edgeshard_run_of_a_spatial_plan_refuses_a_bad_image_file_and_a_missing_problem(tmp_path, capsys):
+    from core.cli import main
+    from core.formats import save
+
+    problem = make_problem((4.0, 2.0), 100.0)
+    save(tmp_path / "p.json", problem)
+    save(tmp_path / "plan.json", run_strategy(problem, "even").plan)
+    (tmp_path / "x.png").write_bytes(b"\x89PNG broken")
+    base = ["run", "--plan", str(tmp_path / "plan.json"), "--local", "--image", str(tmp_path / "x.png")]
+    assert main(base + ["--problem", str(tmp_path / "p.json")]) == 2
+    assert "x.png" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "add --problem PROBLEM.json" in capsys.readouterr().err
+
+
 def test_a_plan_on_scenario_devices_is_named_as_the_agents_gateway_first_and_too_few_agents_are_refused():
     from core.techniques.spatial.problem import check
     from core.techniques.spatial.run import on_agents
