@@ -449,14 +449,22 @@ class HeldReplica:
                                                 services=msg.services, run=run_inputs(header.run_id, msg),
                                                 stop=self.stop, link=msg.link if msg.link.bandwidth_mbit_s
                                                 or msg.link.latency_ms else None)
-            else:
-                early.append((header, [bytes(b) for b in bufs]))
-        for header, bufs in early:  # frames that overtook the start
-            try:
-                self.replica.take(header, bufs)
-            except StageInputError as err:
-                agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
-        self.replica.perform()
+            else:  # a memory agent's answer may overtake the start: kept (copied out of the frame)
+                early.append((header, [memoryview(bytearray(b)) for b in bufs]))
+        try:
+            for header, bufs in early:
+                try:
+                    self.replica.take(header, bufs)
+                except StageInputError as err:
+                    agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
+            self.replica.perform()
+        except Exception as err:  # the run's own id: the coordinator ends the run naming this replica
+            if not isinstance(err, RunAborted):
+                from agents.protocol import RunError
+
+                agent._post(RunError(run_id=self.replica.run.run_id, device=agent.device,
+                                     message=f"{type(err).__name__}: {err}"))
+            raise
         while not self.stop.is_set():
             time.sleep(0.02)
         raise RunAborted()

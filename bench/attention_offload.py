@@ -54,6 +54,8 @@ from core.techniques.attention_offload.simulator import simulate  # noqa: E402
 PROMPTS = ["The lighthouse keeper climbed the steps", "Hello",
            "A chain is only as strong as its weakest link, and a pipeline"]
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
+WARM_STEPS = 4
+"""Decode steps of a profiling run left out of the calibration (sockets, stores and caches warming)."""
 MAX_NEW = 10
 
 
@@ -129,7 +131,7 @@ def profiled_problem(runs, model, compute: list[str], memory: list[str], batch: 
     L, dense_dev = model.layers, compute[0]
     ev, layer_s, gaps, periods = [], [], [], []
     for run in runs:
-        mine = [e for e in run.events if e.step >= 2]
+        mine = [e for e in run.events if e.step >= WARM_STEPS]
         ev += mine
         segs_by_step: dict[int, list] = {}
         for e in mine:
@@ -195,6 +197,7 @@ def local_cluster(root: Path) -> dict:
     throughput predicted (a profiling run calibrates the cost model) vs measured, for one replica
     and for rotational staggering (2 replicas, 3 batches)."""
     from core.devices.local_cluster import LocalCluster
+    from core.errors import EdgeShardError
     from core.runs.coordinator import Coordinator
     from core.techniques.attention_offload.cost import layer_wire_bytes
     from core.techniques.attention_offload.run import checkpoint_model, run_offload, run_staggered
@@ -210,7 +213,7 @@ def local_cluster(root: Path) -> dict:
     expected9 = ref.generate(enc9["input_ids"], attention_mask=enc9["attention_mask"], max_new_tokens=MAX_NEW,
                              do_sample=False)[:, enc9["input_ids"].shape[1]:].tolist()
     model = checkpoint_model(model_dir)
-    B, steps, rounds = len(PROMPTS), 24, 3
+    B, steps, rounds = len(PROMPTS), 24, 4
     one_plan = OffloadPlan(compute=("c0",), memory=("m0", "m1"), batch=B, in_flight=1)
     stag_plan = OffloadPlan(compute=("c0", "c1"), memory=("m0", "m1"), batch=3, in_flight=3)
     figures = {"one_replica": [], "rotational_2_replicas_3_batches": []}
@@ -223,18 +226,23 @@ def local_cluster(root: Path) -> dict:
                                schedule="fixed")
 
         def profile():
-            return run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, 8))
+            return run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, 16))
 
         # The machine is shared: each measured run is bracketed by profiling runs (the calibration
         # is their mean), and the rounds' ratios are reported with their median.
+        failures = []
         for _ in range(rounds):
-            before = profile()
-            one = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, steps))
-            staggered = run_staggered(coordinator, model_dir, ["c0", "c1"], ["m0", "m1"],
-                                      _request_of(enc9, steps, 3), schedule="rotational")
-            after = profile()
+            try:
+                before = profile()
+                one = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, steps))
+                staggered = run_staggered(coordinator, model_dir, ["c0", "c1"], ["m0", "m1"],
+                                          _request_of(enc9, steps, 3), schedule="rotational")
+                after = profile()
+            except EdgeShardError as err:  # reported, not hidden: the round is left out (with the agents' last words)
+                failures.append({"error": str(err), "logs": {d: coordinator.logs(d, 6) for d in ("c0", "c1", "m0", "m1")}})
+                continue
             problem, calibration = profiled_problem([before, after], model, ["c0", "c1"], ["m0", "m1"], B,
-                                                    enc["input_ids"].shape[1], 8)
+                                                    enc["input_ids"].shape[1], 16)
             predicted_one = simulate(problem, one_plan, "rotational", generated_tokens=steps).decode_tokens_per_s
             stag_problem = msgspec.structs.replace(problem, workload=msgspec.structs.replace(
                 problem.workload, prompt_tokens=enc9["input_ids"].shape[1]))
@@ -247,12 +255,14 @@ def local_cluster(root: Path) -> dict:
                                      "measured_over_predicted": round(measured / predicted, 3),
                                      "calibration": calibration if key == "one_replica" else "same"})
     throughput = {key: {"median_measured_over_predicted": sorted(r["measured_over_predicted"] for r in rows)[
-        len(rows) // 2], "rounds": rows} for key, rows in figures.items()}
+        len(rows) // 2] if rows else None, "rounds": rows} for key, rows in figures.items()}
+    throughput["failed_rounds"] = failures
     total = _decode_link_bytes(run)
     done = MAX_NEW - 1
     return {
         "tokens_equal": [list(t) for t in run.tokens] == expected,
-        "staggered_tokens_equal": {"rotational_2x3": [list(t)[:MAX_NEW] for t in staggered.tokens] == expected9,
+        "staggered_tokens_equal": {"rotational_2x3": [list(t)[:MAX_NEW] for t in staggered.tokens] == expected9
+                                   if figures["one_replica"] else None,
                                    "fixed_2x3": [list(t) for t in exact9.tokens] == expected9},
         "decode_tokens_per_s": {**throughput, "steps": steps, "batch": B,
                                 "staggered": "2 replicas, 2 memory agents, 3 batches of 3"},

@@ -118,3 +118,37 @@ def test_a_memory_agent_refuses_a_hold_whose_kv_share_exceeds_its_emulated_budge
     finally:
         for a in agents:
             a.close()
+
+
+def test_a_memory_agents_answer_that_overtakes_the_start_is_kept_for_its_slice(cluster, tiny_llama_dir):
+    """A held replica copies frames that arrive before the source's start out of their zmq frames;
+    they are then filed under their batch and slice like any other."""
+    import torch
+
+    from agents.attention_offload import DenseExecutor, HeadShape, _Covers
+    from agents.attention_offload_staggered import RunInputs, StaggeredReplica
+    from agents.protocol import AttendSpec, DataHeader, PeerSpec, ServicePeer
+    from agents.transport import tensor_frame
+
+    _, agents = cluster
+    shape = HeadShape.of(tiny_llama_dir)
+    services = [ServicePeer(device=m, data_address="tcp://127.0.0.1:1", public_key="k" * 40, start=i, stop=i + 1)
+                for i, m in enumerate(MEMORY)]
+    ex = DenseExecutor(tiny_llama_dir, 0, shape.layers + 2, sides=[_Covers(range(s.start, s.stop)) for s in services])
+    run = RunInputs(run_id="r1", micro_batches=((0,),), input_ids=torch.zeros((1, 3), dtype=torch.int64),
+                    attention_mask=torch.ones((1, 3), dtype=torch.int64), steps=2, eos=frozenset(), pad=0,
+                    sampling=SamplingSpec())
+    replicas = [PeerSpec(device=d, stage=i, data_address="tcp://127.0.0.1:1", public_key="k" * 40)
+                for i, d in enumerate(COMPUTE)]
+    replica = StaggeredReplica(agents["c1"], ex, me=1, schedule="rotational", replicas=replicas, services=services,
+                               run=run, stop=None)
+    try:
+        out = torch.arange(shape.head_dim * shape.group * 3, dtype=torch.float32).reshape(1, 3, shape.group,
+                                                                                          shape.head_dim)
+        spec, buf = tensor_frame(out)
+        header = DataHeader(run_id="r1", kind="attended", phase="prefill", step=0, micro_batch=0, sender="m0",
+                            tensors=(spec,), attend=AttendSpec(layer=1, kv_start=0, kv_stop=1))
+        replica.take(header, [memoryview(bytearray(bytes(buf)))])
+        assert torch.equal(replica._inbox[(0, 1)]["out"]["m0"], out)
+    finally:
+        replica.close()
