@@ -89,7 +89,7 @@ class DeviceEmulation:
         f = self.compute_slowdown
         units = tuple(
             msgspec.structs.replace(u, decode_s=tuple(t * f for t in u.decode_s),
-                                    prefill_s=tuple(t * f for t in u.prefill_s))
+                                    prefill_s=tuple(t * f for t in u.prefill_s), expert_decode_s=u.expert_decode_s * f)
             for u in profile.units
         )
         return msgspec.structs.replace(

@@ -263,6 +263,23 @@ class _UnitBench:
         self._block(self._hidden(b, context), self.torch.ones(b, context, dtype=self.torch.long), cache)
         return cache
 
+    def expert_fn(self) -> _Timed | None:
+        """One expert of a MoE block (Mixtral's ``mlp.experts``: gate/up, activation, down) on one
+        token, the way ``agents.expert_offload`` runs it; None for a unit without experts. Expert
+        offloading's planner splits a block's decode time into this and the rest."""
+        experts = getattr(getattr(self.modules.get("layer"), "mlp", None), "experts", None)
+        if experts is None or not hasattr(experts, "gate_up_proj"):
+            return None
+        torch = self.torch
+        x = self._hidden(1, 1)[0]
+        gate_up_proj, down_proj = experts.gate_up_proj[0], experts.down_proj[0]
+
+        def run():
+            gate, up = torch.nn.functional.linear(x, gate_up_proj).chunk(2, dim=-1)
+            return torch.nn.functional.linear(experts.act_fn(gate) * up, down_proj)
+
+        return _Timed(run)
+
     def stage_decode_overhead_fn(self, b: int, context: int) -> _Timed:
         """The runtime's once-per-stage work of a decode step: grow the mask by one column,
         positions, causal mask, rotary embedding (block units only)."""
@@ -356,9 +373,12 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
                 overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
                 fn = bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens)
                 overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
+            expert = bench.expert_fn() if bench.kind == "block" else None
+            expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync))[0] if expert else 0.0
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
-                                     prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes))
-            bench = fn = None  # the timed closures hold the unit too: freed before the next is built
+                                     prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes,
+                                     expert_decode_s=expert_s))
+            bench = fn = expert = None  # the timed closures hold the unit too: freed before the next is built
             gc.collect()
             if progress:
                 progress(i + 1, len(units))

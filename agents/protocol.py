@@ -453,6 +453,9 @@ class UnitTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     prefill_s: tuple[float, ...]
     prefill_spread: tuple[float, ...]
     param_bytes: int
+    expert_decode_s: float = 0.0
+    """A MoE block's one expert on one token (median), so a planner can split the block's decode
+    time into its non-expert part and ``top_k`` experts; 0 for a unit without experts."""
 
 
 class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,

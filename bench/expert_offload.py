@@ -19,12 +19,17 @@ For each: tokens/s, buffer hit rate, predictor top-k recall, bytes read, and the
 memory the stage held (resident weights + peak expert bytes, measured by the buffer) against
 the budget. Full-precision tokens are checked equal to IO-FREE's.
 
-Accuracy: perplexity (teacher-forced, agents.expert_offload.perplexity) on 34 fortunes of
-the training text (training draws windows from all of it: not a true held-out set) at fp32,
-uniform INT4 and EdgeMoE's adaptation (importance = loss with one expert at INT2; the
-least important K at INT2, the rest INT4, K the largest within a 5 % perplexity bound).
+Accuracy: the model is trained on the training split of the fortunes
+(core.models.training.held_out_split: every 10th quotation held out, none shared); perplexity
+(teacher-forced) on 20 held-out fortunes at fp32, uniform INT8/INT4/INT2 and EdgeMoE's
+adaptation (``edgeshard moe adapt-bits``'s code: global lower/upper widths from the uniform
+losses, importance = loss with one expert alone at the lower width, the least important K at
+the lower width and the rest at the upper one, K raised while within a 5 % perplexity bound).
+The activation profile is learnt on 48 training fortunes, its recall measured on 24 held-out
+ones; the generation prompts are 6 other held-out fortunes.
 
-Run: python bench/expert_offload.py   (EDGEMOE_BENCH_TOKENS, EDGEMOE_BENCH_BW to change)
+Run: python bench/expert_offload.py   (EDGEMOE_BENCH_TOKENS, EDGEMOE_BENCH_BW, EDGEMOE_BENCH_PPL_TEXTS,
+EDGEMOE_BENCH_TRAIN_STEPS, EDGEMOE_BENCH_TRAIN_THREADS to change)
 """
 
 from __future__ import annotations
@@ -40,28 +45,34 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from agents.expert_offload import ExpertOffloadExecutor, perplexity, write_quantized_experts  # noqa: E402
+from agents.expert_offload import ExpertOffloadExecutor, write_quantized_experts  # noqa: E402
 from agents.local_pipeline import generate_partitioned  # noqa: E402
 from agents.sampling import SamplingParams  # noqa: E402
 from agents.shard import StageExecutor  # noqa: E402
 from core.models.checkpoints import ModelRecipe  # noqa: E402
-from core.models.training import TrainingSettings, fortune_lines, train_model  # noqa: E402
-from core.techniques.expert_offload.adaptation import adapt_bit_widths, average_bits  # noqa: E402
+from core.models.training import TrainingSettings, fortune_lines, held_out_split, train_model  # noqa: E402
+from core.techniques.expert_offload.profiling import activation_profile, bit_options  # noqa: E402
 
 RECIPE = ModelRecipe(family="mixtral", layers=4, hidden=128, heads=4, kv_heads=2, vocab=1024, experts=8, seed=3)
 BANDWIDTH = float(os.environ.get("EDGEMOE_BENCH_BW", 100e6))
 """Bytes/s of the emulated storage (an SD card class)."""
 TOKENS = int(os.environ.get("EDGEMOE_BENCH_TOKENS", 24))
 BUDGETS = (0.25, 0.50, 0.75)
+TRAIN_STEPS = int(os.environ.get("EDGEMOE_BENCH_TRAIN_STEPS", 600))
+TRAIN_THREADS = int(os.environ.get("EDGEMOE_BENCH_TRAIN_THREADS", 1))
+PPL_TEXTS = int(os.environ.get("EDGEMOE_BENCH_PPL_TEXTS", 20))
 ACCURACY_BOUND = 0.05
 """Perplexity may rise at most 5 % over fp32 (EdgeMoE's example bound)."""
 
 
 def trained_model() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgeshard" / "bench-mixtral-4x8"
+    """The bench's model, trained on the training split of the text only (cached)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgeshard" / "bench-mixtral-4x8-split"
     if not (cache / "config.json").is_file():
         shutil.rmtree(cache, ignore_errors=True)
-        train_model(RECIPE, fortune_lines(), cache, settings=TrainingSettings(steps=400, max_seconds=180))
+        train, _ = held_out_split(fortune_lines())
+        train_model(RECIPE, train, cache, settings=TrainingSettings(steps=TRAIN_STEPS, max_seconds=1200,
+                                                                   threads=TRAIN_THREADS))
     return cache
 
 
@@ -81,18 +92,12 @@ def generate(executor, encoded) -> tuple[list[list[int]], float]:
     return tokens, len(encoded) * TOKENS / (time.perf_counter() - started)
 
 
-def build_profile(model_dir: Path, work: Path, sample) -> Path:
-    """Learn layer-to-layer expert transitions offline on sample text; store them with the model."""
-    from safetensors.torch import save_file
-
-    executor = ExpertOffloadExecutor(str(model_dir), 0, RECIPE.layers + 2, slots=RECIPE.layers * RECIPE.experts,
-                                     preload=0)
-    generate(executor, sample)
-    executor.close()
+def build_profile(model_dir: Path, work: Path, calibration, held_out) -> tuple[Path, dict]:
+    """A copy of the model with its offline activation profile (``edgeshard moe profile-activations``:
+    transitions learned on calibration text of the training split, top-k recall on held-out text)."""
     out = work / "model"
     shutil.copytree(model_dir, out, dirs_exist_ok=True)
-    save_file({"transitions": executor.predictor.transitions.contiguous()}, str(out / "expert-profile.safetensors"))
-    return out
+    return out, activation_profile(out, calibration, held_out)
 
 
 def run_offloaded(model_dir: Path, encoded, slots: int, policy: str, preload: int, whole_layers: bool = False):
@@ -118,32 +123,16 @@ def variant(base: Path, name: str, bits_of: dict | None) -> Path:
     return out
 
 
-def ppl(model_dir: Path, texts) -> float:
-    executor = ExpertOffloadExecutor(str(model_dir), 0, RECIPE.layers + 2, slots=RECIPE.layers * RECIPE.experts)
-    try:
-        return perplexity(executor, texts)
-    finally:
-        executor.close()
+def adaptation(profiled: Path, texts) -> tuple[Path, dict]:
+    """A copy of the model adapted by ``edgeshard moe adapt-bits`` on held-out ``texts`` (EdgeMoE's search:
+    uniform INT8/INT4/INT2 for the global widths, importance at the lower one, K raised within the bound)."""
+    out = variant(profiled, "adapted", None)
+    return out, bit_options(out, texts, ACCURACY_BOUND)
 
 
-def adaptation(profiled: Path, texts) -> dict:
-    """Importance of each expert (loss when it alone is INT2), then EdgeMoE's bound search (INT2/INT4)."""
-    keys = [(layer, e) for layer in range(RECIPE.layers) for e in range(RECIPE.experts)]
-    base = ppl(profiled, texts)
-    scratch_cache: dict = {}
-
-    def loss(bits_of) -> float:
-        key = tuple(sorted(bits_of.items()))
-        if key not in scratch_cache:
-            scratch_cache[key] = ppl(variant(profiled, "scratch", bits_of), texts) / base - 1.0
-        return scratch_cache[key]
-
-    importance = {k: loss({k: 2}) for k in keys}
-    bits_of, adapted_loss, k = adapt_bit_widths(importance, loss, ACCURACY_BOUND)
-    int4 = {key: 4 for key in keys}
-    return {"bits_of": bits_of, "int4": int4, "ppl_fp32": base, "ppl_adapted": base * (1 + adapted_loss),
-            "ppl_int4": base * (1 + loss(int4)), "k_int2": k, "avg_bits": average_bits(bits_of, len(keys)),
-            "measurements": len(scratch_cache)}
+def log(text: str) -> None:
+    """Progress on stderr (stdout is the one JSON line)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def best_of(runs: int, fn):
@@ -157,15 +146,21 @@ def main() -> None:
 
     torch.set_num_threads(1)
     model_dir = trained_model()
-    lines = fortune_lines()
-    sample, held_out, ppl_text = lines[:24], lines[-6:], lines[-40:-6]
-    encoded_sample, encoded = prompts(model_dir, sample), prompts(model_dir, held_out)
-    texts = [enc["input_ids"][0].tolist()[:32] for enc in prompts(model_dir, ppl_text)]
+    train, held = held_out_split(fortune_lines())
+    calibration, recall_text, ppl_text, prompt_text = train[:48], held[:24], held[24:24 + PPL_TEXTS], held[-6:]
+    encoded = prompts(model_dir, prompt_text)
+
+    def ids(lines):
+        return [enc["input_ids"][0].tolist()[:32] for enc in prompts(model_dir, lines)]
+
+    texts = ids(ppl_text)
     with tempfile.TemporaryDirectory() as tmp:
-        profiled = build_profile(model_dir, Path(tmp), encoded_sample)
-        adapted = adaptation(profiled, texts)
-        qexp_dir = variant(profiled, "int4", adapted["int4"])
-        adapted_dir = variant(profiled, "adapted", adapted["bits_of"])
+        log("activation profile")
+        profiled, activations = build_profile(model_dir, Path(tmp), ids(calibration), ids(recall_text))
+        log(f"recall {activations['recall']}; bit-width adaptation")
+        adapted_dir, adapted = adaptation(profiled, texts)
+        log(f"adapted: {adapted['options'][-1]}, perplexity {adapted['perplexity']}")
+        qexp_dir = variant(profiled, "int4", {(b, e): 4 for b in range(RECIPE.layers) for e in range(RECIPE.experts)})
         whole = StageExecutor(str(profiled), 0, RECIPE.layers + 2)
         generate(whole, encoded[:1])  # warm-up: first-call costs are no configuration's
         model_bytes = whole.memory_bytes()
@@ -175,23 +170,30 @@ def main() -> None:
         qprobe = ExpertOffloadExecutor(str(qexp_dir), 0, RECIPE.layers + 2, slots=1)
         qprobe.close()
         q_expert = sum(t.numel() * t.element_size() for t in qprobe.store.read(0, 0))  # packed INT4 + scales
+        aprobe = ExpertOffloadExecutor(str(adapted_dir), 0, RECIPE.layers + 2, slots=1)
+        aprobe.close()
+        a_expert = max(sum(t.numel() * t.element_size() for t in aprobe.store.read(b, e))
+                       for b in range(RECIPE.layers) for e in range(RECIPE.experts))  # the largest, as stored
         rows, exact = [], True
         ref_tokens = None
         for fraction in BUDGETS:
             budget = int(fraction * model_bytes)
             slots = max(1, (budget - resident) // expert)
             q_slots = min(RECIPE.layers * RECIPE.experts, max(1, (budget - resident) // q_expert))
+            # as many of the largest adapted expert as fit (mixed widths: the buffer never outgrows the budget)
+            a_slots = min(RECIPE.layers * RECIPE.experts, max(1, int((budget - resident) // a_expert)))
+            log(f"budget {fraction}: {slots} fp32 slots, {q_slots} INT4, {a_slots} adapted")
             tokens, free_tps = max((generate(whole, encoded) for _ in range(2)), key=lambda r: r[1])
             ref_tokens = ref_tokens or tokens
             row = {"budget_fraction": fraction, "budget_bytes": budget, "slots_fp32": int(slots),
-                   "slots_int4": int(q_slots),
+                   "slots_int4": int(q_slots), "slots_adapted": int(a_slots),
                    "io_free": {"tokens_per_s": round(free_tps, 2), "peak_memory_bytes": model_bytes,
                                "within_budget": model_bytes <= budget}}
             configs = (("io_exp", profiled, slots, "lru", 0, False), ("edgemoe", profiled, slots, "edgemoe", 2, False),
                        ("lru_preload", profiled, slots, "lru", 2, False),
                        ("sti", profiled, slots, "lru", 0, True),
                        ("io_qexp", qexp_dir, q_slots, "lru", 0, False),
-                       ("edgemoe_adapted", adapted_dir, slots, "edgemoe", 2, False))
+                       ("edgemoe_adapted", adapted_dir, a_slots, "edgemoe", 2, False))
             for name, directory, n, policy, preload, whole_layers in configs:
                 tokens, figures = best_of(2, lambda: run_offloaded(directory, encoded, int(n), policy, preload,
                                                                    whole_layers))
@@ -202,18 +204,25 @@ def main() -> None:
             row["edgemoe_beats_io_exp"] = row["edgemoe"]["tokens_per_s"] > row["io_exp"]["tokens_per_s"]
             rows.append(row)
     print(json.dumps({
-        "bench": "expert_offload", "model": "mixtral 4 blocks x 8 experts top-2, hidden 128, trained 400 steps",
+        "bench": "expert_offload", "model": "mixtral 4 blocks x 8 experts top-2, hidden 128, trained on the training split",
+        "training": json.loads((model_dir / "training.json").read_text()).get("steps"),
         "model_bytes": model_bytes, "resident_bytes": resident, "expert_bytes": expert,
-        "int4_expert_bytes": q_expert,
-        "storage_bandwidth_bps": BANDWIDTH, "prompts": len(held_out), "new_tokens_each": TOKENS, "batch": 1,
+        "int4_expert_bytes": q_expert, "adapted_largest_expert_bytes": a_expert,
+        "storage_bandwidth_bps": BANDWIDTH, "prompts": len(prompt_text), "new_tokens_each": TOKENS, "batch": 1,
         "tokens_equal_io_free": exact, "budgets": rows,
-        "accuracy": {"metric": f"perplexity on {len(texts)} fortunes of the training text (<= 32 tokens each)",
-                     "bound": ACCURACY_BOUND, "fp32": round(adapted["ppl_fp32"], 3),
-                     "adapted": round(adapted["ppl_adapted"], 3), "uniform_int4": round(adapted["ppl_int4"], 3),
-                     "experts_at_int2": adapted["k_int2"], "avg_bits_per_expert_weight": adapted["avg_bits"],
-                     "perplexity_evaluations": adapted["measurements"]},
+        "predictor_topk_recall_profile": activations["recall"],
+        "accuracy": {"metric": f"perplexity on {len(texts)} held-out fortunes (<= 32 tokens each; none in the "
+                               f"model's {len(train)} training fortunes)",
+                     "bound": ACCURACY_BOUND,
+                     "perplexity": {k: round(v, 3) for k, v in adapted["perplexity"].items()},
+                     "global_widths": [adapted["lower_bits"], adapted["upper_bits"]],
+                     "experts_at_lower": adapted["low_experts"], "experts": adapted["experts"],
+                     "adapted": adapted["options"][-1]["name"],
+                     "avg_bits_per_expert_weight": round(adapted["options"][-1]["avg_bits"], 3),
+                     "perplexity_evaluations": adapted["evaluations"]},
         "notes": "sti = whole next layer preloaded (no expert awareness), LRU; io_qexp: uniform INT4, on demand, "
-                 "LRU, its buffer holds ~7x the experts (kept packed); edgemoe_adapted: EdgeMoE + the adapted INT2/INT4 experts; "
+                 "LRU, its buffer holds ~7x the experts (kept packed); edgemoe_adapted: EdgeMoE + the adapted experts, "
+                 "as many slots as the largest of them fits; "
                  "edgemoe/io_exp/sti/lru_preload at full precision; best of 2 runs each",
         "loadavg": open("/proc/loadavg").read().split()[:3],
     }))

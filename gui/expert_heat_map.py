@@ -1,9 +1,10 @@
 """The expert heat map (EdgeMoE): blocks × experts, coloured by what the expert buffer did.
 
 Rows are MoE blocks, columns experts; a cell's colour is the chosen measure (activations,
-hit rate, hits, misses, preloads, evictions) from ``ExpertActivity`` over a run's ``io``
-events, so it fills in live during a run and the same way in a replay. Hovering a cell
-shows all its counts. The Run monitor shows it as soon as a run carries expert activity.
+hit rate, hits, misses, preloads, evictions, resident) from ``ExpertActivity`` over a run's
+``io`` events, so it fills in live during a run and the same way in a replay. Whatever the
+measure, the experts resident in the buffer (after the latest event) are outlined. Hovering a
+cell shows all its counts. The Run monitor shows it as soon as a run carries expert activity.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPalette
+from PySide6.QtGui import QColor, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from agents.protocol import TimelineEvent
 from core.techniques.expert_offload.activity import MEASURES, ExpertActivity
 
 LOW, HIGH = QColor("#e8eef6"), QColor("#1f4e8c")
+RESIDENT = QColor("#e07b00")
+"""The outline of a resident expert's cell (orange: apart from the blue scale)."""
 """A sequential scale: pale for 0, deep blue for the largest value (hit rate: 0 → 1)."""
 
 
@@ -82,7 +85,13 @@ class _Grid(QWidget):
             p.drawText(QRect(0, r.top(), self.LABEL_W - 4, r.height()),
                        Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, f"L{block}")
             for c, v in enumerate(values):
-                p.fillRect(self.cell_rect(row, c), cell_colour(None if v is None else v / scale))
+                cell = self.cell_rect(row, c)
+                p.fillRect(cell, cell_colour(None if v is None else v / scale))
+                if self.owner.activity.is_resident(block, c):
+                    pen = QPen(RESIDENT)
+                    pen.setWidth(2)
+                    p.setPen(pen)
+                    p.drawRect(cell.adjusted(1, 1, -1, -1))
         p.end()
 
     def mouseMoveEvent(self, event) -> None:
@@ -105,12 +114,14 @@ class ExpertHeatMap(QWidget):
         self.measure_box.addItems(MEASURES)
         self.measure_box.setAccessibleName("Heat map measure")
         self.measure_box.setToolTip("Colour each block × expert cell by: activations (router picks), hit rate of the "
-                                    "expert buffer, hits, misses (reads on demand), preloads or evictions")
+                                    "expert buffer, hits, misses (reads on demand), preloads, evictions, or resident "
+                                    "(in the buffer now). Resident experts are outlined in orange.")
         self.measure_box.currentTextChanged.connect(self._on_measure_box_changed)
         self.summary = QLabel("No expert activity yet.")
         self.summary.setWordWrap(True)
         self.grid_widget = _Grid(self)
-        self.grid_widget.setToolTip("Rows: MoE blocks; columns: experts. Hover a cell for its counts.")
+        self.grid_widget.setToolTip("Rows: MoE blocks; columns: experts; orange outline: resident in the "
+                                    "expert buffer now. Hover a cell for its counts.")
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(QLabel("Colour by"))
@@ -147,7 +158,8 @@ class ExpertHeatMap(QWidget):
         """Hover text of a cell: every count of that expert."""
         a = self.activity
         rate = a.value("hit rate", block, expert)
-        lines = [f"block {block}, expert {expert}",
+        where = "resident in the buffer" if a.is_resident(block, expert) else "not in the buffer"
+        lines = [f"block {block}, expert {expert} ({where})",
                  f"activations {a.value('activations', block, expert):.0f} · hit rate "
                  + ("—" if rate is None else f"{rate * 100:.0f} %"),
                  f"hits {a.value('hits', block, expert):.0f} · misses {a.value('misses', block, expert):.0f} · "
@@ -167,5 +179,6 @@ class ExpertHeatMap(QWidget):
         else:
             self.summary.setText(
                 f"hit rate {'—' if rate is None else f'{rate * 100:.0f} %'} · hits {t['hits']} · misses {t['misses']}"
-                f" · preloads {t['preloads']} · evictions {t['evictions']} · read {t['bytes_read'] / 1e6:.1f} MB")
+                f" · preloads {t['preloads']} · evictions {t['evictions']} · read {t['bytes_read'] / 1e6:.1f} MB"
+                f" · resident now {t['resident']} (outlined)")
         self.grid_widget.update()

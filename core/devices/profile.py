@@ -48,6 +48,10 @@ class DeviceTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     profiles that predate it, whose block times included it once per block instead."""
     stage_prefill_overhead_s: float = 0.0
     """The same once-per-stage work for a prefill (plus a fresh KV cache)."""
+    expert_decode_s: tuple[float, ...] = ()
+    """Per unit, a MoE block's one expert on one token (0 for units without experts; empty in
+    profiles of dense models or that predate it): expert offloading's planner splits a block's
+    decode time into its non-expert part and ``top_k`` of these."""
 
     def decode_time(self, unit: int, batch: int) -> float:
         return interpolate(self.decode_batch_sizes, self.decode_s[unit], batch)
@@ -170,6 +174,9 @@ def _profile_errors(profile: Profile) -> list[str]:
             v = getattr(t, name)
             if not (v >= 0) or v == float("inf"):
                 out.append(f"{where}.{name}: must be finite and not negative")
+        if t.expert_decode_s and (len(t.expert_decode_s) != n
+                                  or any(not (v >= 0) or v == float("inf") for v in t.expert_decode_s)):
+            out.append(f"{where}.expert_decode_s: needs one finite, non-negative time per unit ({n})")
         for xs_name, ys_name in (("decode_batch_sizes", "decode_s"), ("prefill_token_counts", "prefill_s")):
             xs, ys = getattr(t, xs_name), getattr(t, ys_name)
             if not xs or any(x < 1 for x in xs) or list(xs) != sorted(set(xs)):

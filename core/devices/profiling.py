@@ -202,6 +202,8 @@ def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links:
             decode_spread=tuple(u.decode_spread[0] for u in units),
             stage_decode_overhead_s=c.stage_decode_overhead_s,
             stage_prefill_overhead_s=c.stage_prefill_overhead_s,
+            expert_decode_s=(tuple(u.expert_decode_s for u in units)
+                             if any(u.expert_decode_s for u in units) else ()),
         ))
     cluster = Cluster(devices=tuple(devices), links=tuple(
         Link(src=m.src, dst=m.dst, bandwidth_mbit_s=max(m.bandwidth_mbit_s, 1e-3), latency_ms=m.one_way_ms)

@@ -72,6 +72,18 @@ def fortune_lines(root: Path = FORTUNES_DIR, files: tuple[str, ...] = FORTUNE_FI
     return lines
 
 
+def held_out_split(lines: list[str], every: int = 10) -> tuple[list[str], list[str]]:
+    """(training lines, held-out lines): every ``every``-th line is held out, and a held-out line whose
+    text also occurs among the training lines is dropped, so the two never share a quotation (the
+    accuracy of a model trained on the first is measured on the second)."""
+    if every < 2:
+        raise ValueError(f"every must be >= 2 (got {every})")
+    train = [line for i, line in enumerate(lines) if i % every != every - 1]
+    seen = set(train)
+    held = [line for i, line in enumerate(lines) if i % every == every - 1 and line not in seen]
+    return train, held
+
+
 def _batches(ids, settings: TrainingSettings, generator):
     import torch
 

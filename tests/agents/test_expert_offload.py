@@ -174,6 +174,29 @@ def test_an_agent_runs_the_expert_offload_stage_kind_from_the_coordinator_with_e
     assert stats["peak_slots"] <= 2 and stats["misses"] > 0
 
 
+def test_two_agents_each_offloading_its_own_blocks_experts_give_exact_tokens(coordinator_and_agents, moe_dir,
+                                                                             tmp_path):
+    coordinator, agents = coordinator_and_agents
+    model_dir = tmp_path / "tiny-mixtral"
+    shutil.copytree(moe_dir, model_dir)
+    (model_dir / "expert-offload.json").write_text(json.dumps({"slots": 2, "policy": "edgemoe", "preload": 1}))
+    plan = plan_from_boundaries("tiny-mixtral", LAYERS + 2, ["a", "b"], [3])  # blocks 0-1 on a, 2-3 on b
+    coordinator.load(plan, str(model_dir), kind="expert-offload")
+    executors = [getattr(a._loaded.executor, "inner", a._loaded.executor) for a in agents]
+    assert all(isinstance(e, ExpertOffloadExecutor) for e in executors)
+    tok = load_tokenizer(str(model_dir))
+    enc = tok(["the cat sat", "a longer prompt about the river", "hello"], return_tensors="pt", padding=True)
+    result = coordinator.run(plan, RunRequest(
+        input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+        attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
+        max_new_tokens=6, eos_token_ids=(2,), pad_token_id=0))
+    assert list(result.tokens) == hf_greedy_new_tokens(str(model_dir), enc, 6)
+    assert [e.store.layers_read for e in executors] == [{0, 1}, {2, 3}]
+    for e in executors:
+        assert e.stats()["misses"] > 0 and e.stats()["peak_slots"] <= 2
+        assert not any(".experts." in name for name in e.reader.read_names)
+
+
 def test_quantised_experts_read_fewer_bytes_and_stay_close(moe_dir, tmp_path):
     from agents.expert_offload import write_quantized_experts
 

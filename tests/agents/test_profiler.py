@@ -17,6 +17,18 @@ TINY_LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
 
 
+TINY_MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+                    num_local_experts=4, num_experts_per_tok=2)
+
+
+def test_a_moe_block_also_gets_one_experts_time_and_other_units_none():
+    r = profile_units(ComputeOptions(config=TINY_MIXTRAL, prompt_tokens=8, batch_sizes=(1,), repeats=3, warmup=1))
+    assert [u.expert_decode_s > 0 for u in r.units] == [False, True, True, False]
+    assert all(u.expert_decode_s == 0 for u in profile_units(ComputeOptions(
+        config=TINY_LLAMA, prompt_tokens=4, batch_sizes=(1,), repeats=1, warmup=0)).units)
+
+
 def test_every_unit_gets_decode_and_prefill_medians_with_their_spread():
     r = profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=16, batch_sizes=(1, 2), repeats=3, warmup=1,
                                      prefill_batch_sizes=(1, 2)))

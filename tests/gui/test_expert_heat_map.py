@@ -81,6 +81,7 @@ def test_a_recorded_expert_offload_run_replays_with_its_heat_map(qtbot, recorded
     heat = panel.monitor.heat_map
     assert not heat.isHidden() and not expected.is_empty()
     assert heat.activity.totals() == expected.totals() and heat.grid() == expected.grid("activations")
+    assert heat.activity.resident() == expected.resident() and 0 < len(expected.resident()) <= 3  # 3 slots
     assert "edge-0:storage" in panel.monitor.timeline.lanes()
     panel.shutdown()
 

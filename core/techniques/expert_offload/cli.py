@@ -34,7 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--storage", metavar="FILE", help="storage-profile.json (profile-storage): its measured "
                    "bandwidth replaces --bandwidth-mbps")
     s.add_argument("--bits", metavar="FILE", help="expert-bits.json (adapt-bits): its measured bit options "
-                   "(fp32, int4, adapted) replace the assumed ones")
+                   "(fp32, int8, int4, int2, adapted) replace the assumed ones")
+    s.add_argument("--profile", metavar="PROFILE.json", help="a measured profile (edgeshard profile) of this model: "
+                   "with --device and --model, the model's sizes come from the checkpoint and its compute times "
+                   "from the device's profile instead of the paper-shaped assumptions")
+    s.add_argument("--device", metavar="ID", help="with --profile: the device whose times to use")
+    s.add_argument("--model", metavar="MODEL_DIR", help="with --profile: the checkpoint (sizes, experts, top-k)")
     s.set_defaults(func=_scenario)
 
     a = verbs.add_parser("profile-activations", help="offline activation profile: transitions between blocks' "
@@ -77,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--run-plan", metavar="RUN_PLAN.json",
                    help="also write the plan `edgeshard run --plan` runs: one expert-offload stage on the "
                         "plan's device (its live timeline shows expert reads on a storage lane)")
+    g.add_argument("--sharded", metavar="SHARD_PLAN.json",
+                   help="with --run-plan: a layer-sharded plan (edgeshard plan) whose every stage holding MoE "
+                        "blocks offloads its own blocks' experts, each with the plan's buffer")
     g.set_defaults(func=_configure)
 
 
@@ -87,9 +95,26 @@ def _problem(path: str):
 
 
 def _scenario(args) -> int:
+    from core.errors import EdgeShardError
     from core.techniques.expert_offload.scenarios import measured, paper_shaped
 
-    problem = paper_shaped(args.budget_fraction, args.bandwidth_mbps * 1e6)
+    given = [name for name in ("profile", "device", "model") if getattr(args, name)]
+    if given and len(given) != 3:
+        raise EdgeShardError("--profile, --device and --model go together (the profile's device times for "
+                             "this checkpoint)")
+    if given:
+        from core.devices.profile import Profile, profile_errors
+        from core.errors import FormatError
+        from core.techniques.expert_offload.scenarios import from_profile
+
+        profile = load(args.profile, Profile)
+        errors = profile_errors(profile)
+        if errors:
+            field, _, msg = errors[0].partition(": ")
+            raise FormatError(args.profile, msg, field)
+        problem = from_profile(profile, args.device, args.model, args.budget_fraction, args.bandwidth_mbps * 1e6)
+    else:
+        problem = paper_shaped(args.budget_fraction, args.bandwidth_mbps * 1e6)
     problem = measured(problem, activations=args.activations, storage=args.storage, bits=args.bits)
     save(args.out, problem)
     print(f"wrote {args.out}")
@@ -127,10 +152,14 @@ def _adapt_bits(args) -> int:
 
     out = bit_options(args.model_dir, read_texts(args.texts, args.model_dir), args.bound, TerminalReporter())
     adapted = out["options"][-1]
+    if out["upper_bits"] is None:
+        split = "no width keeps the model within the bound: every expert stays fp32"
+    else:
+        split = (f"{out['low_experts']} of {out['experts']} experts at INT{out['lower_bits']}, the rest "
+                 f"INT{out['upper_bits']}")
     print(f"perplexity fp32 {out['perplexity_fp32']:.2f}, uniform INT4 {out['perplexity_int4']:.2f}, adapted "
-          f"{out['perplexity_adapted']:.2f} ({out['int2_experts']} of {out['experts']} experts at INT2, "
-          f"{adapted['avg_bits']:.2f} bits per expert weight, {out['evaluations']} evaluations); "
-          f"wrote {Path(args.model_dir) / BITS_FILE} and the quantised experts")
+          f"{out['perplexity_adapted']:.2f} ({split}; {adapted['avg_bits']:.2f} bits per expert weight, "
+          f"{out['evaluations']} evaluations); wrote {Path(args.model_dir) / BITS_FILE} and the quantised experts")
     return 0
 
 
@@ -172,13 +201,19 @@ def _plan(args) -> int:
 
 
 def _configure(args) -> int:
+    from core.errors import EdgeShardError
     from core.techniques.expert_offload.problem import OffloadPlan
     from core.techniques.expert_offload.running import run_plan, write_options
 
     plan = load(args.plan, OffloadPlan)
     bandwidth = None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6
+    if args.sharded and not args.run_plan:
+        raise EdgeShardError("--sharded needs --run-plan RUN.json (the sharded plan with expert-offload stages)")
     if args.run_plan:
-        save(args.run_plan, run_plan(plan, args.model_dir, bandwidth))
+        from core.planning.plan import ShardPlan
+
+        sharded = load(args.sharded, ShardPlan) if args.sharded else None
+        save(args.run_plan, run_plan(plan, args.model_dir, bandwidth, sharded))
         print(f"wrote {Path(args.model_dir) / 'expert-offload.json'} and {args.run_plan} "
               f"(run it: edgeshard run --plan {args.run_plan} --model {args.model_dir} ...)")
         return 0

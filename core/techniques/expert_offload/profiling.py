@@ -160,20 +160,21 @@ def storage_bandwidth(model_dir: str | Path, repeats: int = 1, reporter: Reporte
 
 
 def bit_options(model_dir: str | Path, texts: list[list[int]], bound: float, reporter: Reporter | None = None) -> dict:
-    """EdgeMoE's adaptation on ``texts``: importance per expert, the bound search (INT2/INT4), uniform INT4;
-    the adapted experts are written into ``model_dir``."""
+    """EdgeMoE's adaptation on ``texts`` (core.techniques.expert_offload.adaptation: global lower/upper
+    widths from uniform INT8/INT4/INT2, importance per expert at the lower one, K raised while within
+    the bound); the adapted experts are written into ``model_dir``."""
     import shutil
     import tempfile
 
     from agents.expert_offload import write_quantized_experts
-    from core.techniques.expert_offload.adaptation import adapt_bit_widths, average_bits
+    from core.techniques.expert_offload.adaptation import WIDTHS, edgemoe_adaptation
 
     reporter = reporter or NullReporter()
     info = _moe_dir(model_dir)
     config = json.loads((Path(model_dir) / "config.json").read_text())
     keys = [(b, e) for b in range(int(config["num_hidden_layers"])) for e in range(int(config["num_local_experts"]))]
     evaluations = [0]
-    budget = (len(keys) + 2 + max(1, len(keys)).bit_length() + 1) * len(texts)
+    budget = (1 + len(WIDTHS) + 2 * len(keys) + 1) * len(texts)  # the most the search can take
 
     def ppl(directory) -> float:
         executor = _executor(directory, info)
@@ -199,19 +200,30 @@ def bit_options(model_dir: str | Path, texts: list[list[int]], bound: float, rep
                 cache[key] = ppl(scratch) / base - 1.0
             return cache[key]
 
-        reporter.status(f"importance of {len(keys)} experts (each alone at INT2)")
-        importance = {k: loss({k: 2}) for k in keys}
-        reporter.status(f"searching the INT2 experts within a {bound * 100:.1f} % loss")
-        bits_of, adapted_loss, k = adapt_bit_widths(importance, loss, bound)
-        int4_loss = loss({key: 4 for key in keys})
-    write_quantized_experts(str(model_dir), bits_of)
-    result = {"format": "edgeshard.expert-bits", "version": 1, "bound": bound, "perplexity_fp32": base,
-              "perplexity_adapted": base * (1 + adapted_loss), "perplexity_int4": base * (1 + int4_loss),
-              "int2_experts": k, "experts": len(keys), "evaluations": evaluations[0],
-              "options": [{"name": "fp32", "avg_bits": 32.0, "accuracy_loss": 0.0},
-                          {"name": "int4", "avg_bits": 4.0, "accuracy_loss": max(0.0, int4_loss)},
-                          {"name": f"int2x{k}+int4", "avg_bits": average_bits(bits_of, len(keys)),
-                           "accuracy_loss": max(0.0, adapted_loss)}],
-              "importance": {f"{b}.{e}": v for (b, e), v in importance.items()}}
-    (Path(model_dir) / BITS_FILE).write_text(json.dumps(result, indent=1))
-    return result
+        result = edgemoe_adaptation(keys, loss, bound, progress=reporter.status)
+    write_quantized_experts(str(model_dir), result.bits_of)  # empty: every expert stays full precision
+    summary = bits_summary(result, base, bound, len(keys), evaluations[0])
+    (Path(model_dir) / BITS_FILE).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def bits_summary(result, base: float, bound: float, experts: int, evaluations: int) -> dict:
+    """The ``expert-bits.json`` content of an adaptation (``Adaptation``) from perplexity ``base``."""
+    uniform = [{"name": f"int{w}", "avg_bits": float(w), "accuracy_loss": max(0.0, loss)}
+               for w, loss in sorted(result.uniform_loss.items(), reverse=True)]
+    if result.upper is None:
+        adapted_name = "fp32"
+    elif result.lower == result.upper or result.int_low == 0:
+        adapted_name = f"int{result.upper if result.int_low == 0 else result.lower}"
+    else:
+        adapted_name = f"int{result.lower}x{result.int_low}+int{result.upper}"
+    adapted = {"name": f"adapted {adapted_name}", "avg_bits": result.average_bits(experts),
+               "accuracy_loss": max(0.0, result.loss)}
+    return {"format": "edgeshard.expert-bits", "version": 1, "bound": bound, "perplexity_fp32": base,
+            "perplexity_adapted": base * (1 + result.loss), "perplexity_int4": base * (1 + result.uniform_loss[4]),
+            "lower_bits": result.lower, "upper_bits": result.upper, "low_experts": result.int_low,
+            "experts": experts, "evaluations": evaluations,
+            "options": [{"name": "fp32", "avg_bits": 32.0, "accuracy_loss": 0.0}, *uniform, adapted],
+            "perplexity": {"fp32": base, **{f"int{w}": base * (1 + v) for w, v in result.uniform_loss.items()},
+                           "adapted": base * (1 + result.loss)},
+            "importance": {f"{b}.{e}": v for (b, e), v in result.importance.items()}}

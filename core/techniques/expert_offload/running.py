@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+
 from core.errors import EdgeShardError
 from core.models.checkpoints import check_model_dir
-from core.planning.plan import ShardPlan, Stage
+from core.planning.plan import ShardPlan, Stage, layout_problems
 from core.techniques.expert_offload.problem import OffloadPlan
 
 STAGE_KIND = "expert-offload"
@@ -43,12 +45,24 @@ def write_options(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float
     return path
 
 
-def run_plan(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float | None = None) -> ShardPlan:
-    """The ``ShardPlan`` that runs ``plan`` on its device over ``model_dir`` (whose options it writes)."""
+def run_plan(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float | None = None,
+             sharded: ShardPlan | None = None) -> ShardPlan:
+    """The ``ShardPlan`` that runs ``plan`` over ``model_dir`` (whose options it writes): one stage on the
+    plan's device, or, given a layer-sharded plan ``sharded``, its stages with every stage that holds
+    decoder (MoE) blocks offloading its own blocks' experts (each with the plan's buffer)."""
     info = check_model_dir(model_dir)
     if info.family != "mixtral":
         raise EdgeShardError(f"{model_dir} is a {info.family} model: expert offloading needs a Mixtral (MoE) one")
+    if sharded is not None:
+        problems = layout_problems(sharded, info.num_units)
+        if problems:
+            raise EdgeShardError(f"the layer-sharded plan cannot run on {model_dir}: {'; '.join(problems)}")
     write_options(plan, model_dir, bandwidth_bps)
-    return ShardPlan(model=Path(model_dir).name, num_units=info.num_units,
-                     stages=(Stage(device=plan.device, start=0, end=info.num_units, kind=STAGE_KIND),),
+    if sharded is None:
+        stages = (Stage(device=plan.device, start=0, end=info.num_units, kind=STAGE_KIND),)
+    else:
+        blocks_end = info.num_units - 1  # units 1 .. L are the decoder blocks
+        stages = tuple(msgspec.structs.replace(s, kind=STAGE_KIND if s.start < blocks_end and s.end > 1 else s.kind)
+                       for s in sharded.stages)
+    return ShardPlan(model=Path(model_dir).name, num_units=info.num_units, stages=stages,
                      strategy=f"expert-offload:{plan.policy}")

@@ -1,7 +1,12 @@
-"""A paper-shaped scenario (EdgeMoE's setting: a Mixtral-like model on a phone-class device
-reading experts from flash). Its sizes and times are assumptions, not measurements."""
+"""Expert-offloading problems: a paper-shaped scenario (EdgeMoE's setting: a Mixtral-like model on a
+phone-class device reading experts from flash; its sizes and times are assumptions), one built
+from measurements (``from_profile``: the checkpoint's sizes and a device's profiled compute times),
+and ``measured`` replacing a problem's assumed recall, bandwidth and bit options with the offline
+profiles' measurements."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from core.techniques.expert_offload.problem import FULL_PRECISION, BitOption, MoeModel, OffloadProblem
 
@@ -69,3 +74,70 @@ def measured(problem: OffloadProblem, *, activations: str | None = None, storage
         changes["bit_options"] = options
     fields = {f: getattr(problem, f) for f in problem.__struct_fields__}
     return OffloadProblem(**{**fields, **changes})  # checked again (__post_init__), e.g. bits in [1, 32]
+
+
+def _resident_and_expert_bytes(model_dir: str, config: dict) -> tuple[int, int]:
+    """(bytes of every non-expert tensor, bytes of one expert), at fp32, from the checkpoint's
+    safetensors headers (no weights read)."""
+    from math import prod
+
+    from safetensors import safe_open
+
+    from core.errors import FormatError
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    files = [f for f in files if f.name.startswith("model")]
+    if not files:
+        raise FormatError(str(model_dir), "has no model*.safetensors: give the checkpoint directory")
+    resident = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():
+                if ".experts." not in name and not name.endswith((".gate_up_proj", ".down_proj")):
+                    resident += 4 * prod(handle.get_slice(name).get_shape())
+    hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+    return resident, 3 * hidden * inter * 4
+
+
+def from_profile(profile, device: str, model_dir: str, budget_fraction: float = 0.5,
+                 bandwidth_bps: float = 200e6) -> OffloadProblem:
+    """A problem from measurements instead of assumptions: the model's sizes from the checkpoint
+    (``model_dir``), its compute times from the device's profile (``edgeshard profile``: each unit's
+    decode time at batch 1, and one expert's time the agent measured for MoE blocks), so
+    ``layer_compute_s`` = a block's time − top_k experts, averaged over the blocks. Bad input
+    (another model's profile, a device not in it, a profile without expert times) is a
+    ``FormatError`` naming what to do."""
+    import json
+
+    from core.errors import FormatError
+
+    config_path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise FormatError(str(config_path), f"cannot read the model's config ({err})") from None
+    if "num_local_experts" not in config:
+        raise FormatError(str(model_dir), "is not a MoE (Mixtral) checkpoint: expert offloading needs one")
+    layers, experts = int(config["num_hidden_layers"]), int(config["num_local_experts"])
+    top_k = int(config.get("num_experts_per_tok", 2))
+    devices = [t.device for t in profile.times]
+    if device not in devices:
+        raise FormatError("profile", f"has no compute times of device {device!r} (it has {', '.join(devices)})")
+    times = profile.times_of(device)
+    if len(times.decode_s) != layers + 2:
+        raise FormatError("profile", f"is for a model of {len(times.decode_s)} units; {model_dir} has {layers + 2}: "
+                                     "profile this model")
+    blocks = range(1, layers + 1)
+    if len(times.expert_decode_s) != layers + 2 or not all(times.expert_decode_s[u] > 0 for u in blocks):
+        raise FormatError("profile", f"has no per-expert compute time for {device!r}'s MoE blocks: profile the "
+                                     "model again (agents time one expert of each MoE block)")
+    expert_s = sum(times.expert_decode_s[u] for u in blocks) / layers
+    layer_s = sum(max(0.0, times.decode_time(u, 1) - top_k * times.expert_decode_s[u]) for u in blocks) / layers
+    head_s = times.decode_time(0, 1) + times.decode_time(layers + 1, 1) + times.stage_decode_overhead_s
+    resident, expert_bytes = _resident_and_expert_bytes(model_dir, config)
+    model = MoeModel(name=f"{Path(model_dir).name} (profiled on {device})", layers=layers, experts=experts,
+                     top_k=top_k, expert_bytes=expert_bytes, resident_bytes=resident, layer_compute_s=layer_s,
+                     expert_compute_s=expert_s, head_s=head_s)
+    full = resident + layers * experts * expert_bytes
+    return OffloadProblem(model=model, device=device, memory_budget_bytes=int(budget_fraction * full),
+                          bandwidth_bps=bandwidth_bps, bit_options=(FULL_PRECISION,))  # measured ones: --bits

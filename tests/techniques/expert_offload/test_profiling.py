@@ -65,12 +65,14 @@ def test_adapt_bits_writes_the_adapted_experts_and_the_measured_bit_options(moe,
     code, out = run_cli(["moe", "adapt-bits", model, "--texts", folder / "held-out.txt", "--bound", "0.5"])
     assert code == 0, out
     result = json.loads((model / "expert-bits.json").read_text())
-    assert result["perplexity_fp32"] > 1 and result["evaluations"] >= 8 + 2  # fp32 + one per expert + search
+    assert result["perplexity_fp32"] > 1 and result["evaluations"] >= 1 + 3  # fp32 + uniform INT8/4/2
     names = [o["name"] for o in result["options"]]
-    assert names[:2] == ["fp32", "int4"] and len(result["importance"]) == 8
+    assert names[:4] == ["fp32", "int8", "int4", "int2"] and names[4].startswith("adapted")
     bits = json.loads((model / "expert-offload.json").read_text())["expert_bits"]
-    assert len(bits) == 8 and set(bits.values()) <= {2, 4}
-    assert sum(1 for b in bits.values() if b == 2) == result["int2_experts"]
+    lower, upper = result["lower_bits"], result["upper_bits"]
+    assert len(bits) == 8 and set(bits.values()) <= {lower, upper}
+    assert sum(1 for b in bits.values() if b == lower) == result["low_experts"]
+    assert result["options"][4]["accuracy_loss"] <= 0.5
     assert (model / "experts-quantized.safetensors").is_file()
 
 
@@ -130,3 +132,70 @@ def test_bad_inputs_of_the_profiling_commands_are_refused(moe, tmp_path, capsys)
             code = exit_.code
         err = capsys.readouterr().err
         assert code != 0 and words in err and "Traceback" not in err, (argv, err)
+
+
+@pytest.fixture(scope="module")
+def device_profile(moe, tmp_path_factory):
+    """A real profile (the agent's profiler on this machine) of the tiny Mixtral, as `edgeshard profile` builds it."""
+    from agents.profiler import profile_units
+    from agents.protocol import ComputeOptions
+    from core.devices.profiling import build_profile
+
+    _, model = moe
+    config = json.loads((model / "config.json").read_text())
+    compute = profile_units(ComputeOptions(config=config, prompt_tokens=8, batch_sizes=(1,), repeats=3, warmup=1),
+                            device="edge-0")
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    formats.save(path, build_profile(config, {"edge-0": compute}, [], dtype="fp32", model_name="tiny-mixtral",
+                                     prompt_tokens=8))
+    return path, compute
+
+
+def test_the_planner_takes_the_models_sizes_and_the_devices_profiled_compute_times(moe, device_profile, tmp_path):
+    from agents.shard import StageExecutor
+
+    _, model = moe
+    path, compute = device_profile
+    storage = tmp_path / "storage.json"
+    storage.write_text(json.dumps({"format": "edgeshard.storage-profile", "version": 1, "bandwidth_bps": 55e6}))
+    code, out = run_cli(["moe", "scenario", "--profile", path, "--device", "edge-0", "--model", model,
+                         "--storage", storage, "--budget-fraction", "0.5", "--out", tmp_path / "p.json"])
+    assert code == 0, out
+    problem = formats.load(tmp_path / "p.json", OffloadProblem)
+    m, blocks = problem.model, compute.units[1:3]
+    assert (m.layers, m.experts, m.top_k, problem.bandwidth_bps) == (2, 4, 2, 55e6)
+    assert m.expert_compute_s == pytest.approx(sum(u.expert_decode_s for u in blocks) / 2)
+    assert m.layer_compute_s == pytest.approx(sum(max(0.0, u.decode_s[0] - 2 * u.expert_decode_s) for u in blocks) / 2)
+    whole = StageExecutor(str(model), 0, 4).memory_bytes()  # fp32: every weight resident
+    assert m.resident_bytes + 2 * 4 * m.expert_bytes == whole
+    assert problem.memory_budget_bytes == int(0.5 * whole)
+    code, out = run_cli(["moe", "compare", tmp_path / "p.json"])
+    assert code == 0 and "edgemoe" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "phone"], "has no compute times of device 'phone'"),
+    (["--device", "edge-0"], "go together"),
+])
+def test_a_profile_scenario_with_a_missing_part_or_device_is_refused(moe, device_profile, tmp_path, capsys, args,
+                                                                     words):
+    _, model = moe
+    path, _ = device_profile
+    extra = ["--model", model] if "phone" in args else []
+    code, _ = run_cli(["moe", "scenario", "--profile", path, *args, *extra, "--out", tmp_path / "p.json"])
+    assert code == 2 and words in capsys.readouterr().err and not (tmp_path / "p.json").exists()
+
+
+def test_a_profile_without_expert_times_is_refused_saying_to_profile_again(moe, device_profile, tmp_path, capsys):
+    import msgspec
+
+    from core.devices.profile import Profile
+
+    _, model = moe
+    path, _ = device_profile
+    old = formats.load(path, Profile)
+    formats.save(tmp_path / "old.json", msgspec.structs.replace(
+        old, times=tuple(msgspec.structs.replace(t, expert_decode_s=()) for t in old.times)))
+    code, _ = run_cli(["moe", "scenario", "--profile", tmp_path / "old.json", "--device", "edge-0", "--model", model,
+                       "--out", tmp_path / "p.json"])
+    assert code == 2 and "profile the model again" in capsys.readouterr().err

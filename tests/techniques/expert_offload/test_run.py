@@ -13,7 +13,7 @@ from agents.protocol import parse_expert_activity
 from core import formats
 from core.errors import EdgeShardError
 from core.models.checkpoints import ModelRecipe, make_model
-from core.planning.plan import ShardPlan
+from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.runs.generation import load_tokenizer
 from core.sessions.store import SessionStore
 from core.techniques import technique_named
@@ -97,3 +97,52 @@ def test_a_dense_checkpoint_is_refused_for_an_expert_offload_run(tmp_path):
     with pytest.raises(EdgeShardError, match="needs a Mixtral"):
         technique_named("expert-offload").run_plan(OffloadPlan(device="d", slots=2), model)
     assert not (model / "expert-offload.json").exists()
+
+
+@pytest.fixture(scope="module")
+def ran_sharded(tmp_path_factory):
+    """The same model layer-sharded over two loopback agents, each stage offloading its own blocks' experts."""
+    folder = tmp_path_factory.mktemp("moe-run-sharded")
+    model = make_model(ModelRecipe(family="mixtral", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=5,
+                                   experts=8), folder / "tiny-mixtral")
+    formats.save(folder / "sharded.json", plan_from_boundaries("tiny-mixtral", 6, ["edge-0", "edge-1"], [3]))
+    formats.save(folder / "offload.json", OffloadPlan(device="edge-0", slots=2, preload=1))
+    code, out = run_cli(["moe", "configure", folder / "offload.json", model, "--run-plan", folder / "run.json",
+                         "--sharded", folder / "sharded.json"])
+    assert code == 0, out
+    workspace = folder / "ws.sqlite"
+    code, out = run_cli(["run", "--model", model, "--plan", folder / "run.json", "--local", "--prompt", PROMPT,
+                         "--max-new-tokens", NEW, "--workspace", workspace])
+    assert code == 0, out
+    return model, folder, workspace
+
+
+def test_a_layer_sharded_plan_runs_with_every_stage_offloading_its_experts_with_exact_tokens(ran_sharded):
+    model, folder, workspace = ran_sharded
+    plan = formats.load(folder / "run.json", ShardPlan)
+    assert [(s.device, s.start, s.end, s.kind) for s in plan.stages] == [
+        ("edge-0", 0, 3, "expert-offload"), ("edge-1", 3, 6, "expert-offload")]
+    with SessionStore(workspace) as store:
+        [run] = store.runs(store.sessions()[0].id)
+        items = store.timeline(run.id)
+    got = [t.tokens.token_ids[0] for t in sorted((i for i in items if i.tokens is not None),
+                                                 key=lambda i: i.tokens.step)]
+    enc = load_tokenizer(str(model))([PROMPT], return_tensors="pt", padding=True)
+    assert tuple(got) == tuple(hf_greedy_new_tokens(str(model), enc, NEW)[0])
+    blocks_of = {}
+    for e in (i.event for i in items if i.event is not None and i.event.kind == "io"):
+        block, _, outcome = parse_expert_activity(e.peer)
+        blocks_of.setdefault(e.device, set()).add(block)
+    # each agent read its own blocks' experts from storage: blocks 0-1 on edge-0, 2-3 on edge-1
+    assert blocks_of == {"edge-0:storage": {0, 1}, "edge-1:storage": {2, 3}}
+
+
+def test_a_sharded_plan_for_another_model_is_refused(tmp_path, ran, capsys):
+    model, _, _, _ = ran
+    formats.save(tmp_path / "sharded.json", plan_from_boundaries("other", 9, ["a", "b"], [4]))
+    formats.save(tmp_path / "offload.json", OffloadPlan(device="a", slots=2))
+    code, out = run_cli(["moe", "configure", tmp_path / "offload.json", model, "--run-plan", tmp_path / "r.json",
+                         "--sharded", tmp_path / "sharded.json"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot run on" in err and "9 units" in err
+    assert not (tmp_path / "r.json").exists()
