@@ -1,8 +1,9 @@
 """MoE expert offloading (EdgeMoE, issue 16) benchmark: prints one JSON line.
 
-A small Mixtral (4 blocks, 8 experts, top-2) trained briefly on the fortunes text (so its
-router has learned something; cached under the user's cache dir) runs greedy decoding
-(batch 1, on-device) on 6 prompts, with every expert read from the checkpoint on storage
+A small Mixtral (4 blocks, 8 experts, top-2) trained briefly (600 steps, 1 thread, at most
+20 min) on the training split of the fortunes text (so its router has learned something;
+cached under the user's cache dir) runs greedy decoding (batch 1, on-device) on 6 held-out
+prompts, with every expert read from the checkpoint on storage
 throttled to ``BANDWIDTH`` bytes/s, at memory budgets of 25 %, 50 % and 75 % of the model,
 side by side in one run (best of 2 runs each):
 
