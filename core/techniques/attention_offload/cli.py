@@ -29,7 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = r.add_mutually_exclusive_group(required=True)
     where.add_argument("--agents", help="agents.json (from `cluster local` or deploy)")
     where.add_argument("--local", action="store_true", help="start the named agents on this machine for this run")
-    r.add_argument("--compute", required=True, help="the compute device (its agent runs the dense part)")
+    r.add_argument("--compute", required=True,
+                   help="the compute device(s), comma separated: each holds the whole dense part; several "
+                        "run Lamina's staggered pipelining (--schedule, --micro-batches)")
+    r.add_argument("--schedule", choices=("rotational", "fixed"), default="rotational",
+                   help="staggering over several compute devices: batches move between them (rotational) or "
+                        "each stays on one (fixed)")
+    r.add_argument("--micro-batches", type=TOKENS, default=None,
+                   help="batches in flight over the compute devices (default: one per compute device + 1)")
     r.add_argument("--memory", required=True,
                    help="memory devices, comma separated (each holds the KV of a share of the key/value heads)")
     r.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
@@ -43,12 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_run)
 
 
-def memory_devices(text: str, compute: str) -> list[str]:
-    """The ``--memory`` list, checked: names, none repeated, not the compute device."""
+def memory_devices(text: str, compute: str | list[str]) -> list[str]:
+    """The ``--memory`` list, checked: names, none repeated, not a compute device."""
     names = [n.strip() for n in text.split(",")]
+    compute = [compute] if isinstance(compute, str) else compute
     if not all(names):
         raise FormatError("--memory", "give device names separated by commas, e.g. mem-0,mem-1")
-    if len(set(names)) != len(names) or compute in names:
+    if len(set(names)) != len(names) or set(compute) & set(names):
         raise FormatError("--memory", "each memory device once, and not the compute device")
     return names
 
@@ -59,23 +67,29 @@ def _run(args) -> int:
     from core.runs.generation import GenerationSettings, generate_with
     from core.sessions.recording import record_run
     from core.sessions.store import default_workspace_path
-    from core.techniques.attention_offload.run import run_offload
+    from core.techniques.attention_offload.run import run_offload, run_staggered
 
-    memory = memory_devices(args.memory, args.compute)
+    compute = [n.strip() for n in args.compute.split(",")]
+    if not all(compute) or len(set(compute)) != len(compute):
+        raise FormatError("--compute", "give device names separated by commas, each once, e.g. c0,c1")
+    memory = memory_devices(args.memory, compute)
     if not args.prompt:
         raise FormatError("edgeshard attention-offload run", "give --prompt TEXT (repeatable)")
     if not Path(args.model, "config.json").exists():
         raise FormatError(args.model, "not a checkpoint directory (no config.json)")
     model_dir = os.path.abspath(args.model)
+    staggered = len(compute) > 1 or args.micro_batches is not None
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, seed=args.seed, threads=args.threads)
-    devices = [args.compute, *memory]
+                                  top_p=args.top_p, seed=args.seed, threads=args.threads,
+                                  micro_batches=(args.micro_batches or len(compute) + 1) if staggered else None)
+    devices = [*compute, *memory]
     workspace = None if args.no_record else (args.workspace or default_workspace_path())
     recording = nullcontext() if workspace is None else record_run(
         workspace, model=Path(model_dir).name, mode="sequential",
         settings={"technique": "attention-offload", "model_dir": model_dir, "prompts": args.prompt,
                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                  "seed": args.seed, "compute": args.compute, "memory": memory, "lanes": devices,
+                  "seed": args.seed, "compute": compute, "memory": memory, "lanes": devices,
+                  "schedule": args.schedule if staggered else "", "micro_batches": settings.micro_batches,
                   "started_by": "edgeshard attention-offload run"},
         session_name=f"attention offload {time.strftime('%Y-%m-%d %H:%M')}")
     cluster = tmp = None
@@ -94,10 +108,14 @@ def _run(args) -> int:
             coordinator.wait_ready(timeout_s=30)
             coordinator.sync_clocks()
             sink = rec.recorder if rec is not None else None
-            out = generate_with(lambda request, s: run_offload(coordinator, model_dir, args.compute, memory, request,
-                                                                sink=FanoutSink(s, sink) if sink else s,
-                                                                threads=args.threads),
-                                model_dir, args.prompt, settings)
+            def run(request, s):
+                s = FanoutSink(s, sink) if sink else s
+                if staggered:
+                    return run_staggered(coordinator, model_dir, compute, memory, request, schedule=args.schedule,
+                                         sink=s, threads=args.threads)
+                return run_offload(coordinator, model_dir, compute[0], memory, request, sink=s, threads=args.threads)
+
+            out = generate_with(run, model_dir, args.prompt, settings)
             if rec is not None:
                 rec.status = "completed"
     finally:
@@ -110,7 +128,8 @@ def _run(args) -> int:
     f = out.figures
     ms = lambda v: "n/a" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
     print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  tokens {f.tokens}  "
-          f"compute {args.compute}  memory {', '.join(memory)}")
+          f"compute {', '.join(compute)}  memory {', '.join(memory)}"
+          + (f"  {args.schedule} staggering, {settings.micro_batches} batches" if staggered else ""))
     if rec is not None:
         print(f"recorded as run {rec.run_id} (session {rec.session_id}) in {workspace}")
     sys.stdout.flush()

@@ -40,3 +40,22 @@ def test_a_memory_list_naming_the_compute_device_is_refused_before_anything_star
                "m0,c0", "--prompt", "x", "--workspace", str(tmp_path / "ws.sqlite")])
     assert rc == 2 and "not the compute device" in capsys.readouterr().err
     assert not (tmp_path / "ws.sqlite").exists()
+
+
+def test_two_compute_devices_run_rotational_staggering_with_the_text_of_hf_generate(tiny_llama_dir, tmp_path, capsys):
+    prompts = ["the cat sat", "hello", "a river"]
+    args = ["attention-offload", "run", "--model", tiny_llama_dir, "--local", "--compute", "c0,c1", "--memory",
+            "m0,m1", "--max-new-tokens", "3", "--micro-batches", "3", "--workspace", str(tmp_path / "ws.sqlite")]
+    for p in prompts:
+        args += ["--prompt", p]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "rotational staggering, 3 batches" in out
+    tok = load_tokenizer(tiny_llama_dir)
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    for i, (p, row) in enumerate(zip(prompts, hf_greedy_new_tokens(tiny_llama_dir, enc, 3))):
+        assert f"[{i}] {p}{tok.decode([t for t in row if t != 2], skip_special_tokens=True)}" in out
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        (run,) = store.runs()
+        devices = {i.event.device for i in store.timeline(run.id) if i.event is not None}
+        assert devices == {"c0", "c1", "m0", "m1"} and run.settings["schedule"] == "rotational"
