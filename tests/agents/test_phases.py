@@ -273,3 +273,13 @@ def test_a_bad_request_in_a_decode_batch_is_answered_with_its_error_and_the_othe
         batch.step()
     assert isinstance(answers[1], PhaseRequestError) and "KV cache must be" in str(answers[1])
     assert len(answers[0].tokens) == 3
+
+
+def test_a_devices_phases_name_its_stage_kind_and_a_set_no_layout_uses_is_refused():
+    from agents.phase_kinds import kind_for
+
+    assert kind_for(["decode"]) == "epd-decode"
+    assert kind_for(["prefill", "encode"]) == "epd-encode-prefill"
+    assert kind_for(["encode", "prefill", "decode"]) == "epd-aggregated"
+    with pytest.raises(ValueError, match="no EPD stage serves the phases prefill, decode together"):
+        kind_for(["decode", "prefill"])
