@@ -72,7 +72,27 @@ UNSHAPED_DEVICE = DemoDevice(memory_share=0.0, slowdown=1.0, link_mbit=200.0)
 def demo_recipe():
     from core.models.checkpoints import ModelRecipe
 
-    return ModelRecipe(family="llama", layers=6, hidden=192, heads=4, kv_heads=2, vocab=2048, seed=7)
+    # hidden 128 / vocab 4096: small enough for ~830 training steps in the 150 s budget on 2 cores,
+    # where hidden 192 gets ~490 and its greedy text loops; 4096 tokens hold most words whole, so
+    # the model does not glue made-up words from pieces (core/models/training.py has the figures)
+    return ModelRecipe(family="llama", layers=6, hidden=128, heads=4, kv_heads=2, vocab=4096, seed=7)
+
+
+def holds_demo_recipe(model_dir: Path) -> bool:
+    """Whether ``model_dir``'s config.json is the current demo recipe's (a checkpoint cached
+    by an older studio with another recipe is remade, not reused). Reads JSON only: this runs
+    before the studio has imported torch."""
+    import json
+
+    r = demo_recipe().resolved()
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    wanted = {"model_type": r.family, "num_hidden_layers": r.layers, "hidden_size": r.hidden,
+              "num_attention_heads": r.heads, "num_key_value_heads": r.kv_heads,
+              "intermediate_size": r.intermediate, "vocab_size": r.vocab}
+    return all(config.get(k) == v for k, v in wanted.items())
 
 
 def demo_shape(device: str) -> DemoDevice:
@@ -108,7 +128,7 @@ def trained_model_dir(root: Path | None = None) -> Path:
 
 def has_trained_model(root: Path | None = None) -> bool:
     out = trained_model_dir(root)
-    return (out / "config.json").is_file() and (out / "training.json").is_file() and any(out.glob("*.safetensors"))
+    return (out / "training.json").is_file() and any(out.glob("*.safetensors")) and holds_demo_recipe(out)
 
 
 def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
@@ -120,7 +140,7 @@ def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
         return trained_model_dir(root)
     root = root or cache_dir()
     out = root / DEMO_MODEL_NAME
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    if any(out.glob("*.safetensors")) and holds_demo_recipe(out):
         reporter.status(f"using the untrained demo model in {out}")
         return out
     tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=_mkdir(root)))
@@ -165,11 +185,18 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     reporter.status("preparing the demo model")
     parts.model_dir = ensure_demo_model(reporter, model_root)
     reporter.status(f"starting {len(devices)} local agents")
+    up: list[str] = []
+
+    def agent_up(device: str) -> None:
+        up.append(device)
+        reporter.status(f"agent {device} is up ({len(up)}/{len(devices)})")
+        reporter.partial_result(device)  # never dropped (progress reports are rate-limited)
+
     parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices),
                                  link_mbit={d: demo_shape(d).link_mbit for d in devices},
                                  link_latency_ms=DEMO_LINK_LATENCY_MS,
                                  emulation=demo_emulation(devices, parts.model_dir))
-    parts.cluster.start()  # the agents live as long as this process, not this worker thread
+    parts.cluster.start(on_ready=agent_up)  # the agents live as long as this process, not this worker thread
     # default heartbeats: a dead agent is noticed within 3 s (agents answer pings while they load)
     parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, request_timeout_s=30.0)
     parts.coordinator.open()
@@ -225,6 +252,9 @@ class DemoSession(QObject):
         self.runner.task_finished.connect(self._on_setup_finished)
         self.runner.task_failed.connect(self._on_setup_failed)
         self.runner.status_reported.connect(lambda _t, s: self.state.log(f"demo: {s}"))
+        self.runner.partial_result_reported.connect(self._on_agent_up)
+        self.agents_bar = None
+        """The status bar's "agents n/3" while the demo's agents start (the window is usable meanwhile)."""
         self._ready = False
         self.error = ""
         self._run_done = threading.Event()
@@ -244,6 +274,39 @@ class DemoSession(QObject):
         self.state.set_workspace(self.workspace)
         self.runner.start(setup_demo, self.parts, self.devices, self.model_root)
 
+    def show_starting(self, window) -> None:
+        """The window is up before the agents (each imports torch, seconds): list them as
+        starting on the Devices screen and show their progress in the status bar, so the
+        window is usable at once and says what it is waiting for."""
+        from PySide6.QtWidgets import QProgressBar
+
+        self.window = window
+        if self._ready or self.error:
+            return
+        for device in self.devices:
+            window.screens.devices.upsert(DeviceRecord(id=device, address="127.0.0.1", status="starting",
+                                                       origin="local cluster", detail="demo agent starting"))
+        bar = self.agents_bar = QProgressBar()
+        bar.setObjectName("demoAgentsBar")
+        bar.setRange(0, len(self.devices))
+        bar.setValue(0)
+        bar.setFormat("demo agents %v/%m up")
+        bar.setToolTip("The demo's agents are starting (each loads PyTorch); the planning screens work meanwhile")
+        bar.setMaximumWidth(200)
+        window.statusBar().addPermanentWidget(bar)
+
+    def _on_agent_up(self, _task: int, device) -> None:
+        if self.agents_bar is not None:
+            self.agents_bar.setValue(self.agents_bar.value() + 1)
+        if self.window is not None:
+            self.window.screens.devices.set_status(str(device), "starting", "agent up, attaching")
+
+    def _drop_agents_bar(self) -> None:
+        if self.agents_bar is not None:
+            self.agents_bar.hide()
+            self.agents_bar.deleteLater()
+            self.agents_bar = None
+
     def is_ready(self) -> bool:
         return self._ready or bool(self.error)
 
@@ -251,6 +314,7 @@ class DemoSession(QObject):
         return self.error or ("ready" if self._ready else "starting")
 
     def _on_setup_finished(self, _task: int, parts: DemoParts) -> None:
+        self._drop_agents_bar()
         st = self.state
         st.set_model(DEMO_MODEL_NAME, path=str(parts.model_dir))
         st.set_connection(f"demo cluster: {len(self.devices)} agents on 127.0.0.1")
@@ -317,12 +381,15 @@ class DemoSession(QObject):
         self.state.log(f"demo model: training failed, staying with the untrained model: {message}", "warning")
 
     def _on_setup_failed(self, _task: int, message: str) -> None:
+        self._drop_agents_bar()
         self.error = message
         self.state.set_connection("demo cluster failed")
         self.state.log(f"demo could not start: {message}", "error")
         self.failed.emit(message)
         self._cleanup()
         if self.window is not None:
+            for device in self.devices:  # the rows show_starting added
+                self.window.screens.devices.set_status(device, "offline", "the demo cluster could not start")
             from gui.widgets import show_error
 
             show_error(self.window, "The demo cluster could not start", message,

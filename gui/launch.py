@@ -1,34 +1,50 @@
-"""Starts the studio: the QApplication, the main window, and optionally the demo cluster."""
+"""Starts the studio: the QApplication, the main window, and optionally the demo cluster.
+
+The heavy GUI modules (pyqtgraph, the screens) are imported only once the demo's agents are
+being started: each agent process spends seconds importing torch, and that should overlap
+the window's own start-up, not follow it.
+"""
 
 from __future__ import annotations
-
-from gui.app import create_app
-from gui.main_window import MainWindow
 
 
 def open_demo_window(workspace: str | None = None, **demo_options):
     """The main window and a started ``DemoSession``. The demo's agents are started before the
-    window is built, so their start-up (each agent process imports torch) overlaps building
-    the window instead of following it; the demo's results reach the window through queued
-    signals, delivered once the event loop runs."""
+    QApplication and the window are made (and before their modules are imported), so their
+    start-up overlaps building the window instead of following it; the demo's results reach
+    the window through queued signals, delivered once the event loop runs (signals posted
+    before the QApplication exists are delivered then too)."""
     from gui.demo import DemoSession
     from gui.studio_state import StudioState
 
     state = StudioState()
     demo_session = DemoSession(state, workspace=workspace, **demo_options)
     demo_session.start()
+    from PySide6.QtWidgets import QApplication
+
+    from gui.app import create_app
+    from gui.main_window import MainWindow
+
+    if QApplication.instance() is None:
+        create_app()
     window = MainWindow(state)
     state.setParent(window)
-    demo_session.window = window
+    demo_session.show_starting(window)
     return window, demo_session
 
 
 def launch(workspace: str | None = None, profile: str | None = None, demo: bool = False) -> int:
-    app = create_app()
     demo_session = None
     if demo:
         window, demo_session = open_demo_window(workspace)
+        from PySide6.QtWidgets import QApplication
+
+        app = QApplication.instance()
     else:
+        from gui.app import create_app
+        from gui.main_window import MainWindow
+
+        app = create_app()
         window = MainWindow()
         window.restore_last_workspace()  # the demo keeps its own workspace, and does not replace this one
         if workspace:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,14 +177,20 @@ class LocalCluster:
     def pid_of(self, device: str) -> int:
         return next(p.popen.pid for p in self._procs if p.device == device)
 
-    def start(self) -> list[AgentEndpoint]:
+    def start(self, on_ready: Callable[[str], None] | None = None) -> list[AgentEndpoint]:
+        """Spawn every agent at once, then wait for each one's ready line; ``on_ready(device)``
+        after each (a caller shows start-up progress with it)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.keys = CurveKeys.generate()
         self.keys.save(self.workdir / "coordinator.key")
         try:
             for dev in self.devices:
                 self._procs.append(self._spawn(dev))
-            self._entries = [self._wait_ready(p) for p in self._procs]
+            self._entries = []
+            for p in self._procs:
+                self._entries.append(self._wait_ready(p))
+                if on_ready is not None:
+                    on_ready(p.device)
         except BaseException:
             self.stop()
             raise

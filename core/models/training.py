@@ -4,11 +4,20 @@ A random-weight model babbles, which hides what a demo shows. Weights cannot be
 downloaded here, but text can come from the distribution: Debian's ``fortunes`` package
 (BSD-licensed fortune-mod data: quotations, proverbs, literature excerpts) installs plain
 ``%``-separated files under ``/usr/share/games/fortunes`` (scripts/install-system-deps.sh).
-``train_model`` trains a byte-level BPE tokenizer on that text (same code as
-``checkpoints.train_tokenizer``) and the recipe's model on it for a fixed number of steps
-sized for ~2–3 minutes on 2 CPU cores, then writes an ordinary HF checkpoint. The recipe is
-the caller's, so a trained and an untrained checkpoint of one recipe have the same units
-and sizes: a profile or plan made for one holds for the other.
+``fortune_lines`` keeps the quotations that read as plain prose (attributions, dialogue,
+verse, code and shouting dropped: a small model imitates whatever it sees, and names
+after ``--`` are what it learns first). ``train_model`` trains a byte-level BPE tokenizer on
+that text (same code as ``checkpoints.train_tokenizer``) and the recipe's model on it, then
+writes an ordinary HF checkpoint. The recipe is the caller's, so a trained and an untrained
+checkpoint of one recipe have the same units and sizes: a profile or plan made for one holds
+for the other.
+
+Training is bounded by steps and by time, whichever ends first, and the learning rate
+decays on that same progress, so a slow or busy machine still ends with a decayed (usable)
+model within the budget. Measured on the demo recipe (6 layers, hidden 128, vocab 4096):
+~830 steps in 150 s on 2 idle cores give greedy text such as "Love is the best policy." and
+"You will be successful."; a larger model (hidden 192) gets ~490 steps in the same time and
+loops ("a man who has been a man who has been ...").
 
 ``train_in_subprocess`` runs it in a child process (``python -m core.models.training``) so
 a GUI stays live and the work can be cancelled; the child reports progress as lines on
@@ -21,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,21 +54,46 @@ PROGRESS_PREFIX = "EDGESHARD-TRAIN"
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    steps: int = 1000
-    """About 2 minutes on 2 idle cores; 430 steps already give phrases ("A wise man once said, but I
-    don't got the world.") where the untrained model gives random tokens."""
-    batch: int = 16
-    seq_len: int = 64
+    steps: int = 1500
+    """An upper bound: on 2 idle cores the time budget ends training first (~830 steps)."""
+    batch: int = 32
+    seq_len: int = 48
+    """Tokens per window; a quotation is ~20 tokens, so a window spans two or three."""
     learning_rate: float = 3e-3
     seed: int = 0
     threads: int = 2
-    max_seconds: float = 240.0
-    """Safety stop on a loaded machine: the checkpoint is written with the steps done by then
-    (``training.json`` records how many)."""
+    max_seconds: float = 150.0
+    """The time budget of the training loop (the tokenizer and saving add a few seconds):
+    training ends here even on a loaded machine, with the learning rate decayed
+    (``schedule_progress``); ``training.json`` records the steps done."""
+
+
+_ATTRIBUTION = re.compile(r"\s*(--|~~)\s*[^-]*$")
+"""A trailing "-- Author, Work" (the last dash pair to the end)."""
+_NOT_PROSE = re.compile(r"[_|<>\[\]{}#@*^~=/\\+%$&;:()]|\d|\.\.|!!|\?\?|''|``")
+"""Markup, code, dialogue ("Q:"), numbers, ellipses and emphasis: not plain sentences."""
+_SENTENCE_END = re.compile(r"""[.!?]["']?$""")
+
+
+def prose_quotation(entry: str) -> str | None:
+    """One fortune as a plain-prose line (whitespace joined, attribution removed), or None
+    when it is not plain prose: non-ASCII, too short or long, not a capitalised sentence,
+    unbalanced quotes, markup, numbers, or mostly capitals."""
+    text = _ATTRIBUTION.sub("", " ".join(entry.split())).strip()
+    if text.startswith('"') and text.endswith('"') and text.count('"') == 2:
+        text = text[1:-1].strip()
+    if not (20 <= len(text) <= 200 and text.isascii()):
+        return None
+    if _NOT_PROSE.search(text) or not text[0].isupper() or not _SENTENCE_END.search(text) or text.count('"') % 2:
+        return None
+    letters = [c for c in text if c.isalpha()]
+    if sum(c.isupper() for c in letters) > 0.2 * len(letters):
+        return None
+    return text
 
 
 def fortune_lines(root: Path = FORTUNES_DIR, files: tuple[str, ...] = FORTUNE_FILES) -> list[str]:
-    """One line per quotation (whitespace joined), from the ``fortunes`` package's files."""
+    """One line per plain-prose quotation (``prose_quotation``) from the ``fortunes`` package's files."""
     present = [root / f for f in files if (root / f).is_file()]
     if not present:
         raise FormatError(str(root), "no fortune files to train on; install the Debian package `fortunes` "
@@ -66,8 +101,8 @@ def fortune_lines(root: Path = FORTUNES_DIR, files: tuple[str, ...] = FORTUNE_FI
     lines = []
     for path in present:
         for entry in path.read_text(encoding="utf-8", errors="replace").split("\n%\n"):
-            text = " ".join(entry.split())
-            if 20 <= len(text) <= 400 and text.isascii():
+            text = prose_quotation(entry)
+            if text is not None:
                 lines.append(text)
     return lines
 
@@ -82,6 +117,20 @@ def held_out_split(lines: list[str], every: int = 10) -> tuple[list[str], list[s
     seen = set(train)
     held = [line for i, line in enumerate(lines) if i % every == every - 1 and line not in seen]
     return train, held
+
+
+def schedule_progress(step: int, settings: TrainingSettings, elapsed_s: float) -> float:
+    """How far training is, in [0, 1]: by steps or by time, whichever is further. On a slow or
+    busy machine the time budget ends the run, and the learning rate has decayed by then
+    (a step-only schedule cut short leaves the model at a high learning rate, half trained)."""
+    return max(step / max(1, settings.steps), elapsed_s / settings.max_seconds if settings.max_seconds > 0 else 0.0)
+
+
+def learning_rate_factor(step: int, warmup: int, progress: float) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine from 1 to 0.1 over ``progress``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def _batches(ids, settings: TrainingSettings, generator):
@@ -117,14 +166,7 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         model = transformers.AutoModelForCausalLM.from_config(build_config(r))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, settings.steps // 20)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, settings.steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    warmup = max(1, min(settings.steps // 20, 50))
     gen = torch.Generator().manual_seed(settings.seed)
     started = time.perf_counter()
     reporter.status(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {data.numel():,} tokens")
@@ -133,20 +175,23 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
     for step in range(settings.steps):
         if reporter.cancel_requested():
             raise Cancelled()
-        if time.perf_counter() - started > settings.max_seconds:
-            reporter.status(f"time limit reached after {step} of {settings.steps} steps")
+        progress = schedule_progress(step, settings, time.perf_counter() - started)
+        if progress >= 1.0:
+            reporter.status(f"time budget reached after {step} of {settings.steps} steps")
             break
+        for group in opt.param_groups:
+            group["lr"] = settings.learning_rate * learning_rate_factor(step, warmup, progress)
         x = _batches(data, settings, gen)
         loss = model(input_ids=x, labels=x).loss  # HF shifts the labels: each position predicts the next token
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
         loss_value = float(loss.detach())
         done = step + 1
         if done % 10 == 0 or done == settings.steps:
-            reporter.progress(done, settings.steps)
+            shown = max(done, schedule_progress(done, settings, time.perf_counter() - started) * settings.steps)
+            reporter.progress(min(shown, settings.steps), settings.steps)
             reporter.status(f"step {done}/{settings.steps}, loss {loss_value:.2f}")
     model.eval()
     dtype = getattr(torch, r.dtype)
@@ -159,7 +204,7 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         model.save_pretrained(str(tmp_out))
         tokenizer.save_pretrained(str(tmp_out))
         (tmp_out / "training.json").write_text(json.dumps(
-            {"text": "Debian fortunes: " + ", ".join(FORTUNE_FILES), "steps": done, "loss": round(loss_value, 3),
+            {"text": "Debian fortunes, plain-prose quotations: " + ", ".join(FORTUNE_FILES), "steps": done, "loss": round(loss_value, 3),
              "seconds": round(time.perf_counter() - started, 1), "recipe": r.__dict__}, indent=2))
         if out.exists():
             shutil.rmtree(out)

@@ -229,6 +229,60 @@ def test_the_demo_window_opened_as_the_cli_does_starts_agents_first_and_attaches
             pass
         assert sorted(window.screens.devices.registry.records) == ["dev-a", "dev-b"]
         assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
+        assert {r.status for r in window.screens.devices.registry.records.values()} == {"running"}
+        assert demo.agents_bar is None
     finally:
         window.close()
         demo.stop()
+
+
+def test_the_demo_window_is_usable_before_its_agents_are_up_and_lists_them_as_starting(qtbot, tmp_path, model_root):
+    """The window does not wait for the agents (each imports torch): it opens at once with the
+    agents listed as starting and their progress in the status bar."""
+    from PySide6.QtCore import QSettings
+
+    from gui.launch import open_demo_window
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+    window, demo = open_demo_window(str(tmp_path / "demo.edgeshard"), workdir=str(tmp_path / "work"),
+                                    model_root=str(model_root), devices=("dev-a", "dev-b"), train=False)
+    qtbot.addWidget(window)
+    try:
+        # nothing from the setup worker is delivered before the event loop runs: this is the first look
+        records = window.screens.devices.registry.records
+        assert sorted(records) == ["dev-a", "dev-b"] and {r.status for r in records.values()} == {"starting"}
+        assert demo.agents_bar is not None and demo.agents_bar.format() == "demo agents %v/%m up"
+        assert (demo.agents_bar.value(), demo.agents_bar.maximum()) == (0, 2)
+        up: list[tuple[str, str, int]] = []
+        demo.runner.partial_result_reported.connect(
+            lambda _t, device: up.append((device, window.screens.devices.registry.records[device].detail,
+                                          demo.agents_bar.value())))
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            pass
+        assert up == [("dev-a", "agent up, attaching", 1), ("dev-b", "agent up, attaching", 2)]  # as each came up
+        records = window.screens.devices.registry.records
+        assert demo.agents_bar is None and {r.status for r in records.values()} == {"running"}
+    finally:
+        window.close()
+        demo.stop()
+
+
+def test_a_demo_model_cached_with_another_recipe_is_not_reused(tmp_path):
+    """A checkpoint an older studio cached (another size) would not match the trained one's units."""
+    import json
+
+    from core.models.checkpoints import build_config
+    from core.reporting import NullReporter
+    from gui.demo import demo_recipe, ensure_demo_model, has_trained_model, holds_demo_recipe, trained_model_dir
+
+    trained = trained_model_dir(tmp_path)
+    trained.mkdir(parents=True)
+    (trained / "model.safetensors").write_bytes(b"")
+    (trained / "training.json").write_text("{}")
+    build_config(demo_recipe()).to_json_file(str(trained / "config.json"))
+    assert holds_demo_recipe(trained) and has_trained_model(tmp_path)
+    config = json.loads((trained / "config.json").read_text())
+    (trained / "config.json").write_text(json.dumps(dict(config, hidden_size=192)))
+    assert not holds_demo_recipe(trained) and not has_trained_model(tmp_path)
+    assert ensure_demo_model(NullReporter(), tmp_path) == tmp_path / "demo-llama"  # the untrained one, made anew

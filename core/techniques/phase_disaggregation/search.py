@@ -16,9 +16,9 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
-import optuna
 
 from core.reporting import Cancelled, NullReporter, Reporter
 from core.techniques.phase_disaggregation.goodput import goodput
@@ -27,6 +27,9 @@ from core.techniques.phase_disaggregation.types import (
     DISAGGREGATIONS, POLICIES, EpdInputError, EpdProblem, PoolConfig,
 )
 from core.techniques.phase_disaggregation.workload import mean_rate_rps
+
+if TYPE_CHECKING:
+    import optuna  # imported by search() only: the studio's start-up does not pay for it (~0.3 s)
 
 ENCODE_BATCHES = (1, 2, 4)
 PREFILL_BATCHES = (1, 2, 4, 8)
@@ -155,6 +158,8 @@ def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trial
                             "needs 3, pd 2")
     if trials < 1 or time_limit_s <= 0:
         raise EpdInputError("the search needs at least one trial and a time limit > 0")
+    import optuna
+
     optuna.logging.set_verbosity(logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     for cfg in seeds:

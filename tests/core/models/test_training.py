@@ -15,6 +15,9 @@ from core.models.training import (
     FORTUNES_DIR,
     TrainingSettings,
     fortune_lines,
+    learning_rate_factor,
+    prose_quotation,
+    schedule_progress,
     train_in_subprocess,
     train_model,
 )
@@ -64,3 +67,43 @@ def test_a_cancel_ends_the_training_process_at_once(tmp_path):
         train_in_subprocess(rep, TINY, tmp_path / "m", TrainingSettings(steps=100_000, threads=1))
     assert time.monotonic() - t0 < 3.0 + 2.0
     assert not (tmp_path / "m").exists()
+
+
+def test_a_quotation_is_kept_as_plain_prose_without_its_attribution():
+    assert prose_quotation("Noise proves  nothing.\n\t\t-- Mark Twain") == "Noise proves nothing."
+    assert prose_quotation('"Imitation is the sincerest form of television."') == (
+        "Imitation is the sincerest form of television.")
+
+
+@pytest.mark.parametrize("entry", [
+    "Q: Why did the chicken cross the road? A: To get to the other side.",  # dialogue
+    "I think it is true for all _n, where n >= 3 holds.",  # markup and numbers
+    "THE QUICK BROWN FOX JUMPS OVER THE LAZY DOG.",  # shouting
+    "and then it was over, as they always said it would be",  # not a capitalised sentence
+    "He said \"never and then he left the room for good.",  # unbalanced quotes
+])
+def test_what_is_not_plain_prose_is_left_out(entry):
+    assert prose_quotation(entry) is None
+
+
+def test_the_learning_rate_warms_up_then_decays_to_a_tenth_by_the_end_of_the_progress():
+    assert learning_rate_factor(0, 10, 0.0) == pytest.approx(0.1)
+    assert learning_rate_factor(9, 10, 0.01) == pytest.approx(1.0)
+    assert learning_rate_factor(50, 10, 0.5) == pytest.approx(0.55)
+    assert learning_rate_factor(50, 10, 1.0) == pytest.approx(0.1)
+
+
+def test_progress_is_the_further_of_steps_and_time():
+    s = TrainingSettings(steps=1000, max_seconds=100.0)
+    assert schedule_progress(100, s, 50.0) == pytest.approx(0.5)  # a slow machine: time leads
+    assert schedule_progress(800, s, 10.0) == pytest.approx(0.8)  # a fast one: steps lead
+
+
+def test_the_time_budget_ends_training_early_and_the_checkpoint_records_the_steps_done(tmp_path):
+    rep = RecordingReporter()
+    out = train_model(TINY, fortune_lines()[:200], tmp_path / "m", rep,
+                      TrainingSettings(steps=100_000, batch=2, seq_len=16, threads=1, max_seconds=1.0))
+    info = json.loads((out / "training.json").read_text())
+    assert 0 < info["steps"] < 100_000
+    assert any("time budget reached" in s for s in rep.statuses)
+    assert rep.progresses[-1] == (100_000, 100_000)
