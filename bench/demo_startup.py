@@ -19,7 +19,7 @@ With ``--train`` the first launch also trains the demo model in the background, 
 operator's first launch does (the training competes with profiling for the cores; the
 second launch still starts untrained, the first one having been stopped before training ended).
 
-Usage: python bench/demo_startup.py [--train]
+Usage: python bench/demo_startup.py [--train] [--first-only]
 """
 
 from __future__ import annotations
@@ -70,9 +70,18 @@ def child(t_spawn: float, root: str, train: bool = False) -> None:
     shown = time.time() - t_spawn
     wait(demo.ready, 120)
     ready = time.time() - t_spawn
+    log: list[str] = []
+    window.state.log_added.connect(lambda level, text: log.append(f"{level}: {text}"))
+    failed: list[str] = []
+    profile_screen = window.screens.profile
+    profile_screen.runner.task_failed.connect(lambda _t, message: failed.append(message))
     t0 = time.time()
-    window.screens.profile.profile_button.click()
-    wait(window.state.profile_changed, 300)
+    profile_screen.profile_button.click()
+    loop = QEventLoop()
+    window.state.profile_changed.connect(loop.quit)
+    profile_screen.runner.task_failed.connect(loop.quit)  # a failure ends the wait and is reported, not timed out
+    QTimer.singleShot(300_000, loop.quit)
+    loop.exec()
     profile_s = time.time() - t0
     plan_editor = window.screens.plan.view
     plan_editor.solve_button.click()
@@ -87,7 +96,9 @@ def child(t_spawn: float, root: str, train: bool = False) -> None:
     quit_s = time.time() - t0
     alive = [p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
     print(json.dumps({"window_s": round(shown, 2), "ready_s": round(ready, 2), "profile_s": round(profile_s, 2), "quit_s": round(quit_s, 2),
-                      "agents_left": len(alive), "plan": stages}), flush=True)
+                      "agents_left": len(alive), "plan": stages,
+                      **({"profile_error": failed[0], "log_tail": log[-8:]} if failed or window.state.profile is None
+                         else {})}), flush=True)
 
 
 def main() -> None:
@@ -97,7 +108,7 @@ def main() -> None:
         return
     out = {"load_before": open("/proc/loadavg").read().split()[:3]}
     with tempfile.TemporaryDirectory(prefix="demo-bench-") as root:
-        for launch in ("first", "second"):
+        for launch in ("first",) if "--first-only" in sys.argv else ("first", "second"):
             train = ["--train"] if launch == "first" and "--train" in sys.argv else []
             proc = subprocess.run([sys.executable, __file__, "--child", repr(time.time()), root, *train],
                                   capture_output=True, text=True, timeout=900)

@@ -330,6 +330,11 @@ class DemoSession(QObject):
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
                 agent_control=LocalAgentControl(parts),
             )
+            from gui.run_panel import DEFAULT_PROMPTS
+
+            run = self.window.screens.run
+            if run.prompts_edit.toPlainText() == "\n".join(DEFAULT_PROMPTS):  # not the operator's own
+                run.prompts_edit.setPlainText("\n".join(DEMO_PROMPTS))  # openings like the quotations it learnt
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
         if has_trained_model(self.model_root):
             st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")

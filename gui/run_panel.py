@@ -55,6 +55,10 @@ class RunSettings:
     """When a device of the run is lost: "replan" (over the survivors, same tokens) or "stop"."""
 
 
+DEFAULT_PROMPTS = ("The edge devices worked together to", "Once upon a time")
+"""The Run screen's prompts until the operator (or the demo, with its own) changes them."""
+
+
 class RunBackend(Protocol):
     """Runs the partitioned model for the Run screen (the demo cluster, or real agents).
 
@@ -173,7 +177,7 @@ class RunPanel(QWidget):
         self.prompts_edit.setAccessibleName("Prompts")
         self.prompts_edit.setToolTip("One prompt per line; each line is one sequence of the batch")
         self.prompts_edit.setPlaceholderText("One prompt per line")
-        self.prompts_edit.setPlainText("The edge devices worked together to\nOnce upon a time")
+        self.prompts_edit.setPlainText("\n".join(DEFAULT_PROMPTS))
         self.prompts_edit.setMaximumHeight(110)
 
         self.max_tokens_spin = QSpinBox()

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "docs" / "screenshots"
-DEMO_RUN_PROMPTS = ("The edge devices", "A pipeline of layers", "Split the model", "Tokens stream back")
+DEMO_RUN_PROMPTS = ("The secret of life is", "A wise man once said", "Love is", "You will")
+"""Openings of the kind the demo model was trained on (quotations), so the shot shows what it writes."""
 
 
 def wait(app, seconds: float, until=None) -> bool:

@@ -107,3 +107,16 @@ def test_the_time_budget_ends_training_early_and_the_checkpoint_records_the_step
     assert 0 < info["steps"] < 100_000
     assert any("time budget reached" in s for s in rep.statuses)
     assert rep.progresses[-1] == (100_000, 100_000)
+
+
+def test_the_training_process_lowers_its_own_priority_so_profiling_and_runs_keep_the_cores(tmp_path, monkeypatch):
+    import os
+
+    from core.models import training
+
+    niced: list[int] = []
+    monkeypatch.setattr(os, "nice", lambda inc: niced.append(inc) or inc)
+    settings = json.dumps({"steps": 2, "batch": 2, "seq_len": 16, "threads": 1})
+    assert training.main(["--out", str(tmp_path / "m"), "--recipe", json.dumps(TINY.__dict__),
+                          "--settings", settings]) == 0
+    assert niced == [training.CHILD_NICENESS] and training.CHILD_NICENESS > 0
