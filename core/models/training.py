@@ -50,8 +50,6 @@ FORTUNE_FILES = ("wisdom", "literature", "fortunes", "platitudes", "love", "educ
 """The quotation files used (no computer jargon, no offensive set, no verse layouts)."""
 
 PROGRESS_PREFIX = "EDGESHARD-TRAIN"
-CHILD_NICENESS = 10
-"""``train_in_subprocess``'s child runs at this niceness: it uses the cores the studio leaves."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,9 @@ class TrainingSettings:
     learning_rate: float = 3e-3
     seed: int = 0
     threads: int = 2
+    niceness: int = 10
+    """``train_in_subprocess``'s child lowers its priority by this much: it uses the cores the
+    studio and its agents leave (a first launch profiles and runs beside the training)."""
     max_seconds: float = 150.0
     """The time budget of the training loop (the tokenizer and saving add a few seconds):
     training ends here even on a loaded machine, with the learning rate decayed
@@ -281,12 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipe", required=True, help="ModelRecipe fields as JSON")
     p.add_argument("--settings", default="{}", help="TrainingSettings fields as JSON")
     a = p.parse_args(argv)
-    if hasattr(os, "nice"):
-        # yield the cores to the studio and its agents: a first launch profiles and runs while this
-        # trains, and a profile measured beside a full-speed training is slow and noisy
-        os.nice(CHILD_NICENESS)
     recipe = ModelRecipe(**json.loads(a.recipe))
     settings = TrainingSettings(**json.loads(a.settings))
+    if settings.niceness and hasattr(os, "nice"):
+        # yield the cores to the studio and its agents: a first launch profiles and runs while this
+        # trains, and a profile measured beside a full-speed training is slow and noisy
+        os.nice(settings.niceness)
     train_model(recipe, fortune_lines(Path(a.text_dir)), a.out, _LineReporter(), settings)
     return 0
 

@@ -186,7 +186,8 @@ def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_a
     from core.models.training import TrainingSettings
     from core.reporting import NullReporter
 
-    monkeypatch.setattr(demo_module, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16))
+    # full priority: niced, the child can starve for minutes on a loaded test machine
+    monkeypatch.setattr(demo_module, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16, niceness=0))
     root = tmp_path / "models"
     window, demo = _window_and_demo(qtbot, tmp_path, root, devices=("dev-a",))
     logged: list[str] = []

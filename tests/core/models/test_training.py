@@ -119,4 +119,4 @@ def test_the_training_process_lowers_its_own_priority_so_profiling_and_runs_keep
     settings = json.dumps({"steps": 2, "batch": 2, "seq_len": 16, "threads": 1})
     assert training.main(["--out", str(tmp_path / "m"), "--recipe", json.dumps(TINY.__dict__),
                           "--settings", settings]) == 0
-    assert niced == [training.CHILD_NICENESS] and training.CHILD_NICENESS > 0
+    assert niced == [TrainingSettings().niceness] and TrainingSettings().niceness > 0
