@@ -44,6 +44,11 @@ DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, lin
 DEMO_PROMPTS = ("The secret of life is", "A wise man once said")
 DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run", "Start"))
 """The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
+DEMO_HEARTBEAT_TIMEOUT_S = 5.0
+"""How long a demo agent may go without a pong before it counts as lost. At the default 2 s a
+first launch's profiling failed ("edge-b: no heartbeat for 2.2 s") with three agents profiling
+on 2 busy cores beside the model's training; a killed demo agent still shows offline within
+~5.5 s."""
 DEMO_TRAINING = None
 """``core.models.training.TrainingSettings`` for the demo model (None: its defaults, ~2–3 min on 2 cores)."""
 
@@ -197,8 +202,10 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
                                  link_latency_ms=DEMO_LINK_LATENCY_MS,
                                  emulation=demo_emulation(devices, parts.model_dir))
     parts.cluster.start(on_ready=agent_up)  # the agents live as long as this process, not this worker thread
-    # default heartbeats: a dead agent is noticed within 3 s (agents answer pings while they load)
-    parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, request_timeout_s=30.0)
+    # agents answer pings while they load and profile; the timeout is longer than the default 2 s
+    # because on a busy 2-core machine a profiling agent went 2.2 s without a pong (DEMO_HEARTBEAT_TIMEOUT_S)
+    parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, request_timeout_s=30.0,
+                                    heartbeat_timeout_s=DEMO_HEARTBEAT_TIMEOUT_S)
     parts.coordinator.open()
     reporter.status("waiting for the agents")
     parts.statuses = parts.coordinator.wait_ready(30.0)

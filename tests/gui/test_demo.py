@@ -36,10 +36,13 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
     try:
         with qtbot.waitSignal(demo.ready, timeout=120_000):
             demo.start()
-        # the setup worker has ended; the agents live on, and a dead one would be noticed within 3 s
+        # the setup worker has ended; the agents live on, and a dead one would be noticed within 6 s
         assert demo.runner.alive_threads() == []
         co = demo.parts.coordinator
-        assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 3.0
+        from gui.demo import DEMO_HEARTBEAT_TIMEOUT_S
+
+        assert co.heartbeat_timeout_s == DEMO_HEARTBEAT_TIMEOUT_S  # a busy agent is not lost at once
+        assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 6.0
         assert {s.state for s in co.status().values()} == {AgentState.IDLE}
         devices = window.screens.devices
         assert sorted(devices.registry.records) == ["dev-a", "dev-b"]
