@@ -288,11 +288,18 @@ class MainWindow(QMainWindow):
                 problem = formats.load(path, PlanningProblem)
                 self.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
                 self.state.set_problem(problem)
+            elif kind == "edgeshard.spatial-problem":
+                from core.techniques.spatial.problem import SpatialProblem
+                from core.techniques.spatial.profiling import fits_of_problem
+
+                self.state.set_spatial_fits(fits_of_problem(formats.load(path, SpatialProblem),
+                                                            f"spatial problem {Path(path).name}"))
             else:
                 self.state.set_profile(formats.load(path, Profile))
         except EdgeShardError as err:
             show_error(self, "Cannot load profile", err,
-                       "Choose a file written by `edgeshard profile` or `edgeshard scenario` (format edgeshard.profile).")
+                       "Choose a file written by `edgeshard profile` or `edgeshard scenario` (format edgeshard.profile), "
+                       "or a spatial problem (`edgeshard spatial profile --out`).")
             return False
         self.state.log(f"loaded {path}")
         return True

@@ -3,6 +3,12 @@
 Profiling itself runs through a ``TaskRunner`` (measuring takes seconds to minutes on
 real devices); the panel then shows what was measured, at the workload it was
 measured for, so an operator can judge whether the numbers apply to their prompts.
+
+CNN spatial partitioning has its own profile: per device, convolution time y = a·x + b over a
+layer's FLOPs x (and the FC head's own fit), from ``StudioState.spatial_fits`` (set by
+*Profile CNN* here, which times convolutions on the connected agents on the same worker, or by
+loading a spatial problem). The table shows a, b, 1/a and each fit's median
+|predicted − measured| / measured, so an operator sees how far the spatial planner's times can be trusted.
 """
 
 from __future__ import annotations
@@ -12,12 +18,16 @@ from typing import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton, QTableWidget, QVBoxLayout, QWidget,
+)
 
 from core.devices.profile import Profile
+from core.techniques.spatial.problem import TimeModel
+from core.techniques.spatial.profiling import SpatialFits, measure_fits
 from gui.app import stage_color, style_plot, theme_colors
 from gui.studio_state import StudioState
-from gui.widgets import InlineMessage, panel_header, say_why_disabled
+from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
 
@@ -50,16 +60,27 @@ class ProfilePanel(QWidget):
         self.progress.hide()
         self.progress_label = QLabel("")
         self.progress_label.setProperty("role", "subtitle")
+        self.conv_button = QPushButton("Profile CNN")
+        self.conv_button.setAccessibleName("Profile CNN convolutions")
+        self.conv_button.setToolTip("Time convolutions over map sizes on every connected agent and fit "
+                                    "y = a·x + b per device (CNN spatial partitioning)")
+        self.conv_button.clicked.connect(self.start_conv_profiling)
+        self.conv_sweep: dict = {}
+        """``measure_fits``' sweep (sizes, channels, repeats); empty: the agents' defaults, as the CLI."""
         self.load_button = QPushButton("Load…")
-        self.load_button.setToolTip("Load a profile or problem file (edgeshard profile --out, edgeshard scenario)")
+        self.load_button.setToolTip("Load a profile or problem file (edgeshard profile --out, edgeshard scenario, "
+                                    "a spatial problem)")
         self.load_button.setAccessibleName("Load profile")
         self.load_button.clicked.connect(self._on_load_clicked)
         self.save_button = QPushButton("Save…")
         self.save_button.setToolTip("Save this profile for `edgeshard plan --profile` and later sessions")
         self.save_button.setAccessibleName("Save profile")
         self.save_button.clicked.connect(self._on_save_clicked)
-        say_why_disabled({self.save_button: "no profile yet: profile the cluster or load a profile first"})
+        say_why_disabled({self.save_button: "no profile yet: profile the cluster or load a profile first",
+                          self.conv_button: "no agents connected: start the demo cluster or connect an "
+                                            "agents.json (File menu)"})
         bar.addWidget(self.profile_button)
+        bar.addWidget(self.conv_button)
         bar.addWidget(self.cancel_button)
         bar.addWidget(self.load_button)
         bar.addWidget(self.save_button)
@@ -72,17 +93,32 @@ class ProfilePanel(QWidget):
         lay.addWidget(self.workload_label)
         self.error = InlineMessage()
         lay.addWidget(self.error)
+        self.spatial_label = QLabel("")
+        self.spatial_label.setWordWrap(True)
+        self.spatial_label.setAccessibleName("CNN time models")
+        lay.addWidget(self.spatial_label)
+        self.spatial_table = QTableWidget(0, len(FIT_HEADERS))
+        self.spatial_table.setHorizontalHeaderLabels(FIT_HEADERS)
+        self.spatial_table.verticalHeader().hide()
+        self.spatial_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.spatial_table.setAccessibleName("CNN time model fits")
+        lay.addWidget(self.spatial_table, 1)
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setAccessibleName("Profile charts")
         lay.addWidget(self.plots, 1)
+        lay.addStretch(0)
         self.runner.task_finished.connect(self._on_runner_finished)
         self.runner.task_failed.connect(self._on_runner_failed)
         self.runner.progress_reported.connect(self._on_runner_progress)
         self.runner.status_reported.connect(lambda _t, s: self.progress_label.setText(s))
         self.runner.busy_changed.connect(self._on_runner_busy_changed)
         state.profile_changed.connect(lambda _p: self.refresh())
+        state.spatial_fits_changed.connect(lambda _f: self.refresh_spatial())
+        state.agents_changed.connect(lambda _a: self._update_conv_button())
         self.set_profile_task(None)
+        self._update_conv_button()
         self.refresh()
+        self.refresh_spatial()
 
     # profiling ------------------------------------------------------------------------
     def set_profile_task(self, fn: Callable | None) -> None:
@@ -101,10 +137,26 @@ class ProfilePanel(QWidget):
         self.error.show_lines([])
         self.runner.start(self.profile_task)
 
+    def start_conv_profiling(self) -> None:
+        """Time convolutions on every connected (online) agent on the worker; the fits land in
+        ``StudioState.spatial_fits``."""
+        agents = self.state.agents
+        if agents is None:
+            self.error.show_lines(["No agents connected to profile. Start the demo cluster or connect an "
+                                   "agents.json (File menu), or load a spatial problem (Load…)."])
+            return
+        devices = [d for d in agents.endpoints if d not in self.state.offline_devices]
+        self.error.show_lines([])
+        self.runner.start(_conv_job, agents.link, devices, self.conv_sweep)
+
+    def _update_conv_button(self) -> None:
+        self.conv_button.setEnabled(self.state.agents is not None and not self.runner.is_busy())
+
     def _on_runner_busy_changed(self, busy: bool) -> None:
         self.progress.setVisible(busy)
         self.cancel_button.setVisible(busy)
         self.profile_button.setEnabled(not busy and self.profile_task is not None)
+        self._update_conv_button()
         if busy:
             self.progress.setRange(0, 0)
 
@@ -116,7 +168,10 @@ class ProfilePanel(QWidget):
     def _on_runner_finished(self, _task: int, profile) -> None:
         self.progress_label.setText("Profiling finished.")
         self.state.log("profiling finished")
-        self.state.set_profile(profile)
+        if isinstance(profile, SpatialFits):
+            self.state.set_spatial_fits(profile)
+        else:
+            self.state.set_profile(profile)
 
     def _on_runner_failed(self, _task: int, message: str) -> None:
         self.progress_label.setText("")
@@ -152,6 +207,8 @@ class ProfilePanel(QWidget):
         self.plots.clear()
         style_plot(self.plots)
         p = self.state.profile
+        self.plots.setVisible(p is not None)
+        self._size_spatial_table()
         if p is None:
             self.workload_label.setText("No profile yet: press Profile cluster, or File ▸ Load profile… (Ctrl+Shift+P).")
             return
@@ -201,5 +258,58 @@ class ProfilePanel(QWidget):
         self.plots.ci.layout.setRowStretchFactor(0, 3)
         self.plots.ci.layout.setRowStretchFactor(1, 2)
 
+    def refresh_spatial(self) -> None:
+        fits = self.state.spatial_fits
+        self.spatial_label.setVisible(fits is not None)
+        self.spatial_table.setVisible(fits is not None)
+        if fits is None:
+            return
+        self.spatial_label.setText(
+            f"<b>CNN time models</b> (spatial partitioning): y = a·x + b per device and layer type, x a layer's "
+            f"FLOPs, fitted by least squares · fit error: median |predicted − measured| / measured · "
+            f"source: {fits.source}")
+        rows, tips = fit_rows(fits)
+        fill_table(self.spatial_table, rows, tips)
+        self._size_spatial_table()
+
+    def _size_spatial_table(self) -> None:
+        """With a unit profile's charts below, the fit table keeps to 3 rows (it scrolls); alone, it
+        takes the room the charts would."""
+        table = self.spatial_table
+        if self.state.profile is None:
+            table.setMinimumHeight(0)
+            table.setMaximumHeight(16777215)
+            return
+        shown = min(table.rowCount(), 3)
+        table.setFixedHeight(table.horizontalHeader().sizeHint().height() + 4
+                             + sum(table.rowHeight(r) for r in range(shown)))
+
     def shutdown(self) -> None:
         self.runner.shutdown()
+
+
+FIT_HEADERS = ["device", "layers", "a (ms per GFLOP)", "b (ms per call)", "GFLOP/s (1/a)", "fit error"]
+
+
+def fit_rows(fits: SpatialFits) -> tuple[list[list[str]], list[str]]:
+    """The table's text: one row per device and layer type (convolutions; the FC head when timed),
+    and each row's tooltip. A fit error of exactly 0 is no fit (a hand-written or scenario model)."""
+    rows, tips = [], []
+
+    def add(device: str, layers: str, m: TimeModel) -> None:
+        fitted = m.median_rel_error > 0
+        rows.append([device, layers, f"{m.a * 1e12:.2f}", f"{m.b * 1e3:.3f}", f"{1e-9 / m.a:.2f}",
+                     f"{m.median_rel_error * 100:.1f} %" if fitted else "—"])
+        tips.append(f"{device}, {layers}: y = {m.a:.3g}·x + {m.b:.3g} s" + (
+            f"; median |predicted − measured| / measured over its samples {m.median_rel_error:.2%}" if fitted
+            else "; not fitted from measurements (written by hand or by a scenario)"))
+
+    for d in fits.devices:
+        add(d.device, "convolutions", d.conv)
+        if d.fc is not None:
+            add(d.device, "FC head", d.fc)
+    return rows, tips
+
+
+def _conv_job(reporter, link, devices: list[str], sweep: dict) -> SpatialFits:
+    return measure_fits(link, devices, reporter=reporter, **sweep)

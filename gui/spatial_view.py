@@ -30,6 +30,7 @@ from core.errors import EdgeShardError
 from core.formats import load
 from core.techniques.spatial.cost import evaluate, single_device_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
+from core.techniques.spatial.profiling import fits_of_problem
 from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
@@ -396,6 +397,7 @@ class SpatialPlanView(QWidget):
             self.message.show_lines([str(err)], "This problem cannot be planned:")
             return
         self.set_problem(problem)
+        self.state.set_spatial_fits(fits_of_problem(problem, f"spatial problem {os.path.basename(path)}"))
 
     def set_problem(self, problem: SpatialProblem) -> None:
         self.problem = problem

@@ -21,6 +21,7 @@ class StudioState(QObject):
     """Cluster | None: the devices the planner may use and the measured links."""
     profile_changed = Signal(object)
     problem_changed = Signal(object)
+    spatial_fits_changed = Signal(object)
     plan_changed = Signal(object)
     model_changed = Signal(str)
     connection_changed = Signal(str)
@@ -46,6 +47,9 @@ class StudioState(QObject):
         self.connection: str = "not connected"
         self.offline_devices: tuple[str, ...] = ()
         self.agents = None
+        self.spatial_fits = None
+        """The CNN time models (``core.techniques.spatial.profiling.SpatialFits``) last profiled on
+        agents or loaded from a spatial problem: the Profile screen shows them."""
         """The connected agents' ``Coordinator`` (techniques with their own run driver use its link)."""
         self.last_run_events: tuple = ()
         self.last_run_tokens: tuple = ()
@@ -72,6 +76,11 @@ class StudioState(QObject):
         if coordinator is not self.agents:
             self.agents = coordinator
             self.agents_changed.emit(coordinator)
+
+    def set_spatial_fits(self, fits) -> None:
+        if fits != self.spatial_fits:
+            self.spatial_fits = fits
+            self.spatial_fits_changed.emit(fits)
 
     def set_model(self, name: str, path: str = "") -> None:
         self.model_path = path or self.model_path

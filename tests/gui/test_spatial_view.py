@@ -59,3 +59,13 @@ def test_owned_columns_tile_each_layer_and_read_columns_add_the_halo():
     assert owned_ranges(layers, widths, 0) == [(0, 12), (12, 32)]
     assert read_ranges(layers, widths, 0) == [(0, 14), (10, 32)]  # two 3x3 convs: 2 halo columns each side
     assert fused_plan(paper_shaped(2)).devices == ("pi-0", "pi-1")
+
+
+def test_loading_a_problem_gives_the_profile_screen_its_time_models_and_the_scenario_does_not(view, tmp_path):
+    assert view.state.spatial_fits is None  # the scenario it opens with is made up, not a profile
+    problem = paper_shaped(2)
+    save(tmp_path / "two.json", problem)
+    view.load_problem(str(tmp_path / "two.json"))
+    fits = view.state.spatial_fits
+    assert [d.device for d in fits.devices] == ["pi-0", "pi-1"] and "two.json" in fits.source
+    assert fits.devices[0].conv == problem.devices[0].time

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import msgspec
 from msgspec import structs
 
 from agents.protocol import ConvSweepOptions
@@ -46,6 +47,36 @@ def profile_device_models(agents, devices: Sequence[str], *, sizes: Sequence[int
     if reporter is not None:
         reporter.progress(len(out), len(devices))
     return out
+
+
+class DeviceFit(msgspec.Struct, frozen=True, kw_only=True):
+    """One device's time models: convolutions (spatial layers) and, when timed, the FC head."""
+
+    device: str
+    conv: TimeModel
+    fc: TimeModel | None = None
+
+
+class SpatialFits(msgspec.Struct, frozen=True, kw_only=True):
+    """Every profiled device's fitted time models and where they came from (what the Profile
+    screen shows: a, b and each fit's median |predicted − measured| / measured)."""
+
+    source: str
+    devices: tuple[DeviceFit, ...]
+
+
+def measure_fits(agents, devices: Sequence[str], *, reporter: Reporter | None = None, **sweep) -> SpatialFits:
+    """``profile_device_models`` on the agents, as ``SpatialFits`` (``sweep``: its sizes, channels, repeats)."""
+    models = profile_device_models(agents, devices, reporter=reporter, **sweep)
+    return SpatialFits(source=f"measured on {len(models)} agent(s)",
+                       devices=tuple(DeviceFit(device=d, conv=c, fc=f) for d, (c, f) in models.items()))
+
+
+def fits_of_problem(problem: SpatialProblem, source: str) -> SpatialFits:
+    """The time models a spatial problem holds (measured by ``edgeshard spatial profile --out``, or
+    written by hand / a scenario: then their fit error is 0, nothing was fitted)."""
+    return SpatialFits(source=source, devices=tuple(DeviceFit(device=d.id, conv=d.time, fc=d.fc_time)
+                                                    for d in problem.devices))
 
 
 def with_time_models(problem: SpatialProblem, models: Mapping[str, TimeModel],
