@@ -185,6 +185,7 @@ class _UnitBench:
                 b.zero_()
             m.eval()
         self.rotary = None
+        self._decode_mask_same: bool | None = None  # as StageExecutor._decode_mask_checked
         if self.kind == "block" and hasattr(base, "rotary_emb"):
             self.rotary = type(base.rotary_emb)(config=cfg).to(device)
         self.param_bytes = sum(p.numel() * p.element_size() for m in self.modules.values() for p in m.parameters())
@@ -199,12 +200,20 @@ class _UnitBench:
         attention mask, the causal mask of the layer type, the rotary embedding."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+        from agents.shard import cache_keyword, is_padding_mask
+
         new = x.shape[1]
         positions = (mask_2d.cumsum(-1) - 1).masked_fill(mask_2d == 0, 0)[:, -new:]
         types = getattr(self.cfg, "layer_types", None) or ["full_attention"]
         maker = create_sliding_window_causal_mask if types[0] == "sliding_attention" else create_causal_mask
-        mask = maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, past_key_values=cache,
-                     position_ids=positions)
+        decode_full = new == 1 and types[0] == "full_attention"
+        if decode_full and self._decode_mask_same:
+            mask = mask_2d.bool()[:, None, None, :]
+        else:
+            mask = maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, position_ids=positions,
+                         **{cache_keyword(maker): cache})
+            if decode_full and self._decode_mask_same is None:
+                self._decode_mask_same = is_padding_mask(mask, mask_2d.bool()[:, None, None, :])
         extra = {}
         if self.rotary is not None:
             extra["position_embeddings"] = self.rotary(x, position_ids=positions)
@@ -212,8 +221,11 @@ class _UnitBench:
 
     def _forward(self, x, cache, inputs):
         positions, mask, extra = inputs
-        out = self.modules["layer"](x, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                                    use_cache=True, **extra)
+        from agents.shard import cache_keyword
+
+        layer = self.modules["layer"]
+        out = layer(x, attention_mask=mask, position_ids=positions, use_cache=True,
+                    **{cache_keyword(type(layer).forward): cache}, **extra)
         return out[0] if isinstance(out, tuple) else out
 
     def _block(self, x, mask_2d, cache):

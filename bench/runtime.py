@@ -11,6 +11,15 @@ Model: the generated ≈170 M-parameter Llama of ``core.models.checkpoints.BENCH
   without CurveZMQ: half the median round trip;
 - ``nobubbles_vs_bubbles``: decode throughput with 2 stages and 4 micro-batches.
 
+A hop inside the runtime three ways: ``runtime_hop_us_median`` (send start on one stage to
+compute start on the next, across the coordinator's clock estimates, so it carries their
+error: the estimates of agents on one host differ by up to ~0.1 ms although their clocks are
+the same); ``runtime_hop_us_from_steps`` (offset-free: per decode step, the token gap at the
+source less the stages' compute, 4 stages less 1 stage, over 4 hops); ``hop_split_us_median``
+(the parts one agent's clock times: framing before the send, the send call, receive to
+compute; the rest of a hop is libzmq's IO threads, CurveZMQ, TCP and the wake-ups).
+``step_compute_ms_per_stage``: median decode compute per step of each stage (solo = 1 stage).
+
 All agents live at once (a solo agent, a 4-stage and a 2-stage plan, on disjoint
 agents) and the configurations are measured in interleaved rounds, so drift in the
 machine's load hits all of them alike. On a machine shared with other work the wall
@@ -29,6 +38,7 @@ Usage: python bench/runtime.py [--model DIR] [--rounds 5] [--new-tokens 32]
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -130,7 +140,7 @@ def measure_hop_us(curve: bool, n: int = 2000) -> float:
             if i >= 200:
                 rtts.append(time.perf_counter() - t0)
         push.send(b"stop")
-        child.wait(timeout=10)
+        child.wait(timeout=60)
     finally:
         if child.poll() is None:
             child.kill()
@@ -149,13 +159,15 @@ def hf_decode_stamps(model, input_ids: torch.Tensor, new_tokens: int) -> list[fl
     stamps = []
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
+        # ``cache`` since transformers 5.24 (``past_key_values`` warns per call); the bench also runs older trees
+        kw = {"cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values": cache}
         mask = torch.ones_like(input_ids)
-        out = model(input_ids=input_ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        out = model(input_ids=input_ids, attention_mask=mask, use_cache=True, **kw)
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         stamps.append(time.perf_counter())
         for _ in range(new_tokens - 1):
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            out = model(input_ids=tok, attention_mask=mask, past_key_values=cache, use_cache=True)
+            out = model(input_ids=tok, attention_mask=mask, use_cache=True, **kw)
             tok = out.logits[:, -1].argmax(-1, keepdim=True)
             stamps.append(time.perf_counter())
     return stamps
@@ -192,6 +204,38 @@ def hop_latencies_s(events, devices: list[str]) -> list[float]:
         step = e.step + 1 if nxt == devices[0] else e.step
         if (nxt, step) in compute:
             out.append(compute[(nxt, step)] - e.start_s)
+    return out
+
+
+def step_overhead_s(events, token_events, devices: list[str]) -> list[float]:
+    """Per decode step: the time between two tokens at the source less the stages' compute
+    of that step — every hop, framing and wake-up of the step. Offset-free: the gap is
+    read on the source's clock and each compute span on its own agent's clock."""
+    arrived = {t.step: t.t_s for t in token_events}
+    compute: dict[int, float] = {}
+    for e in events:
+        if e.kind == "compute" and e.phase == "decode" and e.device in devices:
+            compute[e.step] = compute.get(e.step, 0.0) + e.duration_s
+    return [arrived[s] - arrived[s - 1] - c for s, c in compute.items() if s - 1 in arrived and s in arrived]
+
+
+def hop_split_s(events, devices: list[str]) -> dict[str, list[float]]:
+    """The parts of each decode hop that one agent's clock times (no clock estimate in them):
+    ``pre_send`` (compute end to send start: framing the output), ``send_call`` (the send until
+    it returned) on the sender, ``to_compute`` (receive returned to compute start: header
+    decode, checks, tensor view) on the receiver. The rest of a hop (libzmq's IO threads,
+    CurveZMQ, TCP, the wake-ups) is the hop less these."""
+    compute = {(e.device, e.step): e for e in events if e.kind == "compute" and e.phase == "decode"}
+    out: dict[str, list[float]] = {"pre_send": [], "send_call": [], "to_compute": []}
+    for e in events:
+        if e.phase != "decode" or e.device not in devices:
+            continue
+        c = compute.get((e.device, e.step))
+        if e.kind == "send" and c is not None:
+            out["pre_send"].append(e.start_s - c.end_s)
+            out["send_call"].append(e.end_s - e.start_s)
+        elif e.kind == "recv_wait" and c is not None and e.device != devices[0]:
+            out["to_compute"].append(c.start_s - e.end_s)
     return out
 
 
@@ -269,6 +313,9 @@ def main() -> None:
     token_gaps: dict[str, list[float]] = {"hf": [], "agent1": [], "agent4": []}
     step_compute: dict[str, list[float]] = {"agent1": [], "agent4": []}
     hops: list[float] = []
+    overhead: dict[str, list[float]] = {"agent1": [], "agent4": []}
+    split: dict[str, list[float]] = {"pre_send": [], "send_call": [], "to_compute": []}
+    per_stage: dict[str, list[float]] = {}
     cpu_s = {"hf": 0.0, "agent1": 0.0, "agent4": 0.0}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="edgeshard-bench-") as tmp:
@@ -292,6 +339,13 @@ def main() -> None:
                         r = co.run(plan, request(1, "sequential", 1))
                         if rnd:
                             cpu_s[key] += sum(proc_cpu_s(p) for p in pids) - c0
+                            overhead[key] += step_overhead_s(r.events, r.token_events, list(plan.devices()))
+                            if key == "agent4":
+                                for part, v in hop_split_s(r.events, list(plan.devices())).items():
+                                    split[part] += v
+                            for e in r.events:
+                                if e.kind == "compute" and e.phase == "decode":
+                                    per_stage.setdefault(e.device, []).append(e.duration_s)
                         stamps = [t.t_s for t in sorted(r.token_events, key=lambda t: t.step)][1:]
                         if rnd:
                             figures[key].append(decode_tokens_per_s(r.token_events))
@@ -332,6 +386,12 @@ def main() -> None:
         "step_compute_ms_1_stage": round(statistics.median(step_compute["agent1"]) * 1e3, 2),
         "step_compute_ms_4_stages_sum": round(statistics.median(step_compute["agent4"]) * 1e3, 2),
         "runtime_hop_us_median": round(statistics.median(hops) * 1e6, 1),
+        "step_overhead_ms_1_stage": round(statistics.median(overhead["agent1"]) * 1e3, 3),
+        "step_overhead_ms_4_stages": round(statistics.median(overhead["agent4"]) * 1e3, 3),
+        "runtime_hop_us_from_steps": round((statistics.median(overhead["agent4"])
+                                            - statistics.median(overhead["agent1"])) / 4 * 1e6, 1),
+        "hop_split_us_median": {k: round(statistics.median(v) * 1e6, 1) if v else None for k, v in split.items()},
+        "step_compute_ms_per_stage": {d: round(statistics.median(v) * 1e3, 3) for d, v in per_stage.items()},
         "runtime_hop_us_p10": round(p10(hops) * 1e6, 1),
         "hop_us_plain": round(hop_plain, 1),
         "hop_us_curve": round(hop_curve, 1),

@@ -39,15 +39,17 @@ def decode_times(step, first_token: torch.Tensor, new_tokens: int) -> list[float
 def hf_run(model, ids, mask, new_tokens):
     from transformers import DynamicCache
 
+    from agents.shard import cache_keyword
+
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        kw = {cache_keyword(type(model).forward): cache}
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **kw)
         state = {"mask": mask}
 
         def step(token):
             state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((1, 1))], dim=1)
-            logits = model(input_ids=token, attention_mask=state["mask"], past_key_values=cache,
-                           use_cache=True, logits_to_keep=1).logits
+            logits = model(input_ids=token, attention_mask=state["mask"], use_cache=True, logits_to_keep=1, **kw).logits
             return logits[:, -1].argmax(-1, keepdim=True)
 
         return decode_times(step, out.logits[:, -1].argmax(-1, keepdim=True), new_tokens)

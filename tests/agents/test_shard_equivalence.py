@@ -168,3 +168,28 @@ def test_micro_batch_groups_keep_separate_caches(tiny_llama_dir):
     stage.drop(1)
     stage.drop(2)
     assert stage.groups() == []
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_decode_steps_build_the_padding_mask_only_where_it_is_transformers_own(tiny_model_dirs, family):
+    """A one-token step's full-attention mask is the padding mask [B, 1, 1, T]: checked against
+    transformers' mask factory at the first decode step, then built directly; the logits are
+    bit-identical to building it with the factory every step (left padding included)."""
+    import warnings
+
+    ids, mask = encode(tiny_model_dirs[family])
+    assert (mask == 0).any()  # left-padded rows: the mask is not all ones
+    (fast,) = stages(tiny_model_dirs[family], PARTITIONS["1-stage"])
+    (slow,) = stages(tiny_model_dirs[family], PARTITIONS["1-stage"])
+    token = fast.prefill(0, ids, mask).argmax(-1, keepdim=True)
+    assert torch.equal(slow.prefill(0, ids, mask).argmax(-1, keepdim=True), token)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the cache keyword transformers deprecates is not used
+        for step in range(MAX_NEW):
+            a = fast.decode(0, token)
+            slow._decode_mask_checked = False  # the factory at every step
+            b = slow.decode(0, token)
+            assert torch.equal(a, b)
+            token = a.argmax(-1, keepdim=True)
+    if "full_attention" in fast._layer_types:
+        assert fast._decode_mask_checked is True
