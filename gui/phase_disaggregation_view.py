@@ -36,6 +36,7 @@ SPANS = (("encode", QColor("#9467bd")), ("E→P", QColor("#bab0ac")), ("queue", 
          ("prefill", QColor("#4c78a8")), ("P→D", QColor("#bab0ac")), ("decode", QColor("#54a24b")))
 PHASES = ("encode", "prefill", "decode")
 PHASE_COLORS = {"encode": QColor("#9467bd"), "prefill": QColor("#4c78a8"), "decode": QColor("#54a24b")}
+LAYOUT_WORDS = {"epd": "EPD (a pool per phase)", "pd": "PD-only (EP coupled)", "aggregated": "aggregated (EPD on each)"}
 LINES = {"search's pick": "#e45756", "aggregated": "#4c78a8", "pd-only": "#f58518"}
 
 
@@ -98,6 +99,14 @@ class PoolsDiagram(QWidget):
         self.caches = {(c.device, c.side): c for c in caches}
         self.update()
 
+    def box_label(self, device: str) -> str:
+        """A device's box text: its name, and the phases it serves when it serves several (PD-only's
+        encode+prefill devices "dev0 EP", the aggregated layout's "dev0 EPD"), so that a
+        device drawn in two or three columns reads as one agent, not as several."""
+        cfg = self.config
+        served = [ph[0].upper() for ph in PHASES if cfg is not None and device in getattr(cfg, ph)]
+        return device if len(served) < 2 else f"{device} {''.join(served)}"
+
     def paintEvent(self, _event) -> None:  # noqa: N802 (Qt)
         p = QPainter(self)
         p.fillRect(self.rect(), self.palette().base())
@@ -121,7 +130,8 @@ class PoolsDiagram(QWidget):
                 p.setBrush(PHASE_COLORS[phase].lighter(160))
                 p.drawRoundedRect(r, 4, 4)
                 p.setPen(QColor("#202020"))
-                p.drawText(r.adjusted(4, 0, -4, 0), Qt.AlignVCenter | Qt.AlignLeft, d)
+                label = p.fontMetrics().elidedText(self.box_label(d), Qt.ElideMiddle, int(r.width() - 8))
+                p.drawText(r.adjusted(4, 0, -4, 0), Qt.AlignVCenter | Qt.AlignLeft, label)
                 cache = self.caches.get((d, side))
                 if cache is not None:
                     frac = cache.peak_tokens / cache.capacity_tokens
@@ -130,7 +140,8 @@ class PoolsDiagram(QWidget):
                     p.drawText(r.adjusted(4, 0, -4, 0), Qt.AlignVCenter | Qt.AlignRight, f"{frac:.0%}")
         p.setPen(text)
         p.drawText(QRectF(8, self.height() - 20, self.width() - 16, 18), Qt.AlignLeft | Qt.AlignVCenter,
-                   f"{cfg.disaggregation}; %: cache peak fill")
+                   f"{LAYOUT_WORDS.get(cfg.disaggregation, cfg.disaggregation)}"
+                   + ("; %: cache peak fill" if self.caches else ""))
 
 
 class RequestTimeline(QWidget):

@@ -4,7 +4,8 @@ stops it; a bad calibration file is refused with its reason."""
 
 from __future__ import annotations
 
-from gui.phase_disaggregation_view import PhaseDisaggregationPlanView, RequestTimeline
+from core.techniques.phase_disaggregation.types import PoolConfig
+from gui.phase_disaggregation_view import PhaseDisaggregationPlanView, PoolsDiagram, RequestTimeline
 from gui.plan_views import PlanScreen
 from gui.studio_state import StudioState
 
@@ -86,3 +87,12 @@ def test_record_stores_the_picks_simulated_run_in_the_workspace(qtbot, tmp_path)
         assert next(r for r in store.runs() if r.id == run_id).kind == "predicted"
         assert store.events(run_id)
     view.shutdown()
+
+
+def test_a_device_serving_several_phases_is_labelled_with_them(qtbot):
+    diagram = PoolsDiagram()
+    qtbot.addWidget(diagram)
+    diagram.show_pools(PoolConfig(disaggregation="pd", encode=("a", "b"), prefill=("a", "b"), decode=("c",)))
+    assert [diagram.box_label(d) for d in ("a", "c")] == ["a EP", "c"]
+    diagram.show_pools(PoolConfig(disaggregation="aggregated", encode=("a",), prefill=("a",), decode=("a",)))
+    assert diagram.box_label("a") == "a EPD"
