@@ -15,9 +15,11 @@ for the other.
 Training is bounded by steps and by time, whichever ends first, and the learning rate
 decays on that same progress, so a slow or busy machine still ends with a decayed (usable)
 model within the budget. Measured on the demo recipe (6 layers, hidden 128, vocab 4096):
-~830 steps in 150 s on 2 idle cores give greedy text such as "Love is the best policy." and
-"You will be successful."; a larger model (hidden 192) gets ~490 steps in the same time and
-loops ("a man who has been a man who has been ...").
+~830 steps in 150 s on 2 pinned cores of an otherwise busy 16-core Xeon give greedy text such
+as "Love is the best policy." and "You will be successful."; a larger model (hidden 192) gets
+~490 steps in the same time and loops ("a man who has been a man who has been ..."). On a
+2-core machine at load ~15 the same budget gave 7 steps (two torch threads starved): the
+checkpoint is still written, decayed, but reads as fragments.
 
 ``train_in_subprocess`` runs it in a child process (``python -m core.models.training``) so
 a GUI stays live and the work can be cancelled; the child reports progress as lines on
@@ -55,7 +57,7 @@ PROGRESS_PREFIX = "EDGESHARD-TRAIN"
 @dataclass(frozen=True)
 class TrainingSettings:
     steps: int = 1500
-    """An upper bound: on 2 idle cores the time budget ends training first (~830 steps)."""
+    """An upper bound: on 2 free cores the time budget ends training first (~830 steps)."""
     batch: int = 32
     seq_len: int = 48
     """Tokens per window; a quotation is ~20 tokens, so a window spans two or three."""
