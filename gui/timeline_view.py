@@ -9,7 +9,9 @@ time range — never one graphics item or one ``setData`` per event, which is wh
 
 Encoding: colour = micro-batch; prefill = the colour, hatched; decode = the colour, plain;
 a transfer (``send``) is a thinner box in the lower band of the sender's lane; a
-``recv_wait`` is drawn faintly behind compute. A second plot below shows the predicted
+``recv_wait`` is drawn faintly behind compute. Compute boxes that overlap on one lane (a decode
+agent's continuous batch: one box per request, all running at once) are stacked in sub-lanes,
+a lane's compute band split in as many rows as it ever ran at once. A second plot below shows the predicted
 timeline (the simulator's ``TimelineEvent``s for the same plan) on the same time axis.
 """
 
@@ -91,15 +93,16 @@ class _Group:
         self.x0 = np.empty(256)
         self.x1 = np.empty(256)
         self.lane = np.empty(256, dtype=np.int64)
+        self.slot = np.empty(256, dtype=np.int64)
         self.size = 0
         self.min_x0 = np.inf
         self.max_x1 = -np.inf
 
-    def extend(self, x0: np.ndarray, x1: np.ndarray, lane: np.ndarray) -> None:
+    def extend(self, x0: np.ndarray, x1: np.ndarray, lane: np.ndarray, slot: np.ndarray) -> None:
         need = self.size + len(x0)
         if need > len(self.x0):
             cap = max(need, 2 * len(self.x0))
-            for name in ("x0", "x1", "lane"):
+            for name in ("x0", "x1", "lane", "slot"):
                 old = getattr(self, name)
                 grown = np.empty(cap, dtype=old.dtype)
                 grown[: self.size] = old[: self.size]
@@ -107,17 +110,18 @@ class _Group:
         self.x0[self.size:need] = x0
         self.x1[self.size:need] = x1
         self.lane[self.size:need] = lane
+        self.slot[self.size:need] = slot
         self.size = need
         self.min_x0 = min(self.min_x0, float(x0.min()))
         self.max_x1 = max(self.max_x1, float(x1.max()))
 
-    def visible(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def visible(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = self.size
-        x0, x1, lane = self.x0[:n], self.x1[:n], self.lane[:n]
+        x0, x1, lane, slot = self.x0[:n], self.x1[:n], self.lane[:n], self.slot[:n]
         if self.min_x0 >= lo and self.max_x1 <= hi:
-            return x0, x1, lane  # all of it: no mask, no copy
+            return x0, x1, lane, slot  # all of it: no mask, no copy
         mask = (x1 >= lo) & (x0 <= hi)
-        return x0[mask], x1[mask], lane[mask]
+        return x0[mask], x1[mask], lane[mask], slot[mask]
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,10 @@ class TimelineBoxesItem(pg.GraphicsObject):
         self.ghost = ghost
         """Drawn as faint outlined boxes under the measured ones (the prediction)."""
         self.boxes = _Columns(BOX_DTYPE)
+        self.slots = _Columns(np.dtype(np.int64))
+        """Per box (in ``boxes`` order): its sub-lane in its lane's compute band (0 for other kinds)."""
+        self._slot_ends: dict[int, list[float]] = {}
+        """Per lane: the end of the last compute box in each sub-lane (greedy interval packing)."""
         self.events: list[TimelineEvent] = []
         self._groups: dict[tuple[int, int, int], _Group] = {}
         self._rects = PrimitiveArray(QRectF, 4)
@@ -185,24 +193,80 @@ class TimelineBoxesItem(pg.GraphicsObject):
         self.painted_rects = 0
 
     # -- data ----------------------------------------------------------------------------
+    OVERLAP_TOLERANCE = 0.25
+    """A compute box overlapping a sub-lane's last box by at most this share of its own length
+    still goes in that sub-lane (clock mapping jitter between consecutive boxes is no batch)."""
+
+    def _assign_slots(self, rows: np.ndarray) -> np.ndarray:
+        """Each compute box's sub-lane: the first one of its lane whose last box ends by its start
+        (in arrival order, so replay assigns as the live run did); other kinds sit in sub-lane 0."""
+        slot = np.zeros(len(rows), dtype=np.int64)
+        comp = np.nonzero(rows["kind"] == KIND_CODE["compute"])[0]
+        if not len(comp):
+            return slot
+        if self._one_after_another(rows[comp]):
+            return slot
+        for i in comp.tolist():
+            start, end = float(rows["start_s"][i]), float(rows["end_s"][i])
+            ends = self._slot_ends.setdefault(int(rows["lane"][i]), [])
+            tol = self.OVERLAP_TOLERANCE * (end - start)
+            k = next((k for k, e in enumerate(ends) if e <= start + tol), len(ends))
+            if k == len(ends):
+                ends.append(end)
+            else:
+                ends[k] = max(ends[k], end)
+            slot[i] = k
+        return slot
+
+    def _one_after_another(self, comp: np.ndarray) -> bool:
+        """The common case, vectorised (a pipeline's stream, 100k boxes on replay): on every lane
+        these compute boxes follow each other and the lane's one sub-lane. Then their sub-lane is
+        0, the lanes' ends are moved on and True is returned; otherwise nothing changes."""
+        lane, start, end = comp["lane"].astype(np.int64), comp["start_s"], comp["end_s"]
+        order = np.argsort(lane, kind="stable")
+        lane, start, end = lane[order], start[order], end[order]
+        reach = start + self.OVERLAP_TOLERANCE * (end - start)
+        same = lane[1:] == lane[:-1]
+        if not np.all(~same | (reach[1:] >= end[:-1])):
+            return False
+        first = np.concatenate(([True], ~same))
+        last = np.concatenate((~same, [True]))
+        for ln, r in zip(lane[first].tolist(), reach[first].tolist()):
+            ends = self._slot_ends.get(ln, [])
+            if len(ends) > 1 or (ends and r < ends[0]):
+                return False
+        for ln, e in zip(lane[last].tolist(), end[last].tolist()):
+            ends = self._slot_ends.setdefault(ln, [])
+            ends[:] = [max(ends[0], e)] if ends else [e]
+        return True
+
+    def lane_slots(self, lane: int) -> int:
+        """How many compute boxes lane ``lane`` ran at once (at least 1): its sub-lane count."""
+        return max(1, len(self._slot_ends.get(lane, ())))
+
     def add(self, rows: np.ndarray, events: Sequence[TimelineEvent]) -> None:
         if not len(rows):
             return
+        slot = self._assign_slots(rows)
         self.boxes.extend(rows)
+        self.slots.extend(slot)
         self.events.extend(events)
         colour = rows["micro_batch"] % len(MICRO_BATCH_COLOURS)
         keys = rows["kind"].astype(np.int64) * 1000 + rows["phase"].astype(np.int64) * 100 + colour
         for key in np.unique(keys):
-            sel = rows[keys == key]
+            mask = keys == key
+            sel = rows[mask]
             group_key = (int(key // 1000), int(key // 100 % 10), int(key % 100))
             group = self._groups.get(group_key)
             if group is None:
                 group = self._groups[group_key] = _Group()
-            group.extend(sel["start_s"], sel["end_s"], sel["lane"])
+            group.extend(sel["start_s"], sel["end_s"], sel["lane"], slot[mask])
         self._update_bounds()
 
     def clear(self) -> None:
         self.boxes.clear()
+        self.slots.clear()
+        self._slot_ends.clear()
         self.events.clear()
         self._groups.clear()
         self._update_bounds()
@@ -265,19 +329,23 @@ class TimelineBoxesItem(pg.GraphicsObject):
         # recv_wait first (behind), then compute, then transfers.
         order = sorted(self._groups, key=lambda k: (k[0] != KIND_CODE["recv_wait"], k))
         n_lanes = self._lane_count + 1
+        n_slots = max([1] + [len(e) for e in self._slot_ends.values()])
+        lane_slots = np.ones(max([n_lanes] + [k + 1 for k in self._slot_ends]), dtype=np.int64)
+        for k, ends in self._slot_ends.items():
+            lane_slots[k] = max(1, len(ends))
         left = int(np.floor(xmin * sx + dx)) - 2
         right = int(np.ceil(xmax * sx + dx)) + 2
         styles, spans = [], []
         per_lane = np.zeros(n_lanes, dtype=np.int64)
         for key in order:
-            x0, x1, lane = self._groups[key].visible(xmin - slack, xmax + slack)
+            x0, x1, lane, slot = self._groups[key].visible(xmin - slack, xmax + slack)
             if not len(x0):
                 continue
             X0 = np.floor(np.clip(x0 * sx + dx, left, right)).astype(np.int64)
             X1 = np.ceil(np.clip(x1 * sx + dx, left, right)).astype(np.int64)
             X1 = np.maximum(X1, X0 + 1)  # at least one pixel wide, so a short box is still seen
             styles.append(key)
-            row = lane * 2 + (1 if key[0] == KIND_CODE["send"] else 0)
+            row = (lane * 2 + (1 if key[0] == KIND_CODE["send"] else 0)) * n_slots + slot
             spans.append((row, X0, X1))
             per_lane += np.bincount(lane, minlength=n_lanes)
             self.painted_boxes += len(x0)
@@ -291,7 +359,7 @@ class TimelineBoxesItem(pg.GraphicsObject):
                      or (len(widths) > 50 and float(np.median(widths)) <= 2.0))
         if aggregate:
             spans = [(row, X0, np.minimum(X1 + self.BRIDGE_PX, right)) for row, X0, X1 in spans]
-            which, rows, X0s, X1s = _pixel_runs(spans, 2 * n_lanes, left, right - left + 1)
+            which, rows, X0s, X1s = _pixel_runs(spans, 2 * n_lanes * n_slots, left, right - left + 1)
             by_style = np.argsort(which, kind="stable")
             bounds = np.searchsorted(which[by_style], np.arange(len(styles) + 1))
             spans = [(rows[by_style[a:b]], X0s[by_style[a:b]], X1s[by_style[a:b]])
@@ -308,9 +376,15 @@ class TimelineBoxesItem(pg.GraphicsObject):
             if not m:
                 continue
             band0, band1 = BANDS[key[0]]
-            lane = row // 2
-            ya = (lane + band0) * sy + dy
-            yb = (lane + band1) * sy + dy
+            lane = row // (2 * n_slots)
+            if key[0] == KIND_CODE["compute"]:  # its sub-lane's share of the compute band
+                share = (band1 - band0) / lane_slots[lane]
+                sub0 = band0 + share * (row % n_slots)
+                sub1 = sub0 + share * (0.85 if n_slots > 1 else 1.0)
+            else:
+                sub0, sub1 = band0, band1
+            ya = (lane + sub0) * sy + dy
+            yb = (lane + sub1) * sy + dy
             top = np.round(np.minimum(ya, yb))
             self._rects.resize(m)
             arr = self._rects.ndarray()
@@ -348,8 +422,13 @@ class TimelineBoxesItem(pg.GraphicsObject):
         candidates = np.nonzero((rows["lane"] == lane) & (rows["start_s"] <= x + tolerance_x)
                                 & (rows["end_s"] >= x - tolerance_x))[0]
         best = None
+        slots = self.slots.rows
         for idx in candidates.tolist():
             band0, band1 = BANDS[int(rows["kind"][idx])]
+            if rows["kind"][idx] == KIND_CODE["compute"]:
+                share = (band1 - band0) / self.lane_slots(lane)
+                band0 += share * int(slots[idx])
+                band1 = band0 + share
             if not band0 <= frac <= band1:
                 continue
             if best is None or rows["kind"][best] == KIND_CODE["recv_wait"]:

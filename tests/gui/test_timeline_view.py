@@ -289,3 +289,48 @@ def test_a_technique_names_its_own_legend_terms(view):
 
 def test_an_empty_timeline_labels_no_lanes_instead_of_numbers(view):
     assert view.measured_plot.getAxis("left")._tickLevels == [[], []]  # fixed (empty) ticks: no 0.0 … 1.0
+
+
+def _decode(device: str, request: int, start: float, end: float) -> TimelineEvent:
+    return TimelineEvent(device=device, stage=2, kind="compute", phase="decode", step=0, micro_batch=request,
+                         start_s=start, end_s=end)
+
+
+def test_a_batched_decode_stacks_its_requests_in_sub_lanes_of_the_agents_lane(qtbot, view):
+    """A decode agent's continuous batch: three requests decoding at once, one box each, are drawn
+    one above the other (each its own colour, each hit where it is drawn), not over each other."""
+    events = [_decode("dec", r, 1.0 + 0.1 * r, 3.0) for r in range(3)]
+    view.set_lanes(["enc", "dec"])
+    view.append_events(events)
+    view.flush()
+    view.set_x_range(0.0, 4.0)
+    assert view.measured_item.lane_slots(1) == 3
+    b0, b1 = 0.10, 0.62  # the compute band
+    share = (b1 - b0) / 3
+    for r in range(3):
+        y = b0 + share * (r + 0.4)
+        assert _pixel_at(view, 2.5, 1, y).name() == QColor(MICRO_BATCH_COLOURS[r]).name()
+        assert view.measured_item.box_at(2.5, 1 + y) is events[r]
+
+
+def test_consecutive_boxes_that_barely_overlap_stay_in_one_sub_lane(qtbot, view):
+    """Clock-mapping jitter (a box starting a hair before the previous one ends) is no batch."""
+    view.set_lanes(["dev"])
+    view.append_events([_decode("dev", 0, 0.0, 1.0), _decode("dev", 1, 0.99, 2.0), _decode("dev", 2, 2.0, 3.0)])
+    view.flush()
+    assert view.measured_item.lane_slots(0) == 1
+
+
+def test_a_replay_stacks_a_batched_decode_as_the_live_stream_did(qtbot):
+    """Live, events arrive a few at a time; a replay adds them all at once: same sub-lanes."""
+    events = [_decode("dec", 0, 0.0, 1.0), _decode("dec", 1, 1.0, 4.0), _decode("dec", 2, 1.5, 3.0),
+              _decode("dec", 3, 3.2, 5.0), _decode("dec", 4, 4.5, 6.0)]
+    live, replay = TimelineView(), TimelineView()
+    qtbot.addWidget(live)
+    qtbot.addWidget(replay)
+    for e in events:
+        live.append_events([e])
+        live.flush()
+    replay.append_events(events)
+    replay.flush()
+    assert live.measured_item.slots.rows.tolist() == replay.measured_item.slots.rows.tolist() == [0, 0, 1, 1, 0]
