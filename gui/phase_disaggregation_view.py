@@ -264,6 +264,10 @@ class PhaseDisaggregationPlanView(QWidget):
         self.table.setHorizontalHeaderLabels(self.TABLE_HEADERS)
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.setSelectionMode(QTableWidget.SingleSelection)
+        self.table.setToolTip("Select a row to see its pools (the aggregated and PD-only baselines too)")
+        self.row_configs: list[PoolConfig] = []
         self.tabs.addTab(self.table, "Configurations")
         self.timeline = RequestTimeline()
         self.tabs.addTab(self.timeline, "Request timeline")
@@ -291,6 +295,7 @@ class PhaseDisaggregationPlanView(QWidget):
         self.stop_button.clicked.connect(lambda: self.runner.request_stop())
         self.costs_button.clicked.connect(lambda: self._choose_costs())
         self.record_button.clicked.connect(lambda: self.record())
+        self.table.currentCellChanged.connect(lambda row, _c, _pr, _pc: self.show_row(row))
         state.workspace_changed.connect(lambda _p: self._update_record_button())
         self.runner.partial_result_reported.connect(self._on_partial)
         self.runner.status_reported.connect(lambda _id, text: self.status.setText(text))
@@ -388,6 +393,14 @@ class PhaseDisaggregationPlanView(QWidget):
         self.status.setText(f"recorded the picked configuration's simulated run as run {run_id} (session epd)")
         return run_id
 
+    def show_row(self, row: int) -> None:
+        """The pools of the table's row ``row`` (a search's configuration or a baseline); the
+        multimodal caches' fill is known only for the pick (the only one simulated at the rate)."""
+        if self.result is None or not 0 <= row < len(self.row_configs):
+            return
+        cfg = self.row_configs[row]
+        self.pools.show_pools(cfg, self.result.caches if cfg == self.result.best.config else ())
+
     def _on_finished(self, _id: int, result: EpdPlanResult) -> None:
         self.show_result(result)
 
@@ -397,14 +410,15 @@ class PhaseDisaggregationPlanView(QWidget):
         self._ended(f"picked {b.config.disaggregation} on {b.devices} devices ({pools_text(b.config)}): goodput "
                     f"{b.goodput_rps:.3g} req/s, TTFT p50 {b.ttft_p50_s:.2f} s — {result.trials} trials in "
                     f"{result.elapsed_s:.1f} s; calibration: {self.costs.source or 'loaded'}")
-        self.pools.show_pools(b.config, result.caches)
         self.timeline.show_metrics(result.metrics)
         rows = [(f"#{i + 1} {c.config.disaggregation}", c) for i, c in enumerate(result.top)]
         rows += [(name, c) for name, c in result.baselines]
+        self.row_configs = [c.config for _, c in rows]
         fill_table(self.table, [
             (name, str(c.devices), pools_text(c.config),
              f"{c.config.encode_batch}/{c.config.prefill_batch}/{c.config.decode_batch}", c.config.policy,
              f"{c.goodput_rps:.3g}", f"{c.ttft_p50_s:.2f}") for name, c in rows])
+        self.pools.show_pools(b.config, result.caches)  # the pick, whatever row filling selected
         self.slo_plot.clear()
         self.slo_plot.addItem(pg.InfiniteLine(pos=TARGET, angle=0, pen=pg.mkPen("#888888", style=Qt.DashLine)))
         for name, pts in result.curves:

@@ -40,6 +40,21 @@ def test_a_search_fills_every_pane_and_lists_both_baselines(qtbot):
     view.shutdown()
 
 
+def test_selecting_a_baselines_row_shows_its_pools(qtbot):
+    view = _view(qtbot)
+    view.devices.setValue(4)
+    view.trials.setValue(2)
+    view.auto_solve(requests=10)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
+    view.table.setCurrentCell(rows["pd-only"], 0)
+    assert view.pools.config.disaggregation == "pd" and not view.pools.caches
+    assert view.pools.config == dict(view.result.baselines)["pd-only"].config
+    view.table.setCurrentCell(rows["aggregated"], 0)
+    assert view.pools.config.disaggregation == "aggregated"
+    view.shutdown()
+
+
 def test_stop_ends_the_search_and_says_so(qtbot):
     view = _view(qtbot)
     view.trials.setValue(500)
