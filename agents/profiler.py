@@ -185,7 +185,7 @@ class _UnitBench:
                 b.zero_()
             m.eval()
         self.rotary = None
-        self._decode_mask_same: bool | None = None  # as StageExecutor._decode_mask_checked
+        self._decode_masks = None  # agents.shard.DecodeMasks, as StageExecutor builds them
         if self.kind == "block" and hasattr(base, "rotary_emb"):
             self.rotary = type(base.rotary_emb)(config=cfg).to(device)
         self.param_bytes = sum(p.numel() * p.element_size() for m in self.modules.values() for p in m.parameters())
@@ -200,20 +200,23 @@ class _UnitBench:
         attention mask, the causal mask of the layer type, the rotary embedding."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-        from agents.shard import cache_keyword, is_padding_mask
+        from agents.shard import DecodeMasks, cache_keyword
 
         new = x.shape[1]
         positions = (mask_2d.cumsum(-1) - 1).masked_fill(mask_2d == 0, 0)[:, -new:]
         types = getattr(self.cfg, "layer_types", None) or ["full_attention"]
         maker = create_sliding_window_causal_mask if types[0] == "sliding_attention" else create_causal_mask
         decode_full = new == 1 and types[0] == "full_attention"
-        if decode_full and self._decode_mask_same:
-            mask = mask_2d.bool()[:, None, None, :]
-        else:
-            mask = maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, position_ids=positions,
+
+        def made():
+            return maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, position_ids=positions,
                          **{cache_keyword(maker): cache})
-            if decode_full and self._decode_mask_same is None:
-                self._decode_mask_same = is_padding_mask(mask, mask_2d.bool()[:, None, None, :])
+
+        if decode_full:
+            self._decode_masks = self._decode_masks or DecodeMasks()
+            mask = self._decode_masks.mask(mask_2d, made)
+        else:
+            mask = made()
         extra = {}
         if self.rotary is not None:
             extra["position_embeddings"] = self.rotary(x, position_ids=positions)

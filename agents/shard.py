@@ -188,9 +188,7 @@ class StageExecutor:
                 if tensor.is_meta:
                     raise CheckpointError(f"{model_dir}: no weights for {name} of a stage module")
         self._groups: dict[int, _GroupState] = {}
-        self._decode_mask_checked: bool | None = None
-        """None until the first one-token step compared transformers' full-attention mask with the
-        padding mask (``is_padding_mask``); True: decode steps use the padding mask directly."""
+        self._decode_masks = DecodeMasks()
         self._free_slots: list[list] = []
         self._slot_of: dict[int, list] = {}
         self.kv_reserved_bytes = 0
@@ -389,14 +387,16 @@ class StageExecutor:
         for kind in sorted(set(self._layer_types)):
             if kind not in makers:
                 raise CheckpointError(f"{self.model_dir}: attention type {kind!r} is not supported")
-            if kind == "full_attention" and hidden.shape[1] == 1 and self._decode_mask_checked:
-                masks[kind] = state.mask.bool()[:, None, None, :]
-                continue
             maker = makers[kind]
-            masks[kind] = maker(config=self._config, inputs_embeds=hidden, attention_mask=state.mask,
-                                position_ids=positions, **{cache_keyword(maker): state.cache})
-            if kind == "full_attention" and hidden.shape[1] == 1 and self._decode_mask_checked is None:
-                self._decode_mask_checked = is_padding_mask(masks[kind], state.mask.bool()[:, None, None, :])
+
+            def made(maker=maker):
+                return maker(config=self._config, inputs_embeds=hidden, attention_mask=state.mask,
+                             position_ids=positions, **{cache_keyword(maker): state.cache})
+
+            if kind == "full_attention" and hidden.shape[1] == 1:
+                masks[kind] = self._decode_masks.mask(state.mask, made)
+            else:
+                masks[kind] = made()
         extra = {}
         if self._rotary is not None:
             extra["position_embeddings"] = self._rotary(hidden, position_ids=positions)
@@ -410,6 +410,31 @@ def cache_keyword(fn) -> str:
     import inspect
 
     return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+
+
+class DecodeMasks:
+    """A one-token step's full-attention mask without transformers' mask factory (~0.1 ms per
+    stage and token), once the factory was seen to give either the padding mask [B, 1, 1, T]
+    itself or None (no padding under sdpa). Learnt separately for padded and unpadded masks,
+    since the factory answers them differently and callers (the staggered attention-offload
+    replicas) tell None from an all-True mask."""
+
+    def __init__(self, shortcut: bool = True):
+        self.seen: dict[bool, str] = {} if shortcut else {True: "factory", False: "factory"}
+        """unpadded? -> 'padding' | 'none' (build it directly) | 'factory' (always ask it)."""
+
+    def mask(self, mask_2d: torch.Tensor, made):
+        padding = mask_2d.bool()[:, None, None, :]
+        unpadded = bool(padding.all())
+        seen = self.seen.get(unpadded)
+        if seen == "padding":
+            return padding
+        if seen == "none":
+            return None
+        got = made()
+        if seen is None:
+            self.seen[unpadded] = "none" if got is None else "padding" if is_padding_mask(got, padding) else "factory"
+        return got
 
 
 def is_padding_mask(made, padding: torch.Tensor) -> bool:

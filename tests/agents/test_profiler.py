@@ -64,7 +64,9 @@ def test_a_block_is_timed_without_building_its_mask_or_rotary_embedding(monkeypa
         overhead = bench.stage_decode_overhead_fn(1, 8)
         calls.clear()
         overhead.run()
-        assert sorted(calls) == ["mask", "rotary"]
+        # the stage overhead is what the runtime does per step: the rotary embedding, and the
+        # mask through agents.shard.DecodeMasks (the factory only until its answer was learnt)
+        assert "rotary" in calls and set(calls) <= {"mask", "rotary"}
 
 
 def test_decode_repeats_see_the_same_context_length():

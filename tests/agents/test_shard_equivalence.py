@@ -15,7 +15,7 @@ import transformers
 
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
-from agents.shard import StageExecutor
+from agents.shard import DecodeMasks, StageExecutor
 from core.models.checkpoints import FAMILIES
 
 PROMPTS = [
@@ -187,9 +187,31 @@ def test_decode_steps_build_the_padding_mask_only_where_it_is_transformers_own(t
         warnings.simplefilter("error", FutureWarning)  # the cache keyword transformers deprecates is not used
         for step in range(MAX_NEW):
             a = fast.decode(0, token)
-            slow._decode_mask_checked = False  # the factory at every step
+            slow._decode_masks = DecodeMasks(shortcut=False)  # the factory at every step
             b = slow.decode(0, token)
             assert torch.equal(a, b)
             token = a.argmax(-1, keepdim=True)
     if "full_attention" in fast._layer_types:
-        assert fast._decode_mask_checked is True
+        assert fast._decode_masks.seen[False] == "padding"
+
+
+def test_an_unpadded_decode_step_gets_the_mask_transformers_gives_it_none_included():
+    """Without padding transformers' factory answers a one-token step with None under sdpa, not
+    an all-True mask; the shortcut learns that apart from the padded case (the staggered
+    attention-offload replicas tell the two apart when they announce masks to memory agents)."""
+    calls = []
+
+    def factory(answer):
+        def made():
+            calls.append(answer)
+            return answer
+        return made
+
+    masks = DecodeMasks()
+    ones = torch.ones(1, 5, dtype=torch.int64)
+    padded = torch.tensor([[0, 1, 1, 1, 1]])
+    assert masks.mask(ones, factory(None)) is None
+    assert masks.mask(ones, factory(None)) is None and calls == [None]  # learnt: not asked again
+    as_padding = padded.bool()[:, None, None, :]
+    assert torch.equal(masks.mask(padded, factory(as_padding)), as_padding)
+    assert torch.equal(masks.mask(padded, factory("unused")), as_padding) and len(calls) == 2
