@@ -379,6 +379,23 @@ class Agent:
         self._logs.append(stamped)
         log.info(line)
 
+    def receive_data(self, max_bytes: int) -> tuple[DataHeader, list[memoryview], float] | None:
+        """The next message on the data socket as (header, tensor buffers, its arrival on this
+        agent's clock), or None when the receive timed out (RCVTIMEO) or the message did not
+        decode: a malformed frame is logged and dropped here, so no data-plane loop can hand
+        one to its handler or die of it."""
+        try:
+            frames = self._data.recv_multipart(copy=False)
+        except zmq.Again:
+            return None
+        received = self.clock()
+        try:
+            header, bufs = decode_data(frames, max_bytes)
+        except ProtocolError as err:
+            self._log(f"dropped data message: {err.code}: {err}")
+            return None
+        return header, bufs, received
+
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
@@ -1128,19 +1145,12 @@ class _StageRun:
                 self._finish()
                 return
             self.wait_started = self.clock()
-        data = self.agent._data
         stop = self.stop
         while not stop.is_set():
-            try:  # one blocking receive (RCVTIMEO), not a poll and then a receive
-                frames = data.recv_multipart(copy=False)
-            except zmq.Again:
+            received = self.agent.receive_data(MAX_DATA_BYTES)  # one blocking receive (RCVTIMEO), not a poll
+            if received is None:
                 continue
-            got = self.clock()
-            try:
-                header, bufs = decode_data(frames, MAX_DATA_BYTES)
-            except ProtocolError as err:
-                self.agent._log(f"dropped data message: {err.code}: {err}")
-                continue
+            header, bufs, got = received
             if header.run_id != self.msg.run_id:
                 continue  # a straggler of an earlier run
             if header.kind == "probe":

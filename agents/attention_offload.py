@@ -460,6 +460,7 @@ class DataPlaneRouter:
             if time.monotonic() > deadline:
                 raise MemorySideSilent(f"memory agent(s) {', '.join(sorted(pending))} did not answer layer {layer} "
                                        f"of micro-batch {group} within {self.timeout_s:g} s (is it up, its link working?)")
+            # not Agent.receive_data: the header frame's own bytes are counted below (wire_bytes)
             try:
                 frames = agent._data.recv_multipart(copy=False)
             except zmq.Again:
@@ -583,23 +584,14 @@ class HeadsService:
         self._senders.close()
 
     def serve(self) -> None:
-        import zmq
-
-        from agents.protocol import ProtocolError, decode_data
         from agents.transport import RunAborted
 
         agent = self.agent
         while not self.stop.is_set():
-            try:
-                frames = agent._data.recv_multipart(copy=False)
-            except zmq.Again:
+            got = agent.receive_data(1 << 30)
+            if got is None:
                 continue
-            received = agent.clock()
-            try:
-                header, bufs = decode_data(frames, 1 << 30)
-            except ProtocolError as err:
-                agent._log(f"dropped data message: {err.code}: {err}")
-                continue
+            header, bufs, received = got
             try:
                 self._answer(header, bufs, received)
             except StageInputError as err:

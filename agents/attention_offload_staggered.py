@@ -176,9 +176,6 @@ class StaggeredReplica:
 
     def _await(self, group: int, index: int) -> dict:
         """The residual and every memory agent's output of ``group``'s slice ``index``."""
-        import zmq
-
-        from agents.protocol import ProtocolError, decode_data
         from agents.transport import RunAborted
 
         key = (group, index)
@@ -193,15 +190,10 @@ class StaggeredReplica:
                     missing.append(f"the replica of slice {index}")
                 raise MemorySideSilent(f"{', '.join(missing)} did not answer slice {index} of micro-batch {group} "
                                        f"within {ATTEND_TIMEOUT_S:g} s (is it up, its link working?)")
-            try:
-                frames = self.agent._data.recv_multipart(copy=False)
-            except zmq.Again:
+            received = self.agent.receive_data(1 << 30)
+            if received is None:
                 continue
-            try:
-                header, bufs = decode_data(frames, 1 << 30)
-            except ProtocolError as err:
-                self.agent._log(f"dropped data message: {err.code}: {err}")
-                continue
+            header, bufs, _ = received
             try:
                 self.take(header, bufs)
             except StageInputError as err:
@@ -423,9 +415,6 @@ class HeldReplica:
             self.replica.close()
 
     def serve(self) -> None:
-        import zmq
-
-        from agents.protocol import ProtocolError, decode_data
         from agents.transport import RunAborted
 
         agent, msg = self.agent, self.msg
@@ -433,15 +422,10 @@ class HeldReplica:
         while self.replica is None:
             if self.stop.is_set():
                 raise RunAborted()
-            try:
-                frames = agent._data.recv_multipart(copy=False)
-            except zmq.Again:
+            received = agent.receive_data(1 << 30)
+            if received is None:
                 continue
-            try:
-                header, bufs = decode_data(frames, 1 << 30)
-            except ProtocolError as err:
-                agent._log(f"dropped data message: {err.code}: {err}")
-                continue
+            header, bufs, _ = received
             if header.kind == "start" and header.sender == msg.staggered.replicas[0].device:
                 agent._event_meta = (header.run_id, 0)
                 self.replica = StaggeredReplica(agent, self.executor, me=msg.replica,

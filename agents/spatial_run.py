@@ -23,17 +23,14 @@ import threading
 import time
 
 import torch
-import zmq
 
 from agents.protocol import (
     ClassifyImage,
     DataHeader,
     ErrorReply,
     ImageClassified,
-    ProtocolError,
     SpatialSetup,
     StripTimes,
-    decode_data,
 )
 from agents.spatial import group_input_ranges, network_for, strip_bounds
 from agents.transport import (
@@ -105,22 +102,15 @@ class SpatialSession:
 
     def _receive(self, deadline: float):
         """The next strip frame of this run (header, tensor, arrival time), or None at ``deadline``."""
-        data = self.agent._data
         while True:
             if self.stop.is_set():
                 raise RunAborted()
             if time.monotonic() > deadline:
                 return None
-            try:
-                frames = data.recv_multipart(copy=False)
-            except zmq.Again:
+            received = self.agent.receive_data(MAX_STRIP_BYTES)
+            if received is None:
                 continue
-            got = self.clock()
-            try:
-                header, bufs = decode_data(frames, MAX_STRIP_BYTES)
-            except ProtocolError as err:
-                self.agent._log(f"dropped data message: {err.code}: {err}")
-                continue
+            header, bufs, got = received
             if header.run_id != self.msg.run_id or header.kind != "strip" or len(header.tensors) != 1 \
                     or header.tensors[0].dtype != "float32":
                 continue  # a straggler of an earlier run or not a strip

@@ -152,6 +152,17 @@ def coordinator_and_agents():
         yield cluster
 
 
+def _assert_greedy_run_equals_hf(coordinator, plan, model_dir) -> None:
+    """Three padded prompts, 6 greedy tokens over the agents: exactly HF generate()'s."""
+    tok = load_tokenizer(str(model_dir))
+    enc = tok(["the cat sat", "a longer prompt about the river", "hello"], return_tensors="pt", padding=True)
+    result = coordinator.run(plan, RunRequest(
+        input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+        attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
+        max_new_tokens=6, eos_token_ids=(2,), pad_token_id=0))
+    assert list(result.tokens) == hf_greedy_new_tokens(str(model_dir), enc, 6)
+
+
 def test_an_agent_runs_the_expert_offload_stage_kind_from_the_coordinator_with_exact_tokens(
         coordinator_and_agents, moe_dir, tmp_path):
     coordinator, (first, second) = coordinator_and_agents
@@ -163,13 +174,7 @@ def test_an_agent_runs_the_expert_offload_stage_kind_from_the_coordinator_with_e
     executor = second._loaded.executor
     assert isinstance(getattr(executor, "inner", executor), ExpertOffloadExecutor)
 
-    tok = load_tokenizer(str(model_dir))
-    enc = tok(["the cat sat", "a longer prompt about the river", "hello"], return_tensors="pt", padding=True)
-    result = coordinator.run(plan, RunRequest(
-        input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
-        attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
-        max_new_tokens=6, eos_token_ids=(2,), pad_token_id=0))
-    assert list(result.tokens) == hf_greedy_new_tokens(str(model_dir), enc, 6)
+    _assert_greedy_run_equals_hf(coordinator, plan, model_dir)
     stats = getattr(executor, "inner", executor).stats()
     assert stats["peak_slots"] <= 2 and stats["misses"] > 0
 
@@ -184,13 +189,7 @@ def test_two_agents_each_offloading_its_own_blocks_experts_give_exact_tokens(coo
     coordinator.load(plan, str(model_dir), kind="expert-offload")
     executors = [getattr(a._loaded.executor, "inner", a._loaded.executor) for a in agents]
     assert all(isinstance(e, ExpertOffloadExecutor) for e in executors)
-    tok = load_tokenizer(str(model_dir))
-    enc = tok(["the cat sat", "a longer prompt about the river", "hello"], return_tensors="pt", padding=True)
-    result = coordinator.run(plan, RunRequest(
-        input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
-        attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
-        max_new_tokens=6, eos_token_ids=(2,), pad_token_id=0))
-    assert list(result.tokens) == hf_greedy_new_tokens(str(model_dir), enc, 6)
+    _assert_greedy_run_equals_hf(coordinator, plan, model_dir)
     assert [e.store.layers_read for e in executors] == [{0, 1}, {2, 3}]
     for e in executors:
         assert e.stats()["misses"] > 0 and e.stats()["peak_slots"] <= 2
