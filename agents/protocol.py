@@ -490,6 +490,11 @@ class ConvTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     samples: tuple[tuple[float, float], ...]
     fc_samples: tuple[tuple[float, float], ...] = ()
+    layer_samples: tuple[tuple[float, float, float, float], ...] = ()
+    """(FLOPs, weight bytes, activation bytes, seconds) per timed layer strip (``agents.spatial.
+    layer_timing_samples``: the swept convs, narrow strips, small maps with many channels, pools),
+    for the per-layer model y = a·FLOPs + b + weight and activation bytes terms; empty from an
+    agent that does not time them."""
 
 
 class LinkResult(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,

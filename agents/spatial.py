@@ -284,7 +284,52 @@ def conv_timing_samples(sizes: Sequence[int] = (8, 16, 24, 32, 48, 64), channels
     fitted b holds the per-request work too. Each shape is warmed up first (oneDNN builds a
     kernel per shape) and timed over enough calls to last ~2 ms; the best of ``repeats`` is
     kept (the device's speed, not its neighbours' noise)."""
-    return _timing_samples([(Layer("conv", c, c, s, s),) for c in channels for s in sizes], repeats, threads)
+    items = [(Layer("conv", c, c, s, s), 0, s) for c in channels for s in sizes]
+    return [(layer.flops(), t) for (layer, _, _), t in zip(items, _timing_samples(items, repeats, threads))]
+
+
+STRIP_SHAPES: tuple[tuple[Layer, int, int], ...] = (
+    (Layer("conv", 3, 32, 64, 64), 0, 64),
+    (Layer("conv", 16, 16, 32, 32), 15, 16),
+    (Layer("conv", 16, 16, 32, 32), 14, 18),
+    (Layer("conv", 64, 64, 16, 16), 7, 8),
+    (Layer("conv", 64, 64, 16, 16), 6, 10),
+    (Layer("conv", 128, 128, 12, 12), 5, 7),
+    (Layer("conv", 128, 128, 12, 12), 0, 12),
+    (Layer("conv", 256, 256, 6, 6), 2, 4),
+    (Layer("conv", 256, 256, 6, 6), 0, 6),
+    (Layer("conv", 256, 256, 12, 12), 0, 12),
+    (Layer("pool", 32, 32, 64, 64), 12, 20),
+    (Layer("pool", 32, 32, 64, 64), 0, 32),
+    (Layer("pool", 128, 128, 24, 24), 0, 12),
+    (Layer("pool", 64, 64, 96, 96), 0, 48),
+    (Layer("conv", 32, 32, 96, 96), 0, 96),
+)
+"""Layer strips (layer, output columns [lo, hi)) timed besides the swept convs so the per-layer
+model's terms separate: narrow strips and small maps with many channels (a call's cost grows
+with the layer's weights, not its FLOPs: 1 column of a 256-channel 6×6 conv costs ~8× its FLOPs
+at the full map's rate), the first layer's 3 input channels, maps beyond the caches, and max
+pools (bound by the bytes they read: ~100× what their FLOPs at conv speed say)."""
+
+
+def layer_features(layer: Layer, in_cols: int, out_cols: int) -> tuple[float, float, float]:
+    """What the per-layer time model counts for a strip: (FLOPs, weight bytes read per call,
+    activation bytes read and written)."""
+    return (layer.flops(out_cols), float(layer.param_bytes()),
+            float(layer.in_bytes(in_cols) + layer.out_bytes(out_cols)))
+
+
+def layer_timing_samples(sizes: Sequence[int] = (8, 16, 24, 32, 48, 64), channels: Sequence[int] = (16, 32),
+                         repeats: int = 5, threads: int | None = None
+                         ) -> list[tuple[float, float, float, float]]:
+    """(FLOPs, weight bytes, activation bytes, seconds) of one-layer strips through the strip path
+    (``compute_strip``): the swept 3×3 convs (whole maps) and ``STRIP_SHAPES``."""
+    items = [(Layer("conv", c, c, s, s), 0, s) for c in channels for s in sizes] + list(STRIP_SHAPES)
+    out = []
+    for (layer, lo, hi), t in zip(items, _timing_samples(items, repeats, threads)):
+        a, b = layer.needs(lo, hi)
+        out.append((*layer_features(layer, b - a, hi - lo), t))
+    return out
 
 
 def fc_timing_samples(widths: Sequence[int] = (256, 512, 1024, 2048), repeats: int = 5,
@@ -311,7 +356,9 @@ def fc_timing_samples(widths: Sequence[int] = (256, 512, 1024, 2048), repeats: i
     return out
 
 
-def _timing_samples(nets: Sequence[tuple[Layer, ...]], repeats: int, threads: int | None) -> list[tuple[float, float]]:
+def _timing_samples(items: Sequence[tuple[Layer, int, int]], repeats: int, threads: int | None) -> list[float]:
+    """Seconds per call of each (layer, lo, hi): output columns [lo, hi) of one layer from exactly
+    the input columns they need, through ``compute_strip``."""
     import time
 
     import torch
@@ -319,23 +366,23 @@ def _timing_samples(nets: Sequence[tuple[Layer, ...]], repeats: int, threads: in
     if threads:
         torch.set_num_threads(threads)
     out = []
-    for layers in nets:
-        first = layers[0]
-        spec = CnnSpec(name="timing", image=first.h_in, layers=layers, head_in=1, fc=(1,), flatten=True)
+    for layer, lo, hi in items:
+        spec = CnnSpec(name="timing", image=layer.h_in, layers=(layer,), head_in=1, fc=(1,), flatten=True)
         net = build_network(spec, seed=1)
-        x = torch.randn(1, first.c_in, first.h_in, first.w_in, generator=torch.Generator().manual_seed(1))
+        a, b = layer.needs(lo, hi)
+        x = torch.randn(1, layer.c_in, layer.h_in, b - a, generator=torch.Generator().manual_seed(1))
         data, shape = x.numpy().tobytes(), tuple(x.shape)
         t0, calls = time.perf_counter(), 0
         while calls < 3 or time.perf_counter() - t0 < 2e-3:
-            compute_strip(net, 0, len(layers), 0, 0, layers[-1].w_out, shape, data)
+            compute_strip(net, 0, 1, a, lo, hi, shape, data)
             calls += 1
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
             for _ in range(calls):
-                compute_strip(net, 0, len(layers), 0, 0, layers[-1].w_out, shape, data)
+                compute_strip(net, 0, 1, a, lo, hi, shape, data)
             best = min(best, (time.perf_counter() - t0) / calls)
-        out.append((sum(layer.flops() for layer in layers), best))
+        out.append(best)
     return out
 
 
@@ -383,10 +430,12 @@ def conv_sweep(options: ConvSweepOptions, slowdown: float = 1.0) -> ConvTimings:
     ``agents.protocol``): conv and FC timings; an emulated device's times are scaled by its
     slowdown, the same rule as its unit profile and its stage compute."""
     threads = options.threads or None
-    samples = conv_timing_samples(options.sizes, options.channels, options.repeats, threads)
+    layers = layer_timing_samples(options.sizes, options.channels, options.repeats, threads)
+    n = len(options.sizes) * len(options.channels)  # the swept convs come first
     fc = fc_timing_samples(repeats=options.repeats, threads=threads)
-    return ConvTimings(samples=tuple((flops, seconds * slowdown) for flops, seconds in samples),
-                       fc_samples=tuple((flops, seconds * slowdown) for flops, seconds in fc))
+    return ConvTimings(samples=tuple((flops, seconds * slowdown) for flops, _, _, seconds in layers[:n]),
+                       fc_samples=tuple((flops, seconds * slowdown) for flops, seconds in fc),
+                       layer_samples=tuple((f, w, m, seconds * slowdown) for f, w, m, seconds in layers))
 
 
 STAGE_KIND = "spatial-strip"

@@ -6,7 +6,7 @@
 - time-model fit error on this machine, per emulated device (1 and 2 torch threads):
   median |predicted − measured| / measured over the profiling samples;
 - the time model against real strip compute: every strip of the fused and CBPS plans timed
-  for real through the agent's path (``compute_strip``, best of 3) beside a·FLOPs + b per
+  for real through the agent's path (``compute_strip``, best of 3) beside the per-layer model (FLOPs, call, weight and activation bytes) per
   layer (median relative error);
 - simulated, paper-shaped scenario (VGG16 224², Raspberry-Pi-class nodes, 1 Gbit/s): speedup
   over one device of CBPS / BODP / even / fused with 2 and 4 nodes (paper: CBPS 1.84×, 3.58×),
@@ -36,12 +36,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from agents.spatial import (  # noqa: E402
-    build_network, compute_strip, conv_timing_samples, group_input_ranges, run_partitioned, strip_bounds,
+    build_network, compute_strip, group_input_ranges, layer_timing_samples, run_partitioned, strip_bounds,
 )
 from core.techniques.spatial.cost import evaluate, single_device_seconds  # noqa: E402
 from core.techniques.spatial.partition import per_layer_plan, with_best_device_count  # noqa: E402
 from core.techniques.spatial.problem import (  # noqa: E402
-    CnnRef, SpatialDevice, SpatialProblem, TimeModel, fit_time_model,
+    CnnRef, SpatialDevice, SpatialProblem, TimeModel, fit_layer_time_model,
 )
 from core.techniques.spatial.scenarios import paper_shaped  # noqa: E402
 from core.techniques.spatial.strategies import ORDER, run_strategy  # noqa: E402
@@ -49,7 +49,9 @@ from core.techniques.spatial.strategies import ORDER, run_strategy  # noqa: E402
 
 def local_problem(network: str, fit: TimeModel) -> SpatialProblem:
     """Three devices shaped by this machine's fit: 1×, 2× and 3× slower, 100/50 Mbit/s links."""
-    devices = tuple(SpatialDevice(id=f"d{i}", time=TimeModel(a=fit.a * f, b=fit.b * f), bandwidth_Bps=bw * 1e6 / 8,
+    devices = tuple(SpatialDevice(id=f"d{i}", time=TimeModel(a=fit.a * f, b=fit.b * f, per_weight_byte=fit.per_weight_byte * f,
+                                                           per_activation_byte=fit.per_activation_byte * f),
+                                  bandwidth_Bps=bw * 1e6 / 8,
                                   latency_s=2e-4) for i, (f, bw) in enumerate(((1, 1), (2, 100), (3, 50))))
     return SpatialProblem(name=f"local-{network}", model=CnnRef(network=network, image=64, width_div=8, classes=10),
                           devices=devices, gateway="d0")
@@ -71,7 +73,8 @@ def exactness(fit: TimeModel) -> dict:
 
 
 def strip_prediction(fit: TimeModel) -> float:
-    """Median |a·FLOPs + b − measured| / measured over every strip of two plans (1 thread)."""
+    """Median |predicted − measured| / measured (the per-layer model: FLOPs, call, weight and
+    activation bytes) over every strip of two plans (1 thread)."""
     torch.set_num_threads(1)
     errs = []
     problem = local_problem("vgg16", fit)
@@ -94,7 +97,8 @@ def strip_prediction(fit: TimeModel) -> float:
                     compute_strip(net, start, end, a, lo, hi, shape, data)
                     best = min(_timed(lambda: compute_strip(net, start, end, a, lo, hi, shape, data))
                                for _ in range(3))
-                    pred = sum(fit.seconds(layer.flops(r[1] - r[0])) for layer, r in zip(layers, ranges[1:]))
+                    pred = sum(fit.strip_seconds(layer, i[1] - i[0], o[1] - o[0])
+                               for layer, i, o in zip(layers, ranges, ranges[1:]))
                     errs.append(abs(pred - best) / best)
                 h = run_partitioned_features(net, h, start, end, ws)
     return statistics.median(errs)
@@ -258,7 +262,7 @@ def main() -> int:
         return 0
     fits = {}
     for threads in (1, 2):
-        fit = fit_time_model(conv_timing_samples(threads=threads))
+        fit = fit_layer_time_model(layer_timing_samples(threads=threads))
         fits[f"threads-{threads}"] = {"gflops": round(1e-9 / fit.a, 2), "b_ms": round(fit.b * 1e3, 4),
                                       "median_rel_error": round(fit.median_rel_error, 4)}
         if threads == 1:

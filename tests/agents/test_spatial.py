@@ -73,3 +73,16 @@ def test_vgg16_unit_table_matches_the_published_size():
     assert 15.3e9 < conv / 2 < 15.6e9  # the paper's ~15.5 G counts multiply-adds; the formula has the 2
     assert params // 4 == 138_357_544  # torchvision's VGG16 parameter count
     assert spec.head_param_bytes() / params > 0.85  # FC layers hold most of the storage
+
+
+def test_a_conv_sweep_times_layer_strips_with_their_flops_weight_and_activation_bytes():
+    from agents.protocol import ConvSweepOptions
+    from agents.spatial import STRIP_SHAPES, Layer, conv_sweep, layer_features
+
+    timings = conv_sweep(ConvSweepOptions(sizes=(8, 16), channels=(4,), repeats=1))
+    swept = [(Layer("conv", 4, 4, s, s), 0, s) for s in (8, 16)]
+    want = [layer_features(layer, layer.needs(lo, hi)[1] - layer.needs(lo, hi)[0], hi - lo)
+            for layer, lo, hi in swept + list(STRIP_SHAPES)]
+    assert [s[:3] for s in timings.layer_samples] == want
+    assert all(s[3] > 0 for s in timings.layer_samples)
+    assert [f for f, _ in timings.samples] == [f for f, _, _ in want[:2]]

@@ -50,7 +50,9 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _scaled(model: TimeModel, factor: float) -> TimeModel:
-    return msgspec.structs.replace(model, a=model.a * factor, b=model.b * factor)
+    return msgspec.structs.replace(model, a=model.a * factor, b=model.b * factor,
+                                   per_weight_byte=model.per_weight_byte * factor,
+                                   per_activation_byte=model.per_activation_byte * factor)
 
 
 def calibrate(problem: SpatialProblem, plan: SpatialPlan, events: Sequence[TimelineEvent],

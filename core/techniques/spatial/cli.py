@@ -257,18 +257,19 @@ def _calibrate(args) -> int:
 
 def _profile(args) -> int:
     from core.errors import EdgeShardError
-    from core.techniques.spatial.problem import fit_time_model
+    from core.techniques.spatial.problem import fit_layer_time_model
 
     if args.agents is None:
         if args.problem or args.out:
             raise EdgeShardError("--problem and --out need --agents (the devices to profile)")
-        from agents.spatial import conv_timing_samples
+        from agents.spatial import layer_timing_samples
 
-        fits = {"this machine": fit_time_model(conv_timing_samples(threads=args.threads))}
+        fits = {"this machine": fit_layer_time_model(layer_timing_samples(threads=args.threads))}
     else:
         fits = _profile_agents(args)
     for device, fit in fits.items():
         print(json.dumps({"device": device, "a_s_per_flop": fit.a, "b_s": fit.b, "gflops": 1e-9 / fit.a,
+                          "s_per_weight_byte": fit.per_weight_byte, "s_per_activation_byte": fit.per_activation_byte,
                           "median_rel_error": fit.median_rel_error}))
     return 0
 

@@ -38,7 +38,8 @@ def strip_time(layers: Sequence[Layer], device: SpatialDevice, lo: int, hi: int,
     if hi <= lo:
         return StripTime()
     ranges = group_input_ranges(layers, lo, hi)
-    compute = sharing * sum(device.time.seconds(layer.flops(b - a)) for layer, (a, b) in zip(layers, ranges[1:]))
+    compute = sharing * sum(device.time.strip_seconds(layer, i1 - i0, o1 - o0)
+                            for layer, (i0, i1), (o0, o1) in zip(layers, ranges, ranges[1:]))
     in_bytes = layers[0].in_bytes(ranges[0][1] - ranges[0][0])
     out_bytes = layers[-1].out_bytes(hi - lo)
     if gateway:
@@ -126,5 +127,6 @@ def single_device_seconds(problem: SpatialProblem, device: str | None = None) ->
     spec = problem.model.spec()
     dev = problem.device(device or problem.gateway)
     alone = sharing_factor(problem, 1)
-    return (alone * sum(dev.time.seconds(layer.flops()) for layer in spec.layers) + problem.tile_overhead_s
+    return (alone * sum(dev.time.strip_seconds(layer, layer.w_in, layer.w_out) for layer in spec.layers)
+            + problem.tile_overhead_s
             * len(spec.layers) + head_seconds(problem, spec, dev.id))

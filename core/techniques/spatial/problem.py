@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from agents.spatial import NETWORKS, CnnSpec
+from agents.spatial import NETWORKS, CnnSpec, Layer, layer_features
 from core.errors import EdgeShardError
 from core.formats import register_format
 
@@ -28,15 +28,25 @@ class SpatialInputError(EdgeShardError):
 
 
 class TimeModel(msgspec.Struct, frozen=True, kw_only=True):
-    """Convolution time on one device: ``a`` seconds per FLOP plus ``b`` seconds per layer call."""
+    """Time on one device: ``a`` seconds per FLOP plus ``b`` seconds per layer call, and for a
+    spatial layer's strip (``strip_seconds``) seconds per byte of the layer's weights (read on
+    every call) and per byte of activations read and written (what bounds a max pool and a narrow
+    strip); both 0 in a FLOPs-only model (a scenario's, or one fitted by ``fit_time_model``)."""
 
     a: float
     b: float = 0.0
     median_rel_error: float = 0.0
     """Median |predicted − measured| / measured over the samples it was fitted to."""
+    per_weight_byte: float = 0.0
+    per_activation_byte: float = 0.0
 
     def seconds(self, flops: float) -> float:
         return self.a * flops + self.b
+
+    def strip_seconds(self, layer: Layer, in_cols: int, out_cols: int) -> float:
+        """Output columns ``out_cols`` of ``layer`` from ``in_cols`` input columns (with halo)."""
+        flops, weights, activations = layer_features(layer, in_cols, out_cols)
+        return self.a * flops + self.b + self.per_weight_byte * weights + self.per_activation_byte * activations
 
 
 def fit_time_model(samples: Sequence[tuple[float, float]]) -> TimeModel:
@@ -58,6 +68,36 @@ def fit_time_model(samples: Sequence[tuple[float, float]]) -> TimeModel:
     errs = sorted(abs(a * x + b - y) / y for x, y in pts)
     med = errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
     return TimeModel(a=a, b=b, median_rel_error=med)
+
+
+def fit_layer_time_model(samples: Sequence[tuple[float, float, float, float]]) -> TimeModel:
+    """Fit y = a·FLOPs + b + per_weight_byte·weights + per_activation_byte·activations to
+    (FLOPs, weight bytes, activation bytes, seconds) layer-strip samples, by least squares on the
+    relative error (the samples span 10 µs to milliseconds); a term that comes out negative is
+    dropped and the rest refitted, so no strip gets a negative time. Its median relative error
+    is reported like ``fit_time_model``'s."""
+    import numpy as np
+
+    pts = [(float(f), float(w), float(m), float(y)) for f, w, m, y in samples if y > 0]
+    if len(pts) < 4 or len({f for f, _, _, _ in pts}) < 2:
+        raise SpatialInputError("fitting the per-layer time model needs four or more timed layer strips at "
+                                "two or more sizes; profile again")
+    y = np.array([p[3] for p in pts])
+    x = np.array([[p[0], 1.0, p[1], p[2]] for p in pts])
+    keep = [0, 1, 2, 3]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
+        if coef[0] <= 0:
+            return fit_time_model([(p[0], p[3]) for p in pts])
+        negative = [k for k, c in zip(keep, coef) if c < 0]
+        if not negative:
+            break
+        keep.remove(negative[0])
+    full = dict.fromkeys(range(4), 0.0) | dict(zip(keep, (float(c) for c in coef)))
+    pred = x @ np.array([full[k] for k in range(4)])
+    errs = np.sort(np.abs(pred - y) / y)
+    return TimeModel(a=full[0], b=full[1], per_weight_byte=full[2], per_activation_byte=full[3],
+                     median_rel_error=float(np.median(errs)))
 
 
 class SpatialDevice(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,8 +178,9 @@ def problem_violations(problem: SpatialProblem) -> list[str]:
     if problem.gateway not in ids:
         out.append(f"gateway {problem.gateway!r} is not one of the devices")
     for d in problem.devices:
-        if not (d.time.a > 0 and d.time.b >= 0):
-            out.append(f"device {d.id}: time model needs a > 0 and b >= 0 (profile it again)")
+        if not (d.time.a > 0 and d.time.b >= 0 and d.time.per_weight_byte >= 0 and d.time.per_activation_byte >= 0):
+            out.append(f"device {d.id}: time model needs a > 0 and b, per_weight_byte, per_activation_byte >= 0 "
+                       "(profile it again)")
         if d.id != problem.gateway and not d.bandwidth_Bps > 0:
             out.append(f"device {d.id}: bandwidth to the gateway must be > 0")
     if not (math.isfinite(problem.tile_overhead_s) and problem.tile_overhead_s >= 0):

@@ -14,7 +14,7 @@ from msgspec import structs
 
 from agents.protocol import ConvSweepOptions
 from core.reporting import Reporter
-from core.techniques.spatial.problem import SpatialProblem, TimeModel, fit_time_model
+from core.techniques.spatial.problem import SpatialProblem, TimeModel, fit_layer_time_model, fit_time_model
 
 
 def profile_time_models(agents, devices: Sequence[str], *, sizes: Sequence[int] = (8, 16, 24, 32, 48, 64),
@@ -42,7 +42,9 @@ def profile_device_models(agents, devices: Sequence[str], *, sizes: Sequence[int
             reporter.status(f"timing convolutions on {device}")
             reporter.progress(i, len(devices))
         timings = agents.profile_compute(device, options, timeout_s=timeout_s)
-        out[device] = (fit_time_model(list(timings.samples)),
+        conv = (fit_layer_time_model(list(timings.layer_samples)) if timings.layer_samples
+                else fit_time_model(list(timings.samples)))
+        out[device] = (conv,
                        fit_time_model(list(timings.fc_samples)) if timings.fc_samples else None)
     if reporter is not None:
         reporter.progress(len(out), len(devices))

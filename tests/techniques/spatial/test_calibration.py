@@ -108,3 +108,19 @@ def test_the_cli_calibrates_a_problem_on_agents_and_its_prediction_tracks_the_pr
     check(cal)
     assert len(cal.concurrency_scale) == 2 and cal.concurrency_scale[1] == 1.0
     assert cal.device("local-1").latency_s > 0  # framing, encryption and decoding cost more than the wire
+
+
+def test_calibration_scales_a_per_layer_models_weight_and_activation_terms_too():
+    def with_bytes(problem, factor):
+        return structs.replace(problem, devices=tuple(structs.replace(d, time=structs.replace(
+            d.time, a=d.time.a * factor, b=d.time.b * factor, per_weight_byte=1e-10 * factor,
+            per_activation_byte=3e-10 * factor)) for d in problem.devices))
+
+    base = with_bytes(_base(), 1.0)
+    truth = with_bytes(_base(), 2.0)
+    probe = per_layer_plan(base, "even", ["d0", "d1"])
+    run = simulate(truth, probe, images=2)
+    cal = calibrate(base, probe, run.events, run.figures.duration_s)
+    plan = fused_plan(base, ["d0", "d1"])
+    assert simulate(cal.problem, plan, images=2).figures.duration_s == pytest.approx(
+        simulate(truth, plan, images=2).figures.duration_s, rel=1e-6)

@@ -113,3 +113,66 @@ def test_a_plan_breaking_the_rules_is_refused_naming_each_rule(problem):
     text = str(err.value)
     assert "'nope' is not in the problem" in text and "does not continue at layer 2" in text
     assert "width lists for 2 groups" in text
+
+
+def _layer_samples(a, b, per_weight, per_act):
+    from agents.spatial import STRIP_SHAPES, layer_features
+
+    out = []
+    for layer, lo, hi in STRIP_SHAPES:
+        x0, x1 = layer.needs(lo, hi)
+        f, w, m = layer_features(layer, x1 - x0, hi - lo)
+        out.append((f, w, m, a * f + b + per_weight * w + per_act * m))
+    return out
+
+
+def test_the_per_layer_fit_recovers_flops_call_weight_and_activation_terms():
+    from core.techniques.spatial.problem import fit_layer_time_model
+
+    fit = fit_layer_time_model(_layer_samples(1e-11, 3e-5, 1.5e-10, 3e-10))
+    assert (fit.a, fit.b, fit.per_weight_byte, fit.per_activation_byte) == pytest.approx(
+        (1e-11, 3e-5, 1.5e-10, 3e-10), rel=1e-6)
+    assert fit.median_rel_error < 1e-9
+
+
+def test_the_per_layer_fit_drops_a_term_that_would_be_negative():
+    from core.techniques.spatial.problem import fit_layer_time_model
+
+    samples = [(f, w, m, y - 2e-11 * w) for f, w, m, y in _layer_samples(1e-11, 3e-5, 0.0, 3e-10)]
+    fit = fit_layer_time_model(samples)
+    assert fit.per_weight_byte == 0.0 and fit.a > 0 and fit.b >= 0 and fit.per_activation_byte > 0
+
+
+def test_a_pool_strip_is_predicted_by_the_bytes_it_reads_not_its_flops():
+    from msgspec import structs
+
+    from core.techniques.spatial.cost import strip_time
+
+    p = make_problem((4.0,), b=0.0)
+    layers = p.model.spec().layers
+    pool = next(i for i, layer in enumerate(layers) if layer.kind == "pool")
+    dev = p.device("d0")
+    flops_only = strip_time(layers[pool:pool + 1], dev, 0, 4, gateway=True).compute_s
+    dev = structs.replace(dev, time=structs.replace(dev.time, per_activation_byte=1e-9))
+    bytes_in_out = layers[pool].in_bytes(8) + layers[pool].out_bytes(4)
+    assert strip_time(layers[pool:pool + 1], dev, 0, 4, gateway=True).compute_s == pytest.approx(
+        flops_only + 1e-9 * bytes_in_out)
+
+
+def test_a_fused_strip_pays_each_inner_layers_weights_and_its_halo_columns():
+    from msgspec import structs
+
+    from agents.spatial import group_input_ranges
+    from core.techniques.spatial.cost import strip_time
+
+    p = make_problem((4.0,), b=0.0)
+    layers = p.model.spec().layers[:2]  # conv, conv: the first computes the second's halo
+    dev = p.device("d0")
+    dev = structs.replace(dev, time=structs.replace(dev.time, a=1e-12, per_weight_byte=1e-9,
+                                                     per_activation_byte=2e-9))
+    ranges = group_input_ranges(layers, 4, 8)
+    assert ranges[1] == (3, 9)  # the inner layer computes one halo column each side
+    want = sum(1e-12 * layer.flops(o1 - o0) + 1e-9 * layer.param_bytes()
+               + 2e-9 * (layer.in_bytes(i1 - i0) + layer.out_bytes(o1 - o0))
+               for layer, (i0, i1), (o0, o1) in zip(layers, ranges, ranges[1:]))
+    assert strip_time(layers, dev, 4, 8, gateway=True).compute_s == pytest.approx(want)
