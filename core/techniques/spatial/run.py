@@ -81,8 +81,8 @@ def run_spatial(link, problem: SpatialProblem, plan: SpatialPlan, images, *, see
         workers = [d for d in plan.devices if d != gw]
         futs = [(d, link.request_async(d, setup)) for d in workers]  # workers first: they then allow the gateway
         for d, fut in futs:
-            _reply(link, d, fut, timeout_s, "joining the spatial run", expect=None)
-        _reply(link, gw, link.request_async(gw, setup), timeout_s, "joining the spatial run as gateway", expect=None)
+            _join(link, d, setup, fut, timeout_s, "joining the spatial run", reporter)
+        _join(link, gw, setup, link.request_async(gw, setup), timeout_s, "joining the spatial run as gateway", reporter)
         t_run = time.time()
         n = images.shape[0]
         sent: dict[int, object] = {}
@@ -130,6 +130,34 @@ def _stop(link, devices, run_id: str) -> None:
             link.await_reply(d, fut, 10.0, "stopping the spatial run")
         except RunFailed:
             pass
+
+
+HOLDER_POLL_S = 0.2
+
+
+def _join(link, device: str, setup: SpatialSetup, fut, timeout_s: float, what: str,
+          reporter: Reporter | None) -> None:
+    """``device``'s answer to ``setup``; refused because it serves another coordinator's work, the
+    setup is sent again every ``HOLDER_POLL_S`` while that coordinator stays silent (its work ends by
+    its lease, as ``Coordinator.load`` waits for it), with the wait on ``reporter``; ``AgentBusy`` at
+    once when that coordinator is heard again (it is alive: not ours to wait out), or after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        try:
+            return _reply(link, device, fut, timeout_s, what, expect=None)
+        except AgentBusy:
+            st = link.status_of([device], 5.0)[device]
+            if st.held_by != "another coordinator" or (last is not None and st.holder_silent_s < last) \
+                    or time.monotonic() > deadline:
+                raise
+            last = st.holder_silent_s
+            if reporter is not None:
+                reporter.status(f"{device} serves {st.activity or 'the work'} of a coordinator silent for "
+                                f"{last:.1f} s: waiting for its lease to run out")
+            time.sleep(HOLDER_POLL_S)
+            fut = link.request_async(device, setup)
 
 
 def _reply(link, device: str, fut, timeout_s: float, what: str, *, expect, peers=()):

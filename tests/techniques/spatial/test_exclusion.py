@@ -137,3 +137,32 @@ def test_a_spatial_run_of_the_coordinator_that_loaded_the_stages_replaces_them_a
     problem, plan = _spatial()
     run_spatial(first.link, problem, plan, torch.zeros(1, 3, 32, 32))
     assert not first.is_loaded(_layer_plan(), tiny_llama_dir)  # the Run screen loads the plan again
+
+
+def test_a_spatial_run_refused_by_a_silent_coordinators_session_waits_out_its_lease_with_progress_then_runs(
+        cluster):
+    from core.reporting import RecordingReporter
+
+    agents, _, second, keys = cluster
+    gone = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys,
+                       heartbeat_interval_s=0.2)
+    with gone:
+        _hold_session(gone, "s1", lease_s=1.5)
+    t0 = time.monotonic()
+    problem, plan = _spatial()
+    reporter = RecordingReporter()
+    run = run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32), reporter=reporter)
+    assert len(run.scores) == 1
+    assert any("a serves spatial run s1" in s and "waiting for its lease" in s for s in reporter.statuses)
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_spatial_run_refused_by_a_live_coordinators_session_fails_at_once_naming_it(cluster):
+    _, first, second, _ = cluster
+    _hold_session(first, "s1", lease_s=30.0)
+    problem, plan = _spatial()
+    t0 = time.monotonic()
+    with pytest.raises(AgentBusy, match="spatial run s1 of vgg16") as info:
+        run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32))
+    assert info.value.device == "a" and time.monotonic() - t0 < 5
+    first.link.request("a", StopRun(run_id="s1"))
