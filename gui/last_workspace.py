@@ -1,9 +1,9 @@
 """Reopening the studio restores the last workspace: the workspace file, the profile (as the
-planning problem, with its source, exclusions, headroom and workload), the plan and the Run
-screen's settings.
+planning problem, with its source, exclusions, headroom and workload), the plan, the CNN time
+models the Profile screen shows (spatial partitioning) and the Run screen's settings.
 
-The problem and plan are written as the same ``edgeshard.problem`` / ``edgeshard.plan``
-files the CLI reads, in ``core.paths.studio_folder()``; the workspace path and the Run
+The problem, plan and CNN fits are written as the same ``edgeshard.problem`` / ``edgeshard.plan``
+/ ``edgeshard.spatial-fits`` files the CLI reads, in ``core.paths.studio_folder()``; the workspace path and the Run
 settings go to QSettings. Whatever is missing or damaged is skipped with a message saying
 what was not restored and why; the rest is still restored.
 """
@@ -19,11 +19,13 @@ from core.errors import EdgeShardError
 from core.paths import studio_folder
 from core.planning.plan import ShardPlan, layout_problems
 from core.planning.problem import PlanningProblem
+from core.techniques.spatial.profiling import SpatialFits
 from gui import app as studio_app
 from gui.run_panel import MODES, RunSettings
 
 PROBLEM_FILE = "last-problem.json"
 PLAN_FILE = "last-plan.json"
+SPATIAL_FITS_FILE = "last-spatial-fits.json"
 WORKSPACE_KEY = "last/workspace"
 RUN_SETTINGS_KEY = "last/run_settings"
 
@@ -36,7 +38,8 @@ def save_last_workspace(state, run_settings: RunSettings, folder: Path | None = 
     s.setValue(RUN_SETTINGS_KEY, json.dumps(asdict(run_settings)))
     s.sync()
     failed = []
-    for name, value in ((PROBLEM_FILE, state.problem), (PLAN_FILE, state.plan)):
+    for name, value in ((PROBLEM_FILE, state.problem), (PLAN_FILE, state.plan),
+                        (SPATIAL_FITS_FILE, state.spatial_fits)):
         path = folder / name
         try:
             if value is None:
@@ -87,6 +90,14 @@ def restore_last_workspace(window, folder: Path | None = None) -> list[str]:
                 state.set_plan(plan)
         if why:
             problems.append(f"the last plan was not restored ({why}): Auto-solve (Ctrl+R) or File ▸ Load plan…")
+
+    fits_path = folder / SPATIAL_FITS_FILE
+    if fits_path.exists():
+        try:
+            state.set_spatial_fits(formats.load(fits_path, SpatialFits))
+        except EdgeShardError as err:
+            problems.append(f"the last CNN time models could not be read ({err}): press Profile CNN on the "
+                            "Profile screen again")
 
     raw = s.value(RUN_SETTINGS_KEY, "")
     if isinstance(raw, str) and raw:

@@ -101,6 +101,8 @@ class ProfilePanel(QWidget):
         self.spatial_table.setHorizontalHeaderLabels(FIT_HEADERS)
         self.spatial_table.verticalHeader().hide()
         self.spatial_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        for column in (1, len(FIT_HEADERS) - 2, len(FIT_HEADERS) - 1):  # never clipped at 1024 px
+            self.spatial_table.horizontalHeader().setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.spatial_table.setAccessibleName("CNN time model fits")
         lay.addWidget(self.spatial_table, 1)
         self.plots = pg.GraphicsLayoutWidget()
@@ -266,7 +268,9 @@ class ProfilePanel(QWidget):
             return
         self.spatial_label.setText(
             f"<b>CNN time models</b> (spatial partitioning): y = a·x + b per device and layer type, x a layer's "
-            f"FLOPs, fitted by least squares · fit error: median |predicted − measured| / measured · "
+            f"FLOPs, plus (profiled per layer strip) time per MB of the layer's weights and of the activations "
+            f"it reads and writes (pools, narrow strips), fitted by least squares · fit error: median "
+            f"|predicted − measured| / measured · "
             f"source: {fits.source}")
         rows, tips = fit_rows(fits)
         fill_table(self.spatial_table, rows, tips)
@@ -288,7 +292,8 @@ class ProfilePanel(QWidget):
         self.runner.shutdown()
 
 
-FIT_HEADERS = ["device", "layers", "a (ms per GFLOP)", "b (ms per call)", "GFLOP/s (1/a)", "fit error"]
+FIT_HEADERS = ["device", "layers", "a (ms per GFLOP)", "b (ms per call)", "GFLOP/s (1/a)", "fit error",
+               "weights (ms/MB)", "activations (ms/MB)"]
 
 
 def fit_rows(fits: SpatialFits) -> tuple[list[list[str]], list[str]]:
@@ -298,9 +303,13 @@ def fit_rows(fits: SpatialFits) -> tuple[list[list[str]], list[str]]:
 
     def add(device: str, layers: str, m: TimeModel) -> None:
         fitted = m.median_rel_error > 0
+        per_mb = lambda v: f"{v * 1e9:.3f}" if v > 0 else "—"  # noqa: E731 (s per byte -> ms per MB)
         rows.append([device, layers, f"{m.a * 1e12:.2f}", f"{m.b * 1e3:.3f}", f"{1e-9 / m.a:.2f}",
-                     f"{m.median_rel_error * 100:.1f} %" if fitted else "—"])
-        tips.append(f"{device}, {layers}: y = {m.a:.3g}·x + {m.b:.3g} s" + (
+                     f"{m.median_rel_error * 100:.1f} %" if fitted else "—", per_mb(m.per_weight_byte),
+                     per_mb(m.per_activation_byte)])
+        terms = (f" + {m.per_weight_byte:.3g}·weight bytes + {m.per_activation_byte:.3g}·activation bytes"
+                 if m.per_weight_byte or m.per_activation_byte else "")
+        tips.append(f"{device}, {layers}: y = {m.a:.3g}·x + {m.b:.3g}{terms} s (x: FLOPs)" + (
             f"; median |predicted − measured| / measured over its samples {m.median_rel_error:.2%}" if fitted
             else "; not fitted from measurements (written by hand or by a scenario)"))
 

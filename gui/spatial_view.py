@@ -30,7 +30,7 @@ from core.errors import EdgeShardError
 from core.formats import load
 from core.techniques.spatial.cost import evaluate, single_device_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
-from core.techniques.spatial.profiling import fits_of_problem
+from core.techniques.spatial.profiling import fits_of_problem, problem_with_fits
 from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
@@ -96,13 +96,15 @@ class TileCanvas(QWidget):
             return
         x0, bar = self.LABEL, max(100, self.width() - self.LABEL - 16)
         y = 8
-        for d, name in enumerate(self.plan.devices):  # legend
-            p.fillRect(QRectF(x0 + d * 110, y, 12, 12), stage_color(d))
+        x = x0
+        for d, name in enumerate(self.plan.devices):  # legend, each entry as wide as its name
+            label = name + (" (gateway)" if d == 0 else "")
+            room = max(92, p.fontMetrics().horizontalAdvance(label) + 4)
+            p.fillRect(QRectF(x, y, 12, 12), stage_color(d))
             p.setPen(text)
-            p.drawText(QRectF(x0 + d * 110 + 16, y - 2, 92, 16), Qt.AlignLeft | Qt.AlignVCenter,
-                       name + (" (gateway)" if d == 0 else ""))
-        p.drawText(QRectF(x0 + len(self.plan.devices) * 110, y - 2, 360, 16), Qt.AlignLeft | Qt.AlignVCenter,
-                   "▨ hatched: columns read (strip + halo)")
+            p.drawText(QRectF(x + 16, y - 2, room, 16), Qt.AlignLeft | Qt.AlignVCenter, label)
+            x += 16 + room + 2
+        p.drawText(QRectF(x, y - 2, 360, 16), Qt.AlignLeft | Qt.AlignVCenter, "▨ hatched: columns read (strip + halo)")
         y = 32
         for (start, end), widths in zip(self.plan.groups, self.plan.widths):
             layers = self.spec.layers[start:end]
@@ -169,6 +171,9 @@ class SpatialPlanView(QWidget):
         scenario.clicked.connect(self.use_scenario)
         load_btn = QPushButton("Load problem…")
         load_btn.clicked.connect(self._load_clicked)
+        self.fits_button = QPushButton("Use Profile fits")
+        self.fits_button.clicked.connect(self.use_profile_fits)
+        state.spatial_fits_changed.connect(lambda _f: self._update_fits_button())
         self.strategy = QComboBox()
         self.strategy.addItems(list(ORDER))
         self.strategy.setAccessibleName("Strategy")
@@ -178,6 +183,7 @@ class SpatialPlanView(QWidget):
             controls.addWidget(w)
         controls.addWidget(scenario)
         controls.addWidget(load_btn)
+        controls.addWidget(self.fits_button)
         controls.addSpacing(16)
         controls.addWidget(QLabel("Strategy"))
         controls.addWidget(self.strategy)
@@ -206,9 +212,11 @@ class SpatialPlanView(QWidget):
         self.runner.task_failed.connect(self._on_runner_task_failed)
         self.runner.task_cancelled.connect(self._on_runner_task_cancelled)
         self.runner.busy_changed.connect(lambda _b: self.update_run_controls())
+        self.runner.status_reported.connect(lambda _t, text: self.run_status.setText(text))
         state.agents_changed.connect(lambda _a: self.update_run_controls())
         state.offline_changed.connect(lambda _o: self.update_run_controls())
         self.use_scenario()
+        self._update_fits_button()
 
     def _run_box(self) -> QWidget:
         box = QWidget()
@@ -398,6 +406,33 @@ class SpatialPlanView(QWidget):
             return
         self.set_problem(problem)
         self.state.set_spatial_fits(fits_of_problem(problem, f"spatial problem {os.path.basename(path)}"))
+
+    def use_profile_fits(self) -> None:
+        """The shown problem with the time models the Profile screen has (``StudioState.spatial_fits``:
+        *Profile CNN* on the agents, or a loaded problem's), its devices mapped onto the timed agents
+        (``profiling.problem_with_fits``); what does not match is said inline, the problem stays."""
+        fits = self.state.spatial_fits
+        if fits is None or self.problem is None:
+            self.message.show_lines(["No CNN time models yet: press Profile CNN on the Profile screen "
+                                     "(with agents connected), or load a spatial problem."], "Cannot use fits:")
+            return
+        try:
+            problem = problem_with_fits(self.problem, fits)
+            check(problem)
+        except EdgeShardError as err:
+            self.message.show_lines([str(err)], "These fits do not fit this problem:")
+            return
+        self.set_problem(problem)
+        self.state.log(f"spatial problem now uses the time models {fits.source}: {problem.name}")
+
+    def _update_fits_button(self) -> None:
+        fits = self.state.spatial_fits
+        self.fits_button.setEnabled(fits is not None)
+        say_why_disabled({self.fits_button: "no CNN time models yet: press Profile CNN on the Profile screen"})
+        self.fits_button.setToolTip(
+            "Plan with the CNN time models the Profile screen shows" if fits is None else
+            f"Plan with the CNN time models {fits.source} ({', '.join(f.device for f in fits.devices)}), "
+            "the problem's devices named as those agents")
 
     def set_problem(self, problem: SpatialProblem) -> None:
         self.problem = problem

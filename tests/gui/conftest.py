@@ -26,3 +26,16 @@ def window(qtbot, isolated_settings):
     qtbot.addWidget(w)
     yield w
     w.close()
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """QSettings and the studio folder in a temporary folder (what a reopened studio restores);
+    returns the studio folder."""
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    studio_app.create_app()
+    studio_app.settings().clear()
+    return tmp_path / "data" / "edgeshard" / "studio"

@@ -4,7 +4,6 @@ Run settings; a missing or damaged part is a status message, the rest is still r
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings
 
 from core import formats
 from core.planning.plan import ShardPlan, Stage
@@ -14,18 +13,6 @@ from gui.last_workspace import PLAN_FILE, PROBLEM_FILE, RUN_SETTINGS_KEY
 from gui.main_window import MainWindow
 from gui.run_panel import RunSettings
 from tests.gui.problems import make_problem
-
-
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    """QSettings and the studio folder in a temporary folder."""
-    QSettings.setDefaultFormat(QSettings.IniFormat)
-    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
-    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "deploy-workspace"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    studio_app.create_app()
-    studio_app.settings().clear()
-    return tmp_path / "data" / "edgeshard" / "studio"
 
 
 def _open(qtbot) -> MainWindow:

@@ -8,13 +8,19 @@ checks the reply holds ``ConvTimings`` (an agent of another version gets a versi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import msgspec
 from msgspec import structs
 
 from agents.protocol import ConvSweepOptions
+from core.formats import register_format
 from core.reporting import Reporter
-from core.techniques.spatial.problem import SpatialProblem, TimeModel, fit_layer_time_model, fit_time_model
+from core.techniques.spatial.problem import (
+    SpatialInputError, SpatialProblem, TimeModel, fit_layer_time_model, fit_time_model,
+)
+
+FITS_FORMAT = "edgeshard.spatial-fits"
 
 
 def profile_time_models(agents, devices: Sequence[str], *, sizes: Sequence[int] = (8, 16, 24, 32, 48, 64),
@@ -61,10 +67,16 @@ class DeviceFit(msgspec.Struct, frozen=True, kw_only=True):
 
 class SpatialFits(msgspec.Struct, frozen=True, kw_only=True):
     """Every profiled device's fitted time models and where they came from (what the Profile
-    screen shows: a, b and each fit's median |predicted − measured| / measured)."""
+    screen shows: a, b and each fit's median |predicted − measured| / measured). A JSON format
+    (``edgeshard.spatial-fits``): the studio keeps the last one for its next launch."""
 
+    format: Literal["edgeshard.spatial-fits"] = FITS_FORMAT
+    version: int = 1
     source: str
     devices: tuple[DeviceFit, ...]
+
+
+register_format(FITS_FORMAT, SpatialFits, 1)
 
 
 def measure_fits(agents, devices: Sequence[str], *, reporter: Reporter | None = None, **sweep) -> SpatialFits:
@@ -79,6 +91,38 @@ def fits_of_problem(problem: SpatialProblem, source: str) -> SpatialFits:
     written by hand / a scenario: then their fit error is 0, nothing was fitted)."""
     return SpatialFits(source=source, devices=tuple(DeviceFit(device=d.id, conv=d.time, fc=d.fc_time)
                                                     for d in problem.devices))
+
+
+def problem_with_fits(problem: SpatialProblem, fits: SpatialFits) -> SpatialProblem:
+    """The problem with the fitted time models (convolutions and, when timed, the FC head) of the
+    profiled agents; each device keeps its link and memory. When the fits name every device of the
+    problem, by name; when they name none, the problem's devices become the agents — the gateway the
+    first agent by name, the others the next ones in the problem's order (as ``run.on_agents`` names
+    a plan's devices), so a plan made on it runs on the agents that were timed. ``SpatialInputError``
+    says what to do when the fits name only some devices or fewer agents were profiled."""
+    measured = {f.device: f for f in fits.devices}
+    ids = [d.id for d in problem.devices]
+    if set(ids) <= set(measured):
+        names = {i: i for i in ids}
+    else:
+        named = [i for i in ids if i in measured]
+        agents = ", ".join(sorted(measured)) or "none"
+        if named:
+            missing = ", ".join(i for i in ids if i not in measured)
+            raise SpatialInputError(f"the fits ({fits.source}) name devices {', '.join(named)} of the problem but "
+                                    f"not {missing}: profile those agents (Profile CNN), or use a problem whose "
+                                    f"devices are all named like the agents ({agents})")
+        if len(measured) < len(ids):
+            raise SpatialInputError(f"the problem has {len(ids)} devices but there are fits of {len(measured)} "
+                                    f"({agents}; {fits.source}): profile more agents, or use a problem with "
+                                    f"{len(measured)} node(s)")
+        order = [problem.gateway] + [i for i in ids if i != problem.gateway]
+        names = dict(zip(order, sorted(measured)))
+    devices = tuple(structs.replace(d, id=names[d.id], time=measured[names[d.id]].conv,
+                                    fc_time=measured[names[d.id]].fc or d.fc_time) for d in problem.devices)
+    renamed = "" if all(k == v for k, v in names.items()) else " on " + ", ".join(names[i] for i in ids)
+    return structs.replace(problem, devices=devices, gateway=names[problem.gateway],
+                           name=f"{problem.name}, measured{renamed}")
 
 
 def with_time_models(problem: SpatialProblem, models: Mapping[str, TimeModel],

@@ -58,3 +58,37 @@ def test_the_cli_writes_a_problem_with_the_agents_measured_time_models(cluster, 
     measured = load(tmp_path / "m.json", SpatialProblem)
     assert measured.device("local-1").time.a > 2 * measured.device("local-0").time.a
     assert "wrote" in capsys.readouterr().out
+
+
+def _fits(*names):
+    from core.techniques.spatial.problem import TimeModel
+    from core.techniques.spatial.profiling import DeviceFit, SpatialFits
+
+    return SpatialFits(source="measured", devices=tuple(DeviceFit(device=n, conv=TimeModel(a=1e-10 * (i + 1)))
+                                                        for i, n in enumerate(names)))
+
+
+def test_fits_named_like_the_problems_devices_replace_their_models_by_name():
+    from core.techniques.spatial.profiling import problem_with_fits
+
+    p = problem_with_fits(paper_shaped(2), _fits("pi-1", "pi-0", "other"))
+    assert [d.id for d in p.devices] == ["pi-0", "pi-1"] and p.device("pi-1").time.a == 1e-10
+
+
+def test_fits_of_other_names_rename_the_devices_gateway_first_onto_the_agents_in_order():
+    from core.techniques.spatial.profiling import problem_with_fits
+
+    base = paper_shaped(3)
+    p = problem_with_fits(base, _fits("b", "a", "c", "d"))
+    assert p.gateway == "a" and [d.id for d in p.devices] == ["a", "b", "c"]
+    assert p.device("a").time.a == 2e-10 and p.device("c").bandwidth_Bps == base.devices[2].bandwidth_Bps
+
+
+@pytest.mark.parametrize("names, why", [(("pi-0", "x"), "name devices pi-0 of the problem but not pi-1"),
+                                        (("x",), "2 devices but there are fits of 1")])
+def test_fits_that_do_not_match_the_problem_are_refused_saying_what_to_do(names, why):
+    from core.techniques.spatial.problem import SpatialInputError
+    from core.techniques.spatial.profiling import problem_with_fits
+
+    with pytest.raises(SpatialInputError, match=why):
+        problem_with_fits(paper_shaped(2), _fits(*names))
