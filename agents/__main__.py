@@ -27,6 +27,27 @@ from agents.arguments import float_in, int_in
 
 READY_PREFIX = "EDGESHARD-AGENT-READY"
 
+OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def prefer_passive_openmp_wait(environ=os.environ, modules=sys.modules) -> bool:
+    """Make torch's OpenMP workers sleep, not spin, between parallel regions, unless the
+    operator chose a wait policy (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set) or torch is
+    already loaded (libgomp reads its environment once, when torch is imported). True when set.
+
+    Why: torch's CPU wheel runs its intra-op pool on libgomp, whose default spins each worker
+    for ~3 ms (300,000 iterations) after every parallel region. An agent's stage computes in
+    bursts and then hands off; its spinning workers keep the cores its own libzmq IO thread,
+    the next stage's agent on a shared host (local cluster, netns testbed) or any other work
+    needs, and under load a preempted worker stalls its team's spin barriers. Measured with
+    ``bench/omp_wait.py`` (docs/runtime.md): 2 torch threads per agent on 2 cores cost 4x the
+    CPU per token spinning.
+    """
+    if any(v in environ for v in OPENMP_WAIT_VARIABLES) or "torch" in modules:
+        return False
+    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agents", description="EdgeShard agent")
@@ -61,6 +82,7 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    prefer_passive_openmp_wait()  # before anything imports torch
     from agents.agent import Agent, warm_imports_in_background
     from agents.emulation import MIB, DeviceEmulation
     from agents.protocol import LinkShape

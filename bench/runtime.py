@@ -28,9 +28,9 @@ reports ``*_quiet`` ratios from the 10th percentile of per-token gaps (the speed
 process got the cores), ``*_cpu`` ratios from CPU seconds per generated token (HF:
 the computing thread's CPU time; agents: user+system time of the agent processes over the
 run, every thread included — the most load-independent measure of the runtime's own
-cost), and the 1-minute load average before and after. Sequential runs give each
-agent 2 torch threads (one stage computes at a time); the pipelined 2-stage plan gives
-each stage 1 of the 2 cores.
+cost), and the 1-minute load average before and after. Every agent and the HF baseline
+get ``--threads`` torch threads (default 1); the pipelined 2-stage plan gets half of them,
+at least 1 (``bench/omp_wait.py`` compares 1 and 2 threads and OpenMP's wait policies).
 
 Usage: python bench/runtime.py [--model DIR] [--rounds 5] [--new-tokens 32]
 """
