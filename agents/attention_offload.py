@@ -315,9 +315,22 @@ def attend_frames(store: AttentionStore, msg) -> torch.Tensor:
 ATTEND_TIMEOUT_S = 60.0
 """How long a dense agent waits for a memory agent's answer before the run fails naming it."""
 
+PEER_DOWN_S = 3.0
+"""How long a memory agent's data connection may stay down while its answer is awaited: a killed
+agent's socket closes at once (a dead host's after the ZMTP heartbeat timeout), so the run fails
+in seconds naming it instead of after ``ATTEND_TIMEOUT_S``; a blip shorter than this reconnects."""
+
 
 class MemorySideSilent(RuntimeError):
-    """A memory agent did not answer a layer in time (names it)."""
+    """A memory agent did not answer a layer in time, or its data connection went down while its
+    answer was awaited. The message starts ``memory agent <names>`` (the core names the lost
+    agents from it: ``core.techniques.attention_offload.run``)."""
+
+
+def lost_connection(devices, what: str) -> MemorySideSilent:
+    """The error of a run whose memory agents ``devices`` dropped their data connection mid-run."""
+    return MemorySideSilent(f"memory agent {', '.join(devices)} dropped its data connection during {what} and did "
+                            f"not come back within {PEER_DOWN_S:g} s (the agent stopped, or its host or link did)")
 
 
 def next_mask(last: torch.Tensor) -> torch.Tensor:
@@ -387,7 +400,7 @@ class DataPlaneRouter:
         self.sides = sorted(services, key=lambda s: s.start)
         from agents.transport import PeerSenders
 
-        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, watch=True)
         self._last_mask: dict[int, torch.Tensor] = {}
         self.wire_bytes = 0
         self.header_bytes = 0
@@ -458,12 +471,15 @@ class DataPlaneRouter:
             if agent._stop_run.is_set():
                 raise RunAborted()
             if time.monotonic() > deadline:
-                raise MemorySideSilent(f"memory agent(s) {', '.join(sorted(pending))} did not answer layer {layer} "
+                raise MemorySideSilent(f"memory agent {', '.join(sorted(pending))} did not answer layer {layer} "
                                        f"of micro-batch {group} within {self.timeout_s:g} s (is it up, its link working?)")
             # not Agent.receive_data: the header frame's own bytes are counted below (wire_bytes)
             try:
                 frames = agent._data.recv_multipart(copy=False)
             except zmq.Again:
+                down = [d for d in self._senders.silent(PEER_DOWN_S) if d in pending]
+                if down:
+                    raise lost_connection(down, f"layer {layer} of micro-batch {group}") from None
                 continue
             try:
                 header, bufs = decode_data(frames, 1 << 30)

@@ -17,8 +17,10 @@ which replica samples. Replica 0 is the run's source stage (``StartRun.staggered
 the others (``start`` frames), runs every batch's tail (the last step's head) and reports the
 tokens; the others are held (``HoldDense``). Each slice is a ``compute`` span on its replica and
 each frame a ``send``, the same events the simulator (core.techniques.attention_offload.
-simulator) predicts from the same schedule. A batch runs all its steps: its finished sequences
-are fed the pad token, as the pipeline does.
+simulator) predicts from the same schedule. A batch's finished sequences are fed the pad token,
+as the pipeline does; once every sequence of a batch hit EOS, the replica that sampled it tells
+the others (a ``tokens`` frame) and the batch's later slices are skipped everywhere: no compute,
+no memory-agent work, no transfers (tokens stay HF generate's, which pads after EOS).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import torch
 from torch import nn
 
 from agents.attention_offload import (
-    ATTEND_TIMEOUT_S, DenseExecutor, MemorySideSilent, _clock_event, side_frames, _Covers, _lengths_only_layer_class, mask_mode,
+    ATTEND_TIMEOUT_S, PEER_DOWN_S, DenseExecutor, MemorySideSilent, _clock_event, side_frames, _Covers,
+    _lengths_only_layer_class, lost_connection, mask_mode,
 )
 from agents.schedule import slice_replica, staggered_slices
 from agents.stage_input import StageInputError
@@ -130,11 +133,13 @@ class StaggeredReplica:
         self.order = [s for s in staggered_slices(schedule, len(self.replicas), self.n, run.steps, self.layers)
                       if s.replica == me]
         self.link = link if link is not None else agent.default_link
-        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, watch=True)
         self._inbox: dict[tuple[int, int], dict] = {}
         self._steps: dict[tuple[int, int], _StepInputs] = {}
         self.tokens: dict[int, torch.Tensor] = {}
-        """Replica 0: every batch's sampled ids [B, steps] once its tail ran."""
+        """Replica 0: every batch's sampled ids [B, steps] once its tail ran (fewer: it finished early)."""
+        self.finished: dict[int, torch.Tensor] = {}
+        """Batches whose every sequence hit EOS before their last step: their tokens then."""
         self._sample = agent.sampler_factory(run.sampling)
         self.router = SliceRouter()
         self.shape = executor.shape
@@ -170,28 +175,35 @@ class StaggeredReplica:
         try:
             for sl in self.order:
                 inputs = None if sl.index == 0 else self._await(sl.micro_batch, sl.index - 1)
+                if sl.micro_batch in self.finished:  # every sequence ended: its later slices cost nothing
+                    continue
                 self._perform(sl, inputs)
         finally:
             ex.router = saved
 
-    def _await(self, group: int, index: int) -> dict:
-        """The residual and every memory agent's output of ``group``'s slice ``index``."""
+    def _await(self, group: int, index: int) -> dict | None:
+        """The residual and every memory agent's output of ``group``'s slice ``index`` (None once
+        ``group`` finished: every sequence hit EOS, said by the replica that sampled it)."""
         from agents.transport import RunAborted
 
         key = (group, index)
         deadline = time.monotonic() + ATTEND_TIMEOUT_S
         while not self._complete(key):
+            if group in self.finished:
+                return None
             if self.stop.is_set():
                 raise RunAborted()
             if time.monotonic() > deadline:
                 got = self._inbox.get(key, {})
                 missing = [s.device for s in self.services if s.device not in got.get("out", {})]
+                who = [f"memory agent {', '.join(missing)}"] if missing else []
                 if "residual" not in got:
-                    missing.append(f"the replica of slice {index}")
-                raise MemorySideSilent(f"{', '.join(missing)} did not answer slice {index} of micro-batch {group} "
+                    who.append(f"the replica of slice {index}")
+                raise MemorySideSilent(f"{' and '.join(who)} did not answer slice {index} of micro-batch {group} "
                                        f"within {ATTEND_TIMEOUT_S:g} s (is it up, its link working?)")
             received = self.agent.receive_data(1 << 30)
             if received is None:
+                self._check_memory_agents(group, index)
                 continue
             header, bufs, _ = received
             try:
@@ -199,6 +211,13 @@ class StaggeredReplica:
             except StageInputError as err:
                 self.agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
         return self._inbox.pop(key)
+
+    def _check_memory_agents(self, group: int, index: int) -> None:
+        """Fail now when a memory agent this replica sends to lost its data connection (it died)."""
+        memory = {s.device for s in self.services}
+        down = [d for d in self._senders.silent(PEER_DOWN_S) if d in memory]
+        if down:
+            raise lost_connection(down, f"slice {index} of micro-batch {group}")
 
     def _complete(self, key) -> bool:
         got = self._inbox.get(key)
@@ -208,8 +227,11 @@ class StaggeredReplica:
         """File an ``attended`` or ``residual`` frame of this run under its (batch, slice)."""
         from agents.transport import tensor_from_frame
 
-        if header.run_id != self.run.run_id or header.kind not in ("attended", "residual"):
+        if header.run_id != self.run.run_id or header.kind not in ("attended", "residual", "tokens"):
             raise StageInputError(f"not a frame of staggered run {self.run.run_id}")
+        if header.kind == "tokens":
+            self._take_finished(header, bufs)
+            return
         a = header.attend
         if not (0 <= header.micro_batch < self.n and 0 <= a.layer < self.layers and 0 <= header.step < self.run.steps):
             raise StageInputError(f"slice of micro-batch {header.micro_batch}, step {header.step}, layer {a.layer} "
@@ -225,6 +247,45 @@ class StaggeredReplica:
             if header.sender not in {s.device for s in self.services} or len(tensors) != 1:
                 raise StageInputError("attention outputs come from this run's memory agents, one tensor each")
             entry.setdefault("out", {})[header.sender] = tensors[0]
+
+    def _take_finished(self, header, bufs) -> None:
+        """A ``tokens`` frame from another replica: micro-batch ``header.micro_batch`` finished at
+        ``header.step`` (every sequence hit EOS); its tokens so far [B, step + 1]."""
+        from agents.transport import tensor_from_frame
+
+        b = header.micro_batch
+        if header.sender not in {p.device for p in self.replicas} or not 0 <= b < self.n \
+                or len(header.tensors) != 1:
+            raise StageInputError("a finished batch's tokens come from a replica of this run, one tensor")
+        tokens = tensor_from_frame(header.tensors[0], bufs[0])
+        if tokens.dtype != torch.int64 or tuple(tokens.shape) != (len(self.run.micro_batches[b]), header.step + 1) \
+                or not bool(self._finished(tokens).all()):
+            raise StageInputError(f"micro-batch {b}'s finishing tokens must be int64 [{len(self.run.micro_batches[b])}, "
+                                  f"{header.step + 1}] with an EOS in every row")
+        self._finish(b, tokens.clone())
+
+    def _finish(self, group: int, tokens: torch.Tensor) -> None:
+        self.finished[group] = tokens
+        if self.me == 0:
+            self.tokens[group] = tokens
+        for key in [k for k in self._inbox if k[0] == group]:
+            del self._inbox[key]
+
+    def _announce_finished(self, group: int, step: int, tokens: torch.Tensor) -> None:
+        """Every sequence of ``group`` hit EOS at ``step``: tell the other replicas (replica 0 reports
+        the tokens), so nobody performs or awaits its later slices and the memory agents get none."""
+        from agents.protocol import DataHeader
+        from agents.transport import data_message, tensor_frame
+
+        self._finish(group, tokens)
+        spec, buf = tensor_frame(tokens.contiguous())
+        for peer in self.replicas:
+            if peer.device == self.agent.device:
+                continue
+            header = DataHeader(run_id=self.run.run_id, kind="tokens", phase="decode", step=step, micro_batch=group,
+                                sender=self.agent.device, tensors=(spec,), t_sent=self.agent.clock())
+            frames = data_message(header, [buf])
+            self._send(peer, frames, spec.nbytes() + len(frames[0]), step, group)
 
     # ------------------------------------------------------------------ one slice
     def _step_inputs(self, group: int, step: int) -> _StepInputs:
@@ -262,6 +323,7 @@ class StaggeredReplica:
         agent, ex, run = self.agent, self.ex, self.run
         b, k, L = sl.micro_batch, sl.index, self.layers
         rows = list(run.micro_batches[b])
+        done = None  # the step at which every sequence of b hit EOS (in this slice)
         t0, p0 = agent.clock(), time.perf_counter()
         with torch.inference_mode():
             if k == 0:
@@ -284,10 +346,12 @@ class StaggeredReplica:
                     tokens = torch.cat([tokens, drawn[:, None]], dim=1)
                     if sl.is_tail:
                         self.tokens[b] = tokens
+                    elif bool(self._finished(tokens).all()):
+                        done = ps
                     else:
                         fed = torch.where(self._finished(tokens[:, :-1]), torch.full_like(drawn, run.pad), drawn)
                         hidden = ex._embed_tokens(fed[:, None], self._step_inputs(b, sl.step).positions)
-            if not sl.is_tail:
+            if not sl.is_tail and done is None:
                 inputs_now = self._step_inputs(b, sl.step)
                 try:
                     self._layer(sl.layer, hidden, inputs_now)
@@ -298,8 +362,10 @@ class StaggeredReplica:
         slowdown = agent.emulation.compute_slowdown
         if slowdown > 1.0:
             time.sleep((slowdown - 1.0) * (time.perf_counter() - p0))
-        _clock_event(agent, "compute", sl.step, b, t0, agent.clock())
-        if not sl.is_tail:
+        _clock_event(agent, "compute", sl.step if done is None else done, b, t0, agent.clock())
+        if done is not None:
+            self._announce_finished(b, done, tokens)
+        elif not sl.is_tail:
             self._dispatch(sl, hidden, tokens)
 
     def _finished(self, tokens: torch.Tensor) -> torch.Tensor:

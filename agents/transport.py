@@ -290,12 +290,22 @@ class LinkSender:
 class PeerSenders:
     """A run's PUSH sockets to its peers' data sockets, one ``LinkSender`` per peer device,
     connected (Curve) at first use — by then the peer has been told to allow our key — and
-    all closed together."""
+    all closed together.
 
-    def __init__(self, context: zmq.Context, keys: CurveKeys | None, send_timeout_ms: int, clock=time.time) -> None:
+    ``watch``: each socket also sends ZMTP heartbeats (a peer whose host stops answering is
+    disconnected after ``PEER_HEARTBEAT_TIMEOUT_MS``; a killed process's socket closes at once)
+    and is monitored, so ``silent`` names the peers whose connection is down: a run that waits
+    for a peer's answer fails in seconds naming it, not after its whole answer timeout."""
+
+    def __init__(self, context: zmq.Context, keys: CurveKeys | None, send_timeout_ms: int, clock=time.time,
+                 watch: bool = False) -> None:
         self._context, self._keys, self._send_timeout_ms, self._clock = context, keys, send_timeout_ms, clock
         self._senders: dict[str, LinkSender] = {}
         self._socks: list[zmq.Socket] = []
+        self._watch = watch
+        self._monitors: dict[str, zmq.Socket] = {}
+        self._down_since: dict[str, float | None] = {}
+        """Per watched peer: since when (monotonic) its connection is down; None while it is up."""
 
     def to(self, device: str, peer, shape: LinkShape | None) -> LinkSender:
         """The sender to ``device`` (``peer``: its ``public_key`` and ``data_address``); ``shape``
@@ -306,17 +316,47 @@ class PeerSenders:
             harden(push)
             push.sndtimeo = self._send_timeout_ms
             curve_client(push, self._keys, peer.public_key)
+            if self._watch:
+                push.setsockopt(zmq.HEARTBEAT_IVL, PEER_HEARTBEAT_IVL_MS)
+                push.setsockopt(zmq.HEARTBEAT_TIMEOUT, PEER_HEARTBEAT_TIMEOUT_MS)
+                self._monitors[device] = push.get_monitor_socket(
+                    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+                self._down_since[device] = time.monotonic()  # up once its handshake succeeds
             push.connect(peer.data_address)
             self._socks.append(push)
             sender = self._senders[device] = LinkSender(push, shape, clock=self._clock)
         return sender
 
+    def silent(self, grace_s: float) -> list[str]:
+        """The watched peers whose data connection has been down (or never came up) for more
+        than ``grace_s``, sorted. Reads the monitors' pending events without blocking."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        now = time.monotonic()
+        for device, monitor in self._monitors.items():
+            while monitor.poll(0):
+                event = recv_monitor_message(monitor)["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._down_since[device] = None
+                elif event == zmq.EVENT_DISCONNECTED and self._down_since[device] is None:
+                    self._down_since[device] = now
+        return sorted(d for d, since in self._down_since.items() if since is not None and now - since > grace_s)
+
     def close(self) -> None:
         for sender in self._senders.values():
             sender.close()
         for sock in self._socks:
+            if self._watch:
+                sock.disable_monitor()
             sock.close(linger=0)
-        self._senders, self._socks = {}, []
+        for monitor in self._monitors.values():
+            monitor.close(linger=0)
+        self._senders, self._socks, self._monitors, self._down_since = {}, [], {}, {}
+
+
+PEER_HEARTBEAT_IVL_MS = 1000
+PEER_HEARTBEAT_TIMEOUT_MS = 4000
+"""ZMTP heartbeats of watched data connections (``PeerSenders(watch=True)``)."""
 
 
 def send_multipart_interruptible(sock: zmq.Socket, frames: list, stop: threading.Event | None) -> None:

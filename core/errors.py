@@ -75,6 +75,19 @@ class AgentBusy(RunFailed):
     and how it ends. Nothing was started: the operator waits, or stops that work first."""
 
 
+class HelperLost(RunFailed):
+    """An agent that served a run outside its stages (``Coordinator.run(helpers=)``: an attention
+    offload memory agent, a held compute replica) stopped answering mid-run. What it held (a KV
+    cache) is gone with it, so the run cannot resume: the message names it and says what to do;
+    the run's other agents were stopped and are free for the next run."""
+
+
+class MemoryAgentLost(HelperLost):
+    """An attention-offloading memory agent died mid-run (``device``), found by the coordinator's
+    heartbeats or by its dense agents when its data connection dropped: restart it, or run on
+    the other memory agents."""
+
+
 class AgentVersionMismatch(RunFailed):
     """An agent speaks another wire protocol version than this studio (older or newer code on
     the device): nothing it says can be trusted to mean the same, so the link refuses it and

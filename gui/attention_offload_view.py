@@ -13,7 +13,7 @@ from __future__ import annotations
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout,
+    QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout,
     QWidget,
 )
 
@@ -107,6 +107,86 @@ class PlacementCanvas(QWidget):
             p.setPen(text)
             p.drawText(frame.adjusted(6, 0, -6, 0), Qt.AlignLeft | Qt.AlignVCenter, label)
         p.end()
+
+
+class OffloadRunControls(QGroupBox):
+    """The Run screen's attention-offloading options (shown for a plan of its dense stage): how many
+    compute replicas (more than one: Lamina's staggered pipelining) and which staggering; the roles
+    they give the connected agents (``agent_roles``: the plan's compute device is replica 0)."""
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Attention offloading", parent)
+        self.setAccessibleName("Attention offloading run options")
+        self.replicas = QSpinBox()
+        self.replicas.setRange(1, 1)
+        self.replicas.setAccessibleName("Compute replicas")
+        self.replicas.setToolTip("Compute agents that each hold the whole dense part; more than one runs "
+                                 "Lamina's staggered pipelining over the micro-batches (the rest of the "
+                                 "connected agents are memory agents: KV cache and attention, split by heads)")
+        self.schedule = QComboBox()
+        self.schedule.addItems(["rotational", "fixed"])
+        self.schedule.setAccessibleName("Staggering")
+        self.schedule.setItemData(0, "Consecutive slices of a batch move from replica to replica (no bubbles)",
+                                  Qt.ItemDataRole.ToolTipRole)
+        self.schedule.setItemData(1, "Each batch stays on one replica (bubbles when batches do not divide "
+                                  "over the replicas)", Qt.ItemDataRole.ToolTipRole)
+        self.schedule.setToolTip("How the micro-batches' slices go over the compute replicas")
+        self.roles = QLabel("")
+        self.roles.setAccessibleName("Agent roles")
+        self.roles.setWordWrap(True)
+        form = QFormLayout(self)
+        form.addRow("Compute replicas", self.replicas)
+        form.addRow("Staggering", self.schedule)
+        form.addRow(self.roles)
+        self._dense, self._agents = "", []
+        self.replicas.valueChanged.connect(self._on_changed)
+        self.schedule.currentTextChanged.connect(self._on_changed)
+        self.hide()
+
+    def show_for(self, plan, agents: list[str]) -> None:
+        """Show the options when ``plan`` is an attention-offload dense plan (else hide them)."""
+        from core.techniques.attention_offload import DENSE_KIND
+
+        stages = getattr(plan, "stages", ())
+        if len(stages) != 1 or stages[0].kind != DENSE_KIND:
+            self.hide()
+            return
+        self._dense, self._agents = stages[0].device, list(agents)
+        self.replicas.setMaximum(max(1, len([a for a in agents if a != self._dense]) - 1))
+        self.show()
+        self._update_roles()
+
+    def options(self) -> dict:
+        return {"compute_replicas": self.replicas.value(), "schedule": self.schedule.currentText()}
+
+    def apply(self, options: dict) -> None:
+        if "compute_replicas" in options:
+            self.replicas.setValue(int(options["compute_replicas"]))
+        if options.get("schedule") in ("rotational", "fixed"):
+            self.schedule.setCurrentText(options["schedule"])
+
+    def lane_notes(self) -> dict[str, str]:
+        """Device -> its role in the run these options give (the timeline's lane notes)."""
+        from core.techniques.attention_offload.run import lane_roles
+
+        return lane_roles(self._dense, self._agents or [self._dense], self.replicas.value())
+
+    def _on_changed(self, *_args) -> None:
+        self._update_roles()
+        self.changed.emit()
+
+    def _update_roles(self) -> None:
+        notes = self.lane_notes()
+        if not notes:
+            self.roles.setText("connect two agents at least: one compute, one or more memory")
+            return
+        compute = [d for d, n in notes.items() if n.startswith("compute")]
+        memory = [d for d, n in notes.items() if n == "attention"]
+        how = (f"{self.schedule.currentText()} staggered pipelining over the micro-batches"
+               if len(compute) > 1 else "one compute agent (more micro-batches: staggered)")
+        self.roles.setText(f"compute: {', '.join(compute)} · memory (attention): {', '.join(memory)} — {how}")
 
 
 class AttentionOffloadPlanView(QWidget):
@@ -232,9 +312,14 @@ class AttentionOffloadPlanView(QWidget):
         self.run_button.setEnabled(not why)
         say_why_disabled({self.run_button: why})
         names = self._agent_names()
-        self.run_where.setText(why or f"compute: {names[0]} · memory: {', '.join(names[1:])} "
-                                      f"(the scenario's {len(self.plan.compute)} compute / "
-                                      f"{len(self.plan.memory)} memory devices map onto the connected agents)")
+        if why:
+            self.run_where.setText(why)
+            return
+        replicas = max(1, min(len(self.plan.compute), len(names) - 1))
+        staggering = (f", {self.plan.schedule} staggering of {self.plan.in_flight} batches" if replicas > 1 else "")
+        self.run_where.setText(f"compute: {', '.join(names[:replicas])} · memory: {', '.join(names[replicas:])}"
+                               f"{staggering} (the scenario's {len(self.plan.compute)} compute / "
+                               f"{len(self.plan.memory)} memory devices map onto the connected agents)")
 
     def run_on_agents(self) -> None:
         """Put the split of the connected agents in the studio state and ask for it to run."""
@@ -245,7 +330,9 @@ class AttentionOffloadPlanView(QWidget):
         from core.techniques import technique_named
 
         names = self._agent_names()
-        on_agents = OffloadPlan(compute=(names[0],), memory=tuple(names[1:]), batch=self.plan.batch, in_flight=1)
+        replicas = max(1, min(len(self.plan.compute), len(names) - 1))
+        on_agents = OffloadPlan(compute=tuple(names[:replicas]), memory=tuple(names[replicas:]), batch=self.plan.batch,
+                                in_flight=self.plan.in_flight if replicas > 1 else 1, schedule=self.plan.schedule)
         try:
             shard_plan = technique_named("attention-offload").run_plan(on_agents, self.state.model_path)
         except (ValueError, OSError) as err:  # a checkpoint it cannot read (CheckpointError): say so here
@@ -253,6 +340,8 @@ class AttentionOffloadPlanView(QWidget):
             return
         self.message.show_lines([])
         self.state.set_plan(shard_plan)
+        self.state.propose_run_options({"compute_replicas": replicas, "schedule": self.plan.schedule},
+                                       on_agents.in_flight if replicas > 1 else 0)
         self.run_requested.emit()
 
     def auto_solve(self) -> None:

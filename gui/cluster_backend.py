@@ -31,8 +31,23 @@ class ClusterRunBackend:
     def lanes(self) -> list[str]:
         plan = self.state.plan
         if plan is None or generation_for(plan) is not None:  # a technique that also calls agents outside the plan
-            return list(self.coordinator.endpoints)
+            first = plan.devices() if plan is not None else []  # its own stages' lanes on top
+            return [*first, *(d for d in self.coordinator.endpoints if d not in first)]
         return list(plan.devices())
+
+    def lane_notes(self, settings) -> dict[str, str]:
+        """Each agent's role in a run of an attention-offload plan (compute replica / attention)."""
+        plan = self.state.plan
+        if plan is None or generation_for(plan) is None or not settings.technique_options:
+            return {}
+        from core.errors import RunFailed
+        from core.techniques.attention_offload.run import OffloadRunOptions, lane_roles
+
+        try:
+            options = OffloadRunOptions.of(settings.technique_options)
+        except RunFailed:
+            return {}  # the run itself says what is wrong
+        return lane_roles(plan.devices()[0], self.lanes(), options.compute_replicas)
 
     def run(self, settings, sink, reporter: Reporter) -> Any:
         plan = self.state.plan
@@ -63,7 +78,7 @@ class ClusterRunBackend:
         technique_run = generation_for(plan)
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run
             out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
-                                reporter=reporter)
+                                reporter=reporter, options=dict(getattr(settings, "technique_options", {}) or {}))
             return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
         # switching "Send stage weights" on or off reloads: the stages must come from where it says
         same_source = settings.send_weights == self._loaded_with_sent_weights

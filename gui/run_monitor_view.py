@@ -148,13 +148,16 @@ class RunMonitorView(QWidget):
         self._apply_palette()
 
     # -- feeding -------------------------------------------------------------------------
-    def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = ()) -> None:
-        """Start over for a new run (or a replay seek): nothing drawn, no figures."""
+    def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = (),
+              lane_notes: dict[str, str] | None = None) -> None:
+        """Start over for a new run (or a replay seek): nothing drawn, no figures. ``lane_notes``:
+        each device's role in the run, shown beside its lane."""
         self.metrics = LiveMetrics()
         self._texts = {}
         self._prompts = tuple(prompts)
         self.timeline.clear()
         self.timeline.set_lanes(list(lanes))
+        self.timeline.set_lane_notes(lane_notes or {})
         self._clear_util_devices()
         self._set_util_devices(list(lanes))
         self.heat_map.reset()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +53,9 @@ class RunSettings:
     """Send each agent its stage's weights (core.runs.weights) instead of loading from its disk."""
     on_failure: str = "replan"
     """When a device of the run is lost: "replan" (over the survivors, same tokens) or "stop"."""
+    technique_options: dict = field(default_factory=dict)
+    """The plan's technique's own run options (attention offloading: ``compute_replicas``,
+    ``schedule``), handed to its ``run_generation``; recorded with the run."""
 
 
 DEFAULT_PROMPTS = ("The edge devices worked together to", "Once upon a time")
@@ -75,6 +78,13 @@ class RunBackend(Protocol):
     def stop(self) -> None: ...
 
 
+def lane_notes(backend: RunBackend, settings: RunSettings) -> dict[str, str]:
+    """Each lane's role in a run of ``settings`` (a backend may say: ``lane_notes(settings)``;
+    attention offloading's compute replicas and attention lanes), shown and recorded with it."""
+    notes = getattr(backend, "lane_notes", None)
+    return dict(notes(settings)) if notes is not None else {}
+
+
 def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
                    workspace: str = "", session_id: int | None = None, plan=None, problem=None,
                    model_name: str = "") -> dict:
@@ -91,6 +101,7 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
 
     with record_run(workspace, model=model_name or Path(settings.model_dir).name or "?", mode=settings.mode,
                     settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes(),
+                              "lane_notes": lane_notes(backend, settings),
                               **batching_settings(plan, settings.micro_batches)},
                     session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
                     plan=plan, problem=problem) as run:
@@ -220,6 +231,11 @@ class RunPanel(QWidget):
             self.on_failure_combo.addItem(label, value)
             self.on_failure_combo.setItemData(self.on_failure_combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         self.on_failure_combo.setAccessibleName("On device failure")
+
+        from gui.attention_offload_view import OffloadRunControls
+
+        self.offload_controls = OffloadRunControls()  # shown for an attention-offload plan only
+        self.offload_controls.changed.connect(self._on_settings_changed)
         self.on_failure_combo.setToolTip("What the run does when one of its devices dies mid-run "
                                          "(the timeline shows the failure, the re-plan and the reload)")
 
@@ -267,6 +283,7 @@ class RunPanel(QWidget):
         s_layout = QVBoxLayout(settings)
         s_layout.setContentsMargins(0, 0, 8, 0)
         s_layout.addLayout(form)
+        s_layout.addWidget(self.offload_controls)
         s_layout.addLayout(buttons)
         s_layout.addWidget(self.progress)
         s_layout.addWidget(self.status_label)
@@ -290,6 +307,8 @@ class RunPanel(QWidget):
             state.plan_changed.connect(self._on_settings_changed)
             state.plan_changed.connect(self._on_state_plan_changed)
             state.problem_changed.connect(self._on_settings_changed)
+            state.agents_changed.connect(self._on_state_plan_changed)
+            state.run_options_proposed.connect(self._on_state_run_options_proposed)
             self._on_state_model_changed(state.model_name)
         self._on_state_plan_changed()
         self._predict_timer.start()
@@ -309,7 +328,9 @@ class RunPanel(QWidget):
                            max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
                            micro_batches=self.micro_batches_spin.value() or None,
                            send_weights=self.send_weights_check.isChecked(),
-                           on_failure=self.on_failure_combo.currentData())
+                           on_failure=self.on_failure_combo.currentData(),
+                           technique_options={} if self.offload_controls.isHidden()
+                           else self.offload_controls.options())
 
     def apply_settings(self, settings: RunSettings) -> None:
         """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
@@ -320,6 +341,7 @@ class RunPanel(QWidget):
         self.micro_batches_spin.setValue(settings.micro_batches or 0)
         self.send_weights_check.setChecked(settings.send_weights)
         self.on_failure_combo.setCurrentIndex(max(0, self.on_failure_combo.findData(settings.on_failure)))
+        self.offload_controls.apply(settings.technique_options)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -342,7 +364,7 @@ class RunPanel(QWidget):
             return
         self.message.show_lines([])
         lanes = list(self.backend.lanes())
-        self.monitor.reset(lanes, settings.prompts)
+        self.monitor.reset(lanes, settings.prompts, lane_notes(self.backend, settings))
         self._update_prediction()
         workspace = self.state.workspace if self.state is not None else ""
         if workspace != self._session_workspace:
@@ -442,6 +464,26 @@ class RunPanel(QWidget):
             self.message.show_lines([])  # a banner about the last attempt ("no plan", a failed run) is stale now
         self.micro_batches_spin.setSpecialValueText(
             f"Plan's ({plan.micro_batches})" if plan is not None else "Plan's")
+        agents = getattr(self.state, "agents", None)
+        offline = set(getattr(self.state, "offline_devices", ()))
+        self.offload_controls.show_for(plan, [] if agents is None else [a for a in agents.endpoints
+                                                                          if a not in offline])
+        self._apply_technique_limits()
+
+    def _apply_technique_limits(self) -> None:
+        """An attention-offload run has its own schedule (the staggering) and loads its own parts:
+        the pipeline mode, sent weights and re-planning do not apply, and say so."""
+        offload = not self.offload_controls.isHidden()
+        self.mode_combo.setEnabled(not offload and not self.runner.is_busy())
+        for w in (self.send_weights_check, self.on_failure_combo):
+            w.setEnabled(not offload)
+        why = ("an attention-offload run follows its staggering (below); it loads its own parts and a lost "
+               "memory agent ends it") if offload else "a run is in progress"
+        say_why_disabled({w: why for w in (self.mode_combo, self.send_weights_check, self.on_failure_combo)})
+    def _on_state_run_options_proposed(self, options: dict, micro_batches: int) -> None:
+        """The Plan screen's split proposes how to run it (Run on agents): shown before it starts."""
+        self.offload_controls.apply(options)
+        self.micro_batches_spin.setValue(micro_batches)
 
     def _on_settings_changed(self, *_args) -> None:
         if not self.runner.is_busy():
@@ -451,8 +493,9 @@ class RunPanel(QWidget):
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
         for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin,
-                  self.mode_combo, self.micro_batches_spin):
+                  self.mode_combo, self.micro_batches_spin, self.offload_controls):
             w.setEnabled(not running)
+        self._apply_technique_limits()
         if running:
             self.progress.setValue(0)
 

@@ -9,7 +9,7 @@ the replay which items fell due (``Replay.due()``), never by sleeping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QKeySequence, QShortcut
@@ -39,6 +39,8 @@ class LoadedRun:
     predicted: tuple = ()
     """The simulator's timeline for the run's plan and settings (empty when it has none)."""
     prediction_note: str = ""
+    lane_notes: dict = field(default_factory=dict)
+    """Device -> its role in the run, as recorded (``settings["lane_notes"]``)."""
 
 
 RUN_STATUS_MARKS = {"completed": ("", None), "running": ("● ", "#2e7d32"), "stopped": ("■ ", "#8d6e00"),
@@ -100,7 +102,8 @@ def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
     predicted, note = predicted_timeline(info, problem, plan)
     return LoadedRun(info=info, items=items, lanes=lanes, prompts=prompts,
                      source_device=problem.source if problem is not None else None,
-                     predicted=predicted, prediction_note=note)
+                     predicted=predicted, prediction_note=note,
+                     lane_notes=dict(info.settings.get("lane_notes") or {}))
 
 
 def export_run(reporter: Reporter, workspace: str, run_id: int, what: str, path: str) -> tuple[str, str]:
@@ -423,7 +426,7 @@ class SessionsPanel(QWidget):
     def _reset_monitor(self) -> None:
         """An empty monitor for the open run, with its prediction ready for "Show predicted"."""
         shown = self.monitor.timeline.predicted_check.isChecked()
-        self.monitor.reset(self.loaded.lanes, self.loaded.prompts)
+        self.monitor.reset(self.loaded.lanes, self.loaded.prompts, self.loaded.lane_notes)
         self.monitor.set_predicted(self.loaded.predicted)
         self.monitor.timeline.predicted_check.setToolTip(
             self.loaded.prediction_note or self.monitor.timeline.predicted_check.toolTip())

@@ -29,6 +29,10 @@ class StudioState(QObject):
     """The connected agents' ``Coordinator`` (demo cluster or agents.json), or None."""
     offline_changed = Signal(object)
     """tuple[str, ...]: the devices now offline."""
+    run_options_proposed = Signal(object, int)
+    """(technique run options, micro-batches; 0: the plan's): how the Plan screen proposes to run
+    the plan it just set (attention offloading's compute replicas and staggering); the Run screen
+    shows them."""
     last_run_changed = Signal()
     """A run on the Run screen ended: ``last_run_events`` / ``last_run_tokens`` are what it measured."""
     log_added = Signal(str, str)
@@ -120,6 +124,9 @@ class StudioState(QObject):
         if plan != self.plan:
             self.plan = plan
             self.plan_changed.emit(plan)
+
+    def propose_run_options(self, options: dict, micro_batches: int = 0) -> None:
+        self.run_options_proposed.emit(dict(options), int(micro_batches))
 
     def set_last_run(self, events, tokens) -> None:
         self.last_run_events, self.last_run_tokens = tuple(events), tuple(tokens)

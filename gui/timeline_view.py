@@ -673,6 +673,9 @@ class TimelineView(QWidget):
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self._lanes: list[str] = []
         self._lane_of: dict[str, int] = {}
+        self._lane_notes: dict[str, str] = {}
+        """Device -> its role in the run, shown after its name (attention offloading: compute
+        replica / attention)."""
         self._pending: list[TimelineEvent] = []
         self._micro_batches: set[int] = set()
         self._follow_live = True
@@ -846,6 +849,15 @@ class TimelineView(QWidget):
     def lanes(self) -> list[str]:
         return list(self._lanes)
 
+    def set_lane_notes(self, notes: dict[str, str]) -> None:
+        """Each device's role in the run, shown after its lane's name (events still go by device)."""
+        self._lane_notes = dict(notes)
+        self._update_lane_axis()
+
+    def lane_labels(self) -> list[str]:
+        """The lane axis's labels, top lane first."""
+        return [self._lane_label(i, name) for i, name in enumerate(self._lanes)]
+
     def append_events(self, events: Iterable[TimelineEvent]) -> None:
         """Queue measured events; they are drawn at the next frame (~30 Hz)."""
         self._pending.extend(events)
@@ -874,6 +886,7 @@ class TimelineView(QWidget):
         self.predicted_item.clear()
         self._lanes.clear()
         self._lane_of.clear()
+        self._lane_notes = {}
         self._micro_batches.clear()
         self._errors = {}
         self._hover = None
@@ -1037,7 +1050,9 @@ class TimelineView(QWidget):
 
     def _lane_label(self, lane: int, name: str) -> str:
         error = self._errors.get(lane) if self.predicted_check.isChecked() else None
-        return name if error is None else f"{name}  {error:+.0f} %"
+        note = self._lane_notes.get(name)
+        shown = name if not note else f"{name} · {note}"
+        return shown if error is None else f"{shown}  {error:+.0f} %"
 
     def stage_errors(self) -> dict[str, float]:
         """Device -> prediction error in % of its compute time (what the lane labels show)."""

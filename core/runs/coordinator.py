@@ -54,7 +54,7 @@ from agents.protocol import (
 from agents.transport import CurveKeys
 from core.devices.agent_link import AgentEndpoint, AgentLink
 from core.devices.clock_sync import ClockEstimate, to_coordinator_clock
-from core.errors import AgentBusy, FormatError, PlanInvalid, RunFailed, ShardOverBudget
+from core.errors import AgentBusy, FormatError, HelperLost, PlanInvalid, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan, layout_problems
 from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
@@ -157,6 +157,8 @@ class _ActiveRun:
     lock: threading.Lock = field(default_factory=threading.Lock)
     helpers: frozenset[str] = frozenset()
     """Agents serving the run outside its stages (``Coordinator.run(helpers=)``): losing one ends it."""
+    lost_helper: tuple[str, str] | None = None
+    """(device, why) of the helper whose loss ended the run (``HelperLost``)."""
     resume: Resume | None = None
     """Set while a resumed segment runs: its micro-batches and steps map back onto the whole
     run's (``Resume.keys``, ``Resume.first_steps``)."""
@@ -264,6 +266,7 @@ class Coordinator:
             self._loaded = None
         run = self._run
         if run is not None and device in run.helpers:  # the stages cannot go on without it
+            run.lost_helper = run.lost_helper or (device, why)
             self._advance(run, run_state.StopRequested(f"agent {device} stopped answering ({why}); the run's "
                                                        "stages need it"))
         elif run is not None:  # an idle agent's loss is only reported (the state machine ignores it)
@@ -352,7 +355,8 @@ class Coordinator:
         self._loaded = None
         self._load_args = dict(model_dir=model_dir, dtype=dtype, threads=threads, links=links, timeout_s=timeout_s,
                                files=files, kind=kind)
-        statuses = self.link.status_of([d for d in self.endpoints if not self.link.is_lost(d)], 5.0)
+        # the plan's agents only: another agent that died unnoticed (a long heartbeat timeout) must not fail it
+        statuses = self.link.status_of([d for d in plan.devices() if not self.link.is_lost(d)], 5.0)
         self._take_over({d: statuses[d] for d in plan.devices() if d in statuses})
         peers = tuple(
             PeerSpec(device=s.device, stage=i, data_address=statuses[s.device].data_address,
@@ -560,6 +564,10 @@ class Coordinator:
         self._last_state = end
         self._run = None
         if not isinstance(end, run_state.Finished):
+            if run.lost_helper is not None and isinstance(end, run_state.Aborted):
+                device, why = run.lost_helper
+                raise HelperLost(f"stopped answering mid-run ({why}); the run's stages needed it, so the run was "
+                                 "stopped: restart its agent (or run without it) and start the run again", device)
             raise run_failure(end)
         with run.lock:
             events = tuple(sorted(run.events, key=lambda e: (e.start_s, e.stage)))

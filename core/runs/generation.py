@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,16 +162,44 @@ class Generation:
 
 
 class _TextSink:
-    """Fills ``TokenEvent.text`` before passing tokens on."""
+    """Fills ``TokenEvent.text`` before passing tokens on, in step order per micro-batch: agents
+    that take turns sampling a batch (attention offloading's staggered replicas) report over
+    their own connections, so step k + 1 can overtake step k; it waits for k (``flush``: the
+    run ended, whatever is held goes on in step order)."""
 
     def __init__(self, inner: RunSink, pieces: TextPieces) -> None:
         self.inner = inner
         self.pieces = pieces
+        self._next: dict[int, int] = {}
+        self._held: dict[int, dict[int, TokenEvent]] = {}
+        self._lock = threading.Lock()
 
     def on_event(self, event: TimelineEvent) -> None:
         self.inner.on_event(event)
 
     def on_tokens(self, tokens: TokenEvent) -> None:
+        with self._lock:
+            mb = tokens.micro_batch
+            if tokens.step < self._next.get(mb, 0):  # a step again (a resumed run): as it comes, as before
+                self._emit(tokens)
+                return
+            held = self._held.setdefault(mb, {})
+            held[tokens.step] = tokens
+            ready = []
+            while self._next.get(mb, 0) in held:
+                ready.append(held.pop(self._next.get(mb, 0)))
+                self._next[mb] = self._next.get(mb, 0) + 1
+            for t in ready:
+                self._emit(t)
+
+    def flush(self) -> None:
+        with self._lock:
+            for mb in sorted(self._held):
+                for step in sorted(self._held[mb]):
+                    self._emit(self._held[mb][step])
+            self._held = {}
+
+    def _emit(self, tokens: TokenEvent) -> None:
         text = tuple(self.pieces.piece(s, t) for s, t in zip(tokens.sequence_ids, tokens.token_ids))
         self.inner.on_tokens(msgspec.structs.replace(tokens, text=text))
 
@@ -252,7 +281,11 @@ def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: 
         pad_token_id=int(tok.pad_token_id or 0),
         sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed),
     )
-    result = run(request, _TextSink(sink or NullSink(), pieces))
+    text_sink = _TextSink(sink or NullSink(), pieces)
+    try:
+        result = run(request, text_sink)
+    finally:
+        text_sink.flush()
     texts = tuple(tok.decode([t for t in seq if t not in stops], skip_special_tokens=True) for seq in result.tokens)
     return Generation(texts=texts, result=result, figures=compute_figures(result.events, result.token_events))
 

@@ -105,8 +105,9 @@ class Technique:
     ``edgeshard run`` and the Run screen run for one of its plans on agents; None when its plans
     are shard plans already (layer sharding) or it runs another way."""
     run_generation: Callable[..., Any] | None = None
-    """``run_generation(coordinator, plan, model_dir, prompts, settings, *, sink, reporter)`` ->
-    ``core.runs.generation.Generation``: how the Run screen runs a ``ShardPlan`` whose stages are of
+    """``run_generation(coordinator, plan, model_dir, prompts, settings, *, sink, reporter, options=None)``
+    -> ``core.runs.generation.Generation`` (``options``: the technique's own run options, e.g.
+    attention offloading's ``OffloadRunOptions``, from the Run screen): how the Run screen runs a ``ShardPlan`` whose stages are of
     its kinds when the shared ``core.runs.generation.generate`` cannot (its stages call agents
     outside the plan, e.g. attention offloading's memory agents); None: the shared ``generate``.
     Run surfaces find it with ``generation_for(plan)``."""

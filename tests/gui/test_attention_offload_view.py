@@ -86,7 +86,31 @@ def test_run_on_agents_puts_the_split_of_the_connected_agents_in_the_state_and_a
     state.set_agents(_Agents())
     state.set_model("tiny-llama", path=tiny_llama_dir)
     assert view.run_button.isEnabled() and "compute: c0 · memory: m0, m1" in view.run_where.text()
+    proposed = []
+    state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
     with qtbot.waitSignal(screen.run_requested, timeout=2000):
         view.run_button.click()
     (stage,) = state.plan.stages
     assert (stage.device, stage.kind) == ("c0", DENSE_KIND)
+    assert proposed == [({"compute_replicas": 1, "schedule": view.plan.schedule}, 0)]
+
+
+def test_a_plan_with_two_compute_devices_runs_as_two_staggered_replicas_on_the_agents(qtbot, tiny_llama_dir):
+    from core.techniques.attention_offload.problem import OffloadPlan
+
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    view = screen.view
+    state.set_agents(_Agents())
+    state.set_model("tiny-llama", path=tiny_llama_dir)
+    view.plan = OffloadPlan(compute=("h0", "h1"), memory=("x0", "x1"), batch=2, in_flight=3, schedule="fixed")
+    view.update_run_controls()
+    assert "compute: c0, m0 · memory: m1, fixed staggering of 3 batches" in view.run_where.text()
+    proposed = []
+    state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    assert state.plan.stages[0].device == "c0"
+    assert proposed == [({"compute_replicas": 2, "schedule": "fixed"}, 3)]

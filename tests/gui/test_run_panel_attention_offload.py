@@ -22,13 +22,17 @@ PROMPTS = ["the river and its banks", "hello there"]
 
 
 @pytest.fixture(scope="module")
-def offload_cluster(tmp_path_factory):
+def offload_model(tmp_path_factory) -> str:
     from core.models.checkpoints import ModelRecipe, make_model
 
     recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
-    model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-offload") / "tiny-llama"))
+    return str(make_model(recipe, tmp_path_factory.mktemp("gui-offload") / "tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def offload_cluster(offload_model):
     with in_process_cluster(DEVICES) as (coordinator, _):
-        yield coordinator, model_dir
+        yield coordinator, offload_model
 
 
 def test_the_run_screen_runs_an_attention_offload_plan_with_every_lane_live_and_recorded(
@@ -57,3 +61,79 @@ def test_the_run_screen_runs_an_attention_offload_plan_with_every_lane_live_and_
         assert run.status == "completed" and run.settings["lanes"] == DEVICES
         devices = {i.event.device for i in store.timeline(run.id) if i.event is not None}
         assert devices == set(DEVICES)
+
+
+STAGGERED = ["c0", "c1", "m0", "m1"]
+THREE = ["the river and its banks", "hello there", "a cat"]
+
+
+@pytest.fixture(scope="module")
+def staggered_cluster(offload_model):
+    with in_process_cluster(STAGGERED) as (coordinator, _):
+        yield coordinator, offload_model
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "rotational"])
+def test_the_run_screen_runs_staggered_replicas_with_their_lanes_and_the_attention_lanes_recorded_and_replayed(
+        qtbot, staggered_cluster, tmp_path, schedule):
+    from core.reporting import NullReporter
+    from gui.run_monitor_view import RunMonitorView
+    from gui.sessions_panel import load_run
+
+    coordinator, model_dir = staggered_cluster
+    plan = technique_named("attention-offload").run_plan(
+        OffloadPlan(compute=("c0",), memory=("c1", "m0", "m1"), batch=1, in_flight=1), model_dir)
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, THREE, 3)
+    state.set_agents(coordinator)
+    assert not panel.offload_controls.isHidden() and panel.offload_controls.replicas.maximum() == 2
+    panel.offload_controls.replicas.setValue(2)
+    panel.offload_controls.schedule.setCurrentText(schedule)
+    panel.micro_batches_spin.setValue(3)
+    assert "compute: c0, c1 · memory (attention): m0, m1" in panel.offload_controls.roles.text()
+    with qtbot.waitSignal(panel.run_finished, timeout=120_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"], panel.message.text()
+    timeline = panel.monitor.timeline
+    timeline.flush()
+    notes = ["c0 · compute 0", "c1 · compute 1", "m0 · attention", "m1 · attention"]
+    assert timeline.lanes() == STAGGERED and timeline.lane_labels() == notes
+    assert all(timeline.box_count(d, "compute") > 0 for d in STAGGERED)  # both replicas and both memory agents
+    tok = load_tokenizer(model_dir)
+    enc = tok(THREE, return_tensors="pt", padding=True)
+    for i, row in enumerate(hf_greedy_new_tokens(model_dir, enc, 3)):
+        assert panel.monitor.text_of(i) == tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+    assert panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.status == "completed" and run.settings["technique_options"] == {
+            "compute_replicas": 2, "schedule": schedule} and run.settings["micro_batches"] == 3
+    loaded = load_run(NullReporter(), state.workspace, run.id)
+    replay = RunMonitorView()
+    qtbot.addWidget(replay)
+    replay.reset(loaded.lanes, loaded.prompts, loaded.lane_notes)
+    replay.add_timeline_events([i.event for i in loaded.items if i.event is not None])
+    replay.timeline.flush()
+    assert replay.timeline.lane_labels() == notes
+    assert {d: replay.timeline.box_count(d, "compute") for d in STAGGERED} == \
+        {d: timeline.box_count(d, "compute") for d in STAGGERED}
+    assert replay.shutdown()
+
+
+def test_the_plan_screens_proposed_staggering_is_shown_on_the_run_screen_and_hidden_for_other_plans(
+        qtbot, offload_model, tmp_path):
+    from core.planning.plan import plan_from_boundaries
+
+    class Agents:
+        endpoints = ("c0", "c1", "m0", "m1")
+
+    plan = technique_named("attention-offload").run_plan(
+        OffloadPlan(compute=("c0",), memory=("m0",), batch=1, in_flight=1), offload_model)
+    state, panel = cluster_run_panel(qtbot, None, plan, tmp_path / "ws.sqlite", offload_model, THREE, 3)
+    state.set_agents(Agents())
+    state.propose_run_options({"compute_replicas": 2, "schedule": "fixed"}, 3)
+    s = panel.settings()
+    assert s.technique_options == {"compute_replicas": 2, "schedule": "fixed"} and s.micro_batches == 3
+    assert panel.offload_controls.lane_notes() == {"c0": "compute 0", "c1": "compute 1", "m0": "attention",
+                                                   "m1": "attention"}
+    state.set_plan(plan_from_boundaries("m", 6, ["c0", "m0"], [3]))  # a layer-sharding plan: no such options
+    assert panel.offload_controls.isHidden() and panel.settings().technique_options == {}

@@ -31,10 +31,11 @@ def _run_plan(plan, model_dir):
     return run_plan(plan, model_dir)
 
 
-def _run_generation(coordinator, plan, model_dir, prompts, settings, *, sink=None, reporter=None, **_):
-    from core.techniques.attention_offload.run import generate_offload
+def _run_generation(coordinator, plan, model_dir, prompts, settings, *, sink=None, reporter=None, options=None, **_):
+    from core.techniques.attention_offload.run import OffloadRunOptions, generate_offload
 
-    return generate_offload(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter)
+    return generate_offload(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
+                            options=OffloadRunOptions.of(options or {}))
 
 
 TECHNIQUE = Technique(

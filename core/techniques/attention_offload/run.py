@@ -15,6 +15,7 @@ attention and send spans into the same run. The run stops the holds after the st
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from pathlib import Path
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import msgspec
 
 from agents.protocol import ErrorReply, HoldDense, HoldHeads, Ok, PeerSpec, ServicePeer, StaggeredSpec, StopRun
 from core.devices.agent_link import refusal
-from core.errors import RunFailed
+from core.errors import HelperLost, MemoryAgentLost, RunFailed
 from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.reporting import Reporter
 from core.runs.coordinator import Coordinator, RunRequest, RunResult, RunSink
@@ -104,7 +105,8 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
             if not isinstance(reply, Ok):
                 raise RunFailed(f"holding attention heads: unexpected answer {type(reply).__name__}", d)
             held.append(d)
-        return coordinator.run(plan, request, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
+        return _run_naming_lost_memory(coordinator, plan, request, sink, reporter, held, hold_id,
+                                       dict(zip(memory, ranges)), [dense_device])
     finally:
         _release(coordinator, held, hold_id)
 
@@ -175,9 +177,45 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
         if refused is not None:
             raise refused
         staggered = dataclasses.replace(request, staggered=spec, micro_batches=len(groups))
-        return coordinator.run(plan, staggered, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
+        return _run_naming_lost_memory(coordinator, plan, staggered, sink, reporter, held, hold_id,
+                                       dict(zip(memory, ranges)), compute)
     finally:
         _release(coordinator, held, hold_id)
+
+
+def _run_naming_lost_memory(coordinator: Coordinator, plan: ShardPlan, request: RunRequest, sink, reporter,
+                            held: list[str], hold_id: str, memory: dict[str, tuple[int, int]],
+                            compute: Sequence[str]) -> RunResult:
+    """``coordinator.run`` with the holds as helpers; a memory agent lost mid-run (its heartbeats
+    stopped, or a dense agent saw its data connection drop) ends it with ``MemoryAgentLost``
+    naming it. The lost agent is taken out of ``held``: its hold ended with it (nothing to wait for)."""
+    try:
+        return coordinator.run(plan, request, sink=sink, reporter=reporter, helpers={d: hold_id for d in held})
+    except RunFailed as err:
+        lost = lost_memory_agents(err, list(memory))
+        if not lost:
+            raise
+        for d in lost:
+            if d in held:
+                held.remove(d)
+        others = [d for d in [*compute, *memory] if d not in lost]
+        heads = "; ".join(f"{d}: key/value heads [{memory[d][0]}, {memory[d][1]})" for d in lost)
+        raise MemoryAgentLost(
+            f"memory agent {', '.join(lost)} was lost mid-run ({heads}; {err.reason}). The KV cache it held is "
+            f"gone, so the run cannot go on: restart its agent (the Devices screen, or edgeshard deploy) or run on "
+            f"the other memory agents. {', '.join(others)} ended the run and are free for the next one.",
+            lost[0]) from None
+
+
+def lost_memory_agents(err: RunFailed, memory: Sequence[str]) -> list[str]:
+    """The memory agents a failed run lost: a lost helper named by the coordinator (``HelperLost``),
+    or the ones a dense agent's ``MemorySideSilent`` names (``memory agent <names> ...``)."""
+    if isinstance(err, HelperLost):
+        return [err.device] if err.device in memory else []
+    match = re.search(r"MemorySideSilent: memory agent ((?:[^\s,]+, )*[^\s,]+) ", err.reason)
+    if match is None:
+        return []
+    return [d for d in match.group(1).split(", ") if d in memory]
 
 
 def _kv_needed(request: RunRequest, plan: ShardPlan):
@@ -200,29 +238,85 @@ def _release(coordinator: Coordinator, devices: list[str], hold_id: str) -> None
 
 def run_plan(plan, model_dir: str) -> ShardPlan:
     """The ``ShardPlan`` the Run screen runs for an ``OffloadPlan`` on agents named as its devices:
-    the dense stage on its first compute device (one replica; the memory agents are the other
-    connected agents, ``generate_offload``)."""
+    the dense stage on its first compute device (replica 0; the other replicas and the memory agents
+    are the other connected agents, ``agent_roles``)."""
     from agents.attention_offload import HeadShape
 
     shape = HeadShape.of(str(model_dir))
     return dense_plan(Path(model_dir).name, shape.layers, plan.compute[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class OffloadRunOptions:
+    """How the Run screen runs a dense-stage plan: ``compute_replicas`` compute agents (staggered
+    pipelining when more than one, or when micro-batches are asked for) with ``schedule``."""
+
+    compute_replicas: int = 1
+    schedule: str = "rotational"
+
+    @classmethod
+    def of(cls, options) -> "OffloadRunOptions":
+        """From the Run screen's recorded options (a mapping; names it does not know are refused)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise RunFailed(f"attention offloading has no run option {', '.join(unknown)} "
+                            f"(it knows {', '.join(sorted(known))})")
+        replicas, schedule = options.get("compute_replicas", 1), options.get("schedule", "rotational")
+        if type(replicas) is not int or not isinstance(schedule, str):
+            raise RunFailed(f"compute_replicas must be an integer and schedule a name; got {replicas!r}, {schedule!r}")
+        return cls(compute_replicas=replicas, schedule=schedule)
+
+
+def agent_roles(dense_device: str, agents: Sequence[str], replicas: int) -> tuple[list[str], list[str]]:
+    """(compute, memory): the plan's dense device is replica 0, the next ``replicas - 1`` connected
+    agents the other replicas, every other agent a memory agent. ``RunFailed`` says what to change
+    when no memory agent would be left."""
+    others = [d for d in agents if d != dense_device]
+    if replicas < 1:
+        raise RunFailed(f"compute replicas must be 1 or more, got {replicas}")
+    if replicas > len(others):
+        raise RunFailed(f"{replicas} compute replica(s) over {len(others) + 1} agents leave no memory agent: "
+                        f"use at most {len(others)} compute replica(s), or connect more agents")
+    return [dense_device, *others[:replicas - 1]], others[replicas - 1:]
+
+
+def lane_roles(dense_device: str, agents: Sequence[str], replicas: int) -> dict[str, str]:
+    """Device -> its role in a run (``compute`` / ``compute <i>``, ``attention``) as ``agent_roles``
+    splits them; {} when it cannot (the run itself then says why). The timeline's lane notes."""
+    try:
+        compute, memory = agent_roles(dense_device, agents, replicas)
+    except RunFailed:
+        return {}
+    notes = {d: f"compute {i}" if len(compute) > 1 else "compute" for i, d in enumerate(compute)}
+    return {**notes, **{d: "attention" for d in memory}}
+
+
 def generate_offload(coordinator: Coordinator, plan: ShardPlan, model_dir: str, prompts, settings, *,
-                     sink: RunSink | None = None, reporter: Reporter | None = None):
+                     sink: RunSink | None = None, reporter: Reporter | None = None,
+                     options: OffloadRunOptions = OffloadRunOptions()):
     """Text in, text out for a dense-stage ``ShardPlan`` (``Technique.run_generation``): the plan's
-    one ``attention-offload-dense`` stage is the compute agent, every other connected agent a
-    memory agent."""
+    one ``attention-offload-dense`` stage is compute replica 0, ``options`` says how many replicas
+    and which staggering; the other connected agents are the memory agents (``agent_roles``)."""
+    from agents.schedule import STAGGERED_SCHEDULES
     from core.runs.generation import generate_with
 
     if len(plan.stages) != 1 or plan.stages[0].kind != DENSE_KIND:
         raise RunFailed("an attention-offload plan runs as one attention-offload-dense stage (the compute agent); "
                         f"this plan has {len(plan.stages)} stage(s) of kinds "
                         f"{', '.join(sorted({s.kind for s in plan.stages}))}")
-    dense = plan.stages[0].device
-    memory = [d for d in coordinator.endpoints if d != dense]
-    return generate_with(lambda request, s: run_offload(coordinator, model_dir, dense, memory, request, sink=s,
-                                                        reporter=reporter, dtype=settings.dtype,
-                                                        threads=settings.threads),
-                         model_dir, list(prompts), settings, sink=sink)
+    if options.schedule not in STAGGERED_SCHEDULES:
+        raise RunFailed(f"unknown staggered schedule {options.schedule!r}: one of {', '.join(STAGGERED_SCHEDULES)}")
+    compute, memory = agent_roles(plan.stages[0].device, list(coordinator.endpoints), options.compute_replicas)
+    staggered = len(compute) > 1 or settings.micro_batches is not None
+    if staggered and settings.micro_batches is None:
+        settings = dataclasses.replace(settings, micro_batches=len(compute) + 1)  # Lamina's n = replicas + 1
 
+    def run(request, s):
+        if staggered:
+            return run_staggered(coordinator, model_dir, compute, memory, request, schedule=options.schedule, sink=s,
+                                 reporter=reporter, dtype=settings.dtype, threads=settings.threads)
+        return run_offload(coordinator, model_dir, compute[0], memory, request, sink=s, reporter=reporter,
+                           dtype=settings.dtype, threads=settings.threads)
+
+    return generate_with(run, model_dir, list(prompts), settings, sink=sink)

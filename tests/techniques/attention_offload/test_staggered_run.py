@@ -152,3 +152,50 @@ def test_a_memory_agents_answer_that_overtakes_the_start_is_kept_for_its_slice(c
         assert torch.equal(replica._inbox[(0, 1)]["out"]["m0"], out)
     finally:
         replica.close()
+
+
+def test_a_memory_agent_killed_mid_staggered_decode_fails_fast_naming_it_and_the_survivors_run_again(
+        tiny_llama_dir, tmp_path):
+    """Heartbeats too slow to notice (60 s): the replicas see the memory agent's data connection drop."""
+    import dataclasses
+
+    from core.devices.local_cluster import LocalCluster
+    from core.errors import MemoryAgentLost
+    from core.runs.coordinator import Coordinator
+    from tests.techniques.attention_offload.killing import kill_mid_decode
+
+    _, req = _request(tiny_llama_dir, max_new=300)
+    req = dataclasses.replace(req, eos_token_ids=())
+    with LocalCluster(tmp_path / "cluster", [*COMPUTE, *MEMORY]) as lc, \
+            Coordinator(lc.endpoints, lc.keys, heartbeat_timeout_s=60.0) as co:
+        co.wait_ready(timeout_s=30)
+        error, seconds = kill_mid_decode(co, lc, "m1", lambda: run_staggered(co, tiny_llama_dir, COMPUTE, MEMORY, req))
+        assert isinstance(error, MemoryAgentLost) and error.device == "m1" and seconds < 20
+        assert "memory agent m1 was lost mid-run" in str(error)
+        enc, short = _request(tiny_llama_dir, max_new=3)
+        again = run_staggered(co, tiny_llama_dir, COMPUTE, ("m0",), short)
+        assert [list(t) for t in again.tokens] == [list(t) for t in hf_greedy_new_tokens(tiny_llama_dir, enc, 3)]
+
+
+@pytest.mark.parametrize("schedule", ["rotational", "fixed"])
+def test_a_batch_whose_every_sequence_hit_eos_stops_costing_compute_and_memory_work(cluster, tiny_llama_dir,
+                                                                                     schedule):
+    import dataclasses
+
+    coordinator, _ = cluster
+    enc, req = _request(tiny_llama_dir, max_new=6)
+    free = hf_greedy_new_tokens(tiny_llama_dir, enc, 6)
+    assert len(free[0]) == 6, "the tiny model's greedy text must not hit the default EOS for this test"
+    eos = free[0][1]  # batch 0 (prompt 0 alone) ends at step 1 at the latest
+    ends = free[0].index(eos)
+    req = dataclasses.replace(req, eos_token_ids=(eos,))
+    result = run_staggered(coordinator, tiny_llama_dir, COMPUTE, MEMORY, req, schedule=schedule)
+    assert [list(t) for t in result.tokens] == \
+        [list(t) for t in hf_greedy_new_tokens(tiny_llama_dir, enc, 6, eos_token_id=eos)]
+    batch0 = [e for e in result.events if e.micro_batch == 0 and e.kind == "compute"]
+    assert max(e.step for e in batch0) == ends  # no slice of a later step anywhere
+    assert not [e for e in batch0 if e.device in MEMORY and e.step >= ends + 1]
+    for b in (1, 2):  # the batches that did not finish early run every step, on every memory agent
+        if len(result.tokens[b]) == 6:
+            assert {e.device for e in result.events if e.micro_batch == b and e.kind == "compute"
+                    and e.step == 5} >= set(MEMORY)
