@@ -3,8 +3,6 @@ Run settings; a missing or damaged part is a status message, the rest is still r
 
 from __future__ import annotations
 
-import pytest
-
 from core import formats
 from core.planning.plan import ShardPlan, Stage
 from core.planning.problem import with_changes
