@@ -798,6 +798,7 @@ class Agent:
 
     def _load(self, msg: LoadShard) -> None:
         self._unload()
+        self._spatial_nets.clear()  # a kept spatial network's memory goes to the stage
         t0 = time.perf_counter()
         self._activity = f"loading units [{msg.start}, {msg.end}) of {msg.model_dir}"
         peers = sorted(msg.peers, key=lambda p: p.stage)
@@ -936,6 +937,21 @@ class Agent:
         """Which peers' public keys this agent's data socket accepts (replacing the last set)."""
         self.gate.allow(DATA_DOMAIN, list(keys))
 
+    def spatial_network(self, net):
+        """The generated network a spatial request names (``SpatialNet``), kept while requests name it
+        (one at a time: a new one replaces it): a spatial run after another of the same network
+        neither regenerates its weights nor pays fresh weights' first calls (a new VGG16 96²/2's first
+        strip took 1.5–2× the next ones, ×3 on a 3× emulated device)."""
+        from agents import spatial
+
+        key = msgspec.structs.astuple(net)
+        found = self._spatial_nets.get(key)
+        if found is None:
+            found = spatial.network_for(net.network, net.image, net.width_div, net.classes, net.seed)
+            self._spatial_nets.clear()  # one network at a time: the memory of the last one goes
+            self._spatial_nets[key] = found
+        return found
+
     def _spatial(self, msg: SpatialSetup, stop: threading.Event) -> None:
         """Serve a spatial run (agents.spatial_run) until it is stopped."""
         from agents.spatial_run import SpatialSession
@@ -956,6 +972,7 @@ class Agent:
     def _hold_heads(self, msg, stop: threading.Event) -> None:
         """Attention offloading's memory side on the data plane (agents.attention_offload.HeadsService),
         served until the hold's StopRun (or its lease) ends it."""
+        self._spatial_nets.clear()  # a kept spatial network's memory goes to the hold
         from agents.attention_offload import HeadsService
 
         MODEL_CODE_IMPORTED.wait()
@@ -972,6 +989,7 @@ class Agent:
     def _hold_dense(self, msg, stop: threading.Event) -> None:
         """A compute replica of attention offloading's staggered pipelining
         (agents.attention_offload_staggered.HeldReplica), served until the hold's StopRun."""
+        self._spatial_nets.clear()  # a kept spatial network's memory goes to the hold
         from agents.attention_offload_staggered import HeldReplica
 
         MODEL_CODE_IMPORTED.wait()
@@ -1036,12 +1054,7 @@ class Agent:
         seed once and kept; the strip's compute is slowed like a stage's on an emulated device."""
         from agents import spatial
 
-        key = msgspec.structs.astuple(msg.net)
-        net = self._spatial_nets.get(key)
-        if net is None:
-            net = spatial.network_for(msg.net.network, msg.net.image, msg.net.width_div, msg.net.classes, msg.net.seed)
-            self._spatial_nets.clear()  # one network at a time: the memory of the last one goes
-            self._spatial_nets[key] = net
+        net = self.spatial_network(msg.net)
         t_start = self.clock()
         t0 = time.perf_counter()
         out = spatial.compute_strip(net, msg.start, msg.end, msg.x_lo, msg.lo, msg.hi, msg.shape, msg.data, msg.head)

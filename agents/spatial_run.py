@@ -32,7 +32,7 @@ from agents.protocol import (
     SpatialSetup,
     StripTimes,
 )
-from agents.spatial import group_input_ranges, network_for, strip_bounds
+from agents.spatial import group_input_ranges, strip_bounds
 from agents.transport import (
     LinkSender,
     PeerSenders,
@@ -70,7 +70,7 @@ class SpatialSession:
         self.msg = msg
         self.stop = stop
         self.clock = agent.clock
-        self.net = network_for(msg.net.network, msg.net.image, msg.net.width_div, msg.net.classes, msg.net.seed)
+        self.net = agent.spatial_network(msg.net)
         problem = plan_problem(self.net, msg)
         if problem:
             raise ValueError(problem)
@@ -150,6 +150,9 @@ class SpatialSession:
             if problem:
                 self.agent._log(f"dropped strip from {header.sender!r}: {problem}")
                 continue
+            # Connected (at the first strip) before computing it: the Curve handshake to the gateway
+            # runs beside the compute instead of delaying the first image's gather (~30 ms measured).
+            self._sender(gateway)
             g = header.micro_batch
             a, _, lo, hi = self._strip_input(g, me)
             start, end = self.msg.groups[g]
@@ -175,6 +178,9 @@ class SpatialSession:
         return ""
 
     def _serve_gateway(self) -> None:
+        for device in self.order:  # every worker allows our key by now (its setup came first): connect
+            if device != self.agent.device:  # before the first image, not during its first scatter
+                self._sender(device)
         while not self.stop.is_set():
             try:
                 req = self.images.get(timeout=0.1)

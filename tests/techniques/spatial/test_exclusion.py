@@ -166,3 +166,15 @@ def test_a_spatial_run_refused_by_a_live_coordinators_session_fails_at_once_nami
         run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32))
     assert info.value.device == "a" and time.monotonic() - t0 < 5
     first.link.request("a", StopRun(run_id="s1"))
+
+
+def test_an_agent_keeps_a_spatial_runs_network_for_the_next_run_and_lets_it_go_for_a_stage(cluster, tiny_llama_dir):
+    agents, _, second, _ = cluster
+    problem, plan = _spatial()
+    run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32))
+    kept = dict(agents[0]._spatial_nets)
+    assert len(kept) == 1
+    run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32))
+    assert agents[0]._spatial_nets == kept and next(iter(agents[0]._spatial_nets.values())) is next(iter(kept.values()))
+    second.load(_layer_plan(), tiny_llama_dir)
+    assert agents[0]._spatial_nets == {}
