@@ -9,6 +9,8 @@ e = a boundary (stage ends before unit e, 0..N).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -30,24 +32,30 @@ class CostArrays:
     """(D, N+1): prefix[d, e] = decode time of units [0, e) on d at batch m."""
     emax: np.ndarray
     """(D, N+1) int: a stage on d starting at unit a fits in memory up to end emax[d, a] (a if none)."""
-    transfer: np.ndarray
-    """(D, D, N+1): seconds to send the output of a stage ending at e from d to d' (inf: no link / same)."""
-    occupancy: np.ndarray
-    """(D, D, N+1): seconds the d→d' link is busy with it (no latency)."""
-    ret: np.ndarray
-    """(D,): seconds for the head's output (token ids) from d back to the source (0 on the source)."""
-    ret_occupancy: np.ndarray
+    link_arrays: Callable[[], tuple]
+    """Makes (transfer, occupancy, ret, ret_occupancy, max_latency) on first use (the properties
+    below): (D, D, N+1) arrays that a pair ruled out by a bound never needs."""
     stage_bytes: np.ndarray
     """(N+1, N+1) int64: memory of a stage [a, e) at this (m, K) (−1 where e ≤ a)."""
     budgets: np.ndarray
     """(D,) int64: memory each device may fill."""
-    max_latency: float = 0.0
-    """The largest one-way link latency between usable devices, s."""
     weights_prefix: np.ndarray | None = None
     """(N+1,) parameter bytes of units [0, e)."""
     overhead: np.ndarray | None = None
     """(D,): once-per-stage decode overhead of each device (``DeviceTimes.stage_decode_overhead_s``),
     charged to a stage that holds a decoder block, i.e. [a, e) with a < N−1 and e > 1."""
+
+    @cached_property
+    def _links(self) -> tuple:
+        return self.link_arrays()
+
+    transfer = property(lambda self: self._links[0], doc="""(D, D, N+1): seconds to send the output of a
+        stage ending at e from d to d' (inf: no link / same).""")
+    occupancy = property(lambda self: self._links[1], doc="(D, D, N+1): seconds the d→d' link is busy with it (no latency).")
+    ret = property(lambda self: self._links[2], doc="""(D,): seconds for the head's output (token ids) from d
+        back to the source (0 on the source).""")
+    ret_occupancy = property(lambda self: self._links[3], doc="(D,): seconds the return link is busy with it.")
+    max_latency = property(lambda self: self._links[4], doc="The largest one-way link latency between usable devices, s.")
 
     @cached_property
     def symmetry_classes(self) -> np.ndarray:
@@ -99,10 +107,33 @@ def stage_memory_matrix(problem: PlanningProblem, sequences: int, pass_sequences
     return out
 
 
+def decode_times(times, batch: int, n: int) -> np.ndarray:
+    """(n,) ``times.decode_time(u, batch)`` of units 0..n-1 at once: the same interpolation rule
+    (core.devices.profile.interpolate) and the same floating-point operations, on every unit."""
+    xs = times.decode_batch_sizes
+    try:
+        ys = np.array(times.decode_s[:n], dtype=float)
+    except ValueError:  # ragged rows
+        ys = None
+    if not xs or ys is None or ys.shape != (n, len(xs)):
+        return np.array([times.decode_time(u, batch) for u in range(n)])  # the scalar rule says what is wrong
+    if batch <= xs[0]:
+        return ys[:, 0] * batch / xs[0]
+    if batch >= xs[-1]:
+        return ys[:, -1] * batch / xs[-1]
+    i = bisect_left(xs, batch)
+    if xs[i] == batch:
+        return ys[:, i].copy()
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[:, i - 1], ys[:, i]
+    return y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
+
+
 def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | None = None) -> CostArrays:
     """Arrays for K = k micro-batches of m sequences (a latency plan: m = batch, k = 1).
 
-    ``prefix_cache`` (m → decode prefix sums) saves re-reading the profile for each K.
+    ``prefix_cache`` (m → decode prefix sums, and the link arrays per m) saves re-reading the
+    profile and rebuilding the (D, D, N+1) link arrays for each K; the link arrays are made
+    when first read.
     """
     devices = usable_devices(problem)
     model = problem.profile.model
@@ -113,8 +144,7 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
         prefix = np.zeros((dn, n + 1))
         by_id = {t.device: t for t in problem.profile.times}
         for i, dev in enumerate(devices):
-            t = by_id[dev]
-            prefix[i, 1:] = np.cumsum([t.decode_time(u, m) for u in range(n)])
+            prefix[i, 1:] = np.cumsum(decode_times(by_id[dev], m, n))
         if prefix_cache is not None:
             prefix_cache[m] = prefix
     times_by_id = {t.device: t for t in problem.profile.times}
@@ -126,6 +156,28 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     fits = (mem[None, :, :] >= 0) & (mem[None, :, :] <= budgets[:, None, None])
     emax = np.arange(n + 1)[None, :] + fits.sum(axis=2)
     # Monotone in e (memory only grows with the range), so the count is the last fitting end.
+
+    def links() -> tuple:
+        per_m = None if prefix_cache is None else prefix_cache.get(("links", m))
+        if per_m is None:
+            per_m = _link_arrays(problem, devices, m, prefix_cache)
+            if prefix_cache is not None:
+                prefix_cache[("links", m)] = per_m
+        return per_m
+
+    return CostArrays(
+        devices=devices, src=0, n=n, m=m, k=k, prefix=prefix, emax=emax, link_arrays=links,
+        stage_bytes=mem, budgets=budgets,
+        weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
+        overhead=overhead,
+    )
+
+
+def _link_arrays(problem: PlanningProblem, devices: tuple[str, ...], m: int, prefix_cache: dict | None):
+    """(transfer, occupancy, ret, ret_occupancy, max link latency) for micro-batches of m
+    sequences: the same for every K, so a cache shares them (nothing writes into them)."""
+    model = problem.profile.model
+    n, dn = model.num_units, len(devices)
     act = np.array([u.activation_bytes_per_token for u in model.units], dtype=float)
     out_bytes = np.zeros(n + 1)
     out_bytes[1:] = act * m
@@ -134,7 +186,7 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
         bw = np.full((dn, dn), 0.0)
         lat = np.full((dn, dn), INF)
         pos = {dev: i for i, dev in enumerate(devices)}
-        for link in cluster.links:
+        for link in problem.profile.cluster.links:
             i, j = pos.get(link.src), pos.get(link.dst)
             if i is not None and j is not None and i != j and link.bandwidth_mbit_s > 0:
                 bw[i, j] = link.bandwidth_mbit_s * 1e6
@@ -155,14 +207,7 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     ret_occ = occupancy[:, src, n].copy()
     ret[src] = 0.0
     ret_occ[src] = 0.0
-    return CostArrays(
-        devices=devices, src=src, n=n, m=m, k=k, prefix=prefix, emax=emax,
-        transfer=transfer, occupancy=occupancy, ret=ret, ret_occupancy=ret_occ,
-        stage_bytes=mem, budgets=budgets,
-        weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
-        max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
-        overhead=overhead,
-    )
+    return transfer, occupancy, ret, ret_occ, float(lat[np.isfinite(lat)].max(initial=0.0))
 
 
 def symmetry_classes(arr: CostArrays) -> np.ndarray:

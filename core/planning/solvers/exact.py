@@ -37,6 +37,9 @@ INF = math.inf
 EXACT_STRATEGY = "edgeshard-exact"
 SAFETY = 0.95
 """Share of the time limit given to the searches (the rest: setup and evaluation)."""
+FIRST_PROBE_GAP = 0.01
+"""The throughput search's first period probe per (m, K): a plan this much better than the
+incumbent, so a search cut short early has proven the incumbent within this gap."""
 
 
 class SolveResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -219,23 +222,36 @@ class _ComboOutcome(msgspec.Struct):
     nodes: int = 0
 
 
-def _latency_first(space: SearchSpace, deadline: float, max_nodes: int, cancel=None):
-    """The least-latency plan of this (m, K): a quick incumbent and the bound L ≥ L*."""
+def _latency_first(space: SearchSpace, deadline: float, max_nodes: int, cancel=None, below: float = INF):
+    """The least-latency plan of this (m, K): a quick incumbent and the bound L ≥ L*.
+
+    ``below``: only plans with L < below matter (φ ≥ L, so none at or above the incumbent's
+    φ can win): the search prunes from the start, and finding none proves the pair cannot win.
+    """
     budget = SearchBudget(max_nodes=max_nodes, max_seconds=max(0.0, deadline - time.monotonic()), cancel_requested=cancel)
-    return branch_and_bound(space, budget=budget)
+    return branch_and_bound(space, incumbent=below, budget=budget)
 
 
-def _candidate_periods(arr: CostArrays) -> np.ndarray:
-    """Every value a stage period can take: stage compute sums and link occupancies, sorted."""
+def _candidate_periods(arr: CostArrays, lo: float = -INF, hi: float = INF) -> np.ndarray:
+    """The values a stage period can take (stage compute sums and link occupancies), sorted:
+    every one in [lo, hi), and beyond that only the largest below ``lo`` and the smallest at or
+    above ``hi`` (a search between lo and hi needs no others; sorting them all is most of the cost)."""
     n = arr.n
-    vals = [arr.ret_occupancy]
-    a_idx, e_idx = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
-    for d in range(len(arr.devices)):
-        ok = (e_idx > a_idx) & (e_idx <= arr.emax[d][:, None])
-        vals.append((arr.prefix[d][None, :] - arr.prefix[d][:, None] + arr.overhead_matrix(d))[ok])
-    vals.append(arr.occupancy[np.isfinite(arr.occupancy)])
-    cands = np.unique(np.concatenate([np.ravel(v) for v in vals]))
-    return cands[np.isfinite(cands)]
+    a_idx, e_idx = np.arange(n + 1)[None, :, None], np.arange(n + 1)[None, None, :]
+    ok = (e_idx > a_idx) & (e_idx <= arr.emax[:, :, None])
+    o = np.zeros(len(arr.devices)) if arr.overhead is None else arr.overhead
+    held = (a_idx < n - 1) & (e_idx > 1)  # a stage holding a block pays the device's overhead
+    stages = arr.prefix[:, None, :] - arr.prefix[:, :, None] + np.where(held, o[:, None, None], 0.0)
+    vals = np.concatenate([np.ravel(arr.ret_occupancy), stages[ok], arr.occupancy[np.isfinite(arr.occupancy)]])
+    vals = vals[np.isfinite(vals)]
+    inside = (vals >= lo) & (vals < hi)
+    parts = [vals[inside]]
+    below, above = vals[vals < lo], vals[vals >= hi]
+    if below.size:
+        parts.append(below.max(keepdims=True))
+    if above.size:
+        parts.append(above.min(keepdims=True))
+    return np.unique(np.concatenate(parts))
 
 
 def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_target: float, cancel=None) -> _ComboOutcome:
@@ -250,10 +266,11 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
         best.proven, best.phi_bound = lat.complete, best.phi if lat.complete else l_low
         return best
     target = min(best.phi, phi_target)
-    cands = _candidate_periods(arr)
-    lo = int(np.searchsorted(cands, l_low / k * (1 - 1e-12), side="left"))
+    lo_period, hi_period = l_low / k * (1 - 1e-12), target / k * (1 - 1e-12)
+    cands = _candidate_periods(arr, lo_period, hi_period)
+    lo = int(np.searchsorted(cands, lo_period, side="left"))
     # hi is a sentinel "true": at a period of cands[hi] or more, φ ≥ K·cands[hi] ≥ target.
-    hi = int(np.searchsorted(cands, target / k * (1 - 1e-12), side="left"))
+    hi = int(np.searchsorted(cands, hi_period, side="left"))
     all_proven = lat.complete
     found: dict[int, tuple] = {}
     false_max = -1
@@ -262,8 +279,13 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
         left = max(0.0, deadline - time.monotonic())
         return SearchBudget(max_nodes=max_nodes, max_seconds=min(left, max(0.25, left * share)), cancel_requested=cancel)
 
+    # The first probe asks for a plan FIRST_PROBE_GAP better than the target: when there is
+    # none, this pair is already proven within that gap (a re-plan under a deadline needs
+    # that first); then bisection as usual.
+    first = int(np.searchsorted(cands, hi_period / (1 + FIRST_PROBE_GAP), side="left"))
     while lo < hi:
-        mid = (lo + hi) // 2
+        mid = first if lo <= first < hi else (lo + hi) // 2
+        first = -1
         beta = float(cands[mid])
         space = SearchSpace(arr, beta)
         limit = k * beta * (1 + 1e-12)
@@ -273,14 +295,17 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
         res = branch_and_bound(space, incumbent=limit, budget=slice_budget(0.25), stop_below=limit)
         nodes += res.nodes
         if res.sequence:
-            found[mid] = (res.sequence, res.boundaries)
-            hi = mid
+            # so do the candidates within the searches' tolerance below beta
+            hi = max(lo, min(mid, int(np.searchsorted(cands, beta * (1 - 1e-12), side="left"))))
+            found[hi] = (res.sequence, res.boundaries)
         else:
+            # candidates within the searches' tolerance of beta have the same answer
+            same = min(hi, max(mid + 1, int(np.searchsorted(cands, beta * (1 + 1e-12), side="right"))))
             if res.complete:
-                false_max = max(false_max, mid)
+                false_max = max(false_max, same - 1)
             else:
                 all_proven = False  # unknown: treated as false, so the bound does not use it
-            lo = mid + 1
+            lo = same
     star = hi
     upper = k * float(cands[star]) if star in found else target
     options = [found[star]] if star in found else []
@@ -310,14 +335,13 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
     return best
 
 
-def _relaxed_phi_bound(arr: CostArrays, space: SearchSpace) -> float:
-    """A cheap lower bound of φ = max(K·B, L) for (m, K).
+def _relaxed_phi_bound(arr: CostArrays, l_lo: float) -> float:
+    """A cheap lower bound of φ = max(K·B, L) for (m, K), from a lower bound ``l_lo`` of L.
 
-    L ≥ the relaxed latency bound. B ≥ the least time any device takes for the slowest
-    unit (some stage holds it), and B ≥ (L − k·max link latency) / 2k for k ≤ D stages,
-    since every stage's compute and outgoing occupancy are both ≤ B.
+    B ≥ the least time any device takes for the slowest unit (some stage holds it), and
+    B ≥ (L − k·max link latency) / 2k for k ≤ D stages, since every stage's compute and
+    outgoing occupancy are both ≤ B.
     """
-    l_lo = space.root_bound()
     if l_lo == INF:
         return INF
     max_lat = arr.max_latency
@@ -325,6 +349,17 @@ def _relaxed_phi_bound(arr: CostArrays, space: SearchSpace) -> float:
     unit_min = np.diff(arr.prefix, axis=1).min(axis=0)
     b_lo = max(float(unit_min.max()), (l_lo - dn * max_lat) / (2 * dn), 0.0)
     return max(l_lo, arr.k * b_lo)
+
+
+def _costs_at_least(base: CostArrays, arr: CostArrays) -> bool:
+    """Whether every stage, transfer and return under ``arr`` costs at least what it does under
+    ``base`` and no stage fits under ``arr`` that does not under ``base``: then every plan's
+    latency, and the relaxed bound, is at least ``base``'s. Transfers and returns carry m
+    sequences' bytes over the same links, so m ≥ base's m orders them; unit times are checked,
+    not assumed (a measured profile need not grow with the batch)."""
+    return bool(arr.m >= base.m and arr.devices == base.devices and np.array_equal(arr.overhead, base.overhead)
+                and (arr.emax <= base.emax).all()
+                and (np.diff(arr.prefix, axis=1) >= np.diff(base.prefix, axis=1)).all())
 
 
 def solve_max_throughput(
@@ -343,50 +378,95 @@ def solve_max_throughput(
     reporter = reporter or NullReporter()
     reporter.status("searching the maximum-throughput plan")
     check_problem(problem)
-    combos = []
-    prefix_cache: dict[int, np.ndarray] = {}
+    arrays = []
+    prefix_cache: dict = {}
     for m, k in micro_batch_choices(problem):
         arr = build_arrays(problem, m, k, prefix_cache)
         if not arr.devices or arr.devices[arr.src] != problem.source:
             raise does_not_fit(problem, arr)
-        space = SearchSpace(arr)
-        lo = _relaxed_phi_bound(arr, space)
-        combos.append((0.0 if lo == INF else k * m / lo, m, k, arr, space))
+        arrays.append(arr)
+    # The relaxed latency bound of the loosest (m, K) bounds every pair that costs at least as
+    # much, so a pair's own search space (a few ms at 64 devices) is built only when its bound
+    # can beat the incumbent.
+    base = min(arrays, key=lambda a: (a.m * a.k, a.m))
+    spaces: dict[tuple[int, int], SearchSpace] = {}
+
+    def space_of(arr: CostArrays) -> SearchSpace:
+        """The pair's search space; pairs of one m whose memory limits agree share one (a space
+        reads the stage times, links and limits, which K changes only through the limits)."""
+        if (arr.m, arr.k) not in spaces:
+            twin = next((sp for (m, _), sp in spaces.items() if m == arr.m and np.array_equal(sp.arr.emax, arr.emax)),
+                        None)
+            spaces[(arr.m, arr.k)] = twin or SearchSpace(arr)
+        return spaces[(arr.m, arr.k)]
+
+    base_lo = space_of(base).root_bound()
+    combos = []
+    for arr in arrays:
+        own = arr is base or not _costs_at_least(base, arr)
+        lo = _relaxed_phi_bound(arr, space_of(arr).root_bound() if own else base_lo)
+        combos.append([0.0 if lo == INF else arr.k * arr.m / lo, arr.m, arr.k, arr, own])
     combos.sort(key=lambda c: (-c[0], -c[1] * c[2]))
+
     best_tput, best = 0.0, None
-    for _, m, k, arr, space in combos if warm_start is not None else ():
-        warm = warm_sequence(space, warm_start)
+
+    def try_warm(arr: CostArrays) -> None:
+        nonlocal best_tput, best
+        warm = warm_sequence(space_of(arr), warm_start)
         if warm is not None:
             lv, bv = sequence_terms(arr, warm[0], warm[1])
-            if k * m / max(k * bv, lv) > best_tput * (1 + 1e-12):
-                best_tput, best = k * m / max(k * bv, lv), (arr, warm[0], warm[1])
+            if arr.k * arr.m / max(arr.k * bv, lv) > best_tput * (1 + 1e-12):
+                best_tput, best = arr.k * arr.m / max(arr.k * bv, lv), (arr, warm[0], warm[1])
+
+    if warm_start is not None:
+        # the previous plan's own (m, K) first: its repair is the likeliest good incumbent; the
+        # other pairs' repairs are tried as their turn comes (if their bound can still win)
+        for c in combos:
+            if (c[1], c[2]) == (warm_start.micro_batch_size, warm_start.micro_batches):
+                try_warm(c[3])
     proven = True
     tput_bound = 0.0
     nodes = 0
-    lats = []
-    for ub, m, k, arr, space in combos:
-        if ub <= 0 or ub <= best_tput * (1 + 1e-12):
-            lats.append(None)
+    lats: list = [None] * len(combos)
+    # Each pair: (1) its least-latency plan, a quick incumbent and L*; (2) its exact φ. Cold, every
+    # pair's (1) comes first, for an incumbent from each; warm-started (the repair is the
+    # incumbent), each pair is settled before the next, so the best bound's pair tightens first.
+    steps = [(s, i) for i in range(len(combos)) for s in (1, 2)] if warm_start is not None else \
+        [(s, i) for s in (1, 2) for i in range(len(combos))]
+    for step, i in steps:
+        c = combos[i]
+        ub, m, k, arr, own = c
+        if step == 1:
+            if ub > best_tput * (1 + 1e-12) and not own:
+                # the shared bound could not rule this pair out: its own, tighter one
+                lo = _relaxed_phi_bound(arr, space_of(arr).root_bound())
+                c[0] = ub = 0.0 if lo == INF else k * m / lo
+            if ub <= 0 or ub <= best_tput * (1 + 1e-12):
+                continue
+            if warm_start is not None:
+                try_warm(arr)
+            lat = lats[i] = _latency_first(space_of(arr), deadline, max_nodes, reporter.cancel_requested,
+                                           below=k * m / best_tput * (1 + 1e-12) if best_tput > 0 else INF)
+            nodes += lat.nodes
+            if lat.sequence:
+                lv, bv = sequence_terms(arr, lat.sequence, lat.boundaries)
+                tput = k * m / max(k * bv, lv)
+                if tput > best_tput * (1 + 1e-12):
+                    best_tput, best = tput, (arr, lat.sequence, lat.boundaries)
+                    reporter.partial_result(plan_from_sequence(problem, arr, lat.sequence, lat.boundaries, EXACT_STRATEGY, "throughput"))
+            elif not lat.complete:
+                # nothing below the cut found yet: φ ≥ L ≥ the search's bound
+                proven = False
+                tput_bound = max(tput_bound, min(ub, k * m / lat.lower_bound if lat.lower_bound > 0 else ub))
             continue
-        lat = _latency_first(space, deadline, max_nodes, reporter.cancel_requested)
-        nodes += lat.nodes
-        lats.append(lat)
-        if lat.sequence:
-            lv, bv = sequence_terms(arr, lat.sequence, lat.boundaries)
-            tput = k * m / max(k * bv, lv)
-            if tput > best_tput * (1 + 1e-12):
-                best_tput, best = tput, (arr, lat.sequence, lat.boundaries)
-                reporter.partial_result(plan_from_sequence(problem, arr, lat.sequence, lat.boundaries, EXACT_STRATEGY, "throughput"))
-        elif not lat.complete:
-            proven = False
-            tput_bound = max(tput_bound, ub)
-    for i, ((ub, m, k, arr, _), lat) in enumerate(zip(combos, lats)):
+        lat = lats[i]
         reporter.progress(i, len(combos))
         if lat is None or not lat.sequence or ub <= best_tput * (1 + 1e-12):
             continue
         if time.monotonic() >= deadline:
-            proven = False
-            tput_bound = max(tput_bound, ub)
+            proven = False  # φ ≥ L ≥ what the latency search proved
+            l_low = sequence_terms(arr, lat.sequence, lat.boundaries)[0] if lat.complete else lat.lower_bound
+            tput_bound = max(tput_bound, min(ub, k * m / l_low if l_low > 0 else ub))
             continue
         if reporter.cancel_requested():
             raise Cancelled()

@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -112,7 +113,6 @@ class SearchSpace:
             tr[d, d, :] = INF
         self.tr = tr
         self.ret = ret
-        self.g = self._relaxed_completion()
         self.classes = arr.symmetry_classes
         # cap[d, e]: the most units one stage on d can hold starting at or after unit e.
         # Units [e, N) need distinct unused devices, so Σ_unused cap[d, e] ≥ N − e.
@@ -194,8 +194,21 @@ class SearchSpace:
         out[self.wsuf <= 0] = 0.0
         return out
 
-    def _relaxed_completion(self) -> np.ndarray:
-        """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable."""
+    @property
+    def g(self) -> np.ndarray:
+        """G[d, e]: cheapest finish after a stage on d ended at e, devices reusable.
+
+        Computed on first use (a few ms at 64 devices): repairing a plan (``extend``,
+        ``reconstruct``) does not need it."""
+        return self._relaxed_completion[0]
+
+    @property
+    def h(self) -> np.ndarray:
+        """H[d, a]: cheapest finish from a stage on d starting at a, devices reusable."""
+        return self._relaxed_completion[1]
+
+    @cached_property
+    def _relaxed_completion(self) -> tuple[np.ndarray, np.ndarray]:
         arr, n = self.arr, self.arr.n
         dn = len(arr.devices)
         g = np.full((dn, n + 1), INF)
@@ -208,8 +221,7 @@ class SearchSpace:
             h[:, a] = cand.min(axis=1)
             if a >= 1:
                 g[:, a] = (self.tr[:, :, a] + h[None, :, a]).min(axis=1)
-        self.h = h
-        return g
+        return g, h
 
     def root(self) -> np.ndarray:
         arr = self.arr

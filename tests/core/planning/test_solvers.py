@@ -336,3 +336,41 @@ def test_exact_solvers_equal_enumeration_when_devices_have_a_once_per_stage_over
         if _assert_matches_enumeration(_with_stage_overheads(_instance(seed), seed), objective) is not None:
             feasible += 1
     assert feasible >= 30
+
+
+def _with_batch_discounts(problem, seed: int):
+    """Make some units faster per micro-batch at a larger batch than at batch 1 (measured
+    profiles are noisy): the pairs' costs no longer grow with m."""
+    r = random.Random(seed)
+    times = []
+    for t in problem.profile.times:
+        rows = tuple(tuple(v * (r.choice([0.3, 1.0]) if i else 1.0) for i, v in enumerate(row)) for row in t.decode_s)
+        times.append(msgspec.structs.replace(t, decode_s=rows))
+    return msgspec.structs.replace(problem, profile=msgspec.structs.replace(problem.profile, times=tuple(times)))
+
+
+def test_throughput_equals_enumeration_when_a_larger_micro_batch_is_cheaper_per_unit():
+    """The shared relaxed bound (the loosest (m, K)'s) is only used for pairs that cost at least as
+    much; where a profile says a larger batch is faster, each pair gets its own."""
+    from core.planning.solvers.arrays import build_arrays
+    from core.planning.solvers.exact import _costs_at_least
+
+    feasible = discounted = 0
+    for seed in range(60):
+        problem = _with_batch_discounts(_instance(seed), seed)
+        arrs = [build_arrays(problem, m, k) for m, k in micro_batch_choices(problem)]
+        base = min(arrs, key=lambda a: (a.m * a.k, a.m))
+        discounted += any(not _costs_at_least(base, a) for a in arrs if a.m > base.m)
+        if _assert_matches_enumeration(problem, "throughput") is not None:
+            feasible += 1
+    assert feasible >= 30 and discounted >= 10
+
+
+def test_decode_times_of_all_units_equal_the_profiles_rule_unit_by_unit():
+    from core.planning.solvers.arrays import decode_times
+
+    problem = legacy_paper_problem("llama-2-7b")
+    n = problem.profile.model.num_units
+    for t in problem.profile.times[:3]:
+        for batch in (0.5, *t.decode_batch_sizes, 3, 1000):
+            assert decode_times(t, batch, n).tolist() == [t.decode_time(u, batch) for u in range(n)]
