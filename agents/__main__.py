@@ -11,6 +11,10 @@ SIGTERM / SIGINT close it cleanly. With ``--exit-on-stdin-eof`` it also stops wh
 stdin reaches end-of-file: the launcher keeps the write end of a pipe open, and the kernel
 closes it when the launcher's *process* dies in any way (even ``kill -9``), whatever thread
 started the agent. That is how ``edgeshard cluster local`` leaves no agent behind.
+
+``python -m agents zygote --socket-fd N`` is the fork server local launchers start agents
+from (agents/zygote.py): it imports the model code once and forks each agent, which then
+runs ``main(["serve", ...])`` as if started on its own.
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the control and data sockets")
     add_serve_arguments(s)
+    z = sub.add_parser("zygote", help="fork server for local agents (agents/zygote.py; started by launchers)")
+    z.add_argument("--socket-fd", type=int_in(0, 1 << 20), required=True,
+                   help="the launcher's end of a SOCK_SEQPACKET socketpair, inherited")
     return p
 
 
@@ -180,6 +187,10 @@ def _stop_at_stdin_eof(agent) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "zygote":
+        from agents.zygote import serve_zygote
+
+        return serve_zygote(args.socket_fd)
     return serve(args)
 
 

@@ -177,13 +177,30 @@ class DemoParts:
 
     workdir: Path
     model_dir: Path | None = None
+    zygote: Any = None
+    """The agents' fork server, started first (until the cluster takes it over)."""
     cluster: Any = None
     coordinator: Any = None
     statuses: dict | None = None
 
 
 def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model_root: Path | None = None) -> DemoParts:
-    """Worker job: model, agents, coordinator. Leaves what it made in ``parts`` even on failure."""
+    """Worker job: model, agents, coordinator. Leaves what it made in ``parts`` even on failure.
+
+    The agents' zygote (agents/zygote.py: it imports torch and transformers once, then forks
+    the agents) starts first, before this job's own imports and the model, since its imports
+    are the longest part of the demo's start."""
+    from agents.zygote import ZygoteClient, ZygoteUnavailable, agent_environment, default_launcher
+
+    if default_launcher() == "zygote":
+        cluster_dir = _mkdir(parts.workdir / "cluster")
+        zygote = ZygoteClient(env=agent_environment(1), cwd=str(cluster_dir), log_path=str(cluster_dir / "zygote.log"))
+        try:
+            zygote.start()
+            parts.zygote = zygote
+        except ZygoteUnavailable:
+            pass  # LocalCluster tries again, falls back to one interpreter per agent and says so
+
     from core.runs.coordinator import Coordinator
     from core.devices.local_cluster import LocalCluster
 
@@ -200,8 +217,10 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices),
                                  link_mbit={d: demo_shape(d).link_mbit for d in devices},
                                  link_latency_ms=DEMO_LINK_LATENCY_MS,
-                                 emulation=demo_emulation(devices, parts.model_dir))
+                                 emulation=demo_emulation(devices, parts.model_dir), zygote=parts.zygote)
+    parts.zygote = None  # the cluster's now: it stops it
     parts.cluster.start(on_ready=agent_up)  # the agents live as long as this process, not this worker thread
+    reporter.status(parts.cluster.launch_note)
     # agents answer pings while they load and profile; the timeout is longer than the default 2 s
     # because on a busy 2-core machine a profiling agent went 2.2 s without a pong (DEMO_HEARTBEAT_TIMEOUT_S)
     parts.coordinator = Coordinator(parts.cluster.endpoints, parts.cluster.keys, request_timeout_s=30.0,
@@ -441,6 +460,9 @@ class DemoSession(QObject):
 
     def _cleanup(self) -> None:
         p = self.parts
+        if p.zygote is not None:  # setup failed before the cluster took it over
+            p.zygote.close()
+            p.zygote = None
         if p.coordinator is not None:
             try:
                 p.coordinator.close()

@@ -308,6 +308,10 @@ def _register_cluster(sub) -> None:
     s.add_argument("--slowdown", default=None, help="emulated compute slowdown per agent, >= 1 (one or per agent)")
     s.add_argument("--restart", action="store_true", help="start an agent that exits again, on its ports and key "
                    "(coordinators reach it where they did)")
+    s.add_argument("--launcher", choices=("zygote", "popen"), default=None,
+                   help="zygote: fork every agent from one process that imported torch once (default, falls back "
+                        "to popen if it cannot start); popen: each agent its own interpreter "
+                        "(default from $EDGESHARD_AGENT_LAUNCHER)")
     s.set_defaults(func=cmd_cluster_local)
 
 
@@ -330,9 +334,10 @@ def cmd_cluster_local(args) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     cluster = LocalCluster(workdir, names, threads_per_agent=args.threads, link_mbit=mbit,
-                           link_latency_ms=latency, emulation=emulation)
+                           link_latency_ms=latency, emulation=emulation, launcher=args.launcher)
     try:
         endpoints = cluster.start()
+        print(cluster.launch_note, flush=True)
         for e in endpoints:
             link = (f", link {mbit[e.device] or '∞'} Mbit/s + {latency[e.device]:g} ms"
                     if mbit[e.device] or latency[e.device] else "")

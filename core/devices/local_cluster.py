@@ -16,10 +16,20 @@ when the spawning thread exits), so a cluster can be started from a short-lived 
 thread. ``stop()`` terminates, waits, then kills what is left. (The pipe is close-on-exec,
 so other programs this process starts do not hold it; only a child forked *without* exec,
 e.g. multiprocessing's "fork", would keep the agents up until it ends too.)
+
+**Forked from a zygote.** Each agent imports torch and transformers (~3.3 s of CPU here);
+three at once on two cores made the demo's agents the slowest part of its start. So by
+default the cluster starts one fork server (``python -m agents zygote``, agents/zygote.py)
+that imports them once and forks every agent: still one process per agent with its own pid,
+session, log, stdin (end-of-file stops it) and command line, restartable on its own. When
+the zygote cannot start (or stops answering) the cluster starts each agent as its own
+interpreter, as before, and says so in ``launch_note`` and the log. ``launcher="popen"`` or
+``EDGESHARD_AGENT_LAUNCHER=popen`` asks for the plain way.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -34,12 +44,15 @@ import msgspec
 
 from agents.emulation import MIB, DeviceEmulation
 from agents.transport import CurveKeys
+from agents.zygote import (LAUNCHERS, ForkedAgent, ZygoteClient, ZygoteUnavailable, agent_environment,
+                           default_launcher)
 from core.devices.agent_link import AgentEndpoint
 from core.errors import DeployError, FormatError
 
 AGENTS_FORMAT = "edgeshard.agents"
 AGENTS_VERSION = 1
 READY_PREFIX = "EDGESHARD-AGENT-READY"
+log = logging.getLogger(__name__)
 
 
 class AgentEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -125,7 +138,7 @@ def emulations_from_flags(devices: list[str], memory_mib: str | None, slowdown: 
 @dataclass
 class _Proc:
     device: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedAgent
     ready: threading.Event = field(default_factory=threading.Event)
     line: str = ""
     tail: deque = field(default_factory=lambda: deque(maxlen=200))
@@ -146,6 +159,8 @@ class LocalCluster:
         emulation: DeviceEmulation | dict[str, DeviceEmulation] | None = None,
         startup_timeout_s: float = 60.0,
         python: str = sys.executable,
+        launcher: str | None = None,
+        zygote: ZygoteClient | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.devices = [f"local-{i}" for i in range(devices)] if isinstance(devices, int) else list(devices)
@@ -158,6 +173,14 @@ class LocalCluster:
         """Per device: the limits its agent emulates."""
         self.startup_timeout_s = startup_timeout_s
         self.python = python
+        self.launcher = launcher or default_launcher()
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
+        self.launch_note = ""
+        """How the agents were started, for the operator's log (set by ``start``)."""
+        self._zygote: ZygoteClient | None = None
+        self._early_zygote = zygote
+        """A zygote the caller started already (before its own slow imports), ours to use and stop."""
         self.keys: CurveKeys | None = None
         self.endpoints: list[AgentEndpoint] = []
         self._procs: list[_Proc] = []
@@ -184,6 +207,7 @@ class LocalCluster:
         self.keys = CurveKeys.generate()
         self.keys.save(self.workdir / "coordinator.key")
         try:
+            self._start_zygote()
             for dev in self.devices:
                 self._procs.append(self._spawn(dev))
             self._entries = []
@@ -207,6 +231,8 @@ class LocalCluster:
         old = self._procs[at]
         if old.popen.poll() is None:
             raise DeployError(device, "its agent is still running", hint="stop it first, or leave it")
+        if isinstance(old.popen, ForkedAgent):
+            old.popen.close()
         fields = dict(kv.split("=", 1) for kv in old.line.split()[1:])
         proc = self._spawn(device, ports=(int(fields["control"]), int(fields["data"])))
         self._procs[at] = proc
@@ -235,10 +261,61 @@ class LocalCluster:
         doc = AgentsFile(coordinator_key_file="coordinator.key", agents=tuple(self._entries))
         self.agents_file.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
 
+    def _agent_env(self) -> dict[str, str]:
+        return agent_environment(self.threads_per_agent)
+
+    def _start_zygote(self) -> None:
+        """Start the fork server (or adopt the caller's) and wait for its imports; on failure,
+        note it and go on without (each agent then starts its own interpreter)."""
+        zygote, self._early_zygote = self._early_zygote, None
+        if self.launcher != "zygote":
+            if zygote is not None:
+                zygote.close()
+            self.launch_note = "each agent started as its own interpreter (launcher popen)"
+            return
+        try:
+            if zygote is None:
+                zygote = ZygoteClient(self.python, env=self._agent_env(), cwd=str(self.workdir),
+                                      log_path=str(self.workdir / "zygote.log"))
+                zygote.start()
+            zygote.wait_ready(self.startup_timeout_s)
+        except ZygoteUnavailable as err:
+            zygote.close()
+            self._zygote_failed(str(err))
+            return
+        self._zygote = zygote
+        self.launch_note = f"agents forked from a zygote (pid {zygote.pid}) that imported torch and transformers once"
+
+    def _zygote_failed(self, why: str) -> None:
+        self.launch_note = (f"the agents' zygote is unavailable ({why}); each agent starts its own interpreter "
+                            "(slower: each imports torch)")
+        log.warning("local cluster: %s", self.launch_note)
+
+    def _launch(self, argv: list[str]) -> subprocess.Popen | ForkedAgent:
+        """One agent: forked by the zygote when it runs, else its own interpreter."""
+        env = self._agent_env()
+        if self._zygote is not None:
+            try:
+                return self._zygote.spawn(argv, env, str(self.workdir))
+            except ZygoteUnavailable as err:
+                zygote, self._zygote = self._zygote, None
+                zygote.close()
+                self._zygote_failed(str(err))
+        return subprocess.Popen(
+            [self.python, "-m", "agents", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE,  # never written; its end-of-file tells the agent we are gone
+            text=True,
+            env=env,
+            cwd=self.workdir,  # like a remote agent, it does not share the operator's directory
+            start_new_session=True,  # Ctrl-C reaches the cluster, which stops the agents in order
+        )
+
     def _spawn(self, device: str, ports: tuple[int, int] = (0, 0)) -> _Proc:
         assert self.keys is not None
-        cmd = [
-            self.python, "-m", "agents", "serve",
+        argv = [
+            "serve",
             "--device", device,
             "--host", "127.0.0.1",
             f"--coordinator-key={self.keys.public}",  # a Z85 key may start with "-"
@@ -253,20 +330,7 @@ class LocalCluster:
             "--control-port", str(ports[0]),
             "--data-port", str(ports[1]),
         ]  # fmt: skip
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, self.threads_per_agent)))
-        env["PYTHONUNBUFFERED"] = "1"
-        popen = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.PIPE,  # never written; its end-of-file tells the agent we are gone
-            text=True,
-            env=env,
-            cwd=self.workdir,  # like a remote agent, it does not share the operator's directory
-            start_new_session=True,  # Ctrl-C reaches the cluster, which stops the agents in order
-        )
-        proc = _Proc(device, popen)
+        proc = _Proc(device, self._launch(argv))
         proc.reader = threading.Thread(target=self._read, args=(proc,), name=f"local-agent-{device}", daemon=True)
         proc.reader.start()
         return proc
@@ -299,3 +363,9 @@ class LocalCluster:
             for pipe in (p.popen.stdin, p.popen.stdout):
                 if pipe is not None:
                     pipe.close()
+            if isinstance(p.popen, ForkedAgent):
+                p.popen.close()
+        for zygote in (self._zygote, self._early_zygote):
+            if zygote is not None:  # after the agents: it reports their exit statuses
+                zygote.close(timeout_s)
+        self._zygote = self._early_zygote = None

@@ -7,11 +7,20 @@ import os
 import pytest
 
 from agents.protocol import AgentState
+from agents.zygote import ForkedAgent
 from core.planning.plan import plan_from_boundaries
 from gui import app as studio_app
 from gui.main_window import MainWindow
 
 pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +42,8 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
                        workdir=str(tmp_path / "work"), model_root=str(model_root),
                        devices=("dev-a", "dev-b"), train=False,  # names outside DEMO_DEVICE_SHAPES: unshaped
                        profile_options=dict(prompt_tokens=8, batch_sizes=(1,), repeats=1, link_target_s=0.1))
+    logged: list[str] = []
+    window.state.log_added.connect(lambda _level, text: logged.append(text))
     try:
         with qtbot.waitSignal(demo.ready, timeout=120_000):
             demo.start()
@@ -79,10 +90,16 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert run.monitor.timeline.box_count("dev-b", "compute") > 0
         assert run.monitor.text_of(0) != ""
         assert os.path.exists(tmp_path / "demo.edgeshard")
+        # the agents that served it were forked from one zygote: their processes, and it, end with the demo
+        cluster = demo.parts.cluster
+        assert all(isinstance(p.popen, ForkedAgent) for p in cluster._procs)
+        pids = [p.popen.pid for p in cluster._procs] + [cluster._zygote.pid]
+        assert any("forked from a zygote" in text for text in logged)
     finally:
         window.close()
         demo.stop()
     assert demo.parts.cluster is None and demo.parts.coordinator is None
+    assert not any(_alive(pid) for pid in pids)
 
 
 def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_path, monkeypatch):
@@ -99,6 +116,11 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
         raise DeployError("demo", "cannot write the demo model", hint="free some disk space")
 
     monkeypatch.setattr(demo_module, "ensure_demo_model", no_model)
+    import agents.zygote
+
+    zygotes = []  # started before the model: the failure must end it too
+    start = agents.zygote.ZygoteClient.start
+    monkeypatch.setattr(agents.zygote.ZygoteClient, "start", lambda self: (zygotes.append(self), start(self))[1])
     studio_app.create_app()
     window = MainWindow()
     qtbot.addWidget(window)
@@ -115,6 +137,7 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
         window.close()
         demo.stop()
     assert demo.parts.cluster is None and demo.runner.alive_threads() == []
+    assert len(zygotes) == 1 and zygotes[0].popen.poll() is not None
 
 
 def _window_and_demo(qtbot, tmp_path, model_root, **kwargs):

@@ -1,5 +1,6 @@
 """Agents as real processes on loopback: a CLI run over them, a killed agent noticed by
-heartbeat, and a cluster that leaves no process behind."""
+heartbeat, and a cluster that leaves no process behind. The agents are forked from one zygote
+(agents/zygote.py) unless it cannot start."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from core.cli import main as cli_main
 from core.runs.coordinator import Coordinator
 from core.errors import RunFailed
 from core.runs.generation import GenerationSettings, generate
+import core.devices.local_cluster as local_cluster
+from agents.zygote import ForkedAgent, ZygoteClient
 from core.devices.local_cluster import LocalCluster, load_agents_file
 from core.planning.plan import plan_from_boundaries
 
@@ -49,8 +52,27 @@ def cluster(tmp_path_factory):
     c.start()
     yield c
     pids = [c.pid_of(d) for d in DEVICES if any(p.device == d for p in c._procs)]
+    zygote = c._zygote.pid
     c.stop()
-    assert not any(_alive(p) for p in pids)
+    assert not any(_alive(p) for p in pids + [zygote])
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_agents_are_forked_from_one_zygote_each_its_own_process_session_and_log(cluster):
+    zygote = cluster._zygote.pid
+    pids = [cluster.pid_of(d) for d in DEVICES]
+    assert all(isinstance(p.popen, ForkedAgent) for p in cluster._procs)
+    assert len(set(pids)) == len(DEVICES) and zygote not in pids and os.getpid() not in pids
+    assert all(_parent_of(pid) == zygote and os.getsid(pid) == pid for pid in pids)
+    for device, pid in zip(DEVICES, pids):
+        log = (cluster.workdir / f"{device}.log").read_text()
+        assert f"device={device} " in log and f"pid={pid}" in log
+    assert [a["pid"] for a in json.loads(cluster.agents_file.read_text())["agents"]] == pids
+    assert "zygote" in cluster.launch_note
 
 
 def test_edgeshard_run_over_agent_processes_prints_the_text_and_figures(cluster, model_dir, tmp_path, capsys):
@@ -119,6 +141,36 @@ def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_unload_back_
     assert not _alive(victim)
 
 
+def test_a_killed_forked_agent_restarts_forked_on_its_address_and_answers(tmp_path):
+    with LocalCluster(tmp_path / "c", ["solo"]) as cluster:
+        before = cluster.pid_of("solo")
+        address = cluster.endpoints[0].control_address
+        os.kill(before, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not cluster.exited() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cluster.exited() == [("solo", -signal.SIGKILL)]
+        endpoint = cluster.restart("solo")
+        after = cluster.pid_of("solo")
+        assert endpoint.control_address == address and after != before
+        assert _parent_of(after) == cluster._zygote.pid
+        with Coordinator(cluster.endpoints, cluster.keys) as co:
+            assert str(co.wait_ready(30)["solo"].state) == "idle"
+    assert not _alive(after)
+
+
+def test_without_a_zygote_each_agent_starts_its_own_interpreter_and_the_cluster_says_so(tmp_path, monkeypatch,
+                                                                                         caplog):
+    monkeypatch.setattr(local_cluster, "ZygoteClient", lambda *a, **kw: ZygoteClient("/bin/false", **kw))
+    with caplog.at_level("WARNING"), LocalCluster(tmp_path / "c", ["solo"]) as cluster:
+        assert not isinstance(cluster._procs[0].popen, ForkedAgent)
+        assert _parent_of(cluster.pid_of("solo")) == os.getpid()
+        assert "zygote is unavailable" in cluster.launch_note and "exited (status 1)" in cluster.launch_note
+        with Coordinator(cluster.endpoints, cluster.keys) as co:
+            assert str(co.wait_ready(30)["solo"].state) == "idle"
+    assert "zygote is unavailable" in caplog.text
+
+
 def test_cluster_local_stops_every_agent_on_ctrl_c(tmp_path):
     workdir = tmp_path / "c"
     proc = subprocess.Popen([sys.executable, "-m", "core.cli", "cluster", "local", "-n", "2", "--dir", str(workdir)],
@@ -157,6 +209,7 @@ starter.join()  # the thread that spawned the agents is gone
 time.sleep(1.0)
 with Coordinator(cluster.endpoints, cluster.keys) as co:
     print("STATES", {d: str(s.state) for d, s in sorted(co.status(10).items())}, flush=True)
+print("ZYGOTE", cluster._zygote.pid, flush=True)
 print("READY", flush=True)
 time.sleep(600)
 """
@@ -181,6 +234,8 @@ def test_agents_outlive_the_thread_that_started_them_and_exit_when_the_parent_pr
         assert any("STATES {'t-0': 'idle', 't-1': 'idle'}" in line for line in lines), "".join(lines)
         pids = [a["pid"] for a in json.loads((workdir / "agents.json").read_text())["agents"]]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
+        pids += [int(line.split()[1]) for line in lines if line.startswith("ZYGOTE")]  # it goes too
+        assert len(pids) == 3
         proc.kill()  # kill -9: no handler in the parent runs
         proc.wait(10)
         deadline = time.monotonic() + 10

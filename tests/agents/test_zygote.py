@@ -1,0 +1,77 @@
+"""The agents' fork server on its own: it forks real agent processes on request, reports how
+each ended, and a launcher learns at once when it cannot start."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from agents.transport import CurveKeys
+from agents.zygote import ForkedAgent, ZygoteClient, ZygoteUnavailable, agent_environment
+
+READY = "EDGESHARD-AGENT-READY"
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("zygote")
+    z = ZygoteClient(env=agent_environment(1), cwd=str(workdir), log_path=str(workdir / "zygote.log"))
+    z.start()
+    z.wait_ready(120)
+    yield z
+    z.close()
+    assert z.popen.returncode == 0
+
+
+def _serve(zygote: ZygoteClient, cwd, device: str) -> ForkedAgent:
+    argv = ["serve", "--device", device, "--host", "127.0.0.1", f"--coordinator-key={CurveKeys.generate().public}",
+            "--exit-on-stdin-eof", "--threads", "1"]
+    return zygote.spawn(argv, agent_environment(1), str(cwd))
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_forked_agent_is_its_own_process_and_session_and_listens(zygote, tmp_path):
+    agent = _serve(zygote, tmp_path, "fork-a")
+    try:
+        line = agent.stdout.readline()
+        assert line.startswith(READY) and f"pid={agent.pid}" in line and "device=fork-a" in line
+        assert agent.pid not in (os.getpid(), zygote.pid)
+        assert _parent_of(agent.pid) == zygote.pid
+        assert os.getsid(agent.pid) == agent.pid  # its own session: a terminal's Ctrl-C is not its
+        assert os.readlink(f"/proc/{agent.pid}/cwd") == str(tmp_path)
+        assert agent.poll() is None
+    finally:
+        agent.stdin.close()  # end-of-file on its stdin: it stops on its own
+    assert agent.wait(30) == 0
+    agent.close()
+
+
+def test_a_killed_agent_s_exit_status_is_reported_like_popen(zygote, tmp_path):
+    agent = _serve(zygote, tmp_path, "fork-b")
+    assert agent.stdout.readline().startswith(READY)
+    agent.kill()
+    assert agent.wait(30) == -signal.SIGKILL
+    agent.kill()  # once it ended, a signal goes nowhere (the pidfd names that process only)
+    agent.close()
+
+
+def test_an_agent_refusing_its_command_line_exits_with_status_2(zygote, tmp_path):
+    agent = zygote.spawn(["serve", "--device", "x"], agent_environment(1), str(tmp_path))  # no --coordinator-key
+    assert agent.wait(30) == 2
+    assert "--coordinator-key" in agent.stdout.read()
+    agent.close()
+
+
+def test_a_zygote_that_cannot_start_is_reported_with_its_exit_status(tmp_path):
+    z = ZygoteClient(python="/bin/false", cwd=str(tmp_path))
+    z.start()
+    with pytest.raises(ZygoteUnavailable, match=r"exited \(status 1\)"):
+        z.wait_ready(30)
+    with pytest.raises(ZygoteUnavailable):
+        z.spawn(["serve"], {}, str(tmp_path))
