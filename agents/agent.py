@@ -189,10 +189,11 @@ def default_sampler(spec: SamplingSpec):
     """Build ``(sample_fn, make_generator)`` from agents.sampling for a run."""
     from agents.sampling import SamplingParams, sample
 
-    wanted = {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed}
+    wanted = {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed,
+              "repetition_penalty": spec.repetition_penalty, "no_repeat_ngram_size": spec.no_repeat_ngram_size}
     accepted = inspect.signature(SamplingParams).parameters
     params = SamplingParams(**{k: v for k, v in wanted.items() if k in accepted})
-    return lambda logits, gen: sample(logits, params, gen)
+    return lambda logits, gen, history=None: sample(logits, params, gen, history)
 
 
 @dataclass
@@ -1134,6 +1135,14 @@ class _StageRun:
         self.clock = agent.clock
         self.seen_groups: set[int] = set()
         self.sample = agent.sampler_factory(msg.sampling) if self.is_last else None
+        self.histories: dict[int, torch.Tensor] = {}
+        """Last stage, when the sampler needs them: per micro-batch, each sequence's tokens so far
+        (the padded prompt, then every token sampled), as HF's ``input_ids``."""
+        if self.is_last and msg.sampling.uses_history and msg.staggered is None:
+            if not msg.input_ids:
+                raise ValueError("a repetition penalty or n-gram ban needs the prompts' token ids at the last stage")
+            ids = torch.tensor(msg.input_ids, dtype=torch.int64)
+            self.histories = {g: ids[list(seqs)] for g, seqs in enumerate(msg.micro_batches)}
         self.groups: dict[int, _Group] = {}
         self.source: SourceState | None = None
         self.injections: collections.deque[Step] = collections.deque()
@@ -1251,7 +1260,10 @@ class _StageRun:
         with torch.inference_mode():
             out = self.ex.prefill(mb, x, mask) if op.step == 0 else self.ex.decode(mb, x)
             if op.samples:
-                out = self.sample(out, self._generator(mb, op.step)).to(torch.int64)
+                history = self.histories.get(mb)
+                out = self.sample(out, self._generator(mb, op.step), history).to(torch.int64)
+                if history is not None:
+                    self.histories[mb] = torch.cat([history, out.view(-1, 1)], dim=1)
         if not getattr(self.ex, "records_own_spans", False):
             self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
         take_events = getattr(self.ex, "take_events", None)  # an executor's own events (expert reads, ...)

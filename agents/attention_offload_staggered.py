@@ -140,6 +140,9 @@ class StaggeredReplica:
         """Replica 0: every batch's sampled ids [B, steps] once its tail ran (fewer: it finished early)."""
         self.finished: dict[int, torch.Tensor] = {}
         """Batches whose every sequence hit EOS before their last step: their tokens then."""
+        if run.sampling.uses_history:
+            raise ValueError("staggered attention offloading samples without a repetition penalty or n-gram ban "
+                             "(not supported): run with repetition_penalty 1 and no_repeat_ngram_size 0")
         self._sample = agent.sampler_factory(run.sampling)
         self.router = SliceRouter()
         self.shape = executor.shape

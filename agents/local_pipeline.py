@@ -68,13 +68,15 @@ def generate_partitioned(
     unfinished = torch.ones(batch, dtype=torch.bool)
     produced: list[torch.Tensor] = []
     logits_seen: list[torch.Tensor] = []
+    history = input_ids.to(torch.long)  # as HF's input_ids: the padded prompt, then every token fed
     try:
         logits = run_stages(executors, group, input_ids.to(torch.long), attention_mask)
         while True:
             if keep_logits:
                 logits_seen.append(logits)
-            token = sample(logits, params, step_generator(params.seed, group, len(produced)))
+            token = sample(logits, params, step_generator(params.seed, group, len(produced)), history)
             token = torch.where(unfinished, token, torch.full_like(token, params.pad_token_id))
+            history = torch.cat([history, token[:, None]], dim=1)
             produced.append(token)
             if on_step is not None:
                 on_step(len(produced) - 1, token)

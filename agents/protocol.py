@@ -201,12 +201,22 @@ class KvReservation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How the last stage picks tokens; temperature 0 is greedy."""
+    """How the last stage picks tokens; temperature 0 is greedy (agents/sampling.py)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    repetition_penalty: float = 1.0
+    """HF's repetition_penalty (1 = off). With it, or an n-gram ban, the last stage is sent the
+    prompts' token ids (``StartRun.input_ids``): the penalty looks at every token of a sequence."""
+    no_repeat_ngram_size: int = 0
+    """HF's no_repeat_ngram_size (0 = off)."""
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether the sampler needs each sequence's tokens so far."""
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
 
 
 class AgentState(enum.StrEnum):
@@ -327,7 +337,9 @@ class StaggeredSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class StartRun(_Msg, frozen=True, tag="start_run"):
-    """Begin a run. Only the source (stage 0) gets the prompts' token ids."""
+    """Begin a run. Only the source (stage 0) gets the prompts' token ids — and the last stage
+    too when its sampler needs them (``SamplingSpec.uses_history``: a repetition penalty or an
+    n-gram ban looks at every token of a sequence, the prompt's included, as HF's does)."""
 
     run_id: str
     mode: RunMode
@@ -1144,6 +1156,8 @@ def _sampling_problem(s: SamplingSpec) -> str:
         return "sampling.temperature must be in [0, 100] and sampling.top_p in (0, 1]"
     if s.top_k < 0 or not 0 <= s.seed < 1 << 63:
         return "sampling.top_k must be >= 0 and sampling.seed in [0, 2**63)"
+    if s.uses_history:
+        return "phase requests sample without a repetition penalty or n-gram ban (not supported by EPD)"
     return ""
 
 
@@ -1271,6 +1285,10 @@ def message_problem(msg: ControlMessage) -> str:
             return f"sampling.top_p must be in (0, 1], got {s.top_p!r}"
         if s.top_k < 0 or not 0 <= s.seed < 1 << 63:
             return "sampling.top_k must be >= 0 and sampling.seed in [0, 2**63)"
+        if not _finite(s.repetition_penalty, 0, 100) or s.repetition_penalty == 0:
+            return f"sampling.repetition_penalty must be a finite number in (0, 100], got {s.repetition_penalty!r}"
+        if not 0 <= s.no_repeat_ngram_size <= 64:
+            return f"sampling.no_repeat_ngram_size must be in [0, 64], got {s.no_repeat_ngram_size}"
         if not 0 <= msg.max_new_tokens <= MAX_NEW_TOKENS:
             return f"max_new_tokens must be in [0, {MAX_NEW_TOKENS}], got {msg.max_new_tokens}"
         if not math.isfinite(msg.lease_s) or not 0 <= msg.lease_s <= MAX_TIMEOUT_S:

@@ -74,6 +74,7 @@ class ClusterRunBackend:
             mode=settings.mode,
             micro_batches=settings.micro_batches,
             send_weights=settings.send_weights,
+            repetition_penalty=settings.repetition_penalty,
         )
         technique_run = generation_for(plan)
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run

@@ -42,6 +42,9 @@ DEMO_LINK_LATENCY_MS = 2.0
 DEMO_MODEL_NAME = "demo-llama"
 DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3)
 DEMO_PROMPTS = ("The secret of life is", "A wise man once said")
+DEMO_REPETITION_PENALTY = 1.3
+"""The Run screen's repetition penalty in the demo (HF's; the Run screen's default is off): the
+small demo model's greedy text loops without one ("not the man who -- not the man who")."""
 DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run", "Start"))
 """The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
 DEMO_HEARTBEAT_TIMEOUT_S = 5.0
@@ -361,6 +364,8 @@ class DemoSession(QObject):
             run = self.window.screens.run
             if run.prompts_edit.toPlainText() == "\n".join(DEFAULT_PROMPTS):  # not the operator's own
                 run.prompts_edit.setPlainText("\n".join(DEMO_PROMPTS))  # openings like the quotations it learnt
+            if run.penalty_spin.value() == 1.0:  # off: not the operator's own choice
+                run.penalty_spin.setValue(DEMO_REPETITION_PENALTY)
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
         if has_trained_model(self.model_root):
             st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")

@@ -21,7 +21,7 @@ from core.planning.plan import ShardPlan, layout_problems
 from core.planning.problem import PlanningProblem
 from core.techniques.spatial.profiling import SpatialFits
 from gui import app as studio_app
-from gui.run_panel import MODES, RunSettings
+from gui.run_panel import MODES, REPETITION_PENALTY_RANGE, RunSettings
 
 PROBLEM_FILE = "last-problem.json"
 PLAN_FILE = "last-plan.json"
@@ -144,6 +144,8 @@ def run_settings_from_json(raw: str) -> RunSettings:
         "micro_batches": lambda v: v is None or (type(v) is int and 1 <= v <= 64),
         "send_weights": lambda v: isinstance(v, bool),
         "on_failure": lambda v: v in ("replan", "stop"),
+        "repetition_penalty": lambda v: type(v) in (int, float) and REPETITION_PENALTY_RANGE[0] <= v
+                                        <= REPETITION_PENALTY_RANGE[1],
     }
     for name, ok in checks.items():
         if name in data and not ok(data[name]):

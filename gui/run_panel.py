@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QDoubleSpinBox, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
 from agents.protocol import RUN_MODES
@@ -56,7 +56,12 @@ class RunSettings:
     technique_options: dict = field(default_factory=dict)
     """The plan's technique's own run options (attention offloading: ``compute_replicas``,
     ``schedule``), handed to its ``run_generation``; recorded with the run."""
+    repetition_penalty: float = 1.0
+    """HF's repetition_penalty for the greedy text (1 = off; core.runs.generation.GenerationSettings)."""
 
+
+REPETITION_PENALTY_RANGE = (1.0, 2.0)
+"""What the Run screen offers (below 1 rewards repeating: not offered there; the CLI takes it)."""
 
 DEFAULT_PROMPTS = ("The edge devices worked together to", "Once upon a time")
 """The Run screen's prompts until the operator (or the demo, with its own) changes them."""
@@ -216,6 +221,16 @@ class RunPanel(QWidget):
                                            "and is recorded with the run")
         self.micro_batches_spin.valueChanged.connect(self._on_settings_changed)
         self.max_tokens_spin.valueChanged.connect(self._on_settings_changed)
+        self.penalty_spin = QDoubleSpinBox()
+        self.penalty_spin.setRange(REPETITION_PENALTY_RANGE[0], REPETITION_PENALTY_RANGE[1])
+        self.penalty_spin.setSingleStep(0.05)
+        self.penalty_spin.setDecimals(2)
+        self.penalty_spin.setValue(1.0)
+        self.penalty_spin.setSpecialValueText("off")  # 1.0, the lowest value: no penalty
+        self.penalty_spin.setAccessibleName("Repetition penalty")
+        self.penalty_spin.setToolTip(
+            "Discourage repeating a token the text already holds (HF's repetition_penalty; about 1.2 keeps greedy "
+            "text from looping). On, the last stage is also sent the prompts' token ids. Recorded with the run")
         self.send_weights_check = QCheckBox("Send stage weights")
         self.send_weights_check.setAccessibleName("Send stage weights")
         self.send_weights_check.setToolTip(
@@ -270,6 +285,7 @@ class RunPanel(QWidget):
         form.addRow("Max new tokens", self.max_tokens_spin)
         form.addRow("Mode", self.mode_combo)
         form.addRow("Micro-batches", self.micro_batches_spin)
+        form.addRow("Repetition penalty", self.penalty_spin)
         form.addRow("Weights", self.send_weights_check)
         form.addRow("On failure", self.on_failure_combo)
         buttons = QHBoxLayout()
@@ -330,7 +346,8 @@ class RunPanel(QWidget):
                            send_weights=self.send_weights_check.isChecked(),
                            on_failure=self.on_failure_combo.currentData(),
                            technique_options={} if self.offload_controls.isHidden()
-                           else self.offload_controls.options())
+                           else self.offload_controls.options(),
+                           repetition_penalty=round(self.penalty_spin.value(), 2))
 
     def apply_settings(self, settings: RunSettings) -> None:
         """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
@@ -342,6 +359,7 @@ class RunPanel(QWidget):
         self.send_weights_check.setChecked(settings.send_weights)
         self.on_failure_combo.setCurrentIndex(max(0, self.on_failure_combo.findData(settings.on_failure)))
         self.offload_controls.apply(settings.technique_options)
+        self.penalty_spin.setValue(settings.repetition_penalty)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -493,7 +511,7 @@ class RunPanel(QWidget):
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
         for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin,
-                  self.mode_combo, self.micro_batches_spin, self.offload_controls):
+                  self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin):
             w.setEnabled(not running)
         self._apply_technique_limits()
         if running:

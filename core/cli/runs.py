@@ -57,6 +57,11 @@ def _register_run(sub) -> None:
     p.add_argument("--temperature", type=float_in(0, 100), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float_in(0, 1, lo_open=True), default=1.0)
     p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--repetition-penalty", type=float_in(0, 100, lo_open=True), default=1.0,
+                   help="HF's repetition_penalty: > 1 discourages repeating a token the sequence holds (1 = off; "
+                        "~1.2 stops greedy text looping); on, the last stage also receives the prompts' token ids")
+    p.add_argument("--no-repeat-ngram-size", type=int_in(0, 64), default=0,
+                   help="HF's no_repeat_ngram_size: never repeat an n-gram of this size (0 = off)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
     p.add_argument("--link-mbit", type=float_in(0, 1e6), default=0.0, help="with --local: emulated bandwidth per link")
@@ -179,6 +184,8 @@ def cmd_run(args) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
         dtype=args.dtype,
         threads=args.threads,
         send_weights=args.send_weights,
@@ -191,7 +198,8 @@ def cmd_run(args) -> int:
         settings={"model_dir": model_dir, "prompts": prompts, "max_new_tokens": settings.max_new_tokens,
                   "mode": settings.mode,
                   "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,
-                  "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
+                  "repetition_penalty": settings.repetition_penalty,
+                  "no_repeat_ngram_size": settings.no_repeat_ngram_size, "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
                   **batching_settings(plan, args.micro_batches)},
         session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan)
     printer = _PrintSink(len(prompts), args.events)

@@ -680,6 +680,13 @@ class Coordinator:
                                pad_token_id=request.pad_token_id, sampling=request.sampling,
                                lease_s=self.lease_s, first_steps=firsts, micro_batch_keys=keys,
                                generated=resume.generated if resume else (), staggered=request.staggered)
+            elif i == len(devices) - 1 and request.sampling.uses_history:  # its sampler looks at the prompts
+                msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
+                               micro_batches=groups,
+                               input_ids=resume.input_ids if resume else request.input_ids,
+                               attention_mask=resume.attention_mask if resume else request.attention_mask,
+                               sampling=request.sampling, lease_s=self.lease_s, first_steps=firsts,
+                               micro_batch_keys=keys)
             else:
                 msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
                                sampling=request.sampling, lease_s=self.lease_s, first_steps=firsts,

@@ -127,6 +127,11 @@ class GenerationSettings:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    repetition_penalty: float = 1.0
+    """HF's repetition_penalty (1 = off; ~1.2 keeps greedy text from looping). On, the last
+    stage is sent the prompts' token ids (agents.protocol.SamplingSpec)."""
+    no_repeat_ngram_size: int = 0
+    """HF's no_repeat_ngram_size (0 = off)."""
     dtype: str = "float32"
     threads: int = 0
     links: dict[str, LinkShape] = field(default_factory=dict)
@@ -149,6 +154,10 @@ def settings_problem(settings: GenerationSettings) -> tuple[str, str] | None:
         return "top-p", f"must be a finite number in (0, 1], got {s.top_p!r}"
     if not 0 <= s.seed < 1 << 63:
         return "seed", f"must be an integer in [0, 2**63), got {s.seed}"
+    if not (math.isfinite(s.repetition_penalty) and 0 < s.repetition_penalty <= 100):
+        return "repetition-penalty", f"must be a finite number in (0, 100] (1 = off), got {s.repetition_penalty!r}"
+    if not 0 <= s.no_repeat_ngram_size <= 64:
+        return "no-repeat-ngram-size", f"must be an integer in [0, 64] (0 = off), got {s.no_repeat_ngram_size}"
     if not 0 <= s.threads <= 1024:
         return "threads", f"must be an integer in [0, 1024], got {s.threads}"
     return None
@@ -279,7 +288,9 @@ def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: 
         micro_batches=settings.micro_batches,
         eos_token_ids=stops,
         pad_token_id=int(tok.pad_token_id or 0),
-        sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed),
+        sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed,
+                              repetition_penalty=settings.repetition_penalty,
+                              no_repeat_ngram_size=settings.no_repeat_ngram_size),
     )
     text_sink = _TextSink(sink or NullSink(), pieces)
     try:

@@ -215,3 +215,28 @@ def test_an_unpadded_decode_step_gets_the_mask_transformers_gives_it_none_includ
     as_padding = padded.bool()[:, None, None, :]
     assert torch.equal(masks.mask(padded, factory(as_padding)), as_padding)
     assert torch.equal(masks.mask(padded, factory("unused")), as_padding) and len(calls) == 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_a_repetition_penalty_and_an_ngram_ban_equals_hf_generate(tiny_model_dirs, family):
+    """The penalty and the ban look at the padded prompt and every token so far, as HF's input_ids."""
+    model_dir = tiny_model_dirs[family]
+    ids, mask = encode(model_dir)
+    for penalty, ngram in ((1.3, 0), (1.0, 2), (0.8, 3), (1.2, 2)):
+        expected, _ = hf_generate(model_dir, max_new=16, repetition_penalty=penalty, no_repeat_ngram_size=ngram)
+        got = generate_partitioned(stages(model_dir, PARTITIONS["3-uneven"]), ids, mask,
+                                   SamplingParams(max_new_tokens=16, eos_token_ids=(2,), pad_token_id=0,
+                                                  repetition_penalty=penalty, no_repeat_ngram_size=ngram))
+        assert torch.equal(got.tokens, expected), (penalty, ngram)
+    plain = generate_partitioned(stages(model_dir, PARTITIONS["3-uneven"]), ids, mask,
+                                 SamplingParams(max_new_tokens=16, eos_token_ids=(2,), pad_token_id=0)).tokens
+    assert not torch.equal(plain, got.tokens)  # the settings changed what greedy picks
+
+
+def test_a_penalty_without_the_history_is_refused():
+    from agents.sampling import sample
+
+    with pytest.raises(ValueError, match="tokens so far"):
+        sample(torch.zeros(1, 8), SamplingParams(repetition_penalty=1.2), torch.Generator())
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=0.0)

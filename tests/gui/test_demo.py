@@ -258,9 +258,10 @@ def test_the_demo_window_opened_as_the_cli_does_starts_agents_first_and_attaches
         assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
         assert {r.status for r in window.screens.devices.registry.records.values()} == {"running"}
         assert demo.agents_bar is None
-        from gui.demo import DEMO_PROMPTS
+        from gui.demo import DEMO_PROMPTS, DEMO_REPETITION_PENALTY
 
         assert window.screens.run.prompts_edit.toPlainText() == "\n".join(DEMO_PROMPTS)  # openings it learnt
+        assert window.screens.run.settings().repetition_penalty == DEMO_REPETITION_PENALTY  # its text does not loop
     finally:
         window.close()
         demo.stop()

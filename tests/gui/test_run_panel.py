@@ -386,6 +386,19 @@ def test_a_finished_run_becomes_the_cluster_screens_measured_traffic(qtbot, stat
     panel.shutdown()
 
 
+def test_the_repetition_penalty_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
+    assert panel.settings().repetition_penalty == 1.0 and panel.penalty_spin.text() == "off"
+    panel.penalty_spin.setValue(1.25)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.settings["repetition_penalty"] == 1.25
+
+
 def test_the_run_screen_recovers_from_a_lost_device_by_default_and_can_be_set_to_stop(qtbot, state, run_data):
     _, _, events, tokens = run_data
     panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))

@@ -89,6 +89,22 @@ def test_every_mode_generates_exactly_the_unpartitioned_models_tokens(cluster, m
     assert list(result.tokens) == hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens)
 
 
+@pytest.mark.parametrize("mode", ["sequential", "no-bubbles"])
+def test_greedy_with_a_repetition_penalty_and_an_ngram_ban_equals_hf_generate_over_three_stages(cluster, model_dir,
+                                                                                              mode):
+    """The last stage penalizes what each sequence holds, its padded prompt included, as HF does."""
+    coordinator, plan, _ = cluster
+    for penalty, ngram in ((1.3, 0), (1.2, 2)):
+        sampling = SamplingSpec(repetition_penalty=penalty, no_repeat_ngram_size=ngram)
+        enc, req = _request(model_dir, mode, max_new_tokens=12, sampling=sampling)
+        result = coordinator.run(plan, req)
+        expected = hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens, repetition_penalty=penalty,
+                                        no_repeat_ngram_size=ngram)
+        assert list(result.tokens) == expected, (penalty, ngram)
+    plain = hf_greedy_new_tokens(model_dir, enc, req.max_new_tokens)
+    assert plain != expected  # the settings changed what greedy picks
+
+
 def test_every_stage_reports_compute_send_and_wait_per_micro_batch_and_step_while_running(cluster, model_dir):
     coordinator, plan, _ = cluster
     _, req = _request(model_dir, "no-bubbles", micro_batches=2, max_new_tokens=5)
