@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "zygote":
         from agents.zygote import serve_zygote
 
-        return serve_zygote(args.socket_fd)
+        return serve_zygote(args.socket_fd, main)
     return serve(args)
 
 

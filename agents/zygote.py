@@ -11,7 +11,8 @@ its own pid and session (``setsid``), its own stdout/stderr (the launcher's pipe
 log) and its own stdin (a pipe whose end-of-file stops it, ``--exit-on-stdin-eof``). The
 launcher creates those pipes and hands their agent-side ends over the zygote's socket
 (SCM_RIGHTS) with the agent's command line, environment and working directory; the agent
-then runs ``agents.__main__.main(argv)`` exactly as the interpreter would.
+then runs ``agents.__main__.main(argv)`` exactly as the interpreter would (the zygote is
+handed that function: it never imports ``agents.__main__`` itself).
 
 Forking is safe only from a single-threaded process (a lock held by another thread at
 fork stays held for ever in the child), so the zygote checks, after its imports, that it
@@ -73,14 +74,14 @@ class ZygoteUnavailable(Exception):
 
 
 # ------------------------------------------------------------------------------ the server
-def serve_zygote(sock_fd: int) -> int:
-    """``python -m agents zygote --socket-fd N``: import, check, then fork agents on request."""
+def serve_zygote(sock_fd: int, entry) -> int:
+    """``python -m agents zygote --socket-fd N``: import, check, then fork agents on request;
+    each child runs ``entry(argv)`` (``agents.__main__.main``, handed in by it)."""
     import gc
 
     gc.disable()  # imports make few cycles; collecting during them cost 20 % of their 3.2 s of CPU here
     sock = socket.socket(fileno=sock_fd)
     try:
-        import agents.__main__  # noqa: F401  (the agent's entry point, as each child runs it)
         from agents.agent import warm_imports
 
         warm_imports()
@@ -117,7 +118,7 @@ def serve_zygote(sock_fd: int) -> int:
         request = None
         try:
             request = json.loads(data)
-            _fork_agent(sock, request, fds, wake_r, wake_w)
+            _fork_agent(sock, request, fds, wake_r, wake_w, entry)
         except Exception as err:  # noqa: BLE001 — a bad request is answered, never ends the zygote
             _send(sock, {"failed": (request or {}).get("spawn") if isinstance(request, dict) else None,
                          "error": f"{type(err).__name__}: {err}"})
@@ -126,7 +127,7 @@ def serve_zygote(sock_fd: int) -> int:
                 _close(fd)
 
 
-def _fork_agent(sock: socket.socket, request: dict, fds: list[int], wake_r: int, wake_w: int) -> None:
+def _fork_agent(sock: socket.socket, request: dict, fds: list[int], wake_r: int, wake_w: int, entry) -> None:
     tag, argv, env, cwd = request["spawn"], list(request["argv"]), dict(request["env"]), str(request["cwd"])
     if len(fds) != 2:
         raise ValueError(f"expected 2 descriptors (stdin, output), got {len(fds)}")
@@ -153,9 +154,7 @@ def _fork_agent(sock: socket.socket, request: dict, fds: list[int], wake_r: int,
 
             gc.enable()  # an agent collects as any interpreter does
             sys.argv = [sys.executable, "-m", "agents", *argv]
-            from agents.__main__ import main
-
-            code = main(argv)
+            code = entry(argv)
         except SystemExit as done:  # argparse refusing the command line
             code = done.code if isinstance(done.code, int) else 2
         except BaseException:  # noqa: BLE001 — reported in the agent's own log, then it exits
