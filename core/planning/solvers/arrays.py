@@ -33,12 +33,14 @@ class CostArrays:
     emax: np.ndarray
     """(D, N+1) int: a stage on d starting at unit a fits in memory up to end emax[d, a] (a if none)."""
     link_arrays: Callable[[], tuple]
-    """Makes (transfer, occupancy, ret, ret_occupancy, max_latency) on first use (the properties
+    """Makes (transfer, occupancy, ret, ret_occupancy) on first use (the properties
     below): (D, D, N+1) arrays that a pair ruled out by a bound never needs."""
     stage_bytes: np.ndarray
     """(N+1, N+1) int64: memory of a stage [a, e) at this (m, K) (−1 where e ≤ a)."""
     budgets: np.ndarray
     """(D,) int64: memory each device may fill."""
+    max_latency: float = 0.0
+    """The largest one-way link latency between usable devices, s."""
     weights_prefix: np.ndarray | None = None
     """(N+1,) parameter bytes of units [0, e)."""
     overhead: np.ndarray | None = None
@@ -55,7 +57,6 @@ class CostArrays:
     ret = property(lambda self: self._links[2], doc="""(D,): seconds for the head's output (token ids) from d
         back to the source (0 on the source).""")
     ret_occupancy = property(lambda self: self._links[3], doc="(D,): seconds the return link is busy with it.")
-    max_latency = property(lambda self: self._links[4], doc="The largest one-way link latency between usable devices, s.")
 
     @cached_property
     def symmetry_classes(self) -> np.ndarray:
@@ -99,11 +100,13 @@ def stage_memory_matrix(problem: PlanningProblem, sequences: int, pass_sequences
     ws = np.array([u.workspace_bytes_per_token for u in units], dtype=np.int64)
     wp = np.concatenate([[0], np.cumsum(w)])
     kp = np.concatenate([[0], np.cumsum(kv)])
+    # run[a, j] = max(ws[a..j]): one running maximum over rows with the units before a masked out
+    a_idx, j_idx = np.arange(n)[:, None], np.arange(n)[None, :]
+    run = np.maximum.accumulate(np.where(j_idx >= a_idx, ws[None, :], np.iinfo(np.int64).min), axis=1)
     out = np.full((n + 1, n + 1), -1, dtype=np.int64)
-    for a in range(n):
-        run = np.maximum.accumulate(ws[a:])
-        ends = np.arange(a + 1, n + 1)
-        out[a, a + 1:] = (wp[ends] - wp[a]) + (kp[ends] - kp[a]) * sequences * ctx + run * pass_tokens
+    e_idx = np.arange(n + 1)[None, :]
+    body = (wp[None, 1:] - wp[:n, None]) + (kp[None, 1:] - kp[:n, None]) * sequences * ctx + run * pass_tokens
+    out[:n, 1:] = np.where(e_idx[:, 1:] > a_idx, body, -1)
     return out
 
 
@@ -153,9 +156,10 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     cluster = problem.profile.cluster
     mem_of = {d.id: d.memory_bytes for d in cluster.devices}
     budgets = np.array([usable_memory_bytes(problem, mem_of[d]) for d in devices], dtype=np.int64)
-    fits = (mem[None, :, :] >= 0) & (mem[None, :, :] <= budgets[:, None, None])
-    emax = np.arange(n + 1)[None, :] + fits.sum(axis=2)
-    # Monotone in e (memory only grows with the range), so the count is the last fitting end.
+    # Monotone in e (memory only grows with the range), so the count of fitting ends is the last one.
+    emax = np.tile(np.arange(n + 1), (dn, 1))
+    for a in range(n):
+        emax[:, a] += np.searchsorted(mem[a, a + 1:], budgets, side="right")
 
     def links() -> tuple:
         per_m = None if prefix_cache is None else prefix_cache.get(("links", m))
@@ -165,36 +169,43 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
                 prefix_cache[("links", m)] = per_m
         return per_m
 
+    lat = _link_matrices(problem, devices, prefix_cache)[1]
     return CostArrays(
         devices=devices, src=0, n=n, m=m, k=k, prefix=prefix, emax=emax, link_arrays=links,
-        stage_bytes=mem, budgets=budgets,
+        stage_bytes=mem, budgets=budgets, max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
         weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
         overhead=overhead,
     )
 
 
+def _link_matrices(problem: PlanningProblem, devices: tuple[str, ...], prefix_cache: dict | None):
+    """(bandwidth bit/s, latency s) between the usable devices, (D, D) each (0 / inf: no link)."""
+    cached = None if prefix_cache is None else prefix_cache.get("links")
+    if cached is not None:
+        return cached
+    dn = len(devices)
+    bw = np.full((dn, dn), 0.0)
+    lat = np.full((dn, dn), INF)
+    pos = {dev: i for i, dev in enumerate(devices)}
+    for link in problem.profile.cluster.links:
+        i, j = pos.get(link.src), pos.get(link.dst)
+        if i is not None and j is not None and i != j and link.bandwidth_mbit_s > 0:
+            bw[i, j] = link.bandwidth_mbit_s * 1e6
+            lat[i, j] = link.latency_ms / 1e3
+    if prefix_cache is not None:
+        prefix_cache["links"] = (bw, lat)
+    return bw, lat
+
+
 def _link_arrays(problem: PlanningProblem, devices: tuple[str, ...], m: int, prefix_cache: dict | None):
-    """(transfer, occupancy, ret, ret_occupancy, max link latency) for micro-batches of m
-    sequences: the same for every K, so a cache shares them (nothing writes into them)."""
+    """(transfer, occupancy, ret, ret_occupancy) for micro-batches of m sequences: the same for
+    every K, so a cache shares them (nothing writes into them)."""
     model = problem.profile.model
-    n, dn = model.num_units, len(devices)
+    n = model.num_units
     act = np.array([u.activation_bytes_per_token for u in model.units], dtype=float)
     out_bytes = np.zeros(n + 1)
     out_bytes[1:] = act * m
-    cached = None if prefix_cache is None else prefix_cache.get("links")
-    if cached is None:
-        bw = np.full((dn, dn), 0.0)
-        lat = np.full((dn, dn), INF)
-        pos = {dev: i for i, dev in enumerate(devices)}
-        for link in problem.profile.cluster.links:
-            i, j = pos.get(link.src), pos.get(link.dst)
-            if i is not None and j is not None and i != j and link.bandwidth_mbit_s > 0:
-                bw[i, j] = link.bandwidth_mbit_s * 1e6
-                lat[i, j] = link.latency_ms / 1e3
-        if prefix_cache is not None:
-            prefix_cache["links"] = (bw, lat)
-    else:
-        bw, lat = cached
+    bw, lat = _link_matrices(problem, devices, prefix_cache)
     with np.errstate(divide="ignore"):
         inv = np.where(bw > 0, 8.0 / np.where(bw > 0, bw, 1.0), INF)
     out_bytes[0] = 1.0  # boundary 0 is never a stage end; avoids inf · 0 below
@@ -207,7 +218,7 @@ def _link_arrays(problem: PlanningProblem, devices: tuple[str, ...], m: int, pre
     ret_occ = occupancy[:, src, n].copy()
     ret[src] = 0.0
     ret_occ[src] = 0.0
-    return transfer, occupancy, ret, ret_occ, float(lat[np.isfinite(lat)].max(initial=0.0))
+    return transfer, occupancy, ret, ret_occ
 
 
 def symmetry_classes(arr: CostArrays) -> np.ndarray:

@@ -284,6 +284,9 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
     # that first); then bisection as usual.
     first = int(np.searchsorted(cands, hi_period / (1 + FIRST_PROBE_GAP), side="left"))
     while lo < hi:
+        if time.monotonic() >= deadline:  # a probe's space costs ms before its search looks at the clock
+            all_proven = False
+            break
         mid = first if lo <= first < hi else (lo + hi) // 2
         first = -1
         beta = float(cands[mid])
@@ -309,7 +312,9 @@ def _solve_combo(arr: CostArrays, lat, deadline: float, max_nodes: int, phi_targ
     star = hi
     upper = k * float(cands[star]) if star in found else target
     options = [found[star]] if star in found else []
-    if star - 1 >= 0:
+    if star - 1 >= 0 and time.monotonic() >= deadline:
+        all_proven = False
+    elif star - 1 >= 0:
         # The last contender: least latency with every period ≤ the candidate just below.
         res = branch_and_bound(SearchSpace(arr, float(cands[star - 1])), incumbent=upper * (1 + 1e-12),
                                budget=slice_budget(1.0))

@@ -109,8 +109,7 @@ class SearchSpace:
             ret[arr.ret_occupancy > beta * (1 + 1e-12)] = INF
         # No stage may go to the source (it holds stage 0) or back to the same device.
         tr[:, arr.src, :] = INF
-        for d in range(dn):
-            tr[d, d, :] = INF
+        tr[np.arange(dn), np.arange(dn), :] = INF
         self.tr = tr
         self.ret = ret
         self.classes = arr.symmetry_classes
@@ -137,8 +136,7 @@ class SearchSpace:
         # (the fewest devices whose largest stages hold their bytes), so k(e) - 1 hand-overs
         # between them, each at least the cheapest transfer at an inner boundary, and a return.
         inner = tr[:, :, 1:n] if n > 1 else np.full(1, INF)
-        finite = inner[np.isfinite(inner)]
-        self.tmin = float(finite.min()) if finite.size else INF
+        self.tmin = float(inner.min()) if inner.size else INF  # inf only when no inner transfer is finite
         t = self.tmin if self.tmin < INF else 0.0
         with np.errstate(divide="ignore"):
             self.amortized_rate = np.where(self.capb > 0, self.rate + t / np.maximum(self.capb, 1e-300), INF)
