@@ -130,7 +130,7 @@ class ExperimentsPanel(QWidget):
         split.setSizes([300, 500])
         lay.addWidget(split, 1)
 
-        self.run_button.clicked.connect(self.start)
+        self.run_button.clicked.connect(lambda: self.start())  # not start(checked): clicked passes a bool
         self.cancel_button.clicked.connect(self.runner.cancel)
         self.runner.status_reported.connect(lambda _t, text: self.status.setText(text))
         self.runner.progress_reported.connect(self._on_progress)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
+
 from gui.experiments_panel import ExperimentsPanel
 
 
@@ -27,4 +29,15 @@ def test_cancelling_an_experiment_leaves_the_screen_ready_to_run_again(qtbot, tm
         panel.cancel_button.click()
     assert panel.status.text() == "Cancelled."
     assert panel.run_button.isEnabled() and panel.runner.alive_threads() == []
+    panel.shutdown()
+
+
+def test_clicking_run_runs_the_experiment_picked_in_the_list(qtbot, tmp_path):
+    panel = ExperimentsPanel(out_dir=tmp_path)
+    qtbot.addWidget(panel)
+    panel.choice.setCurrentIndex(panel.choice.findData("source"))
+    with qtbot.waitSignal(panel.runner.task_finished, timeout=120_000):
+        qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    assert panel.choice.currentData() == "source"
+    assert panel.plots.count() == 1 and panel.plots.tabText(0) == "fig9-source"
     panel.shutdown()
