@@ -107,7 +107,10 @@ class MainWindow(QMainWindow):
         self._build_status_bar()
         self._build_menus()
         self.state.workspace_changed.connect(self._on_state_workspace_changed)
-        self.state.model_changed.connect(lambda m: self.model_label.setText(f"Model: {m or '—'}"))
+        self.state.model_changed.connect(self._on_state_model_changed)
+        # a state set before the window was built (the demo opens its workspace while the agents start)
+        self._on_state_workspace_changed(self.state.workspace)
+        self._on_state_model_changed(self.state.model_name)
         self.state.connection_changed.connect(lambda c: self.connection_label.setText(f"● {c}"))
         self.state.log_added.connect(self._on_state_log_added)
         self.screens.run.model_edit.editingFinished.connect(self._on_run_model_edited)
@@ -403,6 +406,9 @@ class MainWindow(QMainWindow):
         self.workspace_label.setToolTip(path)
         # Only the workspace: Qt appends " — EdgeShard Studio" (the application display name).
         self.setWindowTitle(Path(path).name if path else "")
+
+    def _on_state_model_changed(self, name: str) -> None:
+        self.model_label.setText(f"Model: {name or '—'}")
 
     def _on_state_log_added(self, level: str, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")

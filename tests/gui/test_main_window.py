@@ -258,6 +258,20 @@ def test_the_window_title_names_the_app_once_qt_appends_the_display_name(window,
     assert window.windowTitle() == "lab.edgeshard"  # shown as "lab.edgeshard — EdgeShard Studio"
 
 
+def test_a_workspace_and_model_set_before_the_window_is_built_are_shown(qtbot, isolated_settings, tmp_path):
+    from gui.studio_state import StudioState
+
+    studio_app.create_app()
+    state = StudioState()  # as the demo does: its workspace is opened while the agents start
+    state.set_workspace(str(tmp_path / "demo.edgeshard"))
+    state.set_model("demo-llama")
+    w = MainWindow(state)
+    qtbot.addWidget(w)
+    assert w.workspace_label.text() == "Workspace: demo.edgeshard"
+    assert w.windowTitle() == "demo.edgeshard"
+    assert w.model_label.text() == "Model: demo-llama"
+
+
 def test_a_failed_connect_keeps_the_agents_already_attached_and_says_so(window, qtbot, tmp_path):
     from core.devices.local_cluster import LocalCluster
 
