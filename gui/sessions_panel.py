@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout, QLabel, QMenu, QPushButton,
-                               QSlider, QSplitter, QStackedWidget, QToolButton, QTreeWidget, QTreeWidgetItem,
-                               QVBoxLayout, QWidget)
+                               QSlider, QSplitter, QStackedWidget, QStyle, QStyleOptionButton, QToolButton,
+                               QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from core.reporting import Reporter
 from core.sessions.replay import Replay
@@ -41,6 +41,30 @@ class LoadedRun:
     prediction_note: str = ""
     lane_notes: dict = field(default_factory=dict)
     """Device -> its role in the run, as recorded (``settings["lane_notes"]``)."""
+
+
+class SteadyWidthButton(QPushButton):
+    """A button as wide as its widest text (Play / Pause), so the controls beside it keep their place."""
+
+    def __init__(self, text: str, widest: str) -> None:
+        super().__init__(text)
+        self._texts = (text, widest)
+
+    def _hint_for(self, text: str) -> QSize:
+        """QPushButton's own size hint, as if it showed ``text``."""
+        opt = QStyleOptionButton()
+        self.initStyleOption(opt)
+        opt.text = text
+        size = self.fontMetrics().size(Qt.TextFlag.TextShowMnemonic, text)
+        return self.style().sizeFromContents(QStyle.ContentsType.CT_PushButton, opt,
+                                             QSize(size.width(), max(size.height(), 14)), self)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt)
+        hints = [self._hint_for(t) for t in self._texts]
+        return QSize(max(h.width() for h in hints), max(h.height() for h in hints))
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt)
+        return self.sizeHint()
 
 
 RUN_STATUS_MARKS = {"completed": ("", None), "running": ("● ", "#2e7d32"), "stopped": ("■ ", "#8d6e00"),
@@ -199,7 +223,7 @@ class SessionsPanel(QWidget):
         self.live_run_ids: set[int] = state.live_run_ids if state is not None else set()
         """Runs being recorded right now (the Run screen's): only these are "running"."""
 
-        self.play_button = QPushButton("Play")
+        self.play_button = SteadyWidthButton("Play", widest="Pause")
         self.play_button.setAccessibleName("Play or pause replay")
         self.play_button.setToolTip("Play or pause the replay (Space)")
         self.play_button.setCheckable(True)
@@ -336,17 +360,21 @@ class SessionsPanel(QWidget):
                 tokens = run.figures.get("tokens")
                 status = shown_status(run.status, run.id, self.live_run_ids)
                 mark, colour = RUN_STATUS_MARKS.get(status, ("", None))
-                child = QTreeWidgetItem([f"run {run.id} · {run.model}", run.mode, run.kind, mark + status,
+                # the mark leads the first column too: the Status column is off screen in a narrow list
+                child = QTreeWidgetItem([f"{mark}run {run.id} · {run.model}", run.mode, run.kind, mark + status,
                                          "" if tokens is None else str(tokens), run.started_at])
                 child.setData(0, Qt.ItemDataRole.UserRole, run.id)
                 child.setToolTip(0, "Double-click to open this run for replay")
                 if colour is not None:
-                    child.setForeground(3, QBrush(QColor(colour)))
-                    child.setToolTip(3, {"failed": "The run failed: its events up to the failure are kept",
-                                         "stopped": "Stopped by the operator: what arrived is kept",
-                                         "interrupted": "The run never finished (the studio or the "
-                                                        "machine stopped mid-run): it is incomplete",
-                                         "running": "Being recorded now"}[status])
+                    why = {"failed": "The run failed: its events up to the failure are kept",
+                           "stopped": "Stopped by the operator: what arrived is kept",
+                           "interrupted": "The run never finished (the studio or the "
+                                          "machine stopped mid-run): it is incomplete",
+                           "running": "Being recorded now"}[status]
+                    for col in (0, 3):
+                        child.setForeground(col, QBrush(QColor(colour)))
+                    child.setToolTip(3, why)
+                    child.setToolTip(0, f"{why}. Double-click to open this run for replay")
                 top.addChild(child)
             self.tree.addTopLevelItem(top)
             top.setExpanded(True)

@@ -65,6 +65,31 @@ def test_failed_and_interrupted_runs_are_marked_not_listed_as_normal(qtbot, work
     panel.shutdown()
 
 
+def test_the_status_mark_leads_the_runs_name_where_the_status_column_is_off_screen(qtbot, workspace):
+    path, (a, _b, failed, cut) = workspace
+    panel = _panel(qtbot, path)
+    items = panel.run_items()
+    assert items[failed].text(0).startswith("✖ run ") and items[cut].text(0).startswith("⚠ run ")
+    assert items[a].text(0).startswith("run ")
+    assert "failed" in items[failed].toolTip(0)
+    panel.shutdown()
+
+
+def test_the_replay_controls_keep_their_place_when_play_becomes_pause(qtbot, workspace):
+    path, (a, *_rest) = workspace
+    panel = _panel(qtbot, path)
+    font = panel.font()
+    font.setPointSize(24)  # the texts, not the style's minimum button width, decide the width (as under xcb)
+    panel.play_button.setFont(font)
+    qtbot.wait(10)
+    before = panel.speed_combo.geometry()
+    panel.play_button.setChecked(True)
+    qtbot.wait(10)
+    assert panel.play_button.text() == "Pause" and panel.speed_combo.geometry() == before
+    panel.play_button.setChecked(False)
+    panel.shutdown()
+
+
 def test_a_run_being_recorded_now_is_running_not_interrupted():
     assert shown_status("running", 7, {7}) == "running"
     assert shown_status("running", 7, set()) == "interrupted"
