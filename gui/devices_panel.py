@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 
 from core.devices.registry import DeviceRecord, DeviceRegistry, record_from_deployment, record_from_discovered
 from core.reporting import Reporter
+from core.planning.cost import format_bytes
 from gui.app import theme_colors
 from gui.studio_state import StudioState
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
@@ -171,7 +172,7 @@ class DevicesPanel(QWidget):
             cells = [
                 rec.id, f"{rec.address}:{rec.ssh_port}" if rec.address else "—", rec.status, rec.arch or "—",
                 str(rec.cores) if rec.cores else "—",
-                f"{rec.memory_bytes / 2**30:.1f} GiB" if rec.memory_bytes else "—",
+                format_bytes(rec.memory_bytes) if rec.memory_bytes else "—",
                 rec.accelerator or "CPU only" if rec.arch else "—", rec.origin, rec.detail,
             ]
             for col, text in enumerate(cells):

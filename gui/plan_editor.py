@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
 )
 
 from core import formats
-from core.planning.cost import PlanCost, evaluate
+from core.planning.cost import PlanCost, evaluate, format_bytes
 from core.errors import EdgeShardError, PlanInvalid
 from core.planning.plan import ShardPlan, offline_problems
 from core.planning.edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
@@ -61,13 +61,6 @@ def fmt_s(seconds: float) -> str:
     if math.isinf(seconds) or math.isnan(seconds):
         return "∞"
     return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 class PlanChange(QUndoCommand):
@@ -432,10 +425,10 @@ class PlanEditorPanel(QWidget):
                 frac = mem.total_bytes / max(1, mem.budget_bytes)
                 bar.setRange(0, 1000)
                 bar.setValue(min(1000, int(frac * 1000)))
-                bar.setFormat(f"{fmt_bytes(mem.total_bytes)} / {fmt_bytes(mem.budget_bytes)}  ({frac * 100:.0f} %)")
+                bar.setFormat(f"{format_bytes(mem.total_bytes)} / {format_bytes(mem.budget_bytes)}  ({frac * 100:.0f} %)")
                 bar.setToolTip(
-                    f"weights {fmt_bytes(mem.weights_bytes)}, KV cache {fmt_bytes(mem.kv_cache_bytes)}, "
-                    f"workspace {fmt_bytes(mem.workspace_bytes)}; budget {fmt_bytes(mem.budget_bytes)}"
+                    f"weights {format_bytes(mem.weights_bytes)}, KV cache {format_bytes(mem.kv_cache_bytes)}, "
+                    f"workspace {format_bytes(mem.workspace_bytes)}; budget {format_bytes(mem.budget_bytes)}"
                 )
                 if not mem.fits:
                     bar.setStyleSheet(f"QProgressBar::chunk {{ background: {c['error']}; }}")

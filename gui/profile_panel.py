@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from core.devices.profile import Profile
+from core.planning.cost import byte_unit, format_bytes
 from core.techniques.spatial.problem import TimeModel
 from core.techniques.spatial.profiling import SpatialFits, measure_fits
 from gui.app import stage_color, style_plot, theme_colors
@@ -217,7 +218,7 @@ class ProfilePanel(QWidget):
         w = p.profiled_workload
         wl = (f"prompt {w.prompt_tokens} tokens, batch {w.batch_size}" if w else "workload not recorded")
         self.workload_label.setText(
-            f"<b>{p.model.name}</b> ({p.model.num_units} units, {p.model.param_bytes / 2**30:.2f} GiB of weights, "
+            f"<b>{p.model.name}</b> ({p.model.num_units} units, {format_bytes(p.model.param_bytes)} of weights, "
             f"{p.model.dtype}) on {len(p.times)} device(s) · profiled with {wl} · source: {p.source}"
             + (f" · {p.notes}" if p.notes else "")
         )
@@ -240,20 +241,22 @@ class ProfilePanel(QWidget):
             pre = np.array([t.prefill_time(u, prompt_tokens) for u in units]) * 1e3
             decode.plot(units, dec, pen=pen, symbol="o", symbolSize=5, symbolBrush=stage_color(i), name=t.device)
             prefill.plot(units, pre, pen=pen, symbol="o", symbolSize=5, symbolBrush=stage_color(i), name=t.device)
-        mem = self.plots.addPlot(row=1, col=0, colspan=2, title="Memory budget per device (GiB) — line: whole model's weights")
+        devs = p.cluster.devices
+        unit, size = byte_unit(max([d.memory_bytes for d in devs] + [p.model.param_bytes]))
+        mem = self.plots.addPlot(row=1, col=0, colspan=2,
+                                 title=f"Memory budget per device ({unit}) — line: whole model's weights")
         mem.setMenuEnabled(False)
         mem.setMouseEnabled(False, False)
-        devs = p.cluster.devices
-        budgets = [d.memory_bytes / 2**30 for d in devs]
+        budgets = [d.memory_bytes / size for d in devs]
         mem.addItem(pg.BarGraphItem(x=list(range(len(devs))), height=budgets, width=0.6,
                                     brushes=[pg.mkBrush(stage_color(i)) for i in range(len(devs))]))
         for i, b in enumerate(budgets):
             label = pg.TextItem(f"{b:.1f}", color=c["text"], anchor=(0.5, 1.0))
             label.setPos(i, b)
             mem.addItem(label)
-        weights = p.model.param_bytes / 2**30
+        weights = p.model.param_bytes / size
         mem.addItem(pg.InfiniteLine(pos=weights, angle=0, pen=pg.mkPen(c["error"], width=2, style=pg.QtCore.Qt.DashLine),
-                                    label=f"model weights {weights:.2f} GiB",
+                                    label=f"model weights {format_bytes(p.model.param_bytes)}",
                                     labelOpts={"color": c["error"], "position": 0.5, "anchors": [(0.5, 1.2), (0.5, 1.2)]}))
         mem.getAxis("bottom").setTicks([[(i, d.id) for i, d in enumerate(devs)]])
         mem.setYRange(0, max(budgets + [weights]) * 1.15)

@@ -287,9 +287,9 @@ def evaluate(problem: PlanningProblem, plan: ShardPlan) -> PlanCost:
     for mem in memory:
         if not mem.fits:
             violations.append(
-                f"{mem.device}: needs {_gib(mem.total_bytes)} (weights {_gib(mem.weights_bytes)}, "
-                f"KV cache {_gib(mem.kv_cache_bytes)}, workspace {_gib(mem.workspace_bytes)}) "
-                f"but its budget is {_gib(mem.budget_bytes)}"
+                f"{mem.device}: needs {format_bytes(mem.total_bytes)} (weights {format_bytes(mem.weights_bytes)}, "
+                f"KV cache {format_bytes(mem.kv_cache_bytes)}, workspace {format_bytes(mem.workspace_bytes)}) "
+                f"but its budget is {format_bytes(mem.budget_bytes)}"
             )
     tput, bottleneck, comp, xfer = throughput_tokens_s(problem, plan, m, k)
     return PlanCost(
@@ -311,5 +311,14 @@ def validate(problem: PlanningProblem, plan: ShardPlan) -> list[str]:
     return list(evaluate(problem, plan).violations)
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def byte_unit(n: float) -> tuple[str, int]:
+    """The unit a size reads in (GiB, MiB, KiB, B) and its bytes: a few-MiB model is not "0.00 GiB"."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return unit, size
+    return "B", 1
+
+
+def format_bytes(n: float) -> str:
+    unit, size = byte_unit(n)
+    return f"{int(n)} B" if size == 1 else f"{n / size:.2f} {unit}"

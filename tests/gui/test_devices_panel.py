@@ -38,7 +38,7 @@ def test_a_device_found_on_another_thread_appears_with_its_figures(qtbot):
     t.start()
     t.join()
     qtbot.waitUntil(lambda: panel.table.rowCount() == 1, timeout=2000)
-    assert row_of(panel, "jetson")[:8] == ["jetson", "10.0.0.7:22", "running", "aarch64", "6", "8.0 GiB", "cuda:Orin", "mDNS"]
+    assert row_of(panel, "jetson")[:8] == ["jetson", "10.0.0.7:22", "running", "aarch64", "6", "8.00 GiB", "cuda:Orin", "mDNS"]
     # the cluster screen sees the device before any profiling
     assert state.cluster.device_ids() == ("jetson",)
     panel._on_discovery_device_seen(announced("jetson", online=False))

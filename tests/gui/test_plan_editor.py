@@ -218,7 +218,7 @@ def test_compare_shows_the_core_outcome_of_each_strategy_an_oom_one_in_red_with_
                                  for o, r in zip(compare(problem, "latency"), editor.comparison)]
     rows = {editor.compare_table.item(r, 0).text().split(" — ")[0]: r for r in range(editor.compare_table.rowCount())}
     even = editor.compare_table.item(rows["even"], 0)
-    assert "OOM: phone +0.14 GiB" in even.text()
+    assert "OOM: phone +141.50 MiB" in even.text()
     assert even.foreground().color().name() != editor.compare_table.item(rows["memory-proportional"], 0).foreground().color().name()
     assert "proven optimal" in editor.compare_table.item(rows["edgeshard"], 0).text()
 

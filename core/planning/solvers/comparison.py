@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from core.planning.cost import PlanCost, evaluate, structural_violations
+from core.planning.cost import PlanCost, evaluate, format_bytes, structural_violations
 from core.errors import EdgeShardError
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
@@ -80,8 +80,6 @@ def compare(problem: PlanningProblem, objective: str, time_limit_s: float = 30.0
     return [run_strategy(problem, n, objective, time_limit_s) for n in names]
 
 
-GIB = 1024**3
-
 
 def shortfall_text(out: StrategyOutcome, optimum: StrategyOutcome | None) -> str:
     """How far a valid plan is from the exact solver's plan of the same objective ('' if unknown);
@@ -112,7 +110,7 @@ def status_text(out: StrategyOutcome) -> str:
         return f"search budget ran out: gap ≤ {out.gap * 100:.2f} % (best possible {bound:.2f} {unit})"
     if out.status == "oom":
         over = [m for m in out.cost.memory if not m.fits]
-        return "OOM: " + ", ".join(f"{m.device} +{(m.total_bytes - m.budget_bytes) / GIB:.2f} GiB" for m in over)
+        return "OOM: " + ", ".join(f"{m.device} +{format_bytes(m.total_bytes - m.budget_bytes)}" for m in over)
     if out.status == "failed":
         return "no plan: " + out.error.splitlines()[0]
     return "invalid: " + out.error

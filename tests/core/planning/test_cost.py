@@ -148,6 +148,19 @@ def test_a_plan_that_overflows_memory_names_the_device_and_sizes():
     assert len(violations) == 1 and violations[0].startswith("b: needs") and "budget" in violations[0]
 
 
+def test_a_memory_violation_gives_sizes_in_a_unit_that_reads():
+    problem = _problem()
+    mib = 2**20  # a few-MiB model (the demo's) read "needs 0.00 GiB ... budget is 0.00 GiB"
+    small = msgspec.structs.replace(problem, profile=msgspec.structs.replace(problem.profile, cluster=Cluster(
+        devices=(Device(id="a", memory_bytes=10_000), Device(id="b", memory_bytes=3 * mib // 2)),
+        links=problem.profile.cluster.links)))
+    big = msgspec.structs.replace(small.profile.model, units=tuple(
+        msgspec.structs.replace(u, param_bytes=u.param_bytes * 4 * 1024) for u in small.profile.model.units))
+    small = msgspec.structs.replace(small, profile=msgspec.structs.replace(small.profile, model=big))
+    (violation,) = [v for v in validate(small, _plan()) if v.startswith("b:")]
+    assert "budget is 1.50 MiB" in violation and "0.00 GiB" not in violation
+
+
 def test_missing_link_and_gaps_are_violations():
     problem = _problem()
     no_back = msgspec.structs.replace(problem, profile=msgspec.structs.replace(problem.profile, cluster=Cluster(
