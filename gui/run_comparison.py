@@ -62,6 +62,7 @@ class RunComparisonView(QWidget):
         self.runs: tuple[ComparedRun, ComparedRun] | None = None
         self.title_label = QLabel("Select two runs and press Compare.")
         self.title_label.setAccessibleName("Compared runs")
+        self.title_label.setWordWrap(True)  # two long run titles on a 1024 px screen: two lines, not a scroll bar
         self.back_button = QPushButton("Back to replay")
         self.back_button.setAccessibleName("Back to replay")
         self.back_button.setToolTip("Leave the comparison and show the replay of the open run")

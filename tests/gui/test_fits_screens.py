@@ -105,3 +105,30 @@ def test_the_whole_run_page_shows_without_scrolling_at_1440x900(window, qtbot):
     assert top <= 0 and bottom >= len(lanes)  # every lane in view (lane i spans i..i+1)
     assert plot.getAxis("bottom").isVisible() and plot.getAxis("left").isVisible()
     assert clipped_controls(window, run) == []
+
+
+def test_two_runs_compared_fit_the_sessions_screen_at_1024x700(window, qtbot, tmp_path):
+    from core.runs.simulator import simulate
+    from core.sessions.recording import record_simulation
+    from core.sessions.store import SessionStore
+    from tests.gui.run_backends import simulated_run
+
+    problem, plan, _, _ = simulated_run(generated_tokens=4)
+    path = str(tmp_path / "ws.sqlite")
+    with SessionStore(path) as store:
+        sid = store.create_session("bench")
+        for mode in ("sequential", "no-bubbles"):
+            record_simulation(store, sid, problem, plan, simulate(problem, plan, mode, generated_tokens=4))
+    window.open_workspace(path)
+    _show(window, qtbot, 1024, 700)
+    sessions = window.screens.sessions
+    window.show_screen(sessions)
+    qtbot.waitUntil(lambda: len(sessions.run_items()) == 2, timeout=5000)
+    for item in sessions.run_items().values():
+        item.setSelected(True)
+    with qtbot.waitSignal(sessions.runs_compared, timeout=5000):
+        sessions.compare_button.click()
+    qtbot.wait(50)
+    area = window.stack.currentWidget()
+    assert not area.verticalScrollBar().isVisible() and not area.horizontalScrollBar().isVisible()
+    assert clipped_controls(window, sessions) == []
