@@ -187,6 +187,7 @@ def _stop_at_stdin_eof(agent) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    prefer_passive_openmp_wait()  # before the zygote or the agent imports torch
     if args.command == "zygote":
         from agents.zygote import serve_zygote
 

@@ -45,3 +45,19 @@ def test_the_served_agents_openmp_does_not_spin(tmp_path):
            "--exit-on-stdin-eof"]
     done = subprocess.run(cmd, input="", capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert "GOMP_SPINCOUNT = '0'" in done.stderr, done.stderr[-2000:]
+
+
+def test_the_agents_zygote_starts_torch_with_openmp_not_spinning(tmp_path):
+    """Local agents fork from a zygote that imported torch: the wait policy must be set there."""
+    from agents.zygote import ZygoteClient, agent_environment
+
+    env = agent_environment(1, {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")})
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    log = tmp_path / "zygote.log"
+    zygote = ZygoteClient(env=env, cwd=str(tmp_path), log_path=str(log))
+    zygote.start()
+    try:
+        zygote.wait_ready(120)
+    finally:
+        zygote.close()
+    assert "GOMP_SPINCOUNT = '0'" in log.read_text(), log.read_text()[-2000:]
