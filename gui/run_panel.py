@@ -416,7 +416,8 @@ class RunPanel(QWidget):
         return self.monitor.shutdown(timeout_s) and ok
 
     # -- runner signals (GUI thread) -----------------------------------------------------
-    def _finish(self, outcome: str, text: str) -> None:
+    def _finish(self, outcome: str, text: str, log: str = "") -> None:
+        """End a run: ``text`` on the status line, ``log`` (default ``text``) in the log."""
         self.bridge.flush()
         self.monitor.flush()
         self._set_running(False)
@@ -426,7 +427,7 @@ class RunPanel(QWidget):
             self.state.set_last_run(self.monitor.events, self.monitor.tokens)
         self.status_label.setText(text)
         if self.state is not None:
-            self.state.log(text, "error" if outcome == "failed" else "info")
+            self.state.log(log or text, "error" if outcome == "failed" else "info")
         self.run_finished.emit(outcome)
 
     def _on_runner_task_finished(self, task_id: int, result: object) -> None:
@@ -446,7 +447,8 @@ class RunPanel(QWidget):
 
     def _on_runner_task_failed(self, task_id: int, message: str) -> None:
         self.message.show_lines([message], "The run failed:")
-        self._finish("failed", "Run failed.")
+        # the log (and the status bar, on whatever screen is shown) say why, not only that it failed
+        self._finish("failed", "Run failed.", log=f"Run failed: {message}")
 
     def _on_runner_task_cancelled(self, task_id: int) -> None:
         self._finish("stopped", "Run stopped; what arrived so far is kept.")

@@ -121,6 +121,18 @@ def test_a_failing_run_shows_its_reason_inline_not_a_traceback(qtbot, state, run
         assert [r.status for r in store.runs()] == ["failed"]
 
 
+def test_a_failed_runs_reason_is_in_the_log_not_only_that_it_failed(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    logged = []
+    state.log_added.connect(lambda level, text: logged.append((level, text)))
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0, fail_after=20))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    errors = [text for level, text in logged if level == "error"]
+    assert errors and errors[-1].startswith("Run failed: ") and "laptop: agent stopped answering" in errors[-1]
+    panel.shutdown()
+
+
 def test_start_without_prompts_or_cluster_says_what_to_do(qtbot, state):
     panel = RunPanel(state, backend=None)
     qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
