@@ -162,6 +162,8 @@ class ProfilePanel(QWidget):
         self._update_conv_button()
         if busy:
             self.progress.setRange(0, 0)
+        if self.state.profile is None:  # not "press Profile cluster" while it runs
+            self.refresh()
 
     def _on_runner_progress(self, _task: int, done: float, total: float) -> None:
         if total > 0:
@@ -213,7 +215,9 @@ class ProfilePanel(QWidget):
         self.plots.setVisible(p is not None)
         self._size_spatial_table()
         if p is None:
-            self.workload_label.setText("No profile yet: press Profile cluster, or File ▸ Load profile… (Ctrl+Shift+P).")
+            self.workload_label.setText(
+                "Profiling the agents: the charts appear when it finishes." if self.runner.is_busy()
+                else "No profile yet: press Profile cluster, or File ▸ Load profile… (Ctrl+Shift+P).")
             return
         w = p.profiled_workload
         wl = (f"prompt {w.prompt_tokens} tokens, batch {w.batch_size}" if w else "workload not recorded")

@@ -86,3 +86,25 @@ def test_a_profile_saves_to_a_file_that_loads_back_equal(qtbot, tmp_path):
     blocker.write_text("")
     assert not panel.save_profile_file(str(blocker / "p.json"))
     assert "Cannot save" in panel.error.text() and "Choose a folder" in panel.error.text()
+
+
+def test_while_profiling_the_screen_says_so_not_press_profile_cluster(qtbot):
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    release = threading.Event()
+
+    def slow_measure(reporter):
+        release.wait(5)
+        return make_problem().profile
+
+    panel.set_profile_task(slow_measure)
+    assert "press Profile cluster" in panel.workload_label.text()
+    with qtbot.waitSignal(panel.runner.busy_changed, timeout=5000):
+        panel.start_profiling()
+    assert "Profiling the agents" in panel.workload_label.text()
+    assert "press Profile cluster" not in panel.workload_label.text()
+    with qtbot.waitSignal(state.profile_changed, timeout=5000):
+        release.set()
+    assert "tiny-llama" in panel.workload_label.text()
+    panel.shutdown()
