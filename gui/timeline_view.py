@@ -444,8 +444,8 @@ def describe_event(event: TimelineEvent) -> str:
              f"{event.phase}, step {event.step}, micro-batch {event.micro_batch}",
              f"start {ms(event.start_s)}, end {ms(event.end_s)}, duration {ms(event.duration_s)}"]
     if event.kind == "send":
-        rate = event.nbytes / event.duration_s / 1e6 if event.duration_s > 0 else 0.0
-        lines.append(f"{_fmt_bytes(event.nbytes)} to {event.peer or '?'} ({rate:.1f} MB/s)")
+        rate = event.nbytes / event.duration_s if event.duration_s > 0 else 0.0  # bytes/s
+        lines.append(f"{_fmt_bytes(event.nbytes)} to {event.peer or '?'} ({_fmt_rate(rate)})")
     elif event.kind == "io":
         lines.append(f"{event.peer or 'storage read'}" + (f", {_fmt_bytes(event.nbytes)}" if event.nbytes else ""))
     elif event.nbytes:
@@ -649,6 +649,14 @@ def _fmt_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def _fmt_rate(bytes_per_s: float) -> str:
+    """A transfer rate that reads: 16 B in 2 ms is "8.0 kB/s", not "0.0 MB/s"."""
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= size:
+            return f"{bytes_per_s / size:.1f} {unit}"
+    return f"{bytes_per_s:.0f} B/s"
 
 
 class TimelineView(QWidget):

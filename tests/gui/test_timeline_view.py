@@ -132,6 +132,12 @@ def test_follow_live_keeps_the_newest_events_in_view_until_the_user_zooms(qtbot,
     assert x0 <= 100.098 <= x1
 
 
+def test_a_small_transfers_rate_reads_in_its_own_unit_not_0_0_mb_s():
+    token_back = TimelineEvent(device="edge-b", stage=2, kind="send", phase="decode", step=16, micro_batch=0,
+                               start_s=0.320, end_s=0.322, nbytes=16, peer="edge-a")
+    assert "16 B to edge-a (8.0 kB/s)" in describe_event(token_back)
+
+
 def test_hover_shows_times_and_bytes_of_the_transfer_under_the_mouse(qtbot, view, simulated):
     view.set_lanes(DEVICES)
     view.append_events(simulated.events)
