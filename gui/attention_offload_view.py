@@ -10,11 +10,11 @@ with memory used over capacity; baselines show each device's layer range.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtCore import QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout,
-    QWidget,
+    QComboBox, QFormLayout, QGridLayout, QGroupBox, QHBoxLayout, QLabel, QLayout, QPushButton, QSpinBox,
+    QVBoxLayout, QWidget,
 )
 
 from core.techniques.attention_offload.cost import evaluate
@@ -189,6 +189,49 @@ class OffloadRunControls(QGroupBox):
         self.roles.setText(f"compute: {', '.join(compute)} · memory (attention): {', '.join(memory)} — {how}")
 
 
+class WrappingControls(QWidget):
+    """Labelled pickers in one row where the view is wide, in two where it is not (a 1024 px
+    screen): the minimum width is the two-row one, so the screen never scrolls sideways for them."""
+
+    SPLIT = 3
+    """Pairs in the first row when wrapped."""
+
+    def __init__(self, pairs: list[tuple[QWidget, QWidget]]) -> None:
+        super().__init__()
+        self.pairs = pairs
+        self.grid = QGridLayout(self)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.grid.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
+        self.wrapped: bool | None = None
+        self._arrange(wrapped=False)
+
+    def _row_width(self, pairs) -> int:
+        spacing = max(0, self.grid.horizontalSpacing())
+        return sum(label.sizeHint().width() + w.sizeHint().width() + 2 * spacing for label, w in pairs)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt)
+        return QSize(max(self._row_width(self.pairs[:self.SPLIT]), self._row_width(self.pairs[self.SPLIT:])),
+                     super().minimumSizeHint().height())
+
+    def _arrange(self, wrapped: bool) -> None:
+        if wrapped == self.wrapped:
+            return
+        self.wrapped = wrapped
+        for label, w in self.pairs:
+            self.grid.removeWidget(label)
+            self.grid.removeWidget(w)
+        for i, (label, w) in enumerate(self.pairs):
+            row, col = (1, 2 * (i - self.SPLIT)) if wrapped and i >= self.SPLIT else (0, 2 * i)
+            self.grid.addWidget(label, row, col)
+            self.grid.addWidget(w, row, col + 1)
+        self.grid.setColumnStretch(2 * len(self.pairs), 1)  # the pickers keep their width, left-aligned
+        self.updateGeometry()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(event)
+        self._arrange(wrapped=event.size().width() < self._row_width(self.pairs))
+
+
 class AttentionOffloadPlanView(QWidget):
     """Scenario, strategy and objective pickers, the plan's figures, Compare, the placement, and
     *Run on agents*: the plan's split (one compute agent, the others memory agents) on the
@@ -206,7 +249,6 @@ class AttentionOffloadPlanView(QWidget):
         lay.addWidget(panel_header("Attention offloading (Lamina)",
                                    "Dense layers on compute devices, the KV cache and attention on memory devices, "
                                    "split by heads; per token and layer only q, k, v and the output cross."))
-        controls = QHBoxLayout()
         self.scenario = QComboBox()
         self.scenario.addItems(list(SCENARIOS))
         self.scenario.setAccessibleName("Scenario")
@@ -224,13 +266,10 @@ class AttentionOffloadPlanView(QWidget):
         self.strategy = QComboBox()
         self.strategy.addItems(list(STRATEGIES))
         self.strategy.setAccessibleName("Strategy")
-        for label, w in (("Scenario", self.scenario), ("Accelerators", self.accelerators),
-                         ("Memory devices", self.memory_devices), ("Objective", self.objective),
-                         ("Strategy", self.strategy)):
-            controls.addWidget(QLabel(label))
-            controls.addWidget(w)
-        controls.addStretch(1)
-        lay.addLayout(controls)
+        self.controls = WrappingControls([(QLabel(label), w) for label, w in (
+            ("Scenario", self.scenario), ("Accelerators", self.accelerators),
+            ("Memory devices", self.memory_devices), ("Objective", self.objective), ("Strategy", self.strategy))])
+        lay.addWidget(self.controls)
         for w in (self.scenario, self.objective, self.strategy):
             w.currentTextChanged.connect(lambda _t: self.refresh())
         for w in (self.accelerators, self.memory_devices):

@@ -132,3 +132,18 @@ def test_two_runs_compared_fit_the_sessions_screen_at_1024x700(window, qtbot, tm
     area = window.stack.currentWidget()
     assert not area.verticalScrollBar().isVisible() and not area.horizontalScrollBar().isVisible()
     assert clipped_controls(window, sessions) == []
+
+
+def test_attention_offloadings_pickers_wrap_at_1024x700_and_keep_one_row_at_1600x1000(window, qtbot):
+    plan = window.screens.plan
+    _show(window, qtbot, 1024, 700)
+    window.show_screen(plan)
+    plan.set_technique("attention-offload")
+    qtbot.wait(50)
+    view = plan.view
+    area = window.stack.currentWidget()
+    assert not area.horizontalScrollBar().isVisible(), "the pickers' row widened the screen past the window"
+    assert clipped_controls(window, plan) == [] and view.controls.wrapped
+    _show(window, qtbot, 1600, 1000)
+    qtbot.wait(50)
+    assert not view.controls.wrapped
