@@ -85,6 +85,7 @@ class ExperimentsPanel(QWidget):
         self._task = None
 
         lay = QVBoxLayout(self)
+        lay.setContentsMargins(16, 12, 16, 12)  # as every other screen: the titles line up
         lay.addWidget(panel_header("Experiments", "The EdgeShard paper's experiments, reproduced in simulation on "
                                    "its testbed (resources/scenarios/edgeshard-paper.json); "
                                    "Miniature runs them for real on a netns testbed"))

@@ -331,3 +331,17 @@ def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtb
         finally:
             parts.coordinator.close()
         window.close()
+
+
+def test_every_screens_title_starts_at_the_same_place(window, qtbot):
+    from PySide6.QtCore import QPoint
+    from PySide6.QtWidgets import QLabel
+
+    lefts = {}
+    for title, screen in window.screens.titled():
+        window.show_screen(screen)
+        qtbot.wait(10)
+        label = next(w for w in screen.findChildren(QLabel)
+                     if w.property("role") == "title" and w.isVisible())
+        lefts[title] = label.mapTo(window, QPoint(0, 0)).x()
+    assert len(set(lefts.values())) == 1, lefts
