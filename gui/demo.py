@@ -45,6 +45,10 @@ DEMO_PROMPTS = ("The secret of life is", "A wise man once said")
 DEMO_REPETITION_PENALTY = 1.3
 """The Run screen's repetition penalty in the demo (HF's; the Run screen's default is off): the
 small demo model's greedy text loops without one ("not the man who -- not the man who")."""
+DEMO_RUN_MODE = ("no-bubbles", 2)
+"""The Run screen's mode and micro-batches in the demo: the two prompts as two micro-batches
+that overlap on the timeline (the screen's default, sequential with the plan's one micro-batch,
+showed one box at a time, the pipeline never full)."""
 DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run", "Start"))
 """The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
 DEMO_HEARTBEAT_TIMEOUT_S = 5.0
@@ -366,6 +370,9 @@ class DemoSession(QObject):
                 run.prompts_edit.setPlainText("\n".join(DEMO_PROMPTS))  # openings like the quotations it learnt
             if run.penalty_spin.value() == 1.0:  # off: not the operator's own choice
                 run.penalty_spin.setValue(DEMO_REPETITION_PENALTY)
+            if run.mode_combo.currentText() == "sequential" and run.micro_batches_spin.value() == 0:  # defaults
+                run.mode_combo.setCurrentText(DEMO_RUN_MODE[0])
+                run.micro_batches_spin.setValue(DEMO_RUN_MODE[1])
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
         if has_trained_model(self.model_root):
             st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")

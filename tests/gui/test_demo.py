@@ -262,6 +262,8 @@ def test_the_demo_window_opened_as_the_cli_does_starts_agents_first_and_attaches
 
         assert window.screens.run.prompts_edit.toPlainText() == "\n".join(DEMO_PROMPTS)  # openings it learnt
         assert window.screens.run.settings().repetition_penalty == DEMO_REPETITION_PENALTY  # its text does not loop
+        settings = window.screens.run.settings()  # pipelined: the micro-batches overlap on the timeline
+        assert (settings.mode, settings.micro_batches) == ("no-bubbles", 2)
     finally:
         window.close()
         demo.stop()
