@@ -17,10 +17,12 @@
   replica and for staggered runs (2 replicas, 2 memory agents, 3 batches, fixed and rotational);
   the decode steps' bytes on the links (send events, headers included) over the tensor-only
   prediction and over the cost model's ``layer_wire_bytes``; decode throughput measured vs
-  predicted by the technique's simulator on a problem calibrated from a separate *profiling run*'s
-  own events (dense segment per layer, attention span, per-frame send cost on each side, the
-  rest of the round trip as link latency, the per-step overhead), for one replica and for
-  rotational staggering;
+  predicted by the technique's simulator on a problem calibrated from separate *profiling runs*'
+  own events (``calibration.calibrate``: dense slice, attention span, per-frame costs on each side
+  with the rest of the round trip, the per-step overhead; work = span x the share of a core the
+  profiled agent got, from the scheduler), simulated with the agents sharing this host's cores
+  (``host_cores``, the background load the share implies), for one replica and for rotational
+  staggering: per round from its own two profiling runs, and every round from all of them pooled;
 - largest_batch_x_context: compute device memory emulated at its weights + 2 MiB, memory agents
   at 8 MiB: the largest batch at a 124-token context that layer sharding (whole model + KV on the
   compute device) and attention offloading (KV on the memory agents) admit and run.
@@ -38,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import msgspec  # noqa: E402
 import torch  # noqa: E402
@@ -49,13 +52,15 @@ from agents.sampling import SamplingParams  # noqa: E402
 from core.models.checkpoints import ModelRecipe, make_model  # noqa: E402
 from core.techniques.attention_offload import planner, scenarios  # noqa: E402
 from core.techniques.attention_offload.problem import OffloadModel, OffloadPlan  # noqa: E402
+from core.techniques.attention_offload.calibration import calibrate  # noqa: E402
+from runtime_threads import thread_stats  # noqa: E402
 from core.techniques.attention_offload.simulator import simulate  # noqa: E402
 
 PROMPTS = ["The lighthouse keeper climbed the steps", "Hello",
            "A chain is only as strong as its weakest link, and a pipeline"]
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
-WARM_STEPS = 4
-"""Decode steps of a profiling run left out of the calibration (sockets, stores and caches warming)."""
+HOST_CORES = os.cpu_count() or 1
+"""The local cluster's agents share this host's cores (the simulator's processor sharing)."""
 MAX_NEW = 10
 
 
@@ -119,67 +124,6 @@ def control_channel_before(root: Path) -> dict:
     return {"wire_over_predicted": round(per / (shape.wire_elements_per_token_layer() * 4), 3)}
 
 
-def profiled_problem(runs, model, compute: list[str], memory: list[str], batch: int, prompt_tokens: int,
-                     generated: int) -> tuple:
-    """The cost model's problem for the local cluster, calibrated from a *profiling run*'s own events
-    (one replica, ``run_offload``; several runs: their means): per decode layer the dense segment (FLOP rate), the attention
-    span on the memory agents (their KV read rate), the per-frame CPU cost of a send on each side
-    (``frame_s``: the remote attention call's overhead, paid per memory device and layer) and what
-    remains of the round trip (link latency). The first decode step is left out (warm-up)."""
-    from core.techniques.attention_offload.problem import OffloadDevice, OffloadProblem, OffloadWorkload
-
-    L, dense_dev = model.layers, compute[0]
-    ev, layer_s, gaps, periods = [], [], [], []
-    for run in runs:
-        mine = [e for e in run.events if e.step >= WARM_STEPS]
-        ev += mine
-        segs_by_step: dict[int, list] = {}
-        for e in mine:
-            if e.device == dense_dev and e.kind == "compute":
-                segs_by_step.setdefault(e.step, []).append(e)
-        firsts = []
-        for step, segs in sorted(segs_by_step.items()):
-            segs.sort(key=lambda e: e.start_s)
-            if len(segs) != L + 1:
-                continue
-            layer_s += [e.end_s - e.start_s for e in segs[1:L]]
-            gaps += [b.start_s - a.end_s for a, b in zip(segs, segs[1:])]
-            firsts.append(segs[0].start_s)
-        periods.append((firsts[-1] - firsts[0]) / (len(firsts) - 1))  # one decode step of the batch
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    period = mean(periods)
-    dense_layer = mean(layer_s)
-    attention = max(mean([e.end_s - e.start_s for e in ev if e.device == m and e.kind == "compute"]) for m in memory)
-    frame_c = mean([e.end_s - e.start_s for e in ev if e.device == dense_dev and e.kind == "send"])
-    frame_m = mean([e.end_s - e.start_s for e in ev if e.device in memory and e.kind == "send"])
-    wire = batch * model.wire_bytes_per_token_layer()
-    bandwidth = 1e9
-    m = len(memory)
-    # what the round trip costs beyond the frames' CPU time and the attention: wire and wake-ups
-    rest = mean(gaps) - 2 * m * frame_c - attention - 2 * frame_m - wire / bandwidth
-    latency = max(0.0, rest) / 4  # link = bytes/bw + 2·(compute latency + memory latency)
-    ctx = prompt_tokens + generated / 2
-    kv_read = batch * ctx * 2 * (model.kv_heads // m) * model.head_dim * model.bytes_per_element
-    fast = 1e13
-    flops = 2 * model.dense_params_per_layer * batch / dense_layer
-    head = 2 * model.vocab * model.hidden * batch / flops
-    # what a step costs beyond its layers' cycles and the head: sampling, the stage loop's turn-around
-    step_overhead = max(0.0, period - L * (dense_layer + mean(gaps)) - head)
-    devices = [OffloadDevice(id=c, flops=flops, memory_bandwidth=fast, memory_bytes=1 << 40, link_bandwidth=bandwidth,
-                             link_latency_s=latency, frame_s=frame_c, step_overhead_s=step_overhead)
-               for c in compute]
-    devices += [OffloadDevice(id=d, flops=fast, memory_bandwidth=kv_read / max(attention - 0.0, 1e-9),
-                              memory_bytes=1 << 40, link_bandwidth=bandwidth, link_latency_s=latency, frame_s=frame_m)
-                for d in memory]
-    problem = OffloadProblem(devices=tuple(devices), model=model,
-                             workload=OffloadWorkload(prompt_tokens=prompt_tokens, generated_tokens=generated))
-    ms = lambda x: round(x * 1e3, 3)  # noqa: E731
-    return problem, {"dense_layer_ms": ms(dense_layer), "attention_layer_ms": ms(attention),
-                     "frame_send_ms_compute": ms(frame_c), "frame_send_ms_memory": ms(frame_m),
-                     "round_trip_ms": ms(mean(gaps)), "link_latency_ms_each": ms(latency),
-                     "step_ms": ms(period), "step_overhead_ms": ms(step_overhead)}
-
-
 def _prompts(n: int) -> list[str]:
     return [PROMPTS[i % len(PROMPTS)] + " " + "and more words" * (i % 2) for i in range(n)]
 
@@ -228,35 +172,60 @@ def local_cluster(root: Path) -> dict:
         def profile():
             return run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, 16))
 
-        # The machine is shared: each measured run is bracketed by profiling runs (the calibration
-        # is their mean), and the rounds' ratios are reported with their median.
-        failures = []
+        # The machine is shared: each measured run is bracketed by profiling runs; a round is predicted
+        # from its own brackets, and every round again from all the bench's profiling runs pooled.
+        failures, profiles, measured_runs = [], [], []
+
+        def shares():
+            return {d: [sum(x[i] for x in thread_stats(lc.pid_of(d)).values()) for i in (0, 1)] for d in ("c0",)}
+
+        def profiled():
+            before = shares()
+            run = profile()
+            after = shares()
+            cpu, wait = (after["c0"][i] - before["c0"][i] for i in (0, 1))
+            profiles.append((run.events, min(1.0, max(1e-3, cpu / (cpu + wait))) if cpu > 0 else 1.0))
+            return profiles[-1]
+
+        def calibrated(pairs):
+            return calibrate(model, [e for e, _ in pairs], compute=["c0", "c1"], memory=["m0", "m1"], batch=B,
+                             prompt_tokens=enc["input_ids"].shape[1], generated_tokens=16, host_cores=HOST_CORES,
+                             host_share=sum(s for _, s in pairs) / len(pairs))
+
+        def predicted(cal):
+            kw = dict(host_cores=HOST_CORES, background=cal.figures["background"], generated_tokens=steps)
+            stag_problem = msgspec.structs.replace(cal.problem, workload=msgspec.structs.replace(
+                cal.problem.workload, prompt_tokens=enc9["input_ids"].shape[1]))
+            return (simulate(cal.problem, one_plan, "rotational", **kw).decode_tokens_per_s,
+                    simulate(stag_problem, stag_plan, "rotational", **kw).decode_tokens_per_s)
+
         for _ in range(rounds):
             try:
-                before = profile()
+                before = profiled()
                 one = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc, steps))
                 staggered = run_staggered(coordinator, model_dir, ["c0", "c1"], ["m0", "m1"],
                                           _request_of(enc9, steps, 3), schedule="rotational")
-                after = profile()
+                after = profiled()
             except EdgeShardError as err:  # reported, not hidden: the round is left out (with the agents' last words)
                 failures.append({"error": str(err), "logs": {d: coordinator.logs(d, 6) for d in ("c0", "c1", "m0", "m1")}})
                 continue
-            problem, calibration = profiled_problem([before, after], model, ["c0", "c1"], ["m0", "m1"], B,
-                                                    enc["input_ids"].shape[1], 16)
-            predicted_one = simulate(problem, one_plan, "rotational", generated_tokens=steps).decode_tokens_per_s
-            stag_problem = msgspec.structs.replace(problem, workload=msgspec.structs.replace(
-                problem.workload, prompt_tokens=enc9["input_ids"].shape[1]))
-            predicted_stag = simulate(stag_problem, stag_plan, "rotational",
-                                      generated_tokens=steps).decode_tokens_per_s
-            for key, measured, predicted in (("one_replica", decode_tokens_per_s(one.token_events), predicted_one),
-                                             ("rotational_2_replicas_3_batches",
-                                              decode_tokens_per_s(staggered.token_events), predicted_stag)):
-                figures[key].append({"measured": round(measured, 2), "predicted": round(predicted, 2),
-                                     "measured_over_predicted": round(measured / predicted, 3),
-                                     "calibration": calibration if key == "one_replica" else "same"})
+            cal = calibrated([before, after])
+            measured_runs.append((decode_tokens_per_s(one.token_events), decode_tokens_per_s(staggered.token_events)))
+            for key, measured, pred in zip(figures, measured_runs[-1], predicted(cal)):
+                figures[key].append({"measured": round(measured, 2), "predicted": round(pred, 2),
+                                     "measured_over_predicted": round(measured / pred, 3),
+                                     "calibration": {k: round(v, 3) if k in ("host_share", "background")
+                                                     else round(v * 1e3, 3) for k, v in cal.figures.items()}
+                                     if key == "one_replica" else "same"})
     throughput = {key: {"median_measured_over_predicted": sorted(r["measured_over_predicted"] for r in rows)[
         len(rows) // 2] if rows else None, "rounds": rows} for key, rows in figures.items()}
     throughput["failed_rounds"] = failures
+    if measured_runs:  # one calibration from every profiling run of the bench: the prediction does not swing
+        pooled = predicted(calibrated(profiles))
+        for i, key in enumerate(figures):
+            ratios = sorted(round(m[i] / pooled[i], 3) for m in measured_runs)
+            throughput[key]["pooled_calibration"] = {"predicted": round(pooled[i], 2), "measured_over_predicted": ratios,
+                                                     "median": ratios[len(ratios) // 2]}
     total = _decode_link_bytes(run)
     done = MAX_NEW - 1
     return {

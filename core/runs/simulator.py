@@ -47,6 +47,7 @@ from core.errors import PlanInvalid
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.runs.metrics import RunFigures, compute_figures
+from core.runs.shared_host import SharedCores
 
 Mode = RunMode
 MODES = RUN_MODES
@@ -129,11 +130,9 @@ class _Simulation:
         self.sizes = tuple(sizes) if sizes is not None else (m,) * k_mb
         self.first_seq = [sum(self.sizes[:mb]) for mb in range(k_mb)]
         self.host_cores = host_cores
-        # Processor sharing (host_cores): stage -> [remaining seconds at full speed,
-        # start time, job, version]; a completion whose version is stale is ignored.
-        self.active: dict[int, list] = {}
-        self.active_since = 0.0
-        self.ps_version = 0
+        # Processor sharing (host_cores): the stages computing at once share the host's cores.
+        self.shared = SharedCores(host_cores, lambda t, j, v: self.push(t, _COMPUTE_DONE, j, None, v)) \
+            if host_cores is not None else None
         stages = plan.stages
         self.n = len(stages)
         prompt = problem.workload.prompt_tokens
@@ -191,9 +190,9 @@ class _Simulation:
                 self.stage_queue[j].append(job)
                 self._try_stage(j, t)
             elif action == _COMPUTE_DONE:
-                if self.host_cores is not None and not self._ps_done(t, *args):
-                    continue
-                self._compute_done(t, args[0], args[1])
+                job = args[1] if self.shared is None else self._ps_done(t, args[0], args[2])
+                if job is not None:
+                    self._compute_done(t, args[0], job)
             elif action == _LINK_DONE:
                 j = args[0]
                 self.link_busy[j] = False
@@ -217,48 +216,24 @@ class _Simulation:
                 start_s=self.stage_free_since[j], end_s=t))
         self.stage_busy[j] = True
         d = self.compute[j, phase, self.sizes[mb]]
-        if self.host_cores is not None:
-            self._ps_advance(t)
-            self.active[j] = [d, t, (mb, step), 0]
-            self._ps_reschedule(t)
+        if self.shared is not None:
+            self.shared.start(j, d, t, (mb, step))
             return
         self.events.append(TimelineEvent(
             device=dev, stage=j, kind="compute", phase=phase, step=step, micro_batch=mb,
             start_s=t, end_s=t + d))
         self.push(t + d, _COMPUTE_DONE, j, (mb, step))
 
-    def _ps_rate(self) -> float:
-        return min(1.0, self.host_cores / len(self.active)) if self.active else 1.0
-
-    def _ps_advance(self, t: float) -> None:
-        rate = self._ps_rate()
-        for a in self.active.values():
-            a[0] -= (t - self.active_since) * rate
-        self.active_since = t
-
-    def _ps_reschedule(self, t: float) -> None:
-        # Versions are unique over the whole simulation, not per job: a per-job counter
-        # restarted at 0 let a stale completion of a stage's previous job match its next
-        # job's version and finish it early as the old step (3 stages, bubbles, K >= 3
-        # on 2 cores then never finished).
-        rate = self._ps_rate()
-        for j, a in self.active.items():
-            self.ps_version += 1
-            a[3] = self.ps_version
-            self.push(t + max(0.0, a[0]) / rate, _COMPUTE_DONE, j, a[2], a[3])
-
-    def _ps_done(self, t: float, j: int, job, version: int) -> bool:
-        a = self.active.get(j)
-        if a is None or a[3] != version:
-            return False
-        self._ps_advance(t)
-        del self.active[j]
-        self._ps_reschedule(t)
-        mb, step = job
+    def _ps_done(self, t: float, j: int, version: int) -> tuple[int, int] | None:
+        """Stage ``j``'s job when this completion is current (its compute event recorded), else None."""
+        got = self.shared.finish(j, version, t)
+        if got is None:
+            return None
+        start, (mb, step) = got
         self.events.append(TimelineEvent(
             device=self.plan.stages[j].device, stage=j, kind="compute", phase=phase_of(step), step=step,
-            micro_batch=mb, start_s=a[1], end_s=t))
-        return True
+            micro_batch=mb, start_s=start, end_s=t))
+        return mb, step
 
     def _free_stage(self, j: int, t: float) -> None:
         self.stage_busy[j] = False

@@ -89,13 +89,20 @@ def residual_seconds(problem: OffloadProblem, source: OffloadDevice, target: Off
     return nbytes / min(source.link_bandwidth, target.link_bandwidth) + source.link_latency_s + target.link_latency_s
 
 
-def attention_seconds(problem: OffloadProblem, memory: list[OffloadDevice], batch: int, context: float) -> float:
-    """KV read of one layer for the batch, heads split evenly: the slowest device's share bounds."""
+def attention_seconds_by_device(problem: OffloadProblem, memory: list[OffloadDevice], batch: int,
+                                context: float) -> list[float]:
+    """Per memory device (heads split evenly, as agents split them): its share of one layer's KV read
+    for the batch, and the frame it receives and the one it answers (``frame_s`` each)."""
     m = problem.model
     per_head = batch * context * 2 * m.head_dim * m.bytes_per_element
     base, extra = divmod(m.kv_heads, len(memory))
-    return max((base + (1 if i < extra else 0)) * per_head / d.memory_bandwidth + 2 * d.frame_s
-               for i, d in enumerate(memory))
+    return [(base + (1 if i < extra else 0)) * per_head / d.memory_bandwidth + 2 * d.frame_s
+            for i, d in enumerate(memory)]
+
+
+def attention_seconds(problem: OffloadProblem, memory: list[OffloadDevice], batch: int, context: float) -> float:
+    """KV read of one layer for the batch, heads split evenly: the slowest device's share bounds."""
+    return max(attention_seconds_by_device(problem, memory, batch, context))
 
 
 def link_seconds(problem: OffloadProblem, compute: OffloadDevice, memory: list[OffloadDevice], batch: int) -> float:

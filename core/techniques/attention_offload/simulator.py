@@ -3,9 +3,11 @@
 The order is not decided here: ``agents.schedule.staggered_slices`` (the one schedule, which the
 agents execute too) says which replica runs each slice of each batch and in what order. Here
 it is timed: each replica performs its slices in that order, each as early as its batch's
-previous slice (its attention outputs and residual) and the replica allow; the memory pool
-serves the attentions in the same order, every memory device in parallel on its heads (the
-attention lanes). Events are what a real run records (agents.attention_offload_staggered): a
+previous slice (its attention outputs and residual) and the replica allow; each memory device
+serves the attentions of its heads as their frames arrive, first come first served (the
+attention lanes). On a host whose cores the agents share (a local cluster: ``host_cores``,
+``background``) the slices, residual frames and attentions computing at once share the cores
+(``core.runs.shared_host.SharedCores``, as layer sharding's simulator does). Events are what a real run records (agents.attention_offload_staggered): a
 ``compute`` per slice on its replica (stage = the layer whose attention follows, ``layers`` for
 the tail), a ``send`` from the replica to each memory device (q, k, v and a frame header), the
 attention ``compute`` and its answer ``send`` (the output) on each memory device, and a ``send``
@@ -15,13 +17,17 @@ Step 0 is the prefill: dense time of B·prompt tokens, attention by its FLOPs on
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
+
 import msgspec
 
 from agents.protocol import TimelineEvent, TokenEvent
 from agents.schedule import STAGGERED_SCHEDULES, staggered_slices
 from core.runs.metrics import RunFigures, compute_figures
+from core.runs.shared_host import SharedCores
 from core.techniques.attention_offload.cost import (
-    FRAME_HEADER_BYTES, attention_seconds, dense_seconds, head_seconds, link_seconds, residual_seconds,
+    FRAME_HEADER_BYTES, attention_seconds_by_device, dense_seconds, head_seconds, link_seconds, residual_seconds,
 )
 from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem, check_plan
 
@@ -34,88 +40,180 @@ class OffloadSimulation(msgspec.Struct, frozen=True, kw_only=True):
     """Steady decode throughput: per batch, decode tokens over their span (prefill apart), summed."""
 
 
-def _prefill_attention_s(problem: OffloadProblem, plan: OffloadPlan) -> float:
+def _prefill_attention_s(problem: OffloadProblem, plan: OffloadPlan) -> list[float]:
+    """Per memory device: its heads' prefill attention by FLOPs (QK^T and PV, causal half)."""
     m, p = problem.model, problem.workload.prompt_tokens
-    q_heads_share = -(-m.kv_heads // len(plan.memory)) * (m.q_heads // m.kv_heads)
-    flops = 4 * plan.batch * p * p * q_heads_share * m.head_dim / 2  # QK^T and PV, causal half
-    return max(flops / problem.device(d).flops for d in plan.memory)
+    group = m.q_heads // m.kv_heads
+    return [4 * plan.batch * p * p * len(h) * group * m.head_dim / 2 / problem.device(d).flops
+            for d, h in plan.kv_heads_of(m.kv_heads).items()]
 
 
 def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None, *,
-             generated_tokens: int | None = None, **_) -> OffloadSimulation:
-    """``mode``: ``fixed`` or ``rotational`` (default: the plan's schedule)."""
+             generated_tokens: int | None = None, host_cores: int | None = None, background: float = 0.0,
+             **_) -> OffloadSimulation:
+    """``mode``: ``fixed`` or ``rotational`` (default: the plan's schedule). ``host_cores``: the
+    devices are agents on one host with that many cores, shared with ``background`` other runnable
+    processes (``core.runs.shared_host``: every slice, residual frame and attention computing at
+    once progresses at min(1, cores / (jobs + background))); None: independent devices."""
     check_plan(problem, plan)
     schedule = mode or plan.schedule
     if schedule not in STAGGERED_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: fixed or rotational")
+    if host_cores is not None and host_cores < 1:
+        raise ValueError("host_cores must be at least 1")
     steps = generated_tokens or problem.workload.generated_tokens
-    model = problem.model
-    memory = [problem.device(d) for d in plan.memory]
-    c, layers, n = len(plan.compute), model.layers, plan.in_flight
-    heads = plan.kv_heads_of(model.kv_heads)
-    ctx = problem.workload.prompt_tokens
-    bpe, group = model.bytes_per_element, model.q_heads // model.kv_heads
-    compute_free = {d: 0.0 for d in plan.compute}
-    memory_free = 0.0
-    ready = [0.0] * n  # when the batch's previous slice's outputs reach its next replica
-    moved_in = [0.0] * n  # the residual frame the batch's next replica receives first
-    events: list[TimelineEvent] = []
-    tokens: list[TokenEvent] = []
-    order = staggered_slices(schedule, c, n, steps, layers)
-    nxt = {(s.micro_batch, s.index): s.replica for s in order}
-    for s in order:
+    return _Simulation(problem, plan, schedule, steps, host_cores, background).run()
+
+
+_DONE, _INPUT, _AT_MEMORY = range(3)
+
+
+class _Simulation:
+    """Event-driven: a replica runs its slices in the schedule's order, each once its inputs (every
+    memory device's answer and the residual) arrived; a memory device serves attentions as their
+    frames arrive, first come first served; with ``host_cores`` the jobs share the cores."""
+
+    def __init__(self, problem, plan, schedule, steps, host_cores, background):
+        self.problem, self.plan, self.steps = problem, plan, steps
+        self.model = model = problem.model
+        self.memory = [problem.device(d) for d in plan.memory]
+        self.layers = model.layers
+        self.heads = plan.kv_heads_of(model.kv_heads)
+        self.ctx = problem.workload.prompt_tokens
+        order = staggered_slices(schedule, len(plan.compute), plan.in_flight, steps, self.layers)
+        self.nxt = {(s.micro_batch, s.index): s.replica for s in order}
+        self.queue = {d: deque(s for s in order if plan.compute[s.replica] == d) for d in plan.compute}
+        self.busy = {d: False for d in list(plan.compute) + list(plan.memory)}
+        self.mem_queue: dict[str, deque] = {d: deque() for d in plan.memory}
+        self.need = {(s.micro_batch, s.index): 0 if s.index == 0 else len(plan.memory) + 1 for s in order}
+        self.moved_in: dict[tuple[int, int], float] = {}
+        self.heap: list = []
+        self.seq = 0
+        self.jobs: dict[tuple, tuple[float, object]] = {}
+        self.shared = SharedCores(host_cores, lambda t, key, v: self.push(t, _DONE, key, v), background) \
+            if host_cores is not None else None
+        self.events: list[TimelineEvent] = []
+        self.tokens: list[TokenEvent] = []
+
+    def push(self, t, action, *args):
+        heapq.heappush(self.heap, (t, self.seq, action, args))
+        self.seq += 1
+
+    def _job(self, key, work: float, t: float, payload) -> None:
+        if self.shared is not None:
+            self.shared.start(key, work, t, payload)
+        else:
+            self.jobs[key] = (t, payload)
+            self.push(t + work, _DONE, key, None)
+
+    def run(self) -> OffloadSimulation:
+        for d in self.plan.compute:
+            self._try_replica(d, 0.0)
+        while self.heap:
+            t, _, action, args = heapq.heappop(self.heap)
+            if action == _DONE:
+                key, version = args
+                got = self.shared.finish(key, version, t) if self.shared is not None else self.jobs.pop(key)
+                if got is None:
+                    continue
+                start, payload = got
+                if key[0] == "memory":
+                    self._attended(key[1], start, t, *payload)
+                elif payload is None:  # a residual frame sent: the replica is free
+                    self._free(key[1], t)
+                else:
+                    self._sliced(key[1], start, t, *payload)
+            elif action == _INPUT:
+                b, k = args
+                self.need[b, k] -= 1
+                if self.need[b, k] == 0:
+                    self._try_replica(self.plan.compute[self.nxt[b, k]], t)
+            else:
+                m_id, job = args
+                self.mem_queue[m_id].append(job)
+                self._try_memory(m_id, t)
+        events = sorted(self.events, key=lambda e: (e.start_s, e.device))
+        tokens = sorted(self.tokens, key=lambda t: t.t_s)
+        return OffloadSimulation(events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
+                                 decode_tokens_per_s=decode_tokens_per_s(tokens))
+
+    def _free(self, device: str, t: float) -> None:
+        self.busy[device] = False
+        self._try_replica(device, t)
+
+    def _try_replica(self, device: str, t: float) -> None:
+        q = self.queue[device]
+        if self.busy[device] or not q or self.need[q[0].micro_batch, q[0].index] > 0:
+            return
+        s = q.popleft()
+        problem, dev = self.problem, self.problem.device(device)
+        rows = self.plan.batch * (self.ctx if s.step == 0 and s.index < self.layers else 1)
+        samples = s.index >= self.layers and s.index % self.layers == 0  # the head of the step before, then sampling
+        head = head_seconds(problem, dev, self.plan.batch) if samples else 0.0
+        moved = self.moved_in.pop((s.micro_batch, s.index), 0.0)
+        dense = 0.0 if s.is_tail else dense_seconds(problem, dev, rows, len(self.memory))
+        self.busy[device] = True
+        self._job(("compute", device), moved + head + dense, t, (s, rows, (moved + head) if samples else None,
+                                                                 moved + head + dense))
+
+    def _sliced(self, device: str, start: float, t: float, s, rows: int, to_token, work: float) -> None:
+        problem, model, plan = self.problem, self.model, self.plan
         b, step, layer = s.micro_batch, s.step, s.layer
-        device = plan.compute[s.replica]
         dev = problem.device(device)
         common = dict(step=step, micro_batch=b, phase=s.phase)
-        rows = plan.batch * (ctx if step == 0 and s.index < layers else 1)  # tokens this slice's dense part runs
-        samples = s.index >= layers and s.index % layers == 0  # the head of the step before, then sampling
-        head = head_seconds(problem, dev, plan.batch) if samples else 0.0
-        start = max(ready[b], compute_free[device])
-        end = start + moved_in[b] + head + (0.0 if s.is_tail else dense_seconds(problem, dev, rows, len(memory)))
-        moved_in[b] = 0.0
-        compute_free[device] = end
-        events.append(TimelineEvent(device=device, stage=layer, kind="compute", start_s=start, end_s=end, **common))
-        if samples:
+        self.events.append(TimelineEvent(device=device, stage=layer, kind="compute", start_s=start, end_s=t, **common))
+        if to_token is not None:  # the head ran first in the slice (its share of the slice's span)
             done = step - 1 if not s.is_tail else step
-            tokens.append(TokenEvent(micro_batch=b, step=done,
-                                     sequence_ids=tuple(range(b * plan.batch, (b + 1) * plan.batch)),
-                                     token_ids=(0,) * plan.batch, t_s=start + head))
+            self.tokens.append(TokenEvent(micro_batch=b, step=done,
+                                          sequence_ids=tuple(range(b * plan.batch, (b + 1) * plan.batch)),
+                                          token_ids=(0,) * plan.batch,
+                                          t_s=start + (t - start) * (to_token / work if work > 0 else 1.0)))
         if s.is_tail:
-            continue
-        following = plan.compute[nxt[(b, s.index + 1)]]
-        link = link_seconds(problem, dev, memory, rows)
-        sent = end + link / 2
-        for m_id in plan.memory:
-            h = len(heads[m_id])
-            events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=end, end_s=sent,
-                                        nbytes=rows * (h * group + 2 * h) * model.head_dim * bpe + FRAME_HEADER_BYTES,
-                                        peer=m_id, **common))
-        attn = (_prefill_attention_s(problem, plan) if step == 0
-                else attention_seconds(problem, memory, plan.batch, ctx + step - 1))
-        a_start = max(sent, memory_free)
-        memory_free = a_start + attn
-        for m_id in plan.memory:
-            h = len(heads[m_id])
-            events.append(TimelineEvent(device=m_id, stage=layer, kind="compute", start_s=a_start,
-                                        end_s=memory_free, **common))
-            events.append(TimelineEvent(device=m_id, stage=layer, kind="send", start_s=memory_free,
-                                        end_s=memory_free + link / 2,
-                                        nbytes=rows * h * group * model.head_dim * bpe + FRAME_HEADER_BYTES,
-                                        peer=following, **common))
-        ready[b] = memory_free + link / 2
-        if following != device:
-            moved = residual_seconds(problem, dev, problem.device(following), rows)
-            events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=end, end_s=end + moved,
-                                        nbytes=rows * model.hidden * bpe + FRAME_HEADER_BYTES, peer=following,
-                                        **common))
-            ready[b] = max(ready[b], end + moved)
-            compute_free[device] = end + dev.frame_s  # the residual's frame: sent here, received there
-            moved_in[b] = problem.device(following).frame_s
-    events.sort(key=lambda e: (e.start_s, e.device))
-    tokens.sort(key=lambda t: t.t_s)
-    return OffloadSimulation(events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
-                             decode_tokens_per_s=decode_tokens_per_s(tokens))
+            self._free(device, t)
+            return
+        following = plan.compute[self.nxt[b, s.index + 1]]
+        link = link_seconds(problem, dev, self.memory, rows)
+        bpe, group = model.bytes_per_element, model.q_heads // model.kv_heads
+        if step == 0:
+            attention = _prefill_attention_s(problem, plan)
+        else:
+            attention = attention_seconds_by_device(problem, self.memory, plan.batch, self.ctx + step - 1)
+        for m_id, work in zip(plan.memory, attention):
+            h = len(self.heads[m_id])
+            self.events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=t, end_s=t + link / 2,
+                                             nbytes=rows * (h * group + 2 * h) * model.head_dim * bpe
+                                             + FRAME_HEADER_BYTES, peer=m_id, **common))
+            self.push(t + link / 2, _AT_MEMORY, m_id, (s, rows, following, link, work))
+        if following == device:
+            self.push(t, _INPUT, b, s.index + 1)
+            self._free(device, t)
+            return
+        moved = residual_seconds(problem, dev, problem.device(following), rows)
+        self.events.append(TimelineEvent(device=device, stage=layer, kind="send", start_s=t, end_s=t + moved,
+                                         nbytes=rows * model.hidden * bpe + FRAME_HEADER_BYTES, peer=following,
+                                         **common))
+        self.push(t + moved, _INPUT, b, s.index + 1)
+        self.moved_in[b, s.index + 1] = problem.device(following).frame_s  # received there
+        self._job(("compute", device), dev.frame_s, t, None)  # sent here
+
+    def _try_memory(self, m_id: str, t: float) -> None:
+        if self.busy[m_id] or not self.mem_queue[m_id]:
+            return
+        s, rows, following, link, work = self.mem_queue[m_id].popleft()
+        self.busy[m_id] = True
+        self._job(("memory", m_id), work, t, (s, rows, following, link))
+
+    def _attended(self, m_id: str, start: float, t: float, s, rows: int, following: str, link: float) -> None:
+        model = self.model
+        common = dict(step=s.step, micro_batch=s.micro_batch, phase=s.phase)
+        h = len(self.heads[m_id])
+        self.events.append(TimelineEvent(device=m_id, stage=s.layer, kind="compute", start_s=start, end_s=t, **common))
+        self.events.append(TimelineEvent(device=m_id, stage=s.layer, kind="send", start_s=t, end_s=t + link / 2,
+                                         nbytes=rows * h * (model.q_heads // model.kv_heads) * model.head_dim
+                                         * model.bytes_per_element + FRAME_HEADER_BYTES, peer=following, **common))
+        self.push(t + link / 2, _INPUT, s.micro_batch, s.index + 1)
+        self.busy[m_id] = False
+        self._try_memory(m_id, t)
 
 
 def decode_tokens_per_s(tokens) -> float:

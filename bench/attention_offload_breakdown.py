@@ -1,0 +1,155 @@
+"""Where an attention-offload decode step's time goes on the local cluster, measured vs the cost model.
+
+Agents as processes (LocalCluster: c0, c1 compute, m0, m1 memory, the bench model of
+bench/attention_offload.py: llama 4 blocks, 256 wide, 8 q / 2 kv heads). Per round: a profiling run
+(one replica, 16 steps) calibrates the cost model (``calibration.calibrate``), then a measured
+one-replica run (24 steps, batch 3) and a rotational run (2 replicas, 3 batches of 3, 24 steps)
+are predicted by the technique's simulator and decomposed, predicted and measured alike, by
+``calibration.components`` from their timelines (the simulator emits the events a run records):
+per decode layer the dense slice, the boundary slice (head, sampling, the step's turn-around,
+the next step's first segment), each frame's send on both sides, the transit out (send end ->
+attention start) and back (answer sent -> next slice starts), the attention, the residual hand-over,
+the layer cycle and the step period. Per agent process: CPU seconds and run-queue wait over the
+run (/proc/PID/task/*/schedstat). One JSON line (ms, medians over the decode steps past warm-up).
+
+Run: python bench/attention_offload_breakdown.py [ROUNDS]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import msgspec  # noqa: E402
+import transformers  # noqa: E402
+
+from attention_offload import PROMPTS, _llama, _prompts, _request_of  # noqa: E402
+from runtime_threads import thread_stats  # noqa: E402
+from core.devices.local_cluster import LocalCluster  # noqa: E402
+from core.runs.coordinator import Coordinator  # noqa: E402
+from core.techniques.attention_offload.calibration import calibrate, components  # noqa: E402
+from core.techniques.attention_offload.problem import OffloadPlan  # noqa: E402
+from core.techniques.attention_offload.run import checkpoint_model, run_offload, run_staggered  # noqa: E402
+from core.techniques.attention_offload.simulator import decode_tokens_per_s, simulate  # noqa: E402
+
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+DEVICES = ["c0", "c1", "m0", "m1"]
+STEPS = 24
+
+
+def _cpu(lc) -> dict[str, tuple[float, float]]:
+    out = {}
+    for d in DEVICES:
+        stats = thread_stats(lc.pid_of(d)).values()
+        out[d] = (sum(s[0] for s in stats), sum(s[1] for s in stats))
+    return out
+
+
+def _delta(before, after, seconds) -> dict:
+    return {d: {"cpu_share": round((after[d][0] - before[d][0]) / seconds, 3),
+                "runqueue_share": round((after[d][1] - before[d][1]) / seconds, 3)} for d in DEVICES}
+
+
+def _ms(parts: dict) -> dict:
+    """Seconds as ms; shares (busy, host share) and process counts as they are."""
+    plain = ("compute_busy", "memory_busy", "host_share", "background")
+    return {k: round(v, 3) if k in plain else round(v * 1e3, 3) for k, v in parts.items()}
+
+
+HOST_CORES = os.cpu_count() or 1
+
+
+def _share(before, after, device: str) -> float:
+    """The share of a core ``device``'s agent got while runnable: CPU / (CPU + run-queue wait)."""
+    cpu, wait = after[device][0] - before[device][0], after[device][1] - before[device][1]
+    return min(1.0, max(1e-3, cpu / (cpu + wait))) if cpu > 0 else 1.0
+
+
+def main() -> None:
+    out: dict = {"bench": "attention_offload_breakdown", "host_cores": HOST_CORES,
+                 "loadavg_start": open("/proc/loadavg").read().split()[:3], "rounds": []}
+    t0 = time.perf_counter()
+    profiles, measured_runs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir = _llama(root, "breakdown-llama")
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+        enc = tok(PROMPTS, padding=True, return_tensors="pt")
+        enc9 = tok(_prompts(9), padding=True, return_tensors="pt")
+        model = checkpoint_model(model_dir)
+        B = len(PROMPTS)
+        plans = {"one_replica": (OffloadPlan(compute=("c0",), memory=("m0", "m1"), batch=B, in_flight=1),
+                                 enc["input_ids"].shape[1]),
+                 "rotational_2x3": (OffloadPlan(compute=("c0", "c1"), memory=("m0", "m1"), batch=3, in_flight=3),
+                                    enc9["input_ids"].shape[1])}
+
+        def calibrated(events_list, share):
+            return calibrate(model, events_list, compute=["c0", "c1"], memory=["m0", "m1"], batch=B,
+                             prompt_tokens=enc["input_ids"].shape[1], generated_tokens=16, host_cores=HOST_CORES,
+                             host_share=share)
+
+        def predict(cal, key, shared=True):
+            plan, prompt = plans[key]
+            problem = msgspec.structs.replace(cal.problem, workload=msgspec.structs.replace(
+                cal.problem.workload, prompt_tokens=prompt))
+            kw = dict(host_cores=HOST_CORES, background=cal.figures["background"]) if shared else {}
+            return simulate(problem, plan, "rotational", generated_tokens=STEPS, **kw)
+
+        with LocalCluster(root / "cluster", DEVICES, threads_per_agent=1) as lc, \
+                Coordinator(lc.endpoints, lc.keys) as co:
+            co.wait_ready(timeout_s=60)
+            co.sync_clocks()
+            run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, 4))  # warm-up
+            run_staggered(co, model_dir, ["c0", "c1"], ["m0", "m1"], _request_of(enc9, 4, 3), schedule="rotational")
+            runs = {"one_replica": lambda: run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, STEPS)),
+                    "rotational_2x3": lambda: run_staggered(co, model_dir, ["c0", "c1"], ["m0", "m1"],
+                                                            _request_of(enc9, STEPS, 3), schedule="rotational")}
+            for _ in range(ROUNDS):
+                before = _cpu(lc)
+                profile = run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, 16))
+                share = _share(before, _cpu(lc), "c0")
+                profiles.append((profile.events, share))
+                cal = calibrated([profile.events], share)
+                rnd = {"loadavg": open("/proc/loadavg").read().split()[0], "calibration": _ms(cal.figures)}
+                for key, run in runs.items():
+                    before, w0 = _cpu(lc), time.perf_counter()
+                    result = run()
+                    after = _cpu(lc)
+                    cpu = _delta(before, after, time.perf_counter() - w0)
+                    measured_runs.append((key, result, len(out["rounds"])))
+                    sim = predict(cal, key)
+                    independent = predict(cal, key, shared=False)
+                    measured = decode_tokens_per_s(result.token_events)
+                    compute = list(plans[key][0].compute)
+                    rnd[key] = {
+                        "measured_tok_s": round(measured, 1), "predicted_tok_s": round(sim.decode_tokens_per_s, 1),
+                        "measured_over_predicted": round(measured / sim.decode_tokens_per_s, 3),
+                        "measured_over_predicted_independent_devices": round(
+                            measured / independent.decode_tokens_per_s, 3),
+                        "components_measured_ms": _ms(components(result.events, compute, ["m0", "m1"], model.layers)),
+                        "components_predicted_ms": _ms(components(sim.events, compute, ["m0", "m1"], model.layers)),
+                        "agents": cpu,
+                    }
+                out["rounds"].append(rnd)
+    # one calibration over every profiling run of the bench (pooled; the share: CPU-weighted mean)
+    pooled = calibrated([e for e, _ in profiles], statistics.fmean(s for _, s in profiles))
+    out["pooled_calibration"] = _ms(pooled.figures)
+    ratios: dict[str, list[float]] = {k: [] for k in plans}
+    for key, result, _ in measured_runs:
+        ratios[key].append(round(decode_tokens_per_s(result.token_events) / predict(pooled, key).decode_tokens_per_s, 3))
+    out["pooled_measured_over_predicted"] = {k: {"rounds": v, "median": statistics.median(v)} for k, v in ratios.items()}
+    out["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
+    out["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
