@@ -124,6 +124,15 @@ def control_channel_before(root: Path) -> dict:
     return {"wire_over_predicted": round(per / (shape.wire_elements_per_token_layer() * 4), 3)}
 
 
+def worker_share(before: dict, after: dict) -> float:
+    """The share of a core an agent's busiest thread over a run (its worker: the dense slices or the
+    attentions) got while runnable: CPU / (CPU + run-queue wait), the scheduler's own accounting
+    (``runtime_threads.thread_stats`` snapshots of the agent's process before and after)."""
+    deltas = [(after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in after if k in before]
+    cpu, wait = max(deltas) if deltas else (0.0, 0.0)
+    return min(1.0, max(1e-3, cpu / (cpu + wait))) if cpu > 0 else 1.0
+
+
 def _prompts(n: int) -> list[str]:
     return [PROMPTS[i % len(PROMPTS)] + " " + "and more words" * (i % 2) for i in range(n)]
 
@@ -176,15 +185,10 @@ def local_cluster(root: Path) -> dict:
         # from its own brackets, and every round again from all the bench's profiling runs pooled.
         failures, profiles, measured_runs = [], [], []
 
-        def shares():
-            return {d: [sum(x[i] for x in thread_stats(lc.pid_of(d)).values()) for i in (0, 1)] for d in ("c0",)}
-
         def profiled():
-            before = shares()
+            before = thread_stats(lc.pid_of("c0"))
             run = profile()
-            after = shares()
-            cpu, wait = (after["c0"][i] - before["c0"][i] for i in (0, 1))
-            profiles.append((run.events, min(1.0, max(1e-3, cpu / (cpu + wait))) if cpu > 0 else 1.0))
+            profiles.append((run.events, worker_share(before, thread_stats(lc.pid_of("c0")))))
             return profiles[-1]
 
         def calibrated(pairs):

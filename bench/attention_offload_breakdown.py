@@ -31,11 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgspec  # noqa: E402
 import transformers  # noqa: E402
 
-from attention_offload import PROMPTS, _llama, _prompts, _request_of  # noqa: E402
+from attention_offload import PROMPTS, _llama, _prompts, _request_of, worker_share  # noqa: E402
 from runtime_threads import thread_stats  # noqa: E402
 from core.devices.local_cluster import LocalCluster  # noqa: E402
 from core.runs.coordinator import Coordinator  # noqa: E402
-from core.techniques.attention_offload.calibration import calibrate, components  # noqa: E402
+from core.techniques.attention_offload.calibration import background_for_share, calibrate, components  # noqa: E402
 from core.techniques.attention_offload.problem import OffloadPlan  # noqa: E402
 from core.techniques.attention_offload.run import checkpoint_model, run_offload, run_staggered  # noqa: E402
 from core.techniques.attention_offload.simulator import decode_tokens_per_s, simulate  # noqa: E402
@@ -43,6 +43,8 @@ from core.techniques.attention_offload.simulator import decode_tokens_per_s, sim
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 DEVICES = ["c0", "c1", "m0", "m1"]
 STEPS = 24
+SHORT = 2
+"""A run of SHORT steps measures the CPU a run costs beyond its decode steps."""
 
 
 def _cpu(lc) -> dict[str, tuple[float, float]]:
@@ -67,10 +69,8 @@ def _ms(parts: dict) -> dict:
 HOST_CORES = os.cpu_count() or 1
 
 
-def _share(before, after, device: str) -> float:
-    """The share of a core ``device``'s agent got while runnable: CPU / (CPU + run-queue wait)."""
-    cpu, wait = after[device][0] - before[device][0], after[device][1] - before[device][1]
-    return min(1.0, max(1e-3, cpu / (cpu + wait))) if cpu > 0 else 1.0
+def _threads(lc) -> dict:
+    return {d: thread_stats(lc.pid_of(d)) for d in DEVICES}
 
 
 def main() -> None:
@@ -96,12 +96,14 @@ def main() -> None:
                              prompt_tokens=enc["input_ids"].shape[1], generated_tokens=16, host_cores=HOST_CORES,
                              host_share=share)
 
-        def predict(cal, key, shared=True):
-            plan, prompt = plans[key]
-            problem = msgspec.structs.replace(cal.problem, workload=msgspec.structs.replace(
-                cal.problem.workload, prompt_tokens=prompt))
-            kw = dict(host_cores=HOST_CORES, background=cal.figures["background"]) if shared else {}
-            return simulate(problem, plan, "rotational", generated_tokens=STEPS, **kw)
+        def problem_of(cal, key):
+            return msgspec.structs.replace(cal.problem, workload=msgspec.structs.replace(
+                cal.problem.workload, prompt_tokens=plans[key][1]))
+
+        def predict(cal, key, shared=True, background=None):
+            kw = dict(host_cores=HOST_CORES, background=cal.figures["background"] if background is None
+                      else background) if shared else {}
+            return simulate(problem_of(cal, key), plans[key][0], "rotational", generated_tokens=STEPS, **kw)
 
         with LocalCluster(root / "cluster", DEVICES, threads_per_agent=1) as lc, \
                 Coordinator(lc.endpoints, lc.keys) as co:
@@ -109,43 +111,73 @@ def main() -> None:
             co.sync_clocks()
             run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, 4))  # warm-up
             run_staggered(co, model_dir, ["c0", "c1"], ["m0", "m1"], _request_of(enc9, 4, 3), schedule="rotational")
-            runs = {"one_replica": lambda: run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, STEPS)),
-                    "rotational_2x3": lambda: run_staggered(co, model_dir, ["c0", "c1"], ["m0", "m1"],
-                                                            _request_of(enc9, STEPS, 3), schedule="rotational")}
+            runs = {"one_replica": lambda n=STEPS: run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, n)),
+                    "rotational_2x3": lambda n=STEPS: run_staggered(co, model_dir, ["c0", "c1"], ["m0", "m1"],
+                                                                    _request_of(enc9, n, 3), schedule="rotational")}
             for _ in range(ROUNDS):
-                before = _cpu(lc)
+                before = _threads(lc)
                 profile = run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, 16))
-                share = _share(before, _cpu(lc), "c0")
+                share = worker_share(before["c0"], _threads(lc)["c0"])
                 profiles.append((profile.events, share))
                 cal = calibrated([profile.events], share)
                 rnd = {"loadavg": open("/proc/loadavg").read().split()[0], "calibration": _ms(cal.figures)}
                 for key, run in runs.items():
-                    before, w0 = _cpu(lc), time.perf_counter()
+                    plan, prompt = plans[key]
+                    before = _cpu(lc)
+                    run(SHORT)  # what a run costs beyond its decode steps (load, holds, prefill): subtracted
+                    setup = {d: _cpu(lc)[d][0] - before[d][0] for d in DEVICES}
+                    before, threads, w0 = _cpu(lc), _threads(lc), time.perf_counter()
                     result = run()
-                    after = _cpu(lc)
+                    after, threads_after = _cpu(lc), _threads(lc)
                     cpu = _delta(before, after, time.perf_counter() - w0)
-                    measured_runs.append((key, result, len(out["rounds"])))
+                    measured_runs.append((key, result))
                     sim = predict(cal, key)
                     independent = predict(cal, key, shared=False)
+                    # the host's load during this run: the background under which the simulator gives
+                    # c0 the share of a core its worker thread really got
+                    run_share = worker_share(threads["c0"], threads_after["c0"])
+                    at_load = background_for_share(problem_of(cal, key), plan, run_share, device="c0",
+                                                   host_cores=HOST_CORES, generated_tokens=STEPS, mode="rotational")
+                    sim_at_load = predict(cal, key, background=at_load)
                     measured = decode_tokens_per_s(result.token_events)
-                    compute = list(plans[key][0].compute)
+                    decode_tokens = (STEPS - SHORT) * plan.batch * plan.in_flight
+                    sim_tokens = (STEPS - 1) * plan.batch * plan.in_flight
+                    used = [d for d in DEVICES if d in plan.compute or d in plan.memory]
                     rnd[key] = {
                         "measured_tok_s": round(measured, 1), "predicted_tok_s": round(sim.decode_tokens_per_s, 1),
                         "measured_over_predicted": round(measured / sim.decode_tokens_per_s, 3),
                         "measured_over_predicted_independent_devices": round(
                             measured / independent.decode_tokens_per_s, 3),
-                        "components_measured_ms": _ms(components(result.events, compute, ["m0", "m1"], model.layers)),
-                        "components_predicted_ms": _ms(components(sim.events, compute, ["m0", "m1"], model.layers)),
+                        "background_during_run": round(at_load, 2),
+                        "measured_over_predicted_at_run_load": round(measured / sim_at_load.decode_tokens_per_s, 3),
+                        "components_measured_ms": _ms(components(result.events, list(plan.compute), ["m0", "m1"],
+                                                                 model.layers)),
+                        "components_predicted_ms": _ms(components(sim.events, list(plan.compute), ["m0", "m1"],
+                                                                  model.layers)),
+                        "cpu_ms_per_decode_token": {d: {
+                            "measured": round((after[d][0] - before[d][0] - setup[d]) / decode_tokens * 1e3, 3),
+                            "predicted_work": round(sim.work_s.get(d, 0.0) / sim_tokens * 1e3, 3)} for d in used},
+                        "core_share_worker_thread": {d: {
+                            "measured": round(worker_share(threads[d], threads_after[d]), 3),
+                            "predicted": round(sim.core_share(d), 3),
+                            "predicted_at_run_load": round(sim_at_load.core_share(d), 3)} for d in used},
                         "agents": cpu,
                     }
                 out["rounds"].append(rnd)
-    # one calibration over every profiling run of the bench (pooled; the share: CPU-weighted mean)
+    # one calibration over every profiling run of the bench (pooled): the prediction does not swing
     pooled = calibrated([e for e, _ in profiles], statistics.fmean(s for _, s in profiles))
     out["pooled_calibration"] = _ms(pooled.figures)
     ratios: dict[str, list[float]] = {k: [] for k in plans}
-    for key, result, _ in measured_runs:
+    for key, result in measured_runs:
         ratios[key].append(round(decode_tokens_per_s(result.token_events) / predict(pooled, key).decode_tokens_per_s, 3))
-    out["pooled_measured_over_predicted"] = {k: {"rounds": v, "median": statistics.median(v)} for k, v in ratios.items()}
+    out["pooled_measured_over_predicted"] = {k: {"rounds": v, "median": statistics.median(v)}
+                                             for k, v in ratios.items()}
+    for key in plans:
+        rows = [r[key] for r in out["rounds"]]
+        out.setdefault("median_measured_over_predicted", {})[key] = {
+            name: statistics.median(r[name] for r in rows) for name in (
+                "measured_over_predicted", "measured_over_predicted_at_run_load",
+                "measured_over_predicted_independent_devices")}
     out["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
     out["elapsed_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out))

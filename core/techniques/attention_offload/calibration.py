@@ -180,3 +180,29 @@ def calibrate(model: OffloadModel, runs: Sequence[Sequence[TimelineEvent]], *, c
 def _renumbered(events: Sequence[TimelineEvent], run: int) -> list[TimelineEvent]:
     """A run's events with micro-batch ids of their own, so pooled runs' chains stay apart."""
     return [msgspec.structs.replace(e, micro_batch=e.micro_batch + 1000 * run) for e in events]
+
+
+def background_for_share(problem: OffloadProblem, plan, share: float, *, device: str, host_cores: int,
+                         generated_tokens: int, mode: str | None = None, high: float = 64.0) -> float:
+    """The background (other runnable processes) under which the simulated run of ``plan`` gives
+    ``device`` the ``share`` of a core a real run's scheduler reported for it (CPU / (CPU + run-queue
+    wait)): the host's load during that run, with the run's own agents' sharing taken out by the
+    simulator. Bisection (the share falls as the background grows); 0 when even none gives less."""
+    from core.techniques.attention_offload.simulator import simulate
+
+    if not 0.0 < share <= 1.0:
+        raise ValueError("share is a share of a core: in (0, 1]")
+
+    def got(background: float) -> float:
+        return simulate(problem, plan, mode, generated_tokens=generated_tokens, host_cores=host_cores,
+                        background=background).core_share(device)
+
+    lo, hi = 0.0, high
+    if got(lo) <= share:
+        return 0.0
+    if got(hi) >= share:
+        return hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if got(mid) > share else (lo, mid)
+    return (lo + hi) / 2

@@ -38,6 +38,17 @@ class OffloadSimulation(msgspec.Struct, frozen=True, kw_only=True):
     figures: RunFigures
     decode_tokens_per_s: float
     """Steady decode throughput: per batch, decode tokens over their span (prefill apart), summed."""
+    work_s: dict[str, float] = {}
+    """Per device: the seconds of work its jobs needed at a full core (slices, residual frames,
+    attentions), decode steps only: what its CPU time is predicted to be (``host_cores`` stretches
+    spans, not work)."""
+    busy_s: dict[str, float] = {}
+    """Per device: the seconds its decode jobs took (their spans); work / busy is the share of a core
+    it got while it had work, what the scheduler reports as CPU / (CPU + run-queue wait)."""
+
+    def core_share(self, device: str) -> float:
+        busy = self.busy_s.get(device, 0.0)
+        return self.work_s.get(device, 0.0) / busy if busy > 0 else 1.0
 
 
 def _prefill_attention_s(problem: OffloadProblem, plan: OffloadPlan) -> list[float]:
@@ -94,12 +105,18 @@ class _Simulation:
             if host_cores is not None else None
         self.events: list[TimelineEvent] = []
         self.tokens: list[TokenEvent] = []
+        self.work: dict[str, float] = {d: 0.0 for d in self.busy}
+        self.busy_s: dict[str, float] = {d: 0.0 for d in self.busy}
+        self.decode_job: dict[tuple, bool] = {}
 
     def push(self, t, action, *args):
         heapq.heappush(self.heap, (t, self.seq, action, args))
         self.seq += 1
 
-    def _job(self, key, work: float, t: float, payload) -> None:
+    def _job(self, key, work: float, t: float, payload, step: int) -> None:
+        self.decode_job[key] = step >= 1
+        if step >= 1:
+            self.work[key[1]] += work
         if self.shared is not None:
             self.shared.start(key, work, t, payload)
         else:
@@ -117,6 +134,8 @@ class _Simulation:
                 if got is None:
                     continue
                 start, payload = got
+                if self.decode_job[key]:
+                    self.busy_s[key[1]] += t - start
                 if key[0] == "memory":
                     self._attended(key[1], start, t, *payload)
                 elif payload is None:  # a residual frame sent: the replica is free
@@ -135,7 +154,8 @@ class _Simulation:
         events = sorted(self.events, key=lambda e: (e.start_s, e.device))
         tokens = sorted(self.tokens, key=lambda t: t.t_s)
         return OffloadSimulation(events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
-                                 decode_tokens_per_s=decode_tokens_per_s(tokens))
+                                 decode_tokens_per_s=decode_tokens_per_s(tokens), work_s=self.work,
+                                 busy_s=self.busy_s)
 
     def _free(self, device: str, t: float) -> None:
         self.busy[device] = False
@@ -154,7 +174,7 @@ class _Simulation:
         dense = 0.0 if s.is_tail else dense_seconds(problem, dev, rows, len(self.memory))
         self.busy[device] = True
         self._job(("compute", device), moved + head + dense, t, (s, rows, (moved + head) if samples else None,
-                                                                 moved + head + dense))
+                                                                 moved + head + dense), s.step)
 
     def _sliced(self, device: str, start: float, t: float, s, rows: int, to_token, work: float) -> None:
         problem, model, plan = self.problem, self.model, self.plan
@@ -194,14 +214,14 @@ class _Simulation:
                                          **common))
         self.push(t + moved, _INPUT, b, s.index + 1)
         self.moved_in[b, s.index + 1] = problem.device(following).frame_s  # received there
-        self._job(("compute", device), dev.frame_s, t, None)  # sent here
+        self._job(("compute", device), dev.frame_s, t, None, step)  # sent here
 
     def _try_memory(self, m_id: str, t: float) -> None:
         if self.busy[m_id] or not self.mem_queue[m_id]:
             return
         s, rows, following, link, work = self.mem_queue[m_id].popleft()
         self.busy[m_id] = True
-        self._job(("memory", m_id), work, t, (s, rows, following, link))
+        self._job(("memory", m_id), work, t, (s, rows, following, link), s.step)
 
     def _attended(self, m_id: str, start: float, t: float, s, rows: int, following: str, link: float) -> None:
         model = self.model

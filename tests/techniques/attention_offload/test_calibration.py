@@ -113,3 +113,24 @@ def test_calibrating_without_a_decode_step_or_with_a_bad_share_is_refused():
     with pytest.raises(ValueError, match="share of a core"):
         calibrate(MODEL, [short], compute=["c0"], memory=["m0", "m1"], batch=3, prompt_tokens=12, generated_tokens=3,
                   host_cores=2, host_share=0.0)
+
+
+def test_a_device_s_simulated_core_share_is_its_work_over_its_busy_time():
+    p = _problem()
+    alone = simulate(p, ONE, generated_tokens=10)
+    assert alone.core_share("c0") == pytest.approx(1.0)
+    shared = simulate(p, ONE, generated_tokens=10, host_cores=2, background=3)
+    assert shared.work_s["c0"] == pytest.approx(alone.work_s["c0"])
+    assert shared.core_share("c0") == pytest.approx(0.5)  # alone among 3 others on 2 cores
+
+
+def test_the_background_is_found_back_from_a_reported_core_share():
+    from core.techniques.attention_offload.calibration import background_for_share
+
+    p = _problem()
+    rot = OffloadPlan(compute=("c0", "c1"), memory=("m0", "m1"), batch=3, in_flight=3)
+    share = simulate(p, rot, generated_tokens=10, host_cores=2, background=3.0).core_share("c0")
+    assert background_for_share(p, rot, share, device="c0", host_cores=2, generated_tokens=10) == pytest.approx(
+        3.0, abs=0.05)
+    # a share the run's own agents already take away without any background: none
+    assert background_for_share(p, rot, 1.0, device="c0", host_cores=2, generated_tokens=10) == 0.0
