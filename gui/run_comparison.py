@@ -70,8 +70,7 @@ class RunComparisonView(QWidget):
         self.timeline_a = TimelineView()
         self.timeline_b = TimelineView()
         for view in (self.timeline_a, self.timeline_b):
-            view.follow_check.setVisible(False)
-            view.predicted_check.setVisible(False)
+            view.hide_live_controls()
         self.timeline_b.measured_plot.setXLink(self.timeline_a.measured_plot)
         self.table = QTableWidget(0, 3)
         self.table.setAccessibleName("Figures of both runs")

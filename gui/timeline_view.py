@@ -832,6 +832,17 @@ class TimelineView(QWidget):
             bar.setColumnStretch(4, 1)
             self.legend_label.setMinimumWidth(max(40, self._legend_width))
 
+    def hide_live_controls(self) -> None:
+        """A recorded run shown for itself (Compare): no Follow live nor Show predicted, and the
+        toolbar's one row is measured without them (else Fit sat alone on a row of its own)."""
+        self.follow_check.setVisible(False)
+        self.predicted_check.setVisible(False)
+        self._bar_wrapped = None
+        self._arrange_toolbar(wrapped=False)
+        self._bar.invalidate()
+        self._one_row_width = self._bar.minimumSize().width() - self.legend_label.minimumWidth()
+        self._arrange_for_width(self.width())
+
     def _fit_details_label(self, lines: int) -> None:
         self.details_label.setFixedHeight(lines * self.details_label.fontMetrics().lineSpacing() + 6)
 

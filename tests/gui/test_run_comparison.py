@@ -136,6 +136,21 @@ def test_two_runs_compare_side_by_side_aligned_at_zero_with_one_table_of_figures
     panel.shutdown()
 
 
+def test_a_compared_timelines_fit_button_shares_the_highlight_row_where_there_is_room(qtbot, workspace):
+    path, (a, b, *_rest) = workspace
+    panel = _panel(qtbot, path)  # 1400 px wide: room for Fit, the highlight picker and the legend in one row
+    items = panel.run_items()
+    items[a].setSelected(True)
+    items[b].setSelected(True)
+    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+        panel.compare_button.click()
+    qtbot.wait(50)
+    for view in (panel.comparison.timeline_a, panel.comparison.timeline_b):
+        assert not view.follow_check.isVisible() and not view.predicted_check.isVisible()
+        assert view.fit_button.geometry().center().y() == view.highlight_combo.geometry().center().y()
+    panel.shutdown()
+
+
 def test_bubbles_are_the_idle_share_of_each_device_over_the_pipeline_span(run_data):
     problem, plan, _, _ = run_data
     seq = simulate(problem, plan, "sequential", generated_tokens=4)
