@@ -2,7 +2,7 @@
 
 Agents as processes (LocalCluster: c0, c1 compute, m0, m1 memory, the bench model of
 bench/attention_offload.py: llama 4 blocks, 256 wide, 8 q / 2 kv heads). Per round: a profiling run
-(one replica, 16 steps) calibrates the cost model (``calibration.calibrate``), then a measured
+(one replica, as many steps as the measured runs) calibrates the cost model (``calibration.calibrate``), then a measured
 one-replica run (24 steps, batch 3) and a rotational run (2 replicas, 3 batches of 3, 24 steps)
 are predicted by the technique's simulator and decomposed, predicted and measured alike, by
 ``calibration.components`` from their timelines (the simulator emits the events a run records):
@@ -62,7 +62,7 @@ def _delta(before, after, seconds) -> dict:
 
 def _ms(parts: dict) -> dict:
     """Seconds as ms; shares (busy, host share) and process counts as they are."""
-    plain = ("compute_busy", "memory_busy", "host_share", "background")
+    plain = ("compute_busy", "memory_busy", "host_share", "background", "memory_share")
     return {k: round(v, 3) if k in plain else round(v * 1e3, 3) for k, v in parts.items()}
 
 
@@ -93,7 +93,7 @@ def main() -> None:
 
         def calibrated(events_list, share):
             return calibrate(model, events_list, compute=["c0", "c1"], memory=["m0", "m1"], batch=B,
-                             prompt_tokens=enc["input_ids"].shape[1], generated_tokens=16, host_cores=HOST_CORES,
+                             prompt_tokens=enc["input_ids"].shape[1], generated_tokens=STEPS, host_cores=HOST_CORES,
                              host_share=share)
 
         def problem_of(cal, key):
@@ -115,8 +115,9 @@ def main() -> None:
                     "rotational_2x3": lambda n=STEPS: run_staggered(co, model_dir, ["c0", "c1"], ["m0", "m1"],
                                                                     _request_of(enc9, n, 3), schedule="rotational")}
             for _ in range(ROUNDS):
+                runs["one_replica"](SHORT)  # as before the measured runs: the previous run's aftermath settles
                 before = _threads(lc)
-                profile = run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, 16))
+                profile = run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, STEPS))
                 share = worker_share(before["c0"], _threads(lc)["c0"])
                 profiles.append((profile.events, share))
                 cal = calibrated([profile.events], share)

@@ -22,8 +22,11 @@ import msgspec
 from agents.protocol import TimelineEvent
 from core.techniques.attention_offload.problem import OffloadDevice, OffloadModel, OffloadProblem, OffloadWorkload
 
-WARM_STEPS = 4
-"""Decode steps left out (sockets, stores and caches warming)."""
+WARM_STEPS = 1
+"""The first decode step counted. Every decode step is: a run's measured decode rate
+(``simulator.decode_tokens_per_s``) counts them all, and on the local cluster the first ~8 steps
+are measured 1.5–4× slower than the later ones (17–39 ms against 8–9 ms at batch 3): a
+calibration that left 4 out and profiled 16 steps predicted 24-step runs 20–30 % slow."""
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,9 +141,10 @@ def calibrate(model: OffloadModel, runs: Sequence[Sequence[TimelineEvent]], *, c
 
     ``host_cores``: the agents share that many cores; the spans then are work stretched by the
     host's load: ``host_share`` is the share of a core the profiled agent got while runnable
-    (CPU / (CPU + run-queue wait), from the scheduler), the work is span × share, and
-    ``figures["background"]`` = cores / share − 1 other runnable processes, for
-    ``simulate(host_cores=, background=)``, which stretches the work back by the sharing it sees."""
+    (CPU / (CPU + run-queue wait), from the scheduler), ``figures["background"]`` = cores / share − 1
+    other runnable processes, the dense side's work is span × share and the memory side's span ×
+    the share m memory agents working at once get (cores / (m + background)); ``simulate(host_cores=,
+    background=)`` stretches the work back by the sharing it sees."""
     if not runs:
         raise ValueError("calibrating needs at least one profiling run")
     if not 0.0 < host_share <= 1.0:
@@ -152,11 +156,14 @@ def calibrate(model: OffloadModel, runs: Sequence[Sequence[TimelineEvent]], *, c
         raise ValueError(f"the profiling run has no decode step past warm-up to fit {', '.join(sorted(missing))} from")
     f = host_share if host_cores is not None else 1.0
     m = len(memory)
+    background = max(0.0, host_cores / f - 1.0) if host_cores is not None else 0.0
+    # the memory agents work at once (every layer's frames reach them together): m jobs share the cores
+    f_memory = min(1.0, host_cores / (m + background)) if host_cores is not None else 1.0
     send_c, send_m = c.get("send_compute", 0.0), c.get("send_memory", 0.0)
     frame_c = max(0.0, (m * send_c + c["to_next_slice"] - send_m) / (2 * m)) * f
-    frame_m = max(0.0, (send_m + c["to_attention"] - m * send_c) / 2) * f
+    frame_m = max(0.0, (send_m + c["to_attention"] - m * send_c) / 2) * f_memory
     dense = c["dense_slice"] * f
-    attention = c["attention"] * f
+    attention = c["attention"] * f_memory
     ctx = prompt_tokens + generated_tokens / 2
     kv_read = batch * ctx * 2 * (model.kv_heads // m) * model.head_dim * model.bytes_per_element
     fast, bandwidth = 1e13, 1e12
@@ -173,7 +180,8 @@ def calibrate(model: OffloadModel, runs: Sequence[Sequence[TimelineEvent]], *, c
                "head_flops": head, "step_overhead": step_overhead, "layer_cycle": c.get("layer_cycle", 0.0),
                "step": c.get("step_period", 0.0), "host_share": f}
     if host_cores is not None:
-        figures["background"] = max(0.0, host_cores / f - 1.0)
+        figures["background"] = background
+        figures["memory_share"] = f_memory
     return Calibration(problem=problem, figures=figures)
 
 

@@ -109,7 +109,8 @@ def test_calibrating_without_a_decode_step_or_with_a_bad_share_is_refused():
         calibrate(MODEL, [], compute=["c0"], memory=["m0"], batch=3, prompt_tokens=12, generated_tokens=16)
     short = simulate(_problem(), ONE, generated_tokens=3).events
     with pytest.raises(ValueError, match="no decode step past warm-up"):
-        calibrate(MODEL, [short], compute=["c0"], memory=["m0", "m1"], batch=3, prompt_tokens=12, generated_tokens=3)
+        calibrate(MODEL, [short], compute=["c0"], memory=["m0", "m1"], batch=3, prompt_tokens=12, generated_tokens=3,
+                  warm=3)
     with pytest.raises(ValueError, match="share of a core"):
         calibrate(MODEL, [short], compute=["c0"], memory=["m0", "m1"], batch=3, prompt_tokens=12, generated_tokens=3,
                   host_cores=2, host_share=0.0)
