@@ -181,14 +181,18 @@ class SpatialPlanView(QWidget):
         for label, w in (("Network", self.network), ("Nodes", self.nodes), ("Link", self.bandwidth)):
             controls.addWidget(QLabel(label))
             controls.addWidget(w)
-        controls.addWidget(scenario)
-        controls.addWidget(load_btn)
-        controls.addWidget(self.fits_button)
         controls.addSpacing(16)
         controls.addWidget(QLabel("Strategy"))
         controls.addWidget(self.strategy)
         controls.addStretch(1)
         lay.addLayout(controls)
+        # Where the problem comes from, on its own row: in one row with the pickers the Strategy
+        # picker was cut off at 1024 px.
+        sources = QHBoxLayout()
+        for button in (scenario, load_btn, self.fits_button):
+            sources.addWidget(button)
+        sources.addStretch(1)
+        lay.addLayout(sources)
         self.summary = QLabel("")
         self.summary.setAccessibleName("Plan summary")
         self.summary.setWordWrap(True)
