@@ -166,11 +166,26 @@ def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
     return out
 
 
-def train_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
-    """Worker job: train the demo recipe on the fortunes text in a child process (cancellable)."""
+DEMO_ENOUGH_STEPS = 500
+"""Training steps after which the demo model is left as it is. A quiet 2-core machine does ~830
+in the 150 s budget; a busy one can stop after a few dozen (a model that answers "." to
+everything), so a launch that finds fewer continues the training from the cached checkpoint."""
+
+
+def needs_more_training(root: Path | None = None) -> bool:
+    """Whether the cached trained demo model stopped short of ``DEMO_ENOUGH_STEPS``."""
+    from core.models.training import trained_steps
+
+    return has_trained_model(root) and trained_steps(trained_model_dir(root)) < DEMO_ENOUGH_STEPS
+
+
+def train_demo_model(reporter: Reporter, root: Path | None = None, resume: bool = False) -> Path:
+    """Worker job: train the demo recipe on the fortunes text in a child process (cancellable);
+    ``resume`` continues the cached trained model's training."""
     from core.models.training import TrainingSettings, train_in_subprocess
 
-    return train_in_subprocess(reporter, demo_recipe(), trained_model_dir(root), DEMO_TRAINING or TrainingSettings())
+    return train_in_subprocess(reporter, demo_recipe(), trained_model_dir(root), DEMO_TRAINING or TrainingSettings(),
+                               resume=resume)
 
 
 def _mkdir(p: Path) -> Path:
@@ -374,7 +389,16 @@ class DemoSession(QObject):
                 run.mode_combo.setCurrentText(DEMO_RUN_MODE[0])
                 run.micro_batches_spin.setValue(DEMO_RUN_MODE[1])
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
-        if has_trained_model(self.model_root):
+        if has_trained_model(self.model_root) and needs_more_training(self.model_root):
+            from core.models.training import trained_steps
+
+            steps = trained_steps(trained_model_dir(self.model_root))
+            st.log(f"demo model: trained for only {steps} steps (the machine was busy), so its text is still "
+                   "rough" + ("; training continues from it now (progress in the status bar), the demo switches "
+                              "to it when done" if self.train else ""), "warning")
+            if self.train:
+                self._start_training(resume=True)
+        elif has_trained_model(self.model_root):
             st.log("demo model: trained on English quotations (Debian fortunes); generations read as phrases")
         else:
             st.log("demo model: UNTRAINED (random weights) — its text is gibberish"
@@ -386,7 +410,7 @@ class DemoSession(QObject):
         self.ready.emit()
 
     # the trained model -----------------------------------------------------------------------
-    def _start_training(self) -> None:
+    def _start_training(self, resume: bool = False) -> None:
         if self.window is not None:
             from PySide6.QtWidgets import QProgressBar
 
@@ -396,7 +420,7 @@ class DemoSession(QObject):
             bar.setToolTip("The demo model is being trained on English quotations in a separate process")
             bar.setMaximumWidth(240)
             self.window.statusBar().addPermanentWidget(bar)
-        self.trainer.start(train_demo_model, self.model_root)
+        self.trainer.start(train_demo_model, self.model_root, resume)
 
     def _on_training_progress(self, _task: int, done: float, total: float) -> None:
         if self.training_bar is not None and total > 0:

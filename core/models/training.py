@@ -146,19 +146,36 @@ def _batches(ids, settings: TrainingSettings, generator):
     return torch.stack([ids[s: s + settings.seq_len] for s in starts.tolist()])
 
 
+def trained_steps(model_dir: str | Path) -> int:
+    """Optimizer steps recorded in ``model_dir``'s training.json (0: none, or not ours)."""
+    try:
+        return max(0, int(json.loads((Path(model_dir) / "training.json").read_text())["steps"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, reporter: Reporter | None = None,
-                settings: TrainingSettings = TrainingSettings()) -> Path:
-    """Tokenizer + model trained on ``lines``, written to ``out_dir`` (an HF checkpoint)."""
+                settings: TrainingSettings = TrainingSettings(), resume: bool = False) -> Path:
+    """Tokenizer + model trained on ``lines``, written to ``out_dir`` (an HF checkpoint).
+
+    ``resume``: continue from the checkpoint already in ``out_dir`` (its weights and tokenizer,
+    another budget of steps with a fresh warm-up and decay), so a first training cut short by a
+    busy machine is improved at the next launch instead of being kept as it is."""
     import torch
     import transformers
 
     reporter = reporter or NullReporter()
     r = recipe.resolved()
     out = Path(out_dir)
-    reporter.status("training the tokenizer on the text")
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
-        tokenizer = train_tokenizer(r.vocab, Path(tmp))
+    prior_steps = trained_steps(out) if resume else 0
+    if prior_steps:
+        reporter.status(f"continuing the training of {out} after its {prior_steps} steps")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    else:
+        reporter.status("training the tokenizer on the text")
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
+            tokenizer = train_tokenizer(r.vocab, Path(tmp))
     eos = tokenizer.eos_token_id
     ids = []
     for text in lines:
@@ -166,13 +183,16 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         ids.append(eos)
     data = torch.tensor(ids, dtype=torch.int64)
     torch.set_num_threads(max(1, settings.threads))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(r.seed)
-        model = transformers.AutoModelForCausalLM.from_config(build_config(r))
+    if prior_steps:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(r.seed)
+            model = transformers.AutoModelForCausalLM.from_config(build_config(r))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, min(settings.steps // 20, 50))
-    gen = torch.Generator().manual_seed(settings.seed)
+    gen = torch.Generator().manual_seed(settings.seed + prior_steps)  # resumed: other windows of the text
     started = time.perf_counter()
     reporter.status(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {data.numel():,} tokens")
     loss_value = float("nan")
@@ -209,7 +229,7 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         model.save_pretrained(str(tmp_out))
         tokenizer.save_pretrained(str(tmp_out))
         (tmp_out / "training.json").write_text(json.dumps(
-            {"text": "Debian fortunes, plain-prose quotations: " + ", ".join(FORTUNE_FILES), "steps": done, "loss": round(loss_value, 3),
+            {"text": "Debian fortunes, plain-prose quotations: " + ", ".join(FORTUNE_FILES), "steps": prior_steps + done, "loss": round(loss_value, 3),
              "seconds": round(time.perf_counter() - started, 1), "recipe": r.__dict__}, indent=2))
         if out.exists():
             shutil.rmtree(out)
@@ -236,11 +256,14 @@ class _LineReporter(NullReporter):
 
 
 def train_in_subprocess(reporter: Reporter, recipe: ModelRecipe, out_dir: str | Path,
-                        settings: TrainingSettings = TrainingSettings(), text_dir: Path = FORTUNES_DIR) -> Path:
+                        settings: TrainingSettings = TrainingSettings(), text_dir: Path = FORTUNES_DIR,
+                        resume: bool = False) -> Path:
     """``train_model`` in a child process; progress to ``reporter``; cancel stops the child."""
     fortune_lines(text_dir)  # a missing text is the caller's clear error, before any process starts
     args = [sys.executable, "-m", "core.models.training", "--out", str(out_dir), "--text-dir", str(text_dir),
             "--recipe", json.dumps(recipe.__dict__), "--settings", json.dumps(settings.__dict__)]
+    if resume:
+        args.append("--resume")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     ended = threading.Event()
 
@@ -283,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-dir", default=str(FORTUNES_DIR))
     p.add_argument("--recipe", required=True, help="ModelRecipe fields as JSON")
     p.add_argument("--settings", default="{}", help="TrainingSettings fields as JSON")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     a = p.parse_args(argv)
     recipe = ModelRecipe(**json.loads(a.recipe))
     settings = TrainingSettings(**json.loads(a.settings))
@@ -290,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         # yield the cores to the studio and its agents: a first launch profiles and runs while this
         # trains, and a profile measured beside a full-speed training is slow and noisy
         os.nice(settings.niceness)
-    train_model(recipe, fortune_lines(Path(a.text_dir)), a.out, _LineReporter(), settings)
+    train_model(recipe, fortune_lines(Path(a.text_dir)), a.out, _LineReporter(), settings, resume=a.resume)
     return 0
 
 

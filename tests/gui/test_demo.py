@@ -319,3 +319,30 @@ def test_a_demo_model_cached_with_another_recipe_is_not_reused(tmp_path):
     (trained / "config.json").write_text(json.dumps(dict(config, hidden_size=192)))
     assert not holds_demo_recipe(trained) and not has_trained_model(tmp_path)
     assert ensure_demo_model(NullReporter(), tmp_path) == tmp_path / "demo-llama"  # the untrained one, made anew
+
+
+def test_a_trained_model_cut_short_by_a_busy_machine_is_used_and_its_training_continues(qtbot, tmp_path,
+                                                                                       monkeypatch):
+    import gui.demo as demo_module
+    from core.models.training import TrainingSettings, fortune_lines, train_model, trained_steps
+
+    short = TrainingSettings(steps=3, batch=2, seq_len=16, niceness=0, threads=1)
+    root = tmp_path / "models"
+    cached = train_model(demo_module.demo_recipe(), fortune_lines()[:300], demo_module.trained_model_dir(root),
+                         settings=short)
+    assert demo_module.needs_more_training(root)
+    monkeypatch.setattr(demo_module, "DEMO_TRAINING", short)
+    window, demo = _window_and_demo(qtbot, tmp_path, root, devices=("dev-a",))
+    logged: list[str] = []
+    window.state.log_added.connect(lambda level, text: logged.append(f"{level}: {text}"))
+    try:
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            demo.start()
+        assert window.state.model_path == str(cached)  # the short-trained model at once, not the untrained one
+        assert any(line.startswith("warning: demo model: trained for only 3 steps") for line in logged)
+        with qtbot.waitSignal(demo.trained, timeout=180_000):
+            pass
+        assert trained_steps(cached) == 6  # continued from its 3 steps, not started again
+    finally:
+        window.close()
+        demo.stop()

@@ -20,6 +20,7 @@ from core.models.training import (
     schedule_progress,
     train_in_subprocess,
     train_model,
+    trained_steps,
 )
 from core.reporting import Cancelled, RecordingReporter
 
@@ -120,3 +121,33 @@ def test_the_training_process_lowers_its_own_priority_so_profiling_and_runs_keep
     assert training.main(["--out", str(tmp_path / "m"), "--recipe", json.dumps(TINY.__dict__),
                           "--settings", settings]) == 0
     assert niced == [TrainingSettings().niceness] and TrainingSettings().niceness > 0
+
+
+def test_a_resumed_training_continues_from_the_checkpoints_weights_and_tokenizer(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    lines = fortune_lines()[:200]
+    settings = TrainingSettings(steps=4, batch=2, seq_len=16, threads=1)
+    out = train_model(TINY, lines, tmp_path / "m", RecordingReporter(), settings)
+    first = load_file(str(out / "model.safetensors"))
+    tokenizer_before = (out / "tokenizer.json").read_text()
+    rep = RecordingReporter()
+    train_model(TINY, lines, out, rep, TrainingSettings(steps=3, batch=2, seq_len=16, threads=1), resume=True)
+    assert trained_steps(out) == 7
+    assert any("after its 4 steps" in s for s in rep.statuses)
+    assert not any("training the tokenizer" in s for s in rep.statuses)
+    assert (out / "tokenizer.json").read_text() == tokenizer_before
+    second = load_file(str(out / "model.safetensors"))
+    fresh = train_model(TINY, lines, tmp_path / "fresh", RecordingReporter(),
+                        TrainingSettings(steps=3, batch=2, seq_len=16, threads=1))
+    again = load_file(str(fresh / "model.safetensors"))
+    name = next(k for k in second if k.endswith("q_proj.weight"))
+    assert not torch.equal(second[name], first[name])  # it trained further
+    assert not torch.equal(second[name], again[name])  # and not from scratch
+
+
+def test_a_folder_without_a_training_record_counts_no_steps(tmp_path):
+    assert trained_steps(tmp_path) == 0
+    (tmp_path / "training.json").write_text("{not json")
+    assert trained_steps(tmp_path) == 0
