@@ -514,13 +514,16 @@ def stage_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[int, float
     return {lane: float((m[lane] - p[lane]) / p[lane] * 100) for lane in range(lanes) if p[lane] > 0 and m[lane] > 0}
 
 
-def flow_segments(rows: np.ndarray, micro_batch: int) -> np.ndarray:
-    """Arrows (x0, lane0, x1, lane1) following one micro-batch from stage to stage, step by step.
+def flow_segments(rows: np.ndarray, micro_batch: int, step: int) -> np.ndarray:
+    """Arrows (x0, lane0, x1, lane1) following one micro-batch's one step from stage to stage.
 
-    Each compute box of the micro-batch points to the next stage's compute of the same step
-    (the last stage points to the first stage's next step: the token going back to the source).
+    Each compute box of the micro-batch at ``step`` points to the next stage's compute of the
+    same step, and the last stage's points to the first stage's compute of the next step (the
+    token going back to the source). Only the selected step: a sequential run has one
+    micro-batch, and every step's arrows at once would be a mesh.
     """
-    c = rows[(rows["kind"] == KIND_CODE["compute"]) & (rows["micro_batch"] == micro_batch)]
+    c = rows[(rows["kind"] == KIND_CODE["compute"]) & (rows["micro_batch"] == micro_batch)
+             & ((rows["step"] == step) | (rows["step"] == step + 1))]
     if len(c) < 2:
         return np.zeros((0, 4))
     c = np.sort(c, order=["step", "stage", "start_s"])
@@ -528,6 +531,7 @@ def flow_segments(rows: np.ndarray, micro_batch: int) -> np.ndarray:
     cur = c[:-1]
     follows = ((nxt["step"] == cur["step"]) & (nxt["stage"] == cur["stage"] + 1)) | \
               ((nxt["step"] == cur["step"] + 1) & (nxt["stage"] == 0) & (cur["stage"] == c["stage"].max()))
+    follows &= cur["step"] == step
     cur, nxt = cur[follows], nxt[follows]
     return np.column_stack([cur["end_s"], cur["lane"] + 0.36, nxt["start_s"], nxt["lane"] + 0.36])
 
@@ -1227,7 +1231,7 @@ class TimelineView(QWidget):
             mode = self.highlight_combo.currentData()
             if mode:
                 highlight = rows[(rows[mode] == r[mode]) & (rows["kind"] != KIND_CODE["recv_wait"])]
-            flows = flow_segments(rows, int(r["micro_batch"]))
+            flows = flow_segments(rows, int(r["micro_batch"]), int(r["step"]))
         self.overlay_item.set_data(highlight, selected, flows, self._range,
                                    self.measured_item.boundingRect())
 

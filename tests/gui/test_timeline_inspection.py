@@ -92,17 +92,35 @@ def test_a_selected_box_highlights_every_box_of_its_micro_batch_or_of_its_token(
     assert view.highlighted_count() == 0
 
 
-def test_flow_arrows_follow_the_selected_micro_batch_from_stage_to_stage_and_back_to_the_source(qtbot, view,
-                                                                                               simulated):
-    view.select_event(_longest(simulated.events, "compute", micro_batch=2))
-    steps = len({e.step for e in simulated.events if e.micro_batch == 2 and e.kind == "compute"})
-    # stage 0 -> 1 -> 2 each step, then the last stage back to stage 0 of the next step
-    assert view.flow_count() == steps * (len(DEVICES) - 1) + (steps - 1)
+def test_flow_arrows_follow_the_selected_micro_batch_through_the_stages_for_the_selected_step_only(qtbot, view,
+                                                                                                 simulated):
+    box = _longest(simulated.events, "compute", micro_batch=2, stage=1, step=2)
+    view.select_event(box)
+    computes = [e for e in simulated.events if e.kind == "compute" and e.micro_batch == 2]
+    of_step = {e.end_s for e in computes if e.step == 2}
+    # stage 0 -> 1 -> 2 at step 2, then the last stage back to stage 0 of step 3; no other step
+    assert view.flow_count() == (len(DEVICES) - 1) + 1
     flows = view.overlay_item.flows
+    assert set(flows[:, 0]) <= of_step, "every arrow leaves a box of the selected step"
     assert (flows[:, 2] >= flows[:, 0] - 1e-12).all(), "every arrow points forward in time"
     view.fit_all()
     img = view.plot_widget.grab().toImage()  # the arrows paint without error
     assert not img.isNull()
+
+
+def test_flow_arrows_of_a_sequential_run_stay_on_the_selected_step(qtbot):
+    problem = make_problem()
+    plan = plan_from_boundaries("tiny-llama", 10, DEVICES, [2, 6], micro_batches=1)
+    sim = simulate(problem, plan, "sequential", micro_batches=1, micro_batch_size=1, generated_tokens=STEPS)
+    v = TimelineView()
+    qtbot.addWidget(v)
+    v.set_lanes(DEVICES)
+    v.append_events(sim.events)
+    v.flush()
+    last = max(e.step for e in sim.events)
+    v.select_event(_longest(sim.events, "compute", stage=0, step=last))
+    # the last step: stage 0 -> 1 -> 2 and no next step to return to (not one arrow per step)
+    assert v.flow_count() == len(DEVICES) - 1
 
 
 def test_shift_drag_selects_a_range_and_shows_its_summed_compute_wait_and_bytes(qtbot, view, simulated):
