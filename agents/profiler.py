@@ -16,6 +16,16 @@ its own — the stage overhead: growing the group's mask, positions, the causal 
 the rotary embedding (decode), plus a fresh KV cache (prefill) — and reported beside the
 units, so the cost model charges it once per stage instead of once per block.
 
+A unit is timed with its weights out of the CPU's last-level cache, as a run finds them
+when the model's weights exceed that cache: a decode step streams every unit of a stage
+through it, so each unit's weights were evicted since its previous use. Timing one unit
+over and over would keep a small unit's weights cached (a 12.8 MiB block in a 32 MiB L3
+measured 0.7 ms/token where the same block took 1.6 ms inside an 8-block stage: the
+miniature's 2.5x misprediction, docs/experiments.md). So when the whole model is larger
+than the cache, several copies of the unit (distinct weights, together about twice the
+cache) are built and timed in turn (``cold_copies``); a model that fits is timed warm, as
+it runs. CPU only: an accelerator's caches are not modelled.
+
 Links: the sender pushes probe data messages through its data-plane socket (and through
 its link emulation, when the agent emulates one), the receiver timestamps each arrival on
 its own data socket. Bandwidth is read at the receiver (bytes after the first ones /
@@ -31,6 +41,8 @@ from __future__ import annotations
 
 import copy
 import gc
+import glob
+import math
 import os
 import platform
 import statistics
@@ -90,6 +102,81 @@ def memory_budget(headroom_bytes: int = DEFAULT_HEADROOM_BYTES, device: str = "c
     total = info.get("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     avail = info.get("MemAvailable", total)
     return max(0, avail - headroom_bytes), total, avail
+
+
+# ------------------------------------------------------------------------------ cache
+RING_MAX_BYTES = 256 << 20
+"""At most this many bytes of unit copies are built to time a unit cold."""
+
+
+def _cache_size(text: str) -> int:
+    """sysfs cache size ("32768K", "1M", "512") in bytes; 0 if unreadable."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in ("K", "M", "G") else text
+    return int(digits) * scale if digits.isdigit() else 0
+
+
+def last_level_cache_bytes() -> int:
+    """Size of this CPU's last-level cache (the largest one sysfs lists for cpu0); 0 if unknown."""
+    best = 0
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(d, "size")) as f:
+                best = max(best, _cache_size(f.read()))
+        except OSError:
+            continue
+    return best
+
+
+def cold_copies(unit_bytes: int, model_bytes: int, cache_bytes: int, max_bytes: int = RING_MAX_BYTES) -> int:
+    """Copies of a unit to time in turn so that each timed call finds its weights out of a
+    ``cache_bytes`` last-level cache, as in a run of a model of ``model_bytes`` (1: time it as is).
+
+    A model that fits in the cache stays there between tokens: its units are timed warm (1).
+    Otherwise the copies together span about twice the cache (an LRU-like cache then holds
+    none of the next copy's weights), at most ``max_bytes``; a unit that is itself twice the
+    cache evicts its own weights and needs no copy."""
+    if cache_bytes <= 0 or unit_bytes <= 0 or model_bytes <= cache_bytes:
+        return 1
+    want = math.ceil(2 * cache_bytes / unit_bytes)
+    return max(1, min(want, max_bytes // unit_bytes))
+
+
+def _model_bytes(hf_config, dtype) -> int:
+    """Parameter bytes of the whole model (built on the meta device: nothing is allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = copy.deepcopy(hf_config)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    element = torch.empty((), dtype=dtype).element_size()
+    return sum(p.numel() for p in model.parameters()) * element
+
+
+def _in_turn(timed: list[_Timed]) -> _Timed:
+    """One ``_Timed`` that runs the copies' calls in turn (each ``reset`` prepares the copy the
+    next ``run`` uses)."""
+    if len(timed) == 1:
+        return timed[0]
+    turn = [0]
+
+    def reset():
+        r = timed[turn[0]].reset
+        if r is not None:
+            r()
+
+    def run():
+        t = timed[turn[0]]
+        turn[0] = (turn[0] + 1) % len(timed)
+        return t.run()
+
+    return _Timed(run, reset)
 
 
 # ---------------------------------------------------------------------------- compute
@@ -367,18 +454,24 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
     results = []
     overhead = {"decode": 0.0, "prefill": 0.0}
+    cache_bytes = last_level_cache_bytes() if tdev.type == "cpu" else 0
+    model_bytes = _model_bytes(cfg, dtype) if cache_bytes else 0
     with torch.inference_mode(), tdev:  # factory calls (inputs, caches) land on the device
         for i, u in enumerate(units):
             bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
+            # the unit's weights out of the cache at each timed call, as in a run (module docstring)
+            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev)
+                                 for _ in range(cold_copies(bench.param_bytes, model_bytes, cache_bytes) - 1)]
+            warmup = max(opts.warmup, len(benches))  # every copy's first call is a warm-up
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
-                fn = bench.decode_fn(b, context)
-                m, s = _stats(_time(fn.run, opts.repeats, opts.warmup, sync, fn.reset))
+                fn = _in_turn([x.decode_fn(b, context) for x in benches])
+                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset))
                 dec.append(m)
                 dec_sp.append(s)
             for b in prefill_bs:
-                fn = bench.prefill_fn(b, opts.prompt_tokens)
-                m, s = _stats(_time(fn.run, opts.repeats, opts.warmup, sync, fn.reset))
+                fn = _in_turn([x.prefill_fn(b, opts.prompt_tokens) for x in benches])
+                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset))
                 pre.append(m)
                 pre_sp.append(s)
             if bench.kind == "block" and not overhead["decode"]:  # once, with the first block's config
@@ -393,7 +486,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
                                      prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes,
                                      expert_decode_s=expert_s))
-            bench = fn = expert = None  # the timed closures hold the unit too: freed before the next is built
+            bench = benches = fn = expert = None  # the timed closures hold the unit too: freed before the next is built
             gc.collect()
             if progress:
                 progress(i + 1, len(units))

@@ -179,3 +179,67 @@ def test_the_result_crosses_the_wire_as_a_typed_profile_and_decodes_equal():
     assert isinstance(out, ComputeProfile) and out.device == "dev-a" and len(out.units) == 4
     back = decode_control(encode_control(ProfileResult(req=3, result=out)))  # what the coordinator decodes
     assert isinstance(back, ProfileResult) and back.result == out
+
+
+def test_cold_copies_span_twice_the_cache_only_when_the_model_does_not_fit_in_it():
+    from agents.profiler import cold_copies
+
+    mib = 1 << 20
+    block = 12_849_152  # the miniature's (hidden 512) of a 102 MiB model under a 32 MiB L3: 6 copies, 74 MiB
+    assert cold_copies(block, 102 * mib, 32 * mib) == 6
+    assert cold_copies(block, 30 * mib, 32 * mib) == 1  # the whole model stays cached: warm, as it runs
+    assert cold_copies(70 * mib, 900 * mib, 32 * mib) == 1  # a unit twice the cache evicts itself
+    assert cold_copies(1 * mib, 900 * mib, 512 * mib, max_bytes=256 * mib) == 256  # bounded memory
+    assert cold_copies(1 * mib, 900 * mib, 0) == 1  # cache size unknown: as before
+
+
+def test_sysfs_cache_sizes_are_read_in_bytes():
+    from agents.profiler import _cache_size
+
+    assert _cache_size("32768K\n") == 32 << 20
+    assert _cache_size("1M") == 1 << 20
+    assert _cache_size("512") == 512
+    assert _cache_size("") == 0 and _cache_size("big") == 0
+
+
+def _timed_benches(monkeypatch, cache_bytes: int) -> dict[int, list[int]]:
+    """Profile TINY_LLAMA with a last-level cache of ``cache_bytes``; per unit, which copy
+    (its construction order) each timed decode call ran on."""
+    import agents.profiler as profiler
+
+    monkeypatch.setattr(profiler, "last_level_cache_bytes", lambda: cache_bytes)
+    calls: dict[int, list[int]] = {}
+    built: dict[int, int] = {}
+
+    class Recording(profiler._UnitBench):
+        def __init__(self, cfg, unit, *a, **kw):
+            super().__init__(cfg, unit, *a, **kw)
+            self.unit, self.copy = unit, built.get(unit, 0)
+            built[unit] = self.copy + 1
+
+        def decode_fn(self, b, context):
+            timed = super().decode_fn(b, context)
+
+            def run():
+                calls.setdefault(self.unit, []).append(self.copy)
+                return timed.run()
+
+            return profiler._Timed(run, timed.reset)
+
+    monkeypatch.setattr(profiler, "_UnitBench", Recording)
+    profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=6, warmup=1))
+    return calls
+
+
+def test_a_block_of_a_model_larger_than_the_cache_is_timed_on_copies_in_turn(monkeypatch):
+    """What made the miniature's edge-only predictions 2.5x too fast: one block timed over and
+    over stays in the L3 cache, while a run streams every block of the stage through it."""
+    block_bytes = 2 * (64 * 64 + 64 * 32) * 4 + 3 * 64 * 128 * 4 + 2 * 64 * 4  # q/o, k/v (GQA), mlp, norms
+    calls = _timed_benches(monkeypatch, cache_bytes=block_bytes + 1)  # the model (~0.4 MiB) does not fit
+    for unit in (1, 2):  # each block: 3 copies (2 x cache / block, rounded up), used in turn, warm-up included
+        assert calls[unit] == [i % 3 for i in range(len(calls[unit]))] and len(calls[unit]) >= 6
+
+
+def test_a_model_that_fits_in_the_cache_is_timed_warm_on_one_copy(monkeypatch):
+    calls = _timed_benches(monkeypatch, cache_bytes=64 << 20)
+    assert all(set(c) == {0} for c in calls.values())
