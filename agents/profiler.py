@@ -24,7 +24,8 @@ measured 0.7 ms/token where the same block took 1.6 ms inside an 8-block stage: 
 miniature's 2.5x misprediction, docs/experiments.md). So when the whole model is larger
 than the cache, several copies of the unit (distinct weights, together about twice the
 cache) are built and timed in turn (``cold_copies``); a model that fits is timed warm, as
-it runs. CPU only: an accelerator's caches are not modelled.
+it runs. Not the embedding, whose step reads only its tokens' rows. CPU only: an
+accelerator's caches are not modelled.
 
 Links: the sender pushes probe data messages through its data-plane socket (and through
 its link emulation, when the agent emulates one), the receiver timestamps each arrival on
@@ -460,8 +461,9 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
         for i, u in enumerate(units):
             bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
             # the unit's weights out of the cache at each timed call, as in a run (module docstring)
-            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev)
-                                 for _ in range(cold_copies(bench.param_bytes, model_bytes, cache_bytes) - 1)]
+            # (not the embedding: a step reads only its tokens' rows, never the whole table)
+            copies = cold_copies(bench.param_bytes, model_bytes, cache_bytes) if bench.kind != "embedding" else 1
+            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev) for _ in range(copies - 1)]
             warmup = max(opts.warmup, len(benches))  # every copy's first call is a warm-up
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:

@@ -238,6 +238,7 @@ def test_a_block_of_a_model_larger_than_the_cache_is_timed_on_copies_in_turn(mon
     calls = _timed_benches(monkeypatch, cache_bytes=block_bytes + 1)  # the model (~0.4 MiB) does not fit
     for unit in (1, 2):  # each block: 3 copies (2 x cache / block, rounded up), used in turn, warm-up included
         assert calls[unit] == [i % 3 for i in range(len(calls[unit]))] and len(calls[unit]) >= 6
+    assert set(calls[0]) == {0}  # the embedding: a step reads its tokens' rows only
 
 
 def test_a_model_that_fits_in_the_cache_is_timed_warm_on_one_copy(monkeypatch):
