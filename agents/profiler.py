@@ -40,6 +40,7 @@ This module ships with the agent: it must not import core/.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import glob
@@ -193,7 +194,7 @@ def _stats(samples: list[float]) -> tuple[float, float]:
 
 
 def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], None] = lambda: None,
-          reset: Callable[[], Any] | None = None) -> list[float]:
+          reset: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` calls; ``reset``
     (e.g. crop the KV cache back) runs before each call, untimed."""
     for _ in range(warmup):
@@ -206,10 +207,10 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], N
         if reset is not None:
             reset()
             sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()  # GPU kernels are asynchronous: the time ends when they are done
-        out.append(time.perf_counter() - t0)
+        out.append(clock() - t0)
     return out
 
 
@@ -424,9 +425,14 @@ def _hf_config(config: dict[str, Any]):
     return AutoConfig.for_model(model_type, **cfg)
 
 
-def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[int, int], None] | None = None
+def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[int, int], None] | None = None,
+                  *, cache_bytes: int | None = None, clock: Callable[[], float] = time.perf_counter
                   ) -> ComputeProfile:
-    """Time every requested unit; the core of ``profile_compute`` (usable without an agent)."""
+    """Time every requested unit; the core of ``profile_compute`` (usable without an agent).
+
+    ``cache_bytes``: the last-level cache the units are timed cold against (None: this CPU's,
+    0: time them warm); ``clock``: what the timings read (``time.thread_time`` for CPU time:
+    bench/profile_cache.py)."""
     import torch
 
     t_start = time.perf_counter()
@@ -455,9 +461,14 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
     results = []
     overhead = {"decode": 0.0, "prefill": 0.0}
-    cache_bytes = last_level_cache_bytes() if tdev.type == "cpu" else 0
+    if cache_bytes is None:
+        cache_bytes = last_level_cache_bytes() if tdev.type == "cpu" else 0
     model_bytes = _model_bytes(cfg, dtype) if cache_bytes else 0
-    with torch.inference_mode(), tdev:  # factory calls (inputs, caches) land on the device
+    # Factory calls (inputs, caches) must land on an accelerator; on the CPU they do anyway, and
+    # a device context would put every timed op through torch's function-mode dispatch (+0.2 ms
+    # per block of the miniature's model, 15 %: bench/profile_cache.py), which runs never pay.
+    placed = tdev if tdev.type != "cpu" else contextlib.nullcontext()
+    with torch.inference_mode(), placed:
         for i, u in enumerate(units):
             bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
             # the unit's weights out of the cache at each timed call, as in a run (module docstring)
@@ -468,23 +479,23 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
                 fn = _in_turn([x.decode_fn(b, context) for x in benches])
-                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset))
+                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock))
                 dec.append(m)
                 dec_sp.append(s)
             for b in prefill_bs:
                 fn = _in_turn([x.prefill_fn(b, opts.prompt_tokens) for x in benches])
-                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset))
+                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock))
                 pre.append(m)
                 pre_sp.append(s)
             if bench.kind == "block" and not overhead["decode"]:  # once, with the first block's config
                 # more repeats than a unit: these are tens of microseconds, noisier relative to themselves
                 reps = max(opts.repeats, 20)
                 fn = bench.stage_decode_overhead_fn(decode_bs[0], context)
-                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
+                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, clock=clock))[0]
                 fn = bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens)
-                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync))[0]
+                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, clock=clock))[0]
             expert = bench.expert_fn() if bench.kind == "block" else None
-            expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync))[0] if expert else 0.0
+            expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync, clock=clock))[0] if expert else 0.0
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
                                      prefill_spread=tuple(pre_sp), param_bytes=bench.param_bytes,
                                      expert_decode_s=expert_s))

@@ -207,7 +207,6 @@ def _timed_benches(monkeypatch, cache_bytes: int) -> dict[int, list[int]]:
     (its construction order) each timed decode call ran on."""
     import agents.profiler as profiler
 
-    monkeypatch.setattr(profiler, "last_level_cache_bytes", lambda: cache_bytes)
     calls: dict[int, list[int]] = {}
     built: dict[int, int] = {}
 
@@ -227,7 +226,8 @@ def _timed_benches(monkeypatch, cache_bytes: int) -> dict[int, list[int]]:
             return profiler._Timed(run, timed.reset)
 
     monkeypatch.setattr(profiler, "_UnitBench", Recording)
-    profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=6, warmup=1))
+    profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=6, warmup=1),
+                  cache_bytes=cache_bytes)
     return calls
 
 
