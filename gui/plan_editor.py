@@ -14,14 +14,15 @@ from pathlib import Path
 
 import msgspec
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QAction, QColor, QKeySequence, QUndoCommand, QUndoStack
+from PySide6.QtCore import QEvent, QPointF, Qt, Signal
+from PySide6.QtGui import QAction, QColor, QFontMetrics, QKeySequence, QUndoCommand, QUndoStack
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
@@ -51,6 +53,16 @@ from gui.studio_state import StudioState
 from gui.unit_strip import UnitStripView
 from gui.widgets import InlineMessage, MetricCard, panel_header, say_why_disabled, show_error
 from gui.workers import TaskRunner
+
+
+COMPARE_LEGEND = (("ok", "current plan"), ("accent", "other strategy"), ("error", "does not fit"))
+"""The comparison chart's colours (theme colour key, words), as its bars use them."""
+COMPARE_ROW_PX = 6
+COMPARE_TWO_CHARTS_PX = 380
+COMPARE_BAR_PX = 80
+"""The least room for the bars and their values beside the strategy names."""
+"""Narrower than this, the comparison charts only the objective's figure (the table has both)."""
+"""Room between two strategy names on the comparison chart, beyond a line of text."""
 
 
 def _fits(outcome: StrategyOutcome) -> bool:
@@ -183,8 +195,7 @@ class PlanEditorPanel(QWidget):
         self.compare_plot = pg.GraphicsLayoutWidget()
         self.compare_plot.setAccessibleName("Strategy comparison chart")
         self.compare_plot.setToolTip("Compare strategies draws every strategy's predicted latency and throughput here")
-        self.compare_plot.setMinimumHeight(120)
-        compare.addWidget(self.compare_plot)
+        compare.addWidget(self._build_compare_chart())
         compare.addWidget(self._build_compare_table())
         compare.setStretchFactor(0, 1)  # the table (strategy names, Adopt) as wide as the chart
         compare.setStretchFactor(1, 1)
@@ -194,6 +205,35 @@ class PlanEditorPanel(QWidget):
         split.setStretchFactor(0, 4)
         split.setStretchFactor(1, 1)
         root.addWidget(split, 1)
+
+    def _build_compare_chart(self) -> QWidget:
+        """The chart under its legend, in a scroll area: a short window (1024x700) scrolls the
+        chart instead of squeezing its rows until the strategy names overlap."""
+        box = QWidget()
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(2)
+        self.compare_legend = QLabel()
+        self.compare_legend.setAccessibleName("Strategy comparison legend")
+        self.compare_legend.setWordWrap(True)
+        self.compare_legend.setToolTip("The bars' colours: the current plan, a strategy whose plan does not fit "
+                                       "(memory, constraints or no plan at all), every other strategy. "
+                                       "Latency: lower is better (↓); tokens/s: higher is better (↑)")
+        lay.addWidget(self.compare_legend)
+        self.compare_scroll = QScrollArea()
+        self.compare_scroll.setWidgetResizable(True)
+        self.compare_scroll.setFrameShape(QFrame.NoFrame)
+        self.compare_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.compare_scroll.setMinimumHeight(90)
+        self.compare_scroll.setWidget(self.compare_plot)
+        self.compare_scroll.viewport().installEventFilter(self)  # names elided anew to its width
+        lay.addWidget(self.compare_scroll, 1)
+        return box
+
+    def _compare_legend_text(self) -> str:
+        c = theme_colors()
+        return " ".join(f"<span style='color:{c[key]}'>■</span>&nbsp;{words.replace(' ', '&nbsp;')}"
+                        for key, words in COMPARE_LEGEND)
 
     def _build_compare_table(self) -> QWidget:
         self.compare_table = QTableWidget(0, 4)
@@ -220,6 +260,7 @@ class PlanEditorPanel(QWidget):
         self.objective_combo = QComboBox()
         self.objective_combo.addItem("Minimum latency", "latency")
         self.objective_combo.addItem("Maximum throughput", "throughput")
+        self.objective_combo.currentIndexChanged.connect(lambda *_: self.comparison and self._draw_comparison())
         self.objective_combo.setToolTip("What the exact solver optimises")
         self.objective_combo.setAccessibleName("Objective")
         form.addRow("Objective", self.objective_combo)
@@ -372,6 +413,9 @@ class PlanEditorPanel(QWidget):
             self._draw_comparison()
         else:
             self.compare_plot.clear()
+            self.compare_plot.setMinimumHeight(80)
+            self.compare_plot.setToolTip("Compare strategies draws every strategy's predicted latency and throughput here")
+            self.compare_legend.setText("")
             self.compare_plot.addLabel("Compare strategies (Ctrl+Shift+C) charts every strategy's latency and "
                                        "throughput here", color=theme_colors()["muted"])
 
@@ -667,23 +711,41 @@ class PlanEditorPanel(QWidget):
     def _draw_comparison(self) -> None:
         self.compare_plot.clear()
         style_plot(self.compare_plot)
+        self.compare_legend.setText(self._compare_legend_text())
         rs = [r for r in self.comparison if r.cost is not None]
         if not rs:
             return
         c = theme_colors()
-        names = [r.strategy for r in rs]
         current = self.state.plan
-        ticks = [list(enumerate(names))]
-        for col, (title, values) in enumerate((
-            ("Latency / token (ms) — lower is better", [r.cost.latency_per_token_s * 1e3 for r in rs]),
-            ("Throughput (tokens/s) — higher is better", [r.cost.throughput_tokens_s for r in rs]),
-        )):
-            p = self.compare_plot.addPlot(row=col, col=0, title=title)
+        metrics = QFontMetrics(self.font())
+        # each strategy a row a line of text tall (the chart scrolls where the window is short),
+        # the latency and the throughput side by side so both share the rows' names
+        title_px = metrics.height() + 16
+        self.compare_plot.setMinimumHeight(len(rs) * (metrics.height() + COMPARE_ROW_PX) + title_px)
+        avail = self.compare_scroll.viewport().width() - 20  # the layout's margins
+        two = avail >= COMPARE_TWO_CHARTS_PX
+        label_px = min(max(metrics.horizontalAdvance(r.strategy) for r in rs) + 24,
+                       max(60, avail * 9 // 20 if two else avail - COMPARE_BAR_PX))
+        names = [metrics.elidedText(r.strategy, Qt.ElideRight, label_px - 20) for r in rs]
+        self.compare_plot.setToolTip("\n".join(
+            f"{r.strategy}: {r.cost.latency_per_token_s * 1e3:.1f} ms/token, {r.cost.throughput_tokens_s:.1f} tokens/s"
+            + ("" if _fits(r) else " — does not fit") for r in rs))
+        brushes = [pg.mkBrush(c["error"] if not _fits(r) else c["ok"] if r.plan == current else c["accent"])
+                   for r in rs]
+        first = None
+        charts = {"latency": ("ms/token ↓", [r.cost.latency_per_token_s * 1e3 for r in rs]),
+                  "throughput": ("tokens/s ↑", [r.cost.throughput_tokens_s for r in rs])}
+        if not two:  # a narrow window: the objective's figure only
+            charts = {k: v for k, v in charts.items() if k == (self.objective_combo.currentData() or "latency")}
+        for col, (title, values) in enumerate(charts.values()):
+            # the title above the whole plot (names and bars), so it never widens the bars' column
+            self.compare_plot.addLabel(title, row=0, col=col, size=f"{self.font().pointSizeF():.0f}pt",
+                                       color=c["text"])
+            p = self.compare_plot.addPlot(row=1, col=col)
             p.setMenuEnabled(False)
             p.setMouseEnabled(False, False)
             p.invertY(True)
-            brushes = [pg.mkBrush(c["error"] if not _fits(r) else c["ok"] if r.plan == current else c["accent"])
-                       for r in rs]
+            p.hideAxis("bottom")  # each bar is labelled with its value
             finite = [v if math.isfinite(v) else 0.0 for v in values]
             p.addItem(pg.BarGraphItem(x0=0, y=list(range(len(rs))), height=0.6, width=finite, brushes=brushes))
             for i, v in enumerate(values):
@@ -691,9 +753,30 @@ class PlanEditorPanel(QWidget):
                 label.setPos(finite[i], i)
                 p.addItem(label)
             ax = p.getAxis("left")
-            ax.setTicks(ticks)
-            ax.setStyle(tickFont=self.font())
-            p.setXRange(0, max(finite + [1e-9]) * 1.25, padding=0)
+            if first is None:
+                ax.setTicks([list(enumerate(names))])
+                ax.setStyle(tickFont=self.font(), tickLength=0)
+                ax.setWidth(label_px)
+                first = p
+            else:
+                p.hideAxis("left")
+                p.setYLink(first)
+            p.setXRange(0, max(finite + [1e-9]) * 1.8, padding=0)  # room for the value after the bar
+            p.setYRange(-0.5, len(rs) - 0.5, padding=0)
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.compare_scroll.viewport() and event.type() == QEvent.Type.Resize and self.comparison:
+            self._draw_comparison()
+        return super().eventFilter(obj, event)
+
+    def compare_rows_overlap(self) -> bool:
+        """Whether the chart's rows are closer than a line of text (its names would overlap)."""
+        if not self.compare_plot.ci.items:
+            return False
+        plot = next(i for i in self.compare_plot.ci.items if isinstance(i, pg.PlotItem))
+        vb = plot.getViewBox()
+        row_px = abs(vb.mapViewToDevice(QPointF(0, 1)).y() - vb.mapViewToDevice(QPointF(0, 0)).y())
+        return row_px < QFontMetrics(self.font()).height()
 
     def shutdown(self) -> None:
         self._solve_runner.shutdown()

@@ -147,3 +147,18 @@ def test_attention_offloadings_pickers_wrap_at_1024x700_and_keep_one_row_at_1600
     _show(window, qtbot, 1600, 1000)
     qtbot.wait(50)
     assert not view.controls.wrapped
+
+
+def test_the_plan_screens_strategy_comparison_keeps_its_names_apart_at_1024x700(window, qtbot):
+    from tests.gui.problems import make_problem as problem_of
+
+    problem = problem_of()
+    window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    _show(window, qtbot, 1024, 700)
+    window.show_screen(window.screens.plan)
+    editor = window.screens.plan.view
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.compare()
+    qtbot.wait(50)
+    assert len(editor.comparison) >= 8
+    assert not editor.compare_rows_overlap()  # the chart scrolls rather than squeezing its rows

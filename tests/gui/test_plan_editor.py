@@ -204,7 +204,20 @@ def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
     best = editor.comparison[0]
     assert all(r.cost is None or r.cost.latency_per_token_s >= best.cost.latency_per_token_s - 1e-12
                for r in editor.comparison if r.status in ("optimal", "ok"))
-    assert len(editor.compare_plot.ci.items) == 2
+    import pyqtgraph as pg
+    assert len([i for i in editor.compare_plot.ci.items if isinstance(i, pg.PlotItem)]) == 2  # latency, tokens/s
+
+
+def test_the_compare_charts_legend_names_each_bar_colour(editor, qtbot):
+    from gui.app import theme_colors
+
+    editor.state.set_problem(make_problem())
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.compare_button.click()
+    legend = editor.compare_legend.text()
+    c = theme_colors()
+    for key, words in (("ok", "current plan"), ("accent", "other strategy"), ("error", "does not fit")):
+        assert f"color:{c[key]}'>■</span>&nbsp;{words.replace(' ', '&nbsp;')}" in legend
 
 
 def test_compare_shows_the_core_outcome_of_each_strategy_an_oom_one_in_red_with_its_overflow(editor, qtbot):
