@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QSplitter, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSplitter,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent, TokenEvent
 from core.reporting import Reporter
@@ -51,6 +51,12 @@ def run_title(info: RunInfo) -> str:
     return f"run {info.id} · {info.model} · {info.mode} · {info.status}"
 
 
+TABLE_BESIDE_PX = 800
+"""Narrower than this, the figures table goes below the two timelines instead of beside them."""
+LANE_LINES = 1.6
+"""A compared timeline's least height per lane, in lines of text (its lane names never overlap)."""
+
+
 class RunComparisonView(QWidget):
     """Run A's and run B's timelines, x-linked from t = 0, above a table of their figures."""
 
@@ -78,24 +84,58 @@ class RunComparisonView(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
 
         head = QHBoxLayout()
         head.addWidget(self.title_label, 1)
         head.addWidget(self.back_button)
-        timelines = QSplitter(Qt.Orientation.Vertical)
-        timelines.addWidget(self.timeline_a)
-        timelines.addWidget(self.timeline_b)
-        body = QSplitter(Qt.Orientation.Horizontal)
-        body.setChildrenCollapsible(False)
-        body.addWidget(timelines)
-        body.addWidget(self.table)
-        body.setStretchFactor(0, 3)
-        body.setStretchFactor(1, 1)
+        self.timelines = QSplitter(Qt.Orientation.Vertical)
+        self.timelines.setChildrenCollapsible(False)
+        self.timelines.addWidget(self.timeline_a)
+        self.timelines.addWidget(self.timeline_b)
+        # the figures beside the timelines where there is room, below them where there is not
+        # (a 1024 px screen): the timelines keep the width, and the page scrolls rather than
+        # squeezing a timeline's lanes together or drawing it under the table
+        self.body = QSplitter(Qt.Orientation.Horizontal)
+        self.body.setChildrenCollapsible(False)
+        self.body.addWidget(self.timelines)
+        self.body.addWidget(self.table)
+        self.body.setStretchFactor(0, 3)
+        self.body.setStretchFactor(1, 1)
         self.table.setMinimumWidth(260)
+        self.scroll = QScrollArea()
+        self.scroll.setAccessibleName("Run comparison page")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.body)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(head)
-        layout.addWidget(body, 1)
+        layout.addWidget(self.scroll, 1)
+        self._fit_timelines()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._arrange(event.size().width())
+
+    def _arrange(self, width: int) -> None:
+        wide = width >= TABLE_BESIDE_PX
+        orientation = Qt.Orientation.Horizontal if wide else Qt.Orientation.Vertical
+        if self.body.orientation() != orientation:
+            self.body.setOrientation(orientation)
+        rows = self.table.rowCount()
+        table_px = (self.table.horizontalHeader().sizeHint().height() + 4
+                    + sum(self.table.rowHeight(r) for r in range(rows)))
+        self.table.setMinimumHeight(0 if wide else table_px)  # below: every figure, no scroll of its own
+
+    def _fit_timelines(self) -> None:
+        """Each timeline at least its toolbar plus a line of text per lane and its time axis."""
+        line = self.fontMetrics().height()
+        for view in (self.timeline_a, self.timeline_b):
+            lanes = max(len(view.lanes()), 1)
+            toolbar = view.minimumSizeHint().height()
+            view.setMinimumHeight(toolbar + lanes * int(line * LANE_LINES) + 4 * line)
 
     def show_runs(self, a: ComparedRun, b: ComparedRun) -> None:
         self.runs = (a, b)
@@ -108,6 +148,7 @@ class RunComparisonView(QWidget):
             view.measured_plot.setTitle(f"{name}: {run_title(run.info)}", size="9pt")
         end = max([e.end_s for e in a.events + b.events] + [1e-3])
         self.timeline_a.set_x_range(0.0, end * 1.02)  # both from t = 0, on one axis (x-linked)
+        self._fit_timelines()
         rows = comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles)
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
@@ -116,6 +157,8 @@ class RunComparisonView(QWidget):
                 if c:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
+        self.table.resizeRowsToContents()
+        self._arrange(self.width())
 
     def table_rows(self) -> list[tuple[str, str, str]]:
         return [tuple(self.table.item(r, c).text() for c in range(3)) for r in range(self.table.rowCount())]

@@ -4,7 +4,7 @@ and the whole Run page (lanes, axis, figures) visible at 1440x900 without scroll
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QPoint, QRect
+from PySide6.QtCore import QPoint, QPointF, QRect
 from PySide6.QtWidgets import (QAbstractButton, QAbstractSlider, QAbstractSpinBox, QComboBox, QLineEdit,
                                QScrollBar, QWidget)
 
@@ -107,7 +107,7 @@ def test_the_whole_run_page_shows_without_scrolling_at_1440x900(window, qtbot):
     assert clipped_controls(window, run) == []
 
 
-def test_two_runs_compared_fit_the_sessions_screen_at_1024x700(window, qtbot, tmp_path):
+def _two_runs_compared(window, qtbot, tmp_path, width: int, height: int):
     from core.runs.simulator import simulate
     from core.sessions.recording import record_simulation
     from core.sessions.store import SessionStore
@@ -120,7 +120,7 @@ def test_two_runs_compared_fit_the_sessions_screen_at_1024x700(window, qtbot, tm
         for mode in ("sequential", "no-bubbles"):
             record_simulation(store, sid, problem, plan, simulate(problem, plan, mode, generated_tokens=4))
     window.open_workspace(path)
-    _show(window, qtbot, 1024, 700)
+    _show(window, qtbot, width, height)
     sessions = window.screens.sessions
     window.show_screen(sessions)
     qtbot.waitUntil(lambda: len(sessions.run_items()) == 2, timeout=5000)
@@ -129,6 +129,35 @@ def test_two_runs_compared_fit_the_sessions_screen_at_1024x700(window, qtbot, tm
     with qtbot.waitSignal(sessions.runs_compared, timeout=5000):
         sessions.compare_button.click()
     qtbot.wait(50)
+    return sessions
+
+
+def _lane_px(view) -> float:
+    vb = view.measured_plot.getViewBox()
+    return abs(vb.mapViewToDevice(QPointF(0, 1)).y() - vb.mapViewToDevice(QPointF(0, 0)).y())
+
+
+def test_two_compared_runs_lanes_are_a_line_of_text_apart_at_1024x700(window, qtbot, tmp_path):
+    comparison = _two_runs_compared(window, qtbot, tmp_path, 1024, 700).comparison
+    for view in (comparison.timeline_a, comparison.timeline_b):
+        assert len(view.lanes()) == 3
+        assert _lane_px(view) >= view.fontMetrics().height() * 1.2, "lane names overlap"
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1600, 1000)])
+def test_the_compared_runs_figures_table_covers_neither_timeline(window, qtbot, tmp_path, size):
+    comparison = _two_runs_compared(window, qtbot, tmp_path, *size).comparison
+    table = QRect(comparison.table.mapTo(comparison, QPoint(0, 0)), comparison.table.size())
+    for view in (comparison.timeline_a, comparison.timeline_b):
+        plot = view.plot_widget
+        rect = QRect(plot.mapTo(comparison, QPoint(0, 0)), plot.size())
+        assert not rect.intersects(table)
+        drawn = plot.mapFromScene(view.measured_plot.sceneBoundingRect()).boundingRect()
+        assert drawn.right() <= plot.viewport().width() + 1, "the plot is drawn past its view"
+
+
+def test_two_runs_compared_fit_the_sessions_screen_at_1024x700(window, qtbot, tmp_path):
+    sessions = _two_runs_compared(window, qtbot, tmp_path, 1024, 700)
     area = window.stack.currentWidget()
     assert not area.verticalScrollBar().isVisible() and not area.horizontalScrollBar().isVisible()
     assert clipped_controls(window, sessions) == []
