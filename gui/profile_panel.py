@@ -32,6 +32,10 @@ from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disable
 from gui.workers import TaskRunner
 
 
+MEMORY_HEADROOM = 1.3
+"""The memory chart's top over its tallest bar or line: room for the bar's value above it."""
+
+
 class ProfilePanel(QWidget):
     load_requested = Signal()
     """Load… was clicked: the window asks for the file (profiles and problems load there)."""
@@ -39,6 +43,9 @@ class ProfilePanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
+        self.memory_plot: pg.PlotItem | None = None
+        """The memory budgets' chart (None before a profile)."""
+        self.weights_line: pg.InfiniteLine | None = None
         self.profile_task: Callable | None = None
         """``fn(reporter) -> Profile``, set by whoever can profile (the demo, the devices screen)."""
         self.runner = TaskRunner(self, name="profile")
@@ -247,8 +254,11 @@ class ProfilePanel(QWidget):
             prefill.plot(units, pre, pen=pen, symbol="o", symbolSize=5, symbolBrush=stage_color(i), name=t.device)
         devs = p.cluster.devices
         unit, size = byte_unit(max([d.memory_bytes for d in devs] + [p.model.param_bytes]))
+        # the weights line is named in the title, in its colour: a label on the line was cut off
+        # under the title where the line is the chart's top (the model bigger than any budget)
         mem = self.plots.addPlot(row=1, col=0, colspan=2,
-                                 title=f"Memory budget per device ({unit}) — line: whole model's weights")
+                                 title=f"Memory budget per device ({unit}) — <span style='color:{c['error']}'>"
+                                       f"- - - model weights {format_bytes(p.model.param_bytes)}</span>")
         mem.setMenuEnabled(False)
         mem.setMouseEnabled(False, False)
         budgets = [d.memory_bytes / size for d in devs]
@@ -259,11 +269,12 @@ class ProfilePanel(QWidget):
             label.setPos(i, b)
             mem.addItem(label)
         weights = p.model.param_bytes / size
-        mem.addItem(pg.InfiniteLine(pos=weights, angle=0, pen=pg.mkPen(c["error"], width=2, style=pg.QtCore.Qt.DashLine),
-                                    label=f"model weights {format_bytes(p.model.param_bytes)}",
-                                    labelOpts={"color": c["error"], "position": 0.5, "anchors": [(0.5, 1.2), (0.5, 1.2)]}))
+        self.weights_line = pg.InfiniteLine(pos=weights, angle=0,
+                                            pen=pg.mkPen(c["error"], width=2, style=pg.QtCore.Qt.DashLine))
+        mem.addItem(self.weights_line)
+        self.memory_plot = mem
         mem.getAxis("bottom").setTicks([[(i, d.id) for i, d in enumerate(devs)]])
-        mem.setYRange(0, max(budgets + [weights]) * 1.15)
+        mem.setYRange(0, max(budgets + [weights]) * MEMORY_HEADROOM, padding=0)
         self.plots.ci.layout.setRowStretchFactor(0, 3)
         self.plots.ci.layout.setRowStretchFactor(1, 2)
 

@@ -191,3 +191,26 @@ def test_the_plan_screens_strategy_comparison_keeps_its_names_apart_at_1024x700(
     qtbot.wait(50)
     assert len(editor.comparison) >= 8
     assert not editor.compare_rows_overlap()  # the chart scrolls rather than squeezing its rows
+
+
+def test_no_text_of_the_profiles_memory_chart_is_cut_off_at_1024x700(window, qtbot):
+    import pyqtgraph as pg
+
+    from core.planning.scenarios import DeviceSpec, synthetic_problem
+
+    # a model bigger than every budget: its weights line is the chart's top
+    problem = synthetic_problem([DeviceSpec(id="nx", name="NX", tflops=12, memory_bandwidth_gb_s=100, memory_gib=6),
+                                 DeviceSpec(id="srv", name="Server", tflops=70, memory_bandwidth_gb_s=900,
+                                            memory_gib=20)], "llama-2-13b")
+    window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    _show(window, qtbot, 1024, 700)
+    profile = window.screens.profile
+    window.show_screen(profile)
+    qtbot.wait(50)
+    mem = profile.memory_plot
+    assert "model weights" in mem.titleLabel.text
+    view = mem.getViewBox().sceneBoundingRect()
+    texts = [i for i in mem.getViewBox().allChildren() if isinstance(i, pg.TextItem) and i.isVisible()]
+    assert texts
+    for t in texts:
+        assert view.contains(t.sceneBoundingRect()), t.toPlainText()
