@@ -102,6 +102,8 @@ class PlanEditorPanel(QWidget):
         self.undo_stack = QUndoStack(self)
         self.cost: PlanCost | None = None
         self.comparison: list[StrategyOutcome] = []
+        self.compare_hint: pg.LabelItem | None = None
+        """What the chart says before a comparison (None once one is drawn)."""
         self._compared_problem: PlanningProblem | None = None
         """The problem the comparison was computed for: a different one makes it stale (no Adopt)."""
         self._solve_runner = TaskRunner(self, name="solve")
@@ -416,8 +418,10 @@ class PlanEditorPanel(QWidget):
             self.compare_plot.setMinimumHeight(80)
             self.compare_plot.setToolTip("Compare strategies draws every strategy's predicted latency and throughput here")
             self.compare_legend.setText("")
-            self.compare_plot.addLabel("Compare strategies (Ctrl+Shift+C) charts every strategy's latency and "
-                                       "throughput here", color=theme_colors()["muted"])
+            # in short lines: the chart is ~200 px wide on a 1024 px screen
+            self.compare_hint = self.compare_plot.addLabel(
+                "Compare strategies<br>(Ctrl+Shift+C) charts<br>every strategy's latency<br>and throughput here",
+                color=theme_colors()["muted"])
 
     def _bad_stages(self, plan: ShardPlan | None, cost: PlanCost | None) -> set[int]:
         if plan is None or cost is None:
@@ -710,6 +714,7 @@ class PlanEditorPanel(QWidget):
 
     def _draw_comparison(self) -> None:
         self.compare_plot.clear()
+        self.compare_hint = None
         style_plot(self.compare_plot)
         self.compare_legend.setText(self._compare_legend_text())
         rs = [r for r in self.comparison if r.cost is not None]

@@ -214,3 +214,15 @@ def test_no_text_of_the_profiles_memory_chart_is_cut_off_at_1024x700(window, qtb
     assert texts
     for t in texts:
         assert view.contains(t.sceneBoundingRect()), t.toPlainText()
+
+
+def test_the_empty_strategy_charts_hint_is_whole_at_1024x700(window, qtbot):
+    problem = make_problem()
+    window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    _show(window, qtbot, 1024, 700)
+    window.show_screen(window.screens.plan)
+    qtbot.wait(50)
+    editor = window.screens.plan.view
+    chart = editor.compare_plot
+    hint = chart.mapFromScene(editor.compare_hint.item.sceneBoundingRect()).boundingRect()
+    assert chart.viewport().rect().contains(hint)
