@@ -11,7 +11,10 @@ slow and fast links are measured with similar accuracy.
 
 One-way latency is read from probe timestamps on the two agents' clocks, corrected with
 the offsets the coordinator estimated from pings; the round trip of a pair is the sum of
-both directions.
+both directions. It is the one-way time of a small message on an idle link (what the cost
+model adds to bytes / bandwidth for every message): the second round's probes are spaced at
+least twice their own sending time at the first round's rate (``latency_probe_gap_s``), and
+the first probe of a round, which waits for the connection's handshake, is not counted.
 """
 
 from __future__ import annotations
@@ -133,14 +136,33 @@ def _follow_progress(coord, dev: str, fut, rep: Reporter, index: int, count: int
         cf.wait([fut], timeout=poll_s)
 
 
-def measure_pair(coord, src: PeerSpec, dst: PeerSpec, nbytes: int, timeout_s: float = 120) -> LinkResult:
+PROBE_WIRE_BYTES = 1024
+"""A generous bound on one latency probe on the wire: its data header (~130 B), 8 payload
+bytes, ZMQ/CURVE framing and TCP/IP headers."""
+
+
+def latency_probe_gap_s(bandwidth_mbit_s: float) -> float:
+    """Seconds between latency probes on a link of this rate: at least twice a probe's own
+    sending time, so each probe finds the link idle instead of queueing behind the one before
+    (at 0.5 Mbit/s a probe takes milliseconds to send; 5 ms apart they queued and the
+    "latency" became their own sending and queueing time, which the cost model then paid on
+    top of bytes / bandwidth)."""
+    default = LinkOptions(role="send").latency_gap_s
+    if bandwidth_mbit_s <= 0:
+        return default
+    return min(1.0, max(default, 2 * PROBE_WIRE_BYTES * 8 / (bandwidth_mbit_s * 1e6)))
+
+
+def measure_pair(coord, src: PeerSpec, dst: PeerSpec, nbytes: int, timeout_s: float = 120,
+                 latency_gap_s: float | None = None) -> LinkResult:
     """One probe from ``src`` to ``dst``: the receiver is armed first, then the sender starts."""
     probe = uuid.uuid4().hex[:12]
     recv = coord.request_async(dst.device, MeasureLink(peer=src, options=LinkOptions(
         role="receive", probe_id=probe, timeout_s=timeout_s)))
     time.sleep(0.05)  # the receiver's worker is polling before the first probe leaves
+    gap = {} if latency_gap_s is None else {"latency_gap_s": latency_gap_s}
     send = coord.request_async(src.device, MeasureLink(peer=dst, options=LinkOptions(
-        role="send", probe_id=probe, nbytes=int(nbytes), timeout_s=timeout_s)))
+        role="send", probe_id=probe, nbytes=int(nbytes), timeout_s=timeout_s, **gap)))
     _reply(src.device, send, timeout_s + 10, f"sending probes to {dst.device}", LinkResult)
     res = _reply(dst.device, recv, timeout_s + 10, f"receiving probes from {src.device}", LinkResult)
     if res.error:
@@ -164,8 +186,10 @@ def measure_links(coord, peers: dict[str, PeerSpec], reporter: Reporter | None =
         first = measure_pair(coord, peers[a], peers[b], first_probe_bytes)
         est = first.bandwidth_mbit_s or 1.0
         nbytes = int(min(max_bytes, max(first_probe_bytes, est * 1e6 / 8 * link_target_s)))
-        res = measure_pair(coord, peers[a], peers[b], nbytes)
-        samples = list(first.one_way_s) + list(res.one_way_s)
+        # the second round's latency probes are spaced for the rate the first one found; its
+        # first probe waits for the new connection's handshake and is not counted
+        res = measure_pair(coord, peers[a], peers[b], nbytes, latency_gap_s=latency_probe_gap_s(est))
+        samples = list(res.one_way_s[1:]) or list(first.one_way_s[1:]) or list(first.one_way_s)
         # agent clocks → coordinator clock: t_coord = t_agent - offset(agent)
         corr = offsets.get(b, 0.0) - offsets.get(a, 0.0)
         one_way = max(0.0, statistics.median(samples) - corr) if samples else 0.0

@@ -193,18 +193,11 @@ def _deploy(state, setup: MiniatureSetup, weights_bytes: int, ws: Path, rep: Rep
                                  + "; ".join(f"{k}: {v}" for k, v in failed.items()))
 
 
-def _measure_on(state, setup: MiniatureSetup, rep: Reporter, tmp: Path) -> MiniatureMeasurement:
-    import msgspec
-    import torch
-
+def deploy_miniature(state, setup: MiniatureSetup, tmp: Path, rep: Reporter):
+    """Make the miniature's model under ``tmp`` and deploy agents to the testbed ``state``:
+    (model dir, its config, agent endpoints, coordinator keys)."""
     from core.devices.local_cluster import load_agents_file
-    from core.devices.profiling import profile_cluster
     from core.models.checkpoints import ModelRecipe, make_model
-    from core.planning.problem import PlanningProblem, Workload
-    from core.planning.solvers.comparison import run_strategy
-    from core.runs.coordinator import Coordinator
-    from core.runs.metrics import median_step_gap_s
-    from core.runs.simulator import simulate
 
     recipe = ModelRecipe(family="llama", layers=setup.layers, hidden=setup.hidden, vocab=setup.vocab, seed=0)
     model_dir = make_model(recipe, tmp / "model")
@@ -214,6 +207,21 @@ def _measure_on(state, setup: MiniatureSetup, rep: Reporter, tmp: Path) -> Minia
     ws.mkdir()
     _deploy(state, setup, weights, ws, rep)
     endpoints, keys = load_agents_file(ws / "agents.json")
+    return model_dir, config, endpoints, keys
+
+
+def _measure_on(state, setup: MiniatureSetup, rep: Reporter, tmp: Path) -> MiniatureMeasurement:
+    import msgspec
+    import torch
+
+    from core.devices.profiling import profile_cluster
+    from core.planning.problem import PlanningProblem, Workload
+    from core.planning.solvers.comparison import run_strategy
+    from core.runs.coordinator import Coordinator
+    from core.runs.metrics import median_step_gap_s
+    from core.runs.simulator import simulate
+
+    model_dir, config, endpoints, keys = deploy_miniature(state, setup, tmp, rep)
     out = MiniatureMeasurement(setup=setup)
     with Coordinator(endpoints, keys, heartbeat_timeout_s=60, request_timeout_s=180) as co:
         co.wait_ready(timeout_s=60)

@@ -122,3 +122,62 @@ def test_compute_profiling_reports_each_agent_and_the_unit_it_is_at():
         assert units, rep.statuses
     assert [p for p in rep.progresses if 0 < p[0] < 1]  # progress moved within the first device
     assert rep.progresses[-1] == (2, 2)
+
+
+class _SerialisingLinkCoordinator:
+    """Answers ``MeasureLink`` pairs as a link of ``mbit`` Mbit/s would: each probe takes
+    ``probe_bytes`` / rate to send, waits behind the probes before it, a new connection's
+    handshake holds the link for ``handshake_s``, and arrival is ``propagation_s`` later."""
+
+    def __init__(self, mbit: float, probe_bytes: int, handshake_s: float, propagation_s: float):
+        self.mbit, self.probe_bytes = mbit, probe_bytes
+        self.handshake_s, self.propagation_s = handshake_s, propagation_s
+        self.receivers: dict[str, object] = {}
+
+    def request_async(self, device, msg):
+        import concurrent.futures as cf
+
+        from agents.protocol import LinkResult, ProfileResult
+
+        fut = cf.Future()
+        o = msg.options
+        if o.role == "receive":
+            self.receivers[o.probe_id] = (fut, device)
+            return fut
+        send_s = self.probe_bytes * 8 / (self.mbit * 1e6)
+        free, one_way = self.handshake_s, []
+        for i in range(o.latency_probes):
+            sent = i * o.latency_gap_s
+            free = max(sent, free) + send_s
+            one_way.append(free + self.propagation_s - sent)
+        recv_fut, recv_dev = self.receivers.pop(o.probe_id)
+        recv_fut.set_result(ProfileResult(result=LinkResult(
+            role="receive", probe_id=o.probe_id, bytes_received=o.nbytes, bandwidth_mbit_s=self.mbit,
+            one_way_s=tuple(one_way), seconds=1.0)))
+        fut.set_result(ProfileResult(result=LinkResult(role="send", probe_id=o.probe_id, seconds=1.0)))
+        return fut
+
+
+def test_a_slow_links_latency_is_a_small_messages_one_way_time_not_the_probes_queueing():
+    """At 0.5 Mbit/s a 300-byte probe takes 4.8 ms to send: probes 5 ms apart behind a 16 ms
+    handshake queued, and the profile's "latency" (~20 ms) was their queueing, which the cost
+    model then paid on top of bytes / bandwidth for every hop (the miniature's Cloud-Edge-Even)."""
+    from agents.protocol import PeerSpec
+    from core.devices.profiling import measure_links
+
+    link = _SerialisingLinkCoordinator(mbit=0.5, probe_bytes=300, handshake_s=0.016, propagation_s=0.0003)
+    peers = {d: PeerSpec(device=d, stage=0, data_address=f"tcp://{d}:1", public_key="k" * 40) for d in ("a", "b")}
+    measured = measure_links(link, peers, first_probe_bytes=1024, offsets={})
+    small_message_s = 300 * 8 / 0.5e6 + 0.0003
+    for m in measured:
+        assert m.one_way_ms == pytest.approx(small_message_s * 1e3, rel=0.05)
+
+
+def test_latency_probes_are_spaced_for_their_own_sending_time_on_slow_links_only():
+    from agents.protocol import LinkOptions
+    from core.devices.profiling import PROBE_WIRE_BYTES, latency_probe_gap_s
+
+    default = LinkOptions(role="send").latency_gap_s
+    assert latency_probe_gap_s(0.5) >= 2 * PROBE_WIRE_BYTES * 8 / 0.5e6
+    assert latency_probe_gap_s(50.0) == default
+    assert latency_probe_gap_s(0.0) == default
