@@ -144,14 +144,17 @@ def _join(link, device: str, setup: SpatialSetup, fut, timeout_s: float, what: s
     ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last = None
+    first: AgentBusy | None = None
     while True:
         try:
             return _reply(link, device, fut, timeout_s, what, expect=None)
-        except AgentBusy:
+        except AgentBusy as busy:
+            first = first or busy  # the work that refused us: what the operator must deal with, even if
+            # it changed while we polled (a layers run that ended leaves its loaded stage)
             st = link.status_of([device], 5.0)[device]
             if st.held_by != "another coordinator" or (last is not None and st.holder_silent_s < last) \
                     or time.monotonic() > deadline:
-                raise
+                raise first from None
             last = st.holder_silent_s
             if reporter is not None:
                 reporter.status(f"{device} serves {st.activity or 'the work'} of a coordinator silent for "
