@@ -389,7 +389,7 @@ class DemoSession(QObject):
                 run.mode_combo.setCurrentText(DEMO_RUN_MODE[0])
                 run.micro_batches_spin.setValue(DEMO_RUN_MODE[1])
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
-        if has_trained_model(self.model_root) and needs_more_training(self.model_root):
+        if needs_more_training(self.model_root):  # a cached trained model, cut short
             from core.models.training import trained_steps
 
             steps = trained_steps(trained_model_dir(self.model_root))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -206,6 +207,21 @@ def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses
         demo.stop()
 
 
+@contextlib.contextmanager
+def _started_demo_with_log(qtbot, tmp_path, model_root):
+    """A one-agent demo started on ``model_root``'s models, with the studio log collected; closed after."""
+    window, demo = _window_and_demo(qtbot, tmp_path, model_root, devices=("dev-a",))
+    logged: list[str] = []
+    window.state.log_added.connect(lambda level, text: logged.append(f"{level}: {text}"))
+    try:
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            demo.start()
+        yield window, demo, logged
+    finally:
+        window.close()
+        demo.stop()
+
+
 def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_and_switches(qtbot, tmp_path,
                                                                                            monkeypatch):
     import gui.demo as demo_module
@@ -215,12 +231,7 @@ def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_a
     # full priority: niced, the child can starve for minutes on a loaded test machine
     monkeypatch.setattr(demo_module, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16, niceness=0))
     root = tmp_path / "models"
-    window, demo = _window_and_demo(qtbot, tmp_path, root, devices=("dev-a",))
-    logged: list[str] = []
-    window.state.log_added.connect(lambda level, text: logged.append(f"{level}: {text}"))
-    try:
-        with qtbot.waitSignal(demo.ready, timeout=120_000):
-            demo.start()
+    with _started_demo_with_log(qtbot, tmp_path, root) as (window, demo, logged):
         assert window.state.model_path == str(root / "demo-llama")  # at once, with the untrained model
         assert any(line.startswith("warning: demo model: UNTRAINED") for line in logged)
         assert demo.training_bar is not None
@@ -229,9 +240,6 @@ def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_a
         assert trained.args == [str(root / "demo-llama-trained")]
         assert window.state.model_path == str(root / "demo-llama-trained")
         assert demo.training_bar is None
-    finally:
-        window.close()
-        demo.stop()
     # the next launch uses the trained model at once
     assert demo_module.ensure_demo_model(NullReporter(), root) == root / "demo-llama-trained"
 
@@ -332,17 +340,9 @@ def test_a_trained_model_cut_short_by_a_busy_machine_is_used_and_its_training_co
                          settings=short)
     assert demo_module.needs_more_training(root)
     monkeypatch.setattr(demo_module, "DEMO_TRAINING", short)
-    window, demo = _window_and_demo(qtbot, tmp_path, root, devices=("dev-a",))
-    logged: list[str] = []
-    window.state.log_added.connect(lambda level, text: logged.append(f"{level}: {text}"))
-    try:
-        with qtbot.waitSignal(demo.ready, timeout=120_000):
-            demo.start()
+    with _started_demo_with_log(qtbot, tmp_path, root) as (window, demo, logged):
         assert window.state.model_path == str(cached)  # the short-trained model at once, not the untrained one
         assert any(line.startswith("warning: demo model: trained for only 3 steps") for line in logged)
         with qtbot.waitSignal(demo.trained, timeout=180_000):
             pass
         assert trained_steps(cached) == 6  # continued from its 3 steps, not started again
-    finally:
-        window.close()
-        demo.stop()

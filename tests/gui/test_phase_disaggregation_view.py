@@ -16,6 +16,16 @@ def _view(qtbot) -> PhaseDisaggregationPlanView:
     return view
 
 
+def _searched(qtbot, devices: int, trials: int, requests: int) -> PhaseDisaggregationPlanView:
+    """A view whose search over ``devices`` devices (``trials`` trials, ``requests`` requests) has finished."""
+    view = _view(qtbot)
+    view.devices.setValue(devices)
+    view.trials.setValue(trials)
+    view.auto_solve(requests=requests)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    return view
+
+
 def test_the_plan_screen_offers_the_epd_view(qtbot):
     screen = PlanScreen(StudioState())
     qtbot.addWidget(screen)
@@ -25,11 +35,7 @@ def test_the_plan_screen_offers_the_epd_view(qtbot):
 
 
 def test_a_search_fills_every_pane_and_lists_both_baselines(qtbot):
-    view = _view(qtbot)
-    view.devices.setValue(5)
-    view.trials.setValue(3)
-    view.auto_solve(requests=20)
-    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    view = _searched(qtbot, devices=5, trials=3, requests=20)
     names = [view.table.item(r, 0).text() for r in range(view.table.rowCount())]
     assert names[-2:] == ["aggregated", "pd-only"] and names[0].startswith("#1")
     assert view.pools.config == view.result.best.config
@@ -41,11 +47,7 @@ def test_a_search_fills_every_pane_and_lists_both_baselines(qtbot):
 
 
 def test_selecting_a_baselines_row_shows_its_pools(qtbot):
-    view = _view(qtbot)
-    view.devices.setValue(4)
-    view.trials.setValue(2)
-    view.auto_solve(requests=10)
-    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    view = _searched(qtbot, devices=4, trials=2, requests=10)
     rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
     view.table.setCurrentCell(rows["pd-only"], 0)
     assert view.pools.config.disaggregation == "pd" and not view.pools.caches
