@@ -44,7 +44,7 @@ import msgspec
 
 from agents.emulation import MIB, DeviceEmulation
 from agents.transport import CurveKeys
-from agents.zygote import (LAUNCHERS, ForkedAgent, ZygoteClient, ZygoteUnavailable, agent_environment,
+from agents.zygote import (LAUNCHER_ENV, LAUNCHERS, ForkedAgent, ZygoteClient, ZygoteUnavailable, agent_environment,
                            default_launcher)
 from core.devices.agent_link import AgentEndpoint
 from core.errors import DeployError, FormatError
@@ -175,6 +175,9 @@ class LocalCluster:
         self.python = python
         self.launcher = launcher or default_launcher()
         if self.launcher not in LAUNCHERS:
+            if launcher is None:  # the operator's environment, not a caller's argument
+                raise FormatError(f"environment variable {LAUNCHER_ENV}", f"must be one of {', '.join(LAUNCHERS)} "
+                                  f"(or unset), got {self.launcher!r}")
             raise ValueError(f"launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
         self.launch_note = ""
         """How the agents were started, for the operator's log (set by ``start``)."""

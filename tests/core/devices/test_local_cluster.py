@@ -249,3 +249,11 @@ def test_agents_outlive_the_thread_that_started_them_and_exit_when_the_parent_pr
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_an_unknown_launcher_in_the_environment_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESHARD_AGENT_LAUNCHER", "bogus")
+    code = cli_main(["cluster", "local", "-n", "1", "--dir", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "EDGESHARD_AGENT_LAUNCHER" in err and "zygote, popen" in err and "Traceback" not in err
