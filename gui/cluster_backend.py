@@ -75,6 +75,7 @@ class ClusterRunBackend:
             micro_batches=settings.micro_batches,
             send_weights=settings.send_weights,
             repetition_penalty=settings.repetition_penalty,
+            no_repeat_ngram_size=settings.no_repeat_ngram_size,
         )
         technique_run = generation_for(plan)
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run

@@ -21,7 +21,7 @@ from core.planning.plan import ShardPlan, layout_problems
 from core.planning.problem import PlanningProblem
 from core.techniques.spatial.profiling import SpatialFits
 from gui import app as studio_app
-from gui.run_panel import MODES, REPETITION_PENALTY_RANGE, RunSettings
+from gui.run_panel import MODES, NO_REPEAT_NGRAM_RANGE, REPETITION_PENALTY_RANGE, RunSettings
 
 PROBLEM_FILE = "last-problem.json"
 PLAN_FILE = "last-plan.json"
@@ -146,6 +146,7 @@ def run_settings_from_json(raw: str) -> RunSettings:
         "on_failure": lambda v: v in ("replan", "stop"),
         "repetition_penalty": lambda v: type(v) in (int, float) and REPETITION_PENALTY_RANGE[0] <= v
                                         <= REPETITION_PENALTY_RANGE[1],
+        "no_repeat_ngram_size": lambda v: type(v) is int and NO_REPEAT_NGRAM_RANGE[0] <= v <= NO_REPEAT_NGRAM_RANGE[1],
     }
     for name, ok in checks.items():
         if name in data and not ok(data[name]):

@@ -58,10 +58,15 @@ class RunSettings:
     ``schedule``), handed to its ``run_generation``; recorded with the run."""
     repetition_penalty: float = 1.0
     """HF's repetition_penalty for the greedy text (1 = off; core.runs.generation.GenerationSettings)."""
+    no_repeat_ngram_size: int = 0
+    """HF's no_repeat_ngram_size: no n-gram of this size is generated twice (0 = off; ``edgeshard run
+    --no-repeat-ngram-size``)."""
 
 
 REPETITION_PENALTY_RANGE = (1.0, 2.0)
 """What the Run screen offers (below 1 rewards repeating: not offered there; the CLI takes it)."""
+NO_REPEAT_NGRAM_RANGE = (0, 64)
+"""What the Run screen offers (the CLI's and ``GenerationSettings``' range; 0 = off)."""
 
 DEFAULT_PROMPTS = ("The edge devices worked together to", "Once upon a time")
 """The Run screen's prompts until the operator (or the demo, with its own) changes them."""
@@ -231,6 +236,18 @@ class RunPanel(QWidget):
         self.penalty_spin.setToolTip(
             "Discourage repeating a token the text already holds (HF's repetition_penalty; about 1.2 keeps greedy "
             "text from looping). On, the last stage is also sent the prompts' token ids. Recorded with the run")
+        self.ngram_spin = QSpinBox()
+        self.ngram_spin.setRange(NO_REPEAT_NGRAM_RANGE[0], NO_REPEAT_NGRAM_RANGE[1])
+        self.ngram_spin.setValue(0)
+        self.ngram_spin.setSpecialValueText("off")  # 0, the lowest value: no ban
+        self.ngram_spin.setAccessibleName("No-repeat n-gram size")
+        self.ngram_spin.setToolTip(
+            "Never generate the same run of this many tokens twice in a sequence (HF's no_repeat_ngram_size; "
+            "2 or 3 stops greedy text from repeating a phrase). On, the last stage is also sent the prompts' "
+            "token ids. Recorded with the run")
+        self.penalty_spin.valueChanged.connect(self._on_settings_changed)
+        self.ngram_spin.valueChanged.connect(self._on_settings_changed)
+        self.micro_batches_spin.valueChanged.connect(lambda _v: self._apply_technique_limits())
         self.send_weights_check = QCheckBox("Send stage weights")
         self.send_weights_check.setAccessibleName("Send stage weights")
         self.send_weights_check.setToolTip(
@@ -251,6 +268,7 @@ class RunPanel(QWidget):
 
         self.offload_controls = OffloadRunControls()  # shown for an attention-offload plan only
         self.offload_controls.changed.connect(self._on_settings_changed)
+        self.offload_controls.changed.connect(self._apply_technique_limits)
         self.on_failure_combo.setToolTip("What the run does when one of its devices dies mid-run "
                                          "(the timeline shows the failure, the re-plan and the reload)")
 
@@ -286,6 +304,7 @@ class RunPanel(QWidget):
         form.addRow("Mode", self.mode_combo)
         form.addRow("Micro-batches", self.micro_batches_spin)
         form.addRow("Repetition penalty", self.penalty_spin)
+        form.addRow("No-repeat n-gram", self.ngram_spin)  # as wide as "Repetition penalty": the column keeps its width
         form.addRow("Weights", self.send_weights_check)
         form.addRow("On failure", self.on_failure_combo)
         buttons = QHBoxLayout()
@@ -340,6 +359,7 @@ class RunPanel(QWidget):
 
     def settings(self) -> RunSettings:
         prompts = tuple(line.strip() for line in self.prompts_edit.toPlainText().splitlines() if line.strip())
+        refused = bool(self.history_sampling_refusal())  # the run gets them off, as it runs (and is recorded)
         return RunSettings(model_dir=self.model_edit.text().strip(), prompts=prompts,
                            max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
                            micro_batches=self.micro_batches_spin.value() or None,
@@ -347,7 +367,8 @@ class RunPanel(QWidget):
                            on_failure=self.on_failure_combo.currentData(),
                            technique_options={} if self.offload_controls.isHidden()
                            else self.offload_controls.options(),
-                           repetition_penalty=round(self.penalty_spin.value(), 2))
+                           repetition_penalty=1.0 if refused else round(self.penalty_spin.value(), 2),
+                           no_repeat_ngram_size=0 if refused else self.ngram_spin.value())
 
     def apply_settings(self, settings: RunSettings) -> None:
         """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
@@ -360,6 +381,7 @@ class RunPanel(QWidget):
         self.on_failure_combo.setCurrentIndex(max(0, self.on_failure_combo.findData(settings.on_failure)))
         self.offload_controls.apply(settings.technique_options)
         self.penalty_spin.setValue(settings.repetition_penalty)
+        self.ngram_spin.setValue(settings.no_repeat_ngram_size)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -500,6 +522,22 @@ class RunPanel(QWidget):
         why = ("an attention-offload run follows its staggering (below); it loads its own parts and a lost "
                "memory agent ends it") if offload else "a run is in progress"
         say_why_disabled({w: why for w in (self.mode_combo, self.send_weights_check, self.on_failure_combo)})
+        refusal = self.history_sampling_refusal()
+        busy = self.runner.is_busy()
+        for w in (self.penalty_spin, self.ngram_spin):
+            w.setEnabled(not refusal and not busy)
+        say_why_disabled({w: refusal or "a run is in progress" for w in (self.penalty_spin, self.ngram_spin)})
+
+    def history_sampling_refusal(self) -> str:
+        """Why the repetition penalty and the n-gram ban cannot be used for the current plan and
+        settings ("" when they can): staggered attention offloading (several compute replicas, or
+        micro-batches) samples on any replica, without the token history they need."""
+        if self.offload_controls.isHidden():
+            return ""
+        from core.techniques.attention_offload.run import HISTORY_SAMPLING_REFUSED, OffloadRunOptions, is_staggered
+
+        options = OffloadRunOptions.of(self.offload_controls.options())
+        return HISTORY_SAMPLING_REFUSED if is_staggered(options, self.micro_batches_spin.value() or None) else ""
     def _on_state_run_options_proposed(self, options: dict, micro_batches: int) -> None:
         """The Plan screen's split proposes how to run it (Run on agents): shown before it starts."""
         self.offload_controls.apply(options)
@@ -513,7 +551,8 @@ class RunPanel(QWidget):
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
         for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin,
-                  self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin):
+                  self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin,
+                  self.ngram_spin):
             w.setEnabled(not running)
         self._apply_technique_limits()
         if running:

@@ -37,7 +37,8 @@ def test_reopening_restores_the_workspace_profile_plan_and_run_settings(isolated
     plan = _two_stage_plan(problem)
     first.state.set_plan(plan)
     settings = RunSettings(model_dir=str(tmp_path), prompts=("one prompt", "another"), max_new_tokens=7,
-                           mode="no-bubbles", micro_batches=2, send_weights=True, repetition_penalty=1.25)
+                           mode="no-bubbles", micro_batches=2, send_weights=True, repetition_penalty=1.25,
+                           no_repeat_ngram_size=3)
     first.screens.run.apply_settings(settings)
     first.close()
 

@@ -411,6 +411,53 @@ def test_the_repetition_penalty_is_off_by_default_and_the_one_set_is_recorded_wi
         assert run.settings["repetition_penalty"] == 1.25
 
 
+def test_the_no_repeat_ngram_size_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
+    assert panel.settings().no_repeat_ngram_size == 0 and panel.ngram_spin.text() == "off"
+    assert (panel.ngram_spin.minimum(), panel.ngram_spin.maximum()) == (0, 64)  # GenerationSettings' range
+    panel.ngram_spin.setValue(3)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.settings["no_repeat_ngram_size"] == 3
+
+
+def test_the_cluster_backend_hands_the_ngram_size_and_the_penalty_to_the_generation(qtbot, state, monkeypatch,
+                                                                                   tmp_path):
+    import gui.cluster_backend as cluster_backend
+    from gui.run_panel import RunSettings
+
+    seen = []
+
+    class Out:
+        class result:
+            run_id, wall_s, recoveries = "r", 0.0, ()
+        texts = ("x",)
+
+    def fake_generate(coordinator, plan, model_dir, prompts, settings, **_kw):
+        seen.append(settings)
+        return Out()
+
+    monkeypatch.setattr(cluster_backend, "generate", fake_generate)
+
+    class Coordinator:
+        endpoints = {d: None for d in state.plan.devices()}
+
+        def is_loaded(self, *_a):
+            return True
+
+    backend = cluster_backend.ClusterRunBackend(Coordinator(), state)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    backend.run(RunSettings(model_dir=str(model_dir), prompts=("a",), max_new_tokens=2, mode="sequential",
+                            micro_batches=None, repetition_penalty=1.2, no_repeat_ngram_size=2), None, None)
+    assert (seen[0].repetition_penalty, seen[0].no_repeat_ngram_size) == (1.2, 2)
+
+
 def test_the_run_screen_recovers_from_a_lost_device_by_default_and_can_be_set_to_stop(qtbot, state, run_data):
     _, _, events, tokens = run_data
     panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))

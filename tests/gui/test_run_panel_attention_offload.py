@@ -137,3 +137,29 @@ def test_the_plan_screens_proposed_staggering_is_shown_on_the_run_screen_and_hid
                                                    "m1": "attention"}
     state.set_plan(plan_from_boundaries("m", 6, ["c0", "m0"], [3]))  # a layer-sharding plan: no such options
     assert panel.offload_controls.isHidden() and panel.settings().technique_options == {}
+
+
+def test_the_penalty_and_ngram_fields_are_disabled_saying_why_for_a_staggered_run_and_sent_off(
+        qtbot, offload_model, tmp_path):
+    from gui.widgets import UNAVAILABLE
+
+    class Agents:
+        endpoints = ("c0", "c1", "m0", "m1")
+
+    plan = technique_named("attention-offload").run_plan(
+        OffloadPlan(compute=("c0",), memory=("m0",), batch=1, in_flight=1), offload_model)
+    state, panel = cluster_run_panel(qtbot, None, plan, tmp_path / "ws.sqlite", offload_model, THREE, 3)
+    state.set_agents(Agents())
+    panel.penalty_spin.setValue(1.3)
+    panel.ngram_spin.setValue(3)
+    state.propose_run_options({"compute_replicas": 1, "schedule": "rotational"}, 0)  # one replica: it samples as layers do
+    assert panel.ngram_spin.isEnabled() and panel.penalty_spin.isEnabled()
+    assert (panel.settings().repetition_penalty, panel.settings().no_repeat_ngram_size) == (1.3, 3)
+    state.propose_run_options({"compute_replicas": 2, "schedule": "fixed"}, 3)  # staggered replicas
+    for spin in (panel.penalty_spin, panel.ngram_spin):
+        assert not spin.isEnabled() and UNAVAILABLE + "staggered attention offloading" in spin.toolTip()
+    assert (panel.settings().repetition_penalty, panel.settings().no_repeat_ngram_size) == (1.0, 0)
+    panel.offload_controls.replicas.setValue(1)
+    assert not panel.ngram_spin.isEnabled()  # micro-batches alone stagger the run too
+    panel.micro_batches_spin.setValue(0)
+    assert panel.ngram_spin.isEnabled() and panel.settings().no_repeat_ngram_size == 3

@@ -268,6 +268,18 @@ class OffloadRunOptions:
         return cls(compute_replicas=replicas, schedule=schedule)
 
 
+HISTORY_SAMPLING_REFUSED = ("staggered attention offloading (several compute replicas, or micro-batches) samples "
+                            "without a token history: no repetition penalty or n-gram ban; run one compute replica "
+                            "with the plan's micro-batches to use them")
+"""Why a staggered run has no repetition penalty or n-gram ban (agents.attention_offload_staggered refuses them)."""
+
+
+def is_staggered(options: OffloadRunOptions, micro_batches: int | None) -> bool:
+    """Whether a run with ``options`` and the Run screen's ``micro_batches`` override (None: the
+    plan's) runs Lamina's staggered pipelining (``run_staggered``) rather than one replica."""
+    return options.compute_replicas > 1 or micro_batches is not None
+
+
 def agent_roles(dense_device: str, agents: Sequence[str], replicas: int) -> tuple[list[str], list[str]]:
     """(compute, memory): the plan's dense device is replica 0, the next ``replicas - 1`` connected
     agents the other replicas, every other agent a memory agent. ``RunFailed`` says what to change
@@ -308,7 +320,7 @@ def generate_offload(coordinator: Coordinator, plan: ShardPlan, model_dir: str, 
     if options.schedule not in STAGGERED_SCHEDULES:
         raise RunFailed(f"unknown staggered schedule {options.schedule!r}: one of {', '.join(STAGGERED_SCHEDULES)}")
     compute, memory = agent_roles(plan.stages[0].device, list(coordinator.endpoints), options.compute_replicas)
-    staggered = len(compute) > 1 or settings.micro_batches is not None
+    staggered = is_staggered(options, settings.micro_batches)
     if staggered and settings.micro_batches is None:
         settings = dataclasses.replace(settings, micro_batches=len(compute) + 1)  # Lamina's n = replicas + 1
 
