@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 MAX_MESSAGE = 1 << 20
 LAUNCHERS = ("zygote", "popen")
@@ -66,7 +67,17 @@ def agent_environment(threads: int, base: dict | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, threads)))
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = _with_own_code_first(env.get("PYTHONPATH", ""))
     return env
+
+
+def _with_own_code_first(pythonpath: str) -> str:
+    """``pythonpath`` with the folder that holds this very ``agents`` package first, so a local
+    agent runs the launcher's code: a bench or test run from a checkout must not start agents
+    from another installed copy (a stale editable install gave "No module named agents")."""
+    own = str(Path(__file__).resolve().parent.parent)
+    rest = [p for p in pythonpath.split(os.pathsep) if p and p != own]
+    return os.pathsep.join([own, *rest])
 
 
 class ZygoteUnavailable(Exception):

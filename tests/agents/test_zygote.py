@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,11 @@ def test_a_zygote_that_cannot_start_is_reported_with_its_exit_status(tmp_path):
         z.wait_ready(30)
     with pytest.raises(ZygoteUnavailable):
         z.spawn(["serve"], {}, str(tmp_path))
+
+
+def test_a_local_agent_imports_the_launchers_own_code_before_any_other_copy(tmp_path):
+    import agents
+
+    own = str(Path(agents.__file__).resolve().parent.parent)
+    env = agent_environment(1, {"PYTHONPATH": os.pathsep.join([str(tmp_path / "stale-install"), own])})
+    assert env["PYTHONPATH"].split(os.pathsep) == [own, str(tmp_path / "stale-install")]
