@@ -62,11 +62,13 @@ def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | di
     screens, state = window.screens, window.state
     devices = screens.devices
     for dev, status in sorted(statuses.items()):
-        address = coordinator.endpoints[dev].control_address.split("//")[-1].rsplit(":", 1)[0]
+        control = coordinator.endpoints[dev].control_address.split("//")[-1]
+        address = control.rsplit(":", 1)[0]
         local = address in ("127.0.0.1", "localhost")
         note = detail.get(dev, "") if isinstance(detail, dict) else detail
         devices.upsert(DeviceRecord(
             id=dev, address=address, status="running", origin=origin,
+            ssh=not local, control_address=control, pid=status.pid,  # a local agent has no SSH: show what is real
             arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
             memory_bytes=status.memory_bytes,
             detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {note}" if note else ""),

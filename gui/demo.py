@@ -332,7 +332,7 @@ class DemoSession(QObject):
         if self._ready or self.error:
             return
         for device in self.devices:
-            window.screens.devices.upsert(DeviceRecord(id=device, address="127.0.0.1", status="starting",
+            window.screens.devices.upsert(DeviceRecord(id=device, address="127.0.0.1", ssh=False, status="starting",
                                                        origin="local cluster", detail="demo agent starting"))
         bar = self.agents_bar = QProgressBar()
         bar.setObjectName("demoAgentsBar")

@@ -36,7 +36,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.devices.registry import DeviceRecord, DeviceRegistry, record_from_deployment, record_from_discovered
+from core.devices.registry import (
+    DeviceRecord, DeviceRegistry, address_text, record_from_deployment, record_from_discovered,
+)
 from core.reporting import Reporter
 from core.planning.cost import format_bytes
 from gui.app import theme_colors
@@ -170,7 +172,7 @@ class DevicesPanel(QWidget):
         self.table.setRowCount(len(records))
         for r, rec in enumerate(records):
             cells = [
-                rec.id, f"{rec.address}:{rec.ssh_port}" if rec.address else "—", rec.status, rec.arch or "—",
+                rec.id, address_text(rec), rec.status, rec.arch or "—",
                 str(rec.cores) if rec.cores else "—",
                 format_bytes(rec.memory_bytes) if rec.memory_bytes else "—",
                 rec.accelerator or "CPU only" if rec.arch else "—", rec.origin, rec.detail,

@@ -33,11 +33,29 @@ class DeviceRecord:
     """Where the studio learned of it: mDNS, hand-added, local cluster."""
     detail: str = ""
     """The last error or note, in plain words."""
+    ssh: bool = True
+    """Whether the device is reached over SSH (deploy, logs) at ``ssh_port``; False for a local
+    agent (a process on this machine, started by a local cluster or the demo: no SSH)."""
+    control_address: str = ""
+    """The agent's control endpoint (``host:port``) once the studio is connected to it."""
+    pid: int = 0
+    """The agent's process id, as it reported it."""
 
     def to_device(self) -> Device:
         return Device(id=self.id, name=self.id, memory_bytes=self.memory_bytes, address=self.address,
                       ssh_port=self.ssh_port, ssh_user=self.ssh_user, arch=self.arch, cores=self.cores,
                       accelerator=self.accelerator)
+
+
+def address_text(record: DeviceRecord) -> str:
+    """What the Devices screen's Address column shows: how the studio reaches the device. A
+    device reached over SSH: ``address:ssh_port``; a local agent (no SSH): its control endpoint
+    and that it is local, with its pid (``127.0.0.1:5601 (local, pid 4242)``)."""
+    if record.ssh:
+        return f"{record.address}:{record.ssh_port}" if record.address else "—"
+    endpoint = record.control_address or record.address
+    local = "local" + (f", pid {record.pid}" if record.pid else "")
+    return f"{endpoint} ({local})" if endpoint else local
 
 
 def record_from_discovered(dev: DiscoveredDevice) -> DeviceRecord:
@@ -70,6 +88,8 @@ def merge_record(old: DeviceRecord | None, new: DeviceRecord) -> DeviceRecord:
         arch=new.arch or old.arch, cores=new.cores or old.cores, memory_bytes=new.memory_bytes or old.memory_bytes,
         accelerator=new.accelerator or old.accelerator,
         origin=old.origin if old.origin != "mDNS" else new.origin,
+        ssh=new.ssh and old.ssh,  # a local agent seen again by mDNS still has no SSH
+        control_address=new.control_address or old.control_address, pid=new.pid or old.pid,
     )
 
 

@@ -333,6 +333,26 @@ def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtb
         window.close()
 
 
+def test_a_local_agent_s_row_shows_its_control_endpoint_and_pid_not_an_ssh_port(window, qtbot, tmp_path):
+    from core.devices.local_cluster import LocalCluster
+    from core.runs.coordinator import Coordinator
+    from gui.agents_connection import attach
+    from gui.devices_panel import COLUMNS
+
+    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
+        coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=10.0)
+        coordinator.open()
+        try:
+            attach(window, coordinator, coordinator.wait_ready(30.0), origin="local cluster")
+            table = window.screens.devices.table
+            address = table.item(0, COLUMNS.index("Address")).text()
+            port = coordinator.endpoints["solo"].control_address.rsplit(":", 1)[1]
+            assert address == f"127.0.0.1:{port} (local, pid {cluster.pid_of('solo')})"
+        finally:
+            coordinator.close()
+        window.close()
+
+
 def test_every_screens_title_starts_at_the_same_place(window, qtbot):
     from PySide6.QtCore import QPoint
     from PySide6.QtWidgets import QLabel

@@ -80,3 +80,16 @@ def test_offline_lists_only_the_devices_marked_offline():
     reg.set_status("c", "offline", "stopped answering heartbeats")
     reg.set_status("a", "offline")
     assert reg.offline() == ("a", "c")
+
+
+def test_a_local_agent_s_address_is_its_control_endpoint_and_pid_not_an_ssh_port():
+    from core.devices.registry import address_text
+
+    local = DeviceRecord(id="edge-a", address="127.0.0.1", ssh=False, control_address="127.0.0.1:5601", pid=4242)
+    assert address_text(local) == "127.0.0.1:5601 (local, pid 4242)"
+    assert address_text(DeviceRecord(id="edge-a", address="127.0.0.1", ssh=False)) == "127.0.0.1 (local)"
+    assert address_text(DeviceRecord(id="pi", address="10.0.0.9", ssh_port=2222)) == "10.0.0.9:2222"
+    reg = DeviceRegistry()
+    reg.upsert(local)
+    seen_again = reg.upsert(DeviceRecord(id="edge-a", address="127.0.0.1", status="running"))  # e.g. by mDNS
+    assert address_text(seen_again) == "127.0.0.1:5601 (local, pid 4242)"
