@@ -7,7 +7,9 @@ imports it all once and then ``os.fork()``s one agent per request: the child sta
 every module in memory (copy-on-write) and listens in milliseconds.
 
 Each forked agent is still its own process, as one started with ``python -m agents serve``:
-its own pid and session (``setsid``), its own stdout/stderr (the launcher's pipe, so its own
+its own pid and session (``setsid``), its own name in ``ps``/``top`` (agents/process_title.py:
+``agent edge-a``, and the command line ``edgeshard agent edge-a: python -m agents serve ...``
+where ``setproctitle`` is installed), its own stdout/stderr (the launcher's pipe, so its own
 log) and its own stdin (a pipe whose end-of-file stops it, ``--exit-on-stdin-eof``). The
 launcher creates those pipes and hands their agent-side ends over the zygote's socket
 (SCM_RIGHTS) with the agent's command line, environment and working directory; the agent
@@ -49,6 +51,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
+
+from agents.process_title import agent_titles, prepare_process_titles, set_process_title
 
 MAX_MESSAGE = 1 << 20
 LAUNCHERS = ("zygote", "popen")
@@ -96,6 +100,7 @@ def serve_zygote(sock_fd: int, entry) -> int:
         from agents.agent import warm_imports
 
         warm_imports()
+        prepare_process_titles()  # before the first fork: each agent renames itself (agents/process_title.py)
         threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
         if threads != 1:
             raise RuntimeError(f"{threads} threads run after importing the model code; forking would not be safe")
@@ -165,6 +170,7 @@ def _fork_agent(sock: socket.socket, request: dict, fds: list[int], wake_r: int,
 
             gc.enable()  # an agent collects as any interpreter does
             sys.argv = [sys.executable, "-m", "agents", *argv]
+            set_process_title(*agent_titles(argv))  # its own name in ps/top, not the zygote's command line
             code = entry(argv)
         except SystemExit as done:  # argparse refusing the command line
             code = done.code if isinstance(done.code, int) else 2

@@ -84,3 +84,19 @@ def test_a_local_agent_imports_the_launchers_own_code_before_any_other_copy(tmp_
     own = str(Path(agents.__file__).resolve().parent.parent)
     env = agent_environment(1, {"PYTHONPATH": os.pathsep.join([str(tmp_path / "stale-install"), own])})
     assert env["PYTHONPATH"].split(os.pathsep) == [own, str(tmp_path / "stale-install")]
+
+
+def test_a_forked_agent_is_named_after_its_device_in_ps_and_top_not_the_zygote(zygote, tmp_path):
+    agent = _serve(zygote, tmp_path, "fork-t")
+    try:
+        assert agent.stdout.readline().startswith(READY)
+        with open(f"/proc/{agent.pid}/comm") as f:
+            assert f.read().strip() == "agent fork-t"  # top, ps -e, pgrep
+        with open(f"/proc/{agent.pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode()
+        assert cmdline.startswith("edgeshard agent fork-t: python -m agents serve --device fork-t")  # ps -f, top -c
+        assert "zygote" not in cmdline
+    finally:
+        agent.stdin.close()
+    assert agent.wait(30) == 0
+    agent.close()
