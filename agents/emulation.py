@@ -57,7 +57,8 @@ class DeviceEmulation:
     def describe(self) -> str:
         parts = []
         if self.memory_budget_bytes:
-            parts.append(f"{self.memory_budget_bytes / MIB:.0f} MiB budget")
+            mib = self.memory_budget_bytes / MIB
+            parts.append(f"{mib:.1f} MiB budget" if mib < 100 else f"{mib:.0f} MiB budget")  # 3.8, not 4
         if self.compute_slowdown > 1.0:
             parts.append(f"{self.compute_slowdown:g}× slower compute")
         return ", ".join(parts) or "no emulated limits"

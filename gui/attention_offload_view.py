@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout, QWidget,
 )
 
+from core.errors import EdgeShardError
 from core.techniques.attention_offload.cost import evaluate
 from core.techniques.attention_offload.planner import BaselinePlan, run_strategy
 from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem
@@ -299,6 +300,7 @@ class AttentionOffloadPlanView(QWidget):
         state.agents_changed.connect(lambda _a: self.update_run_controls())
         state.offline_changed.connect(lambda _o: self.update_run_controls())
         state.model_changed.connect(lambda _m: self.update_run_controls())
+        state.profile_changed.connect(lambda _p: self.update_run_controls())  # the profiled budgets pick the compute agent
         self.refresh()
 
     def refresh(self) -> None:
@@ -344,21 +346,44 @@ class AttentionOffloadPlanView(QWidget):
             return "pick an attention-offload plan (strategy exact or lamina-rule), not a baseline"
         if not self.state.model_path:
             return "choose the model checkpoint on the Run screen (Browse…) first"
+        try:
+            self.agent_split()
+        except EdgeShardError as err:  # no agent holds the dense part; a checkpoint it cannot read
+            return str(err)
         return ""
 
+    def agent_split(self) -> tuple[list[str], list[str]]:
+        """(compute, memory) agents for the plan: the compute agent is the first connected agent whose
+        profiled memory budget holds the whole dense part (an agent not profiled decides at load),
+        with up to the plan's compute count of replicas (``choose_compute``); the others hold KV."""
+        from core.techniques.attention_offload.run import agent_roles, choose_compute, dense_weight_bytes
+
+        names = self._agent_names()
+        profile = self.state.profile
+        budgets = {d.id: d.memory_bytes for d in profile.cluster.devices} if profile is not None else {}
+        dense, replicas = choose_compute(names, budgets, dense_weight_bytes(self.state.model_path),
+                                         len(self.plan.compute))
+        return agent_roles(dense, names, replicas)
+
     def update_run_controls(self) -> None:
+        from core.techniques.attention_offload.run import dense_weight_bytes
+
         why = self.run_blocker()
         self.run_button.setEnabled(not why)
         say_why_disabled({self.run_button: why})
-        names = self._agent_names()
         if why:
             self.run_where.setText(why)
             return
-        replicas = max(1, min(len(self.plan.compute), len(names) - 1))
+        compute, memory = self.agent_split()
+        replicas = len(compute)
         staggering = (f", {self.plan.schedule} staggering of {self.plan.in_flight} batches" if replicas > 1 else "")
-        self.run_where.setText(f"compute: {', '.join(names[:replicas])} · memory: {', '.join(names[replicas:])}"
+        profile = self.state.profile
+        profiled = profile is not None and set(compute) <= set(profile.cluster.device_ids())
+        why = (f"; {' and '.join(compute)}: a profiled memory budget that holds the dense part "
+               f"({dense_weight_bytes(self.state.model_path) / 2**20:.1f} MiB of weights)" if profiled else "")
+        self.run_where.setText(f"compute: {', '.join(compute)} · memory: {', '.join(memory)}"
                                f"{staggering} (the scenario's {len(self.plan.compute)} compute / "
-                               f"{len(self.plan.memory)} memory devices map onto the connected agents)")
+                               f"{len(self.plan.memory)} memory devices map onto the connected agents{why})")
 
     def run_on_agents(self) -> None:
         """Put the split of the connected agents in the studio state and ask for it to run."""
@@ -368,9 +393,9 @@ class AttentionOffloadPlanView(QWidget):
             return
         from core.techniques import technique_named
 
-        names = self._agent_names()
-        replicas = max(1, min(len(self.plan.compute), len(names) - 1))
-        on_agents = OffloadPlan(compute=tuple(names[:replicas]), memory=tuple(names[replicas:]), batch=self.plan.batch,
+        compute, memory = self.agent_split()
+        replicas = len(compute)
+        on_agents = OffloadPlan(compute=tuple(compute), memory=tuple(memory), batch=self.plan.batch,
                                 in_flight=self.plan.in_flight if replicas > 1 else 1, schedule=self.plan.schedule)
         try:
             shard_plan = technique_named("attention-offload").run_plan(on_agents, self.state.model_path)

@@ -54,7 +54,9 @@ class ClusterRunBackend:
         problem = self.state.problem
         if plan is None:
             raise EdgeShardError("no plan to run: make one on the Plan screen (Auto-solve) first")
-        if problem is not None:
+        technique_run = generation_for(plan)
+        if problem is not None and technique_run is None:  # a technique's own driver checks its plan (an
+            # attention-offload dense stage embeds the prompt on its compute agent, not on layer sharding's source)
             from core.planning.cost import structural_violations
 
             bad = structural_violations(problem, plan)
@@ -77,7 +79,6 @@ class ClusterRunBackend:
             repetition_penalty=settings.repetition_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size,
         )
-        technique_run = generation_for(plan)
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run
             out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
                                 reporter=reporter, options=dict(getattr(settings, "technique_options", {}) or {}))

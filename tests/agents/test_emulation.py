@@ -72,7 +72,7 @@ def test_an_emulated_device_profiles_with_its_budget_and_slowdown(tiny_llama_dir
     result = profile_compute(_AgentLike(), ComputeOptions(config=config, prompt_tokens=4, batch_sizes=(1,), repeats=1,
                                                           warmup=0))
     assert result.memory_budget_bytes == 3 * MIB
-    assert result.emulation == "3 MiB budget, 4× slower compute"
+    assert result.emulation == "3.0 MiB budget, 4× slower compute"
     unit = UnitTimes(unit=1, decode_s=(1.0,), decode_spread=(0.1,), prefill_s=(2.0,), prefill_spread=(0.2,),
                      param_bytes=8)
     raw = ComputeProfile(device="edge-c", decode_batch_sizes=(1,), prefill_token_counts=(4,), units=(unit,),

@@ -114,3 +114,54 @@ def test_a_plan_with_two_compute_devices_runs_as_two_staggered_replicas_on_the_a
         view.run_button.click()
     assert state.plan.stages[0].device == "c0"
     assert proposed == [({"compute_replicas": 2, "schedule": "fixed"}, 3)]
+
+
+def _profiled_budgets(state, budgets: dict[str, int]) -> None:
+    """A profile of the connected agents whose memory budgets are ``budgets``."""
+    import msgspec
+
+    from tests.gui.problems import make_problem
+
+    profile = make_problem().profile
+    devices = tuple(msgspec.structs.replace(d, memory_bytes=budgets[d.id]) for d in profile.cluster.devices)
+    state.set_profile(msgspec.structs.replace(profile, cluster=msgspec.structs.replace(profile.cluster,
+                                                                                        devices=devices)))
+
+
+class _Lab:
+    endpoints = ("phone", "laptop", "server")
+
+
+def _lab_view(qtbot, model_dir):
+    """The attention-offload view with the exact plan, the _Lab agents connected and ``model_dir``
+    chosen; (state, screen, view, the bytes of its dense part)."""
+    from core.techniques.attention_offload.run import dense_weight_bytes
+
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    screen.view.auto_solve()
+    state.set_agents(_Lab())
+    state.set_model("tiny-llama", path=model_dir)
+    return state, screen, screen.view, dense_weight_bytes(model_dir)
+
+
+def test_run_on_agents_makes_the_agent_whose_profiled_budget_holds_the_dense_part_the_compute_agent(
+        qtbot, tiny_llama_dir):
+    state, screen, view, need = _lab_view(qtbot, tiny_llama_dir)
+    _profiled_budgets(state, {"phone": need // 2, "laptop": need // 2, "server": 2 * need})
+    assert view.run_where.text().startswith("compute: server · memory: phone, laptop")
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    assert state.plan.stages[0].device == "server"
+
+
+def test_when_no_agent_holds_the_dense_part_run_on_agents_says_which_budgets_and_how_much_would(
+        qtbot, tiny_llama_dir):
+    state, screen, view, need = _lab_view(qtbot, tiny_llama_dir)
+    _profiled_budgets(state, {"phone": need // 2, "laptop": need // 3, "server": need // 4})
+    assert not view.run_button.isEnabled()
+    why = view.run_button.toolTip()
+    assert "no connected agent can be attention offloading's compute agent" in why
+    assert f"phone {need / 2 / 2**20:.1f} MiB" in why and f"at least {-(-need * 10 // 2**20) / 10:.1f} MiB" in why

@@ -156,11 +156,11 @@ def _window_and_demo(qtbot, tmp_path, model_root, **kwargs):
     return window, demo
 
 
-def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses_all_three(qtbot, tmp_path,
-                                                                                          model_root):
+def test_the_demo_cluster_shards_over_all_three_and_runs_attention_offloading_with_the_same_text(qtbot, tmp_path,
+                                                                                                 model_root):
     from core.errors import ShardOverBudget
     from core.runs.generation import GenerationSettings, generate
-    from gui.demo import DEMO_DEVICES
+    from gui.demo import DEMO_DEVICES, DEMO_REPETITION_PENALTY
 
     window, demo = _window_and_demo(qtbot, tmp_path, model_root, train=False,
                                     profile_options=dict(prompt_tokens=8, batch_sizes=(1, 2), repeats=1,
@@ -179,8 +179,9 @@ def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses
         with qtbot.waitSignal(window.state.profile_changed, timeout=180_000):
             window.screens.profile.profile_button.click()
         budgets = {d.id: d.memory_bytes for d in window.state.profile.cluster.devices}
-        assert budgets["edge-a"] > budgets["edge-b"] > budgets["edge-c"]
-        assert all(b < window.state.profile.model.param_bytes for b in budgets.values())
+        weights = window.state.profile.model.param_bytes
+        assert budgets["edge-a"] > budgets["edge-b"] and budgets["edge-a"] + budgets["edge-b"] < weights
+        assert budgets["edge-c"] > weights  # the slow one holds it all: attention offloading's compute agent
         plan_editor = window.screens.plan.view
         with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
             plan_editor.solve_button.click()
@@ -194,14 +195,32 @@ def test_the_demo_cluster_cannot_hold_the_model_on_one_device_so_auto_solve_uses
             on_event = staticmethod(events.append)
             on_tokens = staticmethod(lambda tokens: None)
 
-        generate(demo.parts.coordinator, plan, str(demo.parts.model_dir), ["The secret of life is", "A wise man"],
-                 GenerationSettings(max_new_tokens=4, mode="no-bubbles", micro_batches=2), sink=Sink())
+        prompts = ["The secret of life is", "A wise man"]
+        sharded = generate(demo.parts.coordinator, plan, str(demo.parts.model_dir), prompts,
+                           GenerationSettings(max_new_tokens=4, mode="no-bubbles", micro_batches=2,
+                                              repetition_penalty=DEMO_REPETITION_PENALTY), sink=Sink())
         computes = [e for e in events if e.kind == "compute"]
         busy = {(e.device, e.micro_batch): (e.start_s, e.end_s) for e in computes}
         assert {mb for _d, mb in busy} == {0, 1}
         spans = {mb: (min(e.start_s for e in computes if e.micro_batch == mb),
                       max(e.end_s for e in computes if e.micro_batch == mb)) for mb in (0, 1)}
         assert spans[1][0] < spans[0][1]  # micro-batch 1 started before micro-batch 0 finished
+        # attention offloading on the same demo: Run on agents picks edge-c (its budget holds the dense part)
+        # and the Run screen runs it for real, with layer sharding's text
+        run = window.screens.run
+        run.prompts_edit.setPlainText("\n".join(prompts))
+        run.max_tokens_spin.setValue(4)
+        window.screens.plan.set_technique("attention-offload")
+        offload = window.screens.plan.view
+        offload.auto_solve()
+        assert offload.run_button.isEnabled(), offload.run_button.toolTip()
+        assert offload.run_where.text().startswith("compute: edge-c · memory: edge-a, edge-b")
+        with qtbot.waitSignal(run.run_finished, timeout=180_000) as done:
+            offload.run_button.click()
+        assert done.args == ["completed"], run.message.text()
+        assert window.state.plan.stages[0].device == "edge-c"
+        assert run.settings().repetition_penalty == DEMO_REPETITION_PENALTY  # one replica: allowed, and used
+        assert [run.monitor.text_of(i) for i in range(2)] == list(sharded.texts)
     finally:
         window.close()
         demo.stop()

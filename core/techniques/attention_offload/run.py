@@ -24,7 +24,7 @@ import msgspec
 
 from agents.protocol import ErrorReply, HoldDense, HoldHeads, Ok, PeerSpec, ServicePeer, StaggeredSpec, StopRun
 from core.devices.agent_link import refusal
-from core.errors import HelperLost, MemoryAgentLost, RunFailed
+from core.errors import HelperLost, MemoryAgentLost, ModelDoesNotFit, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.reporting import Reporter
 from core.runs.coordinator import Coordinator, RunRequest, RunResult, RunSink
@@ -32,6 +32,7 @@ from agents.attention_offload import DENSE_KIND
 from core.techniques.attention_offload.problem import OffloadModel
 
 HOLD_TIMEOUT_S = 120.0
+MIB = 1 << 20
 
 
 def head_ranges(kv_heads: int, memory: int) -> list[tuple[int, int]]:
@@ -87,8 +88,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
     services = tuple(ServicePeer(device=d, data_address=statuses[d].data_address,
                                  public_key=statuses[d].public_key, start=a, stop=b)
                      for d, (a, b) in zip(memory, ranges))
-    coordinator.load(plan, str(model_dir), dtype=dtype, threads=threads, kind=DENSE_KIND,
-                     services={dense_device: services}, reporter=reporter)
+    _load_dense(coordinator, plan, str(model_dir), dtype, threads, {dense_device: services}, reporter)
     dense = PeerSpec(device=dense_device, stage=0, data_address=statuses[dense_device].data_address,
                      public_key=statuses[dense_device].public_key)
     hold_id = uuid.uuid4().hex[:12]
@@ -146,8 +146,7 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
     replicas = tuple(PeerSpec(device=d, stage=i, data_address=statuses[d].data_address,
                               public_key=statuses[d].public_key) for i, d in enumerate(compute))
     spec = StaggeredSpec(schedule=schedule, replicas=replicas)
-    coordinator.load(plan, str(model_dir), dtype=dtype, threads=threads, kind=DENSE_KIND,
-                     services={compute[0]: services}, reporter=reporter)
+    _load_dense(coordinator, plan, str(model_dir), dtype, threads, {compute[0]: services}, reporter)
     hold_id = uuid.uuid4().hex[:12]
     lease = max(10.0, 4 * coordinator.link.heartbeat_interval_s)
     held: list[str] = []
@@ -181,6 +180,64 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
                                        dict(zip(memory, ranges)), compute)
     finally:
         _release(coordinator, held, hold_id)
+
+
+def _load_dense(coordinator: Coordinator, plan: ShardPlan, model_dir: str, dtype: str, threads: int,
+                services: dict, reporter) -> None:
+    """Load the dense stage; an agent whose budget cannot hold it is refused with attention
+    offloading's advice (the agent's own says "plan fewer units on it", which does not apply:
+    the compute agent holds every layer)."""
+    try:
+        coordinator.load(plan, model_dir, dtype=dtype, threads=threads, kind=DENSE_KIND, services=services,
+                         reporter=reporter)
+    except ShardOverBudget as err:
+        need = dense_weight_bytes(model_dir, dtype)
+        fact = err.reason.split(": plan fewer units")[0]
+        raise ShardOverBudget(
+            f"{fact}. It cannot be attention offloading's compute agent, which holds every layer's dense weights "
+            f"({need / MIB:.1f} MiB; the KV cache is on the memory agents): make an agent with a memory budget of "
+            f"at least {_mib_up(need)} MiB the compute agent (the Plan screen's Run on agents picks one from the "
+            f"profiled budgets; a plan file names it as its first compute device), give {err.device} that much "
+            "memory, or run a smaller model", err.device) from None
+
+
+def dense_weight_bytes(model_dir: str, dtype: str = "float32") -> int:
+    """Bytes of the weights a compute agent holds: the whole model's (embedding, every block, head)."""
+    from core.models.units import load_model_spec
+
+    return load_model_spec(model_dir, dtype={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+                           ).param_bytes
+
+
+def _mib_up(nbytes: int) -> str:
+    """``nbytes`` in MiB rounded up to a tenth (a budget of that many MiB holds it)."""
+    return f"{-(-nbytes * 10 // MIB) / 10:.1f}"
+
+
+def choose_compute(agents: Sequence[str], budgets: dict[str, int], dense_bytes: int,
+                   wanted: int) -> tuple[str, int]:
+    """(the compute agent, how many compute replicas) for a run on ``agents`` (in order): the first
+    agent whose memory budget holds the dense part (``budgets``: profiled, in bytes; an agent
+    without one decides for itself at load), and up to ``wanted`` replicas as long as every one
+    ``agent_roles`` picks holds it too, leaving a memory agent. ``ModelDoesNotFit`` when no agent
+    can: it names each agent's budget and how much one needs."""
+    def holds(agent: str) -> bool:
+        return budgets.get(agent, 0) <= 0 or budgets[agent] >= dense_bytes
+
+    fitting = [a for a in agents if holds(a)]
+    if not fitting:
+        have = ", ".join(f"{a} {budgets[a] / MIB:.1f} MiB" for a in sorted(agents, key=lambda a: -budgets[a]))
+        raise ModelDoesNotFit(
+            f"no connected agent can be attention offloading's compute agent: it holds every layer's dense weights, "
+            f"{dense_bytes / MIB:.1f} MiB (the KV cache is on the memory agents), and the agents' memory budgets are "
+            f"{have}. Give one agent a budget of at least {_mib_up(dense_bytes)} MiB (a device with more memory, or an "
+            f"emulated agent: edgeshard cluster local --memory-mib, agents serve --memory-budget-mib "
+            f"{_mib_up(dense_bytes)} or more), or run a smaller model", dense_bytes - max(budgets[a] for a in agents))
+    dense = fitting[0]
+    replicas = max(1, min(wanted, len(agents) - 1))
+    while replicas > 1 and not all(holds(a) for a in agent_roles(dense, agents, replicas)[0]):
+        replicas -= 1
+    return dense, replicas
 
 
 def _run_naming_lost_memory(coordinator: Coordinator, plan: ShardPlan, request: RunRequest, sink, reporter,

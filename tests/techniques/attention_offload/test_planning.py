@@ -178,3 +178,27 @@ def test_a_layer_sharding_problem_given_to_attention_offload_fails_each_strategy
     problem = paper_problem()
     outcomes = technique_named("attention-offload").compare(problem, "throughput")
     assert outcomes and all(o.status == "failed" and "attention-offload problem" in o.error for o in outcomes)
+
+
+def test_the_compute_agent_is_the_first_whose_profiled_budget_holds_the_dense_part():
+    from core.techniques.attention_offload.run import choose_compute
+
+    mib = 2**20
+    budgets = {"edge-a": 4 * mib, "edge-b": 3 * mib, "edge-c": 11 * mib}
+    assert choose_compute(["edge-a", "edge-b", "edge-c"], budgets, 9 * mib, 2) == ("edge-c", 1)  # one holds it
+    assert choose_compute(["a", "b", "c"], {}, 9 * mib, 2) == ("a", 2)  # not profiled: the agents decide at load
+    assert choose_compute(["a", "b", "c"], {"a": 10 * mib, "b": 10 * mib}, 9 * mib, 5) == ("a", 2)  # c holds KV
+
+
+def test_when_no_agent_holds_the_dense_part_the_refusal_names_each_budget_and_what_one_needs():
+    from core.errors import ModelDoesNotFit
+    from core.techniques.attention_offload.run import choose_compute
+
+    mib = 2**20
+    budgets = {"edge-a": int(3.8 * mib), "edge-b": int(3.4 * mib), "edge-c": int(3.0 * mib)}
+    with pytest.raises(ModelDoesNotFit) as refused:
+        choose_compute(["edge-a", "edge-b", "edge-c"], budgets, int(8.5 * mib), 1)
+    said = str(refused.value)
+    assert "edge-a 3.8 MiB, edge-b 3.4 MiB, edge-c 3.0 MiB" in said
+    assert "at least 8.5 MiB" in said and "--memory-budget-mib 8.5 or more" in said
+    assert refused.value.missing_bytes == int(8.5 * mib) - int(3.8 * mib)

@@ -120,6 +120,33 @@ def test_a_memory_agent_refuses_a_hold_whose_kv_share_exceeds_its_emulated_budge
             a.close()
 
 
+def test_a_compute_agent_whose_budget_cannot_hold_the_dense_part_is_refused_with_what_would_hold_it(
+        tiny_llama_dir):
+    from agents.agent import Agent
+    from agents.emulation import DeviceEmulation
+    from agents.transport import CurveKeys
+    from core.errors import ShardOverBudget
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.techniques.attention_offload.run import dense_weight_bytes, run_offload
+
+    keys = CurveKeys.generate()
+    need = dense_weight_bytes(tiny_llama_dir)
+    agents = [Agent("c0", keys.public, emulation=DeviceEmulation(memory_budget_bytes=need // 2)).start(),
+              Agent("m0", keys.public).start()]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            _, req = _request(tiny_llama_dir)
+            with pytest.raises(ShardOverBudget) as refused:
+                run_offload(co, tiny_llama_dir, "c0", ["m0"], req)
+            said = str(refused.value)
+            assert refused.value.device == "c0" and "attention offloading's compute agent" in said
+            assert f"at least {-(-need * 10 // 2**20) / 10:.1f} MiB" in said  # what would hold it
+            assert "plan fewer units" not in said  # layer sharding's advice does not apply to a dense stage
+    finally:
+        for a in agents:
+            a.close()
+
+
 def test_a_memory_agents_answer_that_overtakes_the_start_is_kept_for_its_slice(cluster, tiny_llama_dir):
     """A held replica copies frames that arrive before the source's start out of their zmq frames;
     they are then filed under their batch and slice like any other."""
