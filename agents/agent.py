@@ -829,7 +829,8 @@ class Agent:
         # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),
                                    kv_bytes=int(getattr(executor, "kv_reserved_bytes", 0)))
-        executor = self.emulation.slowed(executor)
+        if not getattr(executor, "slows_itself", False):  # a dense stage slows its own compute, not its waits
+            executor = self.emulation.slowed(executor)
         self._allow_stage_peers(msg)
         nxt = peers[(msg.stage + 1) % len(peers)] if len(peers) > 1 else None
         shape = msg.link if msg.link != LinkShape() else self.default_link

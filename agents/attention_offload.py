@@ -408,6 +408,21 @@ class DataPlaneRouter:
         self.step = 0
         self.group = 0
         self._segment_start = 0.0
+        self._segment_p0 = 0.0
+
+    def _open_segment(self) -> None:
+        self._segment_start = self.agent.clock()
+        self._segment_p0 = time.perf_counter()
+
+    def _close_segment(self) -> None:
+        """End the running dense segment (its ``compute`` span). On an emulated slower device it
+        lasts ``compute_slowdown`` × its real time: the segments are the computation, the waits for
+        the memory agents between them are not (as staggered slices and memory agents are slowed)."""
+        emulation = getattr(self.agent, "emulation", None)
+        slowdown = emulation.compute_slowdown if emulation is not None else 1.0
+        if slowdown > 1.0:
+            time.sleep((slowdown - 1.0) * (time.perf_counter() - self._segment_p0))
+        _clock_event(self.agent, "compute", self.step, self.group, self._segment_start, self.agent.clock())
 
     def _sender(self, side):
         return self._senders.to(side.device, side, self.agent.default_link)
@@ -418,18 +433,18 @@ class DataPlaneRouter:
     def begin(self, group: int, step: int) -> None:
         """A prefill (step 0) or decode step of ``group`` starts: its dense segment opens."""
         self.group, self.step = group, step
-        self._segment_start = self.agent.clock()
+        self._open_segment()
 
     def finish(self) -> None:
         """The step's last dense segment (after the last layer's attention) ends."""
-        _clock_event(self.agent, "compute", self.step, self.group, self._segment_start, self.agent.clock())
+        self._close_segment()
 
     def attend(self, group: int, layer: int, query, key, value, mask, scaling: float) -> torch.Tensor:
         from agents.protocol import AttendSpec, DataHeader, encode_data_header
         from agents.transport import data_message
 
         agent, step = self.agent, self.step
-        _clock_event(agent, "compute", step, group, self._segment_start, agent.clock())
+        self._close_segment()
         mode = mask_mode(self._last_mask.get(group), mask)
         if mask is not None:
             self._last_mask[group] = mask
@@ -454,7 +469,7 @@ class DataPlaneRouter:
             self._sender(side).send(frames, nbytes + len(frames[0]), on_sent, stop)  # what the link carries
         outs = self._await_outputs(group, layer, query.shape[0], query.shape[2])
         self.calls += 1
-        self._segment_start = agent.clock()
+        self._open_segment()
         return torch.cat([outs[s.device] for s in self.sides], dim=2)
 
     def _await_outputs(self, group: int, layer: int, batch: int, q_len: int) -> dict[str, torch.Tensor]:
@@ -520,6 +535,9 @@ class DenseAgentExecutor(DenseExecutor):
     timeline spans (dense segments and transfers), so the stage loop records no whole-step box."""
 
     records_own_spans = True
+    slows_itself = True
+    """An emulated slowdown stretches its dense segments only (``DataPlaneRouter``), not its waits
+    for the memory agents: the agent does not wrap it in ``SlowedStage``."""
 
     def __init__(self, model_dir: str, start: int, end: int, *, agent, services, dtype: str = "float32",
                  threads: int | None = None, progress=None):

@@ -11,7 +11,9 @@ them per agent) enforces both:
 - **compute slowdown**: each stage computation takes ``F`` times as long (the agent
   sleeps ``(F - 1) × the real compute time`` after it, GIL released, so the control thread
   keeps answering), and the profile reports compute times multiplied by ``F`` — the
-  same rule in both places, so predictions and runs agree.
+  same rule in both places, so predictions and runs agree. A stage that waits on other agents
+  while it computes (attention offloading's dense stage) slows its own compute segments
+  instead (``slows_itself``): its waits for the memory agents are not computation.
 
 Links are shaped separately (``--link-mbit``, ``--link-latency-ms``). This module ships
 with the agent: it must not import core/.

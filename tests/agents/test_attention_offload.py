@@ -122,3 +122,41 @@ def test_attention_sides_that_do_not_cover_every_head_once_are_refused(tiny_llam
         HeadRouter(shape, [AttentionStore(shape, range(0, 1))])
     with pytest.raises(CheckpointError, match="not inside"):
         AttentionStore(shape, range(1, 3))
+
+
+def test_an_emulated_slowdown_stretches_the_dense_segments_not_the_waits_for_the_memory_agents(monkeypatch):
+    import agents.attention_offload as ao
+    from agents.emulation import DeviceEmulation
+
+    now = [0.0]
+    slept: list[float] = []
+
+    class Time:  # the module's clock: a run's seconds pass only where the test says
+        perf_counter = staticmethod(lambda: now[0])
+
+        @staticmethod
+        def sleep(s: float) -> None:
+            slept.append(s)
+            now[0] += s
+
+    events = []
+
+    class Agent:
+        emulation = DeviceEmulation(compute_slowdown=3.0)
+        clock = staticmethod(lambda: now[0])
+
+        def _event(self, kind, phase, step, group, start, end, nbytes, peer):
+            events.append((kind, round(end - start, 6)))
+
+    monkeypatch.setattr(ao, "time", Time)
+    router = ao.DataPlaneRouter.__new__(ao.DataPlaneRouter)  # its timing only: no sockets
+    router.agent, router.step, router.group = Agent(), 1, 0
+    router._open_segment()
+    now[0] += 0.010  # dense work up to the first attention
+    router._close_segment()
+    now[0] += 0.500  # waiting for the memory agents' answers: not computation
+    router._open_segment()
+    now[0] += 0.002
+    router._close_segment()
+    assert slept == pytest.approx([0.020, 0.004])
+    assert events == [("compute", 0.030), ("compute", 0.006)]

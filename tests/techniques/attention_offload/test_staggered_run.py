@@ -147,6 +147,30 @@ def test_a_compute_agent_whose_budget_cannot_hold_the_dense_part_is_refused_with
             a.close()
 
 
+def test_an_emulated_slower_compute_agent_slows_its_dense_segments_itself_with_unchanged_tokens(tiny_llama_dir):
+    from agents.agent import Agent
+    from agents.attention_offload import DenseAgentExecutor
+    from agents.emulation import DeviceEmulation
+    from agents.transport import CurveKeys
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.techniques.attention_offload.run import run_offload
+
+    keys = CurveKeys.generate()
+    agents = [Agent("c0", keys.public, emulation=DeviceEmulation(compute_slowdown=2.0)).start(),
+              Agent("m0", keys.public).start()]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            enc, req = _request(tiny_llama_dir)
+            result = run_offload(co, tiny_llama_dir, "c0", ["m0"], req)
+            assert [list(t) for t in result.tokens] == [list(t) for t in hf_greedy_new_tokens(tiny_llama_dir, enc,
+                                                                                              MAX_NEW)]
+            # not wrapped in SlowedStage, which stretched the whole step, waits for the memory agent included
+            assert type(agents[0]._loaded.executor) is DenseAgentExecutor
+    finally:
+        for a in agents:
+            a.close()
+
+
 def test_a_memory_agents_answer_that_overtakes_the_start_is_kept_for_its_slice(cluster, tiny_llama_dir):
     """A held replica copies frames that arrive before the source's start out of their zmq frames;
     they are then filed under their batch and slice like any other."""
