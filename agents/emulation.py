@@ -13,7 +13,9 @@ them per agent) enforces both:
   keeps answering), and the profile reports compute times multiplied by ``F`` — the
   same rule in both places, so predictions and runs agree. A stage that waits on other agents
   while it computes (attention offloading's dense stage) slows its own compute segments
-  instead (``slows_itself``): its waits for the memory agents are not computation.
+  instead (``slows_itself``): its waits for the memory agents are not computation. A spatial
+  strip (agents/spatial_run.py) sleeps by its CPU time instead (``emulated_pause_s``): on a host whose cores the emulated
+  devices share, time spent waiting for a core is not multiplied by ``F``.
 
 Links are shaped separately (``--link-mbit``, ``--link-latency-ms``). This module ships
 with the agent: it must not import core/.
@@ -29,6 +31,20 @@ import msgspec
 from agents.protocol import ComputeProfile
 
 MIB = 1 << 20
+
+
+def emulated_pause_s(slowdown: float, wall_s: float, cpu_s: float) -> float:
+    """How long an emulated device ``slowdown`` times slower than this machine sleeps after a
+    computation that took ``wall_s`` and ``cpu_s`` of this machine's CPU: it ends ``slowdown`` × its
+    CPU time after it began, as that device would on its own core, or when it really ended if later.
+
+    Sleeping ``(slowdown − 1) × wall_s`` (the stage rule) also multiplies the time the computation
+    waited for a core that other agents of the same host were using: measured on 4 agents sharing
+    2 cores, a fused tile's strips waited for a core 1.2–1.6× their CPU time, and that wait came
+    back ×3 to ×8. ``cpu_s`` ≥ ``wall_s`` (a computation on several threads): the stage rule."""
+    if slowdown <= 1.0:
+        return 0.0
+    return max(0.0, slowdown * min(cpu_s, wall_s) - wall_s)
 
 
 class ShardOverBudget(ValueError):

@@ -49,8 +49,7 @@ from core.techniques.spatial.strategies import ORDER, run_strategy  # noqa: E402
 
 def local_problem(network: str, fit: TimeModel) -> SpatialProblem:
     """Three devices shaped by this machine's fit: 1×, 2× and 3× slower, 100/50 Mbit/s links."""
-    devices = tuple(SpatialDevice(id=f"d{i}", time=TimeModel(a=fit.a * f, b=fit.b * f, per_weight_byte=fit.per_weight_byte * f,
-                                                           per_activation_byte=fit.per_activation_byte * f),
+    devices = tuple(SpatialDevice(id=f"d{i}", time=fit.scaled(f),
                                   bandwidth_Bps=bw * 1e6 / 8,
                                   latency_s=2e-4) for i, (f, bw) in enumerate(((1, 1), (2, 100), (3, 50))))
     return SpatialProblem(name=f"local-{network}", model=CnnRef(network=network, image=64, width_div=8, classes=10),
@@ -80,38 +79,36 @@ def strip_prediction(fit: TimeModel) -> float:
     problem = local_problem("vgg16", fit)
     spec = problem.model.spec()
     net = build_network(spec, seed=0)
-    x = torch.randn(1, 3, 64, 64)
     with torch.inference_mode():
+        maps = layer_maps(net, torch.randn(1, 3, 64, 64))
         for name in ("fused", "cbps"):
-            plan = run_strategy(problem, name).plan
-            h = x
-            for (start, end), ws in zip(plan.groups, plan.widths):
-                layers = spec.layers[start:end]
-                for lo, hi in strip_bounds(ws):
-                    if hi <= lo:
-                        continue
-                    ranges = group_input_ranges(layers, lo, hi)
-                    a, b = ranges[0]
-                    piece = h[..., a:b].contiguous()
-                    data, shape = piece.numpy().tobytes(), tuple(piece.shape)
-                    compute_strip(net, start, end, a, lo, hi, shape, data)
-                    best = min(_timed(lambda: compute_strip(net, start, end, a, lo, hi, shape, data))
-                               for _ in range(3))
-                    pred = sum(fit.strip_seconds(layer, i[1] - i[0], o[1] - o[0])
-                               for layer, i, o in zip(layers, ranges, ranges[1:]))
-                    errs.append(abs(pred - best) / best)
-                h = run_partitioned_features(net, h, start, end, ws)
+            for start, end, lo, hi, ranges in plan_strips(spec, run_strategy(problem, name).plan):
+                a, b = ranges[0]
+                piece = maps[start][..., a:b].contiguous()
+                data, shape = piece.numpy().tobytes(), tuple(piece.shape)
+                compute_strip(net, start, end, a, lo, hi, shape, data)
+                best = min(_timed(lambda: compute_strip(net, start, end, a, lo, hi, shape, data)) for _ in range(3))
+                pred = sum(fit.strip_seconds(layer, i[1] - i[0], o[1] - o[0])
+                           for layer, i, o in zip(spec.layers[start:end], ranges, ranges[1:]))
+                errs.append(abs(pred - best) / best)
     return statistics.median(errs)
 
 
-def run_partitioned_features(net, x, start, end, widths):
-    layers = net.spec.layers[start:end]
-    parts = []
-    for lo, hi in strip_bounds(widths):
-        if hi > lo:
-            a, b = group_input_ranges(layers, lo, hi)[0]
-            parts.append(net.strip(start, end, x[..., a:b], a, lo, hi))
-    return torch.cat(parts, dim=-1)
+def layer_maps(net, x) -> list:
+    """Every spatial layer's whole input map, then the last layer's output (``maps[i]`` enters layer i)."""
+    maps = [x]
+    for i, layer in enumerate(net.spec.layers):
+        maps.append(net.layer_cols(i, maps[-1], 0, 0, layer.w_out))
+    return maps
+
+
+def plan_strips(spec, plan):
+    """Every non-empty strip of ``plan``: (start, end, lo, hi, the group's ranges from
+    ``group_input_ranges``: the first layer's input columns, then each layer's output columns)."""
+    for (start, end), ws in zip(plan.groups, plan.widths):
+        for lo, hi in strip_bounds(ws):
+            if hi > lo:
+                yield start, end, lo, hi, group_input_ranges(spec.layers[start:end], lo, hi)
 
 
 def _timed(fn) -> float:

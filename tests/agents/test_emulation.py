@@ -121,3 +121,31 @@ def test_local_agents_enforce_their_budgets_and_a_plan_within_them_loads(tmp_pat
             co.load(fits, tiny_llama_dir, timeout_s=60)
             st = co.status()
             assert st["small"].state is AgentState.READY and 0 < st["small"].memory_bytes <= 0.2 * MIB
+
+
+def test_an_emulated_pause_multiplies_the_cpu_time_not_the_wait_for_a_core():
+    """6x slower, a strip that took 5 ms of which 2 ms on the CPU (3 ms waiting for a core other
+    agents of the host used) ends 6 x 2 ms after it began: it sleeps 7 ms, not (6 - 1) x 5 ms."""
+    from agents.emulation import emulated_pause_s
+
+    assert emulated_pause_s(6.0, 5e-3, 2e-3) == pytest.approx(7e-3)
+    assert emulated_pause_s(6.0, 5e-3, 5e-3) == pytest.approx(25e-3)  # no wait: the stage rule
+    assert emulated_pause_s(3.0, 4e-3, 9e-3) == pytest.approx(8e-3)  # several threads: by the wall time
+    assert emulated_pause_s(2.0, 5e-3, 2e-3) == 0.0  # waited longer than the device would take
+    assert emulated_pause_s(1.0, 5e-3, 2e-3) == 0.0
+
+
+def test_a_spatial_strip_on_an_emulated_device_sleeps_by_its_cpu_time(monkeypatch):
+    import types
+
+    import agents.spatial_run as spatial_run
+
+    clocks = {"perf": iter([10.0, 10.005]), "cpu": iter([1.0, 1.002])}
+    slept = []
+    fake_time = types.SimpleNamespace(perf_counter=lambda: next(clocks["perf"]),
+                                      thread_time=lambda: next(clocks["cpu"]), sleep=slept.append)
+    monkeypatch.setattr(spatial_run, "time", fake_time)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    session = types.SimpleNamespace(agent=types.SimpleNamespace(emulation=DeviceEmulation(compute_slowdown=6.0)))
+    assert spatial_run.SpatialSession._compute(session, lambda v: v + 1, 41) == 42
+    assert slept == [pytest.approx(7e-3)]

@@ -86,3 +86,30 @@ def test_a_conv_sweep_times_layer_strips_with_their_flops_weight_and_activation_
     assert [s[:3] for s in timings.layer_samples] == want
     assert all(s[3] > 0 for s in timings.layer_samples)
     assert [f for f, _ in timings.samples] == [f for f, _, _ in want[:2]]
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 96, 48), (2, 3, 7, 9), (1, 5, 6, 2)])
+def test_the_strip_max_pool_equals_torchs_bit_for_bit(shape):
+    from agents.spatial import max_pool_2x2
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    x[0, 0, 0, 0] = float("nan")  # propagated like torch's
+    assert torch.equal(max_pool_2x2(x).nan_to_num(7.0), torch.nn.functional.max_pool2d(x, 2).nan_to_num(7.0))
+
+
+def test_a_strip_through_a_pool_does_not_use_torchs_max_pool_kernel(monkeypatch):
+    """torch's CPU max_pool2d took 9-14x the elementwise maximum on one thread here, and grew faster
+    than the bytes it reads: the strip path (what agents run and profile) must not call it."""
+    spec = vgg16(32, 8, 10)
+    net = build_network(spec, seed=1)
+    pool = next(i for i, layer in enumerate(spec.layers) if layer.kind == "pool")
+    x = torch.randn(1, spec.layers[pool].c_in, spec.layers[pool].h_in, 8)
+    want = torch.nn.functional.max_pool2d(x, 2)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the strip path called torch's max_pool2d")
+
+    monkeypatch.setattr(torch.nn.functional, "max_pool2d", refused)
+    monkeypatch.setattr(torch, "max_pool2d", refused)
+    with torch.inference_mode():
+        assert torch.equal(net.strip(pool, pool + 1, x, 4, 2, 6), want)

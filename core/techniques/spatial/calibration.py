@@ -34,7 +34,7 @@ import msgspec
 
 from agents.protocol import TimelineEvent
 from core.techniques.spatial.cost import group_times, head_seconds
-from core.techniques.spatial.problem import SpatialInputError, SpatialPlan, SpatialProblem, TimeModel, check
+from core.techniques.spatial.problem import SpatialInputError, SpatialPlan, SpatialProblem, check
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,12 +47,6 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     tile_overhead_s: float
     concurrency_scale: tuple[float, ...] = ()
     worker_overhead_s: float = 0.0
-
-
-def _scaled(model: TimeModel, factor: float) -> TimeModel:
-    return msgspec.structs.replace(model, a=model.a * factor, b=model.b * factor,
-                                   per_weight_byte=model.per_weight_byte * factor,
-                                   per_activation_byte=model.per_activation_byte * factor)
 
 
 def calibrate(problem: SpatialProblem, plan: SpatialPlan, events: Sequence[TimelineEvent],
@@ -181,9 +175,9 @@ def _calibrate(problem: SpatialProblem, plan: SpatialPlan, events: Sequence[Time
     for d in problem.devices:
         changes = {}
         if d.id in scale:
-            changes["time"] = _scaled(d.time, scale[d.id])
+            changes["time"] = d.time.scaled(scale[d.id])
         if d.id == problem.gateway:
-            changes["fc_time"] = _scaled(d.fc_time or d.time, head_scale)
+            changes["fc_time"] = (d.fc_time or d.time).scaled(head_scale)
         if d.id in latency:
             changes["latency_s"] = latency[d.id]
         devices.append(msgspec.structs.replace(d, **changes))

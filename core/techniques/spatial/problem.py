@@ -43,6 +43,12 @@ class TimeModel(msgspec.Struct, frozen=True, kw_only=True):
     def seconds(self, flops: float) -> float:
         return self.a * flops + self.b
 
+    def scaled(self, factor: float) -> "TimeModel":
+        """Every time term × ``factor`` (a device that factor times slower; the fit error kept)."""
+        return msgspec.structs.replace(self, a=self.a * factor, b=self.b * factor,
+                                       per_weight_byte=self.per_weight_byte * factor,
+                                       per_activation_byte=self.per_activation_byte * factor)
+
     def strip_seconds(self, layer: Layer, in_cols: int, out_cols: int) -> float:
         """Output columns ``out_cols`` of ``layer`` from ``in_cols`` input columns (with halo)."""
         flops, weights, activations = layer_features(layer, in_cols, out_cols)
