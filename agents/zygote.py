@@ -24,7 +24,12 @@ plain way. The zygote never imports zmq's context or touches a socket of the age
 
 Protocol (a ``SOCK_SEQPACKET`` socketpair, one JSON object per message):
 
-- zygote → launcher, once: ``{"ready": pid}`` or ``{"error": why}`` (then it exits);
+- launcher → zygote, first: ``{"preload": bool}``: import the model code (transformers) before
+  forking, or leave it to each agent (forked ~1.5 s of CPU sooner; it imports in the background);
+- zygote → launcher, once: ``{"ready": pid, "imports_s": {...}, "cpu_s": s, "model_code_imported":
+  bool}`` (how long its imports took: torch, the agent's modules, the model code; its CPU
+  seconds so far; whether transformers is loaded) or
+  ``{"error": why}`` (then it exits);
 - launcher → zygote: ``{"spawn": tag, "argv": [...], "env": {...}, "cwd": dir}`` with two
   descriptors (the agent's stdin, its stdout+stderr);
 - zygote → launcher: ``{"forked": tag, "pid": pid}`` with one descriptor, a pidfd of the child
@@ -84,6 +89,24 @@ def _with_own_code_first(pythonpath: str) -> str:
     return os.pathsep.join([own, *rest])
 
 
+def start_early_zygote(workdir: str, threads: int = 1) -> "ZygoteClient | None":
+    """Start the agents' zygote for a cluster that will run in ``workdir`` *now*, before the
+    caller's own slow imports (its imports are the longest part of a local cluster's start),
+    or None when agents are not forked (``EDGESHARD_AGENT_LAUNCHER=popen``) or it cannot start
+    (the cluster then tries again and falls back, saying so). Its log is ``workdir/zygote.log``.
+    Whether it preloads the model code is decided later (``ZygoteClient.preload``)."""
+    if default_launcher() != "zygote":
+        return None
+    os.makedirs(workdir, exist_ok=True)
+    zygote = ZygoteClient(env=agent_environment(threads), cwd=workdir, log_path=os.path.join(workdir, "zygote.log"),
+                          preload_model_code=None)
+    try:
+        zygote.start()
+    except ZygoteUnavailable:
+        return None
+    return zygote
+
+
 class ZygoteUnavailable(Exception):
     """The fork server could not start or stopped answering (the launcher falls back to plain processes)."""
 
@@ -96,10 +119,17 @@ def serve_zygote(sock_fd: int, entry) -> int:
 
     gc.disable()  # imports make few cycles; collecting during them cost 20 % of their 3.2 s of CPU here
     sock = socket.socket(fileno=sock_fd)
+    t0 = time.perf_counter()
     try:
+        import torch  # noqa: F401  (timed on its own: the largest part)
+
+        t_torch = time.perf_counter()
         from agents.agent import warm_imports
 
-        warm_imports()
+        t_agent = time.perf_counter()
+        if _preload_decided(sock):
+            warm_imports()
+        t_model = time.perf_counter()
         prepare_process_titles()  # before the first fork: each agent renames itself (agents/process_title.py)
         threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
         if threads != 1:
@@ -111,7 +141,9 @@ def serve_zygote(sock_fd: int, entry) -> int:
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD reaches the wake-up pipe
-    _send(sock, {"ready": os.getpid()})
+    _send(sock, {"ready": os.getpid(), "imports_s": {"torch": round(t_torch - t0, 3), "agent": round(t_agent - t_torch, 3),
+                                                     "model_code": round(t_model - t_agent, 3)},
+                 "cpu_s": round(time.process_time(), 3), "model_code_imported": "transformers" in sys.modules})
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
         if wake_r in readable:
@@ -141,6 +173,16 @@ def serve_zygote(sock_fd: int, entry) -> int:
         finally:
             for fd in fds:
                 _close(fd)
+
+
+def _preload_decided(sock: socket.socket) -> bool:
+    """The launcher's first message: whether to import the model code before forking
+    (``{"preload": true}``: each agent then has it at once; false: agents are forked sooner
+    and each imports it in the background, as an agent started on its own does)."""
+    data = sock.recv(MAX_MESSAGE)
+    if not data:
+        raise RuntimeError("the launcher left before saying whether to preload the model code")
+    return bool(json.loads(data).get("preload", True))
 
 
 def _fork_agent(sock: socket.socket, request: dict, fds: list[int], wake_r: int, wake_w: int, entry) -> None:
@@ -282,7 +324,11 @@ class ZygoteClient:
     it cannot start, is not ready within ``timeout_s``, or stops answering."""
 
     def __init__(self, python: str = sys.executable, env: dict | None = None, cwd: str | None = None,
-                 log_path: str | None = None) -> None:
+                 log_path: str | None = None, preload_model_code: bool | None = True) -> None:
+        """``preload_model_code``: import transformers and the model code before forking (each
+        agent has it at once, imported once) or not (agents are forked ~1.5 s of CPU sooner and
+        each imports it in the background); None: decided later with ``preload()``, which must
+        come before ``wait_ready`` (else it preloads)."""
         self.python = python
         self.env = dict(os.environ if env is None else env)
         self.cwd = cwd
@@ -300,6 +346,15 @@ class ZygoteClient:
         self._ended = threading.Event()
         self._error = ""
         self._closed = False
+        self.started_at = 0.0
+        """``time.time()`` when the zygote was started (0 before)."""
+        self.ready_at = 0.0
+        """``time.time()`` when its ready report arrived (0 before)."""
+        self.report: dict = {}
+        """Its ready report: ``imports_s`` (torch, agent, model_code), ``cpu_s`` and
+        ``model_code_imported`` (whether the agents it forks have transformers at once)."""
+        self._preload = preload_model_code
+        self._preload_sent = False
 
     def start(self) -> None:
         """Start the zygote; returns at once (``wait_ready`` waits for its imports)."""
@@ -307,6 +362,7 @@ class ZygoteClient:
         env = dict(self.env)
         env["PYTHONUNBUFFERED"] = "1"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.started_at = time.time()
         try:
             self.popen = subprocess.Popen(
                 [self.python, "-m", "agents", "zygote", "--socket-fd", str(theirs.fileno())],
@@ -323,8 +379,25 @@ class ZygoteClient:
         self._sock = ours
         self._reader = threading.Thread(target=self._read, name="agent-zygote", daemon=True)
         self._reader.start()
+        if self._preload is not None:
+            self.preload(self._preload)
+
+    def preload(self, model_code: bool) -> None:
+        """Tell the zygote whether to import the model code before forking (the first word counts)."""
+        if self._preload_sent or self._sock is None:
+            return
+        self._preload, self._preload_sent = model_code, True
+        try:
+            self._sock.send(json.dumps({"preload": bool(model_code)}).encode())
+        except OSError:
+            pass  # it ended: wait_ready says why
+
+    @property
+    def preloads_model_code(self) -> bool:
+        return self._preload is not False
 
     def wait_ready(self, timeout_s: float) -> None:
+        self.preload(True if self._preload is None else self._preload)  # undecided: the agents get it at once
         if not self._ready.wait(timeout_s):
             self.close()
             raise ZygoteUnavailable(f"not ready after {timeout_s:.0f} s")
@@ -397,6 +470,8 @@ class ZygoteClient:
                 continue
             if "ready" in message or "error" in message:
                 self._error = str(message.get("error", ""))
+                self.ready_at = time.time()
+                self.report = {k: message[k] for k in ("imports_s", "cpu_s", "model_code_imported") if k in message}
                 self._ready.set()
             elif "exited" in message:
                 pid, status = int(message["exited"]), int(message["status"])

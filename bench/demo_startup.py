@@ -1,34 +1,46 @@
 """The demo's speed as an operator feels it; prints one JSON line.
 
 Each launch is a fresh process (``python bench/demo_startup.py --child``) that does what
-``edgeshard studio --demo`` does — QApplication, main window, DemoSession — under the
-offscreen platform, and reports, from the moment its parent spawned it:
+``edgeshard studio --demo`` does — parses its command line as ``edgeshard`` does, then
+``gui.launch.open_demo_window`` (agents' zygote first, then the QApplication and the main
+window) — under the offscreen platform (``--platform xcb`` with a ``DISPLAY``: a real X
+server, e.g. Xvfb), and reports, from the moment its parent spawned it:
 
 - ``window_s``: until the window is shown and painted (usable: the planning screens work,
   the Devices screen lists the demo's agents as starting);
 - ``ready_s``: until the demo is ready (agents up and attached: Profile and Run work);
-- ``profile_s``: clicking Profile on the Profile screen until the profile is set;
+- ``startup``: where that time went — ``phases`` (seconds since the spawn of each step, in
+  order: the interpreter, the command line parsed, ``gui.demo.STARTUP_PHASES``, the window
+  built and shown, ready), the zygote's report (its import times and CPU, whether it imported
+  the model code), the studio process's CPU at ready, whether it imported torch, and whether
+  a profile kept from the previous launch was offered (``profile_kept``);
+- ``profile_s``: clicking Profile on the Profile screen until the profile is set (then
+  Auto-solve; ``plan`` is the solved plan's stages);
 - ``quit_s``: closing the window and stopping the demo until every agent process is gone;
+  ``exit_s``: closing the window until the studio's process is gone (it ends as the studio
+  does, ``gui.launch.exit_without_teardown``), and ``agents_left_after_exit``;
 - ``agents_cpu_at_ready_s`` / ``agents_cpu_at_quit_s``: CPU seconds the agents (and their
   zygote) had used when the demo was ready / before quitting (a figure the shared machine's
-  load changes less than the wall times).
+  load changes less than the wall times); ``load``: the 1-minute load average at the end.
 
-Launch 1 runs with an empty model cache (the untrained checkpoint is made), launch 2 with
-the cache the first left (the operator's second launch). Both use a temporary data folder,
-never the real HOME, and do not train (``train=False``) unless ``--train`` says so.
-Also reports the demo's auto-solved plan (launch 2). Side by side, one run; say the load.
+Launch 1 runs with an empty data folder (the untrained checkpoint is made; no profile is
+kept), launch 2 with what the first left (the operator's second launch: the model and the
+profile launch 1 measured). Both use temporary XDG folders, never the real HOME, and do not
+train (``train=False``) unless ``--train`` says so.
 
 With ``--train`` the first launch also trains the demo model in the background, as an
 operator's first launch does (the training competes with profiling for the cores; the
 second launch still starts untrained, the first one having been stopped before training ended).
 
-Agents are started as the cluster does by default (forked from one zygote that imported
-torch once, core/devices/local_cluster.py); ``--launchers zygote,popen`` measures each way
-(``popen``: one interpreter per agent, as before the zygote) side by side, alternating, for
-``--rounds N`` rounds, and reports each figure's median per launcher and launch.
-``--no-profile`` skips profiling and solving (quit then stops idle agents).
+Side by side in one run, alternating so a change of load hits each alike, for ``--rounds N``
+rounds, with each figure's median: ``--launchers zygote,popen`` (``popen``: one interpreter
+per agent, as before the zygote) and/or ``--trees NAME=DIR,NAME=DIR`` (the studio's code from
+each checkout, e.g. before and after a change). ``--no-profile`` skips profiling and solving;
+``--run`` runs the demo prompts after solving (quit then follows a run); ``--trace-quit``
+dumps every thread's stack each 0.25 s while quitting (``quit_stacks``).
 
-Usage: python bench/demo_startup.py [--train] [--first-only] [--launchers zygote,popen] [--rounds N] [--no-profile]
+Usage: python bench/demo_startup.py [--train] [--first-only] [--launchers zygote,popen]
+       [--trees a=DIR,b=DIR] [--rounds N] [--no-profile] [--run] [--trace-quit] [--platform xcb]
 """
 
 from __future__ import annotations
@@ -44,27 +56,23 @@ import time
 
 def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QEventLoop, QSettings, QTimer
-
-    QSettings.setDefaultFormat(QSettings.IniFormat)
-    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, os.path.join(root, "settings"))
+    marks = {"interpreter_up": time.time()}
     import inspect
 
+    from core.cli import build_parser
+
+    # what `edgeshard studio --demo` does before the studio's own code: parse its command line
+    (build_parser("studio") if inspect.signature(build_parser).parameters else build_parser()
+     ).parse_args(["studio", "--demo"])
+    marks["cli_parsed"] = time.time()
     import gui.launch
-    from gui.demo import DemoSession
 
-    extra = {"train": train} if "train" in inspect.signature(DemoSession).parameters else {}  # older demos: no training
-    options = dict(workspace=os.path.join(root, "demo.edgeshard"), model_root=os.path.join(root, "models"), **extra)
-    if hasattr(gui.launch, "open_demo_window"):  # as `edgeshard studio --demo` opens it (agents started first)
-        window, demo = gui.launch.open_demo_window(**options)
-    else:
-        from gui.app import create_app
-        from gui.main_window import MainWindow
-
-        create_app()
-        window = MainWindow()
-        demo = DemoSession(window.state, window=window, **options)
-        demo.start()
+    options = dict(workspace=os.path.join(root, "demo.edgeshard"), model_root=os.path.join(root, "models"),
+                   train=train)
+    window, demo = gui.launch.open_demo_window(**options)
+    demo.ready.connect(lambda: marks.setdefault("ready", time.time()))  # it may come before the wait below
+    marks["window_built"] = time.time()
+    from PySide6.QtCore import QEventLoop, QTimer
 
     def wait(signal, timeout_s: float) -> None:
         loop = QEventLoop()
@@ -77,32 +85,69 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
     app = QApplication.instance()
     window.show()
     app.processEvents()  # the first paint: the window is on screen and answers input from here on
-    shown = time.time() - t_spawn
-    wait(demo.ready, 120)
-    ready = time.time() - t_spawn
+    marks["window_shown"] = time.time()
+    shown = marks["window_shown"] - t_spawn
+    if "ready" not in marks:
+        wait(demo.ready, 120)
+    ready = marks["ready"] - t_spawn if "ready" in marks else None
     cpu_at_ready = _cpu_s(_agent_pids(demo.parts.cluster))
+    import gui.demo
+
+    zygote = demo.parts.cluster._zygote
+    phases = {k: round(v - t_spawn, 2) for k, v in marks.items()}
+    if hasattr(gui.demo, "startup_breakdown"):  # an older tree (--trees) has no breakdown
+        phases.update(gui.demo.startup_breakdown(demo.parts.phases, t_spawn))
+    startup = {"phases": dict(sorted(phases.items(), key=lambda kv: kv[1])),
+               "profile_kept": window.state.profile is not None,
+               "zygote": getattr(zygote, "report", None),
+               "studio_cpu_at_ready_s": round(time.process_time(), 2),
+               "studio_imported_torch": "torch" in sys.modules}
     log: list[str] = []
     window.state.log_added.connect(lambda level, text: log.append(f"{level}: {text}"))
     failed: list[str] = []
     profile_s, stages = None, []
     if profile:
         profile_s, stages = _profile_and_solve(window, failed)
+    run_s = None
+    if "--run" in sys.argv and window.state.plan is not None:  # quit after a run, as a walk-through does
+        t_run = time.time()
+        run_done = QEventLoop()
+        window.screens.run.run_finished.connect(lambda *_: run_done.quit())
+        QTimer.singleShot(300_000, run_done.quit)
+        if demo.run_once(window, max_new_tokens=8):
+            run_done.exec()
+        run_s = {"s": round(time.time() - t_run, 2), "outcome": window.screens.run.last_outcome,
+                 "message": window.screens.run.status_label.text()[:200]}
     cluster = demo.parts.cluster
     pids = _agent_pids(cluster)
     cpu_at_quit = _cpu_s(pids)
     launched = cluster.launch_note
+    if "--trace-quit" in sys.argv:  # where quitting waits: every thread's stack each 0.25 s, to stderr
+        import faulthandler
+
+        faulthandler.dump_traceback_later(0.25, repeat=True)
     t0 = time.time()
-    window.close()
+    window.close()  # as the operator closes it; then what `edgeshard studio` does after its event loop
     demo.stop()
     app.processEvents()
     quit_s = time.time() - t0
-    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
-    print(json.dumps({"window_s": round(shown, 2), "ready_s": round(ready, 2),
+    alive = [p for p in pids if _alive(p)]
+    print(json.dumps({"window_s": round(shown, 2), "ready_s": None if ready is None else round(ready, 2),
                       "profile_s": None if profile_s is None else round(profile_s, 2), "quit_s": round(quit_s, 2),
                       "agents_left": len(alive), "agents_cpu_at_ready_s": cpu_at_ready,
                       "agents_cpu_at_quit_s": cpu_at_quit, "plan": stages, "launched": launched,
+                      "startup": startup, "load": open("/proc/loadavg").read().split()[0], "run": run_s,
+                      "closed_at": t0, "pids": pids,
                       **({"profile_error": failed[0], "log_tail": log[-8:]}
                          if profile and (failed or window.state.profile is None) else {})}), flush=True)
+    gui.launch.exit_without_teardown(0)  # as the studio ends: the parent times it until this process is gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _agent_pids(cluster) -> list[int]:
@@ -151,22 +196,35 @@ def _option(name: str, default: str) -> str:
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-def _launches(launcher: str | None) -> dict:
-    """One operator's first and second launch, in a fresh data folder."""
+def _launches(launcher: str | None, tree: str | None = None) -> dict:
+    """One operator's first and second launch, in a fresh data folder; ``tree``: the studio's
+    code from that checkout (PYTHONPATH), to compare two versions in one run."""
     out = {}
     env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = tree
+    env["QT_QPA_PLATFORM"] = _option("--platform", env.get("QT_QPA_PLATFORM") or "offscreen")
     if launcher:
         from agents.zygote import LAUNCHER_ENV
 
         env[LAUNCHER_ENV] = launcher
-    flags = [] if "--no-profile" not in sys.argv else ["--no-profile"]
+    flags = [f for f in ("--no-profile", "--trace-quit", "--run") if f in sys.argv]
     with tempfile.TemporaryDirectory(prefix="demo-bench-") as root:
+        env.pop("EDGESHARD_WORKSPACE", None)
+        for name in ("CONFIG", "DATA", "CACHE"):  # settings, data and caches never the real HOME's
+            env[f"XDG_{name}_HOME"] = os.path.join(root, name.lower())
         for launch in ("first",) if "--first-only" in sys.argv else ("first", "second"):
             train = ["--train"] if launch == "first" and "--train" in sys.argv else []
             proc = subprocess.run([sys.executable, __file__, "--child", repr(time.time()), root, *train, *flags],
                                   capture_output=True, text=True, timeout=900, env=env)
+            ended = time.time()
             line = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-            out[launch] = json.loads(line[-1]) if line else {"error": proc.stderr[-800:]}
+            out[launch] = got = json.loads(line[-1]) if line else {"error": proc.stderr[-800:]}
+            if line:  # closing the window until the studio's process was gone, and what it left running
+                got["exit_s"] = round(ended - got.pop("closed_at"), 2)
+                got["agents_left_after_exit"] = sum(_alive(p) for p in got.pop("pids"))
+            if "--trace-quit" in sys.argv:
+                got["quit_stacks"] = proc.stderr[-6000:]
     return out
 
 
@@ -175,7 +233,7 @@ def _medians(runs: list[dict]) -> dict:
     for launch in runs[0]:
         got = [r[launch] for r in runs if "error" not in r[launch]]
         out[launch] = {k: statistics.median(g[k] for g in got)
-                       for k in ("window_s", "ready_s", "profile_s", "quit_s", "agents_cpu_at_ready_s",
+                       for k in ("window_s", "ready_s", "profile_s", "quit_s", "exit_s", "agents_cpu_at_ready_s",
                                  "agents_cpu_at_quit_s")
                        if got and all(g.get(k) is not None for g in got)}
         out[launch]["agents_left_max"] = max((g["agents_left"] for g in got), default=None)
@@ -189,12 +247,15 @@ def main() -> None:
         return
     out = {"load_before": open("/proc/loadavg").read().split()[:3]}
     launchers = _option("--launchers", "").split(",") if "--launchers" in sys.argv else [None]
+    trees = dict(t.split("=", 1) for t in _option("--trees", "").split(",")) if "--trees" in sys.argv else {None: None}
+    variants = [(launcher, tree) for tree in trees for launcher in launchers]
+    label = lambda launcher, tree: "/".join(str(x) for x in (tree, launcher) if x) or "default"  # noqa: E731
     rounds = int(_option("--rounds", "1"))
-    runs: dict[str, list] = {str(name or "default"): [] for name in launchers}
+    runs: dict[str, list] = {label(*v): [] for v in variants}
     for _ in range(rounds):
-        for name in launchers:  # alternating, so a change of load hits each launcher alike
-            runs[str(name or "default")].append(_launches(name))
-    if rounds == 1 and launchers == [None]:
+        for launcher, tree in variants:  # alternating, so a change of load hits each variant alike
+            runs[label(launcher, tree)].append(_launches(launcher, trees[tree]))
+    if rounds == 1 and list(runs) == ["default"]:
         out.update(runs["default"][0])
     else:
         out["runs"] = runs

@@ -39,8 +39,9 @@ def open_coordinator(reporter: Reporter, agents_file: str):
     return coordinator, statuses
 
 
-def profile_function(coordinator, state, options: dict, model_name: str = ""):
-    """``fn(reporter) -> Profile`` for the Profile screen: measures the model the studio has selected."""
+def profile_function(coordinator, state, options: dict, model_name: str = "", on_profiled=None):
+    """``fn(reporter) -> Profile`` for the Profile screen: measures the model the studio has
+    selected; ``on_profiled(profile, model_dir)`` then runs on the worker (the demo keeps it)."""
 
     def measure(reporter: Reporter):
         from core.devices import profiling
@@ -50,35 +51,41 @@ def profile_function(coordinator, state, options: dict, model_name: str = ""):
         config = json.loads((Path(model_dir) / "config.json").read_text())
         result = profiling.profile_cluster(coordinator, config, model_name=model_name or Path(model_dir).name,
                                            dtype="fp32", reporter=reporter, **options)
+        if on_profiled is not None:
+            on_profiled(result.profile, model_dir)
         return result.profile
 
     return measure
 
 
 def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | dict[str, str] = "",
-           profile_options: dict | None = None, model_name: str = "", agent_control=None) -> None:
+           profile_options: dict | None = None, model_name: str = "", agent_control=None,
+           on_profiled=None) -> None:
     """Wire the screens of ``window`` (its typed ``screens``) to ``coordinator``; ``detail`` is
-    one note for every agent or a note per device."""
+    one note for every agent or a note per device; ``on_profiled`` as ``profile_function``'s."""
     screens, state = window.screens, window.state
     devices = screens.devices
+    records = []
     for dev, status in sorted(statuses.items()):
         control = coordinator.endpoints[dev].control_address.split("//")[-1]
         address = control.rsplit(":", 1)[0]
         local = address in ("127.0.0.1", "localhost")
         note = detail.get(dev, "") if isinstance(detail, dict) else detail
-        devices.upsert(DeviceRecord(
+        records.append(DeviceRecord(
             id=dev, address=address, status="running", origin=origin,
             ssh=not local, control_address=control, pid=status.pid,  # a local agent has no SSH: show what is real
             arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
             memory_bytes=status.memory_bytes,
             detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {note}" if note else ""),
         ))
+    devices.upsert_many(records)
     if agent_control is not None:
         devices.agent_control = agent_control
     devices.refresh()
     state.set_agents(coordinator)
     watch_lost_agents(coordinator, devices, state)  # a killed agent shows as offline
-    screens.profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name))
+    screens.profile.set_profile_task(profile_function(coordinator, state, profile_options or {}, model_name,
+                                                      on_profiled))
     from gui.cluster_backend import ClusterRunBackend
 
     run = screens.run

@@ -32,7 +32,8 @@ import os
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,28 @@ def train_demo_model(reporter: Reporter, root: Path | None = None, resume: bool 
                                resume=resume)
 
 
+def profile_cache_dir(root: Path | None = None) -> Path:
+    """Where the demo keeps its last measured profile (user data, beside the trained model)."""
+    return (root or data_dir()) / "profile"
+
+
+def demo_profile_key(model_dir: Path, devices, emulation: dict, options: dict) -> str:
+    """``core.devices.profile_cache.profile_key`` of a demo profile: the model's units, each
+    device's emulated limits and link, the profiling options, the agents' code, the host."""
+    import msgspec
+
+    import agents
+    from core.devices.profile_cache import code_digest, host_identity, profile_key
+    from core.models.units import load_model_spec
+
+    units = msgspec.to_builtins(load_model_spec(model_dir, dtype="fp32", name=DEMO_MODEL_NAME))
+    shapes = {d: {"memory_budget_bytes": emulation[d].memory_budget_bytes,
+                  "compute_slowdown": emulation[d].compute_slowdown,
+                  "link_mbit": demo_shape(d).link_mbit, "link_latency_ms": DEMO_LINK_LATENCY_MS} for d in devices}
+    return profile_key(model_config=units, devices=shapes, options=options,
+                       code=code_digest(Path(agents.__file__).parent), host=host_identity())
+
+
 def _mkdir(p: Path) -> Path:
     p.mkdir(parents=True, exist_ok=True)
     return p
@@ -215,30 +238,70 @@ class DemoParts:
     cluster: Any = None
     coordinator: Any = None
     statuses: dict | None = None
+    kept_profile: Any = None
+    """``core.devices.profile_cache.CachedProfile`` measured at an earlier launch for this very
+    demo (same model units, devices, agent code, host), or None."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """``time.time()`` at each step of the start (``STARTUP_PHASES``), for the start-up breakdown."""
+
+    def mark(self, phase: str) -> None:
+        self.phases[phase] = time.time()
 
 
-def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model_root: Path | None = None) -> DemoParts:
+STARTUP_PHASES = (
+    ("zygote_started", "the agents' zygote was started (first thing, before the GUI's imports)"),
+    ("setup_started", "the setup worker began"),
+    ("model_ready", "the demo checkpoint was found (or made)"),
+    ("zygote_ready", "the zygote had imported torch, the agent and the model code"),
+    ("agents_up", "every agent, forked, listened and printed its ready line"),
+    ("agents_answering", "the coordinator had a status from every agent"),
+    ("attached", "the screens were wired to the agents: the demo is ready"),
+)
+"""The demo's start, step by step, in the order they happen on its critical path (the window
+is built on the GUI thread meanwhile)."""
+
+
+def startup_breakdown(phases: dict[str, float], since: float) -> dict[str, float]:
+    """Seconds from ``since`` (the launch) to each step reached, in ``STARTUP_PHASES`` order
+    (steps not reached are left out: a popen launcher has no zygote)."""
+    return {name: round(phases[name] - since, 2) for name, _ in STARTUP_PHASES if name in phases}
+
+
+def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model_root: Path | None = None,
+               profile_options: dict | None = None) -> DemoParts:
     """Worker job: model, agents, coordinator. Leaves what it made in ``parts`` even on failure.
 
     The agents' zygote (agents/zygote.py: it imports torch and transformers once, then forks
     the agents) starts first, before this job's own imports and the model, since its imports
-    are the longest part of the demo's start."""
-    from agents.zygote import ZygoteClient, ZygoteUnavailable, agent_environment, default_launcher
+    are the longest part of the demo's start (``edgeshard studio --demo`` starts it even earlier,
+    before the GUI's imports, and hands it over in ``parts.zygote``)."""
+    parts.mark("setup_started")
+    if parts.zygote is None:
+        from agents.zygote import start_early_zygote
 
-    if default_launcher() == "zygote":
-        cluster_dir = _mkdir(parts.workdir / "cluster")
-        zygote = ZygoteClient(env=agent_environment(1), cwd=str(cluster_dir), log_path=str(cluster_dir / "zygote.log"))
-        try:
-            zygote.start()
-            parts.zygote = zygote
-        except ZygoteUnavailable:
-            pass  # LocalCluster tries again, falls back to one interpreter per agent and says so
+        parts.zygote = start_early_zygote(str(parts.workdir / "cluster"))  # None: LocalCluster tries again
+    if parts.zygote is not None:
+        parts.phases.setdefault("zygote_started", parts.zygote.started_at)
 
     from core.runs.coordinator import Coordinator
     from core.devices.local_cluster import LocalCluster
 
+    from core.devices.profile_cache import has_cached_profiles, load_cached_profile
+
+    if parts.zygote is not None and (profile_options is None or not has_cached_profiles(profile_cache_dir(model_root))):
+        parts.zygote.preload(True)  # no profile kept: say so now, not after making the model (first launch)
     reporter.status("preparing the demo model")
     parts.model_dir = ensure_demo_model(reporter, model_root)
+    parts.mark("model_ready")
+    emulation = demo_emulation(devices, parts.model_dir)
+    if profile_options is not None:
+        key = demo_profile_key(parts.model_dir, devices, emulation, profile_options)
+        parts.kept_profile = load_cached_profile(profile_cache_dir(model_root), key)
+    # with a kept profile nothing needs the model code before the operator's first run: the agents
+    # are forked before the zygote imports it (~1.5 s of CPU sooner) and each imports it meanwhile
+    preload = parts.kept_profile is None
+    if parts.zygote is not None:
+        parts.zygote.preload(preload)
     reporter.status(f"starting {len(devices)} local agents")
     up: list[str] = []
 
@@ -250,9 +313,12 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices),
                                  link_mbit={d: demo_shape(d).link_mbit for d in devices},
                                  link_latency_ms=DEMO_LINK_LATENCY_MS,
-                                 emulation=demo_emulation(devices, parts.model_dir), zygote=parts.zygote)
-    parts.zygote = None  # the cluster's now: it stops it
+                                 emulation=emulation, zygote=parts.zygote, preload_model_code=preload)
+    zygote, parts.zygote = parts.zygote, None  # the cluster's now: it stops it
     parts.cluster.start(on_ready=agent_up)  # the agents live as long as this process, not this worker thread
+    if zygote is not None and zygote.ready_at:
+        parts.phases["zygote_ready"] = zygote.ready_at
+    parts.mark("agents_up")
     reporter.status(parts.cluster.launch_note)
     # agents answer pings while they load and profile; the timeout is longer than the default 2 s
     # because on a busy 2-core machine a profiling agent went 2.2 s without a pong (DEMO_HEARTBEAT_TIMEOUT_S)
@@ -261,6 +327,7 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     parts.coordinator.open()
     reporter.status("waiting for the agents")
     parts.statuses = parts.coordinator.wait_ready(30.0)
+    parts.mark("agents_answering")
     return parts
 
 
@@ -296,7 +363,10 @@ class DemoSession(QObject):
 
     def __init__(self, state: StudioState, window=None, workspace: str | None = None, workdir: str | None = None,
                  devices=DEMO_DEVICES, model_root: str | None = None, profile_options: dict | None = None,
-                 train: bool = True, parent: QObject | None = None) -> None:
+                 train: bool = True, zygote=None, own_workdir: bool = False, parent: QObject | None = None) -> None:
+        """``zygote``: the agents' fork server, already started in ``workdir/cluster``
+        (``agents.zygote.start_early_zygote``), which the demo then owns; ``own_workdir``: remove
+        the given ``workdir`` when stopped (as the one it makes when none is given)."""
         super().__init__(parent)
         self.profile_options = profile_options or dict(DEMO_PROFILE_OPTIONS)
         """Keyword arguments for ``core.devices.profiling.profile_cluster`` (a quick profile by default)."""
@@ -304,8 +374,8 @@ class DemoSession(QObject):
         self.window = window
         self.devices = tuple(devices)
         self.model_root = Path(model_root) if model_root else None
-        self._own_workdir = workdir is None
-        self.parts = DemoParts(workdir=Path(workdir or tempfile.mkdtemp(prefix="edgeshard-demo-")))
+        self._own_workdir = workdir is None or own_workdir
+        self.parts = DemoParts(workdir=Path(workdir or tempfile.mkdtemp(prefix="edgeshard-demo-")), zygote=zygote)
         self.workspace = workspace or str(_mkdir(cache_dir()) / "demo.edgeshard")
         self.runner = TaskRunner(self, name="demo")
         self.runner.task_finished.connect(self._on_setup_finished)
@@ -331,7 +401,7 @@ class DemoSession(QObject):
     def start(self) -> None:
         self.state.set_connection("starting the demo cluster…")
         self.state.set_workspace(self.workspace)
-        self.runner.start(setup_demo, self.parts, self.devices, self.model_root)
+        self.runner.start(setup_demo, self.parts, self.devices, self.model_root, self.profile_options)
 
     def show_starting(self, window) -> None:
         """The window is up before the agents (each imports torch, seconds): list them as
@@ -342,9 +412,9 @@ class DemoSession(QObject):
         self.window = window
         if self._ready or self.error:
             return
-        for device in self.devices:
-            window.screens.devices.upsert(DeviceRecord(id=device, address="127.0.0.1", ssh=False, status="starting",
-                                                       origin="local cluster", detail="demo agent starting"))
+        window.screens.devices.upsert_many([DeviceRecord(id=device, address="127.0.0.1", ssh=False, status="starting",
+                                                         origin="local cluster", detail="demo agent starting")
+                                            for device in self.devices])
         bar = self.agents_bar = QProgressBar()
         bar.setObjectName("demoAgentsBar")
         bar.setRange(0, len(self.devices))
@@ -387,7 +457,7 @@ class DemoSession(QObject):
                 self.window, parts.coordinator, parts.statuses or {}, origin="local cluster",
                 detail=detail,
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
-                agent_control=LocalAgentControl(parts),
+                agent_control=LocalAgentControl(parts), on_profiled=self._keep_profile,
             )
             from gui.run_panel import DEFAULT_PROMPTS
 
@@ -399,6 +469,9 @@ class DemoSession(QObject):
             if run.mode_combo.currentText() == "sequential" and run.micro_batches_spin.value() == 0:  # defaults
                 run.mode_combo.setCurrentText(DEMO_RUN_MODE[0])
                 run.micro_batches_spin.setValue(DEMO_RUN_MODE[1])
+        if parts.kept_profile is not None:
+            self._use_kept_profile(parts.kept_profile)
+        parts.mark("attached")
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
         if needs_more_training(self.model_root):  # a cached trained model, cut short
             from core.models.training import trained_steps
@@ -419,6 +492,31 @@ class DemoSession(QObject):
                 self._start_training()
         self._ready = True
         self.ready.emit()
+
+    # the kept profile ------------------------------------------------------------------------
+    def _use_kept_profile(self, kept) -> None:
+        """Offer the profile an earlier launch measured for this very demo, saying when."""
+        from msgspec.structs import replace
+
+        from core.devices.profile_cache import describe_age
+
+        when = describe_age(kept.measured_at)
+        note = (f"profile from {when}, kept from an earlier launch (same model units, devices and agent code on "
+                "this machine): Profile cluster re-profiles")
+        self.state.set_profile(replace(kept.profile, notes="; ".join(n for n in (kept.profile.notes, note) if n)))
+        self.state.log(f"demo: {note}")
+
+    def _keep_profile(self, profile, model_dir: str) -> None:
+        """Worker thread, after a profile of the demo's agents: keep it for the next launch."""
+        from core.devices.profile_cache import save_cached_profile
+
+        if self.parts.cluster is None or sorted(t.device for t in profile.times) != sorted(self.devices):
+            return  # not this demo's agents (a Connect replaced them)
+        key = demo_profile_key(Path(model_dir), self.devices, self.parts.cluster.emulation, self.profile_options)
+        try:
+            save_cached_profile(profile_cache_dir(self.model_root), key, profile)
+        except OSError as err:  # a full disk must not fail the profile the operator asked for
+            self.state.log(f"demo: could not keep the profile for the next launch ({err.strerror or err})", "warning")
 
     # the trained model -----------------------------------------------------------------------
     def _start_training(self, resume: bool = False) -> None:

@@ -1,24 +1,34 @@
 """Starts the studio: the QApplication, the main window, and optionally the demo cluster.
 
 The heavy GUI modules (pyqtgraph, the screens) are imported only once the demo's agents are
-being started: each agent process spends seconds importing torch, and that should overlap
-the window's own start-up, not follow it.
+being started: the agents' zygote spends seconds importing torch and transformers, and that
+should overlap the window's own start-up, not follow it.
 """
 
 from __future__ import annotations
 
 
-def open_demo_window(workspace: str | None = None, **demo_options):
-    """The main window and a started ``DemoSession``. The demo's agents are started before the
-    QApplication and the window are made (and before their modules are imported), so their
-    start-up overlaps building the window instead of following it; the demo's results reach
-    the window through queued signals, delivered once the event loop runs (signals posted
-    before the QApplication exists are delivered then too)."""
+def open_demo_window(workspace: str | None = None, workdir: str | None = None, **demo_options):
+    """The main window and a started ``DemoSession``. The agents' zygote is started first,
+    before any Qt or studio module is imported (its imports of torch and transformers are the
+    longest part of the demo's start), then the demo's setup, then the QApplication and the
+    window, so the agents' start-up overlaps building the window instead of following it; the
+    demo's results reach the window through queued signals, delivered once the event loop runs
+    (signals posted before the QApplication exists are delivered then too)."""
+    import os
+    import tempfile
+
+    from agents.zygote import start_early_zygote
+
+    own_workdir = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="edgeshard-demo-")
+    zygote = start_early_zygote(os.path.join(workdir, "cluster"))
     from gui.demo import DemoSession
     from gui.studio_state import StudioState
 
     state = StudioState()
-    demo_session = DemoSession(state, workspace=workspace, **demo_options)
+    demo_session = DemoSession(state, workspace=workspace, workdir=workdir, own_workdir=own_workdir, zygote=zygote,
+                               **demo_options)
     demo_session.start()
     from PySide6.QtWidgets import QApplication
 

@@ -161,6 +161,7 @@ class LocalCluster:
         python: str = sys.executable,
         launcher: str | None = None,
         zygote: ZygoteClient | None = None,
+        preload_model_code: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
         self.devices = [f"local-{i}" for i in range(devices)] if isinstance(devices, int) else list(devices)
@@ -184,6 +185,10 @@ class LocalCluster:
         self._zygote: ZygoteClient | None = None
         self._early_zygote = zygote
         """A zygote the caller started already (before its own slow imports), ours to use and stop."""
+        self.preload_model_code = preload_model_code
+        """Whether the zygote imports the model code before forking the agents (each has it at
+        once, imported once), or forks them sooner and each imports it in the background (the
+        demo, when it has a kept profile: nothing to measure before the operator's first run)."""
         self.keys: CurveKeys | None = None
         self.endpoints: list[AgentEndpoint] = []
         self._procs: list[_Proc] = []
@@ -279,15 +284,20 @@ class LocalCluster:
         try:
             if zygote is None:
                 zygote = ZygoteClient(self.python, env=self._agent_env(), cwd=str(self.workdir),
-                                      log_path=str(self.workdir / "zygote.log"))
+                                      log_path=str(self.workdir / "zygote.log"),
+                                      preload_model_code=self.preload_model_code)
                 zygote.start()
+            zygote.preload(self.preload_model_code)  # an early zygote may not know yet
             zygote.wait_ready(self.startup_timeout_s)
         except ZygoteUnavailable as err:
             zygote.close()
             self._zygote_failed(str(err))
             return
         self._zygote = zygote
-        self.launch_note = f"agents forked from a zygote (pid {zygote.pid}) that imported torch and transformers once"
+        self.launch_note = (f"agents forked from a zygote (pid {zygote.pid}) that imported torch and transformers once"
+                            if zygote.preloads_model_code else
+                            f"agents forked from a zygote (pid {zygote.pid}) that imported torch once; each agent "
+                            "imports transformers in the background")
 
     def _zygote_failed(self, why: str) -> None:
         self.launch_note = (f"the agents' zygote is unavailable ({why}); each agent starts its own interpreter "

@@ -100,3 +100,38 @@ def test_a_forked_agent_is_named_after_its_device_in_ps_and_top_not_the_zygote(z
         agent.stdin.close()
     assert agent.wait(30) == 0
     agent.close()
+
+
+def test_the_zygote_reports_how_long_its_imports_took(zygote):
+    """Its ready report says where the demo's start-up goes (torch, the agent, the model code)."""
+    assert set(zygote.report["imports_s"]) == {"torch", "agent", "model_code"}
+    assert all(v > 0 for v in zygote.report["imports_s"].values()) and zygote.report["cpu_s"] > 0
+    assert 0 < zygote.started_at <= zygote.ready_at
+    assert zygote.report["model_code_imported"] is True  # by default its agents have transformers at once
+
+
+def test_a_zygote_told_not_to_preload_forks_agents_before_importing_the_model_code(tmp_path):
+    """Decided after it started (the demo knows only once it found its kept profile); the agents
+    it forks then import the model code themselves, in the background."""
+    z = ZygoteClient(env=agent_environment(1), cwd=str(tmp_path), preload_model_code=None)
+    z.start()
+    try:
+        z.preload(False)
+        z.preload(True)  # the first word counts
+        z.wait_ready(120)
+        assert z.report["model_code_imported"] is False and not z.preloads_model_code
+        agent = _serve(z, tmp_path, "fork-lazy")
+        assert agent.stdout.readline().startswith(READY)
+        agent.stdin.close()
+        assert agent.wait(30) == 0
+        agent.close()
+    finally:
+        z.close()
+
+
+def test_no_early_zygote_is_started_when_agents_are_started_as_interpreters(tmp_path, monkeypatch):
+    from agents.zygote import LAUNCHER_ENV, start_early_zygote
+
+    monkeypatch.setenv(LAUNCHER_ENV, "popen")
+    assert start_early_zygote(str(tmp_path / "cluster")) is None
+    assert not (tmp_path / "cluster").exists()

@@ -69,6 +69,12 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
             profile.profile_button.click()
         assert sorted(t.device for t in window.state.profile.times) == ["dev-a", "dev-b"]
         assert len(window.state.profile.cluster.links) == 2
+        # kept for the next launch of this very demo (same model units, devices, options, agent code)
+        from core.devices.profile_cache import load_cached_profile
+        from gui.demo import demo_profile_key, profile_cache_dir
+
+        key = demo_profile_key(demo.parts.model_dir, demo.devices, demo.parts.cluster.emulation, demo.profile_options)
+        assert load_cached_profile(profile_cache_dir(model_root), key).profile == window.state.profile
         assert {r.status for r in devices.registry.records.values()} == {"profiled"}
         plan_editor = window.screens.plan.view
         with qtbot.waitSignal(plan_editor._solve_runner.task_finished, timeout=60_000):
@@ -281,6 +287,12 @@ def test_the_demo_window_opened_as_the_cli_does_starts_agents_first_and_attaches
         assert demo.window is window and window.state is demo.state
         with qtbot.waitSignal(demo.ready, timeout=120_000):
             pass
+        # the agents were forked from the zygote started first thing, before the GUI's imports
+        zygote = demo.parts.cluster._zygote
+        assert zygote is not None and zygote.cwd == str(tmp_path / "work" / "cluster")
+        times = demo.parts.phases
+        assert times["zygote_started"] < times["setup_started"] < times["model_ready"] < times["agents_up"]
+        assert times["zygote_ready"] < times["agents_up"] < times["agents_answering"] < times["attached"]
         assert sorted(window.screens.devices.registry.records) == ["dev-a", "dev-b"]
         assert window.connection_label.text() == "● demo cluster: 2 agents on 127.0.0.1"
         assert {r.status for r in window.screens.devices.registry.records.values()} == {"running"}
@@ -365,3 +377,82 @@ def test_a_trained_model_cut_short_by_a_busy_machine_is_used_and_its_training_co
         with qtbot.waitSignal(demo.trained, timeout=180_000):
             pass
         assert trained_steps(cached) == 6  # continued from its 3 steps, not started again
+
+
+PROFILE_OPTIONS = dict(prompt_tokens=8, batch_sizes=(1,), repeats=1, link_target_s=0.1)
+
+
+def _demo_config(model_root, into):
+    """A folder holding the demo model's config.json (what a profile's key reads of the model)."""
+    import shutil
+
+    from core.reporting import NullReporter
+    from gui.demo import ensure_demo_model
+
+    into.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ensure_demo_model(NullReporter(), model_root) / "config.json", into / "config.json")
+    return into
+
+
+def test_a_profile_measured_on_the_demo_s_agents_is_kept_for_the_next_launch(tmp_path, model_root):
+    from types import SimpleNamespace
+
+    from core.devices.profile_cache import load_cached_profile
+    from core.planning.scenarios import random_problem
+    from gui.demo import DemoSession, demo_emulation, demo_profile_key, profile_cache_dir
+    from gui.studio_state import StudioState
+
+    model_dir = _demo_config(model_root, tmp_path / "root" / "m")
+    demo = DemoSession(StudioState(), workdir=str(tmp_path / "work"), devices=("d0", "d1"),
+                       model_root=str(tmp_path / "root"), profile_options=PROFILE_OPTIONS, train=False)
+    demo.parts.cluster = SimpleNamespace(emulation=demo_emulation(demo.devices, model_dir))
+    key = demo_profile_key(model_dir, demo.devices, demo.parts.cluster.emulation, PROFILE_OPTIONS)
+    measured = random_problem(1, devices=2).profile  # devices d0, d1
+    demo._keep_profile(measured, str(model_dir))
+    assert load_cached_profile(profile_cache_dir(tmp_path / "root"), key).profile == measured
+    demo._keep_profile(random_problem(2, devices=3).profile, str(model_dir))  # not the demo's agents (a Connect)
+    assert load_cached_profile(profile_cache_dir(tmp_path / "root"), key).profile == measured
+
+
+def test_a_profile_kept_from_an_earlier_launch_is_offered_when_ready_saying_when(qtbot, tmp_path, model_root):
+    """The second launch need not profile before it can plan: the kept profile is the studio's,
+    and the Profile screen says when it was measured and that Profile cluster measures again
+    (one click, on agents that imported the model code themselves)."""
+    from PySide6.QtCore import QSettings
+
+    from core.devices.profile_cache import save_cached_profile
+    from core.planning.scenarios import random_problem
+    from core.reporting import NullReporter
+    from gui.demo import DemoSession, demo_emulation, demo_profile_key, ensure_demo_model, profile_cache_dir
+
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
+    devices = ("d0", "d1")
+    model_dir = ensure_demo_model(NullReporter(), model_root)
+    kept = random_problem(1, devices=2).profile
+    key = demo_profile_key(model_dir, devices, demo_emulation(devices, model_dir), PROFILE_OPTIONS)
+    save_cached_profile(profile_cache_dir(model_root), key, kept)
+    studio_app.create_app()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "demo.edgeshard"),
+                       workdir=str(tmp_path / "work"), model_root=str(model_root), devices=devices, train=False,
+                       profile_options=PROFILE_OPTIONS)
+    try:
+        assert window.state.profile is None
+        with qtbot.waitSignal(demo.ready, timeout=120_000):
+            demo.start()
+        assert window.state.profile.times == kept.times and window.state.profile.model == kept.model
+        text = window.screens.profile.workload_label.text()
+        assert "profile from " in text and "Profile cluster re-profiles" in text
+        # nothing to measure first: the agents were forked before the model code was imported (each
+        # imports it in the background), and profiling again works on them
+        assert not demo.parts.cluster._zygote.report["model_code_imported"]
+        assert "each agent imports transformers in the background" in demo.parts.cluster.launch_note
+        with qtbot.waitSignal(window.state.profile_changed, timeout=120_000):
+            window.screens.profile.profile_button.click()
+        assert sorted(t.device for t in window.state.profile.times) == ["d0", "d1"]
+        assert "profile from" not in window.state.profile.notes
+    finally:
+        window.close()
+        demo.stop()
