@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 
@@ -38,18 +37,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgspec  # noqa: E402
 import torch  # noqa: E402
 
-from spatial_partition import LINK_LATENCY_MS, LINK_MBIT, SLOWDOWNS, layer_maps, plan_strips  # noqa: E402
+from spatial_partition import SLOWDOWNS, emulated_cluster, layer_maps, plan_strips  # noqa: E402
 
-from agents.emulation import DeviceEmulation  # noqa: E402
 from agents.spatial import build_network, layer_timing_samples  # noqa: E402
-from core.devices.agent_link import AgentLink  # noqa: E402
-from core.devices.local_cluster import LocalCluster  # noqa: E402
 from core.runs.metrics import duration_s  # noqa: E402
 from core.techniques.spatial.calibration import calibrate  # noqa: E402
 from core.techniques.spatial.cost import group_times, tile_seconds  # noqa: E402
 from core.techniques.spatial.partition import fused_plan, per_layer_plan  # noqa: E402
-from core.techniques.spatial.problem import CnnRef, SpatialDevice, SpatialProblem, fit_layer_time_model  # noqa: E402
-from core.techniques.spatial.profiling import profile_device_models  # noqa: E402
+from core.techniques.spatial.problem import CnnRef, SpatialProblem, fit_layer_time_model  # noqa: E402
 from core.techniques.spatial.run import run_spatial  # noqa: E402
 from core.techniques.spatial.simulator import simulate  # noqa: E402
 
@@ -179,64 +174,54 @@ def main() -> int:
     slow = SLOWDOWNS
     order = list(slow)
     images = torch.randn(3, 3, 96, 96, generator=torch.Generator().manual_seed(0))
-    with LocalCluster(tempfile.mkdtemp(prefix="spatial-phases-"), order, link_mbit=LINK_MBIT,
-                      link_latency_ms=LINK_LATENCY_MS,
-                      emulation={d: DeviceEmulation(compute_slowdown=f) for d, f in slow.items()}) as lc:
-        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=60.0, request_timeout_s=300.0) as link:
-            link.wait_ready(timeout_s=60)
-            link.sync_clocks()
-            models = profile_device_models(link, order, sizes=[16, 32, 48, 64], channels=[32, 64], repeats=3)
-            devices = tuple(SpatialDevice(id=d, time=models[d][0], fc_time=models[d][1],
-                                          bandwidth_Bps=LINK_MBIT * 1e6 / 8, latency_s=LINK_LATENCY_MS / 1e3)
-                            for d in order)
-            problem = SpatialProblem(name="emulated-cluster", model=MODEL, devices=devices, gateway="local-0")
-            out["profiled"] = {d: {"gflops": round(1e-9 / m[0].a, 2), "b_ms": ms(m[0].b),
-                                   "w_ms_per_mb": ms(m[0].per_weight_byte * 1e6),
-                                   "m_ms_per_mb": ms(m[0].per_activation_byte * 1e6)} for d, m in models.items()}
+    with emulated_cluster(MODEL, "spatial-phases-") as (link, problem, models):
+        out["profiled"] = {d: {"gflops": round(1e-9 / m[0].a, 2), "b_ms": ms(m[0].b),
+                               "w_ms_per_mb": ms(m[0].per_weight_byte * 1e6),
+                               "m_ms_per_mb": ms(m[0].per_activation_byte * 1e6)} for d, m in models.items()}
 
-            every: dict = defaultdict(list)  # plan -> every run's events, images renumbered
+        every: dict = defaultdict(list)  # plan -> every run's events, images renumbered
 
-            def fastest(plans: dict, best: dict) -> None:
-                for plan in plans.values():
-                    run_spatial(link, problem, plan, images[:1])
-                for _ in range(ROUNDS):
-                    for key, plan in plans.items():
-                        run = run_spatial(link, problem, plan, images)
-                        took = duration_s(run.events, run.tokens)
-                        base = 1000 * len(every[key])
-                        every[key].append([msgspec.structs.replace(e, step=base + e.step) for e in run.events])
-                        if key not in best or took < best[key][1]:
-                            best[key] = (run, took)
+        def fastest(plans: dict, best: dict) -> None:
+            for plan in plans.values():
+                run_spatial(link, problem, plan, images[:1])
+            for _ in range(ROUNDS):
+                for key, plan in plans.items():
+                    run = run_spatial(link, problem, plan, images)
+                    took = duration_s(run.events, run.tokens)
+                    base = 1000 * len(every[key])
+                    every[key].append([msgspec.structs.replace(e, step=base + e.step) for e in run.events])
+                    if key not in best or took < best[key][1]:
+                        best[key] = (run, took)
 
-            probes = {k: per_layer_plan(problem, "even", order[:k]) for k in range(1, 5)}
-            plans = {f"probe/{k}": p for k, p in probes.items()}
-            plans["fused/2"] = fused_plan(problem, order[:2])
-            plans["fused/4"] = fused_plan(problem, order)
-            plans["cbps/4"] = per_layer_plan(problem, "cbps", order)
-            best: dict = {}
-            fastest(plans, best)
-            cal = calibrate(problem, probes[4], best["probe/4"][0].events, best["probe/4"][1],
-                            ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
-                                    for k in range(1, 4)])
-            cp = cal.problem
-            out["calibration"] = {"sharing": [round(x, 3) for x in cal.concurrency_scale],
-                                  "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
-                                  "tile_ms": ms(cal.tile_overhead_s), "worker_ms": ms(cal.worker_overhead_s),
-                                  "latency_ms": {d: ms(v) for d, v in cal.latency_s.items()}}
-            later = {"fused-calibrated/4": fused_plan(cp, order), "cbps-calibrated/4": per_layer_plan(cp, "cbps", order),
-                     "fused/4 again": plans["fused/4"],
-                     "probe/4 again": probes[4]}
-            fastest(later, best)
-            plans.update(later)
-            for key, plan in plans.items():
-                run, took = best[key]
-                calp = simulate(cp, plan, images=3).figures.duration_s
-                row = {"meas_ms": ms(took / 3), "cal_ms": ms(calp / 3), "cal/meas": round(calp / took, 3),
-                       "tiles": len(plan.groups)}
-                if not key.startswith("probe") or key.startswith("probe/4"):
-                    row["phases"] = phases(cp, plan, [e for evs in every[key] for e in evs])
-                out[key] = row
-            out["loadavg_cluster_after"] = open("/proc/loadavg").read().split()[:3]
+        probes = {k: per_layer_plan(problem, "even", order[:k]) for k in range(1, 5)}
+        plans = {f"probe/{k}": p for k, p in probes.items()}
+        plans["fused/2"] = fused_plan(problem, order[:2])
+        plans["fused/4"] = fused_plan(problem, order)
+        plans["cbps/4"] = per_layer_plan(problem, "cbps", order)
+        best: dict = {}
+        fastest(plans, best)
+        cal = calibrate(problem, probes[4], best["probe/4"][0].events, best["probe/4"][1],
+                        ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
+                                for k in range(1, 4)])
+        cp = cal.problem
+        out["calibration"] = {"sharing": [round(x, 3) for x in cal.concurrency_scale],
+                              "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
+                              "tile_ms": ms(cal.tile_overhead_s), "worker_ms": ms(cal.worker_overhead_s),
+                              "latency_ms": {d: ms(v) for d, v in cal.latency_s.items()}}
+        later = {"fused-calibrated/4": fused_plan(cp, order), "cbps-calibrated/4": per_layer_plan(cp, "cbps", order),
+                 "fused/4 again": plans["fused/4"],
+                 "probe/4 again": probes[4]}
+        fastest(later, best)
+        plans.update(later)
+        for key, plan in plans.items():
+            run, took = best[key]
+            calp = simulate(cp, plan, images=3).figures.duration_s
+            row = {"meas_ms": ms(took / 3), "cal_ms": ms(calp / 3), "cal/meas": round(calp / took, 3),
+                   "tiles": len(plan.groups)}
+            if not key.startswith("probe") or key.startswith("probe/4"):
+                row["phases"] = phases(cp, plan, [e for evs in every[key] for e in evs])
+            out[key] = row
+        out["loadavg_cluster_after"] = open("/proc/loadavg").read().split()[:3]
     out["layers_in_process"] = layer_check(problem, {"fused/4": plans["fused/4"],
                                                      "fused-calibrated/4": plans["fused-calibrated/4"],
                                                      "probe/4": probes[4]})

@@ -25,6 +25,7 @@ Run: python bench/spatial_partition.py   (--measured-only: just the cluster part
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -143,6 +144,33 @@ LINK_LATENCY_MS = 0.2
 ROUNDS = 4
 
 
+@contextlib.contextmanager
+def emulated_cluster(model: CnnRef, prefix: str):
+    """The measured benches' cluster: a real agent per ``SLOWDOWNS`` device on this machine
+    (compute slowdown, every data link shaped to ``LINK_MBIT`` / ``LINK_LATENCY_MS``), clocks
+    synced, each device's per-layer and head models profiled through its agent. Yields (the
+    agent link, the problem on the profiled models and nominal links, the fitted models)."""
+    import tempfile
+
+    from agents.emulation import DeviceEmulation
+    from core.devices.agent_link import AgentLink
+    from core.devices.local_cluster import LocalCluster
+    from core.techniques.spatial.profiling import profile_device_models
+
+    order = list(SLOWDOWNS)
+    with LocalCluster(tempfile.mkdtemp(prefix=prefix), order, link_mbit=LINK_MBIT, link_latency_ms=LINK_LATENCY_MS,
+                      emulation={d: DeviceEmulation(compute_slowdown=f) for d, f in SLOWDOWNS.items()}) as lc:
+        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=60.0, request_timeout_s=300.0) as link:
+            link.wait_ready(timeout_s=60)
+            link.sync_clocks()
+            models = profile_device_models(link, order, sizes=[16, 32, 48, 64], channels=[32, 64], repeats=3)
+            devices = tuple(SpatialDevice(id=d, time=models[d][0], fc_time=models[d][1],
+                                          bandwidth_Bps=LINK_MBIT * 1e6 / 8, latency_s=LINK_LATENCY_MS / 1e3)
+                            for d in order)
+            yield link, SpatialProblem(name="emulated-cluster", model=model, devices=devices,
+                                       gateway=order[0]), models
+
+
 def measured_emulated_cluster(images_n: int = 3) -> dict:
     """4 real agents on this machine emulating heterogeneous edge devices (compute slowdowns,
     shaped links on the data plane the strips cross): measured CBPS / BODP / even / fused with 2
@@ -152,15 +180,9 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
     measured round-robin with, and apart from, the runs compared; CBPS and fused are also planned
     on the calibrated models (measured after, with the gateway alone again to show the drift). Every plan is run ROUNDS times round-robin; each figure is its
     fastest run (the load of other work only slows a run)."""
-    import tempfile
-
-    from agents.emulation import DeviceEmulation
-    from core.devices.agent_link import AgentLink
-    from core.devices.local_cluster import LocalCluster
     from core.runs.metrics import duration_s
     from core.techniques.spatial.calibration import calibrate
     from core.techniques.spatial.partition import fused_plan
-    from core.techniques.spatial.profiling import profile_device_models
     from core.techniques.spatial.run import run_spatial
     from core.techniques.spatial.simulator import simulate
 
@@ -172,81 +194,71 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
            "network": model.spec().name, "images": images_n, "measured_s": {}, "speedup": {},
            "predicted_profiled_s": {}, "predicted_calibrated_s": {}, "calibrated_over_measured": {},
            "profiled_over_measured": {}, "max_abs_error": 0.0}
-    with LocalCluster(tempfile.mkdtemp(prefix="spatial-bench-"), list(slow), link_mbit=LINK_MBIT,
-                      link_latency_ms=LINK_LATENCY_MS,
-                      emulation={d: DeviceEmulation(compute_slowdown=f) for d, f in slow.items()}) as lc:
-        with AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=60.0, request_timeout_s=300.0) as link:
-            link.wait_ready(timeout_s=60)
-            link.sync_clocks()
-            models = profile_device_models(link, list(slow), sizes=[16, 32, 48, 64], channels=[32, 64], repeats=3)
-            devices = tuple(SpatialDevice(id=d, time=models[d][0], fc_time=models[d][1],
-                                          bandwidth_Bps=LINK_MBIT * 1e6 / 8, latency_s=LINK_LATENCY_MS / 1e3)
-                            for d in slow)
-            problem = SpatialProblem(name="emulated-cluster", model=model, devices=devices, gateway="local-0")
-            order = list(slow)
+    with emulated_cluster(model, "spatial-bench-") as (link, problem, _):
+        order = list(slow)
 
-            def fastest(runs: dict) -> dict:
-                """Each plan's fastest of ROUNDS runs, round-robin (the load's drift falls on every
-                plan alike; other engineers' load only slows a run), after a warm run each."""
-                best = {}
-                for plan in runs.values():
-                    run_spatial(link, problem, plan, images[:1])  # networks generated, kernels built
-                for _ in range(ROUNDS):
-                    for key, plan in runs.items():
-                        run = run_spatial(link, problem, plan, images)
-                        err = float((torch.tensor(run.scores) - ref).abs().max())
-                        out["max_abs_error"] = max(out["max_abs_error"], err)
-                        took = duration_s(run.events, run.tokens)
-                        if key not in best or took < best[key][1]:
-                            best[key] = (run, took)
-                return best
+        def fastest(runs: dict) -> dict:
+            """Each plan's fastest of ROUNDS runs, round-robin (the load's drift falls on every
+            plan alike; other engineers' load only slows a run), after a warm run each."""
+            best = {}
+            for plan in runs.values():
+                run_spatial(link, problem, plan, images[:1])  # networks generated, kernels built
+            for _ in range(ROUNDS):
+                for key, plan in runs.items():
+                    run = run_spatial(link, problem, plan, images)
+                    err = float((torch.tensor(run.scores) - ref).abs().max())
+                    out["max_abs_error"] = max(out["max_abs_error"], err)
+                    took = duration_s(run.events, run.tokens)
+                    if key not in best or took < best[key][1]:
+                        best[key] = (run, took)
+            return best
 
-            # The calibration probes (even strips over the gateway and 0..3 workers) run round-robin
-            # with the compared plans, as runs of their own: the load of other work drifts by more
-            # than 15 % between minutes here, and probes measured apart from the runs compared
-            # calibrated a different machine than the one measured.
-            probes = {k: per_layer_plan(problem, "even", order[:k]) for k in range(1, len(order) + 1)}
-            plans = {f"probe/{k}": p for k, p in probes.items()}
-            plans["single/1"] = probes[1]
-            for n in (2, 4):
-                for name in ("cbps", "bodp", "even", "fused"):
-                    plans[f"{name}/{n}"] = (fused_plan(problem, order[:n]) if name == "fused"
-                                            else per_layer_plan(problem, name, order[:n]))
-            best = fastest(plans)
-            n_all = len(order)
-            cal = calibrate(problem, probes[n_all], best[f"probe/{n_all}"][0].events, best[f"probe/{n_all}"][1],
-                            ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
-                                    for k in range(1, n_all)])
-            out["calibration"] = {"probes": [f"even/{k}" for k in probes],
-                                  "concurrency_scale": [round(f, 3) for f in cal.concurrency_scale],
-                                  "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
-                                  "head_scale": round(cal.head_scale, 3),
-                                  "latency_ms": {d: round(v * 1e3, 3) for d, v in cal.latency_s.items()},
-                                  "tile_overhead_ms": round(cal.tile_overhead_s * 1e3, 3),
-                                  "worker_overhead_ms": round(cal.worker_overhead_s * 1e3, 3)}
-            for key in list(plans):
-                if key.startswith("probe/"):
-                    del plans[key]
-            planned = {f"{name}-calibrated/4": (fused_plan(cal.problem, order) if name == "fused"
-                                                else per_layer_plan(cal.problem, name, order))
-                       for name in ("cbps", "fused")}  # planned on the calibrated models: measured after
-            planned["single/1 again"] = probes[1]  # how far the load drifted since
-            best.update(fastest(planned))
-            plans.update(planned)
-            for key, plan in plans.items():
-                meas = best[key][1]
-                prof = simulate(problem, plan, images=images_n).figures.duration_s
-                calp = simulate(cal.problem, plan, images=images_n).figures.duration_s
-                out["measured_s"][key] = round(meas / images_n, 4)
-                out["predicted_profiled_s"][key] = round(prof / images_n, 4)
-                out["predicted_calibrated_s"][key] = round(calp / images_n, 4)
-                out["profiled_over_measured"][key] = round(prof / meas, 3)
-                out["calibrated_over_measured"][key] = round(calp / meas, 3)
-            one = out["measured_s"]["single/1"]
-            out["speedup"] = {k: round(one / v, 3) for k, v in out["measured_s"].items()}
-            errs = [abs(v - 1) for k, v in out["calibrated_over_measured"].items() if k != "single/1 again"]
-            out["calibrated_within_15pct"] = sum(e <= 0.15 for e in errs)
-            out["compared"] = len(errs)
+        # The calibration probes (even strips over the gateway and 0..3 workers) run round-robin
+        # with the compared plans, as runs of their own: the load of other work drifts by more
+        # than 15 % between minutes here, and probes measured apart from the runs compared
+        # calibrated a different machine than the one measured.
+        probes = {k: per_layer_plan(problem, "even", order[:k]) for k in range(1, len(order) + 1)}
+        plans = {f"probe/{k}": p for k, p in probes.items()}
+        plans["single/1"] = probes[1]
+        for n in (2, 4):
+            for name in ("cbps", "bodp", "even", "fused"):
+                plans[f"{name}/{n}"] = (fused_plan(problem, order[:n]) if name == "fused"
+                                        else per_layer_plan(problem, name, order[:n]))
+        best = fastest(plans)
+        n_all = len(order)
+        cal = calibrate(problem, probes[n_all], best[f"probe/{n_all}"][0].events, best[f"probe/{n_all}"][1],
+                        ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
+                                for k in range(1, n_all)])
+        out["calibration"] = {"probes": [f"even/{k}" for k in probes],
+                              "concurrency_scale": [round(f, 3) for f in cal.concurrency_scale],
+                              "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
+                              "head_scale": round(cal.head_scale, 3),
+                              "latency_ms": {d: round(v * 1e3, 3) for d, v in cal.latency_s.items()},
+                              "tile_overhead_ms": round(cal.tile_overhead_s * 1e3, 3),
+                              "worker_overhead_ms": round(cal.worker_overhead_s * 1e3, 3)}
+        for key in list(plans):
+            if key.startswith("probe/"):
+                del plans[key]
+        planned = {f"{name}-calibrated/4": (fused_plan(cal.problem, order) if name == "fused"
+                                            else per_layer_plan(cal.problem, name, order))
+                   for name in ("cbps", "fused")}  # planned on the calibrated models: measured after
+        planned["single/1 again"] = probes[1]  # how far the load drifted since
+        best.update(fastest(planned))
+        plans.update(planned)
+        for key, plan in plans.items():
+            meas = best[key][1]
+            prof = simulate(problem, plan, images=images_n).figures.duration_s
+            calp = simulate(cal.problem, plan, images=images_n).figures.duration_s
+            out["measured_s"][key] = round(meas / images_n, 4)
+            out["predicted_profiled_s"][key] = round(prof / images_n, 4)
+            out["predicted_calibrated_s"][key] = round(calp / images_n, 4)
+            out["profiled_over_measured"][key] = round(prof / meas, 3)
+            out["calibrated_over_measured"][key] = round(calp / meas, 3)
+        one = out["measured_s"]["single/1"]
+        out["speedup"] = {k: round(one / v, 3) for k, v in out["measured_s"].items()}
+        errs = [abs(v - 1) for k, v in out["calibrated_over_measured"].items() if k != "single/1 again"]
+        out["calibrated_within_15pct"] = sum(e <= 0.15 for e in errs)
+        out["compared"] = len(errs)
     return out
 
 

@@ -8,14 +8,18 @@
 - ``fused``: beyond the paper: consecutive layers fused into one tile (halos recomputed inside,
   one scatter/gather per tile), boundaries chosen by dynamic programming over the cost model,
   CBPS widths within each tile; and the device count chosen by the cost model.
-Every one is a pure function of the problem.
+Every one is a pure function of the problem. BODP, CBPS and fused never give a device a strip
+narrower than ``min_strip_width`` (0 or at least that many columns: ``without_slivers``); ``even``
+stays even.
 """
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 
-from agents.spatial import CnnSpec
+from agents.spatial import CnnSpec, Layer
 from core.techniques.spatial.cost import evaluate, group_times, tile_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
 
@@ -33,12 +37,78 @@ def proportional(total: int, weights: Sequence[float]) -> Widths:
     return tuple(out)
 
 
+MIN_CONV_STRIP_COLUMNS = 2
+"""No device computes fewer output columns of a convolution (or residual block) than this, unless
+none. Measured on one thread through the strip path (``compute_strip``, VGG16 96², channels / 2,
+docs/spatial.md *Narrow strips*): a 1-column strip took 82–98 % of a 2-column one's time, and
+162–167 % on the 256-channel 6×6 maps (0.80 ms against 0.49) — half the work for little or no time
+saved — and 1.13–2.06× what the per-layer time model predicts on the 24-, 12- and 6-column maps,
+whose terms (FLOPs, weight bytes, activation bytes) cannot see a strip's column count; 2-column
+strips there came within 0.90–1.15× of it. CBPS's W_step moves can leave such slivers, e.g. 1
+column of each 256-channel 6×6 conv to an 8× slower gateway."""
+
+
+def min_strip_width(layers: Sequence[Layer], conv_columns: int = MIN_CONV_STRIP_COLUMNS) -> int:
+    """The fewest output columns of a group's last layer a device may compute (or 0): enough that
+    every convolution and residual block of the group computes at least ``conv_columns`` columns;
+    at most the map's width. Walking back through a group a strip never narrows (a conv reads its
+    output columns plus halo, a pool twice its output columns), so the last conv or residual
+    block decides: ``conv_columns`` halved for every pool after it in the group; a group of pools
+    alone has no minimum (1)."""
+    need = float(conv_columns)
+    for layer in reversed(layers):
+        if layer.kind != "pool":
+            return max(1, min(math.ceil(need), layers[-1].w_out))
+        need /= 2
+    return 1
+
+
+def without_slivers(widths: Sequence[int], minimum: int, score: Callable[[Widths], float]) -> Widths:
+    """``widths`` (the same total) with every strip 0 or at least ``minimum`` columns. While a
+    strip is narrower (a sliver; the leftmost first), either its columns go to another device's
+    non-empty strip or it is topped up to ``minimum`` from a strip that stays 0 or at least
+    ``minimum`` — whichever ``score`` (lower is better; ties: the first found) likes best. Strips
+    are consecutive column ranges, so moving columns between two devices shifts the strips between
+    them without changing their widths. Widths with no sliver come back unchanged."""
+    ws = tuple(widths)
+    minimum = min(minimum, sum(ws))
+    while True:
+        i = next((k for k, w in enumerate(ws) if 0 < w < minimum), None)
+        if i is None:
+            return ws
+        short = minimum - ws[i]
+        options = []
+        for j, w in enumerate(ws):
+            if j == i:
+                continue
+            if w:
+                options.append(_moved(ws, i, j, ws[i]))
+            if w - short == 0 or w - short >= minimum:
+                options.append(_moved(ws, j, i, short))
+        ws = min(options, key=score)
+
+
+def _moved(widths: Widths, src: int, dst: int, n: int) -> Widths:
+    out = list(widths)
+    out[src] -= n
+    out[dst] += n
+    return tuple(out)
+
+
 def even_widths(problem, spec, start, end, devices) -> Widths:
     return proportional(spec.layers[end - 1].w_out, [1.0] * len(devices))
 
 
-def bodp_widths(problem, spec, start, end, devices) -> Widths:
+def _compute_shares(problem, spec, end, devices) -> Widths:
     return proportional(spec.layers[end - 1].w_out, [1.0 / problem.device(d).time.a for d in devices])
+
+
+def bodp_widths(problem, spec, start, end, devices) -> Widths:
+    """Strips in proportion to compute speed; a sliver goes where the slowest compute-only time
+    (columns × a) is least."""
+    a = [problem.device(d).time.a for d in devices]
+    return without_slivers(_compute_shares(problem, spec, end, devices), min_strip_width(spec.layers[start:end]),
+                           lambda ws: max(w * x for w, x in zip(ws, a)))
 
 
 def _group_span(problem, spec, start, end, devices, widths) -> float:
@@ -50,10 +120,19 @@ def cbps_widths(problem, spec, start, end, devices, *, step: int = 1, threshold:
     """EdgeMI's CBPS for one group: compute-proportional start, then ``step`` columns at a time
     move from the slowest device (compute + its transfers) to the one that would be fastest
     with them, until the spread T_max − T_min is under ``threshold``·T_max; the best widths seen
-    are kept (a move can overshoot when a per-call or per-message constant dominates)."""
+    are kept (a move can overshoot when a per-call or per-message constant dominates), each seen
+    without its slivers (``without_slivers`` by the group's time: no strip narrower than
+    ``min_strip_width``), BODP's widths among them."""
     layers_w = spec.layers[end - 1].w_out
-    widths = list(bodp_widths(problem, spec, start, end, devices))
-    best = (_group_span(problem, spec, start, end, devices, widths), tuple(widths))
+    minimum = min_strip_width(spec.layers[start:end])
+
+    def span(ws) -> float:
+        return _group_span(problem, spec, start, end, devices, ws)
+
+    widths = list(_compute_shares(problem, spec, end, devices))
+    best = min(((span(ws), ws) for ws in (without_slivers(widths, minimum, span),
+                                           bodp_widths(problem, spec, start, end, devices))),
+               key=lambda c: c[0])
     for _ in range(layers_w * len(devices)):
         times = [t.total_s for t in group_times(problem, spec, start, end, devices, widths)]
         busy = [t for t, w in zip(times, widths) if w]
@@ -73,9 +152,9 @@ def cbps_widths(problem, spec, start, end, devices, *, step: int = 1, threshold:
             break
         widths[slow] -= moved
         widths[to] += moved
-        span = _group_span(problem, spec, start, end, devices, widths)
-        if span < best[0]:
-            best = (span, tuple(widths))
+        seen = without_slivers(widths, minimum, span)
+        if (t := span(seen)) < best[0]:
+            best = (t, seen)
     return best[1]
 
 

@@ -7,11 +7,14 @@ import itertools
 import pytest
 
 from core.techniques.spatial.cost import evaluate, group_times, single_device_seconds
+from agents.spatial import Layer
 from core.techniques.spatial.partition import (
-    bodp_widths, cbps_widths, device_count_choices, even_widths, fused_plan, per_layer_plan, proportional,
-    with_best_device_count,
+    bodp_widths, cbps_widths, device_count_choices, even_widths, fused_plan, min_strip_width, per_layer_plan,
+    proportional, with_best_device_count, without_slivers,
 )
-from core.techniques.spatial.problem import SpatialInputError, SpatialPlan, fit_time_model
+from core.techniques.spatial.problem import (
+    CnnRef, SpatialDevice, SpatialInputError, SpatialPlan, SpatialProblem, TimeModel, fit_time_model,
+)
 from tests.techniques.spatial.conftest import make_problem
 
 
@@ -48,8 +51,9 @@ def test_cbps_is_no_slower_than_bodp_or_even_and_near_the_brute_force_optimum(ba
     devs = ["d0", "d1", "d2"]
     for s in range(len(spec.layers)):
         w = spec.layers[s].w_out
-        best = min(_span(p, spec, s, s + 1, devs, (a, b, w - a - b))
-                   for a in range(w + 1) for b in range(w + 1 - a))
+        k = min_strip_width(spec.layers[s:s + 1])
+        splits = [(a, b, w - a - b) for a in range(w + 1) for b in range(w + 1 - a)]
+        best = min(_span(p, spec, s, s + 1, devs, ws) for ws in splits if all(x == 0 or x >= k for x in ws))
         cbps = _span(p, spec, s, s + 1, devs, cbps_widths(p, spec, s, s + 1, devs))
         assert cbps <= _span(p, spec, s, s + 1, devs, bodp_widths(p, spec, s, s + 1, devs)) + 1e-12
         assert cbps <= _span(p, spec, s, s + 1, devs, even_widths(p, spec, s, s + 1, devs)) + 1e-12
@@ -61,6 +65,44 @@ def test_cbps_gives_a_slow_link_fewer_columns_than_bodp():
     spec = p.model.spec()
     cbps = cbps_widths(p, spec, 0, 1, ["d0", "d1"])
     assert bodp_widths(p, spec, 0, 1, ["d0", "d1"]) == (16, 16) and cbps[1] < 16
+
+
+def test_a_strip_must_give_every_convolution_two_columns_wherever_a_group_ends():
+    conv, pool = Layer("conv", 8, 8, 12, 12), Layer("pool", 8, 8, 12, 12)
+    assert min_strip_width([conv]) == 2 and min_strip_width([conv, conv]) == 2
+    assert min_strip_width([conv, pool]) == 1  # 1 pooled column is 2 conv columns
+    assert min_strip_width([pool]) == 1 and min_strip_width([Layer("conv", 8, 8, 12, 1)]) == 1
+
+
+def test_a_sliver_is_topped_up_or_given_away_as_the_score_prefers():
+    widest = lambda ws: max(ws)  # noqa: E731
+    assert without_slivers((1, 5, 6), 2, widest) == (2, 5, 5)  # topped up from the widest strip
+    assert without_slivers((1, 2, 3), 2, lambda ws: ws[0]) == (0, 3, 3)  # given away
+    assert without_slivers((1, 1, 4), 2, widest) == (2, 2, 2)  # two slivers, the leftmost first
+    assert without_slivers((3, 0, 5), 2, widest) == (3, 0, 5)
+    assert without_slivers((1, 0), 2, widest) == (1, 0)  # a map narrower than the minimum
+
+
+def _cluster_shaped(slowdowns, network="vgg16") -> SpatialProblem:
+    """bench/spatial_partition.py's emulated cluster, on a per-layer model with weight and activation
+    terms (the numbers of one profile on one thread): old CBPS gave its 8× gateway 1 column of the
+    256-channel 6×6 convs, and BODP and fused left 1-column strips too."""
+    devices = tuple(SpatialDevice(id=f"d{i}", time=TimeModel(a=1.04e-11 * f, b=4.5e-5 * f, per_weight_byte=1.14e-10 * f,
+                                                              per_activation_byte=9.7e-11 * f),
+                                  bandwidth_Bps=1000e6 / 8, latency_s=1e-3) for i, f in enumerate(slowdowns))
+    return SpatialProblem(name="cluster", model=CnnRef(network=network, image=96, width_div=2, classes=10),
+                          devices=devices, gateway="d0")
+
+
+@pytest.mark.parametrize("slowdowns,network", [((8.0, 3.0, 4.0, 6.0), "vgg16"), ((8.0, 3.0, 6.0), "resnet-style")])
+def test_no_partitioner_but_even_leaves_a_strip_narrower_than_its_minimum(slowdowns, network):
+    p = _cluster_shaped(slowdowns, network)
+    layers = p.model.spec().layers
+    for plan in (per_layer_plan(p, "cbps"), per_layer_plan(p, "bodp"), fused_plan(p)):
+        for (start, end), ws in zip(plan.groups, plan.widths):
+            k = min_strip_width(layers[start:end])
+            assert all(w == 0 or w >= k for w in ws), (plan.strategy, start, end, ws)
+    assert all(max(ws) - min(ws) <= 1 for ws in per_layer_plan(p, "even").widths)  # even stays even
 
 
 def test_fused_tiles_are_the_best_of_every_segmentation():
