@@ -49,7 +49,11 @@ DEMO_DEVICES = ("edge-a", "edge-b", "edge-c")
 DEMO_LINK_LATENCY_MS = 2.0
 DEMO_MODEL_NAME = "demo-llama"
 DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3)
-DEMO_PROMPTS = ("The secret of life is", "A wise man once said")
+DEMO_PROMPTS = ("The secret of life is", "You will")
+"""Openings of the quotations it learnt ("You will" opens 77 of them, the third most common). At 713
+training steps, greedy with DEMO_REPETITION_PENALTY: "The secret of life is to be." and "You will be
+a man of the world."; the earlier "A wise man once said" gave ", and a good thing as if you can't get
+out of them." (bench/demo_text.py prints these)."""
 DEMO_REPETITION_PENALTY = 1.3
 """The Run screen's repetition penalty in the demo (HF's; the Run screen's default is off): the
 small demo model's greedy text loops without one ("not the man who -- not the man who")."""
@@ -396,6 +400,9 @@ class DemoSession(QObject):
         self.trainer.status_reported.connect(lambda _t, s: self.state.log(f"demo model: {s}"))
         self.trainer.progress_reported.connect(self._on_training_progress)
         self.training_bar = None
+        self._steps_before_training = 0
+        """The cached model's steps when the current training round started (a round that added
+        none does not start another)."""
 
     # lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -520,7 +527,10 @@ class DemoSession(QObject):
 
     # the trained model -----------------------------------------------------------------------
     def _start_training(self, resume: bool = False) -> None:
-        if self.window is not None:
+        from core.models.training import trained_steps
+
+        self._steps_before_training = trained_steps(trained_model_dir(self.model_root)) if resume else 0
+        if self.window is not None and self.training_bar is None:
             from PySide6.QtWidgets import QProgressBar
 
             bar = self.training_bar = QProgressBar()
@@ -529,7 +539,16 @@ class DemoSession(QObject):
             bar.setToolTip("The demo model is being trained on English quotations in a separate process")
             bar.setMaximumWidth(240)
             self.window.statusBar().addPermanentWidget(bar)
+        if self.training_bar is not None:
+            # "0%" from the start of each round: a bar without a value is blank, and the tokenizer and
+            # the first steps took ~50 s on a busy machine before the first progress report
+            self.training_bar.setRange(0, 1000)
+            self.training_bar.setValue(0)
         self.trainer.start(train_demo_model, self.model_root, resume)
+
+    def _continue_training(self) -> None:
+        if not self._stopped:
+            self._start_training(resume=True)
 
     def _on_training_progress(self, _task: int, done: float, total: float) -> None:
         if self.training_bar is not None and total > 0:
@@ -543,13 +562,27 @@ class DemoSession(QObject):
             self.training_bar = None
 
     def _on_training_finished(self, _task: int, path) -> None:
-        self._drop_training_bar()
+        from core.models.training import trained_steps
+
         self.parts.model_dir = Path(path)
         self.state.set_model(DEMO_MODEL_NAME, path=str(path))
         if self.window is not None:
             self.window.screens.run.model_edit.setText(str(path))
-        self.state.log(f"demo model: trained ({path}); the next run uses it — same units, the profile and plan "
-                       "still hold")
+        steps = trained_steps(path)
+        if self.train and not self._stopped and self._steps_before_training < steps < DEMO_ENOUGH_STEPS:
+            # a busy machine ended the round short: training goes on now, while the studio is open (not
+            # only at the next launch), and each round's better model is used by the next run
+            self.state.log(f"demo model: trained for {steps} of {DEMO_ENOUGH_STEPS} steps so far (the machine is "
+                           "busy), so its text is still rough; the next run uses it, and training continues",
+                           "warning")
+            self.trained.emit(str(path))
+            from PySide6.QtCore import QTimer
+
+            QTimer.singleShot(0, self._continue_training)  # after the runner has finished this round
+            return
+        self._drop_training_bar()
+        self.state.log(f"demo model: trained ({path}, {steps} steps); the next run uses it — same units, the "
+                       "profile and plan still hold")
         self.trained.emit(str(path))
 
     def _on_training_failed(self, _task: int, message: str) -> None:

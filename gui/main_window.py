@@ -256,8 +256,8 @@ class MainWindow(QMainWindow):
                      "Compare every strategy")
         r = mb.addMenu("&Run")
         run = self.screens.run
-        self._action(r, "Start", lambda: (self.show_screen(run), run.start_run()), None,
-                     "Run the model over the cluster with the current plan (Ctrl+Return on the Run screen)")
+        self._action(r, "Start", lambda: (self.show_screen(run), run.start_run()), "Ctrl+Return",
+                     "Run the model over the cluster with the current plan (from any screen: shows the Run screen)")
         self._action(r, "Stop", lambda: (self.show_screen(run), run.stop_run()), None,
                      "Stop the run in progress (Esc on the Run screen)")
         h = mb.addMenu("&Help")

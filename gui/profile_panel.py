@@ -241,6 +241,9 @@ class ProfilePanel(QWidget):
         for plot in (decode, prefill):
             plot.setLabel("bottom", "unit")
             plot.setLabel("left", "ms")
+            # the values are ms already: pyqtgraph's SI prefix turned the demo's 0.2-0.8 ms into
+            # ticks 200-800 labelled "ms (x0.001)"
+            plot.getAxis("left").enableAutoSIPrefix(False)
             plot.showGrid(x=False, y=True, alpha=0.25)
             plot.setMenuEnabled(False)
         dlegend = decode.addLegend(offset=(10, 10))

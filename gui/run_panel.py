@@ -283,7 +283,8 @@ class RunPanel(QWidget):
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_run)
         say_why_disabled({self.stop_button: "no run in progress"})
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.start_run)
+        # Ctrl+Return is the window's Run ▸ Start (from any screen); a second shortcut here would make
+        # both ambiguous, and neither would fire
         QShortcut(QKeySequence("Escape"), self, activated=self.stop_run)
 
         self.status_label = QLabel("Ready.")
@@ -442,6 +443,7 @@ class RunPanel(QWidget):
         """End a run: ``text`` on the status line, ``log`` (default ``text``) in the log."""
         self.bridge.flush()
         self.monitor.flush()
+        self.monitor.timeline.show_whole_run()
         self._set_running(False)
         self.last_outcome = outcome
         if self.state is not None:

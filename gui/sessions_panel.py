@@ -482,6 +482,8 @@ class SessionsPanel(QWidget):
         self._reset_monitor()
         self._deliver(self.replay.delivered())
         self.monitor.flush()
+        if self.replay.finished:
+            self.monitor.timeline.show_whole_run()
         self._set_scrubber(self.replay.position_s)
 
     def _on_play_button_toggled(self, on: bool) -> None:
@@ -518,6 +520,7 @@ class SessionsPanel(QWidget):
         if self.replay.finished:
             self._pause()
             self.monitor.flush()
+            self.monitor.timeline.show_whole_run()
             self._set_scrubber(self.replay.duration_s)
             self.replay_finished.emit()
 

@@ -25,7 +25,7 @@ import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
 from PySide6.QtCore import QEvent, QLineF, QPointF, QRect, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor, QCursor, QPainter, QPalette, QPen
+from PySide6.QtGui import QBrush, QColor, QCursor, QFontMetrics, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QGridLayout, QLabel, QPushButton, QToolTip,
                                QVBoxLayout, QWidget)
 
@@ -52,6 +52,10 @@ LEGEND_TERMS = (("▨", "prefill"), ("■", "decode"), ("<span style='color:gray
 """The legend's entries after the micro-batch colours: (symbol as rich text, words)."""
 LEGEND_TOOLTIP = "Colour = micro-batch; hatched = prefill; thin lower box = transfer; grey = waiting for input"
 LEGEND_CHIPS = 6
+LANE_AXIS_MIN_WIDTH = 40
+LANE_AXIS_MAX_WIDTH = 240
+"""The lane-label column is as wide as its longest label plus LANE_AXIS_MARGIN (tick and gap), within these."""
+LANE_AXIS_MARGIN = 16
 """Micro-batch colours named one by one up to this many; more are one row of chips and a range."""
 
 # Vertical bands inside a lane of height 1 (lane i spans [i, i+1), y grows downwards).
@@ -773,7 +777,6 @@ class TimelineView(QWidget):
         plot.setMouseEnabled(x=True, y=False)
         plot.invertY(True)
         plot.setLabel("bottom", "time", units="s")
-        plot.getAxis("left").setWidth(120)
         plot.showGrid(x=True, y=False, alpha=0.25)
         # major ticks only: every grid line is a full-height line redrawn on each pan
         plot.getAxis("bottom").setStyle(maxTickLevel=0)
@@ -959,6 +962,13 @@ class TimelineView(QWidget):
     def show_predicted(self, on: bool) -> None:
         self.predicted_check.setChecked(on)
 
+    def show_whole_run(self) -> None:
+        """A live run ended: if the view was following it, show all of it. Following keeps a window
+        as wide as the prediction shown before the run, so the start of a longer run (its prefill)
+        was left scrolled out of view; a range the operator chose is kept."""
+        if self._follow_live and self.measured_item.max_end() > 0:
+            self.fit_all()
+
     def fit_all(self) -> None:
         end = max(self.measured_item.max_end(), self.predicted_item.max_end(), 1e-3)
         self._set_x_range(0.0, end * 1.02)
@@ -1064,7 +1074,13 @@ class TimelineView(QWidget):
         n = max(1, len(self._lanes))
         ticks = [[(i + 0.5, self._lane_label(i, name)) for i, name in enumerate(self._lanes)], []]
         plot = self.measured_plot
-        plot.getAxis("left").setTicks(ticks)
+        axis = plot.getAxis("left")
+        axis.setTicks(ticks)
+        # as wide as the longest lane label: a fixed 120 px left the boxes ~145 px of a 1024x700
+        # Run screen's timeline for labels like "edge-a" (~45 px), and clipped longer ones
+        metrics = QFontMetrics(axis.style["tickFont"] or axis.font())
+        widest = max((metrics.horizontalAdvance(label) for _, label in ticks[0]), default=0)
+        axis.setWidth(min(LANE_AXIS_MAX_WIDTH, max(LANE_AXIS_MIN_WIDTH, widest + LANE_AXIS_MARGIN)))
         for item in (self.measured_item, self.predicted_item):
             item.set_lane_count(n)
         vb = plot.getViewBox()

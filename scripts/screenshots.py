@@ -3,10 +3,12 @@ at each window size asked for (default 1024x700 and 1600x1000).
 
     QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshots.py [--no-demo]
 
-With the demo (default) it starts the local demo cluster, profiles it, auto-solves, adopts
-a strategy of three or more stages and runs a real generation before taking the Run,
-Sessions and Cluster-with-plan shots, exactly as a user would through the GUI's own
-actions. ``--no-demo`` uses a synthetic scenario instead (no agents; the Run screen stays
+With the demo (default) it starts the local demo cluster, profiles it, auto-solves (adopting
+a strategy of three or more stages from Compare only where the solved plan has fewer) and
+runs a real generation before taking the Run, Sessions and Cluster-with-plan shots, exactly
+as a user would through the GUI's own actions. The demo model is the one cached in the data
+folder (train it first by running ``edgeshard studio --demo`` once). PNGs are saved small
+(scripts/small_png.py). ``--no-demo`` uses a synthetic scenario instead (no agents; the Run screen stays
 empty). The Experiments screen after a run is scripts/screenshot_experiments.py's.
 """
 
@@ -23,9 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from small_png import save_png  # noqa: E402  (scripts/, beside this file)
+
 OUT = ROOT / "docs" / "screenshots"
-DEMO_RUN_PROMPTS = ("The secret of life is", "A wise man once said", "Love is", "You will")
-"""Openings of the kind the demo model was trained on (quotations), so the shot shows what it writes."""
+DEMO_RUN_PROMPTS = ("The secret of life is", "You will", "Life is", "A wise man once said")
+"""The demo's two prompts and two more openings of the quotations the demo model was trained on ("Life is"
+opens 31 of them), so the shot shows what it writes."""
 
 
 def wait(app, seconds: float, until=None) -> bool:
@@ -58,8 +63,7 @@ def grab(app, window, name: str) -> Path:
     pix = screen.grabWindow(window.winId()) if os.environ.get("QT_QPA_PLATFORM") == "xcb" else window.grab()
     if pix.isNull() or pix.width() < 10:
         pix = window.grab()
-    path = OUT / f"{name}.png"
-    pix.save(str(path), "PNG")
+    path = save_png(pix, OUT / f"{name}.png")
     print(f"wrote {path.relative_to(ROOT)} ({pix.width()}x{pix.height()})")
     return path
 
@@ -142,9 +146,10 @@ def main() -> int:
         shoot(app, window, "plan")
         plan.compare()
         wait(app, 60, lambda: not plan._solve_runner.is_busy())
-        # adopt a multi-stage strategy, so the strip and the run show a real pipeline
+        # the run shows a real pipeline: the auto-solved plan (the demo's devices need all three), or
+        # else (the synthetic scenario) a strategy of three or more stages adopted from Compare
         multi = [i for i, r in enumerate(plan.comparison) if r.plan is not None and r.status in ("optimal", "ok") and len(r.plan.stages) > 2]
-        if multi:
+        if multi and len(window.state.plan.stages) < 3:
             plan.adopt(multi[0])
         shoot(app, window, "plan-compare")
         print("plan: " + " | ".join(f"{st.device} units {st.start}-{st.end - 1}" for st in window.state.plan.stages))

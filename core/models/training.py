@@ -19,7 +19,10 @@ model within the budget. Measured on the demo recipe (6 layers, hidden 128, voca
 as "Love is the best policy." and "You will be successful."; a larger model (hidden 192) gets
 ~490 steps in the same time and loops ("a man who has been a man who has been ..."). On a
 2-core machine at load ~15 the same budget gave 7 steps (two torch threads starved): the
-checkpoint is still written, decayed, but reads as fragments.
+checkpoint is still written, decayed, but reads as fragments. On a 2-core machine shared with
+other work (niced, as the studio runs it): 34 steps at load 5-6 (answers "."), 356 at load 2-4;
+after 494 steps in all "The secret of life is to be." and "You will be a good for you." (loss
+4.63 on the text), after 713 "You will be a man of the world." (loss 3.85; bench/demo_text.py).
 
 ``train_in_subprocess`` runs it in a child process (``python -m core.models.training``) so
 a GUI stays live and the work can be cancelled; the child reports progress as lines on
@@ -214,9 +217,10 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         opt.step()
         loss_value = float(loss.detach())
         done = step + 1
+        # the bar moves every step (a busy machine takes seconds per step), the log every 10 steps
+        shown = max(done, schedule_progress(done, settings, time.perf_counter() - started) * settings.steps)
+        reporter.progress(min(shown, settings.steps), settings.steps)
         if done % 10 == 0 or done == settings.steps:
-            shown = max(done, schedule_progress(done, settings, time.perf_counter() - started) * settings.steps)
-            reporter.progress(min(shown, settings.steps), settings.steps)
             reporter.status(f"step {done}/{settings.steps}, loss {loss_value:.2f}")
     model.eval()
     dtype = getattr(torch, r.dtype)

@@ -255,6 +255,7 @@ def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_a
 
     # full priority: niced, the child can starve for minutes on a loaded test machine
     monkeypatch.setattr(demo_module, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16, niceness=0))
+    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 6)  # one round is enough
     root = tmp_path / "models"
     with _started_demo_with_log(qtbot, tmp_path, root) as (window, demo, logged):
         assert window.state.model_path == str(root / "demo-llama")  # at once, with the untrained model
@@ -369,6 +370,7 @@ def test_a_trained_model_cut_short_by_a_busy_machine_is_used_and_its_training_co
     root = tmp_path / "models"
     cached = train_model(demo_module.demo_recipe(), fortune_lines()[:300], demo_module.trained_model_dir(root),
                          settings=short)
+    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 6)  # the one round continued from the 3 steps is enough
     assert demo_module.needs_more_training(root)
     monkeypatch.setattr(demo_module, "DEMO_TRAINING", short)
     with _started_demo_with_log(qtbot, tmp_path, root) as (window, demo, logged):
@@ -454,5 +456,107 @@ def test_a_profile_kept_from_an_earlier_launch_is_offered_when_ready_saying_when
         assert sorted(t.device for t in window.state.profile.times) == ["d0", "d1"]
         assert "profile from" not in window.state.profile.notes
     finally:
+        window.close()
+        demo.stop()
+
+
+def _fake_training(monkeypatch, gains):
+    """``train_demo_model`` replaced by one that adds ``gains[i]`` steps to training.json in round i
+    (no process, no torch); returns the list of each round's ``resume``."""
+    import json
+
+    import gui.demo as demo_module
+    from core.models.training import trained_steps
+
+    rounds: list[bool] = []
+
+    def fake(reporter, root=None, resume=False):
+        out = demo_module.trained_model_dir(root)
+        out.mkdir(parents=True, exist_ok=True)
+        before = trained_steps(out) if resume else 0
+        (out / "training.json").write_text(json.dumps({"steps": before + gains[len(rounds)]}))
+        rounds.append(resume)
+        return out
+
+    monkeypatch.setattr(demo_module, "train_demo_model", fake)
+    return rounds
+
+
+def _demo_without_agents(qtbot, tmp_path):
+    from gui.demo import DemoSession
+
+    studio_app.create_app()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "demo.edgeshard"),
+                       workdir=str(tmp_path / "work"), model_root=str(tmp_path / "models"))
+    logged: list[str] = []
+    window.state.log_added.connect(lambda level, text: logged.append(f"{level}: {text}"))
+    return window, demo, logged
+
+
+def test_a_training_round_cut_short_by_a_busy_machine_goes_on_in_the_same_session_until_enough_steps(
+        qtbot, tmp_path, monkeypatch):
+    """A first launch on a busy machine trained 34 of 500 steps in its budget; the model then
+    answered "." and stayed so until the studio was started again. Now training continues while
+    the studio is open, each round's model used by the next run."""
+    import gui.demo as demo_module
+    from core.models.training import trained_steps
+
+    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 7)
+    rounds = _fake_training(monkeypatch, gains=[3, 3, 3, 3])
+    window, demo, logged = _demo_without_agents(qtbot, tmp_path)
+    trained: list[str] = []
+    demo.trained.connect(trained.append)
+    try:
+        demo._start_training()
+        qtbot.waitUntil(lambda: len(trained) == 3 and not demo.trainer.is_busy(), timeout=10_000)
+        qtbot.wait(50)
+        assert rounds == [False, True, True]  # 3, 6, then 9 >= 7 steps: no fourth round
+        assert trained_steps(demo_module.trained_model_dir(tmp_path / "models")) == 9
+        assert window.state.model_path == trained[-1]
+        assert sum("trained for 3 of 7 steps so far" in line for line in logged) == 1
+        assert demo.training_bar is None
+    finally:
+        window.close()
+        demo.stop()
+
+
+def test_a_training_round_that_added_no_steps_does_not_start_another(qtbot, tmp_path, monkeypatch):
+    import gui.demo as demo_module
+
+    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 500)
+    rounds = _fake_training(monkeypatch, gains=[3, 0, 0])
+    window, demo, _logged = _demo_without_agents(qtbot, tmp_path)
+    try:
+        demo._start_training()
+        qtbot.waitUntil(lambda: len(rounds) == 2 and not demo.trainer.is_busy(), timeout=10_000)
+        qtbot.wait(50)
+        assert rounds == [False, True] and demo.training_bar is None
+    finally:
+        window.close()
+        demo.stop()
+
+
+def test_the_training_bar_reads_0_percent_before_the_first_progress_report(qtbot, tmp_path, monkeypatch):
+    """The tokenizer and the first steps took ~50 s on a busy machine before the first report:
+    the bar was blank meanwhile."""
+    import threading
+
+    import gui.demo as demo_module
+
+    release = threading.Event()
+
+    def slow(reporter, root=None, resume=False):
+        release.wait(10)
+        raise RuntimeError("not trained")
+
+    monkeypatch.setattr(demo_module, "train_demo_model", slow)
+    window, demo, _logged = _demo_without_agents(qtbot, tmp_path)
+    try:
+        demo._start_training()
+        assert demo.training_bar.text() == "training the demo model 0%"
+    finally:
+        release.set()
         window.close()
         demo.stop()

@@ -365,3 +365,19 @@ def test_every_screens_title_starts_at_the_same_place(window, qtbot):
                      if w.property("role") == "title" and w.isVisible())
         lefts[title] = label.mapTo(window, QPoint(0, 0)).x()
     assert len(set(lefts.values())) == 1, lefts
+
+
+def test_ctrl_return_is_run_start_from_any_screen(window, qtbot, monkeypatch):
+    """The README's steps are Ctrl+P, Ctrl+R, Ctrl+Return: after Auto-solve the Plan screen is
+    shown, and Ctrl+Return there did nothing and said nothing (it was the Run screen's own)."""
+    started = []
+    monkeypatch.setattr(window.screens.run, "start_run", lambda: started.append(window.current_screen()))
+    start = next(a for m in window.menuBar().actions() if m.text() == "&Run" for a in m.menu().actions()
+                 if a.text() == "Start")
+    assert start.shortcut().toString() == "Ctrl+Return"
+    window.show_screen(window.screens.plan)
+    qtbot.keyClick(window, Qt.Key_Return, Qt.ControlModifier)
+    assert started == [window.screens.run]
+    window.screens.run.prompts_edit.setFocus()  # on the Run screen too: one shortcut, not two ambiguous ones
+    qtbot.keyClick(window.screens.run.prompts_edit, Qt.Key_Return, Qt.ControlModifier)
+    assert started == [window.screens.run, window.screens.run]

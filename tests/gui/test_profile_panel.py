@@ -108,3 +108,24 @@ def test_while_profiling_the_screen_says_so_not_press_profile_cluster(qtbot):
         release.set()
     assert "tiny-llama" in panel.workload_label.text()
     panel.shutdown()
+
+
+def test_sub_millisecond_unit_times_read_in_ms_without_a_scale_factor(qtbot):
+    """The demo's units take 0.2-0.8 ms: the time axes read "ms (x0.001)" over ticks 200-800."""
+    import msgspec
+
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    profile = make_problem().profile
+    fast = [msgspec.structs.replace(t, decode_s=tuple(tuple(s / 100 for s in row) for row in t.decode_s),
+                                    prefill_s=tuple(tuple(s / 100 for s in row) for row in t.prefill_s))
+            for t in profile.times]
+    state.set_profile(msgspec.structs.replace(profile, times=tuple(fast)))
+    panel.resize(1200, 700)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.grab()  # laid out and painted: the axes have their ranges
+    for col in (0, 1):
+        axis = panel.plots.getItem(0, col).getAxis("left")
+        assert "ms" in axis.labelString() and "x0.001" not in axis.labelString() and axis.autoSIPrefixScale == 1

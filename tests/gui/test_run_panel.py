@@ -515,3 +515,35 @@ def test_the_run_screen_refuses_a_plan_on_an_offline_device_naming_it(qtbot, rea
         panel.start_run()
     assert done.args == ["failed"]
     assert f"{devices[-1]!r}, which is offline" in panel.message.text()
+
+
+def test_a_finished_run_that_the_timeline_followed_is_shown_whole(qtbot, state):
+    """Before a run the view shows the prediction; a run longer than it is followed with a window
+    of that width, and when the run ended its start (the prefill) stayed scrolled out of view (the
+    README's Run picture began at 75 ms)."""
+    _, _, events, tokens = simulated_run(generated_tokens=40, micro_batches=2)
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))
+    panel.max_tokens_spin.setValue(2)  # predicted: 2 tokens; the backend plays a run of 40
+    panel.show()
+    qtbot.waitExposed(panel)
+    timeline = panel.monitor.timeline
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000):
+        panel.start_run()
+    x0, x1 = timeline.x_range()
+    assert x0 <= min(e.start_s for e in events) and x1 >= max(e.end_s for e in events)
+    assert timeline.follow_live()  # still following: the next run is followed too
+    panel.shutdown()
+
+
+def test_a_finished_run_keeps_the_range_the_operator_chose(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=1.0))
+    panel.show()
+    qtbot.waitExposed(panel)
+    timeline = panel.monitor.timeline
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000):
+        panel.start_run()
+        qtbot.wait(50)
+        timeline.set_x_range(0.01, 0.02)  # the operator zooms in while it runs
+    assert timeline.x_range() == pytest.approx((0.01, 0.02))
+    panel.shutdown()

@@ -210,3 +210,31 @@ def test_a_run_recorded_by_edgeshard_run_replays_in_the_sessions_screen(qtbot, t
     assert generated and monitor.text_of(0) == generated
     assert monitor.figures().tokens == 4
     panel.shutdown()
+
+
+def test_a_replay_at_its_end_shows_the_whole_run(qtbot, state):
+    """The run's prediction (shown before it) was shorter than the run, so following it scrolled
+    and the replay's end left the run's start out of view (the README's Sessions picture)."""
+    _, _, events, tokens = simulated_run(generated_tokens=40, micro_batches=2)
+    live = RunPanel(state, PacedBackend(events, tokens, speed=8.0))
+    qtbot.addWidget(live)
+    live.prompts_edit.setPlainText("first prompt\nsecond prompt")
+    live.max_tokens_spin.setValue(2)  # predicted: 2 tokens; the backend plays a run of 40
+    ids = []
+    live.run_recorded.connect(lambda s, r: ids.append(r))
+    with qtbot.waitSignal(live.run_finished, timeout=20_000):
+        live.start_run()
+    assert live.shutdown()
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, ids[0])
+    first, last = min(e.start_s for e in events), max(e.end_s for e in events)
+    panel.seek(1e6)  # scrubbed to the end
+    x0, x1 = panel.monitor.timeline.x_range()
+    assert x0 <= first and x1 >= last
+    panel.seek(0.0)
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=20_000):  # played to the end
+        panel.play()
+    x0, x1 = panel.monitor.timeline.x_range()
+    assert x0 <= first and x1 >= last
+    panel.shutdown()

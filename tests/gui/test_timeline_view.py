@@ -340,3 +340,29 @@ def test_a_replay_stacks_a_batched_decode_as_the_live_stream_did(qtbot):
     replay.append_events(events)
     replay.flush()
     assert live.measured_item.slots.rows.tolist() == replay.measured_item.slots.rows.tolist() == [0, 0, 1, 1, 0]
+
+
+def _lane_axis_fits(qtbot, view: TimelineView) -> tuple[float, float]:
+    """(width of the lane-label column once laid out, width of its longest label's text)."""
+    from PySide6.QtGui import QFontMetrics
+
+    qtbot.wait(50)  # the plot's layout applies the axis width
+    axis = view.measured_plot.getAxis("left")
+    metrics = QFontMetrics(axis.style["tickFont"] or axis.font())
+    labels = [label for _, label in axis._tickLevels[0]]
+    return axis.width(), max(metrics.horizontalAdvance(label) for label in labels)
+
+
+def test_the_lane_label_column_is_as_wide_as_its_labels_so_short_names_leave_the_boxes_room(qtbot, view):
+    """At 1024x700 the Run screen's lane labels ("edge-a", ~45 px) had a fixed 120 px column and the
+    boxes ~145 px."""
+    view.set_lanes(["edge-a", "edge-b", "edge-c"])
+    column, text = _lane_axis_fits(qtbot, view)
+    assert text < column <= text + 24
+
+
+def test_a_long_lane_label_is_not_clipped(qtbot, view):
+    view.set_lanes(["edge-a", "edge-b"])
+    view.set_lane_notes({"edge-b": "memory agent, KV heads 0-3"})
+    column, text = _lane_axis_fits(qtbot, view)
+    assert column > text
