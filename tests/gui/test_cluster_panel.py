@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from core.devices.cluster import Cluster, Device, Link
+from PySide6.QtWidgets import QWidget
+
 from gui.cluster_panel import ClusterPanel, device_compute, link_matrix
 from gui.studio_state import StudioState
 from tests.gui.problems import make_problem
@@ -110,3 +112,22 @@ def test_after_a_run_each_plan_link_also_shows_its_measured_traffic(profiled):
     assert panel.plan_links[("laptop", "server")] == "4.0 KiB/token predicted\n4.0 KiB/token measured"
     sent = sum(e.nbytes for e in run.events if e.kind == "send" and (e.device, e.peer) == ("laptop", "server"))
     assert f"({sent / 1024:.1f} KiB in the last run)" in panel.link_tips[("laptop", "server")]
+
+
+def test_a_hidden_cluster_screen_redraws_when_shown_not_at_each_change(qtbot):
+    """In a shown window with another screen on top, changes only mark the screen stale (the
+    demo's agents attaching changed cluster, profile and plan at once: ~0.2 s a redraw)."""
+    from PySide6.QtWidgets import QStackedWidget
+
+    state = StudioState()
+    stack = QStackedWidget()
+    qtbot.addWidget(stack)
+    other, panel = QWidget(), ClusterPanel(state)
+    stack.addWidget(other)
+    stack.addWidget(panel)
+    stack.show()
+    assert "No cluster yet" in panel.summary.text()
+    state.set_profile(make_problem().profile)
+    assert "No cluster yet" in panel.summary.text()  # not drawn while hidden
+    stack.setCurrentWidget(panel)
+    assert panel.summary.text().startswith("3 device(s), 6 directed link(s)")
