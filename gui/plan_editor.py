@@ -90,6 +90,8 @@ class PlanChange(QUndoCommand):
 
 
 STAGE_COLUMNS = ["Stage", "Device", "Units", "Count", "Compute / token", "Transfer out", "Memory vs budget"]
+MEMORY_COLUMN_PADDING = 24
+"""Pixels beside the widest memory bar's text (the bar's frame and margins)."""
 
 
 class PlanEditorPanel(QWidget):
@@ -189,7 +191,12 @@ class PlanEditorPanel(QWidget):
         self.stage_table.verticalHeader().hide()
         hh = self.stage_table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeToContents)
-        hh.setSectionResizeMode(len(STAGE_COLUMNS) - 1, QHeaderView.Stretch)
+        # the memory bars fill the rest of the width but never shrink below their text (``_fill``
+        # sizes the column): a Stretch column was squeezed to ~40 px at 1024x700 ("3.83 M");
+        # where the table is too narrow it scrolls instead
+        hh.setSectionResizeMode(len(STAGE_COLUMNS) - 1, QHeaderView.Interactive)
+        hh.setStretchLastSection(True)
+        self.stage_table.setHorizontalScrollMode(QAbstractItemView.ScrollPerPixel)
         self.stage_table.horizontalScrollBar().rangeChanged.connect(lambda *_: self._fit_stage_table())
         ll.addWidget(self.stage_table)
         compare = QSplitter(Qt.Horizontal)
@@ -485,6 +492,9 @@ class PlanEditorPanel(QWidget):
                 bar.setValue(0)
                 bar.setFormat("—")
             t.setCellWidget(j, 6, bar)
+        texts = [t.cellWidget(j, 6).text() for j in range(t.rowCount())] + [STAGE_COLUMNS[6]]
+        t.horizontalHeader().resizeSection(6, max(t.fontMetrics().horizontalAdvance(x) for x in texts)
+                                           + MEMORY_COLUMN_PADDING)
         if 0 <= selected < len(plan.stages):
             t.selectRow(selected)
         self._fit_stage_table()

@@ -134,7 +134,9 @@ def main() -> int:
             profile.start_profiling()
             wait(app, 1.5)
             grab(app, window, f"profile-running-{SIZES[-1][0]}x{SIZES[-1][1]}")
-            if not wait(app, 300, lambda: window.state.profile is not None):
+            # until this profiling ends: a profile kept from an earlier launch is set already, and one
+            # landing after Auto-solve made the plan and the comparison stale in the pictures
+            if not wait(app, 300, lambda: not profile.runner.is_busy() and window.state.profile is not None):
                 print("profiling did not finish: " + profile.error.text(), file=sys.stderr)
         for name, screen in (("cluster", window.screens.cluster), ("profile", window.screens.profile),
                              ("experiments", window.screens.experiments)):

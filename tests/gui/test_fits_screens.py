@@ -226,3 +226,22 @@ def test_the_empty_strategy_charts_hint_is_whole_at_1024x700(window, qtbot):
     chart = editor.compare_plot
     hint = chart.mapFromScene(editor.compare_hint.item.sceneBoundingRect()).boundingRect()
     assert chart.viewport().rect().contains(hint)
+
+
+def test_the_plan_tables_memory_bars_show_their_whole_text_at_1024x700(window, qtbot):
+    """At 1024x700 the stage table's last column, "Memory vs budget", was squeezed to ~40 px: its
+    bars read "3.83 M" and the header "y vs". It keeps the width of its text and the table scrolls."""
+    from core.planning.plan import plan_from_boundaries
+
+    problem = make_problem()
+    window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
+    model = problem.profile.model
+    window.state.set_plan(plan_from_boundaries(model.name, model.num_units, ["phone", "laptop", "server"], [3, 6]))
+    _show(window, qtbot, 1024, 700)
+    window.show_screen(window.screens.plan)
+    qtbot.wait(50)
+    table = window.screens.plan.view.stage_table
+    assert table.rowCount() == 3
+    for row in range(3):
+        bar = table.cellWidget(row, 6)
+        assert bar.width() >= bar.fontMetrics().horizontalAdvance(bar.text()), bar.text()
