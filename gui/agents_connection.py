@@ -60,9 +60,10 @@ def profile_function(coordinator, state, options: dict, model_name: str = "", on
 
 def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | dict[str, str] = "",
            profile_options: dict | None = None, model_name: str = "", agent_control=None,
-           on_profiled=None) -> None:
+           on_profiled=None, emulated_budgets: dict[str, int] | None = None) -> None:
     """Wire the screens of ``window`` (its typed ``screens``) to ``coordinator``; ``detail`` is
-    one note for every agent or a note per device; ``on_profiled`` as ``profile_function``'s."""
+    one note for every agent or a note per device; ``on_profiled`` as ``profile_function``'s;
+    ``emulated_budgets``: per device, the memory budget its agent emulates (the Memory column's)."""
     screens, state = window.screens, window.state
     devices = screens.devices
     records = []
@@ -75,7 +76,7 @@ def attach(window, coordinator, statuses: dict, *, origin: str, detail: str | di
             id=dev, address=address, status="running", origin=origin,
             ssh=not local, control_address=control, pid=status.pid,  # a local agent has no SSH: show what is real
             arch=platform.machine() if local else "", cores=(os.cpu_count() or 0) if local else 0,
-            memory_bytes=status.memory_bytes,
+            memory_bytes=status.memory_bytes, emulated_budget_bytes=(emulated_budgets or {}).get(dev, 0),
             detail=f"agent {status.agent_version}, pid {status.pid}" + (f", {note}" if note else ""),
         ))
     devices.upsert_many(records)

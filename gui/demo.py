@@ -462,7 +462,7 @@ class DemoSession(QObject):
                          f"{DEMO_LINK_LATENCY_MS:.0f} ms" for d in self.devices}
             attach(
                 self.window, parts.coordinator, parts.statuses or {}, origin="local cluster",
-                detail=detail,
+                detail=detail, emulated_budgets={d: emulation[d].memory_budget_bytes for d in self.devices},
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
                 agent_control=LocalAgentControl(parts), on_profiled=self._keep_profile,
             )

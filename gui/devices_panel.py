@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 from core.devices.registry import (
     DeviceRecord, DeviceRegistry, address_text, record_from_deployment, record_from_discovered,
 )
+from agents.emulation import DeviceEmulation
 from core.reporting import Reporter
 from core.planning.cost import format_bytes
 from gui.app import theme_colors
@@ -60,6 +61,14 @@ class _DiscoveryBridge(QObject):
     """Carries discovery callbacks (zeroconf's thread) to the GUI thread."""
 
     device_seen = Signal(object)
+
+
+def memory_text(record: DeviceRecord) -> str:
+    """What the Memory column shows: the budget an emulating agent enforces (``3.8 MiB budget
+    (emulated)``: the memory the planner may fill there), else the device's memory, else ``—``."""
+    if record.emulated_budget_bytes:
+        return DeviceEmulation(memory_budget_bytes=record.emulated_budget_bytes).describe() + " (emulated)"
+    return format_bytes(record.memory_bytes) if record.memory_bytes else "—"
 
 
 COLUMNS = ["Device", "Address", "Status", "Arch", "Cores", "Memory", "Accelerator", "Found by", "Details"]
@@ -180,7 +189,7 @@ class DevicesPanel(QWidget):
             cells = [
                 rec.id, address_text(rec), rec.status, rec.arch or "—",
                 str(rec.cores) if rec.cores else "—",
-                format_bytes(rec.memory_bytes) if rec.memory_bytes else "—",
+                memory_text(rec),
                 rec.accelerator or "CPU only" if rec.arch else "—", rec.origin, rec.detail,
             ]
             for col, text in enumerate(cells):

@@ -40,9 +40,13 @@ class DeviceRecord:
     """The agent's control endpoint (``host:port``) once the studio is connected to it."""
     pid: int = 0
     """The agent's process id, as it reported it."""
+    emulated_budget_bytes: int = 0
+    """The memory budget the agent emulates and enforces (a demo or ``cluster local`` agent
+    started with one); 0: none, the device's real memory applies."""
 
     def to_device(self) -> Device:
-        return Device(id=self.id, name=self.id, memory_bytes=self.memory_bytes, address=self.address,
+        return Device(id=self.id, name=self.id, memory_bytes=self.emulated_budget_bytes or self.memory_bytes,
+                      address=self.address,
                       ssh_port=self.ssh_port, ssh_user=self.ssh_user, arch=self.arch, cores=self.cores,
                       accelerator=self.accelerator)
 
@@ -90,6 +94,7 @@ def merge_record(old: DeviceRecord | None, new: DeviceRecord) -> DeviceRecord:
         origin=old.origin if old.origin != "mDNS" else new.origin,
         ssh=new.ssh and old.ssh,  # a local agent seen again by mDNS still has no SSH
         control_address=new.control_address or old.control_address, pid=new.pid or old.pid,
+        emulated_budget_bytes=new.emulated_budget_bytes or old.emulated_budget_bytes,
     )
 
 

@@ -12,6 +12,7 @@ from agents.zygote import ForkedAgent
 from core.planning.plan import plan_from_boundaries
 from gui import app as studio_app
 from gui.main_window import MainWindow
+from gui.devices_panel import COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -177,6 +178,8 @@ def test_the_demo_cluster_shards_over_all_three_and_runs_attention_offloading_wi
         devices = window.screens.devices
         records = devices.registry.records
         assert "MiB budget" in records["edge-b"].detail and "slower compute" in records["edge-c"].detail
+        memory = [devices.table.item(r, COLUMNS.index("Memory")).text() for r in range(devices.table.rowCount())]
+        assert all(m.endswith("MiB budget (emulated)") for m in memory), memory  # where memory is shown
         # an agent refuses the whole model (its budget is a share of it), naming itself
         n = 8
         with pytest.raises(ShardOverBudget, match="edge-a"):

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QDialog, QPlainTextEdit
 from core.devices.discovery import AgentAnnouncement, DiscoveredDevice
 from core.reporting import Reporter
 from core.devices.registry import DeviceRecord
-from gui.devices_panel import DevicesPanel
+from gui.devices_panel import COLUMNS, DevicesPanel
 from gui.studio_state import StudioState
 from tests.gui.problems import make_problem
 
@@ -264,3 +264,19 @@ def test_an_agent_deployed_with_a_password_asks_for_it_again(qtbot, real_sshd, t
     assert "rejected password" in panel.error.text() and "Traceback" not in panel.error.text()
     assert "secret" not in (ws / "deployments.json").read_text()
     panel.shutdown()
+
+
+def test_an_emulating_agent_s_memory_column_shows_its_budget(qtbot):
+    """A demo or ``cluster local`` agent emulating a memory budget shows it where memory is
+    shown (it read "—", the budget only in Details), and the planner sees that budget."""
+    panel = DevicesPanel(StudioState())
+    qtbot.addWidget(panel)
+    panel.upsert(DeviceRecord(id="edge-a", address="127.0.0.1", ssh=False, status="running", origin="local cluster",
+                              emulated_budget_bytes=int(3.8 * 2**20)))
+    panel.upsert(DeviceRecord(id="plain", address="127.0.0.1", ssh=False, status="running", origin="local cluster"))
+    memory = COLUMNS.index("Memory")
+    assert row_of(panel, "edge-a")[memory] == "3.8 MiB budget (emulated)"
+    assert row_of(panel, "plain")[memory] == "—"
+    panel.upsert(DeviceRecord(id="edge-a", status="running", detail="seen again"))  # an update keeps the budget
+    assert row_of(panel, "edge-a")[memory] == "3.8 MiB budget (emulated)"
+    assert panel.registry.cluster().device("edge-a").memory_bytes == int(3.8 * 2**20)
