@@ -7,7 +7,7 @@ undoable plan edit. A boundary can never make a stage empty.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QMouseEvent, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
@@ -106,6 +106,51 @@ class UnitStripView(QWidget):
             starts[self._drag_stage] = self._drag_unit
         return starts
 
+    def stage_labels(self) -> list[tuple[QRectF, str, str]]:
+        """Each stage's label above the strip: (where, text shown, full text). Left to right, a
+        label takes the longest of its forms (``2: edge-c  (1)``, ``2: edge-c (1)``, ``2: edge-c``,
+        ``edge-c``, ``2``) that fits between the previous label and the next stage's start, moved
+        left over free space where its own stage is narrower (the last stage of 8 units at
+        1024 px read "2: edge…"); only a label that fits in no form is elided (its full text is
+        then the label's tooltip)."""
+        if not self._plan or not self._model:
+            return []
+        fm = self.fontMetrics()
+        n, gap = self._n(), 8.0
+        starts = self._starts()
+        ends = starts[1:] + [n]
+        out: list[tuple[QRectF, str, str]] = []
+        prev_end = float(MARGIN)
+        for j, (a, b) in enumerate(zip(starts, ends)):
+            dev = self._plan.stages[j].device
+            forms = [f"{j}: {dev}  ({b - a})", f"{j}: {dev} ({b - a})", f"{j}: {dev}", dev, str(j)]
+            x0 = self.unit_x(a) + 2
+            lane_left = prev_end + gap if j else float(MARGIN)
+            lane_right = self.unit_x(b) - 2 if j + 1 < len(starts) else self.width() - float(MARGIN)
+            text, width = "", 0.0
+            for form in forms:
+                w = float(fm.horizontalAdvance(form))
+                if w <= lane_right - lane_left:
+                    text, width = form, w
+                    break
+            if not text:  # no form fits: elide the shortest one that names the device
+                width = max(0.0, lane_right - lane_left)
+                text = fm.elidedText(forms[3], Qt.ElideRight, int(width))
+                width = float(fm.horizontalAdvance(text))
+            left = max(lane_left, min(x0, lane_right - width))
+            out.append((QRectF(left, MARGIN, width + 1, LABEL_H), text, forms[0]))
+            prev_end = left + width
+        return out
+
+    def event(self, ev) -> bool:
+        """Over a shortened stage label, the tooltip is its full text."""
+        if ev.type() == QEvent.ToolTip:
+            for rect, text, full in self.stage_labels():
+                if text != full and rect.contains(QPointF(ev.pos())):
+                    QToolTip.showText(ev.globalPos(), full, self)
+                    return True
+        return super().event(ev)
+
     # painting ---------------------------------------------------------------
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
@@ -132,15 +177,11 @@ class UnitStripView(QWidget):
                 p.setPen(QPen(QColor(c["error"]), 3))
                 p.setBrush(Qt.NoBrush)
                 p.drawRect(QRectF(x0 + 1.5, r.top() + 1.5, x1 - x0 - 3, r.height() - 3))
-            # stage label above
-            dev = self._plan.stages[j].device
+        # stage labels above
+        p.setFont(self.font())
+        for j, (rect, text, _full) in enumerate(self.stage_labels()):
             p.setPen(QColor(c["error"] if j in self._bad_stages else c["text"]))
-            p.setFont(self.font())
-            label = f"{j}: {dev}  ({b - a})"
-            fm = p.fontMetrics()
-            if fm.horizontalAdvance(label) > x1 - x0 - 4:
-                label = fm.elidedText(label, Qt.ElideRight, int(x1 - x0 - 4))
-            p.drawText(QRectF(x0 + 2, MARGIN, x1 - x0 - 4, LABEL_H), Qt.AlignVCenter | Qt.AlignLeft, label)
+            p.drawText(rect, Qt.AlignVCenter | Qt.AlignLeft, text)
         # unit index ticks below
         p.setFont(small)
         p.setPen(QColor(c["muted"]))

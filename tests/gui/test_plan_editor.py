@@ -332,3 +332,29 @@ def test_auto_solve_leaves_offline_devices_out(editor, qtbot):
     assert "server" not in editor.state.plan.devices()
     assert editor.state.plan == solve_min_latency(without_offline(problem, ("server",))).plan
     assert editor.status_card.text() == "all satisfied"
+
+
+@pytest.mark.parametrize("width", [520, 260])
+def test_stage_labels_fit_above_the_strip_without_overlapping(qtbot, width):
+    """The strip is ~520 px wide at 1024x700: the last stage (one unit of ten) read "2: edge…".
+    A label now uses free space beside a narrow stage and, only where even that is too little,
+    a shorter form; the labels never overlap nor leave the strip."""
+    from gui.unit_strip import UnitStripView
+
+    problem = make_problem()
+    strip = UnitStripView()
+    qtbot.addWidget(strip)
+    strip.resize(width, 88)
+    strip.set_plan(problem.profile.model,
+                   plan_from_boundaries("tiny-llama", 10, ["edge-a", "edge-b", "edge-c"], [4, 9]))
+    labels = strip.stage_labels()
+    texts = [text for _rect, text, _full in labels]
+    if width == 520:
+        assert texts == ["0: edge-a  (4)", "1: edge-b  (5)", "2: edge-c  (1)"]
+    else:
+        assert all("edge-" in t and "…" not in t for t in texts), texts  # shorter forms, each naming its device
+    fm = strip.fontMetrics()
+    for (rect, text, _full), (nxt, _t, _f) in zip(labels, labels[1:]):
+        assert rect.right() < nxt.left()
+    for rect, text, _full in labels:
+        assert rect.left() >= 0 and rect.right() <= width and rect.width() >= fm.horizontalAdvance(text)
