@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, Qt
+from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QPolygonF
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
@@ -95,6 +95,79 @@ LINK_LABEL_Z = 5
 PLAN_Z = 3
 """The plan's arrows above the links, below the labels."""
 
+def _rect_hits_circle(rect: QRectF, cx: float, cy: float, r: float) -> bool:
+    nx = min(max(cx, rect.left()), rect.right())
+    ny = min(max(cy, rect.top()), rect.bottom())
+    return (nx - cx) ** 2 + (ny - cy) ** 2 < r * r
+
+
+def _rect_hits_segment(rect: QRectF, a: QPointF, b: QPointF) -> bool:
+    steps = max(2, int(math.hypot(b.x() - a.x(), b.y() - a.y()) / 3))  # every ~3 px
+    return any(rect.contains(QPointF(a.x() + (b.x() - a.x()) * k / steps, a.y() + (b.y() - a.y()) * k / steps))
+               for k in range(steps + 1))
+
+
+def place_labels(labels: list[tuple[float, float, list[QPointF]]], circles: list[tuple[QPointF, float]],
+                 segments: list[tuple[QPointF, QPointF, float]], bounds: QRectF) -> list[QRectF]:
+    """Pick, for each label (width, height, candidate centres in preference order; pixels), the
+    candidate whose rectangle meets the least: outside ``bounds``, another label placed before it,
+    a device's circle (centre, radius) or a drawn line (ends, weight: arrows weigh more than
+    links). Labels are placed in the given order, each seeing the ones placed before it."""
+    placed: list[QRectF] = []
+    for w, h, candidates in labels:
+        best, best_cost = None, math.inf
+        for rank, c in enumerate(candidates):
+            rect = QRectF(c.x() - w / 2, c.y() - h / 2, w, h)
+            cost = (100.0 if not bounds.contains(rect) else 0.0) + 20.0 * sum(rect.intersects(o) for o in placed)
+            cost += 20.0 * sum(_rect_hits_circle(rect, o.x(), o.y(), r) for o, r in circles)
+            if cost + rank * 0.01 >= best_cost:
+                continue
+            cost += sum(weight for a, b, weight in segments if _rect_hits_segment(rect, a, b))  # the slowest test last
+            if cost + rank * 0.01 < best_cost:
+                best, best_cost = rect, cost + rank * 0.01
+            if cost == 0.0:
+                break  # the first free candidate in preference order
+        placed.append(best)
+    return placed
+
+
+def node_label_candidates(centre: QPointF, radius: float, outward: tuple[float, float], w: float,
+                          h: float, pad: float = 4.0) -> list[QPointF]:
+    """Centres for a device's label just outside its circle: away from the ring's centre first
+    (where the links are not), then turning either way round the device."""
+    base = math.atan2(outward[1], outward[0])
+    out = []
+    for turn in (0, 1, -1, 2, -2, 3, -3, 4):
+        a = base + turn * math.pi / 4
+        dx, dy = math.cos(a), math.sin(a)
+        sy = math.copysign(h / 2, dy) if abs(dy) > 0.3 else 0.0
+        if abs(dx) > 0.3:
+            slides = [math.copysign(w / 2, dx)]
+        elif abs(outward[0]) < 0.2 * math.hypot(*outward):  # a device at the ring's top or bottom: centred
+            slides = [-dx * (radius + pad)]
+        else:  # above or below: reaching out of the ring first (its middle is where the links run), then centred
+            slides = [math.copysign(max(0.0, w / 2 - radius), outward[0]) - dx * (radius + pad), 0.0]
+        for sx in slides:
+            out.append(QPointF(centre.x() + dx * (radius + pad) + sx, centre.y() + dy * (radius + pad) + sy))
+    return out
+
+
+def link_label_candidates(a: QPointF, b: QPointF, side: float, w: float, h: float, gap: float = 4.0) -> list[QPointF]:
+    """Centres for a link's label beside the segment a→b: at its middle first, then sliding
+    along it away from the devices' ends, on the ``side`` (+1/-1 of the normal) first."""
+    length = math.hypot(b.x() - a.x(), b.y() - a.y()) or 1.0
+    ux, uy = (b.x() - a.x()) / length, (b.y() - a.y()) / length
+    nx, ny = -uy, ux
+    reach = abs(nx) * w / 2 + abs(ny) * h / 2 + gap  # the label's half extent along the normal
+    out = []
+    for away in (0.0, h * 0.5, h, h * 1.5, h * 2):  # then farther from the line, where the devices' circles end
+        for t in (0.5, 0.42, 0.58, 0.34, 0.66, 0.26, 0.74):
+            for sgn in (side, -side):
+                out.append(QPointF(a.x() + (b.x() - a.x()) * t + nx * (reach + away) * sgn,
+                                   a.y() + (b.y() - a.y()) * t + ny * (reach + away) * sgn))
+    return out
+
+
 class ClusterPanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -144,6 +217,12 @@ class ClusterPanel(QWidget):
         """Device → its stage and units, while the plan is shown."""
         self.plan_links: dict[tuple[str, str], str] = {}
         """(src, dst) → the traffic label of each link the shown plan uses."""
+        self._label_specs: list[tuple] = []
+        """The graph's labels to lay out, each ("node", item, centre, radius px) or ("link", item,
+        a, b, mid of the link) in data coordinates; laid out again whenever the view's scale changes."""
+        self._circles: list[tuple[tuple[float, float], float]] = []
+        self._segments: list[tuple[tuple[float, float], tuple[float, float], float]] = []
+        self.graph.getPlotItem().getViewBox().sigTransformChanged.connect(lambda *_: self.layout_labels())
         self._stale = False
         """A change came while this screen was hidden in a shown window: redraw when shown."""
         state.cluster_changed.connect(lambda _c: self._on_state_changed())
@@ -175,6 +254,7 @@ class ClusterPanel(QWidget):
         self.node_tips.clear()
         self.link_tips.clear()
         self.link_labels.clear()
+        self._label_specs, self._circles, self._segments = [], [], []
         self.placement.clear()
         self.plan_links.clear()
         self.plan_check.setEnabled(self.state.plan is not None)
@@ -198,6 +278,7 @@ class ClusterPanel(QWidget):
         self._draw_graph(cluster, ids, bw, lat, c)
         if plan is not None and self.state.problem is not None:
             self._draw_plan(plan, ids, c)
+        self.layout_labels()
         self._draw_heatmap(0, "Bandwidth (Mbit/s)", ids, bw, "viridis", fmt_mbit)
         self._draw_heatmap(1, "Latency (ms)", ids, lat, "inferno", lambda v: f"{v:.1f} ms")
 
@@ -223,6 +304,7 @@ class ClusterPanel(QWidget):
                 pen = pg.mkPen(QColor(c["muted"]), width=1.5 + 7 * frac)
                 (x0, y0), (x1, y1) = pos[i], pos[j]
                 self.graph.addItem(pg.PlotCurveItem([x0, x1], [y0, y1], pen=pen))
+                self._segments.append(((x0, y0), (x1, y1), 3.0))
                 tip = (f"{ids[i]} → {ids[j]}: {fmt_mbit(ab) if np.isfinite(ab) else 'no link'}, "
                        f"{lat[i, j]:.1f} ms\n{ids[j]} → {ids[i]}: {fmt_mbit(ba) if np.isfinite(ba) else 'no link'}, "
                        f"{lat[j, i]:.1f} ms")
@@ -232,11 +314,12 @@ class ClusterPanel(QWidget):
                 if self._plan_pairs and {ids[i], ids[j]} in self._plan_pairs:
                     continue  # the plan's traffic label takes this link's midpoint (the heatmap has its bandwidth)
                 # a chip of the background colour above the line: a diagonal line no longer strikes through the text
-                label = pg.TextItem(fmt_mbit(best), color=c["muted"], anchor=(0.5, 1.2), fill=pg.mkBrush(c["base"]))
+                label = pg.TextItem(fmt_mbit(best), color=c["muted"], anchor=(0.5, 0.5), fill=pg.mkBrush(c["base"]))
                 label.setZValue(LINK_LABEL_Z)
                 label.setPos((x0 + x1) / 2, (y0 + y1) / 2)
                 self.graph.addItem(label)
                 self.link_labels.append(label)
+                self._label_specs.append(("link", label, (x0, y0), (x1, y1), (0.0, 0.0), False))
         if mids:
             self.graph.addItem(pg.ScatterPlotItem(
                 pos=mids, size=9, brush=pg.mkBrush(c["base"]), pen=pg.mkPen(c["muted"]), data=mid_tips,
@@ -263,13 +346,18 @@ class ClusterPanel(QWidget):
             hoverable=True, tip=lambda x, y, data: data))
         bold = QFont(self.font())
         bold.setBold(True)
-        for (x, y), d in zip(pos, cluster.devices):
+        for (x, y), d, size in zip(pos, cluster.devices, sizes):
             name = d.id + (f"\n{self.placement.get(d.id, 'no stage')}" if self.placement else "")
-            t = pg.TextItem(name, color=c["text"], anchor=(0.5, 0.0))
+            # on a chip of the background colour, placed outside its device away from the links (layout_labels)
+            t = pg.TextItem(name, color=c["text"], anchor=(0.5, 0.5), fill=pg.mkBrush(c["base"]))
             t.setFont(bold)
-            t.setPos(x, y - 0.24)
+            t.setZValue(LINK_LABEL_Z)
+            t.setPos(x, y - 0.24)  # until layout_labels places it
             self.graph.addItem(t)
-        self.graph.setRange(xRange=(-1.5, 1.5), yRange=(-1.5, 1.5), padding=0.05)
+            self._circles.append(((x, y), size / 2 + 1))
+            self._label_specs.insert(0, ("node", t, (x, y), size / 2 + 1))  # devices' labels first: fewest places
+        room = 1.65 if self.placement else 1.5  # the plan's labels are two lines each: more room round the ring
+        self.graph.setRange(xRange=(-1.5, 1.5), yRange=(-room, room), padding=0.05)
         self._node_pos = dict(zip(ids, pos))
 
     def _draw_plan(self, plan, ids, c) -> None:
@@ -292,6 +380,7 @@ class ClusterPanel(QWidget):
             line = pg.PlotCurveItem([ax0, ax1], [ay0, ay1], pen=pg.mkPen(accent, width=3))
             line.setZValue(PLAN_Z)
             self.graph.addItem(line)
+            self._segments.append(((ax0, ay0), (ax1, ay1), 10.0))
             # the head: a triangle in data coordinates (the view's aspect is locked), at the line's end
             ux, uy = (ax1 - ax0) / length, (ay1 - ay0) / length
             px, py = -uy, ux
@@ -307,20 +396,53 @@ class ClusterPanel(QWidget):
             label = pg.TextItem(text, color=c["text"], anchor=(0.5, 0.5),
                                 border=pg.mkPen(accent), fill=pg.mkBrush(c["base"]))
             label.setZValue(LINK_LABEL_Z + 1)
-            # beside the link's midpoint: outside the ring of devices (a ring's labels do not meet
-            # in its centre), or on its arrow's side for a there-and-back pair
-            mx, my = (x0 + x1) / 2, (y0 + y1) / 2
-            out = math.hypot(mx, my)
-            if (dst, src) in predicted or out < 0.2:
-                label.setPos(mx + nx * 2.5, my + ny * 2.5)
-            else:
-                label.setPos(mx + mx / out * 0.25, my + my / out * 0.25)
+            label.setPos((x0 + x1) / 2, (y0 + y1) / 2)  # until layout_labels places it
+            # beside the link, clear of its arrow (``shift`` off the link's line)
+            self._label_specs.insert(len(self._circles), ("link", label, (x0, y0), (x1, y1), (nx, ny),
+                                                          (dst, src) in predicted))
             pair = (src, dst) if (src, dst) in self.link_tips else (dst, src)
             if pair in self.link_tips:
                 run = measured.get((src, dst))
                 self.link_tips[pair] += (f"\nplan: {src} → {dst} " + text.replace("\n", ", ")
                                          + (f" ({fmt_bytes(run.total_bytes)} in the last run)" if run else ""))
             self.graph.addItem(label)
+
+    def layout_labels(self) -> None:
+        """Place the graph's labels (sized in pixels) where they meet no other label, device or
+        line at the view's present scale (``place_labels``): devices first (outside their circle,
+        away from the ring's centre), then the plan's traffic, then the links' bandwidth chips
+        (each beside its link, sliding along it or away from it where that is taken)."""
+        vb = self.graph.getPlotItem().getViewBox()
+        if not self._label_specs or vb.width() < 10:
+            return
+        to_px = vb.mapViewToScene
+        circles = [(to_px(QPointF(*centre)), r) for centre, r in self._circles]
+        segments = [(to_px(QPointF(*a)), to_px(QPointF(*b)), w) for a, b, w in self._segments]
+        ring = to_px(QPointF(0.0, 0.0))
+        labels = []
+        for spec in self._label_specs:
+            box = spec[1].textItem.boundingRect()
+            w, h = box.width() + 2, box.height() + 2
+            if spec[0] == "node":
+                centre = to_px(QPointF(*spec[2]))
+                outward = (centre.x() - ring.x(), centre.y() - ring.y())
+                if math.hypot(*outward) < 1:
+                    outward = (0.0, 1.0)  # a single device: below it
+                labels.append((w, h, node_label_candidates(centre, spec[3], outward, w, h)))
+            else:
+                a, b = to_px(QPointF(*spec[2])), to_px(QPointF(*spec[3]))
+                mid = QPointF((a.x() + b.x()) / 2, (a.y() + b.y()) / 2)
+                shifted = to_px(QPointF((spec[2][0] + spec[3][0]) / 2 + spec[4][0], (spec[2][1] + spec[3][1]) / 2 + spec[4][1]))
+                shift = (shifted.x() - mid.x(), shifted.y() - mid.y())
+                nx, ny = -(b.y() - a.y()), b.x() - a.x()
+                # away from the ring's centre (outside, where the links do not cross), or, for one of
+                # a there-and-back pair of arrows, on its arrow's side of the link
+                ref = shift if spec[5] else (mid.x() - ring.x(), mid.y() - ring.y())
+                side = 1.0 if nx * ref[0] + ny * ref[1] >= 0 else -1.0
+                labels.append((w, h, link_label_candidates(a, b, side, w, h, gap=4.0 + math.hypot(*shift) + 2.0)))
+        rects = place_labels(labels, circles, segments, vb.sceneBoundingRect())
+        for spec, rect in zip(self._label_specs, rects):
+            spec[1].setPos(vb.mapSceneToView(rect.center()))
 
     def _draw_heatmap(self, row: int, title: str, ids, m: np.ndarray, cmap: str, fmt) -> None:
         c = theme_colors()

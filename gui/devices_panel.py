@@ -200,6 +200,8 @@ class DevicesPanel(QWidget):
                     if color:
                         item.setForeground(QColor(color))
                     item.setToolTip(rec.detail or rec.status)
+                if col == len(cells) - 1 and text:
+                    item.setToolTip(text)  # a narrow window elides it
                 if col == len(cells) - 1 and rec.status == "error":
                     item.setForeground(QColor(c["error"]))
                 self.table.setItem(r, col, item)

@@ -131,3 +131,49 @@ def test_a_hidden_cluster_screen_redraws_when_shown_not_at_each_change(qtbot):
     assert "No cluster yet" in panel.summary.text()  # not drawn while hidden
     stack.setCurrentWidget(panel)
     assert panel.summary.text().startswith("3 device(s), 6 directed link(s)")
+
+
+@pytest.mark.parametrize("size", [(860, 470), (1430, 770)])  # the screen's area at 1024x700 and 1600x1000
+def test_with_the_plan_shown_no_label_overlaps_another_a_device_or_an_arrow(profiled, qtbot, size):
+    """Node labels sat below each node, over the arrows and the traffic labels (worst at 1024x700
+    with the plan shown and a run's measured traffic: two-line labels everywhere)."""
+    import pyqtgraph as pg
+    from PySide6.QtCore import QPointF, QRectF
+
+    from core.runs.prediction import predict_run
+    from gui.cluster_panel import PLAN_Z
+
+    state, panel, problem = profiled
+    panel.resize(*size)
+    panel.show()
+    qtbot.waitExposed(panel)
+    plan = _three_stage(problem)
+    state.set_plan(plan)
+    panel.plan_check.setChecked(True)
+    run = predict_run(problem, plan, "no-bubbles", 2, 2, 8).result
+    state.set_last_run(run.events, run.tokens)
+    qtbot.wait(100)
+    vb = panel.graph.getPlotItem().getViewBox()
+    items = panel.graph.getPlotItem().items
+    labels = [i.sceneBoundingRect().adjusted(2, 2, -2, -2) for i in items if isinstance(i, pg.TextItem)]
+    assert len(labels) == 6  # three devices, three plan links
+    nodes = []
+    for item in items:
+        if isinstance(item, pg.ScatterPlotItem) and item.data["size"].max() > 20:  # devices, not link midpoints
+            for spot in item.points():
+                centre, r = vb.mapViewToScene(spot.pos()), spot.size() / 2
+                nodes.append(QRectF(centre.x() - r * 0.7, centre.y() - r * 0.7, r * 1.4, r * 1.4))
+    assert len(nodes) == 3
+    arrows = []
+    for item in items:
+        if isinstance(item, pg.PlotCurveItem) and item.zValue() == PLAN_Z:
+            xs, ys = item.getData()
+            a, b = vb.mapViewToScene(QPointF(xs[0], ys[0])), vb.mapViewToScene(QPointF(xs[1], ys[1]))
+            arrows.append([a + (b - a) * (k / 40) for k in range(41)])
+    assert len(arrows) == 3
+    view = vb.sceneBoundingRect()
+    for k, rect in enumerate(labels):
+        assert view.contains(rect), (k, rect, view)
+        assert not any(rect.intersects(other) for other in labels[k + 1:]), (k, labels)
+        assert not any(rect.intersects(node) for node in nodes), (k, rect, nodes)
+        assert not any(rect.contains(p) for line in arrows for p in line), (k, rect, [(l[0], l[-1]) for l in arrows])
