@@ -75,7 +75,8 @@ def placement_of(plan, problem) -> dict[str, str]:
     """Device → what the plan puts there ("stage 1 · units 4–9"); devices without a stage are absent."""
     out: dict[str, str] = {}
     for j, st in enumerate(plan.stages):
-        text = f"stage {j} · units {st.start}–{st.end - 1}"
+        units = f"unit {st.start}" if st.end - st.start == 1 else f"units {st.start}–{st.end - 1}"
+        text = f"stage {j} · {units}"
         out[st.device] = out[st.device] + "; " + text if st.device in out else text
     return out
 

@@ -177,3 +177,11 @@ def test_with_the_plan_shown_no_label_overlaps_another_a_device_or_an_arrow(prof
         assert not any(rect.intersects(other) for other in labels[k + 1:]), (k, labels)
         assert not any(rect.intersects(node) for node in nodes), (k, rect, nodes)
         assert not any(rect.contains(p) for line in arrows for p in line), (k, rect, [(l[0], l[-1]) for l in arrows])
+
+
+def test_a_one_unit_stage_reads_unit_n_not_a_range_from_n_to_n():
+    from core.planning.plan import ShardPlan, Stage
+    from gui.cluster_panel import placement_of
+
+    plan = ShardPlan(model="m", num_units=4, stages=(Stage(device="a", start=0, end=3), Stage(device="b", start=3, end=4)))
+    assert placement_of(plan, None) == {"a": "stage 0 · units 0–2", "b": "stage 1 · unit 3"}
