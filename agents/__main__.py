@@ -171,8 +171,14 @@ def serve(args: argparse.Namespace) -> int:
                 announcer.close()
             except Exception:
                 pass
-        agent.close()
+        # stopped (SIGTERM, SIGINT, the launcher gone): a work item in flight is abandoned, not
+        # awaited — the process ends right after (``exit_now``), and an agent keeps nothing on disk
+        agent.close(join_s=STOP_GRACE_S)
     return 0
+
+
+STOP_GRACE_S = 0.2
+"""How long a stopped agent lets its threads end on their own before it exits without them."""
 
 
 def _stop_at_stdin_eof(agent) -> None:

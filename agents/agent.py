@@ -352,14 +352,24 @@ class Agent:
         )
         return self
 
-    def close(self) -> None:
+    def close(self, join_s: float = 5.0) -> bool:
+        """Stop the agent's threads, waiting at most ``join_s`` for all of them together (not
+        each); True if they ended. A work item in flight (a profile step, a stage's computation
+        or its emulated slowdown) ends its thread only when it returns: a process being stopped
+        (``agents.__main__``) gives it a short ``join_s`` and exits without it. Threads still
+        running keep their sockets, so the sockets' context is then left to the process's end."""
         self._shutdown.set()
         self._stop_run.set()
         self._work.put(("shutdown", None, None, None))
         self._wake()
+        deadline = time.monotonic() + join_s
         for t in self._threads:
-            t.join(timeout=5)
-        self._threads = []
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = [t for t in self._threads if t.is_alive()]
+        self._threads = left
+        if left:
+            self._log(f"agent {self.device} stopping with {', '.join(t.name for t in left)} still busy")
+            return False
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
@@ -369,6 +379,7 @@ class Agent:
                 os.close(fd)
             except OSError:
                 pass
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until ``close()`` was called (by a signal handler) or ``timeout``."""

@@ -73,6 +73,7 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
     demo.ready.connect(lambda: marks.setdefault("ready", time.time()))  # it may come before the wait below
     marks["window_built"] = time.time()
     from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtGui import QAction
 
     def wait(signal, timeout_s: float) -> None:
         loop = QEventLoop()
@@ -122,19 +123,35 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
     pids = _agent_pids(cluster)
     cpu_at_quit = _cpu_s(pids)
     launched = cluster.launch_note
+    during = _option("--quit-during", "")
+    if during == "profile":  # quit while the agents are being profiled
+        window.screens.profile.profile_button.click()
+        wait(window.state.profile_changed, 1.5)
+    elif during == "run" and window.state.plan is not None:  # quit while a run is generating
+        demo.run_once(window, max_new_tokens=64)
+        wait(window.screens.run.run_finished, 1.5)
+    training = demo.trainer.is_busy()
     if "--trace-quit" in sys.argv:  # where quitting waits: every thread's stack each 0.25 s, to stderr
         import faulthandler
 
+        t_trace = time.time()
+        tick = QTimer()  # a time stamp before each dump (the GUI thread's, so only while it is free)
+        tick.timeout.connect(lambda: print(f"-- t+{time.time() - t_trace:.2f}s", file=sys.stderr, flush=True))
+        tick.start(250)
         faulthandler.dump_traceback_later(0.25, repeat=True)
     t0 = time.time()
-    window.close()  # as the operator closes it; then what `edgeshard studio` does after its event loop
+    # as the operator quits (File > Quit, Ctrl+Q): the window closes, the last window closed ends
+    # the event loop (aboutToQuit: the screens' shutdowns), then what `edgeshard studio` does after it
+    QTimer.singleShot(0, next(a for a in window.findChildren(QAction) if a.text() == "Quit").trigger)
+    app.exec()
+    t_loop = time.time() - t0
     demo.stop()
-    app.processEvents()
     quit_s = time.time() - t0
     alive = [p for p in pids if _alive(p)]
     print(json.dumps({"window_s": round(shown, 2), "ready_s": None if ready is None else round(ready, 2),
                       "profile_s": None if profile_s is None else round(profile_s, 2), "quit_s": round(quit_s, 2),
-                      "agents_left": len(alive), "agents_cpu_at_ready_s": cpu_at_ready,
+                      "agents_left": len(alive), "event_loop_ended_s": round(t_loop, 2),
+                      "quit_during": during or ("training" if training else None), "agents_cpu_at_ready_s": cpu_at_ready,
                       "agents_cpu_at_quit_s": cpu_at_quit, "plan": stages, "launched": launched,
                       "startup": startup, "load": open("/proc/loadavg").read().split()[0], "run": run_s,
                       "closed_at": t0, "pids": pids,
@@ -209,6 +226,8 @@ def _launches(launcher: str | None, tree: str | None = None) -> dict:
 
         env[LAUNCHER_ENV] = launcher
     flags = [f for f in ("--no-profile", "--trace-quit", "--run") if f in sys.argv]
+    if "--quit-during" in sys.argv:
+        flags += ["--quit-during", _option("--quit-during", "")]
     with tempfile.TemporaryDirectory(prefix="demo-bench-") as root:
         env.pop("EDGESHARD_WORKSPACE", None)
         for name in ("CONFIG", "DATA", "CACHE"):  # settings, data and caches never the real HOME's
@@ -224,7 +243,7 @@ def _launches(launcher: str | None, tree: str | None = None) -> dict:
                 got["exit_s"] = round(ended - got.pop("closed_at"), 2)
                 got["agents_left_after_exit"] = sum(_alive(p) for p in got.pop("pids"))
             if "--trace-quit" in sys.argv:
-                got["quit_stacks"] = proc.stderr[-6000:]
+                got["quit_stacks"] = proc.stderr[-12000:]
     return out
 
 

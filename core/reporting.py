@@ -43,14 +43,55 @@ class NullReporter:
         return False
 
 
-class RecordingReporter(NullReporter):
+class CancelFlag:
+    """A cancel that wakes its waiters at once (``wait_unless_cancelled``), so work blocked on
+    a reply (the studio quitting mid-profile) ends when cancelled, not at its next poll."""
+
+    def __init__(self) -> None:
+        self._cancel = threading.Event()
+        self._cancel_lock = threading.Lock()
+        self._wakers: set[threading.Event] = set()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        with self._cancel_lock:
+            for woken in self._wakers:
+                woken.set()
+
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    def _watch(self, woken: threading.Event, on: bool) -> None:
+        with self._cancel_lock:
+            (self._wakers.add if on else self._wakers.discard)(woken)
+        if on and self._cancel.is_set():
+            woken.set()
+
+
+def wait_unless_cancelled(future, reporter: Reporter, timeout_s: float) -> None:
+    """Wait until ``future`` (a ``concurrent.futures.Future``) is done, ``timeout_s`` passed, or
+    ``reporter`` was cancelled: a ``CancelFlag`` reporter wakes this at once, another one is
+    seen at the timeout. The caller checks which it was."""
+    woken = threading.Event()
+    future.add_done_callback(lambda _f: woken.set())
+    watch = getattr(reporter, "_watch", None)
+    if watch is not None:
+        watch(woken, True)
+    try:
+        woken.wait(timeout_s)
+    finally:
+        if watch is not None:
+            watch(woken, False)
+
+
+class RecordingReporter(CancelFlag, NullReporter):
     """Keeps everything it was told (tests); ``cancel()`` makes the work stop."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.statuses: list[str] = []
         self.progresses: list[tuple[float, float]] = []
         self.partials: list[Any] = []
-        self._cancel = threading.Event()
 
     def status(self, text: str) -> None:
         self.statuses.append(text)
@@ -60,12 +101,6 @@ class RecordingReporter(NullReporter):
 
     def partial_result(self, value: Any) -> None:
         self.partials.append(value)
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def cancel_requested(self) -> bool:
-        return self._cancel.is_set()
 
 
 class TerminalReporter(NullReporter):

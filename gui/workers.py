@@ -24,14 +24,14 @@ from typing import Any, Callable
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, Signal
 
 from core.errors import EdgeShardError
-from core.reporting import Cancelled
+from core.reporting import Cancelled, CancelFlag
 
 log = logging.getLogger(__name__)
 
 TaskId = int
 
 
-class QtReporter(QObject):
+class QtReporter(QObject, CancelFlag):
     """A ``core.reporting.Reporter`` that forwards everything through Qt signals.
 
     Safe to call from any thread. ``progress`` is emitted at most every
@@ -43,8 +43,8 @@ class QtReporter(QObject):
     partial_result_reported = Signal(object)
 
     def __init__(self, parent: QObject | None = None, min_progress_interval_s: float = 0.05):
-        super().__init__(parent)
-        self._cancel = threading.Event()
+        QObject.__init__(self, parent)
+        CancelFlag.__init__(self)
         self._min_interval = min_progress_interval_s
         self._last_progress = -1e9
         self._lock = threading.Lock()
@@ -65,13 +65,8 @@ class QtReporter(QObject):
     def partial_result(self, value: Any) -> None:
         self.partial_result_reported.emit(value)
 
-    def cancel_requested(self) -> bool:
-        return self._cancel.is_set()
-
-    # -- GUI side ------------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Ask the work to stop at its next ``cancel_requested()`` check."""
-        self._cancel.set()
+    # -- GUI side: cancel() (CancelFlag) asks the work to stop at its next cancel_requested()
+    # check, and wakes it where it waits on a reply (core.reporting.wait_unless_cancelled)
 
 
 class TaskRunner(QObject):

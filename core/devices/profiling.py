@@ -19,7 +19,6 @@ the first probe of a round, which waits for the connection's handshake, is not c
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import statistics
 import time
 import uuid
@@ -46,7 +45,7 @@ from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
 from core.models.units import model_spec_from_config
 from core.devices.profile import DeviceTimes, Profile, ProfiledWorkload
-from core.reporting import Cancelled, NullReporter, Reporter
+from core.reporting import Cancelled, NullReporter, Reporter, wait_unless_cancelled
 
 _PROFILER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -133,7 +132,8 @@ def _follow_progress(coord, dev: str, fut, rep: Reporter, index: int, count: int
                 rep.progress(index + st.progress, count)
         if poll is None or poll.done():
             poll = coord.request_async(dev, GetStatus())
-        cf.wait([fut], timeout=poll_s)
+        wait_unless_cancelled(fut, rep, poll_s)  # a cancel (the studio quitting) ends the wait at once
+    _check_cancel(rep)
 
 
 PROBE_WIRE_BYTES = 1024

@@ -32,11 +32,13 @@ stdout, which the parent forwards to its reporter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -235,13 +237,37 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         (tmp_out / "training.json").write_text(json.dumps(
             {"text": "Debian fortunes, plain-prose quotations: " + ", ".join(FORTUNE_FILES), "steps": prior_steps + done, "loss": round(loss_value, 3),
              "seconds": round(time.perf_counter() - started, 1), "recipe": r.__dict__}, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp_out, out)
+        with terminate_after():  # a cancel here (the studio quitting) must not leave no checkpoint
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp_out, out)
     finally:
         shutil.rmtree(tmp_out, ignore_errors=True)
     reporter.progress(settings.steps, settings.steps)
     return out
+
+
+@contextlib.contextmanager
+def terminate_after():
+    """A SIGTERM arriving inside this block ends the process right after it, not in it.
+
+    A cancel (``train_in_subprocess``) terminates the training process at once: the step in
+    flight is abandoned, never awaited (the default SIGTERM action ends the process whatever
+    thread, torch's included, is running). Only the checkpoint's replacement (a removal and a
+    rename, milliseconds) is shielded, so the checkpoint kept before stays whole or the new one
+    is in its place. Outside the main thread (tests) the block is not shielded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if got:
+            sys.stdout.flush()
+            os._exit(128 + signal.SIGTERM)
 
 
 def _mkdir(p: Path) -> Path:
@@ -274,7 +300,9 @@ def train_in_subprocess(reporter: Reporter, recipe: ModelRecipe, out_dir: str | 
     def kill_when_cancelled() -> None:  # a cancel (e.g. the studio quitting) must not wait for the next line
         while not ended.wait(0.05):
             if reporter.cancel_requested():
-                proc.kill()
+                # SIGTERM ends the process at once (the step in flight is abandoned), except while it
+                # replaces the checkpoint (``terminate_after``): then right after, never leaving none
+                proc.terminate()
                 return
 
     threading.Thread(target=kill_when_cancelled, name="training-cancel", daemon=True).start()

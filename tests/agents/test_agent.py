@@ -207,3 +207,26 @@ def test_pings_are_answered_within_half_a_second_while_a_slow_shard_load_reports
     finally:
         ctx.destroy(linger=0)
         agent.close()
+
+
+def test_a_stopped_agent_does_not_wait_for_the_work_in_flight(agent):
+    """Stopping (the studio quitting) abandons a step in flight: close returns while the worker
+    is still busy, and the worker ends on its own once its item returns."""
+    import threading
+    from types import SimpleNamespace
+
+    entered, release = threading.Event(), threading.Event()
+
+    def busy_unload():
+        entered.set()
+        release.wait(30)
+
+    agent._unload = busy_unload
+    agent._work.put(("Unload", SimpleNamespace(req=1), None, None))
+    assert entered.wait(30)
+    assert agent.close(join_s=0.0) is False
+    worker = next(t for t in agent._threads if t.name.startswith("agent-worker"))
+    assert worker.is_alive()  # still in its item: close did not wait for it
+    release.set()
+    worker.join(30)
+    assert not worker.is_alive()

@@ -257,3 +257,30 @@ def test_an_unknown_launcher_in_the_environment_is_a_clear_error_not_a_traceback
     err = capsys.readouterr().err
     assert code == 2
     assert "EDGESHARD_AGENT_LAUNCHER" in err and "zygote, popen" in err and "Traceback" not in err
+
+
+def test_stop_signals_every_agent_before_waiting_for_any(tmp_path):
+    """Quitting stops the agents in parallel: one agent slow to end does not delay the signal
+    to the next (each would otherwise add its own stop time)."""
+    from core.devices.local_cluster import LocalCluster, _Proc
+
+    order: list[tuple[str, str]] = []
+
+    class Agent:
+        def __init__(self, name):
+            self.name, self.stdin, self.stdout = name, None, None
+
+        def poll(self):
+            return None
+
+        def terminate(self):
+            order.append(("signalled", self.name))
+
+        def wait(self, timeout=None):
+            order.append(("waited", self.name))
+            return 0
+
+    cluster = LocalCluster(tmp_path, ["a", "b", "c"])
+    cluster._procs = [_Proc(device=n, popen=Agent(n)) for n in ("a", "b", "c")]
+    cluster.stop()
+    assert [kind for kind, _ in order] == ["signalled"] * 3 + ["waited"] * 3

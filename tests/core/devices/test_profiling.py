@@ -181,3 +181,37 @@ def test_latency_probes_are_spaced_for_their_own_sending_time_on_slow_links_only
     assert latency_probe_gap_s(0.5) >= 2 * PROBE_WIRE_BYTES * 8 / 0.5e6
     assert latency_probe_gap_s(50.0) == default
     assert latency_probe_gap_s(0.0) == default
+
+
+def test_a_cancel_ends_the_wait_for_a_profiling_reply_at_once():
+    """Quitting mid-profile: the worker waiting on an agent's reply ends when cancelled, not at
+    its next status poll (the studio joins it while quitting)."""
+    import concurrent.futures as cf
+    import threading
+
+    from agents.protocol import GetStatus
+    from core.devices.profiling import _follow_progress
+    from core.reporting import Cancelled, RecordingReporter
+
+    polled = threading.Event()
+
+    class Coord:
+        def request_async(self, device, msg):
+            assert isinstance(msg, GetStatus)
+            polled.set()
+            return cf.Future()  # never answered
+
+    rep, ended = RecordingReporter(), []
+
+    def follow():
+        try:
+            _follow_progress(Coord(), "dev-a", cf.Future(), rep, 0, 1, timeout_s=3600, poll_s=3600)
+        except Cancelled:
+            ended.append("cancelled")
+
+    worker = threading.Thread(target=follow, daemon=True)
+    worker.start()
+    assert polled.wait(30)  # it is now waiting, with its next poll an hour away
+    rep.cancel()
+    worker.join(60)
+    assert ended == ["cancelled"]

@@ -151,3 +151,45 @@ def test_a_folder_without_a_training_record_counts_no_steps(tmp_path):
     assert trained_steps(tmp_path) == 0
     (tmp_path / "training.json").write_text("{not json")
     assert trained_steps(tmp_path) == 0
+
+
+class _CancelAtFirstStep(RecordingReporter):
+    """Cancels as soon as the training process reports its first step: a step is then in flight."""
+
+    def progress(self, done: float, total: float) -> None:
+        super().progress(done, total)
+        if done > 0:
+            self.cancel()
+
+
+def test_quitting_during_a_resumed_training_cancels_it_and_keeps_the_checkpoint_loadable(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = train_model(TINY, fortune_lines()[:200], tmp_path / "m", RecordingReporter(),
+                      TrainingSettings(steps=4, batch=2, seq_len=16, threads=1))
+    rep = _CancelAtFirstStep()
+    with pytest.raises(Cancelled):
+        train_in_subprocess(rep, TINY, out, TrainingSettings(steps=100_000, batch=2, seq_len=16, threads=1),
+                            resume=True)
+    assert trained_steps(out) == 4  # the abandoned round wrote nothing over it
+    AutoModelForCausalLM.from_pretrained(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no half-written checkpoint left beside it
+
+
+def test_a_terminate_while_the_checkpoint_is_replaced_ends_the_process_right_after_it(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    done = tmp_path / "replaced"
+    code = ("import os, signal, sys; from core.models.training import terminate_after\n"
+            "with terminate_after():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"    open({str(done)!r}, 'w').write('whole')\n"
+            "print('after the block', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.read_text() == "whole"
+    assert "after the block" not in proc.stdout
+    assert proc.returncode == 128 + signal.SIGTERM
