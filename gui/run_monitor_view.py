@@ -84,7 +84,8 @@ class RunMonitorView(QWidget):
         self.rate_plot.setMenuEnabled(False)
         self.rate_plot.hideButtons()
         self.rate_plot.setMouseEnabled(x=False, y=False)
-        self.rate_plot.setLabel("left", "tokens/s")
+        # no left-axis title: the heading above says "Tokens per second", and at 1024x700 the
+        # plot is too short for a vertical "tokens/s" (it was cut to "tokens/")
         self.rate_plot.setLabel("bottom", "time", units="s")
         self.rate_plot.setMinimumHeight(80)  # with three devices' bars the column still fits 1024x700
         self.rate_plot.getAxis("bottom").setStyle(maxTickLevel=0)

@@ -25,3 +25,9 @@ def test_before_a_run_the_rate_plot_shows_0_to_1_with_room_for_the_top_label(qtb
     y0, y1 = monitor.rate_plot.getViewBox().viewRange()[1]
     assert y0 < 0 and y1 > 1  # padded: the labels at 0 and 1 are not cut at the plot's edges
     assert isinstance(monitor.rate_plot.getAxis("left"), SparseAxis)
+
+
+def test_the_rate_plot_has_no_vertical_axis_title_to_cut_the_heading_names_its_unit(qtbot):
+    monitor = RunMonitorView()
+    qtbot.addWidget(monitor)
+    assert monitor.rate_plot.getAxis("left").labelText == ""
