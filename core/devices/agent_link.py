@@ -437,6 +437,19 @@ class AgentLink:
         return profile_outcome(src, reply, LinkResult)
 
 
+HOLDER_POLL_SLACK_S = 0.05
+"""How much two status round trips may disagree with each other on this clock."""
+
+
+def holder_heard_between_polls(silent_s: float, since_last_poll_s: float | None) -> bool:
+    """Whether the coordinator holding an agent was heard between two of our status polls
+    ``since_last_poll_s`` apart (None: this is the first poll): a silent holder's silence grows by
+    at least the time between the polls; one heard meanwhile restarted it below that. (Comparing
+    two sampled silences missed a holder that heartbeats at nearly the polls' own period: the
+    sampled silence crept upward for 20 s before it wrapped.)"""
+    return since_last_poll_s is not None and silent_s + HOLDER_POLL_SLACK_S < since_last_poll_s
+
+
 def refusal(reply: ErrorReply, what: str, device: str) -> RunFailed:
     """The typed error of an agent's ``ErrorReply`` to ``what``: ``AgentBusy`` when it serves other
     work (its message says which and whose), else ``RunFailed`` with the agent's code."""

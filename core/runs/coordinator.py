@@ -52,7 +52,7 @@ from agents.protocol import (
     Unload,
 )
 from agents.transport import CurveKeys
-from core.devices.agent_link import AgentEndpoint, AgentLink
+from core.devices.agent_link import AgentEndpoint, AgentLink, holder_heard_between_polls
 from core.devices.clock_sync import ClockEstimate, to_coordinator_clock
 from core.errors import AgentBusy, FormatError, HelperLost, PlanInvalid, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan, layout_problems
@@ -400,15 +400,17 @@ class Coordinator:
         """Wait until ``device`` no longer runs another coordinator's run (its lease runs out while
         that coordinator is silent); ``AgentBusy`` as soon as that coordinator is heard again."""
         deadline = time.monotonic() + self.request_timeout_s
-        last = None
+        polled = None
         while True:
             st = self.link.status_of([device], 5.0)[device]
+            now = time.monotonic()
             if st.state is not AgentState.RUNNING:
                 return
-            if (last is not None and st.holder_silent_s < last) or time.monotonic() > deadline:
+            if holder_heard_between_polls(st.holder_silent_s, None if polled is None else now - polled) \
+                    or now > deadline:
                 raise AgentBusy(f"busy with {st.activity or 'a run'} for another coordinator that is still "
                                 "connected: stop it there, or wait for it to end", device)
-            last = st.holder_silent_s
+            polled = now
             time.sleep(0.2)
 
     def _await_loads(self, futs: dict[str, cf.Future], timeout_s: float, reporter: Reporter) -> None:

@@ -29,7 +29,7 @@ from agents.protocol import (
     MAX_CONTROL_FRAME, ClassifyImage, ErrorReply, ImageClassified, PeerSpec, SpatialNet, SpatialSetup, StopRun,
     StripTimes, TimelineEvent, TokenEvent,
 )
-from core.devices.agent_link import refusal
+from core.devices.agent_link import holder_heard_between_polls, refusal
 from core.errors import AgentBusy, RunFailed
 from core.reporting import Reporter
 from core.runs.metrics import RunFigures, compute_figures
@@ -143,7 +143,7 @@ def _join(link, device: str, setup: SpatialSetup, fut, timeout_s: float, what: s
     once when that coordinator is heard again (it is alive: not ours to wait out), or after
     ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    last = None
+    polled = None
     first: AgentBusy | None = None
     while True:
         try:
@@ -152,13 +152,14 @@ def _join(link, device: str, setup: SpatialSetup, fut, timeout_s: float, what: s
             first = first or busy  # the work that refused us: what the operator must deal with, even if
             # it changed while we polled (a layers run that ended leaves its loaded stage)
             st = link.status_of([device], 5.0)[device]
-            if st.held_by != "another coordinator" or (last is not None and st.holder_silent_s < last) \
-                    or time.monotonic() > deadline:
+            now = time.monotonic()
+            if st.held_by != "another coordinator" or now > deadline \
+                    or holder_heard_between_polls(st.holder_silent_s, None if polled is None else now - polled):
                 raise first from None
-            last = st.holder_silent_s
+            polled = now
             if reporter is not None:
                 reporter.status(f"{device} serves {st.activity or 'the work'} of a coordinator silent for "
-                                f"{last:.1f} s: waiting for its lease to run out")
+                                f"{st.holder_silent_s:.1f} s: waiting for its lease to run out")
             time.sleep(HOLDER_POLL_S)
             fut = link.request_async(device, setup)
 

@@ -203,3 +203,13 @@ def test_a_profiling_reply_that_does_not_decode_fails_its_request_with_the_reaso
             assert "unit 0" in str(info.value) and link._pending == {}
     finally:
         odd.close()
+
+
+def test_a_holder_heard_between_two_polls_is_told_from_a_silent_one_by_the_time_between_them():
+    from core.devices.agent_link import holder_heard_between_polls
+
+    assert not holder_heard_between_polls(0.15, None)  # the first poll cannot tell
+    # heartbeats and polls both ~0.2 s apart: the sampled silence creeps up (0.15 after 0.10) but a
+    # heartbeat came in between, which comparing the two silences missed
+    assert holder_heard_between_polls(0.15, 0.21)
+    assert not holder_heard_between_polls(0.95 + 0.21, 0.21)  # silent: its silence grew by the interval
