@@ -37,15 +37,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgspec  # noqa: E402
 import torch  # noqa: E402
 
-from spatial_partition import SLOWDOWNS, emulated_cluster, layer_maps, plan_strips  # noqa: E402
+from spatial_partition import (  # noqa: E402
+    SLOWDOWNS, calibrate_from_probes, emulated_cluster, fastest_runs, layer_maps, plan_strips)
 
 from agents.spatial import build_network, layer_timing_samples  # noqa: E402
-from core.runs.metrics import duration_s  # noqa: E402
-from core.techniques.spatial.calibration import calibrate  # noqa: E402
 from core.techniques.spatial.cost import group_times, tile_seconds  # noqa: E402
 from core.techniques.spatial.partition import fused_plan, per_layer_plan  # noqa: E402
 from core.techniques.spatial.problem import CnnRef, SpatialProblem, fit_layer_time_model  # noqa: E402
-from core.techniques.spatial.run import run_spatial  # noqa: E402
 from core.techniques.spatial.simulator import simulate  # noqa: E402
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
@@ -181,17 +179,12 @@ def main() -> int:
 
         every: dict = defaultdict(list)  # plan -> every run's events, images renumbered
 
+        def renumbered(key, run) -> None:
+            base = 1000 * len(every[key])
+            every[key].append([msgspec.structs.replace(e, step=base + e.step) for e in run.events])
+
         def fastest(plans: dict, best: dict) -> None:
-            for plan in plans.values():
-                run_spatial(link, problem, plan, images[:1])
-            for _ in range(ROUNDS):
-                for key, plan in plans.items():
-                    run = run_spatial(link, problem, plan, images)
-                    took = duration_s(run.events, run.tokens)
-                    base = 1000 * len(every[key])
-                    every[key].append([msgspec.structs.replace(e, step=base + e.step) for e in run.events])
-                    if key not in best or took < best[key][1]:
-                        best[key] = (run, took)
+            best.update(fastest_runs(link, problem, plans, images, ROUNDS, on_run=renumbered))
 
         probes = {k: per_layer_plan(problem, "even", order[:k]) for k in range(1, 5)}
         plans = {f"probe/{k}": p for k, p in probes.items()}
@@ -200,9 +193,7 @@ def main() -> int:
         plans["cbps/4"] = per_layer_plan(problem, "cbps", order)
         best: dict = {}
         fastest(plans, best)
-        cal = calibrate(problem, probes[4], best["probe/4"][0].events, best["probe/4"][1],
-                        ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
-                                for k in range(1, 4)])
+        cal = calibrate_from_probes(problem, probes, best)
         cp = cal.problem
         out["calibration"] = {"sharing": [round(x, 3) for x in cal.concurrency_scale],
                               "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from spatial_partition import SLOWDOWNS, emulated_cluster  # noqa: E402
+from spatial_partition import SLOWDOWNS, calibrate_from_probes, emulated_cluster, fastest_runs  # noqa: E402
 
 from agents.spatial import CnnSpec, build_network, compute_strip, layer_timing_samples  # noqa: E402
 from core.techniques.spatial import partition  # noqa: E402
@@ -92,9 +92,6 @@ def slivers(problem, plan) -> int:
 
 
 def cluster() -> dict:
-    from core.runs.metrics import duration_s
-    from core.techniques.spatial.calibration import calibrate
-    from core.techniques.spatial.run import run_spatial
     from core.techniques.spatial.simulator import simulate
 
     order = list(SLOWDOWNS)
@@ -119,21 +116,12 @@ def cluster() -> dict:
         best: dict = {}
 
         def fastest(plans: dict) -> None:
-            for plan in plans.values():
-                run_spatial(link, problem, plan, images[:1])
-            for _ in range(ROUNDS):
-                for key, plan in plans.items():
-                    run = run_spatial(link, problem, plan, images)
-                    took = duration_s(run.events, run.tokens)
-                    if key not in best or took < best[key][1]:
-                        best[key] = (run, took)
+            best.update(fastest_runs(link, problem, plans, images, ROUNDS))
 
         probes = {k: partition.per_layer_plan(problem, "even", order[:k]) for k in range(1, 5)}
         plans = {f"probe/{k}": p for k, p in probes.items()} | pairs(problem, "")
         fastest(plans)
-        cal = calibrate(problem, probes[4], best["probe/4"][0].events, best["probe/4"][1],
-                        ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
-                                for k in range(1, 4)])
+        cal = calibrate_from_probes(problem, probes, best)
         later = pairs(cal.problem, "calibrated ")
         fastest(later)
         plans.update(later)

@@ -171,6 +171,37 @@ def emulated_cluster(model: CnnRef, prefix: str):
                                        gateway=order[0]), models
 
 
+def fastest_runs(link, problem, plans: dict, images, rounds: int = ROUNDS, on_run=None) -> dict:
+    """Each plan's fastest of ``rounds`` runs as {key: (run, seconds)}, round-robin (the load's
+    drift falls on every plan alike; other engineers' load only slows a run), after a warm run
+    each (networks generated, kernels built); ``on_run(key, run)`` sees every timed run."""
+    from core.runs.metrics import duration_s
+    from core.techniques.spatial.run import run_spatial
+
+    best: dict = {}
+    for plan in plans.values():
+        run_spatial(link, problem, plan, images[:1])
+    for _ in range(rounds):
+        for key, plan in plans.items():
+            run = run_spatial(link, problem, plan, images)
+            if on_run is not None:
+                on_run(key, run)
+            took = duration_s(run.events, run.tokens)
+            if key not in best or took < best[key][1]:
+                best[key] = (run, took)
+    return best
+
+
+def calibrate_from_probes(problem, probes: dict, best: dict):
+    """The calibration from the even probes over the gateway and 1..n-1 workers (``probes`` keyed
+    1..n, their fastest runs in ``best`` as ``probe/k``)."""
+    from core.techniques.spatial.calibration import calibrate
+
+    n = max(probes)
+    return calibrate(problem, probes[n], best[f"probe/{n}"][0].events, best[f"probe/{n}"][1],
+                     ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1]) for k in range(1, n)])
+
+
 def measured_emulated_cluster(images_n: int = 3) -> dict:
     """4 real agents on this machine emulating heterogeneous edge devices (compute slowdowns,
     shaped links on the data plane the strips cross): measured CBPS / BODP / even / fused with 2
@@ -180,10 +211,7 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
     measured round-robin with, and apart from, the runs compared; CBPS and fused are also planned
     on the calibrated models (measured after, with the gateway alone again to show the drift). Every plan is run ROUNDS times round-robin; each figure is its
     fastest run (the load of other work only slows a run)."""
-    from core.runs.metrics import duration_s
-    from core.techniques.spatial.calibration import calibrate
     from core.techniques.spatial.partition import fused_plan
-    from core.techniques.spatial.run import run_spatial
     from core.techniques.spatial.simulator import simulate
 
     slow = SLOWDOWNS
@@ -197,21 +225,12 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
     with emulated_cluster(model, "spatial-bench-") as (link, problem, _):
         order = list(slow)
 
+        def check(key, run) -> None:
+            err = float((torch.tensor(run.scores) - ref).abs().max())
+            out["max_abs_error"] = max(out["max_abs_error"], err)
+
         def fastest(runs: dict) -> dict:
-            """Each plan's fastest of ROUNDS runs, round-robin (the load's drift falls on every
-            plan alike; other engineers' load only slows a run), after a warm run each."""
-            best = {}
-            for plan in runs.values():
-                run_spatial(link, problem, plan, images[:1])  # networks generated, kernels built
-            for _ in range(ROUNDS):
-                for key, plan in runs.items():
-                    run = run_spatial(link, problem, plan, images)
-                    err = float((torch.tensor(run.scores) - ref).abs().max())
-                    out["max_abs_error"] = max(out["max_abs_error"], err)
-                    took = duration_s(run.events, run.tokens)
-                    if key not in best or took < best[key][1]:
-                        best[key] = (run, took)
-            return best
+            return fastest_runs(link, problem, runs, images, on_run=check)
 
         # The calibration probes (even strips over the gateway and 0..3 workers) run round-robin
         # with the compared plans, as runs of their own: the load of other work drifts by more
@@ -225,10 +244,7 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
                 plans[f"{name}/{n}"] = (fused_plan(problem, order[:n]) if name == "fused"
                                         else per_layer_plan(problem, name, order[:n]))
         best = fastest(plans)
-        n_all = len(order)
-        cal = calibrate(problem, probes[n_all], best[f"probe/{n_all}"][0].events, best[f"probe/{n_all}"][1],
-                        ladder=[(probes[k], best[f"probe/{k}"][0].events, best[f"probe/{k}"][1])
-                                for k in range(1, n_all)])
+        cal = calibrate_from_probes(problem, probes, best)
         out["calibration"] = {"probes": [f"even/{k}" for k in probes],
                               "concurrency_scale": [round(f, 3) for f in cal.concurrency_scale],
                               "compute_scale": {d: round(v, 3) for d, v in cal.compute_scale.items()},
