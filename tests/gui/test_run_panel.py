@@ -398,31 +398,34 @@ def test_a_finished_run_becomes_the_cluster_screens_measured_traffic(qtbot, stat
     panel.shutdown()
 
 
-def test_the_repetition_penalty_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
+def _recorded_settings_after_a_run(qtbot, state, run_data, set_fields) -> dict:
+    """The settings recorded with a run started after ``set_fields(panel)``."""
     _, _, events, tokens = run_data
     panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
-    assert panel.settings().repetition_penalty == 1.0 and panel.penalty_spin.text() == "off"
-    panel.penalty_spin.setValue(1.25)
+    set_fields(panel)
     with qtbot.waitSignal(panel.run_finished, timeout=10_000):
         panel.start_run()
     panel.shutdown()
     with SessionStore(state.workspace) as store:
         (run,) = store.runs()
-        assert run.settings["repetition_penalty"] == 1.25
+        return run.settings
+
+
+def test_the_repetition_penalty_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
+    def set_fields(panel):
+        assert panel.settings().repetition_penalty == 1.0 and panel.penalty_spin.text() == "off"
+        panel.penalty_spin.setValue(1.25)
+
+    assert _recorded_settings_after_a_run(qtbot, state, run_data, set_fields)["repetition_penalty"] == 1.25
 
 
 def test_the_no_repeat_ngram_size_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
-    _, _, events, tokens = run_data
-    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
-    assert panel.settings().no_repeat_ngram_size == 0 and panel.ngram_spin.text() == "off"
-    assert (panel.ngram_spin.minimum(), panel.ngram_spin.maximum()) == (0, 64)  # GenerationSettings' range
-    panel.ngram_spin.setValue(3)
-    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
-        panel.start_run()
-    panel.shutdown()
-    with SessionStore(state.workspace) as store:
-        (run,) = store.runs()
-        assert run.settings["no_repeat_ngram_size"] == 3
+    def set_fields(panel):
+        assert panel.settings().no_repeat_ngram_size == 0 and panel.ngram_spin.text() == "off"
+        assert (panel.ngram_spin.minimum(), panel.ngram_spin.maximum()) == (0, 64)  # GenerationSettings' range
+        panel.ngram_spin.setValue(3)
+
+    assert _recorded_settings_after_a_run(qtbot, state, run_data, set_fields)["no_repeat_ngram_size"] == 3
 
 
 def test_the_cluster_backend_hands_the_ngram_size_and_the_penalty_to_the_generation(qtbot, state, monkeypatch,

@@ -119,9 +119,9 @@ def test_the_run_screen_runs_staggered_replicas_with_their_lanes_and_the_attenti
     assert replay.shutdown()
 
 
-def test_the_plan_screens_proposed_staggering_is_shown_on_the_run_screen_and_hidden_for_other_plans(
-        qtbot, offload_model, tmp_path):
-    from core.planning.plan import plan_from_boundaries
+def _offload_panel_with_four_agents(qtbot, offload_model, tmp_path):
+    """A Run screen on a one-compute, one-memory attention-offload plan, with four agents
+    connected (room for a second compute replica)."""
 
     class Agents:
         endpoints = ("c0", "c1", "m0", "m1")
@@ -130,6 +130,14 @@ def test_the_plan_screens_proposed_staggering_is_shown_on_the_run_screen_and_hid
         OffloadPlan(compute=("c0",), memory=("m0",), batch=1, in_flight=1), offload_model)
     state, panel = cluster_run_panel(qtbot, None, plan, tmp_path / "ws.sqlite", offload_model, THREE, 3)
     state.set_agents(Agents())
+    return state, panel
+
+
+def test_the_plan_screens_proposed_staggering_is_shown_on_the_run_screen_and_hidden_for_other_plans(
+        qtbot, offload_model, tmp_path):
+    from core.planning.plan import plan_from_boundaries
+
+    state, panel = _offload_panel_with_four_agents(qtbot, offload_model, tmp_path)
     state.propose_run_options({"compute_replicas": 2, "schedule": "fixed"}, 3)
     s = panel.settings()
     assert s.technique_options == {"compute_replicas": 2, "schedule": "fixed"} and s.micro_batches == 3
@@ -143,13 +151,7 @@ def test_the_penalty_and_ngram_fields_are_disabled_saying_why_for_a_staggered_ru
         qtbot, offload_model, tmp_path):
     from gui.widgets import UNAVAILABLE
 
-    class Agents:
-        endpoints = ("c0", "c1", "m0", "m1")
-
-    plan = technique_named("attention-offload").run_plan(
-        OffloadPlan(compute=("c0",), memory=("m0",), batch=1, in_flight=1), offload_model)
-    state, panel = cluster_run_panel(qtbot, None, plan, tmp_path / "ws.sqlite", offload_model, THREE, 3)
-    state.set_agents(Agents())
+    state, panel = _offload_panel_with_four_agents(qtbot, offload_model, tmp_path)
     panel.penalty_spin.setValue(1.3)
     panel.ngram_spin.setValue(3)
     state.propose_run_options({"compute_replicas": 1, "schedule": "rotational"}, 0)  # one replica: it samples as layers do
