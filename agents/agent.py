@@ -46,7 +46,7 @@ import torch
 import zmq
 
 from agents import AGENT_VERSION
-from agents.emulation import DeviceEmulation, ShardOverBudget, compute_began, emulated, end_emulated
+from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for
 from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
@@ -850,7 +850,9 @@ class Agent:
         self._progress = 1.0
         self._state = AgentState.READY
         self._error = ""
-        self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s")
+        huge = int(getattr(executor, "huge_page_bytes", 0))
+        placed = f", weights in huge pages ({huge >> 20} MiB)" if huge else ""
+        self._log(f"loaded units [{msg.start}, {msg.end}) of {msg.model_dir} in {time.perf_counter() - t0:.2f} s{placed}")
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
 
     def _allow_stage_peers(self, msg: LoadShard) -> None:
@@ -871,7 +873,7 @@ class Agent:
             return Ok(req=msg.req, detail="dropped")
         MODEL_CODE_IMPORTED.wait()  # transformers' lazy modules: never import alongside the warm-up thread
         t_start = self.clock()
-        began = compute_began()
+        t0 = time.perf_counter()
         try:
             if store is None:
                 shape = attention_offload.HeadShape.of(msg.model_dir)
@@ -880,7 +882,9 @@ class Agent:
             out = attention_offload.attend_frames(store, msg)
         except Exception as err:  # a bad request: named to the coordinator, the agent stays up
             return ErrorReply(req=msg.req, code="failed", message=f"attention: {type(err).__name__}: {err}")
-        end_emulated(self.emulation.compute_slowdown, began)
+        took = time.perf_counter() - t0
+        if self.emulation.compute_slowdown > 1.0:
+            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
         return HeadsAttended(req=msg.req, shape=tuple(out.shape), data=out.numpy().tobytes(), t_start=t_start,
                              t_end=self.clock())
 
@@ -1062,14 +1066,16 @@ class Agent:
 
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's
-        seed once and kept; the strip's compute is slowed like any on an emulated device (``emulated``)."""
+        seed once and kept; the strip's compute is slowed like a stage's on an emulated device."""
         from agents import spatial
 
         net = self.spatial_network(msg.net)
         t_start = self.clock()
-        with emulated(self.emulation.compute_slowdown):
-            out = spatial.compute_strip(net, msg.start, msg.end, msg.x_lo, msg.lo, msg.hi, msg.shape, msg.data,
-                                        msg.head)
+        t0 = time.perf_counter()
+        out = spatial.compute_strip(net, msg.start, msg.end, msg.x_lo, msg.lo, msg.hi, msg.shape, msg.data, msg.head)
+        took = time.perf_counter() - t0
+        if self.emulation.compute_slowdown > 1.0:
+            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
         shape, data = out
         return StripComputed(req=msg.req, shape=shape, data=data, t_start=t_start, t_end=self.clock())
 

@@ -4,9 +4,9 @@ Units are the planner's: 0 = embedding, 1..L = decoder blocks, L+1 = final norm 
 head; a stage runs ``[start, end)``. The stage builds the transformers 5 modules of its
 units on the meta device (no memory, no random init), then assigns only its own tensors
 read from the checkpoint, so a stage holding a quarter of the blocks holds a quarter of
-their weights. safetensors hands out memory-mapped tensors: pages come in on first use
-and are shared with the page cache (when the stored dtype is the one asked for;
-converting makes an owned copy). Layers get LOCAL indices 0..k-1 (the KV cache is indexed by
+their weights. safetensors hands out memory-mapped tensors; the stage then copies its
+weights once into huge pages where the OS allows (``agents.huge_pages``: a stage idle
+while others compute would otherwise pay for cold 4 KiB page translations on every step). Layers get LOCAL indices 0..k-1 (the KV cache is indexed by
 ``self_attn.layer_idx``), rotary embeddings and masks are computed per stage exactly as
 the HF model computes them for the whole stack, so a chain of stages reproduces the whole
 model's outputs (see ``agents.local_pipeline`` and the tests).
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from agents.huge_pages import place_in_huge_pages
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -96,9 +97,12 @@ class StageExecutor:
 
     def __init__(
         self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
-        progress=None, kv=None,
+        progress=None, kv=None, huge_pages: bool = True,
     ):
         """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it).
+
+        ``huge_pages``: copy the weights into huge pages where the OS allows (``agents.huge_pages``);
+        False keeps them memory-mapped from the checkpoint (benches compare the two).
 
         ``kv`` (``agents.protocol.KvReservation``): allocate the KV cache of ``kv.groups`` micro-batches
         of ``kv.sequences`` sequences up to ``kv.context_tokens`` tokens now (``kv_reserved_bytes``);
@@ -187,6 +191,8 @@ class StageExecutor:
             for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
                 if tensor.is_meta:
                     raise CheckpointError(f"{model_dir}: no weights for {name} of a stage module")
+        self.huge_page_bytes = place_in_huge_pages(self._modules()) if huge_pages else 0
+        """Bytes of weights moved into huge pages at load (0: left memory-mapped; agents.huge_pages)."""
         self._groups: dict[int, _GroupState] = {}
         self._decode_masks = DecodeMasks()
         self._free_slots: list[list] = []
@@ -282,10 +288,9 @@ class StageExecutor:
         total = 0
         for module in self._modules():
             for tensor in module.parameters():
-                key = tensor.untyped_storage().data_ptr()
-                if key not in seen:
-                    seen.add(key)
-                    total += tensor.untyped_storage().nbytes()
+                if tensor.data_ptr() not in seen:
+                    seen.add(tensor.data_ptr())
+                    total += tensor.nbytes
         return total
 
     @torch.inference_mode()

@@ -18,6 +18,7 @@ Usage: python bench/shard_executor.py [--model DIR] [--rounds 5] [--new-tokens 2
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -55,7 +56,10 @@ def hf_run(model, ids, mask, new_tokens):
         return decode_times(step, out.logits[:, -1].argmax(-1, keepdim=True), new_tokens)
 
 
-def chain_run(executors, ids, mask, new_tokens):
+def chain_run(executors, ids, mask, new_tokens, idle_s: float = 0.0):
+    """Decode through ``executors`` in turn; ``idle_s`` > 0: the thread sleeps that long before
+    each stage's step (as a stage process waits while the others compute) and only the
+    computations are timed — what idleness alone costs the next computation."""
     x = ids
     for ex in executors:
         x = ex.prefill(0, x, mask)
@@ -66,7 +70,24 @@ def chain_run(executors, ids, mask, new_tokens):
             y = ex.decode(0, y)
         return y.argmax(-1, keepdim=True)
 
-    times = decode_times(step, x.argmax(-1, keepdim=True), new_tokens)
+    def idle_step(token):
+        y, busy = token, 0.0
+        for ex in executors:
+            time.sleep(idle_s)
+            started = time.perf_counter()
+            y = ex.decode(0, y)
+            busy += time.perf_counter() - started
+        step.busy = busy
+        return y.argmax(-1, keepdim=True)
+
+    if idle_s > 0:
+        times = []
+        token = x.argmax(-1, keepdim=True)
+        for _ in range(new_tokens):
+            token = idle_step(token)
+            times.append(step.busy)
+    else:
+        times = decode_times(step, x.argmax(-1, keepdim=True), new_tokens)
     for ex in executors:
         ex.drop(0)
     return times
@@ -93,22 +114,34 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     units = hf.config.num_hidden_layers + 2
-    whole = StageExecutor(str(model_dir), 0, units)
     bounds = [0] + [1 + round(k * hf.config.num_hidden_layers / 4) for k in range(1, 4)] + [units]
-    four, load_s = [], []
-    for start, end in zip(bounds, bounds[1:]):
-        started = time.perf_counter()
-        four.append(StageExecutor(str(model_dir), start, end))
-        load_s.append(round(time.perf_counter() - started, 3))
+    placements = {"huge": True, "mapped": False}  # weights in huge pages (the default) / left memory-mapped
+    whole, four, load_s = {}, {}, {}
+    for place, huge in placements.items():
+        whole[place] = StageExecutor(str(model_dir), 0, units, huge_pages=huge)
+        four[place], load_s[place] = [], []
+        for start, end in zip(bounds, bounds[1:]):
+            started = time.perf_counter()
+            four[place].append(StageExecutor(str(model_dir), start, end, huge_pages=huge))
+            load_s[place].append(round(time.perf_counter() - started, 3))
 
     ids = torch.randint(3, 1000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
-    runs = {"hf": (lambda: hf_run(hf, ids, mask, args.new_tokens)),
-            "one": (lambda: chain_run([whole], ids, mask, args.new_tokens)),
-            "four": (lambda: chain_run(four, ids, mask, args.new_tokens))}
+    rates: dict[str, list[float]] = {}
+
+    def idle_s() -> float:  # the other three stages' share of a token, as in a real 4-stage run
+        return 0.75 / statistics.median(rates["one"]) if rates.get("one") else 0.03
+
+    runs = {"hf": (lambda: hf_run(hf, ids, mask, args.new_tokens))}
+    for place in placements:
+        suffix = "" if place == "huge" else "_mapped"
+        runs[f"one{suffix}"] = functools.partial(chain_run, [whole[place]], ids, mask, args.new_tokens)
+        runs[f"four{suffix}"] = functools.partial(chain_run, four[place], ids, mask, args.new_tokens)
+        # each stage idle for the other three stages' time before its step
+        runs[f"four_idle{suffix}"] = (lambda p=place: chain_run(four[p], ids, mask, args.new_tokens, idle_s=idle_s()))
+    rates.update({k: [] for k in runs})
     for run in runs.values():  # warm up (page in the memory-mapped weights, allocator, kernels)
         run()
-    rates: dict[str, list[float]] = {k: [] for k in runs}
     gaps: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.rounds):
         for name, run in runs.items():
@@ -134,10 +167,20 @@ def main() -> None:
         "stage_vs_hf_quiet": round(quiet("one") / quiet("hf"), 3),
         "four_stages_vs_one": round(median("four") / median("one"), 3),
         "four_stages_vs_one_quiet": round(quiet("four") / quiet("one"), 3),
+        "four_stages_idle_vs_one": round(median("four_idle") / median("one"), 3),
+        "four_stages_idle_vs_one_quiet": round(quiet("four_idle") / quiet("one"), 3),
+        "idle_between_stage_steps_ms": round(750 / statistics.median(rates["one"]), 1),
+        # the same with the weights left memory-mapped (4 KiB page-cache pages), over the same one stage
+        "mapped_stage_tokens_per_s": round(median("one_mapped"), 2),
+        "mapped_four_stages_vs_one": round(median("four_mapped") / median("one"), 3),
+        "mapped_four_stages_idle_vs_one": round(median("four_idle_mapped") / median("one"), 3),
+        "mapped_four_stages_idle_vs_one_quiet": round(quiet("four_idle_mapped") / quiet("one"), 3),
+        "huge_over_mapped_one_stage": round(median("one") / median("one_mapped"), 3),
+        "huge_page_mb": round(whole["huge"].huge_page_bytes / 2**20, 1),
         "four_stage_units": [[a, b] for a, b in zip(bounds, bounds[1:])],
-        "four_stage_weight_mb": [round(ex.memory_bytes() / 2**20, 1) for ex in four],
+        "four_stage_weight_mb": [round(ex.memory_bytes() / 2**20, 1) for ex in four["huge"]],
         "four_stage_load_s": load_s,
-        "whole_weight_mb": round(whole.memory_bytes() / 2**20, 1),
+        "whole_weight_mb": round(whole["huge"].memory_bytes() / 2**20, 1),
         "loadavg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }))
 
