@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -124,11 +125,23 @@ def hops(events, threads: dict[int, str], order: list[str]):
     return found
 
 
+def require_perf() -> None:
+    """perf and the scheduler tracepoints, or a clear exit (root; tracefs mounted)."""
+    if not Path("/sys/kernel/tracing/events/sched").is_dir():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], capture_output=True)
+    probe = subprocess.run(["perf", "list", "sched:sched_switch"], capture_output=True, text=True) \
+        if shutil.which("perf") else None
+    if probe is None or "sched:sched_switch" not in probe.stdout:
+        raise SystemExit("hop_sched: needs perf with the sched tracepoints: run as root with tracefs mounted "
+                         "(mount -t tracefs nodev /sys/kernel/tracing) and perf installed (apt install linux-perf)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(Path.home() / ".cache" / "edgeshard" / "bench-llama-170m"))
     ap.add_argument("--new-tokens", type=int, default=24)
     args = ap.parse_args()
+    require_perf()
     if not (Path(args.model) / "config.json").exists():
         from core.models.checkpoints import make_benchmark_model
 
@@ -169,7 +182,8 @@ def main() -> None:
         co.run(plan, req)
         time.sleep(0.2)
         perf.send_signal(signal.SIGINT)
-        perf.wait(timeout=60)
+        if perf.wait(timeout=60) not in (0, -signal.SIGINT) or not data.is_file():
+            raise SystemExit(f"hop_sched: perf record failed (exit {perf.returncode}); try it by hand: perf record -a -e sched:sched_switch")
         text = subprocess.run(["perf", "script", "-i", str(data), "-F", "comm,tid,cpu,time,event,trace"],
                               capture_output=True, text=True, check=True).stdout
     events = parse(text)
