@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 
 from gui.app import theme_colors
 from gui.deploy_adapter import CoreDeployFunctions, Credentials, DeployFunctions, HostKeyProbe
-from gui.workers import TaskRunner
+from gui.workers import TaskRunner, shutdown_together
 
 
 COLUMNS = ["Device", "Address", "Step", "Progress", "Details"]
@@ -297,7 +297,4 @@ class DeployDialog(QDialog):
 
     def join_workers(self, timeout_s: float = 30.0) -> bool:
         """Wait for every worker this dialog started (at application exit); True if none is left."""
-        ok = True
-        for runner in self.runners.values():
-            ok = runner.shutdown(timeout_s=timeout_s) and ok
-        return ok
+        return shutdown_together(self.runners.values(), timeout_s)

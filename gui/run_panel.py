@@ -28,7 +28,7 @@ from core.reporting import Cancelled, Reporter
 from gui.event_bridge import EventBridge
 from gui.run_monitor_view import RunMonitorView
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
-from gui.workers import TaskRunner
+from gui.workers import TaskRunner, shutdown_together
 
 MODES = RUN_MODES
 PREDICT_DEBOUNCE_MS = 200
@@ -434,7 +434,7 @@ class RunPanel(QWidget):
         if self.backend is not None and self.runner.is_busy():
             self.backend.stop()
         self._predict_timer.stop()
-        ok = self.predict_runner.shutdown(timeout_s) and self.runner.shutdown(timeout_s)
+        ok = shutdown_together((self.predict_runner, self.runner), timeout_s)
         self.bridge.flush()
         return self.monitor.shutdown(timeout_s) and ok
 

@@ -23,7 +23,7 @@ from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
 from gui.run_comparison import RunComparisonView, load_comparison
 from gui.run_monitor_view import RunMonitorView
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
-from gui.workers import TaskRunner
+from gui.workers import TaskRunner, shutdown_together
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
 SCRUB_STEPS = 1000
@@ -579,4 +579,4 @@ class SessionsPanel(QWidget):
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         self._tick.stop()
         runners = (self.list_runner, self.load_runner, self.export_runner, self.compare_runner)
-        return all([r.shutdown(timeout_s) for r in runners] + [self.monitor.shutdown(timeout_s)])
+        return shutdown_together(runners, timeout_s) and self.monitor.shutdown(timeout_s)

@@ -19,6 +19,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, Signal
@@ -160,15 +161,18 @@ class TaskRunner(QObject):
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         """Cancel and join every thread this runner started; True if all have ended."""
+        return shutdown_together([self], timeout_s)
+
+    def _cancel_all(self) -> None:
         self.cancel()
         for reporter in self._reporters.values():
             reporter.cancel()
-        deadline = time.monotonic() + timeout_s
+
+    def _join_until(self, deadline: float) -> None:
         for thread in list(self._threads.values()):
             thread.join(max(0.0, deadline - time.monotonic()))
         # deliver the ends the workers queued, so a discarded result is released now
         QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
-        return not self.alive_threads()
 
     # -- worker thread -------------------------------------------------------------------
     def _run(self, task_id: TaskId, reporter: QtReporter, fn: Callable[..., Any],
@@ -239,3 +243,17 @@ class TaskRunner(QObject):
     def _on_reporter_partial(self, task_id: int, value: object) -> None:
         if task_id == self._current:
             self.partial_result_reported.emit(task_id, value)
+
+
+def shutdown_together(runners: Iterable[TaskRunner], timeout_s: float = 5.0) -> bool:
+    """Cancel every task of ``runners`` first, then join them all against one deadline; True if
+    every thread ended. A screen with several runners (Sessions has four) then quits within
+    ``timeout_s`` — joined one runner after another, a task still finishing a read held up the
+    next runner's cancel, and each runner could take the whole timeout."""
+    runners = list(runners)
+    for runner in runners:
+        runner._cancel_all()
+    deadline = time.monotonic() + timeout_s
+    for runner in runners:
+        runner._join_until(deadline)
+    return not any(runner.alive_threads() for runner in runners)

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QApplication
 
 from core.errors import PlanInvalid
 from core.reporting import Cancelled
-from gui.workers import QtReporter, TaskRunner
+from gui.workers import QtReporter, TaskRunner, shutdown_together
 
 
 @pytest.fixture
@@ -205,3 +205,39 @@ def test_a_failing_release_is_logged_and_the_runner_goes_on(qtbot, runner, caplo
         runner.start(lambda reporter: "next")
     assert blocker.args[1] == "next" and first != blocker.args[0]
     qtbot.waitUntil(lambda: "releasing the discarded result" in caplog.text, timeout=5000)
+
+
+@pytest.fixture
+def second_runner(qtbot):
+    r = TaskRunner(name="second")
+    yield r
+    assert r.shutdown(5.0), "a task thread is still running"
+
+
+def test_runners_shut_down_together_are_all_cancelled_before_any_is_joined(qtbot, runner, second_runner):
+    """Sessions' four loaders: a task that takes a while to notice its cancel must not hold up
+    the next runner's cancel (joined one after another, each runner could take the timeout)."""
+    first, second = runner, second_runner
+    second_cancelled_while_first_ran = []
+    started = threading.Barrier(3)
+
+    def slow_to_stop(reporter):
+        started.wait(5)
+        while not reporter.cancel_requested():
+            time.sleep(0.01)
+        time.sleep(0.3)  # finishing a read after the cancel
+        second_cancelled_while_first_ran.append(second_reporter[0].cancel_requested())
+
+    second_reporter = []
+
+    def waits_for_cancel(reporter):
+        second_reporter.append(reporter)
+        started.wait(5)
+        while not reporter.cancel_requested():
+            time.sleep(0.01)
+
+    first.start(slow_to_stop)
+    second.start(waits_for_cancel)
+    started.wait(5)
+    assert shutdown_together([first, second], 5.0)
+    assert second_cancelled_while_first_ran == [True]
