@@ -46,7 +46,7 @@ import torch
 import zmq
 
 from agents import AGENT_VERSION
-from agents.emulation import DeviceEmulation, ShardOverBudget
+from agents.emulation import DeviceEmulation, ShardOverBudget, compute_began, emulated, end_emulated
 from agents.executors import executor_factory_for
 from agents.weights import WeightStore, WeightStoreError, default_root
 from agents.schedule import Compute, Receive, Send, SourceState, Step, begin, on_returned, phase_of, step_operations
@@ -873,7 +873,7 @@ class Agent:
             return Ok(req=msg.req, detail="dropped")
         MODEL_CODE_IMPORTED.wait()  # transformers' lazy modules: never import alongside the warm-up thread
         t_start = self.clock()
-        t0 = time.perf_counter()
+        began = compute_began()
         try:
             if store is None:
                 shape = attention_offload.HeadShape.of(msg.model_dir)
@@ -882,9 +882,7 @@ class Agent:
             out = attention_offload.attend_frames(store, msg)
         except Exception as err:  # a bad request: named to the coordinator, the agent stays up
             return ErrorReply(req=msg.req, code="failed", message=f"attention: {type(err).__name__}: {err}")
-        took = time.perf_counter() - t0
-        if self.emulation.compute_slowdown > 1.0:
-            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
+        end_emulated(self.emulation.compute_slowdown, began)
         return HeadsAttended(req=msg.req, shape=tuple(out.shape), data=out.numpy().tobytes(), t_start=t_start,
                              t_end=self.clock())
 
@@ -1066,16 +1064,14 @@ class Agent:
 
     def _compute_strip(self, msg: ComputeStrip) -> StripComputed:
         """Spatial partitioning (agents.spatial): the network is generated from the request's
-        seed once and kept; the strip's compute is slowed like a stage's on an emulated device."""
+        seed once and kept; the strip's compute is slowed like any on an emulated device (``emulated``)."""
         from agents import spatial
 
         net = self.spatial_network(msg.net)
         t_start = self.clock()
-        t0 = time.perf_counter()
-        out = spatial.compute_strip(net, msg.start, msg.end, msg.x_lo, msg.lo, msg.hi, msg.shape, msg.data, msg.head)
-        took = time.perf_counter() - t0
-        if self.emulation.compute_slowdown > 1.0:
-            time.sleep((self.emulation.compute_slowdown - 1.0) * took)
+        with emulated(self.emulation.compute_slowdown):
+            out = spatial.compute_strip(net, msg.start, msg.end, msg.x_lo, msg.lo, msg.hi, msg.shape, msg.data,
+                                        msg.head)
         shape, data = out
         return StripComputed(req=msg.req, shape=shape, data=data, t_start=t_start, t_end=self.clock())
 

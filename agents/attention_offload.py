@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from agents.checkpoint_reader import CheckpointError, load_config
+from agents.emulation import compute_began, emulated, end_emulated
 from agents.shard import StageExecutor
 from agents.stage_input import StageInputError
 
@@ -408,20 +409,19 @@ class DataPlaneRouter:
         self.step = 0
         self.group = 0
         self._segment_start = 0.0
-        self._segment_p0 = 0.0
+        self._segment_began = (0.0, 0.0)
 
     def _open_segment(self) -> None:
         self._segment_start = self.agent.clock()
-        self._segment_p0 = time.perf_counter()
+        self._segment_began = compute_began()
 
     def _close_segment(self) -> None:
         """End the running dense segment (its ``compute`` span). On an emulated slower device it
-        lasts ``compute_slowdown`` × its real time: the segments are the computation, the waits for
-        the memory agents between them are not (as staggered slices and memory agents are slowed)."""
+        ends ``compute_slowdown`` × its CPU time after it began (``agents.emulation.end_emulated``):
+        the segments are the computation, the waits for the memory agents between them are not
+        (as staggered slices and memory agents are slowed)."""
         emulation = getattr(self.agent, "emulation", None)
-        slowdown = emulation.compute_slowdown if emulation is not None else 1.0
-        if slowdown > 1.0:
-            time.sleep((slowdown - 1.0) * (time.perf_counter() - self._segment_p0))
+        end_emulated(emulation.compute_slowdown if emulation is not None else 1.0, self._segment_began)
         _clock_event(self.agent, "compute", self.step, self.group, self._segment_start, self.agent.clock())
 
     def _sender(self, side):
@@ -536,8 +536,9 @@ class DenseAgentExecutor(DenseExecutor):
 
     records_own_spans = True
     slows_itself = True
-    """An emulated slowdown stretches its dense segments only (``DataPlaneRouter``), not its waits
-    for the memory agents: the agent does not wrap it in ``SlowedStage``."""
+    """An emulated slowdown stretches its dense segments only (``DataPlaneRouter``: each ends F × its
+    CPU time after it began), not its waits for the memory agents: the agent does not wrap it in
+    ``SlowedStage``, whose one computation would span the whole step, waits included."""
 
     def __init__(self, model_dir: str, start: int, end: int, *, agent, services, dtype: str = "float32",
                  threads: int | None = None, progress=None):
@@ -658,11 +659,8 @@ class HeadsService:
         if header.step == 0 and q.shape[2] > 0:
             self.store.drop(header.micro_batch, [a.layer])  # a prefill starts the micro-batch afresh
         t0 = self.agent.clock()
-        p0 = time.perf_counter()
-        out = self.store.attend(header.micro_batch, a.layer, q, k, v, mask, a.scaling).contiguous()
-        slowdown = self.agent.emulation.compute_slowdown
-        if slowdown > 1.0:
-            time.sleep((slowdown - 1.0) * (time.perf_counter() - p0))
+        with emulated(self.agent.emulation.compute_slowdown):
+            out = self.store.attend(header.micro_batch, a.layer, q, k, v, mask, a.scaling).contiguous()
         t1 = self.agent.clock()
         step, group, agent = header.step, header.micro_batch, self.agent
         _clock_event(agent, "compute", step, group, t0, t1)

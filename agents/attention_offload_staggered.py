@@ -36,6 +36,7 @@ from agents.attention_offload import (
     ATTEND_TIMEOUT_S, PEER_DOWN_S, DenseExecutor, MemorySideSilent, _clock_event, side_frames, _Covers,
     _lengths_only_layer_class, lost_connection, mask_mode,
 )
+from agents.emulation import compute_began, end_emulated
 from agents.schedule import slice_replica, staggered_slices
 from agents.stage_input import StageInputError
 
@@ -327,7 +328,7 @@ class StaggeredReplica:
         b, k, L = sl.micro_batch, sl.index, self.layers
         rows = list(run.micro_batches[b])
         done = None  # the step at which every sequence of b hit EOS (in this slice)
-        t0, p0 = agent.clock(), time.perf_counter()
+        t0, began = agent.clock(), compute_began()
         with torch.inference_mode():
             if k == 0:
                 tokens = torch.zeros((len(rows), 0), dtype=torch.int64)
@@ -362,9 +363,7 @@ class StaggeredReplica:
                     pass
                 else:
                     raise StageInputError(f"block {sl.layer} returned without calling its attention")
-        slowdown = agent.emulation.compute_slowdown
-        if slowdown > 1.0:
-            time.sleep((slowdown - 1.0) * (time.perf_counter() - p0))
+        end_emulated(agent.emulation.compute_slowdown, began)  # the slice is one computation: its waits came before
         _clock_event(agent, "compute", sl.step if done is None else done, b, t0, agent.clock())
         if done is not None:
             self._announce_finished(b, done, tokens)

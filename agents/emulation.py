@@ -8,14 +8,22 @@ them per agent) enforces both:
 - **memory budget**: a shard whose weights exceed it is refused with ``ShardOverBudget``
   (error code ``over_budget``) and nothing stays loaded, as a device without the memory
   would fail; the profile reports the budget, so solvers plan within it;
-- **compute slowdown**: each stage computation takes ``F`` times as long (the agent
-  sleeps ``(F - 1) × the real compute time`` after it, GIL released, so the control thread
-  keeps answering), and the profile reports compute times multiplied by ``F`` — the
-  same rule in both places, so predictions and runs agree. A stage that waits on other agents
-  while it computes (attention offloading's dense stage) slows its own compute segments
-  instead (``slows_itself``): its waits for the memory agents are not computation. A spatial
-  strip (agents/spatial_run.py) sleeps by its CPU time instead (``emulated_pause_s``): on a host whose cores the emulated
-  devices share, time spent waiting for a core is not multiplied by ``F``.
+- **compute slowdown**, one rule for every kind of work (``emulated``): a computation ends
+  ``F`` × its CPU time after it began, or when it really ended if that is later — the agent
+  sleeps the difference after it (``emulated_pause_s``; GIL released, so the control thread
+  keeps answering). CPU time, not wall time: the agents of a local cluster share the host's
+  cores, and time a computation spent waiting for a core another agent was using is not the
+  device's computation (multiplied by ``F`` it made a device slower the busier its neighbours
+  were). Used by layer-sharding stages (``SlowedStage``), expert offloading's stages (the same
+  wrapper), attention offloading's dense segments, staggered slices and memory agents'
+  attention, spatial strips and EPD phase steps. Work that waits on other agents while it
+  computes (attention offloading's dense stage: ``slows_itself``) applies the rule to each
+  compute segment between its waits, so the waits are not stretched. A wait inside one
+  computation (an expert-offload stage reading an expert from throttled storage on its
+  compute thread) is not multiplied either, but it overlaps the stretch: the step ends at
+  F × its CPU time or when it really ended, not after F × CPU plus the read. The profile
+  reports compute times × ``F`` (``scale_compute_profile``): a unit is profiled alone, where
+  its wall time is its CPU time, so predictions and runs agree.
 
 Links are shaped separately (``--link-mbit``, ``--link-latency-ms``). This module ships
 with the agent: it must not import core/.
@@ -23,7 +31,9 @@ with the agent: it must not import core/.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -38,13 +48,45 @@ def emulated_pause_s(slowdown: float, wall_s: float, cpu_s: float) -> float:
     computation that took ``wall_s`` and ``cpu_s`` of this machine's CPU: it ends ``slowdown`` × its
     CPU time after it began, as that device would on its own core, or when it really ended if later.
 
-    Sleeping ``(slowdown − 1) × wall_s`` (the stage rule) also multiplies the time the computation
+    Sleeping ``(slowdown − 1) × wall_s`` (the old stage rule) also multiplied the time the computation
     waited for a core that other agents of the same host were using: measured on 4 agents sharing
     2 cores, a fused tile's strips waited for a core 1.2–1.6× their CPU time, and that wait came
-    back ×3 to ×8. ``cpu_s`` ≥ ``wall_s`` (a computation on several threads): the stage rule."""
+    back ×3 to ×8. ``cpu_s`` > ``wall_s`` (CPU counted on several threads): by the wall time."""
     if slowdown <= 1.0:
         return 0.0
     return max(0.0, slowdown * min(cpu_s, wall_s) - wall_s)
+
+
+def compute_began() -> tuple[float, float]:
+    """(wall, CPU) clocks now, on the computing thread: where ``end_emulated`` measures from."""
+    return time.perf_counter(), time.thread_time()
+
+
+def end_emulated(slowdown: float, began: tuple[float, float]) -> None:
+    """End a computation that began at ``began`` (``compute_began()`` on this same thread) as on a
+    device ``slowdown`` times slower: sleep ``emulated_pause_s`` of its wall and CPU time.
+
+    The CPU time is the computing thread's (``time.thread_time``), also when torch runs several
+    intra-op threads: its OpenMP pool runs each parallel region's first share on the calling thread,
+    which then waits for the others asleep (agents set ``OMP_WAIT_POLICY=PASSIVE``), so that
+    thread's CPU time is about what the computation takes on this machine's free cores — the
+    profile's wall time. Measured (8 linear pairs of 768×3072, 16 tokens, 2 threads): 22.1 ms of
+    the thread's CPU for 23.1 ms wall on free cores, 22.6 ms for 64 ms wall at load 3; the process's
+    CPU time counts every thread (43–44 ms: ×2) and whatever else the agent's other threads do at
+    the time. Spinning workers (an operator's ``OMP_WAIT_POLICY=ACTIVE``) make the calling thread
+    spin at the barriers too: its CPU time then tends to the wall time, the old wall rule's."""
+    if slowdown > 1.0:
+        wall0, cpu0 = began
+        time.sleep(emulated_pause_s(slowdown, time.perf_counter() - wall0, time.thread_time() - cpu0))
+
+
+@contextlib.contextmanager
+def emulated(slowdown: float) -> Iterator[None]:
+    """The block is one computation of a device ``slowdown`` times slower (``end_emulated``): it
+    ends ``slowdown`` × its CPU time after it began. A block that raises ends at once."""
+    began = compute_began()
+    yield
+    end_emulated(slowdown, began)
 
 
 class ShardOverBudget(ValueError):
@@ -99,12 +141,20 @@ class DeviceEmulation:
             return real_budget_bytes
         return min(self.memory_budget_bytes, real_budget_bytes) if real_budget_bytes > 0 else self.memory_budget_bytes
 
+    def profile_clock(self, torch_device: str = "cpu"):
+        """What a unit profile is timed by (``agents.profiler.profile_units``'s ``clock``): on an emulated
+        slower CPU, the timing thread's CPU time — what ``emulated`` multiplies at run time, so a
+        profile taken while other agents or tenants of the host compute is not inflated by their load
+        ×F when the runs are not; otherwise the wall clock (a device's own speed, whatever it waits for)."""
+        return time.thread_time if self.compute_slowdown > 1.0 and torch_device == "cpu" else time.perf_counter
+
     def slowed(self, executor):
         """``executor`` itself without a slowdown, else a wrapper whose computations take longer."""
         return executor if self.compute_slowdown <= 1.0 else SlowedStage(executor, self.compute_slowdown)
 
     def scale_compute_profile(self, profile: ComputeProfile) -> ComputeProfile:
-        """``profile`` with times × slowdown and the emulated budget (the rule stages run by)."""
+        """``profile`` with times × slowdown and the emulated budget: what ``emulated`` makes a run's
+        computations last (an emulated device's units are timed by CPU time: ``profile_clock``)."""
         f = self.compute_slowdown
         units = tuple(
             msgspec.structs.replace(u, decode_s=tuple(t * f for t in u.decode_s),
@@ -118,7 +168,7 @@ class DeviceEmulation:
 
 
 class SlowedStage:
-    """A stage executor whose prefill/decode take ``factor`` times their real time."""
+    """A stage executor whose prefill/decode end ``factor`` × their CPU time after they began (``emulated``)."""
 
     def __init__(self, executor, factor: float) -> None:
         self._executor = executor
@@ -127,14 +177,10 @@ class SlowedStage:
     def __getattr__(self, name):  # everything but the two computations is the executor's own
         return getattr(self._executor, name)
 
-    def _slowed(self, fn, *args):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        time.sleep((self.factor - 1.0) * (time.perf_counter() - t0))
-        return out
-
     def prefill(self, group, x, attention_mask):
-        return self._slowed(self._executor.prefill, group, x, attention_mask)
+        with emulated(self.factor):
+            return self._executor.prefill(group, x, attention_mask)
 
     def decode(self, group, x):
-        return self._slowed(self._executor.decode, group, x)
+        with emulated(self.factor):
+            return self._executor.decode(group, x)

@@ -17,7 +17,6 @@ the single-process sequence. Stage kinds: ``epd-encode``, ``epd-prefill``, ``epd
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader, torch_dtype
+from agents.emulation import emulated
 from agents.phase_kinds import COUPLED_KINDS, KINDS
 from agents.protocol import (
     MAX_RNG_STATE,
@@ -538,19 +538,6 @@ class CoupledExecutor(_PhaseExecutor):
             served = ", ".join(t.__struct_config__.tag for t in self.parts)
             raise PhaseRequestError(f"a {self.kind} agent serves {served}, not {msg.type_name()}")
         return part.serve(msg, clock=clock, slowdown=slowdown, links=links)
-
-
-@contextlib.contextmanager
-def emulated(slowdown: float):
-    """Make the block last ``slowdown`` times the CPU time it used (an emulated slower device),
-    per step, so step times and spans stay consistent. CPU time, not wall time: on a shared
-    machine, time spent waiting for a core would otherwise be multiplied too, and the device
-    would seem slower the busier its neighbours are. (The calling thread's CPU time: agents run
-    phases with one torch thread.)"""
-    w0, c0 = time.perf_counter(), time.thread_time()
-    yield
-    if slowdown > 1.0:
-        time.sleep(max(0.0, slowdown * (time.thread_time() - c0) - (time.perf_counter() - w0)))
 
 
 MAX_HELD_BYTES = 512 << 20

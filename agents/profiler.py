@@ -536,7 +536,8 @@ def profile_compute(agent, options: ComputeOptions | ConvSweepOptions) -> Comput
             agent._activity = f"profiling compute: unit {done}/{total}"
             agent._set_progress(done / total)
 
-    result = profile_units(options, device=getattr(agent, "device", ""), progress=progress)
+    clock = emulation.profile_clock(options.device) if emulation is not None else time.perf_counter
+    result = profile_units(options, device=getattr(agent, "device", ""), progress=progress, clock=clock)
     return emulation.scale_compute_profile(result) if emulation is not None and emulation.active else result
 
 

@@ -32,7 +32,7 @@ from agents.protocol import (
     SpatialSetup,
     StripTimes,
 )
-from agents.emulation import emulated_pause_s
+from agents.emulation import emulated
 from agents.spatial import group_input_ranges, strip_bounds
 from agents.transport import (
     LinkSender,
@@ -118,18 +118,10 @@ class SpatialSession:
             return header, tensor_from_frame(header.tensors[0], bufs[0]), got
 
     def _compute(self, fn, *args):
-        """``fn(*args)`` in inference mode, slowed on an emulated device to its slowdown × the CPU
-        time it took (``emulated_pause_s``: a wait for a core the other agents of this host were
-        using is not multiplied; on several torch threads, × the wall time, as a stage)."""
-        t0, c0 = time.perf_counter(), time.thread_time()
-        with torch.inference_mode():
-            out = fn(*args)
-        slowdown = self.agent.emulation.compute_slowdown
-        if slowdown > 1.0:
-            wall = time.perf_counter() - t0
-            cpu = time.thread_time() - c0 if torch.get_num_threads() == 1 else wall
-            time.sleep(emulated_pause_s(slowdown, wall, cpu))
-        return out
+        """``fn(*args)`` in inference mode, slowed on an emulated device like any computation
+        (``agents.emulation.emulated``: it ends the slowdown × its CPU time after it began)."""
+        with emulated(self.agent.emulation.compute_slowdown), torch.inference_mode():
+            return fn(*args)
 
     def _strip_input(self, group: int, device: str) -> tuple[int, int, int, int] | None:
         """(x_lo, x_hi, lo, hi) of ``device``'s strip of tile ``group``, None when it has none."""

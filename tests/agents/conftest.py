@@ -28,3 +28,37 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tiny_model_dirs) -> str:
     return tiny_model_dirs["llama"]
+
+
+class ComputeClock:
+    """``agents.emulation``'s clocks, moved only by the test: ``run(wall_s, cpu_s)`` is a computation
+    that took that wall time and that much of its thread's CPU; ``sleep`` (the emulated pause) is
+    recorded in ``slept`` and passes wall time only."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = 0.0, 0.0
+        self.slept: list[float] = []
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.wall += s
+
+    def run(self, wall_s: float, cpu_s: float) -> None:
+        self.wall += wall_s
+        self.cpu += cpu_s
+
+
+@pytest.fixture
+def compute_clock(monkeypatch) -> ComputeClock:
+    """The emulated slowdown's clocks (every kind of work's, ``agents.emulation.end_emulated``) under the test's control."""
+    import agents.emulation
+
+    clock = ComputeClock()
+    monkeypatch.setattr(agents.emulation, "time", clock)
+    return clock

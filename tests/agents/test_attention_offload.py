@@ -4,6 +4,8 @@ model's ``generate()``; the traffic per token and layer is Lamina's (2Â·h_q + 2Â
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -124,39 +126,43 @@ def test_attention_sides_that_do_not_cover_every_head_once_are_refused(tiny_llam
         AttentionStore(shape, range(1, 3))
 
 
-def test_an_emulated_slowdown_stretches_the_dense_segments_not_the_waits_for_the_memory_agents(monkeypatch):
+def test_an_emulated_slowdown_stretches_the_dense_segments_not_the_waits_for_the_memory_agents(compute_clock):
     import agents.attention_offload as ao
     from agents.emulation import DeviceEmulation
-
-    now = [0.0]
-    slept: list[float] = []
-
-    class Time:  # the module's clock: a run's seconds pass only where the test says
-        perf_counter = staticmethod(lambda: now[0])
-
-        @staticmethod
-        def sleep(s: float) -> None:
-            slept.append(s)
-            now[0] += s
 
     events = []
 
     class Agent:
         emulation = DeviceEmulation(compute_slowdown=3.0)
-        clock = staticmethod(lambda: now[0])
+        clock = staticmethod(compute_clock.perf_counter)
 
         def _event(self, kind, phase, step, group, start, end, nbytes, peer):
             events.append((kind, round(end - start, 6)))
 
-    monkeypatch.setattr(ao, "time", Time)
     router = ao.DataPlaneRouter.__new__(ao.DataPlaneRouter)  # its timing only: no sockets
     router.agent, router.step, router.group = Agent(), 1, 0
     router._open_segment()
-    now[0] += 0.010  # dense work up to the first attention
+    compute_clock.run(0.010, 0.010)  # dense work up to the first attention
     router._close_segment()
-    now[0] += 0.500  # waiting for the memory agents' answers: not computation
+    compute_clock.run(0.500, 0.0)  # waiting for the memory agents' answers: not computation
     router._open_segment()
-    now[0] += 0.002
+    compute_clock.run(0.002, 0.002)
     router._close_segment()
-    assert slept == pytest.approx([0.020, 0.004])
+    assert compute_clock.slept == pytest.approx([0.020, 0.004])
     assert events == [("compute", 0.030), ("compute", 0.006)]
+
+
+def test_a_dense_segment_that_waited_for_a_core_ends_three_times_its_cpu_time_after_it_began(compute_clock):
+    """3x slower, a segment of 2 ms CPU that took 5 ms (3 ms waiting for a core another agent of
+    the host used) lasts 6 ms in all, not 3 x 5 ms."""
+    import agents.attention_offload as ao
+    from agents.emulation import DeviceEmulation
+
+    agent = types.SimpleNamespace(emulation=DeviceEmulation(compute_slowdown=3.0), clock=compute_clock.perf_counter,
+                                  _event=lambda *a: None)
+    router = ao.DataPlaneRouter.__new__(ao.DataPlaneRouter)  # its timing only: no sockets
+    router.agent, router.step, router.group = agent, 1, 0
+    router._open_segment()
+    compute_clock.run(0.005, 0.002)
+    router._close_segment()
+    assert compute_clock.slept == pytest.approx([0.001])

@@ -4,11 +4,12 @@ profiles as the device it emulates; ``edgeshard cluster local`` sets them per ag
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 import torch
 
-from agents.emulation import MIB, DeviceEmulation, ShardOverBudget, SlowedStage
+from agents.emulation import MIB, DeviceEmulation, ShardOverBudget, SlowedStage, emulated
 from agents.profiler import profile_compute
 from agents.protocol import AgentState, ComputeOptions, ComputeProfile, UnitTimes
 from agents.shard import StageExecutor
@@ -33,16 +34,16 @@ def test_bad_emulation_values_are_refused():
         DeviceEmulation(memory_budget_bytes=-1)
 
 
-def test_a_slowed_stage_gives_the_same_outputs_and_takes_the_factor_times_longer(tiny_llama_dir):
+def test_a_slowed_stage_gives_the_same_outputs_and_lasts_at_least_the_factor_times_its_cpu_time(tiny_llama_dir):
     plain = StageExecutor(tiny_llama_dir, 0, 6)
     inner = StageExecutor(tiny_llama_dir, 0, 6)
-    inner_time = []
+    inner_cpu = []
     real_prefill = inner.prefill
 
     def timed_prefill(*args):
-        t0 = time.perf_counter()
+        c0 = time.thread_time()
         out = real_prefill(*args)
-        inner_time.append(time.perf_counter() - t0)
+        inner_cpu.append(time.thread_time() - c0)
         return out
 
     inner.prefill = timed_prefill
@@ -55,8 +56,28 @@ def test_a_slowed_stage_gives_the_same_outputs_and_takes_the_factor_times_longer
         got = slowed.prefill(0, ids, mask)
         took = time.perf_counter() - t0
     assert torch.equal(want, got)
-    assert took >= 3.0 * inner_time[0] * 0.99
+    assert took >= 3.0 * inner_cpu[0]  # it sleeps until then
     assert slowed.is_last and slowed.memory_bytes() == plain.memory_bytes()  # the rest is the executor's own
+
+
+def test_a_slowed_stage_that_waited_for_a_core_is_slowed_by_its_cpu_time_not_its_wall_time(compute_clock):
+    """4 agents on 2 cores: a decode of 2 ms CPU that took 5 ms (3 ms waiting for a core) on a
+    6x slower device ends 12 ms after it began; the wall rule slept (6 - 1) x 5 ms, the wait x 6 too."""
+
+    class Executor:
+        def decode(self, group, x):
+            compute_clock.run(5e-3, 2e-3)
+            return x + 1
+
+    assert SlowedStage(Executor(), 6.0).decode(0, 41) == 42
+    assert compute_clock.slept == [pytest.approx(7e-3)]
+
+
+def test_an_emulated_computation_that_raises_ends_at_once(compute_clock):
+    with pytest.raises(RuntimeError), emulated(8.0):
+        compute_clock.run(4e-3, 4e-3)
+        raise RuntimeError("bad input")
+    assert compute_clock.slept == []
 
 
 class _AgentLike:
@@ -82,6 +103,12 @@ def test_an_emulated_device_profiles_with_its_budget_and_slowdown(tiny_llama_dir
     assert scaled.units[0].decode_s == (4.0,) and scaled.units[0].prefill_s == (8.0,)
     assert scaled.units[0].decode_spread == (0.1,)  # a relative spread does not scale
     assert scaled.stage_decode_overhead_s == 2.0 and scaled.memory_budget_bytes == 3 * MIB
+
+
+def test_an_emulated_slower_cpu_is_profiled_by_cpu_time_as_its_runs_are_slowed():
+    assert DeviceEmulation(compute_slowdown=3.0).profile_clock("cpu") is time.thread_time
+    assert DeviceEmulation(memory_budget_bytes=MIB).profile_clock("cpu") is time.perf_counter  # its own speed
+    assert DeviceEmulation(compute_slowdown=3.0).profile_clock("cuda:0") is time.perf_counter  # kernels: not CPU
 
 
 def test_per_agent_flags_take_one_value_or_one_per_agent():
@@ -129,23 +156,24 @@ def test_an_emulated_pause_multiplies_the_cpu_time_not_the_wait_for_a_core():
     from agents.emulation import emulated_pause_s
 
     assert emulated_pause_s(6.0, 5e-3, 2e-3) == pytest.approx(7e-3)
-    assert emulated_pause_s(6.0, 5e-3, 5e-3) == pytest.approx(25e-3)  # no wait: the stage rule
-    assert emulated_pause_s(3.0, 4e-3, 9e-3) == pytest.approx(8e-3)  # several threads: by the wall time
+    assert emulated_pause_s(6.0, 5e-3, 5e-3) == pytest.approx(25e-3)  # no wait for a core: (6 - 1) x 5 ms
+    assert emulated_pause_s(3.0, 4e-3, 9e-3) == pytest.approx(8e-3)  # CPU beyond the wall time: by the wall time
     assert emulated_pause_s(2.0, 5e-3, 2e-3) == 0.0  # waited longer than the device would take
     assert emulated_pause_s(1.0, 5e-3, 2e-3) == 0.0
 
 
-def test_a_spatial_strip_on_an_emulated_device_sleeps_by_its_cpu_time(monkeypatch):
-    import types
-
+def test_a_spatial_strip_on_several_torch_threads_is_slowed_by_its_threads_cpu_time(compute_clock, monkeypatch):
+    """The computing thread's CPU time, whatever torch's thread count (``end_emulated``: the calling
+    thread runs its share of each parallel region and sleeps at the barrier); before, a strip on
+    several threads was slowed by its wall time."""
     import agents.spatial_run as spatial_run
 
-    clocks = {"perf": iter([10.0, 10.005]), "cpu": iter([1.0, 1.002])}
-    slept = []
-    fake_time = types.SimpleNamespace(perf_counter=lambda: next(clocks["perf"]),
-                                      thread_time=lambda: next(clocks["cpu"]), sleep=slept.append)
-    monkeypatch.setattr(spatial_run, "time", fake_time)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     session = types.SimpleNamespace(agent=types.SimpleNamespace(emulation=DeviceEmulation(compute_slowdown=6.0)))
-    assert spatial_run.SpatialSession._compute(session, lambda v: v + 1, 41) == 42
-    assert slept == [pytest.approx(7e-3)]
+
+    def strip(v):
+        compute_clock.run(5e-3, 2e-3)
+        return v + 1
+
+    assert spatial_run.SpatialSession._compute(session, strip, 41) == 42
+    assert compute_clock.slept == [pytest.approx(7e-3)]
