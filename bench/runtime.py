@@ -9,7 +9,9 @@ Model: the generated ≈170 M-parameter Llama of ``core.models.checkpoints.BENCH
 - ``hop_us``: one hop of a 1x4096 fp32 activation between two processes through this
   project's framing (PUSH/PULL, header + raw tensor frame, strict decode), with and
   without CurveZMQ: half the median round trip;
-- ``nobubbles_vs_bubbles``: decode throughput with 2 stages and 4 micro-batches.
+- ``nobubbles_vs_bubbles``: decode throughput with 2 stages and 4 micro-batches (ideal
+  (M+S−1)/M = 1.25); with ``--three-by-three`` also 3 stages × 3 micro-batches (ideal 5/3,
+  needs a core per stage: on 2 shared cores the third stage waits for a core).
 
 A hop inside the runtime three ways: ``runtime_hop_us_median`` (send start on one stage to
 compute start on the next, across the coordinator's clock estimates, so it carries their
@@ -265,6 +267,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads per agent and for the HF baseline (1: the 2 cores are shared)")
+    ap.add_argument("--three-by-three", action="store_true",
+                    help="also bubbles vs no-bubbles with 3 stages x 3 micro-batches (a machine with >= 3 free cores)")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -302,6 +306,8 @@ def main() -> None:
     plan1 = plan_from_boundaries("bench", units, solo, [])
     plan4 = plan_from_boundaries("bench", units, four, [q, 2 * q, 3 * q])
     plan2 = plan_from_boundaries("bench", units, two, [units // 2])
+    three = [f"three-{i}" for i in range(3)] if args.three_by_three else []
+    plan3 = plan_from_boundaries("bench", units, three, [units // 3, 2 * units // 3]) if three else None
 
     def request(n_seqs: int, mode: str, micro_batches: int) -> RunRequest:
         rows = tuple(tuple(r) for r in ids[:n_seqs].tolist())
@@ -309,7 +315,8 @@ def main() -> None:
                           max_new_tokens=args.new_tokens, mode=mode, micro_batches=micro_batches,
                           eos_token_ids=(), sampling=SamplingSpec())
 
-    figures: dict[str, list[float]] = {k: [] for k in ("hf", "agent1", "agent4", "bubbles", "nobubbles")}
+    figures: dict[str, list[float]] = {k: [] for k in ("hf", "agent1", "agent4", "bubbles", "nobubbles",
+                                                       "bubbles3", "nobubbles3")}
     token_gaps: dict[str, list[float]] = {"hf": [], "agent1": [], "agent4": []}
     step_compute: dict[str, list[float]] = {"agent1": [], "agent4": []}
     hops: list[float] = []
@@ -319,11 +326,13 @@ def main() -> None:
     cpu_s = {"hf": 0.0, "agent1": 0.0, "agent4": 0.0}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="edgeshard-bench-") as tmp:
-        with LocalCluster(tmp, solo + four + two, threads_per_agent=args.threads) as cluster:
+        with LocalCluster(tmp, solo + four + two + three, threads_per_agent=args.threads) as cluster:
             with Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=60) as co:
                 co.load(plan1, str(model_dir), threads=args.threads)
                 co.load(plan4, str(model_dir), threads=args.threads)
                 co.load(plan2, str(model_dir), threads=max(1, args.threads // 2))
+                if plan3 is not None:
+                    co.load(plan3, str(model_dir), threads=max(1, args.threads // 2))
                 co.sync_clocks()
                 for rnd in range(args.rounds + 1):  # the first round warms up
                     print(f"round {rnd}/{args.rounds}", file=sys.stderr, flush=True)
@@ -358,8 +367,12 @@ def main() -> None:
                         r = co.run(plan2, request(4, mode, 4))
                         if rnd:
                             figures[key].append(decode_tokens_per_s(r.token_events))
-    med = {k: statistics.median(v) for k, v in figures.items()}
-    best = {k: max(v) for k, v in figures.items()}
+                        if plan3 is not None:
+                            r = co.run(plan3, request(3, mode, 3))
+                            if rnd:
+                                figures[f"{key}3"].append(decode_tokens_per_s(r.token_events))
+    med = {k: statistics.median(v) for k, v in figures.items() if v}
+    best = {k: max(v) for k, v in figures.items() if v}
     quiet = {k: 1.0 / p10(v) for k, v in token_gaps.items()}
     med_gap = {k: statistics.median(v) for k, v in token_gaps.items()}
     out = {
@@ -401,6 +414,10 @@ def main() -> None:
         "nobubbles_vs_bubbles": round(med["nobubbles"] / med["bubbles"], 3),
         "nobubbles_vs_bubbles_best_round": round(best["nobubbles"] / best["bubbles"], 3),
     }
+    if plan3 is not None:
+        out.update({"bubbles_tok_s_3x3": round(med["bubbles3"], 2), "nobubbles_tok_s_3x3": round(med["nobubbles3"], 2),
+                    "nobubbles_vs_bubbles_3x3": round(med["nobubbles3"] / med["bubbles3"], 3),
+                    "nobubbles_vs_bubbles_3x3_ideal": round(5 / 3, 3)})
     print(json.dumps(out))
 
 
