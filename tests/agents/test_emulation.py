@@ -177,3 +177,10 @@ def test_a_spatial_strip_on_several_torch_threads_is_slowed_by_its_threads_cpu_t
 
     assert spatial_run.SpatialSession._compute(session, strip, 41) == 42
     assert compute_clock.slept == [pytest.approx(7e-3)]
+
+
+def test_an_emulated_cpu_device_profiles_its_units_as_on_a_host_other_agents_share():
+    assert DeviceEmulation(compute_slowdown=8.0).shares_host("cpu")
+    assert DeviceEmulation(memory_budget_bytes=MIB).shares_host("cpu")  # a local cluster's agent all the same
+    assert not DeviceEmulation().shares_host("cpu")  # no emulation: a device of its own
+    assert not DeviceEmulation(compute_slowdown=8.0).shares_host("cuda:0")  # an accelerator's caches: not modelled
