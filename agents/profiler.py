@@ -540,6 +540,8 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             gc.collect()
             if progress:
                 progress(i + 1, len(units))
+    evictor = None  # its buffer (twice the cache) is not memory the device has in use
+    gc.collect()
     budget, total, avail = memory_budget(opts.headroom_bytes, opts.device)
     return ComputeProfile(
         device=device,
