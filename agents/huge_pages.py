@@ -12,8 +12,11 @@ ran 23 % faster (docs/runtime.md, "Weights in huge pages").
 
 safetensors maps the checkpoint file (4 KiB page-cache pages, which cannot be huge), so the
 weights are copied once, at load, into an anonymous mapping advised ``MADV_HUGEPAGE``.
-Where that advice does not exist (not Linux) or is refused, the copy is skipped and the
-mapped weights are used as before: huge pages are a speed-up, never a requirement.
+Where that advice does not exist (not Linux) or is refused, or the block cannot be mapped (no
+address space or commit charge left: ``vm.overcommit_memory=2``, ``ulimit -v``), the copy is
+skipped and the mapped weights are used as before: huge pages are a speed-up, never a
+requirement. Each weight's old memory is released as soon as it has been copied, so weights
+the stage owns (converted to another dtype at load) are not held twice at once.
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ def huge_page_block(nbytes: int) -> torch.Tensor | None:
     if advice is None:
         return None
     # private: shared anonymous memory is shmem, whose huge pages are a separate, usually off, setting
-    region = mmap.mmap(-1, _aligned(nbytes, HUGE_PAGE) + HUGE_PAGE,  # room to start on a boundary
-                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region = mmap.mmap(-1, _aligned(nbytes, HUGE_PAGE) + HUGE_PAGE,  # room to start on a boundary
+                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:  # ENOMEM: no address space or commit charge for a second copy of the weights
+        return None
     try:
         region.madvise(advice)
     except OSError:  # THP disabled in this kernel ("never") or not built in
@@ -56,30 +62,24 @@ def place_in_huge_pages(modules: Iterable[nn.Module]) -> int:
     """Move the parameters of ``modules`` into one huge-page block; returns the bytes moved (0:
     nothing moved). Parameters sharing memory (a tied embedding and head) stay shared; values
     are copied exactly."""
-    params: list[nn.Parameter] = []
-    first_of: dict[tuple, nn.Parameter] = {}
+    sharing: dict[tuple, list[nn.Parameter]] = {}  # parameters on the same memory, moved as one
     for module in modules:
         for p in module.parameters():
-            key = (p.data_ptr(), p.dtype, tuple(p.shape), tuple(p.stride()))
-            if key not in first_of and p.is_contiguous() and not p.is_meta:
-                first_of[key] = p
-            params.append(p)
-    total = sum(_aligned(p.nbytes, ALIGN) for p in first_of.values())
+            if p.is_contiguous() and not p.is_meta:
+                sharing.setdefault((p.data_ptr(), p.dtype, tuple(p.shape), tuple(p.stride())), []).append(p)
+    total = sum(_aligned(group[0].nbytes, ALIGN) for group in sharing.values())
     if total < MIN_BYTES:
         return 0
     block = huge_page_block(total)
     if block is None:
         return 0
-    moved: dict[tuple, torch.Tensor] = {}
     offset = 0
     with torch.no_grad():
-        for key, p in first_of.items():
-            view = block[offset:offset + p.nbytes].view(p.dtype).view(p.shape)
-            view.copy_(p.data)
-            moved[key] = view
-            offset += _aligned(p.nbytes, ALIGN)
-        for p in params:
-            key = (p.data_ptr(), p.dtype, tuple(p.shape), tuple(p.stride()))
-            if key in moved:
-                p.data = moved[key]
+        for key in list(sharing):
+            group = sharing.pop(key)
+            view = block[offset:offset + group[0].nbytes].view(group[0].dtype).view(group[0].shape)
+            view.copy_(group[0].data)
+            for p in group:  # the old memory goes now if nothing else holds it, not after the last copy
+                p.data = view
+            offset += _aligned(view.nbytes, ALIGN)
     return offset

@@ -185,7 +185,7 @@ class StageExecutor:
                     self._assign(self._head, reader, "lm_head.", only=["bias"])
             else:
                 self._assign(self._head, reader, "lm_head.")
-        del skeleton, base
+        del skeleton, base, embed_weight  # the modules hold the weights: nothing else keeps their old memory
         for module in self._modules():
             module.eval()
             for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):

@@ -77,3 +77,44 @@ def test_a_stage_in_huge_pages_computes_as_a_mapped_one(tiny_llama_dir, monkeypa
         token = a.argmax(-1, keepdim=True)
         assert torch.equal(token, b.argmax(-1, keepdim=True))
         a, b = last(whole.decode(0, token)), last(whole_mapped.decode(0, token))
+
+
+@needs_advice
+def test_where_the_block_cannot_be_mapped_weights_stay_where_they_are(monkeypatch):
+    """ENOMEM (strict overcommit, ``ulimit -v``): the stage loads with its weights as they were."""
+    def no_memory(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", no_memory)
+    embed, head = tied_pair()
+    where = embed.weight.data_ptr()
+    assert place_in_huge_pages([embed, head]) == 0
+    assert embed.weight.data_ptr() == where == head.weight.data_ptr()
+
+
+@needs_advice
+def test_each_weights_old_memory_is_released_before_the_next_is_copied(monkeypatch):
+    """Weights the stage owns (converted at load) are not held twice: the first layer's old
+    memory is gone when the second layer's weight is copied."""
+    import weakref
+
+    import numpy as np
+
+    layers, owners = [], []
+    for _ in range(2):
+        owner = np.zeros(1024 * 1024, dtype=np.float32)  # 4 MiB, freed with the last tensor on it
+        owners.append(weakref.ref(owner))
+        layer = nn.Linear(1024, 1024, bias=False)
+        layer.weight = nn.Parameter(torch.from_numpy(owner).view(1024, 1024), requires_grad=False)
+        layers.append(layer)
+    del owner, layer
+    released_at_each_copy = []
+    copy = torch.Tensor.copy_
+
+    def recording_copy(self, src, *args, **kwargs):
+        released_at_each_copy.append([ref() is None for ref in owners])
+        return copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", recording_copy)
+    assert place_in_huge_pages(layers) == 2 * 4 * 1024 * 1024
+    assert released_at_each_copy == [[False, False], [True, False]]
