@@ -579,4 +579,5 @@ class SessionsPanel(QWidget):
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         self._tick.stop()
         runners = (self.list_runner, self.load_runner, self.export_runner, self.compare_runner)
-        return shutdown_together(runners, timeout_s) and self.monitor.shutdown(timeout_s)
+        ok = shutdown_together(runners, timeout_s)
+        return self.monitor.shutdown(timeout_s) and ok  # stopped even when a loader outlived the timeout

@@ -238,3 +238,21 @@ def test_a_replay_at_its_end_shows_the_whole_run(qtbot, state):
     x0, x1 = panel.monitor.timeline.x_range()
     assert x0 <= first and x1 >= last
     panel.shutdown()
+
+
+def test_the_monitor_stops_refreshing_even_when_a_loader_outlives_the_shutdown(qtbot, state, run_data, monkeypatch):
+    """A loader still finishing a read at quit must not leave the replay's refresh timer running."""
+    import gui.sessions_panel
+
+    problem, plan, _, _ = run_data
+    with SessionStore(state.workspace) as store:
+        record_simulation(store, store.create_session("s"), problem, plan,
+                          simulate(problem, plan, "sequential", generated_tokens=4))
+    panel = _sessions(qtbot, state)
+    stopped = []
+    monkeypatch.setattr(panel.monitor, "shutdown", lambda timeout_s=5.0: stopped.append(timeout_s) or True)
+    with monkeypatch.context() as m:
+        m.setattr(gui.sessions_panel, "shutdown_together", lambda runners, timeout_s=5.0: False)
+        assert not panel.shutdown(1.0)
+    assert stopped == [1.0]
+    assert panel.shutdown()
