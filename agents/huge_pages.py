@@ -12,9 +12,9 @@ ran 23 % faster (docs/runtime.md, "Weights in huge pages").
 
 safetensors maps the checkpoint file (4 KiB page-cache pages, which cannot be huge), so the
 weights are copied once, at load, into an anonymous mapping advised ``MADV_HUGEPAGE``.
-Where that advice does not exist (not Linux) or is refused, or the block cannot be mapped (no
-address space or commit charge left: ``vm.overcommit_memory=2``, ``ulimit -v``), the copy is
-skipped and the mapped weights are used as before: huge pages are a speed-up, never a
+Where that advice does not exist (not Linux) or is refused, THP is set to ``never``, or the
+block cannot be mapped (no address space or commit charge left: ``vm.overcommit_memory=2``,
+``ulimit -v``), the copy is skipped and the mapped weights are used as before: huge pages are a speed-up, never a
 requirement. Each weight's old memory is released as soon as it has been copied, so weights
 the stage owns (converted to another dtype at load) are not held twice at once.
 """
@@ -30,6 +30,18 @@ from torch import nn
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # bytes: each tensor starts on a cache line
 MIN_BYTES = HUGE_PAGE  # below one huge page there is nothing to gain
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _thp_off() -> bool:
+    """Whether the system turned transparent huge pages off ("[never]"): ``MADV_HUGEPAGE`` is
+    still accepted then (the kernel only refuses it where THP is not built in), but every page
+    stays 4 KiB, so a copy would cost the load and the page-cache sharing for nothing."""
+    try:
+        with open(THP_ENABLED) as f:
+            return "[never]" in f.read()
+    except OSError:  # no sysfs entry (not Linux, THP not built in): the advice decides
+        return False
 
 
 def _aligned(n: int, to: int) -> int:
@@ -40,7 +52,7 @@ def huge_page_block(nbytes: int) -> torch.Tensor | None:
     """``nbytes`` of zeroed memory (uint8) starting on a huge-page boundary and advised to use
     huge pages, or None where the OS offers no such advice."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None:
+    if advice is None or _thp_off():
         return None
     # private: shared anonymous memory is shmem, whose huge pages are a separate, usually off, setting
     try:
@@ -50,7 +62,7 @@ def huge_page_block(nbytes: int) -> torch.Tensor | None:
         return None
     try:
         region.madvise(advice)
-    except OSError:  # THP disabled in this kernel ("never") or not built in
+    except OSError:  # THP not built into this kernel
         region.close()
         return None
     whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps ``region`` alive while used

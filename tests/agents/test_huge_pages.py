@@ -118,3 +118,15 @@ def test_each_weights_old_memory_is_released_before_the_next_is_copied(monkeypat
     monkeypatch.setattr(torch.Tensor, "copy_", recording_copy)
     assert place_in_huge_pages(layers) == 2 * 4 * 1024 * 1024
     assert released_at_each_copy == [[False, False], [True, False]]
+
+
+@needs_advice
+def test_where_transparent_huge_pages_are_off_weights_stay_where_they_are(monkeypatch, tmp_path):
+    """THP "never": the kernel still accepts the advice, but the copy would stay in 4 KiB pages."""
+    enabled = tmp_path / "enabled"
+    enabled.write_text("always madvise [never]\n")
+    monkeypatch.setattr(huge_pages, "THP_ENABLED", str(enabled))
+    embed, head = tied_pair()
+    where = embed.weight.data_ptr()
+    assert place_in_huge_pages([embed, head]) == 0
+    assert embed.weight.data_ptr() == where == head.weight.data_ptr()
