@@ -26,8 +26,12 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from agents.arguments import float_in, int_in
+
+if TYPE_CHECKING:
+    from agents.emulation import DeviceEmulation
 
 READY_PREFIX = "EDGESHARD-AGENT-READY"
 
@@ -79,6 +83,9 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
                    help="emulated memory budget for shard weights; a larger shard is refused (0 = none)")
     s.add_argument("--compute-slowdown", type=float_in(1, 1000), default=1.0,
                    help="emulate a device this many times slower than this machine (>= 1)")
+    s.add_argument("--shared-host", action="store_true",
+                   help="other agents of this cluster compute on this host between this agent's steps "
+                        "(a local cluster, the netns testbed): profile units as cold as runs find them")
     s.add_argument("--weights-dir", default=None,
                    help="where weights sent by the coordinator are kept by content hash "
                         "(default $XDG_CACHE_HOME/edgeshard-agent/weights)")
@@ -86,6 +93,14 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes (the launching process ended); used by `cluster local`")
     s.add_argument("--log-level", default="WARNING")
+
+
+def emulation_from_args(args: argparse.Namespace) -> DeviceEmulation:
+    """The device this agent emulates, from ``serve``'s arguments (ValueError on impossible limits)."""
+    from agents.emulation import MIB, DeviceEmulation
+
+    return DeviceEmulation(memory_budget_bytes=int(args.memory_budget_mib * MIB),
+                           compute_slowdown=args.compute_slowdown, shared_host=args.shared_host)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -100,8 +115,7 @@ def serve(args: argparse.Namespace) -> int:
         print("agent: --coordinator-key must be a 40-character Z85 CurveZMQ public key", file=sys.stderr)
         return 2
     try:
-        emulation = DeviceEmulation(memory_budget_bytes=int(args.memory_budget_mib * MIB),
-                                    compute_slowdown=args.compute_slowdown)
+        emulation = emulation_from_args(args)
     except ValueError as err:
         print(f"agent: {err}", file=sys.stderr)
         return 2

@@ -104,6 +104,9 @@ class DeviceEmulation:
     """0 = no emulated budget (the device's real memory applies)."""
     compute_slowdown: float = 1.0
     """≥ 1: how many times slower than this machine the device computes."""
+    shared_host: bool = False
+    """The agent's host also runs other agents of its cluster that compute between its steps (a
+    local cluster, the netns testbed: ``--shared-host``). Not a limit: it only says how to profile."""
 
     def __post_init__(self) -> None:
         if self.memory_budget_bytes < 0:
@@ -151,11 +154,13 @@ class DeviceEmulation:
 
     def shares_host(self, torch_device: str = "cpu") -> bool:
         """Whether the profile times units as on a host whose caches other agents overwrite between
-        a stage's steps (``agents.profiler.profile_units``'s ``shared_host``): an emulated CPU device
-        is one agent of a local cluster, whose stages compute in turn on the same cores. Measured on
+        a stage's steps (``agents.profiler.profile_units``'s ``shared_host``): an agent of a local
+        cluster or of the netns testbed, whose stages compute in turn on the same cores. Measured on
         the demo's cluster (load 3): its head stage's decode took 0.50 ms of CPU per step in runs, its
-        head 0.09–0.2 ms when profiled back to back, ~0.4 ms after the cache was overwritten."""
-        return self.active and torch_device == "cpu"
+        head 0.09–0.2 ms when profiled back to back, ~0.4 ms after the cache was overwritten.
+        Only where the launcher said so (``shared_host``): an agent deployed alone on a real device
+        with a memory budget keeps its caches between steps and is profiled warm."""
+        return self.shared_host and torch_device == "cpu"
 
     def slowed(self, executor):
         """``executor`` itself without a slowdown, else a wrapper whose computations take longer."""

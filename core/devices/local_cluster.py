@@ -326,8 +326,15 @@ class LocalCluster:
         )
 
     def _spawn(self, device: str, ports: tuple[int, int] = (0, 0)) -> _Proc:
+        proc = _Proc(device, self._launch(self.agent_argv(device, ports)))
+        proc.reader = threading.Thread(target=self._read, args=(proc,), name=f"local-agent-{device}", daemon=True)
+        proc.reader.start()
+        return proc
+
+    def agent_argv(self, device: str, ports: tuple[int, int] = (0, 0)) -> list[str]:
+        """``python -m agents`` arguments of ``device``'s agent (after ``start()`` made the keys)."""
         assert self.keys is not None
-        argv = [
+        return [
             "serve",
             "--device", device,
             "--host", "127.0.0.1",
@@ -338,15 +345,14 @@ class LocalCluster:
             "--link-latency-ms", str(self.link_latency_ms[device]),
             "--memory-budget-mib", str(self.emulation[device].memory_budget_bytes / MIB),
             "--compute-slowdown", str(self.emulation[device].compute_slowdown),
+            # its emulated devices are profiled as the runs find them: cold, the others computing
+            # between their steps (unemulated agents keep the warm profile the fidelity table is read against)
+            *(["--shared-host"] if self.emulation[device].active else []),
             "--weights-dir", str(self.workdir / "weights" / device),
             "--exit-on-stdin-eof",
             "--control-port", str(ports[0]),
             "--data-port", str(ports[1]),
         ]  # fmt: skip
-        proc = _Proc(device, self._launch(argv))
-        proc.reader = threading.Thread(target=self._read, args=(proc,), name=f"local-agent-{device}", daemon=True)
-        proc.reader.start()
-        return proc
 
     def _read(self, proc: _Proc) -> None:
         """Drain the agent's output (so it never blocks on a full pipe) and spot its ready line."""

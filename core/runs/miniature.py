@@ -177,7 +177,9 @@ def _deploy(state, setup: MiniatureSetup, weights_bytes: int, ws: Path, rep: Rep
     budget_mib = setup.edge_memory_factor * weights_bytes / (1 << 20)
     groups = {
         "edges": ([d for d in state.devices if d.name != setup.cloud],
-                  dict(memory_budget_mib=round(budget_mib, 1), compute_slowdown=setup.edge_slowdown)),
+                  # the edges share this host's cores (netns): profiled cold, as before the flag existed
+                  dict(memory_budget_mib=round(budget_mib, 1), compute_slowdown=setup.edge_slowdown,
+                       shared_host=True)),
         "cloud": ([state.device(setup.cloud)], {}),
     }
     for label, (devs, emulation) in groups.items():

@@ -179,8 +179,21 @@ def test_a_spatial_strip_on_several_torch_threads_is_slowed_by_its_threads_cpu_t
     assert compute_clock.slept == [pytest.approx(7e-3)]
 
 
-def test_an_emulated_cpu_device_profiles_its_units_as_on_a_host_other_agents_share():
-    assert DeviceEmulation(compute_slowdown=8.0).shares_host("cpu")
-    assert DeviceEmulation(memory_budget_bytes=MIB).shares_host("cpu")  # a local cluster's agent all the same
-    assert not DeviceEmulation().shares_host("cpu")  # no emulation: a device of its own
-    assert not DeviceEmulation(compute_slowdown=8.0).shares_host("cuda:0")  # an accelerator's caches: not modelled
+def test_an_agent_told_it_shares_its_host_profiles_its_units_as_on_a_shared_host():
+    assert DeviceEmulation(compute_slowdown=8.0, shared_host=True).shares_host("cpu")
+    assert DeviceEmulation(memory_budget_bytes=MIB, shared_host=True).shares_host("cpu")
+    assert not DeviceEmulation(compute_slowdown=8.0, shared_host=True).shares_host("cuda:0")  # not modelled
+
+
+def test_a_device_deployed_alone_with_a_memory_budget_profiles_warm():
+    """A real device given only a budget keeps its caches between steps: nothing says otherwise."""
+    assert not DeviceEmulation(memory_budget_bytes=MIB).shares_host("cpu")
+    assert not DeviceEmulation(compute_slowdown=8.0).shares_host("cpu")
+
+
+def test_the_shared_host_flag_reaches_the_agents_emulation():
+    from agents.__main__ import build_parser, emulation_from_args
+
+    base = ["serve", "--device", "d", "--coordinator-key=" + "a" * 40, "--memory-budget-mib", "3"]
+    assert emulation_from_args(build_parser().parse_args(base + ["--shared-host"])).shares_host("cpu")
+    assert not emulation_from_args(build_parser().parse_args(base)).shares_host("cpu")

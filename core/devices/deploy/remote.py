@@ -104,6 +104,9 @@ class DeployOptions:
     """An emulated memory budget the agent enforces (agents/emulation.py); 0 = none."""
     compute_slowdown: float = 1.0
     """An emulated slower device: each computation takes this many times as long; 1 = none."""
+    shared_host: bool = False
+    """Other agents of the cluster run on the same host (the netns testbed): the agent profiles
+    its units cold (``--shared-host``). Real devices, one agent each, leave it False."""
 
 
 _CHECK_SCRIPT = r"""
@@ -237,6 +240,8 @@ def start_agent(session: SshSession, opts: DeployOptions, bundle: AgentBundle, b
         args += ["--memory-budget-mib", str(opts.memory_budget_mib)]
     if opts.compute_slowdown != 1.0:
         args += ["--compute-slowdown", str(opts.compute_slowdown)]
+    if opts.shared_host:
+        args.append("--shared-host")
     cmd = (f"cd {quote(bundle_dir)} && : > {quote(log_path)} && PYTHONPATH={quote(bundle_dir)} PYTHONUNBUFFERED=1 "
            f"setsid nohup {quote(opts.python)} {' '.join(quote(a) for a in args)} "
            f">> {quote(log_path)} 2>&1 < /dev/null & echo $!")

@@ -284,3 +284,16 @@ def test_stop_signals_every_agent_before_waiting_for_any(tmp_path):
     cluster._procs = [_Proc(device=n, popen=Agent(n)) for n in ("a", "b", "c")]
     cluster.stop()
     assert [kind for kind, _ in order] == ["signalled"] * 3 + ["waited"] * 3
+
+
+def test_only_the_emulated_agents_of_a_local_cluster_are_told_they_share_the_host(tmp_path):
+    """Emulated devices are profiled cold, as their runs find them; the others keep the warm
+    profile the fidelity table is read against."""
+    from agents.emulation import DeviceEmulation
+    from agents.transport import CurveKeys
+
+    cluster = LocalCluster(str(tmp_path), ["slow", "plain"],
+                           emulation={"slow": DeviceEmulation(compute_slowdown=4.0), "plain": DeviceEmulation()})
+    cluster.keys = CurveKeys.generate()  # what start() makes before it spawns
+    assert "--shared-host" in cluster.agent_argv("slow")
+    assert "--shared-host" not in cluster.agent_argv("plain")
