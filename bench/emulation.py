@@ -57,7 +57,7 @@ def _cluster_class(path: str | None):
     class ClusterFrom(LocalCluster):
         def _agent_env(self) -> dict[str, str]:
             env = super()._agent_env()
-            env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH", "")) if p)  # no empty entry (= cwd)
             return env
 
     return ClusterFrom

@@ -151,15 +151,29 @@ def test_password_sign_in_requires_a_password(qtbot, make_dialog):
 
 # --- against a real sshd on loopback (root: sshd must run as root to switch users) ------------
 import os
+import random
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 and up here), so none of the
+    suite's outgoing connections or port-0 binds takes it between a test's stopping an agent
+    and its restarting the agent on the same port (once seen as a restart that never came up)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @pytest.fixture
