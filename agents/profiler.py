@@ -25,8 +25,8 @@ miniature's 2.5x misprediction, docs/experiments.md). So when the whole model is
 than the cache, several copies of the unit (distinct weights, together about twice the
 cache) are built and timed in turn (``cold_copies``); a model that fits is timed warm, as
 it runs on a device of its own. Not the embedding, whose step reads only its tokens' rows.
-On a host whose cores and caches other agents share (``shared_host``: an emulated device of
-a local cluster), a unit the cache would hold is timed after the cache was overwritten
+On a host whose cores and caches other agents share (``shared_host``: an agent started with
+``--shared-host``, a local cluster's emulated devices and the netns testbed's edges), a unit the cache would hold is timed after the cache was overwritten
 (``CacheEvictor``), and so is the stage overhead: between two of a stage's steps the other
 stages computed there. The demo's 8× head stage computed 0.50 ms of CPU per step in runs, its
 head 0.09–0.2 ms profiled back to back, 0.36–0.52 ms profiled cold. CPU only: an
@@ -465,7 +465,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     ``cache_bytes``: the last-level cache the units are timed cold against (None: this CPU's,
     0: time them warm); ``clock``: what the timings read (``time.thread_time`` for CPU time:
     bench/profile_cache.py); ``shared_host``: the agent shares its host's cores and caches with
-    other agents (an emulated device of a local cluster), so a unit the cache would hold is timed
+    other agents (``DeviceEmulation.shares_host``), so a unit the cache would hold is timed
     after the cache was overwritten (``CacheEvictor``), as a run finds it (module docstring)."""
     import torch
 

@@ -31,6 +31,18 @@ from pathlib import Path
 import torch
 import zmq
 
+from agents.protocol import DataHeader
+from agents.transport import data_message, tensor_frame
+
+
+def frame_activation(x: torch.Tensor) -> list:
+    """What a stage does to its output before the send (``_StageRun._send``): the tensor's frame,
+    its header, the message's frames (``bench/wake_after_idle.py`` times it after idleness)."""
+    spec, buf = tensor_frame(x)
+    header = DataHeader(run_id="r" * 12, kind="hidden", phase="decode", step=7, micro_batch=0, sender="four-1",
+                        tensors=(spec,), t_sent=time.time())
+    return data_message(header, [buf])
+
 
 def cpu_us(fn, n: int) -> float:
     """Median-of-5 CPU µs per call of ``fn`` (each of 5 batches of n // 5 calls)."""
@@ -48,10 +60,10 @@ def main() -> None:
     ap.add_argument("--model", default=str(Path.home() / ".cache" / "edgeshard" / "bench-llama-170m"))
     ap.add_argument("--n", type=int, default=2000)
     args = ap.parse_args()
-    from agents.protocol import AgentEvent, DataHeader, decode_data
+    from agents.protocol import AgentEvent, decode_data
     from agents.schedule import Step, step_operations
-    from agents.transport import (DATA_DOMAIN, CurveKeys, KeyGate, curve_client, curve_server, data_message,
-                                  start_authenticator, tensor_frame, tensor_from_frame)
+    from agents.transport import (DATA_DOMAIN, CurveKeys, KeyGate, curve_client, curve_server,
+                                  start_authenticator, tensor_from_frame)
 
     torch.set_num_threads(1)
     hidden = json.loads((Path(args.model) / "config.json").read_text())["hidden_size"] \
@@ -62,10 +74,7 @@ def main() -> None:
                  "load_avg_1min": round(os.getloadavg()[0], 2)}
 
     def encode():
-        spec, buf = tensor_frame(x)
-        header = DataHeader(run_id="r" * 12, kind="hidden", phase="decode", step=7, micro_batch=0, sender="four-1",
-                            tensors=(spec,), t_sent=time.time())
-        return data_message(header, [buf])
+        return frame_activation(x)
 
     frames = encode()
     raw = [zmq.Frame(bytes(f)) if isinstance(f, bytes) else zmq.Frame(f.tobytes()) for f in frames]

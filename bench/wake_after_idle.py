@@ -92,24 +92,15 @@ def one_row(port: int, n: int, gap_ms: float, spin: bool) -> dict[str, float]:
 
 def framing_cpu_us(gap_s: float, n: int) -> dict[str, float]:
     import torch
-
-    from agents.protocol import DataHeader
-    from agents.transport import data_message, tensor_frame
+    from hop_trace import frame_activation  # this folder: the script's own
 
     x = torch.randn(1, 1, 4096)
-
-    def frame() -> None:
-        specs, bufs = zip(*(tensor_frame(t) for t in [x]))
-        header = DataHeader(run_id="r", kind="hidden", phase="decode", step=3, micro_batch=0, sender="s1",
-                            tensors=tuple(specs), t_sent=time.time())
-        data_message(header, list(bufs))
-
     cpu = []
     for i in range(n + 10):
         if gap_s:
             time.sleep(gap_s)
         started = time.thread_time()
-        frame()
+        frame_activation(x)
         if i >= 10:
             cpu.append((time.thread_time() - started) * 1e6)
     cpu.sort()
