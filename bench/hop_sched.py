@@ -39,6 +39,7 @@ from agents.protocol import SamplingSpec
 from core.devices.local_cluster import LocalCluster
 from core.planning.plan import plan_from_boundaries
 from core.runs.coordinator import Coordinator, RunRequest
+from runtime_threads import busiest_threads, thread_cpu_s  # this folder: the script's own
 
 EVENT = re.compile(r"^\s*(?P<comm>.+?)\s+(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<ts>\d+\.\d+):\s+sched:(?P<ev>sched_\w+):\s+(?P<rest>.*)$")
 WAKING = re.compile(r"pid=(?P<pid>\d+)")
@@ -164,15 +165,12 @@ def main() -> None:
             kinds[int(tid)] = "coordinator (bench process)"
         for d in names:
             pid = cluster.pid_of(d)
-            cpu = {}
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            for name in thread_cpu_s(pid):
+                tid, comm = name.split(":", 1)
                 kinds[int(tid)] = "agents' other threads"
                 if comm.startswith("ZMQbg/IO"):
                     threads[int(tid)] = f"{d}.io"
-                elif int(tid) != pid:
-                    cpu[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            threads[max(cpu, key=cpu.get)] = f"{d}.worker"
+            threads[int(busiest_threads(pid)[0])] = f"{d}.worker"
         data = Path(tmp) / "perf.data"
         perf = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "mono", "-e", "sched:sched_waking",
                                  "-e", "sched:sched_switch", "-o", str(data)],

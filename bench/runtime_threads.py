@@ -46,6 +46,15 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return {k: v[0] for k, v in thread_stats(pid).items()}
 
 
+def busiest_threads(pid: int) -> list[str]:
+    """The agent's own Python threads (not libzmq's IO threads, not the main thread, which
+    imported torch and then sleeps), busiest first: after a run the worker (stage loop), then
+    the control thread."""
+    ranked = sorted((v, k) for k, v in thread_cpu_s(pid).items()
+                    if not k.split(":", 1)[1].startswith("ZMQbg") and k.split(":")[0] != str(pid))
+    return [k.split(":")[0] for _, k in reversed(ranked)]
+
+
 def role(name: str, worker_tid: str, control_tid: str) -> str:
     tid, comm = name.split(":", 1)
     if comm.startswith("ZMQbg/IO"):
@@ -85,15 +94,12 @@ def main() -> None:
         for plan in plans.values():
             co.load(plan, args.model, threads=1)
         # the worker is the thread with most CPU after a warm-up run, control the second
-        # (the main thread, which imported torch and then sleeps, is left out)
         tids = {}
         for key, plan in plans.items():
             co.run(plan, req)
             for d in plan.devices():
-                pid = str(cluster.pid_of(d))
-                ranked = sorted((v, k) for k, v in thread_cpu_s(cluster.pid_of(d)).items()
-                                if not k.split(":", 1)[1].startswith("ZMQbg") and k.split(":")[0] != pid)
-                tids[d] = (ranked[-1][1].split(":")[0], ranked[-2][1].split(":")[0])
+                busiest = busiest_threads(cluster.pid_of(d))
+                tids[d] = (busiest[0], busiest[1])
         for _ in range(args.rounds):
             for key, plan in plans.items():
                 before = {d: thread_stats(cluster.pid_of(d)) for d in plan.devices()}
