@@ -70,22 +70,21 @@ def chain_run(executors, ids, mask, new_tokens, idle_s: float = 0.0):
             y = ex.decode(0, y)
         return y.argmax(-1, keepdim=True)
 
-    def idle_step(token):
+    def idle_step(token):  # → (next token, seconds computing)
         y, busy = token, 0.0
         for ex in executors:
             time.sleep(idle_s)
             started = time.perf_counter()
             y = ex.decode(0, y)
             busy += time.perf_counter() - started
-        step.busy = busy
-        return y.argmax(-1, keepdim=True)
+        return y.argmax(-1, keepdim=True), busy
 
     if idle_s > 0:
         times = []
         token = x.argmax(-1, keepdim=True)
         for _ in range(new_tokens):
-            token = idle_step(token)
-            times.append(step.busy)
+            token, busy = idle_step(token)
+            times.append(busy)
     else:
         times = decode_times(step, x.argmax(-1, keepdim=True), new_tokens)
     for ex in executors:
