@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from agents.arguments import int_in
 from agents.protocol import SamplingSpec
 from core.devices.local_cluster import LocalCluster
 from core.planning.plan import plan_from_boundaries
@@ -140,7 +141,8 @@ def require_perf() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(Path.home() / ".cache" / "edgeshard" / "bench-llama-170m"))
-    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int_in(2, 4096), default=24,
+                    help="tokens to generate (>= 2: the hops traced are the decode steps')")
     args = ap.parse_args()
     require_perf()
     if not (Path(args.model) / "config.json").exists():

@@ -32,6 +32,8 @@ import struct
 import time
 from multiprocessing import Process, Queue
 
+from agents.arguments import int_in
+
 SIZE = 16384
 GAPS_MS = (0, 2, 10, 36)
 
@@ -110,7 +112,7 @@ def framing_cpu_us(gap_s: float, n: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=150)
+    ap.add_argument("--messages", type=int_in(1, 100_000), default=150, help="timed messages per row")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     out: dict = {"bench": "wake_after_idle", "unit": "µs one way, 16 KiB on loopback TCP",
