@@ -12,7 +12,7 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
-from core.errors import EdgeShardError
+from core.errors import EdgeShardError, PlanInvalid
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except PlanInvalid as err:  # one line, every violation: the reason must not scroll away
+        print(f"edgeshard: error: plan is invalid: {'; '.join(err.violations)}", file=sys.stderr)
+        return err.exit_code
     except EdgeShardError as err:
         print(f"edgeshard: error: {err}", file=sys.stderr)
         return err.exit_code

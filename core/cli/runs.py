@@ -154,7 +154,7 @@ def cmd_run(args) -> int:
     from core.reporting import TerminalReporter
     from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
-    from core.runs.generation import GenerationSettings
+    from core.runs.generation import GenerationSettings, check_run
     from core.sessions.recording import record_run
     from core.sessions.store import default_workspace_path
     from core.techniques import technique_for_plan_format
@@ -190,7 +190,10 @@ def cmd_run(args) -> int:
         threads=args.threads,
         send_weights=args.send_weights,
     )
+    check_run(plan, model_dir, prompts, settings)  # before any agent is started or connected
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
+    if agents is not None:
+        _check_agents_serve(plan.devices(), agents[0], args.agents)
     reporter = TerminalReporter()
     workspace = None if args.no_record else (args.workspace or default_workspace_path())
     recording = nullcontext() if workspace is None else record_run(
@@ -235,6 +238,17 @@ def cmd_run(args) -> int:
     if run is not None:
         print(f"recorded as run {run.run_id} (session {run.session_id}) in {workspace}")
     return 0
+
+
+def _check_agents_serve(devices, endpoints, source: str) -> None:
+    """Every device the plan names has an agent in ``source``: checked before connecting to any."""
+    from core.errors import PlanInvalid
+
+    known = {e.device for e in endpoints}
+    missing = [d for d in devices if d not in known]
+    if missing:
+        raise PlanInvalid([f"the plan runs stages on {', '.join(missing)}, which {source} does not list "
+                           f"(it lists {', '.join(sorted(known)) or 'no agent'})"])
 
 
 def _replanner(args, plan):

@@ -29,6 +29,7 @@ from core.runs.coordinator import (
 from core.runs.batching import kv_covers, kv_reservation, run_micro_batches
 from core.errors import FormatError, PlanInvalid, RunFailed, UnsupportedModelError
 from core.models.checkpoints import check_model_dir
+from core.models.units import load_model_spec
 from core.planning.plan import ShardPlan, layout_problems
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
@@ -213,6 +214,26 @@ class _TextSink:
         self.inner.on_tokens(msgspec.structs.replace(tokens, text=text))
 
 
+def check_run(plan: ShardPlan, model_dir: str, prompts: list[str] | tuple[str, ...],
+              settings: GenerationSettings) -> None:
+    """Refuse what ``generate`` would refuse before it touches an agent: prompts, settings, the plan's
+    layout against the checkpoint's unit count (from config.json alone: no torch, no transformers,
+    so an entrance calls it before it starts or connects agents and a bad plan costs milliseconds)."""
+    if not prompts:
+        raise FormatError("prompts", "no prompt given")
+    if settings.mode not in MODES:
+        raise FormatError("mode", f"must be one of {', '.join(MODES)}, got {settings.mode!r}")
+    problem = settings_problem(settings)
+    if problem:
+        raise FormatError("run settings", problem[1], problem[0])
+    problems = layout_problems(plan, load_model_spec(model_dir).num_units)
+    if problems:
+        raise PlanInvalid(problems)
+    if not any((Path(model_dir) / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise UnsupportedModelError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
+                                    "(only safetensors checkpoints are supported)")
+
+
 def generate(
     coordinator: Coordinator,
     plan: ShardPlan,
@@ -229,16 +250,8 @@ def generate(
     generate for ``prompts``; streams into ``sink``. ``replan``: survive a lost device by
     re-planning over the others (``core.runs.recovery``; None: the run fails)."""
     reporter = reporter or NullReporter()
-    if not prompts:
-        raise FormatError("prompts", "no prompt given")
-    if settings.mode not in MODES:
-        raise FormatError("mode", f"must be one of {', '.join(MODES)}, got {settings.mode!r}")
-    problem = settings_problem(settings)
-    if problem:
-        raise FormatError("run settings", problem[1], problem[0])
-    problems = layout_problems(plan, check_model_dir(model_dir).num_units)
-    if problems:
-        raise PlanInvalid(problems)
+    check_run(plan, model_dir, prompts, settings)
+    check_model_dir(model_dir)  # what the agents' own reader makes of it (imports torch: after the cheap checks)
     tok = load_tokenizer(model_dir)
     enc = tok(list(prompts), return_tensors="pt", padding=True)
     if enc["input_ids"].shape[1] == 0:
