@@ -10,6 +10,10 @@ A run in progress ends with ``RunFailed`` naming the device when one of its agen
 lost, and every other agent is told to stop and unload (back to idle; the next run loads
 the plan again). Nothing here touches Qt: sinks are plain callables that may run on the
 link's IO thread.
+
+The run's values, sinks and live stream are ``core.runs.run_stream``; the load's waits and the
+take-over of another coordinator's agents are ``core.runs.stage_loading``. Callers import
+them all from here.
 """
 
 from __future__ import annotations
@@ -19,19 +23,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from agents.protocol import (
-    RUN_MODES,
-    storage_lane,
     AgentState,
     AgentStatus,
     ComputeOptions,
     ConvSweepOptions,
     ErrorReply,
-    EventBatch,
-    GetStatus,
     KvReservation,
     LinkOptions,
     LinkResult,
@@ -39,136 +37,30 @@ from agents.protocol import (
     LoadShard,
     PeerSpec,
     ServicePeer,
-    RunError,
-    RunFinished,
-    RunMode,
-    SamplingSpec,
-    StaggeredSpec,
     StartRun,
     StopRun,
     TimelineEvent,
-    TokenEvent,
-    TokensProduced,
     Unload,
 )
 from agents.transport import CurveKeys
-from core.devices.agent_link import AgentEndpoint, AgentLink, holder_heard_between_polls
-from core.devices.clock_sync import ClockEstimate, to_coordinator_clock
-from core.errors import AgentBusy, FormatError, HelperLost, PlanInvalid, RunFailed, ShardOverBudget
+from core.devices.agent_link import AgentEndpoint, AgentLink
+from core.devices.clock_sync import ClockEstimate
+from core.errors import FormatError, HelperLost, PlanInvalid, RunFailed
 from core.planning.plan import ShardPlan, layout_problems
 from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
 from core.runs import run_state
 from core.runs.batching import kv_reservation
 from core.runs.recovery import RecoveryImpossible, RecoveryRecord, Replanner, Resume, resume_point
+from core.runs.run_stream import (  # noqa: F401  (public here: callers import them from the coordinator)
+    MODES, ActiveRun, FanoutSink, Mode, NullSink, RunRequest, RunResult, RunSink,
+)
+from core.runs.stage_loading import await_loads, run_failure, take_over
 
 __all__ = [
     "MODES", "AgentEndpoint", "ClockEstimate", "Coordinator", "FanoutSink", "Mode", "NullSink", "RunRequest",
     "RunResult", "RunSink", "split_micro_batches",
 ]
-
-Mode = RunMode
-MODES = RUN_MODES
-"""Re-exported from ``agents.protocol`` (the one definition of the run modes)."""
-
-
-class RunSink(Protocol):
-    """Where a run's live stream goes (the GUI bridge, the SessionStore, a JSONL file).
-
-    Called on the coordinator's IO thread as batches arrive (about every 50 ms for
-    events, at once for tokens); implementations must be quick and thread-safe.
-    """
-
-    def on_event(self, event: TimelineEvent) -> None: ...
-
-    def on_tokens(self, tokens: TokenEvent) -> None: ...
-
-
-class NullSink:
-    def on_event(self, event: TimelineEvent) -> None:
-        pass
-
-    def on_tokens(self, tokens: TokenEvent) -> None:
-        pass
-
-
-class FanoutSink:
-    """Forwards to several sinks (e.g. the store and the GUI)."""
-
-    def __init__(self, *sinks: RunSink) -> None:
-        self.sinks = [s for s in sinks if s is not None]
-
-    def on_event(self, event: TimelineEvent) -> None:
-        for s in self.sinks:
-            s.on_event(event)
-
-    def on_tokens(self, tokens: TokenEvent) -> None:
-        for s in self.sinks:
-            s.on_tokens(tokens)
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """Token-level input of one run (tokenization happens in ``core.runtime_session``)."""
-
-    input_ids: tuple[tuple[int, ...], ...]
-    """Left-padded, one row per sequence."""
-    attention_mask: tuple[tuple[int, ...], ...]
-    max_new_tokens: int
-    mode: Mode = "sequential"
-    micro_batches: int | None = None
-    """An override of the plan's micro-batch count (``core.runs.batching``); None: the plan's."""
-    eos_token_ids: tuple[int, ...] = ()
-    pad_token_id: int = 0
-    sampling: SamplingSpec = SamplingSpec()
-    staggered: StaggeredSpec | None = None
-    """Attention offloading's staggered pipelining over several compute replicas (the source's
-    ``StartRun.staggered``; ``core.techniques.attention_offload.run.run_staggered`` sets it)."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    run_id: str
-    tokens: tuple[tuple[int, ...], ...]
-    """Generated ids per sequence (up to and including EOS)."""
-    events: tuple[TimelineEvent, ...]
-    token_events: tuple[TokenEvent, ...]
-    clocks: dict[str, ClockEstimate]
-    wall_s: float
-    recoveries: tuple[RecoveryRecord, ...] = ()
-    """Each lost device the run survived (``run(..., replan=)``), in order."""
-    plan: ShardPlan | None = None
-    """The plan the run finished on (the re-planned one after a recovery)."""
-
-
-@dataclass
-class _ActiveRun:
-    run_id: str
-    t0: float
-    """Coordinator clock (time.time()) at run start."""
-    stages: dict[str, int]
-    sink: RunSink
-    state: run_state.RunState
-    """Only ever replaced by ``Coordinator._advance`` (under ``lock``)."""
-    ended: threading.Event = field(default_factory=threading.Event)
-    """Set once ``state`` is terminal."""
-    events: list[TimelineEvent] = field(default_factory=list)
-    tokens: list[TokenEvent] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    helpers: frozenset[str] = frozenset()
-    """Agents serving the run outside its stages (``Coordinator.run(helpers=)``): losing one ends it."""
-    lost_helper: tuple[str, str] | None = None
-    """(device, why) of the helper whose loss ended the run (``HelperLost``)."""
-    resume: Resume | None = None
-    """Set while a resumed segment runs: its micro-batches and steps map back onto the whole
-    run's (``Resume.keys``, ``Resume.first_steps``)."""
-
-    def whole_run(self, micro_batch: int, step: int) -> tuple[int, int]:
-        """(micro-batch, step) of the whole run for a segment's own numbering."""
-        r = self.resume
-        if r is None or micro_batch >= len(r.keys):
-            return micro_batch, step
-        return r.keys[micro_batch], r.first_steps[micro_batch] + step
 
 
 class Coordinator:
@@ -200,7 +92,7 @@ class Coordinator:
         self.lease_s = max(lease_s, 2 * heartbeat_interval_s)
         """How long agents keep a run of this coordinator alive without hearing from it (its
         pings renew the lease); then they abort it, so a killed coordinator orphans nothing."""
-        self._run: _ActiveRun | None = None
+        self._run: ActiveRun | None = None
         self._run_lock = threading.Lock()
         self._loaded: tuple[ShardPlan, object] | None = None
         self._loaded_kv = KvReservation()
@@ -267,58 +159,15 @@ class Coordinator:
         run = self._run
         if run is not None and device in run.helpers:  # the stages cannot go on without it
             run.lost_helper = run.lost_helper or (device, why)
-            self._advance(run, run_state.StopRequested(f"agent {device} stopped answering ({why}); the run's "
+            run.advance(run_state.StopRequested(f"agent {device} stopped answering ({why}); the run's "
                                                        "stages need it"))
         elif run is not None:  # an idle agent's loss is only reported (the state machine ignores it)
-            self._advance(run, run_state.AgentLost(device, why))
+            run.advance(run_state.AgentLost(device, why))
 
     def _on_stream(self, device: str, msg) -> None:
         run = self._run
-        if run is None:
-            return
-        if isinstance(msg, EventBatch) and msg.run_id == run.run_id:
-            self._on_events(run, device, msg)
-        elif isinstance(msg, TokensProduced) and msg.run_id == run.run_id:
-            mb, step = run.whole_run(msg.micro_batch, msg.step)
-            ev = TokenEvent(
-                micro_batch=mb,
-                step=step,
-                sequence_ids=msg.sequence_ids,
-                token_ids=msg.token_ids,
-                t_s=self._to_run_clock(run, device, msg.t),
-            )
-            with run.lock:
-                run.tokens.append(ev)
-            run.sink.on_tokens(ev)
-        if isinstance(msg, (EventBatch, TokensProduced, RunFinished, RunError)):
-            self._advance(run, run_state.FromAgent(device, msg))
-
-    def _on_events(self, run: _ActiveRun, device: str, msg: EventBatch) -> None:
-        clock = self.link.clock_of(device)
-        unc = clock.uncertainty_s if clock else 0.0
-        for e in msg.events:
-            mb, step = run.whole_run(e.micro_batch, e.step)
-            ev = TimelineEvent(
-                device=storage_lane(msg.device) if e.kind == "io" else msg.device,
-                stage=msg.stage,
-                kind=e.kind,
-                phase=e.phase,
-                step=step,
-                micro_batch=mb,
-                # a downstream stage starts waiting just before the source starts the run
-                start_s=max(0.0, self._to_run_clock(run, device, e.start)) if e.kind == "recv_wait"
-                else self._to_run_clock(run, device, e.start),
-                end_s=self._to_run_clock(run, device, e.end),
-                nbytes=e.nbytes,
-                peer=e.peer,
-                clock_uncertainty_s=unc,
-            )
-            with run.lock:
-                run.events.append(ev)
-            run.sink.on_event(ev)
-
-    def _to_run_clock(self, run: _ActiveRun, device: str, t_agent: float) -> float:
-        return to_coordinator_clock(self.link.clock_of(device), t_agent) - run.t0
+        if run is not None:
+            run.take_in(device, msg, self.link.clock_of)
 
     # ---------------------------------------------------------------- operations
     def load(
@@ -357,7 +206,8 @@ class Coordinator:
                                files=files, kind=kind)
         # the plan's agents only: another agent that died unnoticed (a long heartbeat timeout) must not fail it
         statuses = self.link.status_of([d for d in plan.devices() if not self.link.is_lost(d)], 5.0)
-        self._take_over({d: statuses[d] for d in plan.devices() if d in statuses})
+        if self._run is None:  # a coordinator's own run is never an orphan
+            take_over(self.link, {d: statuses[d] for d in plan.devices() if d in statuses}, self.request_timeout_s)
         peers = tuple(
             PeerSpec(device=s.device, stage=i, data_address=statuses[s.device].data_address,
                      public_key=statuses[s.device].public_key)
@@ -377,87 +227,9 @@ class Coordinator:
                             services=(services or {}).get(s.device, ()))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
-        self._await_loads(futs, timeout_s, reporter)
+        await_loads(self.link, futs, timeout_s, reporter)
         self._loaded = (plan, model_dir)
         self._loaded_kv = kv
-
-    def _take_over(self, statuses: dict[str, AgentStatus]) -> None:
-        """Free the plan's agents from runs this coordinator did not start, so a new coordinator can
-        always take over agents whose coordinator died or hangs. A stop is answered after the run it
-        ends, so they are ready to load when this returns. An agent refuses the stop (``busy``) while
-        the run's coordinator holds its lease: then it is waited for — a silent coordinator's run ends
-        by its lease — and one that still speaks is not ours to end (``AgentBusy`` names the run)."""
-        if self._run is not None:
-            return
-        orphans = [d for d, st in statuses.items() if st.state is AgentState.RUNNING]
-        futs = [(d, self.request_async(d, StopRun())) for d in orphans]
-        for d, f in futs:
-            reply = self.link.await_reply(d, f, self.request_timeout_s, "ending a run of an earlier coordinator")
-            if isinstance(reply, ErrorReply) and reply.code == "busy":
-                self._await_lease(d)
-
-    def _await_lease(self, device: str) -> None:
-        """Wait until ``device`` no longer runs another coordinator's run (its lease runs out while
-        that coordinator is silent); ``AgentBusy`` as soon as that coordinator is heard again."""
-        deadline = time.monotonic() + self.request_timeout_s
-        polled = None
-        while True:
-            st = self.link.status_of([device], 5.0)[device]
-            now = time.monotonic()
-            if st.state is not AgentState.RUNNING:
-                return
-            if holder_heard_between_polls(st.holder_silent_s, None if polled is None else now - polled) \
-                    or now > deadline:
-                raise AgentBusy(f"busy with {st.activity or 'a run'} for another coordinator that is still "
-                                "connected: stop it there, or wait for it to end", device)
-            polled = now
-            time.sleep(0.2)
-
-    def _await_loads(self, futs: dict[str, cf.Future], timeout_s: float, reporter: Reporter) -> None:
-        """Wait for every stage's load through the run state machine; report progress from the
-        agents' statuses meanwhile (an agent answers ``get_status`` while it loads, with the
-        fraction of blocks read)."""
-        deadline = time.monotonic() + timeout_s
-        state = run_state.begin(uuid.uuid4().hex[:12], tuple(futs), load=True)
-        polls: dict[str, cf.Future] = {}
-        while isinstance(state, run_state.Loading):
-            pending = [d for d in state.stages if d not in state.loaded]
-            cf.wait([futs[d] for d in pending], timeout=0.3, return_when=cf.FIRST_COMPLETED)
-            for dev in pending:
-                state = run_state.apply(state, self._load_outcome(dev, futs[dev]))
-            if isinstance(state, run_state.Loading) and time.monotonic() > deadline:
-                late = next(d for d in state.stages if d not in state.loaded)
-                state = run_state.apply(state, run_state.StageRefused(
-                    late, f"no answer while loading its shard after {timeout_s:.0f} s", "no_answer"))
-            if not isinstance(state, run_state.Loading):
-                break
-            for dev in (d for d in state.stages if d not in state.loaded):
-                poll = polls.get(dev)
-                if poll is not None and poll.done() and poll.exception() is None:
-                    st = poll.result()
-                    if isinstance(st, AgentStatus) and st.state is AgentState.LOADING:
-                        state = run_state.apply(state, run_state.LoadProgress(dev, st.progress))
-                if poll is None or poll.done():
-                    polls[dev] = self.request_async(dev, GetStatus())
-            reporter.progress(state.done, state.total)
-        if isinstance(state, run_state.Failed):
-            raise run_failure(state)
-        reporter.progress(len(futs), len(futs))
-
-    def _load_outcome(self, dev: str, fut: cf.Future) -> run_state.RunInput:
-        """What one stage's load request says so far (a ``LoadProgress`` of 0 while it says nothing)."""
-        if fut.done():
-            err = fut.exception()
-            if err is not None:  # a lost agent's future holds its RunFailed
-                return run_state.StageRefused(dev, getattr(err, "reason", str(err)), "agent_lost")
-            reply = fut.result()
-            if isinstance(reply, ErrorReply):
-                code = reply.code if reply.code in ("over_budget", "busy") else "refused"
-                return run_state.StageRefused(dev, f"cannot load its shard: {reply.message}", code)
-            return run_state.StageLoaded(dev)
-        if self.link.is_lost(dev):
-            return run_state.StageRefused(dev, "agent lost while loading its shard", "agent_lost")
-        return run_state.LoadProgress(dev, 0.0)
 
     @property
     def reserved_kv(self) -> KvReservation:
@@ -530,7 +302,7 @@ class Coordinator:
         lost = [d for d in [*devices, *helpers] if self.link.is_lost(d)]
         if lost:
             raise RunFailed("agent is not answering", lost[0])
-        run = _ActiveRun(run_id=run_id, t0=time.time(), stages={d: i for i, d in enumerate(devices)}, sink=sink,
+        run = ActiveRun(run_id=run_id, t0=time.time(), stages={d: i for i, d in enumerate(devices)}, sink=sink,
                          state=run_state.begin(run_id, tuple(devices), load=False), helpers=frozenset(helpers))
         self._run = run
         t_start = time.perf_counter()
@@ -542,7 +314,7 @@ class Coordinator:
             while True:
                 while not run.ended.wait(0.1):
                     if reporter.cancel_requested():
-                        self._advance(run, run_state.StopRequested("run cancelled"))
+                        run.advance(run_state.StopRequested("run cancelled"))
                         break
                     reporter.progress(run_state.progress(run.state, expected), expected)
                 self._stop_all(devices, run.run_id)
@@ -580,7 +352,7 @@ class Coordinator:
         return RunResult(run_id=run_id, tokens=tokens, events=events, token_events=toks, clocks=self.clocks(),
                          wall_s=time.perf_counter() - t_start, recoveries=tuple(recoveries), plan=plan)
 
-    def _recover(self, run: _ActiveRun, plan: ShardPlan, request: RunRequest, groups, replan: Replanner,
+    def _recover(self, run: ActiveRun, plan: ShardPlan, request: RunRequest, groups, replan: Replanner,
                  recoveries: list[RecoveryRecord], reporter: Reporter) -> tuple[ShardPlan, list[str]]:
         """Re-plan around the lost device, load the new plan and start the run's next segment
         from where the tokens stopped; returns the new plan and its devices. The run state says
@@ -588,7 +360,7 @@ class Coordinator:
         failed = run.state.device
         old = [s.device for s in plan.stages]
         detected = time.time() - run.t0
-        self._advance_recovery(run, run_state.Replan())
+        run.apply(run_state.Replan())
         with run.lock:
             tokens = list(run.tokens)
         step = max((t.step for t in tokens), default=-1) + 1
@@ -600,15 +372,15 @@ class Coordinator:
                                          "needs the checkpoint on every device", failed)
             new_plan = replan(plan, failed, usable)
         except RecoveryImpossible as err:
-            self._advance_recovery(run, run_state.ReplanImpossible(err.reason))
+            run.apply(run_state.ReplanImpossible(err.reason))
             raise err from None
         new = [s.device for s in new_plan.stages]
         replanned = time.time() - run.t0
-        self._advance_recovery(run, run_state.Replanned(tuple(new)))
-        self._emit(run, TimelineEvent(device=failed, stage=old.index(failed), kind="failure", phase="decode",
-                                      step=step, micro_batch=0, start_s=self._last_heard(run, failed),
+        run.apply(run_state.Replanned(tuple(new)))
+        run.emit(TimelineEvent(device=failed, stage=old.index(failed), kind="failure", phase="decode",
+                                      step=step, micro_batch=0, start_s=run.last_heard(failed),
                                       end_s=detected))
-        self._emit(run, TimelineEvent(device=failed, stage=old.index(failed), kind="replan", phase="decode",
+        run.emit(TimelineEvent(device=failed, stage=old.index(failed), kind="replan", phase="decode",
                                       step=step, micro_batch=0, start_s=detected, end_s=replanned))
         resume = resume_point(request.input_ids, request.attention_mask, groups, tokens,
                               max_new_tokens=request.max_new_tokens, eos_token_ids=request.eos_token_ids,
@@ -625,11 +397,11 @@ class Coordinator:
                       if self._loaded_kv.groups else KvReservation(),
                       **{k: v for k, v in args.items() if k != "files"})
         except RunFailed as err:
-            self._advance_recovery(run, run_state.ReplanImpossible(f"loading the re-planned stages failed: {err}"))
+            run.apply(run_state.ReplanImpossible(f"loading the re-planned stages failed: {err}"))
             raise
         loaded = time.time() - run.t0
         for i, d in enumerate(new):
-            self._emit(run, TimelineEvent(device=d, stage=i, kind="reload", phase="decode", step=step,
+            run.emit(TimelineEvent(device=d, stage=i, kind="reload", phase="decode", step=step,
                                           micro_batch=0, start_s=replanned, end_s=loaded))
         segment = uuid.uuid4().hex[:12]
         with run.lock:
@@ -649,23 +421,7 @@ class Coordinator:
                                          old_stages=tuple(old), new_stages=tuple(new)))
         return new_plan, new
 
-    def _advance_recovery(self, run: _ActiveRun, event: run_state.RunInput) -> None:
-        with run.lock:
-            run.state = run_state.apply(run.state, event)
-
-    def _emit(self, run: _ActiveRun, event: TimelineEvent) -> None:
-        with run.lock:
-            run.events.append(event)
-        run.sink.on_event(event)
-
-    @staticmethod
-    def _last_heard(run: _ActiveRun, device: str) -> float:
-        """When the run last heard of ``device``'s work (its failure box starts there)."""
-        with run.lock:
-            ends = [e.end_s for e in run.events if e.device == device]
-        return max(ends, default=0.0)
-
-    def _start_stages(self, run: _ActiveRun, devices: list[str], request: RunRequest, groups,
+    def _start_stages(self, run: ActiveRun, devices: list[str], request: RunRequest, groups,
                       resume: Resume | None = None) -> None:
         """``StartRun`` to every stage, downstream first so they wait when the source's data arrives."""
         keys = resume.keys if resume else ()
@@ -697,24 +453,15 @@ class Coordinator:
                 reply = self.link.await_reply(d, self.request_async(d, msg), self.request_timeout_s,
                                               "starting the run")
             except RunFailed as err:
-                self._advance(run, run_state.StageRefused(d, err.reason, "no_answer"))
+                run.advance(run_state.StageRefused(d, err.reason, "no_answer"))
                 return
             if isinstance(reply, ErrorReply):  # e.g. nothing loaded (a failure unloaded it): load the plan first
-                self._advance(run, run_state.StageRefused(d, f"cannot start the run ({reply.code}): {reply.message}",
+                run.advance(run_state.StageRefused(d, f"cannot start the run ({reply.code}): {reply.message}",
                                                           "busy" if reply.code == "busy" else "refused"))
                 return
-            self._advance(run, run_state.StageStarted(d))
+            run.advance(run_state.StageStarted(d))
             if run.ended.is_set():
                 return
-
-    @staticmethod
-    def _advance(run: _ActiveRun, event: run_state.RunInput) -> None:
-        """Feed ``event`` to the run's state machine (from any thread)."""
-        with run.lock:
-            run.state = run_state.apply(run.state, event)
-            ended = run_state.is_terminal(run.state)
-        if ended:
-            run.ended.set()
 
     @property
     def latest_run_state(self) -> run_state.RunState | None:
@@ -743,12 +490,4 @@ class Coordinator:
         """Abort the current run from another thread (the GUI's Stop button)."""
         run = self._run
         if run is not None:
-            self._advance(run, run_state.StopRequested("run stopped by the operator"))
-
-
-def run_failure(state: run_state.Failed | run_state.Aborted) -> RunFailed:
-    """The typed error a run (or a load) that did not finish ends with."""
-    if isinstance(state, run_state.Aborted):
-        return RunFailed(state.reason)
-    error = {"over_budget": ShardOverBudget, "busy": AgentBusy}.get(state.code, RunFailed)
-    return error(state.reason, state.device or None)
+            run.advance(run_state.StopRequested("run stopped by the operator"))

@@ -9,14 +9,11 @@ status, figures); ``events`` (TimelineEvents) and ``outputs`` (TokenEvents) of a
 sharing one per-run ``seq`` (arrival order) and ``recv_s`` (arrival time, seconds since
 the run started) so a replay reproduces exactly what was seen live; ``agent_logs``.
 
-Schema versions: ``MIGRATIONS[i]`` takes a workspace from version i to i+1, each in its
-own transaction, recorded in ``schema_version``. A file from a newer program is
-refused (``StoreError``), never touched; an older one is migrated on open.
-v1: sessions, devices, profiles, plans, runs, events, outputs.
-v2: agent_logs; runs.kind (measured | simulated); (run_id, seq) indexes.
+Schema versions and their migrations are ``core.sessions.schema``: a file from a newer
+program is refused (``StoreError``), never touched; an older one is migrated on open.
 
 Events arrive from any thread at high rates: ``append_event`` only queues; a writer
-thread with its own connection commits them in batches, at least every
+thread with its own connection (``core.sessions.batch_writer``) commits them in batches, at least every
 ``flush_interval_s`` (default 0.25 s) or every ``max_batch`` rows. In WAL mode with
 synchronous=NORMAL a committed batch survives a killed process (not a power cut), so
 a ``kill -9`` loses at most the last interval of events and never corrupts the file
@@ -35,15 +32,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import shutil
 import sqlite3
 import tempfile
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +52,11 @@ from core.errors import FormatError, StoreError
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.devices.profile import Profile
+from core.sessions.batch_writer import STOP, BatchWriter
+from core.sessions.schema import (
+    EVENT_COLS, OUTPUT_COLS, SCHEMA_VERSION, check_openable, connect, damage_of, damaged_read_error, is_damage,
+    migrate, utc_now,
+)
 
 ENV_WORKSPACE = paths.ENV_WORKSPACE
 log = logging.getLogger(__name__)
@@ -66,128 +65,6 @@ log = logging.getLogger(__name__)
 def default_workspace_path() -> Path:
     """$EDGESHARD_WORKSPACE, else $XDG_DATA_HOME/edgeshard/workspace.sqlite (core.paths)."""
     return paths.workspace_file()
-
-
-# ---------------------------------------------------------------- schema
-
-def _v1(db: sqlite_utils.Database) -> None:
-    db["sessions"].create({"id": int, "uid": str, "name": str, "created_at": str, "notes": str}, pk="id")
-    db["sessions"].create_index(["uid"], unique=True)
-    db["devices"].create({"id": int, "session_id": int, "device_id": str, "seen_at": str, "device_json": str},
-                         pk="id", foreign_keys=[("session_id", "sessions", "id")])
-    db["profiles"].create({"id": int, "session_id": int, "created_at": str, "profile_json": str},
-                          pk="id", foreign_keys=[("session_id", "sessions", "id")])
-    db["plans"].create({"id": int, "session_id": int, "created_at": str, "name": str, "plan_json": str},
-                       pk="id", foreign_keys=[("session_id", "sessions", "id")])
-    db["runs"].create(
-        {"id": int, "session_id": int, "plan_id": int, "profile_id": int, "problem_json": str,
-         "model": str, "mode": str, "settings_json": str, "status": str, "started_at": str,
-         "ended_at": str, "figures_json": str},
-        pk="id", foreign_keys=[("session_id", "sessions", "id")],
-    )
-    db["events"].create(
-        {"id": int, "run_id": int, "seq": int, "recv_s": float, "device": str, "stage": int, "kind": str,
-         "phase": str, "step": int, "micro_batch": int, "start_s": float, "end_s": float, "nbytes": int,
-         "peer": str, "clock_uncertainty_s": float},
-        pk="id", foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["outputs"].create(
-        {"id": int, "run_id": int, "seq": int, "recv_s": float, "micro_batch": int, "step": int, "t_s": float,
-         "sequence_ids": str, "token_ids": str, "text": str},
-        pk="id", foreign_keys=[("run_id", "runs", "id")],
-    )
-
-
-def _v2(db: sqlite_utils.Database) -> None:
-    db["agent_logs"].create(
-        {"id": int, "run_id": int, "device": str, "t_s": float, "level": str, "line": str},
-        pk="id", foreign_keys=[("run_id", "runs", "id")],
-    )
-    db["runs"].add_column("kind", str, not_null_default="measured")
-    db["events"].create_index(["run_id", "seq"])
-    db["outputs"].create_index(["run_id", "seq"])
-    db["agent_logs"].create_index(["run_id", "t_s"])
-
-
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
-SCHEMA_VERSION = len(MIGRATIONS)
-
-_EVENT_COLS = ("run_id", "seq", "recv_s", "device", "stage", "kind", "phase", "step", "micro_batch",
-               "start_s", "end_s", "nbytes", "peer", "clock_uncertainty_s")
-_OUTPUT_COLS = ("run_id", "seq", "recv_s", "micro_batch", "step", "t_s", "sequence_ids", "token_ids", "text")
-_LOG_COLS = ("run_id", "device", "t_s", "level", "line")
-_INSERT = {
-    "events": f"INSERT INTO events ({', '.join(_EVENT_COLS)}) VALUES ({', '.join('?' * len(_EVENT_COLS))})",
-    "outputs": f"INSERT INTO outputs ({', '.join(_OUTPUT_COLS)}) VALUES ({', '.join('?' * len(_OUTPUT_COLS))})",
-    "agent_logs": f"INSERT INTO agent_logs ({', '.join(_LOG_COLS)}) VALUES ({', '.join('?' * len(_LOG_COLS))})",
-}
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 30000")
-    return conn
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def schema_version_of(conn: sqlite3.Connection) -> int | None:
-    """Newest applied version, None for a file without a schema_version table."""
-    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "schema_version" not in names:
-        return None if names else 0
-    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    return int(row[0] or 0)
-
-
-def check_openable(conn: sqlite3.Connection, path: str) -> int:
-    """The file's schema version (0 for an empty file); a StoreError for a file that is
-    not a workspace or was written by a newer program."""
-    try:
-        version = schema_version_of(conn)
-    except sqlite3.DatabaseError as err:
-        raise StoreError(f"{path}: not an EdgeShard workspace ({err})") from None
-    if version is None:
-        raise StoreError(f"{path}: not an EdgeShard workspace (it is an SQLite file without a schema_version table)")
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path}: this workspace was written by a newer EdgeShard Studio (schema v{version}); "
-            f"this program reads up to v{SCHEMA_VERSION}. Upgrade edgeshard-studio to open it."
-        )
-    return version
-
-
-def damage_of(conn: sqlite3.Connection, limit: int = 5) -> list[str]:
-    """What ``PRAGMA quick_check`` finds wrong (at most ``limit`` lines); [] for a sound
-    file. Read-only, so a damaged workspace can still be opened for what is left."""
-    try:
-        lines = [r[0] for r in conn.execute(f"PRAGMA quick_check({int(limit)})").fetchall()]
-    except sqlite3.DatabaseError as err:
-        return [str(err)]
-    return [] if lines == ["ok"] else lines
-
-
-def _is_damage(err: sqlite3.Error) -> bool:
-    return getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-
-
-def damaged_read_error(path: Path, err: sqlite3.Error) -> StoreError:
-    return StoreError(f"{path}: the workspace file is damaged ({err}); copy it aside and recover what is left "
-                      f"with `sqlite3 {path.name} .recover`, or restore a backup")
-
-
-def migrate(db: sqlite_utils.Database, path: str, upto: int = SCHEMA_VERSION) -> int:
-    """Bring a workspace to version ``upto`` (tests pass a lower one to write old files)."""
-    version = check_openable(db.conn, path)
-    if version == 0:
-        db["schema_version"].create({"version": int, "applied_at": str}, pk="version", if_not_exists=True)
-    for target in range(version + 1, upto + 1):
-        with db.atomic():
-            MIGRATIONS[target - 1](db)
-            db.conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (target, _now()))
-    return max(version, upto)
 
 
 # ---------------------------------------------------------------- values
@@ -233,64 +110,6 @@ class RecordedLogLine(msgspec.Struct, frozen=True, kw_only=True):
     line: str
 
 
-# ---------------------------------------------------------------- writer
-
-_STOP = object()
-
-
-class _BatchWriter(threading.Thread):
-    """Commits queued rows in batches on its own connection (one transaction per batch)."""
-
-    def __init__(self, path: Path, flush_interval_s: float, max_batch: int):
-        super().__init__(name=f"store-writer:{path.name}", daemon=True)
-        self.path, self.flush_interval_s, self.max_batch = path, flush_interval_s, max_batch
-        self.queue: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.rows_written = 0
-
-    def run(self) -> None:
-        conn = _connect(self.path)
-        pending: list[tuple[str, tuple]] = []
-        first_at = 0.0
-        try:
-            while True:
-                timeout = None if not pending else max(0.0, self.flush_interval_s - (time.monotonic() - first_at))
-                try:
-                    item = self.queue.get(timeout=timeout)
-                except queue.Empty:
-                    self._flush(conn, pending)
-                    continue
-                if item is _STOP or isinstance(item, threading.Event):
-                    self._flush(conn, pending)
-                    if item is _STOP:
-                        return
-                    item.set()
-                    continue
-                if not pending:
-                    first_at = time.monotonic()
-                pending.append(item)
-                if len(pending) >= self.max_batch:
-                    self._flush(conn, pending)
-        finally:
-            conn.close()
-
-    def _flush(self, conn: sqlite3.Connection, pending: list) -> None:
-        if not pending or self.error is not None:
-            pending.clear()
-            return
-        by_table: dict[str, list[tuple]] = {}
-        for table, row in pending:
-            by_table.setdefault(table, []).append(row)
-        try:
-            with conn:
-                for table, rows in by_table.items():
-                    conn.executemany(_INSERT[table], rows)
-            self.rows_written += len(pending)
-        except sqlite3.Error as err:  # disk full, file removed: reported by flush()/close()
-            self.error = err
-        pending.clear()
-
-
 # ---------------------------------------------------------------- store
 
 class SessionStore:
@@ -305,7 +124,7 @@ class SessionStore:
                              f"file, ${paths.ENV_WORKSPACE}; deployment keys go in the folder ${paths.ENV_HOME})")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = _connect(self.path)
+            conn = connect(self.path)
         except (OSError, sqlite3.Error) as err:
             raise StoreError(f"{self.path}: cannot open workspace ({err})") from None
         self.db = sqlite_utils.Database(conn, execute_plugins=False)
@@ -330,7 +149,7 @@ class SessionStore:
             raise
         self.journal_mode = mode
         self._flush_interval_s, self._max_batch = flush_interval_s, max_batch
-        self._writer: _BatchWriter | None = None
+        self._writer: BatchWriter | None = None
         self._closed = False
 
     # -- lifecycle
@@ -347,7 +166,7 @@ class SessionStore:
         self._closed = True
         w = self._writer
         if w is not None:
-            w.queue.put(_STOP)
+            w.queue.put(STOP)
             w.join()
         self.db.conn.close()
         if w is not None and w.error is not None:
@@ -372,7 +191,7 @@ class SessionStore:
         if w is None:
             with self._lock:
                 if self._writer is None:
-                    self._writer = _BatchWriter(self.path, self._flush_interval_s, self._max_batch)
+                    self._writer = BatchWriter(self.path, self._flush_interval_s, self._max_batch)
                     self._writer.start()
                 w = self._writer
         w.queue.put((table, row))
@@ -388,13 +207,13 @@ class SessionStore:
                 cols = [c[0] for c in cur.description]
                 return [dict(zip(cols, r)) for r in cur.fetchall()]
             except sqlite3.DatabaseError as err:
-                if _is_damage(err):
+                if is_damage(err):
                     raise damaged_read_error(self.path, err) from None
                 raise
 
     # -- sessions, devices, profiles, plans
     def create_session(self, name: str, notes: str = "") -> int:
-        return self._insert("sessions", {"uid": uuid.uuid4().hex, "name": name, "created_at": _now(), "notes": notes})
+        return self._insert("sessions", {"uid": uuid.uuid4().hex, "name": name, "created_at": utc_now(), "notes": notes})
 
     def sessions(self) -> list[SessionInfo]:
         return [SessionInfo(**r) for r in self._rows("SELECT id, uid, name, created_at, notes FROM sessions ORDER BY id")]
@@ -406,7 +225,7 @@ class SessionStore:
         return SessionInfo(**rows[0])
 
     def add_devices(self, session_id: int, devices: Iterable[Device]) -> None:
-        seen = _now()
+        seen = utc_now()
         rows = [{"session_id": session_id, "device_id": d.id, "seen_at": seen,
                  "device_json": msgspec.json.encode(d).decode()} for d in devices]
         with self._lock, self.db.atomic():
@@ -417,11 +236,11 @@ class SessionStore:
         return [msgspec.json.decode(r["device_json"], type=Device) for r in rows]
 
     def add_profile(self, session_id: int, profile: Profile) -> int:
-        return self._insert("profiles", {"session_id": session_id, "created_at": _now(),
+        return self._insert("profiles", {"session_id": session_id, "created_at": utc_now(),
                                          "profile_json": formats.encode(profile).decode()})
 
     def add_plan(self, session_id: int, plan: ShardPlan, name: str = "") -> int:
-        return self._insert("plans", {"session_id": session_id, "created_at": _now(), "name": name,
+        return self._insert("plans", {"session_id": session_id, "created_at": utc_now(), "name": name,
                                       "plan_json": formats.encode(plan).decode()})
 
     def plan(self, plan_id: int) -> ShardPlan:
@@ -451,14 +270,14 @@ class SessionStore:
             "session_id": session_id, "plan_id": plan_id, "profile_id": profile_id,
             "problem_json": formats.encode(problem).decode() if problem is not None else None,
             "model": model, "mode": mode, "kind": kind, "settings_json": json.dumps(settings or {}, sort_keys=True),
-            "status": "running", "started_at": _now(), "ended_at": None, "figures_json": "{}",
+            "status": "running", "started_at": utc_now(), "ended_at": None, "figures_json": "{}",
         })
 
     def finish_run(self, run_id: int, status: str, figures: dict[str, Any] | msgspec.Struct | None = None) -> None:
         self.run(run_id)
         fig = msgspec.to_builtins(figures) if figures is not None else {}
         with self._lock, self.db.atomic():
-            self.db["runs"].update(run_id, {"status": status, "ended_at": _now(),
+            self.db["runs"].update(run_id, {"status": status, "ended_at": utc_now(),
                                             "figures_json": json.dumps(fig, sort_keys=True)})
 
     def runs(self, session_id: int | None = None) -> list[RunInfo]:
@@ -512,10 +331,10 @@ class SessionStore:
         """Every committed event and token output of a run, in arrival order."""
         self.run(run_id)
         items: list[RecordedItem] = []
-        for r in self._rows(f"SELECT {', '.join(_EVENT_COLS)} FROM events WHERE run_id = ? ORDER BY seq, id", (run_id,)):
-            ev = TimelineEvent(**{k: r[k] for k in _EVENT_COLS[3:]})
+        for r in self._rows(f"SELECT {', '.join(EVENT_COLS)} FROM events WHERE run_id = ? ORDER BY seq, id", (run_id,)):
+            ev = TimelineEvent(**{k: r[k] for k in EVENT_COLS[3:]})
             items.append(RecordedItem(seq=r["seq"], recv_s=r["recv_s"], event=ev))
-        for r in self._rows(f"SELECT {', '.join(_OUTPUT_COLS)} FROM outputs WHERE run_id = ? ORDER BY seq, id", (run_id,)):
+        for r in self._rows(f"SELECT {', '.join(OUTPUT_COLS)} FROM outputs WHERE run_id = ? ORDER BY seq, id", (run_id,)):
             tok = TokenEvent(micro_batch=r["micro_batch"], step=r["step"], t_s=r["t_s"],
                              sequence_ids=tuple(json.loads(r["sequence_ids"])),
                              token_ids=tuple(json.loads(r["token_ids"])), text=tuple(json.loads(r["text"])))

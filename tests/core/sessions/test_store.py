@@ -19,7 +19,8 @@ from agents.protocol import TimelineEvent, TokenEvent
 from core.errors import StoreError
 from core.sessions.recording import RunRecorder, record_simulation
 from core.runs.simulator import simulate
-from core.sessions.store import SCHEMA_VERSION, SessionStore, migrate, schema_version_of
+from core.sessions.schema import SCHEMA_VERSION, migrate, schema_version_of
+from core.sessions.store import SessionStore
 from tests.core.sessions_problems import make_plan, make_problem
 
 REPO = Path(__file__).resolve().parents[3]
