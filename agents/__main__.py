@@ -48,8 +48,8 @@ def prefer_passive_openmp_wait(environ=os.environ, modules=sys.modules) -> bool:
     bursts and then hands off; its spinning workers keep the cores its own libzmq IO thread,
     the next stage's agent on a shared host (local cluster, netns testbed) or any other work
     needs, and under load a preempted worker stalls its team's spin barriers. Measured with
-    ``bench/omp_wait.py`` (docs/runtime.md): 2 torch threads per agent on 2 cores cost 4x the
-    CPU per token spinning.
+    ``bench/investigations/omp_wait.py`` (docs/runtime.md): 2 torch threads per agent on 2 cores
+    cost 4x the CPU per token spinning.
     """
     if any(v in environ for v in OPENMP_WAIT_VARIABLES) or "torch" in modules:
         return False

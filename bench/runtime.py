@@ -32,7 +32,7 @@ the computing thread's CPU time; agents: user+system time of the agent processes
 run, every thread included — the most load-independent measure of the runtime's own
 cost), and the 1-minute load average before and after. Every agent and the HF baseline
 get ``--threads`` torch threads (default 1); the pipelined 2-stage plan gets half of them,
-at least 1 (``bench/omp_wait.py`` compares 1 and 2 threads and OpenMP's wait policies).
+at least 1 (``bench/investigations/omp_wait.py`` compares 1 and 2 threads and OpenMP's wait policies).
 
 Usage: python bench/runtime.py [--model DIR] [--rounds 5] [--new-tokens 32]
 """

@@ -15,7 +15,7 @@ PUSH/PULL pair in this process (the worker-thread CPU of send and of receive). W
 costs beyond the sum is waiting: the IO threads' and the worker's wake-ups, which on a
 shared 2-core machine wait for a core (``bench/runtime.py`` measures the hop's wall time).
 
-Usage: python bench/hop_trace.py [--model DIR] [--n 2000]
+Usage: python bench/investigations/hop_trace.py [--model DIR] [--n 2000]
 """
 
 from __future__ import annotations
@@ -24,20 +24,24 @@ import argparse
 import collections
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
 
-import torch
-import zmq
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
-from agents.protocol import DataHeader
-from agents.transport import data_message, tensor_frame
+import torch  # noqa: E402
+import zmq  # noqa: E402
+
+from agents.protocol import DataHeader  # noqa: E402
+from agents.transport import data_message, tensor_frame  # noqa: E402
 
 
 def frame_activation(x: torch.Tensor) -> list:
     """What a stage does to its output before the send (``_StageRun._send``): the tensor's frame,
-    its header, the message's frames (``bench/wake_after_idle.py`` times it after idleness)."""
+    its header, the message's frames (``bench/investigations/wake_after_idle.py`` times it after idleness)."""
     spec, buf = tensor_frame(x)
     header = DataHeader(run_id="r" * 12, kind="hidden", phase="decode", step=7, micro_batch=0, sender="four-1",
                         tensors=(spec,), t_sent=time.time())

@@ -18,7 +18,7 @@ And the runtime's own code in the same conditions: ``framing_after_{gap}ms`` tim
 thread, what a stage does to frame its output before the send (``tensor_frame``,
 ``DataHeader``, ``data_message`` for a 1×1×4096 fp32 activation) after sleeping ``gap`` —
 thread CPU time (µs), so it is the code running slower, not waiting for a core.
-Usage: python bench/wake_after_idle.py [--messages 150]
+Usage: python bench/investigations/wake_after_idle.py [--messages 150]
 """
 
 from __future__ import annotations
@@ -29,10 +29,15 @@ import os
 import socket
 import statistics
 import struct
+import sys
 import time
 from multiprocessing import Process, Queue
+from pathlib import Path
 
-from agents.arguments import int_in
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
+
+from agents.arguments import int_in  # noqa: E402
 
 SIZE = 16384
 GAPS_MS = (0, 2, 10, 36)

@@ -16,7 +16,7 @@ summed), CPU ms per generated token (every thread of the agent processes).
 The ``spin`` variants give libgomp's own default explicitly (``GOMP_SPINCOUNT=300000``, no
 wait policy), so they mean the same whatever the agents' launch sets when nothing is set.
 
-Usage: python bench/omp_wait.py [--model DIR] [--rounds 5] [--new-tokens 32]
+Usage: python bench/investigations/omp_wait.py [--model DIR] [--rounds 5] [--new-tokens 32]
        [--variants t1-spin,t1-passive,t2-spin,t2-passive]
 """
 
@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 import runtime as rt  # noqa: E402  (bench/runtime.py: the model, the splits and the figures' helpers)
 

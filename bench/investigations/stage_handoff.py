@@ -11,7 +11,7 @@ four stage executors, each call timed alone in CPU seconds of this thread
 machine's L3: evicts the caches), a 4 ms sleep (the core goes to other work), or both.
 The variants alternate per round; medians of the per-step CPU time.
 
-Usage: python bench/stage_handoff.py [--model DIR] [--rounds 3] [--new-tokens 24]
+Usage: python bench/investigations/stage_handoff.py [--model DIR] [--rounds 3] [--new-tokens 24]
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 import torch  # noqa: E402
 

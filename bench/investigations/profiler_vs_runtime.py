@@ -15,7 +15,7 @@ For a stage of ``--blocks`` decoder blocks of a generated Llama, alternating ste
 Reports each prediction over the runtime (median of per-step ratios) and the per-block
 and per-stage terms in ms.
 
-Usage: nice -n -10 python bench/profiler_vs_runtime.py [--model DIR] [--blocks 3] [--steps 300]
+Usage: nice -n -10 python bench/investigations/profiler_vs_runtime.py [--model DIR] [--blocks 3] [--steps 300]
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
+
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Where a runtime hop's wall time goes, from the kernel scheduler's own trace; one JSON line.
 
 ``bench/runtime.py`` measures a hop inside the runtime at ≈0.5 ms against ≈0.1 ms for the
-same frames between two hot processes, and ``bench/hop_trace.py`` shows the hop's own CPU is
+same frames between two hot processes, and ``bench/investigations/hop_trace.py`` shows the hop's own CPU is
 ≈15 µs a side. This bench records the scheduler (``perf record -e sched:sched_waking -e
 sched:sched_switch``, all CPUs, CLOCK_MONOTONIC) while a 4-stage sequential decode runs
 on loopback agents, and follows each hop's chain of wake-ups thread by thread:
@@ -16,7 +16,7 @@ machine's ran on every CPU meanwhile) or for the CPU to wake up from idle (``fro
 a CPU was idle, so the delay is the (virtual) CPU's own wake-up). Medians over every hop
 of every decode step, in µs.
 
-Needs root (perf tracepoints). Usage: python bench/hop_sched.py [--model DIR] [--new-tokens 24]
+Needs root (perf tracepoints). Usage: python bench/investigations/hop_sched.py [--model DIR] [--new-tokens 24]
 """
 
 from __future__ import annotations
@@ -29,18 +29,22 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
-from agents.arguments import int_in
-from agents.protocol import SamplingSpec
-from core.devices.local_cluster import LocalCluster
-from core.planning.plan import plan_from_boundaries
-from core.runs.coordinator import Coordinator, RunRequest
-from runtime_threads import busiest_threads, thread_cpu_s  # this folder: the script's own
+import torch  # noqa: E402
+
+from agents.arguments import int_in  # noqa: E402
+from agents.protocol import SamplingSpec  # noqa: E402
+from core.devices.local_cluster import LocalCluster  # noqa: E402
+from core.planning.plan import plan_from_boundaries  # noqa: E402
+from core.runs.coordinator import Coordinator, RunRequest  # noqa: E402
+from runtime_threads import busiest_threads, thread_cpu_s  # noqa: E402  (bench/runtime_threads.py)
 
 EVENT = re.compile(r"^\s*(?P<comm>.+?)\s+(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<ts>\d+\.\d+):\s+sched:(?P<ev>sched_\w+):\s+(?P<rest>.*)$")
 WAKING = re.compile(r"pid=(?P<pid>\d+)")

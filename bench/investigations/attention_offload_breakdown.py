@@ -12,11 +12,12 @@ attention start) and back (answer sent -> next slice starts), the attention, the
 the layer cycle and the step period. Per agent process: CPU seconds and run-queue wait over the
 run (/proc/PID/task/*/schedstat). One JSON line (ms, medians over the decode steps past warm-up).
 
-Run: python bench/attention_offload_breakdown.py [ROUNDS]
+Run: python bench/investigations/attention_offload_breakdown.py [ROUNDS]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -25,14 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 import msgspec  # noqa: E402
 import transformers  # noqa: E402
 
 from attention_offload import PROMPTS, _llama, _prompts, _request_of, worker_share  # noqa: E402
 from runtime_threads import thread_stats  # noqa: E402
+from agents.arguments import int_in  # noqa: E402
 from core.devices.local_cluster import LocalCluster  # noqa: E402
 from core.runs.coordinator import Coordinator  # noqa: E402
 from core.techniques.attention_offload.calibration import background_for_share, calibrate, components  # noqa: E402
@@ -40,7 +42,10 @@ from core.techniques.attention_offload.problem import OffloadPlan  # noqa: E402
 from core.techniques.attention_offload.run import checkpoint_model, run_offload, run_staggered  # noqa: E402
 from core.techniques.attention_offload.simulator import decode_tokens_per_s, simulate  # noqa: E402
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+_ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_ARGS.add_argument("rounds", nargs="?", type=int_in(1, 100), default=2, help="measured rounds (default 2)")
+_OPTIONS = _ARGS.parse_args()
+ROUNDS = _OPTIONS.rounds
 DEVICES = ["c0", "c1", "m0", "m1"]
 STEPS = 24
 SHORT = 2

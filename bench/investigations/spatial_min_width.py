@@ -13,29 +13,34 @@ runs. One JSON line.
   prediction; first the plans on the profiled model (with the calibration probes), then the plans
   on the calibrated model. Plans the rule does not change are run once (``same``).
 
-Run: python bench/spatial_min_width.py [ROUNDS] [--in-process-only]
+Run: python bench/investigations/spatial_min_width.py [ROUNDS] [--in-process-only]
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
-import os
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 import torch  # noqa: E402
 
 from spatial_partition import SLOWDOWNS, calibrate_from_probes, emulated_cluster, fastest_runs  # noqa: E402
 
+from agents.arguments import int_in  # noqa: E402
 from agents.spatial import CnnSpec, build_network, compute_strip, layer_timing_samples  # noqa: E402
 from core.techniques.spatial import partition  # noqa: E402
 from core.techniques.spatial.problem import CnnRef, fit_layer_time_model  # noqa: E402
 
-ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
-ROUNDS = int(ARGS[0]) if ARGS else 3
+_ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_ARGS.add_argument("rounds", nargs="?", type=int_in(1, 100), default=3, help="measured rounds (default 3)")
+_ARGS.add_argument("--in-process-only", action="store_true", help="only the in-process strip timings, no cluster")
+_OPTIONS = _ARGS.parse_args()
+ROUNDS = _OPTIONS.rounds
 MODEL = CnnRef(network="vgg16", image=96, width_div=2, classes=10)
 
 
@@ -136,7 +141,7 @@ def cluster() -> dict:
 def main() -> int:
     doc = {"bench": "spatial_min_width", "rounds": ROUNDS, "loadavg": open("/proc/loadavg").read().split()[:3],
            "min_conv_strip_columns": partition.MIN_CONV_STRIP_COLUMNS, "in_process": in_process()}
-    if "--in-process-only" not in sys.argv:
+    if not _OPTIONS.in_process_only:
         doc["cluster"] = cluster()
     doc["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
     print(json.dumps(doc))

@@ -8,7 +8,7 @@ step: each stage's compute, and each hop (sender's compute end -> receiver's com
 coordinator clock). Also the latency probes' raw one-way samples, 5 ms apart (as before 2026-11-26)
 and spaced as the profiler now spaces them (``latency_probe_gap_s``). Needs root.
 
-Usage: nice -n -10 python bench/slow_link.py [--slow-link-mbit 0.5] [--rounds 2]
+Usage: nice -n -10 python bench/investigations/slow_link.py [--slow-link-mbit 0.5] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 
 def main() -> None:

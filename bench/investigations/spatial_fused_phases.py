@@ -20,19 +20,20 @@ Also every layer of every strip of the fused plans timed alone in this process (
 (``fit_layer_time_model(layer_timing_samples())``), summed per layer kind: which layer kinds the
 model misses.
 
-Run: python bench/spatial_fused_phases.py [ROUNDS]   (one JSON line; about a minute on 2 cores)
+Run: python bench/investigations/spatial_fused_phases.py [ROUNDS]   (one JSON line; about a minute on 2 cores)
 """
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = Path(__file__).resolve()
+sys.path[:0] = [str(_HERE.parents[2]), str(_HERE.parents[1])]  # this checkout's code, bench/'s shared modules
 
 import msgspec  # noqa: E402
 import torch  # noqa: E402
@@ -40,13 +41,17 @@ import torch  # noqa: E402
 from spatial_partition import (  # noqa: E402
     SLOWDOWNS, calibrate_from_probes, emulated_cluster, fastest_runs, layer_maps, plan_strips)
 
+from agents.arguments import int_in  # noqa: E402
 from agents.spatial import build_network, layer_timing_samples  # noqa: E402
 from core.techniques.spatial.cost import group_times, tile_seconds  # noqa: E402
 from core.techniques.spatial.partition import fused_plan, per_layer_plan  # noqa: E402
 from core.techniques.spatial.problem import CnnRef, SpatialProblem, fit_layer_time_model  # noqa: E402
 from core.techniques.spatial.simulator import simulate  # noqa: E402
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+_ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_ARGS.add_argument("rounds", nargs="?", type=int_in(1, 100), default=3, help="measured rounds (default 3)")
+_OPTIONS = _ARGS.parse_args()
+ROUNDS = _OPTIONS.rounds
 MODEL = CnnRef(network="vgg16", image=96, width_div=2, classes=10)
 
 
