@@ -30,7 +30,9 @@ On a host whose cores and caches other agents share (``shared_host``: an agent s
 (``CacheEvictor``), and so is the stage overhead: between two of a stage's steps the other
 stages computed there. The demo's 8× head stage computed 0.50 ms of CPU per step in runs, its
 head 0.09–0.2 ms profiled back to back, 0.36–0.52 ms profiled cold. CPU only: an
-accelerator's caches are not modelled.
+accelerator's caches are not modelled. Copies and evictor take memory in proportion to the
+cache: agents/cold_profiling.py bounds them by the memory the agent may use and, where the cache
+cannot be overwritten within it, times the unit warm; the result's ``cache_timing`` says which.
 
 Links: the sender pushes probe data messages through its data-plane socket (and through
 its link emulation, when the agent emulates one), the receiver timestamps each arrival on
@@ -48,17 +50,28 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
-import glob
-import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
+from agents.cold_profiling import (
+    CacheEvictor,
+    MemoryFigures,
+    Timed,
+    cache_timing,
+    evicting,
+    evictor_bytes,
+    in_turn,
+    last_level_cache_bytes,
+    memory_budget,
+    profiling_room,
+    read_memory_figures,
+    unit_cold,
+)
 from agents.protocol import (
-    DEFAULT_HEADROOM_BYTES,
     ComputeOptions,
     ComputeProfile,
     ConvSweepOptions,
@@ -67,21 +80,6 @@ from agents.protocol import (
     LinkResult,
     UnitTimes,
 )
-
-
-# ----------------------------------------------------------------------------- memory
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[key] = int(parts[0]) * 1024
-    except OSError:
-        pass
-    return out
 
 
 def accelerator_name() -> str:
@@ -96,63 +94,6 @@ def accelerator_name() -> str:
     return ""
 
 
-def memory_budget(headroom_bytes: int = DEFAULT_HEADROOM_BYTES, device: str = "cpu") -> tuple[int, int, int]:
-    """(budget, total, available): free accelerator memory when the runtime computes on
-    ``cuda``, else available RAM (MemAvailable), minus ``headroom_bytes`` kept for the OS,
-    the agent and activations."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return max(0, int(free) - headroom_bytes), int(total), int(free)
-    info = _meminfo()
-    total = info.get("MemTotal", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    avail = info.get("MemAvailable", total)
-    return max(0, avail - headroom_bytes), total, avail
-
-
-# ------------------------------------------------------------------------------ cache
-RING_MAX_BYTES = 256 << 20
-"""At most this many bytes of unit copies are built to time a unit cold."""
-
-
-def _cache_size(text: str) -> int:
-    """sysfs cache size ("32768K", "1M", "512") in bytes; 0 if unreadable."""
-    text = text.strip().upper()
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    digits = text[:-1] if text[-1:] in ("K", "M", "G") else text
-    return int(digits) * scale if digits.isdigit() else 0
-
-
-def last_level_cache_bytes() -> int:
-    """Size of this CPU's last-level cache (the largest one sysfs lists for cpu0); 0 if unknown."""
-    best = 0
-    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(os.path.join(d, "type")) as f:
-                if f.read().strip() == "Instruction":
-                    continue
-            with open(os.path.join(d, "size")) as f:
-                best = max(best, _cache_size(f.read()))
-        except OSError:
-            continue
-    return best
-
-
-def cold_copies(unit_bytes: int, model_bytes: int, cache_bytes: int, max_bytes: int = RING_MAX_BYTES) -> int:
-    """Copies of a unit to time in turn so that each timed call finds its weights out of a
-    ``cache_bytes`` last-level cache, as in a run of a model of ``model_bytes`` (1: time it as is).
-
-    A model that fits in the cache stays there between tokens: its units are timed warm (1).
-    Otherwise the copies together span about twice the cache (an LRU-like cache then holds
-    none of the next copy's weights), at most ``max_bytes``; a unit that is itself twice the
-    cache evicts its own weights and needs no copy."""
-    if cache_bytes <= 0 or unit_bytes <= 0 or model_bytes <= cache_bytes:
-        return 1
-    want = math.ceil(2 * cache_bytes / unit_bytes)
-    return max(1, min(want, max_bytes // unit_bytes))
-
-
 def _model_bytes(hf_config, dtype) -> int:
     """Parameter bytes of the whole model (built on the meta device: nothing is allocated)."""
     import torch
@@ -164,53 +105,6 @@ def _model_bytes(hf_config, dtype) -> int:
         model = AutoModelForCausalLM.from_config(cfg)
     element = torch.empty((), dtype=dtype).element_size()
     return sum(p.numel() for p in model.parameters()) * element
-
-
-def _in_turn(timed: list[_Timed]) -> _Timed:
-    """One ``_Timed`` that runs the copies' calls in turn (each ``reset`` prepares the copy the
-    next ``run`` uses)."""
-    if len(timed) == 1:
-        return timed[0]
-    turn = [0]
-
-    def reset():
-        r = timed[turn[0]].reset
-        if r is not None:
-            r()
-
-    def run():
-        t = timed[turn[0]]
-        turn[0] = (turn[0] + 1) % len(timed)
-        return t.run()
-
-    return _Timed(run, reset)
-
-
-class CacheEvictor:
-    """Overwrites this CPU's caches: what a unit finds of them when other agents of its host ran
-    between two of its steps. Writes a buffer of twice the last-level cache (dirty lines, so
-    nothing of what ran before stays), allocated once."""
-
-    def __init__(self, cache_bytes: int) -> None:
-        import torch
-
-        self._buffer = torch.zeros(max(1, 2 * cache_bytes // 4), dtype=torch.float32)
-
-    def __call__(self) -> None:
-        self._buffer.add_(1.0)
-
-
-def _evicting(timed: _Timed, evict: Callable[[], None] | None) -> _Timed:
-    """``timed`` with the caches overwritten before each call (untimed, after its own reset)."""
-    if evict is None:
-        return timed
-
-    def reset():
-        if timed.reset is not None:
-            timed.reset()
-        evict()
-
-    return _Timed(timed.run, reset)
 
 
 # ---------------------------------------------------------------------------- compute
@@ -244,13 +138,6 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], N
         sync()  # GPU kernels are asynchronous: the time ends when they are done
         out.append(clock() - t0)
     return out
-
-
-class _Timed(NamedTuple):
-    run: Callable[[], Any]
-    """What is timed."""
-    reset: Callable[[], Any] | None = None
-    """Run before each timed call, untimed."""
 
 
 class _UnitBench:
@@ -355,16 +242,16 @@ class _UnitBench:
     def _block(self, x, mask_2d, cache):
         return self._forward(x, cache, self._step_inputs(x, mask_2d, cache))
 
-    def prefill_fn(self, b: int, t: int) -> _Timed:
+    def prefill_fn(self, b: int, t: int) -> Timed:
         torch = self.torch
         if self.kind == "embedding":
             ids = torch.randint(0, self.vocab, (b, t))
             pos = torch.arange(t).unsqueeze(0).expand(b, -1)
             wpe = self.modules.get("wpe")
-            return _Timed(lambda: self.modules["embed"](ids) + (wpe(pos) if wpe is not None else 0))
+            return Timed(lambda: self.modules["embed"](ids) + (wpe(pos) if wpe is not None else 0))
         if self.kind == "head":
             x = self._hidden(b, t)
-            return _Timed(lambda: self.modules["head"](self.modules["norm"](x[:, -1:, :])))
+            return Timed(lambda: self.modules["head"](self.modules["norm"](x[:, -1:, :])))
         from transformers import DynamicCache
 
         x = self._hidden(b, t)
@@ -374,9 +261,9 @@ class _UnitBench:
         def reset():  # each prefill starts a fresh cache, as the runtime's does
             box[0] = DynamicCache(config=self.cfg)
 
-        return _Timed(lambda: self._forward(x, box[0], inputs), reset)
+        return Timed(lambda: self._forward(x, box[0], inputs), reset)
 
-    def decode_fn(self, b: int, context: int) -> _Timed:
+    def decode_fn(self, b: int, context: int) -> Timed:
         """One new token per sequence over a ``context``-token cache (kept at that length)."""
         torch = self.torch
         if self.kind != "block":
@@ -390,7 +277,7 @@ class _UnitBench:
             if extra > 0:
                 cache.crop(-extra)
 
-        return _Timed(lambda: self._forward(x, cache, inputs), reset)
+        return Timed(lambda: self._forward(x, cache, inputs), reset)
 
     def _context_cache(self, b: int, context: int):
         from transformers import DynamicCache
@@ -399,7 +286,7 @@ class _UnitBench:
         self._block(self._hidden(b, context), self.torch.ones(b, context, dtype=self.torch.long), cache)
         return cache
 
-    def expert_fn(self) -> _Timed | None:
+    def expert_fn(self) -> Timed | None:
         """One expert of a MoE block (Mixtral's ``mlp.experts``: gate/up, activation, down) on one
         token, the way ``agents.expert_offload`` runs it; None for a unit without experts. Expert
         offloading's planner splits a block's decode time into this and the rest."""
@@ -414,9 +301,9 @@ class _UnitBench:
             gate, up = torch.nn.functional.linear(x, gate_up_proj).chunk(2, dim=-1)
             return torch.nn.functional.linear(experts.act_fn(gate) * up, down_proj)
 
-        return _Timed(run)
+        return Timed(run)
 
-    def stage_decode_overhead_fn(self, b: int, context: int) -> _Timed:
+    def stage_decode_overhead_fn(self, b: int, context: int) -> Timed:
         """The runtime's once-per-stage work of a decode step: grow the mask by one column,
         positions, causal mask, rotary embedding (block units only)."""
         torch = self.torch
@@ -428,9 +315,9 @@ class _UnitBench:
             mask = torch.cat([seen, seen.new_ones((b, 1))], dim=1)
             return self._step_inputs(x, mask, cache)
 
-        return _Timed(run)
+        return Timed(run)
 
-    def stage_prefill_overhead_fn(self, b: int, t: int) -> _Timed:
+    def stage_prefill_overhead_fn(self, b: int, t: int) -> Timed:
         """The runtime's once-per-stage work of a prefill: a fresh KV cache, the mask as
         long, positions, causal mask, rotary embedding (block units only)."""
         torch = self.torch
@@ -442,7 +329,7 @@ class _UnitBench:
         def run():
             return self._step_inputs(x, seen.to(torch.long), DynamicCache(config=self.cfg))
 
-        return _Timed(run)
+        return Timed(run)
 
 
 def _hf_config(config: dict[str, Any]):
@@ -459,14 +346,16 @@ def _hf_config(config: dict[str, Any]):
 
 def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[int, int], None] | None = None,
                   *, cache_bytes: int | None = None, clock: Callable[[], float] = time.perf_counter,
-                  shared_host: bool = False) -> ComputeProfile:
+                  shared_host: bool = False, memory: MemoryFigures | None = None) -> ComputeProfile:
     """Time every requested unit; the core of ``profile_compute`` (usable without an agent).
 
     ``cache_bytes``: the last-level cache the units are timed cold against (None: this CPU's,
     0: time them warm); ``clock``: what the timings read (``time.thread_time`` for CPU time:
     bench/profile_cache.py); ``shared_host``: the agent shares its host's cores and caches with
     other agents (``DeviceEmulation.shares_host``), so a unit the cache would hold is timed
-    after the cache was overwritten (``CacheEvictor``), as a run finds it (module docstring)."""
+    after the cache was overwritten (``CacheEvictor``), as a run finds it (module docstring);
+    ``memory``: what bounds the memory profiling may add for that (None: this process's, read
+    now; agents/cold_profiling.py). The result's ``cache_timing`` says how the units were timed."""
     import torch
 
     t_start = time.perf_counter()
@@ -498,7 +387,11 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     if cache_bytes is None:
         cache_bytes = last_level_cache_bytes() if tdev.type == "cpu" else 0
     model_bytes = _model_bytes(cfg, dtype) if cache_bytes else 0
-    evictor = CacheEvictor(cache_bytes) if shared_host and cache_bytes else None
+    # what profiling adds to time units cold is bounded by the memory the agent may use (issue 25)
+    room = profiling_room(read_memory_figures() if memory is None else memory, opts.headroom_bytes)
+    evictor_size = evictor_bytes(cache_bytes, room, shared_host)
+    evictor = CacheEvictor(evictor_size) if evictor_size else None
+    warm_reasons: list[str] = []
     # Factory calls (inputs, caches) must land on an accelerator; on the CPU they do anyway, and
     # a device context would put every timed op through torch's function-mode dispatch (+0.2 ms
     # per block of the miniature's model, 15 %: bench/profile_cache.py), which runs never pay.
@@ -508,28 +401,33 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
             # the unit's weights out of the cache at each timed call, as in a run (module docstring)
             # (not the embedding: a step reads only its tokens' rows, never the whole table)
-            copies = cold_copies(bench.param_bytes, model_bytes, cache_bytes) if bench.kind != "embedding" else 1
-            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev) for _ in range(copies - 1)]
+            plan = unit_cold(bench.param_bytes, model_bytes, cache_bytes, room, evictor=evictor_size,
+                             shared_host=shared_host, accelerator=tdev.type != "cpu")
+            if bench.kind == "embedding":
+                plan = plan._replace(copies=1, evict=evictor is not None, warm="")
+            else:
+                warm_reasons.append(plan.warm)
+            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev) for _ in range(plan.copies - 1)]
             warmup = max(opts.warmup, len(benches))  # every copy's first call is a warm-up
             # copies already find their weights evicted; a unit timed alone on a shared host does once the cache is overwritten
-            cold = evictor if evictor is not None and copies == 1 else None
+            cold = evictor if plan.evict else None
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
-                fn = _evicting(_in_turn([x.decode_fn(b, context) for x in benches]), cold)
+                fn = evicting(in_turn([x.decode_fn(b, context) for x in benches]), cold)
                 m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock))
                 dec.append(m)
                 dec_sp.append(s)
             for b in prefill_bs:
-                fn = _evicting(_in_turn([x.prefill_fn(b, opts.prompt_tokens) for x in benches]), cold)
+                fn = evicting(in_turn([x.prefill_fn(b, opts.prompt_tokens) for x in benches]), cold)
                 m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock))
                 pre.append(m)
                 pre_sp.append(s)
             if bench.kind == "block" and not overhead["decode"]:  # once, with the first block's config
                 # more repeats than a unit: these are tens of microseconds, noisier relative to themselves
                 reps = max(opts.repeats, 20)
-                fn = _evicting(bench.stage_decode_overhead_fn(decode_bs[0], context), evictor)
+                fn = evicting(bench.stage_decode_overhead_fn(decode_bs[0], context), evictor)
                 overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock))[0]
-                fn = _evicting(bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens), evictor)
+                fn = evicting(bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens), evictor)
                 overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock))[0]
             expert = bench.expert_fn() if bench.kind == "block" else None
             expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync, clock=clock))[0] if expert else 0.0
@@ -540,7 +438,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             gc.collect()
             if progress:
                 progress(i + 1, len(units))
-    evictor = None  # its buffer (twice the cache) is not memory the device has in use
+    evictor = None  # its buffer is not memory the device has in use
     gc.collect()
     budget, total, avail = memory_budget(opts.headroom_bytes, opts.device)
     return ComputeProfile(
@@ -558,6 +456,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
         cores=os.cpu_count() or 0,
         stage_decode_overhead_s=overhead["decode"],
         stage_prefill_overhead_s=overhead["prefill"],
+        cache_timing=cache_timing(warm_reasons),
     )
 
 

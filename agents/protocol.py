@@ -15,10 +15,11 @@ from typing import Any, Literal, Union, get_args
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped whenever a message changes shape. 2: profiling options and results are typed structs
 (they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``.
-3: ``AgentStatus.held_by`` / ``holder_silent_s`` (one coordinator's work at a time)."""
+3: ``AgentStatus.held_by`` / ``holder_silent_s`` (one coordinator's work at a time).
+4: ``ComputeProfile.cache_timing``."""
 
 EventKind = Literal["compute", "send", "recv_wait", "io", "failure", "replan", "reload"]
 """compute: a stage running its units; send: putting an activation (or token ids) on a
@@ -492,6 +493,9 @@ class ComputeProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """Once per stage and prefill (first prefill batch): the same plus a fresh KV cache."""
     emulation: str = ""
     """The emulated limits already applied to these figures (agents/emulation.py); empty: none."""
+    cache_timing: str = ""
+    """"cold": the units' weights were out of the CPU's last-level cache at each timed call, as a run
+    finds them; "warm: WHY": (some) were in it (agents/cold_profiling.py); empty: not recorded."""
 
 
 class ConvTimings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,

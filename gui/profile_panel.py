@@ -13,6 +13,7 @@ loading a spatial problem). The table shows a, b, 1/a and each fit's median
 
 from __future__ import annotations
 
+from html import escape
 from typing import Callable
 
 import numpy as np
@@ -99,6 +100,10 @@ class ProfilePanel(QWidget):
         self.workload_label.setWordWrap(True)
         self.workload_label.setAccessibleName("Profiled workload")
         lay.addWidget(self.workload_label)
+        self.cache_label = QLabel("")
+        self.cache_label.setWordWrap(True)
+        self.cache_label.setAccessibleName("How units were timed")
+        lay.addWidget(self.cache_label)
         self.error = InlineMessage()
         lay.addWidget(self.error)
         self.spatial_label = QLabel("")
@@ -221,6 +226,8 @@ class ProfilePanel(QWidget):
         p = self.state.profile
         self.plots.setVisible(p is not None)
         self._size_spatial_table()
+        self.cache_label.setText(cache_timing_text(p) if p is not None else "")
+        self.cache_label.setVisible(bool(self.cache_label.text()))
         if p is None:
             self.workload_label.setText(
                 "Profiling the agents: the charts appear when it finishes." if self.runner.is_busy()
@@ -311,6 +318,16 @@ class ProfilePanel(QWidget):
 
     def shutdown(self) -> None:
         self.runner.shutdown()
+
+
+def cache_timing_text(p: Profile) -> str:
+    """Per device, whether its units were timed cold or warm (and why warm: a model larger than
+    the cache then runs slower than profiled); "" when no device recorded it."""
+    cold = [escape(t.device) for t in p.times if t.cache_timing == "cold"]
+    warm = [f"<b>{escape(t.device)}</b> timed warm: {escape(t.warm_reason or 'reason not recorded')}"
+            for t in p.times if t.cache_timing == "warm"]
+    cold = [f"{', '.join(cold)} timed cold (weights out of the CPU's cache, as a run finds them)"] if cold else []
+    return " · ".join(cold + warm)
 
 
 FIT_HEADERS = ["device", "layers", "a (ms per GFLOP)", "b (ms per call)", "GFLOP/s (1/a)", "fit error",

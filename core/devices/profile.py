@@ -21,7 +21,9 @@ from core.devices.cluster import Cluster
 from core.models.units import ModelSpec
 
 PROFILE_FORMAT = "edgeshard.profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+"""2: ``DeviceTimes.cache_timing`` / ``warm_reason``. Older files load: the fields they lack are
+not recorded (their defaults), and the value is migrated to this version (``Profile.__post_init__``)."""
 
 
 class DeviceTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -52,6 +54,14 @@ class DeviceTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Per unit, a MoE block's one expert on one token (0 for units without experts; empty in
     profiles of dense models or that predate it): expert offloading's planner splits a block's
     decode time into its non-expert part and ``top_k`` of these."""
+    cache_timing: Literal["", "cold", "warm"] = ""
+    """How the units met the CPU's last-level cache when timed: "cold" (their weights evicted at
+    each call, as a run of a model larger than the cache finds them), "warm" (in it:
+    ``warm_reason`` says why); "" not recorded (synthetic profiles, profiles that predate it)."""
+    warm_reason: str = ""
+    """Why a device was profiled warm: the model fits in its cache (as its runs find it), or
+    overwriting the cache would take more memory than the agent may use (its times are then low
+    for a model larger than the cache)."""
 
     def decode_time(self, unit: int, batch: int) -> float:
         return interpolate(self.decode_batch_sizes, self.decode_s[unit], batch)
@@ -105,6 +115,10 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     profiled_workload: ProfiledWorkload | None = None
     source: Literal["measured", "synthetic", "scenario"] = "measured"
     notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.version < PROFILE_VERSION:  # migrate: what older versions lack has its default
+            msgspec.structs.force_setattr(self, "version", PROFILE_VERSION)
 
     def times_of(self, device_id: str) -> DeviceTimes:
         for t in self.times:
@@ -170,6 +184,8 @@ def _profile_errors(profile: Profile) -> list[str]:
         where = f"$.times[{i}]"
         if t.device not in known:
             out.append(f"{where}.device: unknown device {t.device!r}")
+        if t.warm_reason and t.cache_timing != "warm":
+            out.append(f"{where}.warm_reason: only a device profiled warm has one")
         for name in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
             v = getattr(t, name)
             if not (v >= 0) or v == float("inf"):

@@ -201,6 +201,15 @@ def measure_links(coord, peers: dict[str, PeerSpec], reporter: Reporter | None =
     return out
 
 
+def cache_timing_fields(wire: str) -> dict[str, str]:
+    """``DeviceTimes``' ``cache_timing`` and ``warm_reason`` from an agent's ``ComputeProfile.cache_timing``
+    ("cold", "warm: WHY" or "")."""
+    mode, _, why = wire.partition(":")
+    if mode not in ("cold", "warm"):
+        return {}
+    return {"cache_timing": mode, "warm_reason": why.strip() if mode == "warm" else ""}
+
+
 def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links: Sequence[LinkMeasurement], *,
                   dtype: str, model_name: str, prompt_tokens: int, addresses: dict[str, str] | None = None,
                   notes: str = "") -> Profile:
@@ -228,6 +237,7 @@ def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links:
             stage_prefill_overhead_s=c.stage_prefill_overhead_s,
             expert_decode_s=(tuple(u.expert_decode_s for u in units)
                              if any(u.expert_decode_s for u in units) else ()),
+            **cache_timing_fields(c.cache_timing),
         ))
     cluster = Cluster(devices=tuple(devices), links=tuple(
         Link(src=m.src, dst=m.dst, bandwidth_mbit_s=max(m.bandwidth_mbit_s, 1e-3), latency_ms=m.one_way_ms)

@@ -10,11 +10,19 @@ import textwrap
 
 import pytest
 
-from agents.profiler import memory_budget, profile_units
+from agents.cold_profiling import MemoryFigures, memory_budget
+from agents.profiler import profile_units
 from agents.protocol import ComputeOptions
+
+MIB = 1 << 20
+PLENTY = MemoryFigures(available_bytes=16 << 30)
+"""Memory that bounds nothing a test profiles: no test depends on the host's."""
 
 TINY_LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+
+
+BLOCK_BYTES = 2 * (64 * 64 + 64 * 32) * 4 + 3 * 64 * 128 * 4 + 2 * 64 * 4  # TINY_LLAMA's: q/o, k/v (GQA), mlp, norms
 
 
 TINY_MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -114,11 +122,16 @@ def test_gpt2_units_include_position_embeddings_and_tied_head():
 
 
 def test_memory_budget_is_available_memory_minus_headroom():
-    budget, total, avail = memory_budget(256 << 20)
-    meminfo = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in open("/proc/meminfo")}
-    assert total == meminfo["MemTotal"]
-    assert abs(avail - meminfo["MemAvailable"]) < 256 << 20
-    assert budget == avail - (256 << 20)
+    meminfo = lambda: {"MemTotal": 8 << 30, "MemAvailable": 3 << 30}  # noqa: E731
+    assert memory_budget(256 << 20, meminfo=meminfo) == ((3 << 30) - (256 << 20), 8 << 30, 3 << 30)
+    assert memory_budget(4 << 30, meminfo=meminfo)[0] == 0  # never negative
+
+
+def test_meminfo_lines_are_read_in_bytes():
+    from agents.cold_profiling import parse_meminfo
+
+    text = "MemTotal:       24576000 kB\nMemAvailable:    1024 kB\nHugePages_Total:       0\n"
+    assert parse_meminfo(text) == {"MemTotal": 24576000 * 1024, "MemAvailable": 1024 * 1024, "HugePages_Total": 0}
 
 
 def test_bad_options_are_rejected_with_the_reason():
@@ -139,21 +152,25 @@ _UNDER_LIMIT = textwrap.dedent(
     cfg = json.loads(sys.argv[1]); headroom = int(sys.argv[2])
     vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + headroom, vm + headroom))
-    r = profile_units(ComputeOptions(config=cfg, prompt_tokens=4, batch_sizes=(1,), repeats=1, warmup=0, threads=1))
+    # the fresh machine of issue 25: sysfs reports a 480 MiB last-level cache; its agents share the host
+    r = profile_units(ComputeOptions(config=cfg, prompt_tokens=4, batch_sizes=(1,), repeats=1, warmup=0, threads=1),
+                      cache_bytes=480 << 20, shared_host=True)
     total = sum(u.param_bytes for u in r.units)
     try:
         transformers.AutoModelForCausalLM.from_config(_hf_config(cfg))
         whole = "fits"
     except (MemoryError, RuntimeError):
         whole = "does not fit"
-    print(json.dumps({"units": len(r.units), "total": total, "whole": whole}))
+    print(json.dumps({"units": len(r.units), "total": total, "whole": whole, "timing": r.cache_timing}))
     """
 )
 
 
 def test_a_model_larger_than_the_memory_limit_is_profiled_one_unit_at_a_time():
     """Address space limited to 400 MiB more than the interpreter uses: the 0.9 GB model
-    cannot be built whole there (checked), yet every unit gets profiled."""
+    cannot be built whole there (checked), yet every unit gets profiled — also under a 480 MiB
+    last-level cache on a shared host, whose cold copies (256 MiB) and evictor (960 MiB) ended in
+    ``DefaultCPUAllocator: can't allocate memory`` (issue 25): the units are timed warm, saying why."""
     cfg = dict(model_type="llama", hidden_size=1024, intermediate_size=4096, num_hidden_layers=12,
                num_attention_heads=8, num_key_value_heads=8, vocab_size=8000, max_position_embeddings=256)
     # One compute thread and one malloc arena: each extra thread reserves address space (its
@@ -166,6 +183,8 @@ def test_a_model_larger_than_the_memory_limit_is_profiled_one_unit_at_a_time():
     assert out["units"] == 14
     assert out["total"] > 2 * (400 << 20)
     assert out["whole"] == "does not fit"
+    assert out["timing"].startswith("warm: ") and "480 MiB last-level cache" in out["timing"]
+    assert "RLIMIT_AS" in out["timing"]
 
 
 def test_the_result_crosses_the_wire_as_a_typed_profile_and_decodes_equal():
@@ -182,30 +201,46 @@ def test_the_result_crosses_the_wire_as_a_typed_profile_and_decodes_equal():
 
 
 def test_cold_copies_span_twice_the_cache_only_when_the_model_does_not_fit_in_it():
-    from agents.profiler import cold_copies
+    from agents.cold_profiling import cold_copies
 
     mib = 1 << 20
     block = 12_849_152  # the miniature's (hidden 512) of a 102 MiB model under a 32 MiB L3: 6 copies, 74 MiB
     assert cold_copies(block, 102 * mib, 32 * mib) == 6
     assert cold_copies(block, 30 * mib, 32 * mib) == 1  # the whole model stays cached: warm, as it runs
     assert cold_copies(70 * mib, 900 * mib, 32 * mib) == 1  # a unit twice the cache evicts itself
-    assert cold_copies(1 * mib, 900 * mib, 512 * mib, max_bytes=256 * mib) == 256  # bounded memory
+    # twice a 480 MiB cache does not fit in 256 MiB: copies the cache would hold are not built
+    assert cold_copies(1 * mib, 900 * mib, 480 * mib, max_bytes=256 * mib) == 1
+    assert cold_copies(1 * mib, 900 * mib, 128 * mib, max_bytes=256 * mib) == 256
     assert cold_copies(1 * mib, 900 * mib, 0) == 1  # cache size unknown: as before
 
 
 def test_sysfs_cache_sizes_are_read_in_bytes():
-    from agents.profiler import _cache_size
+    from agents.cold_profiling import parse_cache_size
 
-    assert _cache_size("32768K\n") == 32 << 20
-    assert _cache_size("1M") == 1 << 20
-    assert _cache_size("512") == 512
-    assert _cache_size("") == 0 and _cache_size("big") == 0
+    assert parse_cache_size("32768K\n") == 32 << 20
+    assert parse_cache_size("1M") == 1 << 20
+    assert parse_cache_size("512") == 512
+    assert parse_cache_size("") == 0 and parse_cache_size("big") == 0
 
 
-def _timed_benches(monkeypatch, cache_bytes: int) -> dict[int, list[int]]:
-    """Profile TINY_LLAMA with a last-level cache of ``cache_bytes``; per unit, which copy
-    (its construction order) each timed decode call ran on."""
+def test_the_last_level_cache_is_the_largest_data_cache_sysfs_lists(tmp_path):
+    from agents.cold_profiling import last_level_cache_bytes
+
+    for index, kind, size in (("index0", "Data", "48K"), ("index1", "Instruction", "999M"),
+                              ("index2", "Unified", "2048K"), ("index3", "Unified", "491520K")):
+        (tmp_path / "cache" / index).mkdir(parents=True)
+        (tmp_path / "cache" / index / "type").write_text(kind + "\n")
+        (tmp_path / "cache" / index / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 480 * MIB
+    assert last_level_cache_bytes(str(tmp_path / "nowhere")) == 0
+
+
+def _timed_benches(monkeypatch, cache_bytes: int, memory: MemoryFigures = PLENTY,
+                   seen: list | None = None) -> dict[int, list[int]]:
+    """Profile TINY_LLAMA with a last-level cache of ``cache_bytes`` and ``memory``; per unit, which
+    copy (its construction order) each timed decode call ran on (the profile appended to ``seen``)."""
     import agents.profiler as profiler
+    from agents.cold_profiling import Timed
 
     calls: dict[int, list[int]] = {}
     built: dict[int, int] = {}
@@ -223,22 +258,92 @@ def _timed_benches(monkeypatch, cache_bytes: int) -> dict[int, list[int]]:
                 calls.setdefault(self.unit, []).append(self.copy)
                 return timed.run()
 
-            return profiler._Timed(run, timed.reset)
+            return Timed(run, timed.reset)
 
     monkeypatch.setattr(profiler, "_UnitBench", Recording)
-    profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=6, warmup=1),
-                  cache_bytes=cache_bytes)
+    r = profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=6, warmup=1),
+                      cache_bytes=cache_bytes, memory=memory)
+    if seen is not None:
+        seen.append(r)
     return calls
 
 
 def test_a_block_of_a_model_larger_than_the_cache_is_timed_on_copies_in_turn(monkeypatch):
     """What made the miniature's edge-only predictions 2.5x too fast: one block timed over and
     over stays in the L3 cache, while a run streams every block of the stage through it."""
-    block_bytes = 2 * (64 * 64 + 64 * 32) * 4 + 3 * 64 * 128 * 4 + 2 * 64 * 4  # q/o, k/v (GQA), mlp, norms
-    calls = _timed_benches(monkeypatch, cache_bytes=block_bytes + 1)  # the model (~0.4 MiB) does not fit
+    calls = _timed_benches(monkeypatch, cache_bytes=BLOCK_BYTES + 1)  # the model (~0.4 MiB) does not fit
     for unit in (1, 2):  # each block: 3 copies (2 x cache / block, rounded up), used in turn, warm-up included
         assert calls[unit] == [i % 3 for i in range(len(calls[unit]))] and len(calls[unit]) >= 6
     assert set(calls[0]) == {0}  # the embedding: a step reads its tokens' rows only
+
+
+def test_a_cold_profile_stays_cold_when_memory_allows_the_copies(monkeypatch):
+    seen: list = []
+    # the blocks' 3 copies (~0.45 MiB) fit in what 512 MiB of headroom leaves of 513 MiB available
+    calls = _timed_benches(monkeypatch, cache_bytes=BLOCK_BYTES + 1, seen=seen,
+                           memory=MemoryFigures(available_bytes=513 * MIB, address_space_room_bytes=520 * MIB))
+    assert set(calls[1]) == set(calls[2]) == {0, 1, 2}
+    assert seen[0].cache_timing == "cold"
+
+
+def test_without_memory_for_the_copies_units_are_timed_warm_once_and_the_profile_says_why(monkeypatch):
+    seen: list = []
+    calls = _timed_benches(monkeypatch, cache_bytes=BLOCK_BYTES + 1, seen=seen,
+                           memory=MemoryFigures(available_bytes=(512 << 20) + BLOCK_BYTES))  # room for one copy
+    assert all(set(c) == {0} for c in calls.values())  # no copy built
+    assert seen[0].cache_timing.startswith("warm: ") and "MemAvailable less 512 MiB of headroom" in seen[0].cache_timing
+
+
+def test_a_huge_cache_on_a_shared_host_with_little_memory_builds_no_evictor_and_says_so(monkeypatch):
+    """The fresh machine of issue 25 (480 MiB of L3), with 600 MiB available: the evictor would write
+    960 MiB. Every unit is still profiled, warm, and the profile says so."""
+    import agents.profiler as profiler
+
+    made = []
+    monkeypatch.setattr(profiler, "CacheEvictor", lambda n: made.append(n))
+    r = profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=1, warmup=0),
+                      cache_bytes=480 * MIB, shared_host=True, memory=MemoryFigures(available_bytes=600 * MIB))
+    assert made == [] and [u.unit for u in r.units] == [0, 1, 2, 3]
+    assert r.cache_timing == ("warm: overwriting the 480 MiB last-level cache takes 960 MiB; profiling may add "
+                              "88 MiB (MemAvailable less 512 MiB of headroom)")
+
+
+def test_how_a_unit_is_timed_is_bounded_by_the_room_and_the_caps():
+    from agents.cold_profiling import RING_MAX_BYTES, Room, evictor_bytes, unit_cold
+
+    block, model, plenty = 64 * MIB, 900 * MIB, Room(64 << 30, "MemAvailable")
+    assert unit_cold(12 * MIB, 102 * MIB, 32 * MIB, plenty) == (6, False, "")  # 72 MiB of copies: cold
+    assert unit_cold(block, model, 32 * MIB, Room(0, "none")) == (1, False, "")  # evicts itself: cold
+    huge = unit_cold(block, model, 480 * MIB, plenty)  # 960 MiB of copies: beyond the cap
+    assert huge.copies == 1 and "profiling may add 256 MiB (the copies cap)" in huge.warm
+    short = unit_cold(12 * MIB, 102 * MIB, 32 * MIB, Room(50 * MIB, "the address-space limit (RLIMIT_AS)"))
+    assert short.copies == 1 and "may add 50 MiB (the address-space limit (RLIMIT_AS))" in short.warm
+    assert evictor_bytes(32 * MIB, plenty, shared_host=True) == 64 * MIB
+    assert evictor_bytes(32 * MIB, Room(63 * MIB, "x"), shared_host=True) == 0  # beyond the room
+    assert evictor_bytes(480 * MIB, plenty, shared_host=True) == 0  # beyond the cap
+    assert evictor_bytes(32 * MIB, plenty, shared_host=False) == 0
+    # copies share the room with the evictor: what it holds is not theirs
+    assert unit_cold(12 * MIB, 102 * MIB, 32 * MIB, Room(100 * MIB, "x"), evictor=64 * MIB, shared_host=True) \
+        == (1, True, "")
+    assert RING_MAX_BYTES == 256 * MIB
+
+
+def test_the_room_is_the_least_limit_less_the_headroom():
+    from agents.cold_profiling import profiling_room
+
+    room = profiling_room(MemoryFigures(available_bytes=8 << 30, address_space_room_bytes=700 * MIB,
+                                        cgroup_room_bytes=2 << 30), 512 * MIB)
+    assert room.bytes == 188 * MIB and room.bound == "the address-space limit (RLIMIT_AS) less 512 MiB of headroom"
+    assert profiling_room(MemoryFigures(available_bytes=100 * MIB), 512 * MIB).bytes == 0
+    assert profiling_room(MemoryFigures(available_bytes=None), 512 * MIB).bound == "no memory limit"
+
+
+def test_the_profile_summary_says_which_units_were_timed_warm():
+    from agents.cold_profiling import cache_timing
+
+    assert cache_timing(["", ""]) == "cold"
+    assert cache_timing(["fits", "fits"]) == "warm: fits"
+    assert cache_timing(["", "no room", "no room"]) == "warm: 2 of 3 units: no room"
 
 
 def test_a_model_that_fits_in_the_cache_is_timed_warm_on_one_copy(monkeypatch):
@@ -250,11 +355,12 @@ def _calls_on_a_shared_host(monkeypatch, cache_bytes: int) -> list[str]:
     """Profile TINY_LLAMA on a shared host with a last-level cache of ``cache_bytes``: the order
     of cache evictions ("evict") and timed decode calls ("unit N")."""
     import agents.profiler as profiler
+    from agents.cold_profiling import Timed
 
     order: list[str] = []
 
     class Evictor:
-        def __init__(self, cache_bytes):
+        def __init__(self, nbytes):
             pass
 
         def __call__(self):
@@ -273,12 +379,12 @@ def _calls_on_a_shared_host(monkeypatch, cache_bytes: int) -> list[str]:
                 order.append(name)
                 return timed.run()
 
-            return profiler._Timed(run, timed.reset)
+            return Timed(run, timed.reset)
 
     monkeypatch.setattr(profiler, "CacheEvictor", Evictor)
     monkeypatch.setattr(profiler, "_UnitBench", Recording)
     profile_units(ComputeOptions(config=TINY_LLAMA, prompt_tokens=8, batch_sizes=(1,), repeats=3, warmup=1),
-                  cache_bytes=cache_bytes, shared_host=True)
+                  cache_bytes=cache_bytes, shared_host=True, memory=PLENTY)
     return order
 
 
@@ -292,8 +398,7 @@ def test_on_a_shared_host_a_unit_the_cache_holds_is_timed_after_the_cache_was_ov
 
 
 def test_on_a_shared_host_units_timed_on_copies_are_not_evicted_again(monkeypatch):
-    block_bytes = 2 * (64 * 64 + 64 * 32) * 4 + 3 * 64 * 128 * 4 + 2 * 64 * 4
-    order = _calls_on_a_shared_host(monkeypatch, cache_bytes=block_bytes + 1)  # the model does not fit
+    order = _calls_on_a_shared_host(monkeypatch, cache_bytes=BLOCK_BYTES + 1)  # the model does not fit
     for unit in ("unit 1", "unit 2"):  # their copies take turns: nothing overwrites the cache between calls
         runs = [i for i, c in enumerate(order) if c == unit]
         assert len(runs) >= 4 and "evict" not in order[runs[0]:runs[-1]]

@@ -68,6 +68,18 @@ def test_a_newer_version_is_refused_with_advice():
         decode(json.dumps(doc), PlanningProblem)
 
 
+def test_a_version_1_profile_loads_migrated_with_how_it_was_timed_not_recorded():
+    from core.devices.profile import PROFILE_VERSION, Profile
+
+    doc = json.loads(msgspec.json.encode(random_problem(3, 3, 6).profile))
+    doc["version"] = 1
+    for t in doc["times"]:
+        del t["cache_timing"], t["warm_reason"]
+    profile = decode(json.dumps(doc), Profile)
+    assert profile.version == PROFILE_VERSION == 2
+    assert {(t.cache_timing, t.warm_reason) for t in profile.times} == {("", "")}
+
+
 def test_not_json_is_a_format_error():
     with pytest.raises(FormatError, match="not valid JSON"):
         decode(b"{", Profile, "p.json")

@@ -129,3 +129,21 @@ def test_sub_millisecond_unit_times_read_in_ms_without_a_scale_factor(qtbot):
     for col in (0, 1):
         axis = panel.plots.getItem(0, col).getAxis("left")
         assert "ms" in axis.labelString() and "x0.001" not in axis.labelString() and axis.autoSIPrefixScale == 1
+
+
+def test_a_device_profiled_warm_is_shown_with_the_reason_and_old_profiles_show_nothing(qtbot):
+    import msgspec
+
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    profile = make_problem().profile
+    state.set_profile(profile)  # synthetic: how it was timed is not recorded
+    assert not panel.cache_label.isVisibleTo(panel)
+    why = "overwriting the 480 MiB last-level cache takes 960 MiB; profiling may add 88 MiB (MemAvailable)"
+    times = (msgspec.structs.replace(profile.times[0], cache_timing="cold"),
+             msgspec.structs.replace(profile.times[1], cache_timing="warm", warm_reason=why)) + profile.times[2:]
+    state.set_profile(msgspec.structs.replace(profile, times=times))
+    text = panel.cache_label.text()
+    assert panel.cache_label.isVisibleTo(panel)
+    assert "cold" in text and "phone" in text and "<b>laptop</b> timed warm: " + why in text and "server" not in text

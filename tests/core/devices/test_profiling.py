@@ -71,6 +71,20 @@ def test_the_measured_stage_overhead_is_carried_into_the_profile():
     assert (times.stage_decode_overhead_s, times.stage_prefill_overhead_s) == (1.5e-4, 2.5e-4)
 
 
+def test_how_each_device_was_timed_is_carried_into_the_profile():
+    from agents.protocol import ComputeProfile, UnitTimes
+
+    units = tuple(UnitTimes(unit=i, decode_s=(1e-3,), decode_spread=(0.0,), prefill_s=(2e-3,), prefill_spread=(0.0,),
+                            param_bytes=1) for i in range(4))
+    why = "overwriting the 480 MiB last-level cache takes 960 MiB; profiling may add 88 MiB (MemAvailable)"
+    compute = {d: ComputeProfile(device=d, decode_batch_sizes=(1,), prefill_token_counts=(8,), units=units,
+                                 memory_budget_bytes=1, memory_total_bytes=1, memory_available_bytes=1, accelerator="",
+                                 threads=1, seconds=0.0, cache_timing=wire)
+               for d, wire in (("a", "cold"), ("b", f"warm: {why}"), ("c", ""))}
+    profile = build_profile(TINY, compute, [], dtype="fp32", model_name="t", prompt_tokens=8)
+    assert [(t.cache_timing, t.warm_reason) for t in profile.times] == [("cold", ""), ("warm", why), ("", "")]
+
+
 @pytest.mark.netns
 @needs_root
 def test_tc_shaped_testbed_link_is_measured_within_ten_percent_over_the_data_plane(deployed):
