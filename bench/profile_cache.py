@@ -1,6 +1,6 @@
 """Profiled vs run decode time of a whole model on one CPU thread, the profiler's units timed
 warm (one copy: how units were timed before 2026-11-26, less the device context that then added
-per-op dispatch) and cold (copies in turn, ``agents.profiler.cold_copies``); prints one JSON line.
+per-op dispatch) and cold (copies in turn, ``agents.cold_profiling.cold_copies``); prints one JSON line.
 
 Why: the miniature's edge-only predictions were 2.5x too fast (docs/experiments.md). One
 decoder block of its model (hidden 512: 12.25 MiB) timed over and over stays in a 32 MiB L3,
@@ -36,7 +36,8 @@ def main() -> None:
 
     import torch
 
-    from agents.profiler import last_level_cache_bytes, profile_units
+    from agents.cold_profiling import last_level_cache_bytes
+    from agents.profiler import profile_units
     from agents.protocol import ComputeOptions
     from agents.shard import StageExecutor
     from core.models.checkpoints import ModelRecipe, make_model

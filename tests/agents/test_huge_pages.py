@@ -16,6 +16,15 @@ from agents.shard import StageExecutor
 needs_advice = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no MADV_HUGEPAGE on this OS")
 
 
+@pytest.fixture(autouse=True)
+def thp_madvise(monkeypatch, tmp_path):
+    """THP set to "madvise", whatever this host's sysfs says (a host set to "never" would keep every
+    weight where it was); a test of another setting writes its own."""
+    enabled = tmp_path / "thp-enabled"
+    enabled.write_text("always [madvise] never\n")
+    monkeypatch.setattr(huge_pages, "THP_ENABLED", str(enabled))
+
+
 def tied_pair() -> tuple[nn.Embedding, nn.Linear]:
     torch.manual_seed(0)
     embed = nn.Embedding(1024, 1024)  # 4 MiB of fp32
