@@ -10,5 +10,6 @@ contract in pyproject.toml; docs/architecture.md draws the house):
     planning   problem, plan, edits, cost model, scenarios, solvers
     runs       coordinator, run state, generation, metrics, simulator, prediction
     sessions   SQLite store, recording, replay, export
+    serving    ``edgeshard serve``: the OpenAI-compatible HTTP endpoint over the run path
     cli        the ``edgeshard`` command, one module per command group
 """

@@ -42,6 +42,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         return build_parser()  # the group registers other commands: parse with every one
     for ep in groups:
         ep.load()(sub)
+    if "serve" not in sub.choices:  # `edgeshard serve` (core.cli.serve) until the installed metadata names it
+        from core.cli.serve import register as register_serve
+
+        register_serve(sub)
     from core.techniques import techniques  # a technique's own verbs (Technique.register_cli)
 
     for technique in techniques():

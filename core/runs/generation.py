@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from agents.protocol import LinkShape, SamplingSpec, TimelineEvent, TokenEvent
+from agents.protocol import KvReservation, LinkShape, SamplingSpec, TimelineEvent, TokenEvent
 from core.runs.coordinator import (
     MODES,
     Coordinator,
@@ -262,14 +262,33 @@ def generate(
     groups = run_micro_batches(len(prompts), plan, settings.micro_batches)
     kv = kv_reservation(groups, int(enc["input_ids"].shape[1]) + settings.max_new_tokens)
     if load or not kv_covers(coordinator.reserved_kv, kv):
-        files = None
-        if settings.send_weights:
-            files = ship_stage_weights(coordinator, plan, model_dir, reporter=reporter).files
-        reporter.status(f"loading {len(plan.stages)} stage(s) of {Path(model_dir).name}")
-        coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
-                         reporter=reporter, kv=kv, files=files, kind={s.device: s.kind for s in plan.stages})
+        load_plan(coordinator, plan, model_dir, settings, kv=kv, reporter=reporter)
     coordinator.sync_clocks()
-    return _generate_text(tok, enc, stops, settings, lambda request, text_sink: coordinator.run(
+    return generate_encoded(coordinator, plan, tok, enc, stops, settings, sink=sink, reporter=reporter,
+                            replan=replan)
+
+
+def load_plan(coordinator: Coordinator, plan: ShardPlan, model_dir: str, settings: GenerationSettings, *,
+              kv: KvReservation = KvReservation(), reporter: Reporter | None = None) -> None:
+    """Load every stage of ``plan`` as ``settings`` say (dtype, threads, links, weights sent or
+    read from the device's disk); ``kv``: the cache each stage reserves (none: it grows).
+    ``generate`` loads through it, and so does a server that loads once and serves many runs."""
+    reporter = reporter or NullReporter()
+    files = None
+    if settings.send_weights:
+        files = ship_stage_weights(coordinator, plan, model_dir, reporter=reporter).files
+    reporter.status(f"loading {len(plan.stages)} stage(s) of {Path(model_dir).name}")
+    coordinator.load(plan, model_dir, dtype=settings.dtype, threads=settings.threads, links=settings.links,
+                     reporter=reporter, kv=kv, files=files, kind={s.device: s.kind for s in plan.stages})
+
+
+def generate_encoded(coordinator: Coordinator, plan: ShardPlan, tokenizer, enc, stops: tuple[int, ...],
+                     settings: GenerationSettings, *, sink: RunSink | None = None,
+                     reporter: Reporter | None = None, replan: Replanner | None = None) -> Generation:
+    """One run of already tokenized, left-padded prompts (``enc``: ``input_ids`` and
+    ``attention_mask`` tensors) on the loaded ``plan``: a caller that tokenizes itself (a chat
+    template, a prompt-length check before queueing) runs through the same path as ``generate``."""
+    return _generate_text(tokenizer, enc, stops, settings, lambda request, text_sink: coordinator.run(
         plan, request, text_sink, reporter, replan=replan), sink=sink)
 
 
@@ -314,4 +333,5 @@ def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: 
     return Generation(texts=texts, result=result, figures=compute_figures(result.events, result.token_events))
 
 
-__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "generate_with", "load_tokenizer"]
+__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "generate_encoded", "generate_with", "load_plan",
+           "load_tokenizer", "stop_token_ids"]

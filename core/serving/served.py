@@ -1,0 +1,142 @@
+"""One request while it is served: its prompt's tokens, the tokens it got, and what its client is sent.
+
+A request rides in a batch (one run of the cluster, several requests as its sequences); the
+run's token callbacks hand each request its own tokens (``take``), and the request decides
+alone when it is done: a stop token, a stop string, its own ``max_tokens``, its client gone.
+What its client should see goes out through ``deliver`` (thread-safe: the HTTP side's queue),
+as ``Piece``, then ``Finished`` or ``Failed``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.runs.generation import TextPieces
+from core.serving.openai_api import ApiError, ParsedRequest, StopText
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str
+    """OpenAI's finish_reason: ``stop`` (a stop token or string) or ``length`` (max_tokens)."""
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Delivery = Piece | Finished | Failed
+
+
+class ServedRequest:
+    """A request from admission to its end; ``take`` runs on the coordinator's IO thread."""
+
+    def __init__(self, request_id: str, parsed: ParsedRequest, prompt_text: str, prompt_ids: tuple[int, ...],
+                 max_tokens: int, seed: int, tokenizer, stop_ids: tuple[int, ...],
+                 deliver: Callable[[Delivery], None]) -> None:
+        self.id = request_id
+        self.parsed = parsed
+        self.prompt_text = prompt_text
+        self.prompt_ids = prompt_ids
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self._deliver = deliver
+        self._stop_ids = set(stop_ids)
+        self._pieces = TextPieces(tokenizer, 1, stop_ids, max_tokens)
+        self._stop_text = StopText(parsed.sampling.stop)
+        self._lock = threading.Lock()
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.failed: ApiError | None = None
+        self.cancelled = False
+        self.arrived_s = time.perf_counter()
+        self.started_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+
+    @property
+    def batch_key(self) -> tuple | None:
+        """Requests with equal keys may share a run. Greedy ones with the same repetition controls
+        do (a greedy row's tokens do not depend on its neighbours); a sampled one runs alone, so
+        its seed gives the same text whatever else was asked at the time."""
+        s = self.parsed.sampling
+        if s.temperature > 0:
+            return None
+        return ("greedy", s.repetition_penalty, s.no_repeat_ngram_size)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None or self.failed is not None or self.cancelled
+
+    def take(self, token: int) -> bool:
+        """One generated token; False when the request was already done (the token is not its)."""
+        with self._lock:
+            if self.done:
+                return False
+            now = time.perf_counter()
+            self.first_token_s = self.first_token_s or now
+            self.last_token_s = now
+            self.tokens.append(token)
+            piece = self._pieces.piece(0, token)
+            out = self._stop_text.feed(piece)
+            if self._stop_text.hit:
+                self._finish("stop", out)
+            elif token in self._stop_ids:
+                self._finish("stop", out + self._stop_text.flush())
+            elif len(self.tokens) >= self.max_tokens:
+                self._finish("length", out + self._stop_text.flush())
+            elif out:
+                self._send(Piece(out))
+            return True
+
+    def run_ended(self) -> None:
+        """The run is over: a request it did not finish (the runtime stopped its sequence) ends now."""
+        with self._lock:
+            if not self.done:
+                last = self.tokens[-1] if self.tokens else None
+                self._finish("stop" if last in self._stop_ids else "length", self._stop_text.flush())
+
+    def fail(self, error: ApiError) -> None:
+        with self._lock:
+            if not self.done:
+                self.failed = error
+                self._deliver(Failed(error))
+
+    def cancel(self) -> None:
+        """The client went away: nothing more is sent, and the run may end early."""
+        with self._lock:
+            self.cancelled = True
+
+    def _finish(self, reason: str, last: str) -> None:
+        if last:
+            self._send(Piece(last))
+        self.finish_reason = reason
+        self._deliver(Finished(reason, len(self.prompt_ids), len(self.tokens)))
+
+    def _send(self, piece: Piece) -> None:
+        self.text += piece.text
+        self._deliver(piece)
+
+    def figures(self) -> dict:
+        """What a recorded request adds to its run's figures: its own view of the wait and the tokens."""
+        out: dict = {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.tokens),
+                     "finish_reason": self.finish_reason}
+        if self.started_s is not None:
+            out["queue_s"] = self.started_s - self.arrived_s
+        if self.first_token_s is not None:
+            out["server_ttft_s"] = self.first_token_s - self.arrived_s
+        if self.first_token_s is not None and len(self.tokens) > 1:
+            out["server_tpot_s"] = (self.last_token_s - self.first_token_s) / (len(self.tokens) - 1)
+        return out

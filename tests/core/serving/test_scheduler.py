@@ -1,0 +1,101 @@
+"""The bounded queue: which waiting requests share a run, 429 when full, cancelled ones dropped."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from core.serving.openai_api import ApiError, Defaults, parse_request
+from core.serving.scheduler import BatchQueue, choose_batch
+from core.serving.served import Failed, ServedRequest
+
+
+def test_the_next_run_takes_the_oldest_and_every_waiting_request_of_its_kind():
+    greedy, other = ("greedy", 1.0, 0), ("greedy", 1.3, 0)
+    assert choose_batch([greedy, other, greedy, greedy], max_batch=16) == [0, 2, 3]
+    assert choose_batch([greedy, greedy, greedy], max_batch=2) == [0, 1]
+
+
+def test_a_sampled_request_runs_alone_so_its_seed_decides_its_text():
+    assert choose_batch([None, None, ("greedy", 1.0, 0)], max_batch=16) == [0]
+    assert choose_batch([("greedy", 1.0, 0), None], max_batch=16) == [0]
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def _request(deliveries: list) -> ServedRequest:
+    parsed = parse_request(b'{"model": "m", "prompt": "x"}', "completion", Defaults())
+    return ServedRequest("cmpl-1", parsed, "x", (5,), 4, 0, _Tokenizer(), (2,), deliveries.append)
+
+
+@pytest.fixture
+def blocked_queue():
+    """A queue whose runs wait until released (the cluster busy): (queue, batches run, release)."""
+    release, ran = threading.Event(), []
+
+    def run_batch(batch):
+        ran.append(batch)
+        release.wait(10)
+        for r in batch:
+            r.take(2)
+
+    queue = BatchQueue(run_batch, max_waiting=2, max_batch=8)
+    yield queue, ran, release
+    release.set()
+    queue.close()
+
+
+def _wait_for(cond, timeout_s=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_full_queue_refuses_with_429_and_retry_after(blocked_queue):
+    queue, ran, release = blocked_queue
+    queue.submit(_request([]))
+    _wait_for(lambda: ran)  # the cluster is busy with the first
+    queue.submit(_request([]))
+    queue.submit(_request([]))
+    with pytest.raises(ApiError) as err:
+        queue.submit(_request([]))
+    assert err.value.status == 429 and int(err.value.headers["Retry-After"]) >= 1
+
+
+def test_requests_that_wait_together_share_the_next_run_and_a_cancelled_one_is_dropped(blocked_queue):
+    queue, ran, release = blocked_queue
+    queue.submit(_request([]))
+    _wait_for(lambda: ran)
+    kept, gone = _request([]), _request([])
+    queue.submit(kept)
+    queue.submit(gone)
+    queue.cancel(gone)
+    release.set()
+    _wait_for(lambda: len(ran) == 2)
+    assert ran[1] == [kept]
+
+
+def test_closing_fails_the_waiting_and_the_running_requests_with_503_and_ends_the_run():
+    release, ran = threading.Event(), []
+
+    def run_batch(batch):
+        ran.append(batch)
+        release.wait(10)
+
+    queue = BatchQueue(run_batch, max_waiting=4, max_batch=1, on_cancel_running=lambda batch: release.set())
+    running, waiting = [], []
+    queue.submit(_request(running))
+    _wait_for(lambda: ran)
+    queue.submit(_request(waiting))
+    queue.close()
+    assert [d.error.status for d in running + waiting] == [503, 503] and release.is_set() and len(ran) == 1
+    with pytest.raises(ApiError) as err:
+        queue.submit(_request([]))
+    assert err.value.status == 503

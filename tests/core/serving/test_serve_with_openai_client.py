@@ -1,0 +1,175 @@
+"""The official ``openai`` client against a real `edgeshard serve` over real local agents: the
+tokens equal transformers' own ``generate`` on the same checkpoint, streams equal whole answers,
+bad requests get the right status and OpenAI's error object, and the server answers after each."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from core.sessions.store import SessionStore
+
+PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell", "the king said", "we went to",
+           "in the morning", "she looked at", "the old man", "far away there", "it was a dark", "he ran into",
+           "my friend and I", "under the bridge", "the ship sailed", "at the end of"]
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    assert client.models.retrieve("tiny-llama").owned_by == "edgeshard"
+
+
+def test_a_greedy_completion_equals_transformers_generate(client, reference):
+    r = client.completions.create(model="tiny-llama", prompt="the river", max_tokens=8, temperature=0)
+    assert r.choices[0].text == reference.complete("the river", 8)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.prompt_tokens == len(reference.tok("the river")["input_ids"])
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_a_greedy_chat_uses_the_tokenizers_chat_template_and_equals_generate(client, reference):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "where is the river?"}]
+    r = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=8)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == reference.chat(messages, 8)
+
+
+def test_a_stream_adds_up_to_the_whole_answer_and_ends_with_done(client, server):
+    whole = client.completions.create(model="tiny-llama", prompt="once upon a time", max_tokens=8)
+    chunks = list(client.completions.create(model="tiny-llama", prompt="once upon a time", max_tokens=8,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    body = json.dumps({"model": "tiny-llama", "prompt": "snow", "max_tokens": 2, "stream": True}).encode()
+    raw = _post(server, "/v1/completions", body)[1].decode()
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
+def test_a_chat_stream_equals_the_chat_answer_and_reports_usage_last(client):
+    messages = [{"role": "user", "content": "tell me of snow"}]
+    whole = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=8)
+    chunks = list(client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=8, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_seeded_sampling_is_reproducible(client):
+    ask = dict(model="tiny-llama", prompt="the old man", max_tokens=8, temperature=1.0, top_p=0.9)
+    a = client.completions.create(seed=7, **ask).choices[0].text
+    b = client.completions.create(seed=7, **ask).choices[0].text
+    assert a == b
+
+
+def test_a_stop_string_ends_the_answer_before_it(client, reference):
+    full = reference.complete("we went to", 8)
+    stop = full[3:5]
+    r = client.completions.create(model="tiny-llama", prompt="we went to", max_tokens=8, stop=[stop])
+    assert r.choices[0].text == full[:full.index(stop)] and r.choices[0].finish_reason == "stop"
+
+
+def test_sixteen_concurrent_streams_all_complete_each_equal_to_its_reference(client, reference):
+    def stream(prompt):
+        return "".join(c.choices[0].text for c in client.completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=6, stream=True))
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        texts = list(pool.map(stream, PROMPTS))
+    assert texts == [reference.complete(p, 6) for p in PROMPTS]
+
+
+def _post(server, path, body: bytes, key="test-key-0123456789abcdef", content_type="application/json"):
+    req = urllib.request.Request(server.url.removesuffix("/v1") + path, data=body, method="POST",
+                                 headers={"Content-Type": content_type, **({"Authorization": f"Bearer {key}"}
+                                                                           if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers
+
+
+def _still_answers(client):
+    assert client.completions.create(model="tiny-llama", prompt="snow", max_tokens=1).usage.completion_tokens == 1
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_a_missing_or_wrong_key_gets_401(server, client, key):
+    status, body, _ = _post(server, "/v1/completions", b'{"model": "tiny-llama", "prompt": "x"}', key=key)
+    assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    _still_answers(client)
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": ', 400, None),
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": "x", "max_tokens": "5"}', 400, "max_tokens"),
+    ("/v1/chat/completions", b'{"model": "tiny-llama", "messages": "hi"}', 400, "messages"),
+    ("/v1/completions", b'{"model": "gpt-4", "prompt": "x"}', 404, "model"),
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": "x", "n": 2}', 400, "n"),
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": "x", "logprobs": 2}', 400, "logprobs"),
+    ("/v1/completions", b'{"model": "tiny-llama", "prompt": "x", "frobnicate": 1}', 400, "frobnicate"),
+    ("/v1/completions", json.dumps({"model": "tiny-llama", "prompt": "the river " * 200}).encode(), 413, "prompt"),
+    ("/v1/nothing", b"{}", 404, None),
+], ids=["malformed-json", "wrong-type", "wrong-message-type", "unknown-model", "n=2", "logprobs", "unknown-field",
+        "over-long-prompt", "unknown-route"])
+def test_a_bad_request_gets_its_status_and_an_error_object_and_the_server_still_answers(
+        server, client, path, body, status, param):
+    got, raw, _ = _post(server, path, body)
+    error = json.loads(raw)["error"]
+    assert got == status and set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+    _still_answers(client)
+
+
+def test_a_body_declared_over_the_limit_gets_413_before_the_server_reads_it(server, client):
+    import http.client
+
+    host, port = server.url.removeprefix("http://").removesuffix("/v1").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", "/v1/completions")
+    for name, value in (("Content-Type", "application/json"), ("Content-Length", str(3 << 20)),
+                        ("Authorization", "Bearer test-key-0123456789abcdef")):
+        conn.putheader(name, value)
+    conn.endheaders(b'{"model": "tiny-llama", "prompt": "')  # the rest never comes
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "body_too_large"
+    conn.close()
+    _still_answers(client)
+
+
+def _recorded_run(server, request_id: str):
+    """The run recorded for ``request_id``, once finished (its record closes when its run ends,
+    just after the client has its answer)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with SessionStore(server.workspace) as store:
+            runs = [x for x in store.runs() if x.settings.get("request_id") == request_id]
+            if runs and runs[0].status != "running" or time.monotonic() > deadline:
+                return runs[0], store.timeline(runs[0].id)
+        time.sleep(0.1)
+
+
+def test_every_request_is_a_recorded_run_with_its_prompt_tokens_and_figures(client, server):
+    r = client.completions.create(model="tiny-llama", prompt="far away there", max_tokens=5)
+    run, items = _recorded_run(server, r.id)
+    assert run.status == "completed" and run.settings["prompts"] == ["far away there"]
+    assert run.settings["started_by"] == "edgeshard serve" and run.settings["endpoint"] == "/v1/completions"
+    assert "".join(i.tokens.text[0] for i in items if i.tokens is not None) == r.choices[0].text
+    assert {i.event.device for i in items if i.event is not None} == {"edge-0", "edge-1"}
+    assert run.figures["completion_tokens"] == r.usage.completion_tokens and run.figures["server_ttft_s"] > 0
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_request(client, server):
+    stream = client.completions.create(model="tiny-llama", prompt="under the bridge", max_tokens=150, stream=True)
+    first = next(iter(stream))
+    stream.close()
+    run, _ = _recorded_run(server, first.id)
+    assert run.status == "stopped" and run.figures["completion_tokens"] < 150
+    _still_answers(client)
