@@ -13,6 +13,11 @@ the unit is timed warm and the profile says why (``ComputeProfile.cache_timing``
 
 The host is read by ``last_level_cache_bytes`` and ``read_memory_figures``; everything that
 decides is a function of the figures passed in, so tests inject a cache and a memory limit.
+Not bounded by an emulated memory budget (``--memory-budget-mib``): that limits the shard a
+planner may place on the emulated device, while copies and evictor reproduce what this host's
+real cache does to a run, in this host's real memory (bounded by it, the demo's emulated devices
+would lose the cold timing that made their predictions match their runs).
+
 This module ships with the agent: it must not import core/.
 """
 
@@ -119,19 +124,19 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _cgroup_room() -> int | None:
+def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """What this process's memory cgroup still allows (limit less usage; v2 or v1); None: no limit seen."""
     try:
-        with open("/proc/self/cgroup") as f:
+        with open(proc_cgroup) as f:
             lines = f.read().splitlines()
     except OSError:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2
-            limit, used = (_read_int(f"/sys/fs/cgroup{path}/memory.{n}") for n in ("max", "current"))
+            limit, used = (_read_int(f"{root}{path}/memory.{n}") for n in ("max", "current"))
         elif "memory" in controllers.split(","):  # v1
-            base = f"/sys/fs/cgroup/memory{path}"
-            limit, used = (_read_int(f"{base}/memory.{n}_in_bytes") for n in ("limit", "usage"))
+            limit, used = (_read_int(f"{root}/memory{path}/memory.{n}_in_bytes") for n in ("limit", "usage"))
         else:
             continue
         if limit is not None and used is not None and limit < 1 << 60:  # v1 writes "no limit" as ~2^63
@@ -147,7 +152,7 @@ def read_memory_figures() -> MemoryFigures:
         status = read_meminfo("/proc/self/status")  # "VmSize: N kB" parses the same way
         room = max(0, soft - status.get("VmSize", 0))
     return MemoryFigures(available_bytes=read_meminfo().get("MemAvailable"), address_space_room_bytes=room,
-                         cgroup_room_bytes=_cgroup_room())
+                         cgroup_room_bytes=cgroup_room())
 
 
 # ------------------------------------------------------------------------------ decisions

@@ -338,6 +338,24 @@ def test_the_room_is_the_least_limit_less_the_headroom():
     assert profiling_room(MemoryFigures(available_bytes=None), 512 * MIB).bound == "no memory limit"
 
 
+@pytest.mark.parametrize("line, files, room", [
+    ("0::/agent", {"agent/memory.max": "1073741824", "agent/memory.current": "268435456"}, 768 * MIB),  # v2
+    ("0::/agent", {"agent/memory.max": "max", "agent/memory.current": "1"}, None),  # v2, no limit
+    ("4:memory:/agent", {"memory/agent/memory.limit_in_bytes": "536870912",
+                         "memory/agent/memory.usage_in_bytes": "134217728"}, 384 * MIB),  # v1
+    ("4:memory:/agent", {"memory/agent/memory.limit_in_bytes": "9223372036854771712",
+                         "memory/agent/memory.usage_in_bytes": "1"}, None),  # v1, no limit
+], ids=["v2", "v2-max", "v1", "v1-unlimited"])
+def test_the_memory_cgroups_room_is_its_limit_less_its_usage(tmp_path, line, files, room):
+    from agents.cold_profiling import cgroup_room
+
+    (tmp_path / "cgroup").write_text(f"9:pids:/\n{line}\n")
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text + "\n")
+    assert cgroup_room(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == room
+
+
 def test_the_profile_summary_says_which_units_were_timed_warm():
     from agents.cold_profiling import cache_timing
 
