@@ -34,6 +34,7 @@ def test_profile_of_a_local_cluster_is_saved_and_planned_by_edgeshard_plan(tmp_p
     assert {t.device for t in profile.times} == {"local-0", "local-1"}
     assert all(len(t.decode_s) == 4 and all(x > 0 for u in t.decode_s for x in u) for t in profile.times)
     assert all(d.memory_bytes > 0 for d in profile.cluster.devices)
+    assert all(t.cache_timing in ("cold", "warm") for t in profile.times)  # how each agent timed its units
     links = {(l.src, l.dst): l for l in profile.cluster.links}
     assert set(links) == {("local-0", "local-1"), ("local-1", "local-0")}
     for l in links.values():
