@@ -37,8 +37,6 @@ from core.sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 
-CLOCK_RESYNC_S = 30.0
-"""Agents' clocks drift: re-estimate the offsets before a run when the last estimate is older."""
 
 
 def model_context(model_dir: str) -> int:
@@ -68,9 +66,9 @@ class _BatchSink:
                 rec.on_event(event)
 
     def on_tokens(self, tokens: TokenEvent) -> None:
-        texts = tokens.text or ("",) * len(tokens.token_ids)
-        for seq, token, text in zip(tokens.sequence_ids, tokens.token_ids, texts):
-            if seq >= len(self.batch) or not self.batch[seq].take(token):
+        for seq, token in zip(tokens.sequence_ids, tokens.token_ids):
+            text = self.batch[seq].take(token) if seq < len(self.batch) else None
+            if text is None:
                 continue
             rec = self.recorders[seq]
             if rec is not None:
@@ -112,14 +110,15 @@ class ServedModel:
         self.context = model_context(model_dir)
         self.chat_template = getattr(tokenizer, "chat_template", None)
         self.loaded = False
-        self._synced_at = 0.0
+        self._current: list[ServedRequest] | None = None
+        """The batch whose run is going (``stop_running`` stops only that one)."""
+        self._current_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     def load(self, reporter=None) -> None:
         """Load the plan on its agents once (no KV reservation: stages grow their cache to each run)."""
         load_plan(self.coordinator, self.plan, self.model_dir, self.settings.generation, reporter=reporter)
-        self.coordinator.sync_clocks()
-        self._synced_at = time.monotonic()
+        self.coordinator.sync_clocks()  # later runs keep the estimates fresh from the heartbeats' own samples
         self.loaded = True
 
     def unload(self) -> None:
@@ -133,16 +132,13 @@ class ServedModel:
     def _ready(self) -> str | None:
         """None when the plan is loaded (loading it again after a failure unloaded it), else why not."""
         if not self.loaded:
+            lost = [d for d in self.plan.devices() if self.coordinator.link.is_lost(d)]
+            if lost:
+                return f"agent {lost[0]} is not answering; restart it (the plan is loaded again on the next request)"
             try:
                 self.load()
             except EdgeShardError as err:
                 return f"the plan could not be loaded again ({err}); restart the lost agent"
-        if time.monotonic() - self._synced_at > CLOCK_RESYNC_S:
-            try:
-                self.coordinator.sync_clocks()
-                self._synced_at = time.monotonic()
-            except EdgeShardError as err:
-                return str(err)
         return None
 
     # ------------------------------------------------------------------ admission
@@ -153,8 +149,12 @@ class ServedModel:
                            param="model", code="model_not_found")
         tok = self.tokenizer
         if parsed.kind == "chat" and self.chat_template:
-            text = tok.apply_chat_template([{"role": r, "content": c} for r, c in parsed.messages],
-                                           add_generation_prompt=True, tokenize=False)
+            try:
+                text = tok.apply_chat_template([{"role": r, "content": c} for r, c in parsed.messages],
+                                               add_generation_prompt=True, tokenize=False)
+            except Exception as err:  # the template's own rules (e.g. alternating roles) refused them
+                raise ApiError(400, f"the model's chat template refused these messages: {err}",
+                               param="messages", code="invalid_value") from None
             ids = tok(text, add_special_tokens=False)["input_ids"]
         else:
             text = parsed.prompt if parsed.kind == "completion" else plain_chat_prompt(parsed.messages)
@@ -175,8 +175,11 @@ class ServedModel:
 
     # ------------------------------------------------------------------ runs
     def stop_running(self, batch: list[ServedRequest]) -> None:
-        """End the running run early (every request in it is done, or the server stops)."""
-        self.coordinator.stop()
+        """End ``batch``'s run early (every request in it is done, or the server stops); never
+        another batch's run, which may have started since the caller looked."""
+        with self._current_lock:
+            if self._current is batch:
+                self.coordinator.stop()
 
     def run_batch(self, batch: list[ServedRequest]) -> None:
         """Run ``batch`` as one generation; every request ends (finished, failed, or cancelled)."""
@@ -186,7 +189,7 @@ class ServedModel:
         for r in batch:
             r.started_s = started
         live = [r for r in batch if not r.done]
-        why = self._ready() if live else "every request left"
+        why = self._ready() if live else "every request left before its run"
         if why is not None:
             for r in batch:
                 r.fail(unavailable(why))
@@ -202,9 +205,12 @@ class ServedModel:
                            repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
         recorders = [self._record(r, batch, settings) for r in batch]
         sink = _BatchSink(batch, recorders, lambda: self.stop_running(batch))
-        sink.end_if_all_done()  # every client left while it waited to start
         failure: ApiError | None = None
         try:
+            with self._current_lock:
+                self._current = batch
+            if all(r.done for r in batch):  # every client left before the run started
+                return
             out = generate_encoded(self.coordinator, self.plan, self.tokenizer, enc, self.stop_ids, settings,
                                    sink=sink, replan=self.replan)
             if out.result.plan is not None:
@@ -219,6 +225,8 @@ class ServedModel:
             log.exception("a run failed")
             failure = ApiError(500, f"internal error: {err}", type="server_error")
         finally:
+            with self._current_lock:
+                self._current = None
             for r, rec in zip(batch, recorders):
                 if failure is not None:
                     r.fail(failure)

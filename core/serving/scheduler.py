@@ -14,6 +14,7 @@ that needs the agents' stage run schedule to admit sequences mid-run (docs/servi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from collections.abc import Callable, Sequence
 
 from core.serving.openai_api import ApiError, unavailable
 from core.serving.served import ServedRequest
+
+log = logging.getLogger(__name__)
 
 
 def choose_batch(keys: Sequence[tuple | None], max_batch: int) -> list[int]:
@@ -117,6 +120,10 @@ class BatchQueue:
             t0 = time.perf_counter()
             try:
                 self._run_batch(picked)
+            except Exception as err:  # a bug must not stop the worker: these requests fail, later ones run
+                log.exception("serving a batch failed")
+                for r in picked:
+                    r.fail(ApiError(500, f"internal error: {err}", type="server_error"))
             finally:
                 with self._cond:
                     self._running = []

@@ -80,11 +80,12 @@ class ServedRequest:
     def done(self) -> bool:
         return self.finish_reason is not None or self.failed is not None or self.cancelled
 
-    def take(self, token: int) -> bool:
-        """One generated token; False when the request was already done (the token is not its)."""
+    def take(self, token: int) -> str | None:
+        """One generated token: the text it adds to the answer (before stop strings cut it), or None
+        when the request was already done (the token is not its)."""
         with self._lock:
             if self.done:
-                return False
+                return None
             now = time.perf_counter()
             self.first_token_s = self.first_token_s or now
             self.last_token_s = now
@@ -97,9 +98,9 @@ class ServedRequest:
                 self._finish("stop", out + self._stop_text.flush())
             elif len(self.tokens) >= self.max_tokens:
                 self._finish("length", out + self._stop_text.flush())
-            elif out:
-                self._send(Piece(out))
-            return True
+            elif out or len(self.tokens) == 1:  # the first token goes out even without text yet: a
+                self._send(Piece(out))            # stream starts (and its TTFT is) when generation does
+            return piece
 
     def run_ended(self) -> None:
         """The run is over: a request it did not finish (the runtime stopped its sequence) ends now."""

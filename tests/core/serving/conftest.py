@@ -26,8 +26,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content']
 CONTEXT = 160
 
 
-def serve_files(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE) -> tuple[Path, Path]:
-    """A tiny Llama checkpoint (a chat template in its tokenizer) and a 2-stage plan: (model dir, plan)."""
+def serve_files(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE,
+                devices: list[str] = DEVICES) -> tuple[Path, Path]:
+    """A tiny Llama checkpoint (a chat template in its tokenizer) and a plan over ``devices``: (model dir, plan)."""
     model = make_model(ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3,
                                    max_positions=CONTEXT), folder / "tiny-llama")
     if chat_template is not None:
@@ -37,7 +38,8 @@ def serve_files(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE) -> t
         tok.chat_template = chat_template
         tok.save_pretrained(model)
     plan = folder / "plan.json"
-    formats.save(plan, plan_from_boundaries("tiny-llama", 6, DEVICES, [3]))
+    bounds = {1: [], 2: [3], 3: [2, 4]}[len(devices)]
+    formats.save(plan, plan_from_boundaries("tiny-llama", 6, devices, bounds))
     return model, plan
 
 
@@ -54,9 +56,12 @@ class Server:
         return self.process.wait(60)
 
 
-def start_server(folder: Path, model: Path, plan: Path, *extra: str, key: str | None = API_KEY) -> Server:
+def start_server(folder: Path, model: Path, plan: Path, *extra: str, key: str | None = API_KEY,
+                 agents: Path | None = None) -> Server:
+    """``edgeshard serve`` on a free port: over its own local agents, or over ``agents`` (an agents file)."""
     workspace = folder / "ws.sqlite"
-    argv = [sys.executable, "-m", "core.cli", "serve", "--model", str(model), "--plan", str(plan), "--local",
+    where = ["--agents", str(agents)] if agents is not None else ["--local"]
+    argv = [sys.executable, "-m", "core.cli", "serve", "--model", str(model), "--plan", str(plan), *where,
             "--port", "0", "--workspace", str(workspace), "--threads", "1", *extra]
     if key is not None:
         (folder / "key").write_text(key + "\n")

@@ -1,0 +1,107 @@
+"""An agent killed (SIGKILL) mid-decode while `edgeshard serve` streams to 8 clients: with
+``--on-failure replan`` every stream completes with the undisturbed tokens; without it the
+affected requests end with 503, the server stays up, and serves again once the agent is back
+(restarted on its address: the plan is loaded again for the next request)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from core import formats
+from core.devices.local_cluster import LocalCluster
+from core.models.units import load_model_spec
+from core.planning.problem import Workload
+from core.planning.scenarios import DeviceSpec, synthetic_problem
+from core.sessions.store import SessionStore
+
+from tests.core.serving.conftest import API_KEY, Reference, serve_files, start_server
+
+PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell", "the king said", "we went to",
+           "in the morning", "she looked at"]
+THREE = ["edge-0", "edge-1", "edge-2"]
+
+
+def _streams_with_a_kill(client, pid: int, max_tokens: int) -> list:
+    """8 concurrent streams; SIGKILL ``pid`` once one has 3 pieces. Each: its text, or its APIError."""
+    going = threading.Event()
+
+    def stream(prompt: str):
+        text, n = "", 0
+        try:
+            for c in client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=max_tokens,
+                                               stream=True):
+                text += c.choices[0].text
+                n += 1
+                if n == 3:
+                    going.set()
+            return text
+        except openai.APIError as err:
+            return err
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = [pool.submit(stream, p) for p in PROMPTS]
+        assert going.wait(120), "no stream got going"
+        os.kill(pid, signal.SIGKILL)
+        return [f.result(180) for f in futures]
+
+
+def _client(server):
+    return openai.OpenAI(base_url=server.url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.mark.slow
+def test_with_replan_every_stream_completes_with_the_undisturbed_tokens(tmp_path):
+    model, plan = serve_files(tmp_path, devices=THREE)
+    spec = load_model_spec(str(model), "fp32", name="tiny-llama")
+    problem = synthetic_problem([DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=1.0)
+                                 for d in THREE], spec,
+                                workload=Workload(prompt_tokens=8, generated_tokens=40, batch_size=8))
+    formats.save(tmp_path / "problem.json", problem)
+    with LocalCluster(tmp_path / "cluster", THREE, threads_per_agent=1) as cluster:
+        server = start_server(tmp_path, model, plan, "--on-failure", "replan", "--problem",
+                              str(tmp_path / "problem.json"), "--batch-window-ms", "300",
+                              agents=cluster.agents_file)
+        try:
+            outcomes = _streams_with_a_kill(_client(server), cluster.pid_of("edge-2"), 40)
+            reference = Reference(model)
+            assert outcomes == [reference.complete(p, 40) for p in PROMPTS]
+            with SessionStore(server.workspace) as store:  # the recovery is on the requests' recorded timelines
+                kinds = {e.kind for run in store.runs() for e in store.events(run.id)}
+            assert {"failure", "replan", "reload"} <= kinds
+        finally:
+            assert server.stop() == 0
+
+
+@pytest.mark.slow
+def test_without_replan_the_affected_requests_get_503_and_the_server_serves_again_once_the_agent_is_back(
+        tmp_path):
+    model, plan = serve_files(tmp_path, devices=THREE[:2])
+    with LocalCluster(tmp_path / "cluster", THREE[:2], threads_per_agent=1) as cluster:
+        server = start_server(tmp_path, model, plan, "--batch-window-ms", "300", agents=cluster.agents_file)
+        client = _client(server)
+        try:
+            outcomes = _streams_with_a_kill(client, cluster.pid_of("edge-1"), 120)
+            assert all(isinstance(o, openai.APIError) and "cluster is unavailable" in str(o) for o in outcomes), \
+                outcomes
+            with pytest.raises(openai.APIStatusError) as err:  # the agent is still gone
+                client.completions.create(model="tiny-llama", prompt="snow", max_tokens=4)
+            assert err.value.status_code == 503
+            cluster.restart("edge-1")
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    r = client.completions.create(model="tiny-llama", prompt="the river", max_tokens=6)
+                    break
+                except openai.APIStatusError as e:
+                    assert e.status_code == 503 and time.monotonic() < deadline
+                    time.sleep(0.5)
+            assert r.choices[0].text == Reference(model).complete("the river", 6)
+        finally:
+            assert server.stop() == 0
