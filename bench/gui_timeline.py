@@ -26,9 +26,9 @@ from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from agents.protocol import TimelineEvent, TokenEvent  # noqa: E402
-from gui.event_bridge import EventBridge  # noqa: E402
-from gui.run_monitor_view import RunMonitorView  # noqa: E402
-from gui.timeline_view import TimelineView  # noqa: E402
+from gui.timeline.event_bridge import EventBridge  # noqa: E402
+from gui.screens.run_monitor import RunMonitorView  # noqa: E402
+from gui.timeline import TimelineView  # noqa: E402
 
 DEVICES = ("edge-a", "edge-b", "edge-c", "edge-d")
 

@@ -455,7 +455,7 @@ class DemoSession(QObject):
         st.set_model(DEMO_MODEL_NAME, path=str(parts.model_dir))
         st.set_connection(f"demo cluster: {len(self.devices)} agents on 127.0.0.1")
         if self.window is not None:
-            from gui.agents_connection import attach
+            from gui.connection.attach import attach
 
             emulation = parts.cluster.emulation
             detail = {d: f"emulates {emulation[d].describe()}, link {demo_shape(d).link_mbit:.0f} Mbit/s + "
@@ -466,7 +466,7 @@ class DemoSession(QObject):
                 profile_options=self.profile_options, model_name=DEMO_MODEL_NAME,
                 agent_control=LocalAgentControl(parts), on_profiled=self._keep_profile,
             )
-            from gui.run_panel import DEFAULT_PROMPTS
+            from gui.screens.run import DEFAULT_PROMPTS
 
             run = self.window.screens.run
             if run.prompts_edit.toPlainText() == "\n".join(DEFAULT_PROMPTS):  # not the operator's own

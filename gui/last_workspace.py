@@ -21,7 +21,7 @@ from core.planning.plan import ShardPlan, layout_problems
 from core.planning.problem import PlanningProblem
 from core.techniques.spatial.profiling import SpatialFits
 from gui import app as studio_app
-from gui.run_panel import MODES, NO_REPEAT_NGRAM_RANGE, REPETITION_PENALTY_RANGE, RunSettings
+from gui.screens.run import MODES, NO_REPEAT_NGRAM_RANGE, REPETITION_PENALTY_RANGE, RunSettings
 
 PROBLEM_FILE = "last-problem.json"
 PLAN_FILE = "last-plan.json"

@@ -309,8 +309,8 @@ class MainWindow(QMainWindow):
 
     def connect_agents(self, path: str) -> None:
         """Connect (in a worker) to the agents an agents.json lists, then wire the screens to them."""
-        from gui.agents_connection import open_coordinator
-        from gui.connection_lifecycle import close_connection
+        from gui.connection.attach import open_coordinator
+        from gui.connection.lifecycle import close_connection
         from gui.workers import TaskRunner
 
         if self._agents_runner is None:
@@ -333,7 +333,7 @@ class MainWindow(QMainWindow):
                    "this agents.json is the one they were started with." + still)
 
     def _on_agents_connected(self, _task: int, result) -> None:
-        from gui.agents_connection import attach
+        from gui.connection.attach import attach
 
         coordinator, statuses = result
         devices = self.screens.devices

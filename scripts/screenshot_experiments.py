@@ -12,7 +12,7 @@ from pathlib import Path
 from PySide6.QtCore import QEventLoop, QTimer
 
 from gui import app as studio_app
-from gui.experiments_panel import ExperimentsPanel
+from gui.screens.experiments import ExperimentsPanel
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 

@@ -19,7 +19,7 @@ from core.models.checkpoints import ModelRecipe, make_model
 from core.sessions.store import SessionStore
 from core.techniques.expert_offload.problem import OffloadPlan
 from gui import app as studio_app
-from gui.run_monitor_view import RunMonitorView
+from gui.screens.run_monitor import RunMonitorView
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 PROMPTS = ["the cat sat on the", "a river runs through", "hello there"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gui import app as studio_app
-from gui.plan_views import PlanScreen
+from gui.screens.plan import PlanScreen
 from gui.studio_state import StudioState
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"

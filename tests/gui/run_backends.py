@@ -80,8 +80,8 @@ class PacedBackend:
 def cluster_run_panel(qtbot, coordinator, plan, workspace, model_dir: str, prompts, max_tokens: int):
     """The Run screen over live agents (the studio's ``ClusterRunBackend``) with ``plan`` set,
     a fresh workspace and the run's fields filled in; returns ``(state, panel)``."""
-    from gui.cluster_backend import ClusterRunBackend
-    from gui.run_panel import RunPanel
+    from gui.connection.cluster_backend import ClusterRunBackend
+    from gui.screens.run import RunPanel
     from gui.studio_state import StudioState
 
     state = StudioState()

@@ -12,7 +12,7 @@ from agents.zygote import ForkedAgent
 from core.planning.plan import plan_from_boundaries
 from gui import app as studio_app
 from gui.main_window import MainWindow
-from gui.devices_panel import COLUMNS
+from gui.screens.devices import COLUMNS
 
 pytestmark = pytest.mark.slow
 

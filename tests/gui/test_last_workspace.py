@@ -9,7 +9,7 @@ from core.planning.problem import with_changes
 from gui import app as studio_app
 from gui.last_workspace import PLAN_FILE, PROBLEM_FILE, RUN_SETTINGS_KEY
 from gui.main_window import MainWindow
-from gui.run_panel import RunSettings
+from gui.screens.run import RunSettings
 from tests.gui.problems import make_problem
 
 

@@ -183,8 +183,8 @@ def test_a_bad_agents_file_is_a_dialog_not_a_traceback(window, qtbot, tmp_path):
 
 
 def test_the_plan_screen_is_the_technique_screen_with_layer_sharding_editor_as_its_view(window, qtbot):
-    from gui.plan_editor import PlanEditorPanel
-    from gui.plan_views import PlanScreen
+    from gui.techniques.layer_sharding.editor import PlanEditorPanel
+    from gui.screens.plan import PlanScreen
 
     plan = window.screens.plan
     assert isinstance(plan, PlanScreen) and plan.view is window.screens.plan_editor
@@ -201,8 +201,8 @@ def test_the_plan_screen_is_the_technique_screen_with_layer_sharding_editor_as_i
 
 def test_a_plugged_in_techniques_view_takes_the_windows_plan_menu(qtbot, isolated_settings):
     from core.techniques import register, unregister
-    from gui.plan_views import register_plan_view, unregister_plan_view
-    from tests.gui.test_plan_views import WholeModelView
+    from gui.techniques import register_plan_view, unregister_plan_view
+    from tests.gui.screens.test_plan import WholeModelView
     from tests.techniques import whole_model
 
     register(whole_model.TECHNIQUE)
@@ -313,7 +313,7 @@ def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtb
 
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
-    from gui.agents_connection import attach
+    from gui.connection.attach import attach
     from gui.demo import DemoParts, LocalAgentControl
 
     with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
@@ -336,8 +336,8 @@ def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtb
 def test_a_local_agent_s_row_shows_its_control_endpoint_and_pid_not_an_ssh_port(window, qtbot, tmp_path):
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
-    from gui.agents_connection import attach
-    from gui.devices_panel import COLUMNS
+    from gui.connection.attach import attach
+    from gui.screens.devices import COLUMNS
 
     with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
         coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=10.0)

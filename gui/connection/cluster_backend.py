@@ -1,0 +1,101 @@
+"""The Run screen's backend over live agents: ``core.runs.generation.generate`` on the studio's plan
+(or, for a plan of a technique with its own run driver, ``Technique.run_generation``).
+
+Implements ``gui.screens.run.RunBackend`` with a ``core.runs.coordinator.Coordinator``. Text in,
+text out is ``core.runs.generation``'s job (the same tokenizer handling, stop ids and streamed
+text pieces as ``edgeshard run``); this class only checks what the operator can fix first
+and loads the plan when the agents do not hold it (it changed, or a failure unloaded it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from core.runs.coordinator import Coordinator
+from core.errors import EdgeShardError
+from core.runs.generation import GenerationSettings, generate
+from core.planning.plan import offline_problems
+from core.runs.recovery import ExactReplanner
+from core.reporting import Reporter
+from core.techniques import generation_for
+
+
+class ClusterRunBackend:
+    def __init__(self, coordinator: Coordinator, state) -> None:
+        self.coordinator = coordinator
+        self.state = state
+        """The StudioState whose plan is run (read on the worker: plans are immutable values)."""
+        self._loaded_with_sent_weights = False
+
+    def lanes(self) -> list[str]:
+        plan = self.state.plan
+        if plan is None or generation_for(plan) is not None:  # a technique that also calls agents outside the plan
+            first = plan.devices() if plan is not None else []  # its own stages' lanes on top
+            return [*first, *(d for d in self.coordinator.endpoints if d not in first)]
+        return list(plan.devices())
+
+    def lane_notes(self, settings) -> dict[str, str]:
+        """Each agent's role in a run of an attention-offload plan (compute replica / attention)."""
+        plan = self.state.plan
+        if plan is None or generation_for(plan) is None or not settings.technique_options:
+            return {}
+        from core.errors import RunFailed
+        from core.techniques.attention_offload.run import OffloadRunOptions, lane_roles
+
+        try:
+            options = OffloadRunOptions.of(settings.technique_options)
+        except RunFailed:
+            return {}  # the run itself says what is wrong
+        return lane_roles(plan.devices()[0], self.lanes(), options.compute_replicas)
+
+    def run(self, settings, sink, reporter: Reporter) -> Any:
+        plan = self.state.plan
+        problem = self.state.problem
+        if plan is None:
+            raise EdgeShardError("no plan to run: make one on the Plan screen (Auto-solve) first")
+        technique_run = generation_for(plan)
+        if problem is not None and technique_run is None:  # a technique's own driver checks its plan (an
+            # attention-offload dense stage embeds the prompt on its compute agent, not on layer sharding's source)
+            from core.planning.cost import structural_violations
+
+            bad = structural_violations(problem, plan)
+            if bad:
+                raise EdgeShardError("the plan cannot run: " + "; ".join(bad))
+        down = offline_problems(plan, getattr(self.state, "offline_devices", ()))
+        if down:
+            raise EdgeShardError("the plan cannot run: " + "; ".join(down))
+        model_dir = settings.model_dir or getattr(self.state, "model_path", "")
+        if not model_dir:
+            raise EdgeShardError("choose the model checkpoint directory first")
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+            raise EdgeShardError(f"{model_dir} is not a checkpoint directory (no config.json): choose another")
+        model_dir = os.path.abspath(model_dir)  # agents do not share the studio's working directory
+        generation = GenerationSettings(
+            max_new_tokens=settings.max_new_tokens,
+            mode=settings.mode,
+            micro_batches=settings.micro_batches,
+            send_weights=settings.send_weights,
+            repetition_penalty=settings.repetition_penalty,
+            no_repeat_ngram_size=settings.no_repeat_ngram_size,
+        )
+        if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run
+            out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
+                                reporter=reporter, options=dict(getattr(settings, "technique_options", {}) or {}))
+            return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
+        # switching "Send stage weights" on or off reloads: the stages must come from where it says
+        same_source = settings.send_weights == self._loaded_with_sent_weights
+        load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)
+        replan = None
+        if getattr(settings, "on_failure", "replan") == "replan" and problem is not None:
+            replan = ExactReplanner(problem)  # no problem (a plan opened alone): a lost device stops the run
+        out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
+                       reporter=reporter, load=load, replan=replan)
+        self._loaded_with_sent_weights = settings.send_weights
+        return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
+                "recoveries": [f"{r.failed} lost at step {r.step}: re-planned onto {', '.join(r.new_stages)}"
+                               for r in out.result.recoveries],
+                "recovered_plan": out.result.plan if out.result.recoveries else None}
+
+    def stop(self) -> None:
+        self.coordinator.stop()

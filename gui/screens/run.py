@@ -1,0 +1,589 @@
+"""The Run screen: settings, Start/Stop, and the live run (timeline, figures, text).
+
+A run is long, blocking work, so it runs on a ``TaskRunner`` worker thread; the backend's
+events and tokens cross into Qt only through the ``EventBridge`` (batched, queued), and
+the same callbacks feed a ``RunRecorder`` so the workspace keeps exactly what was seen
+live (the Sessions screen replays it). Stop cancels the worker's reporter and asks the
+backend to stop at once; the panel never waits for the worker on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QDoubleSpinBox, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QVBoxLayout, QWidget)
+
+from agents.protocol import RUN_MODES
+from core.runs.coordinator import FanoutSink, RunSink
+from core.errors import RunFailed
+from core.reporting import Cancelled, Reporter
+from gui.timeline.event_bridge import EventBridge
+from gui.screens.run_monitor import RunMonitorView
+from gui.widgets import InlineMessage, panel_header, say_why_disabled
+from gui.workers import TaskRunner, shutdown_together
+
+MODES = RUN_MODES
+PREDICT_DEBOUNCE_MS = 200
+MODE_HELP = {
+    "sequential": "One micro-batch at a time, start to finish (lowest latency per token)",
+    "bubbles": "Micro-batches pipelined; every step waits for all micro-batches (bubbles)",
+    "no-bubbles": "Each micro-batch starts its next step as soon as its token is back (highest throughput)",
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the operator asked for on the Run screen."""
+
+    model_dir: str
+    prompts: tuple[str, ...]
+    max_new_tokens: int
+    mode: str
+    micro_batches: int | None
+    """The operator's override of the plan's micro-batch count; None: the plan's."""
+    send_weights: bool = False
+    """Send each agent its stage's weights (core.runs.weights) instead of loading from its disk."""
+    on_failure: str = "replan"
+    """When a device of the run is lost: "replan" (over the survivors, same tokens) or "stop"."""
+    technique_options: dict = field(default_factory=dict)
+    """The plan's technique's own run options (attention offloading: ``compute_replicas``,
+    ``schedule``), handed to its ``run_generation``; recorded with the run."""
+    repetition_penalty: float = 1.0
+    """HF's repetition_penalty for the greedy text (1 = off; core.runs.generation.GenerationSettings)."""
+    no_repeat_ngram_size: int = 0
+    """HF's no_repeat_ngram_size: no n-gram of this size is generated twice (0 = off; ``edgeshard run
+    --no-repeat-ngram-size``)."""
+
+
+REPETITION_PENALTY_RANGE = (1.0, 2.0)
+"""What the Run screen offers (below 1 rewards repeating: not offered there; the CLI takes it)."""
+NO_REPEAT_NGRAM_RANGE = (0, 64)
+"""What the Run screen offers (the CLI's and ``GenerationSettings``' range; 0 = off)."""
+
+DEFAULT_PROMPTS = ("The edge devices worked together to", "Once upon a time")
+"""The Run screen's prompts until the operator (or the demo, with its own) changes them."""
+
+
+class RunBackend(Protocol):
+    """Runs the partitioned model for the Run screen (the demo cluster, or real agents).
+
+    ``run`` blocks its (worker) thread until the generation ends, streaming into ``sink``;
+    it raises an ``EdgeShardError`` for what the operator can fix and ``Cancelled`` (or
+    ``RunFailed``) once ``reporter.cancel_requested()`` turns true. ``stop`` may be called
+    from the GUI thread at any time to end the current run quickly.
+    """
+
+    def lanes(self) -> list[str]: ...
+
+    def run(self, settings: RunSettings, sink: RunSink, reporter: Reporter) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+def lane_notes(backend: RunBackend, settings: RunSettings) -> dict[str, str]:
+    """Each lane's role in a run of ``settings`` (a backend may say: ``lane_notes(settings)``;
+    attention offloading's compute replicas and attention lanes), shown and recorded with it."""
+    notes = getattr(backend, "lane_notes", None)
+    return dict(notes(settings)) if notes is not None else {}
+
+
+def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
+                   workspace: str = "", session_id: int | None = None, plan=None, problem=None,
+                   model_name: str = "") -> dict:
+    """Worker-thread job: run ``settings`` on ``backend`` and record it in ``workspace``.
+
+    Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
+    The recorded status is completed / stopped / failed, whatever happens. Returns what the
+    backend said of the run (its recoveries, the plan it ended on) with the recorded ids.
+    """
+    if not workspace:
+        return _run_backend(reporter, backend, settings, sink)
+    from core.runs.batching import batching_settings
+    from core.sessions.recording import record_run
+
+    with record_run(workspace, model=model_name or Path(settings.model_dir).name or "?", mode=settings.mode,
+                    settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes(),
+                              "lane_notes": lane_notes(backend, settings),
+                              **batching_settings(plan, settings.micro_batches)},
+                    session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
+                    plan=plan, problem=problem) as run:
+        ids = {"session_id": run.session_id, "run_id": run.run_id}
+        reporter.partial_result(ids)
+        try:
+            said = _run_backend(reporter, backend, settings, FanoutSink(sink, run.recorder))
+        except Cancelled:
+            run.status = "stopped" if reporter.cancel_requested() else "failed"
+            raise
+        run.status = "completed"
+        return {**said, **ids}
+
+
+def _run_backend(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink) -> dict:
+    """Run to the end; a run ended by Stop (however the backend ended it) raises ``Cancelled``."""
+    try:
+        said = backend.run(settings, sink, reporter)
+    except RunFailed:
+        if reporter.cancel_requested():
+            raise Cancelled() from None
+        raise
+    if reporter.cancel_requested():
+        raise Cancelled()
+    return said if isinstance(said, dict) else {}
+
+
+class RunPanel(QWidget):
+    """Settings and Start/Stop on the left, the live ``RunMonitorView`` on the right."""
+
+    run_started = Signal()
+    run_finished = Signal(str)
+    """"completed", "stopped" or "failed"."""
+    run_recorded = Signal(int, int)
+    """(session_id, run_id) of the run being recorded in the workspace."""
+
+    def __init__(self, state=None, backend: RunBackend | None = None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.state = state
+        self.backend = backend
+        self.session_id: int | None = None
+        self._session_workspace = ""
+        self.last_outcome = ""
+        self.setAccessibleName("Run screen")
+
+        self.bridge = EventBridge(self)
+        self.runner = TaskRunner(self, name="run")
+        self.monitor = RunMonitorView()
+        self.bridge.timeline_events_arrived.connect(self.monitor.add_timeline_events)
+        self.bridge.token_events_arrived.connect(self.monitor.add_token_events)
+        self.runner.task_finished.connect(self._on_runner_task_finished)
+        self.runner.task_failed.connect(self._on_runner_task_failed)
+        self.runner.task_cancelled.connect(self._on_runner_task_cancelled)
+        self.runner.status_reported.connect(self._on_runner_status_reported)
+        self.runner.progress_reported.connect(self._on_runner_progress_reported)
+        self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
+        # The prediction (core.runs.prediction) runs on its own worker after a short pause in
+        # the edits: a big plan takes seconds to simulate and must never block the GUI.
+        self.predict_runner = TaskRunner(self, name="predict")
+        self.predict_runner.task_finished.connect(self._on_predict_runner_task_finished)
+        self.predict_runner.task_failed.connect(self._on_predict_runner_task_failed)
+        self._predict_timer = QTimer(self)
+        self._predict_timer.setSingleShot(True)
+        self._predict_timer.setInterval(PREDICT_DEBOUNCE_MS)
+        self._predict_timer.timeout.connect(self._update_prediction)
+        self.prediction_note = QLabel("")
+        self.prediction_note.setAccessibleName("Prediction note")
+        self.prediction_note.setWordWrap(True)
+        self.prediction_note.setVisible(False)
+
+        self.model_edit = QLineEdit()
+        self.model_edit.setAccessibleName("Model directory")
+        self.model_edit.setToolTip("Checkpoint directory of the model to run (config.json, safetensors, tokenizer)")
+        self.model_edit.setPlaceholderText("checkpoint directory")
+        self.browse_button = QPushButton("Browse…")
+        self.browse_button.setAccessibleName("Browse for model directory")
+        self.browse_button.setToolTip("Choose the model's checkpoint directory")
+        self.browse_button.clicked.connect(self._on_browse_clicked)
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model_edit, 1)
+        model_row.addWidget(self.browse_button)
+
+        self.prompts_edit = QPlainTextEdit()
+        self.prompts_edit.setAccessibleName("Prompts")
+        self.prompts_edit.setToolTip("One prompt per line; each line is one sequence of the batch")
+        self.prompts_edit.setPlaceholderText("One prompt per line")
+        self.prompts_edit.setPlainText("\n".join(DEFAULT_PROMPTS))
+        self.prompts_edit.setMaximumHeight(110)
+
+        self.max_tokens_spin = QSpinBox()
+        self.max_tokens_spin.setRange(1, 4096)
+        self.max_tokens_spin.setValue(32)
+        self.max_tokens_spin.setAccessibleName("Max new tokens")
+        self.max_tokens_spin.setToolTip("How many tokens to generate per prompt (at most)")
+
+        self.mode_combo = QComboBox()
+        for mode in MODES:
+            self.mode_combo.addItem(mode)
+            self.mode_combo.setItemData(self.mode_combo.count() - 1, MODE_HELP[mode], Qt.ItemDataRole.ToolTipRole)
+        self.mode_combo.setAccessibleName("Pipeline mode")
+        self.mode_combo.setToolTip("How micro-batches move through the pipeline (EdgeShard §IV-C)")
+        self.mode_combo.currentTextChanged.connect(self._on_settings_changed)
+
+        # 0 is "the plan's count" (shown as such): the plan is where micro-batching is decided,
+        # a number here is an override, recorded with the run.
+        self.micro_batches_spin = QSpinBox()
+        self.micro_batches_spin.setRange(0, 64)
+        self.micro_batches_spin.setValue(0)
+        self.micro_batches_spin.setAccessibleName("Micro-batches")
+        self.micro_batches_spin.setToolTip("Split the prompts into this many micro-batches (every mode). "
+                                           "Lowest value: the plan's count; any other value overrides it "
+                                           "and is recorded with the run")
+        self.micro_batches_spin.valueChanged.connect(self._on_settings_changed)
+        self.max_tokens_spin.valueChanged.connect(self._on_settings_changed)
+        self.penalty_spin = QDoubleSpinBox()
+        self.penalty_spin.setRange(REPETITION_PENALTY_RANGE[0], REPETITION_PENALTY_RANGE[1])
+        self.penalty_spin.setSingleStep(0.05)
+        self.penalty_spin.setDecimals(2)
+        self.penalty_spin.setValue(1.0)
+        self.penalty_spin.setSpecialValueText("off")  # 1.0, the lowest value: no penalty
+        self.penalty_spin.setAccessibleName("Repetition penalty")
+        self.penalty_spin.setToolTip(
+            "Discourage repeating a token the text already holds (HF's repetition_penalty; about 1.2 keeps greedy "
+            "text from looping). On, the last stage is also sent the prompts' token ids. Recorded with the run")
+        self.ngram_spin = QSpinBox()
+        self.ngram_spin.setRange(NO_REPEAT_NGRAM_RANGE[0], NO_REPEAT_NGRAM_RANGE[1])
+        self.ngram_spin.setValue(0)
+        self.ngram_spin.setSpecialValueText("off")  # 0, the lowest value: no ban
+        self.ngram_spin.setAccessibleName("No-repeat n-gram size")
+        self.ngram_spin.setToolTip(
+            "Never generate the same run of this many tokens twice in a sequence (HF's no_repeat_ngram_size; "
+            "2 or 3 stops greedy text from repeating a phrase). On, the last stage is also sent the prompts' "
+            "token ids. Recorded with the run")
+        self.penalty_spin.valueChanged.connect(self._on_settings_changed)
+        self.ngram_spin.valueChanged.connect(self._on_settings_changed)
+        self.micro_batches_spin.valueChanged.connect(lambda _v: self._apply_technique_limits())
+        self.send_weights_check = QCheckBox("Send stage weights")
+        self.send_weights_check.setAccessibleName("Send stage weights")
+        self.send_weights_check.setToolTip(
+            "Send each device only its stage's weights over the encrypted channel before loading "
+            "(checksummed, resumed, kept on the device by content hash: a plan change re-sends only "
+            "what moved). Off: each device loads the checkpoint from the same path on its own disk")
+
+        self.on_failure_combo = QComboBox()
+        for value, label, tip in (
+                ("replan", "Re-plan and resume", "Re-plan over the surviving devices with the exact solver, "
+                 "load the new shards and resume with the same tokens (needs the plan's planning problem)"),
+                ("stop", "Stop the run", "End the run with an error naming the lost device")):
+            self.on_failure_combo.addItem(label, value)
+            self.on_failure_combo.setItemData(self.on_failure_combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        self.on_failure_combo.setAccessibleName("On device failure")
+
+        from gui.techniques.attention_offload import OffloadRunControls
+
+        self.offload_controls = OffloadRunControls()  # shown for an attention-offload plan only
+        self.offload_controls.changed.connect(self._on_settings_changed)
+        self.offload_controls.changed.connect(self._apply_technique_limits)
+        self.on_failure_combo.setToolTip("What the run does when one of its devices dies mid-run "
+                                         "(the timeline shows the failure, the re-plan and the reload)")
+
+        self.start_button = QPushButton("Start")
+        self.start_button.setAccessibleName("Start run")
+        self.start_button.setToolTip("Run the model over the cluster with the current plan (Ctrl+Return)")
+        self.start_button.setProperty("role", "primary")
+        self.start_button.clicked.connect(self.start_run)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setAccessibleName("Stop run")
+        self.stop_button.setToolTip("Stop the run (Esc); what was produced so far is kept")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_run)
+        say_why_disabled({self.stop_button: "no run in progress"})
+        # Ctrl+Return is the window's Run ▸ Start (from any screen); a second shortcut here would make
+        # both ambiguous, and neither would fire
+        QShortcut(QKeySequence("Escape"), self, activated=self.stop_run)
+
+        self.status_label = QLabel("Ready.")
+        self.status_label.setAccessibleName("Run status")
+        self.status_label.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Run progress")
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(0)
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumHeight(8)
+        self.message = InlineMessage()
+
+        form = QFormLayout()
+        form.addRow("Model", model_row)
+        form.addRow("Prompts", self.prompts_edit)
+        form.addRow("Max new tokens", self.max_tokens_spin)
+        form.addRow("Mode", self.mode_combo)
+        form.addRow("Micro-batches", self.micro_batches_spin)
+        form.addRow("Repetition penalty", self.penalty_spin)
+        form.addRow("No-repeat n-gram", self.ngram_spin)  # as wide as "Repetition penalty": the column keeps its width
+        form.addRow("Weights", self.send_weights_check)
+        form.addRow("On failure", self.on_failure_combo)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+
+        settings = QWidget()
+        settings.setMinimumWidth(240)
+        settings.setMaximumWidth(400)
+        s_layout = QVBoxLayout(settings)
+        s_layout.setContentsMargins(0, 0, 8, 0)
+        s_layout.addLayout(form)
+        s_layout.addWidget(self.offload_controls)
+        s_layout.addLayout(buttons)
+        s_layout.addWidget(self.progress)
+        s_layout.addWidget(self.status_label)
+        s_layout.addWidget(self.message)
+        s_layout.addWidget(self.prediction_note)
+        s_layout.addStretch(1)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setChildrenCollapsible(False)
+        splitter.addWidget(settings)
+        splitter.addWidget(self.monitor)
+        splitter.setStretchFactor(1, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(16, 12, 16, 12)
+        layout.addWidget(panel_header(
+            "Run", "Run the model over the cluster with the current plan and watch the pipeline live."))
+        layout.addWidget(splitter, 1)
+
+        if state is not None:
+            state.model_changed.connect(self._on_state_model_changed)
+            state.plan_changed.connect(self._on_settings_changed)
+            state.plan_changed.connect(self._on_state_plan_changed)
+            state.problem_changed.connect(self._on_settings_changed)
+            state.agents_changed.connect(self._on_state_plan_changed)
+            state.run_options_proposed.connect(self._on_state_run_options_proposed)
+            self._on_state_model_changed(state.model_name)
+        self._on_state_plan_changed()
+        self._predict_timer.start()
+        app = QApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)  # never leave a run thread behind
+
+    # -- public API ----------------------------------------------------------------------
+    def set_backend(self, backend: RunBackend | None) -> None:
+        if backend is not None and not self.is_running():
+            self.message.show_lines([])  # "No cluster to run on" no longer holds
+        self.backend = backend
+
+    def settings(self) -> RunSettings:
+        prompts = tuple(line.strip() for line in self.prompts_edit.toPlainText().splitlines() if line.strip())
+        refused = bool(self.history_sampling_refusal())  # the run gets them off, as it runs (and is recorded)
+        return RunSettings(model_dir=self.model_edit.text().strip(), prompts=prompts,
+                           max_new_tokens=self.max_tokens_spin.value(), mode=self.mode_combo.currentText(),
+                           micro_batches=self.micro_batches_spin.value() or None,
+                           send_weights=self.send_weights_check.isChecked(),
+                           on_failure=self.on_failure_combo.currentData(),
+                           technique_options={} if self.offload_controls.isHidden()
+                           else self.offload_controls.options(),
+                           repetition_penalty=1.0 if refused else round(self.penalty_spin.value(), 2),
+                           no_repeat_ngram_size=0 if refused else self.ngram_spin.value())
+
+    def apply_settings(self, settings: RunSettings) -> None:
+        """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
+        self.model_edit.setText(settings.model_dir)
+        self.prompts_edit.setPlainText("\n".join(settings.prompts))
+        self.max_tokens_spin.setValue(settings.max_new_tokens)
+        self.mode_combo.setCurrentText(settings.mode)
+        self.micro_batches_spin.setValue(settings.micro_batches or 0)
+        self.send_weights_check.setChecked(settings.send_weights)
+        self.on_failure_combo.setCurrentIndex(max(0, self.on_failure_combo.findData(settings.on_failure)))
+        self.offload_controls.apply(settings.technique_options)
+        self.penalty_spin.setValue(settings.repetition_penalty)
+        self.ngram_spin.setValue(settings.no_repeat_ngram_size)
+
+    def is_running(self) -> bool:
+        return self.runner.is_busy()
+
+    def start_run(self) -> None:
+        if self.runner.is_busy():
+            return
+        settings = self.settings()
+        problems = []
+        if not settings.prompts:
+            problems.append("Enter at least one prompt (one per line).")
+        if self.backend is None:
+            problems.append("No cluster to run on: start the demo cluster or deploy agents on the Devices "
+                            "screen, then make a plan.")
+        if settings.model_dir and not os.path.isdir(settings.model_dir):
+            problems.append(f"Model directory {settings.model_dir} does not exist: choose the checkpoint "
+                            "directory with Browse….")
+        if problems:
+            self.message.show_lines(problems, "Cannot start the run:")
+            return
+        self.message.show_lines([])
+        lanes = list(self.backend.lanes())
+        self.monitor.reset(lanes, settings.prompts, lane_notes(self.backend, settings))
+        self._update_prediction()
+        workspace = self.state.workspace if self.state is not None else ""
+        if workspace != self._session_workspace:
+            self.session_id, self._session_workspace = None, workspace
+        plan = getattr(self.state, "plan", None)
+        problem = getattr(self.state, "problem", None)
+        self.last_outcome = ""
+        model_name = getattr(self.state, "model_name", "") or Path(settings.model_dir).name
+        self.runner.start(run_and_record, self.backend, settings, self.bridge, workspace, self.session_id,
+                          plan, problem, model_name)
+        self._set_running(True)
+        self.status_label.setText(f"Running {settings.mode} with {len(settings.prompts)} prompt(s)…")
+        self.run_started.emit()
+
+    def stop_run(self) -> None:
+        if not self.runner.is_busy():
+            return
+        self.status_label.setText("Stopping…")
+        self.stop_button.setEnabled(False)
+        self.runner.request_stop()  # task_cancelled arrives when the worker has ended
+        if self.backend is not None:
+            self.backend.stop()
+
+    def shutdown(self, timeout_s: float = 10.0) -> bool:
+        """Stop any run and join its thread (window close, tests)."""
+        if self.backend is not None and self.runner.is_busy():
+            self.backend.stop()
+        self._predict_timer.stop()
+        ok = shutdown_together((self.predict_runner, self.runner), timeout_s)
+        self.bridge.flush()
+        return self.monitor.shutdown(timeout_s) and ok
+
+    # -- runner signals (GUI thread) -----------------------------------------------------
+    def _finish(self, outcome: str, text: str, log: str = "") -> None:
+        """End a run: ``text`` on the status line, ``log`` (default ``text``) in the log."""
+        self.bridge.flush()
+        self.monitor.flush()
+        self.monitor.timeline.show_whole_run()
+        self._set_running(False)
+        self.last_outcome = outcome
+        if self.state is not None:
+            self.state.live_run_ids.discard(getattr(self, "_recording_run_id", None))
+            self.state.set_last_run(self.monitor.events, self.monitor.tokens)
+        self.status_label.setText(text)
+        if self.state is not None:
+            self.state.log(log or text, "error" if outcome == "failed" else "info")
+        self.run_finished.emit(outcome)
+
+    def _on_runner_task_finished(self, task_id: int, result: object) -> None:
+        self.progress.setValue(1000)
+        self.bridge.flush()
+        self.monitor.flush()
+        fig = self.monitor.figures()
+        recovered = result.get("recoveries", []) if isinstance(result, dict) else []
+        self._finish("completed", f"Run completed: {fig.tokens} tokens in {fig.duration_s:.2f} s."
+                     + "".join(f" Recovered: {r}." for r in recovered))
+        new_plan = result.get("recovered_plan") if isinstance(result, dict) else None
+        if new_plan is not None and self.state is not None:
+            # The old plan names the lost device, so the next run would be refused: the plan the
+            # run finished on becomes the current one (the Plan screen shows it; auto-solve redoes it).
+            self.state.set_plan(new_plan)
+            self.state.log("The plan the run recovered onto is now the current plan.", "info")
+
+    def _on_runner_task_failed(self, task_id: int, message: str) -> None:
+        self.message.show_lines([message], "The run failed:")
+        # the log (and the status bar, on whatever screen is shown) say why, not only that it failed
+        self._finish("failed", "Run failed.", log=f"Run failed: {message}")
+
+    def _on_runner_task_cancelled(self, task_id: int) -> None:
+        self._finish("stopped", "Run stopped; what arrived so far is kept.")
+
+    def _on_runner_status_reported(self, task_id: int, text: str) -> None:
+        self.status_label.setText(text)
+
+    def _on_runner_progress_reported(self, task_id: int, done: float, total: float) -> None:
+        self.progress.setValue(int(1000 * done / total) if total > 0 else 0)
+
+    def _on_runner_partial_result_reported(self, task_id: int, value: object) -> None:
+        if isinstance(value, dict) and "run_id" in value:
+            self.session_id = value["session_id"]
+            if self.state is not None:
+                self.state.live_run_ids.add(value["run_id"])
+            self._recording_run_id = value["run_id"]
+            self.run_recorded.emit(value["session_id"], value["run_id"])
+
+    # -- other handlers ------------------------------------------------------------------
+    def _on_browse_clicked(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Model checkpoint directory", self.model_edit.text())
+        if path:
+            self.model_edit.setText(path)
+
+    def _on_state_model_changed(self, name: str) -> None:
+        path = getattr(self.state, "model_path", "")
+        if path and not self.model_edit.text():
+            self.model_edit.setText(path)
+
+    def _on_state_plan_changed(self, *_args) -> None:
+        plan = getattr(self.state, "plan", None)
+        if plan is not None and not self.is_running():
+            self.message.show_lines([])  # a banner about the last attempt ("no plan", a failed run) is stale now
+        self.micro_batches_spin.setSpecialValueText(
+            f"Plan's ({plan.micro_batches})" if plan is not None else "Plan's")
+        agents = getattr(self.state, "agents", None)
+        offline = set(getattr(self.state, "offline_devices", ()))
+        self.offload_controls.show_for(plan, [] if agents is None else [a for a in agents.endpoints
+                                                                          if a not in offline])
+        self._apply_technique_limits()
+
+    def _apply_technique_limits(self) -> None:
+        """An attention-offload run has its own schedule (the staggering) and loads its own parts:
+        the pipeline mode, sent weights and re-planning do not apply, and say so."""
+        offload = not self.offload_controls.isHidden()
+        self.mode_combo.setEnabled(not offload and not self.runner.is_busy())
+        for w in (self.send_weights_check, self.on_failure_combo):
+            w.setEnabled(not offload)
+        why = ("an attention-offload run follows its staggering (below); it loads its own parts and a lost "
+               "memory agent ends it") if offload else "a run is in progress"
+        say_why_disabled({w: why for w in (self.mode_combo, self.send_weights_check, self.on_failure_combo)})
+        refusal = self.history_sampling_refusal()
+        busy = self.runner.is_busy()
+        for w in (self.penalty_spin, self.ngram_spin):
+            w.setEnabled(not refusal and not busy)
+        say_why_disabled({w: refusal or "a run is in progress" for w in (self.penalty_spin, self.ngram_spin)})
+
+    def history_sampling_refusal(self) -> str:
+        """Why the repetition penalty and the n-gram ban cannot be used for the current plan and
+        settings ("" when they can): staggered attention offloading (several compute replicas, or
+        micro-batches) samples on any replica, without the token history they need."""
+        if self.offload_controls.isHidden():
+            return ""
+        from core.techniques.attention_offload.run import HISTORY_SAMPLING_REFUSED, OffloadRunOptions, is_staggered
+
+        options = OffloadRunOptions.of(self.offload_controls.options())
+        return HISTORY_SAMPLING_REFUSED if is_staggered(options, self.micro_batches_spin.value() or None) else ""
+    def _on_state_run_options_proposed(self, options: dict, micro_batches: int) -> None:
+        """The Plan screen's split proposes how to run it (Run on agents): shown before it starts."""
+        self.offload_controls.apply(options)
+        self.micro_batches_spin.setValue(micro_batches)
+
+    def _on_settings_changed(self, *_args) -> None:
+        if not self.runner.is_busy():
+            self._predict_timer.start()  # restarts: one prediction after the edits pause
+
+    def _set_running(self, running: bool) -> None:
+        self.start_button.setEnabled(not running)
+        self.stop_button.setEnabled(running)
+        for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin,
+                  self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin,
+                  self.ngram_spin):
+            w.setEnabled(not running)
+        self._apply_technique_limits()
+        if running:
+            self.progress.setValue(0)
+
+    def _update_prediction(self) -> None:
+        """Start predicting the timeline for the current plan and settings (on a worker; a
+        newer prediction supersedes an older one); it is drawn under the measured one."""
+        from core.runs.prediction import predict_run_task
+
+        self._predict_timer.stop()
+        problem = getattr(self.state, "problem", None)
+        plan = getattr(self.state, "plan", None)
+        if problem is None or plan is None:
+            self.predict_runner.cancel()
+            self._show_prediction(None)
+            return
+        s = self.settings()
+        self.predict_runner.start(predict_run_task, problem, plan, s.mode, len(s.prompts), s.micro_batches,
+                                  s.max_new_tokens)
+
+    def _show_prediction(self, prediction) -> None:
+        self.monitor.set_predicted(prediction.result.events if prediction is not None else [])
+        note = prediction.note if prediction is not None else ""
+        self.prediction_note.setText(note)
+        self.prediction_note.setVisible(bool(note))
+
+    def _on_predict_runner_task_finished(self, _task_id: int, prediction: object) -> None:
+        self._show_prediction(prediction)
+
+    def _on_predict_runner_task_failed(self, _task_id: int, _message: str) -> None:
+        self._show_prediction(None)  # a plan the simulator refuses has no predicted timeline

@@ -1,0 +1,164 @@
+"""Two recorded runs side by side: timelines aligned at t = 0 on one time axis, and their
+figures (TTFT, tokens/s, per-device utilisation, bubbles) in one table.
+
+The runs are read on a worker (``load_comparison``); the figures are the same
+``core.runs.metrics`` functions the live run and the replay use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSplitter,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from agents.protocol import TimelineEvent, TokenEvent
+from core.reporting import Reporter
+from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figures
+from core.sessions.store import RunInfo, SessionStore
+from gui.timeline import TimelineView
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    info: RunInfo
+    events: list[TimelineEvent]
+    tokens: list[TokenEvent]
+    figures: RunFigures
+    bubbles: dict[str, float]
+    lanes: list[str]
+
+
+def load_comparison(reporter: Reporter, workspace: str, run_a: int, run_b: int) -> tuple[ComparedRun, ComparedRun]:
+    """Worker job: both runs' events, tokens and figures."""
+    out = []
+    with SessionStore(workspace) as store:
+        for run_id in (run_a, run_b):
+            reporter.status(f"Reading run {run_id}…")
+            info = store.run(run_id)
+            events, tokens = store.events(run_id), store.tokens(run_id)
+            lanes = list(info.settings.get("lanes") or [])
+            for e in events:
+                if e.device not in lanes:
+                    lanes.append(e.device)
+            out.append(ComparedRun(info=info, events=events, tokens=tokens,
+                                   figures=compute_figures(events, tokens), bubbles=bubbles(events), lanes=lanes))
+    return out[0], out[1]
+
+
+def run_title(info: RunInfo) -> str:
+    return f"run {info.id} · {info.model} · {info.mode} · {info.status}"
+
+
+TABLE_BESIDE_PX = 800
+"""Narrower than this, the figures table goes below the two timelines instead of beside them."""
+LANE_LINES = 1.6
+"""A compared timeline's least height per lane, in lines of text (its lane names never overlap)."""
+
+
+class RunComparisonView(QWidget):
+    """Run A's and run B's timelines, x-linked from t = 0, above a table of their figures."""
+
+    closed = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setAccessibleName("Run comparison")
+        self.runs: tuple[ComparedRun, ComparedRun] | None = None
+        self.title_label = QLabel("Select two runs and press Compare.")
+        self.title_label.setAccessibleName("Compared runs")
+        self.title_label.setWordWrap(True)  # two long run titles on a 1024 px screen: two lines, not a scroll bar
+        self.back_button = QPushButton("Back to replay")
+        self.back_button.setAccessibleName("Back to replay")
+        self.back_button.setToolTip("Leave the comparison and show the replay of the open run")
+        self.back_button.clicked.connect(self.closed.emit)
+        self.timeline_a = TimelineView()
+        self.timeline_b = TimelineView()
+        for view in (self.timeline_a, self.timeline_b):
+            view.hide_live_controls()
+        self.timeline_b.measured_plot.setXLink(self.timeline_a.measured_plot)
+        self.table = QTableWidget(0, 3)
+        self.table.setAccessibleName("Figures of both runs")
+        self.table.setHorizontalHeaderLabels(["Figure", "Run A", "Run B"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+
+        head = QHBoxLayout()
+        head.addWidget(self.title_label, 1)
+        head.addWidget(self.back_button)
+        self.timelines = QSplitter(Qt.Orientation.Vertical)
+        self.timelines.setChildrenCollapsible(False)
+        self.timelines.addWidget(self.timeline_a)
+        self.timelines.addWidget(self.timeline_b)
+        # the figures beside the timelines where there is room, below them where there is not
+        # (a 1024 px screen): the timelines keep the width, and the page scrolls rather than
+        # squeezing a timeline's lanes together or drawing it under the table
+        self.body = QSplitter(Qt.Orientation.Horizontal)
+        self.body.setChildrenCollapsible(False)
+        self.body.addWidget(self.timelines)
+        self.body.addWidget(self.table)
+        self.body.setStretchFactor(0, 3)
+        self.body.setStretchFactor(1, 1)
+        self.table.setMinimumWidth(260)
+        self.scroll = QScrollArea()
+        self.scroll.setAccessibleName("Run comparison page")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.body)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(head)
+        layout.addWidget(self.scroll, 1)
+        self._fit_timelines()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._arrange(event.size().width())
+
+    def _arrange(self, width: int) -> None:
+        wide = width >= TABLE_BESIDE_PX
+        orientation = Qt.Orientation.Horizontal if wide else Qt.Orientation.Vertical
+        if self.body.orientation() != orientation:
+            self.body.setOrientation(orientation)
+        rows = self.table.rowCount()
+        table_px = (self.table.horizontalHeader().sizeHint().height() + 4
+                    + sum(self.table.rowHeight(r) for r in range(rows)))
+        self.table.setMinimumHeight(0 if wide else table_px)  # below: every figure, no scroll of its own
+
+    def _fit_timelines(self) -> None:
+        """Each timeline at least its toolbar plus a line of text per lane and its time axis."""
+        line = self.fontMetrics().height()
+        for view in (self.timeline_a, self.timeline_b):
+            lanes = max(len(view.lanes()), 1)
+            toolbar = view.minimumSizeHint().height()
+            view.setMinimumHeight(toolbar + lanes * int(line * LANE_LINES) + 4 * line)
+
+    def show_runs(self, a: ComparedRun, b: ComparedRun) -> None:
+        self.runs = (a, b)
+        self.title_label.setText(f"A: {run_title(a.info)}   vs   B: {run_title(b.info)}")
+        for view, run, name in ((self.timeline_a, a, "A"), (self.timeline_b, b, "B")):
+            view.clear()
+            view.set_lanes(run.lanes)
+            view.append_events(run.events)
+            view.flush()
+            view.measured_plot.setTitle(f"{name}: {run_title(run.info)}", size="9pt")
+        end = max([e.end_s for e in a.events + b.events] + [1e-3])
+        self.timeline_a.set_x_range(0.0, end * 1.02)  # both from t = 0, on one axis (x-linked)
+        self._fit_timelines()
+        rows = comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles)
+        self.table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            for c, text in enumerate(row):
+                item = QTableWidgetItem(text)
+                if c:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(r, c, item)
+        self.table.resizeRowsToContents()
+        self._arrange(self.width())
+
+    def table_rows(self) -> list[tuple[str, str, str]]:
+        return [tuple(self.table.item(r, c).text() for c in range(3)) for r in range(self.table.rowCount())]

@@ -1,0 +1,315 @@
+"""What a run looks like while it happens: timeline, figures, tokens/s, utilisation, text.
+
+The Run screen feeds it live (through the EventBridge) and the Sessions screen feeds it
+from a replay, through the same two methods and the same ``core.runs.metrics`` functions,
+so a replayed run shows exactly what was seen live. ``core.runs.metrics.LiveMetrics``
+keeps the O(events) parts up to date per event, so the figures, redrawn on a 4 Hz timer
+(not per event), cost O(tokens) on the GUI thread however long the run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from typing import Sequence
+
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QFont, QPalette
+from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QProgressBar, QSplitter, QVBoxLayout, QWidget)
+
+from agents.protocol import TimelineEvent, TokenEvent
+from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
+from gui.techniques.expert_offload.heat_map import ExpertHeatMap
+from gui.timeline import TimelineView
+from gui.widgets import MetricCard
+
+
+def rate_window_s(duration_s: float) -> float:
+    """Window of the tokens/s plot: about 40 windows over the run, at least 50 ms."""
+    for w in (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0):
+        if duration_s / w <= 40:
+            return w
+    return 30.0
+
+
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1000:.1f} ms"
+
+
+
+class SparseAxis(pg.AxisItem):
+    """A vertical axis for a short plot (~100 px): one labelled tick per ``MIN_GAP_PX`` at most, at
+    1, 2 or 5 × 10^k, so the labels never crowd or clip (pyqtgraph puts at least 2.25 intervals on
+    any axis: six labels 0 … 1.0 on top of one another in the Run screen's rate plot)."""
+
+    MIN_GAP_PX = 28
+
+    def tickSpacing(self, minVal: float, maxVal: float, size: float):
+        span = abs(maxVal - minVal)
+        if span == 0 or size <= 0:
+            return []
+        intervals = max(1, int(size // self.MIN_GAP_PX))
+        raw = span / intervals
+        unit = 10 ** math.floor(math.log10(raw))
+        step = next(f * unit for f in (1, 2, 5, 10) if f * unit >= raw)
+        return [(step, 0.0)]
+
+class RunMonitorView(QWidget):
+    """Timeline + figures + generated text of one run (live or replayed)."""
+
+    def __init__(self, parent: QWidget | None = None, refresh_hz: float = 4.0):
+        super().__init__(parent)
+        self.setAccessibleName("Run monitor")
+        self.metrics = LiveMetrics()
+        self._texts: dict[int, list[str]] = {}
+        self._prompts: tuple[str, ...] = ()
+        self._dirty = False
+        self._last_figures = RunFigures()
+
+        self.timeline = TimelineView()
+
+        self.ttft_card = MetricCard("TTFT", "Time to first token: the prefill's token reaching the source")
+        self.latency_card = MetricCard("Latency / token", "Mean time between a sequence's consecutive tokens")
+        self.rate_card = MetricCard("Decode tokens/s", "Tokens per second over the decode steps")
+        self.tokens_card = MetricCard("Tokens", "Tokens generated so far")
+        cards = QGridLayout()  # 2 x 2: readable in a narrow side column
+        for i, card in enumerate((self.ttft_card, self.latency_card, self.rate_card, self.tokens_card)):
+            cards.addWidget(card, i // 2, i % 2)
+
+        self.rate_plot = pg.PlotWidget(axisItems={"left": SparseAxis("left")})
+        self.rate_plot.setAccessibleName("Tokens per second over time")
+        self.rate_plot.setToolTip("Tokens arrived per second, in windows over the run")
+        self.rate_plot.setMenuEnabled(False)
+        self.rate_plot.hideButtons()
+        self.rate_plot.setMouseEnabled(x=False, y=False)
+        # no left-axis title: the heading above says "Tokens per second", and at 1024x700 the
+        # plot is too short for a vertical "tokens/s" (it was cut to "tokens/")
+        self.rate_plot.setLabel("bottom", "time", units="s")
+        self.rate_plot.setMinimumHeight(80)  # with three devices' bars the column still fits 1024x700
+        self.rate_plot.getAxis("bottom").setStyle(maxTickLevel=0)
+        self.rate_plot.getViewBox().setDefaultPadding(0.1)  # the top tick's label is not cut in half
+        self._empty_rate_range()
+        self.rate_curve = self.rate_plot.plot([], [], stepMode="center", fillLevel=0,
+                                              pen=pg.mkPen("#4e79a7", width=2), brush=(78, 121, 167, 80))
+
+        self.util_box = QWidget()
+        self.util_box.setAccessibleName("Compute utilisation")
+        self.util_box.setToolTip("Fraction of the run each device spent computing")
+        self._util_layout = QGridLayout(self.util_box)
+        self._util_layout.setContentsMargins(0, 0, 0, 0)
+        self.util_bars: dict[str, QProgressBar] = {}
+
+        self.heat_map = ExpertHeatMap()  # shown once a run carries expert activity (expert offloading)
+        self.heat_map.setMinimumHeight(110)
+
+        self.text_edit = QPlainTextEdit()
+        self.text_edit.setReadOnly(True)
+        self.text_edit.setAccessibleName("Generated text")
+        self.text_edit.setToolTip("The generated text of every sequence, as it streams")
+        self.text_edit.setPlaceholderText("Generated text appears here as tokens arrive.")
+        self.text_edit.setMinimumHeight(48)
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        self.text_edit.setFont(mono)
+
+        side = QWidget()
+        side_layout = QVBoxLayout(side)
+        side_layout.setContentsMargins(0, 0, 0, 0)
+        side_layout.addLayout(cards)
+        for title, widget, stretch in (("Tokens per second", self.rate_plot, 1),
+                                       ("Compute utilisation", self.util_box, 0),
+                                       ("Expert buffer (blocks × experts)", self.heat_map, 2),
+                                       ("Generated text", self.text_edit, 2)):
+            label = QLabel(title)
+            label.setProperty("role", "metricLabel")
+            side_layout.addWidget(label)
+            side_layout.addWidget(widget, stretch)
+            if widget is self.heat_map:
+                self.heat_map_label = label
+        self._show_heat_map(False)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setChildrenCollapsible(False)
+        splitter.addWidget(self.timeline)
+        splitter.addWidget(side)
+        splitter.setStretchFactor(0, 2)
+        splitter.setStretchFactor(1, 1)
+        side.setMinimumWidth(256)
+        splitter.setSizes([760, 360])
+        self.splitter = splitter
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(splitter)
+
+        self._refresh_timer = QTimer(self)
+        self._refresh_timer.setInterval(int(1000 / refresh_hz))
+        self._refresh_timer.timeout.connect(self._on_refresh_timer_timeout)
+        self._apply_palette()
+
+    # -- feeding -------------------------------------------------------------------------
+    def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = (),
+              lane_notes: dict[str, str] | None = None) -> None:
+        """Start over for a new run (or a replay seek): nothing drawn, no figures. ``lane_notes``:
+        each device's role in the run, shown beside its lane."""
+        self.metrics = LiveMetrics()
+        self._texts = {}
+        self._prompts = tuple(prompts)
+        self.timeline.clear()
+        self.timeline.set_lanes(list(lanes))
+        self.timeline.set_lane_notes(lane_notes or {})
+        self._clear_util_devices()
+        self._set_util_devices(list(lanes))
+        self.heat_map.reset()
+        self._show_heat_map(False)
+        self._dirty = True
+        self.refresh()
+
+    def add_timeline_events(self, events: Sequence[TimelineEvent]) -> None:
+        if not events:
+            return
+        add = self.metrics.add_event
+        for event in events:
+            add(event)
+        self.timeline.append_events(events)
+        if self.heat_map.add_events(events) and self.heat_map.isHidden():
+            self._show_heat_map(True)
+        self._mark_dirty()
+
+    def add_token_events(self, tokens: Sequence[TokenEvent]) -> None:
+        if not tokens:
+            return
+        for tok in tokens:
+            self.metrics.add_tokens(tok)
+            pieces = tok.text if tok.text else tuple(f"[{t}]" for t in tok.token_ids)
+            for seq, piece in zip(tok.sequence_ids, pieces):
+                self._texts.setdefault(seq, []).append(piece)
+        self._mark_dirty()
+
+    def set_predicted(self, events: Sequence[TimelineEvent]) -> None:
+        self.timeline.set_predicted(events)
+
+    def flush(self) -> None:
+        """Draw and compute everything fed so far, now (end of a run, tests)."""
+        self.timeline.flush()
+        self.refresh()
+
+    def shutdown(self, timeout_s: float = 5.0) -> bool:
+        """Stop refreshing (nothing here runs on another thread)."""
+        self._refresh_timer.stop()
+        return True
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def events(self) -> list[TimelineEvent]:
+        return self.metrics.events
+
+    @property
+    def tokens(self) -> list[TokenEvent]:
+        return self.metrics.tokens
+
+    def figures(self) -> RunFigures:
+        return self._last_figures
+
+    def text_of(self, sequence: int) -> str:
+        return "".join(self._texts.get(sequence, []))
+
+    # -- internals -----------------------------------------------------------------------
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+        if not self._refresh_timer.isActive():
+            self._refresh_timer.start()
+
+    def _on_refresh_timer_timeout(self) -> None:
+        if not self._dirty:
+            self._refresh_timer.stop()
+            return
+        self.refresh()
+
+    def _empty_rate_range(self) -> None:
+        """No tokens yet: 0 … 1 with the same padding data gets (autorange stays on for the run)."""
+        self.rate_plot.getViewBox().setRange(yRange=(0, 1), padding=0.1, disableAutoRange=False)
+
+    def refresh(self) -> None:
+        """Recompute and show the figures now."""
+        self._dirty = False
+        fig = self.metrics.figures()
+        self._last_figures = fig
+        window = rate_window_s(fig.duration_s)
+        series = tokens_per_s_over_time(self.metrics.tokens, window)
+        self.ttft_card.set_value(_ms(fig.ttft_s))
+        self.latency_card.set_value(_ms(fig.per_token_latency_s))
+        self.rate_card.set_value("—" if fig.decode_tokens_per_s is None else f"{fig.decode_tokens_per_s:.1f}")
+        self.tokens_card.set_value(str(fig.tokens))
+        if series:
+            xs = [t for t, _ in series] + [series[-1][0] + window]
+            self.rate_curve.setData(xs, [r for _, r in series])
+        else:
+            self.rate_curve.setData([], [])
+            self._empty_rate_range()
+        self._set_util_devices(list(fig.utilisation))
+        for device, bar in self.util_bars.items():
+            frac = fig.utilisation.get(device, 0.0)
+            bar.setValue(int(round(frac * 1000)))
+            bar.setFormat(f"{frac * 100:.0f} %")
+            bar.setAccessibleDescription(f"{device}: {frac * 100:.0f} percent busy")
+        self._render_text()
+
+    def _show_heat_map(self, shown: bool) -> None:
+        self.heat_map.setVisible(shown)
+        self.heat_map_label.setVisible(shown)
+
+    def _set_util_devices(self, devices: list[str]) -> None:
+        for device in devices:
+            if device in self.util_bars:
+                continue
+            row = len(self.util_bars)
+            label = QLabel(device)
+            bar = QProgressBar()
+            bar.setRange(0, 1000)
+            bar.setValue(0)
+            bar.setFormat("0 %")
+            bar.setTextVisible(True)
+            bar.setAccessibleName(f"Utilisation of {device}")
+            bar.setToolTip(f"Fraction of the run {device} spent computing")
+            self._util_layout.addWidget(label, row, 0)
+            self._util_layout.addWidget(bar, row, 1)
+            self.util_bars[device] = bar
+
+    def _clear_util_devices(self) -> None:
+        while self._util_layout.count():
+            item = self._util_layout.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        self.util_bars.clear()
+
+    def _render_text(self) -> None:
+        parts = []
+        for seq in sorted(self._texts):
+            head = f"#{seq}"
+            if seq < len(self._prompts):
+                head += f"  {self._prompts[seq]}"
+            parts.append(f"{head}\n{''.join(self._texts[seq])}")
+        text = "\n\n".join(parts)
+        if text != self.text_edit.toPlainText():
+            bar = self.text_edit.verticalScrollBar()
+            at_end = bar.value() >= bar.maximum() - 2
+            self.text_edit.setPlainText(text)
+            if at_end:
+                bar.setValue(bar.maximum())
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self._apply_palette()
+        super().changeEvent(event)
+
+    def _apply_palette(self) -> None:
+        pal = self.palette()
+        base = pal.color(QPalette.ColorRole.Base)
+        text = pal.color(QPalette.ColorRole.Text)
+        self.rate_plot.setBackground(base)
+        for name in ("left", "bottom"):
+            axis = self.rate_plot.getAxis(name)
+            axis.setPen(pg.mkPen(text))
+            axis.setTextPen(pg.mkPen(text))

@@ -1,0 +1,504 @@
+"""Spatial partitioning's plan view: every layer's width coloured by device, halos hatched.
+
+The spatial technique's face on the Plan screen (gui.techniques). A problem comes from a
+file or from the paper-shaped scenario (nodes, bandwidth, network); a strategy gives the
+plan (Auto-solve: the fused planner; Compare: every partitioner side by side). The tile
+canvas draws one row per spatial layer: the solid part is the columns each device owns, the
+hatched band under it the input columns the device reads (its strip plus the halo), so a
+halo shows as hatching reaching into the neighbour's colour; a line marks each tile (group)
+where the gateway scatters and gathers. *Run on agents* runs the plan on the connected agents
+(``StudioState.agents``: the demo cluster or an agents.json) on a worker thread
+(``core.techniques.spatial.run.run_and_record``): each image's strips land on the timeline as
+they finish, each image's latency and agreement with the single-device forward in the table,
+and the run is recorded (with its prediction) for the Sessions screen.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QBrush, QColor, QPainter, QPen
+from PySide6.QtWidgets import (
+    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
+    QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+)
+
+from agents.spatial import CnnSpec, Layer, group_input_ranges, strip_bounds
+from core.errors import EdgeShardError
+from core.formats import load
+from core.techniques.spatial.cost import evaluate, single_device_seconds
+from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
+from core.techniques.spatial.profiling import fits_of_problem, problem_with_fits
+from core.techniques.spatial.run import on_agents
+from core.techniques.spatial.scenarios import paper_shaped
+from core.techniques.spatial.strategies import ORDER, compare, run_strategy
+from gui.app import stage_color
+from gui.studio_state import StudioState
+from gui.timeline import TimelineView
+from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
+from gui.workers import TaskRunner
+
+
+def owned_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
+    """Each device's own columns of layer ``at`` of a group: the last layer's strips, doubled back
+    through every pool after ``at`` (pure: the canvas draws it, tests check it)."""
+    bounds = [lo for lo, _ in strip_bounds(widths)] + [sum(widths)]
+    for layer in reversed(layers[at + 1:]):
+        if layer.kind == "pool":
+            bounds = [2 * b for b in bounds]
+    w = layers[at].w_out
+    bounds[-1] = w
+    bounds = [min(b, w) for b in bounds]
+    return list(zip(bounds, bounds[1:]))
+
+
+def read_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
+    """Each device's input columns of layer ``at`` (its strip and halo); (0, 0) for an idle device."""
+    out = []
+    for lo, hi in strip_bounds(widths):
+        if hi <= lo:
+            out.append((0, 0))
+            continue
+        out.append(group_input_ranges(layers, lo, hi)[at])
+    return out
+
+
+class TileCanvas(QWidget):
+    """One row per spatial layer: owned columns solid, read columns (halos) hatched."""
+
+    ROW = 22
+    LABEL = 150
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.spec: CnnSpec | None = None
+        self.plan: SpatialPlan | None = None
+        self.setAccessibleName("Tile view")
+        self.setMinimumWidth(400)
+
+    def show_plan(self, spec: CnnSpec | None, plan: SpatialPlan | None) -> None:
+        self.spec, self.plan = spec, plan
+        rows = len(spec.layers) if spec else 0
+        self.setMinimumHeight(40 + rows * self.ROW + 30)
+        self.updateGeometry()
+        self.update()
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 (Qt)
+        p = QPainter(self)
+        p.setRenderHint(QPainter.Antialiasing, False)
+        pal = self.palette()
+        text = pal.color(self.foregroundRole())
+        if self.spec is None or self.plan is None:
+            p.setPen(text)
+            p.drawText(self.rect(), Qt.AlignCenter, "No plan yet: pick a strategy or press Auto-solve")
+            return
+        x0, bar = self.LABEL, max(100, self.width() - self.LABEL - 16)
+        y = 8
+        x = x0
+        for d, name in enumerate(self.plan.devices):  # legend, each entry as wide as its name
+            label = name + (" (gateway)" if d == 0 else "")
+            room = max(92, p.fontMetrics().horizontalAdvance(label) + 4)
+            p.fillRect(QRectF(x, y, 12, 12), stage_color(d))
+            p.setPen(text)
+            p.drawText(QRectF(x + 16, y - 2, room, 16), Qt.AlignLeft | Qt.AlignVCenter, label)
+            x += 16 + room + 2
+        p.drawText(QRectF(x, y - 2, 360, 16), Qt.AlignLeft | Qt.AlignVCenter, "▨ hatched: columns read (strip + halo)")
+        y = 32
+        for (start, end), widths in zip(self.plan.groups, self.plan.widths):
+            layers = self.spec.layers[start:end]
+            p.setPen(QPen(text, 1))
+            p.drawLine(4, y, x0 + bar, y)
+            for j, layer in enumerate(layers):
+                top = y + j * self.ROW + 2
+                label = f"{start + j:2d} {layer.kind}{'' if layer.kind == 'pool' else layer.k} " \
+                        f"{layer.c_out}ch {layer.w_out}²"
+                p.setPen(text)
+                p.drawText(QRectF(4, top, self.LABEL - 8, self.ROW - 4), Qt.AlignLeft | Qt.AlignVCenter, label)
+                scale_out = bar / layer.w_out
+                for d, (lo, hi) in enumerate(owned_ranges(layers, widths, j)):
+                    if hi > lo:
+                        p.fillRect(QRectF(x0 + lo * scale_out, top, (hi - lo) * scale_out, self.ROW * 0.55),
+                                   stage_color(d))
+                scale_in = bar / layer.w_in
+                for d, (lo, hi) in enumerate(read_ranges(layers, widths, j)):
+                    if hi > lo:
+                        colour = QColor(stage_color(d))
+                        band = QRectF(x0 + lo * scale_in, top + self.ROW * 0.58 + d * 2, (hi - lo) * scale_in,
+                                      self.ROW * 0.3)
+                        p.fillRect(band, QBrush(colour, Qt.BDiagPattern))
+                        p.setPen(QPen(colour, 1))
+                        p.drawRect(band)
+            y += len(layers) * self.ROW
+        p.setPen(QPen(text, 1))
+        p.drawLine(4, y, x0 + bar, y)
+        p.drawText(QRectF(4, y + 2, x0 + bar, 18), Qt.AlignLeft | Qt.AlignVCenter,
+                   f"{len(self.plan.groups)} tiles (a line = the gateway scatters strips with halos, then gathers); "
+                   f"then the FC head on {self.plan.devices[0]}")
+
+
+class SpatialPlanView(QWidget):
+    """The spatial technique's plan view (registered in gui.techniques)."""
+
+    def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.problem: SpatialProblem | None = None
+        self.plan: SpatialPlan | None = None
+        self._run_files: list[str] = []
+        """The image files of the run in progress (names in the image table)."""
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(16, 12, 16, 12)
+        lay.addWidget(panel_header("Spatial CNN partitioning (EdgeMI)",
+                                   "Each convolution map is cut into vertical strips, one per device; the gateway "
+                                   "scatters strips with halo columns and gathers the results."))
+        controls = QHBoxLayout()
+        self.network = QComboBox()
+        self.network.addItems(["vgg16", "resnet-style"])
+        self.network.setAccessibleName("Network")
+        self.nodes = QSpinBox()
+        self.nodes.setRange(1, 16)
+        self.nodes.setValue(4)
+        self.nodes.setAccessibleName("Nodes")
+        self.bandwidth = QDoubleSpinBox()
+        self.bandwidth.setRange(0.1, 100000.0)
+        self.bandwidth.setValue(1000.0)
+        self.bandwidth.setSuffix(" Mbit/s")
+        self.bandwidth.setAccessibleName("Bandwidth")
+        scenario = QPushButton("Use scenario")
+        scenario.setToolTip("Devices shaped like EdgeMI's testbed (Raspberry-Pi-class, switched LAN)")
+        scenario.clicked.connect(self.use_scenario)
+        load_btn = QPushButton("Load problem…")
+        load_btn.clicked.connect(self._load_clicked)
+        self.fits_button = QPushButton("Use Profile fits")
+        self.fits_button.clicked.connect(self.use_profile_fits)
+        state.spatial_fits_changed.connect(lambda _f: self._update_fits_button())
+        self.strategy = QComboBox()
+        self.strategy.addItems(list(ORDER))
+        self.strategy.setAccessibleName("Strategy")
+        self.strategy.currentTextChanged.connect(lambda _s: self.show_strategy(self.strategy.currentText()))
+        for label, w in (("Network", self.network), ("Nodes", self.nodes), ("Link", self.bandwidth)):
+            controls.addWidget(QLabel(label))
+            controls.addWidget(w)
+        controls.addSpacing(16)
+        controls.addWidget(QLabel("Strategy"))
+        controls.addWidget(self.strategy)
+        controls.addStretch(1)
+        lay.addLayout(controls)
+        # Where the problem comes from, on its own row: in one row with the pickers the Strategy
+        # picker was cut off at 1024 px.
+        sources = QHBoxLayout()
+        for button in (scenario, load_btn, self.fits_button):
+            sources.addWidget(button)
+        sources.addStretch(1)
+        lay.addLayout(sources)
+        self.summary = QLabel("")
+        self.summary.setAccessibleName("Plan summary")
+        self.summary.setWordWrap(True)
+        lay.addWidget(self.summary)
+        self.message = InlineMessage()
+        lay.addWidget(self.message)
+        self.table = comparison_table(["strategy", "ms / image", "speedup", "devices", "tiles", "status"])
+        lay.addWidget(self.table)
+        self.canvas = TileCanvas()
+        split = QSplitter(Qt.Vertical)
+        split.setChildrenCollapsible(False)
+        split.addWidget(borderless_scroll(self.canvas))
+        split.addWidget(self._run_box())
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        lay.addWidget(split, 1)
+        self.runner = TaskRunner(self, name="spatial-run")
+        self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
+        self.runner.progress_reported.connect(self._on_runner_progress_reported)
+        self.runner.task_finished.connect(self._on_runner_task_finished)
+        self.runner.task_failed.connect(self._on_runner_task_failed)
+        self.runner.task_cancelled.connect(self._on_runner_task_cancelled)
+        self.runner.busy_changed.connect(lambda _b: self.update_run_controls())
+        self.runner.status_reported.connect(lambda _t, text: self.run_status.setText(text))
+        state.agents_changed.connect(lambda _a: self.update_run_controls())
+        state.offline_changed.connect(lambda _o: self.update_run_controls())
+        self.use_scenario()
+        self._update_fits_button()
+
+    def _run_box(self) -> QWidget:
+        box = QWidget()
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(0, 4, 0, 0)
+        row = QHBoxLayout()
+        self.run_images = QSpinBox()
+        self.run_images.setRange(1, 256)
+        self.run_images.setValue(8)
+        self.run_images.setAccessibleName("Images")
+        self.run_images.setToolTip("Random images (seeded) to classify on the agents")
+        self.image_files: list[str] = []
+        """Image files to classify instead of random images (empty: random)."""
+        self.files_button = QPushButton("Image files…")
+        self.files_button.setToolTip("Classify image files (PNG, JPEG, ...) instead of random images: each is "
+                                     "resized and centre-cropped to the network's input")
+        self.files_button.clicked.connect(self._files_clicked)
+        self.random_button = QPushButton("Random")
+        self.random_button.setToolTip("Classify seeded random images again instead of the chosen files")
+        self.random_button.clicked.connect(lambda: self.set_image_files([]))
+        self.random_button.hide()
+        self.run_button = QPushButton("Run on agents")
+        self.run_button.setToolTip("Run this plan on the connected agents: strips on their data plane, "
+                                   "each image checked against one device, recorded for Sessions")
+        self.run_button.clicked.connect(self.start_run)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop after the image in flight (what ran is recorded as stopped)")
+        self.stop_button.clicked.connect(self.stop_run)
+        self.run_status = QLabel("")
+        self.run_status.setAccessibleName("Run status")
+        for w in (QLabel("Images"), self.run_images, self.files_button, self.random_button, self.run_button,
+                  self.stop_button):
+            row.addWidget(w)
+        row.addWidget(self.run_status, 1)
+        lay.addLayout(row)
+        self.run_message = InlineMessage()
+        lay.addWidget(self.run_message)
+        self.timeline = TimelineView()
+        self.timeline.set_legend_terms(
+            (("▨", "strip compute"), ("▂", "gather (lower band)"), ("<span style='color:gray'>■</span>", "scatter")),
+            "Per agent: hatched = computing its strips (the gateway also the head); thin lower box = its strip "
+            "going back to the gateway (gather); grey = waiting for its strip (scatter)", micro_batches=False)
+        self.image_table = QTableWidget(0, 5)
+        self.image_table.setHorizontalHeaderLabels(["image", "ms", "class", "= 1 dev", "max |Δ|"])
+        self.image_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.image_table.verticalHeader().hide()
+        self.image_table.setAccessibleName("Images classified")
+        self.image_table.setToolTip("Per image: latency (first strip scattered → head done), top class, whether it "
+                                    "equals the single-device forward's, and max |scores − single-device scores|")
+        self.image_table.setMinimumWidth(320)
+        live = QSplitter(Qt.Horizontal)
+        live.setChildrenCollapsible(False)
+        live.addWidget(self.timeline)
+        live.addWidget(self.image_table)
+        live.setStretchFactor(0, 3)
+        live.setStretchFactor(1, 1)
+        lay.addWidget(live, 1)
+        return box
+
+    # running on agents ------------------------------------------------------------
+    def _files_clicked(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Images to classify", "",
+                                                "Images (*.png *.jpg *.jpeg *.bmp *.gif *.webp);;All files (*)")
+        if paths:
+            self.set_image_files(paths)
+
+    def set_image_files(self, paths: list[str]) -> None:
+        """Classify these files on the next run (empty: seeded random images). They are read when the
+        run starts, on its worker; a bad one fails the run before anything is sent, named inline."""
+        self.image_files = list(paths)
+        self.run_images.setEnabled(not paths)
+        self.random_button.setVisible(bool(paths))
+        names = ", ".join(os.path.basename(p) for p in paths[:3]) + (", …" if len(paths) > 3 else "")
+        self.files_button.setText(f"{len(paths)} file{'s' if len(paths) != 1 else ''}…" if paths else "Image files…")
+        self.files_button.setToolTip(f"Classifying {names}; click to choose others" if paths else
+                                     "Classify image files (PNG, JPEG, ...) instead of random images: each is "
+                                     "resized and centre-cropped to the network's input")
+
+    def _agent_names(self) -> list[str]:
+        agents = self.state.agents
+        if agents is None:
+            return []
+        return [a for a in agents.endpoints if a not in self.state.offline_devices]
+
+    def run_blocker(self) -> str:
+        """Why *Run on agents* cannot start now ("" when it can): what the operator must do."""
+        if self.runner.is_busy():
+            return "a run is in progress: Stop it first"
+        if self.state.agents is None:
+            return "no agents connected: start the demo cluster or connect an agents.json (File menu)"
+        if self.plan is None or self.problem is None:
+            return "no plan: pick a strategy that finds one"
+        try:
+            on_agents(self.problem, self.plan, self._agent_names())
+        except EdgeShardError as err:
+            return str(err)
+        return ""
+
+    def update_run_controls(self) -> None:
+        why = self.run_blocker()
+        self.run_button.setEnabled(not why)
+        say_why_disabled({self.run_button: why})
+        self.stop_button.setEnabled(self.runner.is_busy())
+        say_why_disabled({self.stop_button: "no run in progress"})
+
+    def start_run(self) -> None:
+        why = self.run_blocker()
+        if why:
+            self.run_message.show_lines([why], "Cannot run on agents:")
+            return
+        problem, plan = on_agents(self.problem, self.plan, self._agent_names())
+        self.run_message.show_lines([])
+        self.image_table.setRowCount(0)
+        self.timeline.clear()
+        self.timeline.set_lanes(list(plan.devices))
+        self._run_t0 = time.monotonic()
+        self.run_status.setText("starting: " + ", ".join(f"{a} as {d}" for d, a in zip(self.plan.devices, plan.devices))
+                                + "…")
+        self._run_files = list(self.image_files)
+        self.runner.start(_run_job, self.state.agents.link, problem, plan, self._run_files or self.run_images.value(),
+                          self.state.workspace, f"Spatial {time.strftime('%Y-%m-%d %H:%M')}",
+                          on_discarded=self._on_runner_task_finished_discarded)
+
+    def stop_run(self) -> None:
+        if self.runner.is_busy():
+            self.run_status.setText("stopping after the image in flight…")
+            self.runner.request_stop()
+
+    def _on_runner_partial_result_reported(self, _task: int, value) -> None:
+        events, res = value
+        self.timeline.append_events(events)
+        r = self.image_table.rowCount()
+        self.image_table.insertRow(r)
+        name = os.path.basename(self._run_files[res.image]) if res.image < len(self._run_files) else ""
+        for c, text in enumerate((f"{res.image} {name}".strip(), f"{res.latency_s * 1e3:.1f}", str(res.top_class),
+                                  "yes" if res.agrees else "NO", f"{res.max_abs_error:.1e}")):
+            self.image_table.setItem(r, c, QTableWidgetItem(text))
+        self.image_table.scrollToBottom()
+
+    def _on_runner_progress_reported(self, _task: int, done: float, total: float) -> None:
+        self.run_status.setText(f"image {int(done) + 1} of {int(total)}…")
+
+    def _on_runner_task_finished_discarded(self, out) -> None:
+        """A stopped run still returns what it measured and recorded: show it."""
+        self._on_runner_task_finished(0, out)
+
+    def _on_runner_task_finished(self, _task: int, out) -> None:
+        self.timeline.flush()
+        self.timeline.fit_all()
+        run = out.run
+        n = len(run.tokens)
+        rate = n / run.figures.duration_s if run.figures.duration_s > 0 else 0.0
+        recorded = (f"recorded as runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)"
+                    if out.run_ids else "not recorded: open a workspace to keep runs")
+        self.run_status.setText(f"{out.status}: {n} image(s), {rate:.1f} images/s, "
+                                f"max |scores − one device| = {out.max_abs_error:.1e}; {recorded}")
+        self.state.log(f"spatial run {out.status}: {n} image(s) on {len(self.timeline.lanes())} agents; {recorded}")
+
+    def _on_runner_task_failed(self, _task: int, message: str) -> None:
+        self.timeline.flush()
+        self.run_status.setText("failed")
+        self.run_message.show_lines([message], "The spatial run failed:")
+        self.state.log(f"spatial run failed: {message}", "error")
+
+    def _on_runner_task_cancelled(self, _task: int) -> None:
+        if not self.run_status.text().startswith("stopped"):
+            self.run_status.setText("stopped")
+
+    def shutdown(self) -> None:
+        self.runner.shutdown(timeout_s=30.0)
+
+    # problem ----------------------------------------------------------------------
+    def use_scenario(self) -> None:
+        self.set_problem(paper_shaped(self.nodes.value(), self.bandwidth.value(), network=self.network.currentText()))
+
+    def _load_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load spatial problem", "", "Spatial problem (*.json)")
+        if path:
+            self.load_problem(path)
+
+    def load_problem(self, path: str) -> None:
+        try:
+            problem = load(path, SpatialProblem)
+            check(problem)
+        except EdgeShardError as err:
+            self.message.show_lines([str(err)], "This problem cannot be planned:")
+            return
+        self.set_problem(problem)
+        self.state.set_spatial_fits(fits_of_problem(problem, f"spatial problem {os.path.basename(path)}"))
+
+    def use_profile_fits(self) -> None:
+        """The shown problem with the time models the Profile screen has (``StudioState.spatial_fits``:
+        *Profile CNN* on the agents, or a loaded problem's), its devices mapped onto the timed agents
+        (``profiling.problem_with_fits``); what does not match is said inline, the problem stays."""
+        fits = self.state.spatial_fits
+        if fits is None or self.problem is None:
+            self.message.show_lines(["No CNN time models yet: press Profile CNN on the Profile screen "
+                                     "(with agents connected), or load a spatial problem."], "Cannot use fits:")
+            return
+        try:
+            problem = problem_with_fits(self.problem, fits)
+            check(problem)
+        except EdgeShardError as err:
+            self.message.show_lines([str(err)], "These fits do not fit this problem:")
+            return
+        self.set_problem(problem)
+        self.state.log(f"spatial problem now uses the time models {fits.source}: {problem.name}")
+
+    def _update_fits_button(self) -> None:
+        fits = self.state.spatial_fits
+        self.fits_button.setEnabled(fits is not None)
+        say_why_disabled({self.fits_button: "no CNN time models yet: press Profile CNN on the Profile screen"})
+        self.fits_button.setToolTip(
+            "Plan with the CNN time models the Profile screen shows" if fits is None else
+            f"Plan with the CNN time models {fits.source} ({', '.join(f.device for f in fits.devices)}), "
+            "the problem's devices named as those agents")
+
+    def set_problem(self, problem: SpatialProblem) -> None:
+        self.problem = problem
+        self.message.show_lines([])
+        self.table.hide()
+        self.show_strategy(self.strategy.currentText())
+
+    # plans ------------------------------------------------------------------------
+    def show_strategy(self, name: str) -> None:
+        if self.problem is None:
+            return
+        out = run_strategy(self.problem, name)
+        if out.plan is None:
+            self.plan = None
+            self.message.show_lines([out.error], f"{name} found no plan:")
+            self.canvas.show_plan(None, None)
+            self.update_run_controls()
+            return
+        self.plan = out.plan
+        one = single_device_seconds(self.problem)
+        cost = evaluate(self.problem, out.plan)
+        self.summary.setText(
+            f"{self.problem.name}: {self.problem.model.spec().name}. {name}: {cost.latency_s * 1e3:.1f} ms/image, "
+            f"{one / cost.latency_s:.2f}× one device ({one * 1e3:.0f} ms), {len(out.plan.devices)} devices, "
+            f"{len(out.plan.groups)} tiles, {cost.moved_bytes / 1e6:.1f} MB moved per image"
+            + ("" if cost.fits else " — does NOT fit in memory"))
+        self.canvas.show_plan(self.problem.model.spec(), out.plan)
+        self.update_run_controls()
+
+    def auto_solve(self) -> None:
+        self.strategy.setCurrentText("fused")
+        self.show_strategy("fused")
+
+    def compare(self) -> None:
+        if self.problem is None:
+            return
+        one = single_device_seconds(self.problem)
+        outs = compare(self.problem)
+        fill_table(self.table, [
+            [o.strategy, f"{o.latency_s * 1e3:.1f}" if o.latency_s else "—",
+             f"{one / o.latency_s:.2f}×" if o.latency_s else "—",
+             str(len(o.plan.devices)) if o.plan else "—", str(len(o.plan.groups)) if o.plan else "—",
+             o.status if not o.error else f"{o.status}: {o.error}"] for o in outs])
+        self.table.show()
+
+
+def _run_job(reporter, link, problem: SpatialProblem, plan: SpatialPlan, images: int | list[str], workspace: str,
+             session: str):
+    """Worker: ``images`` (that many seeded random images, or image files) through ``run_and_record``,
+    each image reported as it lands."""
+    import torch
+
+    from core.techniques.spatial.images import load_images
+    from core.techniques.spatial.run import run_and_record
+
+    spec = problem.model.spec()
+    if isinstance(images, list):
+        reporter.status(f"reading {len(images)} image file(s)")
+        images = load_images(images, spec.image)
+    else:
+        images = torch.randn(images, 3, spec.image, spec.image, generator=torch.Generator().manual_seed(0))
+    reporter.status("synchronising clocks")
+    link.sync_clocks()
+    return run_and_record(link, problem, plan, images, workspace=workspace, session=session, reporter=reporter,
+                          on_image=lambda events, _token, result: reporter.partial_result((events, result)))

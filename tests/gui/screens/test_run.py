@@ -1,0 +1,552 @@
+"""The Run screen: Start streams a run (on a worker thread) into the timeline, figures and
+text; Stop ends it and leaves no thread; errors are shown in plain words; the run is
+recorded in the workspace."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgspec
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+from core.runs.metrics import compute_figures
+from core.sessions.store import SessionStore
+from gui.screens.run import RunPanel
+from gui.studio_state import StudioState
+from tests.gui.run_backends import DEVICES, PacedBackend, cluster_run_panel, simulated_run
+
+
+@pytest.fixture(scope="module")
+def run_data():
+    return simulated_run(generated_tokens=6, micro_batches=2)
+
+
+@pytest.fixture
+def state(qtbot, run_data, tmp_path):
+    problem, plan, _, _ = run_data
+    s = StudioState()
+    s.set_profile(problem.profile)
+    s.set_problem(problem)
+    s.set_plan(plan)
+    s.set_workspace(str(tmp_path / "workspace.sqlite"))
+    return s
+
+
+def _panel(qtbot, state, backend) -> RunPanel:
+    panel = RunPanel(state, backend)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))  # no prediction thread left
+    panel.resize(1400, 800)
+    panel.prompts_edit.setPlainText("first prompt\nsecond prompt")
+    return panel
+
+
+def _no_run_threads() -> bool:
+    return not [t for t in threading.enumerate() if t.name.startswith("edgeshard-run")]
+
+
+def test_start_streams_the_run_into_timeline_figures_and_text(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    backend = PacedBackend(events, tokens, speed=8.0)
+    panel = _panel(qtbot, state, backend)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000) as done:
+        qtbot.mouseClick(panel.start_button, Qt.MouseButton.LeftButton)
+        assert panel.is_running() and not panel.start_button.isEnabled() and panel.stop_button.isEnabled()
+    assert done.args == ["completed"]
+    assert backend.thread_names and backend.thread_names[0] != threading.main_thread().name
+    monitor = panel.monitor
+    for device in DEVICES:
+        assert monitor.timeline.box_count(device) == sum(1 for e in events if e.device == device)
+    assert monitor.figures() == compute_figures(events, tokens)
+    assert monitor.ttft_card.text() == f"{compute_figures(events, tokens).ttft_s * 1000:.1f} ms"
+    assert monitor.text_of(0) == "".join(t.text[0] for t in tokens if t.sequence_ids == (0,))
+    assert "first prompt" in monitor.text_edit.toPlainText()
+    assert set(monitor.util_bars) == set(DEVICES)
+    assert panel.start_button.isEnabled() and not panel.stop_button.isEnabled()
+    panel.shutdown()
+    assert _no_run_threads()
+
+
+def test_stop_ends_a_run_and_leaves_no_thread_running(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    backend = PacedBackend(events, tokens, speed=1.0, repeat=True)  # only ends when stopped
+    panel = _panel(qtbot, state, backend)
+    panel.start_run()
+    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 10, timeout=5000)
+    with qtbot.waitSignal(panel.run_finished, timeout=3000) as done:
+        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    assert done.args == ["stopped"]
+    assert not panel.is_running() and panel.start_button.isEnabled()
+    qtbot.waitUntil(_no_run_threads, timeout=2000)
+    drawn = panel.monitor.timeline.box_count()
+    assert 10 < drawn < backend.emitted + 1
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.status == "stopped"
+        assert len(store.events(run.id)) == drawn, "what was drawn is what was recorded"
+
+
+def test_a_completed_run_is_recorded_in_the_workspace(qtbot, state, run_data):
+    _, plan, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
+    recorded = []
+    panel.run_recorded.connect(lambda s, r: recorded.append((s, r)))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert recorded == [(run.session_id, run.id)]
+        assert run.status == "completed" and run.kind == "measured"
+        assert run.settings["prompts"] == ["first prompt", "second prompt"]
+        assert store.plan(run.plan_id) == plan
+        assert sorted(store.events(run.id), key=lambda e: (e.start_s, e.device)) == \
+            sorted(events, key=lambda e: (e.start_s, e.device))
+        assert run.figures["tokens"] == sum(len(t.token_ids) for t in tokens)
+
+
+def test_a_failing_run_shows_its_reason_inline_not_a_traceback(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0, fail_after=20))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000) as done:
+        panel.start_run()
+    assert done.args == ["failed"]
+    assert panel.message.isVisibleTo(panel)
+    assert "laptop: agent stopped answering" in panel.message.text()
+    assert "Traceback" not in panel.message.text()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        assert [r.status for r in store.runs()] == ["failed"]
+
+
+def test_a_failed_runs_reason_is_in_the_log_not_only_that_it_failed(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    logged = []
+    state.log_added.connect(lambda level, text: logged.append((level, text)))
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0, fail_after=20))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    errors = [text for level, text in logged if level == "error"]
+    assert errors and errors[-1].startswith("Run failed: ") and "laptop: agent stopped answering" in errors[-1]
+    panel.shutdown()
+
+
+def test_start_without_prompts_or_cluster_says_what_to_do(qtbot, state):
+    panel = RunPanel(state, backend=None)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.prompts_edit.setPlainText("   \n")
+    panel.start_run()
+    assert not panel.is_running()
+    text = panel.message.text()
+    assert "at least one prompt" in text and "No cluster to run on" in text
+
+
+def _predicted_mbs(panel) -> set[int]:
+    return set(panel.monitor.timeline.boxes(predicted=True)["micro_batch"].tolist())
+
+
+def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
+    panel = _panel(qtbot, state, None)
+    timeline = panel.monitor.timeline
+    panel.mode_combo.setCurrentText("sequential")
+    panel.micro_batches_spin.setValue(1)
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and _predicted_mbs(panel) == {0}, timeout=5000)
+    panel.mode_combo.setCurrentText("no-bubbles")
+    panel.micro_batches_spin.setValue(2)
+    qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1}, timeout=5000)
+    assert timeline.predicted_check.isEnabled()
+    assert panel.shutdown(5.0)
+
+
+def test_micro_batches_come_from_the_plan_in_every_mode_unless_overridden(qtbot, state):
+    """The plan (2 micro-batches) decides; sequential is not forced to one micro-batch."""
+    panel = _panel(qtbot, state, None)
+    assert state.plan.micro_batches == 2
+    assert panel.micro_batches_spin.value() == 0 and panel.micro_batches_spin.text() == "Plan's (2)"
+    assert panel.settings().micro_batches is None
+    panel.mode_combo.setCurrentText("sequential")
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and _predicted_mbs(panel) == {0, 1}, timeout=5000)
+    panel.micro_batches_spin.setValue(1)
+    assert panel.settings().micro_batches == 1
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and _predicted_mbs(panel) == {0}, timeout=5000)
+    assert panel.shutdown(5.0)
+
+
+@pytest.mark.parametrize("override, used", [(0, 2), (3, 3)])
+def test_a_recorded_run_keeps_its_micro_batch_count_and_whether_the_operator_overrode_the_plans(
+        qtbot, state, run_data, override, used):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0))
+    panel.micro_batches_spin.setValue(override)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.settings["micro_batches"] == used
+        assert run.settings["micro_batches_override"] == (override or None)
+        assert run.settings["plan_micro_batches"] == 2
+
+
+def test_quick_settings_changes_predict_off_the_gui_thread_once_and_keep_the_gui_responsive(
+        qtbot, state, monkeypatch):
+    import core.runs.prediction as run_prediction
+    from PySide6.QtCore import QElapsedTimer, QTimer
+
+    calls = []
+    real_simulate = run_prediction.simulate
+
+    def slow_simulate(*args, **kwargs):  # a big plan: the simulation takes a while
+        calls.append((threading.current_thread() is threading.main_thread(), kwargs.get("micro_batch_sizes")))
+        time.sleep(0.6)
+        return real_simulate(*args, **kwargs)
+
+    monkeypatch.setattr(run_prediction, "simulate", slow_simulate)
+    panel = _panel(qtbot, state, None)
+    panel.mode_combo.setCurrentText("no-bubbles")
+    gaps, clock = [], QElapsedTimer()
+    clock.start()
+
+    def tick():
+        gaps.append(clock.restart())
+
+    ticker = QTimer()
+    ticker.setInterval(10)
+    ticker.timeout.connect(tick)
+    ticker.start()
+    for k in range(1, 9):  # an operator stepping the spin box quickly
+        panel.micro_batches_spin.setValue(k)
+        qtbot.wait(20)
+    panel.prompts_edit.setPlainText("a\nb\nc\nd\ne")
+    panel.micro_batches_spin.setValue(2)
+    qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1} and not panel.predict_runner.is_busy()
+                    and not panel._predict_timer.isActive(), timeout=10000)
+    ticker.stop()
+    assert calls and not any(on_gui for on_gui, _ in calls)
+    assert calls[-1][1] == (3, 2)  # the real run's split of 5 prompts, not 3 + 3
+    assert len(calls) <= 3  # debounced: not one simulation per spin-box step
+    assert max(gaps) < 400  # the GUI thread was never blocked by a 600 ms simulation
+    assert panel.shutdown(5.0)
+
+
+# -- against a real local run: in-process agents, ZeroMQ, a generated tiny Llama -------------------
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory):
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.plan import plan_from_boundaries
+    from tests.core.in_process_agents import in_process_cluster
+
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    model_dir = str(make_model(recipe, tmp_path_factory.mktemp("gui-run") / "tiny-llama"))
+    devices = ["src", "mid", "head"]
+    plan = plan_from_boundaries("tiny-llama", 6, devices, [2, 3])
+    with in_process_cluster(devices) as (coordinator, _):
+        yield coordinator, plan, model_dir, devices
+
+
+def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_cluster, tmp_path):
+    coordinator, plan, model_dir, devices = real_cluster
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir,
+                                     ["the river and its banks", "hello there"],
+                                     1500)  # seconds of decoding if nobody stops it
+    panel.mode_combo.setCurrentText("no-bubbles")
+    panel.micro_batches_spin.setValue(2)
+    panel.start_run()
+    timeline = panel.monitor.timeline
+
+    def streaming():  # agents send events in batches, tokens at once: wait for both
+        timeline.flush()
+        return len(panel.monitor.tokens) >= 6 and all(timeline.box_count(d, "compute") > 0 for d in devices)
+
+    qtbot.waitUntil(streaming, timeout=60_000)
+    assert timeline.lanes() == devices
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000) as done:
+        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    assert done.args == ["stopped"]
+    qtbot.waitUntil(_no_run_threads, timeout=3000)
+    stopped_tokens = panel.monitor.figures().tokens
+    assert 6 <= stopped_tokens < 2 * 1500
+    # the agents are back to ready: a short run on the same cluster completes
+    panel.max_tokens_spin.setValue(4)
+    with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"], panel.message.text()
+    assert panel.monitor.figures().tokens == 2 * 4
+    assert panel.monitor.text_of(0) and panel.monitor.text_of(1)
+    assert panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        runs = store.runs()
+        assert [r.status for r in runs] == ["stopped", "completed"]
+    # the real run replays exactly as it was seen live
+    from gui.screens.sessions import SessionsPanel
+
+    sessions = SessionsPanel(state)
+    qtbot.addWidget(sessions)
+    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+        sessions.open_run(runs[1].id)
+    sessions.set_speed(20.0)
+    with qtbot.waitSignal(sessions.replay_finished, timeout=20_000):
+        sessions.play()
+    assert np.array_equal(sessions.monitor.timeline.boxes(), panel.monitor.timeline.boxes())
+    assert sessions.monitor.figures() == panel.monitor.figures()
+    assert sessions.monitor.text_edit.toPlainText() == panel.monitor.text_edit.toPlainText()
+    assert sessions.shutdown()
+
+
+def test_send_stage_weights_ships_each_agent_its_slice_and_runs_from_it(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "home"))  # the coordinator's slice cache
+    import transformers  # noqa: F401
+
+    from agents.agent import Agent
+    from agents.transport import CurveKeys
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.plan import plan_from_boundaries
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from gui.connection.cluster_backend import ClusterRunBackend
+
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    model_dir = str(make_model(recipe, tmp_path / "tiny-llama"))
+    keys = CurveKeys.generate()
+    devices = ["src", "head"]
+    agents = [Agent(d, keys.public, weights_dir=tmp_path / "on-device" / d).start() for d in devices]
+    coordinator = Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys)
+    coordinator.open()
+    try:
+        state = StudioState()
+        state.set_workspace(str(tmp_path / "ws.sqlite"))
+        state.set_plan(plan_from_boundaries("tiny-llama", 6, devices, [3]))
+        panel = RunPanel(state, ClusterRunBackend(coordinator, state))
+        qtbot.addWidget(panel)
+        panel.model_edit.setText(model_dir)
+        panel.prompts_edit.setPlainText("the river")
+        panel.max_tokens_spin.setValue(3)
+        assert not panel.send_weights_check.isChecked()  # default: each device's own copy
+        panel.send_weights_check.setChecked(True)
+        assert panel.settings().send_weights
+        with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
+            panel.start_run()
+        assert done.args == ["completed"], panel.message.text()
+        for a in agents:
+            blobs = list((tmp_path / "on-device" / a.device / "blobs").iterdir())
+            assert blobs and not [b for b in blobs if b.name.endswith(".part")]
+            assert any("received weights" in line and "checksum ok" in line for line in a._logs)
+        assert sorted(p.name.rsplit("-units-", 1)[1] for p in (tmp_path / "home" / "stage-weights").iterdir()) \
+            == ["0-3", "3-6"]
+        assert panel.shutdown()
+    finally:
+        coordinator.close()
+        for a in agents:
+            a.close()
+
+
+def test_a_failed_runs_banner_goes_when_a_new_plan_is_made(qtbot, state, run_data):
+    problem, plan, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0, fail_after=20))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    assert panel.message.isVisibleTo(panel)
+    state.set_plan(msgspec.structs.replace(plan, micro_batches=plan.micro_batches + 1))
+    assert not panel.message.isVisibleTo(panel)
+    assert panel.status_label.text() == "Run failed."  # the outcome itself stays
+    panel.shutdown()
+
+
+def test_the_no_cluster_banner_goes_when_a_cluster_is_attached(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = RunPanel(state, backend=None)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.start_run()
+    assert "No cluster to run on" in panel.message.text() and panel.message.isVisibleTo(panel)
+    panel.set_backend(PacedBackend(events, tokens, speed=20.0))
+    assert not panel.message.isVisibleTo(panel)
+
+
+def test_the_run_page_does_not_move_when_a_run_ends(qtbot, state, run_data):
+    from PySide6.QtWidgets import QSplitter
+
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=1.0))
+    panel.show()
+    qtbot.waitExposed(panel)
+    splitter = panel.findChild(QSplitter)
+    done = []
+    panel.run_finished.connect(done.append)
+    panel.start_run()
+    qtbot.wait(20)  # laid out as the run starts, before its micro-batches are seen
+    during = splitter.sizes()
+    qtbot.waitUntil(lambda: done == ["completed"], timeout=20_000)
+    qtbot.wait(50)
+    assert splitter.sizes() == during
+    assert panel.monitor.timeline.legend_label.width() > 100  # the legend still shows (it only stopped pushing)
+    panel.shutdown()
+
+
+def test_a_finished_run_becomes_the_cluster_screens_measured_traffic(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))
+    with qtbot.waitSignal(state.last_run_changed, timeout=10_000):
+        panel.start_run()
+    assert state.last_run_events == tuple(panel.monitor.events) and len(state.last_run_events) == len(events)
+    assert len(state.last_run_tokens) == len(tokens)
+    panel.shutdown()
+
+
+def _recorded_settings_after_a_run(qtbot, state, run_data, set_fields) -> dict:
+    """The settings recorded with a run started after ``set_fields(panel)``."""
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
+    set_fields(panel)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        return run.settings
+
+
+def test_the_repetition_penalty_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
+    def set_fields(panel):
+        assert panel.settings().repetition_penalty == 1.0 and panel.penalty_spin.text() == "off"
+        panel.penalty_spin.setValue(1.25)
+
+    assert _recorded_settings_after_a_run(qtbot, state, run_data, set_fields)["repetition_penalty"] == 1.25
+
+
+def test_the_no_repeat_ngram_size_is_off_by_default_and_the_one_set_is_recorded_with_the_run(qtbot, state, run_data):
+    def set_fields(panel):
+        assert panel.settings().no_repeat_ngram_size == 0 and panel.ngram_spin.text() == "off"
+        assert (panel.ngram_spin.minimum(), panel.ngram_spin.maximum()) == (0, 64)  # GenerationSettings' range
+        panel.ngram_spin.setValue(3)
+
+    assert _recorded_settings_after_a_run(qtbot, state, run_data, set_fields)["no_repeat_ngram_size"] == 3
+
+
+def test_the_cluster_backend_hands_the_ngram_size_and_the_penalty_to_the_generation(qtbot, state, monkeypatch,
+                                                                                   tmp_path):
+    import gui.connection.cluster_backend as cluster_backend
+    from gui.screens.run import RunSettings
+
+    seen = []
+
+    class Out:
+        class result:
+            run_id, wall_s, recoveries = "r", 0.0, ()
+        texts = ("x",)
+
+    def fake_generate(coordinator, plan, model_dir, prompts, settings, **_kw):
+        seen.append(settings)
+        return Out()
+
+    monkeypatch.setattr(cluster_backend, "generate", fake_generate)
+
+    class Coordinator:
+        endpoints = {d: None for d in state.plan.devices()}
+
+        def is_loaded(self, *_a):
+            return True
+
+    backend = cluster_backend.ClusterRunBackend(Coordinator(), state)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    backend.run(RunSettings(model_dir=str(model_dir), prompts=("a",), max_new_tokens=2, mode="sequential",
+                            micro_batches=None, repetition_penalty=1.2, no_repeat_ngram_size=2), None, None)
+    assert (seen[0].repetition_penalty, seen[0].no_repeat_ngram_size) == (1.2, 2)
+
+
+def test_the_run_screen_recovers_from_a_lost_device_by_default_and_can_be_set_to_stop(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))
+    assert panel.on_failure_combo.currentText() == "Re-plan and resume"
+    assert panel.settings().on_failure == "replan"
+    panel.on_failure_combo.setCurrentIndex(panel.on_failure_combo.findData("stop"))
+    settings = panel.settings()
+    assert settings.on_failure == "stop"
+    panel.on_failure_combo.setCurrentIndex(0)
+    panel.apply_settings(settings)
+    assert panel.on_failure_combo.currentData() == "stop"
+
+
+class _RecoveringBackend(PacedBackend):
+    """A run that lost a device and finished on another plan, as ClusterRunBackend reports it."""
+
+    def __init__(self, events, tokens, recovered_plan):
+        super().__init__(events, tokens, speed=8.0)
+        self.recovered_plan = recovered_plan
+
+    def run(self, settings, sink, reporter):
+        super().run(settings, sink, reporter)
+        return {"run_id": "r", "wall_s": 0.1, "texts": [], "recoveries": ["server lost at step 3: re-planned onto "
+                                                                           "phone, laptop"],
+                "recovered_plan": self.recovered_plan}
+
+
+def test_after_a_recovery_the_plan_the_run_finished_on_becomes_the_current_plan(qtbot, state, run_data):
+    _, plan, events, tokens = run_data
+    survivors = msgspec.structs.replace(plan, stages=tuple(
+        msgspec.structs.replace(st, device=DEVICES[i % 2]) for i, st in enumerate(plan.stages[:2])))
+    survivors = msgspec.structs.replace(survivors, stages=(
+        *survivors.stages[:-1], msgspec.structs.replace(survivors.stages[-1], end=plan.stages[-1].end)))
+    panel = _panel(qtbot, state, _RecoveringBackend(events, tokens, survivors))
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"]
+    assert "Recovered: server lost at step 3" in panel.status_label.text()
+    assert state.plan == survivors
+
+
+def test_the_run_screen_refuses_a_plan_on_an_offline_device_naming_it(qtbot, real_cluster, tmp_path):
+    from gui.connection.cluster_backend import ClusterRunBackend
+
+    coordinator, plan, model_dir, devices = real_cluster
+    state = StudioState()
+    state.set_workspace(str(tmp_path / "ws.sqlite"))
+    state.set_plan(plan)
+    state.set_offline((devices[-1],))
+    panel = RunPanel(state, ClusterRunBackend(coordinator, state))
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.model_edit.setText(model_dir)
+    panel.prompts_edit.setPlainText("the river")
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000) as done:
+        panel.start_run()
+    assert done.args == ["failed"]
+    assert f"{devices[-1]!r}, which is offline" in panel.message.text()
+
+
+def test_a_finished_run_that_the_timeline_followed_is_shown_whole(qtbot, state):
+    """Before a run the view shows the prediction; a run longer than it is followed with a window
+    of that width, and when the run ended its start (the prefill) stayed scrolled out of view (the
+    README's Run picture began at 75 ms)."""
+    _, _, events, tokens = simulated_run(generated_tokens=40, micro_batches=2)
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=8.0))
+    panel.max_tokens_spin.setValue(2)  # predicted: 2 tokens; the backend plays a run of 40
+    panel.show()
+    qtbot.waitExposed(panel)
+    timeline = panel.monitor.timeline
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000):
+        panel.start_run()
+    x0, x1 = timeline.x_range()
+    assert x0 <= min(e.start_s for e in events) and x1 >= max(e.end_s for e in events)
+    assert timeline.follow_live()  # still following: the next run is followed too
+    panel.shutdown()
+
+
+def test_a_finished_run_keeps_the_range_the_operator_chose(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=1.0))
+    panel.show()
+    qtbot.waitExposed(panel)
+    timeline = panel.monitor.timeline
+    with qtbot.waitSignal(panel.run_finished, timeout=20_000):
+        panel.start_run()
+        qtbot.wait(50)
+        timeline.set_x_range(0.01, 0.02)  # the operator zooms in while it runs
+    assert timeline.x_range() == pytest.approx((0.01, 0.02))
+    panel.shutdown()

@@ -1,0 +1,33 @@
+"""The Run screen's rate plot is ~100 px high: its value axis labels one tick per 28 px at most, so
+the labels neither crowd nor clip, before a run (0 … 1) as with data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gui.screens.run_monitor import RunMonitorView, SparseAxis
+
+
+@pytest.mark.parametrize("lo, hi, size, most", [(0.0, 1.0, 95.0, 3), (0.0, 137.4, 95.0, 3), (0.0, 1.0, 300.0, 10)])
+def test_a_short_axis_gets_at_most_one_tick_per_28_px_at_round_values(qtbot, lo, hi, size, most):
+    (step, offset), = SparseAxis("left").tickSpacing(lo, hi, size)
+    ticks = int((hi - lo) // step) + 1
+    assert ticks <= max(2, size // SparseAxis.MIN_GAP_PX + 1) and ticks <= most + 1
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert min(abs(mantissa - m) for m in (1, 2, 5, 10)) < 1e-9  # 1, 2 or 5 × 10^k
+
+
+def test_before_a_run_the_rate_plot_shows_0_to_1_with_room_for_the_top_label(qtbot):
+    monitor = RunMonitorView()
+    qtbot.addWidget(monitor)
+    y0, y1 = monitor.rate_plot.getViewBox().viewRange()[1]
+    assert y0 < 0 and y1 > 1  # padded: the labels at 0 and 1 are not cut at the plot's edges
+    assert isinstance(monitor.rate_plot.getAxis("left"), SparseAxis)
+
+
+def test_the_rate_plot_has_no_vertical_axis_title_to_cut_the_heading_names_its_unit(qtbot):
+    monitor = RunMonitorView()
+    qtbot.addWidget(monitor)
+    assert monitor.rate_plot.getAxis("left").labelText == ""

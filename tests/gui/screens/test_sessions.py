@@ -1,0 +1,258 @@
+"""The Sessions screen: lists the workspace, replays a run exactly as it was seen live
+(same boxes, figures and text), seeks, pauses, changes speed, exports."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from core import formats
+from core.planning.plan import ShardPlan
+from core.sessions.recording import record_simulation
+from core.runs.metrics import compute_figures
+from core.runs.simulator import simulate
+from core.sessions.store import SessionStore
+from gui.screens.run import RunPanel
+from gui.screens.sessions import SessionsPanel
+from gui.studio_state import StudioState
+from tests.gui.run_backends import DEVICES, PacedBackend, simulated_run
+
+
+@pytest.fixture(scope="module")
+def run_data():
+    return simulated_run(generated_tokens=6, micro_batches=2)
+
+
+@pytest.fixture
+def state(qtbot, run_data, tmp_path):
+    problem, plan, _, _ = run_data
+    s = StudioState()
+    s.set_profile(problem.profile)
+    s.set_problem(problem)
+    s.set_plan(plan)
+    s.set_workspace(str(tmp_path / "workspace.sqlite"))
+    return s
+
+
+@pytest.fixture
+def live_run(qtbot, state, run_data):
+    """A run made on the Run screen and recorded in the workspace: (run panel, run id)."""
+    _, _, events, tokens = run_data
+    panel = RunPanel(state, PacedBackend(events, tokens, speed=6.0))
+    qtbot.addWidget(panel)
+    panel.prompts_edit.setPlainText("first prompt\nsecond prompt")
+    ids = []
+    panel.run_recorded.connect(lambda s, r: ids.append(r))
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    assert panel.shutdown()
+    return panel, ids[0]
+
+
+def _sessions(qtbot, state) -> SessionsPanel:
+    panel = SessionsPanel(state)
+    qtbot.addWidget(panel)
+    panel.resize(1400, 800)
+    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=5000)
+    yield_panel = panel
+    return yield_panel
+
+
+def _open(qtbot, panel: SessionsPanel, run_id: int) -> None:
+    with qtbot.waitSignal(panel.run_opened, timeout=5000):
+        panel.open_run(run_id)
+
+
+def test_lists_the_sessions_and_runs_of_the_workspace(qtbot, state, run_data):
+    problem, plan, _, _ = run_data
+    with SessionStore(state.workspace) as store:
+        a = store.create_session("bench A")
+        b = store.create_session("bench B")
+        for mode in ("sequential", "no-bubbles"):
+            record_simulation(store, a, problem, plan, simulate(problem, plan, mode, generated_tokens=4))
+        record_simulation(store, b, problem, plan, simulate(problem, plan, "bubbles", generated_tokens=4))
+    panel = _sessions(qtbot, state)
+    names = [panel.tree.topLevelItem(i).text(0) for i in range(panel.tree.topLevelItemCount())]
+    assert names == ["bench A", "bench B"]
+    assert [panel.tree.topLevelItem(0).child(i).text(1) for i in range(2)] == ["sequential", "no-bubbles"]
+    assert sorted(panel.run_items()) == [1, 2, 3]
+    assert all(item.text(3) == "completed" and item.text(2) == "simulated" for item in panel.run_items().values())
+    panel.shutdown()
+
+
+def test_a_replayed_run_draws_the_same_boxes_figures_and_text_as_live(qtbot, state, live_run):
+    live_panel, run_id = live_run
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, run_id)
+    assert panel.monitor.timeline.box_count() == 0, "opened paused at the start"
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=10_000):
+        panel.play()
+    live, replayed = live_panel.monitor, panel.monitor
+    assert replayed.timeline.lanes() == live.timeline.lanes() == DEVICES
+    assert np.array_equal(replayed.timeline.boxes(), live.timeline.boxes())
+    assert replayed.figures() == live.figures()
+    assert replayed.text_edit.toPlainText() == live.text_edit.toPlainText()
+    assert [c.text() for c in (replayed.ttft_card, replayed.rate_card, replayed.tokens_card)] == \
+        [c.text() for c in (live.ttft_card, live.rate_card, live.tokens_card)]
+    assert panel.scrubber.value() == panel.scrubber.maximum()
+    panel.shutdown()
+
+
+def test_seeking_shows_exactly_what_had_arrived_by_then(qtbot, state, live_run):
+    _, run_id = live_run
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, run_id)
+    items = panel.replay.items
+    t = panel.replay.duration_s / 2
+    panel.seek(t)
+    prefix = [i for i in items if i.recv_s <= t]
+    events = [i.event for i in prefix if i.event is not None]
+    tokens = [i.tokens for i in prefix if i.tokens is not None]
+    assert 0 < panel.monitor.timeline.box_count() == len(events) < len(items)
+    assert panel.monitor.figures() == compute_figures(events, tokens)
+    assert panel.scrubber.value() == pytest.approx(500, abs=1)
+    # the scrubber seeks too
+    panel.scrubber.setValue(panel.scrubber.maximum())
+    assert panel.monitor.timeline.box_count() == sum(1 for i in items if i.event is not None)
+    panel.shutdown()
+
+
+def test_pause_stops_the_replay_and_speed_changes_its_pace(qtbot, state, live_run):
+    _, run_id = live_run
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, run_id)
+    panel.set_speed(0.25)
+    assert panel.replay.speed == 0.25
+    panel.play()
+    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 0, timeout=5000)
+    panel.pause()
+    shown = panel.monitor.timeline.box_count()
+    position = panel.replay.position_s
+    qtbot.wait(150)
+    panel.monitor.flush()
+    assert panel.monitor.timeline.box_count() == shown
+    assert panel.replay.position_s == position and panel.replay.paused
+    assert panel.play_button.text() == "Play"
+    panel.shutdown()
+
+
+def test_exports_the_trace_plan_and_profile_of_a_run(qtbot, state, live_run, run_data, tmp_path):
+    problem, plan, events, _ = run_data
+    _, run_id = live_run
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, run_id)
+    for what, name in (("trace", "t.json"), ("trace", "t.csv"), ("plan", "p.json"), ("profile", "f.json")):
+        with qtbot.waitSignal(panel.exported, timeout=5000) as done:
+            panel.export(what, str(tmp_path / name))
+        assert done.args == [what, str(tmp_path / name)]
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert sum(1 for e in trace["traceEvents"] if e.get("ph") == "X") == len(events)
+    assert (tmp_path / "t.csv").read_text().count("\n") == len(events) + 1
+    assert formats.load(tmp_path / "p.json", ShardPlan) == plan
+    assert (tmp_path / "f.json").exists()
+    panel.shutdown()
+
+
+def test_a_file_that_is_not_a_workspace_is_reported_inline(qtbot, tmp_path):
+    bad = tmp_path / "notes.sqlite"
+    bad.write_text("these are my notes, not a database")
+    state = StudioState()
+    panel = SessionsPanel(state)
+    qtbot.addWidget(panel)
+    state.set_workspace(str(bad))
+    qtbot.waitUntil(lambda: panel.message.isVisibleTo(panel), timeout=5000)
+    assert "not an EdgeShard workspace" in panel.message.text()
+    assert "Traceback" not in panel.message.text()
+    assert bad.read_text() == "these are my notes, not a database", "the file is left as it was"
+    panel.shutdown()
+    assert not [t for t in threading.enumerate() if t.name.startswith("edgeshard-sessions")]
+
+
+def test_a_run_recorded_by_edgeshard_run_replays_in_the_sessions_screen(qtbot, tmp_path):
+    """The CLI and the Run screen record through one path: a CLI run (real loopback agents)
+    opens and replays here with its lanes, boxes, text and figures."""
+    import contextlib
+    import io
+
+    from core.cli import main as cli_main
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.plan import plan_from_boundaries
+
+    devices = ["edge-0", "edge-1"]
+    model = make_model(ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3),
+                       tmp_path / "tiny-llama")
+    formats.save(tmp_path / "plan.json", plan_from_boundaries("tiny-llama", 6, devices, [3]))
+    workspace = tmp_path / "ws.sqlite"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli_main(["run", "--model", str(model), "--plan", str(tmp_path / "plan.json"), "--local",
+                         "--prompt", "the river", "--max-new-tokens", "4", "--workspace", str(workspace)])
+    assert code == 0
+    state = StudioState()
+    state.set_workspace(str(workspace))
+    panel = _sessions(qtbot, state)
+    session = panel.tree.topLevelItem(0)
+    assert session.text(0).startswith("edgeshard run")
+    [(run_id, item)] = panel.run_items().items()
+    assert (item.text(1), item.text(2), item.text(3)) == ("sequential", "measured", "completed")
+    _open(qtbot, panel, run_id)
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=20_000):
+        panel.play()
+    monitor = panel.monitor
+    assert monitor.timeline.lanes() == devices
+    assert all(monitor.timeline.box_count(device=d) > 0 for d in devices)
+    generated = printed.getvalue().split("\nTTFT ")[0]
+    assert generated and monitor.text_of(0) == generated
+    assert monitor.figures().tokens == 4
+    panel.shutdown()
+
+
+def test_a_replay_at_its_end_shows_the_whole_run(qtbot, state):
+    """The run's prediction (shown before it) was shorter than the run, so following it scrolled
+    and the replay's end left the run's start out of view (the README's Sessions picture)."""
+    _, _, events, tokens = simulated_run(generated_tokens=40, micro_batches=2)
+    live = RunPanel(state, PacedBackend(events, tokens, speed=8.0))
+    qtbot.addWidget(live)
+    live.prompts_edit.setPlainText("first prompt\nsecond prompt")
+    live.max_tokens_spin.setValue(2)  # predicted: 2 tokens; the backend plays a run of 40
+    ids = []
+    live.run_recorded.connect(lambda s, r: ids.append(r))
+    with qtbot.waitSignal(live.run_finished, timeout=20_000):
+        live.start_run()
+    assert live.shutdown()
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, ids[0])
+    first, last = min(e.start_s for e in events), max(e.end_s for e in events)
+    panel.seek(1e6)  # scrubbed to the end
+    x0, x1 = panel.monitor.timeline.x_range()
+    assert x0 <= first and x1 >= last
+    panel.seek(0.0)
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=20_000):  # played to the end
+        panel.play()
+    x0, x1 = panel.monitor.timeline.x_range()
+    assert x0 <= first and x1 >= last
+    panel.shutdown()
+
+
+def test_the_monitor_stops_refreshing_even_when_a_loader_outlives_the_shutdown(qtbot, state, run_data, monkeypatch):
+    """A loader still finishing a read at quit must not leave the replay's refresh timer running."""
+    import gui.screens.sessions
+
+    problem, plan, _, _ = run_data
+    with SessionStore(state.workspace) as store:
+        record_simulation(store, store.create_session("s"), problem, plan,
+                          simulate(problem, plan, "sequential", generated_tokens=4))
+    panel = _sessions(qtbot, state)
+    stopped = []
+    monkeypatch.setattr(panel.monitor, "shutdown", lambda timeout_s=5.0: stopped.append(timeout_s) or True)
+    with monkeypatch.context() as m:
+        m.setattr(gui.screens.sessions, "shutdown_together", lambda runners, timeout_s=5.0: False)
+        assert not panel.shutdown(1.0)
+    assert stopped == [1.0]
+    assert panel.shutdown()

@@ -1,0 +1,84 @@
+"""The expert-offloading plan view: reachable from the Plan screen, Compare lists EdgeMoE and
+the paper's baselines with their figures, and the scenario's controls change the plan."""
+
+from __future__ import annotations
+
+from gui.techniques.expert_offload.plan_view import ExpertOffloadPlanView
+from gui.screens.plan import PlanScreen
+from gui.studio_state import StudioState
+
+
+def test_the_plan_screen_offers_the_expert_offload_view(qtbot):
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("expert-offload")
+    assert isinstance(screen.view, ExpertOffloadPlanView)
+
+
+def test_compare_lists_every_strategy_with_edgemoe_optimal_and_bars_per_fitting_plan(qtbot):
+    view = ExpertOffloadPlanView(StudioState())
+    qtbot.addWidget(view)
+    view.compare()
+    rows = {view.table.item(r, 0).text(): view.table.item(r, 1).text() for r in range(view.table.rowCount())}
+    assert set(rows) == {"edgemoe", "io-free", "io-exp", "io-qexp", "sti"}
+    assert rows["edgemoe"] == "optimal" and rows["io-free"] == "oom"
+    assert [name for name, _c, _s in view.bars.rows] == [name for name, status in rows.items()
+                                                          if not status.startswith("failed")]
+    sti = next(r for r in range(5) if view.table.item(r, 0).text() == "sti")
+    assert rows["sti"] == "failed" and "whole layers" in view.table.item(sti, 1).toolTip()  # 10 %: a layer does not fit
+
+
+def test_a_budget_too_small_for_the_resident_weights_says_what_to_do(qtbot):
+    view = ExpertOffloadPlanView(StudioState())
+    qtbot.addWidget(view)
+    view.budget.setValue(5)
+    assert "more memory" in view.plan_label.text()
+    view.budget.setValue(15)
+    assert "experts in the buffer" in view.plan_label.text()
+
+
+def _ready_state(tmp_path, family="mixtral"):
+    from core.devices.cluster import Cluster, Device
+    from core.models.checkpoints import ModelRecipe, make_model
+
+    model = make_model(ModelRecipe(family=family, layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=2,
+                                   **({"experts": 4} if family == "mixtral" else {})), tmp_path / f"tiny-{family}")
+    state = StudioState()
+    state.set_cluster(Cluster(devices=(Device(id="e0", memory_bytes=1 << 30),)))
+    state.set_model(f"tiny-{family}", str(model))
+    return state, model
+
+
+def test_use_for_run_is_disabled_saying_why_until_a_model_and_agents_are_there(qtbot):
+    view = ExpertOffloadPlanView(StudioState())
+    qtbot.addWidget(view)
+    assert not view.use_for_run.isEnabled() and "Mixtral checkpoint" in view.use_for_run.toolTip()
+
+
+def test_use_for_run_makes_the_full_precision_plan_the_run_screens_plan(qtbot, tmp_path):
+    import json
+
+    state, model = _ready_state(tmp_path)
+    view = ExpertOffloadPlanView(state)
+    qtbot.addWidget(view)
+    assert view.use_for_run.isEnabled()
+    view.strategy.setCurrentText("io-exp")  # full precision: runs without quantised experts
+    view.use_for_run.click()
+    assert [(s.device, s.kind) for s in state.plan.stages] == [("e0", "expert-offload")]
+    assert json.loads((model / "expert-offload.json").read_text())["policy"] == "lru"
+    assert "runs tiny-mixtral on e0" in view.run_message.text()
+
+
+def test_use_for_run_of_a_quantised_plan_or_a_dense_model_says_what_to_do(qtbot, tmp_path):
+    state, _ = _ready_state(tmp_path)
+    view = ExpertOffloadPlanView(state)
+    qtbot.addWidget(view)
+    view.strategy.setCurrentText("io-qexp")  # uniform INT4: needs the quantised experts first
+    view.use_for_run.click()
+    assert state.plan is None and "adapt-bits" in view.run_message.text()
+    dense_state, _ = _ready_state(tmp_path, family="llama")
+    dense = ExpertOffloadPlanView(dense_state)
+    qtbot.addWidget(dense)
+    dense.strategy.setCurrentText("io-exp")
+    dense.use_for_run.click()
+    assert dense_state.plan is None and "needs a Mixtral" in dense.run_message.text()

@@ -1,0 +1,167 @@
+"""The attention-offload plan view: a real PlanScreen with the technique chosen (pytest-qt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.techniques.attention_offload import planner, scenarios
+from gui.techniques.attention_offload import AttentionOffloadPlanView, placement_rows
+from gui.screens.plan import PlanScreen
+from gui.studio_state import StudioState
+from tests.agents.conftest import tiny_llama_dir, tiny_model_dirs  # noqa: F401  (the tiny checkpoints)
+
+
+@pytest.fixture
+def view(qtbot):
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    yield screen.view
+    screen.shutdown()
+
+
+def test_the_view_is_offered_and_shows_the_exact_plan_of_the_papers_scenario(view):
+    assert isinstance(view, AttentionOffloadPlanView)
+    view.auto_solve()
+    assert view.strategy.currentText() == "exact" and view.plan.memory
+    assert "tokens/s per k$" in view.summary.text() and "paper" in view.summary.text()
+
+
+def test_compare_lists_the_exact_search_lamina_rule_and_both_baselines(view):
+    view.compare()
+    assert [view.table.item(r, 0).text() for r in range(view.table.rowCount())] == [
+        "exact", "lamina-rule", "homogeneous", "layer-sharding"]
+    assert view.table.item(0, 5).text() == "optimal"
+
+
+def test_the_placement_gives_each_memory_device_its_heads_and_compute_devices_the_dense_layers():
+    p = scenarios.paper()
+    plan = planner.exact(p, "throughput")
+    rows = {r[0]: r for r in placement_rows(p, plan)}
+    kv = sorted((rows[d] for d in plan.memory), key=lambda r: r[2])
+    assert kv[0][2] == 0.0 and kv[-1][3] == 1.0 and all(a[3] == b[2] for a, b in zip(kv, kv[1:]))
+    assert all(rows[d][1] == "dense" and "no KV" in rows[d][4] for d in plan.compute)
+    unused = set(rows) - set(plan.memory) - set(plan.compute)
+    assert all(rows[d][1] == "unused" for d in unused)
+
+
+def test_a_layer_sharding_baseline_shows_contiguous_layer_ranges_covering_the_model(view):
+    view.strategy.setCurrentText("layer-sharding")
+    rows = [r for r in view.canvas.rows if r[1] == "layers"]
+    assert rows[0][2] == 0.0 and rows[-1][3] == 1.0 and all(a[3] == b[2] for a, b in zip(rows, rows[1:]))
+
+
+def test_fewer_memory_devices_change_the_plan_on_screen(view):
+    view.memory_devices.setValue(1)
+    devices = [r[0] for r in view.canvas.rows]
+    assert [d for d in devices if d.startswith("h20")] == ["h20-0"]
+    assert view.plan is not None and set(view.plan.memory) <= set(devices)
+
+
+class _Agents:
+    """The connected agents as the view sees them (their names)."""
+
+    endpoints = ("c0", "m0", "m1")
+
+
+def test_run_on_agents_says_why_it_cannot_start_until_agents_and_a_checkpoint_are_there(view):
+    view.auto_solve()
+    assert not view.run_button.isEnabled() and "no agents connected" in view.run_button.toolTip()
+    view.state.set_agents(_Agents())
+    assert not view.run_button.isEnabled() and "model checkpoint" in view.run_button.toolTip()
+    view.strategy.setCurrentText("homogeneous")
+    assert "not a baseline" in view.run_blocker()
+
+
+def test_run_on_agents_puts_the_split_of_the_connected_agents_in_the_state_and_asks_the_screen_to_run(
+        qtbot, tiny_llama_dir):
+    from agents.attention_offload import DENSE_KIND
+
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    view = screen.view
+    view.auto_solve()
+    state.set_agents(_Agents())
+    state.set_model("tiny-llama", path=tiny_llama_dir)
+    assert view.run_button.isEnabled() and "compute: c0 · memory: m0, m1" in view.run_where.text()
+    proposed = []
+    state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    (stage,) = state.plan.stages
+    assert (stage.device, stage.kind) == ("c0", DENSE_KIND)
+    assert proposed == [({"compute_replicas": 1, "schedule": view.plan.schedule}, 0)]
+
+
+def test_a_plan_with_two_compute_devices_runs_as_two_staggered_replicas_on_the_agents(qtbot, tiny_llama_dir):
+    from core.techniques.attention_offload.problem import OffloadPlan
+
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    view = screen.view
+    state.set_agents(_Agents())
+    state.set_model("tiny-llama", path=tiny_llama_dir)
+    view.plan = OffloadPlan(compute=("h0", "h1"), memory=("x0", "x1"), batch=2, in_flight=3, schedule="fixed")
+    view.update_run_controls()
+    assert "compute: c0, m0 · memory: m1, fixed staggering of 3 batches" in view.run_where.text()
+    proposed = []
+    state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    assert state.plan.stages[0].device == "c0"
+    assert proposed == [({"compute_replicas": 2, "schedule": "fixed"}, 3)]
+
+
+def _profiled_budgets(state, budgets: dict[str, int]) -> None:
+    """A profile of the connected agents whose memory budgets are ``budgets``."""
+    import msgspec
+
+    from tests.gui.problems import make_problem
+
+    profile = make_problem().profile
+    devices = tuple(msgspec.structs.replace(d, memory_bytes=budgets[d.id]) for d in profile.cluster.devices)
+    state.set_profile(msgspec.structs.replace(profile, cluster=msgspec.structs.replace(profile.cluster,
+                                                                                        devices=devices)))
+
+
+class _Lab:
+    endpoints = ("phone", "laptop", "server")
+
+
+def _lab_view(qtbot, model_dir):
+    """The attention-offload view with the exact plan, the _Lab agents connected and ``model_dir``
+    chosen; (state, screen, view, the bytes of its dense part)."""
+    from core.techniques.attention_offload.run import dense_weight_bytes
+
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    screen.view.auto_solve()
+    state.set_agents(_Lab())
+    state.set_model("tiny-llama", path=model_dir)
+    return state, screen, screen.view, dense_weight_bytes(model_dir)
+
+
+def test_run_on_agents_makes_the_agent_whose_profiled_budget_holds_the_dense_part_the_compute_agent(
+        qtbot, tiny_llama_dir):
+    state, screen, view, need = _lab_view(qtbot, tiny_llama_dir)
+    _profiled_budgets(state, {"phone": need // 2, "laptop": need // 2, "server": 2 * need})
+    assert view.run_where.text().startswith("compute: server · memory: phone, laptop")
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    assert state.plan.stages[0].device == "server"
+
+
+def test_when_no_agent_holds_the_dense_part_run_on_agents_says_which_budgets_and_how_much_would(
+        qtbot, tiny_llama_dir):
+    state, screen, view, need = _lab_view(qtbot, tiny_llama_dir)
+    _profiled_budgets(state, {"phone": need // 2, "laptop": need // 3, "server": need // 4})
+    assert not view.run_button.isEnabled()
+    why = view.run_button.toolTip()
+    assert "no connected agent can be attention offloading's compute agent" in why
+    assert f"phone {need / 2 / 2**20:.1f} MiB" in why and f"at least {-(-need * 10 // 2**20) / 10:.1f} MiB" in why

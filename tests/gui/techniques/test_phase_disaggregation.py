@@ -1,0 +1,115 @@
+"""The EPD plan view: reachable from the Plan screen; a search fills the configurations (with
+both baselines), the pools, the request timeline, the SLO curves and the progress chart; Stop
+stops it; a bad calibration file is refused with its reason."""
+
+from __future__ import annotations
+
+from core.techniques.phase_disaggregation.types import PoolConfig
+from gui.techniques.phase_disaggregation import PhaseDisaggregationPlanView, PoolsDiagram, RequestTimeline
+from gui.screens.plan import PlanScreen
+from gui.studio_state import StudioState
+
+
+def _view(qtbot) -> PhaseDisaggregationPlanView:
+    view = PhaseDisaggregationPlanView(StudioState())
+    qtbot.addWidget(view)
+    return view
+
+
+def _searched(qtbot, devices: int, trials: int, requests: int) -> PhaseDisaggregationPlanView:
+    """A view whose search over ``devices`` devices (``trials`` trials, ``requests`` requests) has finished."""
+    view = _view(qtbot)
+    view.devices.setValue(devices)
+    view.trials.setValue(trials)
+    view.auto_solve(requests=requests)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    return view
+
+
+def test_the_plan_screen_offers_the_epd_view(qtbot):
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("phase-disaggregation")
+    assert isinstance(screen.view, PhaseDisaggregationPlanView)
+    screen.shutdown()
+
+
+def test_a_search_fills_every_pane_and_lists_both_baselines(qtbot):
+    view = _searched(qtbot, devices=5, trials=3, requests=20)
+    names = [view.table.item(r, 0).text() for r in range(view.table.rowCount())]
+    assert names[-2:] == ["aggregated", "pd-only"] and names[0].startswith("#1")
+    assert view.pools.config == view.result.best.config
+    assert len(view.timeline.metrics) == 20
+    assert {name for name, _ in view.result.curves} == {"search's pick", "aggregated", "pd-only"}
+    assert len(view.trials_seen) == 3 and "picked" in view.status.text()
+    assert view.search_button.isEnabled() and not view.stop_button.isEnabled()
+    view.shutdown()
+
+
+def test_selecting_a_baselines_row_shows_its_pools(qtbot):
+    view = _searched(qtbot, devices=4, trials=2, requests=10)
+    rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
+    view.table.setCurrentCell(rows["pd-only"], 0)
+    assert view.pools.config.disaggregation == "pd" and not view.pools.caches
+    assert view.pools.config == dict(view.result.baselines)["pd-only"].config
+    view.table.setCurrentCell(rows["aggregated"], 0)
+    assert view.pools.config.disaggregation == "aggregated"
+    view.shutdown()
+
+
+def test_stop_ends_the_search_and_says_so(qtbot):
+    view = _view(qtbot)
+    view.trials.setValue(500)
+    view.auto_solve(requests=20)
+    qtbot.waitUntil(lambda: len(view.trials_seen) >= 1, timeout=120_000)
+    view.stop_button.click()
+    qtbot.waitUntil(lambda: view.search_button.isEnabled(), timeout=60_000)
+    assert view.status.text() == "search stopped" and view.result is None
+    view.shutdown()
+
+
+def test_a_bad_costs_file_keeps_the_calibration_and_says_why(qtbot, tmp_path):
+    view = _view(qtbot)
+    before = view.costs
+    bad = tmp_path / "c.json"
+    bad.write_text('{"format": "edgeshard.epd-costs", "version": 1}')
+    assert not view.load_costs(str(bad))
+    assert view.costs == before and "costs not loaded" in view.status.text()
+
+
+def test_a_requests_spans_follow_its_phases_in_order():
+    from core.techniques.phase_disaggregation.types import RequestMetrics
+
+    m = RequestMetrics(request_id=0, arrival_s=0.0, encode_start_s=0.0, encode_end_s=1.0, ep_transfer_end_s=1.5,
+                       prefill_start_s=2.0, prefill_end_s=3.0, pd_transfer_end_s=3.5, decode_end_s=5.0,
+                       output_tokens=4)
+    assert RequestTimeline.spans(m) == [("encode", 0.0, 1.0), ("E→P", 1.0, 1.5), ("queue", 1.5, 2.0),
+                                        ("prefill", 2.0, 3.0), ("P→D", 3.0, 3.5), ("decode", 3.5, 5.0)]
+
+
+def test_record_stores_the_picks_simulated_run_in_the_workspace(qtbot, tmp_path):
+    from core.sessions.store import SessionStore
+
+    view = _view(qtbot)
+    assert not view.record_button.isEnabled()
+    view.devices.setValue(4)
+    view.trials.setValue(2)
+    view.auto_solve(requests=15)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=120_000)
+    assert not view.record_button.isEnabled()  # no workspace yet
+    view.state.set_workspace(str(tmp_path / "ws.sqlite"))
+    assert view.record_button.isEnabled()
+    run_id = view.record()
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        assert next(r for r in store.runs() if r.id == run_id).kind == "predicted"
+        assert store.events(run_id)
+    view.shutdown()
+
+
+def test_a_device_serving_several_phases_is_labelled_with_them(qtbot):
+    diagram = PoolsDiagram()
+    qtbot.addWidget(diagram)
+    diagram.show_pools(PoolConfig(disaggregation="pd", encode=("a", "b"), prefill=("a", "b"), decode=("c",)))
+    assert [diagram.box_label(d) for d in ("a", "c")] == ["a EP", "c"]
+    diagram.show_pools(PoolConfig(disaggregation="aggregated", encode=("a",), prefill=("a",), decode=("a",)))
+    assert diagram.box_label("a") == "a EPD"

@@ -1,0 +1,71 @@
+"""The spatial plan view: a real PlanScreen with the Spatial technique chosen (pytest-qt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.spatial import vgg16
+from core.formats import save
+from core.techniques.spatial.partition import fused_plan
+from core.techniques.spatial.scenarios import paper_shaped
+from gui.screens.plan import PlanScreen
+from gui.techniques.spatial import SpatialPlanView, owned_ranges, read_ranges
+from gui.studio_state import StudioState
+
+
+@pytest.fixture
+def view(qtbot):
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("spatial")
+    yield screen.view
+    screen.shutdown()
+
+
+def test_the_spatial_view_is_offered_before_an_llm_is_loaded_and_shows_a_plan(view):
+    assert isinstance(view, SpatialPlanView)
+    assert view.canvas.plan is not None and view.canvas.plan.strategy == "fused"
+    assert "vgg16-224" in view.summary.text()
+
+
+def test_auto_solve_shows_the_fused_plan_and_compare_lists_every_partitioner(view):
+    view.auto_solve()
+    assert view.canvas.plan.strategy == "fused" and view.strategy.currentText() == "fused"
+    view.compare()
+    assert [view.table.item(r, 0).text() for r in range(view.table.rowCount())] == ["fused", "bodp", "cbps", "even"]
+    assert view.table.isVisibleTo(view)
+
+
+def test_a_scenario_with_fewer_nodes_plans_on_fewer_devices(view):
+    view.nodes.setValue(2)
+    view.use_scenario()
+    assert len(view.canvas.plan.devices) == 2
+
+
+def test_a_bad_problem_file_is_named_inline_and_the_plan_on_screen_stays(view, tmp_path):
+    before = view.canvas.plan
+    bad = tmp_path / "bad.json"
+    p = paper_shaped(2)
+    save(bad, p.__class__(name="bad", model=p.model, devices=p.devices, gateway="nobody"))
+    view.load_problem(str(bad))
+    assert "gateway 'nobody' is not one of the devices" in view.message.text() and view.canvas.plan is before
+
+
+def test_owned_columns_tile_each_layer_and_read_columns_add_the_halo():
+    spec = vgg16(32, 8, 10)
+    layers = spec.layers[0:3]  # conv, conv, pool: one fused tile
+    widths = (6, 10)
+    assert owned_ranges(layers, widths, 2) == [(0, 6), (6, 16)]
+    assert owned_ranges(layers, widths, 0) == [(0, 12), (12, 32)]
+    assert read_ranges(layers, widths, 0) == [(0, 14), (10, 32)]  # two 3x3 convs: 2 halo columns each side
+    assert fused_plan(paper_shaped(2)).devices == ("pi-0", "pi-1")
+
+
+def test_loading_a_problem_gives_the_profile_screen_its_time_models_and_the_scenario_does_not(view, tmp_path):
+    assert view.state.spatial_fits is None  # the scenario it opens with is made up, not a profile
+    problem = paper_shaped(2)
+    save(tmp_path / "two.json", problem)
+    view.load_problem(str(tmp_path / "two.json"))
+    fits = view.state.spatial_fits
+    assert [d.device for d in fits.devices] == ["pi-0", "pi-1"] and "two.json" in fits.source
+    assert fits.devices[0].conv == problem.devices[0].time
