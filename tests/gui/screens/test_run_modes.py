@@ -6,7 +6,7 @@ from agents.protocol import RUN_MODES
 
 
 def test_the_run_panel_lists_the_wire_formats_run_modes():
-    from gui import run_panel
+    import gui.screens.run as run_panel
 
     assert run_panel.MODES is RUN_MODES
     assert set(run_panel.MODE_HELP) == set(RUN_MODES)
