@@ -166,6 +166,17 @@ def test_every_request_is_a_recorded_run_with_its_prompt_tokens_and_figures(clie
     assert run.figures["completion_tokens"] == r.usage.completion_tokens and run.figures["server_ttft_s"] > 0
 
 
+def test_a_served_request_is_listed_by_edgeshard_sessions_and_replays(client, server, capsys):
+    from core.cli import main as cli_main
+
+    r = client.completions.create(model="tiny-llama", prompt="the ship sailed", max_tokens=4)
+    run, _ = _recorded_run(server, r.id)
+    assert cli_main(["sessions", "--workspace", str(server.workspace)]) == 0
+    assert "edgeshard serve" in capsys.readouterr().out
+    assert cli_main(["replay", str(run.id), "--workspace", str(server.workspace), "--speed", "1000"]) == 0
+    assert f"done: {r.usage.completion_tokens} tokens" in capsys.readouterr().out
+
+
 def test_a_client_that_disconnects_mid_stream_cancels_its_request(client, server):
     stream = client.completions.create(model="tiny-llama", prompt="under the bridge", max_tokens=150, stream=True)
     first = next(iter(stream))
