@@ -1,0 +1,279 @@
+"""Benchmark `edgeshard serve` over real local agents; prints one JSON line.
+
+Model: the demo's recipe (``gui.demo.demo_recipe``: Llama, 6 layers, hidden 128, vocab 4096;
+random weights, made into a temp dir unless ``--model``). For a 2- and a 3-stage plan (mode
+no-bubbles, micro-batches = stages) a real server process is started (``python -m core.cli
+serve --local``, recording into a temp workspace as a user's server would), and 1, 4 and 16
+concurrent streaming clients (plain ``http.client``, so the client costs little CPU on the
+shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy tokens:
+
+- ``tokens_per_s``: every client's completion tokens over the wall time of that level;
+- ``ttft_ms_p50/p99``: the first token's chunk at the client, from sending the request;
+- ``tpot_ms_p50/p99``: (last token's chunk − first) / (tokens − 1) per request;
+- ``sixteen_vs_one``: aggregate tokens/s at 16 clients over 1 (issue 27's target >= 3);
+- ``vs_hf_batched``: aggregate tokens/s at 16 clients over transformers' in-process batched
+  ``generate`` of the 16 prompts, the better of 1 and 2 torch threads (the limit on these
+  cores; target >= 0.7);
+- ``http_overhead_ms_p50``: one client's TTFT minus the TTFT of the run that served it, as
+  ``edgeshard run`` reports a run's TTFT (``core.runs.metrics`` over the recorded run, from
+  its start on the agents): the cost of HTTP, JSON, tokenization, queueing, recording and the
+  run's start-up messages (target <= 5 ms); split into ``http_in_out_ms_p50`` (client TTFT −
+  the server's own, from the request's admission) and ``queue_record_start_ms_p50`` (the rest).
+- ``soak``: ``--soak`` requests from 32 clients on the 2-stage server, a tenth disconnecting
+  mid-stream and a tenth malformed: how many were answered completely or with a clean error
+  (must be all), and the server's RSS before and after.
+
+The 1-minute load average is reported before and after: on shared cores figures swing.
+Usage: python bench/serve.py [--new-tokens 32] [--requests 2] [--soak 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["the river ran", "a cat sat on", "once upon a time", "snow fell on the", "the king said to",
+           "we went to the", "in the morning", "she looked at", "the old man", "far away there",
+           "it was a dark", "he ran into", "my friend and", "under the bridge", "the ship sailed", "at the end"]
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+class Server:
+    def __init__(self, folder: Path, model: Path, plan: Path, stages: int, threads: int) -> None:
+        self.workspace = folder / "ws.sqlite"
+        argv = [sys.executable, "-m", "core.cli", "serve", "--model", str(model), "--plan", str(plan), "--local",
+                "--port", "0", "--workspace", str(self.workspace), "--mode", "no-bubbles", "--served-model-name", "demo",
+                "--micro-batches", str(stages), "--threads", str(threads), "--max-queue", "256"]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = ""
+        while "serves" not in line:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                raise SystemExit("edgeshard serve did not start")
+        url = line.split()[2]
+        self.host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
+        self.port = int(port)
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+def stream_once(srv: Server, prompt: str, new_tokens: int, *, drop_after: int | None = None,
+                body: bytes | None = None) -> dict:
+    """One streaming completion; times at the client. ``drop_after``: disconnect after that many pieces."""
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=300)
+    payload = body if body is not None else json.dumps(
+        {"model": "demo", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True}).encode()
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", payload, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    out = {"status": resp.status, "pieces": 0, "done": False, "id": None}
+    if resp.status != 200:
+        out["error"] = json.loads(resp.read()).get("error", {}).get("type")
+        conn.close()
+        return out
+    first = last = None
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:]
+        if data == b"[DONE]":
+            out["done"] = True
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            out["error"] = chunk["error"]["type"]
+            break
+        out["id"] = chunk["id"]
+        if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:  # a token's chunk (its text may
+            now = time.perf_counter()                                         # wait for a character's last byte)
+            first = first or now
+            last = now
+            out["pieces"] += 1
+            if drop_after is not None and out["pieces"] >= drop_after:
+                conn.sock.close()
+                break
+    conn.close()
+    out["ttft_s"] = None if first is None else first - t0
+    out["span_s"] = None if first is None else last - first
+    return out
+
+
+def load_level(srv: Server, clients: int, requests: int, new_tokens: int) -> dict:
+    def client(i: int) -> list[dict]:
+        return [stream_once(srv, PROMPTS[(i + k) % len(PROMPTS)], new_tokens) for k in range(requests)]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.perf_counter() - t0
+    ids = [r["id"] for r in results]
+    tokens = _completion_tokens(srv, ids)
+    ttft = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
+    tpot = [r["span_s"] / (tokens[r["id"]] - 1) for r in results if r["ttft_s"] is not None and tokens[r["id"]] > 1]
+    return {"clients": clients, "requests": len(results), "all_done": all(r["done"] for r in results),
+            "tokens_per_s": sum(tokens.values()) / wall, "ttft_ms_p50": _pct(ttft, .5) * 1e3,
+            "ttft_ms_p99": _pct(ttft, .99) * 1e3, "tpot_ms_p50": _ms(_pct(tpot, .5)), "tpot_ms_p99": _ms(_pct(tpot, .99))}
+
+
+def _ms(v):
+    return None if v is None else v * 1e3
+
+
+def _recorded(srv: Server, ids: list[str]) -> dict[str, object]:
+    from core.sessions.store import SessionStore
+
+    deadline = time.monotonic() + 30
+    while True:
+        with SessionStore(srv.workspace) as store:
+            runs = {r.settings.get("request_id"): r for r in store.runs()}
+        if all(i in runs and runs[i].status != "running" for i in ids) or time.monotonic() > deadline:
+            return runs
+
+
+def _completion_tokens(srv: Server, ids: list[str]) -> dict[str, int]:
+    runs = _recorded(srv, ids)
+    return {i: int(runs[i].figures.get("completion_tokens", 0)) for i in ids}
+
+
+def http_overhead(srv: Server, new_tokens: int, n: int = 12) -> dict:
+    """Over ``n`` lone requests, medians of: the client's TTFT, the run's TTFT as `edgeshard run`
+    reports it (from its start on the agents), the difference (the serving layer's cost), and that
+    cost split at the server's own view (arrival after parsing and tokenizing -> first token)."""
+    results = []
+    for k in range(n):
+        time.sleep(0.3)  # the cluster idle when it arrives (not waiting for the last run's tail)
+        results.append(stream_once(srv, PROMPTS[k % len(PROMPTS)], new_tokens))
+    runs = _recorded(srv, [r["id"] for r in results])
+    rows = [(r["ttft_s"], runs[r["id"]].figures["ttft_s"], runs[r["id"]].figures["server_ttft_s"]) for r in results
+            if r["ttft_s"] is not None and runs[r["id"]].figures.get("ttft_s") is not None]
+    med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    return {"client_ttft_ms_p50": med([c for c, _, _ in rows]), "run_ttft_ms_p50": med([r for _, r, _ in rows]),
+            "http_overhead_ms_p50": med([c - r for c, r, _ in rows]),
+            "http_in_out_ms_p50": med([c - s for c, _, s in rows]),
+            "queue_record_start_ms_p50": med([s - r for _, r, s in rows])}
+
+
+def hf_batched_tokens_per_s(model: Path, new_tokens: int, threads: int) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.padding_side = "left"
+    m = AutoModelForCausalLM.from_pretrained(model).eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = m.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=0, eos_token_id=2)
+        wall = time.perf_counter() - t0
+        best = max(best, (out.shape[1] - enc["input_ids"].shape[1]) * len(PROMPTS) / wall)
+    return best
+
+
+def soak(srv: Server, total: int, new_tokens: int) -> dict:
+    rss0 = srv.rss_kib()
+    rng = random.Random(0)
+    kinds = ["drop" if k % 10 == 0 else "bad" if k % 10 == 5 else "ok" for k in range(total)]
+    rng.shuffle(kinds)
+
+    def one(k: int) -> tuple[str, dict]:
+        kind = kinds[k]
+        if kind == "bad":
+            return kind, stream_once(srv, "", new_tokens, body=b'{"model": "demo", "prompt": 5')
+        return kind, stream_once(srv, PROMPTS[k % len(PROMPTS)], new_tokens,
+                                 drop_after=2 if kind == "drop" else None)
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(total)))
+    ok = [r for k, r in results if k == "ok"]
+    bad = [r for k, r in results if k == "bad"]
+    answered = sum(r["done"] or "error" in r for r in ok)
+    after = stream_once(srv, "the river", 4)  # still answers once the soak is over
+    return {"requests": total, "well_formed": len(ok), "answered_completely_or_clean_error": answered,
+            "malformed_400": sum(r["status"] == 400 for r in bad), "malformed": len(bad),
+            "disconnected": kinds.count("drop"), "answers_after": after["done"],
+            "rss_mib_before": rss0 / 1024, "rss_mib_after": srv.rss_kib() / 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="checkpoint dir (default: the demo recipe, random weights, in a temp dir)")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per agent")
+    ap.add_argument("--soak", type=int, default=300, help="soak requests (0: no soak)")
+    args = ap.parse_args()
+    from core import formats
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.plan import plan_from_boundaries
+
+    load_before = os.getloadavg()[0]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    model = Path(args.model) if args.model else make_model(
+        ModelRecipe(family="llama", layers=6, hidden=128, heads=4, kv_heads=2, vocab=4096, seed=7), tmp / "demo")
+    units = 8  # embeddings, 6 blocks, head
+    out: dict = {"bench": "serve", "new_tokens": args.new_tokens, "load_1min_before": load_before}
+    for stages, bounds in ((2, [4]), (3, [3, 6])):
+        folder = tmp / f"s{stages}"
+        folder.mkdir()
+        plan = folder / "plan.json"
+        formats.save(plan, plan_from_boundaries("demo", units, [f"edge-{i}" for i in range(stages)], bounds))
+        srv = Server(folder, model, plan, stages, args.threads)
+        try:
+            stream_once(srv, "warm up", 4)
+            levels = {c: load_level(srv, c, args.requests, args.new_tokens) for c in (1, 4, 16)}
+            res: dict = {f"clients_{c}": v for c, v in levels.items()}
+            res["sixteen_vs_one"] = levels[16]["tokens_per_s"] / levels[1]["tokens_per_s"]
+            res.update(http_overhead(srv, args.new_tokens))
+            if stages == 2 and args.soak:
+                res["soak"] = soak(srv, args.soak, args.new_tokens)
+        finally:
+            res["exit_status"] = srv.stop()
+        out[f"stages_{stages}"] = res
+    hf_by_threads = {t: hf_batched_tokens_per_s(model, args.new_tokens, t) for t in (1, 2)}
+    hf = max(hf_by_threads.values())
+    out["hf_batched_16_tokens_per_s"] = {f"threads_{t}": v for t, v in hf_by_threads.items()}
+    for stages in (2, 3):
+        out[f"stages_{stages}"]["vs_hf_batched"] = out[f"stages_{stages}"]["clients_16"]["tokens_per_s"] / hf
+    out["load_1min_after"] = os.getloadavg()[0]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
