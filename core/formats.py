@@ -102,6 +102,19 @@ def encode(value: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n"
 
 
+def check_writable(path: str | os.PathLike, option: str = "--out") -> None:
+    """Refuse, before any work, an output path ``save`` could not write: a folder, or one below a
+    file or a folder this user cannot write to (``save`` makes missing folders)."""
+    p = Path(path)
+    if p.is_dir():
+        raise FormatError(str(p), "is a folder: give a file name", option)
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise FormatError(str(p), f"cannot be written ({parent} is not a folder this user may write to)", option)
+
+
 def save(path: str | os.PathLike, value: Any) -> None:
     """Write atomically (temp file + rename) so a crash never leaves half a file."""
     p = Path(path)

@@ -355,6 +355,8 @@ def _profile(args) -> int:
     from core.errors import FormatError
     from core.devices.local_cluster import load_agents_file
     from core.devices.profiling import profile_cluster
+    from core.formats import check_writable
+    from core.models.units import model_spec_from_config
     from core.reporting import TerminalReporter
 
     cfg_path = Path(args.model)
@@ -372,6 +374,8 @@ def _profile(args) -> int:
         raise EdgeShardError(f"--batch-sizes must be integers like 1,2,4, got {args.batch_sizes!r}") from None
     if not batch_sizes or min(batch_sizes) < 1 or args.prompt_tokens < 1 or args.repeats < 1:
         raise EdgeShardError("--batch-sizes, --prompt-tokens and --repeats must be >= 1")
+    model_spec_from_config(config, dtype=args.dtype)  # an unsupported family: before connecting to any agent
+    check_writable(args.out)  # written after profiling: refused before it
     endpoints, keys = load_agents_file(args.agents)
     with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0) as coord:
         coord.wait_ready(timeout_s=30)

@@ -145,6 +145,8 @@ def _read_prompts(args) -> list[str]:
             raise FormatError(args.prompts, f"cannot read file ({err.strerror or err})") from None
     if not prompts:
         raise FormatError("edgeshard run", "give --prompt TEXT or --prompts FILE")
+    if not all(prompts):  # it would encode to no tokens: found only once the agents were up
+        raise FormatError("--prompt", f"prompt {prompts.index('')} is empty: give some text")
     return prompts
 
 
@@ -345,6 +347,10 @@ def cmd_cluster_local(args) -> int:
     names = [s.strip() for s in args.names.split(",")] if args.names else [f"local-{i}" for i in range(args.n)]
     if len(names) != args.n:
         raise FormatError("--names", f"{len(names)} names for {args.n} agents")
+    if not all(names) or len(set(names)) != len(names):
+        raise FormatError("--names", f"each agent needs its own non-empty name, got {args.names!r}")
+    if args.dir and os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        raise FormatError(args.dir, "is a file: give a folder for the keys, logs and agents.json", "--dir")
     mbit = dict(zip(names, per_agent_values(args.link_mbit, args.n, "--link-mbit")))
     latency = dict(zip(names, per_agent_values(args.link_latency_ms, args.n, "--link-latency-ms")))
     emulation = emulations_from_flags(names, args.memory_mib, args.slowdown)

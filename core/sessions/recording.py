@@ -84,6 +84,14 @@ class RecordedRun:
     status: str = "failed"
 
 
+def check_workspace(workspace: str | os.PathLike | None) -> None:
+    """Open (creating, migrating) the workspace and close it: an entrance calls this before it starts
+    agents, so a path that cannot be a workspace fails in milliseconds, not after the run.
+    None or "": the run is not recorded."""
+    if workspace:
+        SessionStore(workspace).close()
+
+
 @contextmanager
 def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings: dict[str, Any],
                session_id: int | None = None, session_name: str = "", plan: ShardPlan | None = None,

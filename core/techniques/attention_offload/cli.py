@@ -63,11 +63,11 @@ def memory_devices(text: str, compute: str | list[str]) -> list[str]:
 
 def _run(args) -> int:
     from core.devices.local_cluster import LocalCluster, load_agents_file
+    from core.models.units import load_model_spec
     from core.runs.coordinator import Coordinator, FanoutSink
-    from core.runs.generation import GenerationSettings, generate_with
-    from core.sessions.recording import record_run
+    from core.runs.generation import GenerationSettings, generate_with, settings_problem
+    from core.sessions.recording import check_workspace, record_run
     from core.sessions.store import default_workspace_path
-    from core.techniques.attention_offload.run import run_offload, run_staggered
 
     compute = [n.strip() for n in args.compute.split(",")]
     if not all(compute) or len(set(compute)) != len(compute):
@@ -84,6 +84,26 @@ def _run(args) -> int:
                                   micro_batches=(args.micro_batches or len(compute) + 1) if staggered else None)
     devices = [*compute, *memory]
     workspace = None if args.no_record else (args.workspace or default_workspace_path())
+    # every check before any agent starts: the settings, the model's family, the workspace, the agents
+    # named, and the heads the memory agents split (the agents' own rule; imports torch, so last)
+    problem = settings_problem(settings)
+    if problem:
+        raise FormatError("run settings", problem[1], problem[0])
+    load_model_spec(model_dir)
+    check_workspace(workspace)
+    agents = None if args.local else load_agents_file(args.agents)
+    if agents is not None:
+        missing = sorted(set(devices) - {e.device for e in agents[0]})
+        if missing:
+            raise FormatError(args.agents, f"no agent named {', '.join(missing)} "
+                                           f"(agents: {', '.join(e.device for e in agents[0])})")
+    from agents.checkpoint_reader import CheckpointError
+    from core.techniques.attention_offload.run import checkpoint_model, head_ranges, run_offload, run_staggered
+
+    try:
+        head_ranges(checkpoint_model(model_dir).kv_heads, len(memory))
+    except CheckpointError as err:
+        raise FormatError("--memory", str(err)) from None
     recording = nullcontext() if workspace is None else record_run(
         workspace, model=Path(model_dir).name, mode="sequential",
         settings={"technique": "attention-offload", "model_dir": model_dir, "prompts": args.prompt,
@@ -99,11 +119,7 @@ def _run(args) -> int:
             cluster = LocalCluster(tmp.name, devices, threads_per_agent=args.threads or 1)
             endpoints, keys = cluster.start(), cluster.keys
         else:
-            endpoints, keys = load_agents_file(args.agents)
-            missing = sorted(set(devices) - {e.device for e in endpoints})
-            if missing:
-                raise FormatError(args.agents, f"no agent named {', '.join(missing)} "
-                                               f"(agents: {', '.join(e.device for e in endpoints)})")
+            endpoints, keys = agents
         with recording as rec, Coordinator(endpoints, keys) as coordinator:
             coordinator.wait_ready(timeout_s=30)
             coordinator.sync_clocks()

@@ -123,8 +123,11 @@ def _scenario(args) -> int:
 
 def _profile_activations(args) -> int:
     from core.reporting import TerminalReporter
-    from core.techniques.expert_offload.profiling import ACTIVATIONS_FILE, activation_profile, read_texts
+    from core.techniques.expert_offload.profiling import (
+        ACTIVATIONS_FILE, activation_profile, read_texts, require_moe,
+    )
 
+    require_moe(args.model_dir)  # before a tokenizer or the model is loaded
     texts, held_out = read_texts(args.texts, args.model_dir), read_texts(args.held_out, args.model_dir)
     out = activation_profile(args.model_dir, texts, held_out, TerminalReporter())
     recall = "n/a" if out["recall"] is None else f"{out['recall']:.3f}"
@@ -134,11 +137,15 @@ def _profile_activations(args) -> int:
 
 
 def _profile_storage(args) -> int:
+    from core.formats import check_writable
     from core.reporting import TerminalReporter
-    from core.techniques.expert_offload.profiling import STORAGE_FILE, storage_bandwidth
+    from core.techniques.expert_offload.profiling import STORAGE_FILE, require_moe, storage_bandwidth
 
-    out = storage_bandwidth(args.model_dir, args.repeats, TerminalReporter())
+    require_moe(args.model_dir)  # before a tokenizer or the model is loaded
     path = Path(args.out) if args.out else Path(args.model_dir) / STORAGE_FILE
+    check_writable(path)
+    out = storage_bandwidth(args.model_dir, args.repeats, TerminalReporter())
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     cold = "" if out["caches_dropped"] else " (page cache could not be dropped: may be the cache's speed)"
     print(f"{out['bytes'] / 1e6:.1f} MB in {out['seconds']:.3f} s: {out['bandwidth_bps'] / 1e6:.0f} MB/s{cold}; "
@@ -148,8 +155,9 @@ def _profile_storage(args) -> int:
 
 def _adapt_bits(args) -> int:
     from core.reporting import TerminalReporter
-    from core.techniques.expert_offload.profiling import BITS_FILE, bit_options, read_texts
+    from core.techniques.expert_offload.profiling import BITS_FILE, bit_options, read_texts, require_moe
 
+    require_moe(args.model_dir)  # before a tokenizer or the model is loaded
     out = bit_options(args.model_dir, read_texts(args.texts, args.model_dir), args.bound, TerminalReporter())
     adapted = out["options"][-1]
     if out["upper_bits"] is None:

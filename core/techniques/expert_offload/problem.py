@@ -86,3 +86,15 @@ class OffloadPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Experts preloaded per layer (0: on demand only)."""
     whole_layers: bool = False
     """STI-like: load every expert of the next layer, pipelined with compute (no expert awareness)."""
+
+    def __post_init__(self) -> None:
+        # refused where the plan is read (moe configure), not when an agent loads it
+        where = "expert-offload plan"
+        if not self.device:
+            raise FormatError(where, "names no device", "device")
+        if self.slots < 1:
+            raise FormatError(where, f"the expert buffer needs at least 1 slot, got {self.slots}", "slots")
+        if self.preload < 0:
+            raise FormatError(where, f"preload must be >= 0 experts per layer, got {self.preload}", "preload")
+        if not 1 <= self.bits.avg_bits <= 32:
+            raise FormatError(where, f"avg_bits must be in [1, 32], got {self.bits.avg_bits}", "bits.avg_bits")

@@ -47,13 +47,21 @@ def read_texts(path: str | Path, model_dir: str | Path, minimum: int = 1) -> lis
     return texts
 
 
+def require_moe(model_dir: str | Path) -> None:
+    """A Mixtral checkpoint, from its config.json alone (no torch): what an entrance checks before
+    it loads a tokenizer or a model."""
+    from core.models.units import load_model_spec
+
+    family = load_model_spec(model_dir).family
+    if family != "mixtral":
+        raise EdgeShardError(f"{model_dir} is a {family} model: expert offloading needs a Mixtral (MoE) one")
+
+
 def _moe_dir(model_dir: str | Path):
     from core.models.checkpoints import check_model_dir
 
-    info = check_model_dir(model_dir)
-    if info.family != "mixtral":
-        raise EdgeShardError(f"{model_dir} is a {info.family} model: expert offloading needs a Mixtral (MoE) one")
-    return info
+    require_moe(model_dir)
+    return check_model_dir(model_dir)
 
 
 def _executor(model_dir, info, **options):

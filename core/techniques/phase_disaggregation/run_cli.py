@@ -14,7 +14,7 @@ import json
 import statistics
 
 from core.arguments import SEED, float_in, int_in
-from core.formats import load, save
+from core.formats import check_writable, load, save
 
 
 def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
@@ -68,22 +68,37 @@ def _make_model(args) -> int:
     return 0
 
 
-def _link(args):
+def _checked_link(args):
+    """The pools, and a link to their agents, after every check that needs no agent: the pools file,
+    the model (a Llava checkpoint, from config.json), what the real run serves, and an agent in the
+    agents file for every pool device. So a bad input is one line before any agent is set to work."""
     from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import load_agents_file
-
-    endpoints, keys = load_agents_file(args.agents)
-    return AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0)
-
-
-def _profile(args) -> int:
-    from core.reporting import TerminalReporter
-    from core.techniques.phase_disaggregation.profiling import profile_phases
-    from core.techniques.phase_disaggregation.runtime import load_pools
+    from core.errors import FormatError
+    from core.models.multimodal import check_multimodal_dir
     from core.techniques.phase_disaggregation.types import PoolConfig
 
     pools = load(args.pools, PoolConfig)
-    with _link(args) as link:
+    check_multimodal_dir(args.model)
+    endpoints, keys = load_agents_file(args.agents)
+    missing = [d for d in pools.devices if d not in {e.device for e in endpoints}]
+    if missing:
+        raise FormatError(args.agents, f"no agent named {', '.join(missing)}, which {args.pools} puts in a pool "
+                                       f"(agents: {', '.join(e.device for e in endpoints)})")
+    from core.techniques.phase_disaggregation.runtime import check_real_pools  # imports torch: after the cheap checks
+
+    check_real_pools(pools)
+    return pools, AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0)
+
+
+def _profile(args) -> int:
+    check_writable(args.out)
+    pools, link = _checked_link(args)
+    from core.reporting import TerminalReporter
+    from core.techniques.phase_disaggregation.profiling import profile_phases
+    from core.techniques.phase_disaggregation.runtime import load_pools
+
+    with link:
         link.wait_ready(timeout_s=30)
         load_pools(link, args.model, pools)
         costs = profile_phases(link, args.model, pools, repeats=args.repeats, transfers=args.transfers,
@@ -99,25 +114,30 @@ def _run(args) -> int:
 
     from agents.protocol import SamplingSpec
     from core.paths import workspace_file
+    from core.sessions.recording import check_workspace
     from core.sessions.store import SessionStore
+    from core.techniques.phase_disaggregation.types import PhaseCosts, Workload
+
+    workload = load(args.workload, Workload)
+    costs = load(args.costs, PhaseCosts) if args.costs else None
+    workspace = args.workspace or workspace_file()
+    check_workspace(workspace)  # recorded after the run: a bad path must fail before it
+    pools, link = _checked_link(args)
     from core.techniques.phase_disaggregation.runtime import (
         prepare_requests, record_epd_run, reference_tokens, run_epd,
     )
     from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
-    from core.techniques.phase_disaggregation.types import PhaseCosts, PoolConfig, Workload
 
-    pools, workload = load(args.pools, PoolConfig), load(args.workload, Workload)
-    costs = load(args.costs, PhaseCosts) if args.costs else None
     sampling = SamplingSpec(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     prepared = prepare_requests(args.model, workload, [Path(p) for p in args.images] if args.images else None)
-    with _link(args) as link:
+    with link:
         link.wait_ready(timeout_s=30)
         link.sync_clocks()
         run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling,
                       transfers=args.transfers)
     sim = simulate_pools(costs, workload, pools, record=True) if costs is not None else None
     equal = run.tokens == reference_tokens(args.model, prepared, sampling) if args.check else None
-    with SessionStore(args.workspace or workspace_file()) as store:
+    with SessionStore(workspace) as store:
         session = store.create_session(args.session)
         model = Path(args.model).name
         run_id = record_epd_run(store, session, run, model=model, workload=workload, pools=pools)

@@ -14,7 +14,7 @@ import sys
 import msgspec
 
 from core.arguments import add_image_arguments, float_in, int_in
-from core.formats import load, save
+from core.formats import check_writable, load, save
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,6 +93,18 @@ def run_images(args, size: int):
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(args.seed))
 
 
+def _agents_named_like(problem, endpoints, agents_file: str) -> None:
+    """Every device of ``problem`` has an agent of that name in ``agents_file``: checked before
+    connecting, so a mismatch is one line, not a failure after the agents were set to work."""
+    from core.errors import FormatError
+
+    names = {e.device for e in endpoints}
+    missing = [d.id for d in problem.devices if d.id not in names]
+    if missing:
+        raise FormatError(agents_file, f"no agent named {', '.join(missing)} (agents: {', '.join(sorted(names))}); "
+                          "the problem's devices must be named like the agents")
+
+
 def _problem(path: str):
     from core.techniques.spatial.problem import SpatialProblem, check
 
@@ -165,10 +177,14 @@ def _run(args) -> int:
     from core.devices.local_cluster import load_agents_file
     from core.errors import EdgeShardError
     from core.paths import workspace_file
-    from core.techniques.spatial.problem import SpatialPlan
+    from core.sessions.recording import check_workspace
+    from core.techniques.spatial.problem import SpatialPlan, check
+    from core.techniques.spatial.run import on_agents
     from core.techniques.spatial.strategies import run_strategy
 
     problem = _problem(args.problem)
+    workspace = args.workspace or workspace_file()
+    check_workspace(workspace)  # before any agent works (or a plan is solved)
     if args.plan:
         plan = load(args.plan, SpatialPlan)
     else:
@@ -176,10 +192,11 @@ def _run(args) -> int:
         if out.plan is None:
             raise EdgeShardError(out.error)
         plan = out.plan
+    check(problem, plan)
     images = run_images(args, problem.model.spec().image)
     endpoints, keys = load_agents_file(args.agents)
-    return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, args.workspace or workspace_file(),
-                          args.session)
+    on_agents(problem, plan, [e.device for e in endpoints])  # enough agents: before connecting to them
+    return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, workspace, args.session)
 
 
 def run_plan_file(args, agents) -> int:
@@ -191,8 +208,10 @@ def run_plan_file(args, agents) -> int:
 
     from core.devices.local_cluster import LocalCluster
     from core.errors import FormatError
+    from core.sessions.recording import check_workspace
     from core.sessions.store import default_workspace_path
-    from core.techniques.spatial.problem import SpatialPlan
+    from core.techniques.spatial.problem import SpatialPlan, check
+    from core.techniques.spatial.run import on_agents
 
     if not args.problem:
         raise FormatError("edgeshard run", "a spatial CNN plan runs with the problem it was planned for: "
@@ -201,11 +220,14 @@ def run_plan_file(args, agents) -> int:
         raise FormatError("edgeshard run", "a spatial CNN plan classifies images: give --image FILE (or "
                                            "--images N), not --model or prompts")
     problem, plan = _problem(args.problem), load(args.plan, SpatialPlan)
+    check(problem, plan)  # before any agent is started or connected
     images = run_images(args, problem.model.spec().image)
     workspace = "" if args.no_record else (args.workspace or str(default_workspace_path()))
+    check_workspace(workspace)  # before any agent works
     session = f"edgeshard run {args.plan}"
     if agents is not None:
         endpoints, keys = agents
+        on_agents(problem, plan, [e.device for e in endpoints])
         return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, workspace, session)
     with tempfile.TemporaryDirectory(prefix="edgeshard-spatial-") as tmp, \
             LocalCluster(tmp, len(plan.devices), link_mbit=args.link_mbit,
@@ -242,7 +264,9 @@ def _calibrate(args) -> int:
     from core.techniques.spatial.calibration import calibrate_on_agents
 
     problem = _problem(args.problem)
+    check_writable(args.out)
     endpoints, keys = load_agents_file(args.agents)
+    _agents_named_like(problem, endpoints, args.agents)
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
         link.wait_ready(timeout_s=30)
         link.sync_clocks()
@@ -283,15 +307,18 @@ def _profile_agents(args):
     problem = _problem(args.problem) if args.problem else None
     if args.out and problem is None:
         raise EdgeShardError("--out needs --problem (the problem whose devices get the measured models)")
+    if args.out:
+        check_writable(args.out)
     endpoints, keys = load_agents_file(args.agents)
+    named = {d.id for d in problem.devices} & {e.device for e in endpoints} if problem is not None else set()
+    if problem is not None and not named:  # before profiling, not after
+        raise EdgeShardError(f"no agent of {args.agents} is named like a device of {args.problem} "
+                             f"(agents: {', '.join(e.device for e in endpoints)}; "
+                             f"devices: {', '.join(d.id for d in problem.devices)})")
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=300.0) as link:
         link.wait_ready(timeout_s=30)
         fits = profile_time_models(link, [e.device for e in endpoints], threads=args.threads or 0)
     if problem is not None:
-        named = {d.id for d in problem.devices} & set(fits)
-        if not named:
-            raise EdgeShardError(f"no agent of {args.agents} is named like a device of {args.problem} "
-                                 f"(agents: {', '.join(fits)}; devices: {', '.join(d.id for d in problem.devices)})")
         measured = with_time_models(problem, fits)
         if args.out:
             save(args.out, measured)

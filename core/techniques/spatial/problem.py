@@ -230,7 +230,7 @@ def plan_violations(problem: SpatialProblem, plan: SpatialPlan) -> list[str]:
 def check(problem: SpatialProblem, plan: SpatialPlan | None = None) -> None:
     bad = problem_violations(problem) + (plan_violations(problem, plan) if plan is not None else [])
     if bad:
-        raise SpatialInputError("spatial plan/problem is invalid:\n  - " + "\n  - ".join(bad))
+        raise SpatialInputError("spatial plan/problem is invalid: " + "; ".join(bad))
 
 
 register_format(PROBLEM_FORMAT, SpatialProblem, 1)
