@@ -181,7 +181,7 @@ def test_ctrl_wheel_zooms_the_time_axis(qtbot, view):
 
 
 def test_a_tooltip_stays_while_the_pointer_rests_on_the_same_box(qtbot, view, simulated, monkeypatch):
-    import gui.timeline.view as tv
+    import gui.timeline.inspection as tv
     calls = []
     monkeypatch.setattr(tv.QToolTip, "showText", staticmethod(lambda *a: calls.append(("show", a[1]))))
     monkeypatch.setattr(tv.QToolTip, "hideText", staticmethod(lambda: calls.append(("hide", None))))

@@ -14,8 +14,10 @@ from PySide6.QtWidgets import QApplication
 from agents.protocol import TimelineEvent
 from core.planning.plan import plan_from_boundaries
 from core.runs.simulator import simulate
+from gui.timeline import TimelineView
 from gui.timeline.event_bridge import EventBridge
-from gui.timeline.view import MICRO_BATCH_COLOURS, TimelineView, describe_event
+from gui.timeline.inspection import describe_event
+from gui.timeline.items import MICRO_BATCH_COLOURS
 from tests.gui.problems import make_problem
 
 DEVICES = ["phone", "laptop", "server"]
@@ -149,7 +151,7 @@ def test_hover_shows_times_and_bytes_of_the_transfer_under_the_mouse(qtbot, view
     text = describe_event(send)
     assert f"{send.duration_s * 1000:.2f} ms" in text and "KiB" in text and send.peer in text
     shown = []
-    import gui.timeline.view as tv
+    import gui.timeline.inspection as tv
     original = tv.QToolTip.showText
     tv.QToolTip.showText = staticmethod(lambda pos, txt, *a: shown.append(txt))
     try:
@@ -246,7 +248,7 @@ def test_keyboard_zooms_and_pans_the_time_axis(qtbot, view, simulated):
 
 
 def test_a_recovery_shows_as_a_red_failure_box_on_the_lost_device_and_reload_boxes_on_the_new_stages(qtbot, view):
-    from gui.timeline.view import RECOVERY_COLOURS
+    from gui.timeline.items import RECOVERY_COLOURS
 
     failure = TimelineEvent(device="server", stage=2, kind="failure", phase="decode", step=5, micro_batch=0,
                             start_s=1.0, end_s=3.0)
