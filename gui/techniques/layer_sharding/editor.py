@@ -14,15 +14,14 @@ from pathlib import Path
 
 import msgspec
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QPointF, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QFontMetrics, QKeySequence, QUndoCommand, QUndoStack
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QUndoCommand, QUndoStack
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
-    QFrame,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
@@ -31,48 +30,28 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QSpinBox,
     QSplitter,
     QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from core import formats
-from core.planning.cost import PlanCost, evaluate, format_bytes
+from core.planning.cost import PlanCost, evaluate
 from core.errors import EdgeShardError, PlanInvalid
 from core.planning.plan import ShardPlan, offline_problems
 from core.planning.edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
 from core.planning.problem import PlanningProblem, without_offline
-from core.planning.solvers.comparison import StrategyOutcome, status_text
+from core.planning.solvers.comparison import StrategyOutcome
 from gui.techniques.layer_sharding import planning_tasks
-from gui.app import stage_color, style_plot, theme_colors
+from gui.techniques.layer_sharding.comparison import StrategyComparison
+from gui.techniques.layer_sharding.stages import STAGE_COLUMNS, StageTable, fmt_s
+from gui.app import style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.widgets.unit_strip import UnitStripView
 from gui.widgets import InlineMessage, MetricCard, panel_header, say_why_disabled, show_error
 from gui.workers import TaskRunner
-
-
-COMPARE_LEGEND = (("ok", "current plan"), ("accent", "other strategy"), ("error", "does not fit"))
-"""The comparison chart's colours (theme colour key, words), as its bars use them."""
-COMPARE_ROW_PX = 6
-COMPARE_TWO_CHARTS_PX = 380
-COMPARE_BAR_PX = 80
-"""The least room for the bars and their values beside the strategy names."""
-"""Narrower than this, the comparison charts only the objective's figure (the table has both)."""
-"""Room between two strategy names on the comparison chart, beyond a line of text."""
-
-
-def _fits(outcome: StrategyOutcome) -> bool:
-    return outcome.status in ("optimal", "ok")
-
-
-def fmt_s(seconds: float) -> str:
-    if math.isinf(seconds) or math.isnan(seconds):
-        return "∞"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 class PlanChange(QUndoCommand):
@@ -89,12 +68,7 @@ class PlanChange(QUndoCommand):
         self._editor.state.set_plan(self._before)
 
 
-STAGE_COLUMNS = ["Stage", "Device", "Units", "Count", "Compute / token", "Transfer out", "Memory vs budget"]
-MEMORY_COLUMN_PADDING = 24
-"""Pixels beside the widest memory bar's text (the bar's frame and margins)."""
-
-
-class PlanEditorPanel(QWidget):
+class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
     cost_changed = Signal(object)
     """PlanCost | None, after every re-evaluation."""
 
@@ -214,47 +188,6 @@ class PlanEditorPanel(QWidget):
         split.setStretchFactor(0, 4)
         split.setStretchFactor(1, 1)
         root.addWidget(split, 1)
-
-    def _build_compare_chart(self) -> QWidget:
-        """The chart under its legend, in a scroll area: a short window (1024x700) scrolls the
-        chart instead of squeezing its rows until the strategy names overlap."""
-        box = QWidget()
-        lay = QVBoxLayout(box)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(2)
-        self.compare_legend = QLabel()
-        self.compare_legend.setAccessibleName("Strategy comparison legend")
-        self.compare_legend.setWordWrap(True)
-        self.compare_legend.setToolTip("The bars' colours: the current plan, a strategy whose plan does not fit "
-                                       "(memory, constraints or no plan at all), every other strategy. "
-                                       "Latency: lower is better (↓); tokens/s: higher is better (↑)")
-        lay.addWidget(self.compare_legend)
-        self.compare_scroll = QScrollArea()
-        self.compare_scroll.setWidgetResizable(True)
-        self.compare_scroll.setFrameShape(QFrame.NoFrame)
-        self.compare_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.compare_scroll.setMinimumHeight(90)
-        self.compare_scroll.setWidget(self.compare_plot)
-        self.compare_scroll.viewport().installEventFilter(self)  # names elided anew to its width
-        lay.addWidget(self.compare_scroll, 1)
-        return box
-
-    def _compare_legend_text(self) -> str:
-        c = theme_colors()
-        return " ".join(f"<span style='color:{c[key]}'>■</span>&nbsp;{words.replace(' ', '&nbsp;')}"
-                        for key, words in COMPARE_LEGEND)
-
-    def _build_compare_table(self) -> QWidget:
-        self.compare_table = QTableWidget(0, 4)
-        self.compare_table.setHorizontalHeaderLabels(["Strategy", "Latency", "Tokens/s", ""])
-        self.compare_table.verticalHeader().hide()
-        self.compare_table.setAccessibleName("Strategies")
-        self.compare_table.setToolTip("Every strategy's predicted figures; Adopt makes one the current plan")
-        self.compare_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.compare_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.compare_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        self.compare_table.setMinimumWidth(300)
-        return self.compare_table
 
     def _button(self, text: str, tip: str, slot) -> QPushButton:
         b = QPushButton(text)
@@ -430,83 +363,6 @@ class PlanEditorPanel(QWidget):
                 "Compare strategies<br>(Ctrl+Shift+C) charts<br>every strategy's latency<br>and throughput here",
                 color=theme_colors()["muted"])
 
-    def _bad_stages(self, plan: ShardPlan | None, cost: PlanCost | None) -> set[int]:
-        if plan is None or cost is None:
-            return set()
-        bad = {j for j, m in enumerate(cost.memory) if not m.fits}
-        for v in (*cost.violations, *offline_problems(plan, self.state.offline_devices)):
-            for j, st in enumerate(plan.stages):
-                if f"stage {j} " in v or f"stage {j}:" in v or (j == 0 and v.startswith("stage 0 runs")):
-                    bad.add(j)
-        return bad
-
-    def _fill_stage_table(self, problem, plan, cost) -> None:
-        t = self.stage_table
-        selected = t.currentRow()
-        t.setRowCount(0)
-        if plan is None or problem is None:
-            return
-        ids = problem.profile.cluster.device_ids()
-        t.setRowCount(len(plan.stages))
-        c = theme_colors()
-        for j, st in enumerate(plan.stages):
-            swatch = QTableWidgetItem(f"  {j}")
-            swatch.setBackground(stage_color(j))
-            swatch.setForeground(QColor("#ffffff"))
-            t.setItem(j, 0, swatch)
-            combo = QComboBox()
-            combo.setAccessibleName(f"Device of stage {j}")
-            combo.setToolTip("Run this stage on another device (a device used elsewhere swaps places)")
-            for d in ids:
-                combo.addItem(d, d)
-            if st.device not in ids:
-                combo.addItem(f"{st.device} (unknown)", st.device)
-            combo.setCurrentIndex(combo.findData(st.device))
-            combo.currentIndexChanged.connect(lambda _i, j=j, combo=combo: self.set_stage_device(j, combo.currentData()))
-            t.setCellWidget(j, 1, combo)
-            t.setItem(j, 2, QTableWidgetItem(f"[{st.start}, {st.end})"))
-            t.setItem(j, 3, QTableWidgetItem(str(st.num_units)))
-            comp = cost.stage_compute_s[j] if cost and j < len(cost.stage_compute_s) else math.inf
-            xfer = cost.stage_transfer_s[j] if cost and j < len(cost.stage_transfer_s) else math.inf
-            ci = QTableWidgetItem(fmt_s(comp))
-            if cost and cost.stage_compute_s and j == cost.bottleneck_stage and len(plan.stages) > 1:
-                ci.setText(fmt_s(comp) + "  ◀ bottleneck")
-            t.setItem(j, 4, ci)
-            t.setItem(j, 5, QTableWidgetItem(fmt_s(xfer)))
-            mem = cost.memory[j] if cost and j < len(cost.memory) else None
-            bar = QProgressBar()
-            bar.setAccessibleName(f"Memory of stage {j}")
-            if mem is not None:
-                frac = mem.total_bytes / max(1, mem.budget_bytes)
-                bar.setRange(0, 1000)
-                bar.setValue(min(1000, int(frac * 1000)))
-                bar.setFormat(f"{format_bytes(mem.total_bytes)} / {format_bytes(mem.budget_bytes)}  ({frac * 100:.0f} %)")
-                bar.setToolTip(
-                    f"weights {format_bytes(mem.weights_bytes)}, KV cache {format_bytes(mem.kv_cache_bytes)}, "
-                    f"workspace {format_bytes(mem.workspace_bytes)}; budget {format_bytes(mem.budget_bytes)}"
-                )
-                if not mem.fits:
-                    bar.setStyleSheet(f"QProgressBar::chunk {{ background: {c['error']}; }}")
-            else:
-                bar.setRange(0, 1)
-                bar.setValue(0)
-                bar.setFormat("—")
-            t.setCellWidget(j, 6, bar)
-        texts = [t.cellWidget(j, 6).text() for j in range(t.rowCount())] + [STAGE_COLUMNS[6]]
-        t.horizontalHeader().resizeSection(6, max(t.fontMetrics().horizontalAdvance(x) for x in texts)
-                                           + MEMORY_COLUMN_PADDING)
-        if 0 <= selected < len(plan.stages):
-            t.selectRow(selected)
-        self._fit_stage_table()
-
-    def _fit_stage_table(self) -> None:
-        """The table as tall as its rows (up to 8), so the comparison below gets the rest."""
-        t = self.stage_table
-        rows = min(max(1, t.rowCount()), 8)
-        row_h = t.verticalHeader().defaultSectionSize()
-        bar = t.horizontalScrollBar()  # a narrow window scrolls the columns: the bar must not hide a row
-        bar_h = bar.sizeHint().height() if bar.maximum() > 0 else 0
-        t.setFixedHeight(t.horizontalHeader().height() + rows * row_h + 2 * t.frameWidth() + 2 + bar_h)
 
     # edits -------------------------------------------------------------------------
     def push_plan(self, plan: ShardPlan, text: str) -> None:
@@ -677,121 +533,6 @@ class PlanEditorPanel(QWidget):
         self.state.log(message, "error")
         show_error(self, "Solving failed", message,
                    "Relax the constraints (fewer excluded devices, less headroom) or add devices with more memory.")
-
-    def show_comparison(self, results: list[StrategyOutcome]) -> None:
-        self.comparison = results
-        self._compared_problem = self.state.problem
-        t = self.compare_table
-        t.setRowCount(len(results))
-        for i, r in enumerate(results):
-            status = status_text(r)
-            # the status core gives every outcome: proven optimal, the gap left, OOM by how much, why no plan
-            name = QTableWidgetItem(f"{r.strategy} — {status}" if r.status != "ok" or status != "ok" else r.strategy)
-            name.setToolTip(status)
-            if not _fits(r):
-                name.setForeground(QColor(theme_colors()["error"]))
-            t.setItem(i, 0, name)
-            t.setItem(i, 1, QTableWidgetItem(fmt_s(r.cost.latency_per_token_s) if r.cost else "—"))
-            t.setItem(i, 2, QTableWidgetItem(f"{r.cost.throughput_tokens_s:.1f}" if r.cost else "—"))
-            b = QPushButton("Adopt")
-            b.setAccessibleName(f"Adopt {r.strategy}")
-            b.setToolTip(f"Make the {r.strategy} plan the current plan (undoable)")
-            b.setEnabled(r.plan is not None)
-            b.clicked.connect(lambda _c=False, i=i: self.adopt(i))
-            t.setCellWidget(i, 3, b)
-        best = next((r for r in results if r.strategy == "edgeshard" and r.status == "optimal"), None)
-        self.solve_status.setText(f"{len(results)} strategies compared" + (" (edgeshard proven optimal)" if best else "")
-                                  + "; Adopt one to edit it.")
-        self._draw_comparison()
-
-    def adopt(self, index: int) -> None:
-        if self.state.problem is not self._compared_problem:  # its plans may name devices no longer there
-            self._mark_comparison_stale()
-            return
-        r = self.comparison[index]
-        if r.plan is not None:
-            self.push_plan(r.plan, f"Adopt {r.strategy}")
-
-    def _mark_comparison_stale(self) -> None:
-        """The profile or constraints changed since Compare: its plans cannot be adopted any more."""
-        why = "Stale: the profile or constraints changed since this comparison — press Compare again."
-        for i in range(self.compare_table.rowCount()):
-            b = self.compare_table.cellWidget(i, 3)
-            if b is not None:
-                b.setEnabled(False)
-                b.setToolTip(why)
-        self.solve_status.setText(why)
-
-    def _draw_comparison(self) -> None:
-        self.compare_plot.clear()
-        self.compare_hint = None
-        style_plot(self.compare_plot)
-        self.compare_legend.setText(self._compare_legend_text())
-        rs = [r for r in self.comparison if r.cost is not None]
-        if not rs:
-            return
-        c = theme_colors()
-        current = self.state.plan
-        metrics = QFontMetrics(self.font())
-        # each strategy a row a line of text tall (the chart scrolls where the window is short),
-        # the latency and the throughput side by side so both share the rows' names
-        title_px = metrics.height() + 16
-        self.compare_plot.setMinimumHeight(len(rs) * (metrics.height() + COMPARE_ROW_PX) + title_px)
-        avail = self.compare_scroll.viewport().width() - 20  # the layout's margins
-        two = avail >= COMPARE_TWO_CHARTS_PX
-        label_px = min(max(metrics.horizontalAdvance(r.strategy) for r in rs) + 24,
-                       max(60, avail * 9 // 20 if two else avail - COMPARE_BAR_PX))
-        names = [metrics.elidedText(r.strategy, Qt.ElideRight, label_px - 20) for r in rs]
-        self.compare_plot.setToolTip("\n".join(
-            f"{r.strategy}: {r.cost.latency_per_token_s * 1e3:.1f} ms/token, {r.cost.throughput_tokens_s:.1f} tokens/s"
-            + ("" if _fits(r) else " — does not fit") for r in rs))
-        brushes = [pg.mkBrush(c["error"] if not _fits(r) else c["ok"] if r.plan == current else c["accent"])
-                   for r in rs]
-        first = None
-        charts = {"latency": ("ms/token ↓", [r.cost.latency_per_token_s * 1e3 for r in rs]),
-                  "throughput": ("tokens/s ↑", [r.cost.throughput_tokens_s for r in rs])}
-        if not two:  # a narrow window: the objective's figure only
-            charts = {k: v for k, v in charts.items() if k == (self.objective_combo.currentData() or "latency")}
-        for col, (title, values) in enumerate(charts.values()):
-            # the title above the whole plot (names and bars), so it never widens the bars' column
-            self.compare_plot.addLabel(title, row=0, col=col, size=f"{self.font().pointSizeF():.0f}pt",
-                                       color=c["text"])
-            p = self.compare_plot.addPlot(row=1, col=col)
-            p.setMenuEnabled(False)
-            p.setMouseEnabled(False, False)
-            p.invertY(True)
-            p.hideAxis("bottom")  # each bar is labelled with its value
-            finite = [v if math.isfinite(v) else 0.0 for v in values]
-            p.addItem(pg.BarGraphItem(x0=0, y=list(range(len(rs))), height=0.6, width=finite, brushes=brushes))
-            for i, v in enumerate(values):
-                label = pg.TextItem(f"{v:.1f}" if math.isfinite(v) else "∞", color=c["text"], anchor=(0, 0.5))
-                label.setPos(finite[i], i)
-                p.addItem(label)
-            ax = p.getAxis("left")
-            if first is None:
-                ax.setTicks([list(enumerate(names))])
-                ax.setStyle(tickFont=self.font(), tickLength=0)
-                ax.setWidth(label_px)
-                first = p
-            else:
-                p.hideAxis("left")
-                p.setYLink(first)
-            p.setXRange(0, max(finite + [1e-9]) * 1.8, padding=0)  # room for the value after the bar
-            p.setYRange(-0.5, len(rs) - 0.5, padding=0)
-
-    def eventFilter(self, obj, event) -> bool:
-        if obj is self.compare_scroll.viewport() and event.type() == QEvent.Type.Resize and self.comparison:
-            self._draw_comparison()
-        return super().eventFilter(obj, event)
-
-    def compare_rows_overlap(self) -> bool:
-        """Whether the chart's rows are closer than a line of text (its names would overlap)."""
-        if not self.compare_plot.ci.items:
-            return False
-        plot = next(i for i in self.compare_plot.ci.items if isinstance(i, pg.PlotItem))
-        vb = plot.getViewBox()
-        row_px = abs(vb.mapViewToDevice(QPointF(0, 1)).y() - vb.mapViewToDevice(QPointF(0, 0)).y())
-        return row_px < QFontMetrics(self.font()).height()
 
     def shutdown(self) -> None:
         self._solve_runner.shutdown()
