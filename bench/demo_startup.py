@@ -10,7 +10,7 @@ server, e.g. Xvfb), and reports, from the moment its parent spawned it:
   the Devices screen lists the demo's agents as starting);
 - ``ready_s``: until the demo is ready (agents up and attached: Profile and Run work);
 - ``startup``: where that time went — ``phases`` (seconds since the spawn of each step, in
-  order: the interpreter, the command line parsed, ``gui.demo.STARTUP_PHASES``, the window
+  order: the interpreter, the command line parsed, ``gui.demo_cluster.STARTUP_PHASES``, the window
   built and shown, ready), the zygote's report (its import times and CPU, whether it imported
   the model code), the studio process's CPU at ready, whether it imported torch, and whether
   a profile kept from the previous launch was offered (``profile_kept``);
@@ -92,12 +92,17 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
         wait(demo.ready, 120)
     ready = marks["ready"] - t_spawn if "ready" in marks else None
     cpu_at_ready = _cpu_s(_agent_pids(demo.parts.cluster))
-    import gui.demo
+    try:
+        from gui.demo_cluster import startup_breakdown
+    except ImportError:  # an older tree (--trees): in gui.demo, or no breakdown at all
+        import gui.demo
+
+        startup_breakdown = getattr(gui.demo, "startup_breakdown", None)
 
     zygote = demo.parts.cluster._zygote
     phases = {k: round(v - t_spawn, 2) for k, v in marks.items()}
-    if hasattr(gui.demo, "startup_breakdown"):  # an older tree (--trees) has no breakdown
-        phases.update(gui.demo.startup_breakdown(demo.parts.phases, t_spawn))
+    if startup_breakdown is not None:
+        phases.update(startup_breakdown(demo.parts.phases, t_spawn))
     startup = {"phases": dict(sorted(phases.items(), key=lambda kv: kv[1])),
                "profile_kept": window.state.profile is not None,
                "zygote": getattr(zygote, "report", None),

@@ -1,7 +1,7 @@
 """What the demo model writes: prints one JSON line of sample texts per sampling setting.
 
 Reads a trained demo checkpoint (default: the one the studio cached in the user's data
-folder, ``gui.demo.trained_model_dir()``; ``--model DIR`` for another) and generates from
+folder, ``gui.demo_model.trained_model_dir()``; ``--model DIR`` for another) and generates from
 prompts of the kind the demo runs, with the agents' own sampler (``agents.local_pipeline``,
 the code a split run executes; a split run's tokens equal it), under each sampling setting
 (``--settings name=penalty:ngram,...``; penalty 1 = off, ngram 0 = off). Also reports the
@@ -45,7 +45,7 @@ def main() -> int:
     if args.model:
         model_dir = Path(args.model)
     else:
-        from gui.demo import trained_model_dir
+        from gui.demo_model import trained_model_dir
 
         model_dir = trained_model_dir()
     torch.set_num_threads(1)

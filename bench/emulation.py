@@ -88,8 +88,9 @@ def main() -> None:
     from core.runs.metrics import median_step_gap_s, per_token_latency_s
     from core.runs.simulator import simulate
     from core.techniques.attention_offload.run import run_offload
-    from gui.demo import (DEMO_DEVICES, DEMO_LINK_LATENCY_MS, DEMO_PROFILE_OPTIONS, DEMO_REPETITION_PENALTY, DEMO_RUN_MODE,
-                          demo_emulation, demo_recipe, demo_shape)
+    from gui.demo import DEMO_REPETITION_PENALTY, DEMO_RUN_MODE
+    from gui.demo_cluster import DEMO_DEVICES, DEMO_LINK_LATENCY_MS, DEMO_PROFILE_OPTIONS, demo_emulation, demo_shape
+    from gui.demo_model import demo_recipe
 
     started = time.perf_counter()
     model_dir = Path(args.model)

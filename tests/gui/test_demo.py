@@ -52,7 +52,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         # the setup worker has ended; the agents live on, and a dead one would be noticed within 6 s
         assert demo.runner.alive_threads() == []
         co = demo.parts.coordinator
-        from gui.demo import DEMO_HEARTBEAT_TIMEOUT_S
+        from gui.demo_cluster import DEMO_HEARTBEAT_TIMEOUT_S
 
         assert co.heartbeat_timeout_s == DEMO_HEARTBEAT_TIMEOUT_S  # a busy agent is not lost at once
         assert co.heartbeat_timeout_s + co.heartbeat_interval_s <= 6.0
@@ -72,7 +72,7 @@ def test_demo_lists_agents_and_runs_a_plan_with_a_live_timeline(qtbot, tmp_path,
         assert len(window.state.profile.cluster.links) == 2
         # kept for the next launch of this very demo (same model units, devices, options, agent code)
         from core.devices.profile_cache import load_cached_profile
-        from gui.demo import demo_profile_key, profile_cache_dir
+        from gui.demo_cluster import demo_profile_key, profile_cache_dir
 
         key = demo_profile_key(demo.parts.model_dir, demo.devices, demo.parts.cluster.emulation, demo.profile_options)
         assert load_cached_profile(profile_cache_dir(model_root), key).profile == window.state.profile
@@ -114,8 +114,9 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QMessageBox
 
-    import gui.demo as demo_module
     from core.errors import DeployError
+    from gui import demo_model
+    from gui.demo import DemoSession
 
     QSettings.setDefaultFormat(QSettings.IniFormat)
     QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
@@ -123,7 +124,7 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
     def no_model(reporter, root=None):
         raise DeployError("demo", "cannot write the demo model", hint="free some disk space")
 
-    monkeypatch.setattr(demo_module, "ensure_demo_model", no_model)
+    monkeypatch.setattr(demo_model, "ensure_demo_model", no_model)
     import agents.zygote
 
     zygotes = []  # started before the model: the failure must end it too
@@ -132,8 +133,8 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
     studio_app.create_app()
     window = MainWindow()
     qtbot.addWidget(window)
-    demo = demo_module.DemoSession(window.state, window=window, workspace=str(tmp_path / "w.edgeshard"),
-                                   workdir=str(tmp_path / "work"))
+    demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "w.edgeshard"),
+                       workdir=str(tmp_path / "work"))
     try:
         with qtbot.waitSignal(demo.failed, timeout=10_000):
             demo.start()
@@ -167,7 +168,8 @@ def test_the_demo_cluster_shards_over_all_three_and_runs_attention_offloading_wi
                                                                                                  model_root):
     from core.errors import ShardOverBudget
     from core.runs.generation import GenerationSettings, generate
-    from gui.demo import DEMO_DEVICES, DEMO_REPETITION_PENALTY
+    from gui.demo import DEMO_REPETITION_PENALTY
+    from gui.demo_cluster import DEMO_DEVICES
 
     window, demo = _window_and_demo(qtbot, tmp_path, model_root, train=False,
                                     profile_options=dict(prompt_tokens=8, batch_sizes=(1, 2), repeats=1,
@@ -252,13 +254,13 @@ def _started_demo_with_log(qtbot, tmp_path, model_root):
 
 def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_and_switches(qtbot, tmp_path,
                                                                                            monkeypatch):
-    import gui.demo as demo_module
+    from gui import demo_model
     from core.models.training import TrainingSettings
     from core.reporting import NullReporter
 
     # full priority: niced, the child can starve for minutes on a loaded test machine
-    monkeypatch.setattr(demo_module, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16, niceness=0))
-    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 6)  # one round is enough
+    monkeypatch.setattr(demo_model, "DEMO_TRAINING", TrainingSettings(steps=6, batch=2, seq_len=16, niceness=0))
+    monkeypatch.setattr(demo_model, "DEMO_ENOUGH_STEPS", 6)  # one round is enough
     root = tmp_path / "models"
     with _started_demo_with_log(qtbot, tmp_path, root) as (window, demo, logged):
         assert window.state.model_path == str(root / "demo-llama")  # at once, with the untrained model
@@ -270,7 +272,7 @@ def test_without_a_trained_model_the_demo_starts_untrained_says_so_then_trains_a
         assert window.state.model_path == str(root / "demo-llama-trained")
         assert demo.training_bar is None
     # the next launch uses the trained model at once
-    assert demo_module.ensure_demo_model(NullReporter(), root) == root / "demo-llama-trained"
+    assert demo_model.ensure_demo_model(NullReporter(), root) == root / "demo-llama-trained"
 
 
 def test_the_demo_window_opened_as_the_cli_does_starts_agents_first_and_attaches_them(qtbot, tmp_path, model_root):
@@ -350,7 +352,7 @@ def test_a_demo_model_cached_with_another_recipe_is_not_reused(tmp_path):
 
     from core.models.checkpoints import build_config
     from core.reporting import NullReporter
-    from gui.demo import demo_recipe, ensure_demo_model, has_trained_model, holds_demo_recipe, trained_model_dir
+    from gui.demo_model import demo_recipe, ensure_demo_model, has_trained_model, holds_demo_recipe, trained_model_dir
 
     trained = trained_model_dir(tmp_path)
     trained.mkdir(parents=True)
@@ -366,16 +368,16 @@ def test_a_demo_model_cached_with_another_recipe_is_not_reused(tmp_path):
 
 def test_a_trained_model_cut_short_by_a_busy_machine_is_used_and_its_training_continues(qtbot, tmp_path,
                                                                                        monkeypatch):
-    import gui.demo as demo_module
+    from gui import demo_model
     from core.models.training import TrainingSettings, fortune_lines, train_model, trained_steps
 
     short = TrainingSettings(steps=3, batch=2, seq_len=16, niceness=0, threads=1)
     root = tmp_path / "models"
-    cached = train_model(demo_module.demo_recipe(), fortune_lines()[:300], demo_module.trained_model_dir(root),
+    cached = train_model(demo_model.demo_recipe(), fortune_lines()[:300], demo_model.trained_model_dir(root),
                          settings=short)
-    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 6)  # the one round continued from the 3 steps is enough
-    assert demo_module.needs_more_training(root)
-    monkeypatch.setattr(demo_module, "DEMO_TRAINING", short)
+    monkeypatch.setattr(demo_model, "DEMO_ENOUGH_STEPS", 6)  # the one round continued from the 3 steps is enough
+    assert demo_model.needs_more_training(root)
+    monkeypatch.setattr(demo_model, "DEMO_TRAINING", short)
     with _started_demo_with_log(qtbot, tmp_path, root) as (window, demo, logged):
         assert window.state.model_path == str(cached)  # the short-trained model at once, not the untrained one
         assert any(line.startswith("warning: demo model: trained for only 3 steps") for line in logged)
@@ -392,7 +394,7 @@ def _demo_config(model_root, into):
     import shutil
 
     from core.reporting import NullReporter
-    from gui.demo import ensure_demo_model
+    from gui.demo_model import ensure_demo_model
 
     into.mkdir(parents=True, exist_ok=True)
     shutil.copy(ensure_demo_model(NullReporter(), model_root) / "config.json", into / "config.json")
@@ -404,7 +406,8 @@ def test_a_profile_measured_on_the_demo_s_agents_is_kept_for_the_next_launch(tmp
 
     from core.devices.profile_cache import load_cached_profile
     from core.planning.scenarios import random_problem
-    from gui.demo import DemoSession, demo_emulation, demo_profile_key, profile_cache_dir
+    from gui.demo import DemoSession
+    from gui.demo_cluster import demo_emulation, demo_profile_key, profile_cache_dir
     from gui.studio_state import StudioState
 
     model_dir = _demo_config(model_root, tmp_path / "root" / "m")
@@ -428,7 +431,9 @@ def test_a_profile_kept_from_an_earlier_launch_is_offered_when_ready_saying_when
     from core.devices.profile_cache import save_cached_profile
     from core.planning.scenarios import random_problem
     from core.reporting import NullReporter
-    from gui.demo import DemoSession, demo_emulation, demo_profile_key, ensure_demo_model, profile_cache_dir
+    from gui.demo import DemoSession
+    from gui.demo_cluster import demo_emulation, demo_profile_key, profile_cache_dir
+    from gui.demo_model import ensure_demo_model
 
     QSettings.setDefaultFormat(QSettings.IniFormat)
     QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp_path / "settings"))
@@ -468,20 +473,20 @@ def _fake_training(monkeypatch, gains):
     (no process, no torch); returns the list of each round's ``resume``."""
     import json
 
-    import gui.demo as demo_module
+    from gui import demo_model
     from core.models.training import trained_steps
 
     rounds: list[bool] = []
 
     def fake(reporter, root=None, resume=False):
-        out = demo_module.trained_model_dir(root)
+        out = demo_model.trained_model_dir(root)
         out.mkdir(parents=True, exist_ok=True)
         before = trained_steps(out) if resume else 0
         (out / "training.json").write_text(json.dumps({"steps": before + gains[len(rounds)]}))
         rounds.append(resume)
         return out
 
-    monkeypatch.setattr(demo_module, "train_demo_model", fake)
+    monkeypatch.setattr(demo_model, "train_demo_model", fake)
     return rounds
 
 
@@ -503,10 +508,10 @@ def test_a_training_round_cut_short_by_a_busy_machine_goes_on_in_the_same_sessio
     """A first launch on a busy machine trained 34 of 500 steps in its budget; the model then
     answered "." and stayed so until the studio was started again. Now training continues while
     the studio is open, each round's model used by the next run."""
-    import gui.demo as demo_module
+    from gui import demo_model
     from core.models.training import trained_steps
 
-    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 7)
+    monkeypatch.setattr(demo_model, "DEMO_ENOUGH_STEPS", 7)
     rounds = _fake_training(monkeypatch, gains=[3, 3, 3, 3])
     window, demo, logged = _demo_without_agents(qtbot, tmp_path)
     trained: list[str] = []
@@ -516,7 +521,7 @@ def test_a_training_round_cut_short_by_a_busy_machine_goes_on_in_the_same_sessio
         qtbot.waitUntil(lambda: len(trained) == 3 and not demo.trainer.is_busy(), timeout=10_000)
         qtbot.wait(50)
         assert rounds == [False, True, True]  # 3, 6, then 9 >= 7 steps: no fourth round
-        assert trained_steps(demo_module.trained_model_dir(tmp_path / "models")) == 9
+        assert trained_steps(demo_model.trained_model_dir(tmp_path / "models")) == 9
         assert window.state.model_path == trained[-1]
         assert sum("trained for 3 of 7 steps so far" in line for line in logged) == 1
         assert demo.training_bar is None
@@ -526,9 +531,9 @@ def test_a_training_round_cut_short_by_a_busy_machine_goes_on_in_the_same_sessio
 
 
 def test_a_training_round_that_added_no_steps_does_not_start_another(qtbot, tmp_path, monkeypatch):
-    import gui.demo as demo_module
+    from gui import demo_model
 
-    monkeypatch.setattr(demo_module, "DEMO_ENOUGH_STEPS", 500)
+    monkeypatch.setattr(demo_model, "DEMO_ENOUGH_STEPS", 500)
     rounds = _fake_training(monkeypatch, gains=[3, 0, 0])
     window, demo, _logged = _demo_without_agents(qtbot, tmp_path)
     try:
@@ -546,7 +551,7 @@ def test_the_training_bar_reads_0_percent_before_the_first_progress_report(qtbot
     the bar was blank meanwhile."""
     import threading
 
-    import gui.demo as demo_module
+    from gui import demo_model
 
     release = threading.Event()
 
@@ -554,7 +559,7 @@ def test_the_training_bar_reads_0_percent_before_the_first_progress_report(qtbot
         release.wait(10)
         raise RuntimeError("not trained")
 
-    monkeypatch.setattr(demo_module, "train_demo_model", slow)
+    monkeypatch.setattr(demo_model, "train_demo_model", slow)
     window, demo, _logged = _demo_without_agents(qtbot, tmp_path)
     try:
         demo._start_training()

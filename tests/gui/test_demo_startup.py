@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gui.demo import STARTUP_PHASES, startup_breakdown
+from gui.demo_cluster import STARTUP_PHASES, startup_breakdown
 
 
 def test_the_breakdown_gives_seconds_since_the_launch_in_critical_path_order():

@@ -314,7 +314,7 @@ def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtb
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
     from gui.connection.attach import attach
-    from gui.demo import DemoParts, LocalAgentControl
+    from gui.demo_cluster import DemoParts, LocalAgentControl
 
     with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
         parts = DemoParts(workdir=tmp_path, cluster=cluster)
