@@ -172,6 +172,10 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
                 http.stop(args.shutdown_grace_s + 10)
                 queue.close()
                 served.unload()
+            if not stop.is_set():
+                print("edgeshard serve: error: the HTTP server stopped by itself (see the log above)",
+                      file=sys.stderr, flush=True)
+                return 1
             print(f"edgeshard serve: stopped after {queue.served} request(s)", flush=True)
     finally:
         if cluster is not None:

@@ -154,13 +154,18 @@ class OpenAIRoutes:
                                           item.prompt_tokens, item.completion_tokens))
 
     async def _next(self, inbox: asyncio.Queue, request: Request, served: ServedRequest):
-        """The next delivery; ``ClientDisconnect`` when the client left meanwhile."""
+        """The next delivery; ``ClientDisconnect`` when the client left meanwhile (checked at least
+        every ``DISCONNECT_POLL_S``, also while pieces keep coming)."""
+        loop = asyncio.get_running_loop()
         while True:
+            if loop.time() - served.checked_s >= DISCONNECT_POLL_S:
+                served.checked_s = loop.time()
+                if await request.is_disconnected():
+                    raise ClientDisconnect()
             try:
                 return await asyncio.wait_for(inbox.get(), DISCONNECT_POLL_S)
             except TimeoutError:
-                if await request.is_disconnected():
-                    raise ClientDisconnect() from None
+                continue
 
     async def _stream(self, first, inbox: asyncio.Queue, served: ServedRequest, created: int) -> AsyncIterator[bytes]:
         """Server-sent events until ``data: [DONE]``; leaving early (a disconnect) cancels the request."""

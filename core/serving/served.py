@@ -65,6 +65,8 @@ class ServedRequest:
         self.started_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
+        self.checked_s = 0.0
+        """When the HTTP side last checked that the client is still there (its event loop's clock)."""
 
     @property
     def batch_key(self) -> tuple | None:

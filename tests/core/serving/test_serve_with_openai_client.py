@@ -61,11 +61,12 @@ def test_a_chat_stream_equals_the_chat_answer_and_reports_usage_last(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
-def test_seeded_sampling_is_reproducible(client):
+def test_seeded_sampling_is_reproducible_and_the_seed_decides_the_text(client):
     ask = dict(model="tiny-llama", prompt="the old man", max_tokens=8, temperature=1.0, top_p=0.9)
     a = client.completions.create(seed=7, **ask).choices[0].text
     b = client.completions.create(seed=7, **ask).choices[0].text
-    assert a == b
+    others = {client.completions.create(seed=s, **ask).choices[0].text for s in (8, 9, 10)}
+    assert a == b and len(others | {a}) > 1  # sampled (seeds differ in text), reproducibly
 
 
 def test_a_stop_string_ends_the_answer_before_it(client, reference):
@@ -183,4 +184,25 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request(client, server
     stream.close()
     run, _ = _recorded_run(server, first.id)
     assert run.status == "stopped" and run.figures["completion_tokens"] < 150
+    _still_answers(client)
+
+
+def test_a_client_that_disconnects_while_waiting_for_a_whole_answer_cancels_it(client, server):
+    import http.client
+
+    host, port = server.url.removeprefix("http://").removesuffix("/v1").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    prompt = "the last whole answer nobody waited for"
+    conn.request("POST", "/v1/completions", json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 120}),
+                 {"Content-Type": "application/json", "Authorization": "Bearer test-key-0123456789abcdef"})
+    time.sleep(0.3)
+    conn.sock.close()  # gone before the answer
+    deadline = time.monotonic() + 30
+    while True:
+        with SessionStore(server.workspace) as store:
+            runs = [x for x in store.runs() if x.settings.get("prompts") == [prompt]]
+        if runs and runs[0].status != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert runs and runs[0].status == "stopped" and runs[0].figures["completion_tokens"] < 120
     _still_answers(client)
