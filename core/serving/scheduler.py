@@ -85,6 +85,12 @@ class BatchQueue:
         with self._cond:
             return len(self._waiting)
 
+    @property
+    def running(self) -> int:
+        """Requests in the run going now."""
+        with self._cond:
+            return len(self._running)
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests, fail the waiting ones (503), cancel the running batch, stop the worker."""
         with self._cond:

@@ -90,3 +90,55 @@ def test_asking_for_more_tokens_than_the_context_holds_is_413(served):
         served.admit(_parse(b'{"model": "tiny-llama", "prompt": "x", "max_tokens": %d}' % CONTEXT, "completion"),
                      print)
     assert err.value.status == 413 and err.value.code == "context_length_exceeded"
+
+
+def test_a_full_queue_answers_429_with_retry_after_over_http(served):
+    """The queue's refusal through the real app and uvicorn (the cluster held busy by a run that
+    waits for the test), as the official client sees it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from core.serving import BatchQueue, HttpServer, bind, build_app
+    from core.serving.openai_api import unavailable
+
+    release = threading.Event()
+
+    def busy_run(batch):
+        release.wait(30)
+        for r in batch:
+            r.fail(unavailable("the test is over"))
+
+    queue = BatchQueue(busy_run, max_waiting=1, max_batch=1)
+    http = HttpServer(build_app(served, queue, defaults=Defaults()), bind("127.0.0.1", 0))
+    http.start()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http.port}/v1", api_key="-", max_retries=0, timeout=60)
+    ask = dict(model="tiny-llama", prompt="the river", max_tokens=2)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(client.completions.create, **ask)
+            _wait_until(lambda: queue.running == 1)
+            waiting = pool.submit(client.completions.create, **ask)
+            _wait_until(lambda: queue.waiting == 1)
+            with pytest.raises(openai.RateLimitError) as err:
+                client.completions.create(**ask)
+            assert int(err.value.response.headers["retry-after"]) >= 1
+            assert err.value.body["code"] == "queue_full"
+            release.set()
+            for f in (running, waiting):
+                with pytest.raises(openai.APIStatusError):
+                    f.result(30)
+    finally:
+        release.set()
+        queue.close()
+        http.stop()
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
