@@ -3,7 +3,6 @@ and transformers' own greedy ``generate`` on that checkpoint as the reference.""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -135,5 +134,3 @@ class Reference:
 def reference(server):
     return Reference(server.model_dir)
 
-
-os.environ.setdefault("EDGESHARD_AGENT_LAUNCHER", "zygote")
