@@ -8,7 +8,7 @@ import pytest
 
 from core.serving.openai_api import ApiError, Defaults, parse_request
 from core.serving.scheduler import BatchQueue, choose_batch
-from core.serving.served import Failed, ServedRequest
+from core.serving.served import ServedRequest
 
 
 def test_the_next_run_takes_the_oldest_and_every_waiting_request_of_its_kind():
