@@ -92,6 +92,9 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--announce", action="store_true", help="register _edgeshard._tcp over mDNS")
     s.add_argument("--exit-on-stdin-eof", action="store_true",
                    help="stop when stdin closes (the launching process ended); used by `cluster local`")
+    s.add_argument("--technique-module", action="append", default=[], metavar="MODULE",
+                   help="also run the technique this module defines (its AGENT_TECHNIQUE), imported from this "
+                        "machine's Python path; repeatable (and EDGESHARD_AGENT_TECHNIQUES, comma-separated)")
     s.add_argument("--log-level", default="WARNING")
 
 
@@ -117,6 +120,14 @@ def serve(args: argparse.Namespace) -> int:
     try:
         emulation = emulation_from_args(args)
     except ValueError as err:
+        print(f"agent: {err}", file=sys.stderr)
+        return 2
+    import agents.techniques  # noqa: F401  (registers the built-in techniques)
+    from agents.registry import TechniqueModuleError, load_technique_modules, technique_module_names
+
+    try:
+        load_technique_modules(technique_module_names(getattr(args, "technique_module", ()), os.environ))
+    except TechniqueModuleError as err:
         print(f"agent: {err}", file=sys.stderr)
         return 2
     if args.threads > 0:

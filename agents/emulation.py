@@ -14,13 +14,12 @@ them per agent) enforces both:
   keeps answering). CPU time, not wall time: the agents of a local cluster share the host's
   cores, and time a computation spent waiting for a core another agent was using is not the
   device's computation (multiplied by ``F`` it made a device slower the busier its neighbours
-  were). Used by layer-sharding stages (``SlowedStage``), expert offloading's stages (the same
-  wrapper), attention offloading's dense segments, staggered slices and memory agents'
-  attention, spatial strips and EPD phase steps. Work that waits on other agents while it
-  computes (attention offloading's dense stage: ``slows_itself``) applies the rule to each
-  compute segment between its waits, so the waits are not stretched. A wait inside one
-  computation (an expert-offload stage reading an expert from throttled storage on its
-  compute thread) is not multiplied either, but it overlaps the stretch: the step ends at
+  were). Used by every stage (``SlowedStage`` wraps its executor) and by every technique's own
+  computations (its rooms call ``emulated`` / ``compute_began`` + ``end_emulated`` around each).
+  Work that waits on other agents while it computes (an executor with ``slows_itself``) applies
+  the rule to each compute segment between its waits, so the waits are not stretched. A wait
+  inside one computation (a stage reading weights from throttled storage on its compute
+  thread) is not multiplied either, but it overlaps the stretch: the step ends at
   F × its CPU time or when it really ended, not after F × CPU plus the read. The profile
   reports compute times × ``F`` (``scale_compute_profile``): a unit is profiled alone, where
   its wall time is its CPU time, and as cold as a run finds it (``shares_host``: the other
@@ -51,7 +50,7 @@ def emulated_pause_s(slowdown: float, wall_s: float, cpu_s: float) -> float:
 
     Sleeping ``(slowdown − 1) × wall_s`` (the old stage rule) also multiplied the time the computation
     waited for a core that other agents of the same host were using: measured on 4 agents sharing
-    2 cores, a fused tile's strips waited for a core 1.2–1.6× their CPU time, and that wait came
+    2 cores, a fused tile's column slices waited for a core 1.2–1.6× their CPU time, and that wait came
     back ×3 to ×8. ``cpu_s`` > ``wall_s`` (CPU counted on several threads): by the wall time."""
     if slowdown <= 1.0:
         return 0.0

@@ -1,9 +1,10 @@
 """Stage executors by stage kind: how an agent runs the part of the model its stage holds.
 
-The agent side of the technique seam (core/techniques): each technique registers the
-executor of its stage kind here, ``LoadShard.kind`` names the kind, and the agent builds
-that executor. The stage loop only needs the ``StageExecutorLike`` surface, so a new
-technique does not edit the agent.
+``LoadShard.kind`` names the kind and the agent builds that executor. ``layers`` (layer
+sharding, agents.shard) is the shared default stage: the stage run, ``LoadShard`` and
+``StartRun`` are its protocol, and every other stage kind runs inside that same stage run. Every
+other kind is a technique's, registered with its room (``agents.registry.AgentTechnique.executors``).
+The stage run only needs the ``StageExecutorLike`` surface, so a new technique does not edit the agent.
 """
 
 from __future__ import annotations
@@ -11,9 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from agents import registry
+
 
 class StageExecutorLike(Protocol):
-    """What the stage loop calls (agents.shard.StageExecutor is the layer-sharding one)."""
+    """What the stage run calls (agents.shard.StageExecutor is the layer-sharding one).
+
+    Optional, read with ``getattr``: ``take_events()`` (an executor's own timeline events),
+    ``records_own_spans`` (it records its compute spans itself), ``slows_itself`` (it applies the
+    emulated slowdown to its own compute, not its waits), ``kv_reserved_bytes``, ``huge_page_bytes``,
+    ``close()`` (sockets of its own). A factory that takes ``options`` gets the stage's decoded
+    ``LoadShard.options``, one that takes ``agent`` the agent (its data plane and clock)."""
 
     is_first: bool
     is_last: bool
@@ -28,36 +37,11 @@ class StageExecutorLike(Protocol):
 
 
 ExecutorFactory = Callable[..., StageExecutorLike]
-"""``factory(model_dir, start, end, *, dtype, threads, progress=None)``."""
-
-_EXECUTORS: dict[str, ExecutorFactory] = {}
+"""``factory(model_dir, start, end, *, dtype, threads, progress=None[, kv][, options][, agent])``."""
 
 
 class UnknownStageKind(ValueError):
     """A LoadShard asks for a stage kind this agent has no executor for (an older agent?)."""
-
-
-def register_executor(kind: str, factory: ExecutorFactory) -> None:
-    """Make ``kind`` loadable on this agent (a technique's agent module calls this at import)."""
-    if _EXECUTORS.get(kind, factory) is not factory:
-        raise ValueError(f"stage kind {kind!r} already has an executor")
-    _EXECUTORS[kind] = factory
-
-
-def unregister_executor(kind: str) -> None:
-    _EXECUTORS.pop(kind, None)
-
-
-def executor_factory_for(kind: str) -> ExecutorFactory:
-    """The factory of ``kind``, or ``UnknownStageKind`` naming the kinds this agent runs."""
-    try:
-        return _EXECUTORS[kind]
-    except KeyError:
-        known = ", ".join(sorted(_EXECUTORS)) or "none"
-        raise UnknownStageKind(
-            f"this agent has no executor for stage kind {kind!r} (it runs: {known}); "
-            "upgrade the agent to the studio's version"
-        ) from None
 
 
 def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None):
@@ -68,46 +52,16 @@ def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads
     return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
 
 
-register_executor("layers", layers_executor)
+DEFAULT_KIND = "layers"
 
 
-def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None,
-                            kv=None):
-    """EdgeMoE (agents.expert_offload): a Mixtral stage with its experts on storage, read into a
-    bounded buffer; options from ``expert-offload.json`` beside the checkpoint."""
-    from agents.expert_offload import ExpertOffloadExecutor
-
-    return ExpertOffloadExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
-
-
-register_executor("expert-offload", expert_offload_executor)
-
-
-def attention_offload_dense_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None,
-                                     progress=None, agent=None, services=()):
-    """Lamina (agents.attention_offload): the dense part of units [start, end), its attention on the
-    memory agents ``services`` (LoadShard.services), reached over this agent's data plane."""
-    from agents.attention_offload import DenseAgentExecutor
-
-    return DenseAgentExecutor(model_dir, start, end, agent=agent, services=services, dtype=dtype, threads=threads,
-                              progress=progress)
-
-
-register_executor("attention-offload-dense", attention_offload_dense_executor)
-
-
-def _phase(name: str):
-    def factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
-        from agents import phases
-
-        return getattr(phases, f"{name}_executor")(model_dir, start, end, dtype=dtype, threads=threads,
-                                                   progress=progress)
-
-    factory.__doc__ = f"EPD (agents.phases): the {name} phase(s) of a Llava checkpoint, served by phase requests."
-    return factory
-
-
-for _name in ("encode", "prefill", "decode"):
-    register_executor(f"epd-{_name}", _phase(_name))
-register_executor("epd-encode-prefill", _phase("encode_prefill"))
-register_executor("epd-aggregated", _phase("aggregated"))
+def executor_factory_for(kind: str) -> ExecutorFactory:
+    """The factory of ``kind``, or ``UnknownStageKind`` naming the kinds this agent runs."""
+    known = {DEFAULT_KIND: layers_executor, **registry.executor_kinds()}
+    try:
+        return known[kind]
+    except KeyError:
+        raise UnknownStageKind(
+            f"this agent has no executor for stage kind {kind!r} (it runs: {', '.join(sorted(known))}); "
+            "upgrade the agent to the studio's version"
+        ) from None

@@ -239,8 +239,8 @@ class StageExecutor:
 
     # ----- construction helpers -------------------------------------------------------
     def _block_state(self, layer: nn.Module, reader: CheckpointReader, key_prefix: str, global_index: int) -> dict:
-        """The tensors block ``global_index`` holds resident (a technique's executor may keep some
-        elsewhere: agents.expert_offload leaves the experts on storage)."""
+        """The tensors block ``global_index`` holds resident (a subclass may keep some elsewhere,
+        e.g. a MoE block's experts on storage)."""
         return block_state_dict(reader, self.family, key_prefix, self.dtype)
 
     @staticmethod
@@ -431,8 +431,8 @@ class DecodeMasks:
     """A one-token step's full-attention mask without transformers' mask factory (~0.1 ms per
     stage and token), once the factory was seen to give either the padding mask [B, 1, 1, T]
     itself or None (no padding under sdpa). Learnt separately for padded and unpadded masks,
-    since the factory answers them differently and callers (the staggered attention-offload
-    replicas) tell None from an all-True mask."""
+    since the factory answers them differently and callers (a technique's executor that runs a
+    step's blocks itself) tell None from an all-True mask."""
 
     def __init__(self, shortcut: bool = True):
         self.seen: dict[bool, str] = {} if shortcut else {True: "factory", False: "factory"}

@@ -292,20 +292,20 @@ class PeerSenders:
     connected (Curve) at first use — by then the peer has been told to allow our key — and
     all closed together.
 
-    ``watch``: each socket also sends ZMTP heartbeats (a peer whose host stops answering is
+    ``monitor_connections``: each socket also sends ZMTP heartbeats (a peer whose host stops answering is
     disconnected after ``PEER_HEARTBEAT_TIMEOUT_MS``; a killed process's socket closes at once)
     and is monitored, so ``silent`` names the peers whose connection is down: a run that waits
     for a peer's answer fails in seconds naming it, not after its whole answer timeout."""
 
     def __init__(self, context: zmq.Context, keys: CurveKeys | None, send_timeout_ms: int, clock=time.time,
-                 watch: bool = False) -> None:
+                 monitor_connections: bool = False) -> None:
         self._context, self._keys, self._send_timeout_ms, self._clock = context, keys, send_timeout_ms, clock
         self._senders: dict[str, LinkSender] = {}
         self._socks: list[zmq.Socket] = []
-        self._watch = watch
+        self._monitored = monitor_connections
         self._monitors: dict[str, zmq.Socket] = {}
         self._down_since: dict[str, float | None] = {}
-        """Per watched peer: since when (monotonic) its connection is down; None while it is up."""
+        """Per monitored peer: since when (monotonic) its connection is down; None while it is up."""
 
     def to(self, device: str, peer, shape: LinkShape | None) -> LinkSender:
         """The sender to ``device`` (``peer``: its ``public_key`` and ``data_address``); ``shape``
@@ -316,7 +316,7 @@ class PeerSenders:
             harden(push)
             push.sndtimeo = self._send_timeout_ms
             curve_client(push, self._keys, peer.public_key)
-            if self._watch:
+            if self._monitored:
                 push.setsockopt(zmq.HEARTBEAT_IVL, PEER_HEARTBEAT_IVL_MS)
                 push.setsockopt(zmq.HEARTBEAT_TIMEOUT, PEER_HEARTBEAT_TIMEOUT_MS)
                 self._monitors[device] = push.get_monitor_socket(
@@ -328,7 +328,7 @@ class PeerSenders:
         return sender
 
     def silent(self, grace_s: float) -> list[str]:
-        """The watched peers whose data connection has been down (or never came up) for more
+        """The monitored peers whose data connection has been down (or never came up) for more
         than ``grace_s``, sorted. Reads the monitors' pending events without blocking."""
         from zmq.utils.monitor import recv_monitor_message
 
@@ -346,7 +346,7 @@ class PeerSenders:
         for sender in self._senders.values():
             sender.close()
         for sock in self._socks:
-            if self._watch:
+            if self._monitored:
                 sock.disable_monitor()
             sock.close(linger=0)
         for monitor in self._monitors.values():
@@ -356,7 +356,7 @@ class PeerSenders:
 
 PEER_HEARTBEAT_IVL_MS = 1000
 PEER_HEARTBEAT_TIMEOUT_MS = 4000
-"""ZMTP heartbeats of watched data connections (``PeerSenders(watch=True)``)."""
+"""ZMTP heartbeats of monitored data connections (``PeerSenders(monitor_connections=True)``)."""
 
 
 def send_multipart_interruptible(sock: zmq.Socket, frames: list, stop: threading.Event | None) -> None:

@@ -46,7 +46,7 @@ import msgspec  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from agents.attention_offload import DenseExecutor, HeadShape, attention_stores  # noqa: E402
+from agents.techniques.attention_offload.heads import DenseExecutor, HeadShape, attention_stores  # noqa: E402
 from agents.local_pipeline import generate_partitioned  # noqa: E402
 from agents.sampling import SamplingParams  # noqa: E402
 from core.models.checkpoints import ModelRecipe, make_model  # noqa: E402
@@ -108,7 +108,7 @@ def control_channel_before(root: Path) -> dict:
     from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import LocalCluster
     from core.techniques.attention_offload.remote import RemoteAttentionSide
-    from agents.attention_offload import split_heads
+    from agents.techniques.attention_offload.heads import split_heads
 
     model_dir = _llama(root, "before-llama")
     enc = transformers.AutoTokenizer.from_pretrained(model_dir)(PROMPTS, padding=True, return_tensors="pt")
@@ -258,7 +258,8 @@ def largest_batch_context(root: Path) -> dict:
     import random
 
     from agents.emulation import DeviceEmulation
-    from agents.protocol import HoldHeads, KvReservation, PeerSpec, StopRun
+    from agents.protocol import KvReservation, PeerSpec, StopRun
+    from agents.techniques.attention_offload.messages import HoldHeads
     from agents.shard import StageExecutor
     from core.devices.local_cluster import LocalCluster
     from core.errors import EdgeShardError

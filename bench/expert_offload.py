@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from agents.expert_offload import ExpertOffloadExecutor, write_quantized_experts  # noqa: E402
+from agents.techniques.expert_offload.offload import ExpertOffloadExecutor, write_quantized_experts  # noqa: E402
 from agents.local_pipeline import generate_partitioned  # noqa: E402
 from agents.sampling import SamplingParams  # noqa: E402
 from agents.shard import StageExecutor  # noqa: E402

@@ -36,8 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from agents.spatial import (  # noqa: E402
-    build_network, compute_strip, group_input_ranges, layer_timing_samples, run_partitioned, strip_bounds,
+from agents.techniques.spatial.network import (
+    build_network,
+    compute_strip,
+    group_input_ranges,
+    layer_timing_samples,
+    run_partitioned,
+    strip_bounds,
 )
 from core.techniques.spatial.cost import evaluate, single_device_seconds  # noqa: E402
 from core.techniques.spatial.partition import per_layer_plan, with_best_device_count  # noqa: E402

@@ -42,7 +42,7 @@ from spatial_partition import (  # noqa: E402
     SLOWDOWNS, calibrate_from_probes, emulated_cluster, fastest_runs, layer_maps, plan_strips)
 
 from agents.arguments import int_in  # noqa: E402
-from agents.spatial import build_network, layer_timing_samples  # noqa: E402
+from agents.techniques.spatial.network import build_network, layer_timing_samples  # noqa: E402
 from core.techniques.spatial.cost import group_times, tile_seconds  # noqa: E402
 from core.techniques.spatial.partition import fused_plan, per_layer_plan  # noqa: E402
 from core.techniques.spatial.problem import CnnRef, SpatialProblem, fit_layer_time_model  # noqa: E402

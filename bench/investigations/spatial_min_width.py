@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from spatial_partition import SLOWDOWNS, calibrate_from_probes, emulated_cluster, fastest_runs  # noqa: E402
 
 from agents.arguments import int_in  # noqa: E402
-from agents.spatial import CnnSpec, build_network, compute_strip, layer_timing_samples  # noqa: E402
+from agents.techniques.spatial.network import CnnSpec, build_network, compute_strip, layer_timing_samples  # noqa: E402
 from core.techniques.spatial import partition  # noqa: E402
 from core.techniques.spatial.problem import CnnRef, fit_layer_time_model  # noqa: E402
 

@@ -37,6 +37,7 @@ from typing import overload
 import msgspec
 import zmq
 
+import agents.techniques  # noqa: F401  (registers the built-in techniques' wire: their replies decode here)
 from agents.protocol import (
     PROTOCOL_VERSION,
     RESULT_OF,

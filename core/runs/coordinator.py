@@ -35,12 +35,13 @@ from agents.protocol import (
     LinkResult,
     LinkShape,
     LoadShard,
+    Options,
     PeerSpec,
-    ServicePeer,
     StartRun,
     StopRun,
     TimelineEvent,
     Unload,
+    options_slot,
 )
 from agents.transport import CurveKeys
 from core.devices.agent_link import AgentEndpoint, AgentLink
@@ -183,7 +184,7 @@ class Coordinator:
         kv: KvReservation = KvReservation(),
         files: dict[str, tuple[tuple[str, str], ...]] | None = None,
         kind: str | dict[str, str] = "layers",
-        services: dict[str, tuple[ServicePeer, ...]] | None = None,
+        options: dict[str, Options] | None = None,
     ) -> None:
         """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device.
 
@@ -192,8 +193,8 @@ class Coordinator:
         ``files``: per device, the (name, sha256) of weights sent to it (core.runs.weights).
         ``kind``: the stage kind (``agents.executors``) every stage, or each device's stage, is
         loaded as — how a technique's plan reaches its own agent-side executor.
-        ``services``: per device, the agents its stage calls over the data plane while it computes
-        (``LoadShard.services``; attention offloading's memory agents)."""
+        ``options``: per device, its stage kind's own options (``LoadShard.options``; e.g. the agents an
+        attention-offload dense stage calls over the data plane while it computes)."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
         if problems:
@@ -224,7 +225,7 @@ class Coordinator:
                             threads=threads, link=links.get(s.device, LinkShape()), kv=kv,
                             files=(files or {}).get(s.device, ()),
                             kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind,
-                            services=(services or {}).get(s.device, ()))
+                            options=options_slot((options or {}).get(s.device)))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         await_loads(self.link, futs, timeout_s, reporter)
@@ -437,7 +438,7 @@ class Coordinator:
                                eos_token_ids=request.eos_token_ids,
                                pad_token_id=request.pad_token_id, sampling=request.sampling,
                                lease_s=self.lease_s, first_steps=firsts, micro_batch_keys=keys,
-                               generated=resume.generated if resume else (), staggered=request.staggered)
+                               generated=resume.generated if resume else (), options=options_slot(request.options))
             elif i == len(devices) - 1 and request.sampling.uses_history:  # its sampler looks at the prompts
                 msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
                                micro_batches=groups,

@@ -17,11 +17,11 @@ from typing import Protocol
 from agents.protocol import (
     RUN_MODES,
     EventBatch,
+    Options,
     RunError,
     RunFinished,
     RunMode,
     SamplingSpec,
-    StaggeredSpec,
     TimelineEvent,
     TokenEvent,
     TokensProduced,
@@ -86,9 +86,9 @@ class RunRequest:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     sampling: SamplingSpec = SamplingSpec()
-    staggered: StaggeredSpec | None = None
-    """Attention offloading's staggered pipelining over several compute replicas (the source's
-    ``StartRun.staggered``; ``core.techniques.attention_offload.run.run_staggered`` sets it)."""
+    options: Options | None = None
+    """A technique's run options, the source's ``StartRun.options`` (e.g. attention offloading's
+    staggered pipelining, ``core.techniques.attention_offload.run.run_staggered``); None: none."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ Compare view. So a technique is one ``Technique`` value naming its own parts, an
 code asks the registry for it instead of importing a technique.
 
 Adding a technique: one folder ``core/techniques/<name>/`` whose ``__init__`` defines
-``TECHNIQUE``, its agent-side executor in ``agents/`` (registered by stage kind with
-``agents.executors.register_executor``), its plan view in ``gui/`` (``gui.techniques``),
+``TECHNIQUE``, its agent side in a room ``agents/techniques/<name>/`` (one
+``agents.registry.AgentTechnique``: its messages, data kinds, handlers and stage kinds'
+executors), its plan view in ``gui/`` (``gui.techniques``),
 and one registration line: ``BUILTIN`` below, or an ``edgeshard.techniques`` entry point
 for a technique that lives outside this tree. docs/architecture.md draws the whole house.
 """

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
-from agents.spatial import CnnSpec, Layer, group_input_ranges, strip_bounds
+from agents.techniques.spatial.network import CnnSpec, Layer, group_input_ranges, strip_bounds
 from core.errors import EdgeShardError
 from core.formats import load
 from core.techniques.spatial.cost import evaluate, single_device_seconds

@@ -9,8 +9,13 @@ import types
 import pytest
 import torch
 
-from agents.attention_offload import (
-    AttentionStore, DenseExecutor, HeadRouter, HeadShape, attention_stores, split_heads,
+from agents.techniques.attention_offload.heads import (
+    AttentionStore,
+    DenseExecutor,
+    HeadRouter,
+    HeadShape,
+    attention_stores,
+    split_heads,
 )
 from agents.checkpoint_reader import CheckpointError
 from agents.local_pipeline import generate_partitioned
@@ -127,7 +132,7 @@ def test_attention_sides_that_do_not_cover_every_head_once_are_refused(tiny_llam
 
 
 def test_an_emulated_slowdown_stretches_the_dense_segments_not_the_waits_for_the_memory_agents(compute_clock):
-    import agents.attention_offload as ao
+    import agents.techniques.attention_offload.data_plane as ao
     from agents.emulation import DeviceEmulation
 
     events = []
@@ -155,7 +160,7 @@ def test_an_emulated_slowdown_stretches_the_dense_segments_not_the_waits_for_the
 def test_a_dense_segment_that_waited_for_a_core_ends_three_times_its_cpu_time_after_it_began(compute_clock):
     """3x slower, a segment of 2 ms CPU that took 5 ms (3 ms waiting for a core another agent of
     the host used) lasts 6 ms in all, not 3 x 5 ms."""
-    import agents.attention_offload as ao
+    import agents.techniques.attention_offload.data_plane as ao
     from agents.emulation import DeviceEmulation
 
     agent = types.SimpleNamespace(emulation=DeviceEmulation(compute_slowdown=3.0), clock=compute_clock.perf_counter,

@@ -166,7 +166,7 @@ def test_a_spatial_strip_on_several_torch_threads_is_slowed_by_its_threads_cpu_t
     """The computing thread's CPU time, whatever torch's thread count (``end_emulated``: the calling
     thread runs its share of each parallel region and sleeps at the barrier); before, a strip on
     several threads was slowed by its wall time."""
-    import agents.spatial_run as spatial_run
+    import agents.techniques.spatial.session as spatial_run
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     session = types.SimpleNamespace(agent=types.SimpleNamespace(emulation=DeviceEmulation(compute_slowdown=6.0)))

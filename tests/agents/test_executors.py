@@ -1,16 +1,18 @@
 """An agent builds the executor of the stage kind a LoadShard names (agents.executors), so a
-technique's agent side plugs in by registering; an unknown kind is refused, naming the known ones."""
+technique's agent side plugs in by registering (agents.registry); an unknown kind is refused,
+naming the known ones."""
 
 from __future__ import annotations
 
 import pytest
 
 from agents.agent import Agent
-from agents.executors import executor_factory_for, register_executor, unregister_executor
+from agents import registry
+from agents.executors import executor_factory_for
 from agents.protocol import AgentState, ErrorReply, GetStatus, LoadShard, Ok, PeerSpec, encode_control
 from agents.transport import CurveKeys
 from tests.agents.test_agent import _ask, _client
-from tests.techniques.whole_model import STAGE_KIND, WholeModelExecutor
+from tests.techniques.whole_model_agent import AGENT_TECHNIQUE, STAGE_KIND, WholeModelExecutor
 
 
 @pytest.fixture
@@ -30,7 +32,7 @@ def test_layers_is_the_shipped_stage_kind():
 
 def test_a_registered_stage_kind_is_loaded_with_its_own_executor(agent_and_socket, tiny_llama_dir):
     agent, sock, me = agent_and_socket
-    register_executor(STAGE_KIND, WholeModelExecutor)
+    registry.register(AGENT_TECHNIQUE)
     try:
         reply = _ask(sock, encode_control(LoadShard(req=1, model_dir=tiny_llama_dir, stage=0, start=0, end=6,
                                                     peers=(me,), kind=STAGE_KIND)), timeout_ms=60000)
@@ -38,7 +40,7 @@ def test_a_registered_stage_kind_is_loaded_with_its_own_executor(agent_and_socke
         assert isinstance(agent._loaded.executor, WholeModelExecutor)
         assert _ask(sock, encode_control(GetStatus(req=2))).state is AgentState.READY
     finally:
-        unregister_executor(STAGE_KIND)
+        registry.unregister(AGENT_TECHNIQUE.name)
 
 
 def test_an_unknown_stage_kind_is_refused_naming_the_kinds_this_agent_runs(agent_and_socket, tiny_llama_dir):

@@ -1,4 +1,4 @@
-"""EdgeMoE's agent side (agents.expert_offload): experts on storage, a bounded buffer, preloading.
+"""EdgeMoE's agent side (agents.techniques.expert_offload): experts on storage, a bounded buffer, preloading.
 
 Real Mixtral checkpoints (generated), real safetensors partial reads, real agents and the real
 coordinator; tokens compared with HF generate of the unsplit model (greedy, batch 3)."""
@@ -13,7 +13,7 @@ import torch
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
 from agents.checkpoint_reader import CheckpointError
-from agents.expert_offload import ExpertBuffer, ExpertOffloadExecutor, ExpertStore
+from agents.techniques.expert_offload.offload import ExpertBuffer, ExpertOffloadExecutor, ExpertStore
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
@@ -197,7 +197,7 @@ def test_two_agents_each_offloading_its_own_blocks_experts_give_exact_tokens(coo
 
 
 def test_quantised_experts_read_fewer_bytes_and_stay_close(moe_dir, tmp_path):
-    from agents.expert_offload import write_quantized_experts
+    from agents.techniques.expert_offload.offload import write_quantized_experts
 
     model_dir = tmp_path / "q"
     shutil.copytree(moe_dir, model_dir)
@@ -218,7 +218,7 @@ def test_quantised_experts_read_fewer_bytes_and_stay_close(moe_dir, tmp_path):
 
 
 def test_full_precision_perplexity_through_the_buffer_equals_the_resident_models(moe_dir):
-    from agents.expert_offload import perplexity
+    from agents.techniques.expert_offload.offload import perplexity
 
     texts = [[5, 17, 99, 3, 42, 7], [8, 9, 10, 300]]
     offloaded = _offloaded(moe_dir, slots=2)

@@ -10,7 +10,7 @@ import time
 import pytest
 from msgspec import structs
 
-import agents.agent as agent_module
+import agents.lease as lease_module
 from agents.agent import Agent
 from agents.protocol import (
     AgentState,
@@ -18,17 +18,16 @@ from agents.protocol import (
     ConvSweepOptions,
     ErrorReply,
     GetStatus,
-    HoldHeads,
     LoadShard,
     Ok,
     PeerSpec,
     ProfileCompute,
-    SpatialNet,
-    SpatialSetup,
     StopRun,
     Unload,
 )
-from agents.spatial import network_for
+from agents.techniques.attention_offload.messages import HoldHeads
+from agents.techniques.spatial.messages import SpatialNet, SpatialSetup
+from agents.techniques.spatial.network import network_for
 from agents.transport import CurveKeys
 from tests.agents.test_agent_runs import _Control, _start
 
@@ -133,7 +132,7 @@ def test_a_stage_whose_coordinator_still_speaks_is_not_replaced_by_another_coord
 
 def test_a_stage_whose_coordinator_went_silent_may_be_replaced_by_a_session(
         agent_and_two_coordinators, tiny_llama_dir, monkeypatch):
-    monkeypatch.setattr(agent_module, "LOADER_SILENT_S", 0.3)
+    monkeypatch.setattr(lease_module, "LOADER_SILENT_S", 0.3)
     agent, first, second = agent_and_two_coordinators
     assert isinstance(first.ask(_load(agent, tiny_llama_dir, 1), 60), Ok)
     time.sleep(0.5)

@@ -8,16 +8,15 @@ import pytest
 import torch
 import transformers
 
-from agents.phases import DecodeExecutor, EncodeExecutor, PhaseRequestError, PrefillExecutor, to_bytes
-from agents.protocol import (
-    DecodeTokens,
-    EncodeTiles,
-    PrefillPrompt,
-    ProtocolError,
-    SamplingSpec,
-    decode_control,
-    encode_control,
+from agents.techniques.phase_disaggregation.phases import (
+    DecodeExecutor,
+    EncodeExecutor,
+    PhaseRequestError,
+    PrefillExecutor,
+    to_bytes,
 )
+from agents.protocol import ProtocolError, SamplingSpec, decode_control, encode_control
+from agents.techniques.phase_disaggregation.messages import DecodeTokens, EncodeTiles, PrefillPrompt
 from agents.sampling import SamplingParams
 from core.models.multimodal import TINY_LLAVA, check_multimodal_dir, load_image, make_multimodal_model, prompt_ids, \
     synthetic_images
@@ -74,7 +73,7 @@ def test_seeded_sampling_across_the_phases_gives_generates_tokens(llava, executo
 
 
 def test_the_encode_executor_reads_only_the_vision_tower_and_projector(llava):
-    from agents import phases
+    from agents.techniques.phase_disaggregation import phases
 
     reads = []
     original = phases.CheckpointReader.read
@@ -163,7 +162,7 @@ def _peers(agent):
 
 
 def test_pieces_that_never_arrive_fail_the_request_naming_them():
-    from agents.phases import PhaseLinks
+    from agents.techniques.phase_disaggregation.phases import PhaseLinks
 
     agent = _AgentSide()
     links = PhaseLinks(agent, _peers(agent))
@@ -175,7 +174,7 @@ def test_pieces_that_never_arrive_fail_the_request_naming_them():
 def test_a_piece_from_a_device_outside_the_pools_is_dropped_and_logged():
     import zmq
 
-    from agents.phases import PhaseLinks
+    from agents.techniques.phase_disaggregation.phases import PhaseLinks
     from agents.protocol import DataHeader
     from agents.transport import data_message, tensor_frame
 
@@ -205,7 +204,7 @@ def test_data_plane_phase_messages_must_not_also_carry_the_bytes():
 
 
 def test_the_first_token_and_sampler_state_travel_exactly_beside_the_kv_cache_and_a_bad_handoff_is_refused():
-    from agents.phases import from_handoff, handoff_tensor
+    from agents.techniques.phase_disaggregation.phases import from_handoff, handoff_tensor
 
     gen = torch.Generator().manual_seed(5)
     rng = gen.get_state().numpy().tobytes()
@@ -229,7 +228,7 @@ def _prefilled(llava, executors, n_tiles, words, params):
 @pytest.mark.parametrize("sampling", [SamplingSpec(), SamplingSpec(temperature=0.9, top_k=50, top_p=0.9, seed=4)],
                          ids=["greedy", "seeded"])
 def test_requests_joining_a_running_decode_batch_each_get_the_tokens_they_would_alone(llava, executors, sampling):
-    from agents.phases import DecodeBatch, sampling_params, to_bytes
+    from agents.techniques.phase_disaggregation.phases import DecodeBatch, sampling_params, to_bytes
 
     model = llava[4]
     answers = {}
@@ -260,7 +259,7 @@ def test_requests_joining_a_running_decode_batch_each_get_the_tokens_they_would_
 
 
 def test_a_bad_request_in_a_decode_batch_is_answered_with_its_error_and_the_others_go_on(llava, executors):
-    from agents.phases import DecodeBatch, sampling_params, to_bytes
+    from agents.techniques.phase_disaggregation.phases import DecodeBatch, sampling_params, to_bytes
 
     answers = {}
     batch = DecodeBatch(executors[2], answer=lambda msg, reply: answers.__setitem__(msg.request, reply))
@@ -276,7 +275,7 @@ def test_a_bad_request_in_a_decode_batch_is_answered_with_its_error_and_the_othe
 
 
 def test_a_devices_phases_name_its_stage_kind_and_a_set_no_layout_uses_is_refused():
-    from agents.phase_kinds import kind_for
+    from agents.techniques.phase_disaggregation.kinds import kind_for
 
     assert kind_for(["decode"]) == "epd-decode"
     assert kind_for(["prefill", "encode"]) == "epd-encode-prefill"

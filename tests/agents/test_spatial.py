@@ -1,4 +1,4 @@
-"""The agent's strip compute (agents.spatial): any strips with halos equal the whole network."""
+"""The agent's strip compute (agents.techniques.spatial.network): any strips with halos equal the whole network."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import random
 import pytest
 import torch
 
-from agents.spatial import Layer, build_network, group_input_ranges, resnet_style, run_partitioned, vgg16
+from agents.techniques.spatial.network import (
+    Layer,
+    build_network,
+    group_input_ranges,
+    resnet_style,
+    run_partitioned,
+    vgg16,
+)
 
 NETS = {"vgg16": lambda: vgg16(32, 8, 10), "resnet-style": lambda: resnet_style(32, 8, 10)}
 
@@ -77,7 +84,7 @@ def test_vgg16_unit_table_matches_the_published_size():
 
 def test_a_conv_sweep_times_layer_strips_with_their_flops_weight_and_activation_bytes():
     from agents.protocol import ConvSweepOptions
-    from agents.spatial import STRIP_SHAPES, Layer, conv_sweep, layer_features
+    from agents.techniques.spatial.network import STRIP_SHAPES, Layer, conv_sweep, layer_features
 
     timings = conv_sweep(ConvSweepOptions(sizes=(8, 16), channels=(4,), repeats=1))
     swept = [(Layer("conv", 4, 4, s, s), 0, s) for s in (8, 16)]
@@ -90,7 +97,7 @@ def test_a_conv_sweep_times_layer_strips_with_their_flops_weight_and_activation_
 
 @pytest.mark.parametrize("shape", [(1, 32, 96, 48), (2, 3, 7, 9), (1, 5, 6, 2)])
 def test_the_strip_max_pool_equals_torchs_bit_for_bit(shape):
-    from agents.spatial import max_pool_2x2
+    from agents.techniques.spatial.network import max_pool_2x2
 
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     x[0, 0, 0, 0] = float("nan")  # propagated like torch's

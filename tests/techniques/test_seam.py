@@ -1,4 +1,4 @@
-"""A technique plugs in through the seam alone (core.techniques, agents.executors), and the
+"""A technique plugs in through the seam alone (core.techniques, agents.registry), and the
 shared parts — registry, CLI, Compare, recording, replay, export, the agent — take it as it is."""
 
 from __future__ import annotations

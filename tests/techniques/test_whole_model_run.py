@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
-from agents.executors import register_executor, unregister_executor
+from agents import registry
 from core.models.checkpoints import ModelRecipe, make_model
 from core.planning.plan import plan_from_boundaries
 from core.runs.coordinator import RunRequest
 from core.runs.generation import load_tokenizer
 from tests.core.hf_reference import hf_greedy_new_tokens
 from tests.core.in_process_agents import in_process_cluster
-from tests.techniques.whole_model import STAGE_KIND, WholeModelExecutor
+from tests.techniques.whole_model_agent import AGENT_TECHNIQUE, STAGE_KIND, WholeModelExecutor
 
 PROMPTS = ["the cat sat", "a longer prompt about the river", "hello"]
 
@@ -27,10 +27,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def whole_model_agent():
-    register_executor(STAGE_KIND, WholeModelExecutor)
+    registry.register(AGENT_TECHNIQUE)
     with in_process_cluster(["box"]) as (coordinator, (agent,)):
         yield coordinator, agent
-    unregister_executor(STAGE_KIND)
+    registry.unregister(AGENT_TECHNIQUE.name)
 
 
 def test_a_plugged_in_technique_runs_on_an_agent_with_its_own_executor_and_exact_tokens(whole_model_agent, model_dir):

@@ -1,10 +1,10 @@
 """A small technique that lives only in the tests: the whole model on the one best device.
 
-It proves the seam (core/techniques): it plugs in with ``register`` and
-``register_executor`` alone — no shared module names it — and then shows up in the
-registry, the CLI and Compare, simulates into the shared TimelineEvents that recording,
-replay and export take as they are, and runs for real on an agent through its own
-executor (a plain HF forward with its own KV cache, not agents.shard).
+It proves the seam on every floor: it plugs in with ``core.techniques.register`` and, on the
+agents, ``agents.registry.register`` (its room ``whole_model_agent``: a stage kind, a control
+message and a data-frame kind of its own) alone — no shared module names it — and then shows
+up in the registry, the CLI and Compare, simulates into the shared TimelineEvents that
+recording, replay and export take as they are, and runs for real on agents.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
-import torch
 
 from core.devices.profile import Profile
 from core.errors import EdgeShardError
@@ -22,8 +21,8 @@ from core.runs.metrics import RunFigures, compute_figures
 from core.techniques import Technique
 from core.techniques.outcomes import PerTokenOutcome
 from agents.protocol import TimelineEvent, TokenEvent
+from tests.techniques.whole_model_agent import STAGE_KIND, WholeModelExecutor  # noqa: F401  (its agent side)
 
-STAGE_KIND = "whole-model"
 
 
 class WholeModelPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,42 +115,3 @@ TECHNIQUE = Technique(
     stage_kinds=(STAGE_KIND,), strategies=STRATEGIES, exact="fastest-device", run_strategy=run_strategy,
     cost=cost, simulate=simulate, modes=("sequential",),
 )
-
-
-class WholeModelExecutor:
-    """Its agent side: the whole HF model with its own KV cache per micro-batch group."""
-
-    is_first = True
-    is_last = True
-
-    def __init__(self, model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.groups: dict[int, tuple[object, torch.Tensor]] = {}
-        if progress:
-            progress(1.0)
-
-    @torch.inference_mode()
-    def _forward(self, group: int, ids: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -ids.shape[1]:]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
-        self.groups[group] = (out.past_key_values, mask)
-        return out.logits[:, -1, :].float()
-
-    def prefill(self, group: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        return self._forward(group, x, attention_mask.to(torch.long), DynamicCache(config=self.model.config))
-
-    def decode(self, group: int, x: torch.Tensor) -> torch.Tensor:
-        cache, mask = self.groups[group]
-        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        return self._forward(group, x, mask, cache)
-
-    def drop(self, group: int) -> None:
-        self.groups.pop(group, None)
-
-    def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -3,7 +3,7 @@
 Parts: ``problem`` (devices with a price, model geometry, plan), ``cost`` (the one cost model),
 ``planner`` (exact search, Lamina's rule, homogeneous and layer-sharding baselines),
 ``simulator`` (fixed and rotational staggered pipelining into TimelineEvents), ``scenarios``.
-The agent side is agents/attention_offload.py. docs/attention-offload.md explains them.
+The agent side is agents/techniques/attention_offload/. docs/attention-offload.md explains them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from core.techniques.attention_offload.simulator import simulate
 NAME = "attention-offload"
 DENSE_KIND = "attention-offload-dense"
 MEMORY_KIND = "attention-offload-memory"
-"""The stage kinds of agents.attention_offload (agents never import core, so they are spelled twice;
+"""The stage kinds of agents.techniques.attention_offload (agents never import core, so they are spelled twice;
 a test holds them equal)."""
 
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from agents.protocol import AttendHeads, ErrorReply, HeadsAttended, Ok, encode_control
+from agents.protocol import ErrorReply, Ok, encode_control
+from agents.techniques.attention_offload.messages import AttendHeads, HeadsAttended
 from core.errors import RunFailed
 
 

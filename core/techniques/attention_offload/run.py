@@ -1,12 +1,12 @@
 """A real attention-offloading (Lamina) run on agents: the dense side and the memory sides are agents.
 
 The compute device's agent loads the whole model's dense part as stage kind
-``attention-offload-dense`` (``Coordinator.load(kind=..., services=...)``: one stage, its
-``LoadShard.services`` name the memory agents and the key/value heads each holds); each memory
+``attention-offload-dense`` (``Coordinator.load(kind=..., options=...)``: one stage, its
+``LoadShard.options``, a ``DenseStage``, name the memory agents and the key/value heads each holds); each memory
 agent gets a ``HoldHeads`` (its heads, the dense agent's data address and key) and serves
 attention over its KV cache. Per layer, q and the new k, v of each side's heads go from the
 dense agent's data socket straight to the memory agents', and the outputs come back the same
-way (agents.attention_offload): nothing per token passes through this process. The coordinator
+way (agents.techniques.attention_offload): nothing per token passes through this process. The coordinator
 runs it like any plan (``Coordinator.run``: tokens, the live sink, the run state), so recording,
 replay and the timeline take it as they take layer sharding; the memory agents stream their own
 attention and send spans into the same run. The run stops the holds after the stage (their last events arrive first); however it ends, they are stopped.
@@ -22,13 +22,14 @@ from collections.abc import Sequence
 
 import msgspec
 
-from agents.protocol import ErrorReply, HoldDense, HoldHeads, Ok, PeerSpec, ServicePeer, StaggeredSpec, StopRun
+from agents.protocol import ErrorReply, Ok, PeerSpec, StopRun
+from agents.techniques.attention_offload.messages import DenseStage, HoldDense, HoldHeads, ServicePeer, StaggeredSpec
 from core.devices.agent_link import refusal
 from core.errors import HelperLost, MemoryAgentLost, ModelDoesNotFit, RunFailed, ShardOverBudget
 from core.planning.plan import ShardPlan, plan_from_boundaries
 from core.reporting import Reporter
 from core.runs.coordinator import Coordinator, RunRequest, RunResult, RunSink
-from agents.attention_offload import DENSE_KIND
+from agents.techniques.attention_offload.messages import DENSE_KIND
 from core.techniques.attention_offload.problem import OffloadModel
 
 HOLD_TIMEOUT_S = 120.0
@@ -36,8 +37,8 @@ MIB = 1 << 20
 
 
 def head_ranges(kv_heads: int, memory: int) -> list[tuple[int, int]]:
-    """Key/value heads over ``memory`` agents, balanced by heads (``agents.attention_offload.split_heads``)."""
-    from agents.attention_offload import split_heads
+    """Key/value heads over ``memory`` agents, balanced by heads (``agents.techniques.attention_offload.split_heads``)."""
+    from agents.techniques.attention_offload.heads import split_heads
 
     return [(r.start, r.stop) for r in split_heads(kv_heads, memory)]
 
@@ -68,7 +69,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
                 dtype: str = "float32", threads: int = 0) -> RunResult:
     """Load the dense stage, hold the heads on the memory agents, run ``request``; ``RunFailed``
     names the device when one fails, or says there are more memory agents than key/value heads."""
-    from agents.attention_offload import HeadShape
+    from agents.techniques.attention_offload.heads import HeadShape
 
     memory = list(memory_devices)
     if not memory:
@@ -120,9 +121,9 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
     stage, the others are held with ``HoldDense``) sharing the memory agents, in the order
     ``agents.schedule.staggered_slices(schedule, ...)`` gives (the simulator's). ``RunFailed`` names
     a device that fails or refuses (an emulated memory budget too small for the dense part)."""
-    from agents.attention_offload import HeadShape
+    from agents.techniques.attention_offload.heads import HeadShape
     from agents.checkpoint_reader import CheckpointError
-    from agents.schedule import STAGGERED_SCHEDULES
+    from agents.techniques.attention_offload.schedule import STAGGERED_SCHEDULES
     from core.runs.batching import run_micro_batches
 
     compute, memory = list(compute_devices), list(memory_devices)
@@ -175,7 +176,7 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
                            else RunFailed(f"{what}: unexpected answer {type(reply).__name__}", d))
         if refused is not None:
             raise refused
-        staggered = dataclasses.replace(request, staggered=spec, micro_batches=len(groups))
+        staggered = dataclasses.replace(request, options=spec, micro_batches=len(groups))
         return _run_naming_lost_memory(coordinator, plan, staggered, sink, reporter, held, hold_id,
                                        dict(zip(memory, ranges)), compute)
     finally:
@@ -188,8 +189,8 @@ def _load_dense(coordinator: Coordinator, plan: ShardPlan, model_dir: str, dtype
     offloading's advice (the agent's own says "plan fewer units on it", which does not apply:
     the compute agent holds every layer)."""
     try:
-        coordinator.load(plan, model_dir, dtype=dtype, threads=threads, kind=DENSE_KIND, services=services,
-                         reporter=reporter)
+        coordinator.load(plan, model_dir, dtype=dtype, threads=threads, kind=DENSE_KIND,
+                         options={d: DenseStage(services=s) for d, s in services.items()}, reporter=reporter)
     except ShardOverBudget as err:
         need = dense_weight_bytes(model_dir, dtype)
         fact = err.reason.split(": plan fewer units")[0]
@@ -297,7 +298,7 @@ def run_plan(plan, model_dir: str) -> ShardPlan:
     """The ``ShardPlan`` the Run screen runs for an ``OffloadPlan`` on agents named as its devices:
     the dense stage on its first compute device (replica 0; the other replicas and the memory agents
     are the other connected agents, ``agent_roles``)."""
-    from agents.attention_offload import HeadShape
+    from agents.techniques.attention_offload.heads import HeadShape
 
     shape = HeadShape.of(str(model_dir))
     return dense_plan(Path(model_dir).name, shape.layers, plan.compute[0])
@@ -328,7 +329,7 @@ class OffloadRunOptions:
 HISTORY_SAMPLING_REFUSED = ("staggered attention offloading (several compute replicas, or micro-batches) samples "
                             "without a token history: no repetition penalty or n-gram ban; run one compute replica "
                             "with the plan's micro-batches to use them")
-"""Why a staggered run has no repetition penalty or n-gram ban (agents.attention_offload_staggered refuses them)."""
+"""Why a staggered run has no repetition penalty or n-gram ban (agents.techniques.attention_offload.staggered refuses them)."""
 
 
 def is_staggered(options: OffloadRunOptions, micro_batches: int | None) -> bool:
@@ -367,7 +368,7 @@ def generate_offload(coordinator: Coordinator, plan: ShardPlan, model_dir: str, 
     """Text in, text out for a dense-stage ``ShardPlan`` (``Technique.run_generation``): the plan's
     one ``attention-offload-dense`` stage is compute replica 0, ``options`` says how many replicas
     and which staggering; the other connected agents are the memory agents (``agent_roles``)."""
-    from agents.schedule import STAGGERED_SCHEDULES
+    from agents.techniques.attention_offload.schedule import STAGGERED_SCHEDULES
     from core.runs.generation import generate_with
 
     if len(plan.stages) != 1 or plan.stages[0].kind != DENSE_KIND:

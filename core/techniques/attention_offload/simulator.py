@@ -7,7 +7,7 @@ previous slice (its attention outputs and residual) and the replica allow; each 
 serves the attentions of its heads as their frames arrive, first come first served (the
 attention lanes). On a host whose cores the agents share (a local cluster: ``host_cores``,
 ``background``) the slices, residual frames and attentions computing at once share the cores
-(``core.runs.shared_host.SharedCores``, as layer sharding's simulator does). Events are what a real run records (agents.attention_offload_staggered): a
+(``core.runs.shared_host.SharedCores``, as layer sharding's simulator does). Events are what a real run records (agents.techniques.attention_offload.staggered): a
 ``compute`` per slice on its replica (stage = the layer whose attention follows, ``layers`` for
 the tail), a ``send`` from the replica to each memory device (q, k, v and a frame header), the
 attention ``compute`` and its answer ``send`` (the output) on each memory device, and a ``send``
@@ -23,7 +23,7 @@ from collections import deque
 import msgspec
 
 from agents.protocol import TimelineEvent, TokenEvent
-from agents.schedule import STAGGERED_SCHEDULES, staggered_slices
+from agents.techniques.attention_offload.schedule import STAGGERED_SCHEDULES, staggered_slices
 from core.runs.metrics import RunFigures, compute_figures
 from core.runs.shared_host import SharedCores
 from core.techniques.attention_offload.cost import (

@@ -3,7 +3,7 @@
 Parts: ``problem`` (model sizes/times, memory budget, storage bandwidth, bit options),
 ``cost`` (the one cost model), ``strategies`` (EdgeMoE's planner and the paper's baselines
 IO-FREE, IO-EXP, IO-QEXP, STI), ``simulator`` (the shared TimelineEvents, expert reads on a
-storage lane), ``scenarios``. The agent side is ``agents.expert_offload`` (stage kind
+storage lane), ``scenarios``. The agent side is ``agents.techniques.expert_offload`` (stage kind
 ``expert-offload``). docs/expert-offload.md explains them.
 """
 

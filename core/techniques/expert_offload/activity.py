@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from agents.protocol import EXPERT_OUTCOMES, TimelineEvent, parse_expert_activity
+from agents.protocol import TimelineEvent
+from agents.techniques.expert_offload.activity import EXPERT_OUTCOMES, parse_expert_activity
 
 MEASURES = ("activations", "hit rate", "hits", "misses", "preloads", "evictions", "resident")
 """What a heat-map cell can show: activations = the router's picks (hits + demand reads);

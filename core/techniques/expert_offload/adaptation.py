@@ -2,7 +2,7 @@
 
 The caller measures ``loss(bits_of) -> relative accuracy loss`` of the whole model with the
 experts in ``bits_of`` quantised ((block, expert) -> bits; the others full precision), e.g.
-agents.expert_offload.perplexity on held-out text relative to fp32. The search, as the paper
+agents.techniques.expert_offload.perplexity on held-out text relative to fp32. The search, as the paper
 describes it:
 
 1. **Global bit widths** from whole-model measurements: every expert at each candidate width
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 Key = tuple[int, int]
 WIDTHS = (2, 4, 8)
-"""Candidate expert widths, narrowest first (agents.expert_offload.BIT_WIDTHS)."""
+"""Candidate expert widths, narrowest first (agents.techniques.expert_offload.BIT_WIDTHS)."""
 
 
 def assignment(order: list[Key], k: int, low: int, high: int) -> dict[Key, int]:

@@ -65,7 +65,7 @@ def _moe_dir(model_dir: str | Path):
 
 
 def _executor(model_dir, info, **options):
-    from agents.expert_offload import ExpertOffloadExecutor
+    from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
 
     probe = json.loads((Path(model_dir) / "config.json").read_text())
     everything = int(probe["num_hidden_layers"]) * int(probe["num_local_experts"])
@@ -74,7 +74,7 @@ def _executor(model_dir, info, **options):
 
 def _perplexities(executor, texts, reporter: Reporter, done: int, total: int) -> float:
     """Perplexity over ``texts`` one at a time, reporting progress (stops on cancel)."""
-    from agents.expert_offload import perplexity
+    from agents.techniques.expert_offload.offload import perplexity
 
     nll = count = 0.0
     import math
@@ -138,7 +138,7 @@ def storage_bandwidth(model_dir: str | Path, repeats: int = 1, reporter: Reporte
     """Read every expert of the checkpoint ``repeats`` times (caches dropped before each pass); bytes/s."""
     import torch
 
-    from agents.expert_offload import ExpertStore
+    from agents.techniques.expert_offload.offload import ExpertStore
 
     reporter = reporter or NullReporter()
     _moe_dir(model_dir)
@@ -174,7 +174,7 @@ def bit_options(model_dir: str | Path, texts: list[list[int]], bound: float, rep
     import shutil
     import tempfile
 
-    from agents.expert_offload import write_quantized_experts
+    from agents.techniques.expert_offload.offload import write_quantized_experts
     from core.techniques.expert_offload.adaptation import WIDTHS, edgemoe_adaptation
 
     reporter = reporter or NullReporter()

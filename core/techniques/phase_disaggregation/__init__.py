@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.phase_kinds import COUPLED_KINDS, KINDS  # not agents.phases: that imports torch
+from agents.techniques.phase_disaggregation.kinds import COUPLED_KINDS, KINDS  # not agents.techniques.phase_disaggregation.phases: that imports torch
 from core.models.units import ModelSpec
 from core.techniques import Technique, cli_of
 from core.techniques.phase_disaggregation.baselines import STRATEGIES, EpdOutcome, run_strategy
@@ -24,7 +24,7 @@ from core.techniques.phase_disaggregation.types import EpdProblem, PoolConfig
 
 NAME = "phase-disaggregation"
 STAGE_KINDS = tuple(KINDS.values()) + tuple(COUPLED_KINDS.values())
-"""The agents' executors for the three phases (``agents.phases``)."""
+"""The agents' executors for the three phases (``agents.techniques.phase_disaggregation.phases``)."""
 
 
 def _applies(model: ModelSpec) -> bool:

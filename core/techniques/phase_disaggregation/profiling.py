@@ -1,6 +1,6 @@
 """``PhaseCosts`` measured on the pools' agents, so the simulator times what a real run does.
 
-Probes are the run's own phase requests (agents.phases) sent to the first device of each
+Probes are the run's own phase requests (agents.techniques.phase_disaggregation.phases) sent to the first device of each
 pool: encode calls over 1..n tiles, prefill calls over prompts of several lengths (text only
 and with image tokens), decode calls of several batch sizes (``DecodeTokens.copies``). An
 agent reports when its compute ran (its own clock, so a duration needs no clock sync); the
@@ -31,8 +31,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents.phases import to_bytes
-from agents.protocol import DecodeTokens, EncodeTiles, PrefillPrompt, PromptPrefilled, TilesEncoded, TokensDecoded
+from agents.techniques.phase_disaggregation.phases import to_bytes
+from agents.techniques.phase_disaggregation.messages import (
+    DecodeTokens,
+    EncodeTiles,
+    PrefillPrompt,
+    PromptPrefilled,
+    TilesEncoded,
+    TokensDecoded,
+)
 from core.errors import RunFailed
 from core.reporting import NullReporter, Reporter
 from core.techniques.phase_disaggregation.types import EpdInputError, PhaseCosts, PoolConfig

@@ -2,7 +2,7 @@
 
 Encode agents (``epd-encode``) run the vision tower over tiles, prefill agents
 (``epd-prefill``) build the KV cache and the first token, decode agents (``epd-decode``)
-generate the rest (agents.phases). The coordinator's process is the scheduler: it releases each
+generate the rest (agents.techniques.phase_disaggregation.phases). The coordinator's process is the scheduler: it releases each
 request at its arrival time, picks the prefill device whose multimodal cache has room for it,
 splits its tiles over ``irp_degree`` encode agents, each of which pushes its piece's tokens to
 that prefill agent's data socket as soon as it is encoded (``transfers="data-plane"``, the
@@ -24,7 +24,7 @@ by the policy); ``mm_cache_tokens`` per prefill device are reserved when a
 request's first piece starts encoding and freed when its prefill ends (encode waits when no
 prefill device has room), ``kv_cache_tokens`` per decode device when its prefill starts, freed
 when its decode ends (prefill waits); an agent keeps what arrives before its request in a store
-of at most ``agents.phases.MAX_HELD_BYTES``. What differs from the paper: encode and prefill batch
+of at most ``agents.techniques.phase_disaggregation.phases.MAX_HELD_BYTES``. What differs from the paper: encode and prefill batch
 sizes are 1.
 """
 
@@ -39,21 +39,23 @@ from typing import Literal
 
 import msgspec
 
-from agents.phase_kinds import kind_for
-from agents.phases import MAX_DECODE_BATCH, to_bytes
+from agents.techniques.phase_disaggregation.kinds import kind_for
+from agents.techniques.phase_disaggregation.phases import MAX_DECODE_BATCH, to_bytes
 from agents.protocol import (
     MAX_CONTROL_FRAME,
-    DecodeTokens,
-    EncodeTiles,
     ErrorReply,
     LoadShard,
     PeerSpec,
-    PrefillPrompt,
-    PromptPrefilled,
     SamplingSpec,
-    TilesEncoded,
     TimelineEvent,
     TokenEvent,
+)
+from agents.techniques.phase_disaggregation.messages import (
+    DecodeTokens,
+    EncodeTiles,
+    PrefillPrompt,
+    PromptPrefilled,
+    TilesEncoded,
     TokensDecoded,
 )
 from core.devices.agent_link import refusal

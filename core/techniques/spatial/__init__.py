@@ -1,6 +1,6 @@
 """CNN spatial partitioning (EdgeMI): each convolution layer's map cut into vertical strips.
 
-A CNN (VGG16, a ResNet-style net; ``agents.spatial``) runs on several devices at once: the
+A CNN (VGG16, a ResNet-style net; ``agents.techniques.spatial.network``) runs on several devices at once: the
 gateway scatters each device its strip with halo columns, the devices compute it through one
 layer or a fused group of layers, the gateway gathers and runs the fully connected head.
 Parts: ``problem`` (problem, plan, time model fit), ``cost`` (the one cost model),
@@ -10,7 +10,7 @@ Parts: ``problem`` (problem, plan, time model fit), ``cost`` (the one cost model
 
 from __future__ import annotations
 
-from agents.spatial import STAGE_KIND
+from agents.techniques.spatial.network import STAGE_KIND
 from core.models.units import ModelSpec
 from core.techniques import Technique, cli_of
 from core.techniques.spatial.cost import evaluate

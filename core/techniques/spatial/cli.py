@@ -286,7 +286,7 @@ def _profile(args) -> int:
     if args.agents is None:
         if args.problem or args.out:
             raise EdgeShardError("--problem and --out need --agents (the devices to profile)")
-        from agents.spatial import layer_timing_samples
+        from agents.techniques.spatial.network import layer_timing_samples
 
         fits = {"this machine": fit_layer_time_model(layer_timing_samples(threads=args.threads))}
     else:

@@ -1,7 +1,7 @@
 """Spatial partitioning's one cost model: per image, each group is scatter → compute → gather.
 
 For a group of layers and a device's output strip [lo, hi): it receives its input strip with
-halo (agents.spatial.group_input_ranges, the agent's own geometry) from the gateway, runs each
+halo (agents.techniques.spatial.network.group_input_ranges, the agent's own geometry) from the gateway, runs each
 layer over the columns the next one reads (a·FLOPs + b per layer), and sends its strip back;
 the gateway's own strip moves nothing. Links to the gateway are parallel (the paper's D/B per
 send and receive), so a group takes its slowest device's time plus the gateway's own per-tile
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from agents.spatial import CnnSpec, Layer, group_input_ranges, strip_bounds
+from agents.techniques.spatial.network import CnnSpec, Layer, group_input_ranges, strip_bounds
 from core.techniques.spatial.problem import SpatialDevice, SpatialPlan, SpatialProblem, check
 
 

@@ -19,7 +19,7 @@ import math
 
 from collections.abc import Callable, Sequence
 
-from agents.spatial import CnnSpec, Layer
+from agents.techniques.spatial.network import CnnSpec, Layer
 from core.techniques.spatial.cost import evaluate, group_times, tile_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
 

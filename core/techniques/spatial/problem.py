@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from agents.spatial import NETWORKS, CnnSpec, Layer, layer_features
+from agents.techniques.spatial.network import NETWORKS, CnnSpec, Layer, layer_features
 from core.errors import EdgeShardError
 from core.formats import register_format
 
@@ -120,7 +120,7 @@ class SpatialDevice(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CnnRef(msgspec.Struct, frozen=True, kw_only=True):
-    """Which network: one of ``agents.spatial.NETWORKS``, its input size and channel divisor."""
+    """Which network: one of ``agents.techniques.spatial.network.NETWORKS``, its input size and channel divisor."""
 
     network: Literal["vgg16", "resnet-style"] = "vgg16"
     image: int = 224

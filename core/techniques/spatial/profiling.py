@@ -144,7 +144,7 @@ def measure_strip_links(link, devices: Sequence[str], *, repeats: int = 5,
 
     import numpy as np
 
-    from agents.protocol import ComputeStrip, SpatialNet, StripComputed
+    from agents.techniques.spatial.messages import ComputeStrip, SpatialNet, StripComputed
 
     net = SpatialNet(network="vgg16", image=64, width_div=4, classes=10)  # layer 2: pool of 16 ch × 64²
     out = {}

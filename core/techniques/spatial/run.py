@@ -6,7 +6,7 @@ seed, the tiles, each device's columns, every device's data address and key; wor
 then the coordinator only hands the gateway each image (``ClassifyImage``) and receives the
 class scores (``ImageClassified``). The gateway agent cuts each worker's strip with its halo and
 pushes it to that worker's data socket; workers push their output columns back; the gateway
-concatenates, goes on to the next tile and runs the FC head (``agents.spatial_run``). Strips
+concatenates, goes on to the next tile and runs the FC head (``agents.techniques.spatial.session``). Strips
 never pass through this process or the control channel, and the agents' emulated links
 (``--link-mbit``) shape them. Each strip's times come back with the scores and become the
 shared ``TimelineEvent``s (scatter = ``recv_wait``, ``compute``, gather = ``send``, on each
@@ -25,10 +25,8 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from agents.protocol import (
-    MAX_CONTROL_FRAME, ClassifyImage, ErrorReply, ImageClassified, PeerSpec, SpatialNet, SpatialSetup, StopRun,
-    StripTimes, TimelineEvent, TokenEvent,
-)
+from agents.protocol import MAX_CONTROL_FRAME, ErrorReply, PeerSpec, StopRun, TimelineEvent, TokenEvent
+from agents.techniques.spatial.messages import ClassifyImage, ImageClassified, SpatialNet, SpatialSetup, StripTimes
 from core.devices.agent_link import holder_heard_between_polls, refusal
 from core.errors import AgentBusy, RunFailed
 from core.reporting import Reporter
@@ -275,7 +273,7 @@ def run_and_record(link, problem: SpatialProblem, plan: SpatialPlan, images, *, 
     ``workspace`` when given. A failure is recorded, then raised."""
     import torch
 
-    from agents.spatial import build_network
+    from agents.techniques.spatial.network import build_network
 
     ref = build_network(problem.model.spec(), seed=seed).forward(images)
     events: list[TimelineEvent] = []

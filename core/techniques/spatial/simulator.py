@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from agents.protocol import TimelineEvent, TokenEvent
-from agents.spatial import strip_bounds
+from agents.techniques.spatial.network import strip_bounds
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques.spatial.cost import group_times, head_seconds, tile_seconds
 from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check

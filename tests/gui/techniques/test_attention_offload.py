@@ -75,7 +75,7 @@ def test_run_on_agents_says_why_it_cannot_start_until_agents_and_a_checkpoint_ar
 
 def test_run_on_agents_puts_the_split_of_the_connected_agents_in_the_state_and_asks_the_screen_to_run(
         qtbot, tiny_llama_dir):
-    from agents.attention_offload import DENSE_KIND
+    from agents.techniques.attention_offload.heads import DENSE_KIND
 
     state = StudioState()
     screen = PlanScreen(state)

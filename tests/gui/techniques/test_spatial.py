@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.spatial import vgg16
+from agents.techniques.spatial.network import vgg16
 from core.formats import save
 from core.techniques.spatial.partition import fused_plan
 from core.techniques.spatial.scenarios import paper_shaped

@@ -8,7 +8,8 @@ import pytest
 import torch
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
-from agents.attention_offload import DenseAgentExecutor, HeadShape, mask_mode, next_mask, resolve_mask
+from agents.techniques.attention_offload.data_plane import DenseAgentExecutor, mask_mode, next_mask, resolve_mask
+from agents.techniques.attention_offload.heads import HeadShape
 from agents.local_pipeline import generate_partitioned
 from agents.protocol import SamplingSpec
 from agents.sampling import SamplingParams
@@ -152,14 +153,15 @@ def test_a_memory_agent_killed_mid_decode_fails_fast_naming_it_and_the_survivors
 
 
 def test_attend_frames_without_their_spec_and_masks_that_refer_to_nothing_are_refused():
-    from agents.protocol import AttendSpec, DataHeader, ProtocolError, decode_data, encode_data_header
+    from agents.protocol import DataHeader, ProtocolError, decode_data, encode_data_header, options_slot
+    from agents.techniques.attention_offload.messages import AttendSpec
     from agents.stage_input import StageInputError
 
     bare = DataHeader(run_id="r", kind="attend", phase="decode", step=1, micro_batch=0, sender="x", tensors=())
-    with pytest.raises(ProtocolError, match="attend spec"):
+    with pytest.raises(ProtocolError, match="attend frames carry AttendSpec options"):
         decode_data([encode_data_header(bare)], 1 << 20)
     bad = DataHeader(run_id="r", kind="attended", phase="decode", step=1, micro_batch=0, sender="x", tensors=(),
-                     attend=AttendSpec(layer=0, kv_start=2, kv_stop=1))
+                     options=options_slot(AttendSpec(layer=0, kv_start=2, kv_stop=1)))
     with pytest.raises(ProtocolError, match="kv_start"):
         decode_data([encode_data_header(bad)], 1 << 20)
     with pytest.raises(StageInputError, match="never got"):

@@ -38,7 +38,7 @@ def test_the_link_carries_two_query_and_two_kv_heads_per_token_and_layer_whateve
 
 
 def test_the_core_wire_size_is_what_the_agents_hand_over(tiny_llama_dir):
-    from agents.attention_offload import HeadShape
+    from agents.techniques.attention_offload.heads import HeadShape
 
     shape = HeadShape.of(tiny_llama_dir)
     model = OffloadModel(name="tiny", layers=shape.layers, hidden=64, q_heads=shape.q_heads, kv_heads=shape.kv_heads,
@@ -165,7 +165,7 @@ def test_a_problem_nothing_fits_fails_the_strategies_with_what_to_do():
 
 
 def test_the_technique_is_registered_with_both_stage_kinds_the_agents_use():
-    from agents import attention_offload
+    from agents.techniques.attention_offload import heads as attention_offload
 
     t = technique_named("attention-offload")
     assert t.stage_kinds == (DENSE_KIND, MEMORY_KIND) == (attention_offload.DENSE_KIND, attention_offload.MEMORY_KIND)

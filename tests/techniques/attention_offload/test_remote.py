@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.attention_offload import DenseExecutor, HeadShape, split_heads
+from agents.techniques.attention_offload.heads import DenseExecutor, HeadShape, split_heads
 from agents.local_pipeline import generate_partitioned
-from agents.protocol import AttendHeads, Ping, Pong, ProtocolError, decode_control, encode_control
+from agents.protocol import Ping, Pong, ProtocolError, decode_control, encode_control
+from agents.techniques.attention_offload.messages import AttendHeads
 from agents.sampling import SamplingParams
 from core.devices.agent_link import AgentLink
 from core.devices.local_cluster import LocalCluster

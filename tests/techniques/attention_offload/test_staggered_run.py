@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
-from agents.attention_offload import HeadShape
+from agents.techniques.attention_offload.heads import HeadShape
 from agents.protocol import SamplingSpec
-from agents.schedule import staggered_slices
+from agents.techniques.attention_offload.schedule import staggered_slices
 from core.errors import RunFailed
 from core.runs.generation import load_tokenizer
 from core.runs.coordinator import RunRequest
@@ -149,7 +149,7 @@ def test_a_compute_agent_whose_budget_cannot_hold_the_dense_part_is_refused_with
 
 def test_an_emulated_slower_compute_agent_slows_its_dense_segments_itself_with_unchanged_tokens(tiny_llama_dir):
     from agents.agent import Agent
-    from agents.attention_offload import DenseAgentExecutor
+    from agents.techniques.attention_offload.data_plane import DenseAgentExecutor
     from agents.emulation import DeviceEmulation
     from agents.transport import CurveKeys
     from core.runs.coordinator import AgentEndpoint, Coordinator
@@ -176,9 +176,11 @@ def test_a_memory_agents_answer_that_overtakes_the_start_is_kept_for_its_slice(c
     they are then filed under their batch and slice like any other."""
     import torch
 
-    from agents.attention_offload import DenseExecutor, HeadShape, _Covers
-    from agents.attention_offload_staggered import RunInputs, StaggeredReplica
-    from agents.protocol import AttendSpec, DataHeader, PeerSpec, ServicePeer
+    from agents.techniques.attention_offload.data_plane import _Covers
+    from agents.techniques.attention_offload.heads import DenseExecutor, HeadShape
+    from agents.techniques.attention_offload.staggered import RunInputs, StaggeredReplica
+    from agents.protocol import DataHeader, PeerSpec, options_slot
+    from agents.techniques.attention_offload.messages import AttendSpec, ServicePeer
     from agents.transport import tensor_frame
 
     _, agents = cluster
@@ -198,7 +200,7 @@ def test_a_memory_agents_answer_that_overtakes_the_start_is_kept_for_its_slice(c
                                                                                           shape.head_dim)
         spec, buf = tensor_frame(out)
         header = DataHeader(run_id="r1", kind="attended", phase="prefill", step=0, micro_batch=0, sender="m0",
-                            tensors=(spec,), attend=AttendSpec(layer=1, kv_start=0, kv_stop=1))
+                            tensors=(spec,), options=options_slot(AttendSpec(layer=1, kv_start=0, kv_stop=1)))
         replica.take(header, [memoryview(bytearray(bytes(buf)))])
         assert torch.equal(replica._inbox[(0, 1)]["out"]["m0"], out)
     finally:

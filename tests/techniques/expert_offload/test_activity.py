@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.expert_offload import ExpertOffloadExecutor
+from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
 from core.models.checkpoints import ModelRecipe, make_model
-from agents.protocol import TimelineEvent, expert_activity
+from agents.protocol import TimelineEvent
+from agents.techniques.expert_offload.activity import expert_activity
 from core.techniques.expert_offload.activity import MEASURES, ExpertActivity
 
 

@@ -23,7 +23,7 @@ def test_scenario_compare_plan_and_configure_write_the_options_an_agent_reads(tm
     options = json.loads((model_dir / "expert-offload.json").read_text())
     assert options["slots"] == 1 and options["policy"] == "lru" and options["bandwidth_bps"] == 300e6
 
-    from agents.expert_offload import ExpertOffloadExecutor
+    from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
 
     executor = ExpertOffloadExecutor(str(model_dir), 0, 6)
     executor.close()

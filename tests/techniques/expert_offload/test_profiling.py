@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from agents.expert_offload import ExpertOffloadExecutor
+from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
 from core import formats
 from core.models.checkpoints import ModelRecipe, make_model
 from core.reporting import RecordingReporter

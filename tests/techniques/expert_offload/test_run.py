@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agents.protocol import parse_expert_activity
+from agents.techniques.expert_offload.activity import parse_expert_activity
 from core import formats
 from core.errors import EdgeShardError
 from core.models.checkpoints import ModelRecipe, make_model

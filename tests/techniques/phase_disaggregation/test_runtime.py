@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.phases import to_bytes
-from agents.protocol import AgentState, EncodeTiles, SamplingSpec
+from agents.techniques.phase_disaggregation.phases import to_bytes
+from agents.protocol import AgentState, SamplingSpec
+from agents.techniques.phase_disaggregation.messages import EncodeTiles
 from core.errors import RunFailed
 from core.techniques.phase_disaggregation.runtime import (
     load_pools,

@@ -1,4 +1,4 @@
-"""The spatial map-reduce on the agents' data plane (agents.spatial_run): strips of any size
+"""The spatial map-reduce on the agents' data plane (agents.techniques.spatial.session): strips of any size
 travel gateway -> worker -> gateway outside the control channel, emulated links shape them, a
 silent worker fails its image by name, and setups that do not fit the network are refused."""
 
@@ -12,10 +12,9 @@ import pytest
 import torch
 from msgspec import structs
 
-from agents.protocol import (
-    AgentState, ClassifyImage, PeerSpec, ProtocolError, SpatialNet, SpatialSetup, decode_control, encode_control,
-)
-from agents.spatial import build_network
+from agents.protocol import AgentState, PeerSpec, ProtocolError, decode_control, encode_control
+from agents.techniques.spatial.messages import ClassifyImage, SpatialNet, SpatialSetup
+from agents.techniques.spatial.network import build_network
 from core.devices.agent_link import AgentLink
 from core.devices.local_cluster import LocalCluster
 from core.errors import RunFailed

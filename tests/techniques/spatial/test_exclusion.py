@@ -13,7 +13,8 @@ import torch
 from msgspec import structs
 
 from agents.agent import Agent
-from agents.protocol import AgentState, PeerSpec, SpatialNet, SpatialSetup, StopRun
+from agents.protocol import AgentState, PeerSpec, StopRun
+from agents.techniques.spatial.messages import SpatialNet, SpatialSetup
 from agents.transport import CurveKeys
 from core.errors import AgentBusy, RunFailed
 from core.models.checkpoints import ModelRecipe, make_model
@@ -176,9 +177,8 @@ def test_an_agent_keeps_a_spatial_runs_network_for_the_next_run_and_lets_it_go_f
     agents, _, second, _ = cluster
     problem, plan = _spatial()
     run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32))
-    kept = dict(agents[0]._spatial_nets)
-    assert len(kept) == 1
+    kept = agents[0].room("spatial")["network"]
     run_spatial(second.link, problem, plan, torch.zeros(1, 3, 32, 32))
-    assert agents[0]._spatial_nets == kept and next(iter(agents[0]._spatial_nets.values())) is next(iter(kept.values()))
+    assert agents[0].room("spatial")["network"] is kept
     second.load(_layer_plan(), tiny_llama_dir)
-    assert agents[0]._spatial_nets == {}
+    assert "network" not in agents[0].room("spatial")

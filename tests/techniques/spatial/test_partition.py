@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from core.techniques.spatial.cost import evaluate, group_times, single_device_seconds
-from agents.spatial import Layer
+from agents.techniques.spatial.network import Layer
 from core.techniques.spatial.partition import (
     bodp_widths, cbps_widths, device_count_choices, even_widths, fused_plan, min_strip_width, per_layer_plan,
     proportional, with_best_device_count, without_slivers,
@@ -158,7 +158,7 @@ def test_a_plan_breaking_the_rules_is_refused_naming_each_rule(problem):
 
 
 def _layer_samples(a, b, per_weight, per_act):
-    from agents.spatial import STRIP_SHAPES, layer_features
+    from agents.techniques.spatial.network import STRIP_SHAPES, layer_features
 
     out = []
     for layer, lo, hi in STRIP_SHAPES:
@@ -204,7 +204,7 @@ def test_a_pool_strip_is_predicted_by_the_bytes_it_reads_not_its_flops():
 def test_a_fused_strip_pays_each_inner_layers_weights_and_its_halo_columns():
     from msgspec import structs
 
-    from agents.spatial import group_input_ranges
+    from agents.techniques.spatial.network import group_input_ranges
     from core.techniques.spatial.cost import strip_time
 
     p = make_problem((4.0,), b=0.0)

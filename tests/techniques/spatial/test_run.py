@@ -8,8 +8,9 @@ import pytest
 import torch
 from msgspec import structs
 
-from agents.protocol import AgentState, ComputeStrip, SpatialNet, decode_control, encode_control, ProtocolError
-from agents.spatial import build_network
+from agents.protocol import AgentState, decode_control, encode_control, ProtocolError
+from agents.techniques.spatial.messages import ComputeStrip, SpatialNet
+from agents.techniques.spatial.network import build_network
 from core.devices.agent_link import AgentLink
 from core.devices.local_cluster import LocalCluster
 from core.errors import RunFailed

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import QPoint
 
-from agents.protocol import TimelineEvent, expert_activity
+from agents.protocol import TimelineEvent
+from agents.techniques.expert_offload.activity import expert_activity
 from core.sessions.store import SessionStore
 from core.techniques.expert_offload.activity import ExpertActivity
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap, cell_colour

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader
-from agents.protocol import expert_activity
+from agents.techniques.expert_offload.activity import expert_activity
 from agents.shard import StageExecutor
 
 STAGE_KIND = "expert-offload"

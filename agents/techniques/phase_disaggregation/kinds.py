@@ -1,4 +1,4 @@
-"""The EPD phases' stage kinds (``LoadShard.kind``), apart from ``agents.phases`` so that the
+"""The EPD phases' stage kinds (``LoadShard.kind``), apart from ``agents.techniques.phase_disaggregation.phases`` so that the
 technique registry can name them without importing torch (the studio's launch imports every
 technique; torch is needed only where a phase runs)."""
 

@@ -1,7 +1,7 @@
 """Attention offloading's staggered pipelining on agents: several compute replicas, one memory pool.
 
 Each compute replica holds the whole dense part (no KV); the run's micro-batches go slice by slice
-over them as ``agents.schedule.staggered_slices`` says (fixed: a batch stays on its replica;
+over them as ``schedule.staggered_slices`` says (fixed: a batch stays on its replica;
 rotational: consecutive slices of a batch move from replica to replica), and every replica
 performs its own slices in that order. A slice ends at an attention: its q, k, v go to the
 memory agents (``attend`` frames naming ``reply_to``: the replica of the batch's next slice),
@@ -13,7 +13,7 @@ is not needed: the memory agents already attended), so no work is done twice and
 is patched. A replica knows every batch's prompt mask, so masks, positions and rotary
 embeddings of any (batch, step) are computed where the slice runs; sampling draws from
 ``step_generator(seed, batch, step)``, a function of the position only, so it does not matter
-which replica samples. Replica 0 is the run's source stage (``StartRun.staggered``): it starts
+which replica samples. Replica 0 is the run's source stage (a ``StartRun`` whose options are a ``StaggeredSpec``): it starts
 the others (``start`` frames), runs every batch's tail (the last step's head) and reports the
 tokens; the others are held (``HoldDense``). Each slice is a ``compute`` span on its replica and
 each frame a ``send``, the same events the simulator (core.techniques.attention_offload.
@@ -32,13 +32,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agents.attention_offload import (
-    ATTEND_TIMEOUT_S, PEER_DOWN_S, DenseExecutor, MemorySideSilent, _clock_event, side_frames, _Covers,
-    _lengths_only_layer_class, lost_connection, mask_mode,
-)
 from agents.emulation import compute_began, end_emulated
-from agents.schedule import slice_replica, staggered_slices
+from agents.envelope import options_of, options_slot
 from agents.stage_input import StageInputError
+from agents.techniques.attention_offload.data_plane import (
+    ATTEND_TIMEOUT_S, PEER_DOWN_S, MemorySideSilent, _clock_event, _Covers, lost_connection, mask_mode, side_frames,
+)
+from agents.techniques.attention_offload.heads import DenseExecutor, HeadShape, _lengths_only_layer_class
+from agents.techniques.attention_offload.messages import AttendSpec
+from agents.techniques.attention_offload.schedule import slice_replica, staggered_slices
 
 
 class _Suspended(Exception):
@@ -134,7 +136,7 @@ class StaggeredReplica:
         self.order = [s for s in staggered_slices(schedule, len(self.replicas), self.n, run.steps, self.layers)
                       if s.replica == me]
         self.link = link if link is not None else agent.default_link
-        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, watch=True)
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, monitor_connections=True)
         self._inbox: dict[tuple[int, int], dict] = {}
         self._steps: dict[tuple[int, int], _StepInputs] = {}
         self.tokens: dict[int, torch.Tensor] = {}
@@ -236,7 +238,7 @@ class StaggeredReplica:
         if header.kind == "tokens":
             self._take_finished(header, bufs)
             return
-        a = header.attend
+        a = options_of(header.options)
         if not (0 <= header.micro_batch < self.n and 0 <= a.layer < self.layers and 0 <= header.step < self.run.steps):
             raise StageInputError(f"slice of micro-batch {header.micro_batch}, step {header.step}, layer {a.layer} "
                                   "is outside this run")
@@ -386,7 +388,7 @@ class StaggeredReplica:
 
     def _dispatch(self, sl, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """The slice's q, k, v to the memory agents, its residual to the next slice's replica."""
-        from agents.protocol import AttendSpec, DataHeader
+        from agents.protocol import DataHeader
         from agents.transport import data_message, tensor_frame
 
         agent, b, step = self.agent, sl.micro_batch, sl.step
@@ -406,8 +408,8 @@ class StaggeredReplica:
             specs, bufs = side_frames(side, g, query, key, value, mask, mode)
             header = DataHeader(run_id=self.run.run_id, kind="attend", phase=phase, step=step, micro_batch=b,
                                 sender=agent.device, tensors=tuple(specs), t_sent=agent.clock(),
-                                attend=AttendSpec(layer=layer, kv_start=side.start, kv_stop=side.stop,
-                                                  scaling=float(scaling), mask=mode, reply_to=nxt.device))
+                                options=options_slot(AttendSpec(layer=layer, kv_start=side.start, kv_stop=side.stop,
+                                                  scaling=float(scaling), mask=mode, reply_to=nxt.device)))
             frames = data_message(header, list(bufs))
             self._send(side, frames, sum(s.nbytes() for s in specs) + len(frames[0]), step, b)
         residual = hidden.detach().to(torch.float32).contiguous()
@@ -417,7 +419,7 @@ class StaggeredReplica:
         specs, bufs = zip(*(tensor_frame(t) for t in (residual, tokens.contiguous())))
         header = DataHeader(run_id=self.run.run_id, kind="residual", phase=phase, step=step, micro_batch=b,
                             sender=agent.device, tensors=tuple(specs), t_sent=agent.clock(),
-                            attend=AttendSpec(layer=layer, kv_start=0, kv_stop=self.shape.kv_heads))
+                            options=options_slot(AttendSpec(layer=layer, kv_start=0, kv_stop=self.shape.kv_heads)))
         frames = data_message(header, list(bufs))
         self._send(nxt, frames, sum(s.nbytes() for s in specs) + len(frames[0]), step, b)
 
@@ -444,17 +446,18 @@ def run_inputs(run_id: str, msg) -> RunInputs:
 
 
 def run_source(agent, loaded, msg, stop) -> tuple[tuple[int, ...], ...]:
-    """Replica 0 (the run's source stage, ``StartRun.staggered``): start the others, perform its
+    """Replica 0 (the run's source stage, ``StartRun.options``: a ``StaggeredSpec``): start the others, perform its
     slices (every tail among them), return the run's tokens."""
     executor = getattr(loaded.executor, "_executor", loaded.executor)  # an emulation wrapper's own
     if not isinstance(executor, DenseExecutor):
         raise StageInputError("a staggered run needs an attention-offload-dense stage loaded")
-    spec = msg.staggered
+    spec = options_of(msg.options)
+    services = options_of(loaded.msg.options).services
     if not spec.replicas or spec.replicas[0].device != agent.device:
         raise StageInputError(f"replica 0 of a staggered run is its source, {agent.device}")
-    agent.gate_data([s.public_key for s in loaded.msg.services] + [p.public_key for p in spec.replicas[1:]])
+    agent.gate_data([s.public_key for s in services] + [p.public_key for p in spec.replicas[1:]])
     replica = StaggeredReplica(agent, executor, me=0, schedule=spec.schedule, replicas=spec.replicas,
-                               services=loaded.msg.services, run=run_inputs(msg.run_id, msg), stop=stop,
+                               services=services, run=run_inputs(msg.run_id, msg), stop=stop,
                                link=loaded.link)
     try:
         replica.start_others()
@@ -523,6 +526,4 @@ class HeldReplica:
 
 
 def _units(model_dir: str) -> int:
-    from agents.attention_offload import HeadShape
-
     return HeadShape.of(model_dir).layers + 2

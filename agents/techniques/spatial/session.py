@@ -24,16 +24,11 @@ import time
 
 import torch
 
-from agents.protocol import (
-    ClassifyImage,
-    DataHeader,
-    ErrorReply,
-    ImageClassified,
-    SpatialSetup,
-    StripTimes,
-)
 from agents.emulation import emulated
-from agents.spatial import group_input_ranges, strip_bounds
+from agents.envelope import options_of, options_slot
+from agents.protocol import DataHeader, ErrorReply
+from agents.techniques.spatial.messages import ClassifyImage, ImageClassified, SpatialSetup, StripRelay, StripTimes
+from agents.techniques.spatial.network import group_input_ranges, strip_bounds
 from agents.transport import (
     LinkSender,
     PeerSenders,
@@ -71,7 +66,7 @@ class SpatialSession:
         self.msg = msg
         self.stop = stop
         self.clock = agent.clock
-        self.net = agent.spatial_network(msg.net)
+        self.net = spatial_network(agent, msg.net)
         problem = plan_problem(self.net, msg)
         if problem:
             raise ValueError(problem)
@@ -96,7 +91,8 @@ class SpatialSession:
     def _send(self, device: str, image: int, group: int, x: torch.Tensor, times: tuple[float, ...] = ()) -> int:
         spec, buf = tensor_frame(x)
         header = DataHeader(run_id=self.msg.run_id, kind="strip", phase="prefill", step=image, micro_batch=group,
-                            sender=self.agent.device, tensors=(spec,), t_sent=self.clock(), times=times)
+                            sender=self.agent.device, tensors=(spec,), t_sent=self.clock(),
+                            options=options_slot(StripRelay(times=times)) if times else options_slot(None))
         nbytes = spec.nbytes()
         self._sender(device).send(data_message(header, [buf]), nbytes, None, self.stop)
         return nbytes
@@ -232,7 +228,7 @@ class SpatialSession:
                     continue
                 scattered, in_bytes = pending.pop(header.sender)
                 parts[header.sender] = y.clone()
-                received, t_start, t_end = header.times
+                received, t_start, t_end = _relayed(header)
                 strips.append(StripTimes(device=header.sender, group=g, scattered=scattered, received=received,
                                          start=t_start, end=t_end, gathered=arrived, in_bytes=in_bytes,
                                          out_bytes=y.numel() * 4))
@@ -250,7 +246,7 @@ class SpatialSession:
             return "not a worker this tile waits for"
         if header.step != image or header.micro_batch != g:
             return f"image {header.step} tile {header.micro_batch}, expected image {image} tile {g}"
-        if len(header.times) != 3:
+        if len(_relayed(header)) != 3:
             return "a strip's result carries (received, compute start, compute end)"
         lo, hi = self.bounds[g][header.sender]
         last = self.net.spec.layers[self.msg.groups[g][1] - 1]
@@ -258,3 +254,27 @@ class SpatialSession:
         if tuple(y.shape) != want:
             return f"tile {g} returns shape {list(want)}, got {list(y.shape)}"
         return ""
+
+
+def _relayed(header: DataHeader) -> tuple[float, ...]:
+    """The times a strip's result relays (``StripRelay``); none for a strip sent to a worker."""
+    relay = options_of(header.options)
+    return relay.times if relay is not None else ()
+
+
+def spatial_network(agent, net):
+    """The generated network a spatial request names (``SpatialNet``), kept on the agent while requests
+    name it (one at a time: a new one replaces it): a spatial run after another of the same network
+    neither regenerates its weights nor pays fresh weights' first calls (a new VGG16 96²/2's first
+    strip took 1.5–2× the next ones, ×3 on a 3× emulated device)."""
+    import msgspec
+
+    from agents.techniques.spatial import network
+
+    state = agent.room("spatial")
+    key = msgspec.structs.astuple(net)
+    kept = state.get("network")
+    if kept is None or kept[0] != key:
+        kept = (key, network.network_for(net.network, net.image, net.width_div, net.classes, net.seed))
+        state["network"] = kept  # one network at a time: the memory of the last one goes
+    return kept[1]

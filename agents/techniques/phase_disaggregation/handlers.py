@@ -1,0 +1,110 @@
+"""How an agent serves EPD's phase requests: the loaded phase executor answers them, a decode starts
+a continuous batch that later requests join between steps; and its stage kinds."""
+
+from __future__ import annotations
+
+from agents.protocol import AgentState, ErrorReply
+from agents.registry import Handler
+from agents.techniques.phase_disaggregation.kinds import COUPLED_KINDS, KINDS
+from agents.techniques.phase_disaggregation.messages import PHASE_REQUESTS, DecodeTokens
+
+ROOM = "phase-disaggregation"
+"""This technique's state on an agent (``Agent.room``): the loaded stage's ``links`` (its data plane)."""
+
+
+def _batches(msg) -> bool:
+    """A decode request that joins a continuous batch (one copy: profiling's copies run alone)."""
+    return isinstance(msg, DecodeTokens) and msg.copies == 1
+
+
+def close_links(agent) -> None:
+    """The loaded stage's data plane goes with the stage."""
+    links = agent.room(ROOM).pop("links", None)
+    if links is not None:
+        links[1].close()
+
+
+def _links_of(agent, loaded):
+    """The stage's ``links.PhaseLinks``, made at its first phase request."""
+    state = agent.room(ROOM)
+    if state.get("links") is None or state["links"][0] is not loaded:
+        from agents.techniques.phase_disaggregation.links import PhaseLinks
+
+        close_links(agent)
+        state["links"] = (loaded, PhaseLinks(agent, loaded.msg.peers))
+    return state["links"][1]
+
+
+def serve_phase(agent, msg):
+    """The loaded phase executor serves the request; a request it cannot serve (wrong phase, bad
+    shapes) is refused by name and the agent stays ready. Compute is slowed like a stage's on an
+    emulated device."""
+    loaded = agent.loaded_stage
+    serve = getattr(loaded.executor, "serve", None) if loaded is not None else None
+    if serve is None:
+        return ErrorReply(req=msg.req, code="bad_state",
+                          message=f"this agent's stage ({loaded.msg.kind if loaded else 'none'}) serves no phase "
+                                  f"requests: load an epd-* stage")
+    try:
+        return serve(msg, clock=agent.clock, slowdown=agent.emulation.compute_slowdown, links=_links_of(agent, loaded))
+    except ValueError as err:  # phases.PhaseRequestError and the checkpoint's own checks
+        return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
+
+
+def serve_phases(agent, msg, stop) -> None:
+    """A phase request; a decode starts a continuous batch (``phases.DecodeBatch``): until it is
+    empty, decodes that come join it between steps and other phase requests (an aggregated agent's
+    encode and prefill) are served between steps too, before the next one (prefill first). Other
+    work waits, in order, until the batch is done (``Agent.next_queued``)."""
+    from agents.techniques.phase_disaggregation.phases import DecodeBatch
+
+    loaded = agent.loaded_stage
+    executor = loaded.executor if loaded is not None else None
+    make = getattr(executor, "decode_batch", None)
+    batch = make(answer=lambda m, reply: _answer(agent, m, reply), clock=agent.clock,
+                 slowdown=agent.emulation.compute_slowdown,
+                 links=_links_of(agent, loaded)) if make is not None and _batches(msg) else None
+    if not isinstance(batch, DecodeBatch):
+        agent.post(serve_phase(agent, msg))
+        return
+    batch.add(msg)
+    while batch:
+        while (queued := agent.next_queued(lambda m: isinstance(m, PHASE_REQUESTS))) is not None:
+            request, identity = queued
+            if _batches(request):
+                batch.add(request)
+            else:
+                agent.post(serve_phase(agent, request), to=identity)
+        batch.step()
+
+
+def _answer(agent, msg, reply) -> None:
+    if isinstance(reply, Exception):
+        reply = ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {reply}")
+    agent.post(reply)
+
+
+def admit_phase(agent, msg):
+    if agent.state is not AgentState.READY:
+        return "bad_state", f"cannot serve {msg.type_name()} while {agent.state}: load an epd-* stage first"
+    return None
+
+
+def _phase_executor(name: str):
+    def factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+        from agents.techniques.phase_disaggregation import phases
+
+        return getattr(phases, f"{name}_executor")(model_dir, start, end, dtype=dtype, threads=threads,
+                                                   progress=progress)
+
+    factory.__doc__ = f"EPD (phases): the {name} phase(s) of a Llava checkpoint, served by phase requests."
+    return factory
+
+
+EXECUTORS = {
+    **{kind: _phase_executor(phase) for phase, kind in KINDS.items()},
+    COUPLED_KINDS[("encode", "prefill")]: _phase_executor("encode_prefill"),
+    COUPLED_KINDS[("encode", "prefill", "decode")]: _phase_executor("aggregated"),
+}
+
+HANDLERS = tuple(Handler(t, serve=serve_phases, admit=admit_phase) for t in PHASE_REQUESTS)
