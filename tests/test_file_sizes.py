@@ -13,7 +13,8 @@ def _lines(path: Path) -> int:
 
 
 def test_no_source_file_in_agents_core_or_gui_is_over_600_lines():
-    over = sorted((n, p.relative_to(ROOT).as_posix()) for package in ("agents", "core", "gui")
-                  for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts
-                  and (n := _lines(p)) > LIMIT)
+    sources = [p for package in ("agents", "core", "gui") for p in (ROOT / package).rglob("*.py")
+               if "__pycache__" not in p.parts]
+    assert len(sources) > 150  # the three floors were read, not an empty folder
+    over = sorted((n, p.relative_to(ROOT).as_posix()) for p in sources if (n := _lines(p)) > LIMIT)
     assert not over, f"split along their seams (limit {LIMIT} lines): " + ", ".join(f"{p} ({n})" for n, p in over)
