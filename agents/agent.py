@@ -310,6 +310,21 @@ class Agent(ControlPlane, LeaseRules):
     def loaded_stage(self) -> Loaded | None:
         return self._loaded
 
+    @property
+    def run_stop(self) -> threading.Event:
+        """Set when the current run (or held session) is to end."""
+        return self._stop_run
+
+    @property
+    def data_socket(self) -> zmq.Socket:
+        """The data PULL socket, for a room that receives raw frames itself (``receive_data`` decodes)."""
+        return self._data
+
+    @property
+    def event_run_id(self) -> str:
+        """The run the events recorded now belong to (``set_event_meta``)."""
+        return self._event_meta[0]
+
     def room(self, name: str) -> dict:
         """A technique's own state on this agent (its kept network, its stores, its links)."""
         return self._rooms.setdefault(name, {})

@@ -141,7 +141,7 @@ def test_an_emulated_slowdown_stretches_the_dense_segments_not_the_waits_for_the
         emulation = DeviceEmulation(compute_slowdown=3.0)
         clock = staticmethod(compute_clock.perf_counter)
 
-        def _event(self, kind, phase, step, group, start, end, nbytes, peer):
+        def event(self, kind, phase, step, group, start, end, nbytes, peer):
             events.append((kind, round(end - start, 6)))
 
     router = ao.DataPlaneRouter.__new__(ao.DataPlaneRouter)  # its timing only: no sockets
@@ -164,7 +164,7 @@ def test_a_dense_segment_that_waited_for_a_core_ends_three_times_its_cpu_time_af
     from agents.emulation import DeviceEmulation
 
     agent = types.SimpleNamespace(emulation=DeviceEmulation(compute_slowdown=3.0), clock=compute_clock.perf_counter,
-                                  _event=lambda *a: None)
+                                  event=lambda *a: None)
     router = ao.DataPlaneRouter.__new__(ao.DataPlaneRouter)  # its timing only: no sockets
     router.agent, router.step, router.group = agent, 1, 0
     router._open_segment()

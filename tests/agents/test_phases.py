@@ -145,12 +145,12 @@ class _AgentSide:
 
         self.device, self.clock, self.lines = device, time.time, []
         self.context = zmq.Context.instance()
-        self._data = self.context.socket(zmq.PULL)
-        self._data.rcvtimeo = 50
-        self.port = self._data.bind_to_random_port("tcp://127.0.0.1")
+        self.data_socket = self.context.socket(zmq.PULL)
+        self.data_socket.rcvtimeo = 50
+        self.port = self.data_socket.bind_to_random_port("tcp://127.0.0.1")
         self.keys, self.default_link = None, None
 
-    def _log(self, line):
+    def log(self, line):
         self.lines.append(line)
 
 
@@ -168,7 +168,7 @@ def test_pieces_that_never_arrive_fail_the_request_naming_them():
     links = PhaseLinks(agent, _peers(agent))
     with pytest.raises(PhaseRequestError, match=r"mm pieces \[0, 1\] of request 7 did not arrive"):
         links.take("mm", 7, (0, 1), timeout_s=0.2)
-    agent._data.close(linger=0)
+    agent.data_socket.close(linger=0)
 
 
 def test_a_piece_from_a_device_outside_the_pools_is_dropped_and_logged():
@@ -190,7 +190,7 @@ def test_a_piece_from_a_device_outside_the_pools_is_dropped_and_logged():
     got = links.take("mm", 7, (0,), timeout_s=5.0)
     assert tuple(got[0][0].shape) == (2, 4) and any("stranger" in line for line in agent.lines)
     push.close(linger=0)
-    agent._data.close(linger=0)
+    agent.data_socket.close(linger=0)
 
 
 def test_data_plane_phase_messages_must_not_also_carry_the_bytes():

@@ -94,7 +94,7 @@ def side_frames(side, group: int, query, key, value, mask, mode: str):
 
 def _clock_event(agent, kind: str, step: int, group: int, start: float, end: float, nbytes: int = 0,
                  peer: str = "") -> None:
-    agent._event(kind, "prefill" if step == 0 else "decode", step, group, start, end, nbytes, peer)
+    agent.event(kind, "prefill" if step == 0 else "decode", step, group, start, end, nbytes, peer)
 
 
 class DataPlaneRouter:
@@ -159,10 +159,10 @@ class DataPlaneRouter:
         if mask is not None:
             self._last_mask[group] = mask
         g = self.shape.group
-        stop = agent._stop_run
+        stop = agent.run_stop
         for side in self.sides:
             specs, bufs = side_frames(side, g, query, key, value, mask, mode)
-            header = DataHeader(run_id=agent._run_id, kind="attend", phase="prefill" if step == 0 else "decode",
+            header = DataHeader(run_id=agent.run_id, kind="attend", phase="prefill" if step == 0 else "decode",
                                 step=step, micro_batch=group, sender=agent.device, tensors=tuple(specs),
                                 t_sent=agent.clock(),
                                 options=options_slot(AttendSpec(layer=layer, kv_start=side.start, kv_stop=side.stop,
@@ -193,14 +193,14 @@ class DataPlaneRouter:
         outs: dict[str, torch.Tensor] = {}
         deadline = time.monotonic() + self.timeout_s
         while pending:
-            if agent._stop_run.is_set():
+            if agent.run_stop.is_set():
                 raise RunAborted()
             if time.monotonic() > deadline:
                 raise MemorySideSilent(f"memory agent {', '.join(sorted(pending))} did not answer layer {layer} "
                                        f"of micro-batch {group} within {self.timeout_s:g} s (is it up, its link working?)")
             # not Agent.receive_data: the header frame's own bytes are counted below (wire_bytes)
             try:
-                frames = agent._data.recv_multipart(copy=False)
+                frames = agent.data_socket.recv_multipart(copy=False)
             except zmq.Again:
                 down = [d for d in self._senders.silent(PEER_DOWN_S) if d in pending]
                 if down:
@@ -209,18 +209,18 @@ class DataPlaneRouter:
             try:
                 header, bufs = decode_data(frames, 1 << 30)
             except ProtocolError as err:
-                agent._log(f"dropped data message: {err.code}: {err}")
+                agent.log(f"dropped data message: {err.code}: {err}")
                 continue
             side = pending.get(header.sender)
             a = options_of(header.options)
-            if header.kind != "attended" or side is None or header.run_id != agent._run_id \
+            if header.kind != "attended" or side is None or header.run_id != agent.run_id \
                     or header.micro_batch != group or header.step != self.step or a.layer != layer:
-                agent._log(f"dropped {header.kind} frame from {header.sender!r} (not the answer awaited)")
+                agent.log(f"dropped {header.kind} frame from {header.sender!r} (not the answer awaited)")
                 continue
             want = (batch, q_len, (side.stop - side.start) * g, d)
             if len(header.tensors) != 1 or header.tensors[0].dtype != "float32" \
                     or tuple(header.tensors[0].shape) != want:
-                agent._log(f"dropped attention output from {header.sender!r}: expected float32 {list(want)}")
+                agent.log(f"dropped attention output from {header.sender!r}: expected float32 {list(want)}")
                 continue
             self.wire_bytes += header.tensors[0].nbytes()
             self.header_bytes += len(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
@@ -340,7 +340,7 @@ class HeadsService:
             try:
                 self._answer(header, bufs, received)
             except StageInputError as err:
-                agent._log(f"dropped attend frame from {header.sender!r}: {err}")
+                agent.log(f"dropped attend frame from {header.sender!r}: {err}")
         raise RunAborted()
 
     def _answer(self, header, bufs, received: float) -> None:
@@ -359,8 +359,8 @@ class HeadsService:
             raise StageInputError(f"an attend frame with mask {a.mask!r} holds float32 q, k, v"
                                   f"{' and a uint8 mask' if want == 4 else ''}")
         q, k, v = (tensor_from_frame(s, b) for s, b in zip(header.tensors[:3], bufs[:3]))
-        if self.agent._event_meta[0] != header.run_id:  # the run the dense agent's frames belong to
-            self.agent._event_meta = (header.run_id, 0)
+        if self.agent.event_run_id != header.run_id:  # the run the dense agent's frames belong to
+            self.agent.set_event_meta(header.run_id, 0)
         key = header.micro_batch  # a batch's masks are one sequence, whichever replica sends its slices
         sent = tensor_from_frame(header.tensors[3], bufs[3]).bool() if want == 4 else None
         mask = resolve_mask(self._masks.get(key), a.mask, sent)

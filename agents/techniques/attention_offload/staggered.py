@@ -215,7 +215,7 @@ class StaggeredReplica:
             try:
                 self.take(header, bufs)
             except StageInputError as err:
-                self.agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
+                self.agent.log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
         return self._inbox.pop(key)
 
     def _check_memory_agents(self, group: int, index: int) -> None:
@@ -381,7 +381,7 @@ class StaggeredReplica:
     def _report(self, group: int, step: int, drawn: torch.Tensor) -> None:
         from agents.protocol import TokensProduced
 
-        self.agent._post(TokensProduced(run_id=self.run.run_id, micro_batch=group, step=step,
+        self.agent.post(TokensProduced(run_id=self.run.run_id, micro_batch=group, step=step,
                                         sequence_ids=tuple(self.run.micro_batches[group]),
                                         token_ids=tuple(int(t) for t in drawn.tolist()), t=self.agent.clock()),
                          wake=False)
@@ -498,7 +498,7 @@ class HeldReplica:
                 continue
             header, bufs, _ = received
             if header.kind == "start" and header.sender == msg.staggered.replicas[0].device:
-                agent._event_meta = (header.run_id, 0)
+                agent.set_event_meta(header.run_id, 0)
                 self.replica = StaggeredReplica(agent, self.executor, me=msg.replica,
                                                 schedule=msg.staggered.schedule, replicas=msg.staggered.replicas,
                                                 services=msg.services, run=run_inputs(header.run_id, msg),
@@ -511,13 +511,13 @@ class HeldReplica:
                 try:
                     self.replica.take(header, bufs)
                 except StageInputError as err:
-                    agent._log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
+                    agent.log(f"dropped {header.kind} frame from {header.sender!r}: {err}")
             self.replica.perform()
         except Exception as err:  # the run's own id: the coordinator ends the run naming this replica
             if not isinstance(err, RunAborted):
                 from agents.protocol import RunError
 
-                agent._post(RunError(run_id=self.replica.run.run_id, device=agent.device,
+                agent.post(RunError(run_id=self.replica.run.run_id, device=agent.device,
                                      message=f"{type(err).__name__}: {err}"))
             raise
         while not self.stop.is_set():

@@ -95,7 +95,7 @@ class PhaseLinks:
         from agents.protocol import ProtocolError, decode_data
         from agents.transport import tensor_from_frame
 
-        sock = self.agent._data
+        sock = self.agent.data_socket
         try:
             if timeout_ms is not None and not sock.poll(timeout_ms):
                 return False
@@ -106,15 +106,15 @@ class PhaseLinks:
         try:
             header, bufs = decode_data(frames, MAX_HELD_BYTES)
         except ProtocolError as err:
-            self.agent._log(f"dropped data message: {err.code}: {err}")
+            self.agent.log(f"dropped data message: {err.code}: {err}")
             return True
         key = (header.kind, header.step, header.micro_batch)
         if header.run_id != "epd" or header.kind not in ("mm", "kv") or header.sender not in self.peers \
                 or len(header.tensors) != 1 or header.tensors[0].dtype != "float32" or key in self.held:
-            self.agent._log(f"dropped a data message from {header.sender!r}: not an expected EPD piece")
+            self.agent.log(f"dropped a data message from {header.sender!r}: not an expected EPD piece")
             return True
         if header.tensors[0].nbytes() + self.held_bytes > MAX_HELD_BYTES:
-            self.agent._log(f"dropped {header.kind} piece of request {header.step}: the store is full")
+            self.agent.log(f"dropped {header.kind} piece of request {header.step}: the store is full")
             return True
         self._hold(key, tensor_from_frame(header.tensors[0], bufs[0]).clone(), got)
         return True

@@ -141,7 +141,7 @@ class SpatialSession:
             header, x, received = self._receive(float("inf"))
             problem = self._worker_frame_problem(header, x)
             if problem:
-                self.agent._log(f"dropped strip from {header.sender!r}: {problem}")
+                self.agent.log(f"dropped strip from {header.sender!r}: {problem}")
                 continue
             # Connected (at the first strip) before computing it: the Curve handshake to the gateway
             # runs beside the compute instead of delaying the first image's gather (~30 ms measured).
@@ -185,7 +185,7 @@ class SpatialSession:
                 reply = ErrorReply(req=req.req, code="failed", message=str(err))
             except ValueError as err:
                 reply = ErrorReply(req=req.req, code="bad_message", message=str(err))
-            self.agent._post(reply)
+            self.agent.post(reply)
         raise RunAborted()
 
     def _classify(self, req: ClassifyImage) -> ImageClassified:
@@ -224,7 +224,7 @@ class SpatialSession:
                 header, y, arrived = got
                 problem = self._gateway_frame_problem(header, y, image, g, pending)
                 if problem:
-                    self.agent._log(f"dropped strip from {header.sender!r}: {problem}")
+                    self.agent.log(f"dropped strip from {header.sender!r}: {problem}")
                     continue
                 scattered, in_bytes = pending.pop(header.sender)
                 parts[header.sender] = y.clone()
