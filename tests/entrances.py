@@ -48,3 +48,22 @@ def unreachable_agents_file(folder, devices) -> str:
                                 "agents": [{"device": d, "control_address": f"tcp://127.0.0.1:{1 + i}",
                                             "public_key": public} for i, d in enumerate(devices)]}))
     return str(path)
+
+
+@contextlib.contextmanager
+def cluster_with_a_dead_agent(folder, devices, dead: str):
+    """Real local agents ``devices`` whose agent ``dead`` was killed (SIGKILL) and has exited; the
+    agents file still lists it, as after a crash. Yields the agents file's path."""
+    import os
+    import signal
+    import time
+
+    from core.devices.local_cluster import LocalCluster
+
+    with LocalCluster(folder, list(devices)) as cluster:
+        os.kill(cluster.pid_of(dead), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while dead not in dict(cluster.exited()):
+            assert time.monotonic() < deadline, f"{dead} did not exit after SIGKILL"
+            time.sleep(0.05)
+        yield str(cluster.agents_file)

@@ -174,6 +174,9 @@ def cmd_run(args) -> int:
     replan = _replanner(args, plan)
     prompts = _read_prompts(args)
     k = micro_batch_count(plan, args.micro_batches)
+    if args.micro_batches is not None and k > len(prompts):  # a micro-batch holds one prompt or more
+        raise FormatError("--micro-batches", f"{k} micro-batches for {len(prompts)} prompt(s): give at least {k} "
+                          f"prompts, or --micro-batches {len(prompts)} or less")
     if not Path(args.model, "config.json").exists():
         raise FormatError(args.model, "not a checkpoint directory (no config.json)")
     # agents resolve paths in their own directory: send the absolute path (remote agents need the
@@ -273,6 +276,7 @@ def _replanner(args, plan):
 
 def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter, replan=None):
     """Connect to ``agents`` (endpoints, keys), or start local ones for this run, and generate."""
+    from core.devices.agent_link import ANSWER_WITHIN_S
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
     from core.runs.generation import generate
@@ -289,6 +293,8 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
         else:
             endpoints, keys = agents
         with Coordinator(endpoints, keys) as coordinator:
+            if not args.local:  # a dead agent of the plan: named in seconds, before the model is loaded here
+                coordinator.link.wait_ready(ANSWER_WITHIN_S, plan.devices())
             return generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
                             replan=replan)
     finally:

@@ -112,6 +112,11 @@ LostHandler = Callable[[str, str], None]
 """``(device, why)`` when an agent is declared lost."""
 
 
+ANSWER_WITHIN_S = 3.0
+"""How long a command waits for an agent's first status before it fails naming the agent: a live
+agent answers in milliseconds (also while it loads), a dead one never (was 30 s of silence)."""
+
+
 class AgentLink:
     """Live control connections to a set of agents. Use as a context manager."""
 
@@ -379,8 +384,9 @@ class AgentLink:
             self.on_stream(c.endpoint.device, msg)
 
     # ---------------------------------------------------------------- operations
-    def status(self, timeout_s: float = 5.0) -> dict[str, AgentStatus]:
-        futs = {d: self.request_async(d, GetStatus()) for d in self.endpoints}
+    def status(self, timeout_s: float = 5.0, devices: Sequence[str] | None = None) -> dict[str, AgentStatus]:
+        """Every agent's status (or ``devices``'), ``RunFailed`` naming the first silent for ``timeout_s``."""
+        futs = {d: self.request_async(d, GetStatus()) for d in (self.endpoints if devices is None else devices)}
         out = {}
         for d, f in futs.items():
             try:
@@ -394,9 +400,9 @@ class AgentLink:
         futs = {d: self.request_async(d, GetStatus()) for d in devices}
         return {d: self.await_reply(d, f, timeout_s, "reporting its status") for d, f in futs.items()}
 
-    def wait_ready(self, timeout_s: float = 10.0) -> dict[str, AgentStatus]:
-        """Status of every agent, waiting (up to ``timeout_s``) for them to come up."""
-        return self.status(timeout_s)
+    def wait_ready(self, timeout_s: float = 10.0, devices: Sequence[str] | None = None) -> dict[str, AgentStatus]:
+        """Status of every agent (or ``devices``), waiting (up to ``timeout_s``) for them to come up."""
+        return self.status(timeout_s, devices)
 
     def sync_clocks(self, samples: int = 8, timeout_s: float = 5.0) -> dict[str, ClockEstimate]:
         """Probe every agent ``samples`` times; keep the minimum-RTT estimate."""

@@ -207,6 +207,9 @@ class Coordinator:
                                files=files, kind=kind)
         # the plan's agents only: another agent that died unnoticed (a long heartbeat timeout) must not fail it
         statuses = self.link.status_of([d for d in plan.devices() if not self.link.is_lost(d)], 5.0)
+        lost = [d for d in plan.devices() if d not in statuses]
+        if lost:  # the plan's own agent stopped answering before the load (was a KeyError)
+            raise RunFailed("its agent stopped answering: start it again, or plan without it", lost[0])
         if self._run is None:  # a coordinator's own run is never an orphan
             take_over(self.link, {d: statuses[d] for d in plan.devices() if d in statuses}, self.request_timeout_s)
         peers = tuple(

@@ -62,6 +62,7 @@ def memory_devices(text: str, compute: str | list[str]) -> list[str]:
 
 
 def _run(args) -> int:
+    from core.devices.agent_link import ANSWER_WITHIN_S
     from core.devices.local_cluster import LocalCluster, load_agents_file
     from core.models.units import load_model_spec
     from core.runs.coordinator import Coordinator, FanoutSink
@@ -121,7 +122,7 @@ def _run(args) -> int:
         else:
             endpoints, keys = agents
         with recording as rec, Coordinator(endpoints, keys) as coordinator:
-            coordinator.wait_ready(timeout_s=30)
+            coordinator.wait_ready(timeout_s=ANSWER_WITHIN_S)
             coordinator.sync_clocks()
             sink = rec.recorder if rec is not None else None
             def run(request, s):

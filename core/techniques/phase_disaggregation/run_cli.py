@@ -94,12 +94,13 @@ def _checked_link(args):
 def _profile(args) -> int:
     check_writable(args.out)
     pools, link = _checked_link(args)
+    from core.devices.agent_link import ANSWER_WITHIN_S
     from core.reporting import TerminalReporter
     from core.techniques.phase_disaggregation.profiling import profile_phases
     from core.techniques.phase_disaggregation.runtime import load_pools
 
     with link:
-        link.wait_ready(timeout_s=30)
+        link.wait_ready(timeout_s=ANSWER_WITHIN_S)  # a dead agent: named in seconds
         load_pools(link, args.model, pools)
         costs = profile_phases(link, args.model, pools, repeats=args.repeats, transfers=args.transfers,
                                reporter=TerminalReporter())
@@ -123,15 +124,16 @@ def _run(args) -> int:
     workspace = args.workspace or workspace_file()
     check_workspace(workspace)  # recorded after the run: a bad path must fail before it
     pools, link = _checked_link(args)
+    from core.devices.agent_link import ANSWER_WITHIN_S
     from core.techniques.phase_disaggregation.runtime import (
         prepare_requests, record_epd_run, reference_tokens, run_epd,
     )
     from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
 
     sampling = SamplingSpec(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    prepared = prepare_requests(args.model, workload, [Path(p) for p in args.images] if args.images else None)
     with link:
-        link.wait_ready(timeout_s=30)
+        link.wait_ready(timeout_s=ANSWER_WITHIN_S)  # a dead agent: named in seconds, before the inputs are made
+        prepared = prepare_requests(args.model, workload, [Path(p) for p in args.images] if args.images else None)
         link.sync_clocks()
         run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling,
                       transfers=args.transfers)

@@ -114,3 +114,10 @@ def test_profile_refuses_an_unsupported_model_before_connecting(tmp_path, capsys
     err = refused(["profile", "--agents", unreachable_agents_file(tmp_path, ["edge-0"]), "--model", tmp_path,
                    "--out", tmp_path / "p.json"], capsys)
     assert "unsupported model family" in err and "llava" in err
+
+
+def test_more_micro_batches_than_prompts_are_refused_instead_of_quietly_running_fewer(tiny_model, tmp_path, capsys,
+                                                                                     no_agent_may_start):
+    err = refused(["run", "--local", "--model", tiny_model, "--plan", _good_plan(tmp_path), "--prompt", "x",
+                   "--micro-batches", "2", "--no-record"], capsys)
+    assert "--micro-batches" in err and "2 micro-batches for 1 prompt(s)" in err
