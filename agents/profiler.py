@@ -465,7 +465,7 @@ def profile_compute(agent, options: ComputeOptions | ConvSweepOptions) -> Comput
     partitioning; an emulated device's figures carry its slowdown and budget."""
     emulation = getattr(agent, "emulation", None)
     if isinstance(options, ConvSweepOptions):
-        from agents.techniques.spatial.network import conv_sweep
+        from agents.registry import run_profiler as conv_sweep
 
         return conv_sweep(options, emulation.compute_slowdown if emulation is not None else 1.0)
 

@@ -78,6 +78,8 @@ class AgentTechnique:
     messages' options slots; ``data_kinds``; ``handlers``; ``executors``: stage kind -> factory
     (``LoadShard.kind``); ``run_drivers``: ``StartRun.options`` type -> ``driver(agent, loaded, msg,
     stop)`` returning the run's tokens per sequence (a run the technique schedules itself);
+    ``profilers``: profiling options type -> ``profile(options, slowdown)`` (a measurement only its
+    technique's planner needs, asked with a ``ProfileCompute``; ``run_profiler``);
     ``free_memory(agent)``: drop what it keeps between requests before a stage or a hold needs the
     memory; ``on_unload(agent)``: close what it holds for the loaded stage."""
 
@@ -88,6 +90,7 @@ class AgentTechnique:
     handlers: tuple[Handler, ...] = ()
     executors: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     run_drivers: Mapping[type, Callable[..., Any]] = field(default_factory=dict)
+    profilers: Mapping[type, Callable[..., Any]] = field(default_factory=dict)
     free_memory: Callable[[Any], None] | None = None
     on_unload: Callable[[Any], None] | None = None
 
@@ -183,6 +186,15 @@ def run_driver_for(options_type: type) -> Callable[..., Any] | None:
         if driver is not None:
             return driver
     return None
+
+
+def run_profiler(options, slowdown: float = 1.0):
+    """Measure ``options`` with the profiler a registered technique gave for their type."""
+    for tech in techniques():
+        profile = tech.profilers.get(type(options))
+        if profile is not None:
+            return profile(options, slowdown)
+    raise ValueError(f"no technique on this agent profiles {type(options).__name__}")
 
 
 def executor_kinds() -> dict[str, Callable[..., Any]]:

@@ -6,6 +6,7 @@ an agent serves it. Registered as ``TECHNIQUE`` by ``agents.techniques``."""
 
 from __future__ import annotations
 
+from agents.profiling_protocol import ConvSweepOptions
 from agents.registry import AgentTechnique, DataKind
 from agents.techniques.spatial import handlers
 from agents.techniques.spatial.messages import (
@@ -24,5 +25,6 @@ TECHNIQUE = AgentTechnique(
     options=(StripRelay,),
     data_kinds=(DataKind(STRIP_KIND, StripRelay, required=False),),
     handlers=handlers.HANDLERS,
+    profilers={ConvSweepOptions: handlers.conv_sweep},
     free_memory=handlers.free_memory,
 )

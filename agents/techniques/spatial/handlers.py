@@ -12,6 +12,13 @@ ROOM = "spatial"
 """This technique's state on an agent (``Agent.room``): its kept ``network`` and running ``session``."""
 
 
+def conv_sweep(options, slowdown: float = 1.0):
+    """A conv-sweep ``ProfileCompute``: the CNN layers' timings its planner fits (``network.conv_sweep``)."""
+    from agents.techniques.spatial import network
+
+    return network.conv_sweep(options, slowdown)
+
+
 def free_memory(agent) -> None:
     """A kept network's memory goes to the stage or hold that needs it."""
     agent.room(ROOM).pop("network", None)
