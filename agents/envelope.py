@@ -237,11 +237,14 @@ _DECODERS: dict[str, tuple[int, Any]] = {}
 they were built at: a registration rebuilds them."""
 
 
-def registered_decoder(name: str, types: tuple[type, ...]):
+def registered_decoder(name: str, types):
+    """The decoder of the union of ``types()`` (None when empty), built again only when a
+    registration changed since."""
     built = _DECODERS.get(name)
     gen = registry.generation()
     if built is None or built[0] != gen:
-        built = (gen, msgspec.msgpack.Decoder(Union[types]) if types else None)  # type: ignore[valid-type]
+        union = types()
+        built = (gen, msgspec.msgpack.Decoder(Union[union]) if union else None)  # type: ignore[valid-type]
         _DECODERS[name] = built
     return built[1]
 
@@ -263,7 +266,7 @@ def options_of(slot: msgspec.Raw) -> Options | None:
     raw = bytes(slot)
     if raw == b"\xc0":
         return None
-    decoder = registered_decoder("options", registry.option_types())
+    decoder = registered_decoder("options", registry.option_types)
     if decoder is None:
         raise ProtocolError("bad_message", "options of a technique this agent does not run")
     try:

@@ -463,7 +463,7 @@ def decode_control(frame: bytes, max_size: int = MAX_CONTROL_FRAME) -> Message:
         raise VersionMismatch(head.v, req, f"protocol version {short(head.v)} received, version {PROTOCOL_VERSION} "
                                            f"supported here: {UPGRADE_HINT}")
     try:
-        msg = registered_decoder("control", BASE_MESSAGES + registry.message_types()).decode(frame)
+        msg = registered_decoder("control", lambda: BASE_MESSAGES + registry.message_types()).decode(frame)
     except Exception as err:
         raise ProtocolError("bad_message", f"{short(head.type)}: {reason(err)}", req) from None
     try:
