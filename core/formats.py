@@ -102,13 +102,16 @@ def encode(value: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n"
 
 
-def check_writable(path: str | os.PathLike, option: str = "--out") -> None:
-    """Refuse, before any work, an output path ``save`` could not write: a folder, or one below a
-    file or a folder this user cannot write to (``save`` makes missing folders)."""
+def check_writable(path: str | os.PathLike, option: str = "--out", *, folder: bool = False) -> None:
+    """Refuse, before any work, an output path that could not be written: for a file (``save``
+    makes missing folders) a folder, for a ``folder`` a file; or one below a file or a folder
+    this user cannot write to."""
     p = Path(path)
-    if p.is_dir():
+    if folder and p.exists() and not p.is_dir():
+        raise FormatError(str(p), "is a file: give a folder", option)
+    if not folder and p.is_dir():
         raise FormatError(str(p), "is a folder: give a file name", option)
-    parent = p.parent
+    parent = p if folder and p.is_dir() else p.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
+    from core.formats import check_writable
+
+    check_writable(args.out, folder=True)  # written after the experiment, which may take minutes
     reporter = None if args.quiet else _StderrProgress()
     result = run_experiment(args.name, reporter, args.time_limit)
     print(format_result(result))

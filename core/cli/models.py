@@ -60,7 +60,10 @@ def recipe_from_args(args: argparse.Namespace) -> ModelRecipe:
 
 
 def _make_model(args: argparse.Namespace) -> int:
+    from core.formats import check_writable
+
     recipe = recipe_from_args(args)
+    check_writable(args.out_dir, "OUT_DIR", folder=True)  # before torch and transformers are imported
     out = make_model(recipe, args.out_dir, TerminalReporter())
     print(json.dumps({"model_dir": str(out), **asdict(recipe)}))
     return 0

@@ -55,6 +55,7 @@ def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
 
 
 def _make_model(args) -> int:
+    check_writable(args.out, folder=True)  # before torch and transformers are imported (~2 s, more under load)
     from core.models.multimodal import MultimodalRecipe, make_multimodal_model
     from core.reporting import TerminalReporter
 

@@ -54,3 +54,9 @@ def test_epd_profile_refuses_an_output_folder_before_profiling(files, model, tmp
     err = refused(["epd", "profile", "--agents", agents, "--model", model, "--pools", pools, "--out", tmp_path],
                   capsys)
     assert "--out" in err and "is a folder" in err
+
+
+def test_epd_make_model_into_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    err = refused(["epd", "make-model", "--out", tmp_path / "file"], capsys)
+    assert "--out" in err and "is a file" in err
