@@ -85,6 +85,10 @@ def load_agents_file(path: str | os.PathLike) -> tuple[list[AgentEndpoint], Curv
         raise FormatError(str(p), str(err)) from None
     if data.format != AGENTS_FORMAT or data.version > AGENTS_VERSION:
         raise FormatError(str(p), f"expected format {AGENTS_FORMAT!r} version <= {AGENTS_VERSION}", "$.format")
+    names = [a.device for a in data.agents]
+    twice = sorted({d for d in names if names.count(d) > 1})
+    if twice:  # every command reads agents by name: refused here, not as a traceback when connecting
+        raise FormatError(str(p), f"device {', '.join(twice)} is listed more than once", "$.agents")
     key_path = Path(data.coordinator_key_file)
     if not key_path.is_absolute():
         key_path = p.parent / key_path

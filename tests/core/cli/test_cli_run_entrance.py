@@ -121,3 +121,16 @@ def test_more_micro_batches_than_prompts_are_refused_instead_of_quietly_running_
     err = refused(["run", "--local", "--model", tiny_model, "--plan", _good_plan(tmp_path), "--prompt", "x",
                    "--micro-batches", "2", "--no-record"], capsys)
     assert "--micro-batches" in err and "2 micro-batches for 1 prompt(s)" in err
+
+
+def test_an_agents_file_listing_a_device_twice_is_one_line_not_a_traceback(tiny_model, tmp_path, capsys,
+                                                                           no_agent_may_start):
+    import json
+
+    agents = unreachable_agents_file(tmp_path, ["edge-0", "edge-1"])
+    data = json.loads(open(agents).read())
+    data["agents"][1]["device"] = "edge-0"
+    open(agents, "w").write(json.dumps(data))
+    err = refused(["run", "--agents", agents, "--model", tiny_model, "--plan", _good_plan(tmp_path), "--prompt", "x",
+                   "--no-record"], capsys)
+    assert "device edge-0 is listed more than once" in err
