@@ -19,3 +19,8 @@ def test_a_group_name_that_is_not_a_command_loads_every_command():
     assert "planning" not in every and {"plan", "studio", "run"} <= every
     assert _commands(build_parser("planning")) == every
     assert _commands(build_parser("no-such-command")) == every
+
+
+def test_run_loads_only_the_runtime_group():
+    """``edgeshard run`` refuses a bad plan sooner: no planning, sessions or technique imports first."""
+    assert _commands(build_parser("run")) == {"run", "agent", "cluster"}
