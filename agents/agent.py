@@ -7,8 +7,8 @@ Two threads, no busy polling:
   stage computes), hands long work to the worker, forwards what the worker produced
   (replies, tokens, run results) and flushes timeline events about every 50 ms;
 - the **worker thread** does every long action — loading a shard, profiling, the stage
-  loop of a run: block on the data PULL socket (with a timeout so a stop is noticed),
-  compute, hand the result to libzmq (or to the emulated link's sender thread) and go back
+  loop of a run: block on the data PULL socket (polled with a wake pipe, so a stop is
+  noticed at once: ``agents.transport.DataInbox``), compute, hand the result to libzmq (or to the emulated link's sender thread) and go back
   to waiting — sending overlaps compute. While it works, status reports what it is doing
   (``activity``) and how far it got (``progress``, e.g. blocks read while loading).
 
@@ -71,6 +71,7 @@ from agents.transport import (
     CONTROL_DOMAIN,
     DATA_DOMAIN,
     CurveKeys,
+    DataInbox,
     KeyGate,
     LinkSender,
     RunAborted,
@@ -86,7 +87,8 @@ from agents.weights import WeightStore, WeightStoreError, default_root
 log = logging.getLogger("edgeshard.agent")
 
 DATA_POLL_MS = 100
-"""How long the stage loop blocks on its data socket before re-checking for a stop."""
+"""How long a data receive blocks by default (a loop with deadlines of its own checks them this
+often); a run's stop wakes any receive at once, and the stage run waits with no timeout."""
 SEND_TIMEOUT_MS = 200
 
 
@@ -170,6 +172,7 @@ class Agent(ControlPlane, LeaseRules):
         """The message that started the current run or held session (a StartRun, or a technique's)."""
         self._threads: list[threading.Thread] = []
         self._data: zmq.Socket | None = None
+        self._inbox: DataInbox | None = None
         self._control: zmq.Socket | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -191,9 +194,11 @@ class Agent(ControlPlane, LeaseRules):
         self._data = self.context.socket(zmq.PULL)
         harden(self._data)
         self._data.rcvhwm = 1000
-        self._data.rcvtimeo = DATA_POLL_MS  # the stage loop's blocking receive notices a stop
+        self._data.rcvtimeo = DATA_POLL_MS  # for a technique's own blocking receive
         curve_server(self._data, self.keys, DATA_DOMAIN)
         self.data_port = bind_port(self._data, self.host, self._want_ports[1])
+        self._inbox = DataInbox(self._data)
+        self._stop_run = self._inbox.stop_event()
         self._threads = [
             threading.Thread(target=self._control_loop, name=f"agent-control-{self.device}", daemon=True),
             threading.Thread(target=self._worker_loop, name=f"agent-worker-{self.device}", daemon=True),
@@ -233,6 +238,8 @@ class Agent(ControlPlane, LeaseRules):
                 os.close(fd)
             except OSError:
                 pass
+        if self._inbox is not None:
+            self._inbox.close()
         return True
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -245,14 +252,14 @@ class Agent(ControlPlane, LeaseRules):
         self._logs.append(stamped)
         log.info(line)
 
-    def receive_data(self, max_bytes: int) -> tuple[DataHeader, list[memoryview], float] | None:
+    def receive_data(self, max_bytes: int, timeout_ms: int | None = DATA_POLL_MS
+                     ) -> tuple[DataHeader, list[memoryview], float] | None:
         """The next message on the data socket as (header, tensor buffers, its arrival on this
-        agent's clock), or None when the receive timed out (RCVTIMEO) or the message did not
-        decode: a malformed frame is logged and dropped here, so no data-plane loop can hand
-        one to its handler or die of it."""
-        try:
-            frames = self._data.recv_multipart(copy=False)
-        except zmq.Again:
+        agent's clock), or None when ``timeout_ms`` passed (None: no limit), the run's stop woke
+        the receive, or the message did not decode: a malformed frame is logged and dropped here,
+        so no data-plane loop can hand one to its handler or die of it."""
+        frames = self._inbox.receive(timeout_ms)
+        if frames is None:
             return None
         received = self.clock()
         try:
@@ -261,6 +268,10 @@ class Agent(ControlPlane, LeaseRules):
             self._log(f"dropped data message: {err.code}: {err}")
             return None
         return header, bufs, received
+
+    def _new_run_stop(self) -> threading.Event:
+        """A fresh stop for the next run: setting it wakes the data receive (``DataInbox``)."""
+        return self._inbox.stop_event() if self._inbox is not None else threading.Event()
 
     def _wake(self) -> None:
         try:

@@ -10,7 +10,6 @@ how that ends. Technique requests take part through their ``agents.registry.Hand
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 from agents import registry
@@ -120,7 +119,7 @@ class LeaseRules:
         last run cannot reach it), the run id a ``StopRun`` is compared with, then the work."""
         self._state = AgentState.RUNNING
         self._run_owner, self._current = identity, msg
-        self._stop_run = threading.Event()
+        self._stop_run = self._new_run_stop()
         self._run_id = msg.run_id
         self._lease_holder = identity if msg.lease_s > 0 else None
         self._lease_s = msg.lease_s

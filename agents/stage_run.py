@@ -134,7 +134,7 @@ class StageRun:
             self.wait_started = self.clock()
         stop = self.stop
         while not stop.is_set():
-            received = self.agent.receive_data(MAX_DATA_BYTES)  # one blocking receive (RCVTIMEO), not a poll
+            received = self.agent.receive_data(MAX_DATA_BYTES, timeout_ms=None)  # a stop wakes it (DataInbox)
             if received is None:
                 continue
             header, bufs, got = received

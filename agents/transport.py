@@ -377,6 +377,79 @@ class RunAborted(Exception):
     """The run was stopped (by the coordinator or a failure) while a stage was blocked."""
 
 
+class RunStop(threading.Event):
+    """A run's stop that wakes a receive blocked on the data socket: ``set`` also wakes the agent's
+    ``DataInbox``, whose receive polls a wake pipe beside the data socket. So a stop (the
+    coordinator's ``StopRun`` at a run's end, a cancel, an expired lease, the agent closing) is
+    noticed at once, not at the next receive timeout (it cost every run ~100 ms at its end)."""
+
+    def __init__(self, inbox: "DataInbox | None" = None) -> None:
+        super().__init__()
+        self._inbox = inbox
+
+    def set(self) -> None:
+        super().set()
+        if self._inbox is not None:
+            self._inbox.wake()
+
+
+class DataInbox:
+    """The agent's data socket read with its stop wake-up: one zmq poll over both, no polling loop.
+
+    Owned by the thread that reads the data socket (the agent's worker). A wake byte left by the
+    stop of a run that had already ended costs the next run one empty return, nothing more."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self._closed = False
+        self._wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self._items = [(sock, zmq.POLLIN), (self._wake_r, zmq.POLLIN)]
+
+    def stop_event(self) -> RunStop:
+        """A fresh stop for one run, wired to this inbox's wake-up."""
+        return RunStop(self)
+
+    def wake(self) -> None:
+        """Wake the receive (any thread; a no-op once closed, so a late stop writes to no reused fd)."""
+        if self._closed:
+            return
+        try:
+            os.write(self.wake_w, b"s")
+        except OSError:  # pipe full: it is readable then anyway
+            pass
+
+    def receive(self, timeout_ms: int | None) -> list | None:
+        """The next message's frames (not copied), or None when ``timeout_ms`` passed (None: no
+        limit) or a stop woke the receive (the caller checks its stop). One ``zmq_poll`` over a
+        prebuilt list, then a non-blocking receive: ~6 µs over a plain blocking receive per message
+        here (trying a receive first, or ``zmq.Poller``, cost ~10-15 µs more)."""
+        message = None
+        for ready, _ in zmq.zmq_poll(self._items, -1 if timeout_ms is None else timeout_ms):
+            if ready is self.sock:
+                try:
+                    message = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    pass
+            else:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except OSError:  # drained (BlockingIOError), or closed with the agent
+                    pass
+        return message
+
+    def close(self) -> None:
+        """Close the wake pipe (the socket is its owner's to close)."""
+        self._closed = True
+        for fd in (self._wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def tcp_address(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 

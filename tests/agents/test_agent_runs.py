@@ -1,9 +1,11 @@
 """A run on an agent, driven over its real control socket: long one-stage runs finish and
-match the in-process reference, and a stop is for one run only (never the next)."""
+match the in-process reference, a stop is for one run only (never the next), and a stop wakes a
+stage waiting for data at once."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from agents.protocol import (
 )
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
-from agents.transport import CurveKeys
+from agents.transport import CurveKeys, DataInbox
 
 PROMPT = (5, 17, 33, 9, 101, 250)
 
@@ -173,3 +175,49 @@ def test_a_stop_of_the_current_run_ends_it_and_the_agent_is_ready_for_the_next(o
     assert isinstance(control.ask(_start("second", 5, 3)), Ok)
     assert isinstance(control.wait_for(_run_end("second")), RunFinished)
     assert not any(isinstance(m, ErrorReply) for m in control.seen)
+
+
+def test_a_stop_wakes_a_data_receive_that_waits_with_no_timeout():
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.bind_to_random_port("tcp://127.0.0.1")
+    inbox = DataInbox(sock)
+    stop = inbox.stop_event()
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(inbox.receive(None)))
+    try:
+        waiter.start()
+        time.sleep(0.2)
+        assert waiter.is_alive()  # nothing came: it waits
+        stop.set()
+        waiter.join(5)
+        assert not waiter.is_alive() and got == [None]
+    finally:
+        inbox.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_stage_waiting_for_data_ends_its_run_as_soon_as_it_is_stopped_whatever_the_receive_timeout(
+        tiny_llama_dir, monkeypatch):
+    """The run's end (the coordinator's StopRun to every stage) must not wait for a receive timeout:
+    with the data socket's timeout at a minute, the waiting stage still answers its stop at once."""
+    import agents.agent
+
+    monkeypatch.setattr(agents.agent, "DATA_POLL_MS", 60_000)
+    keys = CurveKeys.generate()
+    agent = Agent("last", keys.public).start()
+    control = _Control(agent, keys)
+    try:
+        source = PeerSpec(device="first", stage=0, data_address="tcp://127.0.0.1:9", public_key=CurveKeys.generate().public)
+        me = PeerSpec(device="last", stage=1, data_address=agent.data_address, public_key=agent.keys.public)
+        loaded = control.ask(LoadShard(req=1, model_dir=tiny_llama_dir, stage=1, start=3, end=6, peers=(source, me)), 60)
+        assert isinstance(loaded, Ok), loaded
+        assert isinstance(control.ask(_start("waits", 2, 8)), Ok)
+        time.sleep(0.3)  # the stage is blocked on its receive: nothing will come
+        asked = time.monotonic()
+        assert isinstance(control.ask(StopRun(req=3, run_id="waits"), timeout_s=5), Ok)
+        assert time.monotonic() - asked < 5
+        assert control.ask(GetStatus(req=4)).state is AgentState.READY
+    finally:
+        control.close()
+        agent.close()
