@@ -4,7 +4,7 @@ PIP = $(PY) -m pip
 # The exact versions the suite passes with (constraints.txt), for every pip line.
 PINS = -c constraints.txt
 
-.PHONY: run test install install-test
+.PHONY: run test test-fast install install-test
 
 install:
 	bash scripts/install-system-deps.sh      # Qt's xcb libraries, sshd, avahi, xvfb (only those missing; needs root)
@@ -20,3 +20,8 @@ run: install
 
 test: install-test
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# Contributors' quick check (under 3 minutes on 2 cores, every test folder touched): all but the
+# tests measured slow (tests/slow_tests.txt, scripts/slow_tests.py) and the netns ones (root, testbed).
+test-fast: install-test
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m "not slow and not netns"

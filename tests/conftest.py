@@ -18,3 +18,59 @@ os.environ["XDG_CONFIG_HOME"] = os.path.join(_TEST_HOME, ".config")
 os.environ["XDG_DATA_HOME"] = os.path.join(_TEST_HOME, ".local", "share")
 os.environ.pop("EDGESHARD_HOME", None)
 os.environ.pop("EDGESHARD_WORKSPACE", None)
+
+
+# --- `make test-fast`: the tests measured slow are marked `slow` here, from tests/slow_tests.txt ---
+# One list instead of a decorator in each module: the list is a measurement (regenerate it with
+# scripts/slow_tests.py from a junit report) and its keys, "file name::test name", survive a
+# module moving to another folder.
+import pytest  # noqa: E402
+
+from tests.slow_list import SLOW_LIST, is_listed, read_slow_keys  # noqa: E402
+
+
+def slow_key(item) -> str:
+    """``test_x.py::test_name[param]``: the node id without its folders."""
+    return f"{item.path.name}::{item.nodeid.split('::', 1)[1]}"
+
+
+def folders_left_without_a_quick_test(items, listed: set[str]) -> list[str]:
+    """Test folders (packages) the list took every quick test from, netns tests aside (test-fast
+    leaves them out anyway). A module that marks itself wholly slow (``pytestmark``) chose so."""
+    by_folder: dict[str, list] = {}
+    for item in items:
+        if item.get_closest_marker("netns") is None:
+            by_folder.setdefault(item.nodeid.split("::", 1)[0].rpartition("/")[0], []).append(item)
+    return sorted(f for f, its in by_folder.items()
+                  if all(it.get_closest_marker("slow") for it in its) and any(it.nodeid in listed for it in its))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    keys = read_slow_keys()
+    used: set[str] = set()
+    listed: set[str] = set()
+    for item in items:
+        entry = is_listed(slow_key(item), keys)
+        if entry:
+            used.add(entry)
+            if item.get_closest_marker("slow") is None:  # not marked in its module already
+                item.add_marker(pytest.mark.slow)
+                listed.add(item.nodeid)
+    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS:
+        return  # a chosen file or test: only the whole suite shows every folder and every listed test
+    bare = folders_left_without_a_quick_test(items, listed)
+    if bare:
+        raise pytest.UsageError("every test folder keeps a test that `make test-fast` runs; "
+                                f"{SLOW_LIST.name} lists all the tests of: " + ", ".join(bare))
+    config.stash[_STALE] = sorted(keys - used)
+
+
+_STALE = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    stale = config.stash.get(_STALE, [])
+    if stale:
+        terminalreporter.write_line(f"{SLOW_LIST.name} names {len(stale)} tests that no longer exist "
+                                    f"(renamed or removed: update it): " + ", ".join(stale), yellow=True)
