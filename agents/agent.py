@@ -461,6 +461,11 @@ class Agent(ControlPlane, LeaseRules):
             kwargs["options"] = options_of(msg.options)
         if "agent" in params:  # a stage that calls other agents over the data plane while it computes
             kwargs["agent"] = self
+        if "weights" in params:
+            kwargs["weights"] = msg.weights
+        elif msg.weights != "fp":
+            raise ValueError(f"stage kind {msg.kind!r} loads fp weights only, this plan asks for {msg.weights}: "
+                             "give that stage fp weights")
         executor = factory(model_dir, msg.start, msg.end, **kwargs)
         # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),

@@ -22,7 +22,9 @@ class StageExecutorLike(Protocol):
     ``records_own_spans`` (it records its compute spans itself), ``slows_itself`` (it applies the
     emulated slowdown to its own compute, not its waits), ``kv_reserved_bytes``, ``huge_page_bytes``,
     ``close()`` (sockets of its own). A factory that takes ``options`` gets the stage's decoded
-    ``LoadShard.options``, one that takes ``agent`` the agent (its data plane and clock)."""
+    ``LoadShard.options``, one that takes ``agent`` the agent (its data plane and clock), one that
+    takes ``weights`` the stage's weight precision (``LoadShard.weights``; a factory without it runs
+    only ``fp``)."""
 
     is_first: bool
     is_last: bool
@@ -44,12 +46,15 @@ class UnknownStageKind(ValueError):
     """A LoadShard asks for a stage kind this agent has no executor for (an older agent?)."""
 
 
-def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None):
+def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None,
+                    weights: str = "fp"):
     """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard), its KV
-    cache allocated at load when ``kv`` (a ``KvReservation``) asks for it."""
+    cache allocated at load when ``kv`` (a ``KvReservation``) asks for it, its blocks' weights at
+    ``weights`` precision (agents.weight_precision)."""
     from agents.shard import StageExecutor  # torch/transformers load lazily: the agent starts fast
 
-    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
+    return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv,
+                         weights=weights)
 
 
 DEFAULT_KIND = "layers"

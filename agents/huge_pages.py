@@ -73,11 +73,14 @@ def huge_page_block(nbytes: int) -> torch.Tensor | None:
 def place_in_huge_pages(modules: Iterable[nn.Module]) -> int:
     """Move the parameters of ``modules`` into one huge-page block; returns the bytes moved (0:
     nothing moved). Parameters sharing memory (a tied embedding and head) stay shared; values
-    are copied exactly."""
+    are copied exactly. Quantized weights (tensor subclasses holding packed values and scales) stay
+    where they are."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     sharing: dict[tuple, list[nn.Parameter]] = {}  # parameters on the same memory, moved as one
     for module in modules:
         for p in module.parameters():
-            if p.is_contiguous() and not p.is_meta:
+            if not is_traceable_wrapper_subclass(p) and p.is_contiguous() and not p.is_meta:
                 sharing.setdefault((p.data_ptr(), p.dtype, tuple(p.shape), tuple(p.stride())), []).append(p)
     total = sum(_aligned(group[0].nbytes, ALIGN) for group in sharing.values())
     if total < MIN_BYTES:

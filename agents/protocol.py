@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args
 import msgspec
 
 from agents import registry
+from agents.weight_precision import PRECISIONS as WEIGHT_PRECISIONS
 from agents.envelope import (  # noqa: F401  (the base protocol's public names, re-exported)
     MAX_CONTROL_FRAME,
     MAX_NEW_TOKENS,
@@ -227,8 +228,13 @@ class LoadShard(Message, frozen=True, tag="load_shard"):
     """The stage kind's own options (an ``Options`` struct of a registered technique, e.g. the
     agents its stage calls over the data plane while it computes); nil: none. Decoded and
     range-checked with the frame (``options_of``)."""
+    weights: str = "fp"
+    """The precision of the stage's block weights: ``fp`` (``dtype``), ``int8`` or ``int4``
+    (weight-only, quantized at load: agents.weight_precision)."""
 
     def problem(self) -> str:
+        if self.weights not in WEIGHT_PRECISIONS:
+            return f"weights must be one of {', '.join(WEIGHT_PRECISIONS)}, got {short(self.weights)}"
         if not 0 <= self.threads <= MAX_THREADS:
             return f"threads must be in [0, {MAX_THREADS}], got {self.threads}"
         if not 0 <= self.start < self.end:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from agents.huge_pages import place_in_huge_pages
+from agents.weight_precision import UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -97,7 +98,7 @@ class StageExecutor:
 
     def __init__(
         self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
-        progress=None, kv=None, huge_pages: bool = True,
+        progress=None, kv=None, huge_pages: bool = True, weights: str = "fp",
     ):
         """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it).
 
@@ -106,13 +107,21 @@ class StageExecutor:
 
         ``kv`` (``agents.protocol.KvReservation``): allocate the KV cache of ``kv.groups`` micro-batches
         of ``kv.sequences`` sequences up to ``kv.context_tokens`` tokens now (``kv_reserved_bytes``);
-        a run beyond it is refused with ``StageInputError``. None: the cache grows per token."""
+        a run beyond it is refused with ``StageInputError``. None: the cache grows per token.
+
+        ``weights``: ``fp`` (the stage's dtype) or ``int8``/``int4``: each block's Linear weights are
+        quantized as it is read (``agents.weight_precision``: which weights, how)."""
         from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(int(threads))
         config = load_config(model_dir)
         self.family: str = config.model_type
+        try:
+            check_quantizable(self.family, weights)
+        except UnquantizableWeights as err:
+            raise CheckpointError(str(err)) from None
+        self.weights = weights
         self.num_layers: int = int(config.num_hidden_layers)
         self.num_units: int = self.num_layers + 2
         if not (0 <= start < end <= self.num_units):
@@ -165,6 +174,10 @@ class StageExecutor:
                 state = self._block_state(layer, reader, f"{prefix}{layout.blocks}.{global_index}.", global_index)
                 _load(layer, state, f"block {global_index}")
                 self._fix_layer_index_dependent_scaling(layer, local, global_index)
+                try:
+                    quantize_block(layer, weights)
+                except UnquantizableWeights as err:
+                    raise CheckpointError(str(err)) from None
                 self._layers.append(layer)
                 if progress is not None:
                     progress((local + 1) / (len(self.layer_indices) + 1))
@@ -283,14 +296,16 @@ class StageExecutor:
 
     # ----- the API ----------------------------------------------------------------------
     def memory_bytes(self) -> int:
-        """Bytes of weights held (a tied embedding/head counted once; rotary tables not counted)."""
-        seen: set[int] = set()
+        """Bytes of weights held (a tied embedding/head counted once; rotary tables not counted;
+        a quantized weight by what it stores)."""
+        seen: set[tuple] = set()
         total = 0
         for module in self._modules():
             for tensor in module.parameters():
-                if tensor.data_ptr() not in seen:
-                    seen.add(tensor.data_ptr())
-                    total += tensor.nbytes
+                key = ("quantized", id(tensor)) if is_quantized(tensor) else ("plain", tensor.data_ptr())
+                if key not in seen:
+                    seen.add(key)
+                    total += held_bytes(tensor)
         return total
 
     @torch.inference_mode()

@@ -24,6 +24,7 @@ import msgspec
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
 from core.arguments import SEED, THREADS, TOKENS, add_image_arguments, float_in, int_in
 from core.errors import DeployError, FormatError, RunFailed
+from core.planning.plan import WEIGHT_PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------- run
+def add_weights_option(p) -> None:
+    """``--weights`` (run and serve): every stage's weight precision, over the plan's own."""
+    p.add_argument("--weights", choices=WEIGHT_PRECISIONS, default=None,
+                   help="weight precision of every stage's blocks (weight-only int8/int4 quantized by the agents "
+                        "at load; default: each stage's own in the plan, fp when it names none)")
+
+
 def _register_run(sub) -> None:
     p = sub.add_parser("run", help="run a model split over agents and print the text as it is generated")
     p.add_argument("--model", help="checkpoint directory (HF layout; required for a language-model plan); the "
@@ -63,6 +71,7 @@ def _register_run(sub) -> None:
     p.add_argument("--no-repeat-ngram-size", type=int_in(0, 64), default=0,
                    help="HF's no_repeat_ngram_size: never repeat an n-gram of this size (0 = off)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    add_weights_option(p)
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
     p.add_argument("--link-mbit", type=float_in(0, 1e6), default=0.0, help="with --local: emulated bandwidth per link")
     p.add_argument("--link-latency-ms", type=float_in(0, 60_000), default=0.0, help="with --local: emulated latency per link")
@@ -152,7 +161,7 @@ def _read_prompts(args) -> list[str]:
 
 def cmd_run(args) -> int:
     from core import formats
-    from core.planning.plan import ShardPlan
+    from core.planning.plan import ShardPlan, with_weights
     from core.reporting import TerminalReporter
     from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
@@ -170,7 +179,7 @@ def cmd_run(args) -> int:
     if args.image or args.images is not None:
         raise FormatError("edgeshard run", "--image / --images are for a CNN plan (edgeshard.spatial-plan); "
                                            "this plan is a language model's: give --prompt")
-    plan = formats.load(args.plan, ShardPlan)
+    plan = with_weights(formats.load(args.plan, ShardPlan), args.weights)
     replan = _replanner(args, plan)
     prompts = _read_prompts(args)
     k = micro_batch_count(plan, args.micro_batches)

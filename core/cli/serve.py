@@ -22,6 +22,7 @@ from pathlib import Path
 
 from agents.protocol import RUN_MODES
 from core.arguments import SEED, THREADS, TOKENS, float_in, int_in
+from core.cli.runs import add_weights_option
 from core.errors import FormatError
 
 
@@ -54,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-repeat-ngram-size", type=int_in(0, 64), default=0,
                    help="HF's no_repeat_ngram_size when a request gives none (0 = off)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    add_weights_option(p)
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
     p.add_argument("--send-weights", action="store_true", help="send each agent only its stage's weights")
     p.add_argument("--on-failure", choices=("stop", "replan"), default="stop",
@@ -88,7 +90,7 @@ def cmd_serve(args) -> int:
     from core import formats
     from core.cli.runs import _parse_agents, _replanner
     from core.models.checkpoints import check_model_dir
-    from core.planning.plan import ShardPlan
+    from core.planning.plan import ShardPlan, with_weights
     from core.runs.generation import GenerationSettings, check_run, load_tokenizer
     from core.serving import bind, is_loopback
     from core.sessions.store import SessionStore, default_workspace_path
@@ -101,7 +103,7 @@ def cmd_serve(args) -> int:
     if key is None and not is_loopback(args.host):
         raise FormatError("--host", f"refusing to serve on {args.host} without --api-key-file: anyone who reaches "
                                     "that address could use the cluster (give a key file, or bind 127.0.0.1)")
-    plan = formats.load(args.plan, ShardPlan)
+    plan = with_weights(formats.load(args.plan, ShardPlan), args.weights)
     if not Path(args.model, "config.json").exists():
         raise FormatError(args.model, "not a checkpoint directory (no config.json)")
     model_dir = os.path.abspath(args.model)

@@ -21,9 +21,11 @@ from core.devices.cluster import Cluster
 from core.models.units import ModelSpec
 
 PROFILE_FORMAT = "edgeshard.profile"
-PROFILE_VERSION = 2
-"""2: ``DeviceTimes.cache_timing`` / ``warm_reason``. Older files load: the fields they lack are
-not recorded (their defaults), and the value is migrated to this version (``Profile.__post_init__``)."""
+PROFILE_VERSION = 3
+"""2: ``DeviceTimes.cache_timing`` / ``warm_reason``. 3: ``ModelUnit.linear_params`` / ``linear_rows``
+(a version-2 profile's int8/int4 stages are counted at their fp bytes). Older files load: the fields
+they lack are not recorded (their defaults), and the value is migrated to this version
+(``Profile.__post_init__``)."""
 
 
 class DeviceTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

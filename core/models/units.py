@@ -42,6 +42,12 @@ class ModelUnit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Forward FLOPs per token (2 × multiply-adds), excluding attention over the context."""
     params: int = 0
     """Parameter count (for reporting; param_bytes is what memory uses)."""
+    linear_params: int = 0
+    """Of them, the weights of its ``nn.Linear`` layers, which weight-only int8/int4 stores instead
+    (a dense decoder block's attention and MLP projections; 0 where a stage keeps every weight at
+    its dtype: embeddings, the head, GPT-2's Conv1D, Mixtral's experts; and in tables saved before)."""
+    linear_rows: int = 0
+    """Their output rows (int8 keeps a scale and a zero point per row)."""
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -120,8 +126,9 @@ def model_spec_from_config(config: dict, dtype: str = "fp16", name: str = "") ->
         sizes = _llama_like_sizes(config, family)
     h, n_layers, vocab = sizes["hidden"], sizes["layers"], sizes["vocab"]
 
-    def unit(index, kind, uname, params, stored, flops, kv, workspace_elems, act_bytes=None):
+    def unit(index, kind, uname, params, stored, flops, kv, workspace_elems, act_bytes=None, linear=(0, 0)):
         return ModelUnit(
+            linear_params=linear[0], linear_rows=linear[1],
             index=index, kind=kind, name=uname,
             param_bytes=int(round(stored * wb)),
             activation_bytes_per_token=int(act_bytes if act_bytes is not None else h * ab),
@@ -134,7 +141,8 @@ def model_spec_from_config(config: dict, dtype: str = "fp16", name: str = "") ->
     for i in range(n_layers):
         units.append(
             unit(i + 1, "decoder_block", f"block {i}", sizes["block"], sizes["block"],
-                 2.0 * sizes["block_active_matmul"], sizes["kv_elems"], sizes["block_workspace"] * ab)
+                 2.0 * sizes["block_active_matmul"], sizes["kv_elems"], sizes["block_workspace"] * ab,
+                 linear=sizes.get("linear", (0, 0)))
         )
     units.append(
         unit(n_layers + 1, "head", "head", sizes["head"], sizes["head_stored"], 2.0 * vocab * h, 0,
@@ -171,7 +179,11 @@ def _llama_like_sizes(cfg: dict, family: str) -> dict[str, int]:
     block = attn + mlp + 2 * h  # two RMSNorm weights
     embed = vocab * h
     tied = bool(cfg.get("tie_word_embeddings", False))
+    # q, k, v, o and gate, up, down: (weights, output rows); Mixtral's experts are not Linears
+    linear = (0, 0) if family == "mixtral" else \
+        (2 * h * q_out + 2 * h * kv_out + 3 * h * inter, q_out + 2 * kv_out + h + 2 * inter + h)
     return {
+        "linear": linear,
         "hidden": h, "layers": n_layers, "vocab": vocab, "embed": embed,
         "block": block, "block_active_matmul": attn + mlp_active,
         "kv_elems": 2 * kv_out,

@@ -25,6 +25,7 @@ holding units [a_j, b_j). For a step over ``batch`` sequences:
             cannot start its next step before its token is back: cycle L(m).
             tokens/s = K·m / max(K·B, L(m)).
 - memory    M_j = Σ param bytes + Σ kv_bytes_per_token · S · ctx + max_u workspace_bytes_per_token · W
+            (param bytes at the stage's weight precision: core.planning.precision)
             S = sequences resident = m · K, ctx = prompt + generated tokens,
             W = tokens processed in one pass (prefill of one micro-batch: m · prompt).
             Must fit budget_j · (1 − memory_headroom).
@@ -43,6 +44,7 @@ import math
 import msgspec
 
 from core.planning.plan import ShardPlan, Stage
+from core.planning.precision import stage_weight_bytes
 from core.planning.problem import PlanningProblem, usable_memory_bytes
 from core.devices.profile import DeviceTimes
 
@@ -197,7 +199,7 @@ def memory_of(problem: PlanningProblem, plan: ShardPlan, sequences: int, pass_se
         out.append(
             DeviceMemory(
                 device=st.device,
-                weights_bytes=sum(u.param_bytes for u in units),
+                weights_bytes=stage_weight_bytes(model, st.start, st.end, st.weights),
                 kv_cache_bytes=sum(u.kv_bytes_per_token for u in units) * sequences * ctx,
                 workspace_bytes=max((u.workspace_bytes_per_token for u in units), default=0) * pass_tokens,
                 budget_bytes=usable_memory_bytes(problem, _device_memory(problem, st.device)),

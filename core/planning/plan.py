@@ -15,13 +15,18 @@ import msgspec
 from core.formats import register_format
 
 PLAN_FORMAT = "edgeshard.plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+"""2: ``Stage.weights`` (a version-1 plan loads with every stage at ``fp``)."""
 
 StageKind = str
 """The stage's kind: which technique's agent-side executor runs it (``agents.executors``):
 ``layers`` (layer sharding), ``expert-offload`` (EdgeMoE), ... A plan whose stages name a
 kind runs like any plan (``edgeshard run``, the Run screen): each stage is loaded as its kind."""
 STAGE_KIND_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+WEIGHT_PRECISIONS = ("fp", "int8", "int4")
+"""A stage's weight precision: ``fp`` (the run's dtype) or weight-only ``int8`` / ``int4`` of its
+blocks' Linear weights, quantized by its agent at load (agents/weight_precision.py says which)."""
 
 
 class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -30,6 +35,8 @@ class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     end: int
     kind: StageKind = "layers"
     """Which executor the stage's agent builds (``layers``, ``expert-offload``, ...)."""
+    weights: str = "fp"
+    """The precision of its blocks' weights (``WEIGHT_PRECISIONS``)."""
 
     @property
     def num_units(self) -> int:
@@ -82,6 +89,10 @@ def layout_problems(plan: ShardPlan, num_units: int | None = None) -> list[str]:
         if not s.kind or len(s.kind) > 64 or not set(s.kind) <= STAGE_KIND_CHARS:
             problems.append(f"stage {i} ({s.device}) has kind {s.kind!r}: a stage kind is a short lower-case name "
                             "such as 'layers' or 'expert-offload'")
+        if s.weights not in WEIGHT_PRECISIONS:
+            problems.append(f"stage {i} ({s.device}) has weights {s.weights!r}: one of {', '.join(WEIGHT_PRECISIONS)}")
+        elif s.weights != "fp" and s.kind != "layers":
+            problems.append(f"stage {i} ({s.device}) is a {s.kind} stage: only layers stages take {s.weights} weights")
         if s.device in seen:
             problems.append(f"device {s.device} appears in more than one stage")
         seen.add(s.device)
@@ -98,6 +109,14 @@ def plan_from_boundaries(
 
 
 register_format(PLAN_FORMAT, ShardPlan, PLAN_VERSION)
+
+
+def with_weights(plan: ShardPlan, weights: str | None) -> ShardPlan:
+    """``plan`` with every stage's weights at ``weights`` (``--weights`` on run/serve); None: as planned."""
+    if weights is None:
+        return plan
+    return msgspec.structs.replace(plan, stages=tuple(msgspec.structs.replace(s, weights=weights)
+                                                      for s in plan.stages))
 
 
 def offline_problems(plan: ShardPlan, offline) -> list[str]:

@@ -194,7 +194,8 @@ class Coordinator:
         ``kind``: the stage kind (``agents.executors``) every stage, or each device's stage, is
         loaded as — how a technique's plan reaches its own agent-side executor.
         ``options``: per device, its stage kind's own options (``LoadShard.options``; e.g. the agents an
-        attention-offload dense stage calls over the data plane while it computes)."""
+        attention-offload dense stage calls over the data plane while it computes).
+        Each stage's weight precision is the plan's (``Stage.weights`` -> ``LoadShard.weights``)."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
         if problems:
@@ -228,7 +229,8 @@ class Coordinator:
                             threads=threads, link=links.get(s.device, LinkShape()), kv=kv,
                             files=(files or {}).get(s.device, ()),
                             kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind,
-                            options=options_slot((options or {}).get(s.device)))
+                            options=options_slot((options or {}).get(s.device)),
+                            weights=s.weights)
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         await_loads(self.link, futs, timeout_s, reporter)

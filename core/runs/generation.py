@@ -31,6 +31,7 @@ from core.errors import FormatError, PlanInvalid, RunFailed, UnsupportedModelErr
 from core.models.checkpoints import check_model_dir
 from core.models.units import load_model_spec
 from core.planning.plan import ShardPlan, layout_problems
+from core.planning.precision import precision_problems
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.runs.recovery import Replanner
@@ -226,7 +227,8 @@ def check_run(plan: ShardPlan, model_dir: str, prompts: list[str] | tuple[str, .
     problem = settings_problem(settings)
     if problem:
         raise FormatError("run settings", problem[1], problem[0])
-    problems = layout_problems(plan, load_model_spec(model_dir).num_units)
+    spec = load_model_spec(model_dir)
+    problems = layout_problems(plan, spec.num_units) + precision_problems(plan, spec)
     if problems:
         raise PlanInvalid(problems)
     if not any((Path(model_dir) / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
