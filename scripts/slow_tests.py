@@ -5,9 +5,11 @@
 
 A test's time in the report is its setup, call and teardown together, so a module-scoped
 fixture counts on the first test that uses it; once that test is listed the next one pays it,
-so run the two lines again until nothing new is printed. Each test folder (package) keeps one
+so run the two lines again until nothing new is printed (but the one below). Each test folder (package) keeps one
 quick test (the suite refuses to start otherwise): where all its tests are over the limit, its
-quickest is not printed.
+quickest is not printed. A session-wide set-up (tests/agents' tiny checkpoints, with the first
+import of torch and transformers: ~10 s under load) lands on whichever test needs it first:
+listing that test only moves it to the next one, so leave it off the list.
 """
 
 from __future__ import annotations
