@@ -10,6 +10,7 @@ store, so the studio replays them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 
@@ -69,11 +70,13 @@ def _make_model(args) -> int:
     return 0
 
 
-def _checked_link(args):
-    """The pools, and a link to their agents, after every check that needs no agent: the pools file,
-    the model (a Llava checkpoint, from config.json), what the real run serves, and an agent in the
-    agents file for every pool device. So a bad input is one line before any agent is set to work."""
-    from core.devices.agent_link import AgentLink
+@contextlib.contextmanager
+def _pool_agents(args):
+    """(pools, an open link to their agents) after every check: first those that need neither agent nor
+    torch (the pools file, the model is a Llava checkpoint from config.json, an agent in the agents
+    file for every pool device), then every agent answering (a dead one named in seconds), then what
+    the real run serves (imports torch). A bad input is one line before any agent is set to work."""
+    from core.devices.agent_link import ANSWER_WITHIN_S, AgentLink
     from core.devices.local_cluster import load_agents_file
     from core.errors import FormatError
     from core.models.multimodal import check_multimodal_dir
@@ -86,22 +89,21 @@ def _checked_link(args):
     if missing:
         raise FormatError(args.agents, f"no agent named {', '.join(missing)}, which {args.pools} puts in a pool "
                                        f"(agents: {', '.join(e.device for e in endpoints)})")
-    from core.techniques.phase_disaggregation.runtime import check_real_pools  # imports torch: after the cheap checks
+    with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
+        link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        from core.techniques.phase_disaggregation.runtime import check_real_pools
 
-    check_real_pools(pools)
-    return pools, AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0)
+        check_real_pools(pools)
+        yield pools, link
 
 
 def _profile(args) -> int:
     check_writable(args.out)
-    pools, link = _checked_link(args)
-    from core.devices.agent_link import ANSWER_WITHIN_S
-    from core.reporting import TerminalReporter
-    from core.techniques.phase_disaggregation.profiling import profile_phases
-    from core.techniques.phase_disaggregation.runtime import load_pools
+    with _pool_agents(args) as (pools, link):
+        from core.reporting import TerminalReporter
+        from core.techniques.phase_disaggregation.profiling import profile_phases
+        from core.techniques.phase_disaggregation.runtime import load_pools
 
-    with link:
-        link.wait_ready(timeout_s=ANSWER_WITHIN_S)  # a dead agent: named in seconds
         load_pools(link, args.model, pools)
         costs = profile_phases(link, args.model, pools, repeats=args.repeats, transfers=args.transfers,
                                reporter=TerminalReporter())
@@ -124,16 +126,13 @@ def _run(args) -> int:
     costs = load(args.costs, PhaseCosts) if args.costs else None
     workspace = args.workspace or workspace_file()
     check_workspace(workspace)  # recorded after the run: a bad path must fail before it
-    pools, link = _checked_link(args)
-    from core.devices.agent_link import ANSWER_WITHIN_S
-    from core.techniques.phase_disaggregation.runtime import (
-        prepare_requests, record_epd_run, reference_tokens, run_epd,
-    )
-    from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
-
     sampling = SamplingSpec(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    with link:
-        link.wait_ready(timeout_s=ANSWER_WITHIN_S)  # a dead agent: named in seconds, before the inputs are made
+    with _pool_agents(args) as (pools, link):
+        from core.techniques.phase_disaggregation.runtime import (
+            prepare_requests, record_epd_run, reference_tokens, run_epd,
+        )
+        from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
+
         prepared = prepare_requests(args.model, workload, [Path(p) for p in args.images] if args.images else None)
         link.sync_clocks()
         run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling,

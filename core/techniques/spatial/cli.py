@@ -193,10 +193,11 @@ def _run(args) -> int:
             raise EdgeShardError(out.error)
         plan = out.plan
     check(problem, plan)
-    images = run_images(args, problem.model.spec().image)
+    if args.image:  # a bad image file before any agent is connected (random images: made once they answer)
+        run_images(args, problem.model.spec().image)
     endpoints, keys = load_agents_file(args.agents)
     on_agents(problem, plan, [e.device for e in endpoints])  # enough agents: before connecting to them
-    return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, workspace, args.session)
+    return _run_on_agents(endpoints, keys, problem, plan, args, workspace, args.session)
 
 
 def run_plan_file(args, agents) -> int:
@@ -221,32 +222,37 @@ def run_plan_file(args, agents) -> int:
                                            "--images N), not --model or prompts")
     problem, plan = _problem(args.problem), load(args.plan, SpatialPlan)
     check(problem, plan)  # before any agent is started or connected
-    images = run_images(args, problem.model.spec().image)
+    if args.image:  # a bad image file before local agents start (random images: made once they answer)
+        run_images(args, problem.model.spec().image)
     workspace = "" if args.no_record else (args.workspace or str(default_workspace_path()))
     check_workspace(workspace)  # before any agent works
     session = f"edgeshard run {args.plan}"
     if agents is not None:
         endpoints, keys = agents
         on_agents(problem, plan, [e.device for e in endpoints])
-        return _run_on_agents(endpoints, keys, problem, plan, images, args.seed, workspace, session)
+        return _run_on_agents(endpoints, keys, problem, plan, args, workspace, session)
     with tempfile.TemporaryDirectory(prefix="edgeshard-spatial-") as tmp, \
             LocalCluster(tmp, len(plan.devices), link_mbit=args.link_mbit,
                          link_latency_ms=args.link_latency_ms) as lc:
-        return _run_on_agents(lc.endpoints, lc.keys, problem, plan, images, args.seed, workspace, session)
+        return _run_on_agents(lc.endpoints, lc.keys, problem, plan, args, workspace, session)
 
 
-def _run_on_agents(endpoints, keys, problem, plan, images, seed: int, workspace: str, session: str) -> int:
-    """Run ``images`` on the agents (the plan's devices named as them, ``on_agents``), check every
-    image against one device, record the run and its prediction in ``workspace`` ("" : not recorded)."""
+def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session: str) -> int:
+    """Run the images ``args`` asks for on the agents (the plan's devices named as them, ``on_agents``),
+    check every image against one device, record the run and its prediction in ``workspace`` ("" : not
+    recorded). The agents must answer first: a dead one is named before torch is imported here."""
     from core.devices.agent_link import ANSWER_WITHIN_S, AgentLink
-    from core.techniques.spatial.run import on_agents, run_and_record
-    from core.techniques.spatial.simulator import simulate
+    from core.techniques.spatial.run import on_agents
 
     problem, plan = on_agents(problem, plan, [e.device for e in endpoints])
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
         link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        from core.techniques.spatial.run import run_and_record
+        from core.techniques.spatial.simulator import simulate
+
+        images = run_images(args, problem.model.spec().image)
         link.sync_clocks()
-        out = run_and_record(link, problem, plan, images, seed=seed, workspace=workspace, session=session)
+        out = run_and_record(link, problem, plan, images, seed=args.seed, workspace=workspace, session=session)
     n = len(out.run.tokens)
     recorded = (f"recorded runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)" if out.run_ids
                 else "not recorded")
