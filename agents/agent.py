@@ -8,9 +8,10 @@ Two threads, no busy polling:
   (replies, tokens, run results) and flushes timeline events about every 50 ms;
 - the **worker thread** does every long action — loading a shard, profiling, the stage
   loop of a run: block on the data PULL socket (polled with a wake pipe, so a stop is
-  noticed at once: ``agents.transport.DataInbox``), compute, hand the result to libzmq (or to the emulated link's sender thread) and go back
-  to waiting — sending overlaps compute. While it works, status reports what it is doing
-  (``activity``) and how far it got (``progress``, e.g. blocks read while loading).
+  noticed at once: ``agents.transport.DataInbox``), compute, hand the result to libzmq (or
+  to the emulated link's sender thread) and go back to waiting — sending overlaps compute.
+  While it works, status reports what it is doing (``activity``) and how far it got
+  (``progress``, e.g. blocks read while loading).
 
 The control thread must never wait on the worker, and nothing the worker does may hold
 the GIL for long: ``warm_imports()`` (called by ``python -m agents serve`` in a thread
