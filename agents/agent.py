@@ -88,8 +88,7 @@ from agents.weights import WeightStore, WeightStoreError, default_root
 log = logging.getLogger("edgeshard.agent")
 
 DATA_POLL_MS = 100
-"""How long a data receive blocks by default (a loop with deadlines of its own checks them this
-often); a run's stop wakes any receive at once, and the stage run waits with no timeout."""
+"""A data receive's default wait (for loops with deadlines); a run's stop wakes any receive at once."""
 SEND_TIMEOUT_MS = 200
 
 
@@ -269,10 +268,6 @@ class Agent(ControlPlane, LeaseRules):
             self._log(f"dropped data message: {err.code}: {err}")
             return None
         return header, bufs, received
-
-    def _new_run_stop(self) -> threading.Event:
-        """A fresh stop for the next run: setting it wakes the data receive (``DataInbox``)."""
-        return self._inbox.stop_event() if self._inbox is not None else threading.Event()
 
     def _wake(self) -> None:
         try:

@@ -119,7 +119,7 @@ class LeaseRules:
         last run cannot reach it), the run id a ``StopRun`` is compared with, then the work."""
         self._state = AgentState.RUNNING
         self._run_owner, self._current = identity, msg
-        self._stop_run = self._new_run_stop()
+        self._stop_run = self._inbox.stop_event()  # setting it wakes the data receive (DataInbox)
         self._run_id = msg.run_id
         self._lease_holder = identity if msg.lease_s > 0 else None
         self._lease_s = msg.lease_s
