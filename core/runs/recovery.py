@@ -111,7 +111,9 @@ class Replanner(Protocol):
 
 class ExactReplanner:
     """Re-plans with the exact solver, warm-started from the interrupted plan
-    (``core.planning.solvers.replan_after_failure``); every device lost so far stays excluded."""
+    (``core.planning.solvers.replan_after_failure``); every device lost so far stays excluded. The
+    new plan keeps the run's weight precision (the solver plans the memory of fp weights, so it may
+    find no plan where one at int8/int4 would fit); a plan mixing precisions is not re-planned."""
 
     def __init__(self, problem: PlanningProblem, time_limit_s: float = 5.0) -> None:
         self.problem = problem
@@ -120,8 +122,13 @@ class ExactReplanner:
     def __call__(self, plan: ShardPlan, failed: str, usable: tuple[str, ...]) -> ShardPlan:
         import msgspec
 
+        from core.planning.plan import with_weights
         from core.planning.solvers import replan_after_failure
 
+        precisions = {s.weights for s in plan.stages}
+        if len(precisions) > 1:  # a re-split would put blocks at another precision: the tokens would change
+            raise RecoveryImpossible(f"{failed} was lost and the plan mixes weight precisions "
+                                     f"({', '.join(sorted(precisions))}), which the solvers do not re-plan", failed)
         unusable = tuple(d for d in self.problem.profile.cluster.device_ids()
                          if d not in usable and d != failed and d not in self.problem.excluded_devices)
         problem = msgspec.structs.replace(self.problem, excluded_devices=(*self.problem.excluded_devices, *unusable))
@@ -136,7 +143,7 @@ class ExactReplanner:
                                      + "; ".join(err.violations), failed) from None
         self.problem = msgspec.structs.replace(self.problem,
                                                excluded_devices=(*self.problem.excluded_devices, failed))
-        return result.plan
+        return with_weights(result.plan, precisions.pop())  # every block stays at the run's precision
 
 
 @dataclass(frozen=True)
