@@ -61,8 +61,8 @@ def quiet_cpu_build_noise() -> None:
 
 @functools.cache
 def _torchao():
-    """Import torchao once (1 to 3 s on a loaded 2-core host, on the first quantized load; never at
-    the agent's start)."""
+    """torchao's quantization API, imported on the first quantized load, never at the agent's start
+    (transformers' model code imports torchao itself when it is installed: ~1.5 s at load 1.3)."""
     quiet_cpu_build_noise()
     import torchao.quantization as quantization
     from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
