@@ -21,7 +21,7 @@ when the model's weights exceed that cache: a decode step streams every unit of 
 through it, so each unit's weights were evicted since its previous use. Timing one unit
 over and over would keep a small unit's weights cached (a 12.8 MiB block in a 32 MiB L3
 measured 0.7 ms/token where the same block took 1.6 ms inside an 8-block stage: the
-miniature's 2.5x misprediction, docs/experiments.md). So when the whole model is larger
+miniature's 2.5x misprediction, docs/experiments.md). So when the entire model is larger
 than the cache, several copies of the unit (distinct weights, together about twice the
 cache) are built and timed in turn (``cold_copies``); a model that fits is timed warm, as
 it runs on a device of its own. Not the embedding, whose step reads only its tokens' rows.
@@ -95,7 +95,7 @@ def accelerator_name() -> str:
 
 
 def _model_bytes(hf_config, dtype) -> int:
-    """Parameter bytes of the whole model (built on the meta device: nothing is allocated)."""
+    """Parameter bytes of the entire model (built on the meta device: nothing is allocated)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -288,8 +288,8 @@ class _UnitBench:
 
     def expert_fn(self) -> Timed | None:
         """One expert of a MoE block (Mixtral's ``mlp.experts``: gate/up, activation, down) on one
-        token, the way ``agents.expert_offload`` runs it; None for a unit without experts. Expert
-        offloading's planner splits a block's decode time into this and the rest."""
+        token, the way a stage that keeps a block's experts on storage runs it; None for a unit without
+        experts. A planner that places experts splits a block's decode time into this and the rest."""
         experts = getattr(getattr(self.modules.get("layer"), "mlp", None), "experts", None)
         if experts is None or not hasattr(experts, "gate_up_proj"):
             return None
@@ -461,8 +461,9 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
 
 
 def profile_compute(agent, options: ComputeOptions | ConvSweepOptions) -> ComputeProfile | ConvTimings:
-    """Agent handler of ``ProfileCompute``: unit timings, or convolution timings for spatial
-    partitioning; an emulated device's figures carry its slowdown and budget."""
+    """Agent handler of ``ProfileCompute``: unit timings, or the convolution timings a
+    technique's registered profiler answers (agents.registry.run_profiler); an emulated device's
+    figures carry its slowdown and budget."""
     emulation = getattr(agent, "emulation", None)
     if isinstance(options, ConvSweepOptions):
         from agents.registry import run_profiler as conv_sweep
