@@ -18,7 +18,7 @@ import msgspec
 from core.errors import EdgeShardError
 from core.reporting import Reporter
 from core.techniques.outcomes import StrategyOutcome
-from core.techniques.phase_disaggregation.search import Candidate, config_for, evaluate, search
+from core.techniques.phase_disaggregation.search import SERVED_BATCHES, Candidate, config_for, evaluate, search
 from core.techniques.phase_disaggregation.types import EpdInputError, EpdProblem, PoolConfig
 
 DECODE_GRID = (8, 32)
@@ -29,19 +29,24 @@ def _best(problem: EpdProblem, configs: list[PoolConfig]) -> Candidate:
     return max((evaluate(problem, c) for c in configs), key=lambda c: c.score)
 
 
-def aggregated(problem: EpdProblem) -> Candidate:
+def aggregated(problem: EpdProblem, *, served_only: bool = False) -> Candidate:
+    """``served_only``: prefill batches the real run serves (1) only."""
     n = len(problem.devices)
     return _best(problem, [config_for(problem, "aggregated", (n,), decode_batch=db, prefill_batch=pb)
-                           for db in DECODE_GRID for pb in PREFILL_GRID])
+                           for db in DECODE_GRID for pb in _prefill_grid(served_only)])
 
 
-def pd_only(problem: EpdProblem) -> Candidate:
+def _prefill_grid(served_only: bool) -> tuple[int, ...]:
+    return SERVED_BATCHES["prefill_batch"] if served_only else PREFILL_GRID
+
+
+def pd_only(problem: EpdProblem, *, served_only: bool = False) -> Candidate:
     n = len(problem.devices)
     if n < 2:
         raise EpdInputError("pd-only needs at least 2 devices (a prefill and a decode pool)")
     splits = sorted({max(1, min(n - 1, round(n * f))) for f in (0.25, 0.5, 0.75)})
     return _best(problem, [config_for(problem, "pd", (p, n - p), decode_batch=db, prefill_batch=pb)
-                           for p in splits for db in DECODE_GRID for pb in PREFILL_GRID])
+                           for p in splits for db in DECODE_GRID for pb in _prefill_grid(served_only)])
 
 
 def searched(problem: EpdProblem, *, trials: int = 40, time_limit_s: float = 120.0, seed: int = 0,

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 ENCODE_BATCHES = (1, 2, 4)
 PREFILL_BATCHES = (1, 2, 4, 8)
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+SERVED_BATCHES = {"encode_batch": (1,), "prefill_batch": (1,)}
+"""What the real run serves (``runtime.check_real_pools``): ``served_only`` searches only these."""
 DEVICE_PENALTY = 0.02
 """A configuration using the whole budget scores this fraction below its goodput."""
 
@@ -109,11 +111,13 @@ def evaluate(problem: EpdProblem, config: PoolConfig) -> Candidate:
                      tpot_p50_s=statistics.median(m.tpot_s for m in ms), score=score)
 
 
-def _suggest(trial: optuna.Trial, problem: EpdProblem, modes: Sequence[str]) -> PoolConfig:
+def _suggest(trial: optuna.Trial, problem: EpdProblem, modes: Sequence[str], served_only: bool = False) -> PoolConfig:
     n = len(problem.devices)
     mode = trial.suggest_categorical("mode", list(modes))
-    knobs = dict(encode_batch=trial.suggest_categorical("encode_batch", list(ENCODE_BATCHES)),
-                 prefill_batch=trial.suggest_categorical("prefill_batch", list(PREFILL_BATCHES)),
+    encode, prefill = ((SERVED_BATCHES["encode_batch"], SERVED_BATCHES["prefill_batch"]) if served_only
+                       else (ENCODE_BATCHES, PREFILL_BATCHES))
+    knobs = dict(encode_batch=trial.suggest_categorical("encode_batch", list(encode)),
+                 prefill_batch=trial.suggest_categorical("prefill_batch", list(prefill)),
                  decode_batch=trial.suggest_categorical("decode_batch", list(DECODE_BATCHES)),
                  policy=trial.suggest_categorical("policy", list(POLICIES)))
     if mode == "epd":
@@ -145,8 +149,9 @@ def params_of(config: PoolConfig) -> dict:
 
 def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trials: int = 40,
            time_limit_s: float = 120.0, seed: int = 0, seeds: Sequence[PoolConfig] = (),
-           reporter: Reporter | None = None) -> SearchResult:
-    """The best configuration found in ``trials`` trials or ``time_limit_s``, whichever ends first."""
+           served_only: bool = False, reporter: Reporter | None = None) -> SearchResult:
+    """The best configuration found in ``trials`` trials or ``time_limit_s``, whichever ends first;
+    ``served_only``: only batch sizes the real run serves (the studio's measured cluster)."""
     reporter = reporter or NullReporter()
     bad = [m for m in modes if m not in DISAGGREGATIONS]
     if bad or not modes:
@@ -173,7 +178,7 @@ def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trial
     def objective(trial: optuna.Trial) -> float:
         if reporter.cancel_requested():
             raise Cancelled()
-        cfg = _suggest(trial, problem, modes)
+        cfg = _suggest(trial, problem, modes, served_only)
         key = msgspec.json.encode(cfg)
         cand = seen.get(key) or evaluate(problem, cfg)
         seen[key] = cand
@@ -192,5 +197,5 @@ def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trial
                         elapsed_s=time.perf_counter() - t0)
 
 
-__all__ = ["Candidate", "SearchProgress", "SearchResult", "config_for", "evaluate", "min_devices", "params_of",
+__all__ = ["SERVED_BATCHES", "Candidate", "SearchProgress", "SearchResult", "config_for", "evaluate", "min_devices", "params_of",
            "search"]

@@ -1,0 +1,159 @@
+"""EPD planned from the connected agents and run on them (the studio's measured source).
+
+The paper-shaped problem (``scenarios``: eight illustrative devices) answers "what if"; this
+module answers "what should *these* agents do": ``measure_costs`` times the phases on the
+agents themselves (``profiling.profile_phases`` over a layout that puts each phase on its own
+agent where there are enough of them), ``cluster_problem`` is the search's problem over exactly
+those agents, with a workload the real run can serve (``agent_workload``), and ``run_layout``
+serves that workload with a chosen layout (the search's pick, PD-only or aggregated), records
+it beside the simulator's prediction for the same costs, and returns the SLO figures of both.
+Every check that needs no agent runs before any agent is set to work (``served_problem``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from core.reporting import NullReporter, Reporter
+from core.techniques.phase_disaggregation.types import (
+    SLO, EpdInputError, EpdProblem, PhaseCosts, PoolConfig, RequestMetrics, Workload,
+)
+
+PROBE_TILES = (1, 2, 4)
+PROBE_PROMPTS = (16, 48)
+PROBE_BATCHES = (1, 2, 4)
+"""What ``measure_costs`` probes: sizes a small checkpoint's shipped prompts and tiles reach,
+so a measurement takes seconds, not the CLI profile's half minute."""
+
+
+def measurement_pools(devices: Sequence[str]) -> PoolConfig:
+    """Where the phases are timed: encode, prefill and decode each on its own agent when there are
+    three or more (so the data-plane hops are timed too), else shared by the few there are."""
+    devs = list(devices)
+    if not devs:
+        raise EpdInputError("no agents to measure on: start the demo cluster or connect agents")
+    e, p, d = devs[0], devs[min(1, len(devs) - 1)], devs[min(2, len(devs) - 1)]
+    mode = "epd" if len({e, p, d}) == 3 else ("pd" if e != d else "aggregated")
+    if mode == "pd":
+        p = e  # PD-only couples encode to prefill
+    return PoolConfig(disaggregation=mode, encode=(e,), prefill=(p,), decode=(d,), decode_batch=max(PROBE_BATCHES))
+
+
+def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeats: int = 3,
+                  reporter: Reporter | None = None) -> PhaseCosts:
+    """``PhaseCosts`` measured on ``devices`` (the agents of ``link``) for the Llava checkpoint ``model_dir``."""
+    from core.models.multimodal import check_multimodal_dir
+    from core.techniques.phase_disaggregation.profiling import profile_phases
+    from core.techniques.phase_disaggregation.runtime import load_pools
+
+    reporter = reporter or NullReporter()
+    check_multimodal_dir(model_dir)
+    pools = measurement_pools(devices)
+    reporter.status(f"loading the phases on {', '.join(pools.devices)}")
+    load_pools(link, model_dir, pools)
+    link.sync_clocks()
+    costs = profile_phases(link, model_dir, pools, tiles=PROBE_TILES, prompt_tokens=PROBE_PROMPTS,
+                           decode_batches=PROBE_BATCHES, decode_steps=4, repeats=repeats, reporter=reporter)
+    return msgspec.structs.replace(costs, source=f"measured on {', '.join(pools.devices)} ({Path(model_dir).name})")
+
+
+def agent_workload(*, requests: int = 6, rate_rps: float = 2.0, seed: int = 0) -> Workload:
+    """A Poisson workload a small checkpoint serves for real: one or two images of one or two tiles,
+    short prompts and answers (the shipped text holds the prompts)."""
+    from core.techniques.phase_disaggregation.workload import poisson_workload
+
+    return poisson_workload(rate_rps=rate_rps, requests=requests, seed=seed, images=(1, 2), tiles_per_image=(1, 2),
+                            prompt_tokens=(8, 16), output_tokens=(6, 10))
+
+
+def cluster_problem(costs: PhaseCosts, devices: Sequence[str], workload: Workload, slo: SLO) -> EpdProblem:
+    """The search's problem over exactly these agents (no more devices than are connected)."""
+    if not devices:
+        raise EpdInputError("no agents to plan for: start the demo cluster or connect agents")
+    return EpdProblem(name="measured cluster", costs=costs, workload=workload, slo=slo, devices=tuple(devices))
+
+
+def served_problem(pools: PoolConfig, devices: Sequence[str]) -> str:
+    """Why the real run cannot serve ``pools`` on ``devices`` ("" when it can): what the operator must do."""
+    from core.techniques.phase_disaggregation.runtime import check_real_pools
+
+    missing = [d for d in pools.devices if d not in devices]
+    if missing:
+        return (f"the layout uses {', '.join(missing)}, not among the connected agents: measure and search on "
+                "these agents")
+    try:
+        check_real_pools(pools)
+    except EpdInputError as err:
+        return str(err)
+    return ""
+
+
+class SloFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run (or its prediction) gives the operator: TTFT and TPOT, and the share meeting the SLO."""
+
+    requests: int
+    ttft_p50_s: float
+    ttft_p90_s: float
+    tpot_p50_s: float
+    attainment: float
+
+    @classmethod
+    def of(cls, metrics: Sequence[RequestMetrics], slo: SLO) -> "SloFigures":
+        from core.techniques.phase_disaggregation.goodput import attainment
+
+        ttft = sorted(m.ttft_s for m in metrics)
+        return cls(requests=len(metrics), ttft_p50_s=statistics.median(ttft),
+                   ttft_p90_s=ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))],
+                   tpot_p50_s=statistics.median(m.tpot_s for m in metrics), attainment=attainment(metrics, slo))
+
+
+class LayoutRun(msgspec.Struct, frozen=True, kw_only=True):
+    """One layout served on the agents: its tokens, metrics and figures, the prediction's, the records."""
+
+    layout: str
+    pools: PoolConfig
+    tokens: dict[int, tuple[int, ...]]
+    metrics: tuple[RequestMetrics, ...]
+    measured: SloFigures
+    predicted: SloFigures | None
+    run_id: int | None
+    predicted_id: int | None
+
+
+def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConfig, *, layout: str = "",
+               workspace: str = "", session: str = "epd", reporter: Reporter | None = None) -> LayoutRun:
+    """Serve ``problem``'s workload with ``pools`` on the agents, record it (and the simulator's
+    prediction for the problem's costs) in ``workspace`` when given, and return both figures."""
+    from core.sessions.store import SessionStore
+    from core.techniques.phase_disaggregation.runtime import prepare_requests, record_epd_run, run_epd
+    from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
+
+    reporter = reporter or NullReporter()
+    why = served_problem(pools, problem.devices)
+    if why:
+        raise EpdInputError(why)
+    reporter.status("preparing the requests' tiles and prompts")
+    prepared = prepare_requests(model_dir, problem.workload)
+    reporter.status(f"loading {pools.disaggregation} on {', '.join(pools.devices)}")
+    link.sync_clocks()
+    reporter.status(f"serving {len(prepared)} requests")
+    run = run_epd(link, model_dir, problem.workload, pools, prepared=prepared, reporter=reporter)
+    sim = simulate_pools(problem.costs, problem.workload, pools, record=bool(workspace))
+    run_id = predicted_id = None
+    if workspace:
+        model = Path(model_dir).name
+        with SessionStore(workspace) as store:
+            sid = store.create_session(session)
+            run_id = record_epd_run(store, sid, run, model=model, workload=problem.workload, pools=pools)
+            predicted_id = record_simulation(store, sid, sim, model=model, workload=problem.workload, pools=pools)
+    return LayoutRun(layout=layout or pools.disaggregation, pools=pools, tokens=run.tokens, metrics=run.metrics,
+                     measured=SloFigures.of(run.metrics, problem.slo),
+                     predicted=SloFigures.of(sim.metrics, problem.slo), run_id=run_id, predicted_id=predicted_id)
+
+
+__all__ = ["LayoutRun", "SloFigures", "agent_workload", "cluster_problem", "measure_costs", "measurement_pools",
+           "run_layout", "served_problem"]

@@ -1,0 +1,61 @@
+"""EPD on the connected agents, as the plan view shows it: the source of the problem (measured on
+the agents, or the what-if scenario), the jobs that measure and run on a worker, and the *Run*
+tab (the served requests' timeline, measured SLO figures beside the simulator's prediction)."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from core.techniques.phase_disaggregation.on_agents import LayoutRun, SloFigures, measure_costs, run_layout
+from gui.techniques.phase_disaggregation.drawings import LAYOUT_WORDS, RequestTimeline, pools_text
+
+MEASURED = "Measured on the agents"
+WHAT_IF = "What-if: illustrative edge devices"
+SOURCES = (MEASURED, WHAT_IF)
+
+
+def measure_job(reporter, link, model_dir: str, devices: list[str]):
+    """The worker's job of *Measure on agents*."""
+    return measure_costs(link, model_dir, devices, reporter=reporter)
+
+
+def run_job(reporter, link, model_dir: str, problem, pools, layout: str, workspace: str) -> LayoutRun:
+    """The worker's job of *Run on agents*."""
+    return run_layout(link, model_dir, problem, pools, layout=layout, workspace=workspace, reporter=reporter)
+
+
+def figures_text(f: SloFigures) -> str:
+    return (f"TTFT p50 {f.ttft_p50_s * 1e3:.0f} ms, p90 {f.ttft_p90_s * 1e3:.0f} ms · TPOT p50 "
+            f"{f.tpot_p50_s * 1e3:.1f} ms · SLO met by {f.attainment:.0%} of {f.requests}")
+
+
+class AgentRunTab(QWidget):
+    """The last layout served on the agents: which, its requests' spans, measured vs predicted."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.last: LayoutRun | None = None
+        self.summary = QLabel("Run a layout on the agents (Run on agents) to see its requests here.")
+        self.summary.setWordWrap(True)
+        self.summary.setAccessibleName("EPD run figures")
+        self.timeline = RequestTimeline()
+        self.timeline.placeholder = "No run on the agents yet"
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.timeline, 1)
+
+    def show_run(self, run: LayoutRun) -> None:
+        self.last = run
+        self.timeline.show_metrics(run.metrics)
+        lines = [f"<b>{run.layout}</b>: {LAYOUT_WORDS.get(run.pools.disaggregation, run.pools.disaggregation)}, "
+                 f"{pools_text(run.pools)} on {', '.join(run.pools.devices)}",
+                 f"measured: {figures_text(run.measured)}"]
+        if run.predicted is not None:
+            lines.append(f"predicted: {figures_text(run.predicted)}")
+        lines.append(f"recorded as run {run.run_id} (predicted: run {run.predicted_id}); Sessions replays it"
+                     if run.run_id is not None else "not recorded: open a workspace to keep runs")
+        self.summary.setText("<br>".join(lines))
+
+
+__all__ = ["MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "figures_text", "measure_job", "run_job"]
