@@ -1,7 +1,10 @@
-"""The expert-offloading plan view (EdgeMoE): a paper-shaped scenario's memory budget, storage
-bandwidth and accuracy bound; the plan of a strategy; Compare of EdgeMoE and the paper's
-baselines; and, per strategy, a bar of one token's time split into compute and storage
-reads that compute could not hide (what the I/O lane of the simulated timeline shows).
+"""The expert-offloading plan view (EdgeMoE): the problem of a profiled device of the cluster
+(its measured compute times, memory budget and storage bandwidth: ``core.techniques.
+expert_offload.on_agents``) or the paper-shaped what-if scenario; the plan of a strategy; Compare
+of EdgeMoE and the paper's baselines (a row picks its strategy; one that does not fit cannot be
+used); per strategy, a bar of one token's time split into compute and storage reads that compute
+could not hide; and *Use for Run*: the Run screen runs the plan on the agent, its storage lane
+and expert heat map live.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ from PySide6.QtWidgets import (
 )
 
 from core.errors import EdgeShardError
-
 from core.techniques import technique_named
+from core.techniques.expert_offload.on_agents import cluster_problem, measure_storage, stored_bandwidth_bps
 from core.techniques.expert_offload.scenarios import paper_shaped
 from gui.studio_state import StudioState
 from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disabled
+from gui.workers import TaskRunner
+
+MEASURED = "Measured cluster"
+WHAT_IF = "What-if: phone (paper-shaped)"
+ADOPTABLE = ("optimal", "ok")
+"""Statuses of a strategy whose plan fits its problem: only these can become the Run screen's plan."""
 
 COMPUTE = QColor("#4c78a8")
 STALL = QColor("#e45756")
@@ -62,6 +71,10 @@ class TokenTimeBars(QWidget):
             p.drawText(QRectF(x + 16, y, 220, 18), Qt.AlignVCenter, text)
 
 
+def _storage_job(reporter, model_dir: str) -> float:
+    return measure_storage(model_dir, reporter=reporter)
+
+
 class ExpertOffloadPlanView(QWidget):
     """Plan screen view of the ``expert-offload`` technique."""
 
@@ -72,17 +85,41 @@ class ExpertOffloadPlanView(QWidget):
         super().__init__(parent)
         self.state = state
         self.technique = technique_named("expert-offload")
+        self.model_dir = ""
+        """The Mixtral checkpoint planned and run (the studio's model, or one given by ``set_model_dir``)."""
+        self.measured_bps: float | None = None
+        self.runner = TaskRunner(self, name="expert-storage")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 8, 16, 8)
-        lay.addWidget(panel_header("Expert offloading (EdgeMoE)",
-                                   "Paper-shaped scenario: sizes, times and bit options are assumptions"))
+        header = panel_header("Expert offloading (EdgeMoE)", "")
+        self.subtitle = header.findChildren(QLabel)[-1]
+        lay.addWidget(header)
         controls = QHBoxLayout()
         form = QFormLayout()
+        self.source = QComboBox()
+        self.source.addItems((MEASURED, WHAT_IF))
+        self.source.setCurrentText(WHAT_IF)
+        self.source.setAccessibleName("Problem source")
+        self.source.setToolTip("Measured: a profiled device of the cluster (its compute times, memory budget and "
+                               "storage bandwidth) with the studio's Mixtral checkpoint. What-if: the paper's "
+                               "phone-class device; sizes, times and bit options are assumptions")
+        self.device = QComboBox()
+        self.device.setAccessibleName("Device")
+        self.device.setToolTip("The profiled device that runs the model with its experts on storage")
         self.budget = QDoubleSpinBox(minimum=5, maximum=100, value=10, suffix=" % of the model", decimals=0)
-        self.bandwidth = QDoubleSpinBox(minimum=10, maximum=5000, value=200, suffix=" MB/s", decimals=0)
+        self.bandwidth = QDoubleSpinBox(minimum=0.01, maximum=100_000, value=200, suffix=" MB/s", decimals=2)
         self.bound = QDoubleSpinBox(minimum=0, maximum=50, value=5, suffix=" % perplexity", decimals=1)
-        form.addRow("Memory budget", self.budget)
-        form.addRow("Storage bandwidth", self.bandwidth)
+        self.measure_button = QPushButton("Measure storage")
+        self.measure_button.setToolTip("Read every expert of the checkpoint with the caches dropped (here: the local "
+                                       "cluster's agents read these files) and use the measured bandwidth")
+        bandwidth_row = QHBoxLayout()
+        bandwidth_row.addWidget(self.bandwidth, 1)
+        bandwidth_row.addWidget(self.measure_button)
+        self.budget_label = QLabel("Memory budget")
+        form.addRow("Source", self.source)
+        form.addRow("Device", self.device)
+        form.addRow(self.budget_label, self.budget)
+        form.addRow("Storage bandwidth", bandwidth_row)
         form.addRow("Accuracy bound", self.bound)
         controls.addLayout(form)
         side = QFormLayout()
@@ -96,10 +133,7 @@ class ExpertOffloadPlanView(QWidget):
         lay.addLayout(controls)
         run_row = QHBoxLayout()
         self.use_for_run = QPushButton("Use for Run")
-        self.use_for_run.setToolTip("Make this strategy's buffer options the Run screen's plan: the model checkpoint "
-                                    "(Model) with its experts on storage, on the prompt's source device")
         self.use_for_run.clicked.connect(self.use_plan_for_run)
-        say_why_disabled({self.use_for_run: "load a Mixtral checkpoint (Model) and connect agents first"})
         self.run_message = InlineMessage()
         run_row.addWidget(self.use_for_run)
         run_row.addWidget(self.run_message, 1)
@@ -109,42 +143,191 @@ class ExpertOffloadPlanView(QWidget):
         self.table.setHorizontalHeaderLabels(self.HEADERS)
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.setSelectionMode(QTableWidget.SingleSelection)
+        self.table.setToolTip("Select a row to pick its strategy; one that does not fit cannot be used for Run")
+        self.table.currentCellChanged.connect(lambda row, _c, _pr, _pc: self._on_table_row_changed(row))
         lay.addWidget(self.table, 1)
         self.bars = TokenTimeBars()
         lay.addWidget(self.bars, 1)
         for spin in (self.budget, self.bandwidth, self.bound):
             spin.valueChanged.connect(lambda _v: self.refresh())
         self.strategy.currentTextChanged.connect(lambda _t: self.refresh())
-        for signal in (state.model_changed, state.cluster_changed, state.problem_changed):
+        self.device.currentTextChanged.connect(lambda _t: self.refresh())
+        self.source.activated.connect(lambda _i: self._on_source_chosen())
+        self.measure_button.clicked.connect(lambda: self.measure_storage())
+        self.runner.task_finished.connect(lambda _id, bps: self._on_storage_measured(bps))
+        self.runner.task_failed.connect(lambda _id, msg: self._on_storage_failed(msg))
+        self.runner.status_reported.connect(lambda _id, text: self.run_message.show_lines([text]))
+        self.runner.busy_changed.connect(lambda _b: self._update_run_button())
+        self._source_chosen = False
+        for signal in (state.model_changed, state.profile_changed):
+            signal.connect(lambda *_: self._on_studio_changed())
+        for signal in (state.cluster_changed, state.problem_changed):
             signal.connect(lambda *_: self._update_run_button())
-        self._update_run_button()
+        self._on_studio_changed()
+
+    # -- the problem -------------------------------------------------------------------------
+    def measured(self) -> bool:
+        return self.source.currentText() == MEASURED
+
+    def set_model_dir(self, path: str) -> None:
+        """Plan and run this Mixtral checkpoint (the demo tour's hook; the studio's model otherwise)."""
+        self.model_dir = str(path)
+        self._on_studio_changed()
+
+    def _model(self) -> str:
+        return self.model_dir or getattr(self.state, "model_path", "")
+
+    def measured_blocker(self) -> str:
+        """Why the measured problem cannot be built ("" when it can): what the operator must do."""
+        profile = getattr(self.state, "profile", None)
+        if profile is None:
+            return "no profile: profile the cluster with the Mixtral model (Profile screen)"
+        if not self._model():
+            return "no model: load the Mixtral checkpoint the agents run (Model)"
+        if not any(t.expert_decode_s for t in profile.times):
+            return "the profile has no expert times: profile the cluster with the Mixtral model (Profile screen)"
+        return ""
+
+    def _on_studio_changed(self) -> None:
+        """A new profile or model: offer its devices, and use the measured problem unless the
+        operator chose the what-if one."""
+        profile = getattr(self.state, "profile", None)
+        devices = [t.device for t in profile.times] if profile is not None else []
+        current = self.device.currentText()
+        self.device.blockSignals(True)
+        self.device.clear()
+        self.device.addItems(devices)
+        source = getattr(getattr(self.state, "problem", None), "source", "")
+        pick = current if current in devices else (source if source in devices else (devices[0] if devices else ""))
+        self.device.setCurrentText(pick)
+        self.device.blockSignals(False)
+        if not self._source_chosen:
+            self.source.setCurrentText(WHAT_IF if self.measured_blocker() else MEASURED)
+        self._on_source_changed()
+
+    def _on_source_chosen(self) -> None:
+        self._source_chosen = True
+        self._on_source_changed()
+
+    def _on_source_changed(self) -> None:
+        measured = self.measured()
+        self.device.setEnabled(measured)
+        self.measure_button.setVisible(measured)
+        self.budget_label.setText("Use at most" if measured else "Memory budget")
+        self.budget.blockSignals(True)
+        self.bandwidth.blockSignals(True)
+        if measured:
+            self.budget.setValue(50)
+            stored = stored_bandwidth_bps(self._model()) if self._model() else None
+            self.measured_bps = stored
+            if stored is not None:
+                self.bandwidth.setValue(stored / 1e6)
+        else:
+            self.budget.setValue(10)
+            self.bandwidth.setValue(200)
+        self.budget.blockSignals(False)
+        self.bandwidth.blockSignals(False)
+        self.subtitle.setText(self._subtitle())
+        if measured and self.measured_bps is None and not self.measured_blocker() and not self.runner.is_busy():
+            self.measure_storage()  # a problem without a measured bandwidth is not the cluster's
         self.refresh()
+        self._update_run_button()
+
+    def _subtitle(self) -> str:
+        if not self.measured():
+            why = self.measured_blocker()
+            return ("Paper-shaped scenario: sizes, times and bit options are assumptions"
+                    + (f" (measured: {why})" if why else ""))
+        why = self.measured_blocker()
+        if why:
+            return f"Measured cluster unavailable: {why}"
+        storage = (f"storage {self.measured_bps / 1e6:.0f} MB/s measured" if self.measured_bps is not None
+                   else "storage not measured yet")
+        return (f"{self.device.currentText()} of the profiled cluster: its compute times and memory budget, "
+                f"{storage}, capped at the share of the model set below")
+
+    def problem(self):
+        """The measured device's problem, or the what-if scenario's (``FormatError``: cannot build it)."""
+        import msgspec
+
+        if self.measured():
+            why = self.measured_blocker()
+            if why:
+                raise EdgeShardError(why)
+            base = cluster_problem(self.state.profile, self.device.currentText(), self._model(),
+                                   bandwidth_bps=self.bandwidth.value() * 1e6, model_share=self.budget.value() / 100)
+        else:
+            base = paper_shaped(self.budget.value() / 100.0, self.bandwidth.value() * 1e6)
+        return msgspec.structs.replace(base, accuracy_bound=self.bound.value() / 100.0)
+
+    def measure_storage(self) -> None:
+        if self._model() and not self.runner.is_busy():
+            self.runner.start(_storage_job, self._model())
+
+    def _on_storage_measured(self, bps: float) -> None:
+        self.measured_bps = bps
+        self.run_message.show_lines([])
+        if self.measured():
+            self.bandwidth.setValue(bps / 1e6)  # refreshes
+            self.subtitle.setText(self._subtitle())
+        self.state.log(f"expert storage read at {bps / 1e6:.0f} MB/s ({self._model()})")
+
+    def _on_storage_failed(self, msg: str) -> None:
+        self.run_message.show_lines([msg], "Storage not measured:")
 
     # -- running the plan ------------------------------------------------------------------
     def run_device(self) -> str | None:
-        """Where the run goes: the prompt's source device of the studio's problem, else the cluster's first."""
+        """Where the run goes: the measured device; for the what-if problem the prompt's source device
+        of the studio's problem, else the cluster's first."""
+        if self.measured() and self.device.currentText():
+            return self.device.currentText()
         problem = getattr(self.state, "problem", None)
         if problem is not None:
             return problem.source
         cluster = getattr(self.state, "cluster", None)
         return cluster.device_ids()[0] if cluster is not None and cluster.devices else None
 
+    def outcome(self):
+        try:
+            problem = self.problem()
+        except EdgeShardError as err:
+            return None, str(err)
+        return self.technique.run_strategy(problem, self.strategy.currentText(), "latency"), ""
+
+    def run_blocker(self) -> str:
+        """Why *Use for Run* cannot adopt the chosen strategy ("" when it can)."""
+        if not self._model() or self.run_device() is None:
+            return "load a Mixtral checkpoint (Model) and connect agents first"
+        out, why = self.outcome()
+        if out is None:
+            return why
+        if out.status not in ADOPTABLE:
+            return f"{out.strategy} does not fit ({out.status}{': ' + out.error if out.error else ''})"
+        return ""
+
     def _update_run_button(self) -> None:
-        self.use_for_run.setEnabled(bool(getattr(self.state, "model_path", "")) and self.run_device() is not None)
+        why = self.run_blocker()
+        self.use_for_run.setEnabled(not why)
+        self.use_for_run.setToolTip("Make this strategy's buffer options the Run screen's plan: the model checkpoint "
+                                    "with its experts on storage, on the chosen device")
+        say_why_disabled({self.use_for_run: why})
+        self.measure_button.setEnabled(bool(self._model()) and not self.runner.is_busy())
 
     def use_plan_for_run(self) -> None:
         """The chosen strategy's plan on the real checkpoint (``Technique.run_plan``) becomes the studio's plan."""
         import msgspec
 
-        out = self.technique.run_strategy(self.problem(), self.strategy.currentText(), "latency")
-        device = self.run_device()
-        if out.plan is None or device is None:
-            self.run_message.show_lines([out.error or "no device to run on: connect agents first"],
-                                        "Cannot use this plan:")
+        why = self.run_blocker()
+        if why:
+            self.run_message.show_lines([why], "Cannot use this plan:")
             return
+        out, _ = self.outcome()
+        device = self.run_device()
         plan = msgspec.structs.replace(out.plan, device=device)
         try:
-            run_plan = self.technique.run_plan(plan, self.state.model_path)
+            run_plan = self.technique.run_plan(plan, self._model())
         except EdgeShardError as err:
             self.run_message.show_lines([str(err)], "Cannot use this plan:")
             return
@@ -152,14 +335,12 @@ class ExpertOffloadPlanView(QWidget):
         self.run_message.show_lines([f"The Run screen runs {run_plan.model} on {device} with {plan.slots} expert "
                                      f"slots, preload {plan.preload}, eviction {plan.policy}."])
 
-    def problem(self):
-        base = paper_shaped(self.budget.value() / 100.0, self.bandwidth.value() * 1e6)
-        import msgspec
-
-        return msgspec.structs.replace(base, accuracy_bound=self.bound.value() / 100.0)
-
     def refresh(self) -> None:
-        out = self.technique.run_strategy(self.problem(), self.strategy.currentText(), "latency")
+        out, why = self.outcome()
+        self._update_run_button()
+        if out is None:
+            self.plan_label.setText(why)
+            return
         if out.plan is None:
             self.plan_label.setText(f"{out.status}: {out.error}")
             return
@@ -167,7 +348,7 @@ class ExpertOffloadPlanView(QWidget):
         self.plan_label.setText(
             f"{out.plan.slots} experts in the buffer at {out.plan.bits.name}, preload {out.plan.preload} per layer, "
             f"{'whole layers streamed, ' if out.plan.whole_layers else ''}eviction {out.plan.policy}; "
-            f"{c.memory_bytes / 1e6:.0f} MB of {self.problem().memory_budget_bytes / 1e6:.0f} MB "
+            f"{c.memory_bytes / 1e6:.1f} MB of {self.problem().memory_budget_bytes / 1e6:.1f} MB "
             f"({out.status}); {1 / c.latency_per_token_s:.2f} tokens/s")
 
     def auto_solve(self) -> None:
@@ -175,15 +356,27 @@ class ExpertOffloadPlanView(QWidget):
         self.refresh()
 
     def compare(self) -> None:
-        outs = self.technique.compare(self.problem(), "latency")
+        try:
+            outs = self.technique.compare(self.problem(), "latency")
+        except EdgeShardError as err:
+            self.run_message.show_lines([str(err)], "Cannot compare:")
+            return
         rows, bars = [], []
         for o in outs:
             c, plan = o.cost, o.plan
             rows.append([o.strategy, o.status,
                          f"{o.tokens_per_s:.2f}" if o.tokens_per_s else "—", str(plan.slots) if plan else "—",
                          plan.bits.name if plan else "—", str(plan.preload) if plan else "—",
-                         f"{c.memory_bytes / 1e6:.0f}" if c else "—", f"{c.io_stall_s * 1e3:.0f}" if c else "—"])
+                         f"{c.memory_bytes / 1e6:.1f}" if c else "—", f"{c.io_stall_s * 1e3:.1f}" if c else "—"])
             if c:
                 bars.append((o.strategy, c.compute_s, c.io_stall_s))
         fill_table(self.table, rows, tooltips=[o.error for o in outs])  # why a strategy failed, not widening it
         self.bars.show_rows(bars)
+
+    def _on_table_row_changed(self, row: int) -> None:
+        item = self.table.item(row, 0) if row >= 0 else None
+        if item is not None:
+            self.strategy.setCurrentText(item.text())
+
+    def shutdown(self) -> None:
+        self.runner.shutdown(timeout_s=10.0)

@@ -1,0 +1,72 @@
+"""Expert offloading planned for the connected cluster (the studio's measured source).
+
+The paper-shaped problem (``scenarios.paper_shaped``: a phone reading a Mixtral-like model's
+experts from flash) answers "what if"; this module builds the problem of a device the studio
+profiled: the checkpoint's sizes and the device's measured compute times (``scenarios.
+from_profile``), the device's memory budget as the agent reported it (a share of the model can
+cap it lower, to try offloading on a device that would hold everything), the measured storage
+bandwidth (``storage-profile.json`` beside the checkpoint, written by ``measure_storage``), and
+the activation recall and bit options when their offline profiles are there too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from core.errors import FormatError
+from core.reporting import Reporter
+from core.techniques.expert_offload.problem import OffloadProblem
+from core.techniques.expert_offload.profiling import ACTIVATIONS_FILE, BITS_FILE, STORAGE_FILE
+
+
+def device_memory_bytes(profile, device: str) -> int:
+    """The memory budget the device's agent reported (its profile's cluster)."""
+    for d in profile.cluster.devices:
+        if d.id == device:
+            return int(d.memory_bytes)
+    raise FormatError("profile", f"has no device {device!r}: profile the cluster again")
+
+
+def stored_bandwidth_bps(model_dir: str | Path) -> float | None:
+    """The storage bandwidth measured for this checkpoint (its ``storage-profile.json``), None when
+    none was measured or the file is not one (measure again)."""
+    path = Path(model_dir) / STORAGE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    bandwidth = data.get("bandwidth_bps") if isinstance(data, dict) else None
+    return float(bandwidth) if isinstance(bandwidth, (int, float)) and bandwidth > 0 else None
+
+
+def measure_storage(model_dir: str | Path, reporter: Reporter | None = None) -> float:
+    """Read every expert of the checkpoint (caches dropped) and keep the result beside it; bytes/s.
+    Read here, from the files the local cluster's agents read (a remote device: ``edgeshard moe
+    profile-storage`` on it)."""
+    from core.techniques.expert_offload.profiling import storage_bandwidth
+
+    result = storage_bandwidth(model_dir, reporter=reporter)
+    (Path(model_dir) / STORAGE_FILE).write_text(json.dumps(result, indent=1))
+    return float(result["bandwidth_bps"])
+
+
+def cluster_problem(profile, device: str, model_dir: str | Path, *, bandwidth_bps: float,
+                    model_share: float = 1.0) -> OffloadProblem:
+    """The problem of ``device`` of the profiled cluster: measured compute times and sizes, its
+    memory budget (at most ``model_share`` of the whole model's bytes), ``bandwidth_bps`` (the
+    measured storage), measured recall and bit options where their files are beside the checkpoint.
+    Bad input is a ``FormatError`` naming what to do (``from_profile``)."""
+    from core.techniques.expert_offload.scenarios import from_profile, measured
+
+    base = from_profile(profile, device, str(model_dir), model_share, bandwidth_bps)
+    budget = min(device_memory_bytes(profile, device), base.memory_budget_bytes)
+    problem = msgspec.structs.replace(base, memory_budget_bytes=max(1, budget))
+    here = Path(model_dir)
+    return measured(problem, activations=str(here / ACTIVATIONS_FILE) if (here / ACTIVATIONS_FILE).is_file() else None,
+                    bits=str(here / BITS_FILE) if (here / BITS_FILE).is_file() else None)
+
+
+__all__ = ["cluster_problem", "device_memory_bytes", "measure_storage", "stored_bandwidth_bps"]

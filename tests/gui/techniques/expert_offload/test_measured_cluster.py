@@ -1,0 +1,117 @@
+"""Expert offloading planned from the measured cluster and run from the studio (pytest-qt, a real
+agent process, a generated Mixtral): the plan view builds its problem from the agents' profile
+(compute times, the agent's memory budget) and the measured storage, a strategy that does not fit
+cannot be used, and the adopted plan runs on the Run screen with tokens equal to transformers'
+own generate, its storage lane and heat map live, recorded and replayable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.devices.local_cluster import LocalCluster
+from core.runs.coordinator import Coordinator
+from core.runs.generation import load_tokenizer
+from core.sessions.replay import Replay
+from core.sessions.store import SessionStore
+from core.techniques.expert_offload.on_agents import device_memory_bytes
+from core.techniques.expert_offload.profiling import STORAGE_FILE
+from gui.studio_state import StudioState
+from gui.techniques.expert_offload.plan_view import MEASURED, WHAT_IF, ExpertOffloadPlanView
+from gui.widgets import UNAVAILABLE
+from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.gui.run_backends import cluster_run_panel
+
+PROMPTS = ["the river and its banks", "hello there"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """(coordinator, Mixtral checkpoint, its profile measured on the agent)."""
+    from core.devices.profiling import profile_cluster
+    from core.models.checkpoints import ModelRecipe, make_model
+
+    recipe = ModelRecipe(family="mixtral", layers=3, hidden=64, heads=4, kv_heads=2, vocab=512, seed=9, experts=8)
+    model_dir = str(make_model(recipe, tmp_path_factory.mktemp("moe") / "tiny-mixtral"))
+    lc = LocalCluster(tmp_path_factory.mktemp("moe-agents"), 1)
+    lc.start()
+    coordinator = Coordinator(lc.endpoints, lc.keys, request_timeout_s=60.0)
+    coordinator.open()
+    coordinator.wait_ready(30.0)
+    config = json.loads(open(f"{model_dir}/config.json").read())
+    profile = profile_cluster(coordinator, config, model_name="tiny-mixtral", batch_sizes=(1,), repeats=1,
+                              prompt_tokens=8, network=False).profile
+    yield coordinator, model_dir, profile
+    coordinator.close()
+    lc.stop()
+
+
+@pytest.fixture
+def view(qtbot, cluster):
+    _, model_dir, profile = cluster
+    state = StudioState()
+    state.set_profile(profile)
+    state.set_model("tiny-mixtral", model_dir)
+    view = ExpertOffloadPlanView(state)
+    qtbot.addWidget(view)
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=30_000)  # the storage measurement
+    yield view
+    view.shutdown()
+
+
+def test_without_a_profile_the_view_plans_the_what_if_scenario_saying_what_measured_needs(qtbot):
+    view = ExpertOffloadPlanView(StudioState())
+    qtbot.addWidget(view)
+    assert view.source.currentText() == WHAT_IF and "profile the cluster" in view.subtitle.text()
+
+
+def test_the_problem_is_the_profiled_agents_with_its_budget_and_the_measured_storage(view, cluster):
+    _, model_dir, profile = cluster
+    assert view.source.currentText() == MEASURED and view.device.currentText() == "local-0"
+    measured = json.loads(open(f"{model_dir}/{STORAGE_FILE}").read())["bandwidth_bps"]
+    problem = view.problem()
+    assert problem.bandwidth_bps == pytest.approx(measured, rel=1e-3) and "MB/s measured" in view.subtitle.text()
+    m = problem.model
+    whole = m.resident_bytes + m.layers * m.experts * m.expert_bytes
+    assert problem.memory_budget_bytes == min(device_memory_bytes(profile, "local-0"), int(0.5 * whole))
+    assert m.layers == 3 and m.experts == 8 and m.expert_compute_s > 0  # the checkpoint's, timed on the agent
+
+
+def test_a_strategy_that_does_not_fit_cannot_be_used_for_run(view):
+    view.compare()
+    rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
+    assert view.table.item(rows["io-free"], 1).text() == "oom"  # every expert resident: over half the model
+    view.table.setCurrentCell(rows["io-free"], 0)
+    assert view.strategy.currentText() == "io-free"
+    assert not view.use_for_run.isEnabled() and UNAVAILABLE + "io-free does not fit (oom" in view.use_for_run.toolTip()
+    view.table.setCurrentCell(rows["edgemoe"], 0)
+    assert view.use_for_run.isEnabled()
+
+
+def test_the_measured_plan_runs_on_the_agent_from_the_run_screen_equal_to_generate_recorded_and_replayed(
+        view, cluster, qtbot, tmp_path):
+    coordinator, model_dir, _ = cluster
+    view.auto_solve()
+    view.use_for_run.click()
+    plan = view.state.plan
+    assert [(s.device, s.kind) for s in plan.stages] == [("local-0", "expert-offload")]
+    slots = json.loads(open(f"{model_dir}/expert-offload.json").read())["slots"]
+    assert slots < 3 * 8  # the buffer holds fewer experts than the model has: reads from storage
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, PROMPTS, 4)
+    with qtbot.waitSignal(panel.run_finished, timeout=90_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"], panel.message.text()
+    monitor = panel.monitor
+    monitor.flush()
+    assert monitor.timeline.box_count("local-0:storage", "io") > 0 and not monitor.heat_map.isHidden()
+    tok = load_tokenizer(model_dir)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    for i, row in enumerate(hf_greedy_new_tokens(model_dir, enc, 4)):
+        assert monitor.text_of(i) == tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+    assert panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        replay = Replay.from_store(store, run.id)
+        assert run.status == "completed" and replay.duration_s > 0
+        assert any(e.device == "local-0:storage" for e in store.events(run.id))
