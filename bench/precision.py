@@ -16,7 +16,9 @@
   loads and runs, its tokens equal the in-process int4 model's.
 
 Model: ``--model DIR`` (e.g. the trained demo model), else the demo's recipe generated with random
-weights; ``--large`` adds a generated llama of >= 300 MB fp32 (weights, decode and perplexity only).
+weights; ``--large`` adds a generated llama of >= 300 MB fp32 (every figure, its agent runs
+``--large-max-new-tokens`` long). ``int8_kernel_paths``: one batch-1 linear through each int8 path
+(why int8 weight-only decode is not faster on this CPU).
 
 Usage: python bench/precision.py [--model DIR] [--large] [--decode-tokens 32] [--rounds 3]
 """
@@ -135,6 +137,43 @@ def decode_speed(model_dir: str, tokens: int, rounds: int) -> dict:
             "decode_tokens_s_over_fp32": {w: round(tps[w] / tps["fp"], 3) for w in PRECISIONS}}
 
 
+def int8_kernel_paths(rows: int = 2816, cols: int = 1024, calls: int = 200) -> dict:
+    """Why int8 weight-only decode is not faster here: one batch-1 linear of a (rows x cols) weight,
+    microseconds per call, through fp32 ``F.linear``, torchao's ``Int8Tensor`` (what a stage runs),
+    torch's own int8 kernel ``_weight_int8pack_mm`` (reads 1 byte a weight) and an explicit
+    dequantize-then-matmul (what ``Int8Tensor`` does inside: ``qdata.t().to(dtype)`` then ``mm``)."""
+    import torch
+    from torch import nn
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    fp = nn.Linear(cols, rows, bias=False)
+    q = nn.Linear(cols, rows, bias=False)
+    q.weight.data.copy_(fp.weight.data)
+    quantize_(q, Int8WeightOnlyConfig())
+    x = torch.randn(1, cols)
+    w8 = torch.randint(-128, 127, (rows, cols), dtype=torch.int8)
+    scales = torch.rand(rows)
+
+    def per_call(fn) -> float:
+        with torch.inference_mode():
+            for _ in range(10):
+                fn()
+            best = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best = min(best, time.perf_counter() - t0)
+        return round(best / calls * 1e6, 1)
+
+    return {"shape": [rows, cols], "fp32_linear_us": per_call(lambda: fp(x)),
+            "torchao_int8_tensor_us": per_call(lambda: q(x)),
+            "torch_weight_int8pack_mm_us": per_call(lambda: torch._weight_int8pack_mm(x, w8, scales)),
+            "dequantize_then_mm_us": per_call(lambda: x @ (w8.to(torch.float32) * scales[:, None]).t())}
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -213,6 +252,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--held-out-lines", type=int, default=200)
     ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--large-max-new-tokens", type=int, default=4, help="tokens of the large model's agent runs")
     args = ap.parse_args()
 
     import agents  # noqa: F401  (quiets torchao's CUDA-library lines before transformers imports it)
@@ -229,9 +269,11 @@ def main() -> int:
     result["perplexity_text"] = f"{corpus}, {len(lines)} lines"
     result.update(stage_bytes(model_dir))
     result.update(decode_speed(model_dir, args.decode_tokens, args.rounds))
+    result["int8_kernel_paths"] = int8_kernel_paths()
     if args.large:
         large = str(make_model(ModelRecipe(**LARGE_RECIPE), work / "large-llama"))
-        figures = {**stage_bytes(large), **decode_speed(large, args.decode_tokens, args.rounds)}
+        figures = {**agents_figures(large, args.large_max_new_tokens, work / "large"),
+                   **stage_bytes(large), **decode_speed(large, args.decode_tokens, args.rounds)}
         figures["perplexity"] = {("fp32" if w == "fp" else w): round(perplexity(large, w, lines[:50]), 3)
                                  for w in ("fp", *PRECISIONS)}
         result["large"] = figures

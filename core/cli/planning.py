@@ -16,11 +16,12 @@ import msgspec
 from core.arguments import float_in, int_in
 from core.errors import EdgeShardError, FormatError
 from core.formats import format_of, load, save
+from core.planning.precision import allowed_precisions
 from core.planning.problem import PROBLEM_FORMAT, PlanningProblem, Workload, check_problem, without_offline
 from core.devices.profile import PROFILE_FORMAT, Profile, profile_errors
 from core.planning.scenarios import SCENARIO_FORMAT, Scenario
 from core.planning.solvers import PAPER_STRATEGIES, STRATEGIES
-from core.planning.solvers.comparison import StrategyOutcome, run_strategy, shortfall_text, status_text
+from core.planning.solvers.comparison import FP_ONLY, StrategyOutcome, run_strategy, shortfall_text, status_text
 from core.techniques import StrategyOutcomeLike, technique_named, techniques
 
 GIB = 2**30
@@ -34,9 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Plan how a model is split over devices.")
     _input_args(p)
     p.add_argument("--objective", choices=("latency", "throughput"), default="latency")
-    p.add_argument("--strategy", choices=sorted(STRATEGIES), default="edgeshard",
-                   help="edgeshard = the exact optimum (default); paper-dp-latency / paper-dp-throughput = "
-                        "the paper's Algorithms 1 and 2 as published; the others are baselines")
+    p.add_argument("--strategy", choices=sorted((*STRATEGIES, FP_ONLY)), default="edgeshard",
+                   help="edgeshard = the exact optimum (default; with --quality-bound it chooses each device's "
+                        "weight precision too, edgeshard-fp keeps every stage at fp); paper-dp-latency / "
+                        "paper-dp-throughput = the paper's Algorithms 1 and 2 as published; the others are baselines")
     p.add_argument("--devices", metavar="A,B,...", help="for even / memory-proportional: the devices, in stage order")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan (edgeshard.plan format)")
     p.add_argument("--agents", metavar="AGENTS.json",
@@ -67,6 +69,9 @@ def _input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="PROBLEM.json", help="a problem, scenario or profile file")
     p.add_argument("--problem", metavar="NAME", help="in a scenario: the problem's index, name or model name")
     p.add_argument("--time-limit", type=float_in(0, 86_400, lo_open=True), default=30.0, metavar="S", help="exact search budget (default 30 s)")
+    p.add_argument("--quality-bound", type=float_in(0, 10), metavar="F",
+                   help="let the exact solver give devices int8/int4 weights whose measured perplexity is at most F "
+                        "above fp's (0.05 = 5 %%; the profile's weight_quality, from `edgeshard measure-precision`)")
     g = p.add_argument_group("for a profile file")
     g.add_argument("--source", help="device holding the prompt (default: the profile's first device)")
     g.add_argument("--prompt-tokens", type=int_in(1, 1 << 20), help="default: the profiled prompt length, else 128")
@@ -93,6 +98,8 @@ def load_problems(args: argparse.Namespace) -> list[PlanningProblem]:
         raise FormatError(path, f"this is a {fmt!r} file; expected a problem, scenario or profile", "$.format")
     if getattr(args, "problem", None):
         problems = [_pick(problems, args.problem, path)]
+    if getattr(args, "quality_bound", None) is not None:
+        problems = [msgspec.structs.replace(p, max_perplexity_increase=args.quality_bound) for p in problems]
     for p in problems:
         check_problem(p, path)
     return problems
@@ -171,9 +178,12 @@ def _offline_devices(agents_file: str, problem: PlanningProblem) -> tuple[str, .
 def _problem_header(problem: PlanningProblem) -> str:
     m = problem.profile.model
     wl = problem.workload
+    bound = problem.max_perplexity_increase
+    quality = "" if bound is None else \
+        f"\n  quality bound: perplexity at most {bound * 100:g} % above fp ({', '.join(allowed_precisions(problem))} allowed)"
     return (f"{problem.name or m.name}\n  model {m.name}: {m.num_units} units, {m.param_bytes / GIB:.2f} GiB of weights ({m.dtype}); "
             f"{len(problem.profile.cluster.devices)} devices, source {problem.source}; "
-            f"batch {wl.batch_size}, prompt {wl.prompt_tokens}, generate {wl.generated_tokens}")
+            f"batch {wl.batch_size}, prompt {wl.prompt_tokens}, generate {wl.generated_tokens}{quality}")
 
 
 def _status_text(out: StrategyOutcomeLike) -> str:
@@ -184,9 +194,9 @@ def _status_text(out: StrategyOutcomeLike) -> str:
 
 def _plan_table(problem: PlanningProblem, out: StrategyOutcome) -> str:
     plan, cost = out.plan, out.cost
-    rows = [("stage", "device", "units", "#", "compute ms", "send ms", "memory GiB", "budget GiB", "")]
+    rows = [("stage", "device", "units", "#", "weights", "compute ms", "send ms", "memory GiB", "budget GiB", "")]
     for j, (st, mem) in enumerate(zip(plan.stages, cost.memory)):
-        rows.append((str(j), st.device, f"[{st.start}, {st.end})", str(st.num_units),
+        rows.append((str(j), st.device, f"[{st.start}, {st.end})", str(st.num_units), st.weights,
                      f"{cost.stage_compute_s[j] * 1e3:.2f}", f"{cost.stage_transfer_s[j] * 1e3:.2f}",
                      f"{mem.total_bytes / GIB:.2f}", f"{mem.budget_bytes / GIB:.2f}", "" if mem.fits else "OOM"))
     lines = [f"strategy {out.strategy}, objective {plan.objective}: {_status_text(out)}", _table(rows)]
@@ -255,7 +265,8 @@ def _compare_table(outs: list[StrategyOutcomeLike]) -> str:
                      f"{x.tokens_per_s:.2f}" if fits else "—", f"{m}×{k}" if m else "—", status))
         stages = getattr(x.plan, "stages", None)
         details.append(" → ".join(
-            f"{st.device}[{st.start},{st.end}) {mem.total_bytes / GIB:.1f}/{mem.budget_bytes / GIB:.1f} GiB"
+            f"{st.device}[{st.start},{st.end}){'' if st.weights == 'fp' else ' ' + st.weights} "
+            f"{mem.total_bytes / GIB:.1f}/{mem.budget_bytes / GIB:.1f} GiB"
             for st, mem in zip(stages, x.cost.memory)) if stages else "")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []

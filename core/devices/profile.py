@@ -19,6 +19,7 @@ from core.formats import register_format
 
 from core.devices.cluster import Cluster
 from core.models.units import ModelSpec
+from core.models.weight_quality import PrecisionQuality, quality_errors
 
 PROFILE_FORMAT = "edgeshard.profile"
 PROFILE_VERSION = 3
@@ -117,6 +118,9 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     profiled_workload: ProfiledWorkload | None = None
     source: Literal["measured", "synthetic", "scenario"] = "measured"
     notes: str = ""
+    weight_quality: tuple[PrecisionQuality, ...] = ()
+    """Perplexity and block time ratios per weight precision, measured once (core.models.weight_quality):
+    what lets a plan give a device int8/int4 weights under a quality bound. Empty: not measured."""
 
     def __post_init__(self) -> None:
         if self.version < PROFILE_VERSION:  # migrate: what older versions lack has its default
@@ -157,7 +161,7 @@ def profile_errors(profile: Profile) -> list[str]:
 
 
 def _profile_errors(profile: Profile) -> list[str]:
-    out: list[str] = []
+    out: list[str] = quality_errors(profile.weight_quality)
     n = len(profile.model.units)
     if n == 0:
         out.append("$.model.units: the model has no units")

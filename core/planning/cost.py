@@ -3,12 +3,14 @@
 Notation (EdgeShard, Zhang et al. 2024): a plan has stages j = 0..k-1 on devices d_j
 holding units [a_j, b_j). For a step over ``batch`` sequences:
 
-- compute   C_j = Σ_{u in stage j} t(d_j, u) + o(d_j)
+- compute   C_j = Σ_{u in stage j} t(d_j, u) · r_j(u) + o(d_j)
             (decode: t at ``batch``; prefill: at batch × prompt tokens). o is the
             device's once-per-stage overhead (``DeviceTimes.stage_decode_overhead_s`` /
             ``stage_prefill_overhead_s``): the attention mask, positions and rotary
             embedding the runtime builds once per stage and step for all its blocks,
             charged to a stage holding at least one decoder block (0 in older profiles).
+            r_j(u): 1, or for a block at int8/int4 weights the measured time ratio of that
+            precision (core.planning.precision.unit_time_factors).
             The solvers' arrays (core/planning/solvers/arrays.py) do not include o yet: a plan
             they return is re-evaluated here with it.
 - transfer  T_j = O_{b_j - 1} · n / B(d_j, d_{j+1}) + lat(d_j, d_{j+1})
@@ -44,7 +46,7 @@ import math
 import msgspec
 
 from core.planning.plan import ShardPlan, Stage
-from core.planning.precision import stage_weight_bytes
+from core.planning.precision import quality_problems, stage_weight_bytes, unit_time_factors
 from core.planning.problem import PlanningProblem, usable_memory_bytes
 from core.devices.profile import DeviceTimes
 
@@ -143,13 +145,20 @@ def _device_memory(problem: PlanningProblem, device: str) -> int:
     return cached[1][device]
 
 
-def stage_compute_s(times: DeviceTimes, stage: Stage, phase: str, tokens: int) -> float:
+def stage_compute_s(times: DeviceTimes, stage: Stage, phase: str, tokens: int, factors=None) -> float:
     """Compute time of a stage: decode over ``tokens`` sequences, or prefill of ``tokens``,
-    plus the device's once-per-stage overhead (the module docstring's o)."""
+    plus the device's once-per-stage overhead (the module docstring's o). ``factors``: per unit,
+    what its time is multiplied by at the stage's weight precision (``unit_time_factors``)."""
     overhead = times.stage_overhead_time(phase, stage.start, stage.end)
-    if phase == "decode":
-        return sum(times.decode_time(u, tokens) for u in range(stage.start, stage.end)) + overhead
-    return sum(times.prefill_time(u, tokens) for u in range(stage.start, stage.end)) + overhead
+    time_of = times.decode_time if phase == "decode" else times.prefill_time
+    if factors is None:
+        return sum(time_of(u, tokens) for u in range(stage.start, stage.end)) + overhead
+    return sum(time_of(u, tokens) * factors[u] for u in range(stage.start, stage.end)) + overhead
+
+
+def _factors(problem: PlanningProblem, stage: Stage, phase: str):
+    """The stage's per-unit time factors at its precision (None at fp: the profiled times as they are)."""
+    return None if stage.weights == "fp" else unit_time_factors(problem.profile, stage.weights, phase)
 
 
 def stage_output_bytes(problem: PlanningProblem, stage: Stage, tokens: int) -> int:
@@ -181,7 +190,7 @@ def step_time_s(problem: PlanningProblem, plan: ShardPlan, phase: str, batch: in
     for j, st in enumerate(plan.stages):
         times = _times(problem, st.device)
         tokens = batch if phase == "decode" else batch * prompt
-        total += stage_compute_s(times, st, phase, tokens)
+        total += stage_compute_s(times, st, phase, tokens, _factors(problem, st, phase))
         last = j == len(plan.stages) - 1
         sent = batch if (phase == "decode" or last) else batch * prompt
         total += transfer_s(problem, st.device, next_device(plan, j), stage_output_bytes(problem, st, sent))
@@ -251,7 +260,7 @@ def throughput_tokens_s(problem: PlanningProblem, plan: ShardPlan, m: int, k: in
     """tokens/s for K=k micro-batches of m sequences (no bubbles), plus per-stage terms."""
     comp, xfer, occ = [], [], []
     for j, st in enumerate(plan.stages):
-        comp.append(stage_compute_s(_times(problem, st.device), st, "decode", m))
+        comp.append(stage_compute_s(_times(problem, st.device), st, "decode", m, _factors(problem, st, "decode")))
         nb = stage_output_bytes(problem, st, m)
         nxt = next_device(plan, j)
         xfer.append(transfer_s(problem, st.device, nxt, nb))
@@ -285,6 +294,7 @@ def evaluate(problem: PlanningProblem, plan: ShardPlan) -> PlanCost:
             micro_batch_size=m, micro_batches=k, stage_compute_s=(), stage_transfer_s=(),
             bottleneck_stage=0, memory=(), violations=tuple(violations),
         )
+    violations.extend(quality_problems(problem, plan))
     memory = memory_of(problem, plan, m * k, m)
     for mem in memory:
         if not mem.fits:

@@ -54,3 +54,73 @@ def precision_problems(plan, model: ModelSpec) -> list[str]:
             problems.append(f"stage {i} ({s.device}) asks for int4 weights: they need a hidden size in groups of "
                             f"{INT4_GROUP_SIZE}, this model's is {model.hidden_size} (use int8 or fp)")
     return problems
+
+
+# --- planning precision: which precisions a plan may give a device, and what they cost in time ----
+
+def _quality(profile, weights: str):
+    return next((q for q in profile.weight_quality if q.weights == weights), None)
+
+
+def quantizable(model: ModelSpec, weights: str) -> bool:
+    """Whether agents can load this model's blocks at ``weights`` (the same rules as ``precision_problems``)."""
+    if weights == "fp":
+        return True
+    if model.family not in QUANTIZABLE_FAMILIES:
+        return False
+    return weights != "int4" or model.hidden_size % INT4_GROUP_SIZE == 0
+
+
+def perplexity_increase(profile, weights: str) -> float | None:
+    """``weights``' measured perplexity over fp's, less 1 (0.02 = 2 % higher); None: not measured."""
+    fp, q = _quality(profile, "fp"), _quality(profile, weights)
+    if fp is None or q is None:
+        return None
+    return q.perplexity / fp.perplexity - 1.0
+
+
+def allowed_precisions(problem) -> tuple[str, ...]:
+    """The weight precisions a plan for ``problem`` may give a device, fp first: fp alone without a
+    quality bound; else also each measured precision the model can be loaded at whose perplexity is
+    within the bound (EdgeMoE's rule for its bit widths: the accuracy loss bounded, the rest free)."""
+    bound = problem.max_perplexity_increase
+    if bound is None:
+        return ("fp",)
+    out = ["fp"]
+    for w in ("int8", "int4"):
+        rise = perplexity_increase(problem.profile, w)
+        if rise is not None and rise <= bound * (1 + 1e-12) + 1e-12 and quantizable(problem.profile.model, w):
+            out.append(w)
+    return tuple(out)
+
+
+def time_ratio(profile, weights: str, phase: str = "decode") -> float:
+    """How much longer a decoder block computes at ``weights`` than at fp (1.0: fp, or not measured)."""
+    q = None if weights == "fp" else _quality(profile, weights)
+    if q is None:
+        return 1.0
+    return q.decode_time_ratio if phase == "decode" else q.prefill_time_ratio
+
+
+def unit_time_factors(profile, weights: str, phase: str = "decode") -> tuple[float, ...]:
+    """Per unit, what its profiled time is multiplied by at ``weights``: the blocks whose Linears are
+    quantized (``linear_params``) take the measured ratio, the embedding and head stay at 1."""
+    r = time_ratio(profile, weights, phase)
+    return tuple(r if (u.linear_params and r != 1.0) else 1.0 for u in profile.model.units)
+
+
+def quality_problems(problem, plan) -> list[str]:
+    """One line per stage whose precision the problem's quality bound does not allow (empty without a bound)."""
+    bound = problem.max_perplexity_increase
+    if bound is None:
+        return []
+    allowed = allowed_precisions(problem)
+    out = []
+    for j, s in enumerate(plan.stages):
+        if s.weights in allowed:
+            continue
+        rise = perplexity_increase(problem.profile, s.weights)
+        why = "its perplexity is not measured" if rise is None else \
+            f"it raises perplexity by {rise * 100:.2f} %, over the bound of {bound * 100:.2f} %"
+        out.append(f"stage {j} ({s.device}) holds {s.weights} weights: {why}")
+    return out

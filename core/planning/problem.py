@@ -43,6 +43,10 @@ class PlanningProblem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     memory_headroom: float = 0.0
     """Fraction of every device's budget kept free (0.1 = plan within 90 %); applied by
     ``usable_memory_bytes`` only, for the cost model and the solvers alike."""
+    max_perplexity_increase: float | None = None
+    """The operator's quality bound: a device may hold its stage's weights at int8/int4 when that
+    precision's measured perplexity (``Profile.weight_quality``) is at most this much above fp's
+    (0.05 = 5 %); None: every stage at fp (core.planning.precision)."""
 
 
 def usable_memory_bytes(problem: PlanningProblem, memory_bytes: int) -> int:
@@ -75,6 +79,13 @@ def problem_errors(problem: PlanningProblem) -> list[str]:
         out.append("$.workload: micro_batch_size × micro_batches exceeds batch_size")
     if not 0.0 <= problem.memory_headroom < 1.0:
         out.append("$.memory_headroom: must be in [0, 1)")
+    bound = problem.max_perplexity_increase
+    if bound is not None:
+        if not 0.0 <= bound < float("inf"):
+            out.append("$.max_perplexity_increase: must be a finite fraction >= 0 (0.05 = 5 %)")
+        elif not any(q.weights == "fp" for q in problem.profile.weight_quality):
+            out.append("$.max_perplexity_increase: the profile has no perplexity per weight precision; measure it "
+                       "once with `edgeshard measure-precision` (or plan without a quality bound)")
     return out
 
 
@@ -95,7 +106,7 @@ DEFAULT_GENERATED_TOKENS = 32
 DEFAULT_PROMPT_TOKENS = 32
 """Prompt length when the profile does not record the one it was measured with."""
 
-_CHANGEABLE = ("name", "source", "workload", "excluded_devices", "memory_headroom")
+_CHANGEABLE = ("name", "source", "workload", "excluded_devices", "memory_headroom", "max_perplexity_increase")
 
 
 def default_problem(profile: Profile, source: str | None = None, workload: Workload | None = None) -> PlanningProblem:

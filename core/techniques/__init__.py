@@ -123,6 +123,9 @@ class Technique:
     paper: str = ""
     modes: tuple[str, ...] = field(default=())
     """The run modes its schedule knows."""
+    compare_names: Callable[[Any], list[str]] | None = None
+    """The strategies Compare shows for a problem, if not always ``strategy_names()`` (layer sharding
+    adds its fp-only optimum beside the precision-aware one under a quality bound)."""
 
     def strategy_names(self) -> list[str]:
         """The exact strategy first, then the baselines by name."""
@@ -130,7 +133,8 @@ class Technique:
 
     def compare(self, problem: Any, objective: Objective, time_limit_s: float = 30.0) -> list[StrategyOutcomeLike]:
         """Every strategy side by side: what the shared Compare view shows."""
-        return [self.run_strategy(problem, n, objective, time_limit_s) for n in self.strategy_names()]
+        names = self.strategy_names() if self.compare_names is None else self.compare_names(problem)
+        return [self.run_strategy(problem, n, objective, time_limit_s) for n in names]
 
 
 def cli_of(module: str) -> Callable[[argparse._SubParsersAction], None]:

@@ -16,6 +16,7 @@ from functools import cached_property
 
 import numpy as np
 
+from core.planning.precision import allowed_precisions, unit_time_factors, unit_weight_bytes
 from core.planning.problem import PlanningProblem, usable_memory_bytes
 
 INF = math.inf
@@ -46,6 +47,12 @@ class CostArrays:
     overhead: np.ndarray | None = None
     """(D,): once-per-stage decode overhead of each device (``DeviceTimes.stage_decode_overhead_s``),
     charged to a stage that holds a decoder block, i.e. [a, e) with a < N−1 and e > 1."""
+    weights: tuple[str, ...] = ()
+    """Under a quality bound, d is a (device, weight precision) pair: ``devices[d]`` names the
+    device (repeated once per precision), ``weights[d]`` the precision; empty: every d at fp."""
+    group: np.ndarray | None = None
+    """(D,) int: the device each d is (its first index); pairs of one device are used together or
+    not at all, and never follow each other. None: every d its own device."""
 
     @cached_property
     def _links(self) -> tuple:
@@ -89,13 +96,15 @@ def usable_devices(problem: PlanningProblem) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def stage_memory_matrix(problem: PlanningProblem, sequences: int, pass_sequences: int) -> np.ndarray:
-    """Bytes of every stage [a, e): weights + KV for ``sequences`` + workspace of one pass (as core.planning.cost.memory_of)."""
-    units = problem.profile.model.units
+def stage_memory_matrix(problem: PlanningProblem, sequences: int, pass_sequences: int, weights: str = "fp") -> np.ndarray:
+    """Bytes of every stage [a, e): weights at ``weights`` precision + KV for ``sequences`` + workspace
+    of one pass (as core.planning.cost.memory_of)."""
+    model = problem.profile.model
+    units = model.units
     n = len(units)
     ctx = problem.workload.context_tokens
     pass_tokens = pass_sequences * problem.workload.prompt_tokens
-    w = np.array([u.param_bytes for u in units], dtype=np.int64)
+    w = np.array([unit_weight_bytes(u, weights, model.dtype) for u in units], dtype=np.int64)
     kv = np.array([u.kv_bytes_per_token for u in units], dtype=np.int64)
     ws = np.array([u.workspace_bytes_per_token for u in units], dtype=np.int64)
     wp = np.concatenate([[0], np.cumsum(w)])
@@ -131,14 +140,20 @@ def decode_times(times, batch: int, n: int) -> np.ndarray:
     return y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
 
 
-def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | None = None) -> CostArrays:
+def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | None = None,
+                 precisions: tuple[str, ...] | None = None) -> CostArrays:
     """Arrays for K = k micro-batches of m sequences (a latency plan: m = batch, k = 1).
 
     ``prefix_cache`` (m → decode prefix sums, and the link arrays per m) saves re-reading the
     profile and rebuilding the (D, D, N+1) link arrays for each K; the link arrays are made
-    when first read.
+    when first read. ``precisions``: the weight precisions a device may take (default: the
+    problem's ``allowed_precisions``); more than fp makes each device one d per precision.
     """
-    devices = usable_devices(problem)
+    physical = usable_devices(problem)
+    precisions = allowed_precisions(problem) if precisions is None else precisions
+    pairs = [(i, w) for i in range(len(physical)) for w in precisions]
+    devices = tuple(physical[i] for i, _ in pairs)
+    group = np.array([i * len(precisions) for i, _ in pairs]) if len(precisions) > 1 else None
     model = problem.profile.model
     n = model.num_units
     dn = len(devices)
@@ -146,35 +161,39 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     if prefix is None:
         prefix = np.zeros((dn, n + 1))
         by_id = {t.device: t for t in problem.profile.times}
-        for i, dev in enumerate(devices):
-            prefix[i, 1:] = np.cumsum(decode_times(by_id[dev], m, n))
+        factors = {w: np.array(unit_time_factors(problem.profile, w)) for w in precisions}
+        for i, (dev, w) in enumerate(zip(devices, (w for _, w in pairs))):
+            prefix[i, 1:] = np.cumsum(decode_times(by_id[dev], m, n) * factors[w])
         if prefix_cache is not None:
             prefix_cache[m] = prefix
     times_by_id = {t.device: t for t in problem.profile.times}
     overhead = np.array([times_by_id[d].stage_decode_overhead_s for d in devices], dtype=float)
-    mem = stage_memory_matrix(problem, m * k, m)
+    mems = {w: stage_memory_matrix(problem, m * k, m, w) for w in precisions}
     cluster = problem.profile.cluster
     mem_of = {d.id: d.memory_bytes for d in cluster.devices}
     budgets = np.array([usable_memory_bytes(problem, mem_of[d]) for d in devices], dtype=np.int64)
     # Monotone in e (memory only grows with the range), so the count of fitting ends is the last one.
     emax = np.tile(np.arange(n + 1), (dn, 1))
-    for a in range(n):
-        emax[:, a] += np.searchsorted(mem[a, a + 1:], budgets, side="right")
+    at = np.array([w for _, w in pairs])
+    for w, mem in mems.items():
+        rows = np.flatnonzero(at == w)
+        for a in range(n):
+            emax[rows, a] += np.searchsorted(mem[a, a + 1:], budgets[rows], side="right")
 
     def links() -> tuple:
         per_m = None if prefix_cache is None else prefix_cache.get(("links", m))
         if per_m is None:
-            per_m = _link_arrays(problem, devices, m, prefix_cache)
+            per_m = _link_arrays(problem, physical, group, m, prefix_cache)
             if prefix_cache is not None:
                 prefix_cache[("links", m)] = per_m
         return per_m
 
-    lat = _link_matrices(problem, devices, prefix_cache)[1]
+    lat = _link_matrices(problem, physical, prefix_cache)[1]
     return CostArrays(
         devices=devices, src=0, n=n, m=m, k=k, prefix=prefix, emax=emax, link_arrays=links,
-        stage_bytes=mem, budgets=budgets, max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
+        stage_bytes=mems[precisions[-1]], budgets=budgets, max_latency=float(lat[np.isfinite(lat)].max(initial=0.0)),
         weights_prefix=np.concatenate([[0], np.cumsum([u.param_bytes for u in model.units])]).astype(float),
-        overhead=overhead,
+        overhead=overhead, weights=tuple(w for _, w in pairs) if group is not None else (), group=group,
     )
 
 
@@ -197,15 +216,20 @@ def _link_matrices(problem: PlanningProblem, devices: tuple[str, ...], prefix_ca
     return bw, lat
 
 
-def _link_arrays(problem: PlanningProblem, devices: tuple[str, ...], m: int, prefix_cache: dict | None):
+def _link_arrays(problem: PlanningProblem, devices: tuple[str, ...], group: np.ndarray | None, m: int,
+                 prefix_cache: dict | None):
     """(transfer, occupancy, ret, ret_occupancy) for micro-batches of m sequences: the same for
-    every K, so a cache shares them (nothing writes into them)."""
+    every K, so a cache shares them (nothing writes into them). ``group``: the (device, precision)
+    pairs' devices (``CostArrays.group``); a device has no link to itself, so its pairs none either."""
     model = problem.profile.model
     n = model.num_units
     act = np.array([u.activation_bytes_per_token for u in model.units], dtype=float)
     out_bytes = np.zeros(n + 1)
     out_bytes[1:] = act * m
     bw, lat = _link_matrices(problem, devices, prefix_cache)
+    if group is not None:
+        of = np.searchsorted(np.unique(group), group)
+        bw, lat = bw[np.ix_(of, of)], lat[np.ix_(of, of)]
     with np.errstate(divide="ignore"):
         inv = np.where(bw > 0, 8.0 / np.where(bw > 0, bw, 1.0), INF)
     out_bytes[0] = 1.0  # boundary 0 is never a stage end; avoids inf · 0 below
@@ -216,8 +240,9 @@ def _link_arrays(problem: PlanningProblem, devices: tuple[str, ...], m: int, pre
     src = 0
     ret = transfer[:, src, n].copy()
     ret_occ = occupancy[:, src, n].copy()
-    ret[src] = 0.0
-    ret_occ[src] = 0.0
+    home = src if group is None else group == group[src]
+    ret[home] = 0.0
+    ret_occ[home] = 0.0
     return transfer, occupancy, ret, ret_occ
 
 

@@ -40,6 +40,11 @@ class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
         return self.cost.throughput_tokens_s if self.cost is not None else None
 
 
+FP_ONLY = "edgeshard-fp"
+"""The exact optimum with every stage at fp, beside the precision-aware one when a problem has a
+quality bound: what the bound buys (Compare shows both)."""
+
+
 def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit_s: float = 30.0,
                  devices: list[str] | None = None, reporter: Reporter | None = None) -> StrategyOutcome:
     """One strategy's plan and cost; errors a user can cause become a ``failed`` outcome.
@@ -48,9 +53,10 @@ def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit
     ``reporter``: the exact solver's progress and cancellation (the studio's worker).
     """
     try:
-        if name == "edgeshard":
+        if name in ("edgeshard", FP_ONLY):
             solve = solve_min_latency if objective == "latency" else solve_max_throughput
-            res = solve(problem, time_limit_s=time_limit_s, reporter=reporter)
+            own = problem if name == "edgeshard" else msgspec.structs.replace(problem, max_perplexity_increase=None)
+            res = solve(own, time_limit_s=time_limit_s, reporter=reporter)
             return StrategyOutcome(strategy=name, objective=objective, plan=res.plan, cost=res.cost,
                                    status="optimal" if res.proven_optimal else "ok", gap=res.gap,
                                    bound=res.bound, elapsed_s=res.elapsed_s)
@@ -74,10 +80,18 @@ def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit
                            error="; ".join(cost.violations))
 
 
-def compare(problem: PlanningProblem, objective: str, time_limit_s: float = 30.0) -> list[StrategyOutcome]:
-    """Every strategy of ``STRATEGIES`` for one objective, the exact one first."""
+def compare_names(problem: PlanningProblem) -> list[str]:
+    """The strategies Compare runs, the exact one first (under a quality bound, then the exact
+    fp-only one: what the bound buys), then the baselines by name."""
     names = sorted(STRATEGIES, key=lambda n: (n != "edgeshard", n))
-    return [run_strategy(problem, n, objective, time_limit_s) for n in names]
+    if problem.max_perplexity_increase is not None:
+        names.insert(1, FP_ONLY)
+    return names
+
+
+def compare(problem: PlanningProblem, objective: str, time_limit_s: float = 30.0) -> list[StrategyOutcome]:
+    """Every strategy of ``compare_names`` for one objective."""
+    return [run_strategy(problem, n, objective, time_limit_s) for n in compare_names(problem)]
 
 
 

@@ -30,7 +30,7 @@ from core.errors import ModelDoesNotFit, PlanInvalid
 from core.planning.plan import ShardPlan, Stage
 from core.planning.problem import PlanningProblem, check_problem
 from core.reporting import Cancelled, NullReporter, Reporter
-from core.planning.solvers.arrays import CostArrays, build_arrays, stage_memory_matrix
+from core.planning.solvers.arrays import CostArrays, build_arrays
 from core.planning.solvers.search import SearchBudget, SearchSpace, branch_and_bound, reconstruct
 
 INF = math.inf
@@ -69,7 +69,7 @@ class SolveResult(msgspec.Struct, frozen=True, kw_only=True):
 def plan_from_sequence(problem: PlanningProblem, arr: CostArrays, seq, ends, strategy: str, objective: str) -> ShardPlan:
     stages, start = [], 0
     for d, e in zip(seq, ends):
-        stages.append(Stage(device=arr.devices[d], start=start, end=int(e)))
+        stages.append(Stage(device=arr.devices[d], start=start, end=int(e), weights=arr.weights[d] if arr.weights else "fp"))
         start = int(e)
     return ShardPlan(
         model=problem.profile.model.name, num_units=arr.n, stages=tuple(stages), strategy=strategy,
@@ -94,7 +94,7 @@ def sequence_terms(arr: CostArrays, seq, ends) -> tuple[float, float]:
 
 def does_not_fit(problem: PlanningProblem, arr: CostArrays) -> ModelDoesNotFit:
     """The error for a model no plan can hold, with how much memory is missing."""
-    whole = int(stage_memory_matrix(problem, arr.m * arr.k, arr.m)[0, arr.n])
+    whole = int(arr.stage_bytes[0, arr.n])  # at the most compact precision allowed
     total = int(arr.budgets.sum())
     gib = 2**30
     if not arr.devices or problem.source not in arr.devices:
@@ -125,9 +125,9 @@ def warm_sequence(space: SearchSpace, plan: ShardPlan | None) -> tuple[tuple, tu
 
     A re-plan starts from it: the search then only looks for something strictly better.
     """
-    if plan is None:
-        return None
     arr = space.arr
+    if plan is None or arr.group is not None:  # under a quality bound: solved cold
+        return None
     index = {dev: i for i, dev in enumerate(arr.devices)}
     kept = tuple(index[s.device] for s in plan.stages if s.device in index)
     if not kept or kept[0] != arr.src:

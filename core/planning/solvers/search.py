@@ -21,6 +21,11 @@ Pruning, all exact:
   Counting a transfer per stage is what makes a re-plan that must replace one large stage
   by several small ones provable: at 64 all-different devices it takes 98 nodes, not 1,644.
 
+Under a quality bound a device is one d per weight precision (``CostArrays.group``): choosing
+one marks all of that device's pairs used (in the dominance key too), so each device holds at
+most one stage, at one precision; the search starts once from each pair of the source. The
+bounds stay valid: a device's unused pairs only add capacity to relaxations.
+
 The cost searched is additive: Σ stage compute + Σ transfers (+ the token ids back to
 the source), i.e. the per-token latency; a *filter* ``beta`` (for throughput) forbids
 stages whose compute or outgoing link occupancy exceeds it.
@@ -107,8 +112,13 @@ class SearchSpace:
         if beta < INF:
             tr[arr.occupancy > beta * (1 + 1e-12)] = INF
             ret[arr.ret_occupancy > beta * (1 + 1e-12)] = INF
+        # (device, precision) pairs of one device are used together or not at all (CostArrays.group).
+        of = np.arange(dn) if arr.group is None else arr.group
+        self.members = [np.flatnonzero(of == of[d]) for d in range(dn)]
+        self.sources = self.members[arr.src]
+        """The source device's pairs: the search starts from each (stage 0 at each precision)."""
         # No stage may go to the source (it holds stage 0) or back to the same device.
-        tr[:, arr.src, :] = INF
+        tr[:, self.sources, :] = INF
         tr[np.arange(dn), np.arange(dn), :] = INF
         self.tr = tr
         self.ret = ret
@@ -221,15 +231,17 @@ class SearchSpace:
                 g[:, a] = (self.tr[:, :, a] + h[None, :, a]).min(axis=1)
         return g, h
 
-    def root(self) -> np.ndarray:
+    def root(self, src: int | None = None) -> np.ndarray:
+        """F of stage 0 alone on ``src`` (default: the source; under a quality bound, one of its pairs)."""
         arr = self.arr
-        stage0 = arr.prefix[arr.src] - arr.prefix[arr.src, 0]
-        stage0 = stage0 + np.where(np.arange(arr.n + 1) > 1, self.overhead[arr.src], 0.0)
-        f = np.where(self.valid[arr.src, 0], stage0, INF)
+        src = arr.src if src is None else src
+        stage0 = arr.prefix[src] - arr.prefix[src, 0]
+        stage0 = stage0 + np.where(np.arange(arr.n + 1) > 1, self.overhead[src], 0.0)
+        f = np.where(self.valid[src, 0], stage0, INF)
         return f
 
     def root_bound(self) -> float:
-        return float(self.h[self.arr.src, 0])
+        return float(self.h[self.sources, 0].min())
 
     def amortized_rest(self, unused: np.ndarray) -> np.ndarray:
         """What the amortized byte bound adds: a return to the source, less the first stage's
@@ -295,7 +307,10 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
     all_caps = space.cap.sum(axis=0)
     has_classes = bool((cls != np.arange(dn)).any())
     unused = np.ones(dn, dtype=bool)
-    unused[src] = False
+    unused[space.sources] = False
+    members = space.members
+    masks = [sum(1 << int(x) for x in members[d]) for d in range(dn)]
+    caps_of = space.cap if arr.group is None else np.array([space.cap[members[d]].sum(axis=0) for d in range(dn)])
 
     def explore(used: int, d: int, f: np.ndarray, seq: tuple[int, ...], caps_left: np.ndarray) -> None:
         budget.nodes += 1
@@ -344,7 +359,7 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
                 for j in np.flatnonzero(lbs < INF):
                     d2 = int(d2s[j])
                     f2 = f2_rows[j]
-                    key = (used | (1 << d2), d2)
+                    key = (used | masks[d2], d2)
                     env = envelopes.get(key)
                     if env is not None:
                         if np.all(f2 >= env):
@@ -361,12 +376,16 @@ def branch_and_bound(space: SearchSpace, incumbent: float = INF, budget: SearchB
                 if not state["found_early"]:
                     pending.extend(c[0] for c in children[i:])
                 return
-            unused[d2] = False
-            explore(used | (1 << d2), d2, f2, seq + (d2,), caps_left - space.cap[d2])
-            unused[d2] = True
+            unused[members[d2]] = False
+            explore(used | masks[d2], d2, f2, seq + (d2,), caps_left - caps_of[d2])
+            unused[members[d2]] = True
 
-    root = space.root()
-    explore(1 << src, src, root, (src,), all_caps - space.cap[src])
+    for v in space.sources[np.argsort(space.h[space.sources, 0], kind="stable")]:
+        if state["stopped"]:
+            if not state["found_early"]:
+                pending.append(float(space.h[v, 0]))
+            continue
+        explore(masks[src], int(v), space.root(int(v)), (int(v),), all_caps - caps_of[src])
     complete = not state["stopped"]
     if complete:
         lower = best["cost"]
@@ -385,7 +404,7 @@ def reconstruct(space: SearchSpace, seq: tuple[int, ...]) -> tuple[int, ...]:
     """The optimal stage ends for a fixed device sequence (DP with back-pointers)."""
     arr = space.arr
     n = arr.n
-    fs = [space.root()]
+    fs = [space.root(seq[0])]
     for d, d2 in zip(seq, seq[1:]):
         fs.append(space.extend(fs[-1], d, d2))
     ends = [n]

@@ -12,7 +12,7 @@ from agents.protocol import RUN_MODES
 from core.models.units import SUPPORTED_FAMILIES, ModelSpec
 from core.planning.cost import evaluate
 from core.planning.solvers import STRATEGIES
-from core.planning.solvers.comparison import run_strategy
+from core.planning.solvers.comparison import compare_names, run_strategy
 from core.runs.simulator import simulate
 from core.techniques import Technique
 
@@ -36,4 +36,5 @@ TECHNIQUE = Technique(
     cost=evaluate,
     simulate=simulate,
     modes=tuple(RUN_MODES),
+    compare_names=compare_names,
 )

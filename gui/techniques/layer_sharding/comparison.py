@@ -30,6 +30,12 @@ def _fits(outcome: StrategyOutcome) -> bool:
     return outcome.status in ("optimal", "ok")
 
 
+
+def precision_text(plan) -> str:
+    """' (int4 on b, int8 on c)' for a plan with quantized stages ('' when every stage is at fp)."""
+    quantized = [f"{s.weights} on {s.device}" for s in getattr(plan, "stages", ()) if s.weights != "fp"]
+    return f" ({', '.join(quantized)})" if quantized else ""
+
 class StrategyComparison:
     """The plan editor's Compare chart and table, and adopting a compared plan."""
 
@@ -82,7 +88,8 @@ class StrategyComparison:
         for i, r in enumerate(results):
             status = status_text(r)
             # the status core gives every outcome: proven optimal, the gap left, OOM by how much, why no plan
-            name = QTableWidgetItem(f"{r.strategy} — {status}" if r.status != "ok" or status != "ok" else r.strategy)
+            name = QTableWidgetItem(f"{r.strategy}{precision_text(r.plan)} — {status}" if r.status != "ok" or status != "ok"
+                                    else r.strategy + precision_text(r.plan))
             name.setToolTip(status)
             if not _fits(r):
                 name.setForeground(QColor(theme_colors()["error"]))

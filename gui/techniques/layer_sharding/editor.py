@@ -245,6 +245,14 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         memory_row.addWidget(QLabel("Batch"))
         memory_row.addWidget(self.batch_spin, 1)
         form.addRow("Headroom", memory_row)
+        self.quality_spin = QDoubleSpinBox()  # the quality bound: off (every stage fp) at its minimum
+        self.quality_spin.setRange(-0.5, 100)
+        self.quality_spin.setDecimals(1)
+        self.quality_spin.setSuffix(" % perplexity")
+        self.quality_spin.setSpecialValueText("fp weights only")
+        self.quality_spin.setAccessibleName("Quality bound")
+        self.quality_spin.valueChanged.connect(self._on_constraints_edited)
+        form.addRow("Quality", self.quality_spin)
         tokens_row = QHBoxLayout()
         tokens_row.setSpacing(4)
         tokens_row.addWidget(self.prompt_spin, 1)
@@ -303,6 +311,13 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
                     it = self.excluded_list.item(i)
                     it.setCheckState(Qt.Checked if it.text() in problem.excluded_devices else Qt.Unchecked)
                 self.headroom_spin.setValue(round(problem.memory_headroom * 100))
+                bound = problem.max_perplexity_increase
+                self.quality_spin.setValue(-0.5 if bound is None else bound * 100)
+                measured = bool(problem.profile.weight_quality)
+                self.quality_spin.setEnabled(measured or bound is not None)
+                self.quality_spin.setToolTip(
+                    "Devices may hold int8/int4 weights whose measured perplexity is at most this much above fp's"
+                    if measured else "This profile has no perplexity per weight precision: `edgeshard measure-precision`")
                 self.prompt_spin.setValue(problem.workload.prompt_tokens)
                 self.gen_spin.setValue(problem.workload.generated_tokens)
                 self.batch_spin.setValue(problem.workload.batch_size)
@@ -427,6 +442,7 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
             self.state.update_problem(
                 source=self.source_combo.currentData() or p.source, excluded_devices=excluded,
                 memory_headroom=self.headroom_spin.value() / 100.0, workload=workload,
+                max_perplexity_increase=None if self.quality_spin.value() < 0 else self.quality_spin.value() / 100.0,
             )
         except EdgeShardError as err:  # e.g. a batch smaller than the fixed micro-batch size
             self.violations.show_lines([str(err)], "The constraints were not applied:")

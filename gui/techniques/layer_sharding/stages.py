@@ -61,7 +61,9 @@ class StageTable:
             combo.setCurrentIndex(combo.findData(st.device))
             combo.currentIndexChanged.connect(lambda _i, j=j, combo=combo: self.set_stage_device(j, combo.currentData()))
             t.setCellWidget(j, 1, combo)
-            t.setItem(j, 2, QTableWidgetItem(f"[{st.start}, {st.end})"))
+            units = QTableWidgetItem(f"[{st.start}, {st.end})" + ("" if st.weights == "fp" else f"  {st.weights}"))
+            units.setToolTip(f"weights at {'the model dtype' if st.weights == 'fp' else st.weights} (weight-only)")
+            t.setItem(j, 2, units)
             t.setItem(j, 3, QTableWidgetItem(str(st.num_units)))
             comp = cost.stage_compute_s[j] if cost and j < len(cost.stage_compute_s) else math.inf
             xfer = cost.stage_transfer_s[j] if cost and j < len(cost.stage_transfer_s) else math.inf
