@@ -68,6 +68,7 @@ class ControlPlane:
             units=(loaded.msg.start, loaded.msg.end) if loaded else (0, 0),
             memory_bytes=int(loaded.executor.memory_bytes()) if loaded else 0,
             kv_reserved_bytes=int(getattr(loaded.executor, "kv_reserved_bytes", 0)) if loaded else 0,
+            kv_bytes=int(loaded.executor.kv_bytes()) if loaded and hasattr(loaded.executor, "kv_bytes") else 0,
             error=self._error,
             pid=os.getpid(),
             activity=self._activity,

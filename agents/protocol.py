@@ -191,6 +191,8 @@ class AgentStatus(Message, frozen=True, tag="status"):
     memory_bytes: int = 0
     kv_reserved_bytes: int = 0
     """KV cache the loaded stage allocated at load (``LoadShard.kv``), beside its weights' ``memory_bytes``."""
+    kv_bytes: int = 0
+    """KV cache its live micro-batches hold now (a finished or left one's is dropped at once)."""
     error: str = ""
     pid: int = 0
     activity: str = ""

@@ -172,15 +172,45 @@ def on_returned(state: SourceState, micro_batch: int, step: int,
         if not finished[micro_batch]:
             nxt = (Step(micro_batch, step + 1),)
         else:
-            fresh = next((mb for mb, s in enumerate(state.started) if s < 0), None)
+            fresh = next((mb for mb, s in enumerate(state.started) if s < 0 and not finished[mb]), None)
             nxt = () if fresh is None else (Step(fresh, 0),)
-    else:  # bubbles: only when every micro-batch in this step is back
-        in_step = [mb for mb, s in enumerate(state.started) if s == step]
-        if any(returned[mb] != step for mb in in_step):
+    else:  # bubbles: only when every micro-batch in flight is back (a barrier), joined ones with them
+        if any(s > r for s, r in zip(state.started, returned)):
             nxt = ()
         else:
-            nxt = tuple(Step(mb, step + 1) for mb in in_step if not finished[mb])
+            nxt = tuple(Step(mb, s + 1 if s >= 0 else 0) for mb, s in enumerate(state.started) if not finished[mb])
     return _started(state, nxt)
+
+
+def join(state: SourceState, micro_batch: int) -> tuple[SourceState, tuple[Step, ...]]:
+    """A micro-batch joins a running (open) run between steps: the new state and the steps to start now.
+
+    ``micro_batch`` is a new index (the next one) or a finished one's, reused: links are FIFO, so
+    every stage sees the old group's last step before the new prefill. ``no-bubbles`` starts its
+    prefill at once; ``bubbles`` at the next barrier (with the others' next step), at once when
+    nothing is in flight; ``sequential`` when no other micro-batch is unfinished (``on_returned``
+    starts it after the one running). An open run's micro-batches end by ``finished_early``."""
+    n = len(state.started)
+    if micro_batch > n or micro_batch < 0 or (micro_batch < n and not state.finished[micro_batch]):
+        raise ValueError(f"micro-batch {micro_batch} cannot join: it is running or not the next index ({n})")
+
+    def put(values: tuple, value) -> tuple:
+        return values[:micro_batch] + (value,) + values[micro_batch + 1:]
+
+    state = SourceState(state.mode, state.steps, put(state.started, -1), put(state.returned, -1),
+                        put(state.finished, False))
+    others = [mb for mb in range(len(state.started)) if mb != micro_batch]
+    if state.mode == "no-bubbles":
+        now = True
+    elif state.mode == "sequential":
+        now = all(state.finished[mb] for mb in others)
+    else:
+        now = all(state.started[mb] <= state.returned[mb] for mb in others)
+        if now:  # nothing in flight: the barrier is now, for the others' next step too
+            return _started(state, tuple(Step(mb, state.started[mb] + 1 if mb != micro_batch else 0)
+                                         for mb in range(len(state.started))
+                                         if not state.finished[mb] and (mb == micro_batch or state.started[mb] >= 0)))
+    return _started(state, (Step(micro_batch, 0),) if now else ())
 
 
 def _started(state: SourceState, steps: tuple[Step, ...]) -> tuple[SourceState, tuple[Step, ...]]:

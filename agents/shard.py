@@ -345,6 +345,16 @@ class StageExecutor:
     def groups(self) -> list[int]:
         return sorted(self._groups)
 
+    def kv_bytes(self) -> int:
+        """Bytes of KV cache the live micro-batches hold now (what a finished one's drop frees)."""
+        total = 0
+        for state in list(self._groups.values()):
+            for layer in getattr(state.cache, "layers", None) or ():
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if isinstance(t, torch.Tensor):
+                        total += t.numel() * t.element_size()
+        return total
+
     # ----- the computation ----------------------------------------------------------------
     def _check_input(self, x: torch.Tensor, batch: int, length: int) -> None:
         if self.is_first:

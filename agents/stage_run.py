@@ -135,37 +135,37 @@ class StageRun:
         stop = self.stop
         while not stop.is_set():
             received = self.agent.receive_data(MAX_DATA_BYTES, timeout_ms=None)  # a stop wakes it (DataInbox)
-            if received is None:
-                continue
-            header, bufs, got = received
-            if header.run_id != self.msg.run_id:
-                continue  # a straggler of an earlier run
-            if header.kind == "probe":
-                continue
-            problem = self._frame_problem(header)
-            if problem:
-                self.agent._log(f"dropped data message from {header.sender!r}: {problem}")
-                continue
-            self.agent._event("recv_wait", header.phase, header.step, header.micro_batch, self.wait_started, got)
-            tensors = [tensor_from_frame(s, b) for s, b in zip(header.tensors, bufs)]
-            if header.kind == "tokens":
-                self._on_tokens(header.micro_batch, header.step, tensors[0], got)
-                self._run_injections()
-                self.agent._wake_for_outbox()
-                if self.source.all_finished:
-                    self._finish()
-                    return
-            else:
-                step = Step(header.micro_batch, header.step)
-                mask = tensors[1] if step.step == 0 and len(tensors) > 1 else None
-                try:
-                    self._perform(step, tensors[0], mask)
-                except ReservationExceeded:
-                    raise  # the run is larger than this load: it fails (RunError), nothing to drop
-                except StageInputError as err:  # a frame this stage cannot run: dropped, the run goes on
-                    self.agent._log(f"dropped data message from {header.sender!r}: {err}")
+            if received is not None and self._on_data(*received):
+                self._finish()
+                return
             self.wait_started = self.clock()
         raise RunAborted()
+
+    def _on_data(self, header: DataHeader, bufs, got: float) -> bool:
+        """One received data message of any run: performed (or dropped); True when this source's
+        run is finished by it."""
+        if header.run_id != self.msg.run_id or header.kind == "probe":
+            return False  # a straggler of an earlier run, or a link probe
+        problem = self._frame_problem(header)
+        if problem:
+            self.agent._log(f"dropped data message from {header.sender!r}: {problem}")
+            return False
+        self.agent._event("recv_wait", header.phase, header.step, header.micro_batch, self.wait_started, got)
+        tensors = [tensor_from_frame(s, b) for s, b in zip(header.tensors, bufs)]
+        if header.kind == "tokens":
+            self._on_tokens(header.micro_batch, header.step, tensors[0], got)
+            self._run_injections()
+            self.agent._wake_for_outbox()
+            return self.source.all_finished
+        step = Step(header.micro_batch, header.step)
+        mask = tensors[1] if step.step == 0 and len(tensors) > 1 else None
+        try:
+            self._perform(step, tensors[0], mask)
+        except ReservationExceeded:
+            raise  # the run is larger than this load: it fails (RunError), nothing to drop
+        except StageInputError as err:  # a frame this stage cannot run: dropped, the run goes on
+            self.agent._log(f"dropped data message from {header.sender!r}: {err}")
+        return False
 
     def _frame_problem(self, header: DataHeader) -> str:
         """Why a decoded frame of this run cannot be used here ("" when it can): checked before
@@ -309,7 +309,7 @@ class StageRun:
                 continue
             g.tokens[i].append(tok)
             fed.append(tok)
-            if tok in eos or len(g.tokens[i]) >= self.msg.max_new_tokens:
+            if self._sequence_done(g, i, tok, eos):
                 g.finished[i] = True
         g.last = torch.tensor(fed, dtype=torch.int64)
         g.done = all(g.finished)
@@ -329,6 +329,10 @@ class StageRun:
         )
         self.source, started = on_returned(self.source, mb, step, finished_early=g.done)
         self.injections.extend(started)
+
+    def _sequence_done(self, g: _Group, i: int, token: int, eos: set[int]) -> bool:
+        """Whether sequence ``i`` of ``g`` is finished by ``token`` (an open run adds its own budgets)."""
+        return token in eos or len(g.tokens[i]) >= self.msg.max_new_tokens
 
     def _finish(self) -> None:
         tokens: dict[int, list[int]] = {}

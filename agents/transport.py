@@ -392,6 +392,11 @@ class RunStop(threading.Event):
         if self._inbox is not None:
             self._inbox.wake()
 
+    def wake(self) -> None:
+        """Wake the receive without stopping the run (work handed to it on another thread)."""
+        if self._inbox is not None:
+            self._inbox.wake()
+
 
 class DataInbox:
     """The agent's data socket read with its stop wake-up: one zmq poll over both, no polling loop.

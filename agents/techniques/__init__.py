@@ -12,9 +12,10 @@ elsewhere registers its own ``AgentTechnique`` (an agent loads it with ``--techn
 from __future__ import annotations
 
 from agents import registry
-from agents.techniques import attention_offload, expert_offload, phase_disaggregation, spatial
+from agents.techniques import attention_offload, expert_offload, open_run, phase_disaggregation, spatial
 
-BUILTIN = (expert_offload.TECHNIQUE, attention_offload.TECHNIQUE, spatial.TECHNIQUE, phase_disaggregation.TECHNIQUE)
+BUILTIN = (expert_offload.TECHNIQUE, attention_offload.TECHNIQUE, spatial.TECHNIQUE, phase_disaggregation.TECHNIQUE,
+           open_run.TECHNIQUE)
 
 for _technique in BUILTIN:
     registry.register(_technique)

@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--served-model-name", help="the model id clients name (default: the checkpoint folder's name)")
     p.add_argument("--max-new-tokens", type=TOKENS, default=256,
                    help="a request's max_tokens when it gives none (capped by the context left)")
-    p.add_argument("--mode", choices=RUN_MODES, default="sequential")
+    p.add_argument("--mode", choices=RUN_MODES, default="no-bubbles",
+                   help="how the open run's micro-batches share the stages (default no-bubbles: a request joins "
+                        "at once, between the others' steps)")
     p.add_argument("--micro-batches", type=int_in(1, 4096), default=None,
                    help="override the plan's micro_batches (default: the plan's)")
     p.add_argument("--temperature", type=float_in(0, 2), default=0.0,
@@ -133,6 +135,7 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
     from core.devices.local_cluster import LocalCluster
     from core.reporting import TerminalReporter
     from core.runs.coordinator import Coordinator
+    from core.runs.batching import micro_batch_count
     from core.serving import BatchQueue, Defaults, HttpServer, ServedModel, ServeSettings, build_app
 
     stop = threading.Event()
@@ -156,8 +159,10 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
                                  ServeSettings(generation=settings, max_tokens=args.max_new_tokens),
                                  replan=replan, store=store, session_id=session_id)
             served.load(reporter)
-            queue = BatchQueue(served.run_batch, max_waiting=args.max_queue, max_batch=args.max_batch,
-                               batch_window_s=args.batch_window_ms / 1e3, on_cancel_running=served.stop_running)
+            queue = BatchQueue(served.start_batch, max_waiting=args.max_queue, max_batch=args.max_batch,
+                               capacity=served.capacity, spread=micro_batch_count(plan, args.micro_batches),
+                               batch_window_s=args.batch_window_ms / 1e3, on_cancel_running=served.leave)
+            served.on_slot_free = queue.wake
             defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                 seed=args.seed, repetition_penalty=args.repetition_penalty,
                                 no_repeat_ngram_size=args.no_repeat_ngram_size)

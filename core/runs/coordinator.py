@@ -302,7 +302,7 @@ class Coordinator:
         if request.mode not in MODES:
             raise FormatError("run request", f"{request.mode!r} is not one of {', '.join(MODES)}", "mode")
         n = len(request.input_ids)
-        groups = run_micro_batches(n, plan, request.micro_batches)
+        groups = run_micro_batches(n, plan, request.micro_batches) if n or request.options is None else ()
         run_id = uuid.uuid4().hex[:12]
         devices = [s.device for s in plan.stages]
         lost = [d for d in [*devices, *helpers] if self.link.is_lost(d)]
@@ -451,10 +451,11 @@ class Coordinator:
                                attention_mask=resume.attention_mask if resume else request.attention_mask,
                                sampling=request.sampling, lease_s=self.lease_s, first_steps=firsts,
                                micro_batch_keys=keys)
-            else:
+            else:  # options that every stage runs by (``every_stage``: an open run's) go to each
                 msg = StartRun(run_id=run.run_id, mode=request.mode, max_new_tokens=request.max_new_tokens,
                                sampling=request.sampling, lease_s=self.lease_s, first_steps=firsts,
-                               micro_batch_keys=keys)
+                               micro_batch_keys=keys, options=options_slot(request.options)
+                               if getattr(request.options, "every_stage", False) else options_slot(None))
             try:
                 reply = self.link.await_reply(d, self.request_async(d, msg), self.request_timeout_s,
                                               "starting the run")
@@ -468,6 +469,11 @@ class Coordinator:
             run.advance(run_state.StageStarted(d))
             if run.ended.is_set():
                 return
+
+    @property
+    def active_run(self) -> ActiveRun | None:
+        """The run in progress, None between runs (an open run's joins name its id and its clock)."""
+        return self._run
 
     @property
     def latest_run_state(self) -> run_state.RunState | None:

@@ -1,15 +1,18 @@
-"""Requests become runs of the cluster: the same coordinator, generation path and recording as
-``edgeshard run``, with the plan loaded once.
+"""Requests become micro-batches of the cluster's open run: the same coordinator, stage run and
+recording as ``edgeshard run``, with the plan loaded once and one run kept open.
 
 ``ServedModel`` owns what a server keeps between requests: the coordinator (its agents hold
-the loaded plan), the tokenizer, the stop tokens, the run settings the server was started
-with, and the workspace session its requests are recorded in. ``admit`` turns a parsed body
-into a ``ServedRequest`` (the chat template applied, the prompt tokenized, its length checked
-against the model's context: 413); ``run_batch`` runs a batch of them as one generation
-(``core.runs.generation.generate_encoded``: the run state machine, the recovery path with
-``--on-failure replan``), hands each its tokens, and records each as its own run (its prompt,
-parameters, tokens, figures, and the timeline events of the run it rode in), listed by
-``edgeshard sessions`` and replayable like any run.
+the loaded plan), the open run (``core.runs.open_run``: requests join it between steps and leave
+it when done, their KV caches dropped at once), the tokenizer, the stop tokens, the run settings
+the server was started with, and the workspace session its requests are recorded in. ``admit``
+turns a parsed body into a ``ServedRequest`` (the chat template applied, the prompt tokenized,
+its length checked against the model's context: 413); ``start_batch`` joins a group of them as
+one micro-batch; tokens are routed to their request by sequence id. Each request is recorded as
+its own run (its prompt, parameters, tokens, figures, and its micro-batch's timeline events from
+its join, on a clock that starts at its join), listed by ``edgeshard sessions`` and replayable like
+any run. A lost agent fails the requests in the run with 503, or, with ``--on-failure replan``,
+re-plans over the survivors, loads the new plan and joins every request again where its tokens
+stopped (prompt plus tokens so far, its sampler's key and step kept: the same tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -26,9 +30,11 @@ import msgspec
 from agents.protocol import TimelineEvent, TokenEvent
 from core.errors import EdgeShardError, RunFailed
 from core.planning.plan import ShardPlan
-from core.runs.batching import batching_settings
+from agents.protocol import SamplingSpec
+from core.runs.batching import batching_settings, micro_batch_count
 from core.runs.coordinator import Coordinator
-from core.runs.generation import GenerationSettings, generate_encoded, load_plan, stop_token_ids
+from core.runs.generation import GenerationSettings, load_plan, stop_token_ids
+from core.runs.open_run import OpenRun
 from core.runs.recovery import Replanner
 from core.serving.openai_api import ApiError, ParsedRequest, plain_chat_prompt, unavailable
 from core.serving.served import ServedRequest
@@ -51,37 +57,22 @@ def model_context(model_dir: str) -> int:
     return int(text.get("max_position_embeddings", 2048))
 
 
-class _BatchSink:
-    """The run's stream, split per request: each request gets its own tokens (and records them as
-    sequence 0 of its own run); every request's recording gets the run's timeline events."""
+EVENTS_LAG_S = 0.25
+"""How long after its last token a request's recording still takes its micro-batch's events."""
 
-    def __init__(self, batch: list[ServedRequest], recorders: list[RunRecorder | None], on_all_done) -> None:
-        self.batch, self.recorders, self._on_all_done = batch, recorders, on_all_done
-        self._ended = False
-        self._lock = threading.Lock()
+
+class _Stream:
+    """One open run's stream to the model (a ``RunSink``): which run it came from sets its clock."""
+
+    def __init__(self, model: "ServedModel") -> None:
+        self.model = model
+        self.run: OpenRun | None = None
 
     def on_event(self, event: TimelineEvent) -> None:
-        for rec in self.recorders:
-            if rec is not None:
-                rec.on_event(event)
+        self.model._on_event(self.run, event)
 
     def on_tokens(self, tokens: TokenEvent) -> None:
-        for seq, token in zip(tokens.sequence_ids, tokens.token_ids):
-            text = self.batch[seq].take(token) if seq < len(self.batch) else None
-            if text is None:
-                continue
-            rec = self.recorders[seq]
-            if rec is not None:
-                rec.on_tokens(msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,)))
-        self.end_if_all_done()
-
-    def end_if_all_done(self) -> None:
-        """Every request of the run is done (stop strings, own max_tokens, clients gone): stop the run."""
-        with self._lock:
-            if self._ended or not all(r.done for r in self.batch):
-                return
-            self._ended = True
-        self._on_all_done()
+        self.model._on_tokens(self.run, tokens)
 
 
 @dataclass(frozen=True)
@@ -110,9 +101,21 @@ class ServedModel:
         self.context = model_context(model_dir)
         self.chat_template = getattr(tokenizer, "chat_template", None)
         self.loaded = False
-        self._current: list[ServedRequest] | None = None
-        """The batch whose run is going (``stop_running`` stops only that one)."""
-        self._current_lock = threading.Lock()
+        self.slots = max(2, len(plan.stages), micro_batch_count(plan, settings.generation.micro_batches))
+        """Micro-batches the open run holds at once (each a group of requests that joined together)."""
+        self.open: OpenRun | None = None
+        self.on_slot_free = lambda: None
+        """Told when a micro-batch is free again (the queue's ``wake``), outside any lock here."""
+        self._lock = threading.RLock()
+        self._slots: dict[int, list[ServedRequest]] = {}
+        self._by_seq: dict[int, ServedRequest] = {}
+        self._holders: dict[int, list[ServedRequest]] = {}
+        """Per micro-batch index, the requests whose recordings still take its events (they arrive in
+        batches, after the tokens: a request's last events come after it is done)."""
+        self._records: dict[ServedRequest, RunRecorder] = {}
+        self._finishing = ThreadPoolExecutor(1, thread_name_prefix="edgeshard-serve-record")
+        """Recordings are opened and finished here: one writer, off the coordinator's IO thread (it delivers
+        everyone's tokens)."""
 
     # ------------------------------------------------------------------ loading
     def load(self, reporter=None) -> None:
@@ -122,6 +125,9 @@ class ServedModel:
         self.loaded = True
 
     def unload(self) -> None:
+        self._close_open()
+        time.sleep(EVENTS_LAG_S)  # the last recordings' timers
+        self._finishing.shutdown(wait=True)
         if self.loaded:
             try:
                 self.coordinator.unload()
@@ -173,72 +179,207 @@ class ServedModel:
         return ServedRequest(prefix + secrets.token_hex(12), parsed, text, tuple(ids), max_tokens, seed, tok,
                              self.stop_ids, deliver)
 
-    # ------------------------------------------------------------------ runs
-    def stop_running(self, batch: list[ServedRequest]) -> None:
-        """End ``batch``'s run early (every request in it is done, or the server stops); never
-        another batch's run, which may have started since the caller looked."""
-        with self._current_lock:
-            if self._current is batch:
-                self.coordinator.stop()
+    # ------------------------------------------------------------------ the open run
+    def capacity(self) -> int:
+        """Micro-batches the run can take now."""
+        with self._lock:
+            return self.slots - len(self._slots)
 
-    def run_batch(self, batch: list[ServedRequest]) -> None:
-        """Run ``batch`` as one generation; every request ends (finished, failed, or cancelled)."""
-        import torch
+    def _open_run(self) -> OpenRun:
+        """The open run, started (after loading the plan again when a failure unloaded it)."""
+        why = self._ready()
+        if why is not None:
+            raise unavailable(why)
+        if self.open is None or not self.open.alive:
+            g = self.settings.generation
+            stream = _Stream(self)
+            run = stream.run = OpenRun(self.coordinator, self.plan, stream, slots=self.slots, mode=g.mode,
+                                       eos_token_ids=self.stop_ids,
+                                       pad_token_id=int(self.tokenizer.pad_token_id or 0), on_end=self._run_ended)
+            try:
+                run.start()
+            except RunFailed as err:
+                self.loaded = self.coordinator.is_loaded(self.plan, self.model_dir)
+                raise unavailable(str(err)) from None
+            self.open = run
+        return self.open
 
+    def start_batch(self, batch: list[ServedRequest], *, resumed: bool = False) -> None:
+        """Join ``batch`` (requests that may share a micro-batch) to the open run as one micro-batch."""
         started = time.perf_counter()
         for r in batch:
-            r.started_s = started
+            r.started_s = r.started_s or started
         live = [r for r in batch if not r.done]
-        why = self._ready() if live else "every request left before its run"
-        if why is not None:
-            for r in batch:
-                r.fail(unavailable(why))
+        if not live:
             return
-        width = max(len(r.prompt_ids) for r in batch)
-        pad = int(self.tokenizer.pad_token_id or 0)
-        enc = {"input_ids": torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in batch]),
-               "attention_mask": torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids)
-                                               for r in batch])}
-        s = batch[0].parsed.sampling
-        settings = replace(self.settings.generation, max_new_tokens=max(r.max_tokens for r in batch),
-                           temperature=s.temperature, top_p=s.top_p, seed=batch[0].seed,
-                           repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
-        recorders = [self._record(r, batch, settings) for r in batch]
-        sink = _BatchSink(batch, recorders, lambda: self.stop_running(batch))
-        failure: ApiError | None = None
         try:
-            with self._current_lock:
-                self._current = batch
-            if all(r.done for r in batch):  # every client left before the run started
-                return
-            out = generate_encoded(self.coordinator, self.plan, self.tokenizer, enc, self.stop_ids, settings,
-                                   sink=sink, replan=self.replan)
-            if out.result.plan is not None:
-                self.plan = out.result.plan  # re-planned around a lost device: later runs use the new plan
-        except RunFailed as err:
-            if not all(r.done for r in batch):
-                failure = unavailable(str(err))
-                self.loaded = self.coordinator.is_loaded(self.plan, self.model_dir)
-        except EdgeShardError as err:
-            failure = ApiError(500, str(err), type="server_error")
-        except Exception as err:  # a bug: the request fails, the server stays up (and says so in its log)
-            log.exception("a run failed")
-            failure = ApiError(500, f"internal error: {err}", type="server_error")
-        finally:
-            with self._current_lock:
-                self._current = None
-            for r, rec in zip(batch, recorders):
-                if failure is not None:
-                    r.fail(failure)
-                r.run_ended()
+            run = self._open_run()
+            with self._lock:
+                slot = next(i for i in range(self.slots) if i not in self._slots)
+                self._slots[slot] = live
+                self._holders.setdefault(slot, []).extend(live)
+        except ApiError as err:
+            for r in live:
+                r.fail(err)
+            return
+        s = live[0].parsed.sampling
+        spec = SamplingSpec(temperature=s.temperature, top_p=s.top_p, seed=live[0].seed,
+                            repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
+        if not resumed:
+            for r in live:  # the store is written on one thread (its connection is not for two writers)
+                rec = self._finishing.submit(self._record, r, live).result() if self.store is not None else None
                 if rec is not None:
-                    status = ("stopped" if r.cancelled else "failed" if r.failed is not None else "completed")
-                    rec.finish(status, r.figures())
+                    self._records[r] = rec
+        done = len(live[0].tokens)  # a resumed micro-batch: its requests' tokens so far (the same count)
 
-    def _record(self, r: ServedRequest, batch: list[ServedRequest], settings: GenerationSettings):
+        def route(seqs) -> None:
+            now = time.time()
+            with self._lock:
+                for r, seq in zip(live, seqs):
+                    r.sequence_id, r.joined_at = seq, r.joined_at or now
+                    self._by_seq[seq] = r
+        try:
+            run.join(slot, [r.prompt_ids + tuple(r.tokens) for r in live], [r.max_tokens - done for r in live], spec,
+                     first_step=done, on_ids=route)
+        except (EdgeShardError, ValueError) as err:
+            with self._lock:
+                self._slots.pop(slot, None)
+            for r in live:
+                r.fail(unavailable(str(err)))
+                self._finish_record(r)
+
+    def leave(self, request: ServedRequest) -> None:
+        """The client left: its sequence leaves the run (its micro-batch retires once all are done)."""
+        self._request_done(request)
+
+    # the open run's stream (``_Stream``), on the coordinator's IO thread; times onto each request's clock
+    def _on_tokens(self, run: OpenRun, tokens: TokenEvent) -> None:
+        for seq, token in zip(tokens.sequence_ids, tokens.token_ids):
+            with self._lock:
+                r = self._by_seq.get(seq)
+            if r is None:
+                continue
+            text = r.take(token)
+            rec = self._records.get(r)
+            if text is not None and rec is not None:
+                rec.on_tokens(msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
+                                                      micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
+            if r.done:
+                self._request_done(r)
+
+    def _on_event(self, run: OpenRun, event: TimelineEvent) -> None:
+        at = run.t0 + event.start_s
+        with self._lock:
+            holders = [r for r in self._holders.get(event.micro_batch, ())
+                       if r.joined_at is not None and r.joined_at - 0.001 <= at <= (r.ended_at or at)]
+        for r in holders:
+            rec = self._records.get(r)
+            if rec is not None:
+                shift = run.t0 - r.joined_at
+                rec.on_event(msgspec.structs.replace(event, micro_batch=0, start_s=event.start_s + shift,
+                                                     end_s=event.end_s + shift))
+
+    def _request_done(self, r: ServedRequest) -> None:
+        """``r`` is done (finished, left, failed): out of the run, recorded, its micro-batch freed when all are."""
+        freed = False
+        with self._lock:
+            seq = getattr(r, "sequence_id", None)
+            if seq is None or self._by_seq.pop(seq, None) is None:
+                return
+            for slot, members in list(self._slots.items()):
+                if r in members and all(m.done for m in members):
+                    del self._slots[slot]
+                    if self.open is not None:
+                        self.open.release(slot)
+                    freed = True
+        ran_out = r.tokens and (r.tokens[-1] in self.stop_ids or len(r.tokens) >= r.max_tokens)
+        if self.open is not None and not ran_out:  # a stop string, a client gone: the source still feeds it
+            self.open.leave([seq])
+        self._finish_record(r)
+        if freed:
+            self.on_slot_free()
+
+    def _finish_record(self, r: ServedRequest) -> None:
+        """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""
+        r.ended_at = r.ended_at or time.time()
+        if r in self._records:
+            timer = threading.Timer(EVENTS_LAG_S, lambda: self._finishing.submit(self._close_record, r))
+            timer.daemon = True
+            timer.start()
+
+    def _close_record(self, r: ServedRequest) -> None:
+        with self._lock:
+            rec = self._records.pop(r, None)
+            for members in self._holders.values():
+                if r in members:
+                    members.remove(r)
+        if rec is not None:
+            status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
+            rec.finish(status, r.figures())
+
+    def _run_ended(self, run: OpenRun) -> None:
+        """The open run ended (a lost agent, a stop): its requests are recovered or fail with 503."""
+        if run is not self.open:
+            return
+        with self._lock:
+            slots = [[r for r in members if not r.done] for members in self._slots.values()]
+            self._slots.clear()
+            self._by_seq.clear()
+        slots = [m for m in slots if m]
+        self.loaded = False
+        failure = run.failure
+        if slots and self.replan is not None and isinstance(failure, RunFailed) and failure.device:
+            try:
+                self._recover(run, failure.device, slots)
+                return
+            except EdgeShardError as err:
+                failure = err
+        for members in slots:
+            for r in members:
+                r.fail(unavailable(str(failure or "the run stopped")))
+                self._finish_record(r)
+        self.on_slot_free()
+
+    def _recover(self, run: OpenRun, failed: str, slots: list[list[ServedRequest]]) -> None:
+        """Re-plan without ``failed``, load the new plan, and join every live request again where it stopped."""
+        t_failed = time.time()
+        usable = tuple(d for d in self.coordinator.endpoints if not self.coordinator.link.is_lost(d))
+        old = [s.device for s in self.plan.stages]
+        new_plan = self.replan(self.plan, failed, usable)
+        t_planned = time.time()
+        self.plan = new_plan
+        load_plan(self.coordinator, new_plan, self.model_dir, self.settings.generation)  # no clock probe of the lost
+        self.loaded = True
+        t_loaded = time.time()
+        marks = [("failure", failed, old.index(failed), t_failed, t_failed), ("replan", failed, old.index(failed),
+                 t_failed, t_planned)] + [("reload", s.device, i, t_planned, t_loaded)
+                                          for i, s in enumerate(new_plan.stages)]
+        for members in slots:
+            for r in members:
+                rec = self._records.get(r)
+                for kind, device, stage, start, end in marks:
+                    if rec is not None:
+                        rec.on_event(TimelineEvent(device=device, stage=stage, kind=kind, phase="decode",
+                                                   step=len(r.tokens), micro_batch=0, start_s=start - r.joined_at,
+                                                   end_s=end - r.joined_at))
+        self.open = None
+        for members in slots:
+            self.start_batch(members, resumed=True)
+
+    def _close_open(self) -> None:
+        run, self.open = self.open, None
+        if run is not None:
+            run.close()
+
+    def _record(self, r: ServedRequest, batch: list[ServedRequest]):
         if self.store is None:
             return None
         p = r.parsed
+        s = p.sampling
+        settings = GenerationSettings(**{**self.settings.generation.__dict__, "temperature": s.temperature,
+                                         "top_p": s.top_p, "seed": r.seed, "max_new_tokens": r.max_tokens,
+                                         "repetition_penalty": s.repetition_penalty,
+                                         "no_repeat_ngram_size": s.no_repeat_ngram_size})
         record = {
             "model_dir": self.model_dir, "prompts": [r.prompt_text], "lanes": list(self.plan.devices()),
             "started_by": "edgeshard serve", "request_id": r.id,

@@ -1,15 +1,14 @@
-"""The bounded queue between the HTTP side and the cluster, and which requests share a run.
+"""The bounded queue between the HTTP side and the cluster, and which requests join the open run together.
 
-One worker thread takes batches off the queue and hands each to ``run_batch`` (the cluster's
-own run machinery, ``core.serving.cluster_runs``): the cluster runs one generation at a time,
-so requests that arrive while a run is going wait here and the next run takes every waiting
-request that may share it (``choose_batch``), up to ``max_batch``. The queue is bounded: a
-request beyond ``max_waiting`` is refused at once with 429 and a ``Retry-After``, never kept
-waiting without end. A request whose client leaves while it waits is removed; one in a run is
-marked cancelled (the run ends early once every request in it is done).
-
-Not done: requests joining a *running* decode batch between its steps (continuous batching):
-that needs the agents' stage run schedule to admit sequences mid-run (docs/serving.md).
+The cluster keeps one open run (``core.runs.open_run``) that micro-batches join between its
+steps. One worker thread takes requests off the queue whenever the run has a free micro-batch
+(``capacity``) and hands each group to ``start_batch`` (``core.serving.cluster_runs``), which joins
+it: the oldest waiting request and every other waiting one that may share a micro-batch with it
+(``choose_batch``, up to ``max_batch``), spread over up to ``spread`` micro-batches (the plan's
+count) so the stages work on them side by side. A request that arrives while others decode
+joins at their next step, not after them. The queue is bounded: a request beyond
+``max_waiting`` is refused at once with 429 and a ``Retry-After``. A request whose client leaves
+while it waits is removed; one in the run leaves it (its KV caches are dropped at once).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def choose_batch(keys: Sequence[tuple | None], max_batch: int) -> list[int]:
-    """Indices of the waiting requests (given by their ``batch_key``, oldest first) the next run
+    """Indices of the waiting requests (given by their ``batch_key``, oldest first) the next join
     takes: the oldest, and every later one with its key (None: it runs alone), up to ``max_batch``."""
     if not keys:
         return []
@@ -36,23 +35,40 @@ def choose_batch(keys: Sequence[tuple | None], max_batch: int) -> list[int]:
     return [i for i, k in enumerate(keys) if k == keys[0]][:max_batch]
 
 
-class BatchQueue:
-    """Admits requests, and runs them in batches on one worker thread until ``close``."""
+def spread(n: int, parts: int) -> list[range]:
+    """``n`` requests into ``parts`` (at least 1, at most n) near-equal contiguous groups."""
+    parts = max(1, min(parts, n))
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
 
-    def __init__(self, run_batch: Callable[[list[ServedRequest]], None], *, max_waiting: int, max_batch: int,
-                 batch_window_s: float = 0.0, on_cancel_running: Callable[[list[ServedRequest]], None] | None = None):
-        self._run_batch = run_batch
+
+class BatchQueue:
+    """Admits requests, and joins them to the cluster's run on one worker thread until ``close``."""
+
+    def __init__(self, start_batch: Callable[[list[ServedRequest]], None], *, max_waiting: int, max_batch: int,
+                 capacity: Callable[[], int] = lambda: 1, spread: int = 1, batch_window_s: float = 0.0,
+                 on_cancel_running: Callable[[ServedRequest], None] | None = None):
+        self._start_batch = start_batch
+        self._capacity = capacity
+        """Micro-batches the run can take now (free slots)."""
+        self.spread = spread
         self.max_waiting = max_waiting
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
         """How long the worker waits for more requests once one arrives at an idle cluster."""
-        self._on_cancel_running = on_cancel_running or (lambda batch: None)
+        self._on_cancel_running = on_cancel_running or (lambda request: None)
         self._waiting: deque[ServedRequest] = deque()
         self._running: list[ServedRequest] = []
         self._cond = threading.Condition()
         self._closed = False
         self.served = 0
         self.last_run_s = 1.0
+        """How long the last finished request was served (the 429's ``Retry-After``)."""
         self._worker = threading.Thread(target=self._loop, name="edgeshard-serve-batches", daemon=True)
         self._worker.start()
 
@@ -70,15 +86,26 @@ class BatchQueue:
             self._cond.notify_all()
 
     def cancel(self, request: ServedRequest) -> None:
-        """The client left: drop it from the queue, or mark it in its run (which ends once all are done)."""
+        """The client left: drop it from the queue, or take it out of the run at once."""
         request.cancel()
         with self._cond:
             if request in self._waiting:
                 self._waiting.remove(request)
                 return
-            running = list(self._running)
-        if request in running and all(r.done for r in running):
-            self._on_cancel_running(running)
+            running = request in self._running
+        if running:
+            self._on_cancel_running(request)
+
+    def wake(self) -> None:
+        """A micro-batch of the run is free again (or the run changed): the worker looks again."""
+        with self._cond:
+            done = [r for r in self._running if r.done]
+            for r in done:
+                self._running.remove(r)
+                if r.started_s is not None:
+                    self.last_run_s = time.perf_counter() - r.started_s
+            self.served += len(done)
+            self._cond.notify_all()
 
     @property
     def waiting(self) -> int:
@@ -87,33 +114,32 @@ class BatchQueue:
 
     @property
     def running(self) -> int:
-        """Requests in the run going now."""
+        """Requests in the run now."""
         with self._cond:
-            return len(self._running)
+            return sum(not r.done for r in self._running)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Refuse new requests, fail the waiting ones (503), cancel the running batch, stop the worker."""
+        """Refuse new requests, fail the waiting and running ones (503), stop the worker."""
         with self._cond:
             self._closed = True
             left, self._waiting = list(self._waiting), deque()
             running = list(self._running)
             self._cond.notify_all()
-        for r in left:
+        for r in left + running:
             r.fail(unavailable("the server is shutting down"))
-        if running:
-            for r in running:
-                r.fail(unavailable("the server is shutting down"))
-            self._on_cancel_running(running)
+        for r in running:
+            self._on_cancel_running(r)
         self._worker.join(timeout_s)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
+                while not self._closed and not (self._waiting and self._capacity() > 0):
+                    self._cond.wait(0.5)
                 if self._closed:
                     return
-            if self.batch_window_s > 0:
+                idle = not any(not r.done for r in self._running)
+            if self.batch_window_s > 0 and idle:
                 time.sleep(self.batch_window_s)
             with self._cond:
                 if self._closed:
@@ -122,16 +148,14 @@ class BatchQueue:
                 picked = [waiting[i] for i in choose_batch([r.batch_key for r in waiting], self.max_batch)]
                 for r in picked:
                     self._waiting.remove(r)
-                self._running = picked
-            t0 = time.perf_counter()
-            try:
-                self._run_batch(picked)
-            except Exception as err:  # a bug must not stop the worker: these requests fail, later ones run
-                log.exception("serving a batch failed")
-                for r in picked:
-                    r.fail(ApiError(500, f"internal error: {err}", type="server_error"))
-            finally:
-                with self._cond:
-                    self._running = []
-                    self.served += len(picked)
-                self.last_run_s = time.perf_counter() - t0
+                self._running.extend(picked)
+                groups = [[picked[i] for i in part] for part in spread(len(picked), min(self.spread,
+                                                                                        self._capacity()))]
+            for group in groups:
+                try:
+                    self._start_batch(group)
+                except Exception as err:  # a bug must not stop the worker: these requests fail, later ones run
+                    log.exception("joining a batch failed")
+                    for r in group:
+                        r.fail(ApiError(500, f"internal error: {err}", type="server_error"))
+            self.wake()

@@ -65,6 +65,12 @@ class ServedRequest:
         self.started_s: float | None = None
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
+        self.sequence_id: int | None = None
+        """Its sequence in the open run (the tokens' id), once it joined."""
+        self.joined_at: float | None = None
+        """When it first joined the run (``time.time()``): its recorded timeline counts from here."""
+        self.ended_at: float | None = None
+        """When it was done (``time.time()``): events of its micro-batch after it are not its."""
         self.checked_s = 0.0
         """When the HTTP side last checked that the client is still there (its event loop's clock)."""
 
@@ -103,13 +109,6 @@ class ServedRequest:
             elif out or len(self.tokens) == 1:  # the first token goes out even without text yet: a
                 self._send(Piece(out))            # stream starts (and its TTFT is) when generation does
             return piece
-
-    def run_ended(self) -> None:
-        """The run is over: a request it did not finish (the runtime stopped its sequence) ends now."""
-        with self._lock:
-            if not self.done:
-                last = self.tokens[-1] if self.tokens else None
-                self._finish("stop" if last in self._stop_ids else "length", self._stop_text.flush())
 
     def fail(self, error: ApiError) -> None:
         with self._lock:

@@ -115,3 +115,43 @@ def test_the_schedule_imports_neither_torch_nor_zmq():
     code = "import sys, agents.schedule; print('torch' in sys.modules, 'zmq' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# ------------------------------------------------------------------ joins (open runs)
+def test_a_join_starts_its_prefill_at_once_in_no_bubbles_while_another_decodes():
+    from agents.schedule import join
+
+    state, _ = begin("no-bubbles", 0, 100)
+    state, started = join(state, 0)
+    assert started == (Step(0, 0),)
+    state, _ = on_returned(state, 0, 0)
+    state, started = join(state, 1)
+    assert started == (Step(1, 0),)
+
+
+def test_a_join_waits_for_the_barrier_in_bubbles_and_for_the_running_one_in_sequential():
+    from agents.schedule import join
+
+    state, _ = begin("bubbles", 0, 100)
+    state, _ = join(state, 0)
+    state, started = join(state, 1)  # micro-batch 0's prefill is in flight
+    assert started == ()
+    state, started = on_returned(state, 0, 0)
+    assert started == (Step(0, 1), Step(1, 0))
+    seq, _ = begin("sequential", 0, 100)
+    seq, _ = join(seq, 0)
+    seq, started = join(seq, 1)
+    assert started == ()
+    seq, started = on_returned(seq, 0, 0, finished_early=True)
+    assert started == (Step(1, 0),)
+
+
+def test_a_running_micro_batchs_index_cannot_be_joined_until_it_is_finished():
+    from agents.schedule import join
+
+    state, _ = begin("no-bubbles", 0, 100)
+    state, _ = join(state, 0)
+    with pytest.raises(ValueError, match="running"):
+        join(state, 0)
+    state, _ = on_returned(state, 0, 0, finished_early=True)
+    assert join(state, 0)[1] == (Step(0, 0),)

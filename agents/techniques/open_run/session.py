@@ -1,0 +1,185 @@
+"""An open run on one stage: the shared stage run (``agents.stage_run.StageRun``) with micro-batches
+that join and leave between steps (continuous batching across the pipeline).
+
+It is the same schedule, not a second runtime: every step is ``agents.schedule.step_operations``;
+the source starts a joined micro-batch's prefill as ``agents.schedule.join`` says for the run's mode
+and its later steps by ``on_returned``, as a closed run does. What differs:
+
+- the run starts empty and ends only when stopped;
+- a ``JoinRun`` (handed over by the control thread, which wakes the data receive) sets a micro-batch
+  up: at the source its prompts and per-sequence token budgets, at the last stage its sampling (each
+  micro-batch samples with its own seed, key and first step, so a request's draws do not depend on
+  who else runs);
+- a micro-batch whose every sequence is done (EOS, its budget, or left by a ``LeaveRun``) is retired
+  once its step in flight is back: the source drops its KV cache and sends a ``retire`` frame down
+  the ring, and every stage drops its own at once. Its index may then be joined again; a join of an
+  index still in flight waits for that retire (links are FIFO, so every stage sees the old group's
+  last step, then its retire, then the new prefill).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from agents.envelope import MAX_NEW_TOKENS
+from agents.protocol import DataHeader
+from agents.sampling import step_generator
+from agents.schedule import SourceState, join
+from agents.stage_run import StageRun, _Group
+from agents.techniques.open_run.messages import RETIRE, JoinRun, LeaveRun
+from agents.transport import RunAborted, data_message
+
+ROOM = "open_run"
+"""This technique's state on an agent (``Agent.room``): ``handed`` maps a run id to the joins and
+leaves handed over by the control thread, not yet taken by the run."""
+
+
+def handed(agent, run_id: str) -> collections.deque:
+    return agent.room(ROOM).setdefault("handed", {}).setdefault(run_id, collections.deque())
+
+
+class OpenStageRun(StageRun):
+    """One stage's part of an open run (``drive``)."""
+
+    def __init__(self, agent, loaded, msg, stop) -> None:
+        super().__init__(agent, loaded, msg, stop)
+        self.handed = handed(agent, msg.run_id)
+        self.budgets: dict[int, tuple[int, ...]] = {}
+        """Source: per micro-batch, each sequence's most tokens."""
+        self.deferred: list[JoinRun] = []
+        """Source: joins of an index whose previous micro-batch is not retired yet."""
+        self.left: set[int] = set()
+        self.samplers: dict[int, JoinRun] = {}
+        """Last stage: the join whose sampling each running micro-batch uses."""
+        self.next_samplers: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
+        """Last stage: joins whose prefill has not arrived yet, per index, in join order."""
+
+    def execute(self) -> None:
+        if self.is_first:
+            self.source = SourceState(self.msg.mode, MAX_NEW_TOKENS, (), (), ())
+        while not self.stop.is_set():
+            self._take_handed()
+            if self.is_first:
+                self._run_injections()
+            received = self.agent.receive_data(1 << 30, timeout_ms=None)  # a join or a stop wakes it
+            if received is not None:
+                header = received[0]
+                if header.kind == RETIRE and header.run_id == self.msg.run_id:
+                    self._retire(header.micro_batch)
+                else:
+                    self._on_data(*received)
+            self.wait_started = self.clock()
+        raise RunAborted()
+
+    # ------------------------------------------------------------------ joins and leaves
+    def _take_handed(self) -> None:
+        while self.handed:
+            msg = self.handed.popleft()
+            if isinstance(msg, LeaveRun):
+                self._leave(set(msg.sequence_ids))
+            else:
+                if self.is_last:
+                    self.next_samplers[msg.micro_batch].append(msg)
+                if self.is_first:
+                    self._join(msg)
+
+    def _join(self, msg: JoinRun) -> None:
+        mb = msg.micro_batch
+        if mb in self.groups or mb > len(self.source.started):  # its old group is in flight: after the retire
+            self.deferred.append(msg)
+            return
+        n = len(msg.sequence_ids)
+        self.groups[mb] = _Group(index=mb, seq_ids=msg.sequence_ids,
+                                 input_ids=torch.tensor(msg.input_ids, dtype=torch.int64),
+                                 attention_mask=torch.tensor(msg.attention_mask, dtype=torch.int64),
+                                 tokens=[[] for _ in range(n)], finished=[s in self.left for s in msg.sequence_ids])
+        self.budgets[mb] = msg.max_new_tokens
+        self.source, started = join(self.source, mb)
+        self.injections.extend(started)
+        if all(self.groups[mb].finished):  # every client left before its prefill
+            self._leave(set())
+
+    def _leave(self, sequence_ids: set[int]) -> None:
+        self.left |= sequence_ids
+        if not self.is_first:
+            return
+        for g in list(self.groups.values()):
+            g.finished = [f or s in self.left for f, s in zip(g.finished, g.seq_ids)]
+            g.done = all(g.finished)
+            mb = g.index
+            if g.done and self.source.started[mb] < 0:  # not started (sequential): nothing to retire
+                finished = list(self.source.finished)
+                finished[mb] = True
+                self.source = SourceState(self.source.mode, self.source.steps, self.source.started,
+                                          self.source.returned, tuple(finished))
+                self.injections = collections.deque(s for s in self.injections if s.micro_batch != mb)
+                del self.groups[mb]
+                self._rejoin(mb)
+
+    # ------------------------------------------------------------------ the source's steps
+    def _sequence_done(self, g, i: int, token: int, eos: set[int]) -> bool:
+        """A sequence ends at an EOS token, at its own budget, or when its client left."""
+        return token in eos or len(g.tokens[i]) >= self.budgets[g.index][i] or g.seq_ids[i] in self.left
+
+    def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
+        super()._on_tokens(mb, step, ids, t)  # the tokens go out, the next steps start (none once done)
+        if self.groups[mb].done:
+            self._retire(mb)
+
+    def _retire(self, mb: int) -> None:
+        """Drop micro-batch ``mb``'s KV cache here and pass the retire on down the ring."""
+        self.ex.drop(mb)
+        self.seen_groups.discard(mb)
+        self.samplers.pop(mb, None)
+        self.histories.pop(mb, None)
+        if self.is_first:
+            g = self.groups.pop(mb, None)
+            if g is not None:
+                self.left -= set(g.seq_ids)
+        if not self.is_last:
+            header = DataHeader(run_id=self.msg.run_id, kind=RETIRE, phase="decode", step=0, micro_batch=mb,
+                                sender=self.agent.device, tensors=(), t_sent=self.clock())
+            self.loaded.sender.send(data_message(header, []), 0, lambda *_: None, self.stop)
+        if self.is_first:
+            self._rejoin(mb)
+
+    def _rejoin(self, mb: int) -> None:
+        waiting = [m for m in self.deferred if m.micro_batch == mb]
+        if waiting:
+            self.deferred.remove(waiting[0])
+            self._join(waiting[0])
+
+    # ------------------------------------------------------------------ the last stage's sampling
+    def _compute(self, op, x, mask):
+        if op.samples:
+            mb = op.micro_batch
+            if op.step == 0:
+                self._take_handed()
+                queued = self.next_samplers[mb]
+                if not queued:
+                    raise ValueError(f"micro-batch {mb}'s prefill arrived before its join")
+                spec = self.samplers[mb] = queued.popleft()
+                if spec.sampling.uses_history:
+                    self.histories[mb] = torch.tensor(spec.input_ids, dtype=torch.int64)
+                else:
+                    self.histories.pop(mb, None)
+            spec = self.samplers[mb]
+            self.sample = self.agent.sampler_factory(spec.sampling)
+        return super()._compute(op, x, mask)
+
+    def _generator(self, mb: int, step: int) -> torch.Generator:
+        spec = self.samplers[mb]
+        return step_generator(spec.sampling.seed, spec.key, spec.first_step + step)
+
+
+def drive(agent, loaded, msg, stop):
+    """The run driver of ``StartRun`` with ``OpenRunOptions``: serve the open run until stopped."""
+    run = OpenStageRun(agent, loaded, msg, stop)
+    try:
+        run.execute()
+    finally:
+        run.drop_all()
+        agent.room(ROOM).get("handed", {}).pop(msg.run_id, None)
+    return ()

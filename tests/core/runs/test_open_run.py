@@ -1,0 +1,134 @@
+"""Open runs (continuous batching) on real agent processes over 3 stages: micro-batches join while
+others decode, each request's greedy tokens equal transformers' ``generate`` of its prompt alone, a
+seeded request's tokens do not depend on who else runs, and a leave frees its KV caches at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agents.protocol import SamplingSpec
+from core.devices.local_cluster import LocalCluster
+from core.runs.coordinator import Coordinator, NullSink
+from core.runs.generation import GenerationSettings, load_plan
+from core.runs.open_run import OpenRun
+from tests.core.serving.conftest import serve_files
+
+DEVICES = ["ob-0", "ob-1", "ob-2"]
+EOS = 2
+
+
+class Tokens(NullSink):
+    """Tokens by sequence id, and when each sequence got its first."""
+
+    def __init__(self) -> None:
+        self.by_seq: dict[int, list[int]] = {}
+        self.first: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def on_tokens(self, tokens) -> None:
+        with self.lock:
+            for s, t in zip(tokens.sequence_ids, tokens.token_ids):
+                self.by_seq.setdefault(s, []).append(t)
+                self.first.setdefault(s, time.monotonic())
+
+    def wait(self, seqs, counts, timeout_s: float = 60.0) -> list[list[int]]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                got = [list(self.by_seq.get(s, ())) for s in seqs]
+            if all(len(g) >= c or (g and g[-1] == EOS) for g, c in zip(got, counts)):
+                return got
+            time.sleep(0.005)
+        raise AssertionError(f"tokens did not arrive: {got}")
+
+
+@pytest.fixture(scope="module")
+def open_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("open-run")
+    model, plan_path = serve_files(folder, devices=DEVICES, chat_template=None)
+    from core import formats
+    from core.planning.plan import ShardPlan
+
+    plan = formats.load(plan_path, ShardPlan)
+    with LocalCluster(folder / "cluster", DEVICES) as cluster:
+        with Coordinator(cluster.endpoints, cluster.keys) as coord:
+            load_plan(coord, plan, str(model), GenerationSettings(threads=1))
+            sink = Tokens()
+            run = OpenRun(coord, plan, sink, slots=4, mode="no-bubbles", eos_token_ids=(EOS,), pad_token_id=0)
+            run.start()
+            try:
+                yield run, sink, coord, model
+            finally:
+                run.close()
+
+
+@pytest.fixture(scope="module")
+def reference(open_run):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(open_run[3]).eval()
+
+
+def generate(model, ids: list[int], n: int, **sampling) -> list[int]:
+    import torch
+
+    out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, pad_token_id=0, eos_token_id=EOS, do_sample=False, **sampling)
+    new = out[0, len(ids):].tolist()
+    return new[:new.index(EOS) + 1] if EOS in new else new
+
+
+def test_a_request_joining_while_another_decodes_gets_the_tokens_of_its_prompt_alone(open_run, reference):
+    run, sink, _, _ = open_run
+    long_prompt, late_prompt = [5, 17, 99, 3, 42, 8], [7, 300, 12]
+    (first,) = run.join(0, [long_prompt], [40], SamplingSpec())
+    sink.wait([first], [3])  # the first one decodes
+    (late,) = run.join(1, [late_prompt], [12], SamplingSpec())
+    got_late, got_first = sink.wait([late, first], [12, 40])
+    assert sink.first[late] < sink.first[first] + 10  # sanity: it started while the other ran
+    with sink.lock:
+        assert len(sink.by_seq[first]) >= 3
+    assert got_late == generate(reference, late_prompt, 12)
+    assert got_first == generate(reference, long_prompt, 40)
+    run.release(0)
+    run.release(1)
+
+
+def test_a_seeded_request_gets_the_same_tokens_whoever_else_runs(open_run):
+    run, sink, _, _ = open_run
+    spec = SamplingSpec(temperature=0.9, top_p=0.95, seed=1234)
+    (alone,) = run.join(0, [[9, 8, 7]], [16], spec)
+    (alone_tokens,) = sink.wait([alone], [16])
+    run.release(0)
+    (busy,) = run.join(1, [[4, 4, 4, 4]], [30], SamplingSpec())
+    (again,) = run.join(0, [[9, 8, 7]], [16], spec)
+    (again_tokens,) = sink.wait([again], [16])
+    sink.wait([busy], [30])
+    run.release(0)
+    run.release(1)
+    assert again_tokens == alone_tokens
+
+
+def test_a_leave_frees_the_micro_batchs_kv_cache_on_every_stage_at_once(open_run):
+    run, sink, coord, _ = open_run
+    (seq,) = run.join(2, [[11, 12, 13, 14]], [500], SamplingSpec())
+    sink.wait([seq], [4])
+    held = {d: s.kv_bytes for d, s in coord.status_of(DEVICES).items()}
+    assert all(b > 0 for b in held.values()), held
+    run.leave([seq])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        now = {d: s.kv_bytes for d, s in coord.status_of(DEVICES).items()}
+        if not any(now.values()):
+            break
+        time.sleep(0.01)
+    assert now == {d: 0 for d in DEVICES}
+    with sink.lock:
+        assert len(sink.by_seq[seq]) < 500
+    run.release(2)
+    (again,) = run.join(2, [[11, 12]], [3], SamplingSpec())  # the slot is usable again
+    assert len(sink.wait([again], [3])[0]) == 3
+    run.release(2)
