@@ -57,7 +57,17 @@ def stage_tensor_names(names: list[str], config: dict, start: int, end: int) -> 
 
 
 def _source_files(model_dir: Path) -> list[Path]:
-    files = sorted(model_dir.glob("*.safetensors"))
+    """The checkpoint's weight files, as the agents' reader finds them: ``model.safetensors`` or the
+    shards its index names (other ``*.safetensors`` beside it, e.g. quantised experts, are not the model's)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as err:
+            raise FormatError(str(index), f"cannot read the shard index ({err})") from None
+        files = [model_dir / n for n in names]
+    else:
+        files = [f for f in (model_dir / "model.safetensors",) if f.is_file()] or sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FormatError(str(model_dir), "no *.safetensors files (only safetensors checkpoints are supported)")
     return files

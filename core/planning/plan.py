@@ -8,15 +8,15 @@ Ranges are half-open [start, end).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from core.formats import register_format
 
 PLAN_FORMAT = "edgeshard.plan"
-PLAN_VERSION = 2
-"""2: ``Stage.weights`` (a version-1 plan loads with every stage at ``fp``)."""
+PLAN_VERSION = 3
+"""2: ``Stage.weights`` (a version-1 plan loads with every stage at ``fp``); 3: ``Stage.options``."""
 
 StageKind = str
 """The stage's kind: which technique's agent-side executor runs it (``agents.executors``):
@@ -37,6 +37,10 @@ class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """Which executor the stage's agent builds (``layers``, ``expert-offload``, ...)."""
     weights: str = "fp"
     """The precision of its blocks' weights (``WEIGHT_PRECISIONS``)."""
+    options: dict[str, Any] | None = None
+    """Its kind's own settings, sent as its ``LoadShard.options`` (a technique's agent ``Options`` as a
+    JSON object, ``kind`` its tag; e.g. expert offloading's buffer and the hashes of the files it
+    reads, named in ``files``); None: the kind needs none."""
 
     @property
     def num_units(self) -> int:

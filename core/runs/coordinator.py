@@ -24,6 +24,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+import msgspec
+
 from agents.protocol import (
     AgentState,
     AgentStatus,
@@ -52,7 +54,9 @@ from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F
 from core.reporting import NullReporter, Reporter
 from core.runs import run_state
 from core.runs.batching import kv_reservation
-from core.runs.recovery import RecoveryImpossible, RecoveryRecord, Replanner, Resume, resume_point
+from core.runs.recovery import (
+    RecoveryImpossible, RecoveryRecord, Replanner, Resume, keep_stage_settings, resume_point,
+)
 from core.runs.run_stream import (  # noqa: F401  (public here: callers import them from the coordinator)
     MODES, ActiveRun, FanoutSink, Mode, NullSink, RunRequest, RunResult, RunSink,
 )
@@ -194,7 +198,8 @@ class Coordinator:
         ``kind``: the stage kind (``agents.executors``) every stage, or each device's stage, is
         loaded as — how a technique's plan reaches its own agent-side executor.
         ``options``: per device, its stage kind's own options (``LoadShard.options``; e.g. the agents an
-        attention-offload dense stage calls over the data plane while it computes).
+        attention-offload dense stage calls over the data plane while it computes); a device without
+        gets its plan stage's ``Stage.options`` (e.g. expert offloading's buffer settings).
         Each stage's weight precision is the plan's (``Stage.weights`` -> ``LoadShard.weights``)."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
@@ -205,7 +210,7 @@ class Coordinator:
             raise RunFailed(f"plan uses devices without an agent: {', '.join(missing)}")
         self._loaded = None
         self._load_args = dict(model_dir=model_dir, dtype=dtype, threads=threads, links=links, timeout_s=timeout_s,
-                               files=files, kind=kind)
+                               files=files, kind=kind, options=options)
         # the plan's agents only: another agent that died unnoticed (a long heartbeat timeout) must not fail it
         statuses = self.link.status_of([d for d in plan.devices() if not self.link.is_lost(d)], 5.0)
         lost = [d for d in plan.devices() if d not in statuses]
@@ -229,7 +234,7 @@ class Coordinator:
                             threads=threads, link=links.get(s.device, LinkShape()), kv=kv,
                             files=(files or {}).get(s.device, ()),
                             kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind,
-                            options=options_slot((options or {}).get(s.device)),
+                            options=_stage_options(s, (options or {}).get(s.device)),
                             weights=s.weights)
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
@@ -376,7 +381,7 @@ class Coordinator:
             if self._load_args.get("files"):
                 raise RecoveryImpossible("the run's weights were sent to the agents (--send-weights); a re-plan "
                                          "needs the checkpoint on every device", failed)
-            new_plan = replan(plan, failed, usable)
+            new_plan = keep_stage_settings(plan, replan(plan, failed, usable))
         except RecoveryImpossible as err:
             run.apply(run_state.ReplanImpossible(err.reason))
             raise err from None
@@ -398,6 +403,7 @@ class Coordinator:
             kind = args.pop("kind")
             if isinstance(kind, dict):  # per device: the new plan's stages say theirs
                 kind = {s.device: s.kind for s in new_plan.stages}
+            args["options"] = {d: o for d, o in (args["options"] or {}).items() if d in new}
             self.load(new_plan, args.pop("model_dir"), reporter=reporter, files=None, kind=kind,
                       kv=kv_reservation(resume.micro_batches or ((0,),), resume.context_tokens + left)
                       if self._loaded_kv.groups else KvReservation(),
@@ -503,3 +509,11 @@ class Coordinator:
         run = self._run
         if run is not None:
             run.advance(run_state.StopRequested("run stopped by the operator"))
+
+
+def _stage_options(stage, given: Options | None) -> msgspec.Raw:
+    """A stage's ``LoadShard.options``: those given for its device, else its plan's (``Stage.options``,
+    a JSON object the agent decodes strictly by its ``kind`` tag)."""
+    if given is not None or stage.options is None:
+        return options_slot(given)
+    return msgspec.Raw(msgspec.msgpack.encode(stage.options))

@@ -146,6 +146,38 @@ class ExactReplanner:
         return with_weights(result.plan, precisions.pop())  # every block stays at the run's precision
 
 
+def keep_stage_settings(old: ShardPlan, new: ShardPlan) -> ShardPlan:
+    """``new`` (re-planned over the survivors by a solver that places units only) with the interrupted
+    plan's stage kinds and settings (``Stage.kind``/``Stage.options``), so a resumed run stays the same
+    technique (an expert-offload stage stays one, with its buffer, not a stage with every expert
+    resident). One kind and settings on every old stage: every new stage gets them. Otherwise a new stage
+    takes the settings of the one non-``layers`` kind whose decoder blocks (units 1 .. N-2) it holds; two
+    different ones are not re-split (``RecoveryImpossible``): which new stage should get which?"""
+    import msgspec
+
+    def key(s) -> tuple[str, bytes]:
+        return s.kind, msgspec.json.encode(s.options, order="sorted")
+
+    kinds = {key(s): s for s in old.stages}
+    if len(kinds) == 1:
+        only = old.stages[0]
+        stages = tuple(msgspec.structs.replace(s, kind=only.kind, options=only.options) for s in new.stages)
+        return msgspec.structs.replace(new, stages=stages)
+    special = {k: s for k, s in kinds.items() if k[0] != "layers" or s.options is not None}
+    if len(special) > 1:
+        raise RecoveryImpossible("the plan's stages are of different kinds or settings ("
+                                 + ", ".join(sorted(f"{s.device}: {s.kind}" for s in special.values()))
+                                 + "), which a re-plan cannot give back to the survivors' stages")
+    if not special:
+        return new
+    setting = next(iter(special.values()))
+    blocks = {u for s in old.stages if key(s) == key(setting) for u in range(max(s.start, 1), min(s.end, old.num_units - 1))}
+    stages = tuple(msgspec.structs.replace(s, kind=setting.kind, options=setting.options)
+                   if blocks & set(range(s.start, s.end)) else msgspec.structs.replace(s, kind="layers", options=None)
+                   for s in new.stages)
+    return msgspec.structs.replace(new, stages=stages)
+
+
 @dataclass(frozen=True)
 class RecoveryRecord:
     """One recovery of a run, on the run's clock (seconds from its start)."""

@@ -1,7 +1,8 @@
 """Send each agent only its stage's weights, over the encrypted control channel.
 
 For every stage of a plan the coordinator cuts the checkpoint down to the stage's units
-(``core.models.stage_checkpoint``, cached locally), asks the agent how much of each file
+(``core.models.stage_checkpoint``, cached locally) and adds every other file the stage reads (those
+its ``Stage.options`` name), asks the agent how much of each file
 (by sha256) it already holds, and sends only the rest in chunks, a few in flight per
 agent. The agent keeps files by content hash (``agents.weights``): a plan change re-sends
 only the stages whose units moved, and an interrupted transfer resumes where it stopped.
@@ -79,13 +80,28 @@ def stage_files(model_dir: str | Path, start: int, end: int, cache_dir: Path) ->
     return [ShippedFile(out / n, n, file_digest(out / n), (out / n).stat().st_size) for n in names]
 
 
+def option_files(model_dir: str | Path, stage) -> list[ShippedFile]:
+    """The files beside the checkpoint that ``stage``'s kind reads, as its options name them
+    (``Stage.options["files"]``: (name, sha256), e.g. expert offloading's quantised experts), sent
+    whole; one that is not the file the plan names is refused before anything is sent."""
+    out = []
+    for name, digest in (stage.options or {}).get("files", ()):
+        path = Path(model_dir) / name
+        if not path.is_file() or file_digest(path) != digest:
+            state = "is missing" if not path.is_file() else "is not the file the plan was made with (sha256 differs)"
+            raise RunFailed(f"{path} {state}: its {stage.kind} stage reads it; make the plan again", stage.device)
+        out.append(ShippedFile(path, name, digest, path.stat().st_size))
+    return out
+
+
 def ship_stage_weights(coordinator, plan: ShardPlan, model_dir: str | Path, *, cache_dir: Path | None = None,
                        reporter: Reporter | None = None, timeout_s: float = 120) -> ShipReport:
     """Make every agent of ``plan`` hold its stage's files; returns what ``LoadShard.files`` needs."""
     reporter = reporter or NullReporter()
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     reporter.status(f"preparing {len(plan.stages)} stage slice(s) of {Path(model_dir).name}")
-    wanted = {s.device: stage_files(model_dir, s.start, s.end, cache_dir) for s in plan.stages}
+    wanted = {s.device: stage_files(model_dir, s.start, s.end, cache_dir) + option_files(model_dir, s)
+              for s in plan.stages}
     todo: dict[str, list[tuple[ShippedFile, int]]] = {}
     held_total: dict[str, int] = {}
     for dev, files in wanted.items():

@@ -14,6 +14,7 @@ import transformers  # noqa: F401  (imported once here: agents' worker threads i
 
 from agents.checkpoint_reader import CheckpointError
 from agents.techniques.expert_offload.offload import ExpertBuffer, ExpertOffloadExecutor, ExpertStore
+from agents.techniques.expert_offload.options import OffloadOptions
 from agents.local_pipeline import generate_partitioned
 from agents.sampling import SamplingParams
 from agents.shard import StageExecutor
@@ -168,9 +169,9 @@ def test_an_agent_runs_the_expert_offload_stage_kind_from_the_coordinator_with_e
     coordinator, (first, second) = coordinator_and_agents
     model_dir = tmp_path / "tiny-mixtral"
     shutil.copytree(moe_dir, model_dir)
-    (model_dir / "expert-offload.json").write_text(json.dumps({"slots": 2, "policy": "edgemoe", "preload": 1}))
     plan = plan_from_boundaries("tiny-mixtral", LAYERS + 2, ["a", "b"], [3])
-    coordinator.load(plan, str(model_dir), kind={"a": "layers", "b": "expert-offload"})
+    coordinator.load(plan, str(model_dir), kind={"a": "layers", "b": "expert-offload"},
+                     options={"b": OffloadOptions(slots=2, policy="edgemoe", preload=1)})
     executor = second._loaded.executor
     assert isinstance(getattr(executor, "inner", executor), ExpertOffloadExecutor)
 
@@ -184,9 +185,9 @@ def test_two_agents_each_offloading_its_own_blocks_experts_give_exact_tokens(coo
     coordinator, agents = coordinator_and_agents
     model_dir = tmp_path / "tiny-mixtral"
     shutil.copytree(moe_dir, model_dir)
-    (model_dir / "expert-offload.json").write_text(json.dumps({"slots": 2, "policy": "edgemoe", "preload": 1}))
     plan = plan_from_boundaries("tiny-mixtral", LAYERS + 2, ["a", "b"], [3])  # blocks 0-1 on a, 2-3 on b
-    coordinator.load(plan, str(model_dir), kind="expert-offload")
+    options = OffloadOptions(slots=2, policy="edgemoe", preload=1)
+    coordinator.load(plan, str(model_dir), kind="expert-offload", options={"a": options, "b": options})
     executors = [getattr(a._loaded.executor, "inner", a._loaded.executor) for a in agents]
     assert all(isinstance(e, ExpertOffloadExecutor) for e in executors)
     _assert_greedy_run_equals_hf(coordinator, plan, model_dir)

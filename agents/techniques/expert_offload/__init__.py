@@ -1,21 +1,27 @@
 """Expert offloading (EdgeMoE) on agents: a Mixtral stage whose experts live on storage, read into a
 bounded buffer (``offload``); what its ``io`` events say (``activity``). It adds a stage kind only:
-its stages run in the shared stage run. Registered as ``TECHNIQUE`` by ``agents.techniques``."""
+its stages run in the shared stage run, their settings in the load message (``options``). Registered as ``TECHNIQUE`` by ``agents.techniques``."""
 
 from __future__ import annotations
 
 from agents.registry import AgentTechnique
+from agents.techniques.expert_offload.options import OffloadOptions
 
 STAGE_KIND = "expert-offload"
 
 
 def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None,
-                            kv=None):
-    """A Mixtral stage with its experts on storage, read into a bounded buffer; options from
-    ``expert-offload.json`` beside the checkpoint."""
+                            kv=None, options=None):
+    """A Mixtral stage with its experts on storage, read into a bounded buffer; its settings and the
+    hashes of the files it reads come in the load message (``OffloadOptions``), never from a file."""
     from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
 
-    return ExpertOffloadExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
+    if not isinstance(options, OffloadOptions):
+        raise ValueError("an expert-offload stage's settings travel in its load message and none came: make its "
+                         "plan with `edgeshard moe configure PLAN MODEL_DIR --run-plan RUN.json`")
+    return ExpertOffloadExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv,
+                                 options=options)
 
 
-TECHNIQUE = AgentTechnique(name="expert-offload", executors={STAGE_KIND: expert_offload_executor})
+TECHNIQUE = AgentTechnique(name="expert-offload", options=(OffloadOptions,),
+                           executors={STAGE_KIND: expert_offload_executor})

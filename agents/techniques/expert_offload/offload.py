@@ -10,8 +10,9 @@ can be throttled (``bandwidth_bps``) so a fast disk emulates an SD card or eMMC.
 
 The expert math is transformers' own ``MixtralExperts.forward`` with the weights looked up
 in the buffer, so at full precision the tokens equal HF generate's of the whole model.
-Options come as keyword arguments, or from ``expert-offload.json`` in the model directory
-when an agent loads the stage from a ``LoadShard`` (which carries no technique options).
+An agent builds the stage from its ``LoadShard.options`` (``options.OffloadOptions``: settings and
+the hashes of the files it reads); used in-process, options come as keyword arguments or from
+``expert-offload.json`` in the model directory.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from torch import nn
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader
 from agents.techniques.expert_offload.activity import expert_activity
+from agents.techniques.expert_offload.options import (
+    BIT_WIDTHS, POLICIES, PROFILE_FILE, QUANTIZED_FILE, OffloadOptions, check_files,
+)
 from agents.shard import StageExecutor
 
 STAGE_KIND = "expert-offload"
 OPTIONS_FILE = "expert-offload.json"
-POLICIES = ("edgemoe", "lru", "lfu")
 
 
 class ExpertStore:
@@ -350,8 +353,11 @@ class ExpertOffloadExecutor(StageExecutor):
     def __init__(self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
                  progress=None, kv=None, slots: int | None = None, policy: str | None = None,
                  preload: int | None = None, bandwidth_bps: float | None = None, whole_layers: bool = False,
-                 learn: bool = True):
-        options = _options_file(model_dir)
+                 learn: bool = True, options: OffloadOptions | None = None):
+        self._profile_file = options is None or PROFILE_FILE in dict(options.files)
+        if options is not None:  # an agent's load message: everything the stage reads, hashes checked
+            check_files(model_dir, options.files)
+        options = options.settings() if options is not None else _options_file(model_dir)
         self.slots = int(slots if slots is not None else options.get("slots", 4))
         self.policy = str(policy if policy is not None else options.get("policy", "edgemoe"))
         self.preload_count = int(preload if preload is not None else options.get("preload", 1))
@@ -391,7 +397,8 @@ class ExpertOffloadExecutor(StageExecutor):
             self.buffer = ExpertBuffer(self.slots, lambda local, expert: store.read(indices[local], expert),
                                        len(self.layer_indices), self.policy)
             self.predictor = ExpertPredictor(len(self.layer_indices), self.num_experts,
-                                             _profile(self.model_dir, self.layer_indices), learn=self._learn)
+                                             _profile(self.model_dir, self.layer_indices) if self._profile_file
+                                             else None, learn=self._learn)
         local = len(self._offloaded)
         layer.mlp.experts = OffloadedExperts(self, local, self.num_experts, layer.mlp.experts.act_fn)
         self._offloaded.append(layer.mlp.experts)
@@ -503,7 +510,7 @@ def _expert_bits(raw, model_dir: str) -> dict[tuple[int, int], int]:
 def _profile(model_dir: str, layer_indices: list[int]) -> torch.Tensor | None:
     """The offline activation profile (``expert-profile.safetensors``: transitions [L-1, E, E]) sliced
     to this stage's blocks, or None to learn transitions online."""
-    path = Path(model_dir) / "expert-profile.safetensors"
+    path = Path(model_dir) / PROFILE_FILE
     if not path.is_file() or not layer_indices:
         return None
     from safetensors.torch import load_file
@@ -515,8 +522,6 @@ def _profile(model_dir: str, layer_indices: list[int]) -> torch.Tensor | None:
 
 
 # ----- per-expert bit widths (EdgeMoE's expert-wise bit-width adaptation) ----------------------
-QUANTIZED_FILE = "experts-quantized.safetensors"
-BIT_WIDTHS = (2, 4, 8)
 
 
 def quantize_per_channel(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,9 +4,10 @@ An ``OffloadPlan`` (buffer slots, eviction, preload depth, bit widths) runs as a
 ``ShardPlan`` whose stage kind is ``expert-offload``: ``edgeshard run`` and the Run screen
 load each stage as its kind (core.runs.generation), so the run, its live timeline (expert
 reads, hits, evictions as ``io`` events on the device's storage lane), its recording and
-its replay are the shared ones. ``LoadShard`` carries no technique options, so the plan's
-buffer options are written beside the checkpoint (``expert-offload.json``), which the agent
-reads when it builds the stage.
+its replay are the shared ones. Each stage carries its settings (``Stage.options``: an
+``OffloadOptions`` with the sha256 of every file beside the checkpoint it reads), which go in its
+``LoadShard.options``; ``expert-offload.json`` beside the checkpoint is only where the operator's
+configuration (and ``adapt-bits``' bit widths) is kept between commands: no agent reads it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,27 @@ def write_options(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float
     return path
 
 
+def stage_options(model_dir: Path) -> dict:
+    """The ``OffloadOptions`` (as ``Stage.options``) that ``model_dir``'s configuration says, with the
+    sha256 of the quantised experts and the activation profile where the stage reads them."""
+    from agents.techniques.expert_offload.options import PROFILE_FILE, QUANTIZED_FILE, OffloadOptions
+    from core.runs.weights import file_digest
+
+    config = json.loads((model_dir / OPTIONS_FILE).read_text())
+    bits = tuple(sorted((*map(int, str(k).split(".")), int(b)) for k, b in config.get("expert_bits", {}).items()))
+    files = tuple((name, file_digest(model_dir / name)) for name in (QUANTIZED_FILE, PROFILE_FILE)
+                  if (model_dir / name).is_file() and (name != QUANTIZED_FILE or bits))
+    try:
+        options = OffloadOptions(slots=int(config["slots"]), policy=str(config["policy"]),
+                                 preload=int(config["preload"]), whole_layers=bool(config.get("whole_layers")),
+                                 bandwidth_bps=config.get("bandwidth_bps"), expert_bits=bits, files=files)
+    except (KeyError, TypeError, ValueError) as err:
+        raise EdgeShardError(f"{model_dir / OPTIONS_FILE}: {err}: delete it and configure again") from None
+    if options.problem():
+        raise EdgeShardError(f"{model_dir / OPTIONS_FILE}: {options.problem()}: configure again")
+    return msgspec.to_builtins(options)
+
+
 def run_plan(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float | None = None,
              sharded: ShardPlan | None = None) -> ShardPlan:
     """The ``ShardPlan`` that runs ``plan`` over ``model_dir`` (whose options it writes): one stage on the
@@ -57,12 +79,12 @@ def run_plan(plan: OffloadPlan, model_dir: str | Path, bandwidth_bps: float | No
         problems = layout_problems(sharded, info.num_units)
         if problems:
             raise EdgeShardError(f"the layer-sharded plan cannot run on {model_dir}: {'; '.join(problems)}")
-    write_options(plan, model_dir, bandwidth_bps)
+    options = stage_options(write_options(plan, model_dir, bandwidth_bps).parent)
     if sharded is None:
-        stages = (Stage(device=plan.device, start=0, end=info.num_units, kind=STAGE_KIND),)
+        stages = (Stage(device=plan.device, start=0, end=info.num_units, kind=STAGE_KIND, options=options),)
     else:
         blocks_end = info.num_units - 1  # units 1 .. L are the decoder blocks
-        stages = tuple(msgspec.structs.replace(s, kind=STAGE_KIND if s.start < blocks_end and s.end > 1 else s.kind)
-                       for s in sharded.stages)
+        stages = tuple(msgspec.structs.replace(s, kind=STAGE_KIND, options=options) if s.start < blocks_end and s.end > 1
+                       else s for s in sharded.stages)
     return ShardPlan(model=Path(model_dir).name, num_units=info.num_units, stages=stages,
                      strategy=f"expert-offload:{plan.policy}")
