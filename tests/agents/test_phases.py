@@ -167,7 +167,7 @@ def test_pieces_that_never_arrive_fail_the_request_naming_them():
     agent = _AgentSide()
     links = PhaseLinks(agent, _peers(agent))
     with pytest.raises(PhaseRequestError, match=r"mm pieces \[0, 1\] of request 7 did not arrive"):
-        links.take("mm", 7, (0, 1), timeout_s=0.2)
+        links.take("mm", "", 7, (0, 1), timeout_s=0.2)
     agent.data_socket.close(linger=0)
 
 
@@ -187,8 +187,42 @@ def test_a_piece_from_a_device_outside_the_pools_is_dropped_and_logged():
         header = DataHeader(run_id="epd", kind="mm", phase="prefill", step=7, micro_batch=0, sender=sender,
                             tensors=(spec,))
         push.send_multipart(data_message(header, [buf]))
-    got = links.take("mm", 7, (0,), timeout_s=5.0)
+    got = links.take("mm", "", 7, (0,), timeout_s=5.0)
     assert tuple(got[0][0].shape) == (2, 4) and any("stranger" in line for line in agent.lines)
+    push.close(linger=0)
+    agent.data_socket.close(linger=0)
+
+
+def test_a_failed_runs_stale_piece_never_feeds_the_next_runs_request_of_the_same_index():
+    import zmq
+
+    from agents.techniques.phase_disaggregation.phases import PhaseLinks
+    from agents.protocol import DataHeader
+    from agents.transport import data_message, tensor_frame
+
+    agent = _AgentSide()
+    links = PhaseLinks(agent, _peers(agent))
+    push = agent.context.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{agent.port}")
+
+    def piece(run: str, value: float) -> None:
+        spec, buf = tensor_frame(torch.full((2, 4), value))
+        push.send_multipart(data_message(DataHeader(run_id=run, kind="mm", phase="prefill", step=7, micro_batch=0,
+                                                    sender="e", tensors=(spec,)), [buf]))
+
+    links.begin("run-a")
+    piece("run-a", 1.0)  # run a fails before its request 7 takes this piece
+    while links.receive(200):
+        pass
+    links.begin("run-b")
+    assert links.held_bytes == 0  # dropped when run b began
+    piece("run-a", 1.0)  # a late piece of the failed run
+    piece("run-b", 2.0)
+    got = links.take("mm", "run-b", 7, (0,), timeout_s=5.0)
+    assert float(got[0][0][0, 0]) == 2.0
+    while links.receive(200):
+        pass
+    assert not links.held and any("stale" in line for line in agent.lines)
     push.close(linger=0)
     agent.data_socket.close(linger=0)
 

@@ -45,8 +45,10 @@ def serve_phase(agent, msg):
         return ErrorReply(req=msg.req, code="bad_state",
                           message=f"this agent's stage ({loaded.msg.kind if loaded else 'none'}) serves no phase "
                                   f"requests: load an epd-* stage")
+    links = _links_of(agent, loaded)
+    links.begin(msg.run)  # pieces earlier runs left are stale: dropped
     try:
-        return serve(msg, clock=agent.clock, slowdown=agent.emulation.compute_slowdown, links=_links_of(agent, loaded))
+        return serve(msg, clock=agent.clock, slowdown=agent.emulation.compute_slowdown, links=links)
     except ValueError as err:  # phases.PhaseRequestError and the checkpoint's own checks
         return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
 
@@ -67,6 +69,7 @@ def serve_phases(agent, msg, stop) -> None:
     if not isinstance(batch, DecodeBatch):
         agent.post(serve_phase(agent, msg))
         return
+    batch.links.begin(msg.run)
     batch.add(msg)
     while batch:
         while (queued := agent.next_queued(lambda m: isinstance(m, PHASE_REQUESTS))) is not None:

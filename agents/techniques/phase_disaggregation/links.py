@@ -47,8 +47,12 @@ class PhaseLinks:
     def __init__(self, agent, peers) -> None:
         self.agent = agent
         self.peers = {p.device: p for p in peers}
-        self.held: dict[tuple[str, int, int], tuple[torch.Tensor, float]] = {}
+        self.held: dict[tuple[str, str, int, int], tuple[torch.Tensor, float]] = {}
+        """(run, kind, request, piece) -> (tensor, arrival time on this agent's clock)."""
         self.held_bytes = 0
+        self.run = ""
+        self.ended: set[str] = set()
+        """Runs whose pieces were dropped: a late piece of one is dropped on arrival."""
         from agents.transport import PeerSenders
 
         self._senders = PeerSenders(agent.context, agent.keys, 1000, clock=agent.clock)
@@ -56,7 +60,20 @@ class PhaseLinks:
     def close(self) -> None:
         self._senders.close()
 
-    def send(self, device: str, kind: str, request: int, piece: int, x: torch.Tensor) -> None:
+    def begin(self, run: str) -> None:
+        """A request of ``run`` is served: the pieces earlier runs left here are stale (a failed run's),
+        dropped so that none feeds this run's request of the same index."""
+        run = run or "epd"
+        if run == self.run:
+            return
+        if self.run:
+            self.ended.add(self.run)
+        self.run = run
+        for key in [k for k in self.held if k[0] != run]:
+            self.held_bytes -= self.held.pop(key)[0].numel() * 4
+            self.ended.add(key[0])
+
+    def send(self, device: str, kind: str, run: str, request: int, piece: int, x: torch.Tensor) -> None:
         """Push ``x`` to ``device``'s store; to this agent itself (a coupled stage handing one phase's
         product to its next phase), straight into its own store: nothing crosses a link."""
         from agents.protocol import DataHeader
@@ -65,17 +82,17 @@ class PhaseLinks:
         if device not in self.peers:
             raise PhaseRequestError(f"{device!r} is not a peer of this stage's pools")
         if device == self.agent.device:
-            if not self._hold((kind, request, piece), x.float().contiguous(), self.agent.clock()):
+            if not self._hold((run or "epd", kind, request, piece), x.float().contiguous(), self.agent.clock()):
                 raise PhaseRequestError(f"{kind} piece {piece} of request {request} does not fit this agent's store "
                                         f"({MAX_HELD_BYTES} B): the coordinator sent more than its caches hold")
             return
         sender = self._senders.to(device, self.peers[device], self.agent.default_link)
         spec, buf = tensor_frame(x.float().contiguous())
-        header = DataHeader(run_id="epd", kind=kind, phase="prefill", step=request, micro_batch=piece,
+        header = DataHeader(run_id=run or "epd", kind=kind, phase="prefill", step=request, micro_batch=piece,
                             sender=self.agent.device, tensors=(spec,), t_sent=self.agent.clock())
         sender.send(data_message(header, [buf]), spec.nbytes())
 
-    def _hold(self, key: tuple[str, int, int], t: torch.Tensor, when: float) -> bool:
+    def _hold(self, key: tuple[str, str, int, int], t: torch.Tensor, when: float) -> bool:
         """Keep ``t`` for its request if the store has room (bounded: ``MAX_HELD_BYTES``)."""
         nbytes = t.numel() * 4
         if key in self.held or self.held_bytes + nbytes > MAX_HELD_BYTES:
@@ -84,8 +101,8 @@ class PhaseLinks:
         self.held_bytes += nbytes
         return True
 
-    def has(self, kind: str, request: int, pieces) -> bool:
-        return all((kind, request, p) in self.held for p in pieces)
+    def has(self, kind: str, run: str, request: int, pieces) -> bool:
+        return all((run or "epd", kind, request, p) in self.held for p in pieces)
 
     def receive(self, timeout_ms: int | None = None) -> bool:
         """Keep one data message that arrived (waiting at most ``timeout_ms``; None: the socket's own
@@ -108,8 +125,11 @@ class PhaseLinks:
         except ProtocolError as err:
             self.agent.log(f"dropped data message: {err.code}: {err}")
             return True
-        key = (header.kind, header.step, header.micro_batch)
-        if header.run_id != "epd" or header.kind not in ("mm", "kv") or header.sender not in self.peers \
+        key = (header.run_id, header.kind, header.step, header.micro_batch)
+        if header.run_id in self.ended:
+            self.agent.log(f"dropped a stale {header.kind} piece of request {header.step} of ended run {header.run_id}")
+            return True
+        if header.kind not in ("mm", "kv") or header.sender not in self.peers \
                 or len(header.tensors) != 1 or header.tensors[0].dtype != "float32" or key in self.held:
             self.agent.log(f"dropped a data message from {header.sender!r}: not an expected EPD piece")
             return True
@@ -119,27 +139,27 @@ class PhaseLinks:
         self._hold(key, tensor_from_frame(header.tensors[0], bufs[0]).clone(), got)
         return True
 
-    def pop(self, kind: str, request: int, pieces) -> dict:
-        """The held pieces of ``request``: piece → (tensor, arrival time on this agent's clock)."""
+    def pop(self, kind: str, run: str, request: int, pieces) -> dict:
+        """The held pieces of ``request`` of ``run``: piece → (tensor, arrival time on this agent's clock)."""
         out = {}
         for p in sorted(pieces):
-            t, when = self.held.pop((kind, request, p))
+            t, when = self.held.pop((run or "epd", kind, request, p))
             self.held_bytes -= t.numel() * 4
             out[p] = (t, when)
         return out
 
-    def take(self, kind: str, request: int, pieces, timeout_s: float = TAKE_TIMEOUT_S) -> dict:
+    def take(self, kind: str, run: str, request: int, pieces, timeout_s: float = TAKE_TIMEOUT_S) -> dict:
         """The pieces of ``request`` (tensor, arrival time on this agent's clock), receiving until all
         are here; ``PhaseRequestError`` naming what is missing after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while not self.has(kind, request, pieces):
+        while not self.has(kind, run, request, pieces):
             if time.monotonic() > deadline:
-                raise PhaseRequestError(self.missing(kind, request, pieces, timeout_s))
+                raise PhaseRequestError(self.missing(kind, run, request, pieces, timeout_s))
             self.receive()
-        return self.pop(kind, request, pieces)
+        return self.pop(kind, run, request, pieces)
 
-    def missing(self, kind: str, request: int, pieces, timeout_s: float) -> str:
-        gone = sorted(p for p in pieces if (kind, request, p) not in self.held)
+    def missing(self, kind: str, run: str, request: int, pieces, timeout_s: float) -> str:
+        gone = sorted(p for p in pieces if (run or "epd", kind, request, p) not in self.held)
         return (f"{kind} pieces {gone} of request {request} did not arrive within {timeout_s:g} s (is the "
                 f"sending agent up and its link working?)")
 

@@ -29,6 +29,11 @@ class EncodeTiles(Message, frozen=True, tag="encode_tiles"):
     with them."""
     piece: int = 0
 
+    run: str = ""
+    """The run this request belongs to: its data frames carry it as their run id, and an agent drops the
+    pieces other runs left in its store (a failed run's stale piece never feeds the next run's request
+    of the same index). Empty: ``"epd"`` (a single probe)."""
+
     def problem(self) -> str:
         return _phase_problem(self)
 
@@ -65,6 +70,11 @@ class PrefillPrompt(Message, frozen=True, tag="prefill_prompt"):
     """The pieces (in prompt order) whose tokens encode agents push to this agent's data socket."""
     send_to: str = ""
     """Push the KV cache to this decode device's data socket instead of replying with it."""
+
+    run: str = ""
+    """The run this request belongs to: its data frames carry it as their run id, and an agent drops the
+    pieces other runs left in its store (a failed run's stale piece never feeds the next run's request
+    of the same index). Empty: ``"epd"`` (a single probe)."""
 
     def problem(self) -> str:
         return _phase_problem(self)
@@ -107,6 +117,11 @@ class DecodeTokens(Message, frozen=True, tag="decode_tokens"):
     kv_from: str = ""
     """The KV cache (``kv_shape``; ``kv`` empty) comes over the data plane from this prefill device."""
 
+    run: str = ""
+    """The run this request belongs to: its data frames carry it as their run id, and an agent drops the
+    pieces other runs left in its store (a failed run's stale piece never feeds the next run's request
+    of the same index). Empty: ``"epd"`` (a single probe)."""
+
     def problem(self) -> str:
         return _phase_problem(self)
 
@@ -136,6 +151,8 @@ def _phase_problem(msg) -> str:
     """EPD's phase requests and replies: ids in range, every tensor's bytes match its shape."""
     if not 0 <= msg.request < 1 << 63:
         return "request must be in [0, 2**63)"
+    if len(getattr(msg, "run", "")) > 64:
+        return "run must be at most 64 characters"
     if isinstance(msg, (EncodeTiles, TilesEncoded)):
         if not msg.tiles or len(msg.tiles) != (msg.shape[0] if msg.shape else -1) or not all(
                 0 <= t < 1 << 16 for t in msg.tiles):

@@ -169,7 +169,7 @@ class EncodeExecutor(_PhaseExecutor):
             out = self.encode(from_bytes(msg.shape, msg.data))
         t_end = clock()
         if msg.send_to:
-            _links(links).send(msg.send_to, "mm", msg.request, msg.piece, out)
+            _links(links).send(msg.send_to, "mm", msg.run, msg.request, msg.piece, out)
             return TilesEncoded(req=msg.req, request=msg.request, tiles=msg.tiles, shape=tuple(out.shape), data=b"",
                                 t_start=t_start, t_end=t_end, sent_to=msg.send_to, t_sent=clock())
         return TilesEncoded(req=msg.req, request=msg.request, tiles=msg.tiles, shape=tuple(out.shape),
@@ -237,7 +237,7 @@ class PrefillExecutor(_TextExecutor):
             raise PhaseRequestError(f"a prefill agent serves prefill_prompt, not {msg.type_name()}")
         received = 0.0
         if msg.mm_pieces:  # the encoders' tokens, from this agent's store of what arrived
-            got = _links(links).take("mm", msg.request, msg.mm_pieces)
+            got = _links(links).take("mm", msg.run, msg.request, msg.mm_pieces)
             received = max(t for _, t in got.values())
             mm = torch.cat([got[p][0].reshape(-1, got[p][0].shape[-1]) for p in msg.mm_pieces])
             if tuple(mm.shape) != tuple(msg.mm_shape):
@@ -253,8 +253,8 @@ class PrefillExecutor(_TextExecutor):
         t_end = clock()
         rng = generator.get_state().numpy().tobytes()
         if msg.send_to:  # the KV cache, then what decode goes on from: it can start as soon as both are there
-            _links(links).send(msg.send_to, "kv", msg.request, 0, kv.reshape(-1, *kv.shape[2:]))
-            _links(links).send(msg.send_to, "kv", msg.request, HANDOFF_PIECE, handoff_tensor(token, rng))
+            _links(links).send(msg.send_to, "kv", msg.run, msg.request, 0, kv.reshape(-1, *kv.shape[2:]))
+            _links(links).send(msg.send_to, "kv", msg.run, msg.request, HANDOFF_PIECE, handoff_tensor(token, rng))
             return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape), kv=b"",
                                    rng=rng, t_start=t_start, t_end=t_end, mm_received=received, sent_to=msg.send_to)
         return PromptPrefilled(req=msg.req, request=msg.request, token=token, kv_shape=tuple(kv.shape),
@@ -319,7 +319,7 @@ class DecodeExecutor(_TextExecutor):
             raise PhaseRequestError(f"a decode agent serves decode_tokens, not {msg.type_name()}")
         received, first, rng = 0.0, msg.first_token, msg.rng
         if msg.kv_from:  # the KV cache and the first token + sampler state, pushed by the prefill agent
-            got = _links(links).take("kv", msg.request, (0, HANDOFF_PIECE))
+            got = _links(links).take("kv", msg.run, msg.request, (0, HANDOFF_PIECE))
             received = max(t for _, t in got.values())
             kv = got[0][0]
             if kv.numel() != int(np.prod(msg.kv_shape)):
@@ -418,10 +418,10 @@ class DecodeBatch:
             if len(self.running) >= MAX_DECODE_BATCH:
                 break
             pieces = (0, HANDOFF_PIECE)
-            if links.has("kv", msg.request, pieces):
+            if links.has("kv", msg.run, msg.request, pieces):
                 self.waiting.remove(item)
                 try:
-                    got = links.pop("kv", msg.request, pieces)
+                    got = links.pop("kv", msg.run, msg.request, pieces)
                     kv = got[0][0]
                     if kv.numel() != int(np.prod(msg.kv_shape)):
                         raise PhaseRequestError(f"the KV cache that arrived holds {kv.numel()} values, not "
@@ -432,7 +432,7 @@ class DecodeBatch:
                     self.answer(msg, err)
             elif time.monotonic() > deadline:
                 self.waiting.remove(item)
-                self.answer(msg, PhaseRequestError(links.missing("kv", msg.request, pieces, TAKE_TIMEOUT_S)))
+                self.answer(msg, PhaseRequestError(links.missing("kv", msg.run, msg.request, pieces, TAKE_TIMEOUT_S)))
 
     def _unpack(self) -> None:
         """Each running row's KV back into its sequence (before the members change)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -265,6 +266,8 @@ class _Scheduler:
         """PD-only / aggregated: a request encodes (one piece, no IRP) on its prefill device, and
         aggregated decodes there too; on the data plane each hand-off stays on that agent."""
         self.timeout_s, self.reporter = timeout_s, reporter
+        self.run_id = uuid.uuid4().hex[:12]
+        """Unique per run, on every phase request and so on every data frame (agents drop other runs' pieces)."""
         self.requests = {r.id: r for r in workload.requests}
         self.prepared = {p.id: p for p in prepared}
         self.order = [r.id for r in workload.requests]
@@ -462,6 +465,7 @@ class _Scheduler:
             self._send(st.decode_device, msg, ("decode", rid, 0, len(msg.kv)))
 
     def _send(self, device: str, msg, what: tuple) -> None:
+        msg = msgspec.structs.replace(msg, run=self.run_id)  # its data frames carry this run's id
         fut = self.link.request_async(device, msg)
         self.outstanding[fut] = (device, self.now(), time.monotonic() + self.timeout_s, *what)
 
