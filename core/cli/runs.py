@@ -10,6 +10,7 @@ is listed by ``edgeshard sessions`` and replays in the Sessions screen; ``--no-r
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -79,9 +80,12 @@ def _register_run(sub) -> None:
                    help="when an agent is lost mid-run: stop (default: the run fails naming it) or replan "
                         "(re-plan over the survivors with the exact solver, reload, resume with the same tokens; "
                         "needs --problem)")
-    p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for; "
-                                     "--on-failure replan re-plans with it")
+    p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for, or the "
+                                     "profile (edgeshard.profile) it was planned from; --on-failure replan re-plans "
+                                     "with it")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end: every sequence's token "
+                   "ids and text (a CNN plan: every image's class and scores), the figures, the recorded run")
     add_image_arguments(p)
     p.add_argument("--workspace", metavar="FILE", help="record the run in this workspace file (default: "
                    "$EDGESHARD_WORKSPACE or ~/.local/share/edgeshard/workspace.sqlite)")
@@ -90,27 +94,25 @@ def _register_run(sub) -> None:
 
 
 class _PrintSink:
-    """Prints text pieces of the first sequence as they arrive (others at the end) and
-    appends every event to a JSONL file."""
+    """Prints text pieces of the first sequence as they arrive (others at the end; nothing with
+    ``--json``, which prints one object at the end) and appends every event to a JSONL file."""
 
-    def __init__(self, n_prompts: int, events_path: str | None) -> None:
-        self.n = n_prompts
+    def __init__(self, n_prompts: int, events_path: str | None, quiet: bool = False) -> None:
+        from core.runs.run_stream import EventsFile
+
+        self.n, self.quiet = n_prompts, quiet
         self._lock = threading.Lock()
-        self._file = open(events_path, "w") if events_path else None
-        self._enc = msgspec.json.Encoder()
-
-    def _write(self, kind: str, value) -> None:
-        if self._file is not None:
-            self._file.write(f'{{"type":"{kind}","value":{self._enc.encode(value).decode()}}}\n')
+        self._file = EventsFile(events_path) if events_path else None
 
     def on_event(self, event: TimelineEvent) -> None:
-        with self._lock:
-            self._write("timeline", event)
+        if self._file is not None:
+            self._file.on_event(event)
 
     def on_tokens(self, tokens: TokenEvent) -> None:
+        if self._file is not None:
+            self._file.on_tokens(tokens)
         with self._lock:
-            self._write("tokens", tokens)
-            if self.n == 1 and tokens.text:
+            if self.n == 1 and tokens.text and not self.quiet:
                 sys.stdout.write(tokens.text[0])
                 sys.stdout.flush()
 
@@ -165,7 +167,7 @@ def cmd_run(args) -> int:
     from core.reporting import TerminalReporter
     from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
-    from core.runs.generation import GenerationSettings, check_run
+    from core.runs.generation import GenerationSettings, check_run, generation_json
     from core.sessions.recording import record_run
     from core.sessions.store import default_workspace_path
     from core.techniques import technique_for_plan_format
@@ -180,8 +182,8 @@ def cmd_run(args) -> int:
         raise FormatError("edgeshard run", "--image / --images are for a CNN plan (edgeshard.spatial-plan); "
                                            "this plan is a language model's: give --prompt")
     plan = with_weights(formats.load(args.plan, ShardPlan), args.weights)
-    replan = _replanner(args, plan)
     prompts = _read_prompts(args)
+    replan = _replanner(args, plan, len(prompts))
     k = micro_batch_count(plan, args.micro_batches)
     if args.micro_batches is not None and k > len(prompts):  # a micro-batch holds one prompt or more
         raise FormatError("--micro-batches", f"{k} micro-batches for {len(prompts)} prompt(s): give at least {k} "
@@ -219,7 +221,7 @@ def cmd_run(args) -> int:
                   "no_repeat_ngram_size": settings.no_repeat_ngram_size, "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
                   **batching_settings(plan, args.micro_batches)},
         session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan)
-    printer = _PrintSink(len(prompts), args.events)
+    printer = _PrintSink(len(prompts), args.events, quiet=args.json)
     try:
         with recording as run:
             sink = printer if run is None else FanoutSink(printer, run.recorder)
@@ -233,6 +235,9 @@ def cmd_run(args) -> int:
                 run.status = "completed"
     finally:
         printer.close()
+    if args.json:
+        print(json.dumps(generation_json(out, run.run_id if run is not None else None, settings.mode)))
+        return 0
     if len(prompts) == 1:
         print()
     else:
@@ -265,18 +270,26 @@ def _check_agents_serve(devices, endpoints, source: str) -> None:
                            f"(it lists {', '.join(sorted(known)) or 'no agent'})"])
 
 
-def _replanner(args, plan):
-    """The exact re-planner of ``--on-failure replan`` (None for ``stop``); checked before any work."""
-    from core import formats
-    from core.planning.problem import PlanningProblem
+def _replanner(args, plan, prompts: int):
+    """The exact re-planner of ``--on-failure replan`` (None for ``stop``); checked before any work.
+    ``--problem`` is the planning problem the plan was solved for, or the profile it was planned from
+    (made into a problem here: the plan's first device holds the prompts, this run's workload)."""
+    from core.cli.planning import load_problems
     from core.runs.recovery import ExactReplanner
 
     if args.on_failure == "stop":
         return None
     if not args.problem:
         raise FormatError("--on-failure", "replan needs --problem FILE (the planning problem the plan was solved "
-                          "for: the re-plan solves it again without the lost device)")
-    problem = formats.load(args.problem, PlanningProblem)
+                          "for, or the profile.json it was planned from: the re-plan solves it again without the "
+                          "lost device)")
+    problems = load_problems(argparse.Namespace(
+        file=args.problem, problem=None, source=plan.stages[0].device if plan.stages else None, prompt_tokens=None,
+        generated_tokens=args.max_new_tokens, batch=prompts))
+    if len(problems) != 1:
+        raise FormatError(args.problem, f"holds {len(problems)} problems: give the problem or the profile the plan "
+                                        "was made from")
+    problem = problems[0]
     if problem.profile.model.name != plan.model:
         raise FormatError(args.problem, f"is for model {problem.profile.model.name!r}, the plan for {plan.model!r}",
                           "profile.model")

@@ -335,5 +335,15 @@ def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: 
     return Generation(texts=texts, result=result, figures=compute_figures(result.events, result.token_events))
 
 
-__all__ = ["Generation", "GenerationSettings", "RunFailed", "generate", "generate_encoded", "generate_with", "load_plan",
+def generation_json(out: Generation, run_id: int | None, mode: str) -> dict:
+    """What a language model's run verb prints with ``--json`` (``edgeshard.run-output``, docs/formats.md):
+    every sequence's generated token ids and text, the run's figures, its recoveries and recorded run."""
+    return {"format": "edgeshard.run-output", "version": 1, "mode": mode, "texts": list(out.texts),
+            "tokens": [list(t) for t in out.result.tokens], "figures": msgspec.to_builtins(out.figures),
+            "recoveries": [{"failed": r.failed, "step": r.step, "old_stages": list(r.old_stages),
+                            "new_stages": list(r.new_stages)} for r in out.result.recoveries],
+            "run_id": run_id}
+
+
+__all__ = ["Generation", "GenerationSettings", "generation_json", "RunFailed", "generate", "generate_encoded", "generate_with", "load_plan",
            "load_tokenizer", "stop_token_ids"]

@@ -72,6 +72,39 @@ class FanoutSink:
             s.on_tokens(tokens)
 
 
+class EventsFile:
+    """A sink that appends every event of a run to a JSON-lines file (``--events`` of every technique's
+    run verb): ``{"type": "timeline", "value": TimelineEvent}`` / ``{"type": "tokens", "value": TokenEvent}``
+    (docs/formats.md). Thread-safe; ``close`` it (or use it as a context manager)."""
+
+    def __init__(self, path) -> None:
+        import msgspec
+
+        self._file = open(path, "w")
+        self._lock = threading.Lock()
+        self._enc = msgspec.json.Encoder()
+
+    def _write(self, kind: str, value) -> None:
+        with self._lock:
+            self._file.write(f'{{"type":"{kind}","value":{self._enc.encode(value).decode()}}}\n')
+
+    def on_event(self, event: TimelineEvent) -> None:
+        self._write("timeline", event)
+
+    def on_tokens(self, tokens: TokenEvent) -> None:
+        self._write("tokens", tokens)
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> "EventsFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """Token-level input of one run (tokenization happens in ``core.runtime_session``)."""

@@ -9,6 +9,7 @@ recorded through ``core.sessions.recording.record_run`` (the same rows as ``edge
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -47,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
     r.add_argument("--workspace", help="workspace file (default: the studio's)")
     r.add_argument("--no-record", action="store_true", help="do not record the run in the workspace")
+    r.add_argument("--events", metavar="FILE", help="write timeline and token events to this JSONL file")
+    r.add_argument("--json", action="store_true", help="print one JSON object at the end: every sequence's token "
+                   "ids and text, the figures, the recorded run")
     r.set_defaults(func=_run)
 
 
@@ -66,7 +70,9 @@ def _run(args) -> int:
     from core.devices.local_cluster import LocalCluster, load_agents_file
     from core.models.units import load_model_spec
     from core.runs.coordinator import Coordinator, FanoutSink
-    from core.runs.generation import GenerationSettings, generate_with, settings_problem
+    from core.formats import check_writable
+    from core.runs.generation import GenerationSettings, generate_with, generation_json, settings_problem
+    from core.runs.run_stream import EventsFile
     from core.sessions.recording import check_workspace, record_run
     from core.sessions.store import default_workspace_path
 
@@ -92,6 +98,8 @@ def _run(args) -> int:
         raise FormatError("run settings", problem[1], problem[0])
     load_model_spec(model_dir)
     check_workspace(workspace)
+    if args.events:
+        check_writable(args.events)
     agents = None if args.local else load_agents_file(args.agents)
     if agents is not None:
         missing = sorted(set(devices) - {e.device for e in agents[0]})
@@ -121,12 +129,13 @@ def _run(args) -> int:
             endpoints, keys = cluster.start(), cluster.keys
         else:
             endpoints, keys = agents
-        with recording as rec, Coordinator(endpoints, keys) as coordinator:
+        with recording as rec, Coordinator(endpoints, keys) as coordinator, \
+                (EventsFile(args.events) if args.events else nullcontext()) as events:
             coordinator.wait_ready(timeout_s=ANSWER_WITHIN_S)
             coordinator.sync_clocks()
             sink = rec.recorder if rec is not None else None
             def run(request, s):
-                s = FanoutSink(s, sink) if sink else s
+                s = FanoutSink(s, sink, events)
                 if staggered:
                     return run_staggered(coordinator, model_dir, compute, memory, request, schedule=args.schedule,
                                          sink=s, threads=args.threads)
@@ -140,6 +149,9 @@ def _run(args) -> int:
             cluster.stop()
         if tmp is not None:
             tmp.cleanup()
+    if args.json:
+        print(json.dumps(generation_json(out, rec.run_id if rec is not None else None, "sequential")))
+        return 0
     for i, (p, t) in enumerate(zip(args.prompt, out.texts)):
         print(f"[{i}] {p}{t}")
     f = out.figures

@@ -85,6 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=SEED, default=0)
     s.add_argument("--mm-cache-tokens", type=int_in(1, 1 << 40), default=1 << 16)
     s.add_argument("--kv-cache-tokens", type=int_in(1, 1 << 40), default=1 << 20)
+    s.add_argument("--layout", action="append", choices=("epd", "pd", "aggregated"), default=None,
+                   help="search only this layout (repeatable; default: all three): epd (encode, prefill and decode "
+                        "pools), pd (encode with prefill) or aggregated (every phase on every device)")
     s.add_argument("--out", metavar="POOLS.json", help="write the picked configuration")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_search)
@@ -172,6 +175,7 @@ def _search(args) -> int:
     from core.reporting import TerminalReporter
     from core.techniques.phase_disaggregation.baselines import aggregated, pd_only
     from core.techniques.phase_disaggregation.search import search
+    from core.techniques.phase_disaggregation.types import DISAGGREGATIONS
     from core.techniques.phase_disaggregation.types import EpdProblem
 
     costs, workload, slo = _inputs(args)
@@ -182,8 +186,9 @@ def _search(args) -> int:
     problem = EpdProblem(costs=costs, workload=workload, slo=slo, devices=names,
                          mm_cache_tokens=args.mm_cache_tokens, kv_cache_tokens=args.kv_cache_tokens)
     base = [aggregated(problem)] + ([pd_only(problem)] if len(names) >= 2 else [])
-    result = search(problem, trials=args.trials, time_limit_s=args.time_limit, seed=args.seed,
-                    seeds=[b.config for b in base], reporter=TerminalReporter())
+    result = search(problem, modes=tuple(dict.fromkeys(args.layout or DISAGGREGATIONS)), trials=args.trials,
+                    time_limit_s=args.time_limit, seed=args.seed, seeds=[b.config for b in base],
+                    reporter=TerminalReporter())
     if args.out:
         save(args.out, result.best.config)
     rows = [("search", result.best)] + list(zip(("aggregated", "pd-only"), base))

@@ -51,7 +51,10 @@ def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
             p.add_argument("--check", action="store_true", help="compare the tokens with generate() here")
             p.add_argument("--workspace", metavar="WS.sqlite", help="record here (default: the studio's)")
             p.add_argument("--session", default="epd", help="session name to record under")
-            p.add_argument("--json", action="store_true")
+            p.add_argument("--json", action="store_true", help="print one JSON object: every request's token ids "
+                           "and text, the latency figures, the recorded run")
+            p.add_argument("--events", metavar="FILE", help="write the run's timeline and token events to this "
+                           "JSONL file (when it ends)")
             p.set_defaults(func=_run)
 
 
@@ -126,6 +129,8 @@ def _run(args) -> int:
     costs = load(args.costs, PhaseCosts) if args.costs else None
     workspace = args.workspace or workspace_file()
     check_workspace(workspace)  # recorded after the run: a bad path must fail before it
+    if args.events:
+        check_writable(args.events)
     sampling = SamplingSpec(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     with _pool_agents(args) as (pools, link):
         from core.techniques.phase_disaggregation.runtime import (
@@ -145,16 +150,28 @@ def _run(args) -> int:
         run_id = record_epd_run(store, session, run, model=model, workload=workload, pools=pools)
         sim_id = None if sim is None else record_simulation(store, session, sim, model=model, workload=workload,
                                                             pools=pools)
+    if args.events:
+        from core.runs.run_stream import EventsFile
+
+        with EventsFile(args.events) as events:
+            for event in run.events:
+                events.on_event(event)
+            for tokens in run.token_events:
+                events.on_tokens(tokens)
+    texts = _texts(args.model, run.tokens)
     med = statistics.median
-    out = {"requests": len(run.metrics), "ttft_p50_s": med(m.ttft_s for m in run.metrics),
+    out = {"format": "edgeshard.epd-run-output", "version": 1, "requests": len(run.metrics), "ttft_p50_s": med(m.ttft_s for m in run.metrics),
            "tpot_p50_s": med(m.tpot_s for m in run.metrics), "e2e_p50_s": med(m.e2e_s for m in run.metrics),
-           "run_id": run_id, "tokens_equal": equal}
+           "run_id": run_id, "tokens_equal": equal,
+           "outputs": [{"request": rid, "tokens": list(run.tokens[rid]), "text": texts[rid]} for rid in sorted(run.tokens)]}
     if sim is not None:
         out.update(simulated_ttft_p50_s=med(m.ttft_s for m in sim.metrics),
                    simulated_tpot_p50_s=med(m.tpot_s for m in sim.metrics), simulated_run_id=sim_id)
     if args.json:
         print(json.dumps(out))
     else:
+        for o in out["outputs"]:
+            print(f"[{o['request']}] {o['text']!r} {o['tokens']}")
         line = (f"{out['requests']} requests on {len(pools.devices)} agents: TTFT p50 {out['ttft_p50_s']:.3f} s, "
                 f"TPOT p50 {out['tpot_p50_s'] * 1e3:.1f} ms, E2E p50 {out['e2e_p50_s']:.2f} s; recorded run {run_id}")
         if sim is not None:
@@ -164,3 +181,11 @@ def _run(args) -> int:
             line += f"; tokens {'equal' if equal else 'DIFFER from'} the single-process generate()"
         print(line)
     return 0 if equal in (None, True) else 1
+
+
+def _texts(model_dir: str, tokens: dict[int, tuple[int, ...]]) -> dict[int, str]:
+    """Each request's generated text (its tokens decoded by the checkpoint's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return {rid: tok.decode(list(ids), skip_special_tokens=True) for rid, ids in tokens.items()}

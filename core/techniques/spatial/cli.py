@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--workspace", metavar="WS.sqlite", help="record the run and its prediction here "
                                                             "(default: the studio's workspace)")
     r.add_argument("--session", default="spatial", help="session name to record under")
+    r.add_argument("--events", metavar="FILE", help="write timeline and token (class) events to this JSONL file")
+    r.add_argument("--json", action="store_true", help="print one JSON object: every image's class and scores, "
+                                                       "the measured and predicted time, the recorded runs")
     r.set_defaults(func=_run)
 
     k = verbs.add_parser("calibrate", help="fit the cost model to real runs on agents (the gateway alone, then "
@@ -185,6 +188,8 @@ def _run(args) -> int:
     problem = _problem(args.problem)
     workspace = args.workspace or workspace_file()
     check_workspace(workspace)  # before any agent works (or a plan is solved)
+    if args.events:
+        check_writable(args.events)
     if args.plan:
         plan = load(args.plan, SpatialPlan)
     else:
@@ -226,6 +231,8 @@ def run_plan_file(args, agents) -> int:
         run_images(args, problem.model.spec().image)
     workspace = "" if args.no_record else (args.workspace or str(default_workspace_path()))
     check_workspace(workspace)  # before any agent works
+    if args.events:
+        check_writable(args.events)
     session = f"edgeshard run {args.plan}"
     if agents is not None:
         endpoints, keys = agents
@@ -252,16 +259,41 @@ def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session
 
         images = run_images(args, problem.model.spec().image)
         link.sync_clocks()
-        out = run_and_record(link, problem, plan, images, seed=args.seed, workspace=workspace, session=session)
+        with _events_file(args) as events:
+            def seen(mine, token, _result):
+                for event in mine:
+                    events.on_event(event)
+                events.on_tokens(token)
+
+            out = run_and_record(link, problem, plan, images, seed=args.seed, workspace=workspace, session=session,
+                                 on_image=seen if events is not None else None)
     n = len(out.run.tokens)
+    predicted = simulate(problem, plan, images=max(1, n)).figures.duration_s
+    if getattr(args, "json", False):
+        print(json.dumps({"format": "edgeshard.spatial-run-output", "version": 1, "strategy": plan.strategy,
+                          "images": [{"class": t.token_ids[0], "scores": list(sc)}
+                                     for t, sc in zip(out.run.tokens, out.run.scores)],
+                          "measured_s": out.run.figures.duration_s, "predicted_s": predicted,
+                          "max_abs_error": out.max_abs_error, "status": out.status,
+                          "run_ids": list(out.run_ids) or None}))
+        return 0 if out.max_abs_error < 1e-3 else 1
     recorded = (f"recorded runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)" if out.run_ids
                 else "not recorded")
     print(f"{n} images on {len(plan.devices)} agents ({plan.strategy}, {len(plan.groups)} tiles): "
-          f"{out.run.figures.duration_s:.3f} s measured, "
-          f"{simulate(problem, plan, images=max(1, n)).figures.duration_s:.3f} s predicted; "
+          f"{out.run.figures.duration_s:.3f} s measured, {predicted:.3f} s predicted; "
           f"classes {[t.token_ids[0] for t in out.run.tokens]}; max |scores - one device| = "
           f"{out.max_abs_error:.2e}; {recorded}")
     return 0 if out.max_abs_error < 1e-3 else 1
+
+
+def _events_file(args):
+    """The ``--events`` JSONL sink (``core.runs.run_stream.EventsFile``), or a context of None."""
+    from contextlib import nullcontext
+
+    from core.runs.run_stream import EventsFile
+
+    path = getattr(args, "events", None)
+    return EventsFile(path) if path else nullcontext()
 
 
 def _calibrate(args) -> int:

@@ -4,6 +4,7 @@ with every lane's timeline (replayable in Sessions), greedy text equal to HF gen
 from __future__ import annotations
 
 import collections
+import json
 
 from core.cli import main
 from core.runs.generation import load_tokenizer
@@ -15,7 +16,7 @@ def test_the_run_verb_runs_on_local_agents_and_records_every_lane(tiny_llama_dir
     workspace = tmp_path / "ws.sqlite"
     rc = main(["attention-offload", "run", "--model", tiny_llama_dir, "--local", "--compute", "c0", "--memory",
                "m0,m1", "--prompt", "the cat sat", "--prompt", "hello", "--max-new-tokens", "4",
-               "--workspace", str(workspace)])
+               "--workspace", str(workspace), "--events", str(tmp_path / "events.jsonl")])
     out = capsys.readouterr().out
     assert rc == 0 and "recorded as run" in out
     tok = load_tokenizer(tiny_llama_dir)
@@ -32,6 +33,8 @@ def test_the_run_verb_runs_on_local_agents_and_records_every_lane(tiny_llama_dir
         assert {d for d, _ in lanes} == {"c0", "m0", "m1"}
         assert lanes[("m0", "compute")] == lanes[("m1", "compute")] == 4 * 4  # 4 steps × 4 layers
         assert sum(1 for i in items if i.tokens is not None) == 4
+    written = collections.Counter(json.loads(line)["type"] for line in (tmp_path / "events.jsonl").read_text().splitlines())
+    assert written == {"timeline": sum(1 for i in items if i.event is not None), "tokens": 4}
 
 
 def test_a_memory_list_naming_the_compute_device_is_refused_before_anything_starts(tiny_llama_dir, tmp_path,
@@ -45,16 +48,17 @@ def test_a_memory_list_naming_the_compute_device_is_refused_before_anything_star
 def test_two_compute_devices_run_rotational_staggering_with_the_text_of_hf_generate(tiny_llama_dir, tmp_path, capsys):
     prompts = ["the cat sat", "hello", "a river"]
     args = ["attention-offload", "run", "--model", tiny_llama_dir, "--local", "--compute", "c0,c1", "--memory",
-            "m0,m1", "--max-new-tokens", "3", "--micro-batches", "3", "--workspace", str(tmp_path / "ws.sqlite")]
+            "m0,m1", "--max-new-tokens", "3", "--micro-batches", "3", "--workspace", str(tmp_path / "ws.sqlite"),
+            "--json"]
     for p in prompts:
         args += ["--prompt", p]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "rotational staggering, 3 batches" in out
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     tok = load_tokenizer(tiny_llama_dir)
     enc = tok(prompts, return_tensors="pt", padding=True)
-    for i, (p, row) in enumerate(zip(prompts, hf_greedy_new_tokens(tiny_llama_dir, enc, 3))):
-        assert f"[{i}] {p}{tok.decode([t for t in row if t != 2], skip_special_tokens=True)}" in out
+    expected = hf_greedy_new_tokens(tiny_llama_dir, enc, 3)
+    assert out["tokens"] == [list(row) for row in expected]  # every token id, not a prefix of the text
+    assert out["texts"] == [tok.decode([t for t in row if t != 2], skip_special_tokens=True) for row in expected]
     with SessionStore(tmp_path / "ws.sqlite") as store:
         (run,) = store.runs()
         devices = {i.event.device for i in store.timeline(run.id) if i.event is not None}

@@ -112,8 +112,9 @@ def ran_sharded(tmp_path_factory):
     assert code == 0, out
     workspace = folder / "ws.sqlite"
     code, out = run_cli(["run", "--model", model, "--plan", folder / "run.json", "--local", "--prompt", PROMPT,
-                         "--max-new-tokens", NEW, "--workspace", workspace])
+                         "--max-new-tokens", NEW, "--workspace", workspace, "--json"])
     assert code == 0, out
+    (folder / "printed.json").write_text(out)
     return model, folder, workspace
 
 
@@ -135,6 +136,18 @@ def test_a_layer_sharded_plan_runs_with_every_stage_offloading_its_experts_with_
         blocks_of.setdefault(e.device, set()).add(block)
     # each agent read its own blocks' experts from storage: blocks 0-1 on edge-0, 2-3 on edge-1
     assert blocks_of == {"edge-0:storage": {0, 1}, "edge-1:storage": {2, 3}}
+
+
+def test_run_json_prints_the_token_ids_and_text_of_hf_generate_and_the_recorded_run(ran_sharded):
+    model, folder, workspace = ran_sharded
+    printed = json.loads((folder / "printed.json").read_text())
+    tok = load_tokenizer(str(model))
+    expected = hf_greedy_new_tokens(str(model), tok([PROMPT], return_tensors="pt", padding=True), NEW)[0]
+    assert printed["tokens"] == [list(expected)]
+    assert printed["texts"] == [tok.decode([t for t in expected if t != 2], skip_special_tokens=True)]
+    with SessionStore(workspace) as store:
+        assert printed["run_id"] == store.runs(store.sessions()[0].id)[0].id
+    assert printed["figures"]["tokens"] == NEW and printed["recoveries"] == []
 
 
 def test_a_sharded_plan_for_another_model_is_refused(tmp_path, ran, capsys):

@@ -79,3 +79,20 @@ def test_a_simulated_run_is_recorded_and_replays(tmp_path, capsys):
         replay = Replay.from_store(store, run_id)
         assert replay.duration_s > 0
         assert {e.device for e in store.events(run_id)} >= {"e0", "e1", "p", "d"}
+
+
+def test_search_layout_searches_only_the_chosen_layout(tmp_path, capsys):
+    w, c = _files(tmp_path)
+    for layout in ("epd", "pd"):
+        pools = tmp_path / f"{layout}.json"
+        assert main(["epd", "search", "--costs", str(c), "--workload", str(w), "--devices", "4", "--trials", "3",
+                     "--layout", layout, "--out", str(pools), "--json"]) == 0
+        capsys.readouterr()
+        assert load(pools, PoolConfig).disaggregation == layout
+
+
+def test_search_layout_refuses_a_layout_the_devices_cannot_hold_in_one_line(tmp_path, capsys):
+    w, c = _files(tmp_path)
+    rc = main(["epd", "search", "--costs", str(c), "--workload", str(w), "--devices", "2", "--layout", "epd"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "too few" in err and len(err.strip().splitlines()) == 1

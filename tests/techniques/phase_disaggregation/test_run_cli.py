@@ -26,19 +26,31 @@ def setup(tmp_path_factory):
         yield tmp, lc
 
 
-def test_profile_then_run_checks_tokens_and_records_the_run_beside_its_simulation(setup, capsys):
+@pytest.fixture(scope="module")
+def ran(setup):
+    """``epd profile`` then ``epd run --check --json --events`` once: (its JSON object, the folder)."""
+    import contextlib
+    import io
+
     from core.formats import load
-    from core.sessions.store import SessionStore
 
     tmp, lc = setup
     common = ["--agents", str(lc.agents_file), "--model", str(tmp / "llava"), "--pools", str(tmp / "pools.json")]
     assert main(["epd", "profile", *common, "--out", str(tmp / "costs.json"), "--repeats", "2"]) == 0
     assert load(tmp / "costs.json", PhaseCosts).mm_tokens_per_tile == 16
-    capsys.readouterr()
-    rc = main(["epd", "run", *common, "--workload", str(tmp / "workload.json"), "--costs", str(tmp / "costs.json"),
-               "--check", "--workspace", str(tmp / "ws.sqlite"), "--json"])
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 0 and out["tokens_equal"] is True and out["requests"] == 3
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = main(["epd", "run", *common, "--workload", str(tmp / "workload.json"), "--costs", str(tmp / "costs.json"),
+                   "--check", "--workspace", str(tmp / "ws.sqlite"), "--json", "--events", str(tmp / "events.jsonl")])
+    assert rc == 0
+    return json.loads(printed.getvalue().strip().splitlines()[-1]), tmp
+
+
+def test_profile_then_run_checks_tokens_and_records_the_run_beside_its_simulation(ran):
+    from core.sessions.store import SessionStore
+
+    out, tmp = ran
+    assert out["tokens_equal"] is True and out["requests"] == 3
     assert out["ttft_p50_s"] > 0 and out["simulated_ttft_p50_s"] > 0
     with SessionStore(tmp / "ws.sqlite") as store:
         runs = store.runs()
@@ -47,6 +59,24 @@ def test_profile_then_run_checks_tokens_and_records_the_run_beside_its_simulatio
         # one recording path: the simulation carries what the real run does, but the real tokens
         assert set(runs[0].settings) - set(runs[1].settings) == {"tokens"}
         assert len(store.tokens(runs[0].id)) == 12
+
+
+def test_run_json_prints_every_requests_tokens_as_llavas_own_generate_gives_them(ran):
+    from core.formats import load
+    from core.techniques.phase_disaggregation.runtime import prepare_requests, reference_tokens
+
+    out, tmp = ran
+    workload = load(tmp / "workload.json", Workload)
+    expected = reference_tokens(tmp / "llava", prepare_requests(tmp / "llava", workload))  # Llava's generate()
+    assert {o["request"]: tuple(o["tokens"]) for o in out["outputs"]} == expected
+    assert all(len(o["tokens"]) == 4 and isinstance(o["text"], str) for o in out["outputs"])
+
+
+def test_run_events_writes_the_runs_timeline_and_every_token(ran):
+    _, tmp = ran
+    lines = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
+    assert {line["type"] for line in lines} == {"timeline", "tokens"}
+    assert sum(len(line["value"]["token_ids"]) for line in lines if line["type"] == "tokens") == 12
 
 
 def test_a_missing_image_file_is_a_clear_error_and_nothing_is_sent(setup, capsys):

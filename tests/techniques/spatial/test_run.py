@@ -4,6 +4,8 @@ and the agents stay up."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from msgspec import structs
@@ -84,9 +86,15 @@ def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
         problem = structs.replace(_local("resnet-style"), devices=_local("resnet-style").devices[:2])
         save(tmp_path / "p.json", problem)
         rc = main(["spatial", "run", str(tmp_path / "p.json"), "--agents", str(lc.agents_file), "--images", "2",
-                   "--strategy", "cbps", "--workspace", str(tmp_path / "ws.sqlite")])
-    out = capsys.readouterr().out
-    assert rc == 0 and "max |scores - one device| = " in out
+                   "--strategy", "cbps", "--workspace", str(tmp_path / "ws.sqlite"), "--json",
+                   "--events", str(tmp_path / "events.jsonl")])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["max_abs_error"] < 1e-3 and len(out["images"]) == 2
+    assert all(len(i["scores"]) == 10 and i["class"] == max(range(10), key=i["scores"].__getitem__)
+               for i in out["images"])
+    written = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [w["value"]["token_ids"] for w in written if w["type"] == "tokens"] == [[i["class"]] for i in out["images"]]
+    assert any(w["type"] == "timeline" and w["value"]["kind"] == "compute" for w in written)
     with SessionStore(tmp_path / "ws.sqlite") as store:
         runs = store.runs()
         assert [r.kind for r in runs] == ["measured", "predicted"]
@@ -110,9 +118,11 @@ def test_edgeshard_run_of_a_spatial_plan_classifies_png_and_jpeg_files_on_agents
     with LocalCluster(tmp_path / "cluster", 2) as lc:
         rc = main(["run", "--plan", str(tmp_path / "plan.json"), "--problem", str(tmp_path / "p.json"),
                    "--agents", str(lc.agents_file), "--image", str(synthetic_images()[0]), "--image", str(jpeg),
-                   "--workspace", str(tmp_path / "ws.sqlite")])
+                   "--workspace", str(tmp_path / "ws.sqlite"), "--events", str(tmp_path / "events.jsonl")])
     out = capsys.readouterr().out
     assert rc == 0 and out.startswith("2 images on 2 agents (cbps") and "max |scores - one device| = " in out
+    written = (tmp_path / "events.jsonl").read_text().splitlines()  # `run --events` of a spatial plan writes them
+    assert sum(1 for line in written if '"type":"tokens"' in line) == 2 and len(written) > 2
     with SessionStore(tmp_path / "ws.sqlite") as store:
         measured = next(r for r in store.runs() if r.kind == "measured")
         assert len(store.tokens(measured.id)) == 2
