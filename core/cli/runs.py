@@ -20,8 +20,6 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import msgspec
-
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
 from core.arguments import SEED, THREADS, TOKENS, add_image_arguments, float_in, int_in
 from core.errors import DeployError, FormatError, RunFailed
