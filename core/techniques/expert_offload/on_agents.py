@@ -53,6 +53,22 @@ def measure_storage(model_dir: str | Path, reporter: Reporter | None = None) -> 
     return float(result["bandwidth_bps"])
 
 
+def profile_agents(coordinator, model_dir: str | Path, *, repeats: int = 3,
+                   reporter: Reporter | None = None):
+    """The connected agents profiled for this Mixtral checkpoint (each unit's decode time and one
+    expert's; no links: one device runs the model), then its storage measured: what the measured
+    problem needs when the studio's profile is of another model. Returns the ``Profile``."""
+    from core.devices.profiling import profile_cluster
+    from core.techniques.expert_offload.profiling import require_moe
+
+    require_moe(model_dir)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    result = profile_cluster(coordinator, config, model_name=Path(model_dir).name, batch_sizes=(1,),
+                             repeats=repeats, prompt_tokens=16, network=False, reporter=reporter)
+    measure_storage(model_dir, reporter)
+    return result.profile
+
+
 def cluster_problem(profile, device: str, model_dir: str | Path, *, bandwidth_bps: float,
                     model_share: float = 1.0) -> OffloadProblem:
     """The problem of ``device`` of the profiled cluster: measured compute times and sizes, its
@@ -69,4 +85,4 @@ def cluster_problem(profile, device: str, model_dir: str | Path, *, bandwidth_bp
                     bits=str(here / BITS_FILE) if (here / BITS_FILE).is_file() else None)
 
 
-__all__ = ["cluster_problem", "device_memory_bytes", "measure_storage", "stored_bandwidth_bps"]
+__all__ = ["cluster_problem", "device_memory_bytes", "measure_storage", "profile_agents", "stored_bandwidth_bps"]

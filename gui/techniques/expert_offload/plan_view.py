@@ -12,13 +12,15 @@ from __future__ import annotations
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QTableWidget,
+    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton, QTableWidget,
     QVBoxLayout, QWidget,
 )
 
 from core.errors import EdgeShardError
 from core.techniques import technique_named
-from core.techniques.expert_offload.on_agents import cluster_problem, measure_storage, stored_bandwidth_bps
+from core.techniques.expert_offload.on_agents import (
+    cluster_problem, measure_storage, profile_agents, stored_bandwidth_bps,
+)
 from core.techniques.expert_offload.scenarios import paper_shaped
 from gui.studio_state import StudioState
 from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disabled
@@ -75,6 +77,10 @@ def _storage_job(reporter, model_dir: str) -> float:
     return measure_storage(model_dir, reporter=reporter)
 
 
+def _profile_job(reporter, coordinator, model_dir: str):
+    return profile_agents(coordinator, model_dir, reporter=reporter)
+
+
 class ExpertOffloadPlanView(QWidget):
     """Plan screen view of the ``expert-offload`` technique."""
 
@@ -88,6 +94,8 @@ class ExpertOffloadPlanView(QWidget):
         self.model_dir = ""
         """The Mixtral checkpoint planned and run (the studio's model, or one given by ``set_model_dir``)."""
         self.measured_bps: float | None = None
+        self.profile = None
+        """The agents profiled for this view's model (*Profile agents*), else the studio's profile is used."""
         self.runner = TaskRunner(self, name="expert-storage")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 8, 16, 8)
@@ -112,12 +120,18 @@ class ExpertOffloadPlanView(QWidget):
         self.measure_button = QPushButton("Measure storage")
         self.measure_button.setToolTip("Read every expert of the checkpoint with the caches dropped (here: the local "
                                        "cluster's agents read these files) and use the measured bandwidth")
+        self.profile_button = QPushButton("Profile agents")
+        self.profile_button.setToolTip("Time each unit and one expert of the Mixtral on the connected agents (and "
+                                       "measure the storage): the measured problem of this model")
+        device_row = QHBoxLayout()
+        device_row.addWidget(self.device, 1)
+        device_row.addWidget(self.profile_button)
         bandwidth_row = QHBoxLayout()
         bandwidth_row.addWidget(self.bandwidth, 1)
         bandwidth_row.addWidget(self.measure_button)
         self.budget_label = QLabel("Memory budget")
         form.addRow("Source", self.source)
-        form.addRow("Device", self.device)
+        form.addRow("Device", device_row)
         form.addRow(self.budget_label, self.budget)
         form.addRow("Storage bandwidth", bandwidth_row)
         form.addRow("Accuracy bound", self.bound)
@@ -135,7 +149,12 @@ class ExpertOffloadPlanView(QWidget):
         self.use_for_run = QPushButton("Use for Run")
         self.use_for_run.clicked.connect(self.use_plan_for_run)
         self.run_message = InlineMessage()
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(120)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
         run_row.addWidget(self.use_for_run)
+        run_row.addWidget(self.progress)
         run_row.addWidget(self.run_message, 1)
         run_row.addStretch()  # the button keeps its size while there is no message
         lay.addLayout(run_row)
@@ -156,14 +175,17 @@ class ExpertOffloadPlanView(QWidget):
         self.device.currentTextChanged.connect(lambda _t: self.refresh())
         self.source.activated.connect(lambda _i: self._on_source_chosen())
         self.measure_button.clicked.connect(lambda: self.measure_storage())
-        self.runner.task_finished.connect(lambda _id, bps: self._on_storage_measured(bps))
-        self.runner.task_failed.connect(lambda _id, msg: self._on_storage_failed(msg))
+        self.profile_button.clicked.connect(lambda: self.profile_on_agents())
+        self.runner.task_finished.connect(lambda _id, out: self._on_task_finished(out))
+        self.runner.task_failed.connect(lambda _id, msg: self._on_task_failed(msg))
         self.runner.status_reported.connect(lambda _id, text: self.run_message.show_lines([text]))
-        self.runner.busy_changed.connect(lambda _b: self._update_run_button())
+        self.runner.busy_changed.connect(lambda busy: (self.progress.setVisible(busy), self._update_run_button()))
+        self.runner.progress_reported.connect(lambda _id, done, total: (self.progress.setMaximum(max(1, int(total))),
+                                                                        self.progress.setValue(int(done))))
         self._source_chosen = False
         for signal in (state.model_changed, state.profile_changed):
             signal.connect(lambda *_: self._on_studio_changed())
-        for signal in (state.cluster_changed, state.problem_changed):
+        for signal in (state.cluster_changed, state.problem_changed, state.agents_changed):
             signal.connect(lambda *_: self._update_run_button())
         self._on_studio_changed()
 
@@ -179,21 +201,32 @@ class ExpertOffloadPlanView(QWidget):
     def _model(self) -> str:
         return self.model_dir or getattr(self.state, "model_path", "")
 
+    def measured_profile(self):
+        """The profile the measured problem uses: the view's own (*Profile agents*), else the studio's."""
+        return self.profile or getattr(self.state, "profile", None)
+
     def measured_blocker(self) -> str:
         """Why the measured problem cannot be built ("" when it can): what the operator must do."""
-        profile = getattr(self.state, "profile", None)
-        if profile is None:
-            return "no profile: profile the cluster with the Mixtral model (Profile screen)"
+        profile = self.measured_profile()
         if not self._model():
             return "no model: load the Mixtral checkpoint the agents run (Model)"
-        if not any(t.expert_decode_s for t in profile.times):
-            return "the profile has no expert times: profile the cluster with the Mixtral model (Profile screen)"
+        if profile is None or not any(t.expert_decode_s for t in profile.times):
+            return "no profile of the Mixtral: press Profile agents (or profile the cluster with it)"
         return ""
+
+    def profile_on_agents(self) -> None:
+        """Profile the connected agents for this view's model (a worker); its problem becomes theirs."""
+        agents = getattr(self.state, "agents", None)
+        if agents is None or not self._model():
+            self.run_message.show_lines(["connect agents and load a Mixtral checkpoint first"], "Cannot profile:")
+            return
+        if not self.runner.is_busy():
+            self.runner.start(_profile_job, agents, self._model())
 
     def _on_studio_changed(self) -> None:
         """A new profile or model: offer its devices, and use the measured problem unless the
         operator chose the what-if one."""
-        profile = getattr(self.state, "profile", None)
+        profile = self.measured_profile()
         devices = [t.device for t in profile.times] if profile is not None else []
         current = self.device.currentText()
         self.device.blockSignals(True)
@@ -256,7 +289,7 @@ class ExpertOffloadPlanView(QWidget):
             why = self.measured_blocker()
             if why:
                 raise EdgeShardError(why)
-            base = cluster_problem(self.state.profile, self.device.currentText(), self._model(),
+            base = cluster_problem(self.measured_profile(), self.device.currentText(), self._model(),
                                    bandwidth_bps=self.bandwidth.value() * 1e6, model_share=self.budget.value() / 100)
         else:
             base = paper_shaped(self.budget.value() / 100.0, self.bandwidth.value() * 1e6)
@@ -266,6 +299,16 @@ class ExpertOffloadPlanView(QWidget):
         if self._model() and not self.runner.is_busy():
             self.runner.start(_storage_job, self._model())
 
+    def _on_task_finished(self, out) -> None:
+        if isinstance(out, float):
+            self._on_storage_measured(out)
+            return
+        self.profile = out
+        self.run_message.show_lines([])
+        self.state.log(f"agents profiled for {self._model()} (expert offloading)")
+        self._source_chosen = False  # the measured problem now exists: show it
+        self._on_studio_changed()
+
     def _on_storage_measured(self, bps: float) -> None:
         self.measured_bps = bps
         self.run_message.show_lines([])
@@ -274,8 +317,8 @@ class ExpertOffloadPlanView(QWidget):
             self.subtitle.setText(self._subtitle())
         self.state.log(f"expert storage read at {bps / 1e6:.0f} MB/s ({self._model()})")
 
-    def _on_storage_failed(self, msg: str) -> None:
-        self.run_message.show_lines([msg], "Storage not measured:")
+    def _on_task_failed(self, msg: str) -> None:
+        self.run_message.show_lines([msg], "Measuring failed:")
 
     # -- running the plan ------------------------------------------------------------------
     def run_device(self) -> str | None:
@@ -314,6 +357,11 @@ class ExpertOffloadPlanView(QWidget):
                                     "with its experts on storage, on the chosen device")
         say_why_disabled({self.use_for_run: why})
         self.measure_button.setEnabled(bool(self._model()) and not self.runner.is_busy())
+        can_profile = bool(self._model()) and getattr(self.state, "agents", None) is not None
+        self.profile_button.setEnabled(can_profile and not self.runner.is_busy())
+        say_why_disabled({self.profile_button: "" if can_profile else
+                          "connect agents and load a Mixtral checkpoint first",
+                          self.measure_button: "" if self._model() else "load a Mixtral checkpoint first"})
 
     def use_plan_for_run(self) -> None:
         """The chosen strategy's plan on the real checkpoint (``Technique.run_plan``) becomes the studio's plan."""

@@ -63,7 +63,7 @@ def view(qtbot, cluster):
 def test_without_a_profile_the_view_plans_the_what_if_scenario_saying_what_measured_needs(qtbot):
     view = ExpertOffloadPlanView(StudioState())
     qtbot.addWidget(view)
-    assert view.source.currentText() == WHAT_IF and "profile the cluster" in view.subtitle.text()
+    assert view.source.currentText() == WHAT_IF and "no model" in view.subtitle.text()
 
 
 def test_the_problem_is_the_profiled_agents_with_its_budget_and_the_measured_storage(view, cluster):
@@ -89,9 +89,19 @@ def test_a_strategy_that_does_not_fit_cannot_be_used_for_run(view):
     assert view.use_for_run.isEnabled()
 
 
-def test_the_measured_plan_runs_on_the_agent_from_the_run_screen_equal_to_generate_recorded_and_replayed(
-        view, cluster, qtbot, tmp_path):
+def test_profile_agents_plans_the_agents_own_problem_and_its_plan_runs_from_the_run_screen_equal_to_generate(
+        cluster, qtbot, tmp_path):
     coordinator, model_dir, _ = cluster
+    state = StudioState()  # the studio's profile is of no MoE: the view profiles the agents for its model
+    state.set_agents(coordinator)
+    view = ExpertOffloadPlanView(state)
+    qtbot.addWidget(view)
+    view.set_model_dir(model_dir)
+    assert view.source.currentText() == WHAT_IF and "Profile agents" in view.subtitle.text()
+    view.profile_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=60_000)
+    assert view.run_message.isHidden() or "Measuring failed" not in view.run_message.text()
+    assert view.source.currentText() == MEASURED and view.device.currentText() == "local-0"
     view.auto_solve()
     view.use_for_run.click()
     plan = view.state.plan
@@ -110,6 +120,7 @@ def test_the_measured_plan_runs_on_the_agent_from_the_run_screen_equal_to_genera
     for i, row in enumerate(hf_greedy_new_tokens(model_dir, enc, 4)):
         assert monitor.text_of(i) == tok.decode([t for t in row if t != 2], skip_special_tokens=True)
     assert panel.shutdown()
+    view.shutdown()
     with SessionStore(state.workspace) as store:
         (run,) = store.runs()
         replay = Replay.from_store(store, run.id)
