@@ -70,6 +70,28 @@ def agent_workload(*, requests: int = 6, rate_rps: float = 2.0, seed: int = 0) -
                             prompt_tokens=(8, 16), output_tokens=(6, 10))
 
 
+SLO_SLACK = 2.0
+"""The studio's default SLOs: this many times what a request gets alone on one agent."""
+
+
+def agent_slo(costs: PhaseCosts, workload: Workload, slack: float = SLO_SLACK) -> SLO:
+    """SLOs scaled to measured costs: ``slack`` × the 90th-percentile TTFT and TPOT of the
+    workload's requests each served alone on one agent (simulated with these costs, dispatch and
+    hops included), so a layout meets them unless queueing or contention slows it."""
+    from core.techniques.phase_disaggregation.simulator import simulate_pools
+    from core.techniques.phase_disaggregation.workload import at_rate
+
+    alone = at_rate(workload, 1e-3)  # ~1000 s apart: no request waits for another
+    pools = PoolConfig(disaggregation="aggregated", encode=("a",), prefill=("a",), decode=("a",))
+    metrics = simulate_pools(costs, alone, pools).metrics
+
+    def p90(values) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+    return SLO(ttft_s=slack * p90(m.ttft_s for m in metrics), tpot_s=slack * max(p90(m.tpot_s for m in metrics), 1e-4))
+
+
 def cluster_problem(costs: PhaseCosts, devices: Sequence[str], workload: Workload, slo: SLO) -> EpdProblem:
     """The search's problem over exactly these agents (no more devices than are connected)."""
     if not devices:
@@ -155,5 +177,5 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
                      predicted=SloFigures.of(sim.metrics, problem.slo), run_id=run_id, predicted_id=predicted_id)
 
 
-__all__ = ["LayoutRun", "SloFigures", "agent_workload", "cluster_problem", "measure_costs", "measurement_pools",
+__all__ = ["LayoutRun", "SloFigures", "agent_slo", "agent_workload", "cluster_problem", "measure_costs", "measurement_pools",
            "run_layout", "served_problem"]

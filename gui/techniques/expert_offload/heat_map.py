@@ -42,7 +42,7 @@ class _Grid(QWidget):
         super().__init__(owner)
         self.owner = owner
         self.setMouseTracking(True)
-        self.setMinimumSize(120, 60)
+        self.setMinimumSize(120, 40)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
     def sizeHint(self) -> QSize:
@@ -177,8 +177,11 @@ class ExpertHeatMap(QWidget):
         if self.activity.is_empty():
             self.summary.setText("No expert activity yet.")
         else:
-            self.summary.setText(
-                f"hit rate {'—' if rate is None else f'{rate * 100:.0f} %'} · hits {t['hits']} · misses {t['misses']}"
-                f" · preloads {t['preloads']} · evictions {t['evictions']} · read {t['bytes_read'] / 1e6:.1f} MB"
-                f" · resident now {t['resident']} (outlined)")
+            full = (f"hit rate {'—' if rate is None else f'{rate * 100:.0f} %'} · hits {t['hits']} · misses "
+                    f"{t['misses']} · preloads {t['preloads']} · evictions {t['evictions']} · read "
+                    f"{t['bytes_read'] / 1e6:.1f} MB · resident now {t['resident']} (outlined)")
+            # two short lines at most, so a small window's monitor does not squeeze it over the grid
+            self.summary.setText(f"hit rate {'—' if rate is None else f'{rate * 100:.0f} %'} · {t['misses']} misses"
+                                 f" · {t['bytes_read'] / 1e6:.1f} MB read · {t['resident']} resident")
+            self.summary.setToolTip(full)
         self.grid_widget.update()

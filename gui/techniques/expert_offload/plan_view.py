@@ -41,7 +41,7 @@ class TokenTimeBars(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.rows: list[tuple[str, float, float]] = []
-        self.setMinimumHeight(160)
+        self.setMinimumHeight(120)
 
     def show_rows(self, rows: list[tuple[str, float, float]]) -> None:
         self.rows = rows
@@ -166,9 +166,9 @@ class ExpertOffloadPlanView(QWidget):
         self.table.setSelectionMode(QTableWidget.SingleSelection)
         self.table.setToolTip("Select a row to pick its strategy; one that does not fit cannot be used for Run")
         self.table.currentCellChanged.connect(lambda row, _c, _pr, _pc: self._on_table_row_changed(row))
-        lay.addWidget(self.table, 1)
+        lay.addWidget(self.table, 3)
         self.bars = TokenTimeBars()
-        lay.addWidget(self.bars, 1)
+        lay.addWidget(self.bars, 2)
         for spin in (self.budget, self.bandwidth, self.bound):
             spin.valueChanged.connect(lambda _v: self.refresh())
         self.strategy.currentTextChanged.connect(lambda _t: self.refresh())

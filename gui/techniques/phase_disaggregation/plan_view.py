@@ -26,8 +26,10 @@ from core.errors import EdgeShardError
 from core.formats import load
 from core.techniques.phase_disaggregation.baselines import aggregated, pd_only
 from core.techniques.phase_disaggregation.goodput import TARGET, RatePoint, attainment_curve
-from core.techniques.phase_disaggregation.on_agents import LayoutRun, agent_workload, cluster_problem, served_problem
-from core.techniques.phase_disaggregation.scenarios import derived_slo, illustrative_costs, image_heavy_workload
+from core.techniques.phase_disaggregation.on_agents import (
+    LayoutRun, agent_slo, agent_workload, cluster_problem, served_problem,
+)
+from core.techniques.phase_disaggregation.scenarios import illustrative_costs, image_heavy_workload
 from core.techniques.phase_disaggregation.search import Candidate, SearchProgress, search
 from core.techniques.phase_disaggregation.simulator import CachePeak, simulate_pools
 from core.techniques.phase_disaggregation.types import SLO, EpdProblem, PhaseCosts, PoolConfig, RequestMetrics
@@ -465,9 +467,9 @@ class PhaseDisaggregationPlanView(QWidget):
             self.show_result(result)
 
     def show_measured(self, costs: PhaseCosts) -> None:
-        """Measured costs become the problem's; the SLOs are scaled to them (``derived_slo``)."""
+        """Measured costs become the problem's; the SLOs are scaled to them (``agent_slo``)."""
         self.measured_costs = costs
-        slo = derived_slo(costs, agent_workload(requests=self.requests.value(), rate_rps=self.rate.value()))
+        slo = agent_slo(costs, agent_workload(requests=self.requests.value(), rate_rps=self.rate.value()))
         self.ttft.setValue(slo.ttft_s)
         self.tpot.setValue(slo.tpot_s * 1e3)
         self.source.setCurrentText(MEASURED)

@@ -42,7 +42,7 @@ def test_the_heat_map_appears_with_expert_events_counts_them_and_reset_clears_it
     heat = monitor.heat_map
     assert heat.isVisible() and heat.blocks() == [0, 1]
     assert heat.grid()[0][2] == 2 and heat.grid()[1][5] == 0  # activations: a preload is not a pick
-    assert "hit rate 50 %" in heat.summary.text() and "preloads 1" in heat.summary.text()
+    assert "hit rate 50 %" in heat.summary.text() and "preloads 1" in heat.summary.toolTip()
     heat.set_measure("preloads")
     assert heat.grid()[1][5] == 1
     cell = heat.grid_widget.cell_rect(1, 5).center()
