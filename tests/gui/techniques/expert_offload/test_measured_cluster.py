@@ -106,8 +106,7 @@ def test_profile_agents_plans_the_agents_own_problem_and_its_plan_runs_from_the_
     view.use_for_run.click()
     plan = view.state.plan
     assert [(s.device, s.kind) for s in plan.stages] == [("local-0", "expert-offload")]
-    slots = json.loads(open(f"{model_dir}/expert-offload.json").read())["slots"]
-    assert slots < 3 * 8  # the buffer holds fewer experts than the model has: reads from storage
+    assert plan.stages[0].options["slots"] < 3 * 8  # the buffer holds fewer experts than the model has: reads from storage
     state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, PROMPTS, 4)
     with qtbot.waitSignal(panel.run_finished, timeout=90_000) as done:
         panel.start_run()
