@@ -19,7 +19,8 @@ from core.models.checkpoints import ModelRecipe, make_model
 from core.cli import main as cli_main
 from core.runs.coordinator import Coordinator
 from core.errors import RunFailed
-from core.runs.generation import GenerationSettings, generate
+from core.runs.generation import GenerationSettings, generate, load_tokenizer
+from tests.core.hf_reference import hf_greedy_new_tokens
 import core.devices.local_cluster as local_cluster
 from agents.zygote import ForkedAgent, ZygoteClient
 from core.devices.local_cluster import LocalCluster, load_agents_file
@@ -75,16 +76,18 @@ def test_the_agents_are_forked_from_one_zygote_each_its_own_process_session_and_
     assert "zygote" in cluster.launch_note
 
 
-def test_edgeshard_run_over_agent_processes_prints_the_text_and_figures(cluster, model_dir, tmp_path, capsys):
+def test_edgeshard_run_over_agent_processes_prints_hf_generates_tokens_and_figures(cluster, model_dir, tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     formats.save(plan_path, plan_from_boundaries("tiny-llama", 6, DEVICES, [1, 4]))
     events = tmp_path / "events.jsonl"
     code = cli_main(["run", "--model", model_dir, "--plan", str(plan_path), "--agents", str(cluster.agents_file),
                      "--prompt", "the river", "--max-new-tokens", "5", "--mode", "no-bubbles",
-                     "--events", str(events), "--no-record"])
-    out = capsys.readouterr().out
+                     "--events", str(events), "--no-record", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0
-    assert "TTFT" in out and "per-token latency" in out and "tokens/s" in out
+    tok = load_tokenizer(model_dir)  # three agent processes give transformers' own generate's tokens
+    assert out["tokens"] == [list(hf_greedy_new_tokens(model_dir, tok(["the river"], return_tensors="pt"), 5)[0])]
+    assert out["figures"]["ttft_s"] > 0 and out["figures"]["tokens_per_s"] > 0 and out["run_id"] is None
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert {line["type"] for line in lines} == {"timeline", "tokens"}
     timeline = [line["value"] for line in lines if line["type"] == "timeline"]

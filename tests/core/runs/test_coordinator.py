@@ -11,17 +11,14 @@ import torch
 import transformers  # noqa: F401  (imported once here: agents' worker threads import it concurrently)
 
 from agents.agent import Agent, AgentClock
-from agents.local_pipeline import generate_partitioned
 from agents.protocol import AgentState, SamplingSpec
-from agents.sampling import SamplingParams
-from agents.shard import StageExecutor
 from agents.transport import CurveKeys
 from core.models.checkpoints import ModelRecipe, make_model
 from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest, split_micro_batches
 from core.errors import RunFailed
 from core.runs.generation import GenerationSettings, generate, load_tokenizer
 from core.planning.plan import plan_from_boundaries
-from tests.core.hf_reference import hf_greedy_new_tokens
+from tests.core.hf_reference import hf_greedy_new_tokens, hf_seeded_new_tokens
 
 DEVICES = ["src", "mid", "head"]
 SKEW_S = 250.0
@@ -157,12 +154,9 @@ def test_seeded_sampling_gives_the_same_tokens_in_every_mode_and_matches_the_ref
     first = coordinator.run(plan, req).tokens
     for mode in ("bubbles", "no-bubbles"):
         assert coordinator.run(plan, _request(model_dir, mode, 1, 6, spec)[1]).tokens == first
-    executors = [StageExecutor(model_dir, s.start, s.end) for s in plan.stages]
-    ref = generate_partitioned(executors, enc["input_ids"], enc["attention_mask"],
-                               SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_new_tokens=6,
-                                              eos_token_ids=(2,), pad_token_id=0))
-    for got, row in zip(first, ref.tokens.tolist()):
-        assert list(got) == row[: len(got)]
+    rows = tuple(range(enc["input_ids"].shape[0]))  # one micro-batch: one draw per step over every row
+    expected = hf_seeded_new_tokens(model_dir, enc, 6, [rows], temperature=0.9, top_p=0.9, seed=5)
+    assert [tuple(t) for t in first] == [tuple(t) for t in expected]
 
 
 def test_text_in_text_out_streams_pieces_that_add_up_to_the_final_text(cluster, model_dir):
