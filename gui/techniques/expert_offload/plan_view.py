@@ -13,7 +13,7 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
     QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton, QTableWidget,
-    QVBoxLayout, QWidget,
+    QTabWidget, QVBoxLayout, QWidget,
 )
 
 from core.errors import EdgeShardError
@@ -23,6 +23,7 @@ from core.techniques.expert_offload.on_agents import (
 )
 from core.techniques.expert_offload.scenarios import paper_shaped
 from gui.studio_state import StudioState
+from gui.techniques.expert_offload.run_box import ExpertRunBox, run_job
 from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disabled
 from gui.workers import TaskRunner
 
@@ -96,7 +97,9 @@ class ExpertOffloadPlanView(QWidget):
         self.measured_bps: float | None = None
         self.profile = None
         """The agents profiled for this view's model (*Profile agents*), else the studio's profile is used."""
-        self.runner = TaskRunner(self, name="expert-storage")
+        self.runner = TaskRunner(self, name="expert-offload")
+        self.job = ""
+        """What the runner does now: "run" (Run on agents), else a measurement."""
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 8, 16, 8)
         header = panel_header("Expert offloading (EdgeMoE)", "")
@@ -166,9 +169,18 @@ class ExpertOffloadPlanView(QWidget):
         self.table.setSelectionMode(QTableWidget.SingleSelection)
         self.table.setToolTip("Select a row to pick its strategy; one that does not fit cannot be used for Run")
         self.table.currentCellChanged.connect(lambda row, _c, _pr, _pc: self._on_table_row_changed(row))
-        lay.addWidget(self.table, 3)
         self.bars = TokenTimeBars()
-        lay.addWidget(self.bars, 2)
+        compare = QWidget()
+        compare_lay = QVBoxLayout(compare)
+        compare_lay.setContentsMargins(0, 0, 0, 0)
+        compare_lay.addWidget(self.table, 3)
+        compare_lay.addWidget(self.bars, 2)
+        self.run_box = ExpertRunBox()
+        self.run_box.run_button.clicked.connect(lambda: self.run_on_agents())
+        self.tabs = QTabWidget()
+        self.tabs.addTab(compare, "Compare")
+        self.tabs.addTab(self.run_box, "Run on agents")
+        lay.addWidget(self.tabs, 1)
         for spin in (self.budget, self.bandwidth, self.bound):
             spin.valueChanged.connect(lambda _v: self.refresh())
         self.strategy.currentTextChanged.connect(lambda _t: self.refresh())
@@ -178,13 +190,15 @@ class ExpertOffloadPlanView(QWidget):
         self.profile_button.clicked.connect(lambda: self.profile_on_agents())
         self.runner.task_finished.connect(lambda _id, out: self._on_task_finished(out))
         self.runner.task_failed.connect(lambda _id, msg: self._on_task_failed(msg))
-        self.runner.status_reported.connect(lambda _id, text: self.run_message.show_lines([text]))
+        self.runner.status_reported.connect(lambda _id, text: self._on_status(text))
+        self.runner.partial_result_reported.connect(lambda _id, value: self._on_partial(value))
         self.runner.busy_changed.connect(lambda busy: (self.progress.setVisible(busy), self._update_run_button()))
         self.runner.progress_reported.connect(lambda _id, done, total: (self.progress.setMaximum(max(1, int(total))),
                                                                         self.progress.setValue(int(done))))
         self._source_chosen = False
-        for signal in (state.model_changed, state.profile_changed):
-            signal.connect(lambda *_: self._on_studio_changed())
+        for signal in (state.model_changed, state.profile_changed, getattr(state, "technique_models_changed", None)):
+            if signal is not None:
+                signal.connect(lambda *_: self._on_studio_changed())
         for signal in (state.cluster_changed, state.problem_changed, state.agents_changed):
             signal.connect(lambda *_: self._update_run_button())
         self._on_studio_changed()
@@ -199,7 +213,10 @@ class ExpertOffloadPlanView(QWidget):
         self._on_studio_changed()
 
     def _model(self) -> str:
-        return self.model_dir or getattr(self.state, "model_path", "")
+        """This view's checkpoint: one given to it, the studio's model for this technique (the demo's tour:
+        ``StudioState.technique_models``), else the studio's model."""
+        own = getattr(self.state, "technique_models", {}).get("expert-offload", "")
+        return self.model_dir or own or getattr(self.state, "model_path", "")
 
     def measured_profile(self):
         """The profile the measured problem uses: the view's own (*Profile agents*), else the studio's."""
@@ -299,7 +316,47 @@ class ExpertOffloadPlanView(QWidget):
         if self._model() and not self.runner.is_busy():
             self.runner.start(_storage_job, self._model())
 
+    def _on_status(self, text: str) -> None:
+        if self.job == "run":
+            self.run_box.status.setText(text)
+        else:
+            self.run_message.show_lines([text])
+
+    def _on_partial(self, value) -> None:
+        if self.job == "run" and isinstance(value, tuple) and len(value) == 2:
+            self.run_box.take(value)
+
+    def run_on_agents(self) -> None:
+        """Run the chosen strategy's plan on its device from this view (recorded; the studio's plan stays)."""
+        why = self.run_blocker() or ("no agents connected: start the demo cluster or connect agents"
+                                     if getattr(self.state, "agents", None) is None else "") or \
+            ("busy: wait for the measurement to end" if self.runner.is_busy() else "")
+        if why:
+            self.run_box.message.show_lines([why], "Cannot run:")
+            return
+        import msgspec
+
+        out, _ = self.outcome()
+        try:
+            plan = self.technique.run_plan(msgspec.structs.replace(out.plan, device=self.run_device()), self._model())
+        except EdgeShardError as err:
+            self.run_box.message.show_lines([str(err)], "Cannot run:")
+            return
+        prompts = self.run_box.prompt_list()
+        if not prompts:
+            self.run_box.message.show_lines(["type a prompt (several: separated by |)"], "Cannot run:")
+            return
+        self.job = "run"
+        self.run_box.started([plan.stages[0].device, f"{plan.stages[0].device}:storage"])
+        self.runner.start(run_job, self.state.agents, plan, self._model(), prompts, self.run_box.max_tokens.value(),
+                          getattr(self.state, "workspace", ""))
+
     def _on_task_finished(self, out) -> None:
+        job, self.job = self.job, ""
+        if job == "run":
+            self.run_box.finished(out)
+            self.state.log(f"expert-offload run on the agents: {self.run_box.status.text()}")
+            return
         if isinstance(out, float):
             self._on_storage_measured(out)
             return
@@ -318,6 +375,11 @@ class ExpertOffloadPlanView(QWidget):
         self.state.log(f"expert storage read at {bps / 1e6:.0f} MB/s ({self._model()})")
 
     def _on_task_failed(self, msg: str) -> None:
+        job, self.job = self.job, ""
+        if job == "run":
+            self.run_box.failed(msg)
+            self.state.log(f"expert-offload run failed: {msg}", "error")
+            return
         self.run_message.show_lines([msg], "Measuring failed:")
 
     # -- running the plan ------------------------------------------------------------------
@@ -357,6 +419,13 @@ class ExpertOffloadPlanView(QWidget):
                                     "with its experts on storage, on the chosen device")
         say_why_disabled({self.use_for_run: why})
         self.measure_button.setEnabled(bool(self._model()) and not self.runner.is_busy())
+        run_why = why or ("no agents connected: start the demo cluster or connect agents"
+                          if getattr(self.state, "agents", None) is None else "") or \
+            ("busy: a measurement or run is in progress" if self.runner.is_busy() else "")
+        self.run_box.run_button.setEnabled(not run_why)
+        self.run_box.run_button.setToolTip("Run the chosen strategy's plan on its device from here: compute and "
+                                           "storage lanes, the heat map live, recorded for Sessions")
+        say_why_disabled({self.run_box.run_button: run_why})
         can_profile = bool(self._model()) and getattr(self.state, "agents", None) is not None
         self.profile_button.setEnabled(can_profile and not self.runner.is_busy())
         say_why_disabled({self.profile_button: "" if can_profile else

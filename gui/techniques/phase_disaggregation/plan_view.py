@@ -210,6 +210,8 @@ class PhaseDisaggregationPlanView(QWidget):
         state.agents_changed.connect(lambda _a: self._update_buttons())
         state.offline_changed.connect(lambda _o: self._update_buttons())
         state.model_changed.connect(lambda _n: self._adopt_studio_model())
+        if hasattr(state, "technique_models_changed"):  # the demo's tour gives EPD a Llava of its own
+            state.technique_models_changed.connect(lambda _m: self._adopt_studio_model())
         self.runner.partial_result_reported.connect(self._on_partial)
         self.runner.status_reported.connect(lambda _id, text: self.status.setText(text))
         self.runner.progress_reported.connect(self._on_progress)
@@ -259,7 +261,12 @@ class PhaseDisaggregationPlanView(QWidget):
         return True
 
     def _adopt_studio_model(self) -> None:
-        """The studio's model when it is a Llava checkpoint (a Llama one stays the layer-sharding model)."""
+        """The studio's model for EPD (``StudioState.technique_models``, the demo's tour), else the studio's
+        model when it is a Llava checkpoint (a Llama one stays the layer-sharding model)."""
+        own = getattr(self.state, "technique_models", {}).get("phase-disaggregation", "")
+        if own:
+            self.set_model_dir(own)
+            return
         path = getattr(self.state, "model_path", "")
         if path and (Path(path) / "config.json").is_file():
             try:

@@ -125,3 +125,11 @@ def test_a_baselines_layout_runs_on_the_agents_with_generates_tokens(view, agent
     run = view.run_tab.last
     assert run.layout == baseline and run.pools.disaggregation == {"aggregated": "aggregated", "pd-only": "pd"}[baseline]
     assert run.tokens == reference_tokens(llava, prepare_requests(llava, view.last_problem.workload))
+
+
+def test_the_studios_model_for_epd_is_the_views_checkpoint(qtbot, llava):
+    state = StudioState()
+    state.technique_models = {"phase-disaggregation": llava}  # the demo tour's hook (StudioState.technique_models)
+    view = PhaseDisaggregationPlanView(state)
+    qtbot.addWidget(view)
+    assert view.model_dir == llava and view.model_button.text() == "Model: tiny-llava"

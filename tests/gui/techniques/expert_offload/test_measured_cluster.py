@@ -125,3 +125,31 @@ def test_profile_agents_plans_the_agents_own_problem_and_its_plan_runs_from_the_
         replay = Replay.from_store(store, run.id)
         assert run.status == "completed" and replay.duration_s > 0
         assert any(e.device == "local-0:storage" for e in store.events(run.id))
+
+
+def test_run_on_agents_in_the_view_runs_the_plan_live_equal_to_generate_recorded_and_the_studios_plan_kept(
+        view, cluster, qtbot, tmp_path):
+    coordinator, model_dir, _ = cluster
+    assert not view.run_box.run_button.isEnabled() and "no agents connected" in view.run_box.run_button.toolTip()
+    view.state.set_agents(coordinator)
+    view.state.set_workspace(str(tmp_path / "ws.sqlite"))
+    view.auto_solve()
+    assert view.run_box.run_button.isEnabled(), view.run_box.run_button.toolTip()
+    view.run_box.prompts.setText(" | ".join(PROMPTS))
+    view.run_box.max_tokens.setValue(4)
+    view.run_box.run_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=90_000)
+    assert view.run_box.message.isHidden(), view.run_box.message.text()
+    assert view.state.plan is None  # the studio's (layer-sharding) plan is not replaced
+    box = view.run_box
+    assert box.timeline.lanes() == ["local-0", "local-0:storage"] and box.timeline.box_count("local-0:storage", "io") > 0
+    assert box.heat_map.activity.totals()["misses"] > 0
+    tok = load_tokenizer(model_dir)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    expected = [tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+                for row in hf_greedy_new_tokens(model_dir, enc, 4)]
+    assert box.last["texts"] == expected
+    with SessionStore(view.state.workspace) as store:
+        run = next(r for r in store.runs() if r.id == box.last["run_id"])
+        assert run.status == "completed" and Replay.from_store(store, run.id).duration_s > 0
+        assert any(e.device == "local-0:storage" for e in store.events(run.id))

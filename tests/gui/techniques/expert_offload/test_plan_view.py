@@ -82,3 +82,12 @@ def test_use_for_run_of_a_quantised_plan_or_a_dense_model_says_what_to_do(qtbot,
     dense.strategy.setCurrentText("io-exp")
     dense.use_for_run.click()
     assert dense_state.plan is None and "needs a Mixtral" in dense.run_message.text()
+
+
+def test_the_studios_model_for_expert_offloading_is_the_views_checkpoint(qtbot, tmp_path):
+    state, model = _ready_state(tmp_path)
+    state.model_path = ""
+    state.technique_models = {"expert-offload": str(model)}  # the demo tour's hook (StudioState.technique_models)
+    view = ExpertOffloadPlanView(state)
+    qtbot.addWidget(view)
+    assert view._model() == str(model) and view.use_for_run.isEnabled()
