@@ -1,5 +1,6 @@
 """Screenshots of expert offloading and EPD planned from the measured cluster and run on it, in the
-studio's main window (a real xcb window): docs/screenshots/{expert-offload,epd}-{plan,run}-WxH.png.
+studio's main window (a real xcb window): docs/screenshots/{expert-offload,epd}-{plan,run}-WxH.png and
+expert-offload-view-run-WxH.png (the plan run from the view's own *Run on agents*).
 
     QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshot_moe_epd.py
 
@@ -101,6 +102,11 @@ def main() -> int:
         rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
         view.table.setCurrentCell(rows["edgemoe"], 0)
         shoot(app, window, "expert-offload-plan")
+        view.tabs.setCurrentWidget(view.run_box)  # the same plan run from the view (the studio's plan kept)
+        view.run_box.prompts.setText(" | ".join(PROMPTS))
+        view.run_on_agents()
+        wait(app, 300, lambda: not view.runner.is_busy())
+        shoot(app, window, "expert-offload-view-run")
         view.use_for_run.click()
         run = screens.run
         window.show_screen(run)

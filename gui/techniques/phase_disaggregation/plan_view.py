@@ -309,6 +309,8 @@ class PhaseDisaggregationPlanView(QWidget):
              "What-if: an image-heavy workload on illustrative devices; simulated, not measured")
             + (f" — costs {costs.source}" if costs is not None and costs.source else ""))
         self._update_buttons()
+        if measured and self.measured_costs is None and not self.measure_blocker():
+            self.measure_on_agents()  # the measured source is nothing until measured
 
     # -- the menus' actions ---------------------------------------------------------------
     def measure_blocker(self) -> str:

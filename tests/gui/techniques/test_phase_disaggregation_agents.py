@@ -84,9 +84,11 @@ def test_a_what_if_layout_cannot_be_run_on_the_agents(view, agents, qtbot):
     assert view.table.item(0, 7).text() == "simulated only"
 
 
-def test_measure_on_agents_makes_the_problem_the_agents_own(view, agents, qtbot):
+def test_choosing_the_measured_source_measures_on_the_agents_and_makes_the_problem_theirs(view, agents, qtbot):
     view.state.set_agents(agents)
-    view.measure_button.click()
+    assert view.measure_button.isEnabled()
+    view.source.setCurrentText(MEASURED)  # nothing to plan until measured: the measurement starts
+    assert view.runner.is_busy()
     qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
     assert view.message.isHidden(), view.message.text()
     assert view.source.currentText() == MEASURED and "measured on local-0, local-1, local-2" in view.subtitle.text()
