@@ -63,3 +63,48 @@ def test_algorithm_2_past_its_time_limit_raises_a_typed_error():
 
     with pytest.raises(PaperAlgorithmTimeout, match="device subsets"):
         paper_dp_throughput(paper_problem("llama-2-13b"), time_limit_s=0.0)
+
+
+def _published_recurrence(stage, occupancy, others, src, n):
+    """Algorithm 2's table filled as the paper writes it: every set S in order, every last
+    device k, every next device k' (the reference for the layered fill)."""
+    import numpy as np
+
+    dn = stage.shape[0]
+    g = np.full((1 << len(others), dn, n + 1), np.inf, dtype=np.float32)
+    g[0, src, :] = stage[src, 0, :]
+    bits = {d: 1 << i for i, d in enumerate(others)}
+    for mask in range(1 << len(others)):
+        for k in [src] + [d for d in others if mask & bits[d]]:
+            for k2 in [d for d in others if not mask & bits[d]]:
+                for j in range(n):
+                    if not np.isfinite(g[mask, k, j]):
+                        continue
+                    for i in range(j + 1, n + 1):
+                        cand = max(float(g[mask, k, j]), occupancy[k, k2, j], stage[k2, j, i])
+                        g[mask | bits[k2], k2, i] = min(g[mask | bits[k2], k2, i], np.float32(cand))
+    return g
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_algorithm_2s_table_equals_the_published_recurrence_bit_for_bit(seed):
+    import numpy as np
+
+    from core.planning.solvers.arrays import build_arrays
+    from core.planning.solvers.paper_dp import _fill_subset_dp
+
+    problem = random_problem(seed, devices=5, units=7, tightness=1.5 + seed % 3)
+    arr = build_arrays(problem, 1, problem.workload.batch_size)
+    n, src = arr.n, arr.src
+    others = [d for d in range(len(arr.devices)) if d != src]
+    ends = np.arange(n + 1)
+    stage = arr.prefix[:, None, :] - arr.prefix[:, :, None]
+    stage = np.where((ends[None, None, :] > ends[None, :, None]) & (ends[None, None, :] <= arr.emax[:, :, None]),
+                     stage, np.inf)
+    g = np.full((1 << len(others), len(arr.devices), n + 1), np.inf, dtype=np.float32)
+    g[0, src, :] = stage[src, 0, :]
+    _fill_subset_dp(g, stage, arr.occupancy, others, {d: 1 << i for i, d in enumerate(others)}, n,
+                    deadline=float("inf"), time_limit_s=60, chunk_bytes=64)  # tiny chunks: several per layer
+    expected = _published_recurrence(stage, arr.occupancy, others, src, n)
+    assert np.isfinite(expected[:, :, n]).any()
+    np.testing.assert_array_equal(g, expected)
