@@ -135,7 +135,7 @@ class DeviceEmulation:
             raise ShardOverBudget(
                 f"units [{units[0]}, {units[1]}) need {weight_bytes / MIB:.1f} MiB of weights{kv} but device {device} "
                 f"has a {self.memory_budget_bytes / MIB:.1f} MiB memory budget: plan fewer units on it "
-                "(re-profile so the solver knows the budget)"
+                "(auto-solve: a profile of this device knows its budget)"
             )
 
     def budget(self, real_budget_bytes: int) -> int:

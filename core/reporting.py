@@ -84,6 +84,32 @@ def wait_unless_cancelled(future, reporter: Reporter, timeout_s: float) -> None:
             watch(woken, False)
 
 
+class PhaseReporter:
+    """One phase of a longer task, as the span [``start``, ``start + span``] of its one bar
+    (fractions of 1): each phase reports its own (done, total) and the operator still sees a
+    single bar that only moves forward (profiling's compute then links went 87 % → 50 % when
+    each phase restarted the bar). Everything else goes to ``reporter`` unchanged."""
+
+    def __init__(self, reporter: Reporter, start: float, span: float) -> None:
+        self._reporter, self._start, self._span = reporter, start, span
+
+    def status(self, text: str) -> None:
+        self._reporter.status(text)
+
+    def progress(self, done: float, total: float) -> None:
+        frac = min(1.0, max(0.0, done / total)) if total > 0 else 0.0
+        self._reporter.progress(self._start + self._span * frac, 1.0)
+
+    def partial_result(self, value: Any) -> None:
+        self._reporter.partial_result(value)
+
+    def cancel_requested(self) -> bool:
+        return self._reporter.cancel_requested()
+
+    def __getattr__(self, name: str):  # ``_watch`` (a cancel wakes waits at once), where the reporter has it
+        return getattr(self._reporter, name)
+
+
 class RecordingReporter(CancelFlag, NullReporter):
     """Keeps everything it was told (tests); ``cancel()`` makes the work stop."""
 

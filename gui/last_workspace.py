@@ -17,6 +17,7 @@ from pathlib import Path
 from core import formats
 from core.errors import EdgeShardError
 from core.paths import studio_folder
+from core.planning.cost import evaluate
 from core.planning.plan import ShardPlan, layout_problems
 from core.planning.problem import PlanningProblem
 from core.techniques.spatial.profiling import SpatialFits
@@ -38,7 +39,7 @@ def save_last_workspace(state, run_settings: RunSettings, folder: Path | None = 
     s.setValue(RUN_SETTINGS_KEY, json.dumps(asdict(run_settings)))
     s.sync()
     failed = []
-    for name, value in ((PROBLEM_FILE, state.problem), (PLAN_FILE, state.plan),
+    for name, value in ((PROBLEM_FILE, state.problem), (PLAN_FILE, state.plan_for("layer-sharding")),
                         (SPATIAL_FITS_FILE, state.spatial_fits)):
         path = folder / name
         try:
@@ -121,6 +122,9 @@ def _plan_misfit(plan: ShardPlan, problem: PlanningProblem | None) -> str:
     unknown = sorted(set(plan.devices()) - set(problem.profile.cluster.device_ids()))
     if unknown:
         return f"it uses devices the profile does not have: {', '.join(unknown)}"
+    violations = evaluate(problem, plan).violations  # never reopen on a plan Start would refuse
+    if violations:
+        return "it does not fit the profile: " + "; ".join(violations)
     return ""
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, Qt, QTimer
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import QByteArray, QEvent, QRect, QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -88,6 +88,16 @@ class ScreenScrollArea(QScrollArea):
         screen.resize(max(width, need.width()), max(height, need.height()))
 
 
+def fitted_geometry(window: QRect, frame: QSize, room: QRect) -> QRect:
+    """``window`` (its frame's top-left and client size; ``frame``: what the decorations add) made to fit ``room``
+    (the screen's available geometry): shrunk to it, then moved inside it."""
+    width = min(window.width(), room.width() - frame.width())
+    height = min(window.height(), room.height() - frame.height())
+    x = min(max(window.x(), room.left()), room.left() + room.width() - width - frame.width())
+    y = min(max(window.y(), room.top()), room.top() + room.height() - height - frame.height())
+    return QRect(x, y, width, height)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, state: StudioState | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -100,6 +110,7 @@ class MainWindow(QMainWindow):
         self.keeps_workspace = False
         """Whether closing keeps the workspace for the next launch (once it was restored: not the demo's)."""
         self._agents_runner = None
+        self._shown_once = False
         self._connection_before = "not connected"
         """What the status bar said before a Connect, restored if it fails."""
         self._build_screens()
@@ -118,8 +129,9 @@ class MainWindow(QMainWindow):
         self.screens.plan.run_requested.connect(
             lambda: (self.show_screen(self.screens.run), self.screens.run.start_run()))
         self.resize(1440, 900)
-        self._fit_log_dock()
         self._restore_layout()
+        self.fit_to_screen()
+        self._fit_log_dock()
         self.screens.devices.restore_deployments()  # agents deployed in earlier sessions stay controllable
 
     # construction ---------------------------------------------------------------
@@ -163,6 +175,28 @@ class MainWindow(QMainWindow):
     def _fit_log_dock(self) -> None:
         """The log takes less height on a short window (a 1024x700 laptop), so the screens fit."""
         self.resizeDocks([self.log_dock], [120 if self.height() >= 800 else 80], Qt.Vertical)
+
+    def fit_to_screen(self) -> None:
+        """Keep the window within its screen's available geometry (a 1024x700 laptop: the
+        1440x900 default, or a size restored from a larger screen, put the status bar and the
+        log off screen); the window frame, once known, is left room too. Not on the offscreen
+        platform: its fixed 800x800 "screen" is no display, and tests size their windows."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None or QGuiApplication.platformName() == "offscreen":
+            return
+        frame = QSize(max(0, self.frameGeometry().width() - self.width()),
+                      max(0, self.frameGeometry().height() - self.height()))
+        fitted = fitted_geometry(QRect(self.pos(), self.size()), frame, screen.availableGeometry())
+        if fitted.size() != self.size():
+            self.resize(fitted.size())
+        if fitted.topLeft() != self.pos():
+            self.move(fitted.topLeft())
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if not self._shown_once:  # the frame's size is known now
+            self._shown_once = True
+            self.fit_to_screen()
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

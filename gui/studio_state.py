@@ -45,6 +45,10 @@ class StudioState(QObject):
         self.profile: Profile | None = None
         self.problem: PlanningProblem | None = None
         self.plan: ShardPlan | None = None
+        """The plan the Run screen runs: the last one set, of whichever technique."""
+        self.plans: dict[str, ShardPlan] = {}
+        """Each technique's own plan (``core.techniques.technique_of_plan``): running attention
+        offloading never replaces the layer-sharding plan the editor shows."""
         self.model_name: str = ""
         self.model_path: str = ""
         """Checkpoint directory of the selected model, when it can be run."""
@@ -121,9 +125,31 @@ class StudioState(QObject):
             self.set_problem(with_changes(self.problem, **changes))
 
     def set_plan(self, plan: ShardPlan | None) -> None:
+        """Make ``plan`` the one to run, and its technique's plan; None clears only the current one."""
+        if plan is not None:
+            from core.techniques import technique_of_plan
+
+            self.plans[technique_of_plan(plan)] = plan
         if plan != self.plan:
             self.plan = plan
             self.plan_changed.emit(plan)
+
+    def clear_plan(self, technique: str) -> None:
+        """Forget ``technique``'s plan (undoing its first plan); the current one too when it is that."""
+        plan = self.plans.pop(technique, None)
+        if plan is not None and plan == self.plan:
+            self.plan = None
+            self.plan_changed.emit(None)
+
+    def plan_for(self, technique: str) -> ShardPlan | None:
+        """``technique``'s own plan (None before it has one)."""
+        return self.plans.get(technique)
+
+    def use_technique(self, technique: str) -> None:
+        """The Plan screen shows ``technique``: its own plan, when it has one, becomes the one to run."""
+        plan = self.plans.get(technique)
+        if plan is not None:
+            self.set_plan(plan)
 
     def propose_run_options(self, options: dict, micro_batches: int = 0) -> None:
         self.run_options_proposed.emit(dict(options), int(micro_batches))

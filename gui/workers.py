@@ -101,6 +101,8 @@ class TaskRunner(QObject):
         self._reporters: dict[TaskId, QtReporter] = {}
         self._threads: dict[TaskId, threading.Thread] = {}
         self._on_discarded: dict[TaskId, Callable[[Any], Any]] = {}
+        self._furthest: dict[TaskId, float] = {}
+        """The current task's furthest progress (done / total)."""
         self._task_ended.connect(self._on_worker_task_ended, Qt.ConnectionType.QueuedConnection)
 
     # -- control (GUI thread) ------------------------------------------------------------
@@ -237,8 +239,15 @@ class TaskRunner(QObject):
             self.status_reported.emit(task_id, text)
 
     def _on_reporter_progress(self, task_id: int, done: float, total: float) -> None:
-        if task_id == self._current:
-            self.progress_reported.emit(task_id, done, total)
+        """A task's bar never goes backwards: a report below the furthest one is dropped (a task's
+        phases should weigh themselves into one bar: ``core.reporting.PhaseReporter``)."""
+        if task_id != self._current or total <= 0:
+            return
+        fraction = done / total
+        if fraction < self._furthest.get(task_id, 0.0):
+            return
+        self._furthest = {task_id: fraction}  # only the current task's
+        self.progress_reported.emit(task_id, done, total)
 
     def _on_reporter_partial(self, task_id: int, value: object) -> None:
         if task_id == self._current:

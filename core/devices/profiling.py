@@ -45,7 +45,7 @@ from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
 from core.models.units import model_spec_from_config
 from core.devices.profile import DeviceTimes, Profile, ProfiledWorkload
-from core.reporting import Cancelled, NullReporter, Reporter, wait_unless_cancelled
+from core.reporting import Cancelled, NullReporter, PhaseReporter, Reporter, wait_unless_cancelled
 
 _PROFILER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -247,6 +247,11 @@ def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links:
                    source="measured", notes=notes)
 
 
+COMPUTE_SHARE = 0.6
+"""The part of profiling's one progress bar that timing compute fills (links fill the rest):
+about their share of a demo profile's time."""
+
+
 def profile_cluster(
     coord,
     model_config: dict,
@@ -278,13 +283,16 @@ def profile_cluster(
     options = ComputeOptions(config=model_config, prompt_tokens=prompt_tokens, batch_sizes=tuple(batch_sizes),
                              repeats=repeats, dtype=_PROFILER_DTYPES[dtype], headroom_bytes=headroom_bytes,
                              threads=threads)
-    compute = profile_compute(coord, names, options, rep)
+    measure_network = network and len(names) > 1
+    compute_share = COMPUTE_SHARE if measure_network else 1.0  # one bar: compute, then links
+    compute = profile_compute(coord, names, options, PhaseReporter(rep, 0.0, compute_share))
     links: list[LinkMeasurement] = []
-    if network and len(names) > 1:
+    if measure_network:
         rep.status("estimating clock offsets")
         clocks = coord.sync_clocks()
         offsets = {d: c.offset_s for d, c in clocks.items()}
-        links = measure_links(coord, peers, rep, link_target_s=link_target_s, offsets=offsets)
+        links = measure_links(coord, peers, PhaseReporter(rep, compute_share, 1.0 - compute_share),
+                              link_target_s=link_target_s, offsets=offsets)
     profile = build_profile(model_config, compute, links, dtype=dtype,
                             model_name=model_name or str(model_config.get("_name_or_path") or
                                                          model_config.get("model_type")),

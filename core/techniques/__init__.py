@@ -203,6 +203,17 @@ def generation_for(plan) -> Callable[..., Any] | None:
     return None
 
 
+def technique_of_plan(plan) -> str:
+    """The name of the technique whose stage kinds ``plan``'s stages have (``layer-sharding`` for
+    plain ``layers`` stages): the studio keeps each technique's plan apart by this name, so running
+    one technique's plan never replaces another's."""
+    kinds = {getattr(s, "kind", "layers") for s in plan.stages} - {"layers"}  # a technique's own kind decides
+    for technique in techniques():
+        if kinds & set(technique.stage_kinds):
+            return technique.name
+    return "layer-sharding"
+
+
 def technique_for_plan_format(fmt: str) -> Technique | None:
     """The technique whose own plan files have the JSON format ``fmt`` (None: a shard plan's or unknown)."""
     return next((t for t in techniques() if t.plan_format and t.plan_format == fmt), None)
@@ -214,6 +225,6 @@ def techniques_for(model: ModelSpec) -> list[Technique]:
 
 
 __all__ = [
-    "BUILTIN", "Objective", "cli_of", "generation_for", "technique_for_plan_format", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
+    "BUILTIN", "Objective", "cli_of", "generation_for", "technique_for_plan_format", "technique_of_plan", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
     "technique_named", "techniques", "techniques_for", "unregister",
 ]

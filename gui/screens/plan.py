@@ -106,6 +106,7 @@ class PlanScreen(QWidget):
         view = self.view_for(name)
         if self.stack.currentWidget() is not view:
             self.stack.setCurrentWidget(view)
+            self.state.use_technique(name)  # its own plan (when it has one) is the one Run runs
             self.technique_changed.emit(name)
 
     def _on_picker_index_changed(self, _index: int) -> None:

@@ -10,10 +10,7 @@ backend to stop at once; the panel never waits for the worker on the GUI thread.
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -21,122 +18,15 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, 
                                QDoubleSpinBox, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
-from agents.protocol import RUN_MODES
-from core.runs.coordinator import FanoutSink, RunSink
-from core.errors import RunFailed
-from core.reporting import Cancelled, Reporter
+from gui.screens.run_job import (DEFAULT_PROMPTS, MODE_HELP, MODES, NO_REPEAT_NGRAM_RANGE,  # noqa: F401 (re-exported)
+                                  REPETITION_PENALTY_RANGE, RunBackend, RunSettings, lane_notes, run_and_record,
+                                  start_refusals)
 from gui.timeline.event_bridge import EventBridge
 from gui.screens.run_monitor import RunMonitorView
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
-MODES = RUN_MODES
 PREDICT_DEBOUNCE_MS = 200
-MODE_HELP = {
-    "sequential": "One micro-batch at a time, start to finish (lowest latency per token)",
-    "bubbles": "Micro-batches pipelined; every step waits for all micro-batches (bubbles)",
-    "no-bubbles": "Each micro-batch starts its next step as soon as its token is back (highest throughput)",
-}
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What the operator asked for on the Run screen."""
-
-    model_dir: str
-    prompts: tuple[str, ...]
-    max_new_tokens: int
-    mode: str
-    micro_batches: int | None
-    """The operator's override of the plan's micro-batch count; None: the plan's."""
-    send_weights: bool = False
-    """Send each agent its stage's weights (core.runs.weights) instead of loading from its disk."""
-    on_failure: str = "replan"
-    """When a device of the run is lost: "replan" (over the survivors, same tokens) or "stop"."""
-    technique_options: dict = field(default_factory=dict)
-    """The plan's technique's own run options (attention offloading: ``compute_replicas``,
-    ``schedule``), handed to its ``run_generation``; recorded with the run."""
-    repetition_penalty: float = 1.0
-    """HF's repetition_penalty for the greedy text (1 = off; core.runs.generation.GenerationSettings)."""
-    no_repeat_ngram_size: int = 0
-    """HF's no_repeat_ngram_size: no n-gram of this size is generated twice (0 = off; ``edgeshard run
-    --no-repeat-ngram-size``)."""
-
-
-REPETITION_PENALTY_RANGE = (1.0, 2.0)
-"""What the Run screen offers (below 1 rewards repeating: not offered there; the CLI takes it)."""
-NO_REPEAT_NGRAM_RANGE = (0, 64)
-"""What the Run screen offers (the CLI's and ``GenerationSettings``' range; 0 = off)."""
-
-DEFAULT_PROMPTS = ("The edge devices worked together to", "Once upon a time")
-"""The Run screen's prompts until the operator (or the demo, with its own) changes them."""
-
-
-class RunBackend(Protocol):
-    """Runs the partitioned model for the Run screen (the demo cluster, or real agents).
-
-    ``run`` blocks its (worker) thread until the generation ends, streaming into ``sink``;
-    it raises an ``EdgeShardError`` for what the operator can fix and ``Cancelled`` (or
-    ``RunFailed``) once ``reporter.cancel_requested()`` turns true. ``stop`` may be called
-    from the GUI thread at any time to end the current run quickly.
-    """
-
-    def lanes(self) -> list[str]: ...
-
-    def run(self, settings: RunSettings, sink: RunSink, reporter: Reporter) -> Any: ...
-
-    def stop(self) -> None: ...
-
-
-def lane_notes(backend: RunBackend, settings: RunSettings) -> dict[str, str]:
-    """Each lane's role in a run of ``settings`` (a backend may say: ``lane_notes(settings)``;
-    attention offloading's compute replicas and attention lanes), shown and recorded with it."""
-    notes = getattr(backend, "lane_notes", None)
-    return dict(notes(settings)) if notes is not None else {}
-
-
-def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
-                   workspace: str = "", session_id: int | None = None, plan=None, problem=None,
-                   model_name: str = "") -> dict:
-    """Worker-thread job: run ``settings`` on ``backend`` and record it in ``workspace``.
-
-    Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
-    The recorded status is completed / stopped / failed, whatever happens. Returns what the
-    backend said of the run (its recoveries, the plan it ended on) with the recorded ids.
-    """
-    if not workspace:
-        return _run_backend(reporter, backend, settings, sink)
-    from core.runs.batching import batching_settings
-    from core.sessions.recording import record_run
-
-    with record_run(workspace, model=model_name or Path(settings.model_dir).name or "?", mode=settings.mode,
-                    settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes(),
-                              "lane_notes": lane_notes(backend, settings),
-                              **batching_settings(plan, settings.micro_batches)},
-                    session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
-                    plan=plan, problem=problem) as run:
-        ids = {"session_id": run.session_id, "run_id": run.run_id}
-        reporter.partial_result(ids)
-        try:
-            said = _run_backend(reporter, backend, settings, FanoutSink(sink, run.recorder))
-        except Cancelled:
-            run.status = "stopped" if reporter.cancel_requested() else "failed"
-            raise
-        run.status = "completed"
-        return {**said, **ids}
-
-
-def _run_backend(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink) -> dict:
-    """Run to the end; a run ended by Stop (however the backend ended it) raises ``Cancelled``."""
-    try:
-        said = backend.run(settings, sink, reporter)
-    except RunFailed:
-        if reporter.cancel_requested():
-            raise Cancelled() from None
-        raise
-    if reporter.cancel_requested():
-        raise Cancelled()
-    return said if isinstance(said, dict) else {}
 
 
 class RunPanel(QWidget):
@@ -155,6 +45,9 @@ class RunPanel(QWidget):
         self.session_id: int | None = None
         self._session_workspace = ""
         self.last_outcome = ""
+        self._technique = "layer-sharding"
+        self._technique_settings: dict[str, tuple[int, dict]] = {}
+        """Each other technique's (micro-batches, technique options), kept while its plan is not the one shown."""
         self.setAccessibleName("Run screen")
 
         self.bridge = EventBridge(self)
@@ -400,6 +293,8 @@ class RunPanel(QWidget):
         if settings.model_dir and not os.path.isdir(settings.model_dir):
             problems.append(f"Model directory {settings.model_dir} does not exist: choose the checkpoint "
                             "directory with Browse….")
+        if self.backend is not None and self.state is not None:  # what the Plan screen flags never starts
+            problems += start_refusals(self.state.problem, self.state.plan, self.state.offline_devices)
         if problems:
             self.message.show_lines(problems, "Cannot start the run:")
             return
@@ -443,6 +338,7 @@ class RunPanel(QWidget):
         """End a run: ``text`` on the status line, ``log`` (default ``text``) in the log."""
         self.bridge.flush()
         self.monitor.flush()
+        self.monitor.timeline.clip_predicted_to_run()  # no ghosts of tokens never generated
         self.monitor.timeline.show_whole_run()
         self._set_running(False)
         self.last_outcome = outcome
@@ -504,6 +400,7 @@ class RunPanel(QWidget):
 
     def _on_state_plan_changed(self, *_args) -> None:
         plan = getattr(self.state, "plan", None)
+        self._keep_technique_settings(plan)
         if plan is not None and not self.is_running():
             self.message.show_lines([])  # a banner about the last attempt ("no plan", a failed run) is stale now
         self.micro_batches_spin.setSpecialValueText(
@@ -513,6 +410,21 @@ class RunPanel(QWidget):
         self.offload_controls.show_for(plan, [] if agents is None else [a for a in agents.endpoints
                                                                           if a not in offline])
         self._apply_technique_limits()
+
+    def _keep_technique_settings(self, plan) -> None:
+        """Each technique keeps its own run settings (micro-batches, its own options): a plan of
+        another technique stores the shown ones under the old technique and shows its own."""
+        from core.techniques import technique_of_plan
+
+        technique = technique_of_plan(plan) if plan is not None else self._technique
+        if technique == self._technique:
+            return
+        self._technique_settings[self._technique] = (self.micro_batches_spin.value(), self.offload_controls.options())
+        micro_batches, options = self._technique_settings.get(technique, (0, {}))
+        self._technique = technique
+        self.micro_batches_spin.setValue(micro_batches)
+        if options:
+            self.offload_controls.apply(options)
 
     def _apply_technique_limits(self) -> None:
         """An attention-offload run has its own schedule (the staggering) and loads its own parts:

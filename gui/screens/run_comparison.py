@@ -17,6 +17,7 @@ from agents.protocol import TimelineEvent, TokenEvent
 from core.reporting import Reporter
 from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figures
 from core.sessions.store import RunInfo, SessionStore
+from gui.screens.run_names import run_title
 from gui.timeline import TimelineView
 
 
@@ -45,10 +46,6 @@ def load_comparison(reporter: Reporter, workspace: str, run_a: int, run_b: int) 
             out.append(ComparedRun(info=info, events=events, tokens=tokens,
                                    figures=compute_figures(events, tokens), bubbles=bubbles(events), lanes=lanes))
     return out[0], out[1]
-
-
-def run_title(info: RunInfo) -> str:
-    return f"run {info.id} · {info.model} · {info.mode} · {info.status}"
 
 
 TABLE_BESIDE_PX = 800

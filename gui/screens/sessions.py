@@ -22,6 +22,8 @@ from core.sessions.replay import Replay
 from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
 from gui.screens.run_comparison import RunComparisonView, load_comparison
 from gui.screens.run_monitor import RunMonitorView
+from gui.screens.run_export import export_run
+from gui.screens.run_names import human_time, run_name, run_style, run_title
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
@@ -130,35 +132,15 @@ def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
                      lane_notes=dict(info.settings.get("lane_notes") or {}))
 
 
-def export_run(reporter: Reporter, workspace: str, run_id: int, what: str, path: str) -> tuple[str, str]:
-    """Worker job: write a run's trace (Chrome JSON, or CSV by extension), plan or profile."""
-    from core import formats
-    from core.errors import StoreError
-    from core.sessions.export import write_chrome_trace, write_events_csv
+REPLAY_LEAD_S = 0.05
+"""How much of the quiet before a run's first event a replay still shows."""
 
-    with SessionStore(workspace) as store:
-        run = store.run(run_id)
-        if what == "trace":
-            items = store.timeline(run_id)
-            events = [i.event for i in items if i.event is not None]
-            tokens = [i.tokens for i in items if i.tokens is not None]
-            if path.lower().endswith(".csv"):
-                write_events_csv(path, events)
-            else:
-                problem = store.problem_of(run_id)
-                write_chrome_trace(path, events, tokens, source_device=problem.source if problem else None,
-                                   metadata={"run": run.id, "mode": run.mode, "kind": run.kind, "model": run.model})
-        elif what == "plan":
-            if run.plan_id is None:
-                raise StoreError(f"run {run.id} has no plan stored")
-            formats.save(path, store.plan(run.plan_id))
-        elif what == "profile":
-            if run.profile_id is None:
-                raise StoreError(f"run {run.id} has no profile stored")
-            formats.save(path, store.profile(run.profile_id))
-        else:
-            raise ValueError(what)
-    return what, path
+
+def replay_start_s(items) -> float:
+    """Where a replay starts: just before the first thing the run showed, so the seconds its
+    agents spent loading (0.58 s of a 0.72 s demo run) are not replayed as an empty screen."""
+    first = min((i.recv_s for i in items), default=0.0)
+    return max(0.0, first - REPLAY_LEAD_S)
 
 
 class SessionsPanel(QWidget):
@@ -195,7 +177,7 @@ class SessionsPanel(QWidget):
         self.tree = QTreeWidget()
         self.tree.setAccessibleName("Sessions and runs")
         self.tree.setToolTip("Sessions of the workspace and their runs; double-click a run to open it")
-        self.tree.setHeaderLabels(["Session / run", "Mode", "Kind", "Status", "Tokens", "Started"])
+        self.tree.setHeaderLabels(["Session / run", "Style", "Kind", "Status", "Tokens", "Started"])
         self.tree.setAlternatingRowColors(True)
         self.tree.setRootIsDecorated(True)
         self.tree.setSelectionMode(QTreeWidget.SelectionMode.ExtendedSelection)
@@ -220,6 +202,8 @@ class SessionsPanel(QWidget):
         self.compare_runner = TaskRunner(self, name="sessions-compare")
         self.compare_runner.task_finished.connect(self._on_compare_runner_task_finished)
         self.compare_runner.task_failed.connect(self._on_any_runner_task_failed)
+        self.start_s = 0.0
+        """Where the open run's replay starts (``replay_start_s``)."""
         self.live_run_ids: set[int] = state.live_run_ids if state is not None else set()
         """Runs being recorded right now (the Run screen's): only these are "running"."""
 
@@ -354,17 +338,19 @@ class SessionsPanel(QWidget):
         self.message.show_lines([])
         self.tree.clear()
         for session, runs in sessions:
-            top = QTreeWidgetItem([session.name, "", "", "", f"{len(runs)} run(s)", session.created_at])
+            top = QTreeWidgetItem([session.name, "", "", "", f"{len(runs)} run(s)", human_time(session.created_at)])
+            top.setToolTip(5, session.created_at)
             top.setData(0, Qt.ItemDataRole.UserRole, None)
             for run in runs:
                 tokens = run.figures.get("tokens")
                 status = shown_status(run.status, run.id, self.live_run_ids)
                 mark, colour = RUN_STATUS_MARKS.get(status, ("", None))
                 # the mark leads the first column too: the Status column is off screen in a narrow list
-                child = QTreeWidgetItem([f"{mark}run {run.id} · {run.model}", run.mode, run.kind, mark + status,
-                                         "" if tokens is None else str(tokens), run.started_at])
+                child = QTreeWidgetItem([f"{mark}{run_name(run)}", run_style(run), run.kind, mark + status,
+                                         "" if tokens is None else str(tokens), human_time(run.started_at)])
                 child.setData(0, Qt.ItemDataRole.UserRole, run.id)
-                child.setToolTip(0, "Double-click to open this run for replay")
+                child.setToolTip(0, f"{run_title(run)}. Double-click to open this run for replay")
+                child.setToolTip(5, run.started_at)
                 if colour is not None:
                     why = {"failed": "The run failed: its events up to the failure are kept",
                            "stopped": "Stopped by the operator: what arrived is kept",
@@ -374,7 +360,7 @@ class SessionsPanel(QWidget):
                     for col in (0, 3):
                         child.setForeground(col, QBrush(QColor(colour)))
                     child.setToolTip(3, why)
-                    child.setToolTip(0, f"{why}. Double-click to open this run for replay")
+                    child.setToolTip(0, f"{run_title(run)}: {why}. Double-click to open this run for replay")
                 top.addChild(child)
             self.tree.addTopLevelItem(top)
             top.setExpanded(True)
@@ -442,13 +428,14 @@ class SessionsPanel(QWidget):
         self.loaded = loaded
         self.replay = Replay(loaded.items, speed=self.speed_combo.currentData(), paused=True)
         info = loaded.info
-        self.run_label.setText(f"Run {info.id} · {info.model} · {info.mode} · {info.kind} · {info.status} · "
+        self.run_label.setText(f"{run_title(info)} · {info.kind} · "
                                f"{len(loaded.items)} recorded items over {self.replay.duration_s:.2f} s")
         for w in self._replay_controls:
             w.setEnabled(True)
         self.right_stack.setCurrentIndex(0)
+        self.start_s = replay_start_s(loaded.items)
         self._reset_monitor()
-        self._set_scrubber(0.0)
+        self.seek(self.start_s)  # loading skipped: the replay starts just before the first event
         self.run_opened.emit(info.id)
 
     def _reset_monitor(self) -> None:
@@ -492,7 +479,7 @@ class SessionsPanel(QWidget):
             return
         if on:
             if self.replay.finished:
-                self.seek(0.0)
+                self.seek(self.start_s)
             self.replay.resume()
             self._tick.start()
         else:
@@ -520,6 +507,7 @@ class SessionsPanel(QWidget):
         if self.replay.finished:
             self._pause()
             self.monitor.flush()
+            self.monitor.timeline.clip_predicted_to_run()
             self.monitor.timeline.show_whole_run()
             self._set_scrubber(self.replay.duration_s)
             self.replay_finished.emit()

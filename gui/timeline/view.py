@@ -72,6 +72,7 @@ class TimelineView(TimelineInspection, QWidget):
         """Device -> its role in the run, shown after its name (attention offloading: compute
         replica / attention)."""
         self._pending: list[TimelineEvent] = []
+        self._predicted_events: list[TimelineEvent] = []
         self._micro_batches: set[int] = set()
         self._follow_live = True
         self._setting_range = False
@@ -271,6 +272,7 @@ class TimelineView(TimelineInspection, QWidget):
 
     def set_predicted(self, events: Sequence[TimelineEvent]) -> None:
         """Replace the predicted timeline (shown below the measured one when enabled)."""
+        self._predicted_events = list(events)
         self.predicted_item.clear()
         for event in events:
             self._lane_index(event.device)
@@ -289,6 +291,7 @@ class TimelineView(TimelineInspection, QWidget):
         self._frame_timer.stop()
         self.measured_item.clear()
         self.predicted_item.clear()
+        self._predicted_events = []
         self._lanes.clear()
         self._lane_of.clear()
         self._lane_notes = {}
@@ -340,6 +343,18 @@ class TimelineView(TimelineInspection, QWidget):
 
     def show_predicted(self, on: bool) -> None:
         self.predicted_check.setChecked(on)
+
+    def clip_predicted_to_run(self) -> None:
+        """A run that ended (at EOS, or stopped) generated fewer tokens than predicted: the ghosts
+        of steps it never ran are dropped, so the whole-run view fits what ran (a demo run that
+        stopped at ~120 ms had an axis to ~770 ms, 80 % of it empty ghosts)."""
+        rows = self.measured_item.boxes.rows
+        if not rows.size or not self._predicted_events:
+            return
+        last = int(rows["step"].max())
+        kept = [e for e in self._predicted_events if e.step <= last]
+        if len(kept) < len(self._predicted_events):
+            self.set_predicted(kept)
 
     def show_whole_run(self) -> None:
         """A live run ended: if the view was following it, show all of it. Following keeps a window

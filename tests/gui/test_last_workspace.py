@@ -98,3 +98,19 @@ def test_a_window_that_did_not_restore_keeps_nothing(isolated, qtbot):
     window.state.set_profile(problem.profile, source=problem.source, workload=problem.workload)
     window.close()
     assert not (isolated / PROBLEM_FILE).exists()
+
+
+def test_a_plan_that_no_longer_fits_is_not_restored_and_a_feasible_one_is_solved(isolated, qtbot):
+    from core.planning.cost import evaluate
+    from tests.gui.problems import MiB
+
+    problem = make_problem(phone_memory=100 * MiB)  # the model does not fit the source alone
+    isolated.mkdir(parents=True)
+    formats.save(isolated / PROBLEM_FILE, problem)
+    n = problem.profile.model.num_units
+    formats.save(isolated / PLAN_FILE, ShardPlan(model=problem.profile.model.name, num_units=n,
+                                                 stages=(Stage(device="phone", start=0, end=n),)))
+    window = _open(qtbot)
+    assert "it does not fit the profile" in window.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: evaluate(problem, window.state.plan).feasible, timeout=20_000)
+    window.close()

@@ -381,3 +381,13 @@ def test_ctrl_return_is_run_start_from_any_screen(window, qtbot, monkeypatch):
     window.screens.run.prompts_edit.setFocus()  # on the Run screen too: one shortcut, not two ambiguous ones
     qtbot.keyClick(window.screens.run.prompts_edit, Qt.Key_Return, Qt.ControlModifier)
     assert started == [window.screens.run, window.screens.run]
+
+
+def test_a_window_larger_than_the_screen_is_shrunk_and_moved_inside_it():
+    from PySide6.QtCore import QRect, QSize
+
+    from gui.main_window import fitted_geometry
+
+    fitted = fitted_geometry(QRect(100, 50, 1440, 900), QSize(0, 24), QRect(0, 0, 1024, 700))
+    assert fitted == QRect(0, 0, 1024, 676)
+    assert fitted_geometry(QRect(10, 10, 800, 600), QSize(0, 0), QRect(0, 0, 1600, 1000)) == QRect(10, 10, 800, 600)

@@ -241,3 +241,17 @@ def test_runners_shut_down_together_are_all_cancelled_before_any_is_joined(qtbot
     started.wait(5)
     assert shutdown_together([first, second], 5.0)
     assert second_cancelled_while_first_ran == [True]
+
+
+def _two_phases_unweighted(reporter):
+    for done in (1, 2, 3, 4):  # a phase that restarts the count: 75 % then 25 %
+        reporter.progress(done if done <= 3 else 1, 4)
+        time.sleep(0.06)  # past the rate limit, so every report is sent
+
+
+def test_a_tasks_progress_never_goes_backwards(qtbot, runner):
+    fractions = []
+    runner.progress_reported.connect(lambda _t, d, t: fractions.append(d / t))
+    with qtbot.waitSignal(runner.task_finished, timeout=5000):
+        runner.start(_two_phases_unweighted)
+    assert fractions == sorted(fractions) and fractions[-1] == 0.75

@@ -98,8 +98,9 @@ class StrategyComparison:
             t.setItem(i, 2, QTableWidgetItem(f"{r.cost.throughput_tokens_s:.1f}" if r.cost else "—"))
             b = QPushButton("Adopt")
             b.setAccessibleName(f"Adopt {r.strategy}")
-            b.setToolTip(f"Make the {r.strategy} plan the current plan (undoable)")
-            b.setEnabled(r.plan is not None)
+            b.setToolTip(f"Make the {r.strategy} plan the current plan (undoable)" if _fits(r) else
+                         f"The {r.strategy} plan cannot run here ({status_text(r)}): adopt one that fits")
+            b.setEnabled(r.plan is not None and _fits(r))
             b.clicked.connect(lambda _c=False, i=i: self.adopt(i))
             t.setCellWidget(i, 3, b)
         best = next((r for r in results if r.strategy == "edgeshard" and r.status == "optimal"), None)
@@ -112,7 +113,7 @@ class StrategyComparison:
             self._mark_comparison_stale()
             return
         r = self.comparison[index]
-        if r.plan is not None:
+        if r.plan is not None and _fits(r):  # a plan that does not fit would only fail at Start
             self.push_plan(r.plan, f"Adopt {r.strategy}")
 
     def _mark_comparison_stale(self) -> None:
@@ -134,7 +135,7 @@ class StrategyComparison:
         if not rs:
             return
         c = theme_colors()
-        current = self.state.plan
+        current = self.own_plan
         metrics = QFontMetrics(self.font())
         # each strategy a row a line of text tall (the chart scrolls where the window is short),
         # the latency and the throughput side by side so both share the rows' names

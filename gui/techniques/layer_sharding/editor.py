@@ -54,6 +54,11 @@ from gui.widgets import InlineMessage, MetricCard, panel_header, say_why_disable
 from gui.workers import TaskRunner
 
 
+TECHNIQUE = "layer-sharding"
+"""The technique whose plan this editor edits (``StudioState.plan_for``): another technique's plan
+being run (attention offloading's one dense stage) is never shown or edited here."""
+
+
 class PlanChange(QUndoCommand):
     """One undoable edit: the plan before and after."""
 
@@ -65,7 +70,10 @@ class PlanChange(QUndoCommand):
         self._editor.state.set_plan(self._after)
 
     def undo(self) -> None:
-        self._editor.state.set_plan(self._before)
+        if self._before is None:
+            self._editor.state.clear_plan(TECHNIQUE)
+        else:
+            self._editor.state.set_plan(self._before)
 
 
 class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
@@ -84,6 +92,10 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         """The problem the comparison was computed for: a different one makes it stale (no Adopt)."""
         self._solve_runner = TaskRunner(self, name="solve")
         self._solve_kind = ""
+        self._placeholder: ShardPlan | None = None
+        """The one-device plan a new profile starts with; a solve of a profile it does not fit replaces it."""
+        self._described_plan: ShardPlan | None = None
+        """The plan ``solve_status`` describes (cleared with it once another plan is shown)."""
         self._updating = False
         self._build()
         state.problem_changed.connect(self._on_state_problem_changed)
@@ -291,6 +303,11 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         box.setMaximumWidth(400)
         return box
 
+    @property
+    def own_plan(self) -> ShardPlan | None:
+        """The layer-sharding plan (not necessarily the one last run: ``StudioState.plan``)."""
+        return self.state.plan_for(TECHNIQUE)
+
     # state -> view ----------------------------------------------------------------
     def _on_state_problem_changed(self, problem: PlanningProblem | None) -> None:
         self._updating = True
@@ -327,10 +344,14 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
             w.setEnabled(problem is not None)
         if self.comparison and problem is not self._compared_problem:
             self._mark_comparison_stale()
-        plan = self.state.plan
+        plan = self.own_plan
         if problem is not None and (plan is None or plan.model != problem.profile.model.name):
             self.undo_stack.clear()
-            self.state.set_plan(single_device_plan(problem.profile.model.name, problem.profile.model.num_units, problem.source))
+            first = single_device_plan(problem.profile.model.name, problem.profile.model.num_units, problem.source)
+            self.state.set_plan(first)
+            self._placeholder = first
+            if evaluate(problem, first).violations:  # the model does not fit its source: solve at once
+                self._start_solve("first", planning_tasks.solve, problem)
         self.refresh()
 
     def _on_state_plan_changed(self, _plan) -> None:
@@ -338,7 +359,7 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
 
     def refresh(self) -> None:
         """Re-evaluate the current plan against the current problem and redraw everything."""
-        problem, plan = self.state.problem, self.state.plan
+        problem, plan = self.state.problem, self.own_plan
         self.cost = evaluate(problem, plan) if problem is not None and plan is not None else None
         cost = self.cost
         model = problem.profile.model if problem else None
@@ -347,6 +368,9 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         self.save_button.setEnabled(plan is not None)
         self.remove_button.setEnabled(plan is not None and len(plan.stages) > 1)
         self.strategy_label.setText(f"strategy: {plan.strategy}" if plan else "")
+        if self._described_plan is not None and plan != self._described_plan:
+            self._described_plan = None  # the solver's line described another plan: never contradict this one
+            self.solve_status.setText("")
         if cost is None:
             for c in (self.latency_card, self.prefill_card, self.throughput_card, self.status_card):
                 c.set_value("—")
@@ -382,12 +406,12 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
     # edits -------------------------------------------------------------------------
     def push_plan(self, plan: ShardPlan, text: str) -> None:
         """Make ``plan`` current through the undo stack."""
-        if plan == self.state.plan:
+        if plan == self.own_plan:
             return
-        self.undo_stack.push(PlanChange(self, self.state.plan, plan, text))
+        self.undo_stack.push(PlanChange(self, self.own_plan, plan, text))
 
     def _edit(self, fn, text: str, *args) -> None:
-        plan = self.state.plan
+        plan = self.own_plan
         if plan is None:
             return
         try:
@@ -400,13 +424,13 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         self._edit(move_boundary, f"Move stage {stage} to start at unit {new_start}", stage, new_start)
 
     def set_stage_device(self, stage: int, device: str) -> None:
-        plan = self.state.plan
+        plan = self.own_plan
         if plan is None or stage >= len(plan.stages) or plan.stages[stage].device == device:
             return
         self._edit(set_stage_device, f"Run stage {stage} on {device}", stage, device)
 
     def add_stage(self) -> None:
-        problem, plan = self.state.problem, self.state.plan
+        problem, plan = self.state.problem, self.own_plan
         if problem is None or plan is None:
             return
         used = set(plan.devices())
@@ -417,7 +441,7 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         self._edit(add_stage, f"Add a stage on {free[0]}", free[0])
 
     def remove_selected_stage(self) -> None:
-        plan = self.state.plan
+        plan = self.own_plan
         if plan is None:
             return
         j = self.stage_table.currentRow()
@@ -464,10 +488,10 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         self.push_plan(plan, f"Load {Path(path).name}")
 
     def save_plan_file(self, path: str) -> None:
-        if self.state.plan is None:
+        if self.own_plan is None:
             return
         try:
-            formats.save(path, self.state.plan)
+            formats.save(path, self.own_plan)
         except OSError as err:
             show_error(self, "Cannot save plan", f"{path}: {err.strerror or err}", "Choose a folder you can write to.")
             return
@@ -492,9 +516,8 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         problem = self._online_only(problem)
         if problem is None:
             return
-        self._solve_kind = "solve"
         self.solve_status.setText("Solving…" + self._leaving_out())
-        self._solve_runner.start(planning_tasks.solve, problem, self.objective_combo.currentData())
+        self._start_solve("solve", planning_tasks.solve, problem)
 
     def compare(self) -> None:
         problem = self.state.problem
@@ -504,9 +527,19 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         problem = self._online_only(problem)
         if problem is None:
             return
-        self._solve_kind = "compare"
         self.solve_status.setText("Comparing strategies…" + self._leaving_out())
-        self._solve_runner.start(planning_tasks.compare_strategies, problem, self.objective_combo.currentData())
+        self._start_solve("compare", planning_tasks.compare_strategies, problem)
+
+    def _start_solve(self, kind: str, task, problem: PlanningProblem) -> None:
+        """``kind``: "solve" (Auto-solve: undoable), "compare", or "first" (a profile whose source
+        cannot hold the model: its solved plan replaces the placeholder, with nothing to undo)."""
+        self._solve_kind = kind
+        if kind == "first":
+            problem = self._online_only(problem)
+            if problem is None:
+                return
+            self.solve_status.setText("The model does not fit its source alone: solving…")
+        self._solve_runner.start(task, problem, self.objective_combo.currentData())
 
     def _online_only(self, problem):
         """The problem the solvers get: offline devices left out (None, said why, when the source is one)."""
@@ -538,8 +571,15 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
     def _on_solver_finished(self, _task: int, result) -> None:
         if isinstance(result, StrategyOutcome):
             summary = planning_tasks.summary(result)
+            self._described_plan = result.plan
+            if self._solve_kind == "first":
+                if self.own_plan != self._placeholder:  # a plan was restored, loaded or edited meanwhile
+                    return
+                self.undo_stack.clear()
+                self.state.set_plan(result.plan)
+            else:
+                self.push_plan(result.plan, f"Auto-solve ({result.strategy})")
             self.solve_status.setText(summary)
-            self.push_plan(result.plan, f"Auto-solve ({result.strategy})")
             self.state.log(f"auto-solve: {summary}")
         else:
             self.show_comparison(list(result))
@@ -547,6 +587,8 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
     def _on_solver_failed(self, _task: int, message: str) -> None:
         self.solve_status.setText(message)
         self.state.log(message, "error")
+        if self._solve_kind == "first":  # nobody pressed anything: no dialog, the line and the log say it
+            return
         show_error(self, "Solving failed", message,
                    "Relax the constraints (fewer excluded devices, less headroom) or add devices with more memory.")
 

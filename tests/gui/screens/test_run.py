@@ -514,9 +514,8 @@ def test_the_run_screen_refuses_a_plan_on_an_offline_device_naming_it(qtbot, rea
     qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
     panel.model_edit.setText(model_dir)
     panel.prompts_edit.setPlainText("the river")
-    with qtbot.waitSignal(panel.run_finished, timeout=20_000) as done:
-        panel.start_run()
-    assert done.args == ["failed"]
+    panel.start_run()  # refused at Start, before any work
+    assert not panel.is_running()
     assert f"{devices[-1]!r}, which is offline" in panel.message.text()
 
 
@@ -550,3 +549,38 @@ def test_a_finished_run_keeps_the_range_the_operator_chose(qtbot, state, run_dat
         timeline.set_x_range(0.01, 0.02)  # the operator zooms in while it runs
     assert timeline.x_range() == pytest.approx((0.01, 0.02))
     panel.shutdown()
+
+
+def test_start_refuses_a_plan_the_plan_screen_flags_and_says_to_auto_solve(qtbot, state, run_data):
+    _, plan, events, tokens = run_data
+    backend = PacedBackend(events, tokens, speed=8.0)
+    panel = _panel(qtbot, state, backend)
+    source = state.problem.source
+    over = msgspec.structs.replace(plan, stages=(msgspec.structs.replace(plan.stages[0], device=source, start=0,
+                                                                        end=plan.num_units),))
+    cluster = state.problem.profile.cluster
+    devices = tuple(msgspec.structs.replace(d, memory_bytes=1) if d.id == source else d
+                    for d in cluster.devices)
+    state.set_problem(msgspec.structs.replace(state.problem, profile=msgspec.structs.replace(
+        state.problem.profile, cluster=msgspec.structs.replace(cluster, devices=devices))))
+    state.set_plan(over)
+    panel.start_run()
+    assert not panel.is_running() and backend.thread_names == []
+    assert "Auto-solve" in panel.message.text()
+
+
+def test_each_technique_keeps_its_own_micro_batches(qtbot, state, run_data):
+    from core.planning.plan import Stage
+
+    _, plan, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens))
+    panel.micro_batches_spin.setValue(2)
+    dense = msgspec.structs.replace(plan, stages=(Stage(device=plan.stages[0].device, start=0, end=plan.num_units,
+                                                        kind="attention-offload-dense"),))
+    state.set_plan(dense)
+    state.propose_run_options({"compute_replicas": 1, "schedule": "rotational"}, 3)
+    assert panel.micro_batches_spin.value() == 3
+    state.use_technique("layer-sharding")
+    assert state.plan == plan and panel.micro_batches_spin.value() == 2
+    state.use_technique("attention-offload")
+    assert panel.micro_batches_spin.value() == 3

@@ -69,8 +69,8 @@ def test_the_status_mark_leads_the_runs_name_where_the_status_column_is_off_scre
     path, (a, _b, failed, cut) = workspace
     panel = _panel(qtbot, path)
     items = panel.run_items()
-    assert items[failed].text(0).startswith("✖ run ") and items[cut].text(0).startswith("⚠ run ")
-    assert items[a].text(0).startswith("run ")
+    assert items[failed].text(0).startswith("✖ Layer sharding #") and items[cut].text(0).startswith("⚠ Layer sharding #")
+    assert items[a].text(0) == f"Layer sharding #{a}"
     assert "failed" in items[failed].toolTip(0)
     panel.shutdown()
 

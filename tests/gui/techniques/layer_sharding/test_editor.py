@@ -224,7 +224,8 @@ def test_compare_shows_the_core_outcome_of_each_strategy_an_oom_one_in_red_with_
     from core.planning.solvers.comparison import compare
 
     problem = make_problem(phone_memory=100 * MiB)
-    editor.state.set_problem(problem)
+    editor.state.set_problem(problem)  # the model does not fit its source: solved at once
+    qtbot.waitUntil(lambda: not editor._solve_runner.is_busy(), timeout=20000)
     with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
         editor.compare_button.click()
     assert editor.comparison == [msgspec.structs.replace(o, elapsed_s=r.elapsed_s)
@@ -358,3 +359,34 @@ def test_stage_labels_fit_above_the_strip_without_overlapping(qtbot, width):
         assert rect.right() < nxt.left()
     for rect, text, _full in labels:
         assert rect.left() >= 0 and rect.right() <= width and rect.width() >= fm.horizontalAdvance(text)
+
+
+def test_a_profile_whose_source_cannot_hold_the_model_gets_a_solved_plan_with_nothing_to_undo(editor, qtbot):
+    editor.state.set_problem(make_problem(phone_memory=100 * MiB))
+    qtbot.waitUntil(lambda: len(editor.own_plan.stages) > 1, timeout=20000)
+    assert evaluate(editor.state.problem, editor.own_plan).feasible
+    assert not editor.undo_stack.canUndo()
+
+
+def test_compare_rows_that_do_not_fit_cannot_be_adopted(editor, qtbot):
+    editor.state.set_problem(make_problem(phone_memory=100 * MiB))
+    qtbot.waitUntil(lambda: not editor._solve_runner.is_busy(), timeout=20000)
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+        editor.compare_button.click()
+    adopt = {r.strategy: editor.compare_table.cellWidget(i, 3) for i, r in enumerate(editor.comparison)}
+    assert not adopt["even"].isEnabled() and "cannot run here" in adopt["even"].toolTip()
+    assert adopt["edgeshard"].isEnabled()
+
+
+def test_another_techniques_plan_being_run_leaves_the_editors_plan_and_its_solve_line(editor, qtbot):
+    from core.planning.plan import Stage
+
+    editor.state.set_problem(make_problem())
+    layered = plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [3, 6])
+    editor.push_plan(layered, "start")
+    dense = msgspec.structs.replace(layered, stages=(Stage(device="server", start=0, end=10,
+                                                           kind="attention-offload-dense"),))
+    editor.state.set_plan(dense)
+    assert editor.own_plan == layered and editor.strip._plan == layered
+    editor.undo_stack.undo()  # undo reaches the layer plan before, never the other technique's
+    assert {s.kind for s in editor.own_plan.stages} == {"layers"} and editor.own_plan != layered

@@ -1,0 +1,81 @@
+"""How a recorded run is named wherever the studio shows it (Sessions, Compare, exports): by its
+technique first ("Attention offloading #12"), its run style after ("2 replicas, rotational", a
+pipeline mode, "pools"), and its start in words ("today 14:32") rather than an ISO stamp.
+
+A run's technique is what it recorded (``settings["technique"]``: the Run screen, the CLI's
+technique verbs, spatial and EPD records); older Run-screen records of attention offloading are
+known by their technique options. Pure functions over ``RunInfo``: no widgets here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from core.sessions.store import RunInfo
+from core.techniques import UnknownTechnique, technique_named
+
+LAYER_SHARDING = "layer-sharding"
+
+
+def run_technique(info: RunInfo) -> str:
+    """The technique's name the run recorded (layer sharding when it recorded none)."""
+    settings = info.settings or {}
+    named = settings.get("technique")
+    if isinstance(named, str) and named:
+        return named
+    if (settings.get("technique_options") or {}).get("compute_replicas"):
+        return "attention-offload"  # recorded by the Run screen before runs carried their technique
+    return LAYER_SHARDING
+
+
+def technique_label(name: str) -> str:
+    """The technique's title without its paper ("Attention offloading"), or its name if unknown."""
+    try:
+        return technique_named(name).title.split(" (")[0]
+    except UnknownTechnique:
+        return name
+
+
+def run_style(info: RunInfo) -> str:
+    """How the run ran, in the technique's own terms: layer sharding's pipeline mode; attention
+    offloading's replicas and staggering; EPD's pools (never a pipeline mode it did not use)."""
+    technique = run_technique(info)
+    if technique == LAYER_SHARDING:
+        return info.mode
+    settings = info.settings or {}
+    if technique == "attention-offload":
+        options = settings.get("technique_options") or {}
+        replicas = int(options.get("compute_replicas") or 1)
+        schedule = options.get("schedule") or settings.get("schedule") or ""
+        return f"{replicas} replica{'s' if replicas > 1 else ''}" + (f", {schedule}" if replicas > 1 and schedule else "")
+    return info.mode if info.mode not in ("sequential", "bubbles", "no-bubbles") else ""
+
+
+def run_name(info: RunInfo) -> str:
+    """The run's short name: technique and id ("Layer sharding #12")."""
+    return f"{technique_label(run_technique(info))} #{info.id}"
+
+
+def run_title(info: RunInfo) -> str:
+    """The run's one-line title: name, model, style, status ("Layer sharding #12 · demo-llama · no-bubbles · completed")."""
+    return " · ".join(p for p in (run_name(info), info.model, run_style(info), info.status) if p)
+
+
+def human_time(iso: str, now: datetime | None = None) -> str:
+    """A recorded UTC ISO time in the local zone, in words: "14:32" today, "yesterday 14:32",
+    "3 Dec 14:32" this year, "3 Dec 2025" before; the text itself when it is not a time."""
+    try:
+        t = datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return str(iso or "")
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    now = (now or datetime.now(timezone.utc)).astimezone()
+    t = t.astimezone(now.tzinfo)
+    if t.date() == now.date():
+        return t.strftime("%H:%M")
+    if t.date() == (now - timedelta(days=1)).date():
+        return "yesterday " + t.strftime("%H:%M")
+    if t.year == now.year:
+        return f"{t.day} {t.strftime('%b %H:%M')}"
+    return f"{t.day} {t.strftime('%b %Y')}"

@@ -1,0 +1,36 @@
+"""Runs are named by technique wherever they are shown, and their times in words."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from core.sessions.store import RunInfo
+from gui.screens.run_names import human_time, run_name, run_style, run_title
+
+
+def _info(run_id=7, mode="no-bubbles", **settings) -> RunInfo:
+    return RunInfo(id=run_id, session_id=1, model="demo-llama", mode=mode, kind="measured", status="completed",
+                   started_at="2026-12-06T14:32:05.000+00:00", ended_at=None, settings=settings, figures={})
+
+
+def test_an_attention_offload_run_is_named_by_its_technique_not_a_pipeline_mode():
+    info = _info(technique="attention-offload", technique_options={"compute_replicas": 2, "schedule": "rotational"})
+    assert run_name(info) == "Attention offloading #7"
+    assert run_style(info) == "2 replicas, rotational" and "no-bubbles" not in run_title(info)
+
+
+def test_an_older_attention_offload_record_is_known_by_its_options():
+    assert run_name(_info(technique_options={"compute_replicas": 1, "schedule": "fixed"})).startswith("Attention")
+
+
+def test_a_layer_sharding_run_keeps_its_pipeline_mode():
+    info = _info(technique="layer-sharding")
+    assert run_title(info) == "Layer sharding #7 · demo-llama · no-bubbles · completed"
+
+
+def test_times_read_as_words_relative_to_now():
+    now = datetime(2026, 12, 6, 18, 0, tzinfo=timezone.utc).astimezone()
+    local = datetime(2026, 12, 6, 14, 32, 5, tzinfo=timezone.utc).astimezone()
+    assert human_time("2026-12-06T14:32:05.000+00:00", now) == local.strftime("%H:%M")
+    assert human_time("2025-03-01T10:00:00+00:00", now) == "1 Mar 2025"
+    assert human_time("not a time", now) == "not a time"
