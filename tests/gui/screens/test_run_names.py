@@ -34,3 +34,11 @@ def test_times_read_as_words_relative_to_now():
     assert human_time("2026-12-06T14:32:05.000+00:00", now) == local.strftime("%H:%M")
     assert human_time("2025-03-01T10:00:00+00:00", now) == "1 Mar 2025"
     assert human_time("not a time", now) == "not a time"
+
+
+def test_a_replay_starts_just_before_the_runs_first_item_not_at_its_loading():
+    from core.sessions.store import RecordedItem
+    from gui.screens.sessions import REPLAY_LEAD_S, replay_start_s
+
+    items = [RecordedItem(seq=i, recv_s=t) for i, t in enumerate((0.58, 0.6, 0.72))]
+    assert replay_start_s(items) == 0.58 - REPLAY_LEAD_S and replay_start_s([]) == 0.0

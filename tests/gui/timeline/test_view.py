@@ -368,3 +368,16 @@ def test_a_long_lane_label_is_not_clipped(qtbot, view):
     view.set_lane_notes({"edge-b": "memory agent, KV heads 0-3"})
     column, text = _lane_axis_fits(qtbot, view)
     assert column > text
+
+
+def test_a_run_that_stopped_early_is_shown_without_ghosts_of_steps_it_never_ran(view, simulated):
+    events = list(simulated.events)
+    view.set_lanes(DEVICES)
+    view.set_predicted(events)
+    ran = [e for e in events if e.step <= 1]  # the run stopped (EOS) after its first decode step
+    view.append_events(ran)
+    view.flush()
+    view.clip_predicted_to_run()
+    view.show_whole_run()
+    assert view.box_count(predicted=True) == len(ran)
+    assert view.x_range()[1] <= max(e.end_s for e in ran) * 1.05
