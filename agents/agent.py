@@ -76,6 +76,7 @@ from agents.transport import (
     KeyGate,
     LinkSender,
     RunAborted,
+    WireCounts,
     bind_port,
     curve_client,
     curve_server,
@@ -127,6 +128,8 @@ class Agent(ControlPlane, LeaseRules):
         """Stage weights the coordinator sent, by content hash (agents/weights.py)."""
         self.clock = AgentClock()
         self.context = zmq.Context()
+        self.wire = WireCounts()
+        """What this agent's sockets sent, per link and kind (``AgentStatus.wire_sent``)."""
         self.gate = KeyGate()
         self.gate.allow(CONTROL_DOMAIN, [coordinator_key])
         self.gate.allow(DATA_DOMAIN, [])
@@ -566,7 +569,7 @@ class Agent(ControlPlane, LeaseRules):
         curve_client(push, self.keys, loaded.next_peer.public_key)
         push.connect(loaded.next_peer.data_address)
         loaded.push = push
-        loaded.sender = LinkSender(push, loaded.link, clock=self.clock)
+        loaded.sender = LinkSender(push, loaded.link, clock=self.clock, counts=self.wire, link=loaded.next_peer.device)
 
     def _run(self, msg: StartRun, stop: threading.Event) -> None:
         loaded = self._loaded

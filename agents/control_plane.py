@@ -75,6 +75,7 @@ class ControlPlane:
             progress=self._progress,
             held_by=held_by,
             holder_silent_s=self._silent_s(owner),
+            wire_sent=self.wire.snapshot(),
         )
 
 
@@ -121,7 +122,9 @@ class ControlPlane:
         if ident is None:
             return
         try:
-            self._control.send_multipart([ident, encode_control(msg)], zmq.NOBLOCK)
+            encoded = encode_control(msg)
+            self._control.send_multipart([ident, encoded], zmq.NOBLOCK)
+            self.wire.add("coordinator", type(msg).__struct_config__.tag, len(encoded))
         except zmq.ZMQError as err:  # coordinator gone: nothing to do but note it
             self._logs.append(f"cannot reach coordinator: {err}")
 

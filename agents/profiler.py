@@ -500,7 +500,7 @@ def _send(agent, peer, opts: LinkOptions) -> LinkResult:
     sock.sndtimeo = int(opts.timeout_s * 1000)
     curve_client(sock, agent.keys, peer.public_key)
     sock.connect(peer.data_address)
-    sender = LinkSender(sock, agent.default_link, clock=agent.clock)
+    sender = LinkSender(sock, agent.default_link, clock=agent.clock, counts=agent.wire, link=peer.device)
     t0 = time.perf_counter()
     try:
         def header(kind_step: int, n: int) -> bytes:

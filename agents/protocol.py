@@ -180,6 +180,18 @@ class GetStatus(Message, frozen=True, tag="get_status"):
     pass
 
 
+class WireCount(msgspec.Struct, frozen=True, kw_only=True):
+    """Messages and bytes an agent's sockets were handed on one link for one kind, since it started
+    (``agents.transport.WireCounts``): headers included, as sent."""
+
+    link: str
+    """The peer device, or ``coordinator`` for control replies."""
+    kind: str
+    """A data frame's kind, or a control message's tag."""
+    messages: int
+    nbytes: int
+
+
 class AgentStatus(Message, frozen=True, tag="status"):
     device: str
     agent_version: str
@@ -204,6 +216,9 @@ class AgentStatus(Message, frozen=True, tag="status"):
     coordinator`` or "" (none). An agent serves one coordinator's work at a time."""
     holder_silent_s: float = 0.0
     """Seconds since that coordinator last sent anything (its pings renew a run's lease)."""
+    wire_sent: tuple[WireCount, ...] = ()
+    """What the agent's sockets sent since it started, per link and kind (a run's share: the
+    difference of two statuses, ``core.runs.wire``)."""
 
 
 class LoadShard(Message, frozen=True, tag="load_shard"):

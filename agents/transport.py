@@ -21,6 +21,7 @@ from pathlib import Path
 import functools
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import zmq
 import zmq.auth
@@ -34,6 +35,7 @@ from agents.protocol import (
     DataHeader,
     LinkShape,
     TensorSpec,
+    WireCount,
     encode_data_header,
 )
 
@@ -204,6 +206,54 @@ def data_message(header: DataHeader, buffers: list) -> list:
     return [encode_data_header(header), *buffers]
 
 
+# ----------------------------------------------------------------------- wire counts
+
+
+class _KindOnly(msgspec.Struct):
+    kind: str = "?"
+
+
+_kind_decoder = msgspec.msgpack.Decoder(_KindOnly)
+
+
+def frame_bytes(frame) -> int:
+    """The bytes one frame hands to ZeroMQ (bytes, a numpy array, a memoryview, a ``zmq.Frame``)."""
+    nbytes = getattr(frame, "nbytes", None)
+    return int(nbytes) if nbytes is not None else len(frame)
+
+
+class WireCounts:
+    """What this agent's sockets were handed to send, per link (the peer device, or
+    ``coordinator``) and per kind (a data frame's ``kind`` read back from its header, a control
+    message's tag): messages and bytes, headers included. Counted where ``send_multipart``
+    returned, so a figure built on it is what went out, not what a formula says should have.
+    Thread-safe; cumulative for the agent's life (a run's share is the difference of two
+    snapshots, ``AgentStatus.wire_sent``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, link: str, kind: str, nbytes: int) -> None:
+        with self._lock:
+            entry = self._counts.setdefault((link, kind), [0, 0])
+            entry[0] += 1
+            entry[1] += nbytes
+
+    def add_data(self, link: str, frames: list) -> None:
+        """One data message sent: its kind from its header frame, its bytes from every frame."""
+        try:
+            kind = _kind_decoder.decode(frames[0]).kind
+        except (msgspec.DecodeError, TypeError, IndexError):
+            kind = "?"
+        self.add(link, kind, sum(frame_bytes(f) for f in frames))
+
+    def snapshot(self) -> tuple[WireCount, ...]:
+        with self._lock:
+            return tuple(WireCount(link=link, kind=kind, messages=m, nbytes=n)
+                         for (link, kind), (m, n) in sorted(self._counts.items()))
+
+
 # ----------------------------------------------------------------------- link sender
 
 
@@ -216,10 +266,13 @@ class LinkSender:
     are serialised at the link bandwidth and each one arrives ``latency`` later, like a
     real link, while the compute thread never sleeps. ``on_sent(start, end, nbytes)`` is
     called when a message left (on the caller's thread unshaped, else on the sender's).
+    ``counts``: where each message sent is counted (``WireCounts``), as sent on ``link``.
     """
 
-    def __init__(self, sock: zmq.Socket, shape: LinkShape | None = None, clock=time.time) -> None:
+    def __init__(self, sock: zmq.Socket, shape: LinkShape | None = None, clock=time.time,
+                 counts: WireCounts | None = None, link: str = "") -> None:
         self.sock = sock
+        self._counts, self._link = counts, link
         self.shape = shape or LinkShape()
         self.clock = clock
         self._shaped = self.shape.bandwidth_mbit_s > 0 or self.shape.latency_ms > 0
@@ -243,6 +296,8 @@ class LinkSender:
         start = self.clock()
         if not self._shaped:
             send_multipart_interruptible(self.sock, frames, stop)
+            if self._counts is not None:
+                self._counts.add_data(self._link, frames)
             if on_sent:
                 on_sent(start, self.clock(), nbytes)
             return
@@ -274,6 +329,8 @@ class LinkSender:
                 self._queue.popleft()
             try:
                 send_multipart_interruptible(self.sock, frames, stop)
+                if self._counts is not None:
+                    self._counts.add_data(self._link, frames)
                 if on_sent:
                     on_sent(start, self.clock(), nbytes)
             except Exception as err:  # surfaced on the next send()
@@ -298,8 +355,9 @@ class PeerSenders:
     for a peer's answer fails in seconds naming it, not after its whole answer timeout."""
 
     def __init__(self, context: zmq.Context, keys: CurveKeys | None, send_timeout_ms: int, clock=time.time,
-                 monitor_connections: bool = False) -> None:
+                 monitor_connections: bool = False, counts: WireCounts | None = None) -> None:
         self._context, self._keys, self._send_timeout_ms, self._clock = context, keys, send_timeout_ms, clock
+        self._counts = counts
         self._senders: dict[str, LinkSender] = {}
         self._socks: list[zmq.Socket] = []
         self._monitored = monitor_connections
@@ -324,7 +382,8 @@ class PeerSenders:
                 self._down_since[device] = time.monotonic()  # up once its handshake succeeds
             push.connect(peer.data_address)
             self._socks.append(push)
-            sender = self._senders[device] = LinkSender(push, shape, clock=self._clock)
+            sender = self._senders[device] = LinkSender(push, shape, clock=self._clock, counts=self._counts,
+                                                        link=device)
         return sender
 
     def silent(self, grace_s: float) -> list[str]:

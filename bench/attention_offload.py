@@ -3,9 +3,13 @@
 - tokens_equal: per family (tiny generated checkpoints, 4 blocks, 4 q / 2 kv heads, batch 3
   left-padded, 10 new tokens, 2 memory sides in one process): greedy tokens of the split ==
   HF ``generate()``; and the largest logit difference;
-- wire_bytes_measured_over_predicted: bytes handed between the dense side and the memory
-  sides per decoded token and layer (counted on the tensors by ``HeadRouter``), over the core
-  cost model's (2·h_q + 2·h_kv)·D·bytes. In one process: not yet over a network wire;
+- wire_bytes_measured_over_predicted: bytes the agents' sockets sent between the dense agent and
+  the 2 memory agents (processes) per decoded token and layer, ``attend`` and ``attended`` frames
+  with their headers, counted where ZeroMQ was handed them (``agents.transport.WireCounts``; the
+  decode steps' share: a 12-step run's traffic less a 4-step run's), over the tensor-only
+  prediction (2·h_q + 2·h_kv)·D·bytes and over the cost model's ``layer_wire_bytes`` (headers
+  included); ``wire_bytes_in_process_before``: the earlier figure, tensors summed in one process
+  by ``HeadRouter`` with the prediction's own formula (1 by construction);
 - dense_kv_bytes: KV bytes held by the dense side after the run's last step (0 expected);
 - simulated on the paper scenario: tokens/s per dollar of the exact offload plan over the
   homogeneous baseline at its best batch (paper: >= 1.48x), and rotational over fixed staggered
@@ -96,6 +100,38 @@ def exactness(root: Path) -> dict:
                                  bytes_per_element=4).wire_bytes_per_token_layer()
         wire.append(measured / predicted)
     return {"families": out, "wire": wire, "dense_kv_bytes": dense_kv}
+
+
+def wire_from_sockets(root: Path) -> dict:
+    """Decode bytes per token and layer as the agents' sockets sent them (dense agent + 2 memory
+    agents, processes), over the tensor-only prediction and the cost model's (headers included)."""
+    from core.devices.local_cluster import LocalCluster
+    from core.runs.coordinator import Coordinator
+    from core.runs.wire import sent_between, snapshot
+    from core.techniques.attention_offload.cost import layer_wire_bytes
+    from core.techniques.attention_offload.run import checkpoint_model, run_offload
+
+    model_dir = _llama(root, "wire-llama")
+    enc = transformers.AutoTokenizer.from_pretrained(model_dir)(PROMPTS, padding=True, return_tensors="pt")
+    model = checkpoint_model(model_dir)
+    devices = ["c0", "m0", "m1"]
+    B, short, long = len(PROMPTS), 4, 12
+    with LocalCluster(root / "wire", devices, threads_per_agent=1) as lc, \
+            Coordinator(lc.endpoints, lc.keys) as co:
+        co.wait_ready(timeout_s=60)
+        traffic = []
+        for steps in (short, long):
+            before = snapshot(co.status_of(devices))
+            run_offload(co, model_dir, "c0", ["m0", "m1"], _request_of(enc, steps))
+            traffic.append(sent_between(before, snapshot(co.status_of(devices))))
+    kinds = ("attend", "attended")
+    decode = traffic[1].nbytes(kinds=kinds, links=devices) - traffic[0].nbytes(kinds=kinds, links=devices)
+    per_token_layer = decode / ((long - short) * B * model.layers)
+    return {"over_tensor_only_prediction": round(per_token_layer / model.wire_bytes_per_token_layer(), 4),
+            "over_cost_model": round(decode / ((long - short) * model.layers * layer_wire_bytes(model, B, 2)), 4),
+            "bytes_per_token_layer": round(per_token_layer, 1),
+            "decode_steps_counted": long - short, "batch": B,
+            "long_run_sent": traffic[1].per_link_and_kind()}
 
 
 def _llama(root: Path, name: str) -> str:
@@ -352,6 +388,7 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         ex = exactness(Path(tmp))
+        wire = wire_from_sockets(Path(tmp))
         before = control_channel_before(Path(tmp))
         cluster = local_cluster(Path(tmp))
         capacity = largest_batch_context(Path(tmp))
@@ -367,8 +404,11 @@ def main() -> None:
         "tokens_equal": all(v["tokens_equal"] for v in ex["families"].values()),
         "families": ex["families"],
         "memory_sides": 2,
-        "wire_bytes_measured_over_predicted": [round(r, 4) for r in ex["wire"]],
-        "wire_measured_where": "in-process hand-over between dense side and memory sides",
+        "wire_bytes_measured_over_predicted": wire["over_tensor_only_prediction"],
+        "wire_bytes_measured_over_cost_model": wire["over_cost_model"],
+        "wire_measured_where": "bytes handed to ZeroMQ by the agents' sockets (dense agent, 2 memory agents)",
+        "wire_from_sockets": wire,
+        "wire_bytes_in_process_before": [round(r, 4) for r in ex["wire"]],
         "control_channel_before": before,
         "local_cluster": cluster,
         "largest_batch_x_context": capacity,

@@ -111,7 +111,8 @@ class DataPlaneRouter:
         self.sides = sorted(services, key=lambda s: s.start)
         from agents.transport import PeerSenders
 
-        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, monitor_connections=True)
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, monitor_connections=True,
+                                    counts=agent.wire)
         self._last_mask: dict[int, torch.Tensor] = {}
         self.wire_bytes = 0
         self.header_bytes = 0
@@ -317,7 +318,7 @@ class HeadsService:
         self._masks: dict[int, torch.Tensor] = {}
         from agents.transport import PeerSenders
 
-        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock)
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, counts=agent.wire)
         agent.gate_data([p.public_key for p in msg.dense])
 
     def _sender(self, device: str):

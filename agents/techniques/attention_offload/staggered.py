@@ -136,7 +136,8 @@ class StaggeredReplica:
         self.order = [s for s in staggered_slices(schedule, len(self.replicas), self.n, run.steps, self.layers)
                       if s.replica == me]
         self.link = link if link is not None else agent.default_link
-        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, monitor_connections=True)
+        self._senders = PeerSenders(agent.context, agent.keys, 200, clock=agent.clock, monitor_connections=True,
+                                    counts=agent.wire)
         self._inbox: dict[tuple[int, int], dict] = {}
         self._steps: dict[tuple[int, int], _StepInputs] = {}
         self.tokens: dict[int, torch.Tensor] = {}

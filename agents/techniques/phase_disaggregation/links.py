@@ -55,7 +55,7 @@ class PhaseLinks:
         """Runs whose pieces were dropped: a late piece of one is dropped on arrival."""
         from agents.transport import PeerSenders
 
-        self._senders = PeerSenders(agent.context, agent.keys, 1000, clock=agent.clock)
+        self._senders = PeerSenders(agent.context, agent.keys, 1000, clock=agent.clock, counts=agent.wire)
 
     def close(self) -> None:
         self._senders.close()

@@ -75,7 +75,7 @@ class SpatialSession:
         self.bounds = [dict(zip(self.order, strip_bounds(row))) for row in msg.widths]
         self.is_gateway = agent.device == msg.gateway
         self.images: queue.Queue[ClassifyImage] = queue.Queue()
-        self._senders = PeerSenders(agent.context, agent.keys, SEND_TIMEOUT_MS, clock=self.clock)
+        self._senders = PeerSenders(agent.context, agent.keys, SEND_TIMEOUT_MS, clock=self.clock, counts=agent.wire)
         agent.gate_data([p.public_key for p in msg.devices if p.device != agent.device] if self.is_gateway
                         else [self.peers[msg.gateway].public_key])
 

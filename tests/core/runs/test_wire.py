@@ -1,0 +1,47 @@
+"""A run's traffic from the agents' own counters (real agent processes): each decode step adds one
+hidden frame on the link between the two stages, of the activation's bytes plus one header."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.devices.local_cluster import LocalCluster
+from core.models.checkpoints import ModelRecipe, make_model
+from core.planning.plan import plan_from_boundaries
+from core.runs.coordinator import Coordinator
+from core.runs.run_stream import RunRequest
+from core.runs.wire import WireTraffic, sent_between, snapshot
+
+HIDDEN = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    recipe = ModelRecipe(family="llama", layers=4, hidden=HIDDEN, heads=4, kv_heads=2, vocab=512, seed=7)
+    return str(make_model(recipe, tmp_path_factory.mktemp("wire") / "tiny-llama"))
+
+
+def test_each_extra_decode_step_adds_one_activation_and_one_header_on_the_stage_link(tmp_path, tiny_llama_dir):
+    plan = plan_from_boundaries("tiny", 6, ["a", "b"], [3])
+    prompt = ((5, 17, 33, 9), (8, 8, 40, 2))
+    request = lambda new: RunRequest(input_ids=prompt, attention_mask=((1,) * 4,) * 2, max_new_tokens=new)  # noqa: E731
+    with LocalCluster(tmp_path, ["a", "b"]) as cluster, Coordinator(cluster.endpoints, cluster.keys) as co:
+        co.wait_ready(30)
+        co.load(plan, tiny_llama_dir, timeout_s=60)
+        sent = []
+        for new in (2, 7):
+            before = snapshot(co.status_of(["a", "b"]))
+            co.run(plan, request(new))
+            sent.append(sent_between(before, snapshot(co.status_of(["a", "b"]))))
+    short, long = sent
+    extra = long.sent[("a", "b", "hidden")][1] - short.sent[("a", "b", "hidden")][1]
+    assert long.sent[("a", "b", "hidden")][0] - short.sent[("a", "b", "hidden")][0] == 5
+    header = extra / 5 - 2 * HIDDEN * 4  # batch 2, one new position, float32
+    assert 60 < header < 400
+    assert long.nbytes(kinds=["hidden"]) == long.sent[("a", "b", "hidden")][1]  # only a sends activations
+
+
+def test_a_counter_that_restarted_with_its_agent_counts_from_zero():
+    before = WireTraffic({("a", "b", "hidden"): (10, 1000)})
+    after = WireTraffic({("a", "b", "hidden"): (3, 300)})
+    assert sent_between(before, after).sent == {("a", "b", "hidden"): (3, 300)}
