@@ -128,8 +128,7 @@ class Agent(ControlPlane, LeaseRules):
         """Stage weights the coordinator sent, by content hash (agents/weights.py)."""
         self.clock = AgentClock()
         self.context = zmq.Context()
-        self.wire = WireCounts()
-        """What this agent's sockets sent, per link and kind (``AgentStatus.wire_sent``)."""
+        self.wire = WireCounts()  # what its sockets sent, per link and kind (AgentStatus.wire_sent)
         self.gate = KeyGate()
         self.gate.allow(CONTROL_DOMAIN, [coordinator_key])
         self.gate.allow(DATA_DOMAIN, [])
@@ -460,6 +459,8 @@ class Agent(ControlPlane, LeaseRules):
             kwargs["options"] = options_of(msg.options)
         if "agent" in params:  # a stage that calls other agents over the data plane while it computes
             kwargs["agent"] = self
+        if "budget" in params:  # checked on the checkpoint's header sizes before any memory is taken
+            kwargs["budget"] = self.emulation.shard_check(self.device, (msg.start, msg.end))
         if "weights" in params:
             kwargs["weights"] = msg.weights
         elif msg.weights != "fp":
@@ -485,8 +486,7 @@ class Agent(ControlPlane, LeaseRules):
         self._post(Ok(req=msg.req, detail=f"loaded [{msg.start}, {msg.end})"))
 
     def _allow_stage_peers(self, msg: LoadShard) -> None:
-        """The data socket accepts the loaded stage's plan peers and the agents its options name (the
-        services it calls)."""
+        """The data socket accepts the stage's plan peers and the agents its options name (its services)."""
         options = options_of(msg.options)
         self.gate.allow(DATA_DOMAIN, [p.public_key for p in msg.peers if p.device != self.device]
                         + list(options.data_keys() if options is not None else ()))

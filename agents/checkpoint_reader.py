@@ -10,6 +10,8 @@ Agents ship alone, so errors are this module's own ``CheckpointError`` (core wra
 
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +151,20 @@ class CheckpointReader:
                     out[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
                     self.read_names.append(name)
         return out
+
+    def planned_bytes(self, names: list[str], dtype: torch.dtype) -> int:
+        """Bytes the named tensors take once read as ``dtype``, from the files' headers: nothing is
+        read, so a budget can be checked before any memory is taken."""
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            if name in self._file_of:  # a missing one is named when it is read
+                by_file.setdefault(self._file_of[name], []).append(name)
+        total = 0
+        for file, file_names in by_file.items():
+            with safe_open(str(file), framework="pt") as f:
+                for name in file_names:
+                    total += math.prod(f.get_slice(name).get_shape()) * dtype.itemsize
+        return total
 
     def with_prefix(self, prefix: str) -> list[str]:
         return [n for n in self.names() if n.startswith(prefix)]

@@ -138,6 +138,11 @@ class DeviceEmulation:
                 "(auto-solve: a profile of this device knows its budget)"
             )
 
+    def shard_check(self, device: str, units: tuple[int, int]):
+        """``check_shard`` for one stage as ``(weight_bytes, kv_bytes=)``: what a stage executor calls
+        with its header sizes before it takes any memory (``StageExecutor(budget=)``)."""
+        return lambda weight_bytes, kv_bytes=0: self.check_shard(device, weight_bytes, units, kv_bytes=kv_bytes)
+
     def budget(self, real_budget_bytes: int) -> int:
         """The budget a profile reports: the emulated one, never more than the real one."""
         if not self.memory_budget_bytes:

@@ -47,14 +47,14 @@ class UnknownStageKind(ValueError):
 
 
 def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None,
-                    weights: str = "fp"):
+                    weights: str = "fp", budget=None):
     """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard), its KV
     cache allocated at load when ``kv`` (a ``KvReservation``) asks for it, its blocks' weights at
     ``weights`` precision (agents.weight_precision)."""
     from agents.shard import StageExecutor  # torch/transformers load lazily: the agent starts fast
 
     return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv,
-                         weights=weights)
+                         weights=weights, budget=budget)
 
 
 DEFAULT_KIND = "layers"

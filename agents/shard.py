@@ -98,7 +98,7 @@ class StageExecutor:
 
     def __init__(
         self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
-        progress=None, kv=None, huge_pages: bool = True, weights: str = "fp",
+        progress=None, kv=None, huge_pages: bool = True, weights: str = "fp", budget=None,
     ):
         """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it).
 
@@ -110,7 +110,13 @@ class StageExecutor:
         a run beyond it is refused with ``StageInputError``. None: the cache grows per token.
 
         ``weights``: ``fp`` (the stage's dtype) or ``int8``/``int4``: each block's Linear weights are
-        quantized as it is read (``agents.weight_precision``: which weights, how)."""
+        quantized as it is read (``agents.weight_precision``: which weights, how).
+
+        ``budget(weight_bytes, kv_bytes)``, if given, is called before any tensor is read or any KV
+        cache allocated, with what the stage will hold (``planned_bytes``: the checkpoint's header
+        sizes); it raises to refuse the load, so a shard beyond a device's budget never takes its
+        memory. Quantized weights (int8/int4) are checked after loading only: their size is known
+        once quantized."""
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -153,6 +159,8 @@ class StageExecutor:
 
         self.reader = reader = CheckpointReader(model_dir)
         prefix = self._key_prefix(reader)
+        if budget is not None and weights == "fp":
+            budget(self.planned_bytes(reader, prefix, config), kv_bytes=self._kv_bytes(config, kv))
         self._embed: nn.Module | None = None
         self._positions: nn.Module | None = None
         self._layers = nn.ModuleList()
@@ -214,6 +222,42 @@ class StageExecutor:
         """Bytes of KV cache allocated at load (0 without a reservation)."""
         if kv is not None and kv.groups > 0 and self._layers:
             self._reserve_kv(config, kv.groups, kv.sequences, kv.context_tokens)
+
+    def planned_bytes(self, reader: CheckpointReader, prefix: str, config) -> int:
+        """Bytes of weights this stage will hold at its dtype, from the checkpoint's headers (a tied
+        head counted once), plus the buffers a subclass allocates (``_planned_buffer_bytes``)."""
+        layout = self._layout
+        names: list[str] = []
+        if self.is_first:
+            names += reader.with_prefix(f"{prefix}{layout.embed}.")
+            if layout.positions:
+                names += reader.with_prefix(f"{prefix}{layout.positions}.")
+        for index in self.layer_indices:
+            names += self._resident_names(reader.with_prefix(f"{prefix}{layout.blocks}.{index}."))
+        if self.is_last:
+            names += reader.with_prefix(f"{prefix}{layout.norm}.")
+            tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in reader
+            names += reader.with_prefix("lm_head.") if not tied else (
+                [] if self.is_first else [f"{prefix}{layout.embed}.weight"])
+        return reader.planned_bytes(names, self.dtype) + self._planned_buffer_bytes()
+
+    def _resident_names(self, block_names: list[str]) -> list[str]:
+        """Of a block's tensors, the ones the stage keeps in memory (a subclass may keep some on storage)."""
+        return block_names
+
+    def _planned_buffer_bytes(self) -> int:
+        """Memory a subclass allocates beside the weights at load or as it runs (e.g. an expert buffer)."""
+        return 0
+
+    def _kv_bytes(self, config, kv) -> int:
+        """Bytes of KV cache a reservation ``kv`` takes on this stage (0 without one)."""
+        if kv is None or kv.groups <= 0 or not self.layer_indices:
+            return 0
+        heads = int(getattr(config, "num_attention_heads"))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or self.hidden_size // heads)
+        return 2 * kv.groups * len(self.layer_indices) * kv.sequences * kv_heads * kv.context_tokens * head_dim \
+            * self.dtype.itemsize
 
     def _reserve_kv(self, config, groups: int, sequences: int, context: int) -> None:
         """Zero-filled (so resident, not just promised) key/value buffers per group slot and block."""

@@ -144,6 +144,7 @@ class _AgentSide:
         import zmq
 
         self.device, self.clock, self.lines = device, time.time, []
+        self.wire = None  # no wire counts
         self.context = zmq.Context.instance()
         self.data_socket = self.context.socket(zmq.PULL)
         self.data_socket.rcvtimeo = 50

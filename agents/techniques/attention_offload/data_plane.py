@@ -19,8 +19,8 @@ import torch
 from agents.checkpoint_reader import CheckpointError
 from agents.emulation import compute_began, emulated, end_emulated
 from agents.envelope import options_of, options_slot
-from agents.stage_input import StageInputError
-from agents.techniques.attention_offload.heads import AttentionStore, DenseExecutor, HeadRouter, HeadShape
+from agents.stage_input import ReservationExceeded, StageInputError
+from agents.techniques.attention_offload.heads import AttentionStore, DenseExecutor, HeadRouter, HeadShape, reserved_kv_bytes
 from agents.techniques.attention_offload.messages import AttendSpec
 
 ATTEND_TIMEOUT_S = 60.0
@@ -289,8 +289,7 @@ class DenseAgentExecutor(DenseExecutor):
 def check_kv_budget(agent, shape: HeadShape, msg) -> None:
     """Refuse a hold whose KV share (``HoldHeads.kv``, float32) exceeds the agent's emulated budget."""
     kv = msg.kv
-    needed = 2 * shape.layers * (msg.kv_stop - msg.kv_start) * shape.head_dim * kv.groups * kv.sequences \
-        * kv.context_tokens * 4
+    needed = reserved_kv_bytes(shape, range(msg.kv_start, msg.kv_stop), kv)
     budget = agent.emulation.memory_budget_bytes
     if kv.groups and budget and needed > budget:
         from agents.emulation import ShardOverBudget
@@ -312,8 +311,9 @@ class HeadsService:
     def __init__(self, agent, msg, stop):
         self.agent, self.msg, self.stop = agent, msg, stop
         self.shape = HeadShape.of(msg.model_dir)
-        self.store = AttentionStore(self.shape, range(msg.kv_start, msg.kv_stop))
-        check_kv_budget(agent, self.shape, msg)
+        check_kv_budget(agent, self.shape, msg)  # before the reservation is allocated
+        self.store = AttentionStore(self.shape, range(msg.kv_start, msg.kv_stop), reservation=msg.kv,
+                                    budget_bytes=agent.emulation.memory_budget_bytes)
         self.dense = {p.device: p for p in msg.dense}
         self._masks: dict[int, torch.Tensor] = {}
         from agents.transport import PeerSenders
@@ -340,6 +340,8 @@ class HeadsService:
             header, bufs, received = got
             try:
                 self._answer(header, bufs, received)
+            except ReservationExceeded:  # the run is too large for this hold: it fails, naming both
+                raise
             except StageInputError as err:
                 agent.log(f"dropped attend frame from {header.sender!r}: {err}")
         raise RunAborted()

@@ -32,7 +32,8 @@ def attend_heads(agent, msg: AttendHeads, stop):
     try:
         if store is None:
             shape = heads.HeadShape.of(msg.model_dir)
-            store = heads.AttentionStore(shape, range(msg.kv_start, msg.kv_stop))
+            store = heads.AttentionStore(shape, range(msg.kv_start, msg.kv_stop),
+                                         budget_bytes=agent.emulation.memory_budget_bytes)
             stores[key] = store
         out = heads.attend_frames(store, msg)
     except Exception as err:  # a bad request: named to the coordinator, the agent stays up

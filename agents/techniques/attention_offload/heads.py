@@ -26,7 +26,7 @@ import torch
 
 from agents.checkpoint_reader import CheckpointError, load_config
 from agents.shard import StageExecutor
-from agents.stage_input import StageInputError
+from agents.stage_input import ReservationExceeded, StageInputError
 from agents.techniques.attention_offload.messages import DENSE_KIND, MEMORY_KIND  # noqa: F401  (public here too)
 
 ATTENTION_FUNCTION = "edgeshard-attention-offload"
@@ -98,15 +98,62 @@ class _HeadGroup(torch.nn.Module):
 
 class AttentionStore:
     """One memory side: the KV cache of key/value heads ``kv_heads`` (every layer, every group in
-    flight) and attention over it. It never sees weights."""
+    flight) and attention over it. It never sees weights.
 
-    def __init__(self, shape: HeadShape, kv_heads: range):
+    ``reservation`` (``agents.protocol.KvReservation``: groups, sequences, context tokens): the
+    whole cache is allocated now, zero-filled so it is resident (a memory agent's hold: what it
+    promised is what it holds, and growth cannot take more), and a step beyond it is refused with
+    ``ReservationExceeded`` naming both. Without one the cache grows per token, refused beyond
+    ``budget_bytes`` (0: unbounded) before it grows."""
+
+    def __init__(self, shape: HeadShape, kv_heads: range, reservation=None, budget_bytes: int = 0):
         if not kv_heads or kv_heads.start < 0 or kv_heads.stop > shape.kv_heads:
             raise CheckpointError(f"key/value heads {kv_heads.start}..{kv_heads.stop - 1} are not inside "
                                   f"the model's 0..{shape.kv_heads - 1}")
         self.shape, self.kv_heads = shape, kv_heads
         self._module = _HeadGroup(shape.group)
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.budget_bytes = budget_bytes
+        self._free_slots: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        self._slot_of: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.reserved_bytes = 0
+        if reservation is not None and reservation.groups > 0:
+            dims = (reservation.sequences, len(kv_heads), reservation.context_tokens, shape.head_dim)
+            self._free_slots = [[(torch.zeros(dims), torch.zeros(dims)) for _ in range(shape.layers)]
+                                for _ in range(reservation.groups)]
+            self.reserved_bytes = reserved_kv_bytes(shape, kv_heads, reservation)
+
+    def _append(self, group: int, layer: int, key: torch.Tensor, value: torch.Tensor, past):
+        """Everything cached for ``(group, layer)`` with ``key``/``value`` appended, within the
+        reservation or the budget (checked before anything is written or allocated)."""
+        if not self.reserved_bytes:
+            if self.budget_bytes:
+                need = self.kv_bytes() + 2 * key.nbytes + (2 * (past[0].nbytes + key.nbytes) if past else 0)
+                if need > self.budget_bytes:  # the concatenation briefly holds the old and the new copy
+                    raise ReservationExceeded(
+                        f"key/value heads [{self.kv_heads.start}, {self.kv_heads.stop}) need {need / MIB:.2f} MiB "
+                        f"of KV cache for this step, over the {self.budget_bytes / MIB:.2f} MiB memory budget: "
+                        "use more memory agents, a smaller batch or a shorter context")
+            if past is None:
+                return key, value
+            return torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
+        slot = self._slot_of.get(group)
+        if slot is None:
+            if not self._free_slots:
+                raise ReservationExceeded(f"all {len(self._slot_of)} micro-batches' KV caches reserved for this hold "
+                                          f"({self.reserved_bytes / MIB:.2f} MiB) are in use; group {group} needs one more")
+            slot = self._slot_of[group] = self._free_slots.pop()
+        kbuf, vbuf = slot[layer]
+        start = 0 if past is None else past[0].shape[2]
+        b, end = key.shape[0], start + key.shape[2]
+        if b > kbuf.shape[0] or end > kbuf.shape[2]:
+            raise ReservationExceeded(
+                f"the KV cache reserved for this hold ({self.reserved_bytes / MIB:.2f} MiB: {kbuf.shape[0]} sequences "
+                f"of {kbuf.shape[2]} tokens) cannot take {b} sequences of {end} tokens: hold heads for this run's "
+                "batch and length")
+        kbuf[:b, :, start:end] = key
+        vbuf[:b, :, start:end] = value
+        return kbuf[:b, :, :end], vbuf[:b, :, :end]
 
     @torch.inference_mode()
     def attend(self, group: int, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -125,7 +172,7 @@ class AttentionStore:
             if past[0].shape[0] != key.shape[0]:
                 raise StageInputError(f"group {group} has {past[0].shape[0]} sequences cached, this step "
                                       f"sends {key.shape[0]}")
-            key, value = torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
+        key, value = self._append(group, layer, key, value, past)
         self._cache[(group, layer)] = (key, value)
         if mask is not None and mask.shape[-1] != key.shape[2]:
             raise StageInputError(f"mask covers {mask.shape[-1]} tokens, the cache holds {key.shape[2]}")
@@ -136,14 +183,25 @@ class AttentionStore:
         """Forget ``group``'s cache (of ``layers`` only: dense sides sharded by layers share a store)."""
         for key in [k for k in self._cache if k[0] == group and (layers is None or k[1] in layers)]:
             del self._cache[key]
+        if group in self._slot_of and not any(k[0] == group for k in self._cache):
+            self._free_slots.append(self._slot_of.pop(group))
 
     def kv_bytes(self) -> int:
-        """Bytes of KV cache this side holds now (measured on the tensors)."""
-        return sum(k.nbytes + v.nbytes for k, v in self._cache.values())
+        """Bytes of KV cache this side holds now (measured on the tensors; a reservation: all of it)."""
+        return self.reserved_bytes or sum(k.nbytes + v.nbytes for k, v in self._cache.values())
 
     def cached_tokens(self, group: int) -> int:
         entry = self._cache.get((group, 0))
         return 0 if entry is None else int(entry[0].shape[2])
+
+
+MIB = 1 << 20
+
+
+def reserved_kv_bytes(shape: HeadShape, kv_heads: range, reservation) -> int:
+    """Bytes a hold of ``kv_heads`` reserves for ``reservation`` (float32 keys and values, every layer)."""
+    return 2 * shape.layers * len(kv_heads) * shape.head_dim * reservation.groups * reservation.sequences \
+        * reservation.context_tokens * 4
 
 
 class HeadRouter:

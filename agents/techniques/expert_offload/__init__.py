@@ -11,7 +11,7 @@ STAGE_KIND = "expert-offload"
 
 
 def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None,
-                            kv=None, options=None):
+                            kv=None, options=None, budget=None):
     """A Mixtral stage with its experts on storage, read into a bounded buffer; its settings and the
     hashes of the files it reads come in the load message (``OffloadOptions``), never from a file."""
     from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
@@ -20,7 +20,7 @@ def expert_offload_executor(model_dir: str, start: int, end: int, *, dtype: str,
         raise ValueError("an expert-offload stage's settings travel in its load message and none came: make its "
                          "plan with `edgeshard moe configure PLAN MODEL_DIR --run-plan RUN.json`")
     return ExpertOffloadExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv,
-                                 options=options)
+                                 options=options, budget=budget)
 
 
 TECHNIQUE = AgentTechnique(name="expert-offload", options=(OffloadOptions,),

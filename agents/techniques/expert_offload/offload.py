@@ -353,7 +353,7 @@ class ExpertOffloadExecutor(StageExecutor):
     def __init__(self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
                  progress=None, kv=None, slots: int | None = None, policy: str | None = None,
                  preload: int | None = None, bandwidth_bps: float | None = None, whole_layers: bool = False,
-                 learn: bool = True, options: OffloadOptions | None = None):
+                 learn: bool = True, options: OffloadOptions | None = None, budget=None):
         self._profile_file = options is None or PROFILE_FILE in dict(options.files)
         if options is not None:  # an agent's load message: everything the stage reads, hashes checked
             check_files(model_dir, options.files)
@@ -374,7 +374,7 @@ class ExpertOffloadExecutor(StageExecutor):
         self._io_errors: list[BaseException] = []
         self._predicted: dict[int, set[int]] = {}
         self.recall_hits = self.recall_total = 0
-        super().__init__(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv)
+        super().__init__(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv, budget=budget)
         if not self._offloaded:
             raise CheckpointError(f"units [{start}, {end}) hold no MoE block: load them as kind 'layers'")
         # the thread holds the queue and buffer, not the executor: dropping the executor ends it (__del__)
@@ -447,6 +447,12 @@ class ExpertOffloadExecutor(StageExecutor):
         """Bytes of one expert as held in the buffer."""
         c = self._config
         return 3 * int(c.hidden_size) * int(c.intermediate_size) * self.dtype.itemsize
+
+    def _resident_names(self, block_names: list[str]) -> list[str]:
+        return [n for n in block_names if ".experts." not in n]
+
+    def _planned_buffer_bytes(self) -> int:
+        return self.slots * self.expert_bytes()
 
     def resident_bytes(self) -> int:
         return super().memory_bytes()
