@@ -1,0 +1,201 @@
+"""Memory model vs measured RSS growth, per technique: prints one JSON line.
+
+``rss_over_predicted`` = {technique: the agent process's measured RSS growth / the planner's
+predicted memory}, each on real agent processes (a local cluster) with a model large enough that
+the allocator's and the model code's fixed costs are small beside it. Each agent first loads a tiny
+model of the same family and kind and lets it go (the model code imported, the allocator warm), so
+the growth measured is the stage's, not the first import's. Growth is VmRSS after load and a short
+run less VmRSS before the load (RssAnon and RssFile reported beside it); a memory agent's KV hold
+ends with its run, so its growth is its peak (VmHWM) during the run.
+
+- layer-sharding: one stage, every unit, KV reserved for the run (``LoadShard.kv``); predicted:
+  ``core.planning.precision.stage_weight_bytes`` + the reservation's bytes from the unit table's
+  ``kv_bytes_per_token``.
+- attention-offload: the memory agent's KV hold (its share of the heads, the run's batch and
+  context); predicted: the offload cost model's per-device KV memory (``cost.evaluate``'s
+  ``memory_bytes``). The dense agent's weights: ``OffloadModel.weight_bytes``.
+- expert-offload: a Mixtral stage with 6 expert slots; predicted: the planner's
+  ``cost.evaluate(...).memory_bytes`` (resident weights + slots × expert bytes).
+- spatial, phase-disaggregation: not measured yet (null, with the reason).
+
+Run: python bench/memory_fidelity.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import msgspec  # noqa: E402
+
+from core.models.checkpoints import ModelRecipe, make_model  # noqa: E402
+
+MIB = 1 << 20
+
+
+def memory_of(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile of a process, in bytes."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        key = line.split(":")[0]
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(line.split()[1]) * 1024
+    return out
+
+
+def growth(before: dict, after: dict, key: str = "VmRSS") -> dict:
+    return {"measured_mib": round((after[key] - before[key]) / MIB, 2),
+            "anon_mib": round((after["RssAnon"] - before["RssAnon"]) / MIB, 2),
+            "file_mib": round((after["RssFile"] - before["RssFile"]) / MIB, 2)}
+
+
+def _request(batch: int, prompt: int, new: int):
+    from core.runs.run_stream import RunRequest
+
+    ids = tuple(tuple(3 + (7 * i + 13 * j) % 500 for j in range(prompt)) for i in range(batch))
+    return RunRequest(input_ids=ids, attention_mask=tuple((1,) * prompt for _ in range(batch)), max_new_tokens=new)
+
+
+def _with_kind(plan, kind: str):
+    return msgspec.structs.replace(plan, stages=tuple(msgspec.structs.replace(s, kind=kind) for s in plan.stages))
+
+
+def layer_sharding(root: Path, co, lc) -> dict:
+    from core.models.units import load_model_spec
+    from core.planning.plan import plan_from_boundaries
+    from core.planning.precision import stage_weight_bytes
+    from core.runs.batching import kv_reservation
+
+    tiny = str(make_model(ModelRecipe(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=1),
+                          root / "ls-tiny"))
+    model = str(make_model(ModelRecipe(family="llama", layers=8, hidden=512, heads=8, kv_heads=2, vocab=512, seed=1),
+                           root / "ls-model"))
+    batch, prompt, new = 4, 200, 8
+    kv = kv_reservation((tuple(range(batch)),), prompt + new)
+    co.load(plan_from_boundaries("tiny", 4, ["a"], []), tiny, kv=kv_reservation(((0,),), 8))
+    co.run(plan_from_boundaries("tiny", 4, ["a"], []), _request(1, 4, 2))
+    co.unload()
+    spec = load_model_spec(model, dtype="fp32")
+    plan = plan_from_boundaries("model", len(spec.units), ["a"], [])
+    pid = lc.pid_of("a")
+    before = memory_of(pid)
+    co.load(plan, model, kv=kv)
+    co.run(plan, _request(batch, prompt, new))
+    after = memory_of(pid)
+    co.unload()
+    # what core.planning.cost.memory_of counts for a stage: weights, KV of the sequences resident
+    # over the context, the largest unit's workspace per token of a prefill pass
+    weights = stage_weight_bytes(spec, 0, len(spec.units))
+    kv_bytes = sum(u.kv_bytes_per_token for u in spec.units) * kv.groups * kv.sequences * kv.context_tokens
+    workspace = max(u.workspace_bytes_per_token for u in spec.units) * batch * prompt
+    return {**growth(before, after), "predicted_mib": round((weights + kv_bytes + workspace) / MIB, 2),
+            "weights_mib": round(weights / MIB, 2), "kv_mib": round(kv_bytes / MIB, 2),
+            "workspace_mib": round(workspace / MIB, 2)}
+
+
+def attention_offload(root: Path, co, lc) -> dict:
+    from core.techniques.attention_offload import cost
+    from core.techniques.attention_offload.problem import OffloadPlan
+    from core.techniques.attention_offload.run import checkpoint_model, run_offload
+    from core.techniques.attention_offload import scenarios
+
+    tiny = str(make_model(ModelRecipe(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=1),
+                          root / "ao-tiny"))
+    model_dir = str(make_model(ModelRecipe(family="llama", layers=8, hidden=512, heads=8, kv_heads=2, vocab=512,
+                                           seed=1), root / "ao-model"))
+    batch, prompt, new = 8, 400, 8
+    run_offload(co, tiny, "a", ["b", "c"], _request(1, 4, 2))
+    co.unload()
+    pids = {d: lc.pid_of(d) for d in ("a", "b", "c")}
+    before = {d: memory_of(p) for d, p in pids.items()}
+    run_offload(co, model_dir, "a", ["b", "c"], _request(batch, prompt, new))
+    after = {d: memory_of(p) for d, p in pids.items()}
+    co.unload()
+    model = checkpoint_model(model_dir)
+    base = scenarios.paper()
+    problem = msgspec.structs.replace(base, model=model, workload=msgspec.structs.replace(
+        base.workload, prompt_tokens=prompt, generated_tokens=new))
+    plan = OffloadPlan(compute=(base.devices[0].id,), memory=tuple(d.id for d in base.devices[2:4]),
+                       batch=batch, in_flight=1)
+    predicted = cost.evaluate(problem, plan)
+    memory = {"memory_agent": {**growth(before["b"], after["b"], "VmHWM"),
+                               "predicted_mib": round(predicted.memory_bytes / MIB, 2)},
+              "dense_agent": {**growth(before["a"], after["a"]),
+                              "predicted_mib": round(model.weight_bytes / MIB, 2)}}
+    return memory
+
+
+def expert_offload(root: Path, co, lc) -> dict:
+    from core.planning.plan import plan_from_boundaries
+    from core.techniques.expert_offload.cost import evaluate
+    from core.techniques.expert_offload.problem import MoeModel, OffloadPlan, OffloadProblem
+    from core.techniques.expert_offload.scenarios import _resident_and_expert_bytes
+
+    slots = 6
+    tiny = make_model(ModelRecipe(family="mixtral", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=1,
+                                  experts=4), root / "eo-tiny")
+    model_dir = make_model(ModelRecipe(family="mixtral", layers=4, hidden=512, heads=8, kv_heads=2, vocab=512, seed=1,
+                                       experts=8), root / "eo-model")
+    for d in (tiny, model_dir):
+        (Path(d) / "expert-offload.json").write_text(json.dumps({"slots": slots, "preload": 1}))
+    tiny_plan = _with_kind(plan_from_boundaries("tiny", 4, ["a"], []), "expert-offload")
+    co.load(tiny_plan, str(tiny), kind="expert-offload")
+    co.run(tiny_plan, _request(1, 4, 2))
+    co.unload()
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    plan = _with_kind(plan_from_boundaries("model", config["num_hidden_layers"] + 2, ["a"], []), "expert-offload")
+    pid = lc.pid_of("a")
+    before = memory_of(pid)
+    co.load(plan, str(model_dir), kind="expert-offload")
+    co.run(plan, _request(2, 32, 16))
+    after = memory_of(pid)
+    co.unload()
+    resident, expert = _resident_and_expert_bytes(str(model_dir), config)
+    moe = MoeModel(name="bench", layers=config["num_hidden_layers"], experts=config["num_local_experts"],
+                   top_k=int(config.get("num_experts_per_tok", 2)), expert_bytes=expert, resident_bytes=resident,
+                   layer_compute_s=1e-3, expert_compute_s=1e-3)
+    problem = OffloadProblem(model=moe, device="a", memory_budget_bytes=1 << 40, bandwidth_bps=1e9)
+    predicted = evaluate(problem, OffloadPlan(device="a", slots=slots)).memory_bytes
+    return {**growth(before, after), "predicted_mib": round(predicted / MIB, 2), "slots": slots,
+            "resident_mib": round(resident / MIB, 2), "expert_mib": round(expert / MIB, 3)}
+
+
+def main() -> None:
+    from core.devices.local_cluster import LocalCluster
+    from core.runs.coordinator import Coordinator
+
+    t0 = time.perf_counter()
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        with LocalCluster(root / "cluster", ["a", "b", "c"], threads_per_agent=1) as lc, \
+                Coordinator(lc.endpoints, lc.keys) as co:
+            co.wait_ready(timeout_s=60)
+            figures["layer-sharding"] = layer_sharding(root, co, lc)
+            figures["expert-offload"] = expert_offload(root, co, lc)
+            figures["attention-offload"] = attention_offload(root, co, lc)
+    ratios = {"layer-sharding": figures["layer-sharding"],
+              "attention-offload": figures["attention-offload"]["memory_agent"],
+              "attention-offload-dense": figures["attention-offload"]["dense_agent"],
+              "expert-offload": figures["expert-offload"]}
+    print(json.dumps({
+        "bench": "memory_fidelity",
+        "rss_over_predicted": {**{k: round(v["measured_mib"] / v["predicted_mib"], 3) for k, v in ratios.items()},
+                               "spatial": None, "phase-disaggregation": None},
+        "not_measured": {"spatial": "no agent-side RSS run in this bench yet",
+                         "phase-disaggregation": "its planner has no memory model"},
+        "within_20pct": {k: abs(v["measured_mib"] / v["predicted_mib"] - 1) <= 0.2 for k, v in ratios.items()},
+        "figures": figures,
+        "elapsed_s": round(time.perf_counter() - t0, 1),
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+    }))
+
+
+if __name__ == "__main__":
+    main()
