@@ -27,9 +27,14 @@
   profiled agent got, from the scheduler), simulated with the agents sharing this host's cores
   (``host_cores``, the background load the share implies), for one replica and for rotational
   staggering: per round from its own two profiling runs, and every round from all of them pooled;
+  one replica's prediction in sample (calibrated on profiling runs of the measured configuration)
+  beside out of sample (calibrated on a profiling run of batch 6 with longer prompts, a
+  configuration the measured runs never use): ``one_replica_in_and_out_of_sample``;
 - largest_batch_x_context: compute device memory emulated at its weights + 2 MiB, memory agents
   at 8 MiB: the largest batch at a 124-token context that layer sharding (whole model + KV on the
-  compute device) and attention offloading (KV on the memory agents) admit and run.
+  compute device) and attention offloading (KV on the memory agents) run, found by real runs
+  (bisection over the batch: each size run on the agents, which allocate the KV cache up front or
+  refuse it against their budget), the next size refused at run time.
 
 Run: python bench/attention_offload.py
 """
@@ -196,6 +201,7 @@ def local_cluster(root: Path) -> dict:
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     enc = tok(PROMPTS, padding=True, return_tensors="pt")
     enc9 = tok(_prompts(9), padding=True, return_tensors="pt")
+    enc6 = tok(_prompts(6), padding=True, return_tensors="pt")  # the out-of-sample calibration's configuration
     ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     expected = ref.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=MAX_NEW,
                             do_sample=False)[:, enc["input_ids"].shape[1]:].tolist()
@@ -219,7 +225,7 @@ def local_cluster(root: Path) -> dict:
 
         # The machine is shared: each measured run is bracketed by profiling runs; a round is predicted
         # from its own brackets, and every round again from all the bench's profiling runs pooled.
-        failures, profiles, measured_runs = [], [], []
+        failures, profiles, measured_runs, out_of_sample = [], [], [], []
 
         def profiled():
             # a short run first, as before a measured run: the previous (staggered) run's aftermath
@@ -230,10 +236,23 @@ def local_cluster(root: Path) -> dict:
             profiles.append((run.events, worker_share(before, thread_stats(lc.pid_of("c0")))))
             return profiles[-1]
 
-        def calibrated(pairs):
-            return calibrate(model, [e for e, _ in pairs], compute=["c0", "c1"], memory=["m0", "m1"], batch=B,
-                             prompt_tokens=enc["input_ids"].shape[1], generated_tokens=steps, host_cores=HOST_CORES,
+        def calibrated(pairs, batch=B, prompt=enc["input_ids"].shape[1]):
+            return calibrate(model, [e for e, _ in pairs], compute=["c0", "c1"], memory=["m0", "m1"], batch=batch,
+                             prompt_tokens=prompt, generated_tokens=steps, host_cores=HOST_CORES,
                              host_share=sum(s for _, s in pairs) / len(pairs))
+
+        def profiled_other():
+            """A profiling run of another configuration (batch 6, longer prompts): out of sample."""
+            run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc6, 2))
+            before = thread_stats(lc.pid_of("c0"))
+            run = run_offload(coordinator, model_dir, "c0", ["m0", "m1"], _request_of(enc6, steps))
+            return run.events, worker_share(before, thread_stats(lc.pid_of("c0")))
+
+        def predicted_one(cal):
+            problem = msgspec.structs.replace(cal.problem, workload=msgspec.structs.replace(
+                cal.problem.workload, prompt_tokens=enc["input_ids"].shape[1]))
+            return simulate(problem, one_plan, "rotational", host_cores=HOST_CORES, background=cal.figures["background"],
+                            generated_tokens=steps).decode_tokens_per_s
 
         def predicted(cal):
             kw = dict(host_cores=HOST_CORES, background=cal.figures["background"], generated_tokens=steps)
@@ -249,10 +268,15 @@ def local_cluster(root: Path) -> dict:
                 staggered = run_staggered(coordinator, model_dir, ["c0", "c1"], ["m0", "m1"],
                                           _request_of(enc9, steps, 3), schedule="rotational")
                 after = profiled()
+                other = profiled_other()
             except EdgeShardError as err:  # reported, not hidden: the round is left out (with the agents' last words)
                 failures.append({"error": str(err), "logs": {d: coordinator.logs(d, 6) for d in ("c0", "c1", "m0", "m1")}})
                 continue
             cal = calibrated([before, after])
+            other_cal = calibrated([other], batch=enc6["input_ids"].shape[0], prompt=enc6["input_ids"].shape[1])
+            measured_one = decode_tokens_per_s(one.token_events)
+            out_of_sample.append({"measured": round(measured_one, 2), "predicted": round(predicted_one(other_cal), 2),
+                                  "measured_over_predicted": round(measured_one / predicted_one(other_cal), 3)})
             measured_runs.append((decode_tokens_per_s(one.token_events), decode_tokens_per_s(staggered.token_events)))
             for key, measured, pred in zip(figures, measured_runs[-1], predicted(cal)):
                 figures[key].append({"measured": round(measured, 2), "predicted": round(pred, 2),
@@ -263,6 +287,15 @@ def local_cluster(root: Path) -> dict:
     throughput = {key: {"median_measured_over_predicted": sorted(r["measured_over_predicted"] for r in rows)[
         len(rows) // 2] if rows else None, "rounds": rows} for key, rows in figures.items()}
     throughput["failed_rounds"] = failures
+    ratios_in = sorted(r["measured_over_predicted"] for r in figures["one_replica"])
+    ratios_out = sorted(r["measured_over_predicted"] for r in out_of_sample)
+    throughput["one_replica_in_and_out_of_sample"] = {
+        "in_sample": {"calibrated_on": "profiling runs of the measured configuration (batch 3)",
+                      "median_measured_over_predicted": ratios_in[len(ratios_in) // 2] if ratios_in else None},
+        "out_of_sample": {"calibrated_on": f"one profiling run of batch {enc6['input_ids'].shape[0]} "
+                                           f"({enc6['input_ids'].shape[1]}-token prompts) per round",
+                          "median_measured_over_predicted": ratios_out[len(ratios_out) // 2] if ratios_out else None,
+                          "rounds": out_of_sample}}
     if measured_runs:  # one calibration from every profiling run of the bench: the prediction does not swing
         pooled = predicted(calibrated(profiles))
         for i, key in enumerate(figures):
@@ -294,8 +327,8 @@ def largest_batch_context(root: Path) -> dict:
     import random
 
     from agents.emulation import DeviceEmulation
-    from agents.protocol import KvReservation, PeerSpec, StopRun
-    from agents.techniques.attention_offload.messages import HoldHeads
+    from agents.protocol import KvReservation
+    from agents.techniques.attention_offload.heads import reserved_kv_bytes
     from agents.shard import StageExecutor
     from core.devices.local_cluster import LocalCluster
     from core.errors import EdgeShardError
@@ -335,48 +368,45 @@ def largest_batch_context(root: Path) -> dict:
     with LocalCluster(root / "capacity", ["c0", "m0", "m1"], threads_per_agent=1, emulation=emulation) as lc, \
             Coordinator(lc.endpoints, lc.keys) as co:
         co.wait_ready(timeout_s=60)
-        statuses = co.status_of(["c0", "m0", "m1"])
-        dense = PeerSpec(device="c0", stage=0, data_address=statuses["c0"].data_address,
-                         public_key=statuses["c0"].public_key)
 
-        def sharding_fits(batch):
+        refusals: dict[str, str] = {}
+
+        def sharding_fits(batch):  # a real run: the stage reserves the run's KV cache at load, or refuses
             try:
                 co.load(whole, model_dir, kv=kv_reservation((tuple(range(batch)),), ctx))
-                return True
-            except EdgeShardError:
+                return len(co.run(whole, request(batch)).tokens) == batch
+            except EdgeShardError as err:
+                refusals[f"layer_sharding_{batch}"] = str(err)[:300]
                 return False
 
-        def offload_fits(batch):
-            ok = True
-            for device, (a, b) in zip(["m0", "m1"], head_ranges(shape.kv_heads, 2)):
-                try:
-                    co.request(device, HoldHeads(run_id=f"probe{batch}", model_dir=model_dir, kv_start=a, kv_stop=b,
-                                                 dense=(dense,), kv=KvReservation(groups=1, sequences=batch,
-                                                                                  context_tokens=ctx)), timeout_s=60)
-                except EdgeShardError:  # refused: over its memory budget
-                    ok = False
-                    continue
-                co.request(device, StopRun(run_id=f"probe{batch}"), timeout_s=30)
+        def offload_fits(batch):  # a real run: each memory agent allocates its KV share when held, or refuses
+            try:
+                ok = len(run_offload(co, model_dir, "c0", ["m0", "m1"], request(batch)).tokens) == batch
+            except EdgeShardError as err:
+                refusals[f"offload_{batch}"] = str(err)[:300]
+                return False
             return ok
 
         b_shard = bisect(sharding_fits)
         b_off = bisect(offload_fits)
-        ran = {}
-        co.load(whole, model_dir, kv=kv_reservation((tuple(range(b_shard)),), ctx))
-        ran["layer_sharding"] = len(co.run(whole, request(b_shard)).tokens) == b_shard
-        ran["layer_sharding_one_more_refused"] = not sharding_fits(b_shard + 1)
-        ran["offload"] = len(run_offload(co, model_dir, "c0", ["m0", "m1"], request(b_off)).tokens) == b_off
-        try:
-            run_offload(co, model_dir, "c0", ["m0", "m1"], request(b_off + 1))
-            ran["offload_one_more_refused"] = False
-        except EdgeShardError as err:
-            ran["offload_one_more_refused"] = "memory budget" in str(err)
+        ran = {"layer_sharding": sharding_fits(b_shard),
+               "layer_sharding_one_more_refused": not sharding_fits(b_shard + 1)
+               and "memory budget" in refusals.get(f"layer_sharding_{b_shard + 1}", ""),
+               "offload": offload_fits(b_off),
+               "offload_one_more_refused": not offload_fits(b_off + 1)
+               and "memory budget" in refusals.get(f"offload_{b_off + 1}", "")}
+        kv_share = reserved_kv_bytes(shape, range(*head_ranges(shape.kv_heads, 2)[0]),
+                                     KvReservation(groups=1, sequences=b_off, context_tokens=ctx))
     return {"context_tokens": ctx, "compute_budget_mib": round(compute_budget / mib, 2),
             "compute_weights_mib": round(weights / mib, 2), "memory_agents": 2,
             "memory_budget_mib_each": memory_budget // mib,
             "layer_sharding": {"batch": b_shard, "batch_x_context": b_shard * ctx},
             "offload": {"batch": b_off, "batch_x_context": b_off * ctx},
-            "offload_over_layer_sharding": round(b_off / max(b_shard, 1), 2), "confirmed_by_runs": ran}
+            "offload_over_layer_sharding": round(b_off / max(b_shard, 1), 2), "confirmed_by_runs": ran,
+            "found_by": "real runs (bisection over the batch), each refused or run by the agents themselves",
+            "memory_agent_kv_share_mib": round(kv_share / mib, 2),
+            "refusals_one_more": {k: v for k, v in refusals.items() if k in (f"offload_{b_off + 1}",
+                                                                             f"layer_sharding_{b_shard + 1}")}}
 
 
 def _decode_link_bytes(result) -> int:
