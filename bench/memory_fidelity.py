@@ -142,17 +142,18 @@ def expert_offload(root: Path, co, lc) -> dict:
                                   experts=4), root / "eo-tiny")
     model_dir = make_model(ModelRecipe(family="mixtral", layers=4, hidden=512, heads=8, kv_heads=2, vocab=512, seed=1,
                                        experts=8), root / "eo-model")
-    for d in (tiny, model_dir):
-        (Path(d) / "expert-offload.json").write_text(json.dumps({"slots": slots, "preload": 1}))
+    from agents.techniques.expert_offload.options import OffloadOptions
+
+    options = {"a": OffloadOptions(slots=slots, preload=1)}  # the stage's settings travel in its load message
     tiny_plan = _with_kind(plan_from_boundaries("tiny", 4, ["a"], []), "expert-offload")
-    co.load(tiny_plan, str(tiny), kind="expert-offload")
+    co.load(tiny_plan, str(tiny), kind="expert-offload", options=options)
     co.run(tiny_plan, _request(1, 4, 2))
     co.unload()
     config = json.loads((Path(model_dir) / "config.json").read_text())
     plan = _with_kind(plan_from_boundaries("model", config["num_hidden_layers"] + 2, ["a"], []), "expert-offload")
     pid = lc.pid_of("a")
     before = memory_of(pid)
-    co.load(plan, str(model_dir), kind="expert-offload")
+    co.load(plan, str(model_dir), kind="expert-offload", options=options)
     co.run(plan, _request(2, 32, 16))
     after = memory_of(pid)
     co.unload()

@@ -33,6 +33,7 @@ from agents.techniques.expert_offload.options import (
     BIT_WIDTHS, POLICIES, PROFILE_FILE, QUANTIZED_FILE, OffloadOptions, check_files,
 )
 from agents.shard import StageExecutor
+from agents.techniques.expert_offload.perplexity import perplexity  # noqa: F401  (its accuracy metric, public here too)
 
 STAGE_KIND = "expert-offload"
 OPTIONS_FILE = "expert-offload.json"
@@ -576,26 +577,3 @@ def write_quantized_experts(model_dir: str, bits_of: dict[tuple[int, int], int])
     options["expert_bits"] = {f"{layer}.{expert}": bits for (layer, expert), bits in sorted(bits_of.items())}
     (Path(model_dir) / OPTIONS_FILE).write_text(json.dumps(options, indent=1))
     return path
-
-
-@torch.inference_mode()
-def perplexity(executor: StageExecutor, texts: list[list[int]]) -> float:
-    """Perplexity of a whole-model executor on token sequences, teacher-forced one token at a time
-    (prefill the first token, decode the rest): the accuracy metric of bit-width adaptation."""
-    if not (executor.is_first and executor.is_last):
-        raise CheckpointError("perplexity needs an executor holding the whole model")
-    nll, count = 0.0, 0
-    for group, ids in enumerate(texts):
-        if len(ids) < 2:
-            continue
-        x = torch.tensor([ids], dtype=torch.long)
-        logits = executor.prefill(group, x[:, :1], torch.ones((1, 1), dtype=torch.long))
-        for t in range(1, len(ids)):
-            nll -= float(torch.log_softmax(logits, dim=-1)[0, ids[t]])
-            count += 1
-            if t + 1 < len(ids):
-                logits = executor.decode(group, x[:, t:t + 1])
-        executor.drop(group)
-    if not count:
-        raise CheckpointError("perplexity needs at least one text of 2 tokens or more")
-    return float(torch.exp(torch.tensor(nll / count)))
