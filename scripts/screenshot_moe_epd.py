@@ -17,28 +17,18 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from screenshots import wait  # noqa: E402  (scripts/, beside this file: the studio's screenshots)
 from small_png import save_png  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 SIZES = ((1024, 700), (1600, 1000))
 PROMPTS = ("The secret of life is", "A wise man once said", "Life is")
-
-
-def wait(app, seconds: float, until=None) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        app.processEvents()
-        if until is not None and until():
-            return True
-        time.sleep(0.02)
-    return until is None
 
 
 def shoot(app, window, name: str) -> None:

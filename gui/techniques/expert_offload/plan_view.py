@@ -12,7 +12,7 @@ from __future__ import annotations
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton, QTableWidget,
+    QComboBox, QDoubleSpinBox, QGridLayout, QHBoxLayout, QLabel, QProgressBar, QPushButton, QTableWidget,
     QTabWidget, QVBoxLayout, QWidget,
 )
 
@@ -105,8 +105,6 @@ class ExpertOffloadPlanView(QWidget):
         header = panel_header("Expert offloading (EdgeMoE)", "")
         self.subtitle = header.findChildren(QLabel)[-1]
         lay.addWidget(header)
-        controls = QHBoxLayout()
-        form = QFormLayout()
         self.source = QComboBox()
         self.source.addItems((MEASURED, WHAT_IF))
         self.source.setCurrentText(WHAT_IF)
@@ -133,20 +131,25 @@ class ExpertOffloadPlanView(QWidget):
         bandwidth_row.addWidget(self.bandwidth, 1)
         bandwidth_row.addWidget(self.measure_button)
         self.budget_label = QLabel("Memory budget")
-        form.addRow("Source", self.source)
-        form.addRow("Device", device_row)
-        form.addRow(self.budget_label, self.budget)
-        form.addRow("Storage bandwidth", bandwidth_row)
-        form.addRow("Accuracy bound", self.bound)
-        controls.addLayout(form)
-        side = QFormLayout()
         self.strategy = QComboBox()
         self.strategy.addItems(self.technique.strategy_names())
-        side.addRow("Strategy", self.strategy)
         self.plan_label = QLabel()
         self.plan_label.setWordWrap(True)
-        side.addRow("Plan", self.plan_label)
-        controls.addLayout(side, 1)
+        controls = QGridLayout()  # two columns of three rows: readable at 1024x700 with room for the run
+        controls.setColumnStretch(1, 1)
+        controls.setColumnStretch(3, 1)
+        for row, (left, left_w, right, right_w) in enumerate((
+                ("Source", self.source, "Storage bandwidth", bandwidth_row),
+                ("Device", device_row, "Accuracy bound", self.bound),
+                (self.budget_label, self.budget, "Strategy", self.strategy))):
+            for col, (label, w) in enumerate(((left, left_w), (right, right_w))):
+                controls.addWidget(label if isinstance(label, QLabel) else QLabel(label), row, 2 * col)
+                if isinstance(w, QHBoxLayout):
+                    controls.addLayout(w, row, 2 * col + 1)
+                else:
+                    controls.addWidget(w, row, 2 * col + 1)
+        controls.addWidget(QLabel("Plan"), 3, 0)
+        controls.addWidget(self.plan_label, 3, 1, 1, 3)
         lay.addLayout(controls)
         run_row = QHBoxLayout()
         self.use_for_run = QPushButton("Use for Run")
@@ -295,8 +298,7 @@ class ExpertOffloadPlanView(QWidget):
             return f"Measured cluster unavailable: {why}"
         storage = (f"storage {self.measured_bps / 1e6:.0f} MB/s measured" if self.measured_bps is not None
                    else "storage not measured yet")
-        return (f"{self.device.currentText()} of the profiled cluster: its compute times and memory budget, "
-                f"{storage}, capped at the share of the model set below")
+        return f"Measured on {self.device.currentText()}: its compute times and memory budget, {storage}"
 
     def problem(self):
         """The measured device's problem, or the what-if scenario's (``FormatError``: cannot build it)."""
