@@ -68,23 +68,18 @@ class OffloadOptions(Options, frozen=True, tag="expert-offload"):
 
 
 def check_files(model_dir: str, files: tuple[tuple[str, str], ...]) -> None:
-    """Every named file is in ``model_dir`` with the sha256 the load message says (else ``CheckpointError``) (a stale copy of the
-    quantised experts or the profile would change the stage's tokens or its reads unnoticed)."""
+    """Every named file is in ``model_dir`` with the sha256 the load message says, else ``CheckpointError``:
+    a stale copy of the quantised experts or the profile would change the stage's tokens or reads unnoticed."""
     from agents.checkpoint_reader import CheckpointError  # torch: only at load, never at the agent's start
 
     for name, digest in files:
         path = Path(model_dir) / name
         if not path.is_file():
             raise CheckpointError(f"{path} is missing: the expert-offload stage reads it (ship the stage's "
-                                    "weights, or copy it beside the checkpoint)")
-        if file_sha256(path) != digest:
+                                  "weights, or copy it beside the checkpoint)")
+        with open(path, "rb") as f:
+            held = hashlib.file_digest(f, "sha256").hexdigest()
+        if held != digest:
             raise CheckpointError(f"{path} is not the file the plan was made with (sha256 differs): copy the "
-                                    "coordinator's, or configure the plan again")
+                                  "coordinator's, or configure the plan again")
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

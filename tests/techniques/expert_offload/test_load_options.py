@@ -145,3 +145,69 @@ def test_a_plan_with_two_different_stage_settings_is_not_re_split():
     old = _plan(("a", 0, 3, "expert-offload", OPTIONS), ("b", 3, 7, "expert-offload", other))
     with pytest.raises(RecoveryImpossible, match="different kinds or settings"):
         keep_stage_settings(old, plan_from_boundaries("m", 7, ["c"], []))
+
+
+def test_a_run_that_loses_a_device_resumes_on_expert_offload_stages_with_their_settings_and_hf_tokens(model,
+                                                                                                     tmp_path):
+    """Two agents each offloading their own blocks' experts; one is closed mid-decode: the re-plan puts
+    the whole model on the survivor as an expert-offload stage with the plan's buffer (not a layers
+    stage with every expert resident), and the tokens are transformers' own generate's."""
+    import threading
+
+    from agents.protocol import LinkShape, SamplingSpec
+    from agents.techniques.expert_offload.offload import ExpertOffloadExecutor
+    from core.models.units import load_model_spec
+    from core.planning.problem import Workload
+    from core.planning.scenarios import DeviceSpec, synthetic_problem
+    from core.runs.coordinator import RunRequest
+    from core.runs.generation import load_tokenizer
+    from core.runs.recovery import ExactReplanner
+    from tests.core.hf_reference import hf_greedy_new_tokens
+
+    from core.techniques.expert_offload.running import run_plan
+
+    full = tmp_path / "tiny-mixtral"  # full-precision experts: transformers' generate is then the reference
+    shutil.copytree(model, full, ignore=shutil.ignore_patterns("experts-quantized.safetensors", "expert-offload.json"))
+    model = full
+    sharded = plan_from_boundaries("tiny-mixtral", LAYERS + 2, ["edge-0", "edge-1"], [2])
+    plan = run_plan(OffloadPlan(device="edge-0", slots=2, policy="lru", preload=0), model, sharded=sharded)
+    spec = load_model_spec(str(model), "fp32", name="tiny-mixtral")
+    problem = synthetic_problem([DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=1.0)
+                                 for d in ("edge-0", "edge-1")], spec,
+                                workload=Workload(prompt_tokens=6, generated_tokens=24, batch_size=1))
+    tok = load_tokenizer(str(model))
+    enc = tok(["the cat sat on the"], return_tensors="pt")
+    request = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+                         attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())), max_new_tokens=24,
+                         eos_token_ids=(), pad_token_id=0, sampling=SamplingSpec())
+    keys = CurveKeys.generate()
+    agents = {d: Agent(d, keys.public).start() for d in ("edge-0", "edge-1")}
+
+    class CloseAt:
+        def __init__(self):
+            self.closed = threading.Event()
+
+        def on_event(self, event):
+            pass
+
+        def on_tokens(self, tokens):
+            if tokens.step >= 4 and not self.closed.is_set():
+                self.closed.set()
+                threading.Thread(target=agents["edge-1"].close, daemon=True).start()
+
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()], keys,
+                         heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+            co.load(plan, str(model), kind={s.device: s.kind for s in plan.stages},
+                    links={d: LinkShape(latency_ms=15) for d in agents})
+            closer = CloseAt()
+            result = co.run(plan, request, closer, replan=ExactReplanner(problem))
+            assert closer.closed.is_set() and result.recoveries and result.plan.devices() == ("edge-0",)
+            assert [(s.kind, s.options) for s in result.plan.stages] == [("expert-offload", plan.stages[0].options)]
+            executor = _executor(agents["edge-0"])
+            assert isinstance(executor, ExpertOffloadExecutor) and (executor.slots, executor.policy) == (2, "lru")
+            expected = hf_greedy_new_tokens(str(model), enc, 24, eos_token_id=None)
+            assert [tuple(t) for t in result.tokens] == [tuple(t) for t in expected]
+    finally:
+        for a in agents.values():
+            a.close()
