@@ -48,7 +48,7 @@ from agents import registry
 from agents.clock import AgentClock
 from agents.control_plane import ControlPlane
 from agents.emulation import DeviceEmulation, ShardOverBudget
-from agents.executors import executor_factory_for
+from agents.executors import executor_factory_for, placement
 from agents.lease import LOADER_SILENT_S, LeaseRules  # noqa: F401  (LOADER_SILENT_S: public here too)
 from agents.model_code import MODEL_CODE_IMPORTED, warm_imports, warm_imports_in_background  # noqa: F401
 from agents.protocol import (
@@ -461,11 +461,7 @@ class Agent(ControlPlane, LeaseRules):
             kwargs["agent"] = self
         if "budget" in params:  # checked on the checkpoint's header sizes before any memory is taken
             kwargs["budget"] = self.emulation.shard_check(self.device, (msg.start, msg.end))
-        if "weights" in params:
-            kwargs["weights"] = msg.weights
-        elif msg.weights != "fp":
-            raise ValueError(f"stage kind {msg.kind!r} loads fp weights only, this plan asks for {msg.weights}: "
-                             "give that stage fp weights")
+        kwargs.update(placement(params, msg))  # its weight precision and torch device
         executor = factory(model_dir, msg.start, msg.end, **kwargs)
         # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),

@@ -133,8 +133,9 @@ class CheckpointReader:
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
 
-    def read(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """Read the named tensors (grouped per file), converted to ``dtype``."""
+    def read(self, names: list[str], dtype: torch.dtype, device: str = "cpu") -> dict[str, torch.Tensor]:
+        """Read the named tensors (grouped per file), converted to ``dtype``, onto ``device`` (a CUDA
+        device: safetensors copies each tensor from the mapped file straight to it, no CPU copy)."""
         missing = [n for n in names if n not in self._file_of]
         if missing:
             raise CheckpointError(f"{self.model_dir}: tensors missing from checkpoint: {missing[:5]}")
@@ -145,7 +146,7 @@ class CheckpointReader:
         for file, file_names in sorted(by_file.items()):
             if not file.is_file():
                 raise CheckpointError(f"{file}: shard named in the index is missing")
-            with safe_open(str(file), framework="pt") as f:
+            with safe_open(str(file), framework="pt", device=device) as f:
                 for name in file_names:
                     tensor = f.get_tensor(name)
                     out[name] = tensor if tensor.dtype == dtype else tensor.to(dtype)
@@ -171,7 +172,7 @@ class CheckpointReader:
 
 
 def block_state_dict(
-    reader: CheckpointReader, family: str, key_prefix: str, dtype: torch.dtype
+    reader: CheckpointReader, family: str, key_prefix: str, dtype: torch.dtype, device: str = "cpu"
 ) -> dict[str, torch.Tensor]:
     """One decoder block's tensors keyed as the transformers 5 layer module names them.
 
@@ -183,7 +184,7 @@ def block_state_dict(
     names = reader.with_prefix(key_prefix)
     if not names:
         raise CheckpointError(f"{reader.model_dir}: no tensors under {key_prefix!r}")
-    raw = reader.read(names, dtype)
+    raw = reader.read(names, dtype, device)
     local = {name[len(key_prefix):]: t for name, t in raw.items()}
     if family != "mixtral" or not any(k.startswith("block_sparse_moe.") for k in local):
         return local

@@ -16,7 +16,7 @@ import msgspec
 
 from agents import registry
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped whenever a message changes shape. 2: profiling options and results are typed structs
 (they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``.
 3: ``AgentStatus.held_by`` / ``holder_silent_s`` (one coordinator's work at a time).
@@ -25,7 +25,9 @@ PROTOCOL_VERSION = 6
 (a technique's own ``Options`` struct, tagged by ``kind``) replace the four technique fields v4
 had on those messages; a technique's control messages are its own (``agents.registry``); a
 data frame's ``kind`` is a base kind or one a technique registered.
-6: ``LoadShard.weights`` (the stage's weight precision: fp, int8, int4)."""
+6: ``LoadShard.weights`` (the stage's weight precision: fp, int8, int4).
+7: ``LoadShard.torch_device`` (cpu, cuda, cuda:N), ``AgentStatus.accelerators`` (its CUDA devices) and
+``AgentStatus.wire_sent``."""
 
 MAX_CONTROL_FRAME = 1 << 20
 """Largest control frame the agent decodes (1 MiB); bigger ones get an error reply."""

@@ -47,14 +47,28 @@ class UnknownStageKind(ValueError):
 
 
 def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None,
-                    weights: str = "fp", budget=None):
+                    weights: str = "fp", budget=None, torch_device: str = "cpu"):
     """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard), its KV
     cache allocated at load when ``kv`` (a ``KvReservation``) asks for it, its blocks' weights at
-    ``weights`` precision (agents.weight_precision)."""
+    ``weights`` precision (agents.weight_precision), computed on ``torch_device``."""
     from agents.shard import StageExecutor  # torch/transformers load lazily: the agent starts fast
 
     return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv,
-                         weights=weights, budget=budget)
+                         weights=weights, budget=budget, torch_device=torch_device)
+
+
+def placement(params, msg) -> dict:
+    """The weight precision and torch device a ``LoadShard`` asks for, as keywords of an executor factory
+    whose parameters are ``params``; a kind that takes neither is refused anything but fp on the CPU."""
+    kwargs = {}
+    for name, default, words in (("weights", "fp", "fp weights"), ("torch_device", "cpu", "the CPU")):
+        value = getattr(msg, name)
+        if name in params:
+            kwargs[name] = value
+        elif value != default:
+            raise ValueError(f"stage kind {msg.kind!r} runs on {words} only, this plan asks for {value}: "
+                             f"give that stage {default}")
+    return kwargs
 
 
 DEFAULT_KIND = "layers"

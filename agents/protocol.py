@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args
 import msgspec
 
 from agents import registry
+from agents.accelerators import device_name_problem
 from agents.weight_precision import PRECISIONS as WEIGHT_PRECISIONS
 from agents.envelope import (  # noqa: F401  (the base protocol's public names, re-exported)
     MAX_CONTROL_FRAME,
@@ -192,6 +193,15 @@ class WireCount(msgspec.Struct, frozen=True, kw_only=True):
     nbytes: int
 
 
+class Accelerator(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A CUDA device an agent can place a stage on (``LoadShard.torch_device``)."""
+
+    name: str
+    """``cuda:N``."""
+    model: str
+    memory_bytes: int
+
+
 class AgentStatus(Message, frozen=True, tag="status"):
     device: str
     agent_version: str
@@ -219,6 +229,8 @@ class AgentStatus(Message, frozen=True, tag="status"):
     wire_sent: tuple[WireCount, ...] = ()
     """What the agent's sockets sent since it started, per link and kind (a run's share: the
     difference of two statuses, ``core.runs.wire``)."""
+    accelerators: tuple[Accelerator, ...] = ()
+    """The CUDA devices torch sees on the agent (empty: it computes on its CPU only)."""
 
 
 class LoadShard(Message, frozen=True, tag="load_shard"):
@@ -248,8 +260,13 @@ class LoadShard(Message, frozen=True, tag="load_shard"):
     weights: str = "fp"
     """The precision of the stage's block weights: ``fp`` (``dtype``), ``int8`` or ``int4``
     (weight-only, quantized at load: agents.weight_precision)."""
+    torch_device: str = "cpu"
+    """Where the stage computes: ``cpu``, ``cuda`` or ``cuda:N`` (agents.accelerators; not ``device``:
+    the peers' ``device`` is the agent's name)."""
 
     def problem(self) -> str:
+        if device_name_problem(self.torch_device):
+            return device_name_problem(self.torch_device)
         if self.weights not in WEIGHT_PRECISIONS:
             return f"weights must be one of {', '.join(WEIGHT_PRECISIONS)}, got {short(self.weights)}"
         if not 0 <= self.threads <= MAX_THREADS:

@@ -99,6 +99,7 @@ class StageExecutor:
     def __init__(
         self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
         progress=None, kv=None, huge_pages: bool = True, weights: str = "fp", budget=None,
+        torch_device: str = "cpu",
     ):
         """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it).
 
@@ -116,7 +117,11 @@ class StageExecutor:
         cache allocated, with what the stage will hold (``planned_bytes``: the checkpoint's header
         sizes); it raises to refuse the load, so a shard beyond a device's budget never takes its
         memory. Quantized weights (int8/int4) are checked after loading only: their size is known
-        once quantized."""
+        once quantized.
+
+        ``torch_device``: ``cpu`` or a CUDA device (``cuda``, ``cuda:N``): the stage's tensors are read
+        from the checkpoint slice straight onto it, its KV cache lives there, and only the boundary
+        activations cross to the host (``_to_host``, through a pinned buffer) for the wire."""
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -128,6 +133,11 @@ class StageExecutor:
         except UnquantizableWeights as err:
             raise CheckpointError(str(err)) from None
         self.weights = weights
+        self.device = torch.device("cuda:0" if torch_device == "cuda" else torch_device)
+        if self.device.type == "cuda" and weights == "int4":
+            raise CheckpointError("int4 weights are packed for the CPU's kernel (Int4OpaqueTensor): load this stage "
+                                  "on cpu, or at int8 or fp on the GPU")
+        self._pinned: dict[tuple, torch.Tensor] = {}
         self.num_layers: int = int(config.num_hidden_layers)
         self.num_units: int = self.num_layers + 2
         if not (0 <= start < end <= self.num_units):
@@ -190,7 +200,7 @@ class StageExecutor:
                 if progress is not None:
                     progress((local + 1) / (len(self.layer_indices) + 1))
             if layout.rotary:
-                self._rotary = type(getattr(base, layout.rotary))(config=stage_config)
+                self._rotary = type(getattr(base, layout.rotary))(config=stage_config).to(self.device)
         if self.is_last:
             self._norm = getattr(base, layout.norm)
             self._assign(self._norm, reader, f"{prefix}{layout.norm}.")
@@ -200,7 +210,7 @@ class StageExecutor:
                     raise CheckpointError(f"{model_dir}: lm_head.weight is missing and embeddings are not tied")
                 if embed_weight is None:  # the head stage reads just the embedding tensor
                     name = f"{prefix}{layout.embed}.weight"
-                    embed_weight = reader.read([name], self.dtype)[name]
+                    embed_weight = reader.read([name], self.dtype, str(self.device))[name]
                 self._head.weight = nn.Parameter(embed_weight, requires_grad=False)
                 if getattr(self._head, "bias", None) is not None:
                     self._assign(self._head, reader, "lm_head.", only=["bias"])
@@ -212,7 +222,7 @@ class StageExecutor:
             for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
                 if tensor.is_meta:
                     raise CheckpointError(f"{model_dir}: no weights for {name} of a stage module")
-        self.huge_page_bytes = place_in_huge_pages(self._modules()) if huge_pages else 0
+        self.huge_page_bytes = place_in_huge_pages(self._modules()) if huge_pages and self.device.type == "cpu" else 0
         """Bytes of weights moved into huge pages at load (0: left memory-mapped; agents.huge_pages)."""
         self._groups: dict[int, _GroupState] = {}
         self._decode_masks = DecodeMasks()
@@ -271,8 +281,8 @@ class StageExecutor:
         head_dim = int(getattr(config, "head_dim", None) or self.hidden_size // heads)
         shape = (sequences, kv_heads, context, head_dim)
         for _ in range(groups):
-            self._free_slots.append([(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
-                                     for _ in self._layers])
+            self._free_slots.append([(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                                      torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self._layers])
         element = torch.empty((), dtype=self.dtype).element_size()
         self.kv_reserved_bytes = 2 * groups * len(self._layers) * sequences * kv_heads * context * head_dim * element
 
@@ -298,7 +308,7 @@ class StageExecutor:
     def _block_state(self, layer: nn.Module, reader: CheckpointReader, key_prefix: str, global_index: int) -> dict:
         """The tensors block ``global_index`` holds resident (a subclass may keep some elsewhere,
         e.g. a MoE block's experts on storage)."""
-        return block_state_dict(reader, self.family, key_prefix, self.dtype)
+        return block_state_dict(reader, self.family, key_prefix, self.dtype, str(self.device))
 
     @staticmethod
     def _layer_type(config, index: int) -> str:
@@ -322,7 +332,7 @@ class StageExecutor:
         names = list(module.state_dict().keys())  # parameters and persistent buffers
         if only is not None:
             names = [n for n in names if n in only]
-        state = reader.read([key_prefix + n for n in names], self.dtype)
+        state = reader.read([key_prefix + n for n in names], self.dtype, str(self.device))
         state = {n[len(key_prefix):]: t for n, t in state.items()}
         _load(module, state, key_prefix.rstrip("."), strict=only is None)
         return state
@@ -364,7 +374,7 @@ class StageExecutor:
             # Decoder-only generation appends at the end: a right-padded row would get wrong tokens.
             raise StageInputError("every prompt must be non-empty and left-padded (mask[:, -1] == 1)")
         cache = self._new_cache(group) if self._layers else None
-        state = _GroupState(cache=cache, mask=attention_mask.to(torch.long))
+        state = _GroupState(cache=cache, mask=attention_mask.to(self.device, torch.long))
         self._groups[group] = state
         return self._run(state, x)
 
@@ -428,6 +438,7 @@ class StageExecutor:
             mask = state.mask
             # As HF generate: positions count attended tokens; padded slots get position 0.
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+        x = x.to(self.device, non_blocking=True)
         if self.is_first:
             hidden = self._embed_tokens(x, positions)
         else:
@@ -435,8 +446,21 @@ class StageExecutor:
         if self._layers:
             hidden = self._run_layers(state, hidden, positions)
         if not self.is_last:
-            return hidden
-        return self._logits(hidden)
+            return self._to_host(hidden)
+        return self._to_host(self._logits(hidden))
+
+    def _to_host(self, out: torch.Tensor) -> torch.Tensor:
+        """A GPU stage's output copied into a pinned host buffer (reused per shape) for the wire; a CPU
+        stage's as it is. Synchronous: the tensor is sent as soon as this returns."""
+        if self.device.type == "cpu":
+            return out
+        key = (tuple(out.shape), out.dtype)
+        buf = self._pinned.get(key)
+        if buf is None:
+            buf = self._pinned[key] = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        buf.copy_(out, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return buf.clone()  # the buffer is reused by the next step; the wire keeps this one
 
     def _embed_tokens(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self._embed(x)

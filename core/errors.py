@@ -69,6 +69,11 @@ class ShardOverBudget(RunFailed):
     that device (re-profile so the solver sees the budget, then solve again)."""
 
 
+class DeviceUnavailable(RunFailed):
+    """A stage was asked to compute on a CUDA device its agent does not have (``LoadShard.torch_device``):
+    nothing was loaded; place that stage on cpu or on a GPU the agent reports (its status' accelerators)."""
+
+
 class AgentBusy(RunFailed):
     """An agent refused work because it serves another run or session (a spatial run, an attention
     hold, a layer-sharded run) or holds another coordinator's stage; the message says which, whose

@@ -45,10 +45,11 @@ from agents.protocol import (
     Unload,
     options_slot,
 )
+from agents.accelerators import unavailable_device
 from agents.transport import CurveKeys
 from core.devices.agent_link import AgentEndpoint, AgentLink
 from core.devices.clock_sync import ClockEstimate
-from core.errors import FormatError, HelperLost, PlanInvalid, RunFailed
+from core.errors import DeviceUnavailable, FormatError, HelperLost, PlanInvalid, RunFailed
 from core.planning.plan import ShardPlan, layout_problems
 from core.runs.batching import run_micro_batches, split_micro_batches  # noqa: F401  (split: public here too)
 from core.reporting import NullReporter, Reporter
@@ -189,6 +190,7 @@ class Coordinator:
         files: dict[str, tuple[tuple[str, str], ...]] | None = None,
         kind: str | dict[str, str] = "layers",
         options: dict[str, Options] | None = None,
+        torch_devices: dict[str, str] | None = None,
     ) -> None:
         """Load every stage of ``plan`` on its agent (in parallel); ``model_dir`` may be per device.
 
@@ -200,7 +202,9 @@ class Coordinator:
         ``options``: per device, its stage kind's own options (``LoadShard.options``; e.g. the agents an
         attention-offload dense stage calls over the data plane while it computes); a device without
         gets its plan stage's ``Stage.options`` (e.g. expert offloading's buffer settings).
-        Each stage's weight precision is the plan's (``Stage.weights`` -> ``LoadShard.weights``)."""
+        Each stage's weight precision is the plan's (``Stage.weights`` -> ``LoadShard.weights``).
+        ``torch_devices``: per device, where its stage computes (``cpu``, ``cuda``, ``cuda:N``; default cpu);
+        one its agent does not report (``AgentStatus.accelerators``) is ``DeviceUnavailable`` before any load."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
         if problems:
@@ -210,12 +214,17 @@ class Coordinator:
             raise RunFailed(f"plan uses devices without an agent: {', '.join(missing)}")
         self._loaded = None
         self._load_args = dict(model_dir=model_dir, dtype=dtype, threads=threads, links=links, timeout_s=timeout_s,
-                               files=files, kind=kind, options=options)
+                               files=files, kind=kind, options=options, torch_devices=torch_devices)
         # the plan's agents only: another agent that died unnoticed (a long heartbeat timeout) must not fail it
         statuses = self.link.status_of([d for d in plan.devices() if not self.link.is_lost(d)], 5.0)
         lost = [d for d in plan.devices() if d not in statuses]
         if lost:  # the plan's own agent stopped answering before the load (was a KeyError)
             raise RunFailed("its agent stopped answering: start it again, or plan without it", lost[0])
+        for i, s in enumerate(plan.stages):  # before anything is stopped or loaded
+            refusal = unavailable_device((torch_devices or {}).get(s.device, "cpu"),
+                                         tuple(a.name for a in statuses[s.device].accelerators))
+            if refusal:
+                raise DeviceUnavailable(f"stage {i} {refusal}", s.device)
         if self._run is None:  # a coordinator's own run is never an orphan
             take_over(self.link, {d: statuses[d] for d in plan.devices() if d in statuses}, self.request_timeout_s)
         peers = tuple(
@@ -235,7 +244,7 @@ class Coordinator:
                             files=(files or {}).get(s.device, ()),
                             kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind,
                             options=_stage_options(s, (options or {}).get(s.device)),
-                            weights=s.weights)
+                            weights=s.weights, torch_device=(torch_devices or {}).get(s.device, "cpu"))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         await_loads(self.link, futs, timeout_s, reporter)

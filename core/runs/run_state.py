@@ -86,7 +86,7 @@ class Finished:
 
 
 FailureCode = Literal["agent_lost", "agent_error", "refused", "busy", "over_budget", "no_answer", "protocol",
-                      "no_plan"]
+                      "no_plan", "no_device"]
 
 
 @dataclass(frozen=True)

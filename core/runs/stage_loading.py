@@ -15,7 +15,7 @@ import uuid
 
 from agents.protocol import AgentState, AgentStatus, ErrorReply, GetStatus, StopRun
 from core.devices.agent_link import AgentLink, holder_heard_between_polls
-from core.errors import AgentBusy, RunFailed, ShardOverBudget
+from core.errors import AgentBusy, DeviceUnavailable, RunFailed, ShardOverBudget
 from core.reporting import Reporter
 from core.runs import run_state
 
@@ -93,7 +93,7 @@ def load_outcome(link: AgentLink, dev: str, fut: cf.Future) -> run_state.RunInpu
             return run_state.StageRefused(dev, getattr(err, "reason", str(err)), "agent_lost")
         reply = fut.result()
         if isinstance(reply, ErrorReply):
-            code = reply.code if reply.code in ("over_budget", "busy") else "refused"
+            code = reply.code if reply.code in ("over_budget", "busy", "no_device") else "refused"
             return run_state.StageRefused(dev, f"cannot load its shard: {reply.message}", code)
         return run_state.StageLoaded(dev)
     if link.is_lost(dev):
@@ -106,5 +106,5 @@ def run_failure(state: run_state.Failed | run_state.Aborted) -> RunFailed:
     """The typed error a run (or a load) that did not finish ends with."""
     if isinstance(state, run_state.Aborted):
         return RunFailed(state.reason)
-    error = {"over_budget": ShardOverBudget, "busy": AgentBusy}.get(state.code, RunFailed)
+    error = {"over_budget": ShardOverBudget, "busy": AgentBusy, "no_device": DeviceUnavailable}.get(state.code, RunFailed)
     return error(state.reason, state.device or None)

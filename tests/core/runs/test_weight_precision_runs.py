@@ -126,3 +126,30 @@ def test_each_agent_holds_the_weight_bytes_the_planner_predicts_for_its_stages_p
     spec = load_model_spec(model_dir, "fp32")
     for s in plan.stages:
         assert status[s.device].memory_bytes == stage_weight_bytes(spec, s.start, s.end, s.weights), s.device
+
+
+def test_stages_placed_on_the_cpu_by_name_give_the_same_tokens(coordinator, model_dir):
+    plan = plan_at(("fp",) * 3)
+    coordinator.load(plan, model_dir, timeout_s=120, torch_devices={d: "cpu" for d in DEVICES})
+    enc = encode(model_dir)
+    request = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
+                         attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
+                         max_new_tokens=MAX_NEW, mode="sequential", micro_batches=1,
+                         eos_token_ids=(2,), pad_token_id=0)
+    assert [list(t) for t in coordinator.run(plan, request).tokens] == reference(model_dir, ("fp",) * 3)
+
+
+def test_a_cuda_stage_for_an_agent_without_one_is_refused_by_name_before_any_load(coordinator, model_dir):
+    from agents.protocol import ErrorReply, LoadShard, PeerSpec
+    from core.errors import DeviceUnavailable
+
+    status = coordinator.status()
+    assert all(st.accelerators == () for st in status.values())  # this CI host's torch is a CPU build
+    with pytest.raises(DeviceUnavailable, match="edge-b: stage 1 asked to compute on cuda, but torch sees no CUDA"):
+        coordinator.load(plan_at(("fp",) * 3), model_dir, torch_devices={"edge-b": "cuda"})
+    # the agent's own entrance refuses it too (a request that did not come through that check)
+    peer = PeerSpec(device="edge-a", stage=0, data_address=status["edge-a"].data_address,
+                    public_key=status["edge-a"].public_key)
+    reply = coordinator.request_async("edge-a", LoadShard(model_dir=model_dir, stage=0, start=0, end=6, peers=(peer,),
+                                                          torch_device="cuda:1")).result(30)
+    assert isinstance(reply, ErrorReply) and reply.code == "no_device" and "cuda:1" in reply.message

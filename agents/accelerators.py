@@ -1,0 +1,51 @@
+"""Where a stage computes: the CPU or one of the CUDA devices torch sees on this agent.
+
+``LoadShard.torch_device`` names it (``cpu``, ``cuda`` = ``cuda:0``, ``cuda:N``); the agent reports
+what it has in its status (``AgentStatus.accelerators``) so a coordinator refuses a CUDA stage for an
+agent without that GPU before any load, and the agent refuses it again at its own entrance (an older
+coordinator, a hand-written request).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+_NAME = re.compile(r"cpu|cuda(:[0-9]{1,2})?")
+
+
+def device_name_problem(name: str) -> str:
+    """Why ``name`` is not a device a stage can be placed on ('' when it is one)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return f"torch_device must be cpu, cuda or cuda:N, got {name[:40]!r}" if isinstance(name, str) else \
+            "torch_device must be a string"
+    return ""
+
+
+@functools.cache
+def cuda_devices() -> tuple[tuple[str, str, int], ...]:
+    """(``cuda:N``, model name, memory bytes) of every CUDA device torch sees; () on a CPU-only torch
+    or machine (asked once: the answer does not change while the agent runs)."""
+    import torch
+
+    if getattr(torch.version, "cuda", None) is None or not torch.cuda.is_available():
+        return ()
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        out.append((f"cuda:{i}", str(props.name), int(props.total_memory)))
+    return tuple(out)
+
+
+def canonical(name: str) -> str:
+    """``cuda`` -> ``cuda:0``; others as they are."""
+    return "cuda:0" if name == "cuda" else name
+
+
+def unavailable_device(name: str, available: tuple[str, ...]) -> str:
+    """Why a stage cannot be placed on ``name`` on an agent with the CUDA devices ``available`` ('' when it can)."""
+    problem = device_name_problem(name)
+    if problem or name == "cpu" or canonical(name) in available:
+        return problem
+    have = f"it has {', '.join(available)}" if available else "torch sees no CUDA device there"
+    return f"asked to compute on {name}, but {have}: place the stage on cpu or on that agent's GPU"
