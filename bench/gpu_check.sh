@@ -9,10 +9,11 @@
 # Written and tested on a CPU-only machine (the CUDA path of StageExecutor is unexercised there):
 # if a figure is wrong on the GPU, this script is the first place that says so.
 # Usage (repository root): bash bench/gpu_check.sh   (about a minute; exits 0 when it could report)
-#        GPU_CHECK_DRY_RUN=1 bash bench/gpu_check.sh   (every step on the CPU: checks the script itself)
+#        GPU_CHECK_DRY_RUN=1 bash bench/gpu_check.sh   (every step on the CPU: checks the script itself;
+#        GPU_CHECK_TIMEOUT=S raises its 300 s limit on a busy CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec timeout 300 python3 - <<'PY'
+exec timeout "${GPU_CHECK_TIMEOUT:-300}" python3 - <<'PY'
 import json, sys, tempfile, time
 from pathlib import Path
 

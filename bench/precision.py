@@ -248,6 +248,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="checkpoint folder (default: the demo recipe, generated)")
     ap.add_argument("--large", action="store_true", help="also a generated llama of >= 300 MB fp32")
+    ap.add_argument("--large-only", action="store_true", help="the large model alone (its figures at the top level)")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--held-out-lines", type=int, default=200)
@@ -259,24 +260,30 @@ def main() -> int:
     from core.models.checkpoints import ModelRecipe, make_model
 
     work = Path(tempfile.mkdtemp(prefix="precision-bench-"))
-    model_dir = args.model or str(make_model(ModelRecipe(**DEMO_RECIPE), work / "demo-llama"))
     lines, corpus = held_out_lines(args.held_out_lines)
-    result: dict = {"bench": "precision", "model": Path(model_dir).name, "generated": not args.model,
-                    "torchao": __import__("torchao").__version__, "load_1min_before": os.getloadavg()[0]}
-    result.update(agents_figures(model_dir, args.max_new_tokens, work))
-    result["perplexity"] = {("fp32" if w == "fp" else w): round(perplexity(model_dir, w, lines), 3)
-                            for w in ("fp", *PRECISIONS)}
-    result["perplexity_text"] = f"{corpus}, {len(lines)} lines"
-    result.update(stage_bytes(model_dir))
-    result.update(decode_speed(model_dir, args.decode_tokens, args.rounds))
-    result["int8_kernel_paths"] = int8_kernel_paths()
-    if args.large:
+    result: dict = {"bench": "precision", "torchao": __import__("torchao").__version__,
+                    "load_1min_before": os.getloadavg()[0]}
+    if not args.large_only:
+        model_dir = args.model or str(make_model(ModelRecipe(**DEMO_RECIPE), work / "demo-llama"))
+        result.update({"model": Path(model_dir).name, "generated": not args.model})
+        result.update(agents_figures(model_dir, args.max_new_tokens, work))
+        result["perplexity"] = {("fp32" if w == "fp" else w): round(perplexity(model_dir, w, lines), 3)
+                                for w in ("fp", *PRECISIONS)}
+        result["perplexity_text"] = f"{corpus}, {len(lines)} lines"
+        result.update(stage_bytes(model_dir))
+        result.update(decode_speed(model_dir, args.decode_tokens, args.rounds))
+        result["int8_kernel_paths"] = int8_kernel_paths()
+    if args.large or args.large_only:
         large = str(make_model(ModelRecipe(**LARGE_RECIPE), work / "large-llama"))
         figures = {**agents_figures(large, args.large_max_new_tokens, work / "large"),
                    **stage_bytes(large), **decode_speed(large, args.decode_tokens, args.rounds)}
         figures["perplexity"] = {("fp32" if w == "fp" else w): round(perplexity(large, w, lines[:50]), 3)
                                  for w in ("fp", *PRECISIONS)}
-        result["large"] = figures
+        figures["perplexity_text"] = f"{corpus}, {min(50, len(lines))} lines"
+        if args.large_only:
+            result.update({"model": "large-llama (generated)", **figures})
+        else:
+            result["large"] = figures
     result["load_1min_after"] = os.getloadavg()[0]
     print(json.dumps(result))
     return 0
