@@ -78,12 +78,12 @@ def layer_sharding(root: Path, co, lc) -> dict:
                            root / "ls-model"))
     batch, prompt, new = 4, 200, 8
     kv = kv_reservation((tuple(range(batch)),), prompt + new)
-    co.load(plan_from_boundaries("tiny", 4, ["a"], []), tiny, kv=kv_reservation(((0,),), 8))
-    co.run(plan_from_boundaries("tiny", 4, ["a"], []), _request(1, 4, 2))
+    co.load(plan_from_boundaries("tiny", 4, ["ls"], []), tiny, kv=kv_reservation(((0,),), 8))
+    co.run(plan_from_boundaries("tiny", 4, ["ls"], []), _request(1, 4, 2))
     co.unload()
     spec = load_model_spec(model, dtype="fp32")
-    plan = plan_from_boundaries("model", len(spec.units), ["a"], [])
-    pid = lc.pid_of("a")
+    plan = plan_from_boundaries("model", len(spec.units), ["ls"], [])
+    pid = lc.pid_of("ls")
     before = memory_of(pid)
     co.load(plan, model, kv=kv)
     co.run(plan, _request(batch, prompt, new))
@@ -110,11 +110,11 @@ def attention_offload(root: Path, co, lc) -> dict:
     model_dir = str(make_model(ModelRecipe(family="llama", layers=8, hidden=512, heads=8, kv_heads=2, vocab=512,
                                            seed=1), root / "ao-model"))
     batch, prompt, new = 8, 400, 8
-    run_offload(co, tiny, "a", ["b", "c"], _request(1, 4, 2))
+    run_offload(co, tiny, "c", ["m0", "m1"], _request(1, 4, 2))
     co.unload()
-    pids = {d: lc.pid_of(d) for d in ("a", "b", "c")}
+    pids = {d: lc.pid_of(d) for d in ("c", "m0", "m1")}
     before = {d: memory_of(p) for d, p in pids.items()}
-    run_offload(co, model_dir, "a", ["b", "c"], _request(batch, prompt, new))
+    run_offload(co, model_dir, "c", ["m0", "m1"], _request(batch, prompt, new))
     after = {d: memory_of(p) for d, p in pids.items()}
     co.unload()
     model = checkpoint_model(model_dir)
@@ -124,9 +124,9 @@ def attention_offload(root: Path, co, lc) -> dict:
     plan = OffloadPlan(compute=(base.devices[0].id,), memory=tuple(d.id for d in base.devices[2:4]),
                        batch=batch, in_flight=1)
     predicted = cost.evaluate(problem, plan)
-    memory = {"memory_agent": {**growth(before["b"], after["b"], "VmHWM"),
+    memory = {"memory_agent": {**growth(before["m0"], after["m0"], "VmHWM"),
                                "predicted_mib": round(predicted.memory_bytes / MIB, 2)},
-              "dense_agent": {**growth(before["a"], after["a"]),
+              "dense_agent": {**growth(before["c"], after["c"]),
                               "predicted_mib": round(model.weight_bytes / MIB, 2)}}
     return memory
 
@@ -144,14 +144,14 @@ def expert_offload(root: Path, co, lc) -> dict:
                                        experts=8), root / "eo-model")
     from agents.techniques.expert_offload.options import OffloadOptions
 
-    options = {"a": OffloadOptions(slots=slots, preload=1)}  # the stage's settings travel in its load message
-    tiny_plan = _with_kind(plan_from_boundaries("tiny", 4, ["a"], []), "expert-offload")
+    options = {"eo": OffloadOptions(slots=slots, preload=1)}  # the stage's settings travel in its load message
+    tiny_plan = _with_kind(plan_from_boundaries("tiny", 4, ["eo"], []), "expert-offload")
     co.load(tiny_plan, str(tiny), kind="expert-offload", options=options)
     co.run(tiny_plan, _request(1, 4, 2))
     co.unload()
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    plan = _with_kind(plan_from_boundaries("model", config["num_hidden_layers"] + 2, ["a"], []), "expert-offload")
-    pid = lc.pid_of("a")
+    plan = _with_kind(plan_from_boundaries("model", config["num_hidden_layers"] + 2, ["eo"], []), "expert-offload")
+    pid = lc.pid_of("eo")
     before = memory_of(pid)
     co.load(plan, str(model_dir), kind="expert-offload", options=options)
     co.run(plan, _request(2, 32, 16))
@@ -175,7 +175,8 @@ def main() -> None:
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        with LocalCluster(root / "cluster", ["a", "b", "c"], threads_per_agent=1) as lc, \
+        # one agent per technique: what one technique's run freed into an agent's heap would hide the next one's growth
+        with LocalCluster(root / "cluster", ["ls", "eo", "c", "m0", "m1"], threads_per_agent=1) as lc, \
                 Coordinator(lc.endpoints, lc.keys) as co:
             co.wait_ready(timeout_s=60)
             figures["layer-sharding"] = layer_sharding(root, co, lc)
