@@ -31,12 +31,14 @@ WORKSPACE_KEY = "last/workspace"
 RUN_SETTINGS_KEY = "last/run_settings"
 
 
-def save_last_workspace(state, run_settings: RunSettings, folder: Path | None = None) -> list[str]:
-    """Keep what the next launch restores; returns what could not be kept (never raises)."""
+def save_last_workspace(state, run_settings: RunSettings | None, folder: Path | None = None) -> list[str]:
+    """Keep what the next launch restores (``run_settings`` None: the Run screen was never built,
+    the kept ones stay); returns what could not be kept (never raises)."""
     folder = folder or studio_folder()
     s = studio_app.settings()
     s.setValue(WORKSPACE_KEY, state.workspace)
-    s.setValue(RUN_SETTINGS_KEY, json.dumps(asdict(run_settings)))
+    if run_settings is not None:
+        s.setValue(RUN_SETTINGS_KEY, json.dumps(asdict(run_settings)))
     s.sync()
     failed = []
     for name, value in ((PROBLEM_FILE, state.problem), (PLAN_FILE, state.plan_for("layer-sharding")),

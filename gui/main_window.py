@@ -33,7 +33,7 @@ from core.errors import EdgeShardError
 from core.planning.problem import PlanningProblem
 from core.devices.profile import Profile
 from gui import app as studio_app
-from gui.screens import SCREEN_TITLES, Screens
+from gui.screens import SCREEN_NAMES, SCREEN_TITLES, Screens
 from gui.studio_state import StudioState
 from gui.widgets import show_error
 
@@ -52,16 +52,22 @@ class ScreenScrollArea(QScrollArea):
     here the screen gets the viewport, grown only to its minimum size hint.
     """
 
-    def __init__(self, screen: QWidget) -> None:
+    def __init__(self, screen: QWidget | None = None) -> None:
         super().__init__()
         self.setFrameShape(QFrame.NoFrame)
         self.setWidgetResizable(False)
-        self.setWidget(screen)
-        screen.installEventFilter(self)
         self._fit_timer = QTimer(self)
         self._fit_timer.setSingleShot(True)
         self._fit_timer.setInterval(0)
         self._fit_timer.timeout.connect(self.fit_screen)
+        if screen is not None:
+            self.set_screen(screen)
+
+    def set_screen(self, screen: QWidget) -> None:
+        """Show ``screen`` here (a screen is built when first reached: ``gui.screens.Screens``)."""
+        self.setWidget(screen)
+        screen.installEventFilter(self)
+        self.fit_screen()
 
     def eventFilter(self, watched, event) -> bool:
         if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
@@ -104,7 +110,7 @@ class MainWindow(QMainWindow):
         self.state = state or StudioState(self)
         self.setWindowTitle("")  # Qt appends the application display name itself
         self.setObjectName("mainWindow")
-        self.screens = Screens.build(self.state)
+        self.screens = Screens(self.state)
         self.coordinator = None
         """The connection to agents opened from an agents.json (closed with the window)."""
         self.keeps_workspace = False
@@ -117,6 +123,7 @@ class MainWindow(QMainWindow):
         self._build_log_dock()
         self._build_status_bar()
         self._build_menus()
+        self.screens.on_built = self._on_screen_built
         self.state.workspace_changed.connect(self._on_state_workspace_changed)
         self.state.model_changed.connect(self._on_state_model_changed)
         # a state set before the window was built (the demo opens its workspace while the agents start)
@@ -124,15 +131,13 @@ class MainWindow(QMainWindow):
         self._on_state_model_changed(self.state.model_name)
         self.state.connection_changed.connect(lambda c: self.connection_label.setText(f"● {c}"))
         self.state.log_added.connect(self._on_state_log_added)
-        self.screens.run.model_edit.editingFinished.connect(self._on_run_model_edited)
-        self.screens.profile.load_requested.connect(self._on_load_profile)
-        self.screens.plan.run_requested.connect(
-            lambda: (self.show_screen(self.screens.run), self.screens.run.start_run()))
+        # a profile gets its plan at once (the Plan screen's editor makes or solves it), shown or not
+        self.state.problem_changed.connect(lambda problem: problem is not None and self.screens.get("plan"))
         self.resize(1440, 900)
-        self._restore_layout()
+        self._restore_layout()  # builds the screen shown
         self.fit_to_screen()
         self._fit_log_dock()
-        self.screens.devices.restore_deployments()  # agents deployed in earlier sessions stay controllable
+        self.screens.get("devices")  # built now: agents deployed in earlier sessions stay controllable
 
     # construction ---------------------------------------------------------------
     def _build_screens(self) -> None:
@@ -146,20 +151,39 @@ class MainWindow(QMainWindow):
         self.sidebar.setFixedWidth(SIDEBAR_WIDTH)
         self.sidebar.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.stack = QStackedWidget()
-        for i, (name, widget) in enumerate(self.screens.titled()):
-            self.stack.addWidget(self._scrollable(widget))
+        self._areas: dict[str, ScreenScrollArea] = {}
+        for i, name in enumerate(SCREEN_TITLES):
+            self._areas[SCREEN_NAMES[i]] = area = ScreenScrollArea()
+            self.stack.addWidget(area)
             item = QListWidgetItem(name)
             item.setToolTip(f"{name} screen (Ctrl+{i + 1})")
             self.sidebar.addItem(item)
-        self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
-        self.sidebar.setCurrentRow(0)
+        self.sidebar.currentRowChanged.connect(self._on_sidebar_row_changed)
         lay.addWidget(self.sidebar)
         lay.addWidget(self.stack, 1)
         self.setCentralWidget(central)
 
-    @staticmethod
-    def _scrollable(screen: QWidget) -> QScrollArea:
-        return ScreenScrollArea(screen)
+    def _on_sidebar_row_changed(self, row: int) -> None:
+        if row >= 0:
+            self.screens.get(SCREEN_NAMES[row])  # built when first shown
+            self.stack.setCurrentIndex(row)
+
+    def _on_screen_built(self, name: str, screen: QWidget) -> None:
+        """A screen was built (shown, or reached by a menu, the demo or a test): put it in its
+        place and wire what the window routes for it."""
+        self._areas[name].set_screen(screen)
+        if name == "run":
+            screen.model_edit.editingFinished.connect(self._on_run_model_edited)
+        elif name == "profile":
+            screen.load_requested.connect(self._on_load_profile)
+        elif name == "plan":
+            screen.run_requested.connect(lambda: (self.show_screen(self.screens.run), self.screens.run.start_run()))
+            editor = self.screens.plan_editor
+            self.edit_menu.clear()  # the editor's own undo and redo (their shortcuts are its)
+            self.edit_menu.addAction(editor.undo_action)
+            self.edit_menu.addAction(editor.redo_action)
+        elif name == "devices":
+            screen.restore_deployments()  # agents deployed in earlier sessions stay controllable
 
     def _build_log_dock(self) -> None:
         self.log_view = QPlainTextEdit()
@@ -252,19 +276,21 @@ class MainWindow(QMainWindow):
         self._action(f, "Connect to agents…", self._on_connect_agents, "Ctrl+Shift+K",
                      "Connect to running agents from an agents.json (edgeshard cluster local, edgeshard deploy)")
         self._action(f, "Load profile…", self._on_load_profile, "Ctrl+Shift+P", "Load a profile or problem file")
-        plan, editor = self.screens.plan, self.screens.plan_editor
-        self._action(f, "Load plan…", lambda: (self.show_screen(plan), editor._on_load_clicked()), "Ctrl+Shift+O", "Load a plan file")
-        self._action(f, "Save plan…", editor._on_save_clicked, QKeySequence.Save, "Save the current plan")
+        screens = self.screens  # each reached when its action is used (built then, if it was not)
+        self._action(f, "Load plan…", lambda: (self.show_screen(screens.plan), screens.plan_editor._on_load_clicked()),
+                     "Ctrl+Shift+O", "Load a plan file")
+        self._action(f, "Save plan…", lambda: screens.plan_editor._on_save_clicked(), QKeySequence.Save,
+                     "Save the current plan")
         f.addSeparator()
         self._action(f, "Quit", self.close, QKeySequence.Quit)
 
-        e = mb.addMenu("&Edit")
-        e.addAction(editor.undo_action)
-        e.addAction(editor.redo_action)
+        self.edit_menu = e = mb.addMenu("&Edit")
+        for text in ("Undo", "Redo"):  # the plan editor's own, once the Plan screen is built
+            e.addAction(text).setEnabled(False)
 
         v = mb.addMenu("&View")
-        for i, (name, screen) in enumerate(self.screens.titled()):
-            self._action(v, name, lambda _c=False, screen=screen: self.show_screen(screen), f"Ctrl+{i + 1}",
+        for i, name in enumerate(SCREEN_TITLES):
+            self._action(v, name, lambda _c=False, i=i: self.sidebar.setCurrentRow(i), f"Ctrl+{i + 1}",
                          f"Show the {name} screen")
         v.addSeparator()
         v.addAction(self.log_dock.toggleViewAction())
@@ -273,26 +299,24 @@ class MainWindow(QMainWindow):
         self.dark_action.setChecked(studio_app.theme_mode() == "dark")
 
         d = mb.addMenu("&Devices")
-        devices, profile = self.screens.devices, self.screens.profile
-        self._action(d, "Discover devices", lambda: (self.show_screen(devices), devices.toggle_discovery()),
+        self._action(d, "Discover devices", lambda: (self.show_screen(screens.devices), screens.devices.toggle_discovery()),
                      "Ctrl+Shift+F", "Start or stop browsing the network (mDNS)")
-        self._action(d, "Add device…", lambda: (self.show_screen(devices), devices._on_add_clicked()),
+        self._action(d, "Add device…", lambda: (self.show_screen(screens.devices), screens.devices._on_add_clicked()),
                      "Ctrl+Shift+A", "Add a device by address")
-        self._action(d, "Deploy…", lambda: (self.show_screen(devices), devices.open_deploy_dialog()), "Ctrl+D",
-                     "Deploy the agent to the selected devices")
-        self._action(d, "Profile cluster", lambda: (self.show_screen(profile), profile.start_profiling()), "Ctrl+P",
-                     "Measure every unit on every device")
+        self._action(d, "Deploy…", lambda: (self.show_screen(screens.devices), screens.devices.open_deploy_dialog()),
+                     "Ctrl+D", "Deploy the agent to the selected devices")
+        self._action(d, "Profile cluster", lambda: (self.show_screen(screens.profile), screens.profile.start_profiling()),
+                     "Ctrl+P", "Measure every unit on every device")
 
         p = mb.addMenu("&Plan")
-        self._action(p, "Auto-solve", lambda: (self.show_screen(plan), plan.auto_solve()), "Ctrl+R",
+        self._action(p, "Auto-solve", lambda: (self.show_screen(screens.plan), screens.plan.auto_solve()), "Ctrl+R",
                      "Solve for the selected objective")
-        self._action(p, "Compare strategies", lambda: (self.show_screen(plan), plan.compare()), "Ctrl+Shift+C",
-                     "Compare every strategy")
+        self._action(p, "Compare strategies", lambda: (self.show_screen(screens.plan), screens.plan.compare()),
+                     "Ctrl+Shift+C", "Compare every strategy")
         r = mb.addMenu("&Run")
-        run = self.screens.run
-        self._action(r, "Start", lambda: (self.show_screen(run), run.start_run()), "Ctrl+Return",
+        self._action(r, "Start", lambda: (self.show_screen(screens.run), screens.run.start_run()), "Ctrl+Return",
                      "Run the model over the cluster with the current plan (from any screen: shows the Run screen)")
-        self._action(r, "Stop", lambda: (self.show_screen(run), run.stop_run()), None,
+        self._action(r, "Stop", lambda: (self.show_screen(screens.run), screens.run.stop_run()), None,
                      "Stop the run in progress (Esc on the Run screen)")
         h = mb.addMenu("&Help")
         self._action(h, "Keyboard shortcuts", self._on_shortcuts, "F1")
@@ -305,10 +329,10 @@ class MainWindow(QMainWindow):
             self.state.set_model(Path(path).name, path=path)
 
     def show_screen(self, screen: QWidget) -> None:
-        self.sidebar.setCurrentRow([w for _, w in self.screens.titled()].index(screen))
+        self.sidebar.setCurrentRow(SCREEN_NAMES.index(self.screens.name_of(screen)))
 
     def current_screen(self) -> QWidget:
-        return self.screens.titled()[self.stack.currentIndex()][1]
+        return self.screens.get(SCREEN_NAMES[self.stack.currentIndex()])
 
     def current_screen_title(self) -> str:
         return SCREENS[self.stack.currentIndex()]
@@ -418,9 +442,11 @@ class MainWindow(QMainWindow):
         mode = "dark" if checked else "light"
         studio_app.apply_theme(QApplication.instance(), mode)
         studio_app.settings().setValue("theme", mode)
-        for screen in (self.screens.devices, self.screens.cluster, self.screens.profile, self.screens.plan_editor,
-                       self.screens.sessions):
-            screen.refresh()
+        for name, screen in self.screens.built():  # one not built yet is built in the new theme
+            if name in ("devices", "cluster", "profile", "sessions"):
+                screen.refresh()
+            elif name == "plan":
+                self.screens.plan_editor.refresh()
 
     def _on_shortcuts(self) -> None:
         lines = [f"Ctrl+{i + 1}: {n}" for i, n in enumerate(SCREENS)] + [
@@ -460,8 +486,7 @@ class MainWindow(QMainWindow):
         if self._layout_restored:
             self.restoreState(st)  # the operator's own dock height is kept
         title = s.value("window/screen", "Devices")
-        if title in SCREENS:
-            self.sidebar.setCurrentRow(SCREENS.index(title))
+        self.sidebar.setCurrentRow(SCREENS.index(title) if title in SCREENS else 0)
 
     def save_layout(self) -> None:
         s = studio_app.settings()
@@ -490,14 +515,15 @@ class MainWindow(QMainWindow):
         if self.keeps_workspace:
             from gui.last_workspace import save_last_workspace
 
-            for problem in save_last_workspace(self.state, self.screens.run.settings()):
+            run = self.screens.run.settings() if self.screens.is_built("run") else None
+            for problem in save_last_workspace(self.state, run):
                 self.state.log(problem, "warning")
         if self._agents_runner is not None:
             self._agents_runner.shutdown()
         if self.coordinator is not None:
             self.coordinator.close()
             self.coordinator = None
-        for screen in (self.screens.devices, self.screens.profile, self.screens.plan, self.screens.run,
-                       self.screens.sessions, self.screens.experiments):
-            screen.shutdown()
+        for name, screen in self.screens.built():
+            if name != "cluster":
+                screen.shutdown()
         super().closeEvent(event)
