@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 from small_png import save_png  # noqa: E402  (scripts/, beside this file)
 
 OUT = ROOT / "docs" / "screenshots"
+OUT_FOLDER = [OUT]
+"""Where the PNGs go (--out)."""
 DEMO_RUN_PROMPTS = ("The secret of life is", "You will", "Life is", "A wise man once said")
 """The demo's two prompts and two more openings of the quotations the demo model was trained on ("Life is"
 opens 31 of them), so the shot shows what it writes."""
@@ -63,8 +65,8 @@ def grab(app, window, name: str) -> Path:
     pix = screen.grabWindow(window.winId()) if os.environ.get("QT_QPA_PLATFORM") == "xcb" else window.grab()
     if pix.isNull() or pix.width() < 10:
         pix = window.grab()
-    path = save_png(pix, OUT / f"{name}.png")
-    print(f"wrote {path.relative_to(ROOT)} ({pix.width()}x{pix.height()})")
+    path = save_png(pix, OUT_FOLDER[0] / f"{name}.png")
+    print(f"wrote {path} ({pix.width()}x{pix.height()})")
     return path
 
 
@@ -92,12 +94,14 @@ def main() -> int:
     ap.add_argument("--no-demo", action="store_true", help="use a synthetic scenario, start no agents")
     ap.add_argument("--theme", choices=["light", "dark", "both"], default="both")
     ap.add_argument("--sizes", default="1024x700,1600x1000", help="window sizes, WxH,WxH")
+    ap.add_argument("--out", default=str(OUT), help="folder for the PNGs (default docs/screenshots)")
     args = ap.parse_args()
+    OUT_FOLDER[0] = Path(args.out)
     try:
         SIZES[:] = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     except ValueError:
         ap.error(f"--sizes: expected WxH,WxH (e.g. 1024x700,1600x1000), got {args.sizes!r}")
-    OUT.mkdir(parents=True, exist_ok=True)
+    OUT_FOLDER[0].mkdir(parents=True, exist_ok=True)
 
     from gui import app as studio_app
     from gui.main_window import MainWindow

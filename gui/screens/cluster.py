@@ -280,8 +280,9 @@ class ClusterPanel(QWidget):
         if plan is not None and self.state.problem is not None:
             self._draw_plan(plan, ids, c)
         self.layout_labels()
-        self._draw_heatmap(0, "Bandwidth (Mbit/s)", ids, bw, "viridis", fmt_mbit)
-        self._draw_heatmap(1, "Latency (ms)", ids, lat, "inferno", lambda v: f"{v:.1f} ms")
+        # the unit in the title only: a cell is ~60 px wide at 1024x700 ("1.0 Gbit/s" overran it)
+        self._draw_heatmap(0, "Bandwidth (Mbit/s)", ids, bw, "viridis", lambda v: f"{v:.0f}" if v >= 10 else f"{v:.2f}")
+        self._draw_heatmap(1, "Latency (ms)", ids, lat, "inferno", lambda v: f"{v:.1f}")
 
     def _positions(self, n: int) -> list[tuple[float, float]]:
         if n == 1:

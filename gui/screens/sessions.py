@@ -291,7 +291,7 @@ class SessionsPanel(QWidget):
         splitter.addWidget(left)
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([320, 1060])
+        splitter.setSizes([460, 920])  # the list shows style, kind, status, tokens and start on a wide window
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 12, 16, 12)
         layout.addWidget(panel_header(
@@ -363,9 +363,16 @@ class SessionsPanel(QWidget):
                     child.setToolTip(0, f"{run_title(run)}: {why}. Double-click to open this run for replay")
                 top.addChild(child)
             self.tree.addTopLevelItem(top)
+            top.setFirstColumnSpanned(True)  # its long name never widens the runs' first column
+            top.setText(0, f"{session.name} · {len(runs)} run(s) · {human_time(session.created_at)}")
             top.setExpanded(True)
         for col in range(self.tree.columnCount()):
             self.tree.resizeColumnToContents(col)
+        runs = [item for item in self.run_items().values()]
+        if runs:  # the first column as wide as the runs' names (the sessions' rows span every column)
+            fm = self.tree.fontMetrics()
+            self.tree.setColumnWidth(0, max(fm.horizontalAdvance(i.text(0)) for i in runs)
+                                     + 2 * self.tree.indentation() + 12)
         self.sessions_listed.emit(len(sessions))
 
     def run_items(self) -> dict[int, QTreeWidgetItem]:

@@ -46,7 +46,7 @@ from core.planning.problem import PlanningProblem, without_offline
 from core.planning.solvers.comparison import StrategyOutcome
 from gui.techniques.layer_sharding import planning_tasks
 from gui.techniques.layer_sharding.comparison import StrategyComparison
-from gui.techniques.layer_sharding.stages import STAGE_COLUMNS, StageTable, fmt_s
+from gui.techniques.layer_sharding.stages import STAGE_COLUMN_TIPS, STAGE_COLUMNS, StageTable, fmt_s
 from gui.app import style_plot, theme_colors
 from gui.studio_state import StudioState
 from gui.widgets.unit_strip import UnitStripView
@@ -170,6 +170,8 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         split.setChildrenCollapsible(False)
         self.stage_table = QTableWidget(0, len(STAGE_COLUMNS))
         self.stage_table.setHorizontalHeaderLabels(STAGE_COLUMNS)
+        for column, tip in STAGE_COLUMN_TIPS.items():
+            self.stage_table.horizontalHeaderItem(column).setToolTip(tip)
         self.stage_table.setAccessibleName("Stages")
         self.stage_table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.stage_table.setSelectionMode(QAbstractItemView.SingleSelection)

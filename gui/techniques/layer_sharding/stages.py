@@ -13,7 +13,10 @@ from core.planning.cost import PlanCost, format_bytes
 from core.planning.plan import ShardPlan, offline_problems
 from gui.app import stage_color, theme_colors
 
-STAGE_COLUMNS = ["Stage", "Device", "Units", "Count", "Compute / token", "Transfer out", "Memory vs budget"]
+STAGE_COLUMNS = ["Stage", "Device", "Units", "Count", "Compute", "Send", "Memory / budget"]
+"""Short headers (their tooltips say more): at 1024x700 the memory column must stay on screen."""
+STAGE_COLUMN_TIPS = {4: "Compute per generated token (◀: the bottleneck stage)",
+                     5: "Sending this stage's output per generated token", 6: "Memory this stage needs / its device's budget"}
 MEMORY_COLUMN_PADDING = 24
 """Pixels beside the widest memory bar's text (the bar's frame and margins)."""
 
@@ -69,7 +72,8 @@ class StageTable:
             xfer = cost.stage_transfer_s[j] if cost and j < len(cost.stage_transfer_s) else math.inf
             ci = QTableWidgetItem(fmt_s(comp))
             if cost and cost.stage_compute_s and j == cost.bottleneck_stage and len(plan.stages) > 1:
-                ci.setText(fmt_s(comp) + "  ◀ bottleneck")
+                ci.setText(fmt_s(comp) + " ◀")  # short: the memory column stays on a 1024 px screen
+                ci.setToolTip("the bottleneck stage: the slowest, it sets the pipeline's throughput")
             t.setItem(j, 4, ci)
             t.setItem(j, 5, QTableWidgetItem(fmt_s(xfer)))
             mem = cost.memory[j] if cost and j < len(cost.memory) else None

@@ -76,7 +76,7 @@ def test_lists_the_sessions_and_runs_of_the_workspace(qtbot, state, run_data):
         record_simulation(store, b, problem, plan, simulate(problem, plan, "bubbles", generated_tokens=4))
     panel = _sessions(qtbot, state)
     names = [panel.tree.topLevelItem(i).text(0) for i in range(panel.tree.topLevelItemCount())]
-    assert names == ["bench A", "bench B"]
+    assert [n.split(" · ")[0] for n in names] == ["bench A", "bench B"] and " · 2 run(s) · " in names[0]
     assert [panel.tree.topLevelItem(0).child(i).text(1) for i in range(2)] == ["sequential", "no-bubbles"]
     assert sorted(panel.run_items()) == [1, 2, 3]
     assert all(item.text(3) == "completed" and item.text(2) == "simulated" for item in panel.run_items().values())
