@@ -21,10 +21,17 @@ screen's *Run on agents* picks edge-c from the profiled budgets, and edge-a and 
 the KV cache and attention.
 
 **A demo model that speaks.** The model is trained briefly on English quotations
-(Debian's ``fortunes``, core/models/training.py) at first use, in a child process, and
-cached in the user's data folder. Until then the demo starts at once with the untrained
-checkpoint of the same recipe (same units and sizes, so a profile or plan stays valid when
-the trained one replaces it) and says so.
+(Debian's ``fortunes``, core/models/training.py) and shipped in the repository
+(``resources/demo_models``), so the first launch's text reads as phrases at once. Without the
+shipped one (or with a ``model_root`` of its own, as tests use) it is trained at first use, in a
+child process, and cached in the user's data folder; until then the demo starts at once with
+the untrained checkpoint of the same recipe (same units and sizes, so a profile or plan stays
+valid when the trained one replaces it) and says so.
+
+**A tour of five techniques.** The studio state's ``technique_models`` give every technique a
+model of its kind (``demo_model.demo_checkpoints``: the Llama, a small MoE and a small Llava
+trained on the same text, a digit CNN), so the Plan screen's picker offers all five on the same
+three agents, and each plans from their measured profile and runs on them.
 """
 
 from __future__ import annotations
@@ -152,6 +159,7 @@ class DemoSession(QObject):
         self._drop_agents_bar()
         st = self.state
         st.set_model(demo_model.DEMO_MODEL_NAME, path=str(parts.model_dir))
+        st.set_technique_models(demo_model.demo_checkpoints(parts.model_dir))  # the tour: a model per technique
         st.set_connection(f"demo cluster: {len(self.devices)} agents on 127.0.0.1")
         if self.window is not None:
             from gui.connection.attach import attach
@@ -265,6 +273,7 @@ class DemoSession(QObject):
 
         self.parts.model_dir = Path(path)
         self.state.set_model(demo_model.DEMO_MODEL_NAME, path=str(path))
+        self.state.set_technique_models(demo_model.demo_checkpoints(path))
         if self.window is not None:
             self.window.screens.run.model_edit.setText(str(path))
         steps = trained_steps(path)

@@ -1,6 +1,8 @@
-"""The demo's model: a small Llama recipe, its untrained checkpoint (cached, remade in seconds)
-and its training on English quotations (Debian's ``fortunes``, core/models/training.py) in a
-child process, cached in the user's data folder and continued while it has too few steps.
+"""The demo's models: a small Llama recipe, its trained checkpoint shipped in the repository
+(``resources/demo_models``, core/models/demo_models.py), its untrained checkpoint (cached, remade
+in seconds) and its training on English quotations (Debian's ``fortunes``, core/models/training.py)
+in a child process, cached in the user's data folder and continued while it has too few steps;
+and the model of every other technique the demo tours (``demo_checkpoints``).
 
 Tests and the demo reach these through the module (``demo_model.DEMO_TRAINING``), so a test
 that sets one setting sets it for every user of it.
@@ -21,12 +23,39 @@ DEMO_TRAINING = None
 
 
 def demo_recipe():
-    from core.models.checkpoints import ModelRecipe
+    from core.models.demo_models import LLAMA
 
-    # hidden 128 / vocab 4096: small enough for ~830 training steps in the 150 s budget on 2 cores,
-    # where hidden 192 gets ~490 and its greedy text loops; 4096 tokens hold most words whole, so
-    # the model does not glue made-up words from pieces (core/models/training.py has the figures)
-    return ModelRecipe(family="llama", layers=6, hidden=128, heads=4, kv_heads=2, vocab=4096, seed=7)
+    return LLAMA
+
+
+DEMO_TECHNIQUE_MODELS = {"layer-sharding": "llama", "attention-offload": "llama", "expert-offload": "moe",
+                         "phase-disaggregation": "llava", "spatial": "cnn"}
+"""Which demo model each technique tours with (``core.models.demo_models.shipped`` names the folders)."""
+
+
+def demo_checkpoints(llama: str | Path | None = None) -> dict[str, str]:
+    """Technique name -> the checkpoint the demo plans and runs it with: the quotation Llama
+    (``llama``: the one in use, else the shipped one) for layer sharding and attention offloading,
+    the shipped MoE (a Mixtral) for expert offloading, the shipped Llava for EPD, and the shipped
+    digit CNN's folder (``core.techniques.spatial.digits.digits_cnn`` reads it; its ``images/``
+    are held-out digits) for spatial partitioning. Only shipped models that are there are named."""
+    from core.models.demo_models import shipped
+
+    out = {}
+    for technique, kind in DEMO_TECHNIQUE_MODELS.items():
+        path = Path(llama) if kind == "llama" and llama else shipped(kind)
+        if path.is_dir():
+            out[technique] = str(path)
+    return out
+
+
+def shipped_model_dir() -> Path | None:
+    """The trained quotation Llama in the repository, when it is there and of the current recipe."""
+    from core.models.demo_models import shipped
+
+    out = shipped("llama")
+    return out if (out / "training.json").is_file() and any(out.glob("*.safetensors")) and holds_demo_recipe(out) \
+        else None
 
 
 def holds_demo_recipe(model_dir: Path) -> bool:
@@ -63,14 +92,23 @@ def trained_model_dir(root: Path | None = None) -> Path:
 
 
 def has_trained_model(root: Path | None = None) -> bool:
+    """A trained demo model is there: cached under ``root``, or (the user's own data folder, ``root``
+    None) the one shipped in the repository."""
     out = trained_model_dir(root)
-    return (out / "training.json").is_file() and any(out.glob("*.safetensors")) and holds_demo_recipe(out)
+    cached = (out / "training.json").is_file() and any(out.glob("*.safetensors")) and holds_demo_recipe(out)
+    return cached or (root is None and shipped_model_dir() is not None)
 
 
 def ensure_demo_model(reporter: Reporter, root: Path | None = None) -> Path:
-    """The trained demo checkpoint if cached, else the untrained one, made once and reused."""
+    """The trained demo checkpoint if cached, else (for the user's own data folder) the one shipped
+    in the repository, else the untrained one, made once and reused. A ``root`` of its own (tests)
+    never takes the shipped one, so its training can be watched."""
     from core.models.checkpoints import make_model
 
+    shipped = shipped_model_dir() if root is None else None
+    if shipped is not None:
+        reporter.status(f"using the trained demo model shipped in {shipped}")
+        return shipped
     if has_trained_model(root):
         reporter.status(f"using the trained demo model in {trained_model_dir(root)}")
         return trained_model_dir(root)
@@ -97,9 +135,12 @@ everything), so a launch that finds fewer continues the training from the cached
 
 
 def needs_more_training(root: Path | None = None) -> bool:
-    """Whether the cached trained demo model stopped short of ``DEMO_ENOUGH_STEPS``."""
+    """Whether the cached trained demo model stopped short of ``DEMO_ENOUGH_STEPS`` (none is used
+    beside the shipped one)."""
     from core.models.training import trained_steps
 
+    if root is None and shipped_model_dir() is not None:
+        return False
     return has_trained_model(root) and trained_steps(trained_model_dir(root)) < DEMO_ENOUGH_STEPS
 
 

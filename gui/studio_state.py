@@ -22,6 +22,8 @@ class StudioState(QObject):
     profile_changed = Signal(object)
     problem_changed = Signal(object)
     spatial_fits_changed = Signal(object)
+    technique_models_changed = Signal(object)
+    """dict[str, str]: a model of its own per technique (the demo's tour), ``technique_models``."""
     plan_changed = Signal(object)
     model_changed = Signal(str)
     connection_changed = Signal(str)
@@ -58,6 +60,10 @@ class StudioState(QObject):
         self.spatial_fits = None
         """The CNN time models (``core.techniques.spatial.profiling.SpatialFits``) last profiled on
         agents or loaded from a spatial problem: the Profile screen shows them."""
+        self.technique_models: dict[str, str] = {}
+        """Technique name -> the checkpoint its views plan and run (the demo's tour gives each technique
+        a model of its kind: ``gui.demo_model.demo_checkpoints``); the Plan screen offers these techniques
+        whatever the LLM's family."""
         """The connected agents' ``Coordinator`` (techniques with their own run driver use its link)."""
         self.last_run_events: tuple = ()
         self.last_run_tokens: tuple = ()
@@ -89,6 +95,11 @@ class StudioState(QObject):
         if fits != self.spatial_fits:
             self.spatial_fits = fits
             self.spatial_fits_changed.emit(fits)
+
+    def set_technique_models(self, models: dict[str, str]) -> None:
+        if models != self.technique_models:
+            self.technique_models = dict(models)
+            self.technique_models_changed.emit(dict(models))
 
     def set_model(self, name: str, path: str = "") -> None:
         self.model_path = path or self.model_path

@@ -47,7 +47,7 @@ class ClusterRunBackend:
             options = OffloadRunOptions.of(settings.technique_options)
         except RunFailed:
             return {}  # the run itself says what is wrong
-        return lane_roles(plan.devices()[0], self.lanes(), options.compute_replicas)
+        return lane_roles(plan.devices()[0], self.lanes(), options)
 
     def run(self, settings, sink, reporter: Reporter) -> Any:
         plan = self.state.plan

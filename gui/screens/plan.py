@@ -44,14 +44,16 @@ class PlanScreen(QWidget):
         lay.addWidget(self.stack, 1)
         self.picker.currentIndexChanged.connect(self._on_picker_index_changed)
         state.problem_changed.connect(lambda _p: self.refresh_techniques())
+        state.technique_models_changed.connect(lambda _m: self.refresh_techniques())
         self.refresh_techniques()
 
     # the techniques on offer -------------------------------------------------------
     def available(self) -> list[str]:
         """Techniques with a plan view that apply to the current model (all of them before a model is known)."""
         problem = self.state.problem
-        known = techniques() if problem is None else techniques_for(problem.profile.model)
-        return [t.name for t in known if has_plan_view(t.name)]
+        known = {t.name for t in (techniques() if problem is None else techniques_for(problem.profile.model))}
+        known |= set(self.state.technique_models)  # a model of its own (the demo's tour): offered whatever the LLM
+        return [t.name for t in techniques() if has_plan_view(t.name) and t.name in known]
 
     def refresh_techniques(self) -> None:
         names = self.available() or ["layer-sharding"]

@@ -1,7 +1,10 @@
 """Attention offloading's plan view: which device holds the dense layers, which holds which heads' KV.
 
-The attention-offload technique's face on the Plan screen (gui.techniques). A scenario (the
-paper's H100 + H20 pairing, or an edge lab) gives the problem; a strategy gives the plan
+The attention-offload technique's face on the Plan screen (gui.techniques). The problem is the
+cluster you have — the connected agents' measured profile (budgets, links, speeds from the
+blocks' decode times: ``core.techniques.attention_offload.measured``) for the chosen checkpoint,
+re-planned whenever the profile or the model changes — or, as a what-if, a scenario (the
+paper's H100 + H20 pairing, or an edge lab); a strategy gives the plan
 (Auto-solve: the exact search; Compare: exact, Lamina's rule and the two baselines). The
 placement canvas draws one row per device: a compute device's bar spans the layers whose dense
 part it holds, a memory device's bar the key/value heads whose KV and attention it holds, each
@@ -22,12 +25,32 @@ from core.techniques.attention_offload.cost import evaluate
 from core.techniques.attention_offload.planner import BaselinePlan, run_strategy
 from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem
 from core.techniques.attention_offload.scenarios import SCENARIOS
+from core.techniques.attention_offload.problem import OffloadWorkload
 from gui.app import stage_color
 from gui.studio_state import StudioState
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 
 STRATEGIES = ("exact", "lamina-rule", "homogeneous", "layer-sharding")
 GIB = 2**30
+MEASURED = "measured cluster"
+"""The source picker's entry for the connected agents' measured profile (the others: what-if scenarios)."""
+MEASURED_WORKLOAD = OffloadWorkload(prompt_tokens=16, generated_tokens=32, max_batch=8)
+"""A measured cluster's workload when its profile names no prompt length: a demo-sized run."""
+
+
+def measured_problem(profile, model_dir: str, agents) -> OffloadProblem:
+    """The measured cluster as this view plans it: the profiled agents that are connected, the
+    checkpoint's geometry (float32, as the agents load it), the profiled prompt length."""
+    from core.techniques.attention_offload.measured import problem_from_profile
+    from core.techniques.attention_offload.run import checkpoint_model
+
+    workload = MEASURED_WORKLOAD
+    if profile.profiled_workload is not None:
+        workload = OffloadWorkload(prompt_tokens=profile.profiled_workload.prompt_tokens,
+                                   generated_tokens=MEASURED_WORKLOAD.generated_tokens,
+                                   max_batch=MEASURED_WORKLOAD.max_batch)
+    return problem_from_profile(profile, checkpoint_model(model_dir), workload,
+                                devices=tuple(agents) if agents else None)
 
 
 def placement_rows(problem: OffloadProblem, plan) -> list[tuple[str, str, float, float, str]]:
@@ -142,6 +165,9 @@ class OffloadRunControls(QGroupBox):
         form.addRow("Staggering", self.schedule)
         form.addRow(self.roles)
         self._dense, self._agents = "", []
+        self._roles: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        """(compute, memory) named by a proposal (a plan of the measured cluster); None: ``agent_roles``."""
+        self._applying = False
         self.replicas.valueChanged.connect(self._on_changed)
         self.schedule.currentTextChanged.connect(self._on_changed)
         self.hide()
@@ -154,27 +180,46 @@ class OffloadRunControls(QGroupBox):
         if len(stages) != 1 or stages[0].kind != DENSE_KIND:
             self.hide()
             return
+        if (stages[0].device, list(agents)) != (self._dense, self._agents):
+            self._roles = None  # named for another plan or other agents
         self._dense, self._agents = stages[0].device, list(agents)
-        self.replicas.setMaximum(max(1, len([a for a in agents if a != self._dense]) - 1))
+        # every agent but one (a memory agent must be left) may be a replica: 3 agents, 2 replicas
+        self.replicas.setMaximum(max(1, len([a for a in agents if a != self._dense])))
         self.show()
         self._update_roles()
 
     def options(self) -> dict:
-        return {"compute_replicas": self.replicas.value(), "schedule": self.schedule.currentText()}
+        named = {} if self._roles is None else {"compute": list(self._roles[0]), "memory": list(self._roles[1])}
+        return {"compute_replicas": self.replicas.value(), "schedule": self.schedule.currentText(), **named}
 
     def apply(self, options: dict) -> None:
-        if "compute_replicas" in options:
-            self.replicas.setValue(int(options["compute_replicas"]))
-        if options.get("schedule") in ("rotational", "fixed"):
-            self.schedule.setCurrentText(options["schedule"])
+        """Take proposed (or recorded) options; ``compute``/``memory`` name each agent's role (a plan of
+        the measured cluster), kept until the operator changes the replicas or another plan comes."""
+        roles = None
+        if options.get("compute") and options.get("memory"):
+            roles = (tuple(options["compute"]), tuple(options["memory"]))
+        self._applying = True
+        try:
+            if "compute_replicas" in options:
+                self.replicas.setValue(int(options["compute_replicas"]))
+            if options.get("schedule") in ("rotational", "fixed"):
+                self.schedule.setCurrentText(options["schedule"])
+        finally:
+            self._applying = False
+        self._roles = roles if roles and len(roles[0]) == self.replicas.value() else None
+        self._on_changed()
 
     def lane_notes(self) -> dict[str, str]:
         """Device -> its role in the run these options give (the timeline's lane notes)."""
         from core.techniques.attention_offload.run import lane_roles
 
-        return lane_roles(self._dense, self._agents or [self._dense], self.replicas.value())
+        from core.techniques.attention_offload.run import OffloadRunOptions
+
+        return lane_roles(self._dense, self._agents or [self._dense], OffloadRunOptions.of(self.options()))
 
     def _on_changed(self, *_args) -> None:
+        if not self._applying and self._roles is not None and len(self._roles[0]) != self.replicas.value():
+            self._roles = None  # the operator chose another replica count: the next agents, as usual
         self._update_roles()
         self.changed.emit()
 
@@ -251,8 +296,16 @@ class AttentionOffloadPlanView(QWidget):
                                    "Dense layers on compute devices, the KV cache and attention on memory devices, "
                                    "split by heads; per token and layer only q, k, v and the output cross."))
         self.scenario = QComboBox()
-        self.scenario.addItems(list(SCENARIOS))
+        self.scenario.addItems([MEASURED, *SCENARIOS])
         self.scenario.setAccessibleName("Scenario")
+        self.scenario.setItemData(0, "The connected agents as profiled (Profile cluster): their memory budgets, "
+                                  "links and speeds, for the Run screen's checkpoint", Qt.ItemDataRole.ToolTipRole)
+        for i, name in enumerate(SCENARIOS, start=1):
+            self.scenario.setItemData(i, f"What-if: the {name} scenario's datasheet devices",
+                                      Qt.ItemDataRole.ToolTipRole)
+        self.scenario.setCurrentText("paper")
+        self._source_picked = False
+        """The operator picked a source: a profile arriving no longer switches to the measured cluster."""
         self.accelerators = QSpinBox()
         self.accelerators.setRange(1, 4)
         self.accelerators.setValue(2)
@@ -271,6 +324,7 @@ class AttentionOffloadPlanView(QWidget):
             ("Scenario", self.scenario), ("Accelerators", self.accelerators),
             ("Memory devices", self.memory_devices), ("Objective", self.objective), ("Strategy", self.strategy))])
         lay.addWidget(self.controls)
+        self.scenario.activated.connect(self._on_scenario_activated)
         for w in (self.scenario, self.objective, self.strategy):
             w.currentTextChanged.connect(lambda _t: self.refresh())
         for w in (self.accelerators, self.memory_devices):
@@ -297,19 +351,80 @@ class AttentionOffloadPlanView(QWidget):
         run_row.addWidget(self.run_button)
         run_row.addWidget(self.run_where, 1)
         lay.addLayout(run_row)
-        state.agents_changed.connect(lambda _a: self.update_run_controls())
-        state.offline_changed.connect(lambda _o: self.update_run_controls())
-        state.model_changed.connect(lambda _m: self.update_run_controls())
-        state.profile_changed.connect(lambda _p: self.update_run_controls())  # the profiled budgets pick the compute agent
+        # a new profile, model or set of agents re-plans the measured cluster (and re-picks the agents)
+        for signal in (state.agents_changed, state.offline_changed, state.model_changed, state.profile_changed):
+            signal.connect(lambda _v: self._on_cluster_changed())
+        self._use_measured_when_there()
         self.refresh()
 
+    # the problem ----------------------------------------------------------------------
+    def measured_available(self) -> str:
+        """Why the measured cluster cannot be planned now ("" when it can)."""
+        profile = self.state.profile
+        if profile is None or profile.source != "measured":
+            return "no measured profile: Profile cluster on the Profile screen (with agents connected)"
+        if not self.state.model_path:
+            return "no checkpoint chosen: pick the model on the Run screen"
+        return ""
+
+    def _use_measured_when_there(self) -> None:
+        """Open on the measured cluster once there is one, unless the operator picked a source."""
+        if not self._source_picked and not self.measured_available() and self.scenario.currentText() != MEASURED:
+            self.scenario.setCurrentText(MEASURED)  # refreshes
+
+    def _on_scenario_activated(self, _index: int) -> None:
+        self._source_picked = True
+
+    def pick_source(self, name: str) -> None:
+        """What the operator's pick in the Scenario picker does: that source, kept when a profile arrives."""
+        self._source_picked = True
+        self.scenario.setCurrentText(name)
+
+    def _on_cluster_changed(self) -> None:
+        if self.scenario.currentText() == MEASURED:
+            self.refresh()
+        else:
+            self._use_measured_when_there()
+        self.update_run_controls()
+
+    def is_measured(self) -> bool:
+        return self.scenario.currentText() == MEASURED
+
     def refresh(self) -> None:
-        make = SCENARIOS[self.scenario.currentText()]
-        self.problem = make(self.accelerators.value(), self.memory_devices.value())
+        measured = self.is_measured()
+        for w in (self.accelerators, self.memory_devices):
+            w.setEnabled(not measured)
+        say_why_disabled({w: "the measured cluster has its own devices" for w in (self.accelerators,
+                                                                                   self.memory_devices)})
         self.table.hide()
+        if measured:
+            why = self.measured_available()
+            if why:
+                self._no_plan(why, "Cannot plan the measured cluster:")
+                return
+            if self.objective.currentText() == "throughput-per-dollar":
+                self.objective.setCurrentText("throughput")  # measured devices have no price (refreshes)
+                return
+            try:
+                self.problem = measured_problem(self.state.profile, self.state.model_path, self._agent_names())
+            except (EdgeShardError, OSError, ValueError) as err:  # a checkpoint it cannot read, a partial profile
+                self._no_plan(str(err), "Cannot plan the measured cluster:")
+                return
+        else:
+            make = SCENARIOS[self.scenario.currentText()]
+            self.problem = make(self.accelerators.value(), self.memory_devices.value())
         self.show_strategy(self.strategy.currentText())
 
+    def _no_plan(self, why: str, title: str) -> None:
+        self.problem, self.plan = None, None
+        self.message.show_lines([why], title)
+        self.summary.setText("")
+        self.canvas.show_rows([], "")
+        self.update_run_controls()
+
     def show_strategy(self, name: str) -> None:
+        if self.problem is None:
+            return
         out = run_strategy(self.problem, name, self.objective.currentText())
         if out.plan is None:
             self.plan = None
@@ -322,9 +437,10 @@ class AttentionOffloadPlanView(QWidget):
         self.plan, c = out.plan, out.cost
         shape = (f"batch {out.plan.batch} × {out.plan.in_flight} in flight, {out.plan.schedule} staggering"
                  if isinstance(out.plan, OffloadPlan) else f"{out.plan.kind}, batch {out.plan.batch}")
+        priced = (f", {c.tokens_per_s_per_dollar * 1e3:.1f} tokens/s per k$ (devices ${c.price:,.0f})"
+                  if c.price > 0 else "")
         self.summary.setText(
-            f"{self.problem.name}. {name}: {c.tokens_per_s:,.0f} tokens/s, {c.tokens_per_s_per_dollar * 1e3:.1f} "
-            f"tokens/s per k$ (devices ${c.price:,.0f}), {shape}"
+            f"{self.problem.name}. {name}: {c.tokens_per_s:,.0f} tokens/s{priced}, {shape}"
             + ("" if c.fits else " — does NOT fit in memory"))
         axis = ("layers 0 → L (dense) · key/value heads 0 → h_kv (KV)" if isinstance(out.plan, OffloadPlan)
                 else "layers 0 → L")
@@ -359,6 +475,8 @@ class AttentionOffloadPlanView(QWidget):
         from core.techniques.attention_offload.run import agent_roles, choose_compute, dense_weight_bytes
 
         names = self._agent_names()
+        if self.is_measured() and set(self.plan.compute) | set(self.plan.memory) <= set(names):
+            return list(self.plan.compute), list(self.plan.memory)  # planned on these very agents
         profile = self.state.profile
         budgets = {d.id: d.memory_bytes for d in profile.cluster.devices} if profile is not None else {}
         dense, replicas = choose_compute(names, budgets, dense_weight_bytes(self.state.model_path),
@@ -381,9 +499,10 @@ class AttentionOffloadPlanView(QWidget):
         profiled = profile is not None and set(compute) <= set(profile.cluster.device_ids())
         why = (f"; {' and '.join(compute)}: a profiled memory budget that holds the dense part "
                f"({dense_weight_bytes(self.state.model_path) / 2**20:.1f} MiB of weights)" if profiled else "")
-        self.run_where.setText(f"compute: {', '.join(compute)} · memory: {', '.join(memory)}"
-                               f"{staggering} (the scenario's {len(self.plan.compute)} compute / "
-                               f"{len(self.plan.memory)} memory devices map onto the connected agents{why})")
+        how = ("planned on the measured agents" if self.is_measured() else
+               f"the scenario's {len(self.plan.compute)} compute / {len(self.plan.memory)} memory devices map onto "
+               "the connected agents")
+        self.run_where.setText(f"compute: {', '.join(compute)} · memory: {', '.join(memory)}{staggering} ({how}{why})")
 
     def run_on_agents(self) -> None:
         """Put the split of the connected agents in the studio state and ask for it to run."""
@@ -395,8 +514,11 @@ class AttentionOffloadPlanView(QWidget):
 
         compute, memory = self.agent_split()
         replicas = len(compute)
+        # a plan of the measured cluster runs as planned: its batches in flight staggered even over one
+        # replica; a scenario's maps onto the agents, its batches in flight only with several replicas
+        staggered = replicas > 1 or (self.is_measured() and self.plan.in_flight > 1)
         on_agents = OffloadPlan(compute=tuple(compute), memory=tuple(memory), batch=self.plan.batch,
-                                in_flight=self.plan.in_flight if replicas > 1 else 1, schedule=self.plan.schedule)
+                                in_flight=self.plan.in_flight if staggered else 1, schedule=self.plan.schedule)
         try:
             shard_plan = technique_named("attention-offload").run_plan(on_agents, self.state.model_path)
         except (ValueError, OSError) as err:  # a checkpoint it cannot read (CheckpointError): say so here
@@ -404,8 +526,9 @@ class AttentionOffloadPlanView(QWidget):
             return
         self.message.show_lines([])
         self.state.set_plan(shard_plan)
-        self.state.propose_run_options({"compute_replicas": replicas, "schedule": self.plan.schedule},
-                                       on_agents.in_flight if replicas > 1 else 0)
+        named = {"compute": list(compute), "memory": list(memory)} if self.is_measured() else {}
+        self.state.propose_run_options({"compute_replicas": replicas, "schedule": self.plan.schedule, **named},
+                                       on_agents.in_flight if staggered else 0)
         self.run_requested.emit()
 
     def auto_solve(self) -> None:

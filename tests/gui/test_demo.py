@@ -223,6 +223,8 @@ def test_the_demo_cluster_shards_over_all_three_and_runs_attention_offloading_wi
         run.max_tokens_spin.setValue(4)
         window.screens.plan.set_technique("attention-offload")
         offload = window.screens.plan.view
+        # a what-if mapped onto the agents: one replica (the measured cluster's own plan: test_demo_tour.py)
+        offload.pick_source("paper")
         offload.auto_solve()
         assert offload.run_button.isEnabled(), offload.run_button.toolTip()
         assert offload.run_where.text().startswith("compute: edge-c · memory: edge-a, edge-b")

@@ -20,13 +20,15 @@ from agents.envelope import (
 )
 
 class SpatialNet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Which CNN (agents.techniques.spatial.network.NETWORKS) and the seed of its generated weights."""
+    """Which CNN (agents.techniques.spatial.network.NETWORKS) and the seed of its generated weights,
+    or its trained weights: a safetensors file on the agent's disk (the demo's digit CNN)."""
 
     network: str
     image: int
     width_div: int = 1
     classes: int = 1000
     seed: int = 0
+    weights: str = ""
 
 
 class ComputeStrip(Message, frozen=True, tag="compute_strip"):
@@ -140,6 +142,8 @@ STRIP_KIND = "strip"
 def _net_problem(net: SpatialNet) -> str:
     if not (32 <= net.image <= 4096 and 1 <= net.width_div <= 4096 and 1 <= net.classes <= 100_000):
         return "net: image must be in [32, 4096], width_div in [1, 4096], classes in [1, 100000]"
+    if len(net.weights) > 4096:
+        return "net: the weights file's path is over 4096 characters"
     return ""
 
 

@@ -266,10 +266,13 @@ class SpatialNet:
                 x = torch.relu(F.conv2d(torch.relu(F.conv2d(x, w1, b1, padding=1)), w2, b2, padding=1) + x)
         return self.head(x)
 
+    def tensors(self) -> list:
+        """Every weight and bias, layers first then the head (``weight_names``' order)."""
+        return [t for group in self.params for pair in group for t in pair] + \
+            [t for pair in self.head_params for t in pair]
+
     def memory_bytes(self) -> int:
-        tensors = [t for group in self.params for pair in group for t in pair]
-        tensors += [t for pair in self.head_params for t in pair]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 def run_partitioned(net: SpatialNet, x, groups: Sequence[tuple[int, int]],
@@ -400,11 +403,43 @@ def _timing_samples(items: Sequence[tuple[Layer, int, int]], repeats: int, threa
     return out
 
 
-def network_for(network: str, image: int, width_div: int, classes: int, seed: int) -> SpatialNet:
-    """The generated network a ``ComputeStrip`` names (the coordinator builds the same one)."""
+def network_for(network: str, image: int, width_div: int, classes: int, seed: int, weights: str = "") -> SpatialNet:
+    """The network a ``ComputeStrip`` or ``SpatialSetup`` names (the coordinator builds the same one):
+    generated from ``seed``, or read from the safetensors file ``weights`` (a trained one)."""
     if network not in NETWORKS:
         raise ValueError(f"unknown network {network!r}; this agent has: {', '.join(NETWORKS)}")
-    return build_network(NETWORKS[network](image, width_div, classes), seed)
+    spec = NETWORKS[network](image, width_div, classes)
+    return load_network(spec, weights) if weights else build_network(spec, seed)
+
+
+def weight_names(spec: CnnSpec) -> list[str]:
+    """The tensor names of a network's weights file, in ``SpatialNet.tensors()`` order."""
+    names = []
+    for i, layer in enumerate(spec.layers):
+        convs = 1 if layer.kind == "conv" else 2 if layer.kind == "res" else 0
+        names += [f"layers.{i}.{j}.{part}" for j in range(convs) for part in ("weight", "bias")]
+    dims = (spec.head_in, *spec.fc)
+    names += [f"head.{j}.{part}" for j in range(len(dims) - 1) for part in ("weight", "bias")]
+    return names
+
+
+def load_network(spec: CnnSpec, path: str) -> SpatialNet:
+    """``spec``'s network with the weights in the safetensors file ``path`` (any float dtype, computed
+    in float32). A file that lacks a tensor or holds one of another shape is a ``ValueError`` naming it."""
+    import torch
+    from safetensors import safe_open
+
+    net = build_network(spec, seed=0)
+    with safe_open(path, framework="pt") as f:
+        found = set(f.keys())
+        for name, t in zip(weight_names(spec), net.tensors()):
+            if name not in found:
+                raise ValueError(f"{path}: no tensor {name!r} for {spec.name}")
+            value = f.get_tensor(name)
+            if tuple(value.shape) != tuple(t.shape):
+                raise ValueError(f"{path}: {name} is {list(value.shape)}, {spec.name} needs {list(t.shape)}")
+            t.copy_(value.to(torch.float32))
+    return net
 
 
 def compute_strip(net: SpatialNet, start: int, end: int, x_lo: int, lo: int, hi: int, shape: Sequence[int],

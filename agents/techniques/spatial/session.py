@@ -275,6 +275,7 @@ def spatial_network(agent, net):
     key = msgspec.structs.astuple(net)
     kept = state.get("network")
     if kept is None or kept[0] != key:
-        kept = (key, network.network_for(net.network, net.image, net.width_div, net.classes, net.seed))
+        kept = (key, network.network_for(net.network, net.image, net.width_div, net.classes, net.seed,
+                                               net.weights))
         state["network"] = kept  # one network at a time: the memory of the last one goes
     return kept[1]

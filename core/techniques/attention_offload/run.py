@@ -311,6 +311,11 @@ class OffloadRunOptions:
 
     compute_replicas: int = 1
     schedule: str = "rotational"
+    compute: tuple[str, ...] = ()
+    """The compute replicas by name, replica 0 first (a plan of the measured cluster names them);
+    empty: the plan's dense device and the next connected agents (``agent_roles``)."""
+    memory: tuple[str, ...] = ()
+    """The memory agents by name, with ``compute``; empty: every other connected agent."""
 
     @classmethod
     def of(cls, options) -> "OffloadRunOptions":
@@ -323,7 +328,11 @@ class OffloadRunOptions:
         replicas, schedule = options.get("compute_replicas", 1), options.get("schedule", "rotational")
         if type(replicas) is not int or not isinstance(schedule, str):
             raise RunFailed(f"compute_replicas must be an integer and schedule a name; got {replicas!r}, {schedule!r}")
-        return cls(compute_replicas=replicas, schedule=schedule)
+        compute, memory = options.get("compute") or (), options.get("memory") or ()
+        if not all(isinstance(d, str) for d in (*compute, *memory)) or (compute and len(compute) != replicas):
+            raise RunFailed(f"compute must name compute_replicas ({replicas}) agents and memory agents by name; got "
+                            f"{compute!r}, {memory!r}")
+        return cls(compute_replicas=replicas, schedule=schedule, compute=tuple(compute), memory=tuple(memory))
 
 
 HISTORY_SAMPLING_REFUSED = ("staggered attention offloading (several compute replicas, or micro-batches) samples "
@@ -351,11 +360,28 @@ def agent_roles(dense_device: str, agents: Sequence[str], replicas: int) -> tupl
     return [dense_device, *others[:replicas - 1]], others[replicas - 1:]
 
 
-def lane_roles(dense_device: str, agents: Sequence[str], replicas: int) -> dict[str, str]:
-    """Device -> its role in a run (``compute`` / ``compute <i>``, ``attention``) as ``agent_roles``
-    splits them; {} when it cannot (the run itself then says why). The timeline's lane notes."""
+def named_roles(options: OffloadRunOptions, dense_device: str, agents: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(compute, memory) for a run: the ones ``options`` names (each a connected agent, replica 0 the
+    plan's dense device, no agent twice), else ``agent_roles``. ``RunFailed`` says which name is wrong."""
+    if not options.compute:
+        return agent_roles(dense_device, agents, options.compute_replicas)
+    compute = list(options.compute)
+    memory = list(options.memory) or [d for d in agents if d not in compute]
+    unknown = [d for d in compute + memory if d not in agents]
+    if unknown or compute[0] != dense_device or len(set(compute + memory)) != len(compute + memory) or not memory:
+        raise RunFailed(f"the run names compute {', '.join(compute)} and memory {', '.join(memory) or 'none'}: each "
+                        f"must be a connected agent ({', '.join(agents)}), used once, with at least one memory agent "
+                        f"and the plan's dense device {dense_device} as replica 0; re-plan (Run on agents) and start again")
+    return compute, memory
+
+
+def lane_roles(dense_device: str, agents: Sequence[str], replicas: int | OffloadRunOptions) -> dict[str, str]:
+    """Device -> its role in a run (``compute`` / ``compute <i>``, ``attention``) as ``named_roles``
+    (or, for a replica count, ``agent_roles``) splits them; {} when it cannot (the run itself then
+    says why). The timeline's lane notes."""
+    options = replicas if isinstance(replicas, OffloadRunOptions) else OffloadRunOptions(compute_replicas=replicas)
     try:
-        compute, memory = agent_roles(dense_device, agents, replicas)
+        compute, memory = named_roles(options, dense_device, agents)
     except RunFailed:
         return {}
     notes = {d: f"compute {i}" if len(compute) > 1 else "compute" for i, d in enumerate(compute)}
@@ -377,7 +403,7 @@ def generate_offload(coordinator: Coordinator, plan: ShardPlan, model_dir: str, 
                         f"{', '.join(sorted({s.kind for s in plan.stages}))}")
     if options.schedule not in STAGGERED_SCHEDULES:
         raise RunFailed(f"unknown staggered schedule {options.schedule!r}: one of {', '.join(STAGGERED_SCHEDULES)}")
-    compute, memory = agent_roles(plan.stages[0].device, list(coordinator.endpoints), options.compute_replicas)
+    compute, memory = named_roles(options, plan.stages[0].device, list(coordinator.endpoints))
     staggered = is_staggered(options, settings.micro_batches)
     if staggered and settings.micro_batches is None:
         settings = dataclasses.replace(settings, micro_batches=len(compute) + 1)  # Lamina's n = replicas + 1

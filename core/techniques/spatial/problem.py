@@ -126,9 +126,23 @@ class CnnRef(msgspec.Struct, frozen=True, kw_only=True):
     image: int = 224
     width_div: int = 1
     classes: int = 1000
+    weights: str = ""
+    """A safetensors file of trained weights (the demo's digit CNN), read by the agents from their
+    own disk; empty: weights generated from the run's seed."""
+    labels: tuple[str, ...] = ()
+    """The classes' names, shown beside each image's class (empty: class numbers)."""
 
     def spec(self) -> CnnSpec:
         return NETWORKS[self.network](self.image, self.width_div, self.classes)
+
+    def build(self, seed: int = 0):
+        """The network itself (the agents build the same one): the single-device reference."""
+        from agents.techniques.spatial.network import network_for
+
+        return network_for(self.network, self.image, self.width_div, self.classes, seed, self.weights)
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if 0 <= index < len(self.labels) else f"class {index}"
 
 
 class SpatialProblem(msgspec.Struct, frozen=True, kw_only=True):

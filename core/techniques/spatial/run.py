@@ -63,7 +63,8 @@ def run_spatial(link, problem: SpatialProblem, plan: SpatialPlan, images, *, see
         raise SpatialInputError(f"a {spec.image}×{spec.image} image does not fit one control frame "
                                 f"({MAX_CONTROL_FRAME} bytes): use a smaller image")
     ref = problem.model
-    net = SpatialNet(network=ref.network, image=ref.image, width_div=ref.width_div, classes=ref.classes, seed=seed)
+    net = SpatialNet(network=ref.network, image=ref.image, width_div=ref.width_div, classes=ref.classes, seed=seed,
+                     weights=ref.weights)
     gw = problem.gateway
     statuses = link.status_of(list(plan.devices))
     peers = tuple(PeerSpec(device=d, stage=i, data_address=statuses[d].data_address,
@@ -273,9 +274,7 @@ def run_and_record(link, problem: SpatialProblem, plan: SpatialPlan, images, *, 
     ``workspace`` when given. A failure is recorded, then raised."""
     import torch
 
-    from agents.techniques.spatial.network import build_network
-
-    ref = build_network(problem.model.spec(), seed=seed).forward(images)
+    ref = problem.model.build(seed).forward(images)
     events: list[TimelineEvent] = []
     tokens: list[TokenEvent] = []
     scores: list[tuple[float, ...]] = []

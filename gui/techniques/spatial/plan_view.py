@@ -1,8 +1,14 @@
 """Spatial partitioning's plan view: every layer's width coloured by device, halos hatched.
 
-The spatial technique's face on the Plan screen (gui.techniques). A problem comes from a
-file or from the paper-shaped scenario (nodes, bandwidth, network); a strategy gives the
-plan (Auto-solve: the fused planner; Compare: every partitioner side by side). The tile
+The spatial technique's face on the Plan screen (gui.techniques). A problem comes from the
+cluster you have — the connected agents' CNN fits (*Profile CNN*) with the measured profile's
+links and budgets (``core.techniques.spatial.measured``), re-planned whenever the fits, the
+profile or the agents change, and chosen by itself once fits of connected agents are there
+(unless the operator picked a source) — or, as a what-if, from a file or the paper-shaped
+scenario (nodes, bandwidth); the network is the picker's, or a technique model of its own
+(``StudioState.technique_models["spatial"]``: the demo's digit CNN, trained, whose labels are
+shown per image). A strategy gives the plan (Auto-solve: the fused planner; Compare: every
+partitioner side by side). The tile
 canvas draws one row per spatial layer: the solid part is the columns each device owns, the
 hatched band under it the input columns the device reads (its strip plus the halo), so a
 halo shows as hatching reaching into the neighbour's colour; a line marks each tile (group)
@@ -17,125 +23,29 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QPainter, QPen
+import msgspec
+
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
     QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
-from agents.techniques.spatial.network import CnnSpec, Layer, group_input_ranges, strip_bounds
 from core.errors import EdgeShardError
 from core.formats import load
 from core.techniques.spatial.cost import evaluate, single_device_seconds
-from core.techniques.spatial.problem import SpatialPlan, SpatialProblem, check
+from core.techniques.spatial.problem import CnnRef, SpatialPlan, SpatialProblem, check
 from core.techniques.spatial.profiling import fits_of_problem, problem_with_fits
 from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
-from gui.app import stage_color
 from gui.studio_state import StudioState
+from gui.techniques.spatial.tiles import TileCanvas
 from gui.timeline import TimelineView
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 from gui.workers import TaskRunner
-
-
-def owned_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
-    """Each device's own columns of layer ``at`` of a group: the last layer's strips, doubled back
-    through every pool after ``at`` (pure: the canvas draws it, tests check it)."""
-    bounds = [lo for lo, _ in strip_bounds(widths)] + [sum(widths)]
-    for layer in reversed(layers[at + 1:]):
-        if layer.kind == "pool":
-            bounds = [2 * b for b in bounds]
-    w = layers[at].w_out
-    bounds[-1] = w
-    bounds = [min(b, w) for b in bounds]
-    return list(zip(bounds, bounds[1:]))
-
-
-def read_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
-    """Each device's input columns of layer ``at`` (its strip and halo); (0, 0) for an idle device."""
-    out = []
-    for lo, hi in strip_bounds(widths):
-        if hi <= lo:
-            out.append((0, 0))
-            continue
-        out.append(group_input_ranges(layers, lo, hi)[at])
-    return out
-
-
-class TileCanvas(QWidget):
-    """One row per spatial layer: owned columns solid, read columns (halos) hatched."""
-
-    ROW = 22
-    LABEL = 150
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.spec: CnnSpec | None = None
-        self.plan: SpatialPlan | None = None
-        self.setAccessibleName("Tile view")
-        self.setMinimumWidth(400)
-
-    def show_plan(self, spec: CnnSpec | None, plan: SpatialPlan | None) -> None:
-        self.spec, self.plan = spec, plan
-        rows = len(spec.layers) if spec else 0
-        self.setMinimumHeight(40 + rows * self.ROW + 30)
-        self.updateGeometry()
-        self.update()
-
-    def paintEvent(self, _event) -> None:  # noqa: N802 (Qt)
-        p = QPainter(self)
-        p.setRenderHint(QPainter.Antialiasing, False)
-        pal = self.palette()
-        text = pal.color(self.foregroundRole())
-        if self.spec is None or self.plan is None:
-            p.setPen(text)
-            p.drawText(self.rect(), Qt.AlignCenter, "No plan yet: pick a strategy or press Auto-solve")
-            return
-        x0, bar = self.LABEL, max(100, self.width() - self.LABEL - 16)
-        y = 8
-        x = x0
-        for d, name in enumerate(self.plan.devices):  # legend, each entry as wide as its name
-            label = name + (" (gateway)" if d == 0 else "")
-            room = max(92, p.fontMetrics().horizontalAdvance(label) + 4)
-            p.fillRect(QRectF(x, y, 12, 12), stage_color(d))
-            p.setPen(text)
-            p.drawText(QRectF(x + 16, y - 2, room, 16), Qt.AlignLeft | Qt.AlignVCenter, label)
-            x += 16 + room + 2
-        p.drawText(QRectF(x, y - 2, 360, 16), Qt.AlignLeft | Qt.AlignVCenter, "▨ hatched: columns read (strip + halo)")
-        y = 32
-        for (start, end), widths in zip(self.plan.groups, self.plan.widths):
-            layers = self.spec.layers[start:end]
-            p.setPen(QPen(text, 1))
-            p.drawLine(4, y, x0 + bar, y)
-            for j, layer in enumerate(layers):
-                top = y + j * self.ROW + 2
-                label = f"{start + j:2d} {layer.kind}{'' if layer.kind == 'pool' else layer.k} " \
-                        f"{layer.c_out}ch {layer.w_out}²"
-                p.setPen(text)
-                p.drawText(QRectF(4, top, self.LABEL - 8, self.ROW - 4), Qt.AlignLeft | Qt.AlignVCenter, label)
-                scale_out = bar / layer.w_out
-                for d, (lo, hi) in enumerate(owned_ranges(layers, widths, j)):
-                    if hi > lo:
-                        p.fillRect(QRectF(x0 + lo * scale_out, top, (hi - lo) * scale_out, self.ROW * 0.55),
-                                   stage_color(d))
-                scale_in = bar / layer.w_in
-                for d, (lo, hi) in enumerate(read_ranges(layers, widths, j)):
-                    if hi > lo:
-                        colour = QColor(stage_color(d))
-                        band = QRectF(x0 + lo * scale_in, top + self.ROW * 0.58 + d * 2, (hi - lo) * scale_in,
-                                      self.ROW * 0.3)
-                        p.fillRect(band, QBrush(colour, Qt.BDiagPattern))
-                        p.setPen(QPen(colour, 1))
-                        p.drawRect(band)
-            y += len(layers) * self.ROW
-        p.setPen(QPen(text, 1))
-        p.drawLine(4, y, x0 + bar, y)
-        p.drawText(QRectF(4, y + 2, x0 + bar, 18), Qt.AlignLeft | Qt.AlignVCenter,
-                   f"{len(self.plan.groups)} tiles (a line = the gateway scatters strips with halos, then gathers); "
-                   f"then the FC head on {self.plan.devices[0]}")
 
 
 class SpatialPlanView(QWidget):
@@ -146,8 +56,16 @@ class SpatialPlanView(QWidget):
         self.state = state
         self.problem: SpatialProblem | None = None
         self.plan: SpatialPlan | None = None
+        self.source = "scenario"
+        """Where the problem comes from: ``measured`` (the connected agents), ``scenario`` or ``file``."""
+        self._source_picked = False
+        """The operator picked a source: fits arriving no longer switch to the measured cluster."""
+        self.own_model: CnnRef | None = None
+        """A trained network of its own (``StudioState.technique_models``), first in the Network picker."""
         self._run_files: list[str] = []
         """The image files of the run in progress (names in the image table)."""
+        self._run_model = CnnRef()
+        """The network of the run in progress (its class labels in the image table)."""
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 12, 16, 12)
         lay.addWidget(panel_header("Spatial CNN partitioning (EdgeMI)",
@@ -167,8 +85,12 @@ class SpatialPlanView(QWidget):
         self.bandwidth.setSuffix(" Mbit/s")
         self.bandwidth.setAccessibleName("Bandwidth")
         scenario = QPushButton("Use scenario")
-        scenario.setToolTip("Devices shaped like EdgeMI's testbed (Raspberry-Pi-class, switched LAN)")
-        scenario.clicked.connect(self.use_scenario)
+        scenario.setToolTip("What-if: devices shaped like EdgeMI's testbed (Raspberry-Pi-class, switched LAN)")
+        scenario.clicked.connect(lambda: self._picked(self.use_scenario))
+        self.measured_button = QPushButton("Use measured cluster")
+        self.measured_button.setToolTip("Plan on the connected agents as profiled: their CNN fits (Profile CNN), "
+                                        "links and memory budgets (Profile cluster); re-planned when they change")
+        self.measured_button.clicked.connect(lambda: self._picked(self.use_measured))
         load_btn = QPushButton("Load problem…")
         load_btn.clicked.connect(self._load_clicked)
         self.fits_button = QPushButton("Use Profile fits")
@@ -189,7 +111,7 @@ class SpatialPlanView(QWidget):
         # Where the problem comes from, on its own row: in one row with the pickers the Strategy
         # picker was cut off at 1024 px.
         sources = QHBoxLayout()
-        for button in (scenario, load_btn, self.fits_button):
+        for button in (self.measured_button, scenario, load_btn, self.fits_button):
             sources.addWidget(button)
         sources.addStretch(1)
         lay.addLayout(sources)
@@ -219,8 +141,15 @@ class SpatialPlanView(QWidget):
         self.runner.status_reported.connect(lambda _t, text: self.run_status.setText(text))
         state.agents_changed.connect(lambda _a: self.update_run_controls())
         state.offline_changed.connect(lambda _o: self.update_run_controls())
+        for signal in (state.spatial_fits_changed, state.profile_changed, state.agents_changed,
+                       state.offline_changed):
+            signal.connect(lambda _v: self._on_cluster_changed())
+        state.technique_models_changed.connect(lambda _m: self._use_own_model())
+        self.network.currentIndexChanged.connect(lambda _i: self._replan())
+        self._use_own_model(replan=False)
         self.use_scenario()
         self._update_fits_button()
+        self._on_cluster_changed()
 
     def _run_box(self) -> QWidget:
         box = QWidget()
@@ -340,6 +269,7 @@ class SpatialPlanView(QWidget):
         self.run_status.setText("starting: " + ", ".join(f"{a} as {d}" for d, a in zip(self.plan.devices, plan.devices))
                                 + "…")
         self._run_files = list(self.image_files)
+        self._run_model = problem.model
         self.runner.start(_run_job, self.state.agents.link, problem, plan, self._run_files or self.run_images.value(),
                           self.state.workspace, f"Spatial {time.strftime('%Y-%m-%d %H:%M')}",
                           on_discarded=self._on_runner_task_finished_discarded)
@@ -355,7 +285,8 @@ class SpatialPlanView(QWidget):
         r = self.image_table.rowCount()
         self.image_table.insertRow(r)
         name = os.path.basename(self._run_files[res.image]) if res.image < len(self._run_files) else ""
-        for c, text in enumerate((f"{res.image} {name}".strip(), f"{res.latency_s * 1e3:.1f}", str(res.top_class),
+        label = self._run_model.label(res.top_class) if self._run_model.labels else str(res.top_class)
+        for c, text in enumerate((f"{res.image} {name}".strip(), f"{res.latency_s * 1e3:.1f}", label,
                                   "yes" if res.agrees else "NO", f"{res.max_abs_error:.1e}")):
             self.image_table.setItem(r, c, QTableWidgetItem(text))
         self.image_table.scrollToBottom()
@@ -393,8 +324,98 @@ class SpatialPlanView(QWidget):
         self.runner.shutdown(timeout_s=30.0)
 
     # problem ----------------------------------------------------------------------
+    def _use_own_model(self, replan: bool = True) -> None:
+        """Offer the technique model of the studio state (the demo's digit CNN) first in the Network
+        picker, with its shipped images as the run's files."""
+        from core.techniques.spatial.digits import digits_cnn
+
+        folder = self.state.technique_models.get("spatial", "")
+        try:
+            own = digits_cnn(folder) if folder else None
+        except (OSError, ValueError) as err:  # a missing or unreadable model folder: said, not raised
+            self.message.show_lines([f"{folder}: {err}"], "The spatial model cannot be used:")
+            own = None
+        if own == self.own_model:
+            return
+        self.own_model = own
+        self.network.blockSignals(True)
+        if self.network.count() > 2:
+            self.network.removeItem(0)
+        if own is not None:
+            self.network.insertItem(0, f"{os.path.basename(folder.rstrip('/'))} (trained, {own.image} px)")
+            self.network.setItemData(0, f"{folder}: {own.network}, {own.classes} classes "
+                                        f"({', '.join(own.labels[:10])})", Qt.ItemDataRole.ToolTipRole)
+            self.network.setCurrentIndex(0)
+            images = sorted(str(p) for p in (Path(folder) / "images").glob("*.png"))
+            if images and not self.image_files:
+                self.set_image_files(images)
+        self.network.blockSignals(False)
+        if replan:
+            self._replan()
+
+    def model(self) -> CnnRef:
+        """The network planned and run: the model of its own when picked, else the picker's (224 px)."""
+        if self.own_model is not None and self.network.currentIndex() == 0:
+            return self.own_model
+        return CnnRef(network=self.network.currentText())
+
+    def _picked(self, use) -> None:
+        self._source_picked = True
+        use()
+
+    def _replan(self) -> None:
+        """The current source again (the network or the cluster changed)."""
+        if self.source == "measured":
+            self.use_measured()
+        elif self.source == "scenario":
+            self.use_scenario()
+        elif self.problem is not None and self.problem.model != self.model():
+            self.set_problem(msgspec.structs.replace(self.problem, model=self.model()))
+
+    def measured_blocker(self) -> str:
+        """Why the measured cluster cannot be planned now ("" when it can)."""
+        fits = self.state.spatial_fits
+        agents = self._agent_names()
+        if not agents:
+            return "no agents connected: start the demo cluster or connect an agents.json (File menu)"
+        if fits is None or not {f.device for f in fits.devices} & set(agents):
+            return "no CNN time models of the connected agents: press Profile CNN on the Profile screen"
+        return ""
+
+    def _on_cluster_changed(self) -> None:
+        why = self.measured_blocker()
+        self.measured_button.setEnabled(not why)
+        say_why_disabled({self.measured_button: why})
+        if self.source == "measured" or (not why and not self._source_picked):
+            self.use_measured()
+
+    def use_measured(self) -> None:
+        """Plan on the connected agents from their fits and the measured profile (links, budgets)."""
+        from core.techniques.spatial.measured import problem_from_fits
+
+        why = self.measured_blocker()
+        if why:
+            if self.source == "measured":
+                self.message.show_lines([why], "Cannot plan the measured cluster:")
+            return
+        profile = self.state.profile if self.state.profile is not None and self.state.profile.source == "measured" \
+            else None
+        source = self.state.problem.source if self.state.problem is not None else ""
+        try:
+            problem = problem_from_fits(self.model(), self.state.spatial_fits, profile=profile,
+                                        agents=self._agent_names(), gateway=source)
+            check(problem)
+        except EdgeShardError as err:
+            self.message.show_lines([str(err)], "Cannot plan the measured cluster:")
+            return
+        self.source = "measured"
+        if problem != self.problem:
+            self.set_problem(problem)
+
     def use_scenario(self) -> None:
-        self.set_problem(paper_shaped(self.nodes.value(), self.bandwidth.value(), network=self.network.currentText()))
+        self.source = "scenario"
+        problem = paper_shaped(self.nodes.value(), self.bandwidth.value(), network=self.model().network)
+        self.set_problem(msgspec.structs.replace(problem, model=self.model()))
 
     def _load_clicked(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Load spatial problem", "", "Spatial problem (*.json)")
@@ -408,6 +429,7 @@ class SpatialPlanView(QWidget):
         except EdgeShardError as err:
             self.message.show_lines([str(err)], "This problem cannot be planned:")
             return
+        self.source, self._source_picked = "file", True
         self.set_problem(problem)
         self.state.set_spatial_fits(fits_of_problem(problem, f"spatial problem {os.path.basename(path)}"))
 

@@ -1,0 +1,158 @@
+"""The demo's tour: every technique offered with a model of its kind, spatial partitioning and attention
+offloading planned from the demo cluster's measured profile and run on its three agents from the
+studio, their output equal to an independent reference, recorded and replayed (pytest-qt, real agents).
+
+One demo cluster for the module (the three emulated devices of gui/demo_cluster.py), profiled once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gui import app as studio_app
+from gui.main_window import MainWindow
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The secret of life is", "You will", "Love is"]
+MAX_NEW = 5
+WAIT_MS = 240_000
+
+
+@pytest.fixture(scope="module")
+def tour(tmp_path_factory):
+    """(window, demo, qtbot-free helpers): the demo started on DEMO_DEVICES, profiled for layers and CNNs."""
+    from PySide6.QtCore import QSettings
+
+    from gui.demo import DemoSession
+
+    tmp = tmp_path_factory.mktemp("tour")
+    QSettings.setDefaultFormat(QSettings.IniFormat)
+    QSettings.setPath(QSettings.IniFormat, QSettings.UserScope, str(tmp / "settings"))
+    studio_app.create_app()
+    window = MainWindow()
+    demo = DemoSession(window.state, window=window, workspace=str(tmp / "demo.edgeshard"), workdir=str(tmp / "work"),
+                       model_root=str(tmp / "models"), train=False,
+                       profile_options=dict(prompt_tokens=8, batch_sizes=(1,), repeats=1, link_target_s=0.1))
+    try:
+        _wait(demo.ready, demo.start)
+        profile = window.screens.profile
+        _wait(window.state.profile_changed, profile.profile_button.click)
+        profile.conv_sweep = dict(sizes=(8, 16), channels=(8,), repeats=1)  # a quick CNN profile
+        _wait(window.state.spatial_fits_changed, profile.conv_button.click)
+        yield window, demo
+    finally:
+        window.close()
+        demo.stop()
+
+
+def _wait(signal, action, timeout_ms: int = WAIT_MS) -> None:
+    """Do ``action`` and process events until ``signal`` fires (a module fixture has no qtbot)."""
+    import time
+
+    from PySide6.QtWidgets import QApplication
+
+    fired = []
+    signal.connect(lambda *args: fired.append(args))
+    action()
+    end = time.monotonic() + timeout_ms / 1000
+    while not fired and time.monotonic() < end:
+        QApplication.processEvents()
+        time.sleep(0.01)
+    assert fired, f"no {signal} within {timeout_ms} ms"
+
+
+def test_the_demo_offers_all_five_techniques_each_with_a_model_of_its_kind(tour):
+    window, _demo = tour
+    models = window.state.technique_models
+    assert set(models) == {"layer-sharding", "attention-offload", "expert-offload", "phase-disaggregation",
+                           "spatial"}
+    picker = window.screens.plan.picker
+    assert sorted(picker.itemData(i) for i in range(picker.count())) == sorted(models)
+    kinds = {t: json.loads((Path(p) / ("cnn.json" if t == "spatial" else "config.json")).read_text())
+             for t, p in models.items()}
+    assert kinds["expert-offload"]["model_type"] == "mixtral" and kinds["phase-disaggregation"]["model_type"] == "llava"
+    assert kinds["layer-sharding"]["model_type"] == "llama" and kinds["spatial"]["classes"] == 10
+    assert models["attention-offload"] == models["layer-sharding"] == window.state.model_path
+
+
+def test_spatial_plans_the_measured_cluster_and_labels_the_digits_on_the_agents_like_one_forward(tour, qtbot):
+    from core.sessions.replay import Replay
+    from core.sessions.store import SessionStore
+    from core.techniques.spatial.digits import label_of_file
+    from core.techniques.spatial.images import load_images
+
+    window, _demo = tour
+    window.screens.plan.set_technique("spatial")
+    view = window.screens.plan.view
+    fits = window.state.spatial_fits
+    # the fits of the three agents arrived: the view planned them by itself, with the profile's links
+    assert view.source == "measured" and view.problem.gateway == "edge-a"
+    assert [d.id for d in view.problem.devices] == ["edge-a", "edge-b", "edge-c"]
+    assert {d.id: d.time for d in view.problem.devices} == {f.device: f.conv for f in fits.devices}
+    link = next(x for x in window.state.profile.cluster.links if (x.src, x.dst) == ("edge-a", "edge-c"))
+    assert view.problem.device("edge-c").bandwidth_Bps == pytest.approx(link.bandwidth_mbit_s * 1e6 / 8)
+    assert view.problem.model == view.own_model and view.own_model.weights  # the trained digit CNN
+    view.auto_solve()  # the fused planner on the measured figures (a 32-pixel CNN may stay on the gateway)
+    assert view.plan is not None and set(view.plan.devices) <= {"edge-a", "edge-b", "edge-c"}
+    view.strategy.setCurrentText("even")  # strips on all three agents
+    assert len(view.plan.devices) == 3 and view.run_button.isEnabled(), view.run_button.toolTip()
+    files = list(view.image_files)
+    assert len(files) == 10
+    view.run_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.run_message.isHidden(), view.run_message.text()
+    shown = [view.image_table.item(r, 2).text() for r in range(view.image_table.rowCount())]
+    reference = view.own_model.build().forward(load_images(files, view.own_model.image)).argmax(1).tolist()
+    assert shown == [str(c) for c in reference] == [str(label_of_file(f)) for f in files]
+    with SessionStore(window.state.workspace) as store:
+        measured = next(r for r in store.runs() if r.kind == "measured" and r.settings.get("technique") == "spatial")
+        assert measured.status == "completed" and len(store.tokens(measured.id)) == 10
+        assert [t.token_ids[0] for t in store.tokens(measured.id)] == reference
+        replay = Replay.from_store(store, measured.id)
+        assert replay.duration_s > 0
+        assert {i.event.device for i in replay.items if i.event is not None} == {"edge-a", "edge-b", "edge-c"}
+
+
+def test_attention_offloading_plans_the_measured_cluster_and_runs_staggered_from_the_studio_like_generate(
+        tour, qtbot):
+    from core.sessions.store import SessionStore
+    from core.runs.generation import load_tokenizer
+    from gui.techniques.attention_offload import MEASURED
+    from tests.core.hf_reference import hf_greedy_new_tokens
+
+    window, demo = tour
+    window.screens.plan.set_technique("attention-offload")
+    view = window.screens.plan.view
+    profile = window.state.profile
+    assert view.scenario.currentText() == MEASURED
+    assert {d.id: d.memory_bytes for d in view.problem.devices} == {d.id: d.memory_bytes
+                                                                     for d in profile.cluster.devices}
+    view.auto_solve()
+    # only edge-c's budget holds every layer's dense weights: the one compute replica, the others memory
+    assert view.plan.compute == ("edge-c",) and set(view.plan.memory) <= {"edge-a", "edge-b"}
+    assert view.plan.in_flight > 1 and "planned on the measured agents" in view.run_where.text()
+    run = window.screens.run
+    run.prompts_edit.setPlainText("\n".join(PROMPTS))
+    run.max_tokens_spin.setValue(MAX_NEW)
+    with qtbot.waitSignal(run.run_finished, timeout=WAIT_MS) as done:
+        view.run_button.click()
+    assert done.args == ["completed"], run.message.text()
+    assert run.micro_batches_spin.value() == view.plan.in_flight  # staggered: the plan's batches in flight
+    model_dir = str(demo.parts.model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    with SessionStore(window.state.workspace) as store:
+        ran = store.runs()[-1]
+        got: dict[int, list[int]] = {}
+        for event in store.tokens(ran.id):
+            for seq, token in zip(event.sequence_ids, event.token_ids):
+                got.setdefault(seq, []).append(token)
+    for i, prompt in enumerate(PROMPTS):  # each prompt alone, unpadded: transformers' own generate
+        (want,) = hf_greedy_new_tokens(model_dir, tokenizer([prompt], return_tensors="pt"), MAX_NEW)
+        assert tuple(got[i]) == want, prompt
+    lanes = run.monitor.timeline.lanes()
+    assert set(lanes) == {"edge-a", "edge-b", "edge-c"}
+    assert all(run.monitor.timeline.box_count(d, "compute") > 0 for d in ("edge-c", *view.plan.memory))
