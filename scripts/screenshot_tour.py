@@ -1,0 +1,100 @@
+"""Render the demo tour's spatial and attention-offloading plan and run into docs/screenshots (a real
+xcb window), at 1024x700 and 1600x1000:
+
+    QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshot_tour.py
+
+It starts the demo (its shipped models), profiles the cluster and its CNN fits through the Profile
+screen, then on the Plan screen: spatial partitioning planned on the measured cluster (*even*: strips
+on all three agents) and run on the shipped digits (``tour-spatial-plan``, ``tour-spatial-run``);
+attention offloading planned on the measured cluster (``tour-attention-plan``) and run from the
+studio (``tour-attention-run``: the Run screen). Prints each run's output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import screenshots  # noqa: E402  (scripts/: its wait, grab and sizes)
+
+PROMPTS = ("The secret of life is", "You will", "Love is")
+
+
+def main() -> int:
+    from gui import app as studio_app
+    from gui.demo import DemoSession
+    from gui.main_window import MainWindow
+
+    screenshots.SIZES[:] = [(1024, 700), (1600, 1000)]
+    wait, shoot = screenshots.wait, screenshots.shoot
+    app = studio_app.create_app(["screenshots"])
+    studio_app.settings().clear()
+    studio_app.apply_theme(app, "light")
+    window = MainWindow()
+    window.resize(1600, 1000)
+    window.show()
+    workspace = tempfile.mkdtemp(prefix="edgeshard-tour-")
+    demo = DemoSession(window.state, window=window, workspace=os.path.join(workspace, "demo.edgeshard"), train=False)
+    demo.start()
+    try:
+        if not wait(app, 180, demo.is_ready) or demo.error:
+            print("demo did not become ready: " + demo.describe(), file=sys.stderr)
+            return 1
+        profile = window.screens.profile
+        window.show_screen(profile)
+        if window.state.profile is None:
+            profile.start_profiling()
+            wait(app, 1.0)
+        wait(app, 300, lambda: not profile.runner.is_busy() and window.state.profile is not None)
+        profile.conv_sweep = dict(sizes=(8, 16, 32), channels=(8, 16), repeats=2)
+        profile.start_conv_profiling()
+        wait(app, 1.0)
+        wait(app, 300, lambda: not profile.runner.is_busy() and window.state.spatial_fits is not None)
+        plan_screen = window.screens.plan
+        window.show_screen(plan_screen)
+        plan_screen.set_technique("spatial")
+        spatial = plan_screen.view
+        spatial.strategy.setCurrentText("even")
+        wait(app, 0.5)
+        print("spatial:", spatial.summary.text())
+        shoot(app, window, "tour-spatial-plan")
+        spatial.run_button.click()
+        wait(app, 240, lambda: not spatial.runner.is_busy())
+        wait(app, 1.0)
+        t = spatial.image_table
+        print("spatial run:", spatial.run_status.text(), [(t.item(r, 0).text(), t.item(r, 2).text())
+                                                          for r in range(t.rowCount())])
+        shoot(app, window, "tour-spatial-run")
+        plan_screen.set_technique("attention-offload")
+        offload = plan_screen.view
+        offload.auto_solve()
+        wait(app, 0.5)
+        print("attention:", offload.summary.text(), "|", offload.run_where.text())
+        shoot(app, window, "tour-attention-plan")
+        run = window.screens.run
+        run.prompts_edit.setPlainText("\n".join(PROMPTS))
+        run.max_tokens_spin.setValue(16)
+        done = []
+        run.run_finished.connect(done.append)
+        offload.run_button.click()
+        wait(app, 300, lambda: bool(done))
+        wait(app, 1.0)
+        print("attention run:", done, run.monitor.text_edit.toPlainText().replace("\n", " / ")[:400])
+        window.show_screen(run)
+        shoot(app, window, "tour-attention-run")
+    finally:
+        window.close()
+        demo.stop()
+        shutil.rmtree(workspace, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
