@@ -53,6 +53,12 @@ def measured_problem(profile, model_dir: str, agents) -> OffloadProblem:
                                 devices=tuple(agents) if agents else None)
 
 
+def used_of(used: float, cap: float) -> str:
+    """"used/capacity" in GiB, or in MiB where the capacity is under a GiB (an edge agent's budget)."""
+    unit, name = (GIB, "GiB") if cap >= GIB else (2**20, "MiB")
+    return f"{used / unit:.1f}/{cap / unit:.1f} {name}"
+
+
 def placement_rows(problem: OffloadProblem, plan) -> list[tuple[str, str, float, float, str]]:
     """Per device: (device, role, bar start, bar end as fractions of its axis, label). Pure: the
     canvas draws it, tests check it. Role: dense | kv | layers | unused."""
@@ -64,7 +70,7 @@ def placement_rows(problem: OffloadProblem, plan) -> list[tuple[str, str, float,
         for d in plan.compute:
             cap = problem.device(d).memory_bytes
             rows[d] = (d, "dense", 0.0, 1.0, f"dense part of layers 0–{m.layers - 1} · no KV · "
-                                             f"{cost.compute_bytes / GIB:.1f}/{cap / GIB:.1f} GiB")
+                                             f"{used_of(cost.compute_bytes, cap)}")
         for d, heads in plan.kv_heads_of(m.kv_heads).items():
             cap = problem.device(d).memory_bytes
             g = m.q_heads // m.kv_heads
@@ -72,7 +78,7 @@ def placement_rows(problem: OffloadProblem, plan) -> list[tuple[str, str, float,
                 * len(heads) / m.kv_heads
             rows[d] = (d, "kv", heads.start / m.kv_heads, heads.stop / m.kv_heads,
                        f"KV + attention of kv heads {heads.start}–{heads.stop - 1} (q heads {heads.start * g}–"
-                       f"{heads.stop * g - 1}), all layers · {used / GIB:.1f}/{cap / GIB:.1f} GiB")
+                       f"{heads.stop * g - 1}), all layers · {used_of(used, cap)}")
     elif isinstance(plan, BaselinePlan):
         start = 0
         for d, layers in plan.stages:
@@ -293,8 +299,8 @@ class AttentionOffloadPlanView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 12, 16, 12)
         lay.addWidget(panel_header("Attention offloading (Lamina)",
-                                   "Dense layers on compute devices, the KV cache and attention on memory devices, "
-                                   "split by heads; per token and layer only q, k, v and the output cross."))
+                                   "Dense layers on compute devices; the KV cache and attention on memory devices, "
+                                   "split by heads."))
         self.scenario = QComboBox()
         self.scenario.addItems([MEASURED, *SCENARIOS])
         self.scenario.setAccessibleName("Scenario")

@@ -29,7 +29,7 @@ import msgspec
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSpinBox,
+    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy, QSpinBox,
     QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -69,8 +69,8 @@ class SpatialPlanView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 12, 16, 12)
         lay.addWidget(panel_header("Spatial CNN partitioning (EdgeMI)",
-                                   "Each convolution map is cut into vertical strips, one per device; the gateway "
-                                   "scatters strips with halo columns and gathers the results."))
+                                   "Each convolution map cut into vertical strips, one per device; the gateway "
+                                   "scatters them with halo columns and gathers."))
         controls = QHBoxLayout()
         self.network = QComboBox()
         self.network.addItems(["vgg16", "resnet-style"])
@@ -129,7 +129,7 @@ class SpatialPlanView(QWidget):
         split.addWidget(borderless_scroll(self.canvas))
         split.addWidget(self._run_box())
         split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
+        split.setStretchFactor(1, 2)  # the run's lanes and images: at 1024×700 an even split squeezed the lanes flat
         lay.addWidget(split, 1)
         self.runner = TaskRunner(self, name="spatial-run")
         self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
@@ -180,6 +180,9 @@ class SpatialPlanView(QWidget):
         self.stop_button.clicked.connect(self.stop_run)
         self.run_status = QLabel("")
         self.run_status.setAccessibleName("Run status")
+        # wrapped, never widening the view: a finished run's line pushed a 1024 px window sideways
+        self.run_status.setWordWrap(True)
+        self.run_status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         for w in (QLabel("Images"), self.run_images, self.files_button, self.random_button, self.run_button,
                   self.stop_button):
             row.addWidget(w)
@@ -342,7 +345,7 @@ class SpatialPlanView(QWidget):
         if self.network.count() > 2:
             self.network.removeItem(0)
         if own is not None:
-            self.network.insertItem(0, f"{os.path.basename(folder.rstrip('/'))} (trained, {own.image} px)")
+            self.network.insertItem(0, f"{os.path.basename(folder.rstrip('/'))} (trained)")
             self.network.setItemData(0, f"{folder}: {own.network}, {own.classes} classes "
                                         f"({', '.join(own.labels[:10])})", Qt.ItemDataRole.ToolTipRole)
             self.network.setCurrentIndex(0)
@@ -409,11 +412,20 @@ class SpatialPlanView(QWidget):
             self.message.show_lines([str(err)], "Cannot plan the measured cluster:")
             return
         self.source = "measured"
+        self._show_scenario_inputs(False)
         if problem != self.problem:
             self.set_problem(problem)
 
+    def _show_scenario_inputs(self, on: bool) -> None:
+        """Nodes and Link shape the what-if scenario only: the measured cluster has its own."""
+        for w in (self.nodes, self.bandwidth):
+            w.setEnabled(on)
+        say_why_disabled({w: "the measured cluster has its own devices and links (Use scenario for a what-if)"
+                          for w in (self.nodes, self.bandwidth)})
+
     def use_scenario(self) -> None:
         self.source = "scenario"
+        self._show_scenario_inputs(True)
         problem = paper_shaped(self.nodes.value(), self.bandwidth.value(), network=self.model().network)
         self.set_problem(msgspec.structs.replace(problem, model=self.model()))
 
