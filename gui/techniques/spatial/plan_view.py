@@ -126,7 +126,9 @@ class SpatialPlanView(QWidget):
         self.canvas = TileCanvas()
         split = QSplitter(Qt.Vertical)
         split.setChildrenCollapsible(False)
-        split.addWidget(borderless_scroll(self.canvas))
+        tiles = borderless_scroll(self.canvas)
+        tiles.setMinimumHeight(80)  # it scrolls: the run's lanes below keep their height on a short screen
+        split.addWidget(tiles)
         split.addWidget(self._run_box())
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)  # the run's lanes and images: at 1024×700 an even split squeezed the lanes flat
@@ -191,6 +193,7 @@ class SpatialPlanView(QWidget):
         self.run_message = InlineMessage()
         lay.addWidget(self.run_message)
         self.timeline = TimelineView()
+        self.timeline.setMinimumHeight(220)  # its toolbar and hint above the lanes: under this the lanes went flat
         self.timeline.set_legend_terms(
             (("▨", "strip compute"), ("▂", "gather (lower band)"), ("<span style='color:gray'>■</span>", "scatter")),
             "Per agent: hatched = computing its strips (the gateway also the head); thin lower box = its strip "

@@ -49,3 +49,18 @@ def test_a_budget_that_cannot_hold_the_dense_part_keeps_that_device_off_compute(
 def test_no_connected_agent_in_the_profile_says_to_profile():
     with pytest.raises(PlanInvalid, match="profile the cluster"):
         problem_from_profile(make_problem().profile, MODEL, WORKLOAD, devices=("elsewhere",))
+
+
+def test_a_measured_plans_named_roles_run_as_named_and_a_name_not_connected_is_refused():
+    from core.errors import RunFailed
+    from core.techniques.attention_offload.run import OffloadRunOptions, lane_roles, named_roles
+
+    agents = ["edge-a", "edge-b", "edge-c"]
+    options = OffloadRunOptions.of({"compute_replicas": 1, "compute": ["edge-c"], "memory": ["edge-b"]})
+    assert named_roles(options, "edge-c", agents) == (["edge-c"], ["edge-b"])  # edge-a: not in the plan
+    assert lane_roles("edge-c", agents, options) == {"edge-c": "compute", "edge-b": "attention"}
+    with pytest.raises(RunFailed, match="connected agent"):
+        named_roles(OffloadRunOptions.of({"compute_replicas": 1, "compute": ["edge-c"], "memory": ["gone"]}),
+                    "edge-c", agents)
+    with pytest.raises(RunFailed, match="compute_replicas"):
+        OffloadRunOptions.of({"compute_replicas": 2, "compute": ["edge-c"], "memory": ["edge-b"]})
