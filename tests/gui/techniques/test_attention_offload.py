@@ -165,3 +165,26 @@ def test_when_no_agent_holds_the_dense_part_run_on_agents_says_which_budgets_and
     why = view.run_button.toolTip()
     assert "no connected agent can be attention offloading's compute agent" in why
     assert f"phone {need / 2 / 2**20:.1f} MiB" in why and f"at least {-(-need * 10 // 2**20) / 10:.1f} MiB" in why
+
+
+def test_a_measured_profile_and_a_checkpoint_give_the_measured_cluster_re_planned_when_the_profile_changes(
+        qtbot, tiny_llama_dir):
+    import msgspec
+
+    from gui.techniques.attention_offload import MEASURED
+    from tests.gui.problems import make_problem
+
+    state, screen, view, need = _lab_view(qtbot, tiny_llama_dir)
+    assert view.scenario.currentText() == "paper"  # a synthetic profile is no measurement
+    profile = msgspec.structs.replace(make_problem().profile, source="measured")
+    state.set_profile(profile)
+    assert view.scenario.currentText() == MEASURED and not view.accelerators.isEnabled()
+    assert {d.id: d.memory_bytes for d in view.problem.devices} == {d.id: d.memory_bytes
+                                                                     for d in profile.cluster.devices}
+    view.auto_solve()
+    assert set(view.plan.compute) | set(view.plan.memory) <= {"phone", "laptop", "server"}
+    cluster = msgspec.structs.replace(profile.cluster, devices=tuple(
+        msgspec.structs.replace(d, memory_bytes=need // 2) if d.id != "laptop" else d for d in profile.cluster.devices))
+    state.set_profile(msgspec.structs.replace(profile, cluster=cluster))  # only the laptop holds the dense part now
+    view.auto_solve()
+    assert view.plan.compute == ("laptop",) and "planned on the measured agents" in view.run_where.text()

@@ -79,3 +79,30 @@ def test_fits_are_kept_for_the_next_launch_and_the_profile_screen_shows_them(qtb
     assert [table.item(r, 0).text() for r in range(table.rowCount())] == ["local-0", "local-0", "local-1"]
     assert table.item(0, 6).text() == "0.200" and table.item(1, 6).text() == "—"  # ms per MB of weights
     second.close()
+
+
+class _Agents:
+    """The connected agents as the view sees them (their names)."""
+
+    endpoints = ("local-0", "local-1", "local-2")
+
+
+def test_fits_of_connected_agents_become_the_measured_problem_and_new_fits_re_plan_it(view):
+    view.state.set_agents(_Agents())
+    assert view.source == "scenario" and not view.measured_button.isEnabled()  # no fits yet: the what-if stays
+    view.state.set_spatial_fits(_fits(2))
+    assert view.source == "measured" and [d.id for d in view.problem.devices] == ["local-0", "local-1"]
+    assert not view.nodes.isEnabled() and view.plan is not None
+    view.state.set_spatial_fits(_fits(3))  # a new profile: planned again, with the third agent
+    assert [d.id for d in view.problem.devices] == ["local-0", "local-1", "local-2"]
+    assert view.problem.device("local-2").time == _fits(3).devices[2].conv
+
+
+def test_a_scenario_the_operator_picked_stays_when_fits_arrive(view):
+    view.state.set_agents(_Agents())
+    scenario_button = next(b for b in view.findChildren(type(view.measured_button)) if b.text() == "Use scenario")
+    scenario_button.click()
+    view.state.set_spatial_fits(_fits(2))
+    assert view.source == "scenario" and view.measured_button.isEnabled()
+    view.measured_button.click()
+    assert view.source == "measured"
