@@ -42,8 +42,11 @@ def shoot(app, window, name: str) -> None:
         print(path, flush=True)
 
 
-def models(tmp: Path) -> tuple[str, str]:
-    """(Mixtral dir, Llava dir): the demo's shipped ones if there, else generated; copies either way."""
+def models(tmp: Path, moe: str = "", llava: str = "") -> tuple[str, str]:
+    """(Mixtral dir, Llava dir): the given ones, else the demo's shipped ones if there, else generated;
+    copies either way."""
+    if moe and llava:
+        return (str(shutil.copytree(moe, tmp / Path(moe).name)), str(shutil.copytree(llava, tmp / Path(llava).name)))
     try:
         from core.models.demo_models import shipped
 
@@ -61,6 +64,12 @@ def models(tmp: Path) -> tuple[str, str]:
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--moe", default="", help="a Mixtral checkpoint (default: the demo's, else generated)")
+    parser.add_argument("--llava", default="", help="a Llava checkpoint (default: the demo's, else generated)")
+    args = parser.parse_args()
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
     from gui import app as studio_app
@@ -69,7 +78,7 @@ def main() -> int:
 
     app = studio_app.create_app()
     tmp = Path(tempfile.mkdtemp(prefix="edgeshard-shots-"))
-    moe_dir, llava_dir = models(tmp)
+    moe_dir, llava_dir = models(tmp, args.moe, args.llava)
     cluster = LocalCluster(tmp / "agents", 3)
     cluster.start()
     coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=60.0)

@@ -3,7 +3,7 @@
 The paper-shaped problem (``scenarios.paper_shaped``: a phone reading a Mixtral-like model's
 experts from flash) answers "what if"; this module builds the problem of a device the studio
 profiled: the checkpoint's sizes and the device's measured compute times (``scenarios.
-from_profile``), the device's memory budget as the agent reported it (a share of the model can
+from_profile``), the device's memory budget as the agent reported it (a share of the experts can
 cap it lower, to try offloading on a device that would hold everything), the measured storage
 bandwidth (``storage-profile.json`` beside the checkpoint, written by ``measure_storage``), and
 the activation recall and bit options when their offline profiles are there too.
@@ -70,16 +70,19 @@ def profile_agents(coordinator, model_dir: str | Path, *, repeats: int = 3,
 
 
 def cluster_problem(profile, device: str, model_dir: str | Path, *, bandwidth_bps: float,
-                    model_share: float = 1.0) -> OffloadProblem:
+                    expert_share: float = 1.0) -> OffloadProblem:
     """The problem of ``device`` of the profiled cluster: measured compute times and sizes, its
-    memory budget (at most ``model_share`` of the whole model's bytes), ``bandwidth_bps`` (the
-    measured storage), measured recall and bit options where their files are beside the checkpoint.
-    Bad input is a ``FormatError`` naming what to do (``from_profile``)."""
+    memory budget (at most the resident weights and ``expert_share`` of all the experts' bytes: a
+    small model's embedding can outweigh its experts, so a share of the whole model could leave
+    room for one expert or none), ``bandwidth_bps`` (the measured storage), measured recall and bit
+    options where their files are beside the checkpoint. Bad input is a ``FormatError`` naming what
+    to do (``from_profile``)."""
     from core.techniques.expert_offload.scenarios import from_profile, measured
 
-    base = from_profile(profile, device, str(model_dir), model_share, bandwidth_bps)
-    budget = min(device_memory_bytes(profile, device), base.memory_budget_bytes)
-    problem = msgspec.structs.replace(base, memory_budget_bytes=max(1, budget))
+    base = from_profile(profile, device, str(model_dir), 1.0, bandwidth_bps)
+    m = base.model
+    cap = m.resident_bytes + int(expert_share * m.layers * m.experts * m.expert_bytes)
+    problem = msgspec.structs.replace(base, memory_budget_bytes=max(1, min(device_memory_bytes(profile, device), cap)))
     here = Path(model_dir)
     return measured(problem, activations=str(here / ACTIVATIONS_FILE) if (here / ACTIVATIONS_FILE).is_file() else None,
                     bits=str(here / BITS_FILE) if (here / BITS_FILE).is_file() else None)

@@ -139,6 +139,8 @@ class LayoutRun(msgspec.Struct, frozen=True, kw_only=True):
     layout: str
     pools: PoolConfig
     tokens: dict[int, tuple[int, ...]]
+    texts: dict[int, str]
+    """Each request's answer, decoded (what the operator reads)."""
     metrics: tuple[RequestMetrics, ...]
     measured: SloFigures
     predicted: SloFigures | None
@@ -164,6 +166,10 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
     link.sync_clocks()
     reporter.status(f"serving {len(prepared)} requests")
     run = run_epd(link, model_dir, problem.workload, pools, prepared=prepared, reporter=reporter)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    texts = {rid: tokenizer.decode(list(ids), skip_special_tokens=True) for rid, ids in run.tokens.items()}
     sim = simulate_pools(problem.costs, problem.workload, pools, record=bool(workspace))
     run_id = predicted_id = None
     if workspace:
@@ -172,7 +178,7 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
             sid = store.create_session(session)
             run_id = record_epd_run(store, sid, run, model=model, workload=problem.workload, pools=pools)
             predicted_id = record_simulation(store, sid, sim, model=model, workload=problem.workload, pools=pools)
-    return LayoutRun(layout=layout or pools.disaggregation, pools=pools, tokens=run.tokens, metrics=run.metrics,
+    return LayoutRun(layout=layout or pools.disaggregation, pools=pools, tokens=run.tokens, texts=texts, metrics=run.metrics,
                      measured=SloFigures.of(run.metrics, problem.slo),
                      predicted=SloFigures.of(sim.metrics, problem.slo), run_id=run_id, predicted_id=predicted_id)
 

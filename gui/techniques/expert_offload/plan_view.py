@@ -268,7 +268,11 @@ class ExpertOffloadPlanView(QWidget):
         measured = self.measured()
         self.device.setEnabled(measured)
         self.measure_button.setVisible(measured)
-        self.budget_label.setText("Use at most" if measured else "Memory budget")
+        self.budget_label.setText("Experts held" if measured else "Memory budget")
+        self.budget.setSuffix(" % of the experts at most" if measured else " % of the model")
+        self.budget.setToolTip("Measured: the device's memory budget, capped at the resident weights and this share "
+                               "of all the experts (to try offloading on a device that would hold them all)"
+                               if measured else "The paper-shaped device's memory, as a share of the whole model")
         self.budget.blockSignals(True)
         self.bandwidth.blockSignals(True)
         if measured:
@@ -309,7 +313,7 @@ class ExpertOffloadPlanView(QWidget):
             if why:
                 raise EdgeShardError(why)
             base = cluster_problem(self.measured_profile(), self.device.currentText(), self._model(),
-                                   bandwidth_bps=self.bandwidth.value() * 1e6, model_share=self.budget.value() / 100)
+                                   bandwidth_bps=self.bandwidth.value() * 1e6, expert_share=self.budget.value() / 100)
         else:
             base = paper_shaped(self.budget.value() / 100.0, self.bandwidth.value() * 1e6)
         return msgspec.structs.replace(base, accuracy_bound=self.bound.value() / 100.0)

@@ -4,7 +4,8 @@ tab (the served requests' timeline, measured SLO figures beside the simulator's 
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QPlainTextEdit, QSplitter, QVBoxLayout, QWidget
 
 from core.techniques.phase_disaggregation.on_agents import LayoutRun, SloFigures, measure_costs, run_layout
 from gui.techniques.phase_disaggregation.drawings import LAYOUT_WORDS, RequestTimeline, pools_text
@@ -40,10 +41,20 @@ class AgentRunTab(QWidget):
         self.summary.setAccessibleName("EPD run figures")
         self.timeline = RequestTimeline()
         self.timeline.placeholder = "No run on the agents yet"
+        self.answers = QPlainTextEdit()
+        self.answers.setReadOnly(True)
+        self.answers.setAccessibleName("EPD answers")
+        self.answers.setToolTip("Each request's answer as the agents generated it (image + prompt in)")
+        split = QSplitter(Qt.Horizontal)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self.timeline)
+        split.addWidget(self.answers)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(self.summary)
-        lay.addWidget(self.timeline, 1)
+        lay.addWidget(split, 1)
 
     def show_run(self, run: LayoutRun) -> None:
         self.last = run
@@ -56,6 +67,7 @@ class AgentRunTab(QWidget):
         lines.append(f"recorded as run {run.run_id} (predicted: run {run.predicted_id}); Sessions replays it"
                      if run.run_id is not None else "not recorded: open a workspace to keep runs")
         self.summary.setText("<br>".join(lines))
+        self.answers.setPlainText("\n".join(f"#{rid} {text.strip()}" for rid, text in sorted(run.texts.items())))
 
 
 __all__ = ["MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "figures_text", "measure_job", "run_job"]

@@ -18,7 +18,7 @@ import msgspec
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSpinBox, QSplitter,
+    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton, QSpinBox, QSplitter,
     QTableWidget, QTabWidget, QVBoxLayout, QWidget,
 )
 
@@ -84,7 +84,7 @@ def plan_epd(reporter, problem: EpdProblem, trials: int, served_only: bool = Fal
 class PhaseDisaggregationPlanView(QWidget):
     """Plan screen view of the ``phase-disaggregation`` technique."""
 
-    TABLE_HEADERS = ("configuration", "devices", "pools", "batches E/P/D", "policy", "goodput (req/s)",
+    TABLE_HEADERS = ("configuration", "devices", "pools", "batch E/P/D", "policy", "goodput (req/s)",
                      "TTFT p50 (s)", "on agents")
 
     def __init__(self, state, parent: QWidget | None = None) -> None:
@@ -166,6 +166,7 @@ class PhaseDisaggregationPlanView(QWidget):
         self.table.setHorizontalHeaderLabels(self.TABLE_HEADERS)
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)  # every column at 1024 px
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
         self.table.setSelectionMode(QTableWidget.SingleSelection)
         self.table.setToolTip("Select a row to see its pools (the aggregated and PD-only baselines too); "
@@ -194,7 +195,7 @@ class PhaseDisaggregationPlanView(QWidget):
         split.addWidget(self.tabs)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 3)
-        split.setSizes([260, 900])
+        split.setSizes([230, 900])
         lay.addWidget(split, 1)
 
         self.search_button.clicked.connect(lambda: self.auto_solve())

@@ -110,6 +110,7 @@ def test_the_searchs_pick_runs_on_the_agents_with_generates_tokens_recorded_and_
     assert run.pools == view.result.top[0].config and len(run.metrics) == 4
     workload = view.last_problem.workload
     assert run.tokens == reference_tokens(llava, prepare_requests(llava, workload))
+    assert view.run_tab.answers.toPlainText().startswith(f"#0 {run.texts[0].strip()}")
     assert "measured: TTFT p50" in view.run_tab.summary.text() and "predicted: TTFT p50" in view.run_tab.summary.text()
     with SessionStore(view.state.workspace) as store:
         runs = {r.id: r for r in store.runs()}

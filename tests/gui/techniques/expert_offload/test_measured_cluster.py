@@ -73,15 +73,15 @@ def test_the_problem_is_the_profiled_agents_with_its_budget_and_the_measured_sto
     problem = view.problem()
     assert problem.bandwidth_bps == pytest.approx(measured, rel=1e-3) and "MB/s measured" in view.subtitle.text()
     m = problem.model
-    whole = m.resident_bytes + m.layers * m.experts * m.expert_bytes
-    assert problem.memory_budget_bytes == min(device_memory_bytes(profile, "local-0"), int(0.5 * whole))
+    half = m.resident_bytes + int(0.5 * m.layers * m.experts * m.expert_bytes)
+    assert problem.memory_budget_bytes == min(device_memory_bytes(profile, "local-0"), half)
     assert m.layers == 3 and m.experts == 8 and m.expert_compute_s > 0  # the checkpoint's, timed on the agent
 
 
 def test_a_strategy_that_does_not_fit_cannot_be_used_for_run(view):
     view.compare()
     rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
-    assert view.table.item(rows["io-free"], 1).text() == "oom"  # every expert resident: over half the model
+    assert view.table.item(rows["io-free"], 1).text() == "oom"  # every expert resident: over half of them
     view.table.setCurrentCell(rows["io-free"], 0)
     assert view.strategy.currentText() == "io-free"
     assert not view.use_for_run.isEnabled() and UNAVAILABLE + "io-free does not fit (oom" in view.use_for_run.toolTip()
