@@ -45,11 +45,12 @@ class AgentRunTab(QWidget):
         self.answers.setReadOnly(True)
         self.answers.setAccessibleName("EPD answers")
         self.answers.setToolTip("Each request's answer as the agents generated it (image + prompt in)")
+        self.answers.setMinimumWidth(220)  # a line per answer, readable at 1024x700
         split = QSplitter(Qt.Horizontal)
         split.setChildrenCollapsible(False)
         split.addWidget(self.timeline)
         split.addWidget(self.answers)
-        split.setStretchFactor(0, 3)
+        split.setStretchFactor(0, 2)
         split.setStretchFactor(1, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
