@@ -150,20 +150,15 @@ def keep_stage_settings(old: ShardPlan, new: ShardPlan) -> ShardPlan:
     """``new`` (re-planned over the survivors by a solver that places units only) with the interrupted
     plan's stage kinds and settings (``Stage.kind``/``Stage.options``), so a resumed run stays the same
     technique (an expert-offload stage stays one, with its buffer, not a stage with every expert
-    resident). One kind and settings on every old stage: every new stage gets them. Otherwise a new stage
-    takes the settings of the one non-``layers`` kind whose decoder blocks (units 1 .. N-2) it holds; two
-    different ones are not re-split (``RecoveryImpossible``): which new stage should get which?"""
+    resident). A new stage takes the settings of the one non-``layers`` kind whose decoder blocks (units
+    1 .. N-2) it holds; one holding none of them (the embedding or the head alone) is a ``layers`` stage.
+    Two different kinds or settings are not re-split (``RecoveryImpossible``): which stage gets which?"""
     import msgspec
 
     def key(s) -> tuple[str, bytes]:
         return s.kind, msgspec.json.encode(s.options, order="sorted")
 
-    kinds = {key(s): s for s in old.stages}
-    if len(kinds) == 1:
-        only = old.stages[0]
-        stages = tuple(msgspec.structs.replace(s, kind=only.kind, options=only.options) for s in new.stages)
-        return msgspec.structs.replace(new, stages=stages)
-    special = {k: s for k, s in kinds.items() if k[0] != "layers" or s.options is not None}
+    special = {key(s): s for s in old.stages if s.kind != "layers" or s.options is not None}
     if len(special) > 1:
         raise RecoveryImpossible("the plan's stages are of different kinds or settings ("
                                  + ", ".join(sorted(f"{s.device}: {s.kind}" for s in special.values()))

@@ -132,6 +132,8 @@ def test_a_recovered_one_stage_expert_offload_plan_keeps_its_kind_and_settings_o
     kept = keep_stage_settings(old, replanned)
     assert [(s.device, s.kind, s.options) for s in kept.stages] == [("b", "expert-offload", OPTIONS),
                                                                    ("c", "expert-offload", OPTIONS)]
+    embedding_alone = keep_stage_settings(old, plan_from_boundaries("m", 7, ["b", "c"], [1]))
+    assert [(s.kind, s.options) for s in embedding_alone.stages] == [("layers", None), ("expert-offload", OPTIONS)]
 
 
 def test_a_recovered_mixed_plan_gives_the_kind_to_the_stages_holding_its_blocks_only():
