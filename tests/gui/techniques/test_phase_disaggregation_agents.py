@@ -132,7 +132,8 @@ def test_a_baselines_layout_runs_on_the_agents_with_generates_tokens(view, agent
 
 def test_the_studios_model_for_epd_is_the_views_checkpoint(qtbot, llava):
     state = StudioState()
-    state.technique_models = {"phase-disaggregation": llava}  # the demo tour's hook (StudioState.technique_models)
     view = PhaseDisaggregationPlanView(state)
     qtbot.addWidget(view)
+    assert view.model_dir == ""
+    state.set_technique_models({"phase-disaggregation": llava})  # the demo tour's models
     assert view.model_dir == llava and view.model_button.text() == "Model: tiny-llava"

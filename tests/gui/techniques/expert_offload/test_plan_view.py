@@ -87,7 +87,8 @@ def test_use_for_run_of_a_quantised_plan_or_a_dense_model_says_what_to_do(qtbot,
 def test_the_studios_model_for_expert_offloading_is_the_views_checkpoint(qtbot, tmp_path):
     state, model = _ready_state(tmp_path)
     state.model_path = ""
-    state.technique_models = {"expert-offload": str(model)}  # the demo tour's hook (StudioState.technique_models)
     view = ExpertOffloadPlanView(state)
     qtbot.addWidget(view)
+    assert not view.use_for_run.isEnabled()
+    state.set_technique_models({"expert-offload": str(model)})  # the demo tour's models
     assert view._model() == str(model) and view.use_for_run.isEnabled()
