@@ -14,11 +14,16 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
 - ``vs_hf_batched``: aggregate tokens/s at 16 clients over transformers' in-process batched
   ``generate`` of the 16 prompts, the better of 1 and 2 torch threads (the limit on these
   cores; target >= 0.7);
-- ``http_overhead_ms_p50``: one client's TTFT minus the TTFT of the run that served it, as
-  ``edgeshard run`` reports a run's TTFT (``core.runs.metrics`` over the recorded run, from
-  its start on the agents): the cost of HTTP, JSON, tokenization, queueing, recording and the
-  run's start-up messages (target <= 5 ms); split into ``http_in_out_ms_p50`` (client TTFT −
-  the server's own, from the request's admission) and ``queue_record_start_ms_p50`` (the rest).
+- ``http_overhead_ms_p50``: one client's TTFT (an idle server) minus the TTFT ``edgeshard run``
+  reports for the same prompt on the same plan (``edgeshard_run_ttft_ms_p50``: the run
+  machinery ``edgeshard run`` uses, in this process, over its own local agents with the same
+  threads, each prompt a run of its own, after one warm-up): the cost of HTTP, JSON,
+  tokenization, queueing, recording and joining the open run (target <= 5 ms). Beside it
+  ``http_in_out_ms_p50`` (client TTFT − the server's own, from the request's admission) and
+  ``join_ttft_ms_p50`` (the recorded request's TTFT, from its join).
+- ``late_join``: a long request (4 × ``--new-tokens``) streams, and a short one is sent once
+  the long one has its 4th token: the short one's TTFT, and the long one's time left then (the
+  short one joins between the long one's steps, not after it).
 - ``soak``: ``--soak`` requests from 32 clients on the 2-stage server, a tenth disconnecting
   mid-stream and a tenth malformed: how many were answered completely or with a clean error
   (must be all), and the server's RSS before and after.
@@ -39,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -168,21 +174,70 @@ def _completion_tokens(srv: Server, ids: list[str]) -> dict[str, int]:
 
 
 def http_overhead(srv: Server, new_tokens: int, n: int = 12) -> dict:
-    """Over ``n`` lone requests, medians of: the client's TTFT, the run's TTFT as `edgeshard run`
-    reports it (from its start on the agents), the difference (the serving layer's cost), and that
-    cost split at the server's own view (arrival after parsing and tokenizing -> first token)."""
+    """Over ``n`` lone requests to an idle server, medians of: the client's TTFT, the server's own
+    (from admission), and the recorded request's (from its join to the open run)."""
     results = []
     for k in range(n):
-        time.sleep(0.3)  # the cluster idle when it arrives (not waiting for the last run's tail)
+        time.sleep(0.3)  # the cluster idle when it arrives
         results.append(stream_once(srv, PROMPTS[k % len(PROMPTS)], new_tokens))
     runs = _recorded(srv, [r["id"] for r in results])
     rows = [(r["ttft_s"], runs[r["id"]].figures["ttft_s"], runs[r["id"]].figures["server_ttft_s"]) for r in results
             if r["ttft_s"] is not None and runs[r["id"]].figures.get("ttft_s") is not None]
     med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
-    return {"client_ttft_ms_p50": med([c for c, _, _ in rows]), "run_ttft_ms_p50": med([r for _, r, _ in rows]),
-            "http_overhead_ms_p50": med([c - r for c, r, _ in rows]),
-            "http_in_out_ms_p50": med([c - s for c, _, s in rows]),
-            "queue_record_start_ms_p50": med([s - r for _, r, s in rows])}
+    return {"client_ttft_ms_p50": med([c for c, _, _ in rows]), "join_ttft_ms_p50": med([r for _, r, _ in rows]),
+            "http_in_out_ms_p50": med([c - s for c, _, s in rows])}
+
+
+def edgeshard_run_ttft_ms(model: Path, plan_path: Path, new_tokens: int, threads: int, n: int = 12) -> float:
+    """Median TTFT ``edgeshard run`` reports (``core.runs.generation.generate``, its figures) for the
+    bench's prompts one run each, over local agents of the same plan and threads (the plan loaded once)."""
+    from core import formats
+    from core.devices.local_cluster import LocalCluster
+    from core.planning.plan import ShardPlan
+    from core.runs.coordinator import Coordinator
+    from core.runs.generation import GenerationSettings, generate
+
+    plan = formats.load(plan_path, ShardPlan)
+    settings = GenerationSettings(max_new_tokens=new_tokens, mode="no-bubbles", micro_batches=len(plan.stages),
+                                  threads=threads)
+    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp, \
+            LocalCluster(tmp, list(plan.devices()), threads_per_agent=threads) as cluster, \
+            Coordinator(cluster.endpoints, cluster.keys) as coord:
+        generate(coord, plan, str(model), ["warm up"], settings)
+        ttfts = []
+        for k in range(n):
+            time.sleep(0.3)
+            ttfts.append(generate(coord, plan, str(model), [PROMPTS[k % len(PROMPTS)]], settings,
+                                  load=False).figures.ttft_s)
+    return statistics.median(ttfts) * 1e3
+
+
+def late_join(srv: Server, new_tokens: int) -> dict:
+    """A short request sent while a long one decodes: its TTFT against the long one's time left."""
+    long_out: dict = {}
+    got_four = threading.Event()
+
+    def long_one():
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=300)
+        conn.request("POST", "/v1/completions", json.dumps({"model": "demo", "prompt": "the long one",
+                     "max_tokens": 4 * new_tokens, "temperature": 0, "stream": True}).encode(),
+                     {"Content-Type": "application/json"})
+        resp, n = conn.getresponse(), 0
+        while line := resp.readline():
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                n += 1
+                if n == 4:
+                    got_four.set()
+        long_out["end"] = time.perf_counter()
+        conn.close()
+
+    t = threading.Thread(target=long_one)
+    t.start()
+    got_four.wait(60)
+    sent = time.perf_counter()
+    short = stream_once(srv, "a short one", 4)
+    t.join()
+    return {"short_ttft_ms": short["ttft_s"] * 1e3, "long_left_ms_when_sent": (long_out["end"] - sent) * 1e3}
 
 
 def hf_batched_tokens_per_s(model: Path, new_tokens: int, threads: int) -> float:
@@ -260,10 +315,13 @@ def main() -> None:
             res: dict = {f"clients_{c}": v for c, v in levels.items()}
             res["sixteen_vs_one"] = levels[16]["tokens_per_s"] / levels[1]["tokens_per_s"]
             res.update(http_overhead(srv, args.new_tokens))
+            res["late_join"] = late_join(srv, args.new_tokens)
             if stages == 2 and args.soak:
                 res["soak"] = soak(srv, args.soak, args.new_tokens)
         finally:
             res["exit_status"] = srv.stop()
+        res["edgeshard_run_ttft_ms_p50"] = edgeshard_run_ttft_ms(model, plan, args.new_tokens, args.threads)
+        res["http_overhead_ms_p50"] = res["client_ttft_ms_p50"] - res["edgeshard_run_ttft_ms_p50"]
         out[f"stages_{stages}"] = res
     hf_by_threads = {t: hf_batched_tokens_per_s(model, args.new_tokens, t) for t in (1, 2)}
     hf = max(hf_by_threads.values())
