@@ -136,7 +136,7 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
     from core.reporting import TerminalReporter
     from core.runs.coordinator import Coordinator
     from core.runs.batching import micro_batch_count
-    from core.serving import BatchQueue, Defaults, HttpServer, ServedModel, ServeSettings, build_app
+    from core.serving import Defaults, EndpointLimits, ServedModel, ServeSettings, ServingEndpoint
 
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -159,31 +159,28 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
                                  ServeSettings(generation=settings, max_tokens=args.max_new_tokens),
                                  replan=replan, store=store, session_id=session_id)
             served.load(reporter)
-            queue = BatchQueue(served.start_batch, max_waiting=args.max_queue, max_batch=args.max_batch,
-                               capacity=served.capacity, spread=micro_batch_count(plan, args.micro_batches),
-                               batch_window_s=args.batch_window_ms / 1e3, on_cancel_running=served.leave)
-            served.on_slot_free = queue.wake
             defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                 seed=args.seed, repetition_penalty=args.repetition_penalty,
                                 no_repeat_ngram_size=args.no_repeat_ngram_size)
-            app = build_app(served, queue, defaults=defaults, api_key=key, max_body_bytes=args.max_body_bytes)
-            http = HttpServer(app, sock, grace_s=args.shutdown_grace_s)
+            limits = EndpointLimits(max_queue=args.max_queue, max_batch=args.max_batch,
+                                    batch_window_s=args.batch_window_ms / 1e3, max_body_bytes=args.max_body_bytes,
+                                    shutdown_grace_s=args.shutdown_grace_s, defaults=defaults)
+            endpoint = ServingEndpoint(served, sock, key=key, limits=limits,
+                                       spread=micro_batch_count(plan, args.micro_batches))
             try:
-                http.start()
+                endpoint.start()
                 host = f"[{args.host}]" if ":" in args.host else args.host
-                print(f"edgeshard serve: http://{host}:{http.port}/v1 serves {name!r} on {len(plan.stages)} "
+                print(f"edgeshard serve: http://{host}:{endpoint.port}/v1 serves {name!r} on {len(plan.stages)} "
                       f"stage(s) ({settings.mode}){', key required' if key else ''}; Ctrl-C stops", flush=True)
-                while not stop.wait(0.5) and http.alive:
+                while not stop.wait(0.5) and endpoint.http.alive:
                     pass
             finally:
-                http.stop(args.shutdown_grace_s + 10)
-                queue.close()
-                served.unload()
+                endpoint.stop()
             if not stop.is_set():
                 print("edgeshard serve: error: the HTTP server stopped by itself (see the log above)",
                       file=sys.stderr, flush=True)
                 return 1
-            print(f"edgeshard serve: stopped after {queue.served} request(s)", flush=True)
+            print(f"edgeshard serve: stopped after {endpoint.queue.served} request(s)", flush=True)
     finally:
         if cluster is not None:
             cluster.stop()

@@ -21,6 +21,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +71,13 @@ class _Stream:
 
     def on_event(self, event: TimelineEvent) -> None:
         self.model._on_event(self.run, event)
+        if self.model.observer is not None:
+            self.model.observer.on_event(event)
 
     def on_tokens(self, tokens: TokenEvent) -> None:
         self.model._on_tokens(self.run, tokens)
+        if self.model.observer is not None:
+            self.model.observer.on_tokens(tokens)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,14 @@ class ServedModel:
         """Per micro-batch index, the requests whose recordings still take its events (they arrive in
         batches, after the tokens: a request's last events come after it is done)."""
         self._records: dict[ServedRequest, RunRecorder] = {}
+        self.observer = None
+        """Also told the open run's stream as it comes (``on_event``/``on_tokens``, the run's clock and
+        sequence ids; e.g. the studio's timeline), on the coordinator's IO thread."""
+        self.recent: deque[ServedRequest] = deque(maxlen=500)
+        """The requests admitted last, oldest first (what a live view lists)."""
+        self.admitted = 0
+        self.tokens_out = 0
+        """Requests admitted and tokens handed to requests since the start (a live view's rates)."""
         self._finishing = ThreadPoolExecutor(1, thread_name_prefix="edgeshard-serve-record")
         """Recordings are opened and finished here: one writer, off the coordinator's IO thread (it delivers
         everyone's tokens)."""
@@ -176,8 +189,11 @@ class ServedModel:
         max_tokens = asked if asked is not None else min(self.settings.max_tokens, room)
         seed = parsed.sampling.seed if parsed.sampling.seed is not None else secrets.randbelow(1 << 62)
         prefix = "cmpl-" if parsed.kind == "completion" else "chatcmpl-"
-        return ServedRequest(prefix + secrets.token_hex(12), parsed, text, tuple(ids), max_tokens, seed, tok,
-                             self.stop_ids, deliver)
+        request = ServedRequest(prefix + secrets.token_hex(12), parsed, text, tuple(ids), max_tokens, seed, tok,
+                                self.stop_ids, deliver)
+        self.recent.append(request)
+        self.admitted += 1
+        return request
 
     # ------------------------------------------------------------------ the open run
     def capacity(self) -> int:
@@ -260,6 +276,7 @@ class ServedModel:
             if r is None:
                 continue
             text = r.take(token)
+            self.tokens_out += text is not None
             rec = self._records.get(r)
             if text is not None and rec is not None:
                 rec.on_tokens(msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),

@@ -22,6 +22,7 @@ from gui.screens.run_job import (DEFAULT_PROMPTS, MODE_HELP, MODES, NO_REPEAT_NG
                                   REPETITION_PENALTY_RANGE, RunBackend, RunSettings, lane_notes, run_and_record,
                                   start_refusals)
 from gui.timeline.event_bridge import EventBridge
+from gui.screens.serve_panel import ServePanel
 from gui.screens.run_monitor import RunMonitorView
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
@@ -230,6 +231,8 @@ class RunPanel(QWidget):
         layout.addWidget(panel_header(
             "Run", "Run the model over the cluster with the current plan and watch the pipeline live."))
         layout.addWidget(splitter, 1)
+        self.serve_panel = ServePanel(state, beside=splitter)  # the Serve toggle (s5: gui/screens/serve_panel.py)
+        layout.addWidget(self.serve_panel, 0)
 
         if state is not None:
             state.model_changed.connect(self._on_state_model_changed)

@@ -1,0 +1,90 @@
+"""The Run screen's Serve toggle, driven with the official ``openai`` client: it serves the selected
+model and plan over real local agents at the URL it shows with the key it copies; the answers are
+transformers' own; each request gets a row with its TTFT/TPOT, its work is on the timeline, the
+rates are plotted, and toggling off stops the endpoint. One cluster for the module.
+
+With ``SERVE_PANEL_SHOTS=DIR`` (run under Xvfb) it also saves the Run screen serving at 1024×700
+and 1600×1000."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+from PySide6.QtGui import QGuiApplication
+
+from core import formats
+from core.devices.local_cluster import LocalCluster
+from core.planning.plan import ShardPlan
+from core.runs.coordinator import Coordinator
+from gui.screens.run import RunPanel
+from gui.studio_state import StudioState
+from tests.core.serving.conftest import DEVICES, Reference, serve_files
+
+PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell"]
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-panel")
+    model, plan = serve_files(folder)
+    with LocalCluster(folder / "cluster", DEVICES, threads_per_agent=1) as cluster:
+        with Coordinator(cluster.endpoints, cluster.keys) as coordinator:
+            yield coordinator, model, formats.load(plan, ShardPlan), folder
+
+
+def test_the_serve_toggle_serves_the_plan_to_the_openai_client_and_shows_each_request(qtbot, agents):
+    coordinator, model, plan, folder = agents
+    state = StudioState()
+    state.set_workspace(str(folder / "studio.sqlite"))
+    state.set_agents(coordinator)
+    state.set_plan(plan)
+    state.set_model("tiny-llama", str(model))
+    screen = RunPanel(state)
+    qtbot.addWidget(screen)
+    panel = screen.serve_panel
+    screen.resize(1600, 1000)
+    screen.show()
+    panel.toggle.click()
+    qtbot.waitUntil(lambda: panel.url_edit.text() != "" or "Cannot" in panel.status.text(), timeout=120_000)
+    assert panel.url_edit.text().startswith("http://127.0.0.1:"), panel.status.text()
+    panel.copy_key.click()
+    client = openai.OpenAI(base_url=panel.url_edit.text(), api_key=QGuiApplication.clipboard().text(),
+                           max_retries=0, timeout=120)
+
+    def stream(prompt: str) -> str:
+        return "".join(c.choices[0].text for c in client.completions.create(
+            model="tiny-llama", prompt=prompt, max_tokens=12, stream=True))
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = [pool.submit(stream, p) for p in PROMPTS]
+        qtbot.waitUntil(lambda: all(f.done() for f in futures), timeout=120_000)
+    reference = Reference(model)
+    assert [f.result() for f in futures] == [reference.complete(p, 12) for p in PROMPTS]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=panel.url_edit.text(), api_key="wrong", max_retries=0).models.list()
+
+    qtbot.waitUntil(lambda: panel.table.rowCount() == len(PROMPTS)
+                    and all(panel.table.item(i, 1).text() == "done" for i in range(len(PROMPTS))), timeout=10_000)
+    rows = {panel.table.item(i, 5).text(): [panel.table.item(i, j).text() for j in range(5)]
+            for i in range(len(PROMPTS))}
+    assert set(rows) == set(PROMPTS)
+    assert all(r[3].endswith(" ms") and r[4].endswith(" ms") for r in rows.values())
+    qtbot.waitUntil(lambda: panel.timeline.box_count(kind="compute") > 0, timeout=10_000)
+    assert max(panel.tokens_curve.getData()[1]) > 0 and max(panel.requests_curve.getData()[1]) > 0
+
+    shots = os.environ.get("SERVE_PANEL_SHOTS")
+    if shots:
+        for w, h in ((1024, 700), (1600, 1000)):
+            screen.resize(w, h)
+            qtbot.wait(400)
+            screen.grab().save(str(Path(shots) / f"serve_panel_{w}x{h}.png"))
+
+    url = panel.url_edit.text()
+    panel.toggle.click()  # off: the endpoint stops
+    assert panel.url_edit.text() == "" and panel.endpoint is None
+    with pytest.raises(openai.APIConnectionError):
+        openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=5).models.list()
