@@ -100,6 +100,8 @@ class OpenStageRun(StageRun):
         self.injections.extend(started)
         if all(self.groups[mb].finished):  # every client left before its prefill
             self._leave(set())
+        if self.deferred:  # a higher index handed over before this one
+            self._rejoin(mb)
 
     def _leave(self, sequence_ids: set[int]) -> None:
         self.left |= sequence_ids
@@ -146,10 +148,14 @@ class OpenStageRun(StageRun):
             self._rejoin(mb)
 
     def _rejoin(self, mb: int) -> None:
-        waiting = [m for m in self.deferred if m.micro_batch == mb]
-        if waiting:
-            self.deferred.remove(waiting[0])
-            self._join(waiting[0])
+        """Joins that waited (for ``mb``'s retire, or for a lower index joined after them) that can go now."""
+        ready = True
+        while ready:
+            ready = next((m for m in self.deferred
+                          if m.micro_batch not in self.groups and m.micro_batch <= len(self.source.started)), None)
+            if ready is not None:
+                self.deferred.remove(ready)
+                self._join(ready)
 
     # ------------------------------------------------------------------ the last stage's sampling
     def _compute(self, op, x, mask):

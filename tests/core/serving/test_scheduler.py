@@ -99,3 +99,30 @@ def test_closing_fails_the_waiting_and_the_running_requests_with_503_and_ends_th
     with pytest.raises(ApiError) as err:
         queue.submit(_request([]))
     assert err.value.status == 503
+
+
+def test_a_burst_is_spread_over_the_plans_micro_batches_and_a_lone_request_takes_one():
+    from core.serving.scheduler import spread
+
+    assert [list(r) for r in spread(5, 2)] == [[0, 1, 2], [3, 4]]
+    assert [list(r) for r in spread(1, 3)] == [[0]]
+
+
+def test_requests_wait_while_every_micro_batch_is_busy_and_join_when_one_is_freed():
+    free, started = [0], []
+    queue = BatchQueue(lambda group: started.append(group), max_waiting=4, max_batch=8, capacity=lambda: free[0],
+                       spread=2)
+    try:
+        a, b, c = _request([]), _request([]), _request([])
+        for r in (a, b, c):
+            queue.submit(r)
+        import time
+
+        time.sleep(0.05)
+        assert started == [] and queue.waiting == 3
+        free[0] = 2
+        queue.wake()
+        _wait_for(lambda: len(started) == 2)
+        assert started == [[a, b], [c]] and queue.waiting == 0
+    finally:
+        queue.close()
