@@ -102,7 +102,8 @@ def stream_once(srv: Server, prompt: str, new_tokens: int, *, drop_after: int | 
     resp = conn.getresponse()
     out = {"status": resp.status, "pieces": 0, "done": False, "id": None}
     if resp.status != 200:
-        out["error"] = json.loads(resp.read()).get("error", {}).get("type")
+        error = json.loads(resp.read()).get("error", {})
+        out["error"] = f'{error.get("type")}: {error.get("message")}'
         conn.close()
         return out
     first = last = None
@@ -119,7 +120,7 @@ def stream_once(srv: Server, prompt: str, new_tokens: int, *, drop_after: int | 
             break
         chunk = json.loads(data)
         if "error" in chunk:
-            out["error"] = chunk["error"]["type"]
+            out["error"] = f'{chunk["error"]["type"]}: {chunk["error"]["message"]}'
             break
         out["id"] = chunk["id"]
         if chunk["choices"] and chunk["choices"][0]["finish_reason"] is None:  # a token's chunk (its text may
@@ -144,11 +145,14 @@ def load_level(srv: Server, clients: int, requests: int, new_tokens: int) -> dic
     with ThreadPoolExecutor(clients) as pool:
         results = [r for rs in pool.map(client, range(clients)) for r in rs]
     wall = time.perf_counter() - t0
+    failed = [r for r in results if r["id"] is None]
+    results = [r for r in results if r["id"] is not None]
     ids = [r["id"] for r in results]
     tokens = _completion_tokens(srv, ids)
     ttft = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
     tpot = [r["span_s"] / (tokens[r["id"]] - 1) for r in results if r["ttft_s"] is not None and tokens[r["id"]] > 1]
-    return {"clients": clients, "requests": len(results), "all_done": all(r["done"] for r in results),
+    return {"clients": clients, "requests": len(results) + len(failed), "all_done": all(r["done"] for r in results)
+            and not failed, "errors": [(r["status"], r.get("error")) for r in failed],
             "tokens_per_s": sum(tokens.values()) / wall, "ttft_ms_p50": _pct(ttft, .5) * 1e3,
             "ttft_ms_p99": _pct(ttft, .99) * 1e3, "tpot_ms_p50": _ms(_pct(tpot, .5)), "tpot_ms_p99": _ms(_pct(tpot, .99))}
 
@@ -280,6 +284,7 @@ def soak(srv: Server, total: int, new_tokens: int) -> dict:
     answered = sum(r["done"] or "error" in r for r in ok)
     after = stream_once(srv, "the river", 4)  # still answers once the soak is over
     return {"requests": total, "well_formed": len(ok), "answered_completely_or_clean_error": answered,
+            "answered_completely": sum(r["done"] for r in ok), "errors": sorted({r["error"] for r in ok if "error" in r}),
             "malformed_400": sum(r["status"] == 400 for r in bad), "malformed": len(bad),
             "disconnected": kinds.count("drop"), "answers_after": after["done"],
             "rss_mib_before": rss0 / 1024, "rss_mib_after": srv.rss_kib() / 1024}

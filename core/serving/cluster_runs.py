@@ -58,6 +58,21 @@ def model_context(model_dir: str) -> int:
     return int(text.get("max_position_embeddings", 2048))
 
 
+def _retried(write, tries: int = 8):
+    """A store write, tried again when SQLite refuses it as locked: the store's event writer commits on
+    its own connection, and a transaction that read before that commit is refused at once (SQLite's
+    busy timeout does not apply to it). Many requests ending together met it under load."""
+    import sqlite3
+
+    for i in range(tries):
+        try:
+            return write()
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or i == tries - 1:
+                raise
+            time.sleep(0.02 * (i + 1))
+
+
 EVENTS_LAG_S = 0.25
 """How long after its last token a request's recording still takes its micro-batch's events."""
 
@@ -231,7 +246,9 @@ class ServedModel:
         try:
             run = self._open_run()
             with self._lock:
-                slot = next(i for i in range(self.slots) if i not in self._slots)
+                slot = next((i for i in range(self.slots) if i not in self._slots), None)
+                if slot is None:
+                    raise unavailable("every micro-batch of the run is busy")
                 self._slots[slot] = live
                 self._holders.setdefault(slot, []).extend(live)
         except ApiError as err:
@@ -241,11 +258,6 @@ class ServedModel:
         s = live[0].parsed.sampling
         spec = SamplingSpec(temperature=s.temperature, top_p=s.top_p, seed=live[0].seed,
                             repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
-        if not resumed:
-            for r in live:  # the store is written on one thread (its connection is not for two writers)
-                rec = self._finishing.submit(self._record, r, live).result() if self.store is not None else None
-                if rec is not None:
-                    self._records[r] = rec
         done = len(live[0].tokens)  # a resumed micro-batch: its requests' tokens so far (the same count)
 
         def route(seqs) -> None:
@@ -255,14 +267,27 @@ class ServedModel:
                     r.sequence_id, r.joined_at = seq, r.joined_at or now
                     self._by_seq[seq] = r
         try:
+            if not resumed:
+                for r in live:  # the store is written on one thread (its connection is not for two writers)
+                    rec = self._finishing.submit(self._record, r, live).result() if self.store is not None else None
+                    if rec is not None:
+                        self._records[r] = rec
             run.join(slot, [r.prompt_ids + tuple(r.tokens) for r in live], [r.max_tokens - done for r in live], spec,
                      first_step=done, on_ids=route)
-        except (EdgeShardError, ValueError) as err:
+        except Exception as err:  # the micro-batch is given back whatever failed: a leaked one would stall the queue
             with self._lock:
                 self._slots.pop(slot, None)
+                for r in live:
+                    if r.sequence_id is not None:
+                        self._by_seq.pop(r.sequence_id, None)
+            run.release(slot)
+            if not isinstance(err, (EdgeShardError, ValueError)):
+                log.exception("joining a micro-batch failed")
             for r in live:
-                r.fail(unavailable(str(err)))
+                r.fail(unavailable(str(err)) if isinstance(err, EdgeShardError)
+                       else ApiError(500, f"internal error: {err}", type="server_error"))
                 self._finish_record(r)
+            self.on_slot_free()
 
     def leave(self, request: ServedRequest) -> None:
         """The client left: its sequence leaves the run (its micro-batch retires once all are done)."""
@@ -332,7 +357,7 @@ class ServedModel:
                     members.remove(r)
         if rec is not None:
             status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
-            rec.finish(status, r.figures())
+            _retried(lambda: rec.finish(status, r.figures()))
 
     def _run_ended(self, run: OpenRun) -> None:
         """The open run ended (a lost agent, a stop): its requests are recovered or fail with 503."""
@@ -409,6 +434,6 @@ class ServedModel:
             "prompt_tokens": len(r.prompt_ids), "batch": [b.id for b in batch],
             **batching_settings(self.plan, settings.micro_batches),
         }
-        run_id = self.store.create_run(self.session_id, model=self.name, mode=settings.mode, kind="measured",
-                                       plan_id=self.plan_id, settings=record)
+        run_id = _retried(lambda: self.store.create_run(self.session_id, model=self.name, mode=settings.mode,
+                                                        kind="measured", plan_id=self.plan_id, settings=record))
         return RunRecorder(self.store, run_id)
