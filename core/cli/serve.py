@@ -131,6 +131,12 @@ def cmd_serve(args) -> int:
             store.close()
 
 
+SERVE_LEASE_S = 10.0
+"""How long agents keep the server's open run without hearing from it. The open run lasts as long as
+the server: a loaded server process (32 streaming clients at load 18 in the soak) went 3 s (the
+default lease) without a heartbeat out, and the agents aborted the run under 10 of its requests."""
+
+
 def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, key, sock) -> int:
     from core.devices.local_cluster import LocalCluster
     from core.reporting import TerminalReporter
@@ -152,7 +158,7 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
             endpoints, keys = cluster.start(), cluster.keys
         else:
             endpoints, keys = agents
-        with Coordinator(endpoints, keys) as coordinator:
+        with Coordinator(endpoints, keys, lease_s=SERVE_LEASE_S) as coordinator:
             session_id = None if store is None else store.create_session(
                 f"edgeshard serve {time.strftime('%Y-%m-%d %H:%M')}")
             served = ServedModel(coordinator, plan, model_dir, name, tokenizer,
