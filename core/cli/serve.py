@@ -115,7 +115,7 @@ def cmd_serve(args) -> int:
     if generation_for(plan) is not None:
         raise FormatError(args.plan, "this plan's stages run through their technique's own driver, which serve "
                                      "does not drive yet; serve a layer-sharded plan")
-    replan = _replanner(args, plan)
+    replan = _replanner(args, plan, args.max_batch)  # the workload a re-plan solves for: a full micro-batch
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     check_model_dir(model_dir)
     tokenizer = load_tokenizer(model_dir)
