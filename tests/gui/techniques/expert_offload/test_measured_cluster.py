@@ -26,6 +26,14 @@ from tests.gui.run_backends import cluster_run_panel
 PROMPTS = ["the river and its banks", "hello there"]
 
 
+def generate_texts(model_dir: str, new_tokens: int) -> list[str]:
+    """transformers' own greedy generate of the unsplit model for ``PROMPTS`` (the reference)."""
+    tok = load_tokenizer(model_dir)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    return [tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+            for row in hf_greedy_new_tokens(model_dir, enc, new_tokens)]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(coordinator, Mixtral checkpoint, its profile measured on the agent)."""
@@ -114,10 +122,7 @@ def test_profile_agents_plans_the_agents_own_problem_and_its_plan_runs_from_the_
     monitor = panel.monitor
     monitor.flush()
     assert monitor.timeline.box_count("local-0:storage", "io") > 0 and not monitor.heat_map.isHidden()
-    tok = load_tokenizer(model_dir)
-    enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    for i, row in enumerate(hf_greedy_new_tokens(model_dir, enc, 4)):
-        assert monitor.text_of(i) == tok.decode([t for t in row if t != 2], skip_special_tokens=True)
+    assert [monitor.text_of(i) for i in range(len(PROMPTS))] == generate_texts(model_dir, 4)
     assert panel.shutdown()
     view.shutdown()
     with SessionStore(state.workspace) as store:
@@ -144,11 +149,7 @@ def test_run_on_agents_in_the_view_runs_the_plan_live_equal_to_generate_recorded
     box = view.run_box
     assert box.timeline.lanes() == ["local-0", "local-0:storage"] and box.timeline.box_count("local-0:storage", "io") > 0
     assert box.heat_map.activity.totals()["misses"] > 0
-    tok = load_tokenizer(model_dir)
-    enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    expected = [tok.decode([t for t in row if t != 2], skip_special_tokens=True)
-                for row in hf_greedy_new_tokens(model_dir, enc, 4)]
-    assert box.last["texts"] == expected
+    assert box.last["texts"] == generate_texts(model_dir, 4)
     with SessionStore(view.state.workspace) as store:
         run = next(r for r in store.runs() if r.id == box.last["run_id"])
         assert run.status == "completed" and Replay.from_store(store, run.id).duration_s > 0
