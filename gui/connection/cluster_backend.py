@@ -13,12 +13,37 @@ import os
 from typing import Any
 
 from core.runs.coordinator import Coordinator
-from core.errors import EdgeShardError
+from core.errors import EdgeShardError, ShardOverBudget
 from core.runs.generation import GenerationSettings, generate
 from core.planning.plan import offline_problems
 from core.runs.recovery import ExactReplanner
 from core.reporting import Reporter
 from core.techniques import generation_for
+
+
+def plan_within_refusal(problem, plan, device: str, refusal: Exception):
+    """(problem, the exact solver's plan for it) once ``device`` is known to hold less than
+    ``plan`` gave it (its agent refused that shard at load: the profile overstated its budget),
+    the problem's budget for it lowered below that; the refusal itself when no plan fits."""
+    import msgspec
+
+    from core.errors import ModelDoesNotFit, PlanInvalid
+    from core.planning.cost import evaluate
+    from core.planning.solvers import solve_min_latency
+
+    stage = next((j for j, s in enumerate(plan.stages) if s.device == device), None)
+    if stage is None:
+        raise refusal
+    needed = evaluate(problem, plan).memory[stage].total_bytes
+    cluster = problem.profile.cluster
+    devices = tuple(msgspec.structs.replace(d, memory_bytes=min(d.memory_bytes, needed - 1)) if d.id == device else d
+                    for d in cluster.devices)
+    smaller = msgspec.structs.replace(problem, profile=msgspec.structs.replace(
+        problem.profile, cluster=msgspec.structs.replace(cluster, devices=devices)))
+    try:
+        return smaller, solve_min_latency(smaller).plan
+    except (ModelDoesNotFit, PlanInvalid):
+        raise refusal from None
 
 
 class ClusterRunBackend:
@@ -89,13 +114,26 @@ class ClusterRunBackend:
         replan = None
         if getattr(settings, "on_failure", "replan") == "replan" and problem is not None:
             replan = ExactReplanner(problem)  # no problem (a plan opened alone): a lost device stops the run
-        out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
-                       reporter=reporter, load=load, replan=replan)
+        refused = ""
+        for _attempt in range(problem.profile.model.num_units * 2 if replan is not None else 1):
+            try:
+                out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
+                               reporter=reporter, load=load, replan=replan)
+                break
+            except ShardOverBudget as err:  # "Re-plan and resume": a device holds less than the profile said
+                if replan is None or reporter.cancel_requested() or err.device is None:
+                    raise
+                problem, plan = plan_within_refusal(problem, plan, err.device, err)
+                refused = (f"{err.device} refused its shard over its memory budget: re-planned onto "
+                           + ", ".join(f"{s.device}[{s.start},{s.end})" for s in plan.stages))
+                reporter.status(refused)
+                load, replan = True, ExactReplanner(problem)
         self._loaded_with_sent_weights = settings.send_weights
+        recoveries = [f"{r.failed} lost at step {r.step}: re-planned onto {', '.join(r.new_stages)}"
+                      for r in out.result.recoveries]
         return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
-                "recoveries": [f"{r.failed} lost at step {r.step}: re-planned onto {', '.join(r.new_stages)}"
-                               for r in out.result.recoveries],
-                "recovered_plan": out.result.plan if out.result.recoveries else None}
+                "recoveries": [refused, *recoveries] if refused else recoveries,
+                "recovered_plan": out.result.plan if (out.result.recoveries or refused) else None}
 
     def stop(self) -> None:
         self.coordinator.stop()

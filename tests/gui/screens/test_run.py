@@ -584,3 +584,63 @@ def test_each_technique_keeps_its_own_micro_batches(qtbot, state, run_data):
     assert state.plan == plan and panel.micro_batches_spin.value() == 2
     state.use_technique("attention-offload")
     assert panel.micro_batches_spin.value() == 3
+
+
+def test_re_plan_and_resume_re_plans_when_an_agent_refuses_its_shard_over_a_budget_the_profile_overstated(tmp_path):
+    import transformers  # noqa: F401  (imported once here, not concurrently in the agents' threads)
+
+    from agents.agent import Agent
+    from agents.emulation import DeviceEmulation
+    from agents.transport import CurveKeys
+    from core.devices.cluster import Cluster, Device, Link
+    from core.devices.profile import DeviceTimes, ProfiledWorkload, Profile
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.models.units import model_spec_from_config
+    from core.planning.plan import plan_from_boundaries
+    from core.planning.problem import PlanningProblem, Workload
+    from core.reporting import RecordingReporter
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from core.runs.generation import load_tokenizer
+    from gui.connection.cluster_backend import ClusterRunBackend
+    from gui.screens.run_job import RunSettings
+    from tests.core.hf_reference import hf_greedy_new_tokens
+
+    recipe = ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3)
+    model_dir = str(make_model(recipe, tmp_path / "tiny-llama"))
+    import json
+    from pathlib import Path
+
+    model = model_spec_from_config(json.loads((Path(model_dir) / "config.json").read_text()), dtype="fp32",
+                                   name="tiny-llama")
+    devices = (Device(id="a", memory_bytes=1 << 30), Device(id="b", memory_bytes=1 << 30))  # b's is overstated
+    times = tuple(DeviceTimes(device=d.id, decode_batch_sizes=(1,), decode_s=tuple((0.001 * (1 + i),) for _ in range(6)),
+                              prefill_token_counts=(16,), prefill_s=tuple((0.002 * (1 + i),) for _ in range(6)))
+                  for i, d in enumerate(devices))
+    links = (Link(src="a", dst="b", bandwidth_mbit_s=1000.0, latency_ms=0.1),
+             Link(src="b", dst="a", bandwidth_mbit_s=1000.0, latency_ms=0.1))
+    problem = PlanningProblem(name="t", source="a", workload=Workload(prompt_tokens=16, generated_tokens=4),
+                              profile=Profile(model=model, cluster=Cluster(devices=devices, links=links), times=times,
+                                              profiled_workload=ProfiledWorkload(prompt_tokens=16), source="synthetic"))
+    keys = CurveKeys.generate()
+    agents = [Agent("a", keys.public).start(),
+              Agent("b", keys.public, emulation=DeviceEmulation(memory_budget_bytes=200_000)).start()]
+    co = Coordinator([AgentEndpoint(x.device, x.control_address, x.keys.public) for x in agents], keys)
+    co.open()
+    try:
+        state = StudioState()
+        state.set_problem(problem)
+        state.set_plan(plan_from_boundaries("tiny-llama", 6, ["a", "b"], [1]))  # b gets 4 blocks and the head
+        settings = RunSettings(model_dir=model_dir, prompts=("the river",), max_new_tokens=4, mode="sequential",
+                               micro_batches=None, on_failure="replan")
+        tokens = []
+        sink = type("Sink", (), {"on_event": lambda self, e: None, "on_tokens": lambda self, t: tokens.append(t)})()
+        said = ClusterRunBackend(co, state).run(settings, sink, RecordingReporter())
+    finally:
+        co.close()
+        for x in agents:
+            x.close()
+    enc = load_tokenizer(model_dir)(["the river"], return_tensors="pt", padding=True)
+    assert "b refused its shard" in said["recoveries"][0]
+    assert sum(s.num_units for s in said["recovered_plan"].stages if s.device == "b") < 5
+    generated = [t.token_ids[0] for t in sorted(tokens, key=lambda t: t.step)]
+    assert generated == list(hf_greedy_new_tokens(model_dir, enc, 4)[0])
