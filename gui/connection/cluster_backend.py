@@ -115,13 +115,14 @@ class ClusterRunBackend:
         if getattr(settings, "on_failure", "replan") == "replan" and problem is not None:
             replan = ExactReplanner(problem)  # no problem (a plan opened alone): a lost device stops the run
         refused = ""
-        for _attempt in range(problem.profile.model.num_units * 2 if replan is not None else 1):
+        attempts = problem.profile.model.num_units * 2 if replan is not None else 1  # each lowers a budget
+        for attempt in range(attempts):
             try:
                 out = generate(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
                                reporter=reporter, load=load, replan=replan)
                 break
             except ShardOverBudget as err:  # "Re-plan and resume": a device holds less than the profile said
-                if replan is None or reporter.cancel_requested() or err.device is None:
+                if replan is None or reporter.cancel_requested() or err.device is None or attempt == attempts - 1:
                     raise
                 problem, plan = plan_within_refusal(problem, plan, err.device, err)
                 refused = (f"{err.device} refused its shard over its memory budget: re-planned onto "
