@@ -4,6 +4,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 # Tests never touch the real HOME or the user's QSettings: settings, workspaces and SSH files
@@ -20,12 +22,38 @@ os.environ.pop("EDGESHARD_HOME", None)
 os.environ.pop("EDGESHARD_WORKSPACE", None)
 
 
+# --- one agents' zygote for the whole session's local clusters (core/devices/local_cluster.py) ---
+# Each LocalCluster would start its own (torch + transformers imported again: ~3.3 s of CPU, far
+# more under load); they fork their agents from a shared one instead, still one process each,
+# stopped by their cluster. A test of the zygote's own life takes ``own_zygote``.
+@pytest.fixture(scope="session", autouse=True)
+def _shared_zygotes(tmp_path_factory):
+    from core.devices import local_cluster
+
+    zygotes = local_cluster.SharedZygotes(tmp_path_factory.mktemp("zygotes"),
+                                          ignored_env=("PYTEST_CURRENT_TEST",))  # pytest sets it per test
+    local_cluster.share_zygotes(zygotes)
+    yield zygotes
+    local_cluster.share_zygotes(None)
+    zygotes.close()
+
+
+@pytest.fixture(scope="module")
+def own_zygote():
+    """Local clusters started in this module start (and end) their own zygote, as outside the
+    suite (``pytestmark = pytest.mark.usefixtures("own_zygote")``; module-wide, so a module's
+    cluster fixture gets it too)."""
+    from core.devices import local_cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_cluster, "_shared_zygotes", None)
+        yield
+
+
 # --- `make test-fast`: the tests measured slow are marked `slow` here, from tests/slow_tests.txt ---
 # One list instead of a decorator in each module: the list is a measurement (regenerate it with
 # scripts/slow_tests.py from a junit report) and its keys, "file name::test name", survive a
 # module moving to another folder.
-import pytest  # noqa: E402
-
 from tests.slow_list import SLOW_LIST, is_listed, read_slow_keys  # noqa: E402
 
 

@@ -25,6 +25,12 @@ session, log, stdin (end-of-file stops it) and command line, restartable on its 
 the zygote cannot start (or stops answering) the cluster starts each agent as its own
 interpreter, as before, and says so in ``launch_note`` and the log. ``launcher="popen"`` or
 ``EDGESHARD_AGENT_LAUNCHER=popen`` asks for the plain way.
+
+**Zygotes shared by a process's clusters.** A process that starts many clusters one after
+another (the test suite: dozens) can keep their zygotes (``share_zygotes``): a cluster then
+forks its agents from a running zygote of the same Python and environment instead of starting
+one (~3.3 s of CPU each time), and leaves it running when it stops. Its agents are unchanged:
+their own processes, stopped by their cluster. A cluster handed a zygote (``zygote=``) uses that one.
 """
 
 from __future__ import annotations
@@ -149,6 +155,82 @@ class _Proc:
     reader: threading.Thread | None = None
 
 
+class SharedZygotes:
+    """Ready zygotes kept for the local clusters of this process, one per (Python, environment,
+    preload): each imports torch and transformers once, not once per cluster. Clusters running
+    at once may fork from the same one (it answers one request at a time and routes each exit
+    report to its agent). Idle ones beyond ``keep`` are ended; ``close()`` ends them all.
+    ``ignored_env``: variables that may differ between clusters of one zygote (each forked agent
+    gets its cluster's whole environment; only what the zygote read while importing is shared)."""
+
+    def __init__(self, workdir: str | os.PathLike, keep: int = 2, ignored_env: tuple[str, ...] = ()) -> None:
+        self.workdir = Path(workdir)
+        self.keep = keep
+        self.ignored_env = frozenset(ignored_env)
+        self._lock = threading.Lock()
+        self._zygotes: dict[tuple, ZygoteClient] = {}  # oldest use first
+        self._users: dict[ZygoteClient, int] = {}  # clusters using each
+        self._started = 0
+
+    def take(self, python: str, env: dict[str, str], preload: bool, timeout_s: float) -> ZygoteClient:
+        """A ready zygote for ``env`` (started and waited for if none runs); ``ZygoteUnavailable`` if it cannot start."""
+        key = (python, preload, tuple(sorted((k, v) for k, v in env.items() if k not in self.ignored_env)))
+        with self._lock:
+            zygote = self._zygotes.pop(key, None)
+            if zygote is not None and not zygote.alive:
+                self._users.pop(zygote, None)
+                zygote.close()
+                zygote = None
+            if zygote is None:
+                self._started += 1
+                folder = self.workdir / f"zygote-{self._started}"
+                folder.mkdir(parents=True, exist_ok=True)
+                zygote = ZygoteClient(python, env=env, cwd=str(folder), log_path=str(folder / "zygote.log"),
+                                      preload_model_code=preload)
+                try:
+                    zygote.start()
+                    zygote.wait_ready(timeout_s)
+                except ZygoteUnavailable:
+                    zygote.close()
+                    raise
+            self._zygotes[key] = zygote
+            self._users[zygote] = self._users.get(zygote, 0) + 1
+            self._end_idle_beyond_keep()
+        return zygote
+
+    def give_back(self, zygote: ZygoteClient, broken: bool = False) -> None:
+        """A cluster stopped using ``zygote`` (``broken``: it stopped answering; ended at once)."""
+        with self._lock:
+            self._users[zygote] = max(0, self._users.get(zygote, 1) - 1)
+            if broken:
+                self._zygotes = {k: z for k, z in self._zygotes.items() if z is not zygote}
+                zygote.close()
+            self._end_idle_beyond_keep()
+
+    def _end_idle_beyond_keep(self) -> None:
+        idle = [k for k, z in self._zygotes.items() if not self._users.get(z)]
+        for key in idle[:max(0, len(idle) - self.keep)]:
+            zygote = self._zygotes.pop(key)
+            self._users.pop(zygote, None)
+            zygote.close()
+
+    def close(self) -> None:
+        with self._lock:
+            zygotes, self._zygotes = list(self._zygotes.values()), {}
+            self._users.clear()
+        for zygote in zygotes:
+            zygote.close()
+
+
+_shared_zygotes: SharedZygotes | None = None
+
+
+def share_zygotes(zygotes: SharedZygotes | None) -> None:
+    """Local clusters started from now on fork from ``zygotes`` (None: each starts and ends its own)."""
+    global _shared_zygotes
+    _shared_zygotes = zygotes
+
+
 class LocalCluster:
     """``n`` agents on 127.0.0.1. Use as a context manager, or ``start()`` / ``stop()``."""
 
@@ -187,6 +269,8 @@ class LocalCluster:
         self.launch_note = ""
         """How the agents were started, for the operator's log (set by ``start``)."""
         self._zygote: ZygoteClient | None = None
+        self._zygote_shared_by: SharedZygotes | None = None
+        """The SharedZygotes ``_zygote`` came from (handed back, not ended, when the cluster stops)."""
         self._early_zygote = zygote
         """A zygote the caller started already (before its own slow imports), ours to use and stop."""
         self.preload_model_code = preload_model_code
@@ -285,6 +369,16 @@ class LocalCluster:
                 zygote.close()
             self.launch_note = "each agent started as its own interpreter (launcher popen)"
             return
+        if zygote is None and _shared_zygotes is not None:
+            try:
+                zygote = _shared_zygotes.take(self.python, self._agent_env(), self.preload_model_code,
+                                              self.startup_timeout_s)
+            except ZygoteUnavailable as err:
+                self._zygote_failed(str(err))
+                return
+            self._zygote, self._zygote_shared_by = zygote, _shared_zygotes
+            self.launch_note = f"agents forked from a shared zygote (pid {zygote.pid}) that imported torch and transformers once"
+            return
         try:
             if zygote is None:
                 zygote = ZygoteClient(self.python, env=self._agent_env(), cwd=str(self.workdir),
@@ -315,8 +409,7 @@ class LocalCluster:
             try:
                 return self._zygote.spawn(argv, env, str(self.workdir))
             except ZygoteUnavailable as err:
-                zygote, self._zygote = self._zygote, None
-                zygote.close()
+                self._release_zygote(broken=True)
                 self._zygote_failed(str(err))
         return subprocess.Popen(
             [self.python, "-m", "agents", *argv],
@@ -388,7 +481,18 @@ class LocalCluster:
                     pipe.close()
             if isinstance(p.popen, ForkedAgent):
                 p.popen.close()
-        for zygote in (self._zygote, self._early_zygote):
-            if zygote is not None:  # after the agents: it reports their exit statuses
-                zygote.close(timeout_s)
-        self._zygote = self._early_zygote = None
+        self._release_zygote(timeout_s=timeout_s)  # after the agents: it reports their exit statuses
+        if self._early_zygote is not None:
+            self._early_zygote.close(timeout_s)
+        self._early_zygote = None
+
+    def _release_zygote(self, broken: bool = False, timeout_s: float = 2.0) -> None:
+        """End our zygote, or hand a shared one back."""
+        zygote, shared = self._zygote, self._zygote_shared_by
+        self._zygote = self._zygote_shared_by = None
+        if zygote is None:
+            return
+        if shared is not None:
+            shared.give_back(zygote, broken=broken)
+        else:
+            zygote.close(timeout_s)

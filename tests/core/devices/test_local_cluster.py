@@ -27,6 +27,7 @@ from core.devices.local_cluster import LocalCluster, load_agents_file
 from core.planning.plan import plan_from_boundaries
 
 DEVICES = ["edge-0", "edge-1", "edge-2"]
+pytestmark = pytest.mark.usefixtures("own_zygote")  # these tests watch the zygote's own life
 
 
 def _alive(pid: int) -> bool:
@@ -48,7 +49,7 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, own_zygote):
     c = LocalCluster(tmp_path_factory.mktemp("cluster"), DEVICES, threads_per_agent=1, link_latency_ms=15)
     c.start()
     yield c
@@ -160,6 +161,31 @@ def test_a_killed_forked_agent_restarts_forked_on_its_address_and_answers(tmp_pa
         with Coordinator(cluster.endpoints, cluster.keys) as co:
             assert str(co.wait_ready(30)["solo"].state) == "idle"
     assert not _alive(after)
+
+
+def test_clusters_one_after_another_fork_from_one_shared_zygote_and_another_environment_gets_its_own(
+        tmp_path, monkeypatch):
+    zygotes = local_cluster.SharedZygotes(tmp_path / "zygotes", keep=1)
+    monkeypatch.setattr(local_cluster, "_shared_zygotes", zygotes)
+    try:
+        with LocalCluster(tmp_path / "a", ["solo"]) as a:
+            shared, first_agent = a._zygote, a.pid_of("solo")
+            assert _parent_of(first_agent) == shared.pid and "shared zygote" in a.launch_note
+        assert not _alive(first_agent) and _alive(shared.pid)  # the cluster stopped its agent, not the zygote
+        with LocalCluster(tmp_path / "b", ["solo"]) as b:
+            assert b._zygote is shared and _parent_of(b.pid_of("solo")) == shared.pid
+            with Coordinator(b.endpoints, b.keys) as co:
+                assert str(co.wait_ready(30)["solo"].state) == "idle"
+        monkeypatch.setenv("EDGESHARD_PROBE", "another environment")  # what a zygote imported with may differ
+        with LocalCluster(tmp_path / "c", ["solo"]) as c:
+            other = c._zygote
+            assert other is not shared and _parent_of(c.pid_of("solo")) == other.pid
+            with open(f"/proc/{c.pid_of('solo')}/environ", "rb") as f:
+                assert b"EDGESHARD_PROBE=another environment" in f.read().split(b"\0")
+        assert _alive(other.pid) and not _alive(shared.pid)  # one idle zygote kept: the older one ended
+    finally:
+        zygotes.close()
+    assert not _alive(other.pid)
 
 
 def test_without_a_zygote_each_agent_starts_its_own_interpreter_and_the_cluster_says_so(tmp_path, monkeypatch,
