@@ -211,6 +211,7 @@ def test_a_failed_runs_stale_piece_never_feeds_the_next_runs_request_of_the_same
         push.send_multipart(data_message(DataHeader(run_id=run, kind="mm", phase="prefill", step=7, micro_batch=0,
                                                     sender="e", tensors=(spec,)), [buf]))
 
+    links.begin("")  # a profiling probe first (it names no run)
     links.begin("run-a")
     piece("run-a", 1.0)  # run a fails before its request 7 takes this piece
     while links.receive(200):
@@ -224,6 +225,9 @@ def test_a_failed_runs_stale_piece_never_feeds_the_next_runs_request_of_the_same
     while links.receive(200):
         pass
     assert not links.held and any("stale" in line for line in agent.lines)
+    piece("epd", 3.0)  # a probe that names no run (profiling), after named runs: kept, then taken
+    got = links.take("mm", "", 7, (0,), timeout_s=5.0)
+    assert float(got[0][0][0, 0]) == 3.0
     push.close(linger=0)
     agent.data_socket.close(linger=0)
 

@@ -52,7 +52,8 @@ class PhaseLinks:
         self.held_bytes = 0
         self.run = ""
         self.ended: set[str] = set()
-        """Runs whose pieces were dropped: a late piece of one is dropped on arrival."""
+        """Runs whose pieces were dropped: a late piece of one is dropped on arrival (never ``"epd"``, the
+        id of requests that name no run)."""
         from agents.transport import PeerSenders
 
         self._senders = PeerSenders(agent.context, agent.keys, 1000, clock=agent.clock, counts=agent.wire)
@@ -72,6 +73,7 @@ class PhaseLinks:
         for key in [k for k in self.held if k[0] != run]:
             self.held_bytes -= self.held.pop(key)[0].numel() * 4
             self.ended.add(key[0])
+        self.ended.discard("epd")  # the id of probes that name no run (profiling) is used again and again
 
     def send(self, device: str, kind: str, run: str, request: int, piece: int, x: torch.Tensor) -> None:
         """Push ``x`` to ``device``'s store; to this agent itself (a coupled stage handing one phase's
