@@ -12,10 +12,10 @@ elsewhere registers its own ``AgentTechnique`` (an agent loads it with ``--techn
 from __future__ import annotations
 
 from agents import registry
-from agents.techniques import attention_offload, expert_offload, open_run, phase_disaggregation, spatial
+from agents.techniques import attention_offload, expert_offload, open_run, phase_disaggregation, spatial, speculative
 
 BUILTIN = (expert_offload.TECHNIQUE, attention_offload.TECHNIQUE, spatial.TECHNIQUE, phase_disaggregation.TECHNIQUE,
-           open_run.TECHNIQUE)
+           open_run.TECHNIQUE, speculative.TECHNIQUE)
 
 for _technique in BUILTIN:
     registry.register(_technique)

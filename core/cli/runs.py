@@ -81,6 +81,9 @@ def _register_run(sub) -> None:
     p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for, or the "
                                      "profile (edgeshard.profile) it was planned from; --on-failure replan re-plans "
                                      "with it")
+    p.add_argument("--draft", metavar="DIR", help="speculate: a draft checkpoint sharing the model's tokenizer "
+                   "proposes --speculate tokens a trip, the stages verify them at once (greedy, one prompt)")
+    p.add_argument("--speculate", type=int_in(1, 64), default=None, metavar="K", help="with --draft: tokens a trip (default 3)")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end: every sequence's token "
                    "ids and text (a CNN plan: every image's class and scores), the figures, the recorded run")
@@ -166,6 +169,7 @@ def cmd_run(args) -> int:
     from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
     from core.runs.generation import GenerationSettings, check_run, generation_json
+    from core.runs.speculative import speculative_entrance
     from core.sessions.recording import record_run
     from core.sessions.store import default_workspace_path
     from core.techniques import technique_for_plan_format
@@ -205,6 +209,7 @@ def cmd_run(args) -> int:
         send_weights=args.send_weights,
     )
     check_run(plan, model_dir, prompts, settings)  # before any agent is started or connected
+    args.speculative = speculative_entrance(model_dir, args.draft, args.speculate, prompts, settings)
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     if agents is not None:
         _check_agents_serve(plan.devices(), agents[0], args.agents)
@@ -315,6 +320,11 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
         with Coordinator(endpoints, keys) as coordinator:
             if not args.local:  # a dead agent of the plan: named in seconds, before the model is loaded here
                 coordinator.link.wait_ready(ANSWER_WITHIN_S, plan.devices())
+            if getattr(args, "speculative", None) is not None:
+                from core.runs.speculative import generate_speculative
+
+                return generate_speculative(coordinator, plan, model_dir, prompts[0], settings, args.speculative,
+                                            sink=sink, reporter=reporter)
             return generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
                             replan=replan)
     finally:

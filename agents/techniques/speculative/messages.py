@@ -1,0 +1,43 @@
+"""Speculative decoding's wire: the ``StartRun`` options that make a run speculative and the two
+data kinds of a verify trip (the proposed tokens down the stages, the target's verdict back)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from agents.envelope import Options
+
+MAX_SPECULATE = 64
+"""The most draft tokens one verify trip may carry."""
+
+VERIFY = "verify"
+"""Data kind: ``n`` tokens (the last committed one and the draft's proposals) on their way through
+the stages; every stage first rewinds its KV cache to ``VerifyFrame.keep`` positions."""
+
+VERDICT = "verdict"
+"""Data kind: the last stage's greedy token after each of a verify trip's positions, back to the source."""
+
+
+class SpeculativeOptions(Options, frozen=True, tag="speculative"):
+    """``StartRun.options`` of a greedy speculative run: the source drafts ``k`` tokens with the
+    checkpoint at ``draft_dir`` (read from the source's disk) and the stages verify them in one trip."""
+
+    draft_dir: str
+    k: int = 3
+    every_stage: ClassVar[bool] = True
+    """Every stage's ``StartRun`` carries them: each stage runs the verify trips."""
+
+    def problem(self) -> str:
+        if not 1 <= self.k <= MAX_SPECULATE:
+            return f"k must be in [1, {MAX_SPECULATE}], got {self.k}"
+        return "" if self.draft_dir else "no draft checkpoint named"
+
+
+class VerifyFrame(Options, frozen=True, tag="verify_frame"):
+    """What a ``VERIFY`` frame is about: the KV-cache length every stage keeps before it runs the
+    frame's tokens (the prompt and the committed tokens but the last; 0 with the prompt itself)."""
+
+    keep: int
+
+    def problem(self) -> str:
+        return "" if self.keep >= 0 else f"keep must be >= 0, got {self.keep}"

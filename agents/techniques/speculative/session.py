@@ -1,0 +1,181 @@
+"""A greedy speculative run over the layer-sharding stages.
+
+The source holds the prompt and the draft model. Per trip it proposes ``k`` tokens with the draft
+(greedy), sends the last committed token and the proposals through the stages in one frame
+(``VERIFY``: each stage rewinds its KV cache to the committed length first, so a rejected run of
+tokens leaves no trace), and the last stage sends back its greedy token after every position
+(``VERDICT``). The source accepts the longest run of proposals the target agrees with and takes the
+target's next token as the bonus, so every trip commits 1..k+1 tokens, each one the target's own
+greedy choice: the tokens are plain greedy decoding's by construction."""
+
+from __future__ import annotations
+
+import torch
+
+from agents.protocol import DataHeader, TokensProduced
+from agents.envelope import options_of, options_slot
+from agents.techniques.speculative.messages import VERDICT, VERIFY, SpeculativeOptions, VerifyFrame
+from agents.techniques.speculative.verify import verify
+from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
+
+ROOM = "speculative"
+"""This technique's state on an agent (``Agent.room``): ``drafts`` maps a draft directory to its loaded model."""
+
+GROUP = 0
+"""A speculative run is one sequence: one micro-batch."""
+
+
+def draft_model(agent, draft_dir: str):
+    """The draft checkpoint (read from this agent's disk once, kept between runs)."""
+    drafts = agent.room(ROOM).setdefault("drafts", {})
+    if draft_dir not in drafts:
+        from transformers import AutoModelForCausalLM
+
+        drafts.clear()
+        drafts[draft_dir] = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    return drafts[draft_dir]
+
+
+class Draft:
+    """The draft's greedy proposals, its own KV cache kept over the tokens both models agreed on."""
+
+    def __init__(self, model) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache, self.seen = model, DynamicCache(), []
+        self._fresh = DynamicCache
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int) -> list[int]:
+        if k == 0:
+            return []
+        common = 0
+        for a, b in zip(self.seen, context):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(context) - 1)
+        if common == 0:
+            self.cache = self._fresh()
+        elif self.cache.get_seq_length() > common:
+            self.cache.crop(common - self.cache.get_seq_length())
+        feed, drafts = context[common:], []
+        for _ in range(k):
+            logits = self.model(input_ids=torch.tensor([feed]), past_key_values=self.cache, use_cache=True).logits
+            feed = [int(logits[0, -1].argmax())]
+            drafts.append(feed[0])
+        self.seen = context + drafts[:-1]
+        return drafts
+
+
+class SpeculativeStageRun:
+    """One stage's part of a speculative run (``drive``)."""
+
+    def __init__(self, agent, loaded, msg, stop) -> None:
+        self.agent, self.loaded, self.msg, self.stop = agent, loaded, msg, stop
+        self.ex = loaded.executor
+        self.options: SpeculativeOptions = options_of(msg.options)
+        self.stage, self.n_stages = loaded.msg.stage, len(loaded.msg.peers)
+        self.is_first, self.is_last = self.stage == 0, self.stage == self.n_stages - 1
+        self.trips = 0
+        self.accepted = 0
+
+    # ------------------------------------------------------------------ every stage
+    def serve(self) -> None:
+        """A stage after the source: run every verify frame until the run is stopped."""
+        while not self.stop.is_set():
+            received = self.agent.receive_data(1 << 30, timeout_ms=None)
+            if received is None:
+                continue
+            header, bufs, _ = received
+            if header.run_id != self.msg.run_id or header.kind != VERIFY:
+                continue
+            x = tensor_from_frame(header.tensors[0], bufs[0])
+            mask = tensor_from_frame(header.tensors[1], bufs[1]) if len(header.tensors) > 1 else None
+            self._through(header.step, x, options_of(header.options).keep, mask)
+        raise RunAborted()
+
+    def _through(self, step: int, x: torch.Tensor, keep: int, mask) -> torch.Tensor | None:
+        """This stage's compute of a trip, sent on (the last stage sends its greedy tokens back);
+        on a one-stage plan the tokens themselves."""
+        phase = "prefill" if mask is not None else "decode"
+        t0 = self.agent.clock()
+        out = self.ex.prefill(GROUP, x, mask) if mask is not None else verify(self.ex, GROUP, x, keep)
+        if self.is_last:
+            out = out.argmax(-1).to(torch.int64).reshape(1, -1)
+        self.agent._event("compute", phase, step, GROUP, t0, self.agent.clock())
+        if self.n_stages == 1:
+            return out
+        tensors = [out] if mask is None or self.is_last else [out, mask.to(torch.int64)]
+        specs, bufs = zip(*(tensor_frame(t) for t in tensors))
+        kind = VERDICT if self.is_last else VERIFY
+        header = DataHeader(run_id=self.msg.run_id, kind=kind, phase=phase, step=step, micro_batch=GROUP,
+                            sender=self.agent.device, tensors=tuple(specs), t_sent=self.agent.clock(),
+                            options=options_slot(None if self.is_last else VerifyFrame(keep=keep)))
+        peer, agent = self.loaded.next_device, self.agent
+
+        def on_sent(start: float, end: float, n: int) -> None:
+            agent._event("send", phase, step, GROUP, start, end, n, peer)
+
+        self.loaded.sender.send(data_message(header, list(bufs)), sum(s.nbytes() for s in specs), on_sent, self.stop)
+        return None
+
+    # ------------------------------------------------------------------ the source
+    def _trip(self, step: int, x: torch.Tensor, keep: int, mask=None) -> list[int]:
+        """One trip through every stage: the target's greedy token after each position of ``x``."""
+        got = self._through(step, x, keep, mask)
+        while got is None:
+            if self.stop.is_set():
+                raise RunAborted()
+            received = self.agent.receive_data(1 << 30, timeout_ms=None)
+            if received is None:
+                continue
+            header, bufs, _ = received
+            if header.run_id == self.msg.run_id and header.kind == VERDICT and header.step == step:
+                got = tensor_from_frame(header.tensors[0], bufs[0])
+        self.agent._wake_for_outbox()
+        return [int(t) for t in got.reshape(-1).tolist()]
+
+    def generate(self) -> tuple[tuple[int, ...], ...]:
+        msg = self.msg
+        if len(msg.input_ids) != 1:
+            raise ValueError(f"a speculative run decodes one sequence, got {len(msg.input_ids)}")
+        prompt = list(msg.input_ids[0])
+        if not all(msg.attention_mask[0]):
+            raise ValueError("a speculative run's prompt carries no padding")
+        draft = Draft(draft_model(self.agent, self.options.draft_dir))
+        eos, budget, k = set(msg.eos_token_ids), msg.max_new_tokens, self.options.k
+        ids = torch.tensor([prompt], dtype=torch.int64)
+        out: list[int] = []
+        step = 0
+        new = self._trip(step, ids, 0, torch.ones_like(ids))[-1:]
+        while True:
+            arrived = self.agent.clock()  # a trip's tokens arrive together: one time (how trips are told apart)
+            for token in new:  # committed: stop at EOS or the budget
+                out.append(token)
+                self.agent._post(TokensProduced(run_id=msg.run_id, micro_batch=GROUP, step=len(out) - 1,
+                                                sequence_ids=(0,), token_ids=(token,), t=arrived), wake=False)
+                if token in eos or len(out) >= budget:
+                    return (tuple(out),)
+            step += 1
+            proposals = draft.propose(prompt + out, min(k, budget - len(out) - 1))
+            verdict = self._trip(step, torch.tensor([[out[-1], *proposals]], dtype=torch.int64),
+                                 len(prompt) + len(out) - 1)
+            agreed = 0
+            while agreed < len(proposals) and proposals[agreed] == verdict[agreed]:
+                agreed += 1
+            self.trips += 1
+            self.accepted += agreed
+            new = proposals[:agreed] + [verdict[agreed]]
+
+
+def drive(agent, loaded, msg, stop):
+    """The run driver of ``StartRun`` with ``SpeculativeOptions``."""
+    run = SpeculativeStageRun(agent, loaded, msg, stop)
+    try:
+        if run.is_first:
+            return run.generate()
+        run.serve()
+    finally:
+        run.ex.drop(GROUP)
+    return ()

@@ -1,0 +1,137 @@
+"""Greedy speculative decoding over a loaded layer-sharded plan (the agents' side is
+``agents.techniques.speculative``): the source drafts ``k`` tokens with a small checkpoint that
+shares the target's tokenizer, the stages verify them in one trip and roll their KV caches back to
+what the target accepted. The tokens are plain greedy decoding's; fewer trips carry them.
+
+``check_draft`` is the entrance's check (before any agent is asked); ``speculative_request`` the
+run request ``Coordinator.run`` takes (one sequence, no padding, greedy)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from agents.protocol import SamplingSpec
+from agents.techniques.speculative.messages import MAX_SPECULATE, SpeculativeOptions
+from core.errors import EdgeShardError
+from core.runs.run_stream import RunRequest
+
+
+class DraftMismatch(EdgeShardError):
+    """A draft checkpoint the target cannot verify: another vocabulary or tokenizer, or a bad ``k``."""
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    draft_dir: str
+    k: int
+
+
+def check_draft(target_dir: str | Path, draft_dir: str | Path, k: int) -> SpeculativeSettings:
+    """The settings when ``draft_dir`` can draft for ``target_dir`` with ``k`` tokens a trip: the same
+    vocabulary size and the same tokenizer files' vocabulary (a token id must mean one thing to both)."""
+    if not 1 <= k <= MAX_SPECULATE:
+        raise DraftMismatch(f"--speculate must be in [1, {MAX_SPECULATE}], got {k}")
+    target, draft = Path(target_dir), Path(draft_dir)
+    if not (draft / "config.json").is_file():
+        raise DraftMismatch(f"{draft}: no config.json: --draft names a checkpoint directory")
+    vocab = {}
+    for name, folder in (("target", target), ("draft", draft)):
+        try:
+            vocab[name] = int(json.loads((folder / "config.json").read_text())["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DraftMismatch(f"{folder}/config.json: cannot read vocab_size ({err})") from None
+    if vocab["target"] != vocab["draft"]:
+        raise DraftMismatch(f"draft {draft} has a vocabulary of {vocab['draft']} tokens, the target "
+                            f"{vocab['target']}: choose a draft trained with the target's tokenizer")
+    if _tokens(target) != _tokens(draft):
+        raise DraftMismatch(f"draft {draft}'s tokenizer differs from the target's: "
+                            "choose a draft trained with the target's tokenizer")
+    return SpeculativeSettings(draft_dir=str(draft.resolve()), k=k)
+
+
+def _tokens(folder: Path) -> dict[str, int] | None:
+    """The tokenizer's token -> id map (None when the checkpoint ships no tokenizer.json)."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DraftMismatch(f"{path}: cannot read its vocabulary ({err})") from None
+
+
+def speculative_request(prompt: list[int] | tuple[int, ...], max_new_tokens: int, settings: SpeculativeSettings, *,
+                        eos_token_ids: tuple[int, ...] = (), pad_token_id: int = 0) -> RunRequest:
+    """The run request of one greedy speculative generation of ``prompt``."""
+    if not prompt:
+        raise DraftMismatch("a speculative run needs a non-empty prompt")
+    return RunRequest(input_ids=(tuple(prompt),), attention_mask=((1,) * len(prompt),), max_new_tokens=max_new_tokens,
+                      mode="sequential", eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                      sampling=SamplingSpec(), options=SpeculativeOptions(draft_dir=settings.draft_dir, k=settings.k))
+
+
+def speculation_problem(prompts, settings) -> str:
+    """Why ``settings`` cannot run speculatively ("" when they can): greedy, one prompt, no penalties
+    (seeded sampling's acceptance rule is not built yet)."""
+    if len(prompts) != 1:
+        return f"speculative decoding runs one prompt, got {len(prompts)}"
+    if settings.temperature != 0.0:
+        return "speculative decoding is greedy here: drop --temperature (the sampling acceptance rule is not built)"
+    if settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size:
+        return "speculative decoding takes no --repetition-penalty or --no-repeat-ngram-size"
+    if settings.mode != "sequential" or settings.micro_batches not in (None, 1):
+        return "speculative decoding runs --mode sequential with one micro-batch"
+    return ""
+
+
+def speculative_entrance(model_dir: str, draft: str | None, k: int | None, prompts, settings
+                         ) -> SpeculativeSettings | None:
+    """``edgeshard run --draft DIR --speculate K``'s check, before any agent is started: the settings
+    (None without ``--draft``), or a one-line ``DraftMismatch``."""
+    if draft is None:
+        if k is not None:
+            raise DraftMismatch("--speculate needs --draft DIR (the draft checkpoint that proposes the tokens)")
+        return None
+    problem = speculation_problem(prompts, settings)
+    if problem:
+        raise DraftMismatch(problem)
+    return check_draft(model_dir, draft, 3 if k is None else k)
+
+
+def generate_speculative(coordinator, plan, model_dir: str, prompt: str, settings, speculative: SpeculativeSettings,
+                         *, sink=None, reporter=None):
+    """Load ``plan`` and generate for ``prompt`` greedily with the draft proposing
+    ``speculative.k`` tokens a trip: the same tokenization, stop tokens, streamed text and figures as
+    ``core.runs.generation.generate`` (the source reads the draft from its own disk)."""
+    from core.runs.generation import generate_with, load_plan
+
+    problem = speculation_problem([prompt], settings)
+    if problem:
+        raise DraftMismatch(problem)
+    load_plan(coordinator, plan, model_dir, settings, reporter=reporter)  # no KV reservation: the caches grow
+    coordinator.sync_clocks()
+    options = SpeculativeOptions(draft_dir=speculative.draft_dir, k=speculative.k)
+    return generate_with(lambda request, s: coordinator.run(plan, replace(request, micro_batches=1, options=options),
+                                                            s, reporter), model_dir, [prompt], settings, sink=sink)
+
+
+def trips(result) -> int:
+    """The verify trips a speculative run made: the source stage's decode-phase computes."""
+    return sum(1 for e in result.events if e.stage == 0 and e.kind == "compute" and e.phase == "decode")
+
+
+def acceptance_rate(result, k: int, max_new_tokens: int) -> float | None:
+    """Of the draft's proposals, the share the target accepted (None without a proposal). A trip's
+    tokens arrive at the source together (one time): its accepted proposals and the target's own
+    token; it proposed ``min(k, tokens still allowed - 1)``. A trip cut short by EOS counts the
+    proposals before it as accepted only up to the EOS."""
+    times = sorted({e.t_s for e in result.token_events})
+    per_trip = [sum(1 for e in result.token_events if e.t_s == t) for t in times][1:]  # [0]: the prefill's token
+    made, proposed, accepted = 1, 0, 0
+    for n in per_trip:
+        proposed += min(k, max_new_tokens - made - 1)
+        accepted += n - 1
+        made += n
+    return None if proposed == 0 else accepted / proposed

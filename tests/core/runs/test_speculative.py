@@ -1,0 +1,97 @@
+"""Greedy speculative decoding over agent processes (``core.runs.speculative``): the tokens are plain
+greedy decoding's and transformers' (``generate`` and assisted ``generate(assistant_model=)``), for
+2 and 3 stages and several k, with a draft the target mostly rejects and one it always accepts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.devices.local_cluster import LocalCluster
+from core.models.checkpoints import ModelRecipe, make_model
+from core.planning.plan import plan_from_boundaries
+from core.runs.coordinator import Coordinator
+from core.runs.generation import GenerationSettings, load_plan
+from core.runs.run_stream import RunRequest
+from core.runs.speculative import DraftMismatch, acceptance_rate, check_draft, speculative_request, trips
+
+DEVICES = ["spec-a", "spec-b", "spec-c"]
+PROMPT = (5, 17, 99, 3, 250, 11)
+NEW = 12
+BOUNDS = {2: [3], 3: [2, 4]}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("speculative")
+    shape = dict(family="llama", hidden=64, heads=4, kv_heads=2, vocab=512)
+    target = make_model(ModelRecipe(layers=4, seed=3, **shape), root / "target")
+    draft = make_model(ModelRecipe(layers=1, seed=5, **shape), root / "draft")
+    return root, str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def cluster(models):
+    root = models[0]
+    with LocalCluster(root / "cluster", DEVICES) as c, Coordinator(c.endpoints, c.keys) as coord:
+        yield coord
+
+
+@pytest.fixture(scope="module")
+def references(models):
+    from transformers import AutoModelForCausalLM
+
+    target, draft = (AutoModelForCausalLM.from_pretrained(d).eval() for d in models[1:])
+    args = dict(input_ids=torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    plain = target.generate(**args)[0, len(PROMPT):].tolist()
+    assisted = target.generate(**args, assistant_model=draft)[0, len(PROMPT):].tolist()
+    return plain, assisted
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2-stages", "3-stages"])
+def loaded(request, cluster, models):
+    n = request.param
+    plan = plan_from_boundaries("target", 6, DEVICES[:n], BOUNDS[n])
+    load_plan(cluster, plan, models[1], GenerationSettings(threads=1))
+    plain = cluster.run(plan, RunRequest(input_ids=(PROMPT,), attention_mask=((1,) * len(PROMPT),),
+                                         max_new_tokens=NEW)).tokens[0]
+    return cluster, plan, plain
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("which", ["rejected-draft", "accepted-draft"])
+def test_speculative_greedy_tokens_equal_plain_decoding_and_transformers(loaded, models, references, k, which):
+    coord, plan, plain = loaded
+    draft = models[2] if which == "rejected-draft" else models[1]  # the target drafting for itself: all accepted
+    result = coord.run(plan, speculative_request(PROMPT, NEW, check_draft(models[1], draft, k)))
+    assert list(result.tokens[0]) == list(plain) == references[0] == references[1]
+    rate = acceptance_rate(result, k, NEW)
+    if which == "accepted-draft":
+        assert rate == 1.0 and trips(result) == -(-(NEW - 1) // (k + 1))  # k+1 tokens a trip
+    else:
+        assert rate is not None and rate < 1.0
+
+
+def test_a_draft_of_another_vocabulary_tokenizer_or_a_bad_k_is_refused_at_the_entrance(models, tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    other = tmp_path / "other"
+    shutil.copytree(models[2], other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": 256}))
+    with pytest.raises(DraftMismatch, match="vocabulary of 256 tokens, the target 512"):
+        check_draft(models[1], other, 3)
+    (other / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads((Path(models[2]) / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    a, b = list(vocab)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids: the same size, another meaning
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(DraftMismatch, match="tokenizer differs"):
+        check_draft(models[1], other, 3)
+    with pytest.raises(DraftMismatch, match=r"--speculate must be in \[1, 64\], got 0"):
+        check_draft(models[1], models[2], 0)
+    with pytest.raises(DraftMismatch, match="no config.json"):
+        check_draft(models[1], tmp_path, 3)
