@@ -133,6 +133,8 @@ class ServedModel:
         """Per micro-batch index, the requests whose recordings still take its events (they arrive in
         batches, after the tokens: a request's last events come after it is done)."""
         self._records: dict[ServedRequest, RunRecorder] = {}
+        self._unrecorded: dict[ServedRequest, list] = {}
+        """Requests whose run record is being created: what their stream brings waits here."""
         self.observer = None
         """Also told the open run's stream as it comes (``on_event``/``on_tokens``, the run's clock and
         sequence ids; e.g. the studio's timeline), on the coordinator's IO thread."""
@@ -267,11 +269,11 @@ class ServedModel:
                     r.sequence_id, r.joined_at = seq, r.joined_at or now
                     self._by_seq[seq] = r
         try:
-            if not resumed:
-                for r in live:  # the store is written on one thread (its connection is not for two writers)
-                    rec = self._finishing.submit(self._record, r, live).result() if self.store is not None else None
-                    if rec is not None:
-                        self._records[r] = rec
+            if not resumed and self.store is not None:  # recorded off the join's path, on the store's one thread
+                with self._lock:
+                    self._unrecorded.update({r: [] for r in live})
+                for r in live:
+                    self._finishing.submit(self._open_record, r, live)
             run.join(slot, [r.prompt_ids + tuple(r.tokens) for r in live], [r.max_tokens - done for r in live], spec,
                      first_step=done, on_ids=route)
         except Exception as err:  # the micro-batch is given back whatever failed: a leaked one would stall the queue
@@ -289,6 +291,32 @@ class ServedModel:
                 self._finish_record(r)
             self.on_slot_free()
 
+    def _open_record(self, r: ServedRequest, batch: list[ServedRequest]) -> None:
+        """The request's run record, then what its stream brought meanwhile (the store's thread: before
+        any ``_close_record`` of it, which is submitted later to the same thread)."""
+        try:
+            rec = self._record(r, batch)
+        except Exception:  # the request is served unrecorded; the server says so in its log
+            log.exception("recording request %s failed", r.id)
+            with self._lock:
+                self._unrecorded.pop(r, None)
+            return
+        with self._lock:
+            early = self._unrecorded.pop(r, [])
+            self._records[r] = rec
+        for item in early:
+            (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
+
+    def _to_record(self, r: ServedRequest, item) -> None:
+        with self._lock:
+            early = self._unrecorded.get(r)
+            if early is not None:
+                early.append(item)
+                return
+        rec = self._records.get(r)
+        if rec is not None:
+            (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
+
     def leave(self, request: ServedRequest) -> None:
         """The client left: its sequence leaves the run (its micro-batch retires once all are done)."""
         self._request_done(request)
@@ -302,10 +330,9 @@ class ServedModel:
                 continue
             text = r.take(token)
             self.tokens_out += text is not None
-            rec = self._records.get(r)
-            if text is not None and rec is not None:
-                rec.on_tokens(msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
-                                                      micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
+            if text is not None:
+                self._to_record(r, msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
+                                                           micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
             if r.done:
                 self._request_done(r)
 
@@ -315,11 +342,9 @@ class ServedModel:
             holders = [r for r in self._holders.get(event.micro_batch, ())
                        if r.joined_at is not None and r.joined_at - 0.001 <= at <= (r.ended_at or at)]
         for r in holders:
-            rec = self._records.get(r)
-            if rec is not None:
-                shift = run.t0 - r.joined_at
-                rec.on_event(msgspec.structs.replace(event, micro_batch=0, start_s=event.start_s + shift,
-                                                     end_s=event.end_s + shift))
+            shift = run.t0 - r.joined_at
+            self._to_record(r, msgspec.structs.replace(event, micro_batch=0, start_s=event.start_s + shift,
+                                                       end_s=event.end_s + shift))
 
     def _request_done(self, r: ServedRequest) -> None:
         """``r`` is done (finished, left, failed): out of the run, recorded, its micro-batch freed when all are."""
@@ -344,7 +369,7 @@ class ServedModel:
     def _finish_record(self, r: ServedRequest) -> None:
         """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""
         r.ended_at = r.ended_at or time.time()
-        if r in self._records:
+        if r in self._records or r in self._unrecorded:
             timer = threading.Timer(EVENTS_LAG_S, lambda: self._finishing.submit(self._close_record, r))
             timer.daemon = True
             timer.start()
@@ -398,12 +423,10 @@ class ServedModel:
                                           for i, s in enumerate(new_plan.stages)]
         for members in slots:
             for r in members:
-                rec = self._records.get(r)
                 for kind, device, stage, start, end in marks:
-                    if rec is not None:
-                        rec.on_event(TimelineEvent(device=device, stage=stage, kind=kind, phase="decode",
-                                                   step=len(r.tokens), micro_batch=0, start_s=start - r.joined_at,
-                                                   end_s=end - r.joined_at))
+                    self._to_record(r, TimelineEvent(device=device, stage=stage, kind=kind, phase="decode",
+                                                     step=len(r.tokens), micro_batch=0, start_s=start - r.joined_at,
+                                                     end_s=end - r.joined_at))
         self.open = None
         for members in slots:
             self.start_batch(members, resumed=True)
