@@ -47,7 +47,7 @@ class RunPanel(QWidget):
         self._session_workspace = ""
         self.last_outcome = ""
         self._technique = "layer-sharding"
-        self._technique_settings: dict[str, tuple[int, dict]] = {}
+        self._technique_settings: dict[str, tuple[int, dict, str]] = {}
         """Each other technique's (micro-batches, technique options), kept while its plan is not the one shown."""
         self.setAccessibleName("Run screen")
 
@@ -422,12 +422,17 @@ class RunPanel(QWidget):
         technique = technique_of_plan(plan) if plan is not None else self._technique
         if technique == self._technique:
             return
-        self._technique_settings[self._technique] = (self.micro_batches_spin.value(), self.offload_controls.options())
-        micro_batches, options = self._technique_settings.get(technique, (0, {}))
+        self._technique_settings[self._technique] = (self.micro_batches_spin.value(), self.offload_controls.options(),
+                                                     self.model_edit.text())
+        micro_batches, options, model_dir = self._technique_settings.get(technique, (0, {}, ""))
         self._technique = technique
         self.micro_batches_spin.setValue(micro_batches)
         if options:
             self.offload_controls.apply(options)
+        # the technique's own checkpoint (a MoE for expert offloading): its plan runs on no other model
+        model_dir = getattr(self.state, "technique_models", {}).get(technique, "") or model_dir
+        if model_dir:
+            self.model_edit.setText(model_dir)
 
     def _apply_technique_limits(self) -> None:
         """An attention-offload run has its own schedule (the staggering) and loads its own parts:

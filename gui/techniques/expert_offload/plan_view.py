@@ -454,6 +454,8 @@ class ExpertOffloadPlanView(QWidget):
         except EdgeShardError as err:
             self.run_message.show_lines([str(err)], "Cannot use this plan:")
             return
+        if hasattr(self.state, "set_technique_models"):  # the Run screen's Model follows: this plan's checkpoint
+            self.state.set_technique_models({**self.state.technique_models, "expert-offload": self._model()})
         self.state.set_plan(run_plan)
         self.run_message.show_lines([f"The Run screen runs {run_plan.model} on {device} with {plan.slots} expert "
                                      f"slots, preload {plan.preload}, eviction {plan.policy}."])

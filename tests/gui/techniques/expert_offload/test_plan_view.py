@@ -92,3 +92,38 @@ def test_the_studios_model_for_expert_offloading_is_the_views_checkpoint(qtbot, 
     assert not view.use_for_run.isEnabled()
     state.set_technique_models({"expert-offload": str(model)})  # the demo tour's models
     assert view._model() == str(model) and view.use_for_run.isEnabled()
+
+
+def _run_screen_beside_the_view(qtbot, tmp_path):
+    """A studio whose model is a Llama (layer sharding's) and an expert-offload view given a Mixtral,
+    with the Run screen on the same state."""
+    from core.models.checkpoints import ModelRecipe, make_model
+    from gui.screens.run import RunPanel
+
+    state, moe = _ready_state(tmp_path)
+    llama = make_model(ModelRecipe(family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512, seed=2),
+                       tmp_path / "tiny-llama")
+    state.set_model("tiny-llama", str(llama))
+    run = RunPanel(state)
+    qtbot.addWidget(run)
+    run.model_edit.setText(str(llama))
+    view = ExpertOffloadPlanView(state)
+    qtbot.addWidget(view)
+    view.set_model_dir(str(moe))
+    view.strategy.setCurrentText("io-exp")
+    return state, run, view, moe, llama
+
+
+def test_use_for_run_switches_the_run_screens_model_to_the_views_mixtral(qtbot, tmp_path):
+    state, run, view, moe, _llama = _run_screen_beside_the_view(qtbot, tmp_path)
+    view.use_for_run.click()
+    assert state.plan is not None and run.model_edit.text() == str(moe)
+
+
+def test_back_on_a_layer_sharding_plan_the_run_screen_runs_its_model_again(qtbot, tmp_path):
+    from core.planning.plan import plan_from_boundaries
+
+    state, run, view, moe, llama = _run_screen_beside_the_view(qtbot, tmp_path)
+    view.use_for_run.click()
+    state.set_plan(plan_from_boundaries("tiny-llama", 2, ["e0"], []))
+    assert run.model_edit.text() == str(llama)
