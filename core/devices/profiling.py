@@ -265,6 +265,7 @@ def profile_cluster(
     threads: int = 0,
     network: bool = True,
     link_target_s: float = 1.0,
+    link_first_probe_bytes: int = 256 << 10,
     reporter: Reporter | None = None,
     out_path: str | Path | None = None,
 ) -> ClusterProfileResult:
@@ -292,7 +293,7 @@ def profile_cluster(
         clocks = coord.sync_clocks()
         offsets = {d: c.offset_s for d, c in clocks.items()}
         links = measure_links(coord, peers, PhaseReporter(rep, compute_share, 1.0 - compute_share),
-                              link_target_s=link_target_s, offsets=offsets)
+                              link_target_s=link_target_s, first_probe_bytes=link_first_probe_bytes, offsets=offsets)
     profile = build_profile(model_config, compute, links, dtype=dtype,
                             model_name=model_name or str(model_config.get("_name_or_path") or
                                                          model_config.get("model_type")),

@@ -72,6 +72,11 @@ class MiniatureSetup:
     time_limit_s: float = 20.0
     rounds: int = 2
     """Runs per figure; the figure is the median of the runs' median step gaps."""
+    profile_repeats: int = 5
+    """Timed repeats of each unit's compute when profiling (the profile the plans and predictions use)."""
+    link_first_probe_kib: int = 256
+    """The first probe of each link; on the slow source ↔ cloud link it alone takes ~4 s (a
+    reduced run, whose figures are not compared, sends less)."""
 
     def device_names(self) -> list[str]:
         return [f"{self.name}{i}" for i in range(1, self.edges + 2)]
@@ -229,8 +234,9 @@ def _measure_on(state, setup: MiniatureSetup, rep: Reporter, tmp: Path) -> Minia
         co.wait_ready(timeout_s=60)
         rep.status("profiling compute on every agent and every link")
         prof = profile_cluster(co, config, model_name="miniature-llama", prompt_tokens=setup.prompt_tokens,
-                               batch_sizes=tuple(sorted({1, 2, setup.throughput_batch})), repeats=5, threads=1,
-                               link_target_s=0.5, reporter=rep)
+                               batch_sizes=tuple(sorted({1, 2, setup.throughput_batch})), repeats=setup.profile_repeats,
+                               threads=1, link_target_s=0.5, link_first_probe_bytes=setup.link_first_probe_kib << 10,
+                               reporter=rep)
         out.links = {f"{l.src}->{l.dst}": (round(l.bandwidth_mbit_s, 3), round(l.latency_ms, 3))
                      for l in prof.profile.cluster.links}
         problem = PlanningProblem(name="miniature", profile=prof.profile, source=setup.source,
