@@ -62,3 +62,14 @@ def test_a_verify_step_on_a_stage_of_another_kind_is_refused():
 
     with pytest.raises(StageInputError, match="layer-sharding stages"):
         verify(Other(), 0, torch.tensor([[1]]), 0)
+
+
+def test_an_emulated_device_stage_is_verified_slowed_like_its_decode_steps(tiny_llama_dir):
+    from agents.emulation import SlowedStage
+
+    slowed, plain = SlowedStage(StageExecutor(tiny_llama_dir, 0, 6), 1.0), StageExecutor(tiny_llama_dir, 0, 6)
+    ids = torch.tensor([PROMPT])
+    for ex in (slowed, plain):
+        ex.prefill(0, ids, torch.ones_like(ids))
+    x = torch.tensor([[7, 8, 9]])
+    torch.testing.assert_close(verify(slowed, 0, x, len(PROMPT)), verify(plain, 0, x, len(PROMPT)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from agents.emulation import SlowedStage, emulated
 from agents.shard import StageExecutor
 from agents.stage_input import StageInputError
 
@@ -31,7 +32,11 @@ def rewind(cache, keep: int) -> None:
 @torch.inference_mode()
 def verify(ex: StageExecutor, group: int, x: torch.Tensor, keep: int) -> torch.Tensor:
     """Run ``x`` ([B, n] ids on the first stage, [B, n, H] hidden after) over ``group``'s cache cut
-    back to ``keep`` positions: hidden states [B, n, H], or on the last stage logits [B, n, V]."""
+    back to ``keep`` positions: hidden states [B, n, H], or on the last stage logits [B, n, V]. An
+    emulated device's stage (``agents.emulation.SlowedStage``) is slowed as its decode steps are."""
+    if isinstance(ex, SlowedStage):
+        with emulated(ex.factor):
+            return verify(ex._executor, group, x, keep)
     if type(ex) is not StageExecutor:
         raise StageInputError(f"speculative decoding runs on layer-sharding stages, not {type(ex).__name__}")
     state = ex._groups.get(group)
