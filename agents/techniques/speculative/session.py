@@ -40,10 +40,7 @@ class Draft:
     """The draft's greedy proposals, its own KV cache kept over the tokens both models agreed on."""
 
     def __init__(self, model) -> None:
-        from transformers import DynamicCache
-
-        self.model, self.cache, self.seen = model, DynamicCache(), []
-        self._fresh = DynamicCache
+        self.model, self.cache, self.seen = model, None, []
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int) -> list[int]:
@@ -56,7 +53,9 @@ class Draft:
             common += 1
         common = min(common, len(context) - 1)
         if common == 0:
-            self.cache = self._fresh()
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache()
         elif self.cache.get_seq_length() > common:
             self.cache.crop(common - self.cache.get_seq_length())
         feed, drafts = context[common:], []
@@ -88,8 +87,8 @@ class SpeculativeStageRun:
             if received is None:
                 continue
             header, bufs, _ = received
-            if header.run_id != self.msg.run_id or header.kind != VERIFY:
-                continue
+            if header.run_id != self.msg.run_id or header.kind != VERIFY or len(header.tensors) not in (1, 2):
+                continue  # a straggler of another run, a probe, or a frame this run never sends
             x = tensor_from_frame(header.tensors[0], bufs[0])
             mask = tensor_from_frame(header.tensors[1], bufs[1]) if len(header.tensors) > 1 else None
             self._through(header.step, x, options_of(header.options).keep, mask)
