@@ -82,7 +82,8 @@ class TextPieces:
     which holds for the byte-level and SentencePiece decoders of transformers).
     """
 
-    def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...], max_new_tokens: int | None = None) -> None:
+    def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...], max_new_tokens: int | None = None,
+                 stop_ends: bool = True) -> None:
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.ids: list[list[int]] = [[] for _ in range(n)]
@@ -90,11 +91,14 @@ class TextPieces:
         """What has been emitted so far, per sequence."""
         self.finished = [False] * n
         self.stop = set(stop_ids)
+        self.stop_ends = stop_ends
 
     def piece(self, seq: int, token: int) -> str:
         if self.finished[seq]:
             return ""
         if token in self.stop:
+            if not self.stop_ends:  # EOS ignored (presenter pace): left out of the text, the run goes on
+                return ""
             self.finished[seq] = True
             return self._rest(seq)
         self.ids[seq].append(token)
@@ -140,6 +144,10 @@ class GenerationSettings:
     send_weights: bool = False
     """Send each agent its stage's slice (core.runs.weights) instead of loading ``model_dir``
     from the device's own disk."""
+    ignore_eos: bool = False
+    """Generate all ``max_new_tokens`` whatever the model emits (the studio's presenter pace: a run
+    long enough to watch); the stop tokens are still left out of the text. Greedy tokens equal
+    transformers' ``generate`` with no EOS."""
 
 
 def settings_problem(settings: GenerationSettings) -> tuple[str, str] | None:
@@ -313,14 +321,15 @@ def generate_with(run, model_dir: str, prompts: list[str] | tuple[str, ...], set
 
 
 def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: RunSink | None = None) -> Generation:
-    pieces = TextPieces(tok, len(enc["input_ids"]), stops, settings.max_new_tokens)
+    pieces = TextPieces(tok, len(enc["input_ids"]), stops, settings.max_new_tokens,
+                        stop_ends=not settings.ignore_eos)
     request = RunRequest(
         input_ids=tuple(tuple(r) for r in enc["input_ids"].tolist()),
         attention_mask=tuple(tuple(r) for r in enc["attention_mask"].tolist()),
         max_new_tokens=settings.max_new_tokens,
         mode=settings.mode,  # type: ignore[arg-type]
         micro_batches=settings.micro_batches,
-        eos_token_ids=stops,
+        eos_token_ids=() if settings.ignore_eos else stops,
         pad_token_id=int(tok.pad_token_id or 0),
         sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed,
                               repetition_penalty=settings.repetition_penalty,

@@ -103,6 +103,7 @@ class ClusterRunBackend:
             send_weights=settings.send_weights,
             repetition_penalty=settings.repetition_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size,
+            ignore_eos=getattr(settings, "presenter_pace", False),
         )
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run
             out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,

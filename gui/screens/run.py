@@ -100,6 +100,11 @@ class RunPanel(QWidget):
         self.max_tokens_spin.setValue(32)
         self.max_tokens_spin.setAccessibleName("Max new tokens")
         self.max_tokens_spin.setToolTip("How many tokens to generate per prompt (at most)")
+        self.pace_check = QCheckBox("every token, past EOS")
+        self.pace_check.setAccessibleName("Presenter pace")
+        self.pace_check.setToolTip("Generate every one of Max new tokens, past the end-of-text token, so a demo "
+                                   "run lasts long enough to watch the pipeline (the tokens are the model's own; "
+                                   "recorded with the run)")
 
         self.mode_combo = QComboBox()
         for mode in MODES:
@@ -196,6 +201,7 @@ class RunPanel(QWidget):
         form.addRow("Model", model_row)
         form.addRow("Prompts", self.prompts_edit)
         form.addRow("Max new tokens", self.max_tokens_spin)
+        form.addRow("Presenter pace", self.pace_check)
         form.addRow("Mode", self.mode_combo)
         form.addRow("Micro-batches", self.micro_batches_spin)
         form.addRow("Repetition penalty", self.penalty_spin)
@@ -265,7 +271,8 @@ class RunPanel(QWidget):
                            technique_options={} if self.offload_controls.isHidden()
                            else self.offload_controls.options(),
                            repetition_penalty=1.0 if refused else round(self.penalty_spin.value(), 2),
-                           no_repeat_ngram_size=0 if refused else self.ngram_spin.value())
+                           no_repeat_ngram_size=0 if refused else self.ngram_spin.value(),
+                           presenter_pace=self.pace_check.isChecked())
 
     def apply_settings(self, settings: RunSettings) -> None:
         """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
@@ -279,6 +286,7 @@ class RunPanel(QWidget):
         self.offload_controls.apply(settings.technique_options)
         self.penalty_spin.setValue(settings.repetition_penalty)
         self.ngram_spin.setValue(settings.no_repeat_ngram_size)
+        self.pace_check.setChecked(settings.presenter_pace)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -472,7 +480,7 @@ class RunPanel(QWidget):
     def _set_running(self, running: bool) -> None:
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
-        for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin,
+        for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin, self.pace_check,
                   self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin,
                   self.ngram_spin):
             w.setEnabled(not running)

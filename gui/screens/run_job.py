@@ -45,6 +45,8 @@ class RunSettings:
     no_repeat_ngram_size: int = 0
     """HF's no_repeat_ngram_size: no n-gram of this size is generated twice (0 = off; ``edgeshard run
     --no-repeat-ngram-size``)."""
+    presenter_pace: bool = False
+    """Generate all ``max_new_tokens`` past EOS (``GenerationSettings.ignore_eos``): a run long enough to watch."""
 
 
 REPETITION_PENALTY_RANGE = (1.0, 2.0)

@@ -644,3 +644,15 @@ def test_re_plan_and_resume_re_plans_when_an_agent_refuses_its_shard_over_a_budg
     assert sum(s.num_units for s in said["recovered_plan"].stages if s.device == "b") < 5
     generated = [t.token_ids[0] for t in sorted(tokens, key=lambda t: t.step)]
     assert generated == list(hf_greedy_new_tokens(model_dir, enc, 4)[0])
+
+
+def test_presenter_pace_is_recorded_with_the_run(qtbot, state, run_data):
+    _, _, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
+    panel.pace_check.setChecked(True)
+    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+        panel.start_run()
+    panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+        assert run.settings["presenter_pace"] is True
