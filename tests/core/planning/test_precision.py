@@ -1,6 +1,6 @@
 """The memory model at a stage's weight precision: what it predicts is what an agent's stage holds
 after loading (int8/int4 quantized by torchao), a plan can fit only because of 4-bit weights, and
-plans carry the precision (version 2; version-1 plans load as fp)."""
+plans carry the precision (since version 2; version-1 plans load as fp)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from core.devices.profile import DeviceTimes, Profile
 from core.models.checkpoints import ModelRecipe, make_model
 from core.models.units import load_model_spec
 from core.planning.cost import evaluate
-from core.planning.plan import ShardPlan, layout_problems, plan_from_boundaries, with_weights
+from core.planning.plan import PLAN_VERSION, ShardPlan, layout_problems, plan_from_boundaries, with_weights
 from core.planning.precision import precision_problems, stage_weight_bytes
 from core.planning.problem import PlanningProblem, Workload
 
@@ -75,7 +75,7 @@ def test_a_plan_keeps_each_stages_precision_through_its_file(tmp_path):
     plan = msgspec.structs.replace(plan, stages=(plan.stages[0], msgspec.structs.replace(plan.stages[1], weights="int4")))
     formats.save(tmp_path / "p.json", plan)
     loaded = formats.load(tmp_path / "p.json", ShardPlan)
-    assert loaded.version == 2 and [s.weights for s in loaded.stages] == ["fp", "int4"]
+    assert loaded.version == PLAN_VERSION and [s.weights for s in loaded.stages] == ["fp", "int4"]
 
 
 def test_an_unknown_precision_or_a_quantized_technique_stage_is_a_layout_problem():
