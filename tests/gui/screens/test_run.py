@@ -177,20 +177,26 @@ def test_micro_batches_come_from_the_plan_in_every_mode_unless_overridden(qtbot,
     assert panel.shutdown(5.0)
 
 
-@pytest.mark.parametrize("override, used", [(0, 2), (3, 3)])
-def test_a_recorded_run_keeps_its_micro_batch_count_and_whether_the_operator_overrode_the_plans(
-        qtbot, state, run_data, override, used):
+def _recorded_run(qtbot, state, run_data, choose):
+    """The workspace's only run after ``choose(panel)`` set the Run screen's controls and it ran."""
     _, _, events, tokens = run_data
     panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=20.0))
-    panel.micro_batches_spin.setValue(override)
+    choose(panel)
     with qtbot.waitSignal(panel.run_finished, timeout=10_000):
         panel.start_run()
     panel.shutdown()
     with SessionStore(state.workspace) as store:
         (run,) = store.runs()
-        assert run.settings["micro_batches"] == used
-        assert run.settings["micro_batches_override"] == (override or None)
-        assert run.settings["plan_micro_batches"] == 2
+    return run
+
+
+@pytest.mark.parametrize("override, used", [(0, 2), (3, 3)])
+def test_a_recorded_run_keeps_its_micro_batch_count_and_whether_the_operator_overrode_the_plans(
+        qtbot, state, run_data, override, used):
+    run = _recorded_run(qtbot, state, run_data, lambda panel: panel.micro_batches_spin.setValue(override))
+    assert run.settings["micro_batches"] == used
+    assert run.settings["micro_batches_override"] == (override or None)
+    assert run.settings["plan_micro_batches"] == 2
 
 
 def test_quick_settings_changes_predict_off_the_gui_thread_once_and_keep_the_gui_responsive(
@@ -647,12 +653,5 @@ def test_re_plan_and_resume_re_plans_when_an_agent_refuses_its_shard_over_a_budg
 
 
 def test_presenter_pace_is_recorded_with_the_run(qtbot, state, run_data):
-    _, _, events, tokens = run_data
-    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=10.0))
-    panel.pace_check.setChecked(True)
-    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
-        panel.start_run()
-    panel.shutdown()
-    with SessionStore(state.workspace) as store:
-        (run,) = store.runs()
-        assert run.settings["presenter_pace"] is True
+    run = _recorded_run(qtbot, state, run_data, lambda panel: panel.pace_check.setChecked(True))
+    assert run.settings["presenter_pace"] is True
