@@ -262,18 +262,18 @@ class SessionsPanel(QWidget):
         self.monitor = RunMonitorView()
 
         left = QWidget()
-        left_layout = QHBoxLayout(left)  # the buttons beside the list: its rows get the height
-        left_layout.setContentsMargins(0, 0, 0, 4)
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 8, 0)
         left_layout.addWidget(self.tree, 1)
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.open_button)
-        buttons.addWidget(self.compare_button)
-        buttons.addStretch(1)
+        buttons = QHBoxLayout()
         buttons.addWidget(self.refresh_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.compare_button)
+        buttons.addWidget(self.open_button)
         left_layout.addLayout(buttons)
         right = QWidget()
         right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(0, 4, 0, 0)
+        right_layout.setContentsMargins(8, 0, 0, 0)
         replay_page = QWidget()
         replay_layout = QVBoxLayout(replay_page)
         replay_layout.setContentsMargins(0, 0, 0, 0)
@@ -286,15 +286,12 @@ class SessionsPanel(QWidget):
         self.right_stack.addWidget(replay_page)
         self.right_stack.addWidget(self.comparison)
         right_layout.addWidget(self.right_stack, 1)
-        # the list above the replay, across the page's width: every column (kind, status, tokens,
-        # started) reads at 1024 px, and the replay keeps the width its lanes and figures need
-        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.setChildrenCollapsible(False)
         splitter.addWidget(left)
         splitter.addWidget(right)
-        splitter.setStretchFactor(0, 0)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([170, 830])
+        splitter.setSizes([460, 920])  # the list shows style, kind, status, tokens and start on a wide window
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 12, 16, 12)
         layout.addWidget(panel_header(
