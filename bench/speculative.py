@@ -5,7 +5,8 @@ agents (``gui.demo_cluster``: edge-a 1×, edge-b 1.5×, edge-c 8× slower, their
 and 2 ms latency), a draft checkpoint sharing its tokenizer (``--draft``; without it, a 1-block draft
 is trained here with the demo's recipe and text for ``--draft-seconds``). For 2 stages (edge-a,
 edge-c) and 3 (edge-a, edge-b, edge-c), per round and prompt, a plain sequential run and a
-speculative one (``--k``) in turn, greedy, ``--tokens`` new tokens each:
+speculative one (``--k``) in turn, greedy, ``--tokens`` new tokens each (no stop token: the demo's
+greedy answers end after 6-10 tokens, too few to measure decoding):
 
 - ``tokens_equal``: every speculative run's tokens equal the plain run's and transformers'
   ``generate`` (and ``generate(assistant_model=draft)``) in process;
@@ -68,7 +69,7 @@ def main() -> int:
     from core.models.demo_models import shipped
     from core.planning.plan import plan_from_boundaries
     from core.runs.coordinator import Coordinator
-    from core.runs.generation import GenerationSettings, load_plan, load_tokenizer, stop_token_ids
+    from core.runs.generation import GenerationSettings, load_plan, load_tokenizer
     from core.runs.run_stream import RunRequest
     from core.runs.speculative import acceptance_rate, check_draft, speculative_request, trips
     from gui.demo_cluster import DEMO_DEVICES, DEMO_LINK_LATENCY_MS, demo_emulation, demo_shape
@@ -78,15 +79,16 @@ def main() -> int:
     draft = Path(args.draft) if args.draft else train_draft(work / "draft", args.draft_seconds)
     spec = check_draft(model, draft, args.k)
     tok = load_tokenizer(str(model))
-    stops = stop_token_ids(str(model), tok)
+    stops = ()  # no stop token: every run decodes --tokens (the demo's greedy answers end after 6-10)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
 
     target_hf = AutoModelForCausalLM.from_pretrained(model).eval()
     draft_hf = AutoModelForCausalLM.from_pretrained(draft).eval()
+    for m in (target_hf, draft_hf):
+        m.generation_config.eos_token_id = None
     hf, hf_times = [], {"plain": [], "assisted": []}
     for ids in prompts:
-        kw = dict(input_ids=torch.tensor([ids]), max_new_tokens=args.tokens, do_sample=False, pad_token_id=0,
-                  eos_token_id=list(stops))
+        kw = dict(input_ids=torch.tensor([ids]), max_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
         out = {}
         for name, extra in (("plain", {}), ("assisted", {"assistant_model": draft_hf})):
             t = time.perf_counter()
