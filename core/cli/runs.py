@@ -35,10 +35,40 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------- run
 def add_weights_option(p) -> None:
-    """``--weights`` (run and serve): every stage's weight precision, over the plan's own."""
+    """``--weights`` and ``--torch-device`` (run and serve): every stage's weight precision, and where
+    named stages compute, over the plan's own."""
     p.add_argument("--weights", choices=WEIGHT_PRECISIONS, default=None,
                    help="weight precision of every stage's blocks (weight-only int8/int4 quantized by the agents "
                         "at load; default: each stage's own in the plan, fp when it names none)")
+    p.add_argument("--torch-device", type=_stage_torch_device, action="append", default=[], metavar="DEVICE=WHERE",
+                   help="compute DEVICE's stage on WHERE: cpu, cuda or cuda:N (repeatable; default: the plan's "
+                        "own per stage, cpu when it names none); a GPU the agent does not report is refused "
+                        "before anything is loaded")
+
+
+def _stage_torch_device(text: str) -> tuple[str, str]:
+    """``DEVICE=WHERE`` of ``--torch-device``, WHERE checked here (one line, exit 2)."""
+    from agents.accelerators import device_name_problem
+
+    device, sep, where = text.partition("=")
+    if not sep or not device:
+        raise argparse.ArgumentTypeError(f"{text!r}: give DEVICE=WHERE, e.g. edge-b=cuda:0")
+    if device_name_problem(where):
+        raise argparse.ArgumentTypeError(f"{text!r}: {device_name_problem(where)}")
+    return device, where
+
+
+def plan_as_asked(plan, args):
+    """``plan`` with ``--weights`` and ``--torch-device`` applied; a ``--torch-device`` naming a device
+    the plan has no stage on is refused (a typo would otherwise run everything on the CPU)."""
+    from core.planning.plan import with_torch_devices, with_weights
+
+    asked = dict(args.torch_device)
+    stray = sorted(set(asked) - set(plan.devices()))
+    if stray:
+        raise FormatError("--torch-device", f"the plan has no stage on {', '.join(stray)} "
+                                            f"(its devices: {', '.join(plan.devices())})")
+    return with_torch_devices(with_weights(plan, args.weights), asked)
 
 
 def _register_run(sub) -> None:
@@ -164,7 +194,7 @@ def _read_prompts(args) -> list[str]:
 
 def cmd_run(args) -> int:
     from core import formats
-    from core.planning.plan import ShardPlan, with_weights
+    from core.planning.plan import ShardPlan
     from core.reporting import TerminalReporter
     from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
@@ -183,7 +213,7 @@ def cmd_run(args) -> int:
     if args.image or args.images is not None:
         raise FormatError("edgeshard run", "--image / --images are for a CNN plan (edgeshard.spatial-plan); "
                                            "this plan is a language model's: give --prompt")
-    plan = with_weights(formats.load(args.plan, ShardPlan), args.weights)
+    plan = plan_as_asked(formats.load(args.plan, ShardPlan), args)
     prompts = _read_prompts(args)
     replan = _replanner(args, plan, len(prompts))
     k = micro_batch_count(plan, args.micro_batches)

@@ -90,9 +90,9 @@ def _read_key(path: str) -> str:
 
 def cmd_serve(args) -> int:
     from core import formats
-    from core.cli.runs import _parse_agents, _replanner
+    from core.cli.runs import _parse_agents, _replanner, plan_as_asked
     from core.models.checkpoints import check_model_dir
-    from core.planning.plan import ShardPlan, with_weights
+    from core.planning.plan import ShardPlan
     from core.runs.generation import GenerationSettings, check_run, load_tokenizer
     from core.serving import bind, is_loopback
     from core.sessions.store import SessionStore, default_workspace_path
@@ -105,7 +105,7 @@ def cmd_serve(args) -> int:
     if key is None and not is_loopback(args.host):
         raise FormatError("--host", f"refusing to serve on {args.host} without --api-key-file: anyone who reaches "
                                     "that address could use the cluster (give a key file, or bind 127.0.0.1)")
-    plan = with_weights(formats.load(args.plan, ShardPlan), args.weights)
+    plan = plan_as_asked(formats.load(args.plan, ShardPlan), args)
     if not Path(args.model, "config.json").exists():
         raise FormatError(args.model, "not a checkpoint directory (no config.json)")
     model_dir = os.path.abspath(args.model)

@@ -12,11 +12,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from agents.accelerators import device_name_problem
 from core.formats import register_format
 
 PLAN_FORMAT = "edgeshard.plan"
-PLAN_VERSION = 3
-"""2: ``Stage.weights`` (a version-1 plan loads with every stage at ``fp``); 3: ``Stage.options``."""
+PLAN_VERSION = 4
+"""2: ``Stage.weights`` (a version-1 plan loads with every stage at ``fp``); 3: ``Stage.options``;
+4: ``Stage.torch_device`` (an older plan loads with every stage on ``cpu``)."""
 
 StageKind = str
 """The stage's kind: which technique's agent-side executor runs it (``agents.executors``):
@@ -37,6 +39,9 @@ class Stage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """Which executor the stage's agent builds (``layers``, ``expert-offload``, ...)."""
     weights: str = "fp"
     """The precision of its blocks' weights (``WEIGHT_PRECISIONS``)."""
+    torch_device: str = "cpu"
+    """Where its agent computes it: ``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N`` (``LoadShard.torch_device``);
+    a run refuses a CUDA device the agent does not report before loading anything."""
     options: dict[str, Any] | None = None
     """Its kind's own settings, sent as its ``LoadShard.options`` (a technique's agent ``Options`` as a
     JSON object, ``kind`` its tag; e.g. expert offloading's buffer and the hashes of the files it
@@ -97,6 +102,8 @@ def layout_problems(plan: ShardPlan, num_units: int | None = None) -> list[str]:
             problems.append(f"stage {i} ({s.device}) has weights {s.weights!r}: one of {', '.join(WEIGHT_PRECISIONS)}")
         elif s.weights != "fp" and s.kind != "layers":
             problems.append(f"stage {i} ({s.device}) is a {s.kind} stage: only layers stages take {s.weights} weights")
+        if device_name_problem(s.torch_device):
+            problems.append(f"stage {i} ({s.device}): {device_name_problem(s.torch_device)}")
         if s.device in seen:
             problems.append(f"device {s.device} appears in more than one stage")
         seen.add(s.device)
@@ -121,6 +128,15 @@ def with_weights(plan: ShardPlan, weights: str | None) -> ShardPlan:
         return plan
     return msgspec.structs.replace(plan, stages=tuple(msgspec.structs.replace(s, weights=weights)
                                                       for s in plan.stages))
+
+
+def with_torch_devices(plan: ShardPlan, torch_devices: dict[str, str] | None) -> ShardPlan:
+    """``plan`` with the named devices' stages computed on ``torch_devices[device]`` (``--torch-device``
+    on run/serve); a device not named keeps its plan stage's own."""
+    if not torch_devices:
+        return plan
+    return msgspec.structs.replace(plan, stages=tuple(
+        msgspec.structs.replace(s, torch_device=torch_devices.get(s.device, s.torch_device)) for s in plan.stages))
 
 
 def offline_problems(plan: ShardPlan, offline) -> list[str]:

@@ -203,7 +203,8 @@ class Coordinator:
         attention-offload dense stage calls over the data plane while it computes); a device without
         gets its plan stage's ``Stage.options`` (e.g. expert offloading's buffer settings).
         Each stage's weight precision is the plan's (``Stage.weights`` -> ``LoadShard.weights``).
-        ``torch_devices``: per device, where its stage computes (``cpu``, ``cuda``, ``cuda:N``; default cpu);
+        ``torch_devices``: per device, where its stage computes (``cpu``, ``cuda``, ``cuda:N``; default: its plan
+        stage's ``Stage.torch_device``);
         one its agent does not report (``AgentStatus.accelerators``) is ``DeviceUnavailable`` before any load."""
         reporter = reporter or NullReporter()
         problems = layout_problems(plan)
@@ -221,7 +222,7 @@ class Coordinator:
         if lost:  # the plan's own agent stopped answering before the load (was a KeyError)
             raise RunFailed("its agent stopped answering: start it again, or plan without it", lost[0])
         for i, s in enumerate(plan.stages):  # before anything is stopped or loaded
-            refusal = unavailable_device((torch_devices or {}).get(s.device, "cpu"),
+            refusal = unavailable_device((torch_devices or {}).get(s.device, s.torch_device),
                                          tuple(a.name for a in statuses[s.device].accelerators))
             if refusal:
                 raise DeviceUnavailable(f"stage {i} {refusal}", s.device)
@@ -244,7 +245,7 @@ class Coordinator:
                             files=(files or {}).get(s.device, ()),
                             kind=kind.get(s.device, "layers") if isinstance(kind, dict) else kind,
                             options=_stage_options(s, (options or {}).get(s.device)),
-                            weights=s.weights, torch_device=(torch_devices or {}).get(s.device, "cpu"))
+                            weights=s.weights, torch_device=(torch_devices or {}).get(s.device, s.torch_device))
             futs[s.device] = self.request_async(s.device, msg)
         reporter.status(f"loading {len(futs)} stages")
         await_loads(self.link, futs, timeout_s, reporter)

@@ -94,3 +94,18 @@ def test_a_gpt2_model_cannot_be_planned_at_int8(tmp_path):
     plan = with_weights(plan_from_boundaries("g", spec.num_units, ["a"], []), "int8")
     assert precision_problems(plan, spec) == ["stage 0 (a) asks for int8 weights: agents quantize llama, mistral, "
                                               "qwen2 models, this one is gpt2 (use fp)"]
+
+
+def test_a_version_3_plan_loads_with_every_stage_on_the_cpu(tmp_path):
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps({"format": "edgeshard.plan", "version": 3, "model": "m", "num_units": 6,
+                                "stages": [{"device": "a", "start": 0, "end": 3, "weights": "int8"},
+                                           {"device": "b", "start": 3, "end": 6}]}))
+    assert [s.torch_device for s in formats.load(path, ShardPlan).stages] == ["cpu", "cpu"]
+
+
+def test_a_stage_on_an_unknown_torch_device_is_a_layout_problem_naming_the_device():
+    plan = plan_from_boundaries("m", 6, ["a", "b"], [3])
+    odd = msgspec.structs.replace(plan, stages=(plan.stages[0], msgspec.structs.replace(plan.stages[1],
+                                                                                        torch_device="gpu0")))
+    assert layout_problems(odd) == ["stage 1 (b): torch_device must be cpu, cuda or cuda:N, got 'gpu0'"]

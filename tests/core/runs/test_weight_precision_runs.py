@@ -128,9 +128,11 @@ def test_each_agent_holds_the_weight_bytes_the_planner_predicts_for_its_stages_p
         assert status[s.device].memory_bytes == stage_weight_bytes(spec, s.start, s.end, s.weights), s.device
 
 
-def test_stages_placed_on_the_cpu_by_name_give_the_same_tokens(coordinator, model_dir):
+def test_stages_placed_on_the_cpu_by_the_plan_give_generates_tokens(coordinator, model_dir):
     plan = plan_at(("fp",) * 3)
-    coordinator.load(plan, model_dir, timeout_s=120, torch_devices={d: "cpu" for d in DEVICES})
+    plan = msgspec.structs.replace(plan, stages=tuple(msgspec.structs.replace(s, torch_device="cpu")
+                                                      for s in plan.stages))
+    coordinator.load(plan, model_dir, timeout_s=120)
     enc = encode(model_dir)
     request = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
                          attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())),
@@ -147,6 +149,11 @@ def test_a_cuda_stage_for_an_agent_without_one_is_refused_by_name_before_any_loa
     assert all(st.accelerators == () for st in status.values())  # this CI host's torch is a CPU build
     with pytest.raises(DeviceUnavailable, match="edge-b: stage 1 asked to compute on cuda, but torch sees no CUDA"):
         coordinator.load(plan_at(("fp",) * 3), model_dir, torch_devices={"edge-b": "cuda"})
+    planned = plan_at(("fp",) * 3)  # the plan's own choice (Stage.torch_device) is checked the same way
+    planned = msgspec.structs.replace(planned, stages=(*planned.stages[:2], msgspec.structs.replace(
+        planned.stages[2], torch_device="cuda:0")))
+    with pytest.raises(DeviceUnavailable, match="edge-c: stage 2 asked to compute on cuda:0"):
+        coordinator.load(planned, model_dir)
     # the agent's own entrance refuses it too (a request that did not come through that check)
     peer = PeerSpec(device="edge-a", stage=0, data_address=status["edge-a"].data_address,
                     public_key=status["edge-a"].public_key)
