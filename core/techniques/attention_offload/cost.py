@@ -43,7 +43,8 @@ class OffloadCost(msgspec.Struct, frozen=True, kw_only=True):
     compute_bytes: int
     """Per compute device: the dense weights (no KV)."""
     memory_bytes: int
-    """Per memory device: its share of the KV of every batch in flight."""
+    """Per memory device: its share of the KV of every batch in flight and one prefill attend's
+    transient (``OffloadModel.prefill_attend_bytes``)."""
     fits: bool
     bottleneck: str
     """compute | memory | cycle (too few batches in flight)"""
@@ -139,7 +140,10 @@ def evaluate(problem: OffloadProblem, plan: OffloadPlan) -> OffloadCost:
     price = sum(problem.device(d).price for d in plan.compute + plan.memory)
     kv_total = n * plan.batch * problem.workload.context_tokens * problem.model.kv_bytes_per_token()
     heads = plan.kv_heads_of(problem.model.kv_heads)
-    memory_bytes = {d: kv_total * len(h) // problem.model.kv_heads for d, h in heads.items()}
+    # its KV share of every batch in flight, and the transient of one batch's prefill attend
+    memory_bytes = {d: kv_total * len(h) // problem.model.kv_heads
+                    + problem.model.prefill_attend_bytes(plan.batch, problem.workload.prompt_tokens, len(h))
+                    for d, h in heads.items()}
     fits = all(problem.model.weight_bytes <= problem.device(d).memory_bytes for d in plan.compute) and all(
         b <= problem.device(d).memory_bytes for d, b in memory_bytes.items())
     return OffloadCost(layer=lt, step_s=step, tokens_per_s=tps, price=price,

@@ -80,12 +80,14 @@ def _types(problem: OffloadProblem) -> list[list[OffloadDevice]]:
 
 
 def largest_batch(problem: OffloadProblem, memory: list[OffloadDevice], in_flight: int) -> int:
-    """The most sequences per batch whose KV (n batches, full context) the memory devices hold."""
+    """The most sequences per batch whose KV (n batches, full context) and one prefill attend's
+    transient (linear in the batch) the memory devices hold."""
     m = problem.model
     per_seq_head = problem.workload.context_tokens * 2 * m.layers * m.head_dim * m.bytes_per_element
     base, extra = divmod(m.kv_heads, len(memory))
-    fit = min(d.memory_bytes // (in_flight * (base + (1 if i < extra else 0)) * per_seq_head)
-              for i, d in enumerate(memory))
+    shares = [base + (1 if i < extra else 0) for i in range(len(memory))]
+    fit = min(d.memory_bytes // (in_flight * h * per_seq_head + m.prefill_attend_bytes(1, problem.workload.prompt_tokens, h))
+              for h, d in zip(shares, memory))
     return int(min(fit, problem.workload.max_batch))
 
 
