@@ -16,8 +16,8 @@ from typing import Sequence
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QFont, QPalette
-from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
-                               QProgressBar, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+                               QProgressBar, QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
 from agents.protocol import TimelineEvent, TokenEvent
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
@@ -130,13 +130,23 @@ class RunMonitorView(QWidget):
                 self.heat_map_label = label
         self._show_heat_map(False)
 
+        # the side column scrolls rather than setting the monitor's minimum height (~404 px): the
+        # Sessions screen stacks its runs list above the replay and leaves it ~300 px at 1024x700;
+        # where the column fits (the Run screen at 1024x700 and up) no scroll bar shows
+        self.side_scroll = QScrollArea()
+        self.side_scroll.setAccessibleName("Run figures")
+        self.side_scroll.setWidget(side)
+        self.side_scroll.setWidgetResizable(True)
+        self.side_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.side_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.setChildrenCollapsible(False)
         splitter.addWidget(self.timeline)
-        splitter.addWidget(side)
+        splitter.addWidget(self.side_scroll)
         splitter.setStretchFactor(0, 2)
         splitter.setStretchFactor(1, 1)
         side.setMinimumWidth(256)
+        self.side_scroll.setMinimumWidth(256 + self.side_scroll.verticalScrollBar().sizeHint().width())
         splitter.setSizes([760, 360])
         self.splitter = splitter
         layout = QVBoxLayout(self)

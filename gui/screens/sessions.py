@@ -261,19 +261,19 @@ class SessionsPanel(QWidget):
 
         self.monitor = RunMonitorView()
 
-        left = QWidget()
-        left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(0, 0, 8, 0)
+        left = self.list_pane = QWidget()
+        left_layout = QHBoxLayout(left)  # the buttons beside the list: its rows get the height
+        left_layout.setContentsMargins(0, 0, 0, 4)
         left_layout.addWidget(self.tree, 1)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.refresh_button)
-        buttons.addStretch(1)
-        buttons.addWidget(self.compare_button)
+        buttons = QVBoxLayout()
         buttons.addWidget(self.open_button)
+        buttons.addWidget(self.compare_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.refresh_button)
         left_layout.addLayout(buttons)
         right = QWidget()
         right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(8, 0, 0, 0)
+        right_layout.setContentsMargins(0, 4, 0, 0)
         replay_page = QWidget()
         replay_layout = QVBoxLayout(replay_page)
         replay_layout.setContentsMargins(0, 0, 0, 0)
@@ -281,17 +281,20 @@ class SessionsPanel(QWidget):
         replay_layout.addLayout(controls)
         replay_layout.addWidget(self.monitor, 1)
         self.comparison = RunComparisonView()
-        self.comparison.closed.connect(lambda: self.right_stack.setCurrentIndex(0))
+        self.comparison.closed.connect(lambda: self._show_comparison(False))
         self.right_stack = QStackedWidget()
         self.right_stack.addWidget(replay_page)
         self.right_stack.addWidget(self.comparison)
         right_layout.addWidget(self.right_stack, 1)
-        splitter = QSplitter(Qt.Orientation.Horizontal)
+        # the list above the replay, across the page's width: every column (kind, status, tokens,
+        # started) reads at 1024 px, and the replay keeps the width its lanes and figures need
+        splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.setChildrenCollapsible(False)
         splitter.addWidget(left)
         splitter.addWidget(right)
+        splitter.setStretchFactor(0, 0)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([460, 920])  # the list shows style, kind, status, tokens and start on a wide window
+        splitter.setSizes([170, 830])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 12, 16, 12)
         layout.addWidget(panel_header(
@@ -421,8 +424,14 @@ class SessionsPanel(QWidget):
         a, b = runs
         self.message.show_lines([])
         self.comparison.show_runs(a, b)
-        self.right_stack.setCurrentIndex(1)
+        self._show_comparison(True)
         self.runs_compared.emit(a.info.id, b.info.id)
+
+    def _show_comparison(self, shown: bool) -> None:
+        """Two timelines need the page's height (at 1024x700 the list above leaves them too
+        little): the list steps aside while comparing and comes back with "Back to replay"."""
+        self.right_stack.setCurrentIndex(1 if shown else 0)
+        self.list_pane.setVisible(not shown)
 
     def _on_open_button_clicked(self) -> None:
         items = self.tree.selectedItems()
@@ -439,7 +448,7 @@ class SessionsPanel(QWidget):
                                f"{len(loaded.items)} recorded items over {self.replay.duration_s:.2f} s")
         for w in self._replay_controls:
             w.setEnabled(True)
-        self.right_stack.setCurrentIndex(0)
+        self._show_comparison(False)
         self.start_s = replay_start_s(loaded.items)
         self._reset_monitor()
         self.seek(self.start_s)  # loading skipped: the replay starts just before the first event

@@ -256,3 +256,21 @@ def test_the_monitor_stops_refreshing_even_when_a_loader_outlives_the_shutdown(q
         assert not panel.shutdown(1.0)
     assert stopped == [1.0]
     assert panel.shutdown()
+
+
+def test_every_column_of_the_list_shows_at_1024x700(qtbot, state, run_data):
+    """The page's width at 1024x700 (less the navigation): kind, status, tokens and started read
+    without scrolling the list sideways."""
+    problem, plan, _, _ = run_data
+    with SessionStore(state.workspace) as store:
+        record_simulation(store, store.create_session("a long session name of the studio"), problem, plan,
+                          simulate(problem, plan, "no-bubbles", generated_tokens=4))
+    panel = _sessions(qtbot, state)
+    panel.resize(860, 560)
+    panel.show()
+    qtbot.waitExposed(panel)
+    header = panel.tree.header()
+    right = header.sectionPosition(5) + header.sectionSize(5)
+    assert panel.width() <= 860 and right <= panel.tree.viewport().width()
+    assert header.sectionSize(5) >= panel.tree.fontMetrics().horizontalAdvance("22:38")
+    panel.shutdown()
