@@ -245,3 +245,10 @@ def test_the_plan_tables_memory_bars_show_their_whole_text_at_1024x700(window, q
     for row in range(3):
         bar = table.cellWidget(row, 6)
         assert bar.width() >= bar.fontMetrics().horizontalAdvance(bar.text()), bar.text()
+
+
+def test_the_runs_list_steps_aside_while_comparing_and_returns_with_back_to_replay(window, qtbot, tmp_path):
+    sessions = _two_runs_compared(window, qtbot, tmp_path, 1024, 700)
+    assert not sessions.list_pane.isVisible()
+    sessions.comparison.back_button.click()
+    assert sessions.list_pane.isVisible() and sessions.right_stack.currentIndex() == 0
