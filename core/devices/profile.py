@@ -22,9 +22,10 @@ from core.models.units import ModelSpec
 from core.models.weight_quality import PrecisionQuality, quality_errors
 
 PROFILE_FORMAT = "edgeshard.profile"
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 """2: ``DeviceTimes.cache_timing`` / ``warm_reason``. 3: ``ModelUnit.linear_params`` / ``linear_rows``
-(a version-2 profile's int8/int4 stages are counted at their fp bytes). Older files load: the fields
+(a version-2 profile's int8/int4 stages are counted at their fp bytes). 4: ``Profile.accelerator_times``
+(an older profile has none: every stage is planned on the CPU). Older files load: the fields
 they lack are not recorded (their defaults), and the value is migrated to this version
 (``Profile.__post_init__``)."""
 
@@ -102,6 +103,18 @@ def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+class AcceleratorTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A device's GPU as a place for its stage: the units' times measured there and the GPU's memory,
+    which bounds a stage placed on it (its weights and KV cache live there, not in host memory)."""
+
+    device: str
+    torch_device: str = "cuda:0"
+    """Where the times were measured and the stage computes (``Stage.torch_device``)."""
+    memory_bytes: int
+    times: DeviceTimes
+    """Its units' times on that GPU (``times.device`` is ``device``)."""
+
+
 class ProfiledWorkload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The workload the compute times were measured for (context length matters to attention)."""
 
@@ -121,6 +134,8 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     weight_quality: tuple[PrecisionQuality, ...] = ()
     """Perplexity and block time ratios per weight precision, measured once (core.models.weight_quality):
     what lets a plan give a device int8/int4 weights under a quality bound. Empty: not measured."""
+    accelerator_times: tuple[AcceleratorTimes, ...] = ()
+    """The GPUs a planner may place a device's stage on (core.planning.placement); empty: CPUs only."""
 
     def __post_init__(self) -> None:
         if self.version < PROFILE_VERSION:  # migrate: what older versions lack has its default
@@ -187,32 +202,49 @@ def _profile_errors(profile: Profile) -> list[str]:
         if link.latency_ms < 0:
             out.append(f"$.cluster.links[{i}].latency_ms: must not be negative")
     for i, t in enumerate(profile.times):
-        where = f"$.times[{i}]"
-        if t.device not in known:
-            out.append(f"{where}.device: unknown device {t.device!r}")
-        if t.warm_reason and t.cache_timing != "warm":
-            out.append(f"{where}.warm_reason: only a device profiled warm has one")
-        for name in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
-            v = getattr(t, name)
-            if not (v >= 0) or v == float("inf"):
-                out.append(f"{where}.{name}: must be finite and not negative")
-        if t.expert_decode_s and (len(t.expert_decode_s) != n
-                                  or any(not (v >= 0) or v == float("inf") for v in t.expert_decode_s)):
-            out.append(f"{where}.expert_decode_s: needs one finite, non-negative time per unit ({n})")
-        for xs_name, ys_name in (("decode_batch_sizes", "decode_s"), ("prefill_token_counts", "prefill_s")):
-            xs, ys = getattr(t, xs_name), getattr(t, ys_name)
-            if not xs or any(x < 1 for x in xs) or list(xs) != sorted(set(xs)):
-                out.append(f"{where}.{xs_name}: needs increasing positive sample points")
-            if len(ys) != n:
-                out.append(f"{where}.{ys_name}: has {len(ys)} rows, the model has {n} units")
-                continue
-            for u, row in enumerate(ys):
-                if len(row) != len(xs):
-                    out.append(f"{where}.{ys_name}[{u}]: has {len(row)} values for {len(xs)} sample points")
-                    break
-                if any(not (v >= 0) or v == float("inf") for v in row):
-                    out.append(f"{where}.{ys_name}[{u}]: times must be finite and not negative")
-                    break
+        out.extend(_times_errors(f"$.times[{i}]", t, n, known))
+    for i, a in enumerate(profile.accelerator_times):
+        where = f"$.accelerator_times[{i}]"
+        if a.device not in known or a.times.device != a.device:
+            out.append(f"{where}.device: {a.device!r} must be a device of the cluster, its times' device too")
+        if not (a.torch_device == "cuda" or (a.torch_device.startswith("cuda:") and a.torch_device[5:].isdigit())):
+            out.append(f"{where}.torch_device: must be cuda or cuda:N, got {a.torch_device[:40]!r}")
+        if a.memory_bytes < 0:
+            out.append(f"{where}.memory_bytes: must not be negative")
+        out.extend(_times_errors(f"{where}.times", a.times, n, known))
+    if len({a.device for a in profile.accelerator_times}) != len(profile.accelerator_times):
+        out.append("$.accelerator_times: one GPU per device")
+    return out
+
+
+def _times_errors(where: str, t: DeviceTimes, n: int, known: set[str]) -> list[str]:
+    """What is wrong with one device's times table (at JSON path ``where``) for a model of ``n`` units."""
+    out = []
+    if t.device not in known:
+        out.append(f"{where}.device: unknown device {t.device!r}")
+    if t.warm_reason and t.cache_timing != "warm":
+        out.append(f"{where}.warm_reason: only a device profiled warm has one")
+    for name in ("stage_decode_overhead_s", "stage_prefill_overhead_s"):
+        v = getattr(t, name)
+        if not (v >= 0) or v == float("inf"):
+            out.append(f"{where}.{name}: must be finite and not negative")
+    if t.expert_decode_s and (len(t.expert_decode_s) != n
+                              or any(not (v >= 0) or v == float("inf") for v in t.expert_decode_s)):
+        out.append(f"{where}.expert_decode_s: needs one finite, non-negative time per unit ({n})")
+    for xs_name, ys_name in (("decode_batch_sizes", "decode_s"), ("prefill_token_counts", "prefill_s")):
+        xs, ys = getattr(t, xs_name), getattr(t, ys_name)
+        if not xs or any(x < 1 for x in xs) or list(xs) != sorted(set(xs)):
+            out.append(f"{where}.{xs_name}: needs increasing positive sample points")
+        if len(ys) != n:
+            out.append(f"{where}.{ys_name}: has {len(ys)} rows, the model has {n} units")
+            continue
+        for u, row in enumerate(ys):
+            if len(row) != len(xs):
+                out.append(f"{where}.{ys_name}[{u}]: has {len(row)} values for {len(xs)} sample points")
+                break
+            if any(not (v >= 0) or v == float("inf") for v in row):
+                out.append(f"{where}.{ys_name}[{u}]: times must be finite and not negative")
+                break
     return out
 
 

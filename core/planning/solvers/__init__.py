@@ -26,8 +26,46 @@ from core.planning.solvers.paper_dp import paper_dp_latency, paper_dp_throughput
 
 
 def edgeshard_optimal(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
+    """The exact plan; where devices have a GPU in the profile, over every CPU/GPU choice of them."""
+    if problem.profile.accelerator_times:
+        return solve_placed(problem, objective)
     solve = solve_min_latency if objective == "latency" else solve_max_throughput
     return solve(problem).plan
+
+
+def solve_placed(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
+    """The exact plan over every choice of CPU or GPU for each device with one (2^g exact solves for g
+    such devices: a handful at the edge), the best by ``objective``; its GPU stages name their
+    ``torch_device``. The choice and the layer ranges interact (a GPU is faster but holds less), so each
+    choice is solved whole rather than the GPU picked first."""
+    import itertools
+
+    import msgspec
+
+    from core.errors import ModelDoesNotFit
+    from core.planning.cost import evaluate
+    from core.planning.placement import placed_problem
+
+    solve = solve_min_latency if objective == "latency" else solve_max_throughput
+    gpus = {a.device: a.torch_device for a in problem.profile.accelerator_times
+            if a.device not in problem.excluded_devices}
+    best, best_key, refusal = None, None, None
+    for choice in itertools.product((False, True), repeat=len(gpus)):
+        on_gpu = frozenset(d for d, on in zip(gpus, choice) if on)
+        try:
+            plan = solve(placed_problem(problem, on_gpu)).plan
+        except ModelDoesNotFit as err:
+            refusal = refusal or err
+            continue
+        plan = msgspec.structs.replace(plan, stages=tuple(
+            msgspec.structs.replace(s, torch_device=gpus[s.device]) if s.device in on_gpu else s for s in plan.stages))
+        cost = evaluate(problem, plan)
+        key = cost.latency_per_token_s if objective == "latency" else -cost.throughput_tokens_s
+        if best_key is None or key < best_key:
+            best, best_key = plan, key
+    if best is None:
+        raise refusal
+    return best
 
 
 def _for_objective(fn: Callable[..., ShardPlan]) -> Callable[[PlanningProblem, str], ShardPlan]:
@@ -73,7 +111,7 @@ PAPER_STRATEGIES = ("paper-dp-latency", "paper-dp-throughput")
 """The paper's published Algorithms 1 and 2 (core.planning.solvers.paper_dp)."""
 
 __all__ = [
-    "STRATEGIES", "SolveResult", "solve_min_latency", "solve_max_throughput", "edge_solo", "cloud_edge_even",
+    "STRATEGIES", "SolveResult", "solve_placed", "solve_min_latency", "solve_max_throughput", "edge_solo", "cloud_edge_even",
     "cloud_edge_opt", "even_split", "memory_proportional", "best_micro_batching", "strongest_device",
     "micro_batch_choices", "edgeshard_optimal", "replan_after_failure", "paper_dp_latency", "paper_dp_throughput",
     "PAPER_STRATEGIES",
