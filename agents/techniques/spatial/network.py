@@ -163,7 +163,7 @@ def build_network(spec: CnnSpec, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
 
     def conv(c_in, c_out, k):
-        w = torch.randn(c_out, c_in, k, k, generator=g) * (2.0 / (c_in * k * k)) ** 0.5
+        w = torch.randn(c_out, c_in, k, k, generator=g).mul_((2.0 / (c_in * k * k)) ** 0.5)  # in place: no 2nd copy
         return w, torch.randn(c_out, generator=g) * 0.01
 
     params = []
@@ -175,7 +175,7 @@ def build_network(spec: CnnSpec, seed: int = 0):
         else:
             params.append([])
     dims = (spec.head_in, *spec.fc)
-    head = [(torch.randn(b, a, generator=g) * (2.0 / a) ** 0.5, torch.zeros(b)) for a, b in zip(dims, dims[1:])]
+    head = [(torch.randn(b, a, generator=g).mul_((2.0 / a) ** 0.5), torch.zeros(b)) for a, b in zip(dims, dims[1:])]
     return SpatialNet(spec, params, head)
 
 

@@ -93,8 +93,10 @@ def head_seconds(problem: SpatialProblem, spec: CnnSpec, device: str | None = No
 
 
 def evaluate(problem: SpatialProblem, plan: SpatialPlan) -> SpatialCost:
-    """The plan's predicted time per image and each device's memory need (weights of the
-    groups it computes in, its largest in+out strip; the gateway also the whole maps and the head)."""
+    """The plan's predicted time per image and each device's memory need: the whole network's
+    weights (every agent generates all of them from the seed, ``network_for``: a worker counted
+    with only its groups' weights grew 4.0× its prediction, bench/memory_fidelity.py), its largest
+    in+out strip; the gateway also the whole maps."""
     check(problem, plan)
     spec = problem.model.spec()
     group_s, busy, moved = [], {d: 0.0 for d in plan.devices}, 0
@@ -107,12 +109,12 @@ def evaluate(problem: SpatialProblem, plan: SpatialPlan) -> SpatialCost:
             busy[d] += t.compute_s
             moved += t.in_bytes + t.out_bytes
             if w:
-                need[d] += sum(layer.param_bytes() for layer in spec.layers[start:end])
                 act[d] = max(act[d], t.in_bytes + t.out_bytes)
     gw = problem.gateway
     if gw not in need:
         need[gw] = act[gw] = 0
-    need[gw] += spec.head_param_bytes()
+    weights = sum(layer.param_bytes() for layer in spec.layers) + spec.head_param_bytes()
+    need = {d: weights for d in need}
     act[gw] = max(act[gw], max(layer.in_bytes() + layer.out_bytes() for layer in spec.layers))
     total = {d: need[d] + act[d] for d in need}
     fits = all(total[d] <= problem.device(d).memory_bytes for d in total)
