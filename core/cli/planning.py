@@ -196,7 +196,8 @@ def _plan_table(problem: PlanningProblem, out: StrategyOutcome) -> str:
     plan, cost = out.plan, out.cost
     rows = [("stage", "device", "units", "#", "weights", "compute ms", "send ms", "memory GiB", "budget GiB", "")]
     for j, (st, mem) in enumerate(zip(plan.stages, cost.memory)):
-        rows.append((str(j), st.device, f"[{st.start}, {st.end})", str(st.num_units), st.weights,
+        where = st.device if st.torch_device == "cpu" else f"{st.device} ({st.torch_device})"
+        rows.append((str(j), where, f"[{st.start}, {st.end})", str(st.num_units), st.weights,
                      f"{cost.stage_compute_s[j] * 1e3:.2f}", f"{cost.stage_transfer_s[j] * 1e3:.2f}",
                      f"{mem.total_bytes / GIB:.2f}", f"{mem.budget_bytes / GIB:.2f}", "" if mem.fits else "OOM"))
     lines = [f"strategy {out.strategy}, objective {plan.objective}: {_status_text(out)}", _table(rows)]
@@ -265,7 +266,8 @@ def _compare_table(outs: list[StrategyOutcomeLike]) -> str:
                      f"{x.tokens_per_s:.2f}" if fits else "—", f"{m}×{k}" if m else "—", status))
         stages = getattr(x.plan, "stages", None)
         details.append(" → ".join(
-            f"{st.device}[{st.start},{st.end}){'' if st.weights == 'fp' else ' ' + st.weights} "
+            f"{st.device}[{st.start},{st.end}){'' if st.weights == 'fp' else ' ' + st.weights}"
+            f"{'' if st.torch_device == 'cpu' else ' ' + st.torch_device} "
             f"{mem.total_bytes / GIB:.1f}/{mem.budget_bytes / GIB:.1f} GiB"
             for st, mem in zip(stages, x.cost.memory)) if stages else "")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

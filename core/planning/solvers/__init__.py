@@ -27,17 +27,15 @@ from core.planning.solvers.paper_dp import paper_dp_latency, paper_dp_throughput
 
 def edgeshard_optimal(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
     """The exact plan; where devices have a GPU in the profile, over every CPU/GPU choice of them."""
-    if problem.profile.accelerator_times:
-        return solve_placed(problem, objective)
-    solve = solve_min_latency if objective == "latency" else solve_max_throughput
-    return solve(problem).plan
+    return solve_placed(problem, objective).plan
 
 
-def solve_placed(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
-    """The exact plan over every choice of CPU or GPU for each device with one (2^g exact solves for g
-    such devices: a handful at the edge), the best by ``objective``; its GPU stages name their
-    ``torch_device``. The choice and the layer ranges interact (a GPU is faster but holds less), so each
-    choice is solved whole rather than the GPU picked first."""
+def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_kw) -> SolveResult:
+    """The exact solver's answer over every choice of CPU or GPU for each device with one
+    (``Profile.accelerator_times``; 2^g exact solves for g such devices: a handful at the edge), the best
+    by ``objective``, its GPU stages naming their ``torch_device``; proven optimal when every solve was.
+    The choice and the layer ranges interact (a GPU is faster but holds less), so each choice is solved
+    whole rather than the GPU picked first. A CPU-only profile: the exact solver's answer itself."""
     import itertools
 
     import msgspec
@@ -49,23 +47,28 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency") -> ShardP
     solve = solve_min_latency if objective == "latency" else solve_max_throughput
     gpus = {a.device: a.torch_device for a in problem.profile.accelerator_times
             if a.device not in problem.excluded_devices}
-    best, best_key, refusal = None, None, None
+    if not gpus:
+        return solve(problem, **solver_kw)
+    best, best_key, refusal, proven, bound = None, None, None, True, None
     for choice in itertools.product((False, True), repeat=len(gpus)):
         on_gpu = frozenset(d for d, on in zip(gpus, choice) if on)
         try:
-            plan = solve(placed_problem(problem, on_gpu)).plan
+            res = solve(placed_problem(problem, on_gpu), **solver_kw)
         except ModelDoesNotFit as err:
             refusal = refusal or err
             continue
-        plan = msgspec.structs.replace(plan, stages=tuple(
-            msgspec.structs.replace(s, torch_device=gpus[s.device]) if s.device in on_gpu else s for s in plan.stages))
-        cost = evaluate(problem, plan)
-        key = cost.latency_per_token_s if objective == "latency" else -cost.throughput_tokens_s
+        proven = proven and res.proven_optimal
+        bound = res.bound if bound is None else (min if objective == "latency" else max)(bound, res.bound)
+        key = res.value if objective == "latency" else -res.value
         if best_key is None or key < best_key:
-            best, best_key = plan, key
+            plan = msgspec.structs.replace(res.plan, stages=tuple(
+                msgspec.structs.replace(s, torch_device=gpus[s.device]) if s.device in on_gpu else s
+                for s in res.plan.stages))
+            best, best_key = msgspec.structs.replace(res, plan=plan, cost=evaluate(problem, plan)), key
     if best is None:
         raise refusal
-    return best
+    gap = 0.0 if proven else abs(best.value - bound) / max(abs(best.value), 1e-30)
+    return msgspec.structs.replace(best, bound=bound, proven_optimal=proven, gap=gap)
 
 
 def _for_objective(fn: Callable[..., ShardPlan]) -> Callable[[PlanningProblem, str], ShardPlan]:

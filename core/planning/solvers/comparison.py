@@ -11,8 +11,7 @@ from core.errors import EdgeShardError
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.reporting import Reporter
-from core.planning.solvers import STRATEGIES, best_micro_batching, even_split, memory_proportional
-from core.planning.solvers.exact import solve_max_throughput, solve_min_latency
+from core.planning.solvers import STRATEGIES, best_micro_batching, even_split, memory_proportional, solve_placed
 
 
 class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,9 +53,8 @@ def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit
     """
     try:
         if name in ("edgeshard", FP_ONLY):
-            solve = solve_min_latency if objective == "latency" else solve_max_throughput
             own = problem if name == "edgeshard" else msgspec.structs.replace(problem, max_perplexity_increase=None)
-            res = solve(own, time_limit_s=time_limit_s, reporter=reporter)
+            res = solve_placed(own, objective, time_limit_s=time_limit_s, reporter=reporter)  # GPUs where profiled
             return StrategyOutcome(strategy=name, objective=objective, plan=res.plan, cost=res.cost,
                                    status="optimal" if res.proven_optimal else "ok", gap=res.gap,
                                    bound=res.bound, elapsed_s=res.elapsed_s)

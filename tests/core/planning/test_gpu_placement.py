@@ -118,3 +118,16 @@ def test_a_gpu_of_an_unknown_device_or_with_a_short_times_table_is_a_profile_err
     assert any(e.startswith("$.accelerator_times[1].torch_device") for e in errors)
     assert any(e.startswith("$.accelerator_times[1].memory_bytes") for e in errors)
     assert any(e.startswith("$.accelerator_times[1].times.decode_s") for e in errors)
+
+
+def test_edgeshard_plan_places_a_stage_on_a_profiled_gpu_and_prints_where(tmp_path, capsys):
+    from core.cli import main
+    from core.formats import load, save
+    from core.planning.plan import ShardPlan
+
+    problem = random_problem(4, 3, 6, tightness=1.5, batch=1)
+    device = problem.profile.cluster.devices[1].id
+    save(tmp_path / "problem.json", with_gpus(problem, {device: (0.05, 1 << 40)}))
+    assert main(["plan", str(tmp_path / "problem.json"), "--out", str(tmp_path / "plan.json")]) == 0
+    assert f"{device} (cuda:0)" in capsys.readouterr().out
+    assert {s.device: s.torch_device for s in load(tmp_path / "plan.json", ShardPlan).stages}[device] == "cuda:0"
