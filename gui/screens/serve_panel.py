@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPus
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from gui.timeline import TimelineView
+from gui.widgets import say_why_disabled
 from gui.timeline.event_bridge import EventBridge
 
 COLUMNS = ("Request", "State", "Tokens", "TTFT", "TPOT", "Prompt")
@@ -89,6 +90,7 @@ class ServePanel(QWidget):
         self.copy_key.setAccessibleName("Copy API key")
         self.copy_key.setToolTip("Copy the endpoint's API key (the client's api_key, sent as a bearer token)")
         self.copy_key.setEnabled(False)
+        say_why_disabled({self.copy_key: "not serving: press Serve to start the endpoint"})
         self.copy_key.clicked.connect(self._on_copy_key_clicked)
         row = QHBoxLayout()
         row.addWidget(self.toggle)
