@@ -200,7 +200,7 @@ def cmd_run(args) -> int:
     from core.runs.coordinator import FanoutSink
     from core.runs.generation import GenerationSettings, check_run, generation_json
     from core.runs.speculative import speculative_entrance
-    from core.sessions.recording import record_run
+    from core.sessions.recording import add_run_figures, record_run
     from core.sessions.store import default_workspace_path
     from core.techniques import technique_for_plan_format
 
@@ -259,17 +259,21 @@ def cmd_run(args) -> int:
         with recording as run:
             sink = printer if run is None else FanoutSink(printer, run.recorder)
             try:
-                out = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter, replan)
+                out, traffic = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter, replan)
             except KeyboardInterrupt:
                 if run is not None:
                     run.status = "stopped"
                 raise
             if run is not None:
                 run.status = "completed"
+        wire = _wire_figures(model_dir, settings.dtype, prompts, out, traffic, args.speculative is not None)
+        if run is not None:
+            add_run_figures(workspace, run.run_id, {"wire": wire})
     finally:
         printer.close()
     if args.json:
-        print(json.dumps(generation_json(out, run.run_id if run is not None else None, settings.mode)))
+        print(json.dumps({**generation_json(out, run.run_id if run is not None else None, settings.mode),
+                          "wire": wire}))
         return 0
     if len(prompts) == 1:
         print()
@@ -283,6 +287,9 @@ def cmd_run(args) -> int:
     print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  "
           f"tokens/s {tps} (decode {dtps})  tokens {f.tokens}  mode {settings.mode}  "
           f"micro-batches {min(k, len(prompts))} ({'--micro-batches' if args.micro_batches is not None else 'the plan'})")
+    if wire["measured_bytes"] is not None:
+        print(f"wire: {wire['measured_bytes']} bytes between agents (the cost model: {wire['predicted_bytes']}, "
+              f"x{wire['measured_over_predicted']}), {wire['control_bytes']} to the coordinator")
     for r in out.result.recoveries:
         print(f"recovered: {r.failed} lost at step {r.step}, detected at {r.detected_s:.2f} s, re-planned in "
               f"{(r.replanned_s - r.detected_s) * 1e3:.0f} ms, shards loaded in {r.loaded_s - r.replanned_s:.2f} s; "
@@ -290,6 +297,23 @@ def cmd_run(args) -> int:
     if run is not None:
         print(f"recorded as run {run.run_id} (session {run.session_id}) in {workspace}")
     return 0
+
+
+def _wire_figures(model_dir: str, dtype: str, prompts: list[str], out, traffic, speculative: bool) -> dict:
+    """The run's wire figures (``core.runs.wire``): the agents' socket counts beside the cost model's
+    stage-output bytes for the plan the run ran and the steps it took (no prediction after a re-plan or
+    for a speculative run: their frames follow another schedule)."""
+    from core.models.units import load_model_spec
+    from core.runs.generation import load_tokenizer
+    from core.runs.wire import predicted_stage_bytes, wire_figures
+
+    plan = out.result.plan
+    spec = load_model_spec(model_dir, {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype))
+    predicted = None
+    if plan is not None and not out.result.recoveries and not speculative:  # one plan, one schedule's frames
+        width = load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1]
+        predicted = predicted_stage_bytes(spec, plan, int(width), out.result.token_events)
+    return wire_figures(traffic, plan.devices() if plan is not None else (), predicted)
 
 
 def _check_agents_serve(devices, endpoints, source: str) -> None:
@@ -335,6 +359,7 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
     from core.runs.generation import generate
+    from core.runs.wire import WireMeter
 
     cluster = tmp = None
     try:
@@ -347,16 +372,18 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
             endpoints, keys = cluster.start(), cluster.keys
         else:
             endpoints, keys = agents
-        with Coordinator(endpoints, keys) as coordinator:
+        with Coordinator(endpoints, keys) as coordinator, WireMeter(coordinator, plan.devices()) as meter:
             if not args.local:  # a dead agent of the plan: named in seconds, before the model is loaded here
                 coordinator.link.wait_ready(ANSWER_WITHIN_S, plan.devices())
             if getattr(args, "speculative", None) is not None:
                 from core.runs.speculative import generate_speculative
 
-                return generate_speculative(coordinator, plan, model_dir, prompts[0], settings, args.speculative,
-                                            sink=sink, reporter=reporter)
-            return generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
-                            replan=replan)
+                out = generate_speculative(coordinator, plan, model_dir, prompts[0], settings, args.speculative,
+                                           sink=sink, reporter=reporter)
+            else:
+                out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
+                               replan=replan)
+        return out, meter.traffic
     finally:
         if cluster is not None:
             cluster.stop()

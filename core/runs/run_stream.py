@@ -75,7 +75,7 @@ class FanoutSink:
 class EventsFile:
     """A sink that appends every event of a run to a JSON-lines file (``--events`` of every technique's
     run verb): ``{"type": "timeline", "value": TimelineEvent}`` / ``{"type": "tokens", "value": TokenEvent}``
-    (docs/formats.md). Thread-safe; ``close`` it (or use it as a context manager)."""
+    (docs/formats.md), each line flushed as it is written. Thread-safe; ``close`` it (or use it as a context manager)."""
 
     def __init__(self, path) -> None:
         import msgspec
@@ -87,6 +87,7 @@ class EventsFile:
     def _write(self, kind: str, value) -> None:
         with self._lock:
             self._file.write(f'{{"type":"{kind}","value":{self._enc.encode(value).decode()}}}\n')
+            self._file.flush()  # a reader (tail -f, the studio) sees each event as it happens
 
     def on_event(self, event: TimelineEvent) -> None:
         self._write("timeline", event)

@@ -49,3 +49,106 @@ def sent_between(before: WireTraffic, after: WireTraffic) -> WireTraffic:
         if m - m0:
             out[key] = (m - m0, n - n0)
     return WireTraffic(out)
+
+
+COORDINATOR_LINK = "coordinator"
+"""The link an agent's control replies and streamed events go on (``WireCount.link``)."""
+
+
+class WireMeter:
+    """What the agents ``devices`` sent while the ``with`` block ran (``traffic``, None when a status
+    could not be read: an agent lost mid-run). ``link`` is anything with ``status_of(devices)``
+    (a ``Coordinator`` or an ``AgentLink``): one status round trip each side, milliseconds."""
+
+    def __init__(self, link, devices) -> None:
+        self.link, self.devices = link, list(dict.fromkeys(devices))
+        self.traffic: WireTraffic | None = None
+        self._before: WireTraffic | None = None
+
+    def __enter__(self) -> "WireMeter":
+        self._before = self._read()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        after = self._read() if exc[0] is None else None
+        if self._before is not None and after is not None:
+            self.traffic = sent_between(self._before, after)
+
+    def _read(self) -> WireTraffic | None:
+        """Each agent's counters; one that does not answer (lost in a run that recovered) is left out:
+        its bytes since ``before`` are unknown, the survivors' still count."""
+        from core.errors import EdgeShardError
+
+        statuses = {}
+        for device in self.devices:
+            try:
+                statuses.update(self.link.status_of([device], timeout_s=3.0))
+            except EdgeShardError:
+                continue
+        return snapshot(statuses) if statuses else None
+
+
+def wire_figures(traffic: WireTraffic | None, devices, predicted: Mapping[tuple[str, str], int] | None,
+                 kinds: Iterable[str] | None = None, predicted_total: int | None = None) -> dict:
+    """A run's wire figures for its JSON output and its recorded figures (``figures["wire"]``).
+
+    ``measured_bytes``: what the agents' sockets sent to each other (of ``kinds`` when given: the
+    traffic the prediction models), headers included; ``control_bytes``: their replies and streamed
+    events to the coordinator; ``per_link``: ``src->dst`` → measured and predicted bytes;
+    ``per_link_and_kind``: every counter; ``predicted_bytes``: the technique's cost model (tensors,
+    no headers unless it models them) and ``measured_over_predicted``; ``predicted_total``: a prediction
+    not split per link. None measured: ``measured_bytes`` is null."""
+    devices = list(devices)
+    predicted = dict(predicted or {})
+    want = sum(predicted.values()) if predicted else predicted_total
+    if traffic is None:
+        return {"measured_bytes": None, "predicted_bytes": want,
+                "measured_over_predicted": None, "per_link": {}, "per_link_and_kind": {}, "control_bytes": None}
+    kinds = None if kinds is None else set(kinds)
+    measured: dict[tuple[str, str], int] = {}
+    for (sender, link, kind), (_, n) in traffic.sent.items():
+        if link in devices and link != sender and (kinds is None or kind in kinds):
+            measured[(sender, link)] = measured.get((sender, link), 0) + n
+    total = sum(measured.values())
+    return {"measured_bytes": total, "predicted_bytes": want,
+            "measured_over_predicted": round(total / want, 4) if want else None,
+            "per_link": {f"{s}->{d}": {"measured": measured.get((s, d), 0), "predicted": predicted.get((s, d))}
+                         for s, d in sorted(set(measured) | set(predicted))},
+            "per_link_and_kind": traffic.per_link_and_kind(),
+            "control_bytes": traffic.nbytes(links=[COORDINATOR_LINK])}
+
+
+def predicted_from_events(events, sender=lambda lane: lane) -> dict[tuple[str, str], int]:
+    """(src, dst) → bytes of a simulated run's ``send`` events between two devices: what a technique's
+    simulated schedule (its cost model timed) says the links carry. ``sender``: the device of an event's
+    lane (a technique that draws sends on a lane of their own, e.g. EPD's ``DEVICE:link``)."""
+    out: dict[tuple[str, str], int] = {}
+    for ev in events:
+        src = sender(ev.device)
+        if ev.kind == "send" and ev.peer and ev.peer != src:
+            out[(src, ev.peer)] = out.get((src, ev.peer), 0) + ev.nbytes
+    return out
+
+
+def predicted_stage_bytes(spec, plan, prompt_width: int, token_events) -> dict[tuple[str, str], int]:
+    """(src, dst) → bytes a layer-sharded run of ``plan`` sends, by the cost model's per-token terms
+    (``core.planning.cost.stage_output_bytes``: the stage's last unit's ``activation_bytes_per_token``,
+    a token id from the head): per micro-batch of n sequences that produced k steps, the prefill's
+    n × ``prompt_width`` positions and k - 1 decode steps of n, each stage to the next; the last stage's
+    token back to the first, k times. Counted on the run's own steps (EOS ends a run early)."""
+    steps: dict[int, set[int]] = {}
+    rows: dict[int, int] = {}
+    for t in token_events:
+        steps.setdefault(t.micro_batch, set()).add(t.step)
+        rows[t.micro_batch] = max(rows.get(t.micro_batch, 0), len(t.sequence_ids))
+    out: dict[tuple[str, str], int] = {}
+    stages = plan.stages
+    for j, st in enumerate(stages):
+        last = j == len(stages) - 1
+        dst = stages[0].device if last else stages[j + 1].device
+        if dst == st.device:
+            continue
+        per_token = spec.units[st.end - 1].activation_bytes_per_token
+        n = sum(rows[mb] * (len(k) if last else prompt_width + len(k) - 1) for mb, k in steps.items())
+        out[(st.device, dst)] = out.get((st.device, dst), 0) + per_token * n
+    return out

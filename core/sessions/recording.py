@@ -92,6 +92,13 @@ def check_workspace(workspace: str | os.PathLike | None) -> None:
         SessionStore(workspace).close()
 
 
+def add_run_figures(workspace: str | os.PathLike, run_id: int, figures: dict[str, Any]) -> None:
+    """Merge figures measured once a run was recorded (its wire bytes, read from the agents after it
+    ended) into its recorded figures."""
+    with SessionStore(workspace) as store:
+        store.add_figures(run_id, figures)
+
+
 @contextmanager
 def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings: dict[str, Any],
                session_id: int | None = None, session_name: str = "", plan: ShardPlan | None = None,

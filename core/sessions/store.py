@@ -280,6 +280,12 @@ class SessionStore:
             self.db["runs"].update(run_id, {"status": status, "ended_at": utc_now(),
                                             "figures_json": json.dumps(fig, sort_keys=True)})
 
+    def add_figures(self, run_id: int, figures: dict[str, Any]) -> None:
+        """Merge ``figures`` into a run's recorded ones (measured after it was finished, e.g. its wire bytes)."""
+        merged = {**self.run(run_id).figures, **msgspec.to_builtins(figures)}
+        with self._lock, self.db.atomic():
+            self.db["runs"].update(run_id, {"figures_json": json.dumps(merged, sort_keys=True)})
+
     def runs(self, session_id: int | None = None) -> list[RunInfo]:
         where, params = ("WHERE session_id = ?", (session_id,)) if session_id is not None else ("", ())
         return [self._run_info(r) for r in self._rows(f"SELECT * FROM runs {where} ORDER BY id", params)]

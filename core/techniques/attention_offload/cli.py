@@ -73,7 +73,8 @@ def _run(args) -> int:
     from core.formats import check_writable
     from core.runs.generation import GenerationSettings, generate_with, generation_json, settings_problem
     from core.runs.run_stream import EventsFile
-    from core.sessions.recording import check_workspace, record_run
+    from core.runs.wire import WireMeter
+    from core.sessions.recording import add_run_figures, check_workspace, record_run
     from core.sessions.store import default_workspace_path
 
     compute = [n.strip() for n in args.compute.split(",")]
@@ -138,6 +139,7 @@ def _run(args) -> int:
                 (EventsFile(args.events) if args.events else nullcontext()) as events:
             coordinator.wait_ready(timeout_s=ANSWER_WITHIN_S)
             coordinator.sync_clocks()
+            meter = WireMeter(coordinator, devices)
             sink = rec.recorder if rec is not None else None
             def run(request, s):
                 s = FanoutSink(s, sink, events)
@@ -146,16 +148,21 @@ def _run(args) -> int:
                                          sink=s, threads=args.threads)
                 return run_offload(coordinator, model_dir, compute[0], memory, request, sink=s, threads=args.threads)
 
-            out = generate_with(run, model_dir, args.prompt, settings)
+            with meter:
+                out = generate_with(run, model_dir, args.prompt, settings)
             if rec is not None:
                 rec.status = "completed"
+        wire = _wire(model_dir, memory, args.prompt, out, meter.traffic, devices)
+        if rec is not None:
+            add_run_figures(workspace, rec.run_id, {"wire": wire})
     finally:
         if cluster is not None:
             cluster.stop()
         if tmp is not None:
             tmp.cleanup()
     if args.json:
-        print(json.dumps(generation_json(out, rec.run_id if rec is not None else None, "sequential")))
+        print(json.dumps({**generation_json(out, rec.run_id if rec is not None else None, "sequential"),
+                          "wire": wire}))
         return 0
     for i, (p, t) in enumerate(zip(args.prompt, out.texts)):
         print(f"[{i}] {p}{t}")
@@ -164,7 +171,33 @@ def _run(args) -> int:
     print(f"TTFT {ms(f.ttft_s)}  per-token latency {ms(f.per_token_latency_s)}  tokens {f.tokens}  "
           f"compute {', '.join(compute)}  memory {', '.join(memory)}"
           + (f"  {args.schedule} staggering, {settings.micro_batches} batches" if staggered else ""))
+    if wire["measured_bytes"] is not None:
+        print(f"wire: {wire['measured_bytes']} bytes of attention frames (the cost model: {wire['predicted_bytes']}, "
+              f"x{wire['measured_over_predicted']}), {wire['control_bytes']} to the coordinator")
     if rec is not None:
         print(f"recorded as run {rec.run_id} (session {rec.session_id}) in {workspace}")
     sys.stdout.flush()
     return 0
+
+
+def _wire(model_dir: str, memory: list[str], prompts: list[str], out, traffic, devices) -> dict:
+    """The run's attention frames (``attend``/``attended``) as the agents' sockets sent them, beside the
+    cost model's ``layer_wire_bytes`` (tensors and frame headers) for every layer of every forward the run
+    made: per micro-batch of n rows and k steps, the prefill's n × prompt width positions, then k - 1 steps
+    of n. Other frames (a staggered run's ``residual`` hand-overs) are in ``per_link_and_kind`` only."""
+    from core.runs.generation import load_tokenizer
+    from core.runs.wire import wire_figures
+    from core.techniques.attention_offload.cost import layer_wire_bytes
+    from core.techniques.attention_offload.run import checkpoint_model
+
+    model = checkpoint_model(model_dir)
+    width = int(load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1])
+    steps: dict[int, set[int]] = {}
+    rows: dict[int, int] = {}
+    for t in out.result.token_events:
+        steps.setdefault(t.micro_batch, set()).add(t.step)
+        rows[t.micro_batch] = max(rows.get(t.micro_batch, 0), len(t.sequence_ids))
+    predicted = sum(model.layers * (layer_wire_bytes(model, rows[mb] * width, len(memory))
+                                    + (len(k) - 1) * layer_wire_bytes(model, rows[mb], len(memory)))
+                    for mb, k in steps.items())
+    return wire_figures(traffic, devices, None, kinds=("attend", "attended"), predicted_total=predicted)

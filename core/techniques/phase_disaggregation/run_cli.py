@@ -54,7 +54,7 @@ def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
             p.add_argument("--json", action="store_true", help="print one JSON object: every request's token ids "
                            "and text, the latency figures, the recorded run")
             p.add_argument("--events", metavar="FILE", help="write the run's timeline and token events to this "
-                           "JSONL file (when it ends)")
+                           "JSONL file as they happen (each line flushed)")
             p.set_defaults(func=_run)
 
 
@@ -122,6 +122,7 @@ def _run(args) -> int:
     from agents.protocol import SamplingSpec
     from core.paths import workspace_file
     from core.sessions.recording import check_workspace
+    from core.runs.wire import predicted_from_events, wire_figures
     from core.sessions.store import SessionStore
     from core.techniques.phase_disaggregation.types import PhaseCosts, Workload
 
@@ -134,14 +135,20 @@ def _run(args) -> int:
     sampling = SamplingSpec(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     with _pool_agents(args) as (pools, link):
         from core.techniques.phase_disaggregation.runtime import (
-            prepare_requests, record_epd_run, reference_tokens, run_epd,
+            load_pools, prepare_requests, record_epd_run, reference_tokens, run_epd,
         )
         from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
 
+        from core.runs.run_stream import EventsFile
+        from core.runs.wire import WireMeter
+
         prepared = prepare_requests(args.model, workload, [Path(p) for p in args.images] if args.images else None)
         link.sync_clocks()
-        run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling,
-                      transfers=args.transfers)
+        with (EventsFile(args.events) if args.events else contextlib.nullcontext()) as events:
+            load_pools(link, args.model, pools)  # loading is not the run's traffic
+            with WireMeter(link, pools.devices) as meter:
+                run = run_epd(link, args.model, workload, pools, prepared=prepared, sampling=sampling,
+                              transfers=args.transfers, sink=events, load=False)
     sim = simulate_pools(costs, workload, pools, record=True) if costs is not None else None
     equal = run.tokens == reference_tokens(args.model, prepared, sampling) if args.check else None
     with SessionStore(workspace) as store:
@@ -150,19 +157,14 @@ def _run(args) -> int:
         run_id = record_epd_run(store, session, run, model=model, workload=workload, pools=pools)
         sim_id = None if sim is None else record_simulation(store, session, sim, model=model, workload=workload,
                                                             pools=pools)
-    if args.events:
-        from core.runs.run_stream import EventsFile
-
-        with EventsFile(args.events) as events:
-            for event in run.events:
-                events.on_event(event)
-            for tokens in run.token_events:
-                events.on_tokens(tokens)
+        wire = wire_figures(meter.traffic, pools.devices, predicted_from_events(sim.events, lambda lane: lane.removesuffix(":link"))
+                            if sim is not None else None)
+        store.add_figures(run_id, {"wire": wire})
     texts = _texts(args.model, run.tokens)
     med = statistics.median
     out = {"format": "edgeshard.epd-run-output", "version": 1, "requests": len(run.metrics), "ttft_p50_s": med(m.ttft_s for m in run.metrics),
            "tpot_p50_s": med(m.tpot_s for m in run.metrics), "e2e_p50_s": med(m.e2e_s for m in run.metrics),
-           "run_id": run_id, "tokens_equal": equal,
+           "run_id": run_id, "tokens_equal": equal, "wire": wire,
            "outputs": [{"request": rid, "tokens": list(run.tokens[rid]), "text": texts[rid]} for rid in sorted(run.tokens)]}
     if sim is not None:
         out.update(simulated_ttft_p50_s=med(m.ttft_s for m in sim.metrics),
@@ -180,6 +182,10 @@ def _run(args) -> int:
         if equal is not None:
             line += f"; tokens {'equal' if equal else 'DIFFER from'} the single-process generate()"
         print(line)
+        if wire["measured_bytes"] is not None:
+            print(f"wire: {wire['measured_bytes']} bytes between agents (the simulator's transfers: "
+                  f"{wire['predicted_bytes']}, x{wire['measured_over_predicted']}), {wire['control_bytes']} to the "
+                  "coordinator")
     return 0 if equal in (None, True) else 1
 
 

@@ -63,6 +63,7 @@ from core.devices.agent_link import refusal
 from core.errors import RunFailed
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
+from core.runs.run_stream import NullSink
 from core.techniques.phase_disaggregation.simulator import link_lane
 from core.techniques.phase_disaggregation.types import EpdInputError, PoolConfig, RequestMetrics, Workload
 
@@ -224,9 +225,9 @@ def _split(n: int, parts: int) -> list[tuple[int, ...]]:
 def run_epd(link, model_dir: str | Path, workload: Workload, pools: PoolConfig, *,
             prepared: list[PreparedRequest] | None = None, images: list[Path] | None = None,
             sampling: SamplingSpec = SamplingSpec(), timeout_s: float = 120.0, load: bool = True,
-            transfers: Transfers = "data-plane", reporter: Reporter | None = None) -> EpdRun:
+            transfers: Transfers = "data-plane", reporter: Reporter | None = None, sink=None) -> EpdRun:
     """Serve ``workload`` on the agents of ``pools`` (named as the link's devices), each request
-    released at its arrival time. ``RunFailed`` names a device that failed or went silent;
+    released at its arrival time; ``sink`` (a ``RunSink``) gets each event and token as it is known. ``RunFailed`` names a device that failed or went silent;
     ``EpdInputError`` what cannot run (before anything is sent)."""
     if transfers not in TRANSFERS:
         raise EpdInputError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
@@ -252,15 +253,16 @@ def run_epd(link, model_dir: str | Path, workload: Workload, pools: PoolConfig, 
                                 f"caches hold {mm_capacity} and {kv_capacity}: raise mm_cache_tokens / kv_cache_tokens")
     if load:
         load_pools(link, model_dir, pools, timeout_s=timeout_s)
-    return _Scheduler(link, info, workload, pools, prepared, sampling, timeout_s, reporter, transfers).run()
+    return _Scheduler(link, info, workload, pools, prepared, sampling, timeout_s, reporter, transfers, sink).run()
 
 
 class _Scheduler:
     """The run's event loop: dispatch to free agents in policy order, take replies as they come."""
 
     def __init__(self, link, info, workload: Workload, pools: PoolConfig, prepared, sampling, timeout_s, reporter,
-                 transfers: str = "data-plane"):
+                 transfers: str = "data-plane", sink=None):
         self.link, self.info, self.pools, self.sampling = link, info, pools, sampling
+        self.sink = sink or NullSink()
         self.direct = transfers == "data-plane"
         self.coupled = pools.disaggregation != "epd"
         """PD-only / aggregated: a request encodes (one piece, no IRP) on its prefill device, and
@@ -305,6 +307,11 @@ class _Scheduler:
             device=device, stage=STAGES[phase], kind=kind, phase="decode" if phase == "decode" else "prefill",
             step=step, micro_batch=request, start_s=start, end_s=max(end, start), nbytes=nbytes, peer=peer,
             clock_uncertainty_s=clock.uncertainty_s if clock is not None else 0.0))
+        self.sink.on_event(self.events[-1])
+
+    def _token(self, tokens: TokenEvent) -> None:
+        self.token_events.append(tokens)
+        self.sink.on_tokens(tokens)
 
     # -- the loop
     def run(self) -> EpdRun:
@@ -523,8 +530,7 @@ class _Scheduler:
                 self.mm_free[device] += st.mm
             st.prefill_start_s, st.prefill_end_s, st.prefill_device, st.prefilled = ts, te, device, reply
             st.tokens = (reply.token,)
-            self.token_events.append(TokenEvent(micro_batch=rid, step=0, sequence_ids=(rid,),
-                                                token_ids=(reply.token,), t_s=te))
+            self._token(TokenEvent(micro_batch=rid, step=0, sequence_ids=(rid,), token_ids=(reply.token,), t_s=te))
             if not self.direct:
                 self.decode_queue.append(rid)
             elif st.early_decode is not None:
@@ -546,8 +552,7 @@ class _Scheduler:
         prev = ts
         for step, (token, t_end) in enumerate(zip(reply.tokens, reply.step_ends), start=1):
             t = self._local(device, t_end, prev, te)
-            self.token_events.append(TokenEvent(micro_batch=rid, step=step, sequence_ids=(rid,),
-                                                token_ids=(token,), t_s=t))
+            self._token(TokenEvent(micro_batch=rid, step=step, sequence_ids=(rid,), token_ids=(token,), t_s=t))
             prev = t
         st.decode_end_s = max(te, st.pd_end_s)
         st.tokens = st.tokens + tuple(reply.tokens)

@@ -254,12 +254,13 @@ def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session
     problem, plan = on_agents(problem, plan, [e.device for e in endpoints])
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
         link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        from core.runs.wire import WireMeter
         from core.techniques.spatial.run import run_and_record
         from core.techniques.spatial.simulator import simulate
 
         images = run_images(args, problem.model.spec().image)
         link.sync_clocks()
-        with _events_file(args) as events:
+        with _events_file(args) as events, WireMeter(link, plan.devices) as meter:
             def seen(mine, token, _result):
                 for event in mine:
                     events.on_event(event)
@@ -268,14 +269,16 @@ def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session
             out = run_and_record(link, problem, plan, images, seed=args.seed, workspace=workspace, session=session,
                                  on_image=seen if events is not None else None)
     n = len(out.run.tokens)
-    predicted = simulate(problem, plan, images=max(1, n)).figures.duration_s
+    simulated = simulate(problem, plan, images=max(1, n))
+    predicted = simulated.figures.duration_s
+    wire = _wire(meter.traffic, plan, simulated.events, workspace, out.run_ids)
     if getattr(args, "json", False):
         print(json.dumps({"format": "edgeshard.spatial-run-output", "version": 1, "strategy": plan.strategy,
                           "images": [{"class": t.token_ids[0], "scores": list(sc)}
                                      for t, sc in zip(out.run.tokens, out.run.scores)],
                           "measured_s": out.run.figures.duration_s, "predicted_s": predicted,
                           "max_abs_error": out.max_abs_error, "status": out.status,
-                          "run_ids": list(out.run_ids) or None}))
+                          "run_ids": list(out.run_ids) or None, "wire": wire}))
         return 0 if out.max_abs_error < 1e-3 else 1
     recorded = (f"recorded runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)" if out.run_ids
                 else "not recorded")
@@ -283,7 +286,27 @@ def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session
           f"{out.run.figures.duration_s:.3f} s measured, {predicted:.3f} s predicted; "
           f"classes {[t.token_ids[0] for t in out.run.tokens]}; max |scores - one device| = "
           f"{out.max_abs_error:.2e}; {recorded}")
+    if wire["measured_bytes"] is not None:
+        print(f"wire: {wire['measured_bytes']} bytes between agents (the cost model: {wire['predicted_bytes']}, "
+              f"x{wire['measured_over_predicted']}), {wire['control_bytes']} to the coordinator")
     return 0 if out.max_abs_error < 1e-3 else 1
+
+
+def _wire(traffic, plan, simulated_events, workspace: str, run_ids) -> dict:
+    """The strips the agents' sockets sent beside the simulated schedule's (the cost model's strip
+    bytes: ``StripTime.in_bytes`` scattered by the gateway, drawn as the worker's ``recv_wait``, and
+    ``out_bytes`` gathered back, its ``send``), added to the measured run's recorded figures."""
+    from core.runs.wire import predicted_from_events, wire_figures
+    from core.sessions.recording import add_run_figures
+
+    predicted = predicted_from_events(simulated_events)
+    for ev in simulated_events:
+        if ev.kind == "recv_wait" and ev.nbytes and ev.peer and ev.peer != ev.device:
+            predicted[(ev.peer, ev.device)] = predicted.get((ev.peer, ev.device), 0) + ev.nbytes
+    wire = wire_figures(traffic, plan.devices, predicted)
+    if workspace and run_ids:
+        add_run_figures(workspace, run_ids[0], {"wire": wire})
+    return wire
 
 
 def _events_file(args):

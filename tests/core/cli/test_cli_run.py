@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 import pytest
 
@@ -60,6 +61,28 @@ def test_a_cli_run_is_recorded_completed_with_its_events_tokens_and_settings(rec
     assert {i.event.device for i in items if i.event is not None} == set(DEVICES)
     generated = "".join(i.tokens.text[0] for i in items if i.tokens is not None)
     assert generated and out.startswith(generated + "\nTTFT ") and run.figures["tokens"] == 4
+
+
+def test_a_cli_run_records_the_bytes_its_agents_sockets_sent_beside_the_cost_models(recorded):
+    workspace, out = recorded
+    with SessionStore(workspace) as store:
+        [run] = store.runs()
+    wire = run.figures["wire"]
+    hidden = wire["per_link_and_kind"]["edge-0->edge-1 hidden"]
+    assert wire["per_link"]["edge-0->edge-1"] == {"measured": hidden, "predicted": wire["per_link"]["edge-0->edge-1"]["predicted"]}
+    # 4 hidden frames (the prefill, 3 decode steps): the tensors the cost model predicts, plus a header each
+    assert 4 * 40 < hidden - wire["per_link"]["edge-0->edge-1"]["predicted"] < 4 * 400
+    assert wire["per_link"]["edge-1->edge-0"]["measured"] > 0 and wire["control_bytes"] > 0
+    assert f"wire: {wire['measured_bytes']} bytes between agents" in out
+
+
+def test_run_json_shows_the_wire_bytes_beside_the_token_ids(tmp_path):
+    model, plan = cli_run_files(tmp_path)
+    code, out = run_cli(["run", "--model", model, "--plan", plan, "--local", "--prompt", "the river",
+                         "--max-new-tokens", "3", "--no-record", "--json"])
+    printed = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and len(printed["tokens"][0]) == 3
+    assert printed["wire"]["measured_bytes"] > printed["wire"]["predicted_bytes"] > 0
 
 
 def test_a_cli_run_is_listed_by_edgeshard_sessions(recorded):

@@ -59,7 +59,12 @@ def test_two_compute_devices_run_rotational_staggering_with_the_text_of_hf_gener
     expected = hf_greedy_new_tokens(tiny_llama_dir, enc, 3)
     assert out["tokens"] == [list(row) for row in expected]  # every token id, not a prefix of the text
     assert out["texts"] == [tok.decode([t for t in row if t != 2], skip_special_tokens=True) for row in expected]
+    wire = out["wire"]  # the attention frames the agents' sockets sent, beside the cost model's layer_wire_bytes
+    assert {"c0->m0", "m0->c0", "c1->m1", "m1->c1"} <= set(wire["per_link"])
+    assert 0.9 < wire["measured_over_predicted"] < 1.1 and wire["control_bytes"] > 0
+    assert any(key.endswith(" residual") for key in wire["per_link_and_kind"])  # the hand-overs, counted apart
     with SessionStore(tmp_path / "ws.sqlite") as store:
         (run,) = store.runs()
+        assert run.figures["wire"] == wire
         devices = {i.event.device for i in store.timeline(run.id) if i.event is not None}
         assert devices == {"c0", "c1", "m0", "m1"} and run.settings["schedule"] == "rotational"

@@ -20,17 +20,20 @@ def setup(tmp_path_factory):
     save(tmp / "pools.json", PoolConfig(encode=("local-0",), prefill=("local-1",), decode=("local-2",),
                                         decode_batch=1))
     save(tmp / "workload.json", Workload(requests=tuple(
-        Request(id=i, arrival_s=0.05 * i, images=1, tiles_per_image=2, prompt_tokens=5, output_tokens=4)
-        for i in range(3))))
+        Request(id=i, arrival_s=(0.0, 0.05, 1.0)[i], images=1, tiles_per_image=2, prompt_tokens=5, output_tokens=4)
+        for i in range(3))))  # the last arrives at 1 s: the run is still on when the first events are written
     with LocalCluster(tmp / "cluster", 3) as lc:
         yield tmp, lc
 
 
 @pytest.fixture(scope="module")
 def ran(setup):
-    """``epd profile`` then ``epd run --check --json --events`` once: (its JSON object, the folder)."""
+    """``epd profile`` then ``epd run --check --json --events`` once, the run on a thread while the events
+    file is read: (its JSON object, the folder, whether the file had a line while the run was still on)."""
     import contextlib
     import io
+    import threading
+    import time
 
     from core.formats import load
 
@@ -38,18 +41,25 @@ def ran(setup):
     common = ["--agents", str(lc.agents_file), "--model", str(tmp / "llava"), "--pools", str(tmp / "pools.json")]
     assert main(["epd", "profile", *common, "--out", str(tmp / "costs.json"), "--repeats", "2"]) == 0
     assert load(tmp / "costs.json", PhaseCosts).mm_tokens_per_tile == 16
-    printed = io.StringIO()
+    printed, codes, events = io.StringIO(), [], tmp / "events.jsonl"
     with contextlib.redirect_stdout(printed):
-        rc = main(["epd", "run", *common, "--workload", str(tmp / "workload.json"), "--costs", str(tmp / "costs.json"),
-                   "--check", "--workspace", str(tmp / "ws.sqlite"), "--json", "--events", str(tmp / "events.jsonl")])
-    assert rc == 0
-    return json.loads(printed.getvalue().strip().splitlines()[-1]), tmp
+        run = threading.Thread(target=lambda: codes.append(main([
+            "epd", "run", *common, "--workload", str(tmp / "workload.json"), "--costs", str(tmp / "costs.json"),
+            "--check", "--workspace", str(tmp / "ws.sqlite"), "--json", "--events", str(events)])))
+        run.start()
+        seen_while_running = False
+        while run.is_alive() and not seen_while_running:
+            seen_while_running = events.exists() and events.read_text().count("\n") > 0 and run.is_alive()
+            time.sleep(0.01)
+        run.join()
+    assert codes == [0]
+    return json.loads(printed.getvalue().strip().splitlines()[-1]), tmp, seen_while_running
 
 
 def test_profile_then_run_checks_tokens_and_records_the_run_beside_its_simulation(ran):
     from core.sessions.store import SessionStore
 
-    out, tmp = ran
+    out, tmp, _ = ran
     assert out["tokens_equal"] is True and out["requests"] == 3
     assert out["ttft_p50_s"] > 0 and out["simulated_ttft_p50_s"] > 0
     with SessionStore(tmp / "ws.sqlite") as store:
@@ -65,7 +75,7 @@ def test_run_json_prints_every_requests_tokens_as_llavas_own_generate_gives_them
     from core.formats import load
     from core.techniques.phase_disaggregation.runtime import prepare_requests, reference_tokens
 
-    out, tmp = ran
+    out, tmp, _ = ran
     workload = load(tmp / "workload.json", Workload)
     expected = reference_tokens(tmp / "llava", prepare_requests(tmp / "llava", workload))  # Llava's generate()
     assert {o["request"]: tuple(o["tokens"]) for o in out["outputs"]} == expected
@@ -73,10 +83,24 @@ def test_run_json_prints_every_requests_tokens_as_llavas_own_generate_gives_them
 
 
 def test_run_events_writes_the_runs_timeline_and_every_token(ran):
-    _, tmp = ran
+    _, tmp, _ = ran
     lines = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
     assert {line["type"] for line in lines} == {"timeline", "tokens"}
     assert sum(len(line["value"]["token_ids"]) for line in lines if line["type"] == "tokens") == 12
+
+
+def test_run_events_are_written_as_they_happen_not_when_the_run_ends(ran):
+    assert ran[2]
+
+
+def test_run_json_counts_the_agents_wire_bytes_beside_the_simulated_transfers(ran):
+    """EPD's data plane: the encode agent's multimodal tokens to the prefill agent, its KV cache to the
+    decode agent, counted by the agents' sockets; the simulator's transfers (the cost model) beside them."""
+    out, _, _ = ran
+    wire = out["wire"]
+    assert wire["per_link"]["local-0->local-1"]["measured"] > 0 and wire["per_link"]["local-1->local-2"]["measured"] > 0
+    assert wire["predicted_bytes"] > 0 and 0.5 < wire["measured_over_predicted"] < 2.0
+    assert wire["measured_bytes"] == sum(link["measured"] for link in wire["per_link"].values())
 
 
 def test_a_missing_image_file_is_a_clear_error_and_nothing_is_sent(setup, capsys):

@@ -86,7 +86,7 @@ def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
         problem = structs.replace(_local("resnet-style"), devices=_local("resnet-style").devices[:2])
         save(tmp_path / "p.json", problem)
         rc = main(["spatial", "run", str(tmp_path / "p.json"), "--agents", str(lc.agents_file), "--images", "2",
-                   "--strategy", "cbps", "--workspace", str(tmp_path / "ws.sqlite"), "--json",
+                   "--strategy", "even", "--workspace", str(tmp_path / "ws.sqlite"), "--json",
                    "--events", str(tmp_path / "events.jsonl")])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and out["max_abs_error"] < 1e-3 and len(out["images"]) == 2
@@ -95,10 +95,13 @@ def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
     written = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [w["value"]["token_ids"] for w in written if w["type"] == "tokens"] == [[i["class"]] for i in out["images"]]
     assert any(w["type"] == "timeline" and w["value"]["kind"] == "compute" for w in written)
+    wire = out["wire"]  # strips scattered and gathered, as the agents' sockets sent them and as simulated
+    assert wire["per_link"]["local-0->local-1"]["measured"] > 0 and wire["per_link"]["local-1->local-0"]["measured"] > 0
+    assert 1.0 < wire["measured_over_predicted"] < 1.2  # strip headers over the strips' tensors
     with SessionStore(tmp_path / "ws.sqlite") as store:
         runs = store.runs()
         assert [r.kind for r in runs] == ["measured", "predicted"]
-        assert len(store.tokens(runs[0].id)) == 2
+        assert len(store.tokens(runs[0].id)) == 2 and runs[0].figures["wire"] == wire
         assert Replay.from_store(store, runs[0].id).duration_s > 0
 
 
