@@ -49,3 +49,42 @@ def unavailable_device(name: str, available: tuple[str, ...]) -> str:
         return problem
     have = f"it has {', '.join(available)}" if available else "torch sees no CUDA device there"
     return f"asked to compute on {name}, but {have}: place the stage on cpu or on that agent's GPU"
+
+
+class CudaBackend:
+    """The GPUs a profiler may time units on, and how: torch's CUDA devices, their free memory and a
+    synchronise before each clock read (kernels are asynchronous). An agent takes one
+    (``Agent(accelerators=...)``) so its status, its load check and its profiler all ask the same
+    thing; a test hands it one that computes on the CPU under a GPU's name (no GPU on the CI machine)."""
+
+    def devices(self) -> tuple[tuple[str, str, int], ...]:
+        """(``cuda:N``, model name, memory bytes) of each GPU (``cuda_devices``)."""
+        return cuda_devices()
+
+    def place(self, name: str):
+        """The torch device a unit timed on GPU ``name`` is built and run on."""
+        import torch
+
+        return torch.device(canonical(name))
+
+    def sync(self, name: str) -> None:
+        """Wait for the GPU's queued kernels: a time read before would miss them."""
+        import torch
+
+        torch.cuda.synchronize(torch.device(canonical(name)))
+
+    def memory(self, name: str) -> tuple[int, int]:
+        """(free, total) bytes of the GPU's memory now."""
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch.device(canonical(name)))
+        return int(free), int(total)
+
+    def clock(self) -> float:
+        """What a GPU unit's time is read by: the wall clock (the GPU computes while the host waits)."""
+        import time
+
+        return time.perf_counter()
+
+
+CUDA = CudaBackend()

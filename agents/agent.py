@@ -45,6 +45,7 @@ import torch
 import zmq
 
 from agents import registry
+from agents.accelerators import CUDA, CudaBackend
 from agents.clock import AgentClock
 from agents.control_plane import ControlPlane
 from agents.emulation import DeviceEmulation, ShardOverBudget
@@ -111,6 +112,7 @@ class Agent(ControlPlane, LeaseRules):
         default_link: LinkShape | None = None,
         emulation: DeviceEmulation | None = None,
         weights_dir: str | os.PathLike | None = None,
+        accelerators: CudaBackend = CUDA,
     ) -> None:
         self.device = device
         self.coordinator_key = coordinator_key
@@ -124,6 +126,8 @@ class Agent(ControlPlane, LeaseRules):
         """Emulated shaping of this agent's outgoing data link unless a LoadShard sets one."""
         self.emulation = emulation or DeviceEmulation()
         """Emulated memory budget and compute slowdown (agents/emulation.py)."""
+        self.accelerators = accelerators
+        """The GPUs this agent reports, accepts stages on and profiles units on (agents.accelerators)."""
         self.weights = WeightStore(weights_dir or default_root())
         """Stage weights the coordinator sent, by content hash (agents/weights.py)."""
         self.clock = AgentClock()

@@ -16,7 +16,7 @@ import time
 import zmq
 
 from agents import AGENT_VERSION, registry
-from agents.accelerators import cuda_devices, unavailable_device
+from agents.accelerators import unavailable_device
 from agents.protocol import (
     PROTOCOL_VERSION,
     UPGRADE_HINT,
@@ -78,7 +78,7 @@ class ControlPlane:
             held_by=held_by,
             holder_silent_s=self._silent_s(owner),
             wire_sent=self.wire.snapshot(),
-            accelerators=tuple(Accelerator(name=n, model=m, memory_bytes=b) for n, m, b in cuda_devices()),
+            accelerators=tuple(Accelerator(name=n, model=m, memory_bytes=b) for n, m, b in self.accelerators.devices()),
         )
 
 
@@ -201,7 +201,7 @@ class ControlPlane:
                 self._take_run(identity, msg)
                 return
             elif isinstance(msg, LoadShard):
-                refusal = unavailable_device(msg.torch_device, tuple(n for n, _, _ in cuda_devices()))
+                refusal = unavailable_device(msg.torch_device, tuple(n for n, _, _ in self.accelerators.devices()))
                 if refusal:
                     self._reply_error(identity, req, "no_device", refusal)
                     return

@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agents.accelerators import CUDA, CudaBackend, canonical
 from agents.cold_profiling import (
     CacheEvictor,
     MemoryFigures,
@@ -80,18 +81,6 @@ from agents.protocol import (
     LinkResult,
     UnitTimes,
 )
-
-
-def accelerator_name() -> str:
-    """"cuda:NAME" when torch sees a GPU, else "" (CPU-only)."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"cuda:{torch.cuda.get_device_name(0)}"
-    except Exception:
-        pass
-    return ""
 
 
 def _model_bytes(hf_config, dtype) -> int:
@@ -346,7 +335,8 @@ def _hf_config(config: dict[str, Any]):
 
 def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[int, int], None] | None = None,
                   *, cache_bytes: int | None = None, clock: Callable[[], float] = time.perf_counter,
-                  shared_host: bool = False, memory: MemoryFigures | None = None) -> ComputeProfile:
+                  shared_host: bool = False, memory: MemoryFigures | None = None,
+                  accelerators: CudaBackend = CUDA) -> ComputeProfile:
     """Time every requested unit; the core of ``profile_compute`` (usable without an agent).
 
     ``cache_bytes``: the last-level cache the units are timed cold against (None: this CPU's,
@@ -355,7 +345,9 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     other agents (``DeviceEmulation.shares_host``), so a unit the cache would hold is timed
     after the cache was overwritten (``CacheEvictor``), as a run finds it (module docstring);
     ``memory``: what bounds the memory profiling may add for that (None: this process's, read
-    now; agents/cold_profiling.py). The result's ``cache_timing`` says how the units were timed."""
+    now; agents/cold_profiling.py); ``accelerators``: the GPUs ``opts.device`` may name, where units are
+built, synchronised, timed (their clock) and whose free memory is the budget (agents.accelerators). The
+result's ``cache_timing`` says how the units were timed."""
     import torch
 
     t_start = time.perf_counter()
@@ -374,18 +366,21 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     if bad:
         raise ValueError(f"units {bad} outside [0, {num_units})")
     context = opts.context_tokens or opts.prompt_tokens
-    if opts.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {opts.device!r} requested but torch sees no CUDA device")
     if not (opts.device == "cpu" or opts.device.startswith("cuda")):
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {opts.device!r}")
-    tdev = torch.device(opts.device)  # not ``device``: that is the agent's name, reported below
-    sync = (lambda: torch.cuda.synchronize(tdev)) if tdev.type == "cuda" else (lambda: None)
+    on_gpu = opts.device != "cpu"
+    if on_gpu and canonical(opts.device) not in {n for n, _, _ in accelerators.devices()}:
+        raise ValueError(f"device {opts.device!r} requested but torch sees no CUDA device of that name")
+    # not ``device``: that is the agent's name, reported below
+    tdev = accelerators.place(opts.device) if on_gpu else torch.device("cpu")
+    sync = (lambda: accelerators.sync(opts.device)) if on_gpu else (lambda: None)
+    clock = accelerators.clock if on_gpu else clock
     decode_bs = tuple(sorted(set(opts.batch_sizes)))
     prefill_bs = tuple(sorted(set(opts.prefill_batch_sizes)))
     results = []
     overhead = {"decode": 0.0, "prefill": 0.0}
     if cache_bytes is None:
-        cache_bytes = last_level_cache_bytes() if tdev.type == "cpu" else 0
+        cache_bytes = 0 if on_gpu else last_level_cache_bytes()
     model_bytes = _model_bytes(cfg, dtype) if cache_bytes else 0
     # what profiling adds to time units cold is bounded by the memory the agent may use (issue 25)
     room = profiling_room(read_memory_figures() if memory is None else memory, opts.headroom_bytes)
@@ -402,7 +397,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             # the unit's weights out of the cache at each timed call, as in a run (module docstring)
             # (not the embedding: a step reads only its tokens' rows, never the whole table)
             plan = unit_cold(bench.param_bytes, model_bytes, cache_bytes, room, evictor=evictor_size,
-                             shared_host=shared_host, accelerator=tdev.type != "cpu")
+                             shared_host=shared_host, accelerator=on_gpu)
             if bench.kind == "embedding":
                 plan = plan._replace(copies=1, evict=evictor is not None, warm="")
             else:
@@ -440,7 +435,11 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
                 progress(i + 1, len(units))
     evictor = None  # its buffer is not memory the device has in use
     gc.collect()
-    budget, total, avail = memory_budget(opts.headroom_bytes, opts.device)
+    if on_gpu:  # the stage's weights and KV cache live in the GPU's memory, not the host's
+        avail, total = accelerators.memory(opts.device)
+        budget = max(0, avail - opts.headroom_bytes)
+    else:
+        budget, total, avail = memory_budget(opts.headroom_bytes, "cpu")
     return ComputeProfile(
         device=device,
         decode_batch_sizes=decode_bs,
@@ -449,7 +448,7 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
         memory_budget_bytes=budget,
         memory_total_bytes=total,
         memory_available_bytes=avail,
-        accelerator=accelerator_name(),
+        accelerator=next((f"cuda:{m}" for _, m, _ in accelerators.devices()), ""),
         threads=torch.get_num_threads(),
         seconds=time.perf_counter() - t_start,
         arch=platform.machine(),
@@ -478,8 +477,10 @@ def profile_compute(agent, options: ComputeOptions | ConvSweepOptions) -> Comput
     clock = emulation.profile_clock(options.device) if emulation is not None else time.perf_counter
     shared = emulation.shares_host(options.device) if emulation is not None else False
     result = profile_units(options, device=getattr(agent, "device", ""), progress=progress, clock=clock,
-                           shared_host=shared)
-    return emulation.scale_compute_profile(result) if emulation is not None and emulation.active else result
+                           shared_host=shared, accelerators=getattr(agent, "accelerators", CUDA))
+    # an emulated device is a slower CPU with less memory: its GPU (if it has one) is not emulated
+    scaled = emulation is not None and emulation.active and options.device == "cpu"
+    return emulation.scale_compute_profile(result) if scaled else result
 
 
 # ------------------------------------------------------------------------------ links

@@ -44,7 +44,7 @@ from core.devices.agent_link import unexpected_profile_reply
 from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
 from core.models.units import model_spec_from_config
-from core.devices.profile import DeviceTimes, Profile, ProfiledWorkload
+from core.devices.profile import AcceleratorTimes, DeviceTimes, Profile, ProfiledWorkload
 from core.reporting import Cancelled, NullReporter, PhaseReporter, Reporter, wait_unless_cancelled
 
 _PROFILER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -210,41 +210,51 @@ def cache_timing_fields(wire: str) -> dict[str, str]:
     return {"cache_timing": mode, "warm_reason": why.strip() if mode == "warm" else ""}
 
 
+def _device_times(dev: str, c: ComputeProfile, num_units: int) -> DeviceTimes:
+    """One device's times table from its agent's figures (units must cover the whole model)."""
+    by_unit = {u.unit: u for u in c.units}
+    missing = [u for u in range(num_units) if u not in by_unit]
+    if missing:
+        raise ProfilingFailed(f"{dev}: no compute figures for units {missing}")
+    units = [by_unit[u] for u in range(num_units)]
+    return DeviceTimes(
+        device=dev,
+        decode_batch_sizes=c.decode_batch_sizes,
+        decode_s=tuple(tuple(u.decode_s) for u in units),
+        prefill_token_counts=c.prefill_token_counts,
+        prefill_s=tuple(tuple(u.prefill_s) for u in units),
+        decode_spread=tuple(u.decode_spread[0] for u in units),
+        stage_decode_overhead_s=c.stage_decode_overhead_s,
+        stage_prefill_overhead_s=c.stage_prefill_overhead_s,
+        expert_decode_s=(tuple(u.expert_decode_s for u in units)
+                         if any(u.expert_decode_s for u in units) else ()),
+        **cache_timing_fields(c.cache_timing),
+    )
+
+
 def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links: Sequence[LinkMeasurement], *,
                   dtype: str, model_name: str, prompt_tokens: int, addresses: dict[str, str] | None = None,
-                  notes: str = "") -> Profile:
-    """The planner's Profile from measured figures (units must cover the whole model)."""
+                  notes: str = "", on_gpu: dict[str, tuple[str, ComputeProfile]] | None = None) -> Profile:
+    """The planner's Profile from measured figures (units must cover the whole model); ``on_gpu``: per
+    device, its GPU (``cuda:N``) and the units timed there, its budget that GPU's free memory
+    (``Profile.accelerator_times``: where the planner may place the device's stage)."""
     spec = model_spec_from_config(model_config, dtype=dtype, name=model_name)
     addresses = addresses or {}
     devices, times = [], []
     for dev in sorted(compute):
         c = compute[dev]
-        by_unit = {u.unit: u for u in c.units}
-        missing = [u for u in range(spec.num_units) if u not in by_unit]
-        if missing:
-            raise ProfilingFailed(f"{dev}: no compute figures for units {missing}")
-        units = [by_unit[u] for u in range(spec.num_units)]
         devices.append(Device(id=dev, name=dev, memory_bytes=c.memory_budget_bytes, address=addresses.get(dev, ""),
                               arch=c.arch, cores=c.cores, accelerator=c.accelerator))
-        times.append(DeviceTimes(
-            device=dev,
-            decode_batch_sizes=c.decode_batch_sizes,
-            decode_s=tuple(tuple(u.decode_s) for u in units),
-            prefill_token_counts=c.prefill_token_counts,
-            prefill_s=tuple(tuple(u.prefill_s) for u in units),
-            decode_spread=tuple(u.decode_spread[0] for u in units),
-            stage_decode_overhead_s=c.stage_decode_overhead_s,
-            stage_prefill_overhead_s=c.stage_prefill_overhead_s,
-            expert_decode_s=(tuple(u.expert_decode_s for u in units)
-                             if any(u.expert_decode_s for u in units) else ()),
-            **cache_timing_fields(c.cache_timing),
-        ))
+        times.append(_device_times(dev, c, spec.num_units))
+    gpus = tuple(AcceleratorTimes(device=dev, torch_device=name, memory_bytes=c.memory_budget_bytes,
+                                  times=_device_times(dev, c, spec.num_units))
+                 for dev, (name, c) in sorted((on_gpu or {}).items()) if dev in compute)
     cluster = Cluster(devices=tuple(devices), links=tuple(
         Link(src=m.src, dst=m.dst, bandwidth_mbit_s=max(m.bandwidth_mbit_s, 1e-3), latency_ms=m.one_way_ms)
         for m in links))
     return Profile(model=spec, cluster=cluster, times=tuple(times),
                    profiled_workload=ProfiledWorkload(prompt_tokens=prompt_tokens, batch_size=1),
-                   source="measured", notes=notes)
+                   source="measured", notes=notes, accelerator_times=gpus)
 
 
 COMPUTE_SHARE = 0.6
@@ -268,9 +278,12 @@ def profile_cluster(
     link_first_probe_bytes: int = 256 << 10,
     reporter: Reporter | None = None,
     out_path: str | Path | None = None,
+    gpus: bool = True,
 ) -> ClusterProfileResult:
     """Profile every agent of ``coord`` (a connected ``core.devices.agent_link.AgentLink``) for the
-    model of ``model_config`` and, if ``out_path`` is given, save the Profile there."""
+    model of ``model_config`` and, if ``out_path`` is given, save the Profile there. ``gpus``: an agent
+    whose status reports a GPU has its units timed there too, after its CPU (the profile's
+    ``accelerator_times``: its first GPU, where a stage of it would compute)."""
     rep = reporter or NullReporter()
     if dtype not in _PROFILER_DTYPES:
         raise EdgeShardError(f"dtype must be one of {', '.join(_PROFILER_DTYPES)}, got {dtype!r}")
@@ -286,7 +299,13 @@ def profile_cluster(
                              threads=threads)
     measure_network = network and len(names) > 1
     compute_share = COMPUTE_SHARE if measure_network else 1.0  # one bar: compute, then links
-    compute = profile_compute(coord, names, options, PhaseReporter(rep, 0.0, compute_share))
+    with_gpu = {d: s.accelerators[0].name for d, s in statuses.items() if gpus and s.accelerators}
+    cpu_share = compute_share * len(names) / (len(names) + len(with_gpu))
+    compute = profile_compute(coord, names, options, PhaseReporter(rep, 0.0, cpu_share))
+    on_gpu, gpu_share = {}, (compute_share - cpu_share) / max(1, len(with_gpu))
+    for i, (d, gpu) in enumerate(sorted(with_gpu.items())):  # one at a time, after the CPUs: as they are
+        phase = PhaseReporter(rep, cpu_share + i * gpu_share, gpu_share)
+        on_gpu[d] = (gpu, profile_compute(coord, [d], msgspec.structs.replace(options, device=gpu), phase)[d])
     links: list[LinkMeasurement] = []
     if measure_network:
         rep.status("estimating clock offsets")
@@ -297,7 +316,7 @@ def profile_cluster(
     profile = build_profile(model_config, compute, links, dtype=dtype,
                             model_name=model_name or str(model_config.get("_name_or_path") or
                                                          model_config.get("model_type")),
-                            prompt_tokens=prompt_tokens, addresses=addresses,
+                            prompt_tokens=prompt_tokens, addresses=addresses, on_gpu=on_gpu,
                             notes=f"measured by edgeshard profile: {repeats} repeats, median; "
                                   f"links over the agents' data plane")
     if out_path is not None:

@@ -31,3 +31,21 @@ def placed_problem(problem: PlanningProblem, on_gpu: frozenset[str] | set[str]) 
 def gpu_devices(plan) -> frozenset[str]:
     """The devices whose stage ``plan`` places on a GPU."""
     return frozenset(s.device for s in plan.stages if s.torch_device != "cpu")
+
+
+def every_gpu(problem: PlanningProblem) -> dict[str, str]:
+    """Device -> ``torch_device`` of each device not excluded whose GPU the profile has."""
+    return {a.device: a.torch_device for a in problem.profile.accelerator_times
+            if a.device not in problem.excluded_devices}
+
+
+def on_gpus(plan, gpus: dict[str, str]):
+    """``plan`` with the stage of each device in ``gpus`` computing on that GPU."""
+    return msgspec.structs.replace(plan, stages=tuple(
+        msgspec.structs.replace(s, torch_device=gpus[s.device]) if s.device in gpus else s for s in plan.stages))
+
+
+def on_the_same_gpus(old, new):
+    """``new`` (re-planned after a lost device) with each surviving device's stage on the GPU ``old``
+    had it on: the run placed it there (its weights at that precision and its speed were planned so)."""
+    return on_gpus(new, {s.device: s.torch_device for s in old.stages if s.torch_device != "cpu"})

@@ -122,6 +122,7 @@ class ExactReplanner:
     def __call__(self, plan: ShardPlan, failed: str, usable: tuple[str, ...]) -> ShardPlan:
         import msgspec
 
+        from core.planning.placement import gpu_devices, on_the_same_gpus, placed_problem
         from core.planning.plan import with_weights
         from core.planning.solvers import replan_after_failure
 
@@ -132,8 +133,9 @@ class ExactReplanner:
         unusable = tuple(d for d in self.problem.profile.cluster.device_ids()
                          if d not in usable and d != failed and d not in self.problem.excluded_devices)
         problem = msgspec.structs.replace(self.problem, excluded_devices=(*self.problem.excluded_devices, *unusable))
+        on_gpu = gpu_devices(plan) - {failed}  # a GPU stage's device computes there again, with the GPU's times
         try:
-            result = replan_after_failure(problem, plan, failed, time_limit_s=self.time_limit_s)
+            result = replan_after_failure(placed_problem(problem, on_gpu), plan, failed, time_limit_s=self.time_limit_s)
         except ModelDoesNotFit as err:
             raise RecoveryImpossible(f"{failed} was lost and no plan fits the survivors "
                                      f"({', '.join(d for d in usable if d != failed) or 'none'}): {err}",
@@ -143,7 +145,8 @@ class ExactReplanner:
                                      + "; ".join(err.violations), failed) from None
         self.problem = msgspec.structs.replace(self.problem,
                                                excluded_devices=(*self.problem.excluded_devices, failed))
-        return with_weights(result.plan, precisions.pop())  # every block stays at the run's precision
+        # every block stays at the run's precision, every surviving GPU stage on its GPU
+        return on_the_same_gpus(plan, with_weights(result.plan, precisions.pop()))
 
 
 def keep_stage_settings(old: ShardPlan, new: ShardPlan) -> ShardPlan:

@@ -375,13 +375,15 @@ def _conv_job(reporter, link, devices: list[str], sweep: dict) -> SpatialFits:
 
 
 def precision_text(profile: Profile | None, plan) -> str:
-    """'Weights per stage: a fp, b int4 · measured: int8 +0.10 % perplexity, 0.97× decode time; ...'
+    """'Weights per stage: a fp on cpu, b int4 on cuda:0 · measured: int8 +0.10 % perplexity, 0.97× decode time; ...'
     ('' for an all-fp plan of a profile without measured precisions)."""
     parts = []
     quality = {q.weights: q for q in profile.weight_quality} if profile is not None else {}
     if plan is not None and profile is not None and plan.model == profile.model.name and (
-            quality or any(s.weights != "fp" for s in plan.stages)):  # all-fp and unmeasured: nothing to say
-        parts.append("Weights per stage: " + ", ".join(f"{s.device} {s.weights}" for s in plan.stages))
+            quality or any(s.weights != "fp" or s.torch_device != "cpu" for s in plan.stages)):
+        # an all-fp, all-CPU plan of a profile without measured precisions: nothing to say
+        parts.append("Weights per stage: " + ", ".join(f"{s.device} {s.weights} on {s.torch_device}"
+                                                       for s in plan.stages))
     if "fp" in quality:
         base = quality["fp"].perplexity
         parts.append("measured: " + "; ".join(

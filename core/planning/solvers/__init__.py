@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.planning.placement import every_gpu, on_gpus, placed_problem
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.planning.solvers.baselines import (
@@ -42,11 +43,8 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_
 
     from core.errors import ModelDoesNotFit
     from core.planning.cost import evaluate
-    from core.planning.placement import placed_problem
-
     solve = solve_min_latency if objective == "latency" else solve_max_throughput
-    gpus = {a.device: a.torch_device for a in problem.profile.accelerator_times
-            if a.device not in problem.excluded_devices}
+    gpus = every_gpu(problem)
     if not gpus:
         return solve(problem, **solver_kw)
     best, best_key, refusal, proven, bound = None, None, None, True, None
@@ -61,9 +59,7 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_
         bound = res.bound if bound is None else (min if objective == "latency" else max)(bound, res.bound)
         key = res.value if objective == "latency" else -res.value
         if best_key is None or key < best_key:
-            plan = msgspec.structs.replace(res.plan, stages=tuple(
-                msgspec.structs.replace(s, torch_device=gpus[s.device]) if s.device in on_gpu else s
-                for s in res.plan.stages))
+            plan = on_gpus(res.plan, {d: gpus[d] for d in on_gpu})
             best, best_key = msgspec.structs.replace(res, plan=plan, cost=evaluate(problem, plan)), key
     if best is None:
         raise refusal
@@ -71,12 +67,34 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_
     return msgspec.structs.replace(best, bound=bound, proven_optimal=proven, gap=gap)
 
 
-def _for_objective(fn: Callable[..., ShardPlan]) -> Callable[[PlanningProblem, str], ShardPlan]:
-    """Baselines fix the stages; for throughput they get their best (m, K) too."""
+_placed_last: tuple = (None, None)
 
-    def strategy(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
+
+def on_every_gpu(problem: PlanningProblem, baseline: Callable[[PlanningProblem, str], ShardPlan],
+                 objective: str = "latency") -> ShardPlan:
+    """``baseline``'s plan the way peers deploy (exo, llama.cpp RPC: the accelerator wherever there is
+    one): every device with a GPU in the profile computes there, the baseline's rule reading that GPU's
+    times and memory (a memory-proportional split, the paper's DP, the strongest device), so Compare
+    sets the exact solver's CPU/GPU choice against baselines that use the GPUs too; a CPU-only profile:
+    the baseline as it was."""
+    global _placed_last
+    gpus = every_gpu(problem)
+    if not gpus:
+        return baseline(problem, objective)
+    if _placed_last[0] is not problem:  # one placed problem per comparison: the paper DP caches by it
+        _placed_last = (problem, placed_problem(problem, set(gpus)))
+    return on_gpus(baseline(_placed_last[1], objective), gpus)
+
+
+def _for_objective(fn: Callable[..., ShardPlan]) -> Callable[[PlanningProblem, str], ShardPlan]:
+    """Baselines fix the stages; for throughput they get their best (m, K) too; on every profiled GPU."""
+
+    def on_its_devices(problem: PlanningProblem, objective: str) -> ShardPlan:
         plan = fn(problem, objective=objective)
         return plan if objective == "latency" else best_micro_batching(problem, plan)
+
+    def strategy(problem: PlanningProblem, objective: str = "latency") -> ShardPlan:
+        return on_every_gpu(problem, on_its_devices, objective)
 
     strategy.__doc__ = fn.__doc__
     return strategy
@@ -104,11 +122,12 @@ STRATEGIES: dict[str, Callable[[PlanningProblem, str], ShardPlan]] = {
     "edgeshard": edgeshard_optimal,
     "edge-solo": _for_objective(edge_solo),
     "cloud-edge-even": _for_objective(cloud_edge_even),
-    "cloud-edge-opt": cloud_edge_opt,
+    "cloud-edge-opt": lambda problem, objective="latency": on_every_gpu(problem, cloud_edge_opt, objective),
     "even": _for_objective(even_split),
     "memory-proportional": _for_objective(memory_proportional),
     "paper-dp-latency": _for_objective(paper_dp_latency),
-    "paper-dp-throughput": _paper_dp_throughput,
+    "paper-dp-throughput": lambda problem, objective="throughput": on_every_gpu(problem, _paper_dp_throughput,
+                                                                                objective),
 }
 PAPER_STRATEGIES = ("paper-dp-latency", "paper-dp-throughput")
 """The paper's published Algorithms 1 and 2 (core.planning.solvers.paper_dp)."""
@@ -117,5 +136,5 @@ __all__ = [
     "STRATEGIES", "SolveResult", "solve_placed", "solve_min_latency", "solve_max_throughput", "edge_solo", "cloud_edge_even",
     "cloud_edge_opt", "even_split", "memory_proportional", "best_micro_batching", "strongest_device",
     "micro_batch_choices", "edgeshard_optimal", "replan_after_failure", "paper_dp_latency", "paper_dp_throughput",
-    "PAPER_STRATEGIES",
+    "PAPER_STRATEGIES", "on_every_gpu",
 ]

@@ -11,7 +11,9 @@ from core.errors import EdgeShardError
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.reporting import Reporter
-from core.planning.solvers import STRATEGIES, best_micro_batching, even_split, memory_proportional, solve_placed
+from core.planning.solvers import (
+    STRATEGIES, best_micro_batching, even_split, memory_proportional, on_every_gpu, solve_placed,
+)
 
 
 class StrategyOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,9 +62,12 @@ def run_strategy(problem: PlanningProblem, name: str, objective: str, time_limit
                                    bound=res.bound, elapsed_s=res.elapsed_s)
         if devices is not None and name in ("even", "memory-proportional"):
             split = even_split if name == "even" else memory_proportional
-            plan = split(problem, devices, objective=objective)
-            if objective == "throughput":
-                plan = best_micro_batching(problem, plan)
+
+            def on_devices(p: PlanningProblem, objective: str) -> ShardPlan:
+                plan = split(p, devices, objective=objective)
+                return plan if objective == "latency" else best_micro_batching(p, plan)
+
+            plan = on_every_gpu(problem, on_devices, objective)
         else:
             plan = STRATEGIES[name](problem, objective)
     except EdgeShardError as err:

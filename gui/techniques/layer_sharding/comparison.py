@@ -32,8 +32,11 @@ def _fits(outcome: StrategyOutcome) -> bool:
 
 
 def precision_text(plan) -> str:
-    """' (int4 on b, int8 on c)' for a plan with quantized stages ('' when every stage is at fp)."""
-    quantized = [f"{s.weights} on {s.device}" for s in getattr(plan, "stages", ()) if s.weights != "fp"]
+    """' (int4 on b, int8 on c cuda:0, d cuda:0)' for a plan with quantized or GPU stages ('' when every
+    stage is at fp on its CPU)."""
+    quantized = [(f"{s.weights} on {s.device}" if s.weights != "fp" else s.device)
+                 + ("" if s.torch_device == "cpu" else f" {s.torch_device}")
+                 for s in getattr(plan, "stages", ()) if s.weights != "fp" or s.torch_device != "cpu"]
     return f" ({', '.join(quantized)})" if quantized else ""
 
 class StrategyComparison:

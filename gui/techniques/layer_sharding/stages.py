@@ -64,8 +64,10 @@ class StageTable:
             combo.setCurrentIndex(combo.findData(st.device))
             combo.currentIndexChanged.connect(lambda _i, j=j, combo=combo: self.set_stage_device(j, combo.currentData()))
             t.setCellWidget(j, 1, combo)
-            units = QTableWidgetItem(f"[{st.start}, {st.end})" + ("" if st.weights == "fp" else f"  {st.weights}"))
-            units.setToolTip(f"weights at {'the model dtype' if st.weights == 'fp' else st.weights} (weight-only)")
+            units = QTableWidgetItem(f"[{st.start}, {st.end})" + ("" if st.weights == "fp" else f"  {st.weights}")
+                                     + ("" if st.torch_device == "cpu" else f"  {st.torch_device}"))
+            units.setToolTip(f"weights at {'the model dtype' if st.weights == 'fp' else st.weights} (weight-only), "
+                             f"computed on {'the CPU' if st.torch_device == 'cpu' else 'the GPU ' + st.torch_device}")
             t.setItem(j, 2, units)
             t.setItem(j, 3, QTableWidgetItem(str(st.num_units)))
             comp = cost.stage_compute_s[j] if cost and j < len(cost.stage_compute_s) else math.inf
