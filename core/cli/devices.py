@@ -351,7 +351,6 @@ def _register_profile(sub) -> None:
 
 
 def _profile(args) -> int:
-    from core.devices.agent_link import ANSWER_WITHIN_S
     from core.runs.coordinator import Coordinator
     from core.errors import FormatError
     from core.devices.local_cluster import load_agents_file
@@ -379,7 +378,7 @@ def _profile(args) -> int:
     check_writable(args.out)  # written after profiling: refused before it
     endpoints, keys = load_agents_file(args.agents)
     with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0) as coord:
-        coord.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        coord.link.answering()
         result = profile_cluster(coord, config, model_name=args.name or Path(args.model).name, dtype=args.dtype,
                                  prompt_tokens=args.prompt_tokens, batch_sizes=batch_sizes, repeats=args.repeats,
                                  headroom_bytes=args.headroom_mib << 20, threads=args.threads,

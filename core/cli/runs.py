@@ -355,7 +355,6 @@ def _replanner(args, plan, prompts: int):
 
 def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter, replan=None):
     """Connect to ``agents`` (endpoints, keys), or start local ones for this run, and generate."""
-    from core.devices.agent_link import ANSWER_WITHIN_S
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator
     from core.runs.generation import generate
@@ -372,17 +371,18 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
             endpoints, keys = cluster.start(), cluster.keys
         else:
             endpoints, keys = agents
-        with Coordinator(endpoints, keys) as coordinator, WireMeter(coordinator, plan.devices()) as meter:
-            if not args.local:  # a dead agent of the plan: named in seconds, before the model is loaded here
-                coordinator.link.wait_ready(ANSWER_WITHIN_S, plan.devices())
-            if getattr(args, "speculative", None) is not None:
-                from core.runs.speculative import generate_speculative
+        with Coordinator(endpoints, keys) as coordinator:
+            if not args.local:  # a dead agent of the plan: named at once, before the model is loaded here
+                coordinator.link.answering(plan.devices())
+            with WireMeter(coordinator, plan.devices()) as meter:
+                if getattr(args, "speculative", None) is not None:
+                    from core.runs.speculative import generate_speculative
 
-                out = generate_speculative(coordinator, plan, model_dir, prompts[0], settings, args.speculative,
-                                           sink=sink, reporter=reporter)
-            else:
-                out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
-                               replan=replan)
+                    out = generate_speculative(coordinator, plan, model_dir, prompts[0], settings, args.speculative,
+                                               sink=sink, reporter=reporter)
+                else:
+                    out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
+                                   replan=replan)
         return out, meter.traffic
     finally:
         if cluster is not None:

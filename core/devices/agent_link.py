@@ -117,6 +117,28 @@ ANSWER_WITHIN_S = 3.0
 agent answers in milliseconds (also while it loads), a dead one never (was 30 s of silence)."""
 
 
+REFUSED_AFTER_S = 0.3
+"""How long ``AgentLink.answering`` waits for an agent's status before it asks whether anything
+listens at the agent's port (a live agent answers in milliseconds)."""
+
+
+def refuses_connections(address: str, timeout_s: float = 0.5) -> bool:
+    """Whether ``tcp://HOST:PORT`` actively refuses a TCP connection (nothing listens there); False when
+    it accepts, when the host does not answer within ``timeout_s`` or for another transport."""
+    import socket
+
+    if not address.startswith("tcp://"):
+        return False
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 class AgentLink:
     """Live control connections to a set of agents. Use as a context manager."""
 
@@ -403,6 +425,30 @@ class AgentLink:
     def wait_ready(self, timeout_s: float = 10.0, devices: Sequence[str] | None = None) -> dict[str, AgentStatus]:
         """Status of every agent (or ``devices``), waiting (up to ``timeout_s``) for them to come up."""
         return self.status(timeout_s, devices)
+
+    def answering(self, devices: Sequence[str] | None = None, timeout_s: float = ANSWER_WITHIN_S) -> dict[str, AgentStatus]:
+        """Every agent's (or ``devices``') status, or ``RunFailed`` naming the first that is not there: a
+        command's first contact, before its heavy imports. An agent silent after ``REFUSED_AFTER_S`` whose
+        port refuses a TCP connection is not running (killed, crashed: its host answers for it) and is named
+        at once; one whose host does not answer (down, unplugged) waits out ``timeout_s``."""
+        wanted = list(self.endpoints if devices is None else devices)
+        futs = {d: self.request_async(d, GetStatus()) for d in wanted}
+        deadline = time.monotonic() + timeout_s
+        cf.wait(list(futs.values()), timeout=min(REFUSED_AFTER_S, timeout_s))
+        for d, f in futs.items():
+            if not f.done() and refuses_connections(self.endpoints[d].control_address):
+                for other in futs.values():
+                    self.forget(other)
+                raise RunFailed(f"agent is not running: nothing listens at {self.endpoints[d].control_address} "
+                                "(start it, or leave it out of the agents file)", d)
+        out = {}
+        for d, f in futs.items():
+            try:
+                out[d] = f.result(timeout=max(0.0, deadline - time.monotonic()))
+            except cf.TimeoutError:
+                raise RunFailed(f"agent did not answer within {timeout_s:.0f} s (is it running, is the key right?)",
+                                d) from None
+        return out
 
     def sync_clocks(self, samples: int = 8, timeout_s: float = 5.0) -> dict[str, ClockEstimate]:
         """Probe every agent ``samples`` times; keep the minimum-RTT estimate."""

@@ -111,7 +111,7 @@ def _run(args) -> int:
 
         # every named agent answers before torch is imported here (tens of seconds on a loaded machine)
         with AgentLink([e for e in agents[0] if e.device in devices], agents[1], heartbeat_timeout_s=30.0) as link:
-            link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+            link.answering()
     from agents.checkpoint_reader import CheckpointError
     from core.techniques.attention_offload.run import checkpoint_model, head_ranges, run_offload, run_staggered
 

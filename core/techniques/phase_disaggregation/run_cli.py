@@ -79,7 +79,7 @@ def _pool_agents(args):
     torch (the pools file, the model is a Llava checkpoint from config.json, an agent in the agents
     file for every pool device), then every agent answering (a dead one named in seconds), then what
     the real run serves (imports torch). A bad input is one line before any agent is set to work."""
-    from core.devices.agent_link import ANSWER_WITHIN_S, AgentLink
+    from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import load_agents_file
     from core.errors import FormatError
     from core.models.multimodal import check_multimodal_dir
@@ -93,7 +93,7 @@ def _pool_agents(args):
         raise FormatError(args.agents, f"no agent named {', '.join(missing)}, which {args.pools} puts in a pool "
                                        f"(agents: {', '.join(e.device for e in endpoints)})")
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
-        link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        link.answering()
         from core.techniques.phase_disaggregation.runtime import check_real_pools
 
         check_real_pools(pools)

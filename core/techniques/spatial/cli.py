@@ -248,12 +248,12 @@ def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session
     """Run the images ``args`` asks for on the agents (the plan's devices named as them, ``on_agents``),
     check every image against one device, record the run and its prediction in ``workspace`` ("" : not
     recorded). The agents must answer first: a dead one is named before torch is imported here."""
-    from core.devices.agent_link import ANSWER_WITHIN_S, AgentLink
+    from core.devices.agent_link import AgentLink
     from core.techniques.spatial.run import on_agents
 
     problem, plan = on_agents(problem, plan, [e.device for e in endpoints])
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
-        link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        link.answering()
         from core.runs.wire import WireMeter
         from core.techniques.spatial.run import run_and_record
         from core.techniques.spatial.simulator import simulate
@@ -320,7 +320,7 @@ def _events_file(args):
 
 
 def _calibrate(args) -> int:
-    from core.devices.agent_link import ANSWER_WITHIN_S, AgentLink
+    from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import load_agents_file
     from core.techniques.spatial.calibration import calibrate_on_agents
 
@@ -329,7 +329,7 @@ def _calibrate(args) -> int:
     endpoints, keys = load_agents_file(args.agents)
     _agents_named_like(problem, endpoints, args.agents)
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
-        link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        link.answering()
         link.sync_clocks()
         cal = calibrate_on_agents(link, problem, images=args.images, rounds=args.rounds)
     save(args.out, cal.problem)
@@ -362,7 +362,7 @@ def _profile(args) -> int:
 def _profile_agents(args):
     from core.devices.local_cluster import load_agents_file
     from core.errors import EdgeShardError
-    from core.devices.agent_link import ANSWER_WITHIN_S, AgentLink
+    from core.devices.agent_link import AgentLink
     from core.techniques.spatial.profiling import profile_time_models, with_time_models
 
     problem = _problem(args.problem) if args.problem else None
@@ -377,7 +377,7 @@ def _profile_agents(args):
                              f"(agents: {', '.join(e.device for e in endpoints)}; "
                              f"devices: {', '.join(d.id for d in problem.devices)})")
     with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=300.0) as link:
-        link.wait_ready(timeout_s=ANSWER_WITHIN_S)
+        link.answering()
         fits = profile_time_models(link, [e.device for e in endpoints], threads=args.threads or 0)
     if problem is not None:
         measured = with_time_models(problem, fits)
