@@ -106,7 +106,8 @@ def _register_run(sub) -> None:
     p.add_argument("--link-latency-ms", type=float_in(0, 60_000), default=0.0, help="with --local: emulated latency per link")
     p.add_argument("--on-failure", choices=("stop", "replan"), default="stop",
                    help="when an agent is lost mid-run: stop (default: the run fails naming it) or replan "
-                        "(re-plan over the survivors with the exact solver, reload, resume with the same tokens; "
+                        "(re-plan over the survivors with the plan's technique's planner: layer sharding's exact solver, "
+                        "expert offloading's with its buffer; reload, resume with the same tokens; "
                         "needs --problem)")
     p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for, or the "
                                      "profile (edgeshard.profile) it was planned from; --on-failure replan re-plans "
@@ -332,7 +333,7 @@ def _replanner(args, plan, prompts: int):
     ``--problem`` is the planning problem the plan was solved for, or the profile it was planned from
     (made into a problem here: the plan's first device holds the prompts, this run's workload)."""
     from core.cli.planning import load_problems
-    from core.runs.recovery import ExactReplanner
+    from core.techniques import replanner_for
 
     if args.on_failure == "stop":
         return None
@@ -350,7 +351,7 @@ def _replanner(args, plan, prompts: int):
     if problem.profile.model.name != plan.model:
         raise FormatError(args.problem, f"is for model {problem.profile.model.name!r}, the plan for {plan.model!r}",
                           "profile.model")
-    return ExactReplanner(problem)
+    return replanner_for(plan, problem, os.path.abspath(args.model))
 
 
 def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter, replan=None):

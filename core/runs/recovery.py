@@ -119,6 +119,12 @@ class ExactReplanner:
         self.problem = problem
         self.time_limit_s = time_limit_s
 
+    def planning_problem(self, plan: ShardPlan) -> PlanningProblem:
+        """The problem the survivors are planned with: the run's own; a technique whose stages need other
+        memory than layer sharding's (expert offloading: resident weights and a buffer, not every expert)
+        gives its own (``core.techniques.replanner_for``)."""
+        return self.problem
+
     def __call__(self, plan: ShardPlan, failed: str, usable: tuple[str, ...]) -> ShardPlan:
         import msgspec
 
@@ -132,7 +138,8 @@ class ExactReplanner:
                                      f"({', '.join(sorted(precisions))}), which the solvers do not re-plan", failed)
         unusable = tuple(d for d in self.problem.profile.cluster.device_ids()
                          if d not in usable and d != failed and d not in self.problem.excluded_devices)
-        problem = msgspec.structs.replace(self.problem, excluded_devices=(*self.problem.excluded_devices, *unusable))
+        problem = msgspec.structs.replace(self.planning_problem(plan),
+                                          excluded_devices=(*self.problem.excluded_devices, *unusable))
         on_gpu = gpu_devices(plan) - {failed}  # a GPU stage's device computes there again, with the GPU's times
         try:
             result = replan_after_failure(placed_problem(problem, on_gpu), plan, failed, time_limit_s=self.time_limit_s)

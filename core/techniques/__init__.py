@@ -126,6 +126,10 @@ class Technique:
     compare_names: Callable[[Any], list[str]] | None = None
     """The strategies Compare shows for a problem, if not always ``strategy_names()`` (layer sharding
     adds its fp-only optimum beside the precision-aware one under a quality bound)."""
+    replanner: Callable[[Any, str], Any] | None = None
+    """``replanner(problem, model_dir)`` -> the ``core.runs.recovery.Replanner`` that re-plans a run of
+    its stages over the survivors with its own memory model (expert offloading: resident weights and a
+    buffer); None: layer sharding's ``ExactReplanner``. Run surfaces find it with ``replanner_for``."""
 
     def strategy_names(self) -> list[str]:
         """The exact strategy first, then the baselines by name."""
@@ -203,6 +207,18 @@ def generation_for(plan) -> Callable[..., Any] | None:
     return None
 
 
+def replanner_for(plan, problem, model_dir: str):
+    """The re-planner of ``--on-failure replan`` for ``plan``: its technique's own (by stage kinds), else
+    layer sharding's exact one. Technique-neutral, like ``generation_for``."""
+    kinds = {getattr(s, "kind", "layers") for s in plan.stages}
+    for technique in techniques():
+        if technique.replanner is not None and kinds & set(technique.stage_kinds):
+            return technique.replanner(problem, model_dir)
+    from core.runs.recovery import ExactReplanner
+
+    return ExactReplanner(problem)
+
+
 def technique_of_plan(plan) -> str:
     """The name of the technique whose stage kinds ``plan``'s stages have (``layer-sharding`` for
     plain ``layers`` stages): the studio keeps each technique's plan apart by this name, so running
@@ -225,6 +241,6 @@ def techniques_for(model: ModelSpec) -> list[Technique]:
 
 
 __all__ = [
-    "BUILTIN", "Objective", "cli_of", "generation_for", "technique_for_plan_format", "technique_of_plan", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
+    "BUILTIN", "Objective", "cli_of", "generation_for", "replanner_for", "technique_for_plan_format", "technique_of_plan", "StrategyOutcomeLike", "StrategyRunner", "Technique", "UnknownTechnique", "register",
     "technique_named", "techniques", "techniques_for", "unregister",
 ]

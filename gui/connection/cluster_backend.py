@@ -16,9 +16,8 @@ from core.runs.coordinator import Coordinator
 from core.errors import EdgeShardError, ShardOverBudget
 from core.runs.generation import GenerationSettings, generate
 from core.planning.plan import offline_problems
-from core.runs.recovery import ExactReplanner
 from core.reporting import Reporter
-from core.techniques import generation_for
+from core.techniques import generation_for, replanner_for
 
 
 def plan_within_refusal(problem, plan, device: str, refusal: Exception):
@@ -114,7 +113,7 @@ class ClusterRunBackend:
         load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)
         replan = None
         if getattr(settings, "on_failure", "replan") == "replan" and problem is not None:
-            replan = ExactReplanner(problem)  # no problem (a plan opened alone): a lost device stops the run
+            replan = replanner_for(plan, problem, model_dir)  # no problem (a plan opened alone): a lost device stops the run
         refused = ""
         attempts = problem.profile.model.num_units * 2 if replan is not None else 1  # each lowers a budget
         for attempt in range(attempts):
@@ -129,7 +128,7 @@ class ClusterRunBackend:
                 refused = (f"{err.device} refused its shard over its memory budget: re-planned onto "
                            + ", ".join(f"{s.device}[{s.start},{s.end})" for s in plan.stages))
                 reporter.status(refused)
-                load, replan = True, ExactReplanner(problem)
+                load, replan = True, replanner_for(plan, problem, model_dir)
         self._loaded_with_sent_weights = settings.send_weights
         recoveries = [f"{r.failed} lost at step {r.step}: re-planned onto {', '.join(r.new_stages)}"
                       for r in out.result.recoveries]

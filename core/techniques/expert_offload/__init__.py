@@ -24,6 +24,12 @@ def _applies(model: ModelSpec) -> bool:
     return model.family == "mixtral"
 
 
+def _replanner(problem, model_dir):
+    from core.techniques.expert_offload.recovery import OffloadReplanner
+
+    return OffloadReplanner(problem, model_dir)
+
+
 def _run_plan(plan, model_dir, bandwidth_bps=None):
     from core.techniques.expert_offload.running import run_plan
 
@@ -43,6 +49,7 @@ TECHNIQUE = Technique(
     simulate=simulate,
     register_cli=cli_of("core.techniques.expert_offload.cli"),
     run_plan=_run_plan,
+    replanner=_replanner,
     modes=("sequential",),
 )
 

@@ -25,7 +25,7 @@ def problem():
 
 
 def _args(path, on_failure="replan") -> argparse.Namespace:
-    return argparse.Namespace(on_failure=on_failure, problem=str(path), max_new_tokens=24)
+    return argparse.Namespace(on_failure=on_failure, problem=str(path), max_new_tokens=24, model="llama-2-7b")
 
 
 def test_a_profile_is_made_into_the_runs_problem_and_re_plans_without_the_lost_device(tmp_path, problem):
