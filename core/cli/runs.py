@@ -196,6 +196,17 @@ def _read_prompts(args) -> list[str]:
 def cmd_run(args) -> int:
     from core import formats
     from core.planning.plan import ShardPlan
+
+    fmt = formats.format_of(args.plan)
+    if fmt != "edgeshard.plan":  # not a shard plan: a technique's own (a spatial CNN plan)?
+        from core.techniques import technique_for_plan_format
+
+        technique = technique_for_plan_format(fmt)
+        if technique is not None:  # its own run
+            return technique.run_plan_file(args, None if args.local else _parse_agents(args.agents,
+                                                                                     args.coordinator_key_file))
+    if args.model and Path(args.model, "config.json").exists():  # a bad layout: one line before the run's imports
+        _check_layout(formats.load(args.plan, ShardPlan), args.model)
     from core.reporting import TerminalReporter
     from core.runs.batching import batching_settings, micro_batch_count
     from core.runs.coordinator import FanoutSink
@@ -203,12 +214,7 @@ def cmd_run(args) -> int:
     from core.runs.speculative import speculative_entrance
     from core.sessions.recording import add_run_figures, record_run
     from core.sessions.store import default_workspace_path
-    from core.techniques import technique_for_plan_format
 
-    technique = technique_for_plan_format(formats.format_of(args.plan))
-    if technique is not None:  # a technique's own plan file (a spatial CNN plan): its own run
-        return technique.run_plan_file(args, None if args.local else _parse_agents(args.agents,
-                                                                                 args.coordinator_key_file))
     if not args.model:
         raise FormatError("edgeshard run", "give --model CHECKPOINT_DIR: the plan is a language model's")
     if args.image or args.images is not None:
@@ -298,6 +304,18 @@ def cmd_run(args) -> int:
     if run is not None:
         print(f"recorded as run {run.run_id} (session {run.session_id}) in {workspace}")
     return 0
+
+
+def _check_layout(plan, model_dir: str) -> None:
+    """The plan's layout against the checkpoint's unit count (config.json alone), before the run's
+    heavier imports (the coordinator, numpy, zmq: a second under load): what ``check_run`` checks first."""
+    from core.errors import PlanInvalid
+    from core.models.units import load_model_spec
+    from core.planning.plan import layout_problems
+
+    problems = layout_problems(plan, load_model_spec(model_dir).num_units)
+    if problems:
+        raise PlanInvalid(problems)
 
 
 def _wire_figures(model_dir: str, dtype: str, prompts: list[str], out, traffic, speculative: bool) -> dict:
