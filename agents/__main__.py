@@ -123,6 +123,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"agent: {err}", file=sys.stderr)
         return 2
     import agents.techniques  # noqa: F401  (registers the built-in techniques)
+    from agents.heap import return_freed_memory_to_the_os
+
+    return_freed_memory_to_the_os()  # its RSS is what it holds: freed activations go back (agents.heap)
     from agents.registry import TechniqueModuleError, load_technique_modules, technique_module_names
 
     try:

@@ -156,16 +156,21 @@ class CheckpointReader:
     def planned_bytes(self, names: list[str], dtype: torch.dtype) -> int:
         """Bytes the named tensors take once read as ``dtype``, from the files' headers: nothing is
         read, so a budget can be checked before any memory is taken."""
+        return sum(math.prod(shape) for shape in self.shapes(names).values()) * dtype.itemsize
+
+    def shapes(self, names: list[str]) -> dict[str, tuple[int, ...]]:
+        """The named tensors' shapes from the files' headers (a missing one is left out: it is named
+        when it is read)."""
         by_file: dict[Path, list[str]] = {}
         for name in names:
-            if name in self._file_of:  # a missing one is named when it is read
+            if name in self._file_of:
                 by_file.setdefault(self._file_of[name], []).append(name)
-        total = 0
+        out: dict[str, tuple[int, ...]] = {}
         for file, file_names in by_file.items():
             with safe_open(str(file), framework="pt") as f:
                 for name in file_names:
-                    total += math.prod(f.get_slice(name).get_shape()) * dtype.itemsize
-        return total
+                    out[name] = tuple(f.get_slice(name).get_shape())
+        return out
 
     def with_prefix(self, prefix: str) -> list[str]:
         return [n for n in self.names() if n.startswith(prefix)]

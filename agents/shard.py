@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from agents.huge_pages import place_in_huge_pages
-from agents.weight_precision import UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block
+from agents.weight_precision import (
+    UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
+)
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -116,8 +118,7 @@ class StageExecutor:
         ``budget(weight_bytes, kv_bytes)``, if given, is called before any tensor is read or any KV
         cache allocated, with what the stage will hold (``planned_bytes``: the checkpoint's header
         sizes); it raises to refuse the load, so a shard beyond a device's budget never takes its
-        memory. Quantized weights (int8/int4) are checked after loading only: their size is known
-        once quantized.
+        memory; quantized blocks (int8/int4) are planned at their quantized size from the headers' shapes.
 
         ``torch_device``: ``cpu`` or a CUDA device (``cuda``, ``cuda:N``): the stage's tensors are read
         from the checkpoint slice straight onto it, its KV cache lives there, and only the boundary
@@ -169,7 +170,7 @@ class StageExecutor:
 
         self.reader = reader = CheckpointReader(model_dir)
         prefix = self._key_prefix(reader)
-        if budget is not None and weights == "fp":
+        if budget is not None:
             budget(self.planned_bytes(reader, prefix, config), kv_bytes=self._kv_bytes(config, kv))
         self._embed: nn.Module | None = None
         self._positions: nn.Module | None = None
@@ -234,22 +235,30 @@ class StageExecutor:
             self._reserve_kv(config, kv.groups, kv.sequences, kv.context_tokens)
 
     def planned_bytes(self, reader: CheckpointReader, prefix: str, config) -> int:
-        """Bytes of weights this stage will hold at its dtype, from the checkpoint's headers (a tied
-        head counted once), plus the buffers a subclass allocates (``_planned_buffer_bytes``)."""
+        """Bytes of weights this stage will hold at its dtype (its blocks' Linears quantized: at their
+        quantized size), from the checkpoint's headers (a tied head counted once), plus the buffers a
+        subclass allocates (``_planned_buffer_bytes``)."""
         layout = self._layout
         names: list[str] = []
         if self.is_first:
             names += reader.with_prefix(f"{prefix}{layout.embed}.")
             if layout.positions:
                 names += reader.with_prefix(f"{prefix}{layout.positions}.")
-        for index in self.layer_indices:
-            names += self._resident_names(reader.with_prefix(f"{prefix}{layout.blocks}.{index}."))
+        blocks = [n for index in self.layer_indices
+                  for n in self._resident_names(reader.with_prefix(f"{prefix}{layout.blocks}.{index}."))]
+        quantized = 0
+        if self.weights != "fp":  # quantize_block quantizes exactly a block's Linear weights: its 2-D ones
+            shapes = reader.shapes(blocks)
+            linears = {n for n in blocks if n.endswith(".weight") and len(shapes.get(n, ())) == 2}
+            quantized = sum(quantized_bytes(shapes[n], self.weights, self.dtype.itemsize) for n in linears)
+            blocks = [n for n in blocks if n not in linears]
+        names += blocks
         if self.is_last:
             names += reader.with_prefix(f"{prefix}{layout.norm}.")
             tied = getattr(config, "tie_word_embeddings", False) or "lm_head.weight" not in reader
             names += reader.with_prefix("lm_head.") if not tied else (
                 [] if self.is_first else [f"{prefix}{layout.embed}.weight"])
-        return reader.planned_bytes(names, self.dtype) + self._planned_buffer_bytes()
+        return reader.planned_bytes(names, self.dtype) + quantized + self._planned_buffer_bytes()
 
     def _resident_names(self, block_names: list[str]) -> list[str]:
         """Of a block's tensors, the ones the stage keeps in memory (a subclass may keep some on storage)."""

@@ -120,6 +120,20 @@ def held_bytes(tensor) -> int:
     return tensor.nbytes
 
 
+def quantized_bytes(shape: tuple[int, ...], precision: str, itemsize: int) -> int:
+    """Bytes one ``nn.Linear`` weight of ``shape`` [out, in] holds once quantized to ``precision``, from
+    its shape alone (a budget is checked before the weight is read): int8 one byte per weight, an fp32
+    scale and an int8 zero point per row; int4 half a byte per weight, a scale and a zero point at the
+    activation dtype (``itemsize``) per row and group of ``INT4_GROUP_SIZE`` inputs (equal to
+    ``held_bytes`` of the quantized tensor: tests/agents/test_memory_budget.py)."""
+    out, inputs = int(shape[0]), int(shape[1])
+    if precision == "int8":
+        return out * inputs + out * (4 + 1)
+    if precision == "int4":
+        return out * inputs // 2 + 2 * out * (-(-inputs // INT4_GROUP_SIZE)) * itemsize
+    raise ValueError(f"{precision!r} weights are not quantized")
+
+
 def is_quantized(tensor) -> bool:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 

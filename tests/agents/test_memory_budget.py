@@ -37,6 +37,14 @@ def test_the_bytes_planned_from_the_header_are_the_bytes_the_loaded_stage_holds(
     assert planned == StageExecutor(tiny_model_dirs[family], *cut, huge_pages=False).memory_bytes()
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("cut", [(0, 6), (2, 5)])
+def test_a_quantized_stage_is_planned_at_its_quantized_size_before_loading(tiny_llama_dir, weights, cut):
+    planned, _ = _planned(StageExecutor, tiny_llama_dir, *cut, weights=weights)
+    assert planned == StageExecutor(tiny_llama_dir, *cut, weights=weights, huge_pages=False).memory_bytes()
+    assert planned < _planned(StageExecutor, tiny_llama_dir, *cut)[0]
+
+
 def test_a_kv_reservation_is_planned_at_its_allocated_size(tiny_llama_dir):
     reservation = KvReservation(groups=2, sequences=3, context_tokens=20)
     _, kv = _planned(StageExecutor, tiny_llama_dir, 1, 4, kv=reservation)

@@ -70,18 +70,20 @@ class OffloadModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def prefill_attend_bytes(self, batch: int, prompt: int, kv_heads: int) -> int:
         """Transient bytes a memory side holding ``kv_heads`` needs for one layer's prefill attend of
-        ``batch`` × ``prompt`` tokens, beside its KV cache (measured: 56.9 MiB peak for a 12.8 MiB
-        KV share, batch 8 × 408, docs/memory-budgets.md). From the attend's own tensors: query,
-        key, value (float) and the mask (one byte per context position) held three times on the
-        receive path (the frame as received, its payload, the tensor's buffer); CPU SDPA's key and
-        value repeated to the query heads (no score matrix: its flash kernel streams them); the
-        output three times (SDPA's, made contiguous, the reply's bytes)."""
+        ``batch`` × ``prompt`` tokens, beside its KV cache: what is live at once inside SDPA. The
+        frames as received (query, key, value as float, the mask one byte per context position; the
+        tensors view them), the mask as bool (kept for the batch's later steps), key and value
+        repeated to the query heads (no score matrix: CPU SDPA's flash kernel streams it) and the
+        output. Measured 16.5 MiB of VmHWM over the KV share for batch 8 × 400 on one of two memory
+        agents, this term 16.5 (bench/memory_fidelity.py; agents return freed blocks to the OS,
+        agents.heap: before, the heap kept the receive path's copies and the peak was 44 MiB)."""
         q_heads = kv_heads * (self.q_heads // self.kv_heads)
         tokens, e = batch * prompt, self.bytes_per_element
         received = (q_heads + 2 * kv_heads) * self.head_dim * e + prompt
+        mask = prompt
         repeated = 2 * q_heads * self.head_dim * e
         output = q_heads * self.head_dim * e
-        return tokens * (3 * received + repeated + 3 * output)
+        return tokens * (received + mask + repeated + output)
 
     def wire_bytes_per_token_layer(self) -> int:
         """q and the attention output (h_q each), the new k and v (h_kv each): Lamina's traffic."""

@@ -22,6 +22,7 @@ import msgspec
 
 from core.reporting import Cancelled, NullReporter, Reporter
 from core.techniques.phase_disaggregation.goodput import goodput
+from core.techniques.phase_disaggregation.memory import over_budget, problem_memory
 from core.techniques.phase_disaggregation.simulator import simulate_pools
 from core.techniques.phase_disaggregation.types import (
     DISAGGREGATIONS, POLICIES, EpdInputError, EpdProblem, PoolConfig,
@@ -49,6 +50,10 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """Median TTFT at the workload's own rate."""
     tpot_p50_s: float
     score: float
+    memory_bytes: int = 0
+    """The most memory one of its devices needs (``memory.device_memory``; 0: the problem has no weights)."""
+    fits: bool = True
+    """Whether every device's need is within the problem's memory budget (if not: not simulated, goodput 0)."""
 
     @property
     def devices(self) -> int:
@@ -102,13 +107,19 @@ def config_for(problem: EpdProblem, mode: str, sizes: Sequence[int], *, encode_b
 
 
 def evaluate(problem: EpdProblem, config: PoolConfig) -> Candidate:
-    """Goodput by bisection, and the median TTFT / TPOT at the workload's own rate."""
+    """Goodput by bisection, and the median TTFT / TPOT at the workload's own rate; a configuration
+    whose devices need more memory than the problem's budget is not simulated (goodput 0, unfit)."""
     problem.check_config(config)
+    need = problem_memory(problem, config)
+    memory_bytes = max(need.values(), default=0)
+    if over_budget(need, problem.memory_budget_bytes):
+        return Candidate(config=config, goodput_rps=0.0, ttft_p50_s=0.0, tpot_p50_s=0.0, score=-1.0,
+                         memory_bytes=memory_bytes, fits=False)
     g = goodput(problem.costs, problem.workload, config, problem.slo, start_rps=mean_rate_rps(problem.workload))
     ms = simulate_pools(problem.costs, problem.workload, config).metrics
     score = g.rate_rps * (1 - DEVICE_PENALTY * len(config.devices) / len(problem.devices))
     return Candidate(config=config, goodput_rps=g.rate_rps, ttft_p50_s=statistics.median(m.ttft_s for m in ms),
-                     tpot_p50_s=statistics.median(m.tpot_s for m in ms), score=score)
+                     tpot_p50_s=statistics.median(m.tpot_s for m in ms), score=score, memory_bytes=memory_bytes)
 
 
 def _suggest(trial: optuna.Trial, problem: EpdProblem, modes: Sequence[str], served_only: bool = False) -> PoolConfig:
@@ -193,7 +204,12 @@ def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trial
     study.optimize(objective, n_trials=trials, timeout=time_limit_s, catch=())
     if not order:
         raise EpdInputError("the search ran out of time before its first trial: give it more time")
-    return SearchResult(best=max(order, key=lambda c: c.score), candidates=tuple(order),
+    fitting = [c for c in order if c.fits]
+    if not fitting:
+        smallest = min(order, key=lambda c: c.memory_bytes)
+        raise EpdInputError(f"none of the {len(order)} configurations tried fits the devices' memory: "
+                            f"{over_budget(problem_memory(problem, smallest.config), problem.memory_budget_bytes)}")
+    return SearchResult(best=max(fitting, key=lambda c: c.score), candidates=tuple(order),
                         elapsed_s=time.perf_counter() - t0)
 
 

@@ -314,6 +314,19 @@ class SLO(msgspec.Struct, frozen=True, kw_only=True):
         return m.ttft_s <= self.ttft_s and m.tpot_s <= self.tpot_s
 
 
+class PhaseWeights(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Bytes of weights each kind of EPD agent holds at the run's dtype (``memory.phase_weights``
+    reads them from a Llava checkpoint's headers)."""
+
+    encode_bytes: int
+    """The vision tower and the projector."""
+    text_bytes: int
+    """The text model with its LM head (prefill and decode agents each hold one)."""
+
+    def __post_init__(self) -> None:
+        _require(self.encode_bytes >= 0 and self.text_bytes >= 0, "phase weights must be >= 0 bytes")
+
+
 class EpdProblem(msgspec.Struct, frozen=True, kw_only=True):
     """What the search and the baselines plan for: a calibration, a workload, an SLO and a device budget."""
 
@@ -329,9 +342,15 @@ class EpdProblem(msgspec.Struct, frozen=True, kw_only=True):
     """The multimodal cache each encode and prefill worker has room for (``PoolConfig.mm_cache_tokens``)."""
     kv_cache_tokens: int = 1 << 20
     """The KV cache each decode worker has room for."""
+    weights: PhaseWeights | None = None
+    """The model's weights per phase (None: the memory model is not checked, only timed)."""
+    memory_budget_bytes: int = 0
+    """Memory each device has for its phases (0: unbounded); ``memory.device_memory`` is checked
+    against it with ``weights``."""
 
     def __post_init__(self) -> None:
         _require(len(self.devices) >= 1, "an EPD problem needs at least one device")
+        _require(self.memory_budget_bytes >= 0, f"memory_budget_bytes must be >= 0, got {self.memory_budget_bytes}")
         _require(self.mm_cache_tokens >= 1 and self.kv_cache_tokens >= 1, "cache sizes must be >= 1 token")
         _require(len(set(self.devices)) == len(self.devices), "a device appears twice in the problem")
         _require(all(self.devices), "a device name is empty")
@@ -367,6 +386,6 @@ formats.register_format(PROBLEM_FORMAT, EpdProblem, 1)
 
 __all__ = [
     "COSTS_FORMAT", "DISAGGREGATIONS", "Disaggregation", "EpdInputError", "EpdProblem", "PROBLEM_FORMAT", "METRICS_FORMAT", "MetricsFile",
-    "POLICIES", "POOLS_FORMAT", "PhaseCosts", "Policy", "PoolConfig", "Request", "RequestMetrics", "SLO",
+    "POLICIES", "POOLS_FORMAT", "PhaseCosts", "PhaseWeights", "Policy", "PoolConfig", "Request", "RequestMetrics", "SLO",
     "WORKLOAD_FORMAT", "Workload", "load_costs", "load_pools", "load_workload", "save_costs",
 ]
