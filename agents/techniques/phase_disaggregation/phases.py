@@ -67,10 +67,9 @@ def llava_config(model_dir: str | Path):
 
 
 def _load(module, reader: CheckpointReader, prefix: str, dtype) -> None:
-    """Fill ``module`` from the checkpoint's tensors under ``prefix`` (every one must be there), one
-    tensor at a time into the module's own memory: loading holds the weights once plus one tensor.
-    (Reading them all before copying held them twice: a prefill agent's peak RSS grew 134.5 MiB for
-    a 68.5 MiB text model, bench/memory_fidelity.py.)"""
+    """Fill ``module`` from the checkpoint's tensors under ``prefix`` (every one must be there), one at a
+    time into its own memory: the weights are held once plus one tensor (reading all before copying held
+    them twice: a prefill agent's peak grew 134.5 MiB for 68.5 MiB of weights, bench/memory_fidelity.py)."""
     with torch.no_grad():
         for key, target in module.state_dict().items():
             name = prefix + key
@@ -79,7 +78,6 @@ def _load(module, reader: CheckpointReader, prefix: str, dtype) -> None:
                 raise CheckpointError(f"{reader.model_dir}: {name} is {list(tensor.shape)} in the checkpoint, "
                                       f"{list(target.shape)} in the model its config describes")
             target.copy_(tensor)
-            del tensor
 
 
 VISION_PREFIXES = ("vision_tower.vision_model.", "vision_tower.", "model.vision_tower.vision_model.",
