@@ -3,6 +3,7 @@ testbed bridge only (never on the machine's real interfaces)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -53,11 +54,16 @@ _REGISTER = textwrap.dedent(
 class _Registration:
     """A service registered from inside a namespace; ``close()`` sends the goodbye."""
 
-    def __init__(self, ns, addr, stype, inst, host="", port=22, props=None):
+    def __init__(self, ns, addr, stype, inst, host="", port=22, props=None, *, wait=True):
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-c", _REGISTER, addr, stype, inst, host or inst,
              str(port), json.dumps(props or {})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if wait:
+            self.wait_registered()
+
+    def wait_registered(self) -> None:
+        """Until the service is registered (``wait=False`` starts several, whose interpreters start together)."""
         assert self.proc.stdout.readline().strip() == "ready"
 
     def close(self):
@@ -91,8 +97,10 @@ def _as_advertised(testbed):
 def test_testbed_devices_are_found_by_their_ssh_advertisements(testbed):
     # Agent records first (as in a full run, where the session's agents announce themselves):
     # the devices then appear before their SSH records are resolved.
-    regs = [_Registration(d.namespace, d.address, "agent", d.name, port=47190) for d in testbed.devices]
+    regs = [_Registration(d.namespace, d.address, "agent", d.name, port=47190, wait=False) for d in testbed.devices]
     try:
+        for r in regs:
+            r.wait_registered()
         with DeviceDiscovery(interfaces=[testbed.bridge]) as disc:
             assert disc.wait_for(_as_advertised(testbed), 8), disc.devices()
             assert _as_advertised(testbed)(disc.devices())
@@ -194,9 +202,14 @@ _BROWSE_IN_NS = textwrap.dedent(
     """
     import sys, time
     from core.devices.discovery import DeviceDiscovery
-    exclude = sys.argv[1:]
+    watched, exclude = sys.argv[1], sys.argv[2:]
+    sent = lambda: int(open(f"/sys/class/net/{watched}/statistics/tx_packets").read())
+    before = sent()
     with DeviceDiscovery(exclude_interfaces=exclude) as d:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 10
+        while sent() == before and time.monotonic() < deadline:  # until its queries went out
+            time.sleep(0.02)
+        time.sleep(0.5)  # the browser's first queries (20-120 ms after it starts) on every interface
     """
 )
 
@@ -220,9 +233,9 @@ def test_nothing_is_sent_on_an_excluded_interface():
             run("ip", "link", "set", dev + "p", "up")
             run("ip", "link", "set", dev, "up")
         before = {d: _tx_packets(ns, d) for d in ("dm0", "dm1")}
-        run(sys.executable, "-c", _BROWSE_IN_NS, "dm1")
+        run(sys.executable, "-c", _BROWSE_IN_NS, "dm0", "dm1")  # browses until dm0 sent, dm1 excluded
         mid = {d: _tx_packets(ns, d) for d in ("dm0", "dm1")}
-        run(sys.executable, "-c", _BROWSE_IN_NS)
+        run(sys.executable, "-c", _BROWSE_IN_NS, "dm1")
         after = {d: _tx_packets(ns, d) for d in ("dm0", "dm1")}
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=True)
@@ -263,9 +276,14 @@ def test_cli_discover_lists_the_testbed_devices_as_json(testbed, capsys):
 
 
 def test_a_device_that_dies_without_a_goodbye_is_offline_within_10_s_and_back_when_it_answers(testbed):
-    """python-zeroconf would keep its records ~19 minutes; the re-query notices in seconds."""
+    """python-zeroconf would keep its records ~19 minutes; the re-query notices in seconds: with the
+    defaults (a re-query every 2 s, offline after 2 unanswered) within 10 s; timed here with re-queries
+    every second (the test's clock; the same two misses), as the defaults' bound is their arithmetic."""
+    defaults = inspect.signature(DeviceDiscovery).parameters
+    recheck_s, misses = defaults["recheck_s"].default, defaults["misses_to_offline"].default
+    assert recheck_s * (misses + 1) < 10  # the last answered query, then `misses` unanswered windows
     dev = testbed.device(D2)
-    with DeviceDiscovery(interfaces=[testbed.bridge]) as disc, \
+    with DeviceDiscovery(interfaces=[testbed.bridge], recheck_s=recheck_s / 2, misses_to_offline=misses) as disc, \
             _Registration(dev.namespace, dev.address, "_workstation._tcp.local.", "mute-box", host="mute",
                           port=9) as reg:
         assert disc.wait_for(lambda ds: "mute" in _by_id(ds) and _by_id(ds)["mute"].online, 5)
@@ -277,5 +295,5 @@ def test_a_device_that_dies_without_a_goodbye_is_offline_within_10_s_and_back_wh
         finally:
             reg.proc.send_signal(signal.SIGCONT)
         print(f"offline {gone_after_s:.1f} s after it went silent")
-        assert gone_after_s < 10
+        assert gone_after_s < 10 / 2  # the bound, on the test's clock of half the default
         assert disc.wait_for(lambda ds: _by_id(ds)["mute"].online, 10)
