@@ -335,6 +335,17 @@ def _wire_figures(model_dir: str, dtype: str, prompts: list[str], out, traffic, 
     return wire_figures(traffic, plan.devices() if plan is not None else (), predicted)
 
 
+def check_plan_agents_answer(plan, agents, source: str) -> None:
+    """Every plan device has an agent in ``source`` and it answers (``AgentLink.answering``: a killed one is
+    named at once): a command's first contact, before its tokenizer, model or run imports."""
+    from core.devices.agent_link import AgentLink
+
+    endpoints, keys = agents
+    _check_agents_serve(plan.devices(), endpoints, source)
+    with AgentLink([e for e in endpoints if e.device in plan.devices()], keys) as link:
+        link.answering(plan.devices())
+
+
 def _check_agents_serve(devices, endpoints, source: str) -> None:
     """Every device the plan names has an agent in ``source``: checked before connecting to any."""
     from core.errors import PlanInvalid

@@ -117,6 +117,10 @@ def cmd_serve(args) -> int:
                                      "does not drive yet; serve a layer-sharded plan")
     replan = _replanner(args, plan, args.max_batch)  # the workload a re-plan solves for: a full micro-batch
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
+    if agents is not None:  # a dead agent of the plan: named at once, before the tokenizer and the model load
+        from core.cli.runs import check_plan_agents_answer
+
+        check_plan_agents_answer(plan, agents, args.agents)
     check_model_dir(model_dir)
     tokenizer = load_tokenizer(model_dir)
     store = None if args.no_record else SessionStore(args.workspace or default_workspace_path())

@@ -130,17 +130,24 @@ def predicted_from_events(events, sender=lambda lane: lane) -> dict[tuple[str, s
     return out
 
 
+def micro_batch_steps(token_events) -> dict[int, tuple[int, int]]:
+    """Micro-batch → (its sequences, the generation steps it ran: the prefill and each decode step), from
+    a run's token events: what a prediction of the run's traffic counts (EOS can end a run early)."""
+    steps: dict[int, set[int]] = {}
+    rows: dict[int, int] = {}
+    for t in token_events:
+        steps.setdefault(t.micro_batch, set()).add(t.step)
+        rows[t.micro_batch] = max(rows.get(t.micro_batch, 0), len(t.sequence_ids))
+    return {mb: (rows[mb], len(k)) for mb, k in steps.items()}
+
+
 def predicted_stage_bytes(spec, plan, prompt_width: int, token_events) -> dict[tuple[str, str], int]:
     """(src, dst) → bytes a layer-sharded run of ``plan`` sends, by the cost model's per-token terms
     (``core.planning.cost.stage_output_bytes``: the stage's last unit's ``activation_bytes_per_token``,
     a token id from the head): per micro-batch of n sequences that produced k steps, the prefill's
     n × ``prompt_width`` positions and k - 1 decode steps of n, each stage to the next; the last stage's
     token back to the first, k times. Counted on the run's own steps (EOS ends a run early)."""
-    steps: dict[int, set[int]] = {}
-    rows: dict[int, int] = {}
-    for t in token_events:
-        steps.setdefault(t.micro_batch, set()).add(t.step)
-        rows[t.micro_batch] = max(rows.get(t.micro_batch, 0), len(t.sequence_ids))
+    ran = micro_batch_steps(token_events)
     out: dict[tuple[str, str], int] = {}
     stages = plan.stages
     for j, st in enumerate(stages):
@@ -149,6 +156,6 @@ def predicted_stage_bytes(spec, plan, prompt_width: int, token_events) -> dict[t
         if dst == st.device:
             continue
         per_token = spec.units[st.end - 1].activation_bytes_per_token
-        n = sum(rows[mb] * (len(k) if last else prompt_width + len(k) - 1) for mb, k in steps.items())
+        n = sum(rows * (steps if last else prompt_width + steps - 1) for rows, steps in ran.values())
         out[(st.device, dst)] = out.get((st.device, dst), 0) + per_token * n
     return out

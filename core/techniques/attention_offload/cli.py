@@ -186,18 +186,13 @@ def _wire(model_dir: str, memory: list[str], prompts: list[str], out, traffic, d
     made: per micro-batch of n rows and k steps, the prefill's n × prompt width positions, then k - 1 steps
     of n. Other frames (a staggered run's ``residual`` hand-overs) are in ``per_link_and_kind`` only."""
     from core.runs.generation import load_tokenizer
-    from core.runs.wire import wire_figures
+    from core.runs.wire import micro_batch_steps, wire_figures
     from core.techniques.attention_offload.cost import layer_wire_bytes
     from core.techniques.attention_offload.run import checkpoint_model
 
     model = checkpoint_model(model_dir)
     width = int(load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1])
-    steps: dict[int, set[int]] = {}
-    rows: dict[int, int] = {}
-    for t in out.result.token_events:
-        steps.setdefault(t.micro_batch, set()).add(t.step)
-        rows[t.micro_batch] = max(rows.get(t.micro_batch, 0), len(t.sequence_ids))
-    predicted = sum(model.layers * (layer_wire_bytes(model, rows[mb] * width, len(memory))
-                                    + (len(k) - 1) * layer_wire_bytes(model, rows[mb], len(memory)))
-                    for mb, k in steps.items())
+    predicted = sum(model.layers * (layer_wire_bytes(model, rows * width, len(memory))
+                                    + (steps - 1) * layer_wire_bytes(model, rows, len(memory)))
+                    for rows, steps in micro_batch_steps(out.result.token_events).values())
     return wire_figures(traffic, devices, None, kinds=("attend", "attended"), predicted_total=predicted)

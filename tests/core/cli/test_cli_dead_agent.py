@@ -40,6 +40,15 @@ def test_run_on_a_dead_agent_is_one_line_naming_it(on_failure, setting, capsys):
     assert err.startswith("edgeshard: error: local-1: ") and "Traceback" not in err
 
 
+def test_serve_on_a_dead_agent_is_one_line_naming_it_before_the_model_loads(setting, capsys):
+    """Before: the server loaded its tokenizer and sent the plan, then failed on a lost heartbeat (40.5 s at
+    load 14); now 2.5 s from a fresh shell at load 14."""
+    agents, model, plan, _ = setting
+    err = refused(["serve", "--agents", agents, "--model", model, "--plan", plan, "--port", "0", "--no-record"],
+                  capsys)
+    assert "local-1: agent is not running: nothing listens at tcp://127.0.0.1:" in err
+
+
 def test_profile_with_a_dead_agent_names_it_within_the_answer_time(setting, tmp_path, capsys):
     agents, model, _, _ = setting
     err = refused(["profile", "--agents", agents, "--model", model, "--out", tmp_path / "p.json", "--repeats", "1",

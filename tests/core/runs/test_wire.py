@@ -45,3 +45,32 @@ def test_a_counter_that_restarted_with_its_agent_counts_from_zero():
     before = WireTraffic({("a", "b", "hidden"): (10, 1000)})
     after = WireTraffic({("a", "b", "hidden"): (3, 300)})
     assert sent_between(before, after).sent == {("a", "b", "hidden"): (3, 300)}
+
+
+def test_wire_figures_count_agent_to_agent_bytes_beside_the_prediction_and_control_bytes_apart():
+    from core.runs.wire import wire_figures
+
+    traffic = WireTraffic({("a", "b", "hidden"): (4, 1100), ("b", "a", "tokens"): (4, 300),
+                           ("a", "coordinator", "status"): (2, 500), ("b", "c", "hidden"): (1, 99)})
+    wire = wire_figures(traffic, ["a", "b"], {("a", "b"): 1000, ("b", "a"): 32})
+    assert (wire["measured_bytes"], wire["predicted_bytes"], wire["control_bytes"]) == (1400, 1032, 500)
+    assert wire["per_link"] == {"a->b": {"measured": 1100, "predicted": 1000}, "b->a": {"measured": 300, "predicted": 32}}
+    assert wire["measured_over_predicted"] == round(1400 / 1032, 4)
+    only = wire_figures(traffic, ["a", "b"], None, kinds=["hidden"], predicted_total=1000)
+    assert (only["measured_bytes"], only["measured_over_predicted"]) == (1100, 1.1)
+    assert wire_figures(None, ["a"], None)["measured_bytes"] is None
+
+
+def test_a_layer_sharded_runs_prediction_counts_the_prefill_positions_and_each_decode_step():
+    from agents.protocol import TokenEvent
+    from core.models.units import model_spec_from_config
+    from core.runs.wire import predicted_stage_bytes
+
+    spec = model_spec_from_config({"model_type": "llama", "hidden_size": HIDDEN, "num_hidden_layers": 4,
+                                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                                   "vocab_size": 512}, "fp32")
+    plan = plan_from_boundaries("tiny", 6, ["a", "b"], [3])
+    tokens = [TokenEvent(micro_batch=0, step=s, sequence_ids=(0, 1), token_ids=(1, 1), t_s=s) for s in range(3)]
+    predicted = predicted_stage_bytes(spec, plan, 5, tokens)
+    assert predicted[("a", "b")] == 2 * (5 + 2) * HIDDEN * 4  # 2 rows: the 5-position prefill, 2 decode steps
+    assert predicted[("b", "a")] == 2 * 3 * spec.units[-1].activation_bytes_per_token  # each step's token back
