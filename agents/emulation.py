@@ -153,8 +153,12 @@ class DeviceEmulation:
         """What a unit profile is timed by (``agents.profiler.profile_units``'s ``clock``): on an emulated
         slower CPU, the timing thread's CPU time — what ``emulated`` multiplies at run time, so a
         profile taken while other agents or tenants of the host compute is not inflated by their load
-        ×F when the runs are not; otherwise the wall clock (a device's own speed, whatever it waits for)."""
-        return time.thread_time if self.compute_slowdown > 1.0 and torch_device == "cpu" else time.perf_counter
+        ×F when the runs are not; so too on a shared host (``shared_host``), where the device is one of
+        several emulated on these cores (its own speed is its CPU time, not the wait for a core its
+        neighbours hold, and the demo profiles its agents at once: ``core.devices.profiling.profile_together``);
+        otherwise the wall clock (a device's own speed, whatever it waits for)."""
+        cpu_timed = self.compute_slowdown > 1.0 or self.shared_host
+        return time.thread_time if cpu_timed and torch_device == "cpu" else time.perf_counter
 
     def shares_host(self, torch_device: str = "cpu") -> bool:
         """Whether the profile times units as on a host whose caches other agents overwrite between

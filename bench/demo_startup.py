@@ -16,6 +16,9 @@ server, e.g. Xvfb), and reports, from the moment its parent spawned it:
   a profile kept from the previous launch was offered (``profile_kept``);
 - ``profile_s``: clicking Profile on the Profile screen until the profile is set (then
   Auto-solve; ``plan`` is the solved plan's stages);
+- with ``--run``, before that, a presenter's first text: at ready, Profile (only when no profile was
+  kept), Auto-solve and Start of the demo prompts at once; ``run.first_text_s`` is from the spawn
+  until the Run screen shows the first generated text (``run.text`` its start);
 - ``quit_s``: closing the window and stopping the demo until every agent process is gone;
   ``exit_s``: closing the window until the studio's process is gone (it ends as the studio
   does, ``gui.launch.exit_without_teardown``), and ``agents_left_after_exit``;
@@ -23,10 +26,11 @@ server, e.g. Xvfb), and reports, from the moment its parent spawned it:
   zygote) had used when the demo was ready / before quitting (a figure the shared machine's
   load changes less than the wall times); ``load``: the 1-minute load average at the end.
 
-Launch 1 runs with an empty data folder (the untrained checkpoint is made; no profile is
-kept), launch 2 with what the first left (the operator's second launch: the model and the
-profile launch 1 measured). Both use temporary XDG folders, never the real HOME, and do not
-train (``train=False``) unless ``--train`` says so.
+Launch 1 runs with empty data folders (a fresh HOME: the trained models shipped in the
+repository, no profile kept), launch 2 with what the first left (the operator's second launch:
+the profile launch 1 measured). Both use temporary XDG folders, never the real HOME, and do not
+train (``train=False``) unless ``--train`` says so (then with a model folder of their own: the
+untrained checkpoint is made and trained, as without the shipped models).
 
 With ``--train`` the first launch also trains the demo model in the background, as an
 operator's first launch does (the training competes with profiling for the cores; the
@@ -67,8 +71,11 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
     marks["cli_parsed"] = time.time()
     import gui.launch
 
-    options = dict(workspace=os.path.join(root, "demo.edgeshard"), model_root=os.path.join(root, "models"),
-                   train=train)
+    # the user's data folders are the launch's temporary XDG ones: without a model_root the demo uses the
+    # trained models shipped in the repository, as an operator's first launch does; --train: a model
+    # root of its own, whose model is made and trained (what a checkout without the shipped models does)
+    options = dict(workspace=os.path.join(root, "demo.edgeshard"), train=train,
+                   **({"model_root": os.path.join(root, "models")} if train else {}))
     window, demo = gui.launch.open_demo_window(**options)
     demo.ready.connect(lambda: marks.setdefault("ready", time.time()))  # it may come before the wait below
     marks["window_built"] = time.time()
@@ -109,21 +116,33 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
                "studio_cpu_at_ready_s": round(time.process_time(), 2),
                "studio_imported_torch": "torch" in sys.modules}
     log: list[str] = []
-    window.state.log_added.connect(lambda level, text: log.append(f"{level}: {text}"))
+    window.state.log_added.connect(lambda level, text: log.append(f"{time.time() - t_spawn:.2f} {level}: {text}"))
+    window.screens.run.runner.status_reported.connect(lambda _t, text: log.append(f"{time.time() - t_spawn:.2f} run: {text}"))
     failed: list[str] = []
     profile_s, stages = None, []
-    if profile:
-        profile_s, stages = _profile_and_solve(window, failed)
     run_s = None
-    if "--run" in sys.argv and window.state.plan is not None:  # quit after a run, as a walk-through does
+    if "--run" in sys.argv:  # a presenter's first text: Profile (unless kept), Auto-solve, Start, at once
+        if window.state.profile is None:
+            profile_s, stages = _profile_and_solve(window, failed)
+            profile = False
+        else:
+            stages = _solve(window)
+        marks["solved"] = time.time()
+        text_edit = window.screens.run.monitor.text_edit
+        text_edit.textChanged.connect(lambda: text_edit.toPlainText().strip() and marks.setdefault("first_text",
+                                                                                                   time.time()))
         t_run = time.time()
         run_done = QEventLoop()
         window.screens.run.run_finished.connect(lambda *_: run_done.quit())
         QTimer.singleShot(300_000, run_done.quit)
-        if demo.run_once(window, max_new_tokens=8):
+        if window.state.plan is not None and demo.run_once(window, max_new_tokens=8):
             run_done.exec()
         run_s = {"s": round(time.time() - t_run, 2), "outcome": window.screens.run.last_outcome,
-                 "message": window.screens.run.status_label.text()[:200]}
+                 "first_text_s": round(marks["first_text"] - t_spawn, 2) if "first_text" in marks else None,
+                 "solved_s": round(marks["solved"] - t_spawn, 2),
+                 "text": text_edit.toPlainText()[:120], "message": window.screens.run.status_label.text()[:200]}
+    if profile:
+        profile_s, stages = _profile_and_solve(window, failed)
     cluster = demo.parts.cluster
     pids = _agent_pids(cluster)
     cpu_at_quit = _cpu_s(pids)
@@ -159,9 +178,9 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
                       "quit_during": during or ("training" if training else None), "agents_cpu_at_ready_s": cpu_at_ready,
                       "agents_cpu_at_quit_s": cpu_at_quit, "plan": stages, "launched": launched,
                       "startup": startup, "load": open("/proc/loadavg").read().split()[0], "run": run_s,
-                      "closed_at": t0, "pids": pids,
+                      "closed_at": t0, "pids": pids, **({"log": log} if "--log" in sys.argv else {}),
                       **({"profile_error": failed[0], "log_tail": log[-8:]}
-                         if profile and (failed or window.state.profile is None) else {})}), flush=True)
+                         if failed or ((profile or run_s) and window.state.profile is None) else {})}), flush=True)
     gui.launch.exit_without_teardown(0)  # as the studio ends: the parent times it until this process is gone
 
 
@@ -204,6 +223,13 @@ def _profile_and_solve(window, failed: list[str]) -> tuple[float, list[str]]:
     QTimer.singleShot(300_000, loop.quit)
     loop.exec()
     profile_s = time.time() - t0
+    return profile_s, _solve(window)
+
+
+def _solve(window) -> list[str]:
+    """Plan ▸ Auto-solve, waited for; the plan's stages."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
     plan_editor = window.screens.plan.view
     loop = QEventLoop()
     plan_editor._solve_runner.task_finished.connect(loop.quit)
@@ -211,7 +237,7 @@ def _profile_and_solve(window, failed: list[str]) -> tuple[float, list[str]]:
     plan_editor.solve_button.click()
     loop.exec()
     plan = window.state.plan
-    return profile_s, [f"{s.device}[{s.start},{s.end})" for s in plan.stages] if plan else []
+    return [f"{s.device}[{s.start},{s.end})" for s in plan.stages] if plan else []
 
 
 def _option(name: str, default: str) -> str:
@@ -230,7 +256,7 @@ def _launches(launcher: str | None, tree: str | None = None) -> dict:
         from agents.zygote import LAUNCHER_ENV
 
         env[LAUNCHER_ENV] = launcher
-    flags = [f for f in ("--no-profile", "--trace-quit", "--run") if f in sys.argv]
+    flags = [f for f in ("--no-profile", "--trace-quit", "--run", "--log") if f in sys.argv]
     if "--quit-during" in sys.argv:
         flags += ["--quit-during", _option("--quit-during", "")]
     with tempfile.TemporaryDirectory(prefix="demo-bench-") as root:
@@ -260,6 +286,9 @@ def _medians(runs: list[dict]) -> dict:
                        for k in ("window_s", "ready_s", "profile_s", "quit_s", "exit_s", "agents_cpu_at_ready_s",
                                  "agents_cpu_at_quit_s")
                        if got and all(g.get(k) is not None for g in got)}
+        texts = [g["run"]["first_text_s"] for g in got if (g.get("run") or {}).get("first_text_s") is not None]
+        if texts:
+            out[launch]["first_text_s"] = statistics.median(texts)
         out[launch]["agents_left_max"] = max((g["agents_left"] for g in got), default=None)
     return out
 

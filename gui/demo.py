@@ -65,6 +65,29 @@ showed one box at a time, the pipeline never full)."""
 DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run", "Start"))
 """The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
 
+def warm_run_path(model_dir: str = "") -> threading.Thread:
+    """Import what a run needs in the studio (transformers, torch: the tokenizer) and read the
+    model's tokenizer (``model_dir``; none: the imports only), on a daemon thread, while the agents
+    start or the presenter profiles: done on the first Start it cost 10-15 s before anything was
+    loaded (load 12-14, bench/demo_startup.py ``--run``). The GUI thread keeps the GIL every few ms
+    meanwhile (p99 tick 28 ms at load 12); a run started before it ends waits on the same import
+    lock, never imports twice."""
+    def warm() -> None:
+        from core.runs.generation import load_tokenizer
+
+        try:
+            if model_dir:
+                load_tokenizer(model_dir)
+            else:
+                from transformers import AutoTokenizer  # noqa: F401
+        except Exception:  # noqa: BLE001 — only a warm-up: the run says what is wrong with the model
+            pass
+
+    thread = threading.Thread(target=warm, name="warm-run-path", daemon=True)
+    thread.start()
+    return thread
+
+
 class DemoSession(QObject):
     ready = Signal()
     failed = Signal(str)
@@ -125,6 +148,9 @@ class DemoSession(QObject):
         self.window = window
         if self._ready or self.error:
             return
+        from PySide6.QtCore import QTimer
+
+        QTimer.singleShot(0, warm_run_path)  # once the window is painted: the studio's core is free until ready
         window.screens.devices.upsert_many([DeviceRecord(id=device, address="127.0.0.1", ssh=False, status="starting",
                                                          origin="local cluster", detail="demo agent starting")
                                             for device in self.devices])
@@ -185,6 +211,7 @@ class DemoSession(QObject):
                 run.micro_batches_spin.setValue(DEMO_RUN_MODE[1])
         if parts.kept_profile is not None:
             self._use_kept_profile(parts.kept_profile)
+        warm_run_path(str(parts.model_dir))
         parts.mark("attached")
         st.log("demo ready: " + ", then ".join(" ▸ ".join(step) for step in DEMO_MENU_STEPS))
         if demo_model.needs_more_training(self.model_root):  # a cached trained model, cut short

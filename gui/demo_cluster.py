@@ -19,7 +19,9 @@ from gui import demo_model
 
 DEMO_DEVICES = ("edge-a", "edge-b", "edge-c")
 DEMO_LINK_LATENCY_MS = 2.0
-DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3)
+DEMO_PROFILE_OPTIONS = dict(prompt_tokens=16, batch_sizes=(1, 2), repeats=2, link_target_s=0.3, compute_together=True)
+"""A quick profile; the three emulated devices' compute timed at once (each by its CPU time: the sum
+of three agents' times was most of the 10-42 s *Profile cluster* took; docs/gui.md)."""
 DEMO_HEARTBEAT_TIMEOUT_S = 5.0
 """How long a demo agent may go without a pong before it counts as lost. At the default 2 s a
 first launch's profiling failed ("edge-b: no heartbeat for 2.2 s") with three agents profiling

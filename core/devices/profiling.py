@@ -98,11 +98,13 @@ def _reply(device: str, fut, timeout_s: float, what: str, expected: type):
 
 
 def profile_compute(coord, devices: Sequence[str], options: ComputeOptions, reporter: Reporter | None = None,
-                    timeout_s: float = 1800) -> dict[str, ComputeProfile]:
+                    timeout_s: float = 1800, together: bool = False) -> dict[str, ComputeProfile]:
     """Run the on-device compute profiler on each device, one after the other (agents on one
     host would disturb each other's timing). While one profiles, its status is polled so the
-    operator sees which agent is at which unit."""
+    operator sees which agent is at which unit. ``together``: all at once (``profile_together``)."""
     rep = reporter or NullReporter()
+    if together and len(devices) > 1:
+        return profile_together(coord, devices, options, rep, timeout_s)
     out = {}
     for i, dev in enumerate(devices):
         _check_cancel(rep)
@@ -134,6 +136,46 @@ def _follow_progress(coord, dev: str, fut, rep: Reporter, index: int, count: int
             poll = coord.request_async(dev, GetStatus())
         wait_unless_cancelled(fut, rep, poll_s)  # a cancel (the studio quitting) ends the wait at once
     _check_cancel(rep)
+
+
+def profile_together(coord, devices: Sequence[str], options: ComputeOptions, rep: Reporter,
+                     timeout_s: float = 1800, poll_s: float = 0.3) -> dict[str, ComputeProfile]:
+    """Every device's compute profiled at once: for emulated devices sharing one host that time
+    their units by their own thread's CPU time (``agents.emulation.DeviceEmulation.profile_clock``
+    on a shared host), so a neighbour computing meanwhile does not lengthen their figures, and the
+    demo's profile takes the longest agent's time instead of the sum. One bar: the agents' mean
+    progress; the status names each agent's unit."""
+    futures = {d: coord.request_async(d, ProfileCompute(options=options)) for d in devices}
+    rep.status(f"profiling compute on {len(devices)} devices at once")
+    polls: dict = {}
+    done_at: dict[str, float] = {}
+    activity = {d: "" for d in devices}
+    deadline = time.monotonic() + timeout_s
+    while not all(f.done() for f in futures.values()) and time.monotonic() < deadline:
+        _check_cancel(rep)
+        for d in devices:
+            poll = polls.get(d)
+            if poll is not None and poll.done() and poll.exception() is None:
+                st = poll.result()
+                if isinstance(st, AgentStatus) and st.activity.startswith("profiling"):
+                    activity[d] = st.activity.removeprefix("profiling compute: ")
+                    done_at[d] = max(done_at.get(d, 0.0), st.progress)
+            if futures[d].done():
+                done_at[d], activity[d] = 1.0, "done"
+            elif poll is None or poll.done():
+                polls[d] = coord.request_async(d, GetStatus())
+        rep.status("profiling compute: " + ", ".join(f"{d} {activity[d] or 'starting'}" for d in devices))
+        rep.progress(sum(done_at.values()), len(devices))
+        pending = next((f for f in futures.values() if not f.done()), None)
+        if pending is not None:
+            wait_unless_cancelled(pending, rep, poll_s)
+    _check_cancel(rep)
+    out = {d: _reply(d, futures[d], max(1.0, deadline - time.monotonic()), "profiling compute", ComputeProfile)
+           for d in devices}
+    for d in devices:
+        rep.partial_result(out[d])
+    rep.progress(len(devices), len(devices))
+    return out
 
 
 PROBE_WIRE_BYTES = 1024
@@ -279,11 +321,14 @@ def profile_cluster(
     reporter: Reporter | None = None,
     out_path: str | Path | None = None,
     gpus: bool = True,
+    compute_together: bool = False,
 ) -> ClusterProfileResult:
     """Profile every agent of ``coord`` (a connected ``core.devices.agent_link.AgentLink``) for the
     model of ``model_config`` and, if ``out_path`` is given, save the Profile there. ``gpus``: an agent
     whose status reports a GPU has its units timed there too, after its CPU (the profile's
-    ``accelerator_times``: its first GPU, where a stage of it would compute)."""
+    ``accelerator_times``: its first GPU, where a stage of it would compute). ``compute_together``: the
+    agents' CPU compute at once (``profile_together``: emulated devices of one host, each timed by its
+    CPU time), not one after the other."""
     rep = reporter or NullReporter()
     if dtype not in _PROFILER_DTYPES:
         raise EdgeShardError(f"dtype must be one of {', '.join(_PROFILER_DTYPES)}, got {dtype!r}")
@@ -301,7 +346,7 @@ def profile_cluster(
     compute_share = COMPUTE_SHARE if measure_network else 1.0  # one bar: compute, then links
     with_gpu = {d: s.accelerators[0].name for d, s in statuses.items() if gpus and s.accelerators}
     cpu_share = compute_share * len(names) / (len(names) + len(with_gpu))
-    compute = profile_compute(coord, names, options, PhaseReporter(rep, 0.0, cpu_share))
+    compute = profile_compute(coord, names, options, PhaseReporter(rep, 0.0, cpu_share), together=compute_together)
     on_gpu, gpu_share = {}, (compute_share - cpu_share) / max(1, len(with_gpu))
     for i, (d, gpu) in enumerate(sorted(with_gpu.items())):  # one at a time, after the CPUs: as they are
         phase = PhaseReporter(rep, cpu_share + i * gpu_share, gpu_share)

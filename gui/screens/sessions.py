@@ -143,6 +143,14 @@ def replay_start_s(items) -> float:
     return max(0.0, first - REPLAY_LEAD_S)
 
 
+def run_span_s(items) -> float:
+    """The run's own duration: its first event's start to its last event's end or token, on the
+    run's clock (a 0.38 s run whose agents loaded for 15 s before it read "over 15.15 s")."""
+    times = [t for i in items for t in ((i.event.start_s, i.event.end_s) if i.event is not None else
+                                        (i.tokens.t_s,) if i.tokens is not None else ())]
+    return max(times) - min(times) if times else 0.0
+
+
 class SessionsPanel(QWidget):
     """Sessions/runs tree on the left; replay controls and the run monitor on the right."""
 
@@ -445,7 +453,7 @@ class SessionsPanel(QWidget):
         self.replay = Replay(loaded.items, speed=self.speed_combo.currentData(), paused=True)
         info = loaded.info
         self.run_label.setText(f"{run_title(info)} · {info.kind} · "
-                               f"{len(loaded.items)} recorded items over {self.replay.duration_s:.2f} s")
+                               f"{len(loaded.items)} recorded items · a {run_span_s(loaded.items):.2f} s run")
         for w in self._replay_controls:
             w.setEnabled(True)
         self._show_comparison(False)
@@ -534,23 +542,29 @@ class SessionsPanel(QWidget):
         self.monitor.add_timeline_events(events)
         self.monitor.add_token_events(tokens)
 
+    def _replayed_s(self) -> float:
+        """How long the replayed part lasts: from where it starts (loading skipped) to its end."""
+        return max(0.0, self.replay.duration_s - self.start_s) if self.replay is not None else 0.0
+
     def _set_scrubber(self, pos_s: float) -> None:
-        duration = self.replay.duration_s if self.replay is not None else 0.0
+        """The scrubber and the time label cover what is replayed (``start_s`` on), not the load before."""
+        span = self._replayed_s()
         if self.scrubber.isSliderDown():
             return  # the operator is dragging it: the release seeks
+        into = min(max(0.0, pos_s - self.start_s), span)
         self._scrubbing = True
-        self.scrubber.setValue(int(round(SCRUB_STEPS * pos_s / duration)) if duration > 0 else 0)
+        self.scrubber.setValue(int(round(SCRUB_STEPS * into / span)) if span > 0 else 0)
         self._scrubbing = False
-        self.time_label.setText(f"{min(pos_s, duration):.2f} / {duration:.2f} s")
+        self.time_label.setText(f"{into:.2f} / {span:.2f} s")
 
     def _on_scrubber_slider_moved(self, value: int) -> None:
-        duration = self.replay.duration_s if self.replay is not None else 0.0
-        self.time_label.setText(f"{duration * value / SCRUB_STEPS:.2f} / {duration:.2f} s")
+        span = self._replayed_s()
+        self.time_label.setText(f"{span * value / SCRUB_STEPS:.2f} / {span:.2f} s")
 
     def _on_scrubber_value_changed(self, value: int) -> None:
         if self._scrubbing or self.replay is None:
             return
-        self.seek(self.replay.duration_s * value / SCRUB_STEPS)
+        self.seek(self.start_s + self._replayed_s() * value / SCRUB_STEPS)
 
     # -- export --------------------------------------------------------------------------
     def export(self, what: str, path: str) -> None:

@@ -111,6 +111,11 @@ def test_an_emulated_slower_cpu_is_profiled_by_cpu_time_as_its_runs_are_slowed()
     assert DeviceEmulation(compute_slowdown=3.0).profile_clock("cuda:0") is time.perf_counter  # kernels: not CPU
 
 
+def test_a_device_emulated_on_a_shared_host_is_profiled_by_cpu_time_so_neighbours_do_not_lengthen_it():
+    assert DeviceEmulation(memory_budget_bytes=MIB, shared_host=True).profile_clock("cpu") is time.thread_time
+    assert DeviceEmulation(memory_budget_bytes=MIB, shared_host=True).profile_clock("cuda:0") is time.perf_counter
+
+
 def test_per_agent_flags_take_one_value_or_one_per_agent():
     assert per_agent_values("8", 3, "--memory-mib") == [8.0, 8.0, 8.0]
     assert per_agent_values("24,16,12", 3, "--memory-mib") == [24.0, 16.0, 12.0]

@@ -173,6 +173,36 @@ class _SerialisingLinkCoordinator:
         return fut
 
 
+def test_compute_profiled_together_gives_every_agent_its_figures_and_one_bar_to_the_end():
+    """The demo's agents profile at once (each timed by its own CPU time): every device's units
+    come back, the statuses name each agent, the bar never goes back and ends full."""
+    from agents.agent import Agent
+    from agents.protocol import ComputeOptions
+    from agents.transport import CurveKeys
+    from core.devices.profiling import profile_compute
+    from core.reporting import RecordingReporter
+    from core.runs.coordinator import AgentEndpoint, Coordinator
+    from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: F401 (in-process agents: one
+    # interpreter, whose lazy imports two profiling threads would race for; real agents are processes)
+
+    keys = CurveKeys.generate()
+    agents = [Agent(d, keys.public).start() for d in ("dev-a", "dev-b")]
+    try:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+            rep = RecordingReporter()
+            options = ComputeOptions(config=TINY, prompt_tokens=4, batch_sizes=(1,), repeats=1, warmup=0, units=(1,),
+                                     threads=1)
+            out = profile_compute(co, ["dev-a", "dev-b"], options, rep, together=True)
+    finally:
+        for a in agents:
+            a.close()
+    assert sorted(out) == ["dev-a", "dev-b"]
+    assert all([u.unit for u in p.units] == [1] and p.units[0].decode_s[0] > 0 for p in out.values())
+    assert any("dev-a" in s and "dev-b" in s for s in rep.statuses), rep.statuses
+    done = [p[0] for p in rep.progresses]
+    assert done == sorted(done) and rep.progresses[-1] == (2, 2)
+
+
 def test_a_slow_links_latency_is_a_small_messages_one_way_time_not_the_probes_queueing():
     """At 0.5 Mbit/s a 300-byte probe takes 4.8 ms to send: probes 5 ms apart behind a 16 ms
     handshake queued, and the profile's "latency" (~20 ms) was their queueing, which the cost

@@ -107,7 +107,7 @@ def test_seeking_shows_exactly_what_had_arrived_by_then(qtbot, state, live_run):
     panel = _sessions(qtbot, state)
     _open(qtbot, panel, run_id)
     items = panel.replay.items
-    t = panel.replay.duration_s / 2
+    t = panel.start_s + (panel.replay.duration_s - panel.start_s) / 2  # half of what is replayed
     panel.seek(t)
     prefix = [i for i in items if i.recv_s <= t]
     events = [i.event for i in prefix if i.event is not None]
@@ -118,6 +118,34 @@ def test_seeking_shows_exactly_what_had_arrived_by_then(qtbot, state, live_run):
     # the scrubber seeks too
     panel.scrubber.setValue(panel.scrubber.maximum())
     assert panel.monitor.timeline.box_count() == sum(1 for i in items if i.event is not None)
+    panel.shutdown()
+
+
+def test_the_label_and_the_time_give_the_runs_own_duration_not_the_loading_before_it():
+    """A 0.38 s run whose first event came 15 s after recording began (its agents loading) read
+    "over 15.15 s"; its own span is its first event's start to its last token."""
+    from agents.protocol import TimelineEvent, TokenEvent
+    from core.sessions.store import RecordedItem
+    from gui.screens.sessions import replay_start_s, run_span_s
+
+    event = TimelineEvent(device="a", stage=0, kind="compute", phase="prefill", step=0, micro_batch=0,
+                          start_s=0.10, end_s=0.30)
+    token = TokenEvent(micro_batch=0, step=1, sequence_ids=(0,), token_ids=(5,), t_s=0.48)
+    items = [RecordedItem(seq=0, recv_s=15.0, event=event), RecordedItem(seq=1, recv_s=15.15,
+                                                                       tokens=token)]
+    assert run_span_s(items) == pytest.approx(0.38)
+    assert replay_start_s(items) == pytest.approx(14.95)
+
+
+def test_opening_a_run_labels_it_with_its_own_span_and_times_only_the_replayed_part(qtbot, state, live_run):
+    from gui.screens.sessions import run_span_s
+
+    _, run_id = live_run
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, run_id)
+    assert f"a {run_span_s(panel.replay.items):.2f} s run" in panel.run_label.text()
+    replayed = panel.replay.duration_s - panel.start_s
+    assert panel.time_label.text() == f"0.00 / {replayed:.2f} s" and panel.scrubber.value() == 0
     panel.shutdown()
 
 
