@@ -14,6 +14,7 @@ from core.planning.plan import plan_from_boundaries
 from core.runs.coordinator import AgentEndpoint, Coordinator, NullSink, RunRequest
 
 PROMPT = (5, 17, 33, 9, 101, 250)
+LEASE_S = 1.5
 
 
 class _SayStarted(NullSink):
@@ -28,7 +29,9 @@ class _SayStarted(NullSink):
 def main() -> int:
     endpoints = [AgentEndpoint(**e) for e in json.loads(sys.argv[1])]
     keys = CurveKeys.load(sys.argv[2])
-    with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
+    # the lease on the tests' clock: half the default 3 s (renewed by the 0.2 s pings), so the
+    # agents give up a killed or stopped coordinator's run sooner; the behaviour is the same
+    with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0, lease_s=LEASE_S) as co:
         plan = plan_from_boundaries("tiny-llama", 6, [e.device for e in endpoints], [3])
         slow = LinkShape(latency_ms=20)  # ~40 ms a token: the run lasts a minute
         co.load(plan, sys.argv[3], links={e.device: slow for e in endpoints})

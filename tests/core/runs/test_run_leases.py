@@ -19,6 +19,7 @@ from agents.transport import CurveKeys
 from core.models.checkpoints import ModelRecipe, make_model
 from core.planning.plan import plan_from_boundaries
 from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
+from tests.core.runs.coordinator_process import LEASE_S
 
 PROMPT = (5, 17, 33, 9, 101, 250)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -95,7 +96,7 @@ def test_after_a_coordinator_is_stopped_and_continued_mid_run_a_new_run_succeeds
     agents, keys, key_file = agents_and_keys
     proc = _start_coordinator_process(agents, key_file, tiny_llama_dir)
     proc.send_signal(signal.SIGSTOP)
-    time.sleep(5)  # longer than the lease
+    time.sleep(LEASE_S + 1.0)  # longer than the lease and the coordinator's heartbeat timeout (2 s)
     proc.send_signal(signal.SIGCONT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 1 and "failed" in out
