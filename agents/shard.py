@@ -398,6 +398,32 @@ class StageExecutor:
             state.mask = torch.cat([state.mask, state.mask.new_ones((state.mask.shape[0], 1))], dim=1)
         return self._run(state, x)
 
+    @torch.inference_mode()
+    def extend(self, group: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """A step of ``x.shape[1]`` new columns (``attention_mask`` [B, T], left-padded) on ``group``'s
+        cache, rows beyond its own appended first (their past masked): requests joining a running batch."""
+        state = self._groups.get(group)
+        if state is None or self.kv_reserved_bytes or any(t != "full_attention" for t in self._layer_types):
+            raise StageInputError(f"micro-batch {group} cannot take rows (no prefill, or a reserved or sliding cache)")
+        new = attention_mask.shape[0] - state.mask.shape[0]
+        self._check_input(x, attention_mask.shape[0], attention_mask.shape[1])
+        if new < 0 or not bool((attention_mask[:, -1] == 1).all()):
+            raise StageInputError("rows may only be appended, every one left-padded (mask[:, -1] == 1)")
+        for layer in getattr(state.cache, "layers", None) or ():
+            layer.keys, layer.values = (torch.cat([t, t.new_zeros((new, *t.shape[1:]))]) for t in (layer.keys, layer.values))
+        state.mask = torch.cat([torch.cat([state.mask, state.mask.new_zeros((new, state.mask.shape[1]))]),
+                                attention_mask.to(self.device, torch.long)], dim=1)
+        return self._run(state, x)
+
+    def keep_rows(self, group: int, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` of ``group`` (others are done), and drop the columns none of them attends."""
+        state = self._groups[group]
+        mask = state.mask[rows]
+        first = int(mask.any(0).long().argmax()) if mask.numel() else mask.shape[1]
+        state.mask = mask[:, first:]
+        for layer in getattr(state.cache, "layers", None) or ():
+            layer.keys, layer.values = (t[rows, :, first:].contiguous() for t in (layer.keys, layer.values))
+
     def drop(self, group: int) -> None:
         """Free the KV cache of ``group`` (unknown groups are ignored); a reserved one goes back to the pool."""
         self._groups.pop(group, None)

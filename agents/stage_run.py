@@ -158,7 +158,7 @@ class StageRun:
             self.agent._wake_for_outbox()
             return self.source.all_finished
         step = Step(header.micro_batch, header.step)
-        mask = tensors[1] if step.step == 0 and len(tensors) > 1 else None
+        mask = tensors[1] if len(tensors) > 1 else None  # a prefill's, or a step that adds rows (open runs)
         try:
             self._perform(step, tensors[0], mask)
         except ReservationExceeded:
@@ -223,7 +223,7 @@ class StageRun:
         self.seen_groups.add(mb)
         t0 = self.clock()
         with torch.inference_mode():
-            out = self.ex.prefill(mb, x, mask) if op.step == 0 else self.ex.decode(mb, x)
+            out = self._forward(op, x, mask)
             if op.samples:
                 history = self.histories.get(mb)
                 out = self.sample(out, self._generator(mb, op.step), history).to(torch.int64)
@@ -237,6 +237,10 @@ class StageRun:
                 self.agent._event(kind, op.phase, op.step, mb, self.clock.at(start), self.clock.at(end), nbytes, peer)
         return out
 
+    def _forward(self, op: Compute, x: torch.Tensor, mask) -> torch.Tensor:
+        """The executor's part of a step: a prefill (step 0) or a one-token decode step."""
+        return self.ex.prefill(op.micro_batch, x, mask) if op.step == 0 else self.ex.decode(op.micro_batch, x)
+
     def _generator(self, mb: int, step: int) -> torch.Generator:
         """The draw of ``step`` keyed by its place in the whole generation (``StartRun.first_steps``)."""
         msg = self.msg
@@ -247,7 +251,7 @@ class StageRun:
     def _send(self, op: Send, out: torch.Tensor, mask) -> None:
         mb, step, phase = op.micro_batch, op.step, op.phase
         tensors = [out]
-        if op.step == 0 and op.payload == "hidden" and mask is not None:
+        if op.payload == "hidden" and mask is not None:
             tensors.append(mask.to(torch.int64))
         specs, bufs = zip(*(tensor_frame(t) for t in tensors))
         header = DataHeader(
@@ -292,11 +296,12 @@ class StageRun:
         while self.injections and not self.stop.is_set():
             step = self.injections.popleft()
             g = self.groups[step.micro_batch]
-            if step.step == 0:
-                self._perform(step, g.input_ids, g.attention_mask)
-            else:
-                self._perform(step, g.last.view(-1, 1), None)
+            self._perform(step, *self._step_input(g, step))
             self.agent._wake_for_outbox()  # the tokens that started this step go out now
+
+    def _step_input(self, g: _Group, step: Step) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the source feeds ``step`` of ``g`` (and its mask): the prompts, then the last tokens."""
+        return (g.input_ids, g.attention_mask) if step.step == 0 else (g.last.view(-1, 1), None)
 
     def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
         g = self.groups[mb]
@@ -327,8 +332,12 @@ class StageRun:
             ),
             wake=False,
         )
-        self.source, started = on_returned(self.source, mb, step, finished_early=g.done)
+        self.source, started = on_returned(self.source, mb, step, finished_early=self._ends(g))
         self.injections.extend(started)
+
+    def _ends(self, g: _Group) -> bool:
+        """Whether ``g`` takes no more steps once its tokens are back (an open run may add rows to it)."""
+        return g.done
 
     def _sequence_done(self, g: _Group, i: int, token: int, eos: set[int]) -> bool:
         """Whether sequence ``i`` of ``g`` is finished by ``token`` (an open run adds its own budgets)."""

@@ -117,13 +117,22 @@ class OpenRun:
 
     # ------------------------------------------------------------------ joins and leaves
     def join(self, slot: int, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
-             sampling: SamplingSpec, *, first_step: int = 0, key: int = 0, on_ids=None) -> tuple[int, ...]:
+             sampling: SamplingSpec, *, first_step: int = 0, key: int = 0, on_ids=None,
+             grow: bool = False, on_refused=None) -> tuple[int, ...]:
         """Join ``prompts`` as micro-batch ``slot``; the sequence ids their tokens will carry (``on_ids`` is
-        told them before the join is sent, so no token can arrive before its caller knows whose it is)."""
+        told them before the join is sent, so no token can arrive before its caller knows whose it is).
+        ``grow``: ``slot`` is running (greedy rows of the same controls) and the rows join it at its next
+        step, one batched forward with its rows (a free ``slot`` is taken as a fresh join).
+        ``on_refused``: not waited for; told ``RunFailed`` (on the coordinator's IO thread) if a stage refuses
+        the join. The prefill starts as soon as the source has it, where waiting for each stage's reply in
+        turn cost two round trips of a request's TTFT; the last stage waits for its join should the prefill
+        overtake it (``agents.techniques.open_run.session``). Without it both replies are awaited."""
         if not self.alive:
             raise RunFailed(f"the open run ended: {self.failure or 'stopped'}")
+        if grow and (sampling.temperature > 0 or sampling.uses_history):
+            raise ValueError("only greedy rows whose sampler reads no history may join a running micro-batch")
         with self._lock:
-            if slot in self._busy or not 0 <= slot < self.slots:
+            if not 0 <= slot < self.slots or (slot in self._busy and not grow):
                 raise ValueError(f"slot {slot} is busy or out of range")
             self._busy.add(slot)
             seq = tuple(next(self._ids) for _ in prompts)
@@ -131,17 +140,26 @@ class OpenRun:
             on_ids(seq)
         ids, mask = left_padded(prompts, self.pad)
         msg = JoinRun(run_id=self.run_id, micro_batch=slot, sequence_ids=seq, max_new_tokens=tuple(max_new_tokens),
-                      input_ids=ids, attention_mask=mask, sampling=sampling, first_step=first_step, key=key)
+                      input_ids=ids, attention_mask=mask, sampling=sampling, first_step=first_step, key=key, grow=grow)
+        asks = [(self.devices[0], msg)]
+        if len(self.devices) > 1:  # the last stage's sampler first: the prefill reaches it after this
+            history = sampling.uses_history
+            asks.insert(0, (self.devices[-1], JoinRun(
+                run_id=self.run_id, micro_batch=slot, sequence_ids=seq, max_new_tokens=tuple(max_new_tokens),
+                input_ids=ids if history else (), attention_mask=mask if history else (), sampling=sampling,
+                first_step=first_step, key=key, grow=grow)))
+        if on_refused is not None:
+            told = threading.Event()
+            for device, m in asks:
+                self.coordinator.request_async(device, m).add_done_callback(
+                    lambda fut, device=device: self._replied(device, fut, told, on_refused))
+            return seq
         try:
-            if len(self.devices) > 1:  # the last stage's sampler first: the prefill reaches it after this
-                history = sampling.uses_history
-                self._ask(self.devices[-1], JoinRun(
-                    run_id=self.run_id, micro_batch=slot, sequence_ids=seq, max_new_tokens=tuple(max_new_tokens),
-                    input_ids=ids if history else (), attention_mask=mask if history else (), sampling=sampling,
-                    first_step=first_step, key=key))
-            self._ask(self.devices[0], msg)
+            for device, m in asks:
+                self._ask(device, m)
         except EdgeShardError:
-            self.release(slot)
+            if not grow:
+                self.release(slot)
             raise
         return seq
 
@@ -150,6 +168,17 @@ class OpenRun:
         if self.alive and sequence_ids:
             self.coordinator.request_async(self.devices[0], LeaveRun(run_id=self.run_id,
                                                                      sequence_ids=tuple(sequence_ids)))
+
+    @staticmethod
+    def _replied(device: str, fut, told: threading.Event, on_refused) -> None:
+        """A stage's reply to a join not waited for: ``on_refused`` is told once if any stage refused it."""
+        try:
+            reply = fut.result()
+        except Exception as err:  # no reply (the link closed): the run's end tells the requests
+            reply = ErrorReply(code="no_reply", message=str(err))
+        if isinstance(reply, ErrorReply) and not told.is_set():
+            told.set()
+            on_refused(RunFailed(f"{device} refused the join ({reply.code}): {reply.message}", device))
 
     def _ask(self, device: str, msg) -> None:
         reply = self.coordinator.link.await_reply(device, self.coordinator.request_async(device, msg),

@@ -123,6 +123,8 @@ class ServedModel:
         self.loaded = False
         self.slots = max(2, len(plan.stages), micro_batch_count(plan, settings.generation.micro_batches))
         """Micro-batches the open run holds at once (each a group of requests that joined together)."""
+        self.max_rows = 16
+        """Rows a running micro-batch takes before later requests stop joining it (``--max-batch``)."""
         self.open: OpenRun | None = None
         self.on_slot_free = lambda: None
         """Told when a micro-batch is free again (the queue's ``wake``), outside any lock here."""
@@ -213,10 +215,21 @@ class ServedModel:
         return request
 
     # ------------------------------------------------------------------ the open run
-    def capacity(self) -> int:
-        """Micro-batches the run can take now."""
+    def capacity(self, key: tuple | None = None) -> int:
+        """Groups of requests with ``batch_key`` ``key`` the run can take now: its free micro-batches, and
+        one more when a running micro-batch may take them as rows (``_growable``)."""
         with self._lock:
-            return self.slots - len(self._slots)
+            return self.slots - len(self._slots) + (self._growable(key) is not None)
+
+    def _growable(self, key: tuple | None) -> int | None:
+        """The running micro-batch with the fewest live rows that requests with ``key`` may join while it
+        runs (greedy, no repetition controls: a row's tokens depend on its own only), if one has room."""
+        if key is None or key[1:] != (1.0, 0):
+            return None
+        live = {slot: sum(not m.done for m in members) for slot, members in self._slots.items()
+                if members and members[0].batch_key == key and not any(m.resumed for m in members)}
+        slot = min(live, key=live.get, default=None)
+        return slot if slot is not None and 0 < live[slot] < self.max_rows else None
 
     def _open_run(self) -> OpenRun:
         """The open run, started (after loading the plan again when a failure unloaded it)."""
@@ -249,10 +262,15 @@ class ServedModel:
             run = self._open_run()
             with self._lock:
                 slot = next((i for i in range(self.slots) if i not in self._slots), None)
+                grow = slot is None and not resumed
+                if grow:
+                    slot = self._growable(live[0].batch_key)
                 if slot is None:
                     raise unavailable("every micro-batch of the run is busy")
-                self._slots[slot] = live
+                self._slots.setdefault(slot, []).extend(live)
                 self._holders.setdefault(slot, []).extend(live)
+                for r in live:
+                    r.resumed = resumed
         except ApiError as err:
             for r in live:
                 r.fail(err)
@@ -275,21 +293,30 @@ class ServedModel:
                 for r in live:
                     self._finishing.submit(self._open_record, r, live)
             run.join(slot, [r.prompt_ids + tuple(r.tokens) for r in live], [r.max_tokens - done for r in live], spec,
-                     first_step=done, on_ids=route)
-        except Exception as err:  # the micro-batch is given back whatever failed: a leaked one would stall the queue
-            with self._lock:
-                self._slots.pop(slot, None)
-                for r in live:
-                    if r.sequence_id is not None:
-                        self._by_seq.pop(r.sequence_id, None)
-            run.release(slot)
-            if not isinstance(err, (EdgeShardError, ValueError)):
-                log.exception("joining a micro-batch failed")
+                     first_step=done, on_ids=route, grow=grow,
+                     on_refused=lambda err: self._join_failed(run, slot, live, err))
+        except Exception as err:
+            self._join_failed(run, slot, live, err)
+
+    def _join_failed(self, run: OpenRun, slot: int, live: list[ServedRequest], err: Exception) -> None:
+        """The join failed (or a stage refused it): its requests fail and leave the micro-batch, which is
+        given back once nobody else is in it (a leaked one would stall the queue)."""
+        with self._lock:
+            members = [m for m in self._slots.pop(slot, []) if m not in live]
+            if members:
+                self._slots[slot] = members
             for r in live:
-                r.fail(unavailable(str(err)) if isinstance(err, EdgeShardError)
-                       else ApiError(500, f"internal error: {err}", type="server_error"))
-                self._finish_record(r)
-            self.on_slot_free()
+                if r.sequence_id is not None:
+                    self._by_seq.pop(r.sequence_id, None)
+        if not members:
+            run.release(slot)
+        if not isinstance(err, (EdgeShardError, ValueError)):
+            log.error("joining a micro-batch failed", exc_info=err)
+        for r in live:
+            r.fail(unavailable(str(err)) if isinstance(err, EdgeShardError)
+                   else ApiError(500, f"internal error: {err}", type="server_error"))
+            self._finish_record(r)
+        self.on_slot_free()
 
     def _open_record(self, r: ServedRequest, batch: list[ServedRequest]) -> None:
         """The request's run record, then what its stream brought meanwhile (the store's thread: before
@@ -348,7 +375,6 @@ class ServedModel:
 
     def _request_done(self, r: ServedRequest) -> None:
         """``r`` is done (finished, left, failed): out of the run, recorded, its micro-batch freed when all are."""
-        freed = False
         with self._lock:
             seq = getattr(r, "sequence_id", None)
             if seq is None or self._by_seq.pop(seq, None) is None:
@@ -358,13 +384,11 @@ class ServedModel:
                     del self._slots[slot]
                     if self.open is not None:
                         self.open.release(slot)
-                    freed = True
         ran_out = r.tokens and (r.tokens[-1] in self.stop_ids or len(r.tokens) >= r.max_tokens)
         if self.open is not None and not ran_out:  # a stop string, a client gone: the source still feeds it
             self.open.leave([seq])
         self._finish_record(r)
-        if freed:
-            self.on_slot_free()
+        self.on_slot_free()  # a free micro-batch, or room in a running one
 
     def _finish_record(self, r: ServedRequest) -> None:
         """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""

@@ -36,6 +36,7 @@ class ServingEndpoint:
                                 capacity=served.capacity, spread=spread, batch_window_s=limits.batch_window_s,
                                 on_cancel_running=served.leave)
         served.on_slot_free = self.queue.wake
+        served.max_rows = limits.max_batch
         app = build_app(served, self.queue, defaults=limits.defaults, api_key=key,
                         max_body_bytes=limits.max_body_bytes)
         self.http = HttpServer(app, sock, grace_s=limits.shutdown_grace_s)

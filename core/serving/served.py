@@ -66,6 +66,8 @@ class ServedRequest:
         self.first_token_s: float | None = None
         self.last_token_s: float | None = None
         self.sequence_id: int | None = None
+        self.resumed = False
+        """Joined again after a failure (its micro-batch takes no new rows)."""
         """Its sequence in the open run (the tokens' id), once it joined."""
         self.joined_at: float | None = None
         """When it first joined the run (``time.time()``): its recorded timeline counts from here."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from agents.protocol import AgentState, Ok
 from agents.registry import AgentTechnique, DataKind, Handler
-from agents.techniques.open_run.messages import OPEN_RUN_MESSAGES, RETIRE, JoinRun, LeaveRun, OpenRunOptions
+from agents.techniques.open_run.messages import OPEN_RUN_MESSAGES, RETIRE, SHRINK, JoinRun, LeaveRun, OpenRunOptions
 
 
 def hand_over(agent, identity, msg: JoinRun | LeaveRun):
@@ -35,7 +35,7 @@ TECHNIQUE = AgentTechnique(
     name="open-run",
     messages=OPEN_RUN_MESSAGES,
     options=(OpenRunOptions,),
-    data_kinds=(DataKind(RETIRE, None, required=False),),
+    data_kinds=(DataKind(RETIRE, None, required=False), DataKind(SHRINK, None, required=False)),
     handlers=(Handler(JoinRun, on_control=hand_over), Handler(LeaveRun, on_control=hand_over)),
     run_drivers={OpenRunOptions: drive},
 )

@@ -22,6 +22,11 @@ RETIRE = "retire"
 """Data kind: the source's micro-batch ``DataHeader.micro_batch`` is finished; each stage drops its
 KV cache for it and passes the frame on (the last stage drops and ends it there)."""
 
+SHRINK = "shrink"
+"""Data kind: the source's micro-batch ``DataHeader.micro_batch`` goes on with only the rows its one
+int64 tensor lists (the others are done); each stage keeps those rows of its KV cache and passes the
+frame on, before the micro-batch's next step."""
+
 
 class OpenRunOptions(Options, frozen=True, tag="open_run"):
     """``StartRun.options`` of a run that starts with no micro-batch and does not end when its
@@ -56,6 +61,10 @@ class JoinRun(Message, frozen=True, tag="join_run"):
     the sampler's draws are keyed by it, so sampling continues where it stopped."""
     key: int = 0
     """The sampler's key (a request's draws depend on its seed, key and step only, not its neighbours)."""
+    grow: bool = False
+    """The rows join micro-batch ``micro_batch`` while it runs (greedy rows beside greedy rows of the same
+    controls): the source prefills them within its next step, beside the running rows' next token; if
+    that micro-batch has ended meanwhile they start it afresh. Sent to the last stage too (in order)."""
 
     def problem(self) -> str:
         n = len(self.sequence_ids)

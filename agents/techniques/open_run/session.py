@@ -15,11 +15,19 @@ and its later steps by ``on_returned``, as a closed run does. What differs:
   the ring, and every stage drops its own at once. Its index may then be joined again; a join of an
   index still in flight waits for that retire (links are FIFO, so every stage sees the old group's
   last step, then its retire, then the new prefill).
+- rows join and leave a *running* micro-batch (one batched forward per stage and step, as
+  transformers' batched ``generate``): a ``JoinRun`` with ``grow`` is prefilled within the
+  micro-batch's next step (its running rows feed their last token after masked pads, the new rows
+  their left-padded prompts after masked columns for the running rows' past: ``StageExecutor.extend``);
+  rows that are done are dropped before the next step by a ``shrink`` frame down the ring
+  (``StageExecutor.keep_rows``, which also drops the columns no kept row attends). Only micro-batches
+  whose sampler needs no history do either (a repetition penalty's rows stay as they joined).
 """
 
 from __future__ import annotations
 
 import collections
+import time
 
 import torch
 
@@ -28,12 +36,16 @@ from agents.protocol import DataHeader
 from agents.sampling import step_generator
 from agents.schedule import SourceState, join
 from agents.stage_run import StageRun, _Group
-from agents.techniques.open_run.messages import RETIRE, JoinRun, LeaveRun
-from agents.transport import RunAborted, data_message
+from agents.techniques.open_run.messages import RETIRE, SHRINK, JoinRun, LeaveRun
+from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
 
 ROOM = "open_run"
 """This technique's state on an agent (``Agent.room``): ``handed`` maps a run id to the joins and
 leaves handed over by the control thread, not yet taken by the run."""
+
+
+JOIN_WAIT_S = 5.0
+"""How long the last stage waits for a join whose prefill overtook it (the coordinator sent it first)."""
 
 
 def handed(agent, run_id: str) -> collections.deque:
@@ -51,6 +63,14 @@ class OpenStageRun(StageRun):
         self.deferred: list[JoinRun] = []
         """Source: joins of an index whose previous micro-batch is not retired yet."""
         self.left: set[int] = set()
+        self.specs: dict[int, JoinRun] = {}
+        """Source: the join each running micro-batch started with (its sampling decides whether rows may join)."""
+        self.grows: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
+        """Source: joins of rows into a running micro-batch, taken one per step boundary."""
+        self.grown: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """Source: the next step's input and new columns' mask of a micro-batch that rows just joined."""
+        self.sample_fns: dict[int, object] = {}
+        """Last stage: each running micro-batch's sampler (built once, at its prefill)."""
         self.samplers: dict[int, JoinRun] = {}
         """Last stage: the join whose sampling each running micro-batch uses."""
         self.next_samplers: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
@@ -68,6 +88,8 @@ class OpenStageRun(StageRun):
                 header = received[0]
                 if header.kind == RETIRE and header.run_id == self.msg.run_id:
                     self._retire(header.micro_batch)
+                elif header.kind == SHRINK and header.run_id == self.msg.run_id:
+                    self._keep(header.micro_batch, tensor_from_frame(header.tensors[0], received[1][0]))
                 else:
                     self._on_data(*received)
             self.wait_started = self.clock()
@@ -87,6 +109,10 @@ class OpenStageRun(StageRun):
 
     def _join(self, msg: JoinRun) -> None:
         mb = msg.micro_batch
+        if msg.grow and mb in self.groups and not any(m.micro_batch == mb for m in self.deferred) \
+                and self._rows_change(mb):
+            self.grows[mb].append(msg)  # taken when its running step is back
+            return
         if mb in self.groups or mb > len(self.source.started):  # its old group is in flight: after the retire
             self.deferred.append(msg)
             return
@@ -96,6 +122,7 @@ class OpenStageRun(StageRun):
                                  attention_mask=torch.tensor(msg.attention_mask, dtype=torch.int64),
                                  tokens=[[] for _ in range(n)], finished=[s in self.left for s in msg.sequence_ids])
         self.budgets[mb] = msg.max_new_tokens
+        self.specs[mb] = msg
         self.source, started = join(self.source, mb)
         self.injections.extend(started)
         if all(self.groups[mb].finished):  # every client left before its prefill
@@ -125,17 +152,85 @@ class OpenStageRun(StageRun):
         """A sequence ends at an EOS token, at its own budget, or when its client left."""
         return token in eos or len(g.tokens[i]) >= self.budgets[g.index][i] or g.seq_ids[i] in self.left
 
+    def _ends(self, g) -> bool:
+        return g.done and not self.grows[g.index]
+
     def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
         super()._on_tokens(mb, step, ids, t)  # the tokens go out, the next steps start (none once done)
-        if self.groups[mb].done:
+        g = self.groups[mb]
+        if self._ends(g):
             self._retire(mb)
+            return
+        if any(g.finished) and self._rows_change(mb):
+            self._shrink(g)
+        if self.grows[mb]:
+            self._grow(g, self.grows[mb].popleft())
+
+    def _rows_change(self, mb: int) -> bool:
+        """Whether rows may join and leave ``mb`` while it runs: greedy rows whose sampler reads no history
+        (a row's tokens depend on nothing but its own)."""
+        sampling = self.specs[mb].sampling
+        return sampling.temperature <= 0 and not sampling.uses_history
+
+    def _shrink(self, g) -> None:
+        """Drop ``g``'s done rows on every stage before its next step (a ``shrink`` frame down the ring)."""
+        keep = [i for i, f in enumerate(g.finished) if not f]
+        rows = torch.tensor(keep, dtype=torch.int64)
+        g.seq_ids = tuple(g.seq_ids[i] for i in keep)
+        g.tokens = [g.tokens[i] for i in keep]
+        g.finished = [False] * len(keep)
+        g.last = g.last[rows]
+        self.budgets[g.index] = tuple(self.budgets[g.index][i] for i in keep)
+        self._keep(g.index, rows)
+
+    def _grow(self, g, msg: JoinRun) -> None:
+        """``msg``'s rows join ``g``: its next step feeds the running rows' last token after masked pads and
+        the new rows' prompts after masked columns for the running rows' past."""
+        ids = torch.tensor(msg.input_ids, dtype=torch.int64)
+        width = ids.shape[1]
+        old = g.last.view(-1, 1)
+        x = torch.cat([torch.cat([old.new_full((old.shape[0], width - 1), self.msg.pad_token_id), old], dim=1), ids])
+        cols = torch.zeros((old.shape[0], width), dtype=torch.int64)
+        cols[:, -1] = 1
+        self.grown[g.index] = x, torch.cat([cols, torch.tensor(msg.attention_mask, dtype=torch.int64)])
+        g.seq_ids = g.seq_ids + msg.sequence_ids
+        g.tokens = g.tokens + [[] for _ in msg.sequence_ids]
+        g.finished = g.finished + [s in self.left for s in msg.sequence_ids]
+        g.done = all(g.finished)
+        self.budgets[g.index] = self.budgets[g.index] + msg.max_new_tokens
+
+    def _step_input(self, g, step):
+        grown = self.grown.pop(g.index, None) if step.step > 0 else None
+        return grown if grown is not None else super()._step_input(g, step)
+
+    def _keep(self, mb: int, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` of micro-batch ``mb`` here and pass the ``shrink`` on down the ring."""
+        self.ex.keep_rows(mb, rows)
+        if not self.is_last:
+            spec, buf = tensor_frame(rows)
+            header = DataHeader(run_id=self.msg.run_id, kind=SHRINK, phase="decode", step=0, micro_batch=mb,
+                                sender=self.agent.device, tensors=(spec,), t_sent=self.clock())
+            self.loaded.sender.send(data_message(header, [buf]), spec.nbytes(), lambda *_: None, self.stop)
+
+    def _frame_problem(self, header: DataHeader) -> str:
+        if header.kind == "hidden" and header.step > 0 and len(header.tensors) == 2 and not self.is_first:
+            return ""  # a step that rows joined: the new columns' mask beside the hidden states
+        return super()._frame_problem(header)
+
+    def _forward(self, op, x, mask):
+        if op.step > 0 and mask is not None:  # rows joined this running micro-batch
+            return self.ex.extend(op.micro_batch, x, mask)
+        return super()._forward(op, x, mask)
 
     def _retire(self, mb: int) -> None:
         """Drop micro-batch ``mb``'s KV cache here and pass the retire on down the ring."""
         self.ex.drop(mb)
         self.seen_groups.discard(mb)
         self.samplers.pop(mb, None)
+        self.sample_fns.pop(mb, None)
         self.histories.pop(mb, None)
+        self.grows.pop(mb, None)
+        self.grown.pop(mb, None)
         if self.is_first:
             g = self.groups.pop(mb, None)
             if g is not None:
@@ -156,27 +251,45 @@ class OpenStageRun(StageRun):
             if ready is not None:
                 self.deferred.remove(ready)
                 self._join(ready)
+                for grow in [m for m in self.deferred if m.micro_batch == ready.micro_batch and m.grow]:
+                    if ready.micro_batch not in self.groups:
+                        break
+                    self.deferred.remove(grow)  # rows that joined it before it started
+                    self._join(grow)
 
     # ------------------------------------------------------------------ the last stage's sampling
     def _compute(self, op, x, mask):
         if op.samples:
             mb = op.micro_batch
+            if op.step == 0 or mask is not None:  # a prefill, or rows joined: their join is the next one
+                queued = self._join_of(mb)
+                joined = queued.popleft()
             if op.step == 0:
-                self._take_handed()
-                queued = self.next_samplers[mb]
-                if not queued:
-                    raise ValueError(f"micro-batch {mb}'s prefill arrived before its join")
-                spec = self.samplers[mb] = queued.popleft()
+                spec = self.samplers[mb] = joined
+                self.sample_fns[mb] = self.agent.sampler_factory(spec.sampling)
                 if spec.sampling.uses_history:
                     self.histories[mb] = torch.tensor(spec.input_ids, dtype=torch.int64)
                 else:
                     self.histories.pop(mb, None)
-            spec = self.samplers[mb]
-            self.sample = self.agent.sampler_factory(spec.sampling)
+            self.sample = self.sample_fns[mb]
         return super()._compute(op, x, mask)
 
-    def _generator(self, mb: int, step: int) -> torch.Generator:
+    def _join_of(self, mb: int) -> collections.deque[JoinRun]:
+        """The joins of ``mb`` handed over so far, the one this step starts first: the coordinator does not
+        wait for the last stage's reply before the source's, so a prefill may overtake its join (waited for)."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        self._take_handed()
+        while not self.next_samplers[mb] and time.monotonic() < deadline and not self.stop.is_set():
+            time.sleep(0.0002)
+            self._take_handed()
+        if not self.next_samplers[mb]:
+            raise ValueError(f"micro-batch {mb}'s prefill arrived and its join did not within {JOIN_WAIT_S} s")
+        return self.next_samplers[mb]
+
+    def _generator(self, mb: int, step: int) -> torch.Generator | None:
         spec = self.samplers[mb]
+        if spec.sampling.temperature <= 0:
+            return None  # greedy draws nothing
         return step_generator(spec.sampling.seed, spec.key, spec.first_step + step)
 
 

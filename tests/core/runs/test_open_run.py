@@ -26,10 +26,13 @@ class Tokens(NullSink):
     def __init__(self) -> None:
         self.by_seq: dict[int, list[int]] = {}
         self.first: dict[int, float] = {}
+        self.together: list[tuple[int, ...]] = []
+        """Each step's sequence ids (the rows one forward ran)."""
         self.lock = threading.Lock()
 
     def on_tokens(self, tokens) -> None:
         with self.lock:
+            self.together.append(tuple(tokens.sequence_ids))
             for s, t in zip(tokens.sequence_ids, tokens.token_ids):
                 self.by_seq.setdefault(s, []).append(t)
                 self.first.setdefault(s, time.monotonic())
@@ -132,3 +135,21 @@ def test_a_leave_frees_the_micro_batchs_kv_cache_on_every_stage_at_once(open_run
     (again,) = run.join(2, [[11, 12]], [3], SamplingSpec())  # the slot is usable again
     assert len(sink.wait([again], [3])[0]) == 3
     run.release(2)
+
+
+def test_rows_joining_and_leaving_a_running_micro_batch_get_the_tokens_of_their_prompts_alone(open_run, reference):
+    run, sink, _, _ = open_run
+    a, b, c, d = [5, 17, 99, 3, 42, 8], [7, 300, 12], [4, 4, 9, 100, 31, 6, 1, 77], [9, 9, 9]
+    (first,) = run.join(3, [a], [24], SamplingSpec())
+    sink.wait([first], [3])  # it decodes: the next two join its running micro-batch
+    second, third = run.join(3, [b, c], [4, 30], SamplingSpec(), grow=True)
+    sink.wait([second], [4])  # the second is done (its budget): its row leaves, the others go on
+    (fourth,) = run.join(3, [d], [6], SamplingSpec(), grow=True)
+    got = sink.wait([first, second, third, fourth], [24, 4, 30, 6])
+    run.release(3)
+    assert got == [generate(reference, a, 24), generate(reference, b, 4), generate(reference, c, 30),
+                   generate(reference, d, 6)]
+    with sink.lock:
+        together = [set(t) for t in sink.together]
+    assert {first, second, third} in together  # one forward ran the running row and the joined ones
+    assert any({third, fourth} <= t and second not in t for t in together)  # the done row left, another joined

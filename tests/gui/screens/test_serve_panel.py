@@ -36,24 +36,32 @@ def agents(tmp_path_factory):
             yield coordinator, model, formats.load(plan, ShardPlan), folder
 
 
-def test_the_serve_toggle_serves_the_plan_to_the_openai_client_and_shows_each_request(qtbot, agents):
+def _serving(qtbot, agents, workspace: str):
+    """The Run screen serving the module's plan (its Serve toggle on), and an ``openai`` client of it
+    (the URL it shows, the key it copies): (state, screen, client)."""
     coordinator, model, plan, folder = agents
     state = StudioState()
-    state.set_workspace(str(folder / "studio.sqlite"))
+    state.set_workspace(str(folder / workspace))
     state.set_agents(coordinator)
     state.set_plan(plan)
     state.set_model("tiny-llama", str(model))
     screen = RunPanel(state)
     qtbot.addWidget(screen)
     panel = screen.serve_panel
-    screen.resize(1600, 1000)
-    screen.show()
     panel.toggle.click()
     qtbot.waitUntil(lambda: panel.url_edit.text() != "" or "Cannot" in panel.status.text(), timeout=120_000)
     assert panel.url_edit.text().startswith("http://127.0.0.1:"), panel.status.text()
     panel.copy_key.click()
-    client = openai.OpenAI(base_url=panel.url_edit.text(), api_key=QGuiApplication.clipboard().text(),
-                           max_retries=0, timeout=120)
+    return state, screen, openai.OpenAI(base_url=panel.url_edit.text(), api_key=QGuiApplication.clipboard().text(),
+                                        max_retries=0, timeout=120)
+
+
+def test_the_serve_toggle_serves_the_plan_to_the_openai_client_and_shows_each_request(qtbot, agents):
+    model = agents[1]
+    _, screen, client = _serving(qtbot, agents, "studio.sqlite")
+    panel = screen.serve_panel
+    screen.resize(1600, 1000)
+    screen.show()
 
     def stream(prompt: str) -> str:
         return "".join(c.choices[0].text for c in client.completions.create(
@@ -88,3 +96,31 @@ def test_the_serve_toggle_serves_the_plan_to_the_openai_client_and_shows_each_re
     assert panel.url_edit.text() == "" and panel.endpoint is None
     with pytest.raises(openai.APIConnectionError):
         openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=5).models.list()
+
+
+def test_a_served_request_is_replayed_in_the_sessions_screen(qtbot, agents):
+    from gui.screens.sessions import SessionsPanel
+
+    state, screen, client = _serving(qtbot, agents, "replayed.sqlite")
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny-llama", prompt="the river", max_tokens=10, stream=True))
+    screen.serve_panel.toggle.click()  # off: the request's recording is finished as the server stops
+
+    sessions = SessionsPanel(state)
+    qtbot.addWidget(sessions)
+    sessions.resize(1400, 800)
+    qtbot.waitUntil(lambda: sessions.tree.topLevelItemCount() > 0, timeout=10_000)
+    session = sessions.tree.topLevelItem(0)
+    assert session.text(0).startswith("Studio serve") and session.childCount() == 1
+    (run_id,) = sessions.run_items()
+    assert sessions.run_items()[run_id].text(3) == "completed"
+    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+        sessions.open_run(run_id)
+    sessions.set_speed(20.0)
+    with qtbot.waitSignal(sessions.replay_finished, timeout=20_000):
+        sessions.play()
+    monitor = sessions.monitor
+    assert streamed and streamed in monitor.text_edit.toPlainText()
+    assert monitor.timeline.box_count(kind="compute") > 0  # the agents' work on its micro-batch
+    assert monitor.ttft_card.text() not in ("", "—") and monitor.tokens_card.text() not in ("", "—")
+    sessions.shutdown()
