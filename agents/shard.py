@@ -404,13 +404,14 @@ class StageExecutor:
         cache, rows beyond its own appended first (their past masked): requests joining a running batch."""
         state = self._groups.get(group)
         if state is None or self.kv_reserved_bytes or any(t != "full_attention" for t in self._layer_types):
-            raise StageInputError(f"micro-batch {group} cannot take rows (no prefill, or a reserved or sliding cache)")
+            raise StageInputError(f"micro-batch {group} cannot take rows (not prefilled; a reserved or sliding cache)")
         new = attention_mask.shape[0] - state.mask.shape[0]
         self._check_input(x, attention_mask.shape[0], attention_mask.shape[1])
         if new < 0 or not bool((attention_mask[:, -1] == 1).all()):
             raise StageInputError("rows may only be appended, every one left-padded (mask[:, -1] == 1)")
         for layer in getattr(state.cache, "layers", None) or ():
-            layer.keys, layer.values = (torch.cat([t, t.new_zeros((new, *t.shape[1:]))]) for t in (layer.keys, layer.values))
+            layer.keys, layer.values = (torch.cat([t, t.new_zeros((new, *t.shape[1:]))])
+                                        for t in (layer.keys, layer.values))
         state.mask = torch.cat([torch.cat([state.mask, state.mask.new_zeros((new, state.mask.shape[1]))]),
                                 attention_mask.to(self.device, torch.long)], dim=1)
         return self._run(state, x)

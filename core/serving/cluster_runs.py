@@ -278,7 +278,9 @@ class ServedModel:
         s = live[0].parsed.sampling
         spec = SamplingSpec(temperature=s.temperature, top_p=s.top_p, seed=live[0].seed,
                             repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
-        done = len(live[0].tokens)  # a resumed micro-batch: its requests' tokens so far (the same count)
+        # A resumed request's tokens so far are its sampler's step (a sampled request is alone; resumed greedy
+        # rows that had joined a running micro-batch differ in count, and draw nothing).
+        done = len(live[0].tokens)
 
         def route(seqs) -> None:
             now = time.time()
@@ -292,9 +294,9 @@ class ServedModel:
                     self._unrecorded.update({r: [] for r in live})
                 for r in live:
                     self._finishing.submit(self._open_record, r, live)
-            run.join(slot, [r.prompt_ids + tuple(r.tokens) for r in live], [r.max_tokens - done for r in live], spec,
-                     first_step=done, on_ids=route, grow=grow,
-                     on_refused=lambda err: self._join_failed(run, slot, live, err))
+            prompts = [r.prompt_ids + tuple(r.tokens) for r in live]
+            run.join(slot, prompts, [r.max_tokens - len(r.tokens) for r in live], spec, first_step=done, on_ids=route,
+                     grow=grow, on_refused=lambda err: self._join_failed(run, slot, live, err))
         except Exception as err:
             self._join_failed(run, slot, live, err)
 
