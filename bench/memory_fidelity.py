@@ -211,7 +211,7 @@ def phase_disaggregation(root: Path, co, lc) -> dict:
     model's geometry and the workload)."""
     from core.models.multimodal import TINY_LLAVA, MultimodalRecipe, check_multimodal_dir, make_multimodal_model
     from core.techniques.phase_disaggregation.memory import device_memory, phase_weights
-    from core.techniques.phase_disaggregation.runtime import run_epd
+    from core.techniques.phase_disaggregation import runtime
     from core.techniques.phase_disaggregation.types import PhaseCosts, PoolConfig, Request, Workload
 
     tiny = make_multimodal_model(TINY_LLAVA, root / "epd-tiny")
@@ -224,12 +224,12 @@ def phase_disaggregation(root: Path, co, lc) -> dict:
         return Workload(requests=tuple(Request(id=i, arrival_s=0.0, images=images, tiles_per_image=tiles,
                                                prompt_tokens=prompt, output_tokens=output) for i in range(n)))
 
-    run_epd(co.link, tiny, workload(1, 1, 1, 4, 2), pools)
+    runtime.run_epd(co.link, tiny, workload(1, 1, 1, 4, 2), pools)
     co.unload()
     pids = {d: lc.pid_of(d) for d in pools.devices}
     before = {d: memory_of(p) for d, p in pids.items()}
     work = workload(4, 2, 4, 32, 16)
-    run_epd(co.link, model, work, pools)
+    runtime.run_epd(co.link, model, work, pools)
     after = {d: memory_of(p) for d, p in pids.items()}
     co.unload()
     info = check_multimodal_dir(model)

@@ -3,6 +3,7 @@ a continuous batch that later requests join between steps; and its stage kinds."
 
 from __future__ import annotations
 
+from agents.heap import release_free_pages
 from agents.protocol import AgentState, ErrorReply
 from agents.registry import Handler
 from agents.techniques.phase_disaggregation.kinds import COUPLED_KINDS, KINDS
@@ -68,6 +69,7 @@ def serve_phases(agent, msg, stop) -> None:
                  links=_links_of(agent, loaded)) if make is not None and _batches(msg) else None
     if not isinstance(batch, DecodeBatch):
         agent.post(serve_phase(agent, msg))
+        release_free_pages()  # what the request's activations freed goes back (agents.heap)
         return
     batch.links.begin(msg.run)
     batch.add(msg)
@@ -79,6 +81,7 @@ def serve_phases(agent, msg, stop) -> None:
             else:
                 agent.post(serve_phase(agent, request), to=identity)
         batch.step()
+    release_free_pages()
 
 
 def _answer(agent, msg, reply) -> None:

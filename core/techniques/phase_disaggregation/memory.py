@@ -16,7 +16,8 @@ from __future__ import annotations
 from math import prod
 from pathlib import Path
 
-from core.errors import FormatError
+from core.errors import FormatError, UnsupportedModelError
+from core.models.units import model_spec_from_config
 from core.techniques.phase_disaggregation.types import EpdProblem, PhaseCosts, PhaseWeights, PoolConfig, Workload
 
 MIB = 1 << 20
@@ -26,8 +27,11 @@ ENCODE_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_towe
 
 
 def phase_weights(model_dir: str | Path, bytes_per_weight: int = 4) -> PhaseWeights:
-    """A Llava checkpoint's weights split by phase, from its safetensors headers (no tensor read);
-    ``bytes_per_weight``: the run's dtype (float32: 4)."""
+    """A Llava checkpoint's weights split by phase, from its safetensors headers (no tensor read),
+    and what encoding a tile holds, from its vision config; ``bytes_per_weight``: the run's dtype
+    (float32: 4)."""
+    import json
+
     from safetensors import safe_open
 
     files = [f for f in sorted(Path(model_dir).glob("*.safetensors")) if f.name.startswith("model")]
@@ -42,15 +46,26 @@ def phase_weights(model_dir: str | Path, bytes_per_weight: int = 4) -> PhaseWeig
                     encode += n
                 else:
                     text += n
-    return PhaseWeights(encode_bytes=encode, text_bytes=text)
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        vision = config["vision_config"]
+        positions = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 + 1  # the patches and CLS
+        per_tile = (int(vision["num_hidden_layers"]) + 1) * positions * int(vision["hidden_size"]) * bytes_per_weight
+        units = model_spec_from_config(config["text_config"], "fp32" if bytes_per_weight == 4 else "fp16").units
+    except (OSError, ValueError, KeyError, TypeError, UnsupportedModelError) as err:
+        raise FormatError(str(model_dir), f"config.json has no usable vision or text config ({err}): is it a Llava "
+                                          "model?")
+    return PhaseWeights(encode_bytes=encode, text_bytes=text, encode_bytes_per_tile=per_tile,
+                        prefill_bytes_per_token=max(u.workspace_bytes_per_token for u in units))
 
 
 def device_memory(weights: PhaseWeights, costs: PhaseCosts, workload: Workload, config: PoolConfig) -> dict[str, int]:
     """Bytes each device of ``config`` holds at most serving ``workload``: its phases' weights (the
-    text model once) plus its tokens: an encode device one request's multimodal tokens, a prefill
-    device ``prefill_batch`` requests' multimodal tokens and KV cache, a decode device
-    ``decode_batch`` KV slots of the longest context."""
+    text model once) plus its tokens: an encode device one request's multimodal tokens and its tiles'
+    hidden states (``encode_bytes_per_tile``), a prefill device ``prefill_batch`` requests' multimodal
+    tokens, KV cache and workspace, a decode device ``decode_batch`` KV slots of the longest context."""
     mm = max(costs.mm_tokens(r) for r in workload.requests)
+    tiles = max(r.tiles for r in workload.requests)
     prefill = max(costs.prefill_tokens(r) for r in workload.requests)
     context = max(costs.prefill_tokens(r) + r.output_tokens for r in workload.requests)
     need: dict[str, int] = {}
@@ -58,11 +73,12 @@ def device_memory(weights: PhaseWeights, costs: PhaseCosts, workload: Workload, 
         weights_bytes, tokens = 0, 0
         if device in config.encode:
             weights_bytes += weights.encode_bytes
-            tokens += mm * costs.mm_token_bytes
+            tokens += mm * costs.mm_token_bytes + tiles * weights.encode_bytes_per_tile
         if device in config.prefill or device in config.decode:
             weights_bytes += weights.text_bytes
         if device in config.prefill:
-            tokens += config.prefill_batch * (mm * costs.mm_token_bytes + prefill * costs.kv_token_bytes)
+            tokens += config.prefill_batch * (mm * costs.mm_token_bytes
+                                              + prefill * (costs.kv_token_bytes + weights.prefill_bytes_per_token))
         if device in config.decode:
             tokens += config.decode_batch * context * costs.kv_token_bytes
         need[device] = weights_bytes + tokens

@@ -322,9 +322,16 @@ class PhaseWeights(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """The vision tower and the projector."""
     text_bytes: int
     """The text model with its LM head (prefill and decode agents each hold one)."""
+    encode_bytes_per_tile: int = 0
+    """What encoding one tile holds at once beside the weights: the vision tower's hidden states of
+    every layer (Llava reads its feature layer from them; transformers keeps them all)."""
+    prefill_bytes_per_token: int = 0
+    """What a prefill holds at once per token beside the weights and KV: the text model's largest
+    unit's workspace, as layer sharding's memory model counts it (``core.models.units``)."""
 
     def __post_init__(self) -> None:
-        _require(self.encode_bytes >= 0 and self.text_bytes >= 0, "phase weights must be >= 0 bytes")
+        _require(min(self.encode_bytes, self.text_bytes, self.encode_bytes_per_tile, self.prefill_bytes_per_token) >= 0,
+                 "phase weights must be >= 0 bytes")
 
 
 class EpdProblem(msgspec.Struct, frozen=True, kw_only=True):

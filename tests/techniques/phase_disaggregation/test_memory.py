@@ -17,9 +17,15 @@ WEIGHTS = PhaseWeights(encode_bytes=3 << 20, text_bytes=20 << 20)
 def test_phase_weights_from_the_header_are_what_the_phase_executors_hold(model):
     from agents.techniques.phase_disaggregation.phases import EncodeExecutor, PrefillExecutor
 
+    import torch
+
     weights = phase_weights(model)
-    assert weights.encode_bytes == EncodeExecutor(str(model)).memory_bytes()
+    encode = EncodeExecutor(str(model))
+    assert weights.encode_bytes == encode.memory_bytes()
     assert weights.text_bytes == PrefillExecutor(str(model)).memory_bytes()
+    with torch.inference_mode():  # what one tile's encode keeps: every layer's hidden states
+        out = encode.tower(torch.zeros(1, 3, encode.tile, encode.tile), output_hidden_states=True, return_dict=True)
+    assert weights.encode_bytes_per_tile == sum(h.nbytes for h in out.hidden_states)
 
 
 def test_a_decode_device_holds_the_text_model_and_one_kv_slot_per_sequence_of_its_batch():
