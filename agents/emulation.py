@@ -190,7 +190,7 @@ class DeviceEmulation:
 
 
 class SlowedStage:
-    """A stage executor whose prefill/decode end ``factor`` × their CPU time after they began (``emulated``)."""
+    """A stage executor whose prefill/decode/decode_positions end ``factor`` × their CPU time after they began (``emulated``)."""
 
     def __init__(self, executor, factor: float) -> None:
         self._executor = executor
@@ -206,3 +206,7 @@ class SlowedStage:
     def decode(self, group, x):
         with emulated(self.factor):
             return self._executor.decode(group, x)
+
+    def decode_positions(self, group, x, keep):
+        with emulated(self.factor):
+            return self._executor.decode_positions(group, x, keep)

@@ -77,14 +77,16 @@ from agents.profiling_protocol import (  # noqa: F401
     UnitTimes,
 )
 
-EventKind = Literal["compute", "send", "recv_wait", "io", "failure", "replan", "reload"]
+EventKind = Literal["compute", "send", "recv_wait", "io", "failure", "replan", "reload", "draft", "rollback"]
 """compute: a stage running its units; send: putting an activation (or token ids) on a
 link, ``peer`` is the receiver; recv_wait: a stage idle waiting for its input; io: a stage
 reading weights from its storage, on the lane ``storage_lane(device)`` (``peer`` may say what
 was read and what happened, in the stage kind's own words; a buffer hit or an eviction is a
 zero-length io event). The coordinator adds a recovery's: failure (on the lost
 device's lane, from the last work heard of it to its detection), replan (the re-plan) and
-reload (on each new stage's lane, loading its shard)."""
+reload (on each new stage's lane, loading its shard). Speculative decoding's: draft (the source
+proposing a trip's tokens with its draft model; ``nbytes``: the tokens proposed) and rollback (a
+stage rewinding its KV cache past rejected proposals; ``nbytes``: the positions dropped)."""
 
 
 def storage_lane(device: str) -> str:

@@ -25,6 +25,7 @@ from agents.huge_pages import place_in_huge_pages
 from agents.weight_precision import (
     UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
 )
+from agents.shard_positions import PositionSteps
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -95,7 +96,7 @@ def _reserved_layer_class():
     return ReservedLayer
 
 
-class StageExecutor:
+class StageExecutor(PositionSteps):
     """Holds units ``[start, end)`` of the model in ``model_dir`` and runs them per micro-batch group."""
 
     def __init__(
@@ -467,7 +468,7 @@ class StageExecutor:
         133 µs of CPU with them, 108 without, its head 93; ×8 on the demo's emulated edge-c)."""
         return self.is_first or bool(self._layers)
 
-    def _run(self, state: _GroupState, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, state: _GroupState, x: torch.Tensor, every_position: bool = False) -> torch.Tensor:
         positions = None
         if self._needs_positions:
             new = x.shape[1]
@@ -483,7 +484,7 @@ class StageExecutor:
             hidden = self._run_layers(state, hidden, positions)
         if not self.is_last:
             return self._to_host(hidden)
-        return self._to_host(self._logits(hidden))
+        return self._to_host(self._head(self._norm(hidden)).float() if every_position else self._logits(hidden))
 
     def _to_host(self, out: torch.Tensor) -> torch.Tensor:
         """A GPU stage's output copied into a pinned host buffer (reused per shape) for the wire; a CPU

@@ -2,29 +2,37 @@
 
 The trained demo model (``resources/demo_models/demo-llama``, or ``--model``) on the demo's three
 agents (``gui.demo_cluster``: edge-a 1×, edge-b 1.5×, edge-c 8× slower, their memory budgets, links
-and 2 ms latency), a draft checkpoint sharing its tokenizer (``--draft``; without it, a 1-block draft
-is trained here with the demo's recipe and text for ``--draft-seconds``). For 2 stages (edge-a,
-edge-c) and 3 (edge-a, edge-b, edge-c), per round and prompt, a plain sequential run and a
-speculative one (``--k``) in turn, greedy, ``--tokens`` new tokens each (no stop token: the demo's
-greedy answers end after 6-10 tokens, too few to measure decoding):
+and 2 ms latency), its shipped distilled draft (``resources/demo_models/demo-llama-draft``, or
+``--draft``; ``core.models.draft_distillation``). The cluster is profiled first (compute per unit on
+every agent and every link, as the studio does), and the cost model (``core.planning.speculation``)
+predicts, per plan, plain and speculative tokens/s from that profile and the draft's *stored*
+acceptance rate; ``--k auto`` (the default) takes its choice of k. For 2 stages (edge-a, edge-c) and
+3 (edge-a, edge-b, edge-c), per round and prompt, a plain sequential run and a speculative one in
+turn, greedy, ``--tokens`` new tokens each (no stop token: the demo's greedy answers end after 6-10
+tokens, too few to measure decoding):
 
 - ``tokens_equal``: every speculative run's tokens equal the plain run's and transformers'
   ``generate`` (and ``generate(assistant_model=draft)``) in process;
-- ``acceptance_rate``: the draft's proposals the target accepted (``core.runs.speculative``);
+- ``acceptance_rate``: the draft's proposals the target accepted (``core.runs.speculative``), beside
+  ``stored_acceptance_rate`` (the draft's held-out figure) and ``tokens_per_trip``;
 - ``speedup_over_plain``: {stages: plain run wall time / speculative run wall time}, the median over
-  the runs (same prompts, interleaved); ``tokens_per_trip``;
+  the runs (same prompts, interleaved);
+- ``predicted_over_measured``: {stages: the cost model's predicted speedup (from the profile and the
+  stored acceptance rate: nothing here is fitted to these runs) / the measured speedup};
+  ``predicted_tokens_s_over_measured``: the same for the speculative runs' absolute tokens/s
+  (the profile is taken minutes before the runs on a shared machine: a load change moves it);
+  ``terms``: per plan, the plain runs' predicted/measured tokens/s, the draft's token by proxy and
+  as its ``draft`` events measured it, and E(k) (compare ``tokens_per_trip``);
 - ``hf_assisted_over_plain``: transformers' assisted generation against its own plain ``generate``,
-  in process (the peer; no pipeline, no links);
-- ``predicted_over_measured``: null — the cost model and simulator do not know speculation yet.
+  in process (the peer; no pipeline, no links).
 
-The 1-minute load is read before and after. Usage: python bench/speculative.py [--k 3] [--tokens 32]
-[--rounds 2] [--draft DIR] [--draft-seconds 90]
+The 1-minute load is read before and after. Usage: python bench/speculative.py [--k auto|K]
+[--tokens 32] [--rounds 2] [--draft DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -44,20 +52,11 @@ def load1() -> float:
     return os.getloadavg()[0]
 
 
-def train_draft(out: Path, seconds: float) -> Path:
-    from core.models.demo_models import LLAMA
-    from core.models.training import TrainingSettings, fortune_lines, train_model
-
-    return train_model(dataclasses.replace(LLAMA, layers=1), fortune_lines(), out,
-                       settings=TrainingSettings(max_seconds=seconds, threads=1))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft", default=None)
-    ap.add_argument("--draft-seconds", type=float, default=90.0)
-    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--k", default="auto", help="auto (the cost model's choice per plan) or an integer")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
@@ -66,21 +65,26 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     from core.devices.local_cluster import LocalCluster
+    from core.devices.profiling import profile_cluster
     from core.models.demo_models import shipped
+    from core.models.draft_distillation import stored_acceptance
     from core.planning.plan import plan_from_boundaries
+    from core.planning.problem import PlanningProblem, Workload
+    from core.planning.speculation import choose_k, expected_tokens_per_trip, predicted_run_s
     from core.runs.coordinator import Coordinator
     from core.runs.generation import GenerationSettings, load_plan, load_tokenizer
     from core.runs.run_stream import RunRequest
-    from core.runs.speculative import acceptance_rate, check_draft, speculative_request, trips
+    from core.runs.speculative import acceptance_rate, check_draft, draft_figures, speculative_request, trips
     from gui.demo_cluster import DEMO_DEVICES, DEMO_LINK_LATENCY_MS, demo_emulation, demo_shape
 
     model = Path(args.model) if args.model else shipped("llama")
+    draft = Path(args.draft) if args.draft else shipped("llama-draft")
     work = Path(tempfile.mkdtemp(prefix="bench-speculative-"))
-    draft = Path(args.draft) if args.draft else train_draft(work / "draft", args.draft_seconds)
-    spec = check_draft(model, draft, args.k)
+    check_draft(model, draft, 1)
     tok = load_tokenizer(str(model))
     stops = ()  # no stop token: every run decodes --tokens (the demo's greedy answers end after 6-10)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    config = json.loads((model / "config.json").read_text())
 
     target_hf = AutoModelForCausalLM.from_pretrained(model).eval()
     draft_hf = AutoModelForCausalLM.from_pretrained(draft).eval()
@@ -97,14 +101,31 @@ def main() -> int:
         hf.append(out)
 
     load_before = load1()
-    equal, rates, per_trip, speedup = True, [], [], {}
+    equal, rates, per_trip, speedup, predicted, chosen, absolute = True, [], [], {}, {}, {}, {}
+    terms = {}  # per plan: the prediction's terms beside what the runs measured (which term is off)
     with LocalCluster(work / "cluster", list(DEMO_DEVICES), link_mbit={d: demo_shape(d).link_mbit for d in DEMO_DEVICES},
                       link_latency_ms=DEMO_LINK_LATENCY_MS, emulation=demo_emulation(DEMO_DEVICES, model)) as cluster, \
             Coordinator(cluster.endpoints, cluster.keys) as coord:
+        coord.sync_clocks()
+        profile = profile_cluster(coord, config, model_name=model.name, dtype="fp32", prompt_tokens=8,
+                                  batch_sizes=(1,), repeats=5, threads=1, link_target_s=0.3).profile
+        load_profiled = load1()
+        problem = PlanningProblem(name="speculative", profile=profile, source=DEMO_DEVICES[0],
+                                  workload=Workload(prompt_tokens=round(statistics.mean(map(len, prompts))),
+                                                    generated_tokens=args.tokens))
         for n, (devices, bounds) in PLANS.items():
             plan = plan_from_boundaries(model.name, 8, list(devices), bounds)
+            figures = draft_figures(problem, plan, draft)
+            k = choose_k(problem, plan, figures).k if args.k == "auto" else int(args.k)
+            chosen[f"{n}_stages"] = k
+            if k == 0:
+                speedup[f"{n}_stages"] = None  # the cost model predicts plain decoding faster: nothing to run
+                continue
+            spec = check_draft(model, draft, k)
+            pred_plain = predicted_run_s(problem, plan, figures, 0, args.tokens)
+            pred_spec = predicted_run_s(problem, plan, figures, k, args.tokens)
             load_plan(coord, plan, str(model), GenerationSettings(threads=1))
-            ratios = []
+            ratios, walls, plain_walls, drafted = [], [], [], []
             for _ in range(args.rounds):
                 for ids, ref in zip(prompts, hf):
                     plain = coord.run(plan, RunRequest(input_ids=(tuple(ids),), attention_mask=((1,) * len(ids),),
@@ -113,22 +134,36 @@ def main() -> int:
                     got = list(fast.tokens[0])
                     equal &= got == list(plain.tokens[0]) == ref["plain"][:len(got)] == ref["assisted"][:len(got)]
                     ratios.append(plain.wall_s / fast.wall_s)
-                    rate = acceptance_rate(fast, args.k, args.tokens)
+                    walls.append(fast.wall_s)
+                    plain_walls.append(plain.wall_s)
+                    drafted += [e.duration_s / e.nbytes for e in fast.events if e.kind == "draft" and e.nbytes]
+                    rate = acceptance_rate(fast, k, args.tokens)
                     if rate is not None:
                         rates.append(rate)
                     per_trip.append((len(got) - 1) / max(1, trips(fast)))
-            speedup[f"{n}_stages"] = round(statistics.median(ratios), 3)
+            measured = statistics.median(ratios)
+            speedup[f"{n}_stages"] = round(measured, 3)
+            predicted[f"{n}_stages"] = round((pred_plain / pred_spec) / measured, 3)
+            absolute[f"{n}_stages"] = round(statistics.median(walls) / pred_spec, 3)
+            terms[f"{n}_stages"] = {
+                "plain_predicted_over_measured": round(statistics.median(plain_walls) / pred_plain, 3),
+                "draft_token_ms": {"proxy": round(figures.token_s * 1e3, 3),
+                                   "measured": round(statistics.median(drafted) * 1e3, 3) if drafted else None},
+                "tokens_per_trip_predicted": round(expected_tokens_per_trip(figures.acceptance_rate, k), 3)}
     print(json.dumps({
         "tokens_equal": equal,
         "acceptance_rate": round(statistics.mean(rates), 3) if rates else None,
-        "tokens_per_trip": round(statistics.mean(per_trip), 3),
+        "stored_acceptance_rate": stored_acceptance(draft),
+        "tokens_per_trip": round(statistics.mean(per_trip), 3) if per_trip else None,
         "speedup_over_plain": speedup,
+        "k": chosen, "k_asked": args.k,
+        "predicted_over_measured": predicted,
+        "predicted_tokens_s_over_measured": absolute,
+        "terms": terms,
         "hf_assisted_over_plain": round(statistics.median(p / a for p, a in zip(hf_times["plain"], hf_times["assisted"])), 3),
-        "predicted_over_measured": None,
-        "predicted_over_measured_why": "the cost model and simulator do not model speculation yet",
-        "k": args.k, "tokens": args.tokens, "rounds": args.rounds, "prompts": len(prompts),
+        "tokens": args.tokens, "rounds": args.rounds, "prompts": len(prompts),
         "model": str(model), "draft": str(draft), "cluster": "gui.demo_cluster: edge-a 1x, edge-b 1.5x, edge-c 8x",
-        "load_1min": {"before": round(load_before, 2), "after": round(load1(), 2)},
+        "load_1min": {"before": round(load_before, 2), "profiled": round(load_profiled, 2), "after": round(load1(), 2)},
     }))
     return 0
 

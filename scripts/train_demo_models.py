@@ -1,6 +1,6 @@
 """Train the demo's models and write them to resources/demo_models (fp16 safetensors), one JSON line each.
 
-    python scripts/train_demo_models.py [--only llama,moe,llava,cnn] [--seconds 400]
+    python scripts/train_demo_models.py [--only llama,moe,llava,cnn,llama-draft] [--seconds 400]
 
 The studio's demo ships these (core/models/demo_models.py says why), so a first launch needs no
 training. Needs Debian's ``fortunes`` (the text) and scikit-learn (the digits). Each model trains
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="cnn,llama,moe,llava")
     p.add_argument("--seconds", type=float, default=400.0, help="each language model's training budget")
+    p.add_argument("--draft-layers", type=int, default=2, help="llama-draft's decoder blocks")
     a = p.parse_args(argv)
     os.nice(5)
     lines = fortune_lines()
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
                 demo_models.ship_fp16(train_model(demo_models.LLAMA, lines, Path(tmp) / "m", _Printed(), settings), out)
             elif kind == "moe":
                 demo_models.ship_fp16(demo_models.train_moe(lines, Path(tmp) / "m", _Printed(), settings), out)
+            elif kind == "llama-draft":  # distilled from the shipped demo-llama: train llama first
+                from core.models.draft_distillation import distill_draft
+
+                demo_models.ship_fp16(distill_draft(demo_models.shipped("llama"), lines, Path(tmp) / "m", a.draft_layers,
+                                                    _Printed(), settings), out)
             elif kind == "llava":
                 demo_models.ship_fp16(demo_models.train_llava(lines, Path(tmp) / "m", _Printed(), settings), out)
             else:

@@ -23,6 +23,7 @@ from pathlib import Path
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
 from core.arguments import SEED, THREADS, TOKENS, add_image_arguments, float_in, int_in
 from core.errors import DeployError, FormatError, RunFailed
+from core.runs.speculative import speculate_k
 from core.planning.plan import WEIGHT_PRECISIONS
 
 
@@ -113,8 +114,11 @@ def _register_run(sub) -> None:
                                      "profile (edgeshard.profile) it was planned from; --on-failure replan re-plans "
                                      "with it")
     p.add_argument("--draft", metavar="DIR", help="speculate: a draft checkpoint sharing the model's tokenizer "
-                   "proposes --speculate tokens a trip, the stages verify them at once (greedy, one prompt)")
-    p.add_argument("--speculate", type=int_in(1, 64), default=None, metavar="K", help="with --draft: tokens a trip (default 3)")
+                   "proposes --speculate tokens a trip, the stages verify them at once (one prompt; greedy, or "
+                   "seeded speculative sampling with --temperature)")
+    p.add_argument("--speculate", type=speculate_k, default=None, metavar="K|auto",
+                   help="with --draft: tokens a trip (default 3), or auto: the cost model's k for this plan (or plain "
+                        "decoding) from --problem and the draft's stored acceptance rate")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end: every sequence's token "
                    "ids and text (a CNN plan: every image's class and scores), the figures, the recorded run")
@@ -246,7 +250,8 @@ def cmd_run(args) -> int:
         send_weights=args.send_weights,
     )
     check_run(plan, model_dir, prompts, settings)  # before any agent is started or connected
-    args.speculative = speculative_entrance(model_dir, args.draft, args.speculate, prompts, settings)
+    args.speculative = speculative_entrance(model_dir, args.draft, args.speculate, prompts, settings, plan,
+                                            lambda: _problem_of(args, plan, len(prompts), "--speculate auto"))
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     if agents is not None:
         _check_agents_serve(plan.devices(), agents[0], args.agents)
@@ -361,15 +366,20 @@ def _replanner(args, plan, prompts: int):
     """The exact re-planner of ``--on-failure replan`` (None for ``stop``); checked before any work.
     ``--problem`` is the planning problem the plan was solved for, or the profile it was planned from
     (made into a problem here: the plan's first device holds the prompts, this run's workload)."""
-    from core.cli.planning import load_problems
     from core.techniques import replanner_for
 
     if args.on_failure == "stop":
         return None
+    return replanner_for(plan, _problem_of(args, plan, prompts, "--on-failure replan"), os.path.abspath(args.model))
+
+
+def _problem_of(args, plan, prompts: int, needed_by: str):
+    """``--problem``'s planning problem for ``plan`` (a profile made into one), or a one-line error."""
+    from core.cli.planning import load_problems
+
     if not args.problem:
-        raise FormatError("--on-failure", "replan needs --problem FILE (the planning problem the plan was solved "
-                          "for, or the profile.json it was planned from: the re-plan solves it again without the "
-                          "lost device)")
+        raise FormatError(needed_by, "needs --problem FILE (the planning problem the plan was solved "
+                          "for, or the profile.json it was planned from)")
     problems = load_problems(argparse.Namespace(
         file=args.problem, problem=None, source=plan.stages[0].device if plan.stages else None, prompt_tokens=None,
         generated_tokens=args.max_new_tokens, batch=prompts))
@@ -380,7 +390,7 @@ def _replanner(args, plan, prompts: int):
     if problem.profile.model.name != plan.model:
         raise FormatError(args.problem, f"is for model {problem.profile.model.name!r}, the plan for {plan.model!r}",
                           "profile.model")
-    return replanner_for(plan, problem, os.path.abspath(args.model))
+    return problem
 
 
 def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, sink, reporter, replan=None):

@@ -40,8 +40,9 @@ LLAVA = MultimodalRecipe(layers=4, hidden=96, heads=4, kv_heads=2, intermediate=
                          vision_layers=2, vision_hidden=32, vision_heads=2, tile=32, patch=8, seed=13)
 """A small Llava: a 2-layer CLIP tower on 32-pixel tiles (16 tokens each) and a 4-block Llama."""
 
-NAMES = {"llama": "demo-llama", "moe": "demo-moe", "llava": "demo-llava"}
-"""Folder names under ``SHIPPED_DIR``."""
+NAMES = {"llama": "demo-llama", "moe": "demo-moe", "llava": "demo-llava", "llama-draft": "demo-llama-draft"}
+"""Folder names under ``SHIPPED_DIR``. ``llama-draft``: the quotation Llama's speculative-decoding draft,
+distilled from it (``core.models.draft_distillation``)."""
 
 
 def shipped(kind: str) -> Path:

@@ -1,13 +1,16 @@
-"""Greedy speculative decoding over a loaded layer-sharded plan (the agents' side is
+"""Speculative decoding (greedy, or seeded speculative sampling) over a loaded layer-sharded plan (the agents' side is
 ``agents.techniques.speculative``): the source drafts ``k`` tokens with a small checkpoint that
 shares the target's tokenizer, the stages verify them in one trip and roll their KV caches back to
-what the target accepted. The tokens are plain greedy decoding's; fewer trips carry them.
+what the target accepted. Greedy tokens are plain greedy decoding's; sampled ones are distributed
+as the target's (the speculative-sampling rule, ``agents.techniques.speculative.acceptance``);
+fewer trips carry them.
 
 ``check_draft`` is the entrance's check (before any agent is asked); ``speculative_request`` the
-run request ``Coordinator.run`` takes (one sequence, no padding, greedy)."""
+run request ``Coordinator.run`` takes (one sequence, no padding)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +18,8 @@ from pathlib import Path
 from agents.protocol import SamplingSpec
 from agents.techniques.speculative.messages import MAX_SPECULATE, SpeculativeOptions
 from core.errors import EdgeShardError
+from core.models.draft_distillation import SPECULATION_FILE, stored_acceptance
+from core.planning.speculation import DraftFigures, choose_k, draft_token_s
 from core.runs.run_stream import RunRequest
 
 
@@ -63,22 +68,22 @@ def _tokens(folder: Path) -> dict[str, int] | None:
 
 
 def speculative_request(prompt: list[int] | tuple[int, ...], max_new_tokens: int, settings: SpeculativeSettings, *,
-                        eos_token_ids: tuple[int, ...] = (), pad_token_id: int = 0) -> RunRequest:
-    """The run request of one greedy speculative generation of ``prompt``."""
+                        eos_token_ids: tuple[int, ...] = (), pad_token_id: int = 0,
+                        sampling: SamplingSpec = SamplingSpec()) -> RunRequest:
+    """The run request of one speculative generation of ``prompt`` (greedy, or ``sampling``'s
+    seeded speculative sampling: no repetition penalty or n-gram ban)."""
     if not prompt:
         raise DraftMismatch("a speculative run needs a non-empty prompt")
     return RunRequest(input_ids=(tuple(prompt),), attention_mask=((1,) * len(prompt),), max_new_tokens=max_new_tokens,
                       mode="sequential", eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                      sampling=SamplingSpec(), options=SpeculativeOptions(draft_dir=settings.draft_dir, k=settings.k))
+                      sampling=sampling, options=SpeculativeOptions(draft_dir=settings.draft_dir, k=settings.k))
 
 
 def speculation_problem(prompts, settings) -> str:
-    """Why ``settings`` cannot run speculatively ("" when they can): greedy, one prompt, no penalties
-    (seeded sampling's acceptance rule is not built yet)."""
+    """Why ``settings`` cannot run speculatively ("" when they can): one prompt, sequential, no
+    repetition penalty or n-gram ban (they read each token's history, which a trip's proposals change)."""
     if len(prompts) != 1:
         return f"speculative decoding runs one prompt, got {len(prompts)}"
-    if settings.temperature != 0.0:
-        return "speculative decoding is greedy here: drop --temperature (the sampling acceptance rule is not built)"
     if settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size:
         return "speculative decoding takes no --repetition-penalty or --no-repeat-ngram-size"
     if settings.mode != "sequential" or settings.micro_batches not in (None, 1):
@@ -86,10 +91,38 @@ def speculation_problem(prompts, settings) -> str:
     return ""
 
 
-def speculative_entrance(model_dir: str, draft: str | None, k: int | None, prompts, settings
-                         ) -> SpeculativeSettings | None:
-    """``edgeshard run --draft DIR --speculate K``'s check, before any agent is started: the settings
-    (None without ``--draft``), or a one-line ``DraftMismatch``."""
+def speculate_k(text: str) -> int | str:
+    """``--speculate``'s value: ``auto`` or a k in [1, MAX_SPECULATE]."""
+    if text == "auto":
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= MAX_SPECULATE:
+        raise argparse.ArgumentTypeError(f"must be auto or an integer in [1, {MAX_SPECULATE}], got {text!r}")
+    return k
+
+
+def draft_figures(problem, plan, draft_dir: str | Path) -> DraftFigures:
+    """The cost model's view of a draft: its stored acceptance rate and, by proxy, its token's cost
+    on the plan's source device (``core.planning.speculation.draft_token_s``)."""
+    alpha = stored_acceptance(draft_dir)
+    if alpha is None:
+        raise DraftMismatch(f"{draft_dir} has no measured acceptance rate ({SPECULATION_FILE}): give --speculate K, "
+                            "or a draft made by core.models.draft_distillation")
+    try:
+        layers = int(json.loads((Path(draft_dir) / "config.json").read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DraftMismatch(f"{draft_dir}/config.json: cannot read num_hidden_layers ({err})") from None
+    return DraftFigures(acceptance_rate=alpha, token_s=draft_token_s(problem, plan, layers))
+
+
+def speculative_entrance(model_dir: str, draft: str | None, k: int | str | None, prompts, settings,
+                         plan=None, problem_of=None) -> SpeculativeSettings | None:
+    """``edgeshard run --draft DIR --speculate K|auto``'s check, before any agent is started: the
+    settings (None without ``--draft``, or when ``auto`` finds plain decoding faster), or a one-line
+    ``DraftMismatch``. ``problem_of``: the run's planning problem, asked only for ``auto`` (of ``plan``)."""
     if draft is None:
         if k is not None:
             raise DraftMismatch("--speculate needs --draft DIR (the draft checkpoint that proposes the tokens)")
@@ -97,12 +130,23 @@ def speculative_entrance(model_dir: str, draft: str | None, k: int | None, promp
     problem = speculation_problem(prompts, settings)
     if problem:
         raise DraftMismatch(problem)
-    return check_draft(model_dir, draft, 3 if k is None else k)
+    if k != "auto":
+        return check_draft(model_dir, draft, 3 if k is None else k)
+    check_draft(model_dir, draft, 1)
+    if problem_of is None or plan is None:
+        raise DraftMismatch("--speculate auto needs the plan and its planning problem (--problem)")
+    return auto_settings(problem_of(), plan, model_dir, draft)
+
+
+def auto_settings(problem, plan, model_dir: str, draft: str) -> SpeculativeSettings | None:
+    """``--speculate auto``: the cost model's k for ``plan`` (None: plain decoding is predicted faster)."""
+    choice = choose_k(problem, plan, draft_figures(problem, plan, draft))
+    return None if choice.k == 0 else check_draft(model_dir, draft, choice.k)
 
 
 def generate_speculative(coordinator, plan, model_dir: str, prompt: str, settings, speculative: SpeculativeSettings,
                          *, sink=None, reporter=None):
-    """Load ``plan`` and generate for ``prompt`` greedily with the draft proposing
+    """Load ``plan`` and generate for ``prompt`` (greedy or seeded sampling) with the draft proposing
     ``speculative.k`` tokens a trip: the same tokenization, stop tokens, streamed text and figures as
     ``core.runs.generation.generate`` (the source reads the draft from its own disk)."""
     from core.runs.generation import generate_with, load_plan

@@ -23,7 +23,8 @@ import msgspec
 from agents.protocol import TimelineEvent, TokenEvent
 from core.errors import FormatError, StoreError
 
-LANES: tuple[str, ...] = ("compute", "send", "recv_wait", "io", "tokens", "failure", "replan", "reload")
+LANES: tuple[str, ...] = ("compute", "send", "recv_wait", "io", "tokens", "failure", "replan", "reload", "draft",
+                          "rollback")
 
 CSV_COLUMNS: tuple[str, ...] = ("device", "stage", "kind", "phase", "step", "micro_batch", "start_s", "end_s",
                                 "duration_s", "nbytes", "peer", "clock_uncertainty_s")

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainT
 from agents.protocol import TimelineEvent, TokenEvent
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap
+from gui.techniques import speculative
 from gui.timeline import TimelineView
 from gui.widgets import MetricCard
 
@@ -103,6 +104,7 @@ class RunMonitorView(QWidget):
 
         self.heat_map = ExpertHeatMap()  # shown once a run carries expert activity (expert offloading)
         self.heat_map.setMinimumHeight(110)
+        self.trips_plot = speculative.TokensPerTripPlot()  # shown once a run drafts (speculative decoding)
 
         self.text_edit = QPlainTextEdit()
         self.text_edit.setReadOnly(True)
@@ -121,6 +123,7 @@ class RunMonitorView(QWidget):
         for title, widget, stretch in (("Tokens per second", self.rate_plot, 1),
                                        ("Compute utilisation", self.util_box, 0),
                                        ("Expert buffer (blocks × experts)", self.heat_map, 2),
+                                       (speculative.PLOT_TITLE, self.trips_plot, 1),
                                        ("Generated text", self.text_edit, 2)):
             label = QLabel(title)
             label.setProperty("role", "metricLabel")
@@ -128,7 +131,10 @@ class RunMonitorView(QWidget):
             side_layout.addWidget(widget, stretch)
             if widget is self.heat_map:
                 self.heat_map_label = label
+            if widget is self.trips_plot:
+                self.trips_label = label
         self._show_heat_map(False)
+        self._show_trips(False)
 
         # the side column scrolls rather than setting the monitor's minimum height (~404 px): the
         # Sessions screen stacks its runs list above the replay and leaves it ~300 px at 1024x700;
@@ -173,6 +179,7 @@ class RunMonitorView(QWidget):
         self._set_util_devices(list(lanes))
         self.heat_map.reset()
         self._show_heat_map(False)
+        self._show_trips(False)
         self._dirty = True
         self.refresh()
 
@@ -185,6 +192,8 @@ class RunMonitorView(QWidget):
         self.timeline.append_events(events)
         if self.heat_map.add_events(events) and self.heat_map.isHidden():
             self._show_heat_map(True)
+        if self.trips_plot.isHidden() and speculative.is_speculative(events):
+            self._show_trips(True)
         self._mark_dirty()
 
     def add_token_events(self, tokens: Sequence[TokenEvent]) -> None:
@@ -264,7 +273,16 @@ class RunMonitorView(QWidget):
             bar.setValue(int(round(frac * 1000)))
             bar.setFormat(f"{frac * 100:.0f} %")
             bar.setAccessibleDescription(f"{device}: {frac * 100:.0f} percent busy")
+        if not self.trips_plot.isHidden():
+            self.trips_plot.set_tokens(self.metrics.tokens)
         self._render_text()
+
+    def _show_trips(self, shown: bool) -> None:
+        if shown or not self.trips_plot.isHidden():  # the legend names draft and rollback while they show
+            self.timeline.set_legend_terms(*((speculative.SPECULATIVE_LEGEND_TERMS, speculative.SPECULATIVE_LEGEND_TOOLTIP)
+                                             if shown else (speculative.LEGEND_TERMS, speculative.LEGEND_TOOLTIP)))
+        self.trips_plot.setVisible(shown)
+        self.trips_label.setVisible(shown)
 
     def _show_heat_map(self, shown: bool) -> None:
         self.heat_map.setVisible(shown)
@@ -319,6 +337,7 @@ class RunMonitorView(QWidget):
         base = pal.color(QPalette.ColorRole.Base)
         text = pal.color(QPalette.ColorRole.Text)
         self.rate_plot.setBackground(base)
+        self.trips_plot.apply_palette(base, text)
         for name in ("left", "bottom"):
             axis = self.rate_plot.getAxis(name)
             axis.setPen(pg.mkPen(text))

@@ -22,13 +22,16 @@ from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 
 from agents.protocol import TimelineEvent
 
-KINDS = ("compute", "send", "recv_wait", "io", "failure", "replan", "reload")
+KINDS = ("compute", "send", "recv_wait", "io", "failure", "replan", "reload", "draft", "rollback")
 RECOVERY_COLOURS = {"failure": "#d62728", "replan": "#7f7f7f", "reload": "#17becf"}
 """A recovery's boxes (the whole lane's height), set apart from the micro-batch colours."""
+MARK_COLOURS = {**RECOVERY_COLOURS, "draft": "#9467bd", "rollback": "#e15759"}
+"""Boxes of their own colour: a recovery's, and speculative decoding's (gui.techniques.speculative)."""
 PHASES = ("prefill", "decode")
 EVENT_WHAT = {"compute": "compute", "send": "transfer", "recv_wait": "waiting for input", "io": "storage",
               "failure": "device lost (from its last work to its detection)", "replan": "re-planning over the survivors",
-              "reload": "loading the re-planned shard"}
+              "reload": "loading the re-planned shard", "draft": "the draft proposing a trip's tokens",
+              "rollback": "KV cache rolled back past rejected proposals"}
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 PHASE_CODE = {p: i for i, p in enumerate(PHASES)}
 
@@ -41,7 +44,7 @@ MICRO_BATCH_COLOURS = (
 
 # Vertical bands inside a lane of height 1 (lane i spans [i, i+1), y grows downwards).
 BANDS = {0: (0.10, 0.62), 1: (0.66, 0.90), 2: (0.10, 0.62), 3: (0.10, 0.62), 4: (0.04, 0.96), 5: (0.04, 0.96),
-         6: (0.04, 0.96)}
+         6: (0.04, 0.96), 7: (0.10, 0.62), 8: (0.04, 0.96)}
 
 BOX_DTYPE = np.dtype([("lane", "i4"), ("stage", "i4"), ("kind", "i1"), ("phase", "i1"), ("micro_batch", "i4"),
                       ("step", "i4"), ("start_s", "f8"), ("end_s", "f8"), ("nbytes", "i8")])
@@ -282,8 +285,8 @@ class TimelineBoxesItem(pg.GraphicsObject):
             colour = QColor(MICRO_BATCH_COLOURS[colour_idx])
             if kind == KIND_CODE["recv_wait"]:
                 colour = QColor(128, 128, 128, 25 if self.ghost else 55)
-            elif KINDS[kind] in RECOVERY_COLOURS:
-                colour = QColor(RECOVERY_COLOURS[KINDS[kind]])
+            elif KINDS[kind] in MARK_COLOURS:
+                colour = QColor(MARK_COLOURS[KINDS[kind]])
                 colour.setAlpha(170)
             elif self.ghost:
                 colour.setAlpha(45)

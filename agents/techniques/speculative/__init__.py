@@ -2,8 +2,8 @@
 
 The source drafts ``k`` tokens with a small model sharing the target's tokenizer; the stages verify
 them in one trip (each rewinds its KV cache to the committed length first) and the target's own
-greedy tokens decide what is kept. ``messages``: its wire; ``verify``: a stage's multi-position step
-with the rollback; ``session``: the run. Registered as ``TECHNIQUE`` by ``agents.techniques``."""
+greedy tokens decide what is kept. ``messages``: its wire; ``session``: the run (a stage's verify is
+``agents.shard.StageExecutor.decode_positions``: a rewind, then several positions at once). Registered as ``TECHNIQUE`` by ``agents.techniques``."""
 
 from __future__ import annotations
 

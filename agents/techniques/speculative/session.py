@@ -1,4 +1,4 @@
-"""A greedy speculative run over the layer-sharding stages.
+"""A speculative run over the layer-sharding stages, greedy or sampled.
 
 The source holds the prompt and the draft model. Per trip it proposes ``k`` tokens with the draft
 (greedy), sends the last committed token and the proposals through the stages in one frame
@@ -6,7 +6,9 @@ The source holds the prompt and the draft model. Per trip it proposes ``k`` toke
 tokens leaves no trace), and the last stage sends back its greedy token after every position
 (``VERDICT``). The source accepts the longest run of proposals the target agrees with and takes the
 target's next token as the bonus, so every trip commits 1..k+1 tokens, each one the target's own
-greedy choice: the tokens are plain greedy decoding's by construction."""
+greedy choice: the tokens are plain greedy decoding's by construction. Sampled (temperature > 0):
+the draft draws its proposals, the last stage returns every position's logits, and the source
+applies the speculative-sampling rule (``acceptance``), seeded per trip."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import torch
 
 from agents.protocol import DataHeader, TokensProduced
 from agents.envelope import options_of, options_slot
+from agents.techniques.speculative.acceptance import accept, distribution, draw, trip_generator
 from agents.techniques.speculative.messages import VERDICT, VERIFY, SpeculativeOptions, VerifyFrame
-from agents.techniques.speculative.verify import verify
 from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
 
 ROOM = "speculative"
@@ -37,15 +39,17 @@ def draft_model(agent, draft_dir: str):
 
 
 class Draft:
-    """The draft's greedy proposals, its own KV cache kept over the tokens both models agreed on."""
+    """The draft's proposals (greedy, or drawn from its distribution with the trip's generator),
+    its own KV cache kept over the tokens both models agreed on."""
 
-    def __init__(self, model) -> None:
-        self.model, self.cache, self.seen = model, None, []
+    def __init__(self, model, sampling=None) -> None:
+        self.model, self.cache, self.seen, self.sampling = model, None, [], sampling
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int) -> list[int]:
+    def propose(self, context: list[int], k: int, generator=None) -> tuple[list[int], torch.Tensor | None]:
+        """``k`` proposals after ``context`` and, when sampling, the draft's distributions [k, V] they were drawn from."""
         if k == 0:
-            return []
+            return [], None
         common = 0
         for a, b in zip(self.seen, context):
             if a != b:
@@ -58,13 +62,18 @@ class Draft:
             self.cache = DynamicCache()
         elif self.cache.get_seq_length() > common:
             self.cache.crop(common - self.cache.get_seq_length())
-        feed, drafts = context[common:], []
+        feed, drafts, rows = context[common:], [], []
         for _ in range(k):
-            logits = self.model(input_ids=torch.tensor([feed]), past_key_values=self.cache, use_cache=True).logits
-            feed = [int(logits[0, -1].argmax())]
+            logits = self.model(input_ids=torch.tensor([feed]), past_key_values=self.cache, use_cache=True).logits[0, -1]
+            if self.sampling is None:
+                feed = [int(logits.argmax())]
+            else:
+                s = self.sampling
+                rows.append(distribution(logits[None], s.temperature, s.top_k, s.top_p)[0])
+                feed = [draw(rows[-1], generator)]
             drafts.append(feed[0])
         self.seen = context + drafts[:-1]
-        return drafts
+        return drafts, (torch.stack(rows) if rows else None)
 
 
 class SpeculativeStageRun:
@@ -78,6 +87,11 @@ class SpeculativeStageRun:
         self.is_first, self.is_last = self.stage == 0, self.stage == self.n_stages - 1
         self.trips = 0
         self.accepted = 0
+        self.cached = 0
+        """Positions in this stage's KV cache after its last trip."""
+        self.sampling = msg.sampling if msg.sampling.temperature > 0 else None
+        """None: greedy (the last stage returns its argmax per position); else the last stage
+        returns every position's logits and the source applies ``acceptance.accept``."""
 
     # ------------------------------------------------------------------ every stage
     def serve(self) -> None:
@@ -99,9 +113,14 @@ class SpeculativeStageRun:
         on a one-stage plan the tokens themselves."""
         phase = "prefill" if mask is not None else "decode"
         t0 = self.agent.clock()
-        out = self.ex.prefill(GROUP, x, mask) if mask is not None else verify(self.ex, GROUP, x, keep)
+        if mask is None and keep < self.cached:  # proposals rejected last trip: the rewind drops them
+            self.ex.rewind(GROUP, keep)
+            self.agent._event("rollback", phase, step, GROUP, t0, self.agent.clock(), self.cached - keep)
+            t0 = self.agent.clock()
+        out = self.ex.prefill(GROUP, x, mask) if mask is not None else self.ex.decode_positions(GROUP, x, keep)
+        self.cached = keep + x.shape[1]
         if self.is_last:
-            out = out.argmax(-1).to(torch.int64).reshape(1, -1)
+            out = out.argmax(-1).to(torch.int64).reshape(1, -1) if self.sampling is None else out.reshape(-1, out.shape[-1])
         self.agent._event("compute", phase, step, GROUP, t0, self.agent.clock())
         if self.n_stages == 1:
             return out
@@ -120,8 +139,9 @@ class SpeculativeStageRun:
         return None
 
     # ------------------------------------------------------------------ the source
-    def _trip(self, step: int, x: torch.Tensor, keep: int, mask=None) -> list[int]:
-        """One trip through every stage: the target's greedy token after each position of ``x``."""
+    def _trip(self, step: int, x: torch.Tensor, keep: int, mask=None) -> torch.Tensor:
+        """One trip through every stage: the target's greedy token after each position of ``x``
+        (int64 [n]), or when sampling its logits there ([n, V])."""
         got = self._through(step, x, keep, mask)
         while got is None:
             if self.stop.is_set():
@@ -133,7 +153,7 @@ class SpeculativeStageRun:
             if header.run_id == self.msg.run_id and header.kind == VERDICT and header.step == step:
                 got = tensor_from_frame(header.tensors[0], bufs[0])
         self.agent._wake_for_outbox()
-        return [int(t) for t in got.reshape(-1).tolist()]
+        return got.reshape(-1) if self.sampling is None else got.reshape(-1, got.shape[-1])
 
     def generate(self) -> tuple[tuple[int, ...], ...]:
         msg = self.msg
@@ -142,12 +162,14 @@ class SpeculativeStageRun:
         prompt = list(msg.input_ids[0])
         if not all(msg.attention_mask[0]):
             raise ValueError("a speculative run's prompt carries no padding")
-        draft = Draft(draft_model(self.agent, self.options.draft_dir))
-        eos, budget, k = set(msg.eos_token_ids), msg.max_new_tokens, self.options.k
+        draft = Draft(draft_model(self.agent, self.options.draft_dir), self.sampling)
+        eos, budget, k, s = set(msg.eos_token_ids), msg.max_new_tokens, self.options.k, self.sampling
         ids = torch.tensor([prompt], dtype=torch.int64)
         out: list[int] = []
         step = 0
-        new = self._trip(step, ids, 0, torch.ones_like(ids))[-1:]
+        first = self._trip(step, ids, 0, torch.ones_like(ids))[-1:]
+        new = [int(first[0])] if s is None else [draw(distribution(first, s.temperature, s.top_k, s.top_p)[0],
+                                                      trip_generator(s.seed, 0))]
         while True:
             arrived = self.agent.clock()  # a trip's tokens arrive together: one time (how trips are told apart)
             for token in new:  # committed: stop at EOS or the budget
@@ -157,15 +179,23 @@ class SpeculativeStageRun:
                 if token in eos or len(out) >= budget:
                     return (tuple(out),)
             step += 1
-            proposals = draft.propose(prompt + out, min(k, budget - len(out) - 1))
+            generator = None if s is None else trip_generator(s.seed, step)
+            t0 = self.agent.clock()
+            proposals, q = draft.propose(prompt + out, min(k, budget - len(out) - 1), generator)
+            self.agent._event("draft", "decode", step, GROUP, t0, self.agent.clock(), len(proposals))
             verdict = self._trip(step, torch.tensor([[out[-1], *proposals]], dtype=torch.int64),
                                  len(prompt) + len(out) - 1)
-            agreed = 0
-            while agreed < len(proposals) and proposals[agreed] == verdict[agreed]:
-                agreed += 1
+            if s is None:
+                agreed = 0
+                while agreed < len(proposals) and proposals[agreed] == int(verdict[agreed]):
+                    agreed += 1
+                new = proposals[:agreed] + [int(verdict[agreed])]
+            else:
+                p = distribution(verdict, s.temperature, s.top_k, s.top_p)
+                new = accept(p, q if q is not None else p[:0], proposals, generator)
+                agreed = len(new) - 1
             self.trips += 1
             self.accepted += agreed
-            new = proposals[:agreed] + [verdict[agreed]]
 
 
 def drive(agent, loaded, msg, stop):

@@ -33,9 +33,11 @@ def files(tmp_path_factory):
     (["--draft", "{other}"], "vocabulary of 1024 tokens, the target 512"),
     (["--draft", "{target}", "--speculate", "0"], "--speculate"),
     (["--speculate", "2"], "--speculate needs --draft DIR"),
-    (["--draft", "{target}", "--temperature", "0.7"], "speculative decoding is greedy here"),
+    (["--draft", "{target}", "--repetition-penalty", "1.2"], "takes no --repetition-penalty"),
+    (["--draft", "{target}", "--speculate", "auto"], "--speculate auto: invalid: needs --problem"),
+    (["--draft", "{target}", "--speculate", "two"], "must be auto or an integer"),
     (["--draft", "{target}", "--prompt", "two"], "speculative decoding runs one prompt, got 2"),
-], ids=["another-vocabulary", "k-zero", "no-draft", "sampling", "two-prompts"])
+], ids=["another-vocabulary", "k-zero", "no-draft", "penalty", "auto-without-problem", "k-word", "two-prompts"])
 def test_a_speculative_run_it_cannot_do_is_refused_in_one_line_before_any_agent(files, extra, message):
     target, other, plan = files
     args = [a.format(target=target, other=other) for a in extra]

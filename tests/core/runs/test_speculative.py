@@ -68,8 +68,12 @@ def test_speculative_greedy_tokens_equal_plain_decoding_and_transformers(loaded,
     rate = acceptance_rate(result, k, NEW)
     if which == "accepted-draft":
         assert rate == 1.0 and trips(result) == -(-(NEW - 1) // (k + 1))  # k+1 tokens a trip
-    else:
+    else:  # rejected proposals were rolled back on every stage's agent, and the tokens still equal plain's
         assert rate is not None and rate < 1.0
+        rolled = {e.device for e in result.events if e.kind == "rollback" and e.nbytes > 0}
+        assert rolled == {s.device for s in plan.stages}
+    drafts = [e for e in result.events if e.kind == "draft"]
+    assert len(drafts) == trips(result) and {e.device for e in drafts} == {plan.stages[0].device}
 
 
 def test_a_draft_of_another_vocabulary_tokenizer_or_a_bad_k_is_refused_at_the_entrance(models, tmp_path):
@@ -95,3 +99,69 @@ def test_a_draft_of_another_vocabulary_tokenizer_or_a_bad_k_is_refused_at_the_en
         check_draft(models[1], models[2], 0)
     with pytest.raises(DraftMismatch, match="no config.json"):
         check_draft(models[1], tmp_path, 3)
+
+
+TEMPERATURE = 1.0
+
+
+def reference_speculative_sampling(target, draft, prompt, k, new, seed):
+    """Speculative sampling as the paper writes it (Leviathan et al. 2023, algorithm 1), in process
+    over transformers' full forwards, with the run's draws: per trip ``step_generator(seed, 0, trip)``
+    gives the draft's k draws, then per proposal one uniform, then at most one token."""
+    from agents.sampling import step_generator
+
+    def probs(model, ids):
+        return torch.softmax(model(input_ids=torch.tensor([ids])).logits[0].float() / TEMPERATURE, -1)
+
+    with torch.inference_mode():
+        out = [int(torch.multinomial(probs(target, prompt)[-1], 1, generator=step_generator(seed, 0, 0)))]
+        trip = 0
+        while len(out) < new:
+            trip += 1
+            gen = step_generator(seed, 0, trip)
+            xs, qs = [], []
+            for _ in range(min(k, new - len(out) - 1)):
+                q = probs(draft, [*prompt, *out, *xs])[-1]
+                xs.append(int(torch.multinomial(q, 1, generator=gen)))
+                qs.append(q)
+            p = probs(target, [*prompt, *out, *xs])[len(prompt) + len(out) - 1:]
+            for i, x in enumerate(xs):
+                if float(torch.rand((), generator=gen)) < min(1.0, float(p[i, x] / qs[i][x])):
+                    out.append(x)
+                    continue
+                residual = torch.clamp(p[i] - qs[i], min=0)
+                out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=gen)))
+                break
+            else:
+                out.append(int(torch.multinomial(p[len(xs)], 1, generator=gen)))
+    return out[:new]
+
+
+@pytest.fixture(scope="module")
+def sampled(cluster, models):
+    """Seeded speculative sampling on 3 stages: two runs of seed 11, one of seed 12."""
+    from agents.protocol import SamplingSpec
+
+    plan = plan_from_boundaries("target", 6, DEVICES, BOUNDS[3])
+    load_plan(cluster, plan, models[1], GenerationSettings(threads=1))
+    spec = check_draft(models[1], models[2], 3)
+    runs = {}
+    for name, seed in (("first", 11), ("again", 11), ("other", 12)):
+        runs[name] = cluster.run(plan, speculative_request(PROMPT, NEW, spec, sampling=SamplingSpec(
+            temperature=TEMPERATURE, seed=seed)))
+    return runs
+
+
+def test_seeded_speculative_sampling_over_agents_is_reproducible(sampled):
+    assert list(sampled["first"].tokens[0]) == list(sampled["again"].tokens[0])
+    assert list(sampled["first"].tokens[0]) != list(sampled["other"].tokens[0])
+    assert len(sampled["first"].tokens[0]) == NEW
+
+
+def test_speculative_sampling_over_agents_draws_what_the_papers_rule_draws_in_process(sampled, models):
+    from transformers import AutoModelForCausalLM
+
+    target, draft = (AutoModelForCausalLM.from_pretrained(d).eval() for d in models[1:])
+    assert list(sampled["first"].tokens[0]) == reference_speculative_sampling(target, draft, list(PROMPT), 3, NEW, 11)
+    assert list(sampled["other"].tokens[0]) == reference_speculative_sampling(target, draft, list(PROMPT), 3, NEW, 12)
+    assert 1 < trips(sampled["first"]) < NEW - 1  # proposals were both accepted and rejected on the way
