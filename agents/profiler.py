@@ -58,7 +58,6 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.accelerators import CUDA, CudaBackend, canonical
-from agents.weight_precision import check_quantizable, held_bytes, quantize_block
 from agents.cold_profiling import (
     CacheEvictor,
     MemoryFigures,
@@ -82,6 +81,7 @@ from agents.protocol import (
     LinkResult,
     UnitTimes,
 )
+from agents.weight_precision import check_quantizable, held_bytes, quantize_block
 
 
 def _model_bytes(hf_config, dtype) -> int:
@@ -348,9 +348,9 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     other agents (``DeviceEmulation.shares_host``), so a unit the cache would hold is timed
     after the cache was overwritten (``CacheEvictor``), as a run finds it (module docstring);
     ``memory``: what bounds the memory profiling may add for that (None: this process's, read
-    now; agents/cold_profiling.py); ``accelerators``: the GPUs ``opts.device`` may name, where units are
-built, synchronised, timed (their clock) and whose free memory is the budget (agents.accelerators). The
-result's ``cache_timing`` says how the units were timed."""
+    now; agents/cold_profiling.py); ``accelerators``: the GPUs ``opts.device`` may name, where units
+    are built, synchronised, timed (their clock) and whose free memory is the budget
+    (agents.accelerators). The result's ``cache_timing`` says how the units were timed."""
     import torch
 
     t_start = time.perf_counter()
