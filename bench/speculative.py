@@ -124,6 +124,8 @@ def main() -> int:
         # its draft events' time per proposed token (the proxy from the profile is kept beside it)
         calibration_plan = plan_from_boundaries(model.name, 8, list(PLANS[3][0]), PLANS[3][1])
         load_plan(coord, calibration_plan, str(model), GenerationSettings(threads=1))
+        coord.run(calibration_plan, speculative_request(  # warm: the source loads the draft, its first calls
+            tok(CALIBRATION_PROMPT)["input_ids"], 8, check_draft(model, draft, 3), eos_token_ids=stops))
         calibration = coord.run(calibration_plan, speculative_request(
             tok(CALIBRATION_PROMPT)["input_ids"], args.tokens, check_draft(model, draft, 3), eos_token_ids=stops))
         drafted_s = statistics.median(e.duration_s / e.nbytes for e in calibration.events if e.kind == "draft" and e.nbytes)
