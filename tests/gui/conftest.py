@@ -1,12 +1,39 @@
-"""Fixtures shared by the main-window tests."""
+"""Fixtures of the GUI tests: each test's closed windows deleted when it ends, isolated settings, a window."""
 
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings
+import shiboken6
+from PySide6.QtCore import QEvent, QObject, QSettings
+from PySide6.QtWidgets import QApplication
 
 from gui import app as studio_app
 from gui.main_window import MainWindow
+from tests.gui.widget_lifetimes import (LEFT_OVER_WIDGETS, OWNED_BY_THE_TEST, collect_garbage, recording_init,
+                                        release_connections)
+
+
+@pytest.fixture(autouse=True)
+def _closed_widgets_deleted(monkeypatch):
+    """Delete each test's closed widgets when it ends. ``create_app()`` (called by every window's
+    test) restyles every widget alive, and nothing a test closed was deleted: pytest-qt's
+    ``deleteLater`` waits for an event loop that never runs at the top level, and the objects of
+    OWNED_BY_THE_TEST kept theirs reachable. Every later test re-polished them all (seconds a test
+    by the end of tests/gui, growing with the number of tests before it)."""
+    made: list[QObject] = []
+    for cls in OWNED_BY_THE_TEST:
+        monkeypatch.setattr(cls, "__init__", recording_init(cls.__init__, made))
+    yield
+    app = QApplication.instance()
+    if app is None:
+        return
+    for obj in made:
+        if shiboken6.isValid(obj) and obj.parent() is None:
+            release_connections(obj)
+    made.clear()
+    QApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+    if len(app.allWidgets()) > LEFT_OVER_WIDGETS:
+        collect_garbage()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from gui import app as studio_app
 from gui.main_window import MainWindow
+from tests.gui.widget_lifetimes import free_window
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,7 @@ def tour(tmp_path_factory):
     finally:
         window.close()
         demo.stop()
+        free_window(window, demo)
 
 
 def _wait(signal, action, timeout_ms: int = WAIT_MS) -> None:
