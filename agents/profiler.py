@@ -81,6 +81,7 @@ from agents.protocol import (
     LinkResult,
     UnitTimes,
 )
+from agents.weight_precision import check_quantizable, held_bytes, quantize_block
 
 
 def _model_bytes(hf_config, dtype) -> int:
@@ -132,7 +133,7 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], N
 class _UnitBench:
     """One unit built alone with random weights, and the calls to time it."""
 
-    def __init__(self, hf_config, unit: int, dtype, seed: int, device="cpu"):
+    def __init__(self, hf_config, unit: int, dtype, seed: int, device="cpu", weights: str = "fp"):
         import torch
         from torch import nn
         from transformers import AutoModelForCausalLM
@@ -185,7 +186,9 @@ class _UnitBench:
         self._decode_masks = None  # agents.shard.DecodeMasks, as StageExecutor builds them
         if self.kind == "block" and hasattr(base, "rotary_emb"):
             self.rotary = type(base.rotary_emb)(config=cfg).to(device)
-        self.param_bytes = sum(p.numel() * p.element_size() for m in self.modules.values() for p in m.parameters())
+        if self.kind == "block":  # its Linears as a stage at that precision holds them
+            quantize_block(self.modules["layer"], weights)
+        self.param_bytes = sum(held_bytes(p) for m in self.modules.values() for p in m.parameters())
         del skeleton, base
 
     def _hidden(self, b: int, t: int):
@@ -345,9 +348,9 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
     other agents (``DeviceEmulation.shares_host``), so a unit the cache would hold is timed
     after the cache was overwritten (``CacheEvictor``), as a run finds it (module docstring);
     ``memory``: what bounds the memory profiling may add for that (None: this process's, read
-    now; agents/cold_profiling.py); ``accelerators``: the GPUs ``opts.device`` may name, where units are
-built, synchronised, timed (their clock) and whose free memory is the budget (agents.accelerators). The
-result's ``cache_timing`` says how the units were timed."""
+    now; agents/cold_profiling.py); ``accelerators``: the GPUs ``opts.device`` may name, where units
+    are built, synchronised, timed (their clock) and whose free memory is the budget
+    (agents.accelerators). The result's ``cache_timing`` says how the units were timed."""
     import torch
 
     t_start = time.perf_counter()
@@ -366,6 +369,7 @@ result's ``cache_timing`` says how the units were timed."""
     if bad:
         raise ValueError(f"units {bad} outside [0, {num_units})")
     context = opts.context_tokens or opts.prompt_tokens
+    check_quantizable(str(getattr(cfg, "model_type", "")), opts.weights)  # before any unit is built
     if not (opts.device == "cpu" or opts.device.startswith("cuda")):
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {opts.device!r}")
     on_gpu = opts.device != "cpu"
@@ -393,7 +397,7 @@ result's ``cache_timing`` says how the units were timed."""
     placed = tdev if tdev.type != "cpu" else contextlib.nullcontext()
     with torch.inference_mode(), placed:
         for i, u in enumerate(units):
-            bench = _UnitBench(cfg, u, dtype, opts.seed, tdev)
+            bench = _UnitBench(cfg, u, dtype, opts.seed, tdev, opts.weights)
             # the unit's weights out of the cache at each timed call, as in a run (module docstring)
             # (not the embedding: a step reads only its tokens' rows, never the whole table)
             plan = unit_cold(bench.param_bytes, model_bytes, cache_bytes, room, evictor=evictor_size,
@@ -402,7 +406,8 @@ result's ``cache_timing`` says how the units were timed."""
                 plan = plan._replace(copies=1, evict=evictor is not None, warm="")
             else:
                 warm_reasons.append(plan.warm)
-            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev) for _ in range(plan.copies - 1)]
+            benches = [bench] + [_UnitBench(cfg, u, dtype, opts.seed, tdev, opts.weights)
+                                 for _ in range(plan.copies - 1)]
             warmup = max(opts.warmup, len(benches))  # every copy's first call is a warm-up
             # copies already find their weights evicted; a unit timed alone on a shared host does once the cache is overwritten
             cold = evictor if plan.evict else None

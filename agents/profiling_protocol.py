@@ -56,7 +56,10 @@ class ComputeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     seed: int = 0
     device: str = "cpu"
     """Where the agent's runtime computes ("cpu", or "cuda[:N]" on a GPU device); timing and
-    the memory budget follow it (the stage executor runs on the CPU today)."""
+    the memory budget follow it, as a stage placed there computes (``LoadShard.torch_device``)."""
+    weights: str = "fp"
+    """The decoder blocks' weight precision (fp, int8, int4: agents.weight_precision), quantized as a
+    stage at that precision holds them before they are timed."""
 
 
 class ConvSweepOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,

@@ -10,6 +10,9 @@
   blocks-only ratio, ``blocks_bytes_over_fp32``: the embedding and head stay fp32);
 - ``decode_tokens_s_over_fp32``: one process, one whole-model stage per precision, decode steps
   interleaved round by round (load stated: a 2-core shared host);
+- ``mixed_plan``: a plan mixing int8 (first half of the blocks) and int4 (second half), its own held-out
+  perplexity (torchao's in-process model of that mix) beside the worst precision's rise, the bound a
+  planner checks a mixed plan against;
 - ``agent_rss_mib``: each agent's RSS after loading its stage at each precision;
 - ``four_bit_only_plan_ran``: 2 local agents with an emulated memory budget between the int4 and
   int8 stage sizes: the fp32 and int8 plans are refused at load (``ShardOverBudget``), the int4 plan
@@ -71,13 +74,39 @@ def hf_greedy(model_dir: str, weights: str, enc, max_new: int) -> list[list[int]
     return rows
 
 
-def perplexity(model_dir: str, weights: str, lines: list[str]) -> float:
+def mixed_hf_model(model_dir: str, split: int):
+    """torchao's in-process model of a plan mixing precisions: blocks [0, split) int8, the rest int4 (what
+    two agents' stages at those precisions compute: their tokens equal it, tests/core/runs)."""
+    import transformers
+    from torchao.quantization import quantize_
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for i, layer in enumerate(model.model.layers):
+        quantize_(layer, reference_configs()["int8" if i < split else "int4"])
+    return model
+
+
+def mixed_plan_perplexity(model_dir: str, lines: list[str], single: dict) -> dict:
+    """A plan mixing int8 (first half of the blocks) and int4 (second half): its own perplexity beside the
+    bound the planner checks it against (each precision's whole-model rise; the mix's is assumed no worse
+    than its worst precision's, docs/model-shards.md)."""
+    layers = int(json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"])
+    split = layers // 2
+    mixed = perplexity(model_dir, "mixed", lines, model=mixed_hf_model(model_dir, split))
+    rise = {w: single[w] / single["fp32"] - 1 for w in PRECISIONS}
+    own = mixed / single["fp32"] - 1
+    return {"plan": f"blocks 1-{split} int8, {split + 1}-{layers} int4", "perplexity": round(mixed, 3),
+            "rise_over_fp32": round(own, 6), "worst_precision_rise_over_fp32": round(max(rise.values()), 6),
+            "within_worst_precision_bound": own <= max(rise.values()) + 1e-12}
+
+
+def perplexity(model_dir: str, weights: str, lines: list[str], model=None) -> float:
     import torch
 
     from core.runs.generation import load_tokenizer
 
     tok = load_tokenizer(model_dir)
-    model = hf_model(model_dir, weights)
+    model = model if model is not None else hf_model(model_dir, weights)
     nll, count = 0.0, 0
     with torch.inference_mode():
         for line in lines:
@@ -270,6 +299,7 @@ def main() -> int:
         result["perplexity"] = {("fp32" if w == "fp" else w): round(perplexity(model_dir, w, lines), 3)
                                 for w in ("fp", *PRECISIONS)}
         result["perplexity_text"] = f"{corpus}, {len(lines)} lines"
+        result["mixed_plan"] = mixed_plan_perplexity(model_dir, lines, result["perplexity"])
         result.update(stage_bytes(model_dir))
         result.update(decode_speed(model_dir, args.decode_tokens, args.rounds))
         result["int8_kernel_paths"] = int8_kernel_paths()
@@ -280,6 +310,7 @@ def main() -> int:
         figures["perplexity"] = {("fp32" if w == "fp" else w): round(perplexity(large, w, lines[:50]), 3)
                                  for w in ("fp", *PRECISIONS)}
         figures["perplexity_text"] = f"{corpus}, {min(50, len(lines))} lines"
+        figures["mixed_plan"] = mixed_plan_perplexity(large, lines[:50], figures["perplexity"])
         if args.large_only:
             result.update({"model": "large-llama (generated)", **figures})
         else:

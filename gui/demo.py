@@ -65,21 +65,19 @@ showed one box at a time, the pipeline never full)."""
 DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run", "Start"))
 """The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
 
-def warm_run_path(model_dir: str = "") -> threading.Thread:
+def warm_run_path(model_dir: str) -> threading.Thread:
     """Import what a run needs in the studio (transformers, torch: the tokenizer) and read the
-    model's tokenizer (``model_dir``; none: the imports only), on a daemon thread, while the agents
-    start or the presenter profiles: done on the first Start it cost 10-15 s before anything was
-    loaded (load 12-14, bench/demo_startup.py ``--run``). The GUI thread keeps the GIL every few ms
-    meanwhile (p99 tick 28 ms at load 12); a run started before it ends waits on the same import
-    lock, never imports twice."""
+    model's tokenizer, on a daemon thread, from the moment the demo is ready (while the presenter
+    profiles): done on the first Start it cost 10-15 s before anything was loaded (load 12-14,
+    bench/demo_startup.py ``--run``). Not earlier: started once the window was painted it competed
+    with the agents' start (ready 9.2 -> 13.7 s, window 2.7 -> 4.2 s at load 10-13). The GUI thread
+    keeps the GIL every few ms meanwhile (p99 tick 28 ms at load 12); a run started before it ends
+    waits on the same import lock, never imports twice."""
     def warm() -> None:
         from core.runs.generation import load_tokenizer
 
         try:
-            if model_dir:
-                load_tokenizer(model_dir)
-            else:
-                from transformers import AutoTokenizer  # noqa: F401
+            load_tokenizer(model_dir)
         except Exception:  # noqa: BLE001 — only a warm-up: the run says what is wrong with the model
             pass
 
@@ -148,9 +146,6 @@ class DemoSession(QObject):
         self.window = window
         if self._ready or self.error:
             return
-        from PySide6.QtCore import QTimer
-
-        QTimer.singleShot(0, warm_run_path)  # once the window is painted: the studio's core is free until ready
         window.screens.devices.upsert_many([DeviceRecord(id=device, address="127.0.0.1", ssh=False, status="starting",
                                                          origin="local cluster", detail="demo agent starting")
                                             for device in self.devices])

@@ -346,6 +346,9 @@ def _register_profile(sub) -> None:
     p.add_argument("--headroom-mib", type=int_in(0, 1 << 30), default=512, help="memory each device keeps free")
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads on the devices (0: default)")
     p.add_argument("--no-network", action="store_true", help="skip the link measurements")
+    p.add_argument("--no-gpu", action="store_true", help="time units on each agent's CPU only, not on its GPU")
+    p.add_argument("--weight-times", default="", metavar="int8,int4",
+                   help="also time each device's decoder block at these weight precisions (its own ratio over fp)")
     p.add_argument("--link-seconds", type=float_in(0, 600, lo_open=True), default=1.0, help="duration of each bandwidth probe")
     p.set_defaults(func=_profile)
 
@@ -354,7 +357,7 @@ def _profile(args) -> int:
     from core.runs.coordinator import Coordinator
     from core.errors import FormatError
     from core.devices.local_cluster import load_agents_file
-    from core.devices.profiling import profile_cluster
+    from core.devices.profiling import check_weight_times, profile_cluster
     from core.formats import check_writable
     from core.models.units import model_spec_from_config
     from core.reporting import TerminalReporter
@@ -375,6 +378,8 @@ def _profile(args) -> int:
     if not batch_sizes or min(batch_sizes) < 1 or args.prompt_tokens < 1 or args.repeats < 1:
         raise EdgeShardError("--batch-sizes, --prompt-tokens and --repeats must be >= 1")
     model_spec_from_config(config, dtype=args.dtype)  # an unsupported family: before connecting to any agent
+    weight_times = tuple(w.strip() for w in args.weight_times.split(",") if w.strip())
+    check_weight_times(config, weight_times)
     check_writable(args.out)  # written after profiling: refused before it
     endpoints, keys = load_agents_file(args.agents)
     with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0) as coord:
@@ -383,7 +388,8 @@ def _profile(args) -> int:
                                  prompt_tokens=args.prompt_tokens, batch_sizes=batch_sizes, repeats=args.repeats,
                                  headroom_bytes=args.headroom_mib << 20, threads=args.threads,
                                  network=not args.no_network, link_target_s=args.link_seconds,
-                                 reporter=TerminalReporter(), out_path=args.out)
+                                 reporter=TerminalReporter(), out_path=args.out, gpus=not args.no_gpu,
+                                 weight_times=weight_times)
     prof = result.profile
     print(f"{'DEVICE':<14} {'MEMORY BUDGET':>14} {'DECODE/TOKEN (b=1)':>19} {'PREFILL':>10}")
     for t in prof.times:
@@ -391,7 +397,14 @@ def _profile(args) -> int:
         dec = sum(u[0] for u in t.decode_s)
         pre = sum(u[0] for u in t.prefill_s)
         print(f"{t.device:<14} {dev.memory_bytes / 2**30:>12.2f} G {dec * 1e3:>16.2f} ms {pre * 1e3:>7.1f} ms")
+    for a in prof.accelerator_times:
+        print(f"{a.device:<14} {a.torch_device}: {a.memory_bytes / 2**30:.2f} G, "
+              f"{sum(u[0] for u in a.times.decode_s) * 1e3:.2f} ms decode/token (b=1)")
+    for t in prof.precision_times:
+        print(f"{t.device:<14} {t.weights} blocks: {t.decode_time_ratio:.2f}x decode, "
+              f"{t.prefill_time_ratio:.2f}x prefill of fp")
     for m in result.links:
         print(f"link {m.src} -> {m.dst}: {m.bandwidth_mbit_s:9.1f} Mbit/s, one-way {m.one_way_ms:.3f} ms")
     print(f"profile written to {args.out}")
     return 0
+

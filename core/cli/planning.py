@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--technique", default="layer-sharding", metavar="NAME",
                    help="whose strategies to compare (edgeshard techniques lists them; default layer-sharding)")
     c.add_argument("--json", action="store_true", help="print the comparison as JSON (edgeshard.comparison)")
+    c.add_argument("--draft", metavar="DIR", help="also plain vs speculative decoding with this draft checkpoint "
+                   "(its stored acceptance rate): one sequence's predicted tokens/s per plan, at the chosen k")
     c.set_defaults(func=cmd_compare)
 
     t = sub.add_parser("techniques", help="the placement techniques this studio offers",
@@ -225,6 +227,10 @@ def cmd_techniques(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.draft:  # a draft the cost model cannot use is refused before any solve
+        from core.runs.speculative import check_compare_draft
+
+        check_compare_draft(args.draft)
     problems = load_problems(args)
     objectives = ("latency", "throughput") if args.objective == "both" else (args.objective,)
     technique = technique_named(args.technique)
@@ -244,6 +250,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for o, outs in by_obj.items():
             print(f"\n  objective: {o}")
             print(_compare_table(outs))
+            if args.draft:
+                from core.runs.speculative import compare_speculation
+
+                print("\n  one sequence's decode tokens/s, plain -> speculative with the draft:")
+                print("\n".join(f"    {line}" for line in compare_speculation(p, outs, args.draft)))
     return 0
 
 

@@ -436,11 +436,11 @@ class AgentLink:
         deadline = time.monotonic() + timeout_s
         cf.wait(list(futs.values()), timeout=min(REFUSED_AFTER_S, timeout_s))
         for d, f in futs.items():
-            if not f.done() and refuses_connections(self.endpoints[d].control_address):
+            if not f.done() and self._not_listening(d, f):
                 for other in futs.values():
                     self.forget(other)
-                raise RunFailed(f"agent is not running: nothing listens at {self.endpoints[d].control_address} "
-                                "(start it, or leave it out of the agents file)", d)
+                raise RunFailed(f"no answer and nothing listens at {self.endpoints[d].control_address}: is its agent "
+                                "running? (start it, or leave it out of the agents file)", d)
         out = {}
         for d, f in futs.items():
             try:
@@ -449,6 +449,15 @@ class AgentLink:
                 raise RunFailed(f"agent did not answer within {timeout_s:.0f} s (is it running, is the key right?)",
                                 d) from None
         return out
+
+    def _not_listening(self, device: str, fut: cf.Future) -> bool:
+        """Whether ``device``'s port refused two connections ``REFUSED_AFTER_S`` apart while its status stayed
+        unanswered: one refusal alone was seen to name a live agent that answered late (load 10-13)."""
+        address = self.endpoints[device].control_address
+        if not refuses_connections(address):
+            return False
+        cf.wait([fut], timeout=REFUSED_AFTER_S)
+        return not fut.done() and refuses_connections(address)
 
     def sync_clocks(self, samples: int = 8, timeout_s: float = 5.0) -> dict[str, ClockEstimate]:
         """Probe every agent ``samples`` times; keep the minimum-RTT estimate."""

@@ -19,13 +19,14 @@ from core.formats import register_format
 
 from core.devices.cluster import Cluster
 from core.models.units import ModelSpec
-from core.models.weight_quality import PrecisionQuality, quality_errors
+from core.models.weight_quality import DevicePrecisionTimes, PrecisionQuality, device_times_errors, quality_errors
 
 PROFILE_FORMAT = "edgeshard.profile"
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 """2: ``DeviceTimes.cache_timing`` / ``warm_reason``. 3: ``ModelUnit.linear_params`` / ``linear_rows``
 (a version-2 profile's int8/int4 stages are counted at their fp bytes). 4: ``Profile.accelerator_times``
-(an older profile has none: every stage is planned on the CPU). Older files load: the fields
+(an older profile has none: every stage is planned on the CPU). 5: ``Profile.precision_times`` (none:
+every device's quantized blocks are costed by ``weight_quality``'s ratios). Older files load: the fields
 they lack are not recorded (their defaults), and the value is migrated to this version
 (``Profile.__post_init__``)."""
 
@@ -136,6 +137,8 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     what lets a plan give a device int8/int4 weights under a quality bound. Empty: not measured."""
     accelerator_times: tuple[AcceleratorTimes, ...] = ()
     """The GPUs a planner may place a device's stage on (core.planning.placement); empty: CPUs only."""
+    precision_times: tuple[DevicePrecisionTimes, ...] = ()
+    """Each device's own block time ratio per weight precision, where profiled (core.planning.precision)."""
 
     def __post_init__(self) -> None:
         if self.version < PROFILE_VERSION:  # migrate: what older versions lack has its default
@@ -214,6 +217,7 @@ def _profile_errors(profile: Profile) -> list[str]:
         out.extend(_times_errors(f"{where}.times", a.times, n, known))
     if len({a.device for a in profile.accelerator_times}) != len(profile.accelerator_times):
         out.append("$.accelerator_times: one GPU per device")
+    out.extend(device_times_errors(profile.precision_times, known))
     return out
 
 

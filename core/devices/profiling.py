@@ -43,6 +43,7 @@ from agents.protocol import (
 from core.devices.agent_link import unexpected_profile_reply
 from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
+from core.models.weight_quality import DevicePrecisionTimes
 from core.models.units import model_spec_from_config
 from core.devices.profile import AcceleratorTimes, DeviceTimes, Profile, ProfiledWorkload
 from core.reporting import Cancelled, NullReporter, PhaseReporter, Reporter, wait_unless_cancelled
@@ -276,7 +277,8 @@ def _device_times(dev: str, c: ComputeProfile, num_units: int) -> DeviceTimes:
 
 def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links: Sequence[LinkMeasurement], *,
                   dtype: str, model_name: str, prompt_tokens: int, addresses: dict[str, str] | None = None,
-                  notes: str = "", on_gpu: dict[str, tuple[str, ComputeProfile]] | None = None) -> Profile:
+                  notes: str = "", on_gpu: dict[str, tuple[str, ComputeProfile]] | None = None,
+                  precision_times: tuple[DevicePrecisionTimes, ...] = ()) -> Profile:
     """The planner's Profile from measured figures (units must cover the whole model); ``on_gpu``: per
     device, its GPU (``cuda:N``) and the units timed there, its budget that GPU's free memory
     (``Profile.accelerator_times``: where the planner may place the device's stage)."""
@@ -296,7 +298,39 @@ def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links:
         for m in links))
     return Profile(model=spec, cluster=cluster, times=tuple(times),
                    profiled_workload=ProfiledWorkload(prompt_tokens=prompt_tokens, batch_size=1),
-                   source="measured", notes=notes, accelerator_times=gpus)
+                   source="measured", notes=notes, accelerator_times=gpus, precision_times=precision_times)
+
+
+def check_weight_times(model_config: dict, weight_times: Sequence[str]) -> None:
+    """``EdgeShardError`` unless each of ``weight_times`` is int8/int4 and the model's blocks quantize to it
+    (before any agent is asked)."""
+    from agents.weight_precision import UnquantizableWeights, check_quantizable
+
+    bad = [w for w in weight_times if w not in ("int8", "int4")]
+    if bad:
+        raise EdgeShardError(f"weight times are profiled at int8 and/or int4, not {', '.join(bad)}")
+    try:
+        for w in weight_times:
+            check_quantizable(str(model_config.get("model_type")), w)
+    except UnquantizableWeights as err:
+        raise EdgeShardError(f"weight times: {err}") from None
+
+
+def block_time_ratios(coord, device: str, options: ComputeOptions, precisions: Sequence[str],
+                      reporter: Reporter) -> list[DevicePrecisionTimes]:
+    """``device``'s first decoder block timed at fp and then at each of ``precisions`` back to back (on
+    its CPU, as it computes a quantized stage), as ratios over fp: one device's int8 may be faster than
+    its fp and another's slower (docs/model-shards.md), which one ratio for every device cannot say."""
+    if not precisions:
+        return []
+    block = msgspec.structs.replace(options, units=(1,), device="cpu")
+    fp = profile_compute(coord, [device], block, reporter)[device].units[0]
+    out = []
+    for w in precisions:
+        q = profile_compute(coord, [device], msgspec.structs.replace(block, weights=w), reporter)[device].units[0]
+        out.append(DevicePrecisionTimes(device=device, weights=w, decode_time_ratio=q.decode_s[0] / fp.decode_s[0],
+                                        prefill_time_ratio=q.prefill_s[0] / fp.prefill_s[0]))
+    return out
 
 
 COMPUTE_SHARE = 0.6
@@ -322,13 +356,15 @@ def profile_cluster(
     out_path: str | Path | None = None,
     gpus: bool = True,
     compute_together: bool = False,
+    weight_times: Sequence[str] = (),
 ) -> ClusterProfileResult:
     """Profile every agent of ``coord`` (a connected ``core.devices.agent_link.AgentLink``) for the
     model of ``model_config`` and, if ``out_path`` is given, save the Profile there. ``gpus``: an agent
     whose status reports a GPU has its units timed there too, after its CPU (the profile's
     ``accelerator_times``: its first GPU, where a stage of it would compute). ``compute_together``: the
     agents' CPU compute at once (``profile_together``: emulated devices of one host, each timed by its
-    CPU time), not one after the other."""
+    CPU time), not one after the other. ``weight_times`` (int8, int4): each
+    device's own decoder-block time at those precisions over fp (``precision_times``)."""
     rep = reporter or NullReporter()
     if dtype not in _PROFILER_DTYPES:
         raise EdgeShardError(f"dtype must be one of {', '.join(_PROFILER_DTYPES)}, got {dtype!r}")
@@ -342,6 +378,7 @@ def profile_cluster(
     options = ComputeOptions(config=model_config, prompt_tokens=prompt_tokens, batch_sizes=tuple(batch_sizes),
                              repeats=repeats, dtype=_PROFILER_DTYPES[dtype], headroom_bytes=headroom_bytes,
                              threads=threads)
+    check_weight_times(model_config, weight_times)
     measure_network = network and len(names) > 1
     compute_share = COMPUTE_SHARE if measure_network else 1.0  # one bar: compute, then links
     with_gpu = {d: s.accelerators[0].name for d, s in statuses.items() if gpus and s.accelerators}
@@ -351,6 +388,8 @@ def profile_cluster(
     for i, (d, gpu) in enumerate(sorted(with_gpu.items())):  # one at a time, after the CPUs: as they are
         phase = PhaseReporter(rep, cpu_share + i * gpu_share, gpu_share)
         on_gpu[d] = (gpu, profile_compute(coord, [d], msgspec.structs.replace(options, device=gpu), phase)[d])
+    blocks_rep = PhaseReporter(rep, compute_share, 0.0)  # a few blocks: the bar waits at the end of compute
+    precision_times = tuple(t for d in names for t in block_time_ratios(coord, d, options, weight_times, blocks_rep))
     links: list[LinkMeasurement] = []
     if measure_network:
         rep.status("estimating clock offsets")
@@ -362,6 +401,7 @@ def profile_cluster(
                             model_name=model_name or str(model_config.get("_name_or_path") or
                                                          model_config.get("model_type")),
                             prompt_tokens=prompt_tokens, addresses=addresses, on_gpu=on_gpu,
+                            precision_times=precision_times,
                             notes=f"measured by edgeshard profile: {repeats} repeats, median; "
                                   f"links over the agents' data plane")
     if out_path is not None:

@@ -66,7 +66,7 @@ def train_llava(lines: list[str], out_dir: str | Path, reporter: Reporter | None
 
     from core.models.checkpoints import train_tokenizer
     from core.models.multimodal import IMAGE_TOKEN, build_multimodal_config, load_image, synthetic_images
-    from core.models.training import TrainingSettings, learning_rate_factor, schedule_progress
+    from core.models.training import TrainingSettings, learning_rate_factor, optimizer_step, schedule_progress
 
     reporter = reporter or NullReporter()
     settings = settings or TrainingSettings()
@@ -110,11 +110,7 @@ def train_llava(lines: list[str], out_dir: str | Path, reporter: Reporter | None
         labels[:, : 1 + n_img] = -100  # the image's tokens are input, never a target
         pixels = tiles[torch.randint(0, tiles.shape[0], (settings.batch,), generator=gen)]
         loss = model(input_ids=x, pixel_values=pixels, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        done, loss_value = step + 1, float(loss.detach())
+        done, loss_value = step + 1, optimizer_step(opt, loss, model.parameters())
         reporter.progress(done, settings.steps)
         if done % 10 == 0:
             reporter.status(f"step {done}/{settings.steps}, loss {loss_value:.2f}")

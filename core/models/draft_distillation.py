@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.models.training import TrainingSettings, held_out_split, learning_rate_factor, schedule_progress
+from core.models.training import (TrainingSettings, held_out_split, learning_rate_factor, optimizer_step,
+                                  schedule_progress)
 from core.reporting import Cancelled, NullReporter, Reporter
 
 SPECULATION_FILE = "speculation.json"
@@ -145,11 +146,7 @@ def distill_draft(target_dir: str | Path, lines: list[str], out_dir: str | Path,
             teacher = F.log_softmax(target(input_ids=x).logits, -1)
         student = F.log_softmax(draft(input_ids=x).logits, -1)
         loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        done, loss_value = step + 1, float(loss.detach())
+        done, loss_value = step + 1, optimizer_step(opt, loss, draft.parameters())
         reporter.progress(done, settings.steps)
         if done % 20 == 0:
             reporter.status(f"step {done}/{settings.steps}, KL {loss_value:.3f}")

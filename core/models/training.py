@@ -143,6 +143,17 @@ def learning_rate_factor(step: int, warmup: int, progress: float) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def optimizer_step(opt, loss, parameters) -> float:
+    """One step of every recipe here: gradients of ``loss``, clipped to norm 1, applied; the loss's value."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
 def _batches(ids, settings: TrainingSettings, generator):
     import torch
 
@@ -213,11 +224,7 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
             group["lr"] = settings.learning_rate * learning_rate_factor(step, warmup, progress)
         x = _batches(data, settings, gen)
         loss = model(input_ids=x, labels=x).loss  # HF shifts the labels: each position predicts the next token
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_value = float(loss.detach())
+        loss_value = optimizer_step(opt, loss, model.parameters())
         done = step + 1
         # the bar moves every step (a busy machine takes seconds per step), the log every 10 steps
         shown = max(done, schedule_progress(done, settings, time.perf_counter() - started) * settings.steps)

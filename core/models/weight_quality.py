@@ -6,8 +6,8 @@ bounds its bit widths' accuracy loss). The perplexity of each precision is measu
 held-out text, with the whole model in one process at that precision (the agents' own stage code,
 ``agents.shard.StageExecutor``, so the numbers are of the weights a stage really holds), and stored
 in the model's profile (``Profile.weight_quality``). So are the decode and prefill times of the
-decoder blocks at that precision over fp on the machine that measured them: the planner scales
-every device's block times by these ratios (a device's own times per precision are not profiled).
+decoder blocks at that precision over fp on the machine that measured them: the planner scales a
+device's block times by these ratios unless the device's own were profiled (``DevicePrecisionTimes``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,37 @@ class PrecisionQuality(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """The same for a prompt's prefill."""
     text: str = ""
     """What the perplexity was measured on (lines, tokens, where from)."""
+
+
+class DevicePrecisionTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One device's own decoder-block time at a weight precision over its time at fp, measured on that
+    device by its agent's profiler (``edgeshard profile --weight-times``): int8 may be faster on one CPU and
+    slower on another, so a device that has them is costed by them, not by ``PrecisionQuality``'s ratios
+    (measured on the machine that ran ``measure-precision``)."""
+
+    device: str
+    weights: str
+    """``int8`` or ``int4``."""
+    decode_time_ratio: float
+    prefill_time_ratio: float
+
+
+def device_times_errors(entries, devices, path: str = "$.precision_times") -> list[str]:
+    """Every inconsistency of a profile's per-device precision times (empty: none)."""
+    out, seen = [], set()
+    for i, t in enumerate(entries):
+        if t.device not in devices:
+            out.append(f"{path}[{i}].device: unknown device {t.device!r}")
+        if t.weights not in MEASURED_PRECISIONS[1:]:
+            out.append(f"{path}[{i}].weights: one of {', '.join(MEASURED_PRECISIONS[1:])}, not {t.weights!r}")
+        if (t.device, t.weights) in seen:
+            out.append(f"{path}[{i}]: {t.device} at {t.weights} is measured twice")
+        seen.add((t.device, t.weights))
+        for name in ("decode_time_ratio", "prefill_time_ratio"):
+            v = getattr(t, name)
+            if not (v > 0) or v == math.inf:
+                out.append(f"{path}[{i}].{name}: must be finite and positive")
+    return out
 
 
 def quality_errors(entries, path: str = "$.weight_quality") -> list[str]:

@@ -159,7 +159,7 @@ def stage_compute_s(times: DeviceTimes, stage: Stage, phase: str, tokens: int, f
 
 def _factors(problem: PlanningProblem, stage: Stage, phase: str):
     """The stage's per-unit time factors at its precision (None at fp: the profiled times as they are)."""
-    return None if stage.weights == "fp" else unit_time_factors(problem.profile, stage.weights, phase)
+    return None if stage.weights == "fp" else unit_time_factors(problem.profile, stage.weights, phase, stage.device)
 
 
 def stage_output_bytes(problem: PlanningProblem, stage: Stage, tokens: int) -> int:

@@ -94,18 +94,24 @@ def allowed_precisions(problem) -> tuple[str, ...]:
     return tuple(out)
 
 
-def time_ratio(profile, weights: str, phase: str = "decode") -> float:
-    """How much longer a decoder block computes at ``weights`` than at fp (1.0: fp, or not measured)."""
-    q = None if weights == "fp" else _quality(profile, weights)
+def time_ratio(profile, weights: str, phase: str = "decode", device: str | None = None) -> float:
+    """How much longer a decoder block computes at ``weights`` than at fp (1.0: fp, or not measured):
+    ``device``'s own ratio where its profile has one (``Profile.precision_times``), else the one measured
+    with the model's perplexity (``weight_quality``)."""
+    if weights == "fp":
+        return 1.0
+    q = next((t for t in profile.precision_times if t.device == device and t.weights == weights), None) \
+        if device is not None else None
+    q = q or _quality(profile, weights)
     if q is None:
         return 1.0
     return q.decode_time_ratio if phase == "decode" else q.prefill_time_ratio
 
 
-def unit_time_factors(profile, weights: str, phase: str = "decode") -> tuple[float, ...]:
-    """Per unit, what its profiled time is multiplied by at ``weights``: the blocks whose Linears are
-    quantized (``linear_params``) take the measured ratio, the embedding and head stay at 1."""
-    r = time_ratio(profile, weights, phase)
+def unit_time_factors(profile, weights: str, phase: str = "decode", device: str | None = None) -> tuple[float, ...]:
+    """Per unit, what its profiled time is multiplied by at ``weights`` (on ``device``): the blocks whose
+    Linears are quantized (``linear_params``) take the measured ratio, the embedding and head stay at 1."""
+    r = time_ratio(profile, weights, phase, device)
     return tuple(r if (u.linear_params and r != 1.0) else 1.0 for u in profile.model.units)
 
 

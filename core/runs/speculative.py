@@ -118,6 +118,29 @@ def draft_figures(problem, plan, draft_dir: str | Path) -> DraftFigures:
     return DraftFigures(acceptance_rate=alpha, token_s=draft_token_s(problem, plan, layers))
 
 
+def check_compare_draft(draft_dir: str) -> None:
+    """A draft Compare can cost: a checkpoint with a stored acceptance rate (one-line ``DraftMismatch``)."""
+    if not (Path(draft_dir) / "config.json").is_file():
+        raise DraftMismatch(f"{draft_dir}: no config.json: --draft names a checkpoint directory")
+    if stored_acceptance(draft_dir) is None:
+        raise DraftMismatch(f"{draft_dir} has no measured acceptance rate ({SPECULATION_FILE}): "
+                            "make the draft with core.models.draft_distillation")
+
+
+def compare_speculation(problem, outcomes, draft_dir: str) -> list[str]:
+    """Compare's plain vs speculative lines: per strategy with a plan, one sequence's predicted decode
+    tokens/s plainly and with the draft at the cost model's k (``choose_k``)."""
+    lines = []
+    for x in outcomes:
+        if getattr(x, "plan", None) is None or getattr(x.plan, "stages", None) is None or x.status not in ("optimal", "ok"):
+            continue
+        figures = draft_figures(problem, x.plan, draft_dir)
+        c = choose_k(problem, x.plan, figures)
+        after = "plain decoding is faster" if c.k == 0 else f"{c.speculative_tokens_s:.1f} (k {c.k}, {c.speedup:.2f}x)"
+        lines.append(f"{x.strategy}: {c.plain_tokens_s:.1f} -> {after}")
+    return lines
+
+
 def speculative_entrance(model_dir: str, draft: str | None, k: int | str | None, prompts, settings,
                          plan=None, problem_of=None) -> SpeculativeSettings | None:
     """``edgeshard run --draft DIR --speculate K|auto``'s check, before any agent is started: the

@@ -47,7 +47,7 @@ def profile_function(coordinator, state, options: dict, model_name: str = "", on
         from core.devices import profiling
         model_dir = getattr(state, "model_path", "")
         if not model_dir or not (Path(model_dir) / "config.json").exists():
-            raise EdgeShardError("choose the model checkpoint directory (Run screen ▸ Browse…) before profiling")
+            raise EdgeShardError("choose the model checkpoint directory (Run screen ▸ Model ▸ …) before profiling")
         config = json.loads((Path(model_dir) / "config.json").read_text())
         result = profiling.profile_cluster(coordinator, config, model_name=model_name or Path(model_dir).name,
                                            dtype="fp32", reporter=reporter, **options)

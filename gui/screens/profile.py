@@ -375,8 +375,9 @@ def _conv_job(reporter, link, devices: list[str], sweep: dict) -> SpatialFits:
 
 
 def precision_text(profile: Profile | None, plan) -> str:
-    """'Weights per stage: a fp on cpu, b int4 on cuda:0 · measured: int8 +0.10 % perplexity, 0.97× decode time; ...'
-    ('' for an all-fp plan of a profile without measured precisions)."""
+    """'Weights per stage: a fp on cpu, b int4 on cuda:0 · measured: int8 +0.10 % perplexity, 0.97× decode time;
+    ... · on each device: a int8 0.92×, ... · GPUs: b cuda:0 8.0 GiB' (each part only where there is one; '' for
+    an all-fp CPU plan of a profile without measured precisions, device times or GPUs)."""
     parts = []
     quality = {q.weights: q for q in profile.weight_quality} if profile is not None else {}
     if plan is not None and profile is not None and plan.model == profile.model.name and (
@@ -389,4 +390,10 @@ def precision_text(profile: Profile | None, plan) -> str:
         parts.append("measured: " + "; ".join(
             f"{w} {(q.perplexity / base - 1) * 100:+.2f} % perplexity, {q.decode_time_ratio:.2f}× decode time"
             for w, q in quality.items() if w != "fp"))
+    if profile is not None and profile.precision_times:  # each device's own, where profiled
+        parts.append("on each device: " + ", ".join(f"{t.device} {t.weights} {t.decode_time_ratio:.2f}×"
+                                                    for t in profile.precision_times))
+    if profile is not None and profile.accelerator_times:
+        parts.append("GPUs: " + ", ".join(f"{a.device} {a.torch_device} {a.memory_bytes / 2**30:.1f} GiB"
+                                          for a in profile.accelerator_times))
     return " · ".join(parts)

@@ -80,9 +80,14 @@ class RunPanel(QWidget):
         self.model_edit.setAccessibleName("Model directory")
         self.model_edit.setToolTip("Checkpoint directory of the model to run (config.json, safetensors, tokenizer)")
         self.model_edit.setPlaceholderText("checkpoint directory")
-        self.browse_button = QPushButton("Browse…")
+        # "…" (Browse): at 1024x700 "Browse…" left the field ~70 px, the model's name cut ("mo-llama");
+        # the field's tooltip gives the whole path
+        self.model_edit.textChanged.connect(lambda text: self.model_edit.setToolTip(
+            text or "Checkpoint directory of the model to run (config.json, safetensors, tokenizer)"))
+        self.browse_button = QPushButton("…")
         self.browse_button.setAccessibleName("Browse for model directory")
-        self.browse_button.setToolTip("Choose the model's checkpoint directory")
+        self.browse_button.setToolTip("Browse: choose the model's checkpoint directory")
+        self.browse_button.setFixedWidth(self.browse_button.fontMetrics().horizontalAdvance(" … ") + 16)
         self.browse_button.clicked.connect(self._on_browse_clicked)
         model_row = QHBoxLayout()
         model_row.addWidget(self.model_edit, 1)
@@ -303,7 +308,7 @@ class RunPanel(QWidget):
                             "screen, then make a plan.")
         if settings.model_dir and not os.path.isdir(settings.model_dir):
             problems.append(f"Model directory {settings.model_dir} does not exist: choose the checkpoint "
-                            "directory with Browse….")
+                            "directory with … (Browse) beside the field.")
         if self.backend is not None and self.state is not None:  # what the Plan screen flags never starts
             problems += start_refusals(self.state.problem, self.state.plan, self.state.offline_devices)
         if problems:

@@ -321,3 +321,21 @@ def test_a_devices_phases_name_its_stage_kind_and_a_set_no_layout_uses_is_refuse
     assert kind_for(["encode", "prefill", "decode"]) == "epd-aggregated"
     with pytest.raises(ValueError, match="no EPD stage serves the phases prefill, decode together"):
         kind_for(["decode", "prefill"])
+
+
+@pytest.mark.parametrize("kind", ["epd-encode", "epd-prefill", "epd-decode", "epd-encode-prefill", "epd-aggregated"])
+def test_a_phase_stage_plans_from_the_header_the_weights_it_holds_and_is_refused_before_loading(llava, kind):
+    from agents.emulation import DeviceEmulation, ShardOverBudget
+    from agents.techniques.phase_disaggregation.handlers import EXECUTORS
+
+    llava_dir, seen = str(llava[0]), []
+
+    def budget(weight_bytes, kv_bytes=0):
+        seen.append(weight_bytes)
+
+    executor = EXECUTORS[kind](llava_dir, 0, 1, dtype="float32", threads=None, budget=budget)
+    assert seen == [executor.memory_bytes()]
+
+    small = DeviceEmulation(memory_budget_bytes=executor.memory_bytes() - 1).shard_check("a", (0, 1))
+    with pytest.raises(ShardOverBudget, match="memory budget"):
+        EXECUTORS[kind](llava_dir, 0, 1, dtype="float32", threads=None, budget=small)

@@ -96,10 +96,30 @@ def admit_phase(agent, msg):
     return None
 
 
+PHASES_OF = {"encode": ("encode",), "prefill": ("prefill",), "decode": ("decode",),
+             "encode_prefill": ("encode", "prefill"), "aggregated": ("encode", "prefill", "decode")}
+
+
+def planned_phase_bytes(model_dir: str, phases: tuple[str, ...], dtype: str) -> int:
+    """Bytes of weights an agent of ``phases`` will hold, from the checkpoint's headers (nothing read):
+    the vision tower and projector for encode, the text model (once) for prefill or decode."""
+    from agents.checkpoint_reader import CheckpointReader, torch_dtype
+    from agents.techniques.phase_disaggregation.phases import PROJECTOR_PREFIXES, VISION_PREFIXES
+
+    reader = CheckpointReader(model_dir)
+    encode = tuple(VISION_PREFIXES + PROJECTOR_PREFIXES)
+    names = [n for n in reader.names()
+             if (n.startswith(encode) and "encode" in phases) or (not n.startswith(encode) and phases != ("encode",))]
+    return reader.planned_bytes(names, torch_dtype(dtype))
+
+
 def _phase_executor(name: str):
-    def factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None):
+    def factory(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None,
+                budget=None):
         from agents.techniques.phase_disaggregation import phases
 
+        if budget is not None:  # checked before any tensor is read (agents/shard.py's budget, for a phase)
+            budget(planned_phase_bytes(model_dir, PHASES_OF[name], dtype))
         return getattr(phases, f"{name}_executor")(model_dir, start, end, dtype=dtype, threads=threads,
                                                    progress=progress)
 

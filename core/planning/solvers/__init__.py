@@ -81,9 +81,10 @@ def on_every_gpu(problem: PlanningProblem, baseline: Callable[[PlanningProblem, 
     gpus = every_gpu(problem)
     if not gpus:
         return baseline(problem, objective)
-    if _placed_last[0] is not problem:  # one placed problem per comparison: the paper DP caches by it
-        _placed_last = (problem, placed_problem(problem, set(gpus)))
-    return on_gpus(baseline(_placed_last[1], objective), gpus)
+    cached = _placed_last  # read once: a studio worker may compare another problem meanwhile
+    if cached[0] is not problem:  # one placed problem per comparison: the paper DP caches by it
+        cached = _placed_last = (problem, placed_problem(problem, set(gpus)))
+    return on_gpus(baseline(cached[1], objective), gpus)
 
 
 def _for_objective(fn: Callable[..., ShardPlan]) -> Callable[[PlanningProblem, str], ShardPlan]:

@@ -161,9 +161,9 @@ def build_arrays(problem: PlanningProblem, m: int, k: int, prefix_cache: dict | 
     if prefix is None:
         prefix = np.zeros((dn, n + 1))
         by_id = {t.device: t for t in problem.profile.times}
-        factors = {w: np.array(unit_time_factors(problem.profile, w)) for w in precisions}
-        for i, (dev, w) in enumerate(zip(devices, (w for _, w in pairs))):
-            prefix[i, 1:] = np.cumsum(decode_times(by_id[dev], m, n) * factors[w])
+        for i, (dev, w) in enumerate(zip(devices, (w for _, w in pairs))):  # a device's own ratio where profiled
+            factors = np.array(unit_time_factors(problem.profile, w, "decode", dev))
+            prefix[i, 1:] = np.cumsum(decode_times(by_id[dev], m, n) * factors)
         if prefix_cache is not None:
             prefix_cache[m] = prefix
     times_by_id = {t.device: t for t in problem.profile.times}

@@ -85,6 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=SEED, default=0)
     s.add_argument("--mm-cache-tokens", type=int_in(1, 1 << 40), default=1 << 16)
     s.add_argument("--kv-cache-tokens", type=int_in(1, 1 << 40), default=1 << 20)
+    s.add_argument("--model", metavar="MODEL_DIR", help="the Llava checkpoint: each device's memory is planned from "
+                                                        "its weights (with --memory-mib)")
+    s.add_argument("--memory-mib", type=float_in(0.0, 1e9, lo_open=True), default=None,
+                   help="memory of each device: configurations needing more are not picked (needs --model)")
     s.add_argument("--layout", action="append", choices=("epd", "pd", "aggregated"), default=None,
                    help="search only this layout (repeatable; default: all three): epd (encode, prefill and decode "
                         "pools), pd (encode with prefill) or aggregated (every phase on every device)")
@@ -183,8 +187,14 @@ def _search(args) -> int:
         raise EdgeShardError("give the device budget as --devices N or --device-names A,B,... (one of them)")
     names = tuple(f"dev{i}" for i in range(args.devices)) if args.devices else \
         tuple(n.strip() for n in args.device_names.split(","))
+    if args.memory_mib is not None and not args.model:
+        raise EdgeShardError("--memory-mib plans each device's memory from the model's weights: give --model MODEL_DIR")
+    from core.techniques.phase_disaggregation.memory import phase_weights
+
     problem = EpdProblem(costs=costs, workload=workload, slo=slo, devices=names,
-                         mm_cache_tokens=args.mm_cache_tokens, kv_cache_tokens=args.kv_cache_tokens)
+                         mm_cache_tokens=args.mm_cache_tokens, kv_cache_tokens=args.kv_cache_tokens,
+                         weights=phase_weights(args.model) if args.model else None,
+                         memory_budget_bytes=int((args.memory_mib or 0) * (1 << 20)))
     base = [aggregated(problem)] + ([pd_only(problem)] if len(names) >= 2 else [])
     result = search(problem, modes=tuple(dict.fromkeys(args.layout or DISAGGREGATIONS)), trials=args.trials,
                     time_limit_s=args.time_limit, seed=args.seed, seeds=[b.config for b in base],
@@ -196,7 +206,8 @@ def _search(args) -> int:
         print(json.dumps({"search_s": result.elapsed_s, "trials": len(result.candidates),
                           "best": msgspec.to_builtins(result.best.config),
                           "rows": [{"strategy": n, "goodput_rps": c.goodput_rps, "ttft_p50_s": c.ttft_p50_s,
-                                    "tpot_p50_s": c.tpot_p50_s, "devices": c.devices} for n, c in rows]}))
+                                    "tpot_p50_s": c.tpot_p50_s, "devices": c.devices, "memory_bytes": c.memory_bytes,
+                                    "fits": c.fits} for n, c in rows]}))
         return 0
     print(f"searched {len(result.candidates)} configurations in {result.elapsed_s:.1f} s ({result.sampler})",
           file=sys.stderr)

@@ -100,7 +100,7 @@ def over_budget(need: dict[str, int], budget_bytes: int) -> str:
     if not over:
         return ""
     worst = max(over, key=over.get)
-    return (f"{len(over)} device(s) need more than their {budget_bytes / MIB:.1f} MiB memory budget ({worst}: "
+    return (f"{len(over)} device(s) need more than their {budget_bytes / MIB:.3g} MiB memory budget ({worst}: "
             f"{over[worst] / MIB:.1f} MiB): use smaller decode or prefill batches or devices with more memory")
 
 

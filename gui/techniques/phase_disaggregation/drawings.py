@@ -75,8 +75,8 @@ class PoolsDiagram(QWidget):
                 p.setBrush(PHASE_COLORS[phase].lighter(160))
                 p.drawRoundedRect(r, 4, 4)
                 p.setPen(QColor("#202020"))
-                label = p.fontMetrics().elidedText(self.box_label(d), Qt.ElideMiddle, int(r.width() - 8))
-                p.drawText(r.adjusted(4, 0, -4, 0), Qt.AlignVCenter | Qt.AlignLeft, label)
+                p.drawText(r.adjusted(4, 0, -4, 0), Qt.AlignVCenter | Qt.AlignLeft,
+                           box_text(self.box_label(d), p.fontMetrics(), r.width() - 8, r.height()))
                 cache = self.caches.get((d, side))
                 if cache is not None:
                     frac = cache.peak_tokens / cache.capacity_tokens
@@ -87,6 +87,16 @@ class PoolsDiagram(QWidget):
         p.drawText(QRectF(8, self.height() - 20, self.width() - 16, 18), Qt.AlignLeft | Qt.AlignVCenter,
                    f"{LAYOUT_WORDS.get(cfg.disaggregation, cfg.disaggregation)}"
                    + ("; %: cache peak fill" if self.caches else ""))
+
+
+def box_text(label: str, metrics, width: float, height: float) -> str:
+    """A pool box's text: on one line where it fits, else the device above the phases it serves
+    where the box has room for two lines (at 1024x700 "local-0 EPD" read "loc…EPD"), each line
+    elided in the middle only if it still does not fit."""
+    lines = [label]
+    if metrics.horizontalAdvance(label) > width and " " in label and height >= 2 * metrics.height():
+        lines = label.split(" ", 1)
+    return "\n".join(metrics.elidedText(line, Qt.ElideMiddle, int(width)) for line in lines)
 
 
 def seconds_text(t: float, span: float) -> str:

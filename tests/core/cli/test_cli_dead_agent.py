@@ -46,14 +46,14 @@ def test_serve_on_a_dead_agent_is_one_line_naming_it_before_the_model_loads(sett
     agents, model, plan, _ = setting
     err = refused(["serve", "--agents", agents, "--model", model, "--plan", plan, "--port", "0", "--no-record"],
                   capsys)
-    assert "local-1: agent is not running: nothing listens at tcp://127.0.0.1:" in err
+    assert "local-1: no answer and nothing listens at tcp://127.0.0.1:" in err
 
 
 def test_profile_with_a_dead_agent_names_it_within_the_answer_time(setting, tmp_path, capsys):
     agents, model, _, _ = setting
     err = refused(["profile", "--agents", agents, "--model", model, "--out", tmp_path / "p.json", "--repeats", "1",
                    "--no-network"], capsys)
-    assert "local-1: agent is not running: nothing listens at tcp://127.0.0.1:" in err
+    assert "local-1: no answer and nothing listens at tcp://127.0.0.1:" in err
 
 
 def test_loading_a_plan_on_a_dead_agent_names_it_instead_of_a_key_error(setting):

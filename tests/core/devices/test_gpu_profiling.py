@@ -83,7 +83,8 @@ def profiled():
     gpus = {"roomy": CpuUnderAGpuName(HEADROOM + (64 << 20), 20.0), "small": CpuUnderAGpuName(HEADROOM + (64 << 10), 20.0)}
     agents = [Agent(d, keys.public, accelerators=gpus[d]).start() for d in gpus]
     try:
-        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
+        with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys,
+                         heartbeat_timeout_s=60.0) as co:  # in-process agents share the GIL with profiling
             return profile_cluster(co, TINY, model_name="tiny", prompt_tokens=8, batch_sizes=(1,), repeats=3,
                                    headroom_bytes=HEADROOM, threads=1, network=False).profile
     finally:

@@ -655,3 +655,13 @@ def test_re_plan_and_resume_re_plans_when_an_agent_refuses_its_shard_over_a_budg
 def test_presenter_pace_is_recorded_with_the_run(qtbot, state, run_data):
     run = _recorded_run(qtbot, state, run_data, lambda panel: panel.pace_check.setChecked(True))
     assert run.settings["presenter_pace"] is True
+
+
+def test_the_model_field_keeps_its_width_and_its_tooltip_gives_the_whole_path(qtbot):
+    """At 1024x700 "Browse…" left the field ~70 px ("mo-llama"): the button is "…", the path in the tooltip."""
+    panel = RunPanel(StudioState(), None)
+    qtbot.addWidget(panel)
+    panel.model_edit.setText("/home/me/models/demo-llama")
+    assert panel.model_edit.toolTip() == "/home/me/models/demo-llama"
+    assert panel.browse_button.text() == "…" and "Browse" in panel.browse_button.toolTip()
+    assert panel.browse_button.width() < panel.browse_button.fontMetrics().horizontalAdvance("Browse…")

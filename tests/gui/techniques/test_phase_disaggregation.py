@@ -113,3 +113,17 @@ def test_a_device_serving_several_phases_is_labelled_with_them(qtbot):
     assert [diagram.box_label(d) for d in ("a", "c")] == ["a EP", "c"]
     diagram.show_pools(PoolConfig(disaggregation="aggregated", encode=("a",), prefill=("a",), decode=("a",)))
     assert diagram.box_label("a") == "a EPD"
+
+
+def test_a_narrow_pool_box_puts_the_phases_under_the_device_instead_of_eliding_its_name(qtbot):
+    from PySide6.QtGui import QFontMetrics
+
+    from gui.techniques.phase_disaggregation.drawings import box_text
+
+    diagram = PoolsDiagram()
+    qtbot.addWidget(diagram)
+    metrics = QFontMetrics(diagram.font())
+    narrow = metrics.horizontalAdvance("local-0") + 4  # the name fits, the name and its phases do not
+    assert box_text("local-0 EPD", metrics, narrow, 3 * metrics.height()) == "local-0\nEPD"
+    assert box_text("local-0 EPD", metrics, 4 * narrow, metrics.height()) == "local-0 EPD"
+    assert "…" in box_text("local-0 EPD", metrics, narrow, metrics.height())  # one line's room: elided

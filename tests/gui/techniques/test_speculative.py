@@ -48,3 +48,36 @@ def test_the_trip_plot_appears_with_a_drafting_run_and_counts_its_trips(qtbot):
     assert KIND_CODE["draft"] in drawn and KIND_CODE["rollback"] in drawn
     monitor.reset(["a", "b"], ["p"])
     assert monitor.trips_plot.isHidden()
+
+
+def test_a_recorded_speculative_run_replays_with_its_marks_and_trip_plot(qtbot, tmp_path):
+    from core.sessions.recording import record_run
+    from gui.studio_state import StudioState
+    from tests.gui.screens.test_sessions import _open, _sessions
+
+    workspace = tmp_path / "ws.edgeshard"
+    events = [event("compute", "a", 0, 0, 0.0, 0.05), event("compute", "b", 1, 0, 0.05, 0.08),
+              event("draft", "a", 0, 1, 0.1, 0.11, 3), event("compute", "a", 0, 1, 0.11, 0.12),
+              event("compute", "b", 1, 1, 0.12, 0.15), event("draft", "a", 0, 2, 0.2, 0.21, 3),
+              event("rollback", "b", 1, 2, 0.22, 0.2205, 2), event("compute", "b", 1, 2, 0.2205, 0.25)]
+    with record_run(workspace, model="demo-llama", mode="sequential",
+                    settings={"prompts": ["p"], "lanes": ["a", "b"]}) as run:
+        for e in events:
+            run.recorder.on_event(e)
+        for t in tokens(1, 4, 2):
+            run.recorder.on_tokens(t)
+        run.status = "completed"
+    state = StudioState()
+    state.set_workspace(str(workspace))
+    panel = _sessions(qtbot, state)
+    [(run_id, _)] = panel.run_items().items()
+    _open(qtbot, panel, run_id)
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=30_000):
+        panel.play()
+    panel.monitor.flush()
+    assert not panel.monitor.trips_plot.isHidden() and panel.monitor.trips_plot.counts == [4, 2]
+    drawn = panel.monitor.timeline.measured_item.boxes.rows["kind"].tolist()
+    assert KIND_CODE["draft"] in drawn and KIND_CODE["rollback"] in drawn
+    assert "draft" in panel.monitor.timeline.legend_text() and "rollback" in panel.monitor.timeline.legend_text()
+    panel.shutdown()

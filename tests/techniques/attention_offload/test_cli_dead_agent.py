@@ -19,5 +19,5 @@ def test_attention_offload_run_names_a_dead_memory_agent_within_the_answer_time(
         endpoints, keys = load_agents_file(agents)
         with AgentLink([e for e in endpoints if e.device == "c0"], keys) as link:
             state = link.wait_ready(timeout_s=5)["c0"].state
-    assert "m1: agent is not running: nothing listens at tcp://127.0.0.1:" in err
+    assert "m1: no answer and nothing listens at tcp://127.0.0.1:" in err
     assert state is AgentState.IDLE  # the dense stage was never loaded

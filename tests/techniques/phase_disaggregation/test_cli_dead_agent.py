@@ -16,4 +16,4 @@ def test_epd_run_names_a_dead_agent_within_the_answer_time(model, tmp_path, caps
     with cluster_with_a_dead_agent(tmp_path / "cluster", ["a0", "a1"], "a1") as agents:
         err = refused(["epd", "run", "--agents", agents, "--model", model, "--pools", pools, "--workload", workload,
                        "--workspace", tmp_path / "ws.sqlite"], capsys)
-    assert "a1: agent is not running: nothing listens at tcp://127.0.0.1:" in err
+    assert "a1: no answer and nothing listens at tcp://127.0.0.1:" in err

@@ -61,3 +61,22 @@ def test_the_search_keeps_to_the_devices_memory_and_says_when_nothing_fits():
     assert result.best.fits and result.best.memory_bytes <= budget
     with pytest.raises(EpdInputError, match="memory budget"):
         search(msgspec.structs.replace(problem, memory_budget_bytes=WEIGHTS.text_bytes), trials=3, seed=0)
+
+
+def test_epd_search_plans_each_devices_memory_from_the_model_and_refuses_what_fits_nowhere(model, tmp_path, capsys):
+    import json
+
+    from core.cli import main
+
+    w, c = tmp_path / "w.json", tmp_path / "c.json"
+    assert main(["epd", "workload", "--rate", "1", "--requests", "8", "--seed", "2", "--out", str(w)]) == 0
+    assert main(["epd", "costs", "--out", str(c)]) == 0
+    args = ["epd", "search", "--costs", str(c), "--workload", str(w), "--devices", "4", "--trials", "4",
+            "--model", str(model), "--json"]
+    capsys.readouterr()
+    assert main(args + ["--memory-mib", "1e6"]) == 0
+    roomy = json.loads(capsys.readouterr().out)["rows"][0]
+    assert roomy["fits"] and roomy["memory_bytes"] > phase_weights(model).text_bytes
+    assert main(args + ["--memory-mib", "0.01"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the search's progress lines: one error line
+    assert "none of the" in last and "0.01 MiB memory budget" in last

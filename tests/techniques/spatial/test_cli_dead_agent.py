@@ -13,4 +13,4 @@ def test_spatial_run_names_a_dead_agent_within_the_answer_time(tmp_path, capsys)
     with cluster_with_a_dead_agent(tmp_path / "cluster", ["d0", "d1"], "d1") as agents:
         err = refused(["spatial", "run", tmp_path / "problem.json", "--agents", agents, "--strategy", "even",
                        "--images", "1", "--workspace", tmp_path / "ws.sqlite"], capsys)
-    assert "d1: agent is not running: nothing listens at tcp://127.0.0.1:" in err
+    assert "d1: no answer and nothing listens at tcp://127.0.0.1:" in err

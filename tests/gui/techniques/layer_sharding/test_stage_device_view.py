@@ -46,3 +46,17 @@ def test_the_profile_screen_names_each_stages_device_beside_its_precision(qtbot)
     text = panel.precision_label.text()
     assert all(f"{s.device} {s.weights} on {s.torch_device}" in text for s in plan.stages)
     assert "on cuda:0" in text
+    assert "GPUs: " + ", ".join(f"{d} cuda:0 1024.0 GiB" for d in problem.profile.cluster.device_ids()) in text
+
+
+def test_the_profile_screen_names_each_devices_own_quantized_block_time(qtbot):
+    from core.models.weight_quality import DevicePrecisionTimes
+
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    problem = measured_problem()
+    d = problem.profile.cluster.device_ids()[0]
+    own = (DevicePrecisionTimes(device=d, weights="int8", decode_time_ratio=0.92, prefill_time_ratio=1.1),)
+    state.set_profile(msgspec.structs.replace(problem.profile, precision_times=own))
+    assert f"on each device: {d} int8 0.92×" in panel.precision_label.text()
