@@ -134,7 +134,9 @@ class RequestTimeline(QWidget):
         if not self.metrics:
             p.drawText(self.rect(), Qt.AlignCenter | Qt.TextWordWrap, self.placeholder)
             return
-        left, bottom = 44, 40
+        left = 44
+        legend = legend_layout([name for name, _ in SPANS], p.fontMetrics(), max(60, self.width() - left - 10))
+        bottom = 24 + 18 * (1 + max(row for _, _, row in legend))
         t0 = min(m.arrival_s for m in self.metrics)
         t1 = max(m.decode_end_s for m in self.metrics)
         span = max(t1 - t0, 1e-9)
@@ -155,12 +157,25 @@ class RequestTimeline(QWidget):
         p.setPen(text)
         p.drawText(QRectF(left, y, width, 14), Qt.AlignLeft, seconds_text(t0, span))
         p.drawText(QRectF(left, y, width, 14), Qt.AlignRight, seconds_text(t1, span))
-        lx = left
-        for name, color in SPANS:
-            p.fillRect(QRectF(lx, y + 20, 12, 12), color)
+        for (name, color), (_, dx, row) in zip(SPANS, legend):
+            ly = y + 18 + 18 * row
+            p.fillRect(QRectF(left + dx, ly + 2, 12, 12), color)
             p.setPen(text)
-            p.drawText(QRectF(lx + 16, y + 18, 70, 16), Qt.AlignVCenter, name)
-            lx += 86
+            p.drawText(QRectF(left + dx + 16, ly, p.fontMetrics().horizontalAdvance(name) + 4, 16), Qt.AlignVCenter, name)
+
+
+def legend_layout(names: Sequence[str], metrics, width: float) -> list[tuple[str, float, int]]:
+    """(name, x offset, row) of each legend entry (a 12 px swatch, its name, a gap), wrapped onto
+    another row where the next would pass ``width``: at 1024x700 the six spans at a fixed 86 px
+    each ran past the timeline ("prefil", the transfers cut off)."""
+    out, dx, row = [], 0.0, 0
+    for name in names:
+        w = 16 + metrics.horizontalAdvance(name) + 14
+        if dx > 0 and dx + w - 14 > width:
+            dx, row = 0.0, row + 1
+        out.append((name, dx, row))
+        dx += w
+    return out
 
 
 __all__ = ["LAYOUT_WORDS", "PoolsDiagram", "RequestTimeline", "pools_text", "seconds_text"]

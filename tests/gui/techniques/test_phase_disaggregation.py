@@ -127,3 +127,18 @@ def test_a_narrow_pool_box_puts_the_phases_under_the_device_instead_of_eliding_i
     assert box_text("local-0 EPD", metrics, narrow, 3 * metrics.height()) == "local-0\nEPD"
     assert box_text("local-0 EPD", metrics, 4 * narrow, metrics.height()) == "local-0 EPD"
     assert "…" in box_text("local-0 EPD", metrics, narrow, metrics.height())  # one line's room: elided
+
+
+def test_the_request_timelines_legend_wraps_instead_of_running_past_a_narrow_timeline(qtbot):
+    from PySide6.QtGui import QFontMetrics
+
+    from gui.techniques.phase_disaggregation.drawings import SPANS, RequestTimeline, legend_layout
+
+    timeline = RequestTimeline()
+    qtbot.addWidget(timeline)
+    metrics = QFontMetrics(timeline.font())
+    names = [name for name, _ in SPANS]
+    narrow = legend_layout(names, metrics, 300)
+    assert [n for n, _, _ in narrow] == names and max(row for _, _, row in narrow) >= 1
+    assert all(dx + 16 + metrics.horizontalAdvance(n) <= 300 for n, dx, _ in narrow)
+    assert {row for _, _, row in legend_layout(names, metrics, 2000)} == {0}
