@@ -58,7 +58,11 @@ def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeat
     link.sync_clocks()
     costs = profile_phases(link, model_dir, pools, tiles=PROBE_TILES, prompt_tokens=PROBE_PROMPTS,
                            decode_batches=PROBE_BATCHES, decode_steps=4, repeats=repeats, reporter=reporter)
-    return msgspec.structs.replace(costs, source=f"measured on {', '.join(pools.devices)} ({Path(model_dir).name})")
+    # one calibration prices every device: say which agent each phase was timed on (docs/gui.md: a phase
+    # placed on a slower agent than its own is predicted too fast)
+    timed_on = f"encode timed on {pools.encode[0]}, prefill on {pools.prefill[0]}, decode on {pools.decode[0]}"
+    return msgspec.structs.replace(costs, source=f"measured on {', '.join(pools.devices)} ({Path(model_dir).name}; "
+                                                 f"{timed_on}, every device priced at their speeds)")
 
 
 def agent_workload(*, requests: int = 6, rate_rps: float = 2.0, seed: int = 0) -> Workload:
