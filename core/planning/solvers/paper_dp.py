@@ -20,7 +20,10 @@ where the published algorithms differ from the optimum of the same cost model:
   is given its best micro-batching afterwards (as the baselines are) and may fall short of
   the exact throughput. It enumerates device subsets: 2^(devices − 1) of them.
 
-Both work on the arrays of ``core.planning.solvers.arrays`` (the one cost model).
+Both work on the arrays of ``core.planning.solvers.arrays`` (the one cost model), one node per
+device with its weights at fp (``PUBLISHED_PRECISIONS``): the paper chooses no weight precision. Under a
+quality bound the arrays would make each (device, precision) pair a node, which Algorithm 2's device set
+counts as two devices (a plan with a device twice, costed at times its fp stages do not have).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from core.planning.problem import PlanningProblem, check_problem
 from core.planning.solvers.arrays import build_arrays
 
 INF = float("inf")
+PUBLISHED_PRECISIONS = ("fp",)
+"""The paper places layers on devices at the model's own weights; fp meets every quality bound."""
 
 
 class PaperAlgorithmTimeout(EdgeShardError):
@@ -89,7 +94,7 @@ def paper_dp_latency(problem: PlanningProblem, objective: str = "latency") -> Sh
     """
     check_problem(problem)
     m = problem.workload.batch_size
-    arr = build_arrays(problem, m, 1)
+    arr = build_arrays(problem, m, 1, precisions=PUBLISHED_PRECISIONS)
     n, dn = arr.n, len(arr.devices)
     unit_t = np.diff(arr.prefix, axis=1)  # (D, N): each unit's decode time on each device
     unit_mem = np.array([arr.stage_bytes[u, u + 1] for u in range(n)], dtype=np.int64)
@@ -140,7 +145,7 @@ def paper_dp_throughput(problem: PlanningProblem, objective: str = "throughput",
     """
     check_problem(problem)
     b = problem.workload.batch_size
-    arr = build_arrays(problem, 1, b)
+    arr = build_arrays(problem, 1, b, precisions=PUBLISHED_PRECISIONS)
     n, dn, src = arr.n, len(arr.devices), arr.src
     others = [d for d in range(dn) if d != src]
     bit = {d: 1 << i for i, d in enumerate(others)}

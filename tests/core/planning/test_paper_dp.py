@@ -3,6 +3,7 @@
 import msgspec
 import pytest
 
+from core.errors import ModelDoesNotFit
 from core.planning.cost import evaluate
 from core.planning.problem import Workload
 from core.planning.scenarios import DeviceSpec, paper_problem, random_problem, synthetic_problem
@@ -108,3 +109,50 @@ def test_algorithm_2s_table_equals_the_published_recurrence_bit_for_bit(seed):
     expected = _published_recurrence(stage, arr.occupancy, others, src, n)
     assert np.isfinite(expected[:, :, n]).any()
     np.testing.assert_array_equal(g, expected)
+
+
+def _gui_measured_problem():
+    """The GUI tests' measured problem (tests/gui/.../test_precision_view.measured_problem: int8 measured
+    faster than fp at +0.5 % perplexity) under the 1 % quality bound its Compare tests set."""
+    from core.models.weight_quality import PrecisionQuality
+    from tests.gui.problems import make_problem
+
+    p = make_problem()
+    units = tuple(msgspec.structs.replace(u, linear_params=u.params, linear_rows=4096) if u.kind == "decoder_block"
+                  else u for u in p.profile.model.units)
+    quality = (PrecisionQuality(weights="fp", perplexity=20.0),
+               PrecisionQuality(weights="int8", perplexity=20.1, decode_time_ratio=0.8),
+               PrecisionQuality(weights="int4", perplexity=23.0, decode_time_ratio=1.5))
+    profile = msgspec.structs.replace(p.profile, model=msgspec.structs.replace(p.profile.model, units=units),
+                                      weight_quality=quality)
+    return msgspec.structs.replace(p, profile=profile, max_perplexity_increase=0.01)
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_algorithm_2_under_a_quality_bound_places_each_device_once_at_fp_on_the_gui_measured_problem(objective):
+    problem = _gui_measured_problem()
+    out = run_strategy(problem, "paper-dp-throughput", objective)
+    assert out.status == "ok", out.error
+    devices = out.plan.devices()
+    assert len(devices) == len(set(devices)) and {s.weights for s in out.plan.stages} == {"fp"}
+    unbounded = paper_dp_throughput(msgspec.structs.replace(problem, max_perplexity_increase=None))
+    assert [(s.device, s.start, s.end) for s in out.plan.stages] == [(s.device, s.start, s.end) for s in unbounded.stages]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_paper_algorithms_ignore_a_quality_bound_and_algorithm_2_never_repeats_a_device(seed):
+    from tests.core.planning.test_precision_planning import _quantizable
+
+    plain = random_problem(seed, devices=3, units=6, tightness=1.5)
+    bounded = _quantizable(plain, bound=0.1)  # int8 and int4 admitted: each device would be three nodes
+    unbounded = msgspec.structs.replace(bounded, max_perplexity_increase=None)
+    for algorithm in (paper_dp_latency, paper_dp_throughput):
+        try:
+            expected = algorithm(unbounded)
+        except ModelDoesNotFit:
+            with pytest.raises(ModelDoesNotFit):
+                algorithm(bounded)
+            continue
+        assert algorithm(bounded) == expected
+    plan = paper_dp_throughput(bounded)
+    assert len(plan.devices()) == len(set(plan.devices()))
