@@ -17,6 +17,7 @@ stopped (prompt plus tokens so far, its sampler's key and step kept: the same to
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -46,10 +47,16 @@ log = logging.getLogger(__name__)
 
 
 
+def full_attention_only(config: dict) -> bool:
+    """Whether every block of the model attends over its whole past (rows may join a running micro-batch:
+    a sliding window's cache cannot take masked columns), read as the stages read it (``StageExecutor``)."""
+    config = config.get("text_config") or config
+    types = config.get("layer_types")
+    return all(t == "full_attention" for t in types) if types else config.get("sliding_window") is None
+
+
 def model_context(model_dir: str) -> int:
     """Tokens the model can attend over (prompt + generated): its config's position limit."""
-    import json
-
     config = json.loads(Path(model_dir, "config.json").read_text())
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
         if isinstance(config.get(key), int):
@@ -119,6 +126,8 @@ class ServedModel:
         self.plan_id = store.add_plan(session_id, plan) if store is not None else None
         self.stop_ids = stop_token_ids(model_dir, tokenizer)
         self.context = model_context(model_dir)
+        self.rows_join = full_attention_only(json.loads(Path(model_dir, "config.json").read_text()))
+        """Whether requests may join a running micro-batch as rows (``_growable``)."""
         self.chat_template = getattr(tokenizer, "chat_template", None)
         self.loaded = False
         self.slots = max(2, len(plan.stages), micro_batch_count(plan, settings.generation.micro_batches))
@@ -224,7 +233,7 @@ class ServedModel:
     def _growable(self, key: tuple | None) -> int | None:
         """The running micro-batch with the fewest live rows that requests with ``key`` may join while it
         runs (greedy, no repetition controls: a row's tokens depend on its own only), if one has room."""
-        if key is None or key[1:] != (1.0, 0):
+        if key is None or key[1:] != (1.0, 0) or not self.rows_join:
             return None
         live = {slot: sum(not m.done for m in members) for slot, members in self._slots.items()
                 if members and members[0].batch_key == key and not any(m.resumed for m in members)}

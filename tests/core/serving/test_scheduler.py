@@ -126,3 +126,13 @@ def test_requests_wait_while_every_micro_batch_is_busy_and_join_when_one_is_free
         assert started == [[a, b], [c]] and queue.waiting == 0
     finally:
         queue.close()
+
+
+def test_rows_join_a_running_micro_batch_only_of_a_model_whose_every_block_attends_its_whole_past():
+    from core.serving.cluster_runs import full_attention_only
+
+    assert full_attention_only({"model_type": "llama", "sliding_window": None})
+    assert full_attention_only({"layer_types": ["full_attention"] * 2, "sliding_window": 4096})
+    assert not full_attention_only({"layer_types": ["full_attention", "sliding_attention"]})
+    assert not full_attention_only({"model_type": "mistral", "sliding_window": 4096})
+    assert not full_attention_only({"text_config": {"sliding_window": 512}})
