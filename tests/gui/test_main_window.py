@@ -12,6 +12,16 @@ from gui.main_window import SCREENS, MainWindow
 from tests.gui.problems import make_problem
 
 
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory):
+    """One agent, "solo", for the tests that connect to it and leave it running (each its own
+    coordinator): started once for the module rather than once a test."""
+    from core.devices.local_cluster import LocalCluster
+
+    with LocalCluster(tmp_path_factory.mktemp("solo"), ["solo"]) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def window(qtbot, isolated_settings):
     studio_app.create_app()
@@ -105,37 +115,31 @@ def test_dark_theme_switch_restyles_without_errors(window):
     assert studio_app.theme_mode() == "light"
 
 
-def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_run(window, qtbot, tmp_path):
-    from core.devices.local_cluster import LocalCluster
-
-    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
-        window.connect_agents(str(cluster.agents_file))
-        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
-        devices = window.screens.devices
-        assert devices.registry.records["solo"].status == "running" and devices.registry.records["solo"].origin == "agents file"
-        assert window.screens.profile.profile_button.isEnabled()
-        assert window.screens.run.backend is not None
-        window.close()
-        assert window.coordinator is None
+def test_connecting_to_an_agents_file_lists_the_agents_and_enables_profile_and_run(window, qtbot, solo):
+    window.connect_agents(str(solo.agents_file))
+    qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+    devices = window.screens.devices
+    assert devices.registry.records["solo"].status == "running" and devices.registry.records["solo"].origin == "agents file"
+    assert window.screens.profile.profile_button.isEnabled()
+    assert window.screens.run.backend is not None
+    window.close()
+    assert window.coordinator is None
 
 
-def test_connecting_twice_closes_the_superseded_connection_instead_of_leaking_it(window, qtbot, tmp_path):
+def test_connecting_twice_closes_the_superseded_connection_instead_of_leaking_it(window, qtbot, solo):
     import threading
-
-    from core.devices.local_cluster import LocalCluster
 
     def coordinator_threads() -> int:
         return sum(t.name == "edgeshard-coordinator" for t in threading.enumerate())
 
     before = coordinator_threads()
-    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
-        window.connect_agents(str(cluster.agents_file))
-        window.connect_agents(str(cluster.agents_file))  # supersedes the first, which still connects
-        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
-        qtbot.waitUntil(lambda: window._agents_runner.alive_threads() == [], timeout=30_000)
-        qtbot.waitUntil(lambda: coordinator_threads() == before + 1, timeout=10_000)  # only the adopted one
-        window.close()
-        assert coordinator_threads() == before
+    window.connect_agents(str(solo.agents_file))
+    window.connect_agents(str(solo.agents_file))  # supersedes the first, which still connects
+    qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+    qtbot.waitUntil(lambda: window._agents_runner.alive_threads() == [], timeout=30_000)
+    qtbot.waitUntil(lambda: coordinator_threads() == before + 1, timeout=10_000)  # only the adopted one
+    window.close()
+    assert coordinator_threads() == before
 
 
 def test_a_killed_agent_shows_as_offline_on_the_devices_screen(window, qtbot, tmp_path):
@@ -272,32 +276,29 @@ def test_a_workspace_and_model_set_before_the_window_is_built_are_shown(qtbot, i
     assert w.model_label.text() == "Model: demo-llama"
 
 
-def test_a_failed_connect_keeps_the_agents_already_attached_and_says_so(window, qtbot, tmp_path):
-    from core.devices.local_cluster import LocalCluster
-
+def test_a_failed_connect_keeps_the_agents_already_attached_and_says_so(window, qtbot, tmp_path, solo):
     bad = tmp_path / "agents.json"
     bad.write_text('{"format": "edgeshard.agents", "version": 1}')
-    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
-        window.connect_agents(str(cluster.agents_file))
-        qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
-        backend = window.screens.run.backend
-        window.connect_agents(str(bad))
-        qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorDialog") is not None, timeout=10_000)
-        box = window.findChild(QMessageBox, "errorDialog")
-        assert "Still using the agents already attached" in box.text() + box.informativeText()
-        box.close()
-        assert window.state.connection == "1 agent(s) connected"
-        assert window.screens.run.backend is backend
-        window.close()
+    window.connect_agents(str(solo.agents_file))
+    qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
+    backend = window.screens.run.backend
+    window.connect_agents(str(bad))
+    qtbot.waitUntil(lambda: window.findChild(QMessageBox, "errorDialog") is not None, timeout=10_000)
+    box = window.findChild(QMessageBox, "errorDialog")
+    assert "Still using the agents already attached" in box.text() + box.informativeText()
+    box.close()
+    assert window.state.connection == "1 agent(s) connected"
+    assert window.screens.run.backend is backend
+    window.close()
 
 
-def test_a_second_agents_file_marks_the_agents_it_replaces_and_warns(window, qtbot, tmp_path):
+def test_a_second_agents_file_marks_the_agents_it_replaces_and_warns(window, qtbot, tmp_path, solo):
     from core.devices.local_cluster import LocalCluster
 
     logged = []
     window.state.log_added.connect(lambda level, text: logged.append((level, text)))
-    with LocalCluster(tmp_path / "one", ["solo"]) as first, LocalCluster(tmp_path / "two", ["duo"]) as second:
-        window.connect_agents(str(first.agents_file))
+    with LocalCluster(tmp_path / "two", ["duo"]) as second:
+        window.connect_agents(str(solo.agents_file))
         qtbot.waitUntil(lambda: window.connection_label.text() == "● 1 agent(s) connected", timeout=60_000)
         window.connect_agents(str(second.agents_file))
         records = window.screens.devices.registry.records
@@ -333,24 +334,22 @@ def test_a_lost_demo_agent_gives_the_same_advice_as_its_start_button(window, qtb
         window.close()
 
 
-def test_a_local_agent_s_row_shows_its_control_endpoint_and_pid_not_an_ssh_port(window, qtbot, tmp_path):
-    from core.devices.local_cluster import LocalCluster
+def test_a_local_agent_s_row_shows_its_control_endpoint_and_pid_not_an_ssh_port(window, qtbot, solo):
     from core.runs.coordinator import Coordinator
     from gui.connection.attach import attach
     from gui.screens.devices import COLUMNS
 
-    with LocalCluster(tmp_path / "cluster", ["solo"]) as cluster:
-        coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=10.0)
-        coordinator.open()
-        try:
-            attach(window, coordinator, coordinator.wait_ready(30.0), origin="local cluster")
-            table = window.screens.devices.table
-            address = table.item(0, COLUMNS.index("Address")).text()
-            port = coordinator.endpoints["solo"].control_address.rsplit(":", 1)[1]
-            assert address == f"127.0.0.1:{port} (local, pid {cluster.pid_of('solo')})"
-        finally:
-            coordinator.close()
-        window.close()
+    coordinator = Coordinator(solo.endpoints, solo.keys, request_timeout_s=10.0)
+    coordinator.open()
+    try:
+        attach(window, coordinator, coordinator.wait_ready(30.0), origin="local cluster")
+        table = window.screens.devices.table
+        address = table.item(0, COLUMNS.index("Address")).text()
+        port = coordinator.endpoints["solo"].control_address.rsplit(":", 1)[1]
+        assert address == f"127.0.0.1:{port} (local, pid {solo.pid_of('solo')})"
+    finally:
+        coordinator.close()
+    window.close()
 
 
 def test_every_screens_title_starts_at_the_same_place(window, qtbot):
