@@ -246,11 +246,41 @@ def test_the_first_token_and_sampler_state_travel_exactly_beside_the_kv_cache_an
     from agents.techniques.phase_disaggregation.phases import from_handoff, handoff_tensor
 
     gen = torch.Generator().manual_seed(5)
+    torch.rand(7, generator=gen)
     rng = gen.get_state().numpy().tobytes()
     assert from_handoff(handoff_tensor(123_456, rng)) == (123_456, rng)
-    for bad in (torch.tensor([1.5, 3.0]), torch.tensor([1.0, 300.0]), torch.tensor([-1.0]), torch.empty(0)):
+    assert from_handoff(handoff_tensor(7, b"\x01\x02\x03")) == (7, b"\x01\x02\x03")  # not a multiple of 4
+    assert from_handoff(handoff_tensor(9, b"")) == (9, b"")
+    for bad in (torch.tensor([1.5, 3.0]), torch.tensor([1.0, 300.0]), torch.tensor([-1.0]), torch.empty(0),
+                torch.tensor([1.0, 4.0])):
         with pytest.raises(PhaseRequestError, match="handoff is not a token and sampler-state bytes"):
             from_handoff(bad)
+
+
+def test_the_handoff_carries_the_sampler_state_at_its_own_size_not_four_bytes_a_byte():
+    """The KV link measured 2.08x the cost model's KV bytes: the 5,056-byte CPU generator state travelled
+    as one float32 per byte (20,228 B a request, more than the tiny model's 18,944-B KV cache)."""
+    from agents.techniques.phase_disaggregation.phases import handoff_tensor
+
+    rng = torch.Generator().manual_seed(5).get_state().numpy().tobytes()
+    assert len(rng) == 5056
+    assert handoff_tensor(3, rng).numel() * 4 == 4 + 4 + 5056  # token, state length, the state
+    assert handoff_tensor(3, b"").numel() * 4 == 8
+
+
+def test_a_greedy_prefill_sends_no_sampler_state_and_a_sampled_one_sends_its_generators(llava, executors):
+    """Greedy never draws from the generator: decode's own, made from the seed, is the same state."""
+    from agents.techniques.phase_disaggregation.messages import PrefillPrompt
+    from agents.techniques.phase_disaggregation.phases import sampling_params
+
+    path, info, tiles, ids, _ = llava
+    mm = executors[0].encode(tiles).reshape(-1, info.hidden)
+    for spec in (SamplingSpec(), SamplingSpec(temperature=0.9, top_k=50, seed=4)):
+        msg = PrefillPrompt(request=0, input_ids=tuple(ids), sampling=spec, mm_shape=tuple(mm.shape), mm=to_bytes(mm))
+        reply = executors[1].serve(msg)
+        g = sampling_params(spec, 1).make_generator()
+        executors[1].prefill_prompt(ids, mm, sampling_params(spec, 1), g)
+        assert reply.rng == (g.get_state().numpy().tobytes() if spec.temperature else b"")
 
 
 def _prefilled(llava, executors, n_tiles, words, params):

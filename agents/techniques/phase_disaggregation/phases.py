@@ -257,7 +257,7 @@ class PrefillExecutor(_TextExecutor):
         with emulated(slowdown):
             token, kv = self.prefill_prompt(list(msg.input_ids), mm, params, generator)
         t_end = clock()
-        rng = generator.get_state().numpy().tobytes()
+        rng = b"" if params.greedy else generator.get_state().numpy().tobytes()  # greedy never draws from it
         if msg.send_to:  # the KV cache, then what decode goes on from: it can start as soon as both are there
             _links(links).send(msg.send_to, "kv", msg.run, msg.request, 0, kv.reshape(-1, *kv.shape[2:]))
             _links(links).send(msg.send_to, "kv", msg.run, msg.request, HANDOFF_PIECE, handoff_tensor(token, rng))
