@@ -108,6 +108,10 @@ class ClusterRunBackend:
             out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
                                 reporter=reporter, options=dict(getattr(settings, "technique_options", {}) or {}))
             return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
+        if getattr(settings, "draft_dir", ""):  # speculative decoding: the CLI's own driver (edgeshard run --draft)
+            said = self._run_speculative(plan, problem, model_dir, settings, generation, sink, reporter)
+            if said is not None:
+                return said
         # switching "Send stage weights" on or off reloads: the stages must come from where it says
         same_source = settings.send_weights == self._loaded_with_sent_weights
         load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)
@@ -135,6 +139,24 @@ class ClusterRunBackend:
         return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
                 "recoveries": [refused, *recoveries] if refused else recoveries,
                 "recovered_plan": out.result.plan if (out.result.recoveries or refused) else None}
+
+    def _run_speculative(self, plan, problem, model_dir, settings, generation, sink, reporter) -> dict | None:
+        """``core.runs.speculative.generate_speculative`` at the checked k (None: auto chose plain decoding)."""
+        from core.runs.speculative import auto_settings, check_draft, generate_speculative
+
+        # the Run screen checked the draft and the settings in its own words at Start (gui.techniques.speculative)
+        k = settings.speculate_k
+        speculative = (check_draft(model_dir, settings.draft_dir, k) if k is not None
+                       else auto_settings(problem, plan, model_dir, settings.draft_dir))
+        if speculative is None:
+            reporter.status("Speculate k auto: plain decoding is predicted faster for this plan; running it plainly")
+            return None
+        reporter.status(f"Speculating {speculative.k} token(s) a trip with {os.path.basename(speculative.draft_dir)}")
+        out = generate_speculative(self.coordinator, plan, model_dir, settings.prompts[0], generation, speculative,
+                                   sink=sink, reporter=reporter)
+        self._loaded_with_sent_weights = settings.send_weights
+        return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
+                "speculate_k": speculative.k}
 
     def stop(self) -> None:
         self.coordinator.stop()

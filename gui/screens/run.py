@@ -171,6 +171,11 @@ class RunPanel(QWidget):
         from gui.techniques.attention_offload import OffloadRunControls
 
         self.offload_controls = OffloadRunControls()  # shown for an attention-offload plan only
+        from gui.techniques.speculative import SpeculativeRunControls
+
+        self.speculative_controls = SpeculativeRunControls(self)  # its two rows: a layer-sharding plan only
+        self.speculative_controls.changed.connect(self._on_settings_changed)
+        self.model_edit.textChanged.connect(self.speculative_controls.offer_for)
         self.offload_controls.changed.connect(self._on_settings_changed)
         self.offload_controls.changed.connect(self._apply_technique_limits)
         self.on_failure_combo.setToolTip("What the run does when one of its devices dies mid-run "
@@ -213,6 +218,9 @@ class RunPanel(QWidget):
         form.addRow("No-repeat n-gram", self.ngram_spin)  # as wide as "Repetition penalty": the column keeps its width
         form.addRow("Weights", self.send_weights_check)
         form.addRow("On failure", self.on_failure_combo)
+        form.addRow("Draft model", self.speculative_controls.draft_row)
+        form.addRow("Speculate k", self.speculative_controls.k_spin)
+        self.form = form
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
         buttons.addWidget(self.stop_button)
@@ -277,7 +285,8 @@ class RunPanel(QWidget):
                            else self.offload_controls.options(),
                            repetition_penalty=1.0 if refused else round(self.penalty_spin.value(), 2),
                            no_repeat_ngram_size=0 if refused else self.ngram_spin.value(),
-                           presenter_pace=self.pace_check.isChecked())
+                           presenter_pace=self.pace_check.isChecked(),
+                           **self._speculative_settings())
 
     def apply_settings(self, settings: RunSettings) -> None:
         """Show ``settings`` in the controls (the last workspace's, restored at launch)."""
@@ -292,6 +301,7 @@ class RunPanel(QWidget):
         self.penalty_spin.setValue(settings.repetition_penalty)
         self.ngram_spin.setValue(settings.no_repeat_ngram_size)
         self.pace_check.setChecked(settings.presenter_pace)
+        self.speculative_controls.apply(settings.draft_dir, settings.speculate_k)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -311,6 +321,7 @@ class RunPanel(QWidget):
                             "directory with … (Browse) beside the field.")
         if self.backend is not None and self.state is not None:  # what the Plan screen flags never starts
             problems += start_refusals(self.state.problem, self.state.plan, self.state.offline_devices)
+        problems += self._speculative_refusals(settings)
         if problems:
             self.message.show_lines(problems, "Cannot start the run:")
             return
@@ -425,6 +436,11 @@ class RunPanel(QWidget):
         offline = set(getattr(self.state, "offline_devices", ()))
         self.offload_controls.show_for(plan, [] if agents is None else [a for a in agents.endpoints
                                                                           if a not in offline])
+        from core.techniques import technique_of_plan
+
+        sharded = plan is None or technique_of_plan(plan) == "layer-sharding"
+        for w in (self.speculative_controls.draft_row, self.speculative_controls.k_spin):
+            self.form.setRowVisible(w, sharded)
         self._apply_technique_limits()
 
     def _keep_technique_settings(self, plan) -> None:
@@ -463,6 +479,24 @@ class RunPanel(QWidget):
             w.setEnabled(not refusal and not busy)
         say_why_disabled({w: refusal or "a run is in progress" for w in (self.penalty_spin, self.ngram_spin)})
 
+    def _speculative_settings(self) -> dict:
+        """The draft and k shown (a layer-sharding plan's; none for another technique's)."""
+        if not self.speculative_controls.draft_row.isVisibleTo(self):
+            return {}
+        draft, k = self.speculative_controls.options()
+        return {"draft_dir": draft, "speculate_k": k}
+
+    def _speculative_refusals(self, settings) -> list[str]:
+        """Why the draft and k cannot run (``gui.techniques.speculative.speculative_settings``)."""
+        from core.runs.speculative import DraftMismatch
+        from gui.techniques.speculative import speculative_settings
+
+        try:
+            speculative_settings(settings, getattr(self.state, "problem", None), getattr(self.state, "plan", None))
+        except DraftMismatch as err:
+            return [str(err)]
+        return []
+
     def history_sampling_refusal(self) -> str:
         """Why the repetition penalty and the n-gram ban cannot be used for the current plan and
         settings ("" when they can): staggered attention offloading (several compute replicas, or
@@ -487,7 +521,7 @@ class RunPanel(QWidget):
         self.stop_button.setEnabled(running)
         for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin, self.pace_check,
                   self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin,
-                  self.ngram_spin):
+                  self.ngram_spin, self.speculative_controls.draft_row):
             w.setEnabled(not running)
         self._apply_technique_limits()
         if running:

@@ -47,6 +47,10 @@ class RunSettings:
     --no-repeat-ngram-size``)."""
     presenter_pace: bool = False
     """Generate all ``max_new_tokens`` past EOS (``GenerationSettings.ignore_eos``): a run long enough to watch."""
+    draft_dir: str = ""
+    """Speculative decoding's draft checkpoint ("" = plain decoding; ``edgeshard run --draft``)."""
+    speculate_k: int | None = None
+    """Tokens the draft proposes a trip (1-8); None: auto, the cost model's k (``--speculate auto``)."""
 
 
 REPETITION_PENALTY_RANGE = (1.0, 2.0)

@@ -12,8 +12,11 @@ run and a replayed recording draw the same bars.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QSpinBox, QWidget
 
 from agents.protocol import TimelineEvent, TokenEvent
 from gui.timeline.items import MARK_COLOURS
@@ -82,5 +85,118 @@ class TokensPerTripPlot(pg.PlotWidget):
         return sum(self.counts) / len(self.counts) if self.counts else None
 
 
-__all__ = ["LEGEND_TERMS", "LEGEND_TOOLTIP", "PLOT_TITLE", "SPECULATIVE_LEGEND_TERMS", "SPECULATIVE_LEGEND_TOOLTIP",
+MAX_SPECULATE = 8
+"""The Run screen's k range (``agents.techniques.speculative.messages.MAX_SPECULATE``, checked at Start)."""
+
+
+def shipped_draft(model_dir: str) -> str:
+    """The draft shipped beside ``model_dir`` (``<name>-draft``, as the demo's demo-llama-draft), or ""."""
+    if not model_dir:
+        return ""
+    path = Path(model_dir).resolve()
+    draft = path.with_name(path.name + "-draft")
+    return str(draft) if (draft / "config.json").is_file() else ""
+
+
+class SpeculativeRunControls(QWidget):
+    """The Run screen's "Draft model" (none, the model's shipped draft, or a chosen checkpoint) and
+    "Speculate k" (auto: the cost model's k for the plan, or 1..8) for a layer-sharding run. Two
+    widgets, so the screen's form lays them out as its own rows (``draft_row``, ``k_spin``)."""
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.draft_combo = QComboBox()
+        self.draft_combo.setAccessibleName("Draft model")
+        self.draft_combo.setToolTip("Speculative decoding: a small checkpoint sharing the model's tokenizer proposes "
+                                    "k tokens a trip on the source device; the stages verify them at once (one "
+                                    "prompt, sequential; greedy tokens are the model's own). None: plain decoding")
+        self.draft_combo.addItem("None", "")
+        self.browse_button = QPushButton("…")
+        self.browse_button.setAccessibleName("Browse for draft model directory")
+        self.browse_button.setToolTip("Browse: choose the draft's checkpoint directory")
+        self.browse_button.setFixedWidth(self.browse_button.fontMetrics().horizontalAdvance(" … ") + 16)
+        self.browse_button.clicked.connect(self._on_browse_clicked)
+        self.draft_row = QWidget(self)
+        row = QHBoxLayout(self.draft_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.draft_combo, 1)
+        row.addWidget(self.browse_button)
+        self.k_spin = QSpinBox()
+        self.k_spin.setRange(0, MAX_SPECULATE)
+        self.k_spin.setSpecialValueText("auto")  # 0: the cost model's k for the plan (or plain decoding)
+        self.k_spin.setAccessibleName("Speculate k")
+        self.k_spin.setToolTip("Tokens the draft proposes a trip (1-8); auto: the cost model's k for this plan from the "
+                               "draft's stored acceptance rate (plain decoding when that is predicted faster)")
+        self.draft_combo.currentIndexChanged.connect(self._on_draft_changed)
+        self.k_spin.valueChanged.connect(self.changed)
+        self._on_draft_changed()
+        self.hide()
+
+    def offer_for(self, model_dir: str) -> None:
+        """Offer ``model_dir``'s shipped draft (the demo's demo-llama-draft) beside None and chosen ones."""
+        draft = shipped_draft(model_dir)
+        if draft and self.draft_combo.findData(draft) < 0:
+            self.draft_combo.addItem("shipped draft", draft)  # its name ("demo-llama-draft") is cut at 1024x700
+            self.draft_combo.setItemData(self.draft_combo.count() - 1, draft, Qt.ItemDataRole.ToolTipRole)
+
+    def options(self) -> tuple[str, int | None]:
+        """(draft directory, "" for none; k, None for auto)."""
+        return self.draft_combo.currentData() or "", self.k_spin.value() or None
+
+    def apply(self, draft_dir: str, k: int | None) -> None:
+        if draft_dir and self.draft_combo.findData(draft_dir) < 0:
+            self.draft_combo.addItem(Path(draft_dir).name, draft_dir)
+            self.draft_combo.setItemData(self.draft_combo.count() - 1, draft_dir, Qt.ItemDataRole.ToolTipRole)
+        self.draft_combo.setCurrentIndex(max(0, self.draft_combo.findData(draft_dir)))
+        self.k_spin.setValue(k or 0)
+
+    def _on_browse_clicked(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Draft checkpoint directory", self.options()[0])
+        if path:
+            self.apply(path, self.k_spin.value() or None)
+
+    def _on_draft_changed(self, *_args) -> None:
+        self.k_spin.setEnabled(bool(self.options()[0]))
+        self.changed.emit()
+
+
+def speculative_settings(settings, problem, plan):
+    """The run's ``core.runs.speculative.SpeculativeSettings`` (None: no draft chosen, or auto predicts
+    plain decoding faster), or a one-line ``DraftMismatch`` in the Run screen's words: the same checks
+    as ``edgeshard run --draft DIR --speculate K|auto`` (the draft shares the model's vocabulary and
+    tokenizer; one prompt, sequential, no repetition penalty or n-gram ban)."""
+    from core.runs.speculative import DraftMismatch, auto_settings, check_draft
+    from core.models.draft_distillation import stored_acceptance
+
+    draft, k = settings.draft_dir, settings.speculate_k
+    if not draft:
+        return None
+    if k is not None and not 1 <= k <= MAX_SPECULATE:
+        raise DraftMismatch(f"Speculate k must be auto or 1-{MAX_SPECULATE}, got {k}.")
+    if not Path(draft, "config.json").is_file():
+        raise DraftMismatch(f"Draft model {draft} is not a checkpoint directory (no config.json): choose another "
+                            "with … beside it, or None.")
+    if len(settings.prompts) != 1:
+        raise DraftMismatch(f"A speculative run takes one prompt ({len(settings.prompts)} given): keep one line, "
+                            "or set Draft model to None.")
+    if settings.mode != "sequential" or (settings.micro_batches or 1) != 1:
+        raise DraftMismatch("A speculative run is sequential with one micro-batch: set Mode to sequential and "
+                            "Micro-batches to the plan's (or 1).")
+    if settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size:
+        raise DraftMismatch("A speculative run takes no repetition penalty or n-gram ban: set both to off.")
+    if k is not None:  # another vocabulary or tokenizer: "choose a draft trained with the target's tokenizer"
+        return check_draft(settings.model_dir, draft, k)
+    check_draft(settings.model_dir, draft, 1)
+    if problem is None or plan is None:
+        raise DraftMismatch("Speculate k auto needs the plan and its planning problem (Plan screen): "
+                            "choose a number instead.")
+    if stored_acceptance(draft) is None:
+        raise DraftMismatch(f"Draft model {Path(draft).name} has no measured acceptance rate, which auto needs: "
+                            "choose a number for Speculate k.")
+    return auto_settings(problem, plan, settings.model_dir, draft)
+
+
+__all__ = ["MAX_SPECULATE", "SpeculativeRunControls", "shipped_draft", "speculative_settings", "LEGEND_TERMS", "LEGEND_TOOLTIP", "PLOT_TITLE", "SPECULATIVE_LEGEND_TERMS", "SPECULATIVE_LEGEND_TOOLTIP",
            "TokensPerTripPlot", "is_speculative", "tokens_per_trip"]
