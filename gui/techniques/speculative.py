@@ -138,7 +138,7 @@ class SpeculativeRunControls(QWidget):
         """Offer ``model_dir``'s shipped draft (the demo's demo-llama-draft) beside None and chosen ones."""
         draft = shipped_draft(model_dir)
         if draft and self.draft_combo.findData(draft) < 0:
-            self.draft_combo.addItem("shipped draft", draft)  # its name ("demo-llama-draft") is cut at 1024x700
+            self.draft_combo.addItem("shipped", draft)  # its name, even "shipped draft", is cut at 1024x700
             self.draft_combo.setItemData(self.draft_combo.count() - 1, draft, Qt.ItemDataRole.ToolTipRole)
 
     def options(self) -> tuple[str, int | None]:
@@ -198,5 +198,6 @@ def speculative_settings(settings, problem, plan):
     return auto_settings(problem, plan, settings.model_dir, draft)
 
 
-__all__ = ["MAX_SPECULATE", "SpeculativeRunControls", "shipped_draft", "speculative_settings", "LEGEND_TERMS", "LEGEND_TOOLTIP", "PLOT_TITLE", "SPECULATIVE_LEGEND_TERMS", "SPECULATIVE_LEGEND_TOOLTIP",
+__all__ = ["MAX_SPECULATE", "SpeculativeRunControls", "shipped_draft", "speculative_settings",
+           "LEGEND_TERMS", "LEGEND_TOOLTIP", "PLOT_TITLE", "SPECULATIVE_LEGEND_TERMS", "SPECULATIVE_LEGEND_TOOLTIP",
            "TokensPerTripPlot", "is_speculative", "tokens_per_trip"]

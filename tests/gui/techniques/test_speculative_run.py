@@ -40,7 +40,7 @@ def test_a_speculative_run_started_on_the_run_screen_gives_transformers_greedy_t
     panel.mode_combo.setCurrentText("sequential")
     combo = panel.speculative_controls.draft_combo
     assert panel.speculative_controls.options() == ("", None)  # none by default; the shipped <name>-draft offered
-    assert combo.findData(draft) > 0 and combo.itemText(combo.findData(draft)) == "shipped draft"
+    assert combo.findData(draft) > 0 and combo.itemText(combo.findData(draft)) == "shipped"
     combo.setCurrentIndex(combo.findData(draft))
     panel.speculative_controls.k_spin.setValue(3)
     with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
