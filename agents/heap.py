@@ -3,14 +3,14 @@
 glibc serves a large allocation (≥ 128 KiB) from its own mapping and unmaps it when freed, but
 raises that threshold to the size of the largest block freed so far (up to 32 MiB). After an
 agent's first prefill every activation of a later one (MiBs each: batch × prompt × the MLP's
-width) comes from the heap, and the heap keeps what they freed: a dense attention-offload
-agent holding 88 MiB of weights grew 267 MiB over a batch-8 × 400-token run (3.04× its model),
-an expert-offload agent's evicted experts stayed in its heap (108 MiB for a 61.6 MiB plan). A
+width) comes from the heap, and the heap keeps what they freed: an agent holding 88 MiB of
+weights grew 267 MiB over a batch-8 × 400-token run (3.04× its model), and an agent's evicted
+weights stayed in its heap (108 MiB for a 61.6 MiB plan). A
 budget the agent checks before allocating means nothing if freed memory is never returned.
 
 Fixing the threshold at 1 MiB (and so turning glibc's dynamic raise off) sends every block of
-1 MiB or more back to the OS when it is freed: the same dense agent grew 101 MiB (1.15×), the
-expert agent 73 MiB (1.19×), measured with bench/memory_fidelity.py (docs/memory-budgets.md).
+1 MiB or more back to the OS when it is freed: the same agents grew 101 MiB (1.15×) and
+73 MiB (1.19×), measured with bench/memory_fidelity.py (docs/memory-budgets.md).
 Smaller allocations (a decode step's activations at small batch) stay on the heap as before;
 a large one costs a fresh mapping's page faults (the kernel's zeroing, ~0.1 ms per MiB), small
 beside the work of a step that makes MiBs of activations.
@@ -33,7 +33,7 @@ def release_free_pages() -> bool:
     """Give the OS back the free pages inside every malloc arena (glibc's ``malloc_trim(0)``); False
     where there is none. For the blocks under the threshold: a worker thread's arena interleaves a
     stage's small weights (loaded there) with a request's activations, so what a request freed sits
-    between live blocks and stays resident: an EPD encode agent kept 21 MiB over its 29 MiB tower
+    between live blocks and stays resident: an agent kept 21 MiB over its 29 MiB of weights
     after four requests (bench/memory_fidelity.py). Called once per served request, not per step."""
     try:
         return bool(_libc().malloc_trim(0))

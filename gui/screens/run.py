@@ -24,7 +24,7 @@ from gui.screens.run_job import (DEFAULT_PROMPTS, MODE_HELP, MODES, NO_REPEAT_NG
 from gui.timeline.event_bridge import EventBridge
 from gui.screens.serve_panel import ServePanel
 from gui.screens.run_monitor import RunMonitorView
-from gui.widgets import InlineMessage, panel_header, say_why_disabled
+from gui.widgets import InlineMessage, browse_button, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
 PREDICT_DEBOUNCE_MS = 200
@@ -84,10 +84,7 @@ class RunPanel(QWidget):
         # the field's tooltip gives the whole path
         self.model_edit.textChanged.connect(lambda text: self.model_edit.setToolTip(
             text or "Checkpoint directory of the model to run (config.json, safetensors, tokenizer)"))
-        self.browse_button = QPushButton("…")
-        self.browse_button.setAccessibleName("Browse for model directory")
-        self.browse_button.setToolTip("Browse: choose the model's checkpoint directory")
-        self.browse_button.setFixedWidth(self.browse_button.fontMetrics().horizontalAdvance(" … ") + 16)
+        self.browse_button = browse_button("Browse for model directory", "Browse: choose the model's checkpoint directory")
         self.browse_button.clicked.connect(self._on_browse_clicked)
         model_row = QHBoxLayout()
         model_row.addWidget(self.model_edit, 1)
@@ -220,6 +217,7 @@ class RunPanel(QWidget):
         form.addRow("On failure", self.on_failure_combo)
         form.addRow("Draft model", self.speculative_controls.draft_row)
         form.addRow("Speculate k", self.speculative_controls.k_spin)
+        form.setVerticalSpacing(4)  # twelve rows, the Start row and the Serve toggle fit 1024x700 unscrolled
         self.form = form
         buttons = QHBoxLayout()
         buttons.addWidget(self.start_button)
@@ -227,7 +225,6 @@ class RunPanel(QWidget):
         buttons.addStretch(1)
 
         settings = QWidget()
-        settings.setMinimumWidth(240)
         settings.setMaximumWidth(400)
         s_layout = QVBoxLayout(settings)
         s_layout.setContentsMargins(0, 0, 8, 0)

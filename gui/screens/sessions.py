@@ -144,8 +144,7 @@ def replay_start_s(items) -> float:
 
 
 def run_span_s(items) -> float:
-    """The run's own duration: its first event's start to its last event's end or token, on the
-    run's clock (a 0.38 s run whose agents loaded for 15 s before it read "over 15.15 s")."""
+    """The run's own duration, first event to last (a 0.38 s run after 15 s of loading read "over 15.15 s")."""
     times = [t for i in items for t in ((i.event.start_s, i.event.end_s) if i.event is not None else
                                         (i.tokens.t_s,) if i.tokens is not None else ())]
     return max(times) - min(times) if times else 0.0

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QSpinBox, QWidget
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QSpinBox, QWidget
 
 from agents.protocol import TimelineEvent, TokenEvent
 from gui.timeline.items import MARK_COLOURS
 from gui.timeline.view import LEGEND_TERMS, LEGEND_TOOLTIP
+from gui.widgets import browse_button
 
 PLOT_TITLE = "Tokens per verify trip (speculative)"
 SPECULATIVE_LEGEND_TERMS = (*LEGEND_TERMS, (f"<span style='color:{MARK_COLOURS['draft']}'>■</span>", "draft"),
@@ -113,10 +114,7 @@ class SpeculativeRunControls(QWidget):
                                     "k tokens a trip on the source device; the stages verify them at once (one "
                                     "prompt, sequential; greedy tokens are the model's own). None: plain decoding")
         self.draft_combo.addItem("None", "")
-        self.browse_button = QPushButton("…")
-        self.browse_button.setAccessibleName("Browse for draft model directory")
-        self.browse_button.setToolTip("Browse: choose the draft's checkpoint directory")
-        self.browse_button.setFixedWidth(self.browse_button.fontMetrics().horizontalAdvance(" … ") + 16)
+        self.browse_button = browse_button("Browse for draft model directory", "Browse: choose the draft's checkpoint directory")
         self.browse_button.clicked.connect(self._on_browse_clicked)
         self.draft_row = QWidget(self)
         row = QHBoxLayout(self.draft_row)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QScrollArea, QTableWidget,
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QPushButton, QScrollArea, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from core.errors import EdgeShardError
@@ -154,6 +154,16 @@ def fill_table(table: QTableWidget, rows, tooltips=None) -> None:
                 item.setToolTip(tooltips[r])
             table.setItem(r, c, item)
     table.resizeColumnsToContents()
+
+
+def browse_button(accessible_name: str, tooltip: str) -> QPushButton:
+    """A narrow "…" button beside a path field: "Browse…" left the field too little room at
+    1024x700. As narrow as the text allows, never below the style's own minimum."""
+    button = QPushButton("…")
+    button.setAccessibleName(accessible_name)
+    button.setToolTip(tooltip)
+    button.setFixedWidth(max(button.minimumSizeHint().width(), button.fontMetrics().horizontalAdvance(" … ") + 16))
+    return button
 
 
 def borderless_scroll(widget: QWidget) -> QScrollArea:
