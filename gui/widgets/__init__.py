@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QPushButton, QScrollArea, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QScrollArea, QTableWidget,
+                               QTableWidgetItem, QToolButton, QVBoxLayout, QWidget)
 
 from core.errors import EdgeShardError
 
@@ -156,10 +156,12 @@ def fill_table(table: QTableWidget, rows, tooltips=None) -> None:
     table.resizeColumnsToContents()
 
 
-def browse_button(accessible_name: str, tooltip: str) -> QPushButton:
+def browse_button(accessible_name: str, tooltip: str) -> QToolButton:
     """A narrow "…" button beside a path field: "Browse…" left the field too little room at
-    1024x700. As narrow as the text allows, never below the style's own minimum."""
-    button = QPushButton("…")
+    1024x700. A tool button: a push button's style may floor its width at 80 px (Fusion without
+    the studio's style sheet) or at 38 (with it), a tool button's minimum is its text."""
+    button = QToolButton()
+    button.setText("…")
     button.setAccessibleName(accessible_name)
     button.setToolTip(tooltip)
     button.setFixedWidth(max(button.minimumSizeHint().width(), button.fontMetrics().horizontalAdvance(" … ") + 16))
