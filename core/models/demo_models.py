@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core.models.checkpoints import ModelRecipe
 from core.models.multimodal import MultimodalRecipe
-from core.reporting import Cancelled, NullReporter, Reporter
+from core.reporting import NullReporter, Reporter
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "resources" / "demo_models"
 """The trained demo models in the repository (``scripts/train_demo_models.py`` writes them)."""
@@ -66,7 +66,7 @@ def train_llava(lines: list[str], out_dir: str | Path, reporter: Reporter | None
 
     from core.models.checkpoints import train_tokenizer
     from core.models.multimodal import IMAGE_TOKEN, build_multimodal_config, load_image, synthetic_images
-    from core.models.training import TrainingSettings, learning_rate_factor, optimizer_step, schedule_progress
+    from core.models.training import TrainingSettings, run_steps, token_stream
 
     reporter = reporter or NullReporter()
     settings = settings or TrainingSettings()
@@ -77,43 +77,28 @@ def train_llava(lines: list[str], out_dir: str | Path, reporter: Reporter | None
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     config = build_multimodal_config(recipe, image_id)
-    ids: list[int] = []
-    for text in lines:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        ids.append(tokenizer.eos_token_id)
-    data = torch.tensor(ids, dtype=torch.int64)
+    data = token_stream(tokenizer, lines)
     tiles = torch.cat([load_image(p, recipe.tile) for p in synthetic_images()])
     torch.set_num_threads(max(1, settings.threads))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)
         model = transformers.LlavaForConditionalGeneration(config)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, min(settings.steps // 20, 50))
     gen = torch.Generator().manual_seed(settings.seed)
     n_img = recipe.tokens_per_tile
     prefix = torch.tensor([tokenizer.bos_token_id] + [image_id] * n_img)
     started = time.perf_counter()
-    done, loss_value = 0, float("nan")
-    for step in range(settings.steps):
-        if reporter.cancel_requested():
-            raise Cancelled()
-        progress = schedule_progress(step, settings, time.perf_counter() - started)
-        if progress >= 1.0:
-            break
-        for group in opt.param_groups:
-            group["lr"] = settings.learning_rate * learning_rate_factor(step, warmup, progress)
+
+    def batch_loss():
         starts = torch.randint(0, data.numel() - settings.seq_len, (settings.batch,), generator=gen).tolist()
         text = torch.stack([data[s: s + settings.seq_len] for s in starts])
         x = torch.cat([prefix.expand(settings.batch, -1), text], dim=1)
         labels = x.clone()
         labels[:, : 1 + n_img] = -100  # the image's tokens are input, never a target
         pixels = tiles[torch.randint(0, tiles.shape[0], (settings.batch,), generator=gen)]
-        loss = model(input_ids=x, pixel_values=pixels, labels=labels).loss
-        done, loss_value = step + 1, optimizer_step(opt, loss, model.parameters())
-        reporter.progress(done, settings.steps)
-        if done % 10 == 0:
-            reporter.status(f"step {done}/{settings.steps}, loss {loss_value:.2f}")
+        return model(input_ids=x, pixel_values=pixels, labels=labels).loss
+
+    done, loss_value = run_steps(model.parameters(), settings, reporter, batch_loss)
     model.eval()
     model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                                             do_sample=False)

@@ -23,9 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.models.training import (TrainingSettings, held_out_split, learning_rate_factor, optimizer_step,
-                                  schedule_progress)
-from core.reporting import Cancelled, NullReporter, Reporter
+from core.models.training import TrainingSettings, held_out_split, run_steps, token_stream
+from core.reporting import NullReporter, Reporter
 
 SPECULATION_FILE = "speculation.json"
 """Beside a draft's weights: its measured acceptance rate against its target."""
@@ -115,28 +114,16 @@ def distill_draft(target_dir: str | Path, lines: list[str], out_dir: str | Path,
     reporter.status("the target's greedy continuations of the text's openings")
     continued = greedy_continuations(target, openings_of(tokenizer, train_lines)[:openings], continuation_tokens)
     held = greedy_continuations(target, openings_of(tokenizer, held_lines), continuation_tokens)
-    ids = []
-    for text in train_lines:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        ids.append(tokenizer.eos_token_id)
-    text = torch.tensor(ids, dtype=torch.int64)
+    text = token_stream(tokenizer, train_lines)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         draft = draft_of(target, layers)
     draft.train()
-    opt = torch.optim.AdamW(draft.parameters(), lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, min(settings.steps // 20, 50))
     gen = torch.Generator().manual_seed(settings.seed)
-    started, done, loss_value = time.perf_counter(), 0, float("nan")
+    started = time.perf_counter()
     half = settings.batch // 2
-    for step in range(settings.steps):
-        if reporter.cancel_requested():
-            raise Cancelled()
-        progress = schedule_progress(step, settings, time.perf_counter() - started)
-        if progress >= 1.0:
-            break
-        for group in opt.param_groups:
-            group["lr"] = settings.learning_rate * learning_rate_factor(step, warmup, progress)
+
+    def batch_loss():  # half windows of the text, half the target's own continuations; the target's distribution
         starts = torch.randint(0, text.numel() - settings.seq_len, (half,), generator=gen).tolist()
         windows = torch.stack([text[s: s + settings.seq_len] for s in starts])
         rows = continued[torch.randint(0, continued.shape[0], (settings.batch - half,), generator=gen)]
@@ -145,11 +132,10 @@ def distill_draft(target_dir: str | Path, lines: list[str], out_dir: str | Path,
         with torch.no_grad():
             teacher = F.log_softmax(target(input_ids=x).logits, -1)
         student = F.log_softmax(draft(input_ids=x).logits, -1)
-        loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
-        done, loss_value = step + 1, optimizer_step(opt, loss, draft.parameters())
-        reporter.progress(done, settings.steps)
-        if done % 20 == 0:
-            reporter.status(f"step {done}/{settings.steps}, KL {loss_value:.3f}")
+        return F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+
+    done, loss_value = run_steps(draft.parameters(), settings, reporter, batch_loss,
+                                 describe=lambda kl: f"KL {kl:.3f}", log_every=20)
     draft.eval()
     with torch.no_grad():  # the demo ships fp16 weights (``demo_models.ship_fp16``): measure what ships
         for param in draft.parameters():

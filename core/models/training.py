@@ -154,6 +154,51 @@ def optimizer_step(opt, loss, parameters) -> float:
     return float(loss.detach())
 
 
+def token_stream(tokenizer, lines: list[str]):
+    """``lines`` as one int64 tensor of token ids, each line closed by the end-of-sequence token:
+    the text every recipe here draws its training windows from."""
+    import torch
+
+    ids: list[int] = []
+    for text in lines:
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def run_steps(parameters, settings: TrainingSettings, reporter: Reporter, batch_loss,
+              describe=lambda loss: f"loss {loss:.2f}", log_every: int = 10) -> tuple[int, float]:
+    """The loop every recipe here shares; ``batch_loss()`` is the recipe's own loss on its next batch.
+
+    AdamW, a warm-up then a cosine by steps or time, whichever is further (``schedule_progress``),
+    a cancel between steps, gradients clipped (``optimizer_step``); the bar moves every step (a
+    busy machine takes seconds per step), the log every ``log_every`` steps. Returns the steps
+    done and the last loss."""
+    import torch
+
+    parameters = list(parameters)
+    opt = torch.optim.AdamW(parameters, lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, min(settings.steps // 20, 50))
+    started = time.perf_counter()
+    done, loss_value = 0, float("nan")
+    for step in range(settings.steps):
+        if reporter.cancel_requested():
+            raise Cancelled()
+        progress = schedule_progress(step, settings, time.perf_counter() - started)
+        if progress >= 1.0:
+            reporter.status(f"time budget reached after {step} of {settings.steps} steps")
+            break
+        for group in opt.param_groups:
+            group["lr"] = settings.learning_rate * learning_rate_factor(step, warmup, progress)
+        loss_value = optimizer_step(opt, batch_loss(), parameters)
+        done = step + 1
+        shown = max(done, schedule_progress(done, settings, time.perf_counter() - started) * settings.steps)
+        reporter.progress(min(shown, settings.steps), settings.steps)
+        if done % log_every == 0 or done == settings.steps:
+            reporter.status(f"step {done}/{settings.steps}, {describe(loss_value)}")
+    return done, loss_value
+
+
 def _batches(ids, settings: TrainingSettings, generator):
     import torch
 
@@ -192,12 +237,7 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
             tokenizer = train_tokenizer(r.vocab, Path(tmp))
-    eos = tokenizer.eos_token_id
-    ids = []
-    for text in lines:
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-        ids.append(eos)
-    data = torch.tensor(ids, dtype=torch.int64)
+    data = token_stream(tokenizer, lines)
     torch.set_num_threads(max(1, settings.threads))
     if prior_steps:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
@@ -206,31 +246,15 @@ def train_model(recipe: ModelRecipe, lines: list[str], out_dir: str | Path, repo
             torch.manual_seed(r.seed)
             model = transformers.AutoModelForCausalLM.from_config(build_config(r))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, min(settings.steps // 20, 50))
     gen = torch.Generator().manual_seed(settings.seed + prior_steps)  # resumed: other windows of the text
     started = time.perf_counter()
     reporter.status(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {data.numel():,} tokens")
-    loss_value = float("nan")
-    done = 0
-    for step in range(settings.steps):
-        if reporter.cancel_requested():
-            raise Cancelled()
-        progress = schedule_progress(step, settings, time.perf_counter() - started)
-        if progress >= 1.0:
-            reporter.status(f"time budget reached after {step} of {settings.steps} steps")
-            break
-        for group in opt.param_groups:
-            group["lr"] = settings.learning_rate * learning_rate_factor(step, warmup, progress)
+
+    def batch_loss():
         x = _batches(data, settings, gen)
-        loss = model(input_ids=x, labels=x).loss  # HF shifts the labels: each position predicts the next token
-        loss_value = optimizer_step(opt, loss, model.parameters())
-        done = step + 1
-        # the bar moves every step (a busy machine takes seconds per step), the log every 10 steps
-        shown = max(done, schedule_progress(done, settings, time.perf_counter() - started) * settings.steps)
-        reporter.progress(min(shown, settings.steps), settings.steps)
-        if done % 10 == 0 or done == settings.steps:
-            reporter.status(f"step {done}/{settings.steps}, loss {loss_value:.2f}")
+        return model(input_ids=x, labels=x).loss  # HF shifts the labels: each position predicts the next token
+
+    done, loss_value = run_steps(model.parameters(), settings, reporter, batch_loss)
     model.eval()
     dtype = getattr(torch, r.dtype)
     model = model.to(dtype)
