@@ -292,14 +292,13 @@ def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_clust
         assert [r.status for r in runs] == ["stopped", "completed"]
     # the real run replays exactly as it was seen live
     from gui.screens.sessions import SessionsPanel
+    from tests.gui.screens.test_sessions import _play_to_end
 
     sessions = SessionsPanel(state)
     qtbot.addWidget(sessions)
     with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
         sessions.open_run(runs[1].id)
-    sessions.set_speed(20.0)
-    with qtbot.waitSignal(sessions.replay_finished, timeout=20_000):
-        sessions.play()
+    _play_to_end(qtbot, sessions, 20_000)
     assert np.array_equal(sessions.monitor.timeline.boxes(), panel.monitor.timeline.boxes())
     assert sessions.monitor.figures() == panel.monitor.figures()
     assert sessions.monitor.text_edit.toPlainText() == panel.monitor.text_edit.toPlainText()

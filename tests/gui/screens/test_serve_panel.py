@@ -100,6 +100,7 @@ def test_the_serve_toggle_serves_the_plan_to_the_openai_client_and_shows_each_re
 
 def test_a_served_request_is_replayed_in_the_sessions_screen(qtbot, agents):
     from gui.screens.sessions import SessionsPanel
+    from tests.gui.screens.test_sessions import _play_to_end
 
     state, screen, client = _serving(qtbot, agents, "replayed.sqlite")
     streamed = "".join(c.choices[0].text for c in client.completions.create(
@@ -116,9 +117,7 @@ def test_a_served_request_is_replayed_in_the_sessions_screen(qtbot, agents):
     assert sessions.run_items()[run_id].text(3) == "completed"
     with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
         sessions.open_run(run_id)
-    sessions.set_speed(20.0)
-    with qtbot.waitSignal(sessions.replay_finished, timeout=20_000):
-        sessions.play()
+    _play_to_end(qtbot, sessions, 20_000)
     monitor = sessions.monitor
     assert streamed and streamed in monitor.text_edit.toPlainText()
     assert monitor.timeline.box_count(kind="compute") > 0  # the agents' work on its micro-batch

@@ -66,6 +66,13 @@ def _open(qtbot, panel: SessionsPanel, run_id: int) -> None:
         panel.open_run(run_id)
 
 
+def _play_to_end(qtbot, panel: SessionsPanel, timeout_ms: int) -> None:
+    """Play the opened run's replay at 20x and wait until it has played to its end."""
+    panel.set_speed(20.0)
+    with qtbot.waitSignal(panel.replay_finished, timeout=timeout_ms):
+        panel.play()
+
+
 def test_lists_the_sessions_and_runs_of_the_workspace(qtbot, state, run_data):
     problem, plan, _, _ = run_data
     with SessionStore(state.workspace) as store:
@@ -88,9 +95,7 @@ def test_a_replayed_run_draws_the_same_boxes_figures_and_text_as_live(qtbot, sta
     panel = _sessions(qtbot, state)
     _open(qtbot, panel, run_id)
     assert panel.monitor.timeline.box_count() == 0, "opened paused at the start"
-    panel.set_speed(20.0)
-    with qtbot.waitSignal(panel.replay_finished, timeout=10_000):
-        panel.play()
+    _play_to_end(qtbot, panel, 10_000)
     live, replayed = live_panel.monitor, panel.monitor
     assert replayed.timeline.lanes() == live.timeline.lanes() == DEVICES
     assert np.array_equal(replayed.timeline.boxes(), live.timeline.boxes())
@@ -228,9 +233,7 @@ def test_a_run_recorded_by_edgeshard_run_replays_in_the_sessions_screen(qtbot, t
     [(run_id, item)] = panel.run_items().items()
     assert (item.text(1), item.text(2), item.text(3)) == ("sequential", "measured", "completed")
     _open(qtbot, panel, run_id)
-    panel.set_speed(20.0)
-    with qtbot.waitSignal(panel.replay_finished, timeout=20_000):
-        panel.play()
+    _play_to_end(qtbot, panel, 20_000)
     monitor = panel.monitor
     assert monitor.timeline.lanes() == devices
     assert all(monitor.timeline.box_count(device=d) > 0 for d in devices)
@@ -260,9 +263,7 @@ def test_a_replay_at_its_end_shows_the_whole_run(qtbot, state):
     x0, x1 = panel.monitor.timeline.x_range()
     assert x0 <= first and x1 >= last
     panel.seek(0.0)
-    panel.set_speed(20.0)
-    with qtbot.waitSignal(panel.replay_finished, timeout=20_000):  # played to the end
-        panel.play()
+    _play_to_end(qtbot, panel, 20_000)  # played to the end
     x0, x1 = panel.monitor.timeline.x_range()
     assert x0 <= first and x1 >= last
     panel.shutdown()

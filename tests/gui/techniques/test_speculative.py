@@ -53,7 +53,7 @@ def test_the_trip_plot_appears_with_a_drafting_run_and_counts_its_trips(qtbot):
 def test_a_recorded_speculative_run_replays_with_its_marks_and_trip_plot(qtbot, tmp_path):
     from core.sessions.recording import record_run
     from gui.studio_state import StudioState
-    from tests.gui.screens.test_sessions import _open, _sessions
+    from tests.gui.screens.test_sessions import _open, _play_to_end, _sessions
 
     workspace = tmp_path / "ws.edgeshard"
     events = [event("compute", "a", 0, 0, 0.0, 0.05), event("compute", "b", 1, 0, 0.05, 0.08),
@@ -72,9 +72,7 @@ def test_a_recorded_speculative_run_replays_with_its_marks_and_trip_plot(qtbot, 
     panel = _sessions(qtbot, state)
     [(run_id, _)] = panel.run_items().items()
     _open(qtbot, panel, run_id)
-    panel.set_speed(20.0)
-    with qtbot.waitSignal(panel.replay_finished, timeout=30_000):
-        panel.play()
+    _play_to_end(qtbot, panel, 30_000)
     panel.monitor.flush()
     assert not panel.monitor.trips_plot.isHidden() and panel.monitor.trips_plot.counts == [4, 2]
     drawn = panel.monitor.timeline.measured_item.boxes.rows["kind"].tolist()

@@ -14,7 +14,7 @@ from core.techniques.expert_offload.activity import ExpertActivity
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap, cell_colour
 from gui.screens.run_monitor import RunMonitorView
 from gui.studio_state import StudioState
-from tests.gui.screens.test_sessions import _open, _sessions
+from tests.gui.screens.test_sessions import _open, _play_to_end, _sessions
 from tests.techniques.expert_offload.test_activity import io
 
 
@@ -76,9 +76,7 @@ def test_a_recorded_expert_offload_run_replays_with_its_heat_map(qtbot, recorded
     panel = _sessions(qtbot, state)
     [(run_id, _)] = panel.run_items().items()
     _open(qtbot, panel, run_id)
-    panel.set_speed(20.0)
-    with qtbot.waitSignal(panel.replay_finished, timeout=30_000):
-        panel.play()
+    _play_to_end(qtbot, panel, 30_000)
     heat = panel.monitor.heat_map
     assert not heat.isHidden() and not expected.is_empty()
     assert heat.activity.totals() == expected.totals() and heat.grid() == expected.grid("activations")
