@@ -81,8 +81,19 @@ def await_loads(link: AgentLink, futs: dict[str, cf.Future], timeout_s: float, r
                 polls[dev] = link.request_async(dev, GetStatus())
         reporter.progress(state.done, state.total)
     if isinstance(state, run_state.Failed):
+        let_loads_settle(link, futs, state.device, deadline)
         raise run_failure(state)
     reporter.progress(len(futs), len(futs))
+
+
+def let_loads_settle(link: AgentLink, futs: dict[str, cf.Future], failed: str, deadline: float) -> None:
+    """Wait until every other stage's load request has its answer, or its agent is lost, or the
+    load's deadline: an agent still loading when the caller re-plans refuses the next load as busy
+    (one stage refusing over its budget before reading anything overtook another's load)."""
+    pending = [d for d, f in futs.items() if d != failed and not f.done()]
+    while pending and time.monotonic() < deadline:
+        cf.wait([futs[d] for d in pending], timeout=0.3, return_when=cf.FIRST_COMPLETED)
+        pending = [d for d in pending if not futs[d].done() and not link.is_lost(d)]
 
 
 def load_outcome(link: AgentLink, dev: str, fut: cf.Future) -> run_state.RunInput:
