@@ -33,6 +33,11 @@ class LeaseRules:
             return self._loader
         return None
 
+    def owns(self, identity: bytes | None) -> bool:
+        """Whether ``identity`` is the coordinator whose work this agent does now (a technique's
+        diagnostic of its stage answers only that one)."""
+        return identity is not None and identity == self._owner()
+
     def _silent_s(self, identity: bytes | None) -> float:
         heard = self._heard.get(identity) if identity is not None else None
         return 0.0 if heard is None else time.monotonic() - heard

@@ -46,3 +46,14 @@ class PositionSteps:
         if self._needs_positions:
             state.mask = torch.cat([state.mask, state.mask.new_ones((state.mask.shape[0], x.shape[1]))], dim=1)
         return self._run(state, x, every_position=True)
+
+    def cached(self, group: int) -> tuple[int, list[tuple[int, torch.Tensor, torch.Tensor]]]:
+        """``group``'s cached length and, per decoder block of this stage (the model's layer index),
+        its keys and values [B, KV heads, length, head dim]: what a test of the rewind compares."""
+        state = self._groups.get(group)
+        if state is None:
+            raise StageInputError(f"no KV cache of micro-batch group {group}")
+        layers = [(self.layer_indices[i], layer.keys, layer.values)
+                  for i, layer in enumerate(getattr(state.cache, "layers", None) or ())
+                  if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+        return (layers[0][1].shape[-2] if layers else 0), layers

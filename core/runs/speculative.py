@@ -14,13 +14,17 @@ import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agents.protocol import SamplingSpec
-from agents.techniques.speculative.messages import MAX_SPECULATE, SpeculativeOptions
+from agents.techniques.speculative.messages import MAX_SPECULATE, ReadStageCache, SpeculativeOptions
 from core.errors import EdgeShardError
 from core.models.draft_distillation import SPECULATION_FILE, stored_acceptance
 from core.planning.speculation import DraftFigures, choose_k, draft_token_s
 from core.runs.run_stream import RunRequest
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DraftMismatch(EdgeShardError):
@@ -69,14 +73,16 @@ def _tokens(folder: Path) -> dict[str, int] | None:
 
 def speculative_request(prompt: list[int] | tuple[int, ...], max_new_tokens: int, settings: SpeculativeSettings, *,
                         eos_token_ids: tuple[int, ...] = (), pad_token_id: int = 0,
-                        sampling: SamplingSpec = SamplingSpec()) -> RunRequest:
+                        sampling: SamplingSpec = SamplingSpec(), keep_cache: bool = False) -> RunRequest:
     """The run request of one speculative generation of ``prompt`` (greedy, or ``sampling``'s
-    seeded speculative sampling: no repetition penalty or n-gram ban)."""
+    seeded speculative sampling: no repetition penalty or n-gram ban). ``keep_cache``: every stage
+    keeps its KV cache over the committed tokens for ``stage_caches`` (a diagnostic)."""
     if not prompt:
         raise DraftMismatch("a speculative run needs a non-empty prompt")
     return RunRequest(input_ids=(tuple(prompt),), attention_mask=((1,) * len(prompt),), max_new_tokens=max_new_tokens,
                       mode="sequential", eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                      sampling=sampling, options=SpeculativeOptions(draft_dir=settings.draft_dir, k=settings.k))
+                      sampling=sampling, options=SpeculativeOptions(draft_dir=settings.draft_dir, k=settings.k,
+                                                                 keep_cache=keep_cache))
 
 
 def speculation_problem(prompts, settings) -> str:
@@ -182,6 +188,21 @@ def generate_speculative(coordinator, plan, model_dir: str, prompt: str, setting
     options = SpeculativeOptions(draft_dir=speculative.draft_dir, k=speculative.k)
     return generate_with(lambda request, s: coordinator.run(plan, replace(request, micro_batches=1, options=options),
                                                             s, reporter), model_dir, [prompt], settings, sink=sink)
+
+
+def stage_caches(coordinator, plan) -> dict[str, tuple[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]]:
+    """Per stage's device, the KV cache its agent kept after a ``keep_cache`` speculative run (read
+    over the wire, ``ReadStageCache``): its length and, per decoder block, keys and values."""
+    import torch
+
+    out = {}
+    for stage in plan.stages:
+        got = coordinator.request(stage.device, ReadStageCache())
+        dtype = getattr(torch, got.dtype)
+        tensors = {i: tuple(torch.frombuffer(bytearray(b), dtype=dtype).reshape(got.shape) for b in pair)
+                   for i, *pair in zip(got.layers, got.keys, got.values)}
+        out[stage.device] = (got.length, tensors)
+    return out
 
 
 def trips(result) -> int:

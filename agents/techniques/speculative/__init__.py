@@ -7,8 +7,15 @@ greedy tokens decide what is kept. ``messages``: its wire; ``session``: the run 
 
 from __future__ import annotations
 
-from agents.registry import AgentTechnique, DataKind
-from agents.techniques.speculative.messages import VERDICT, VERIFY, SpeculativeOptions, VerifyFrame
+from agents.registry import AgentTechnique, DataKind, Handler
+from agents.techniques.speculative.messages import (
+    VERDICT,
+    VERIFY,
+    ReadStageCache,
+    SpeculativeOptions,
+    StageCache,
+    VerifyFrame,
+)
 
 
 def drive(agent, loaded, msg, stop):
@@ -17,9 +24,38 @@ def drive(agent, loaded, msg, stop):
     return run(agent, loaded, msg, stop)
 
 
+def read_cache(agent, identity, msg: ReadStageCache):
+    """The kept KV cache, on the control thread (it is not changed once kept), to its stage's own
+    coordinator only: another coordinator must not read what this one's run computed."""
+    if not agent.owns(identity):
+        return "not_owner", f"{agent.device}'s KV cache is read only by the coordinator whose stage it is"
+    from agents.techniques.speculative.session import ROOM
+
+    kept = agent.room(ROOM).get("kept_cache")
+    if kept is None:
+        return "no_cache", f"{agent.device} kept no KV cache: run speculatively with keep_cache first"
+    length, layers = kept
+    agent.post(StageCache(req=msg.req, length=length, layers=tuple(i for i, _, _ in layers),
+                          shape=tuple(layers[0][1].shape) if layers else (1, 0, length, 0),
+                          dtype=str(layers[0][1].dtype).removeprefix("torch.") if layers else "float32",
+                          keys=tuple(k.contiguous().numpy().tobytes() for _, k, _ in layers),
+                          values=tuple(v.contiguous().numpy().tobytes() for _, _, v in layers)), to=identity)
+    return None
+
+
+def forget_cache(agent) -> None:
+    from agents.techniques.speculative.session import ROOM
+
+    agent.room(ROOM).pop("kept_cache", None)
+
+
 TECHNIQUE = AgentTechnique(
     name="speculative",
+    messages=(ReadStageCache, StageCache),
     options=(SpeculativeOptions, VerifyFrame),
     data_kinds=(DataKind(VERIFY, VerifyFrame), DataKind(VERDICT, None, required=False)),
+    handlers=(Handler(ReadStageCache, on_control=read_cache),),
     run_drivers={SpeculativeOptions: drive},
+    free_memory=forget_cache,
+    on_unload=forget_cache,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agents.envelope import Options
+from agents.envelope import Message, Options
 
 MAX_SPECULATE = 64
 """The most draft tokens one verify trip may carry."""
@@ -24,6 +24,10 @@ class SpeculativeOptions(Options, frozen=True, tag="speculative"):
 
     draft_dir: str
     k: int = 3
+    keep_cache: bool = False
+    """A diagnostic: the source ends the run with one more trip of the last token over the committed
+    positions (each stage rewinds whatever the last trip's rejected proposals left), and every stage
+    keeps its KV cache after the run for its coordinator's ``ReadStageCache``."""
     every_stage: ClassVar[bool] = True
     """Every stage's ``StartRun`` carries them: each stage runs the verify trips."""
 
@@ -41,3 +45,26 @@ class VerifyFrame(Options, frozen=True, tag="verify_frame"):
 
     def problem(self) -> str:
         return "" if self.keep >= 0 else f"keep must be >= 0, got {self.keep}"
+
+
+class ReadStageCache(Message, frozen=True, tag="read_stage_cache"):
+    """Asks a stage for the KV cache its last ``keep_cache`` speculative run left (answered only to
+    the coordinator whose stage it is): how an exactness test over agent processes sees each stage."""
+
+
+class StageCache(Message, frozen=True, tag="stage_cache"):
+    """A stage's kept KV cache: ``length`` positions; per decoder block ``layers[i]`` (the model's
+    own layer index), its keys and values, each ``shape`` [B, KV heads, length, head dim] of
+    ``dtype`` (a torch dtype's name), raw little-endian bytes."""
+
+    length: int
+    layers: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    keys: tuple[bytes, ...]
+    values: tuple[bytes, ...]
+
+    def problem(self) -> str:
+        if not len(self.layers) == len(self.keys) == len(self.values):
+            return "layers, keys and values must have one entry per layer"
+        return "" if len(self.shape) == 4 and self.shape[2] == self.length else "shape must be [B, heads, length, dim]"

@@ -21,7 +21,8 @@ from agents.techniques.speculative.messages import VERDICT, VERIFY, SpeculativeO
 from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
 
 ROOM = "speculative"
-"""This technique's state on an agent (``Agent.room``): ``drafts`` maps a draft directory to its loaded model."""
+"""This technique's state on an agent (``Agent.room``): ``drafts`` maps a draft directory to its
+loaded model; ``kept_cache`` the stage's KV cache after a ``keep_cache`` run (``ReadStageCache``)."""
 
 GROUP = 0
 """A speculative run is one sequence: one micro-batch."""
@@ -177,6 +178,8 @@ class SpeculativeStageRun:
                 self.agent._post(TokensProduced(run_id=msg.run_id, micro_batch=GROUP, step=len(out) - 1,
                                                 sequence_ids=(0,), token_ids=(token,), t=arrived), wake=False)
                 if token in eos or len(out) >= budget:
+                    if self.options.keep_cache:  # the committed tokens' cache on every stage, nothing more
+                        self._trip(step + 1, torch.tensor([[out[-1]]]), len(prompt) + len(out) - 1)
                     return (tuple(out),)
             step += 1
             generator = None if s is None else trip_generator(s.seed, step)
@@ -206,5 +209,9 @@ def drive(agent, loaded, msg, stop):
             return run.generate()
         run.serve()
     finally:
+        room = agent.room(ROOM)
+        room.pop("kept_cache", None)
+        if run.options.keep_cache and GROUP in run.ex.groups():
+            room["kept_cache"] = run.ex.cached(GROUP)
         run.ex.drop(GROUP)
     return ()

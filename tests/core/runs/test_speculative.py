@@ -13,7 +13,14 @@ from core.planning.plan import plan_from_boundaries
 from core.runs.coordinator import Coordinator
 from core.runs.generation import GenerationSettings, load_plan
 from core.runs.run_stream import RunRequest
-from core.runs.speculative import DraftMismatch, acceptance_rate, check_draft, speculative_request, trips
+from core.runs.speculative import (
+    DraftMismatch,
+    acceptance_rate,
+    check_draft,
+    speculative_request,
+    stage_caches,
+    trips,
+)
 
 DEVICES = ["spec-a", "spec-b", "spec-c"]
 PROMPT = (5, 17, 99, 3, 250, 11)
@@ -38,10 +45,15 @@ def cluster(models):
 
 
 @pytest.fixture(scope="module")
-def references(models):
+def hf_models(models):
     from transformers import AutoModelForCausalLM
 
-    target, draft = (AutoModelForCausalLM.from_pretrained(d).eval() for d in models[1:])
+    return tuple(AutoModelForCausalLM.from_pretrained(d).eval() for d in models[1:])
+
+
+@pytest.fixture(scope="module")
+def references(hf_models):
+    target, draft = hf_models
     args = dict(input_ids=torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     plain = target.generate(**args)[0, len(PROMPT):].tolist()
     assisted = target.generate(**args, assistant_model=draft)[0, len(PROMPT):].tolist()
@@ -74,6 +86,43 @@ def test_speculative_greedy_tokens_equal_plain_decoding_and_transformers(loaded,
         assert rolled == {s.device for s in plan.stages}
     drafts = [e for e in result.events if e.kind == "draft"]
     assert len(drafts) == trips(result) and {e.device for e in drafts} == {plan.stages[0].device}
+
+
+CACHE_ATOL = 1e-5
+"""A stage's cached keys/values against transformers' one forward over the same tokens: the agents
+computed them in pieces (the prompt, then trips of up to k+1 positions) where the reference runs
+every position at once, so each row's matmuls sum in another order (float32: ~1e-7 apart here,
+what plain decoding over the agents differs by too); a stale or misplaced position differs by O(1)."""
+
+
+def test_a_rejected_run_of_proposals_leaves_every_stage_agents_cache_as_plain_decoding(loaded, models, hf_models):
+    coord, plan, plain = loaded
+    result = coord.run(plan, speculative_request(PROMPT, NEW, check_draft(models[1], models[2], 3), keep_cache=True))
+    tokens = list(result.tokens[0])
+    assert tokens == list(plain)
+    rolled = {e.device for e in result.events if e.kind == "rollback" and e.nbytes > 0}
+    assert rolled == {s.device for s in plan.stages}  # every stage rewound rejected proposals on the way
+    with torch.inference_mode():  # the independent reference: transformers' cache over the same tokens
+        reference = hf_models[0](input_ids=torch.tensor([[*PROMPT, *tokens]]), use_cache=True).cache
+        wrong = hf_models[0](input_ids=torch.tensor([[*PROMPT, *tokens[:-1], (tokens[-1] + 1) % 512]]),
+                             use_cache=True).cache  # the last position a rejected proposal's
+    seen = []
+    for device, (length, layers) in stage_caches(coord, plan).items():
+        assert length == len(PROMPT) + len(tokens), device
+        for i, (keys, values) in layers.items():
+            torch.testing.assert_close(keys, reference.layers[i].keys, rtol=0, atol=CACHE_ATOL)
+            torch.testing.assert_close(values, reference.layers[i].values, rtol=0, atol=CACHE_ATOL)
+            assert float((values - wrong.layers[i].values)[..., -1, :].abs().max()) > 100 * CACHE_ATOL
+            seen.append(i)
+    assert sorted(seen) == [0, 1, 2, 3]  # every block of the target, each on one stage
+
+
+def test_a_stage_cache_is_read_only_by_the_coordinator_whose_stage_it_is(loaded, cluster):
+    from core.errors import EdgeShardError
+
+    coord, plan, _ = loaded
+    with Coordinator(list(coord.endpoints.values()), coord.keys) as other, pytest.raises(EdgeShardError, match="read only by the coordinator"):
+        stage_caches(other, plan)
 
 
 def test_a_draft_of_another_vocabulary_tokenizer_or_a_bad_k_is_refused_at_the_entrance(models, tmp_path):
