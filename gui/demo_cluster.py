@@ -47,7 +47,10 @@ DEMO_DEVICE_SHAPES = {
 whole model (attention offloading's compute agent needs that) but is 8× slower, so auto-solve
 gives it only what the others cannot hold: three stages. With the profile of a demo run, the
 best plan on edge-a and edge-c (22.1 ms per token) is 36 % slower than the three-stage one (16.2 ms);
-at a 6× slowdown the margin was 14 %, too close for a noisy profile."""
+at a 6× slowdown the margin was 14 %, too close for a noisy profile. Attention offloading's second
+compute replica would need a second device holding the whole model, and then the minimum-latency
+plan needs no third stage: the demo keeps layer sharding's three stages and one replica
+(docs/attention-offload.md)."""
 
 UNSHAPED_DEVICE = DemoDevice(memory_share=0.0, slowdown=1.0, link_mbit=200.0)
 """Devices not in DEMO_DEVICE_SHAPES (tests name their own): no budget, no slowdown."""

@@ -78,6 +78,10 @@ class ClusterRunBackend:
         problem = self.state.problem
         if plan is None:
             raise EdgeShardError("no plan to run: make one on the Plan screen (Auto-solve) first")
+        if problem is not None and plan.model != problem.profile.model.name:
+            # the studio's problem is of another model (the demo's Llama under an expert-offload plan of its
+            # MoE): its unit count and budgets neither check nor re-plan this plan
+            problem = None
         technique_run = generation_for(plan)
         if problem is not None and technique_run is None:  # a technique's own driver checks its plan (an
             # attention-offload dense stage embeds the prompt on its compute agent, not on layer sharding's source)

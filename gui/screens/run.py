@@ -432,7 +432,8 @@ class RunPanel(QWidget):
         agents = getattr(self.state, "agents", None)
         offline = set(getattr(self.state, "offline_devices", ()))
         self.offload_controls.show_for(plan, [] if agents is None else [a for a in agents.endpoints
-                                                                          if a not in offline])
+                                                                          if a not in offline],
+                                       *self._replica_limits(plan))
         from core.techniques import technique_of_plan
 
         sharded = plan is None or technique_of_plan(plan) == "layer-sharding"
@@ -459,6 +460,23 @@ class RunPanel(QWidget):
         model_dir = getattr(self.state, "technique_models", {}).get(technique, "") or model_dir
         if model_dir:
             self.model_edit.setText(model_dir)
+
+    def _replica_limits(self, plan) -> tuple[dict[str, int], int]:
+        """(profiled budgets, a replica's dense bytes) for the attention-offload replicas' limit; none known: ({}, 0)."""
+        from core.techniques import technique_of_plan
+
+        profile = getattr(self.state, "profile", None)
+        model_dir = self.model_edit.text().strip() or getattr(self.state, "model_path", "")
+        if plan is None or profile is None or not model_dir or technique_of_plan(plan) != "attention-offload":
+            return {}, 0
+        from core.errors import EdgeShardError
+        from core.techniques.attention_offload.run import dense_weight_bytes
+
+        try:
+            dense = dense_weight_bytes(model_dir)
+        except (OSError, ValueError, EdgeShardError):  # not a checkpoint (yet): the run says so
+            return {}, 0
+        return {d.id: d.memory_bytes for d in profile.cluster.devices}, dense
 
     def _apply_technique_limits(self) -> None:
         """An attention-offload run has its own schedule (the staggering) and loads its own parts:

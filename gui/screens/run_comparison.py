@@ -1,5 +1,7 @@
 """Two recorded runs side by side: timelines aligned at t = 0 on one time axis, and their
-figures (TTFT, tokens/s, per-device utilisation, bubbles) in one table.
+figures (TTFT, tokens/s, per-device utilisation, bubbles) in one table, headed by each run's
+technique; below them each prompt with the text each run generated for it, side by side (two
+techniques' runs of the same prompt: does the other technique give the same text, and how fast).
 
 The runs are read on a worker (``load_comparison``); the figures are the same
 ``core.runs.metrics`` functions the live run and the replay use.
@@ -17,7 +19,7 @@ from agents.protocol import TimelineEvent, TokenEvent
 from core.reporting import Reporter
 from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figures
 from core.sessions.store import RunInfo, SessionStore
-from gui.screens.run_names import run_title
+from gui.screens.run_names import run_technique, run_title, technique_label
 from gui.timeline import TimelineView
 
 
@@ -29,6 +31,34 @@ class ComparedRun:
     figures: RunFigures
     bubbles: dict[str, float]
     lanes: list[str]
+
+    def prompts(self) -> list[str]:
+        return [str(p) for p in (self.info.settings or {}).get("prompts") or ()]
+
+    def texts(self) -> dict[int, str]:
+        """The text the run generated per prompt (its sequence index), from its recorded token pieces."""
+        out: dict[int, list[str]] = {}
+        for tok in self.tokens:
+            for i, seq in enumerate(tok.sequence_ids):
+                out.setdefault(seq, []).append(tok.text[i] if i < len(tok.text) else f"[{tok.token_ids[i]}]")
+        return {seq: "".join(pieces) for seq, pieces in out.items()}
+
+
+def technique_row(a: ComparedRun, b: ComparedRun) -> tuple[str, str, str]:
+    """The figures table's first row: each run's technique (its style and model are in its title)."""
+    return ("Technique", technique_label(run_technique(a.info)), technique_label(run_technique(b.info)))
+
+
+def output_rows(a: ComparedRun, b: ComparedRun) -> list[tuple[str, str, str]]:
+    """Per prompt (its index in the runs), (the prompt, run A's text, run B's text); a prompt the runs
+    were not both given reads "A: … / B: …". None for runs that recorded no prompts (a simulation)."""
+    prompts_a, prompts_b, texts_a, texts_b = a.prompts(), b.prompts(), a.texts(), b.texts()
+    rows = []
+    for i in range(max(len(prompts_a), len(prompts_b))):
+        pa = prompts_a[i] if i < len(prompts_a) else "—"
+        pb = prompts_b[i] if i < len(prompts_b) else "—"
+        rows.append((pa if pa == pb else f"A: {pa} / B: {pb}", texts_a.get(i, "—"), texts_b.get(i, "—")))
+    return rows
 
 
 def load_comparison(reporter: Reporter, workspace: str, run_a: int, run_b: int) -> tuple[ComparedRun, ComparedRun]:
@@ -105,7 +135,21 @@ class RunComparisonView(QWidget):
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setWidget(self.body)
+        # each prompt and both runs' texts, below and across the page: long texts wrap, never elided
+        self.outputs = QTableWidget(0, 3)
+        self.outputs.setAccessibleName("Texts of both runs")
+        self.outputs.setHorizontalHeaderLabels(["Prompt", "Run A's text", "Run B's text"])
+        self.outputs.verticalHeader().setVisible(False)
+        self.outputs.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.outputs.setWordWrap(True)
+        self.outputs.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.outputs.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the page scrolls
+        page = QWidget()
+        page_lay = QVBoxLayout(page)
+        page_lay.setContentsMargins(0, 0, 0, 0)
+        page_lay.addWidget(self.body, 1)
+        page_lay.addWidget(self.outputs)
+        self.scroll.setWidget(page)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(head)
@@ -125,6 +169,12 @@ class RunComparisonView(QWidget):
         table_px = (self.table.horizontalHeader().sizeHint().height() + 4
                     + sum(self.table.rowHeight(r) for r in range(rows)))
         self.table.setMinimumHeight(0 if wide else table_px)  # below: every figure, no scroll of its own
+        self.table.resizeRowsToContents()  # a technique's name wraps in a narrow column
+        self.outputs.resizeRowsToContents()
+        self.outputs.setFixedHeight(self.outputs.horizontalHeader().sizeHint().height() + 4
+                                    + sum(self.outputs.rowHeight(r) for r in range(self.outputs.rowCount()))
+                                    if self.outputs.rowCount() else 0)
+        self.outputs.setVisible(self.outputs.rowCount() > 0)
 
     def _fit_timelines(self) -> None:
         """Each timeline at least its toolbar plus a line of text per lane and its time axis."""
@@ -146,7 +196,7 @@ class RunComparisonView(QWidget):
         end = max([e.end_s for e in a.events + b.events] + [1e-3])
         self.timeline_a.set_x_range(0.0, end * 1.02)  # both from t = 0, on one axis (x-linked)
         self._fit_timelines()
-        rows = comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles)
+        rows = [technique_row(a, b)] + comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles)
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
             for c, text in enumerate(row):
@@ -154,8 +204,23 @@ class RunComparisonView(QWidget):
                 if c:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
+        texts = output_rows(a, b)
+        self.outputs.setRowCount(len(texts))
+        for r, row in enumerate(texts):
+            for c, text in enumerate(row):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                self.outputs.setItem(r, c, item)
         self.table.resizeRowsToContents()
         self._arrange(self.width())
 
     def table_rows(self) -> list[tuple[str, str, str]]:
         return [tuple(self.table.item(r, c).text() for c in range(3)) for r in range(self.table.rowCount())]
+
+    def figure_rows(self) -> list[tuple[str, str, str]]:
+        """The table's rows after the technique's: the compared figures."""
+        return self.table_rows()[1:]
+
+    def output_rows(self) -> list[tuple[str, str, str]]:
+        """(prompt, run A's text, run B's text) as shown."""
+        return [tuple(self.outputs.item(r, c).text() for c in range(3)) for r in range(self.outputs.rowCount())]

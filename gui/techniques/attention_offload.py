@@ -145,6 +145,9 @@ class OffloadRunControls(QGroupBox):
     they give the connected agents (``agent_roles``: the plan's compute device is replica 0)."""
 
     changed = Signal()
+    REPLICAS_TIP = ("Compute agents that each hold the whole dense part; more than one runs Lamina's staggered "
+                    "pipelining over the micro-batches (the rest of the connected agents are memory agents: KV "
+                    "cache and attention, split by heads)")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Attention offloading", parent)
@@ -152,9 +155,7 @@ class OffloadRunControls(QGroupBox):
         self.replicas = QSpinBox()
         self.replicas.setRange(1, 1)
         self.replicas.setAccessibleName("Compute replicas")
-        self.replicas.setToolTip("Compute agents that each hold the whole dense part; more than one runs "
-                                 "Lamina's staggered pipelining over the micro-batches (the rest of the "
-                                 "connected agents are memory agents: KV cache and attention, split by heads)")
+        self.replicas.setToolTip(self.REPLICAS_TIP)
         self.schedule = QComboBox()
         self.schedule.addItems(["rotational", "fixed"])
         self.schedule.setAccessibleName("Staggering")
@@ -171,6 +172,8 @@ class OffloadRunControls(QGroupBox):
         form.addRow("Staggering", self.schedule)
         form.addRow(self.roles)
         self._dense, self._agents = "", []
+        self._holders: list[str] = []
+        """The other agents whose budgets hold the dense part: the replicas after the plan's device."""
         self._roles: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         """(compute, memory) named by a proposal (a plan of the measured cluster); None: ``agent_roles``."""
         self._applying = False
@@ -178,8 +181,10 @@ class OffloadRunControls(QGroupBox):
         self.schedule.currentTextChanged.connect(self._on_changed)
         self.hide()
 
-    def show_for(self, plan, agents: list[str]) -> None:
-        """Show the options when ``plan`` is an attention-offload dense plan (else hide them)."""
+    def show_for(self, plan, agents: list[str], budgets: dict[str, int] | None = None, dense_bytes: int = 0) -> None:
+        """Show the options when ``plan`` is an attention-offload dense plan (else hide them).
+        ``budgets`` (profiled, bytes) and ``dense_bytes`` (what a replica holds): only agents whose
+        budget holds the dense part can be replicas (an agent without a profiled budget may be)."""
         from core.techniques.attention_offload import DENSE_KIND
 
         stages = getattr(plan, "stages", ())
@@ -189,13 +194,28 @@ class OffloadRunControls(QGroupBox):
         if (stages[0].device, list(agents)) != (self._dense, self._agents):
             self._roles = None  # named for another plan or other agents
         self._dense, self._agents = stages[0].device, list(agents)
-        # every agent but one (a memory agent must be left) may be a replica: 3 agents, 2 replicas
-        self.replicas.setMaximum(max(1, len([a for a in agents if a != self._dense])))
+        others = [a for a in agents if a != self._dense]
+        budgets = budgets or {}
+        small = [a for a in others if dense_bytes and budgets.get(a, 0) > 0 and budgets[a] < dense_bytes]
+        self._holders = [a for a in others if a not in small]
+        # every agent but one (a memory agent must be left) may be a replica if its budget holds the dense part
+        self.replicas.setMaximum(max(1, min(len(others), 1 + len(self._holders))))
+        self.replicas.setToolTip(self.REPLICAS_TIP + ("" if not small else (
+            f". Here at most {self.replicas.maximum()}: "
+            + ", ".join(f"{a} ({budgets[a] / 2**20:.1f} MiB)" for a in small)
+            + f" cannot hold a replica's {dense_bytes / 2**20:.1f} MiB of dense weights")))
         self.show()
         self._update_roles()
 
     def options(self) -> dict:
-        named = {} if self._roles is None else {"compute": list(self._roles[0]), "memory": list(self._roles[1])}
+        roles = self._roles
+        others = [a for a in self._agents if a != self._dense]
+        r = self.replicas.value()
+        if roles is None and r > 1 and others[:r - 1] != self._holders[:r - 1]:
+            # the next agents in order (``agent_roles``) include one too small for a replica: name the ones that hold it
+            compute = (self._dense, *self._holders[:r - 1])
+            roles = (compute, tuple(a for a in others if a not in compute))
+        named = {} if roles is None else {"compute": list(roles[0]), "memory": list(roles[1])}
         return {"compute_replicas": self.replicas.value(), "schedule": self.schedule.currentText(), **named}
 
     def apply(self, options: dict) -> None:

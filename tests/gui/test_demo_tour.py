@@ -1,6 +1,7 @@
-"""The demo's tour: every technique offered with a model of its kind, spatial partitioning and attention
-offloading planned from the demo cluster's measured profile and run on its three agents from the
-studio, their output equal to an independent reference, recorded and replayed (pytest-qt, real agents).
+"""The demo's tour: every technique offered with a model of its kind, spatial partitioning, attention
+offloading and expert offloading planned from the demo cluster's measured profile and run on its
+three agents from the studio, their output equal to an independent reference, recorded and replayed;
+Compare puts two techniques' runs of the same prompts side by side (pytest-qt, real agents).
 
 One demo cluster for the module (the three emulated devices of gui/demo_cluster.py), profiled once.
 """
@@ -81,6 +82,92 @@ def test_the_demo_offers_all_five_techniques_each_with_a_model_of_its_kind(tour)
     assert models["attention-offload"] == models["layer-sharding"] == window.state.model_path
 
 
+def _tokens_of(workspace: str, run_id: int) -> dict[int, list[int]]:
+    """The recorded run's generated tokens per prompt (its sequence ids)."""
+    from core.sessions.store import SessionStore
+
+    got: dict[int, list[int]] = {}
+    with SessionStore(workspace) as store:
+        for event in store.tokens(run_id):
+            for seq, token in zip(event.sequence_ids, event.token_ids):
+                got.setdefault(seq, []).append(token)
+    return got
+
+
+def _replays_in_sessions(window, qtbot, run_id: int) -> None:
+    """Sessions lists the run under its technique's name, opens it and plays it to its end."""
+    sessions = window.screens.sessions
+    sessions.refresh()
+    qtbot.waitUntil(lambda: run_id in sessions.run_items(), timeout=10_000)
+    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+        sessions.open_run(run_id)
+    sessions.set_speed(20.0)
+    with qtbot.waitSignal(sessions.replay_finished, timeout=30_000):
+        sessions.play()
+
+
+def test_expert_offloading_plans_the_measured_demo_agents_and_runs_from_the_studio_like_generate_replayed(
+        tour, qtbot):
+    from core.runs.generation import load_tokenizer
+    from core.sessions.store import SessionStore
+    from core.techniques.expert_offload.activity import ExpertActivity
+    from core.techniques.expert_offload.on_agents import device_memory_bytes
+    from gui.techniques.expert_offload.plan_view import MEASURED, ExpertOffloadPlanView
+    from tests.core.hf_reference import hf_greedy_new_tokens
+
+    window, demo = tour
+    moe = window.state.technique_models["expert-offload"]
+    window.screens.plan.set_technique("expert-offload")
+    view = window.screens.plan.view
+    assert isinstance(view, ExpertOffloadPlanView) and view._model() == moe
+    if view.measured_blocker():  # the demo's profile is of its Llama: the agents are profiled for the MoE
+        assert view.profile_button.isEnabled(), view.profile_button.toolTip()
+        view.profile_button.click()
+        qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.source.currentText() == MEASURED, view.subtitle.text()
+    profiled = view.measured_profile()
+    assert [t.device for t in profiled.times] == ["edge-a", "edge-b", "edge-c"]
+    assert view.device.currentText() == "edge-a"  # the demo's source device
+    problem = view.problem()
+    budget = device_memory_bytes(window.state.profile, "edge-a")  # the emulated budget the Profile screen measured
+    m = problem.model
+    whole = m.resident_bytes + m.layers * m.experts * m.expert_bytes
+    assert problem.memory_budget_bytes <= budget < whole  # the MoE does not fit edge-a whole
+    view.auto_solve()
+    assert view.use_for_run.isEnabled(), view.use_for_run.toolTip()
+    slots = view.outcome()[0].plan.slots
+    assert slots < problem.model.layers * problem.model.experts  # experts are read from storage
+    view.use_for_run.click()
+    plan = window.state.plan
+    assert [(s.device, s.kind) for s in plan.stages] == [("edge-a", "expert-offload")]
+    run = window.screens.run
+    assert run.model_edit.text() == moe  # the Run screen's model follows the plan's technique
+    run.prompts_edit.setPlainText("\n".join(PROMPTS[:2]))
+    run.max_tokens_spin.setValue(MAX_NEW)
+    with qtbot.waitSignal(run.run_finished, timeout=WAIT_MS) as done:
+        run.start_run()
+    assert done.args == ["completed"], run.message.text()
+    run.monitor.flush()
+    assert run.monitor.timeline.box_count("edge-a:storage", "io") > 0 and not run.monitor.heat_map.isHidden()
+    penalty = run.settings().repetition_penalty
+    tokenizer = load_tokenizer(moe)
+    with SessionStore(window.state.workspace) as store:
+        ran = store.runs()[-1]
+        recorded = ExpertActivity()
+        recorded.add([i.event for i in store.timeline(ran.id) if i.event is not None])
+    assert ran.settings["technique"] == "expert-offload" and ran.status == "completed"
+    got = _tokens_of(window.state.workspace, ran.id)
+    for i, prompt in enumerate(PROMPTS[:2]):  # each prompt alone: transformers' own generate of the MoE
+        options = {"repetition_penalty": penalty} if penalty != 1.0 else {}
+        (want,) = hf_greedy_new_tokens(moe, tokenizer([prompt], return_tensors="pt"), MAX_NEW, **options)
+        assert tuple(got[i]) == want, prompt
+    _replays_in_sessions(window, qtbot, ran.id)
+    sessions = window.screens.sessions
+    assert sessions.run_items()[ran.id].text(0) == f"MoE expert offloading #{ran.id}"
+    assert "edge-a:storage" in sessions.monitor.timeline.lanes()
+    assert sessions.monitor.heat_map.activity.totals() == recorded.totals() and recorded.totals()["misses"] > 0
+
+
 def test_spatial_plans_the_measured_cluster_and_labels_the_digits_on_the_agents_like_one_forward(tour, qtbot):
     from core.sessions.replay import Replay
     from core.sessions.store import SessionStore
@@ -144,6 +231,9 @@ def test_attention_offloading_plans_the_measured_cluster_and_runs_staggered_from
         view.run_button.click()
     assert done.args == ["completed"], run.message.text()
     assert run.micro_batches_spin.value() == view.plan.in_flight  # staggered: the plan's batches in flight
+    # a second replica would hold the whole dense model too: only edge-c's budget can, and the Run screen says so
+    replicas = run.offload_controls.replicas
+    assert replicas.maximum() == 1 and "edge-a (" in replicas.toolTip() and "edge-b (" in replicas.toolTip()
     model_dir = str(demo.parts.model_dir)
     tokenizer = load_tokenizer(model_dir)
     with SessionStore(window.state.workspace) as store:
@@ -158,3 +248,49 @@ def test_attention_offloading_plans_the_measured_cluster_and_runs_staggered_from
     lanes = run.monitor.timeline.lanes()
     assert set(lanes) == {"edge-a", "edge-b", "edge-c"}
     assert all(run.monitor.timeline.box_count(d, "compute") > 0 for d in ("edge-c", *view.plan.memory))
+
+
+def test_compare_puts_a_layer_sharding_and_an_attention_offloading_run_of_the_same_prompts_side_by_side(tour, qtbot):
+    window, _demo = tour
+    plan_screen, run, sessions = window.screens.plan, window.screens.run, window.screens.sessions
+    prompts = PROMPTS[:2]
+    plan_screen.set_technique("layer-sharding")
+    editor = plan_screen.view
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=WAIT_MS):
+        editor.solve_button.click()
+    run.prompts_edit.setPlainText("\n".join(prompts))
+    run.max_tokens_spin.setValue(MAX_NEW)
+    run.penalty_spin.setValue(1.0)  # greedy as the staggered attention-offload run (it samples without history)
+    with qtbot.waitSignal(run.run_finished, timeout=WAIT_MS) as done:
+        run.start_run()
+    assert done.args == ["completed"], run.message.text()
+    sharded = [run.monitor.text_of(i) for i in range(len(prompts))]
+    plan_screen.set_technique("attention-offload")
+    plan_screen.view.auto_solve()
+    with qtbot.waitSignal(run.run_finished, timeout=WAIT_MS) as done:
+        plan_screen.view.run_button.click()
+    assert done.args == ["completed"], run.message.text()
+    offloaded = [run.monitor.text_of(i) for i in range(len(prompts))]
+    from core.sessions.store import SessionStore
+
+    with SessionStore(window.state.workspace) as store:
+        a, b = [r.id for r in store.runs()[-2:]]
+    sessions.refresh()
+    qtbot.waitUntil(lambda: {a, b} <= set(sessions.run_items()), timeout=10_000)
+    items = sessions.run_items()
+    assert (items[a].text(0), items[b].text(0)) == (f"Layer sharding #{a}", f"Attention offloading #{b}")
+    items[a].setSelected(True)
+    items[b].setSelected(True)
+    with qtbot.waitSignal(sessions.runs_compared, timeout=10_000):
+        sessions.compare_button.click()
+    view = sessions.comparison
+    assert sessions.right_stack.currentWidget() is view
+    assert view.title_label.text().startswith(f"A: Layer sharding #{a}") and f"B: Attention offloading #{b}" in \
+        view.title_label.text()
+    assert set(view.timeline_a.lanes()) == set(view.timeline_b.lanes()) == {"edge-a", "edge-b", "edge-c"}
+    assert view.timeline_a.box_count() > 0 and view.timeline_b.box_count() > 0
+    assert view.table_rows()[0] == ("Technique", "Layer sharding", "Attention offloading")
+    # the same prompts, each run's own text beside the other's: greedy both, the same text
+    assert view.output_rows() == [(p, s, o) for p, s, o in zip(prompts, sharded, offloaded)]
+    assert sharded == offloaded and all(sharded)
+    view.back_button.click()

@@ -125,7 +125,8 @@ def test_two_runs_compare_side_by_side_aligned_at_zero_with_one_table_of_figures
     view.timeline_a.set_x_range(0.01, 0.02)  # one time axis: zooming A zooms B
     assert view.timeline_b.x_range() == pytest.approx((0.01, 0.02), abs=1e-4)
     expected = comparison_rows(compute_figures(ea, ta), compute_figures(eb, tb), bubbles(ea), bubbles(eb))
-    assert view.table_rows() == expected
+    assert view.figure_rows() == expected
+    assert view.table_rows()[0] == ("Technique", "Layer sharding", "Layer sharding")
     figures = [r[0] for r in expected]
     assert "TTFT" in figures and "Decode tokens/s" in figures
     assert all(f"Utilisation · {d}" in figures and f"Bubbles · {d}" in figures for d in DEVICES)
@@ -181,4 +182,46 @@ def test_show_predicted_draws_the_runs_prediction_under_its_replay(qtbot, worksp
     errors = timeline.stage_errors()
     assert set(errors) == set(DEVICES)
     assert all(abs(e) < 1e-6 for e in errors.values()), "a simulated run is its own prediction"
+    panel.shutdown()
+
+
+def test_two_techniques_runs_of_the_same_prompts_show_each_technique_and_their_texts_side_by_side(qtbot, tmp_path,
+                                                                                                  run_data):
+    from agents.protocol import TokenEvent
+
+    problem, _plan, events, _tokens = run_data
+    path = str(tmp_path / "ws.sqlite")
+    prompts = ["The secret of life is", "You will"]
+    pieces = {"layer-sharding": ((" to", " be"), (" go", ".")), "attention-offload": ((" to", " be"), (" see", "!"))}
+    with SessionStore(path) as store:
+        sid = store.create_session("two techniques")
+        ids = []
+        for technique, texts in pieces.items():
+            run_id = store.create_run(sid, model="demo-llama", mode="no-bubbles", problem=problem,
+                                      settings={"lanes": DEVICES, "prompts": prompts, "technique": technique})
+            for seq, e in enumerate(events[:6]):
+                store.append_event(run_id, seq, e.end_s, e)
+            for step in range(2):
+                store.append_tokens(run_id, step, 0.01 * (step + 1), TokenEvent(
+                    micro_batch=0, step=step, sequence_ids=(0, 1), token_ids=(5 + step, 9 + step),
+                    text=(texts[0][step], texts[1][step]), t_s=0.01 * (step + 1)))
+            store.finish_run(run_id, "completed")
+            ids.append(run_id)
+        store.flush()
+    panel = _panel(qtbot, path)
+    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+        panel.compare_runs(*ids)
+    view = panel.comparison
+    assert view.table_rows()[0] == ("Technique", "Layer sharding", "Attention offloading")
+    assert view.output_rows() == [(prompts[0], " to be", " to be"), (prompts[1], " go.", " see!")]
+    assert not view.outputs.isHidden()
+    panel.shutdown()
+
+
+def test_simulated_runs_compare_without_a_texts_table(qtbot, workspace):
+    path, (a, b, *_rest) = workspace
+    panel = _panel(qtbot, path)
+    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+        panel.compare_runs(a, b)
+    assert panel.comparison.output_rows() == [] and panel.comparison.outputs.isHidden()
     panel.shutdown()

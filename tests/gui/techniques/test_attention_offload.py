@@ -188,3 +188,29 @@ def test_a_measured_profile_and_a_checkpoint_give_the_measured_cluster_re_planne
     state.set_profile(msgspec.structs.replace(profile, cluster=cluster))  # only the laptop holds the dense part now
     view.auto_solve()
     assert view.plan.compute == ("laptop",) and "planned on the measured agents" in view.run_where.text()
+
+
+def test_the_run_options_offer_only_agents_whose_budget_holds_the_dense_part_as_replicas_and_say_why(qtbot):
+    from core.planning.plan import ShardPlan, Stage
+    from core.techniques.attention_offload import DENSE_KIND
+    from gui.techniques.attention_offload import OffloadRunControls
+
+    mib = 2**20
+    plan = ShardPlan(model="m", num_units=6, stages=[Stage(device="edge-c", start=0, end=6, kind=DENSE_KIND)])
+    controls = OffloadRunControls()
+    qtbot.addWidget(controls)
+    demo = {"edge-a": int(3.8 * mib), "edge-b": int(3.4 * mib), "edge-c": int(10.6 * mib)}
+    controls.show_for(plan, ["edge-a", "edge-b", "edge-c"], demo, int(8.5 * mib))
+    assert controls.replicas.maximum() == 1  # the demo: only edge-c holds a replica
+    tip = controls.replicas.toolTip()
+    assert "at most 1" in tip and "edge-a (3.8 MiB), edge-b (3.4 MiB)" in tip and "8.5 MiB" in tip
+    # four agents, the next in order (c1) too small: the replicas are the agents that hold it
+    budgets = {"c0": 10 * mib, "c1": 2 * mib, "m0": 10 * mib, "m1": 0}  # m1: not profiled, decides at load
+    plan = ShardPlan(model="m", num_units=6, stages=[Stage(device="c0", start=0, end=6, kind=DENSE_KIND)])
+    controls.show_for(plan, ["c0", "c1", "m0", "m1"], budgets, 9 * mib)
+    assert controls.replicas.maximum() == 3
+    controls.replicas.setValue(2)
+    assert controls.options() == {"compute_replicas": 2, "schedule": "rotational", "compute": ["c0", "m0"],
+                                  "memory": ["c1", "m1"]}
+    controls.show_for(plan, ["c0", "c1", "m0", "m1"])  # no profile: any agent may be one, in order
+    assert controls.replicas.maximum() == 3 and "compute" not in controls.options()
