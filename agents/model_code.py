@@ -11,8 +11,11 @@ MODEL_CODE_IMPORTED.set()  # an agent made in-process (tests) imports on first u
 
 
 def warm_imports() -> None:
-    """Import what loading a shard needs (see the module docstring)."""
+    """Import what loading a shard needs (see the module docstring). ``modeling_utils`` too, which
+    ``AutoModelForCausalLM`` imports only when a model is first built: each agent the zygote forked
+    paid it again (0.86 s of CPU each) at its first profile or load."""
     import transformers.masking_utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
     from transformers import AutoModelForCausalLM, DynamicCache  # noqa: F401
 
     import agents.shard  # noqa: F401

@@ -18,7 +18,9 @@ server, e.g. Xvfb), and reports, from the moment its parent spawned it:
   Auto-solve; ``plan`` is the solved plan's stages);
 - with ``--run``, before that, a presenter's first text: at ready, Profile (only when no profile was
   kept), Auto-solve and Start of the demo prompts at once; ``run.first_text_s`` is from the spawn
-  until the Run screen shows the first generated text (``run.text`` its start);
+  until the Run screen shows the first generated text (``run.text`` its start), ``run.studio_cpu_s``
+  / ``run.agents_cpu_s`` the CPU seconds the studio / the agents had used when the run ended and
+  ``run.studio_imported_torch`` whether the studio had imported torch by then;
 - ``quit_s``: closing the window and stopping the demo until every agent process is gone;
   ``exit_s``: closing the window until the studio's process is gone (it ends as the studio
   does, ``gui.launch.exit_without_teardown``), and ``agents_left_after_exit``;
@@ -117,7 +119,8 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
                "studio_imported_torch": "torch" in sys.modules}
     log: list[str] = []
     window.state.log_added.connect(lambda level, text: log.append(f"{time.time() - t_spawn:.2f} {level}: {text}"))
-    window.screens.run.runner.status_reported.connect(lambda _t, text: log.append(f"{time.time() - t_spawn:.2f} run: {text}"))
+    for name, runner in (("run", window.screens.run.runner), ("profile", window.screens.profile.runner)):
+        runner.status_reported.connect(lambda _t, text, name=name: log.append(f"{time.time() - t_spawn:.2f} {name}: {text}"))
     failed: list[str] = []
     profile_s, stages = None, []
     run_s = None
@@ -140,7 +143,9 @@ def child(t_spawn: float, root: str, train: bool = False, profile: bool = True) 
         run_s = {"s": round(time.time() - t_run, 2), "outcome": window.screens.run.last_outcome,
                  "first_text_s": round(marks["first_text"] - t_spawn, 2) if "first_text" in marks else None,
                  "solved_s": round(marks["solved"] - t_spawn, 2),
-                 "text": text_edit.toPlainText()[:120], "message": window.screens.run.status_label.text()[:200]}
+                 "text": text_edit.toPlainText()[:120], "message": window.screens.run.status_label.text()[:200],
+                 "studio_cpu_s": round(time.process_time(), 2), "agents_cpu_s": _cpu_s(_agent_pids(demo.parts.cluster)),
+                 "studio_imported_torch": "torch" in sys.modules}
     if profile:
         profile_s, stages = _profile_and_solve(window, failed)
     cluster = demo.parts.cluster

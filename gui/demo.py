@@ -66,18 +66,17 @@ DEMO_MENU_STEPS = (("Devices", "Profile cluster"), ("Plan", "Auto-solve"), ("Run
 """The hint the demo logs when ready: menu paths that exist in the window (a test checks them)."""
 
 def warm_run_path(model_dir: str) -> threading.Thread:
-    """Import what a run needs in the studio (transformers, torch: the tokenizer) and read the
-    model's tokenizer, on a daemon thread, from the moment the demo is ready (while the presenter
-    profiles): done on the first Start it cost 10-15 s before anything was loaded (load 12-14,
-    bench/demo_startup.py ``--run``). Not earlier: started once the window was painted it competed
-    with the agents' start (ready 9.2 -> 13.7 s, window 2.7 -> 4.2 s at load 10-13). The GUI thread
-    keeps the GIL every few ms meanwhile (p99 tick 28 ms at load 12); a run started before it ends
-    waits on the same import lock, never imports twice."""
+    """Read the model's tokenizer for the first run, on a daemon thread, from the moment the demo is
+    ready (while the presenter profiles). Through ``tokenizers`` alone (``core.runs.run_tokenizer``):
+    0.06 s of CPU where transformers' took 3.9 s (it imports torch), which the agents being profiled
+    on the same cores lost. Not earlier than ready: started once the window was painted, transformers'
+    import competed with the agents' start (ready 9.2 -> 13.7 s at load 10-13). A run started before
+    it ends waits on the same import lock, never imports twice."""
     def warm() -> None:
-        from core.runs.generation import load_tokenizer
+        from core.runs.generation import load_run_tokenizer
 
         try:
-            load_tokenizer(model_dir)
+            load_run_tokenizer(model_dir)
         except Exception:  # noqa: BLE001 — only a warm-up: the run says what is wrong with the model
             pass
 

@@ -28,13 +28,14 @@ from core.runs.coordinator import (
 )
 from core.runs.batching import kv_covers, kv_reservation, run_micro_batches
 from core.errors import FormatError, PlanInvalid, RunFailed, UnsupportedModelError
-from core.models.checkpoints import check_model_dir
+from core.models.checkpoints import check_weight_headers
 from core.models.units import load_model_spec
 from core.planning.plan import ShardPlan, layout_problems
 from core.planning.precision import precision_problems
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.runs.recovery import Replanner
+from core.runs.run_tokenizer import Encoded, encode_left_padded, load_plain_tokenizer
 from core.runs.weights import ship_stage_weights
 
 
@@ -50,6 +51,13 @@ def load_tokenizer(model_dir: str):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def load_run_tokenizer(model_dir: str):
+    """The tokenizer a run encodes and decodes with: ``tokenizers`` alone where the checkpoint's is a
+    plain fast tokenizer (same ids, no transformers or torch imported: ``core.runs.run_tokenizer``),
+    else ``load_tokenizer``'s."""
+    return load_plain_tokenizer(model_dir) or load_tokenizer(model_dir)
 
 
 def stop_token_ids(model_dir: str, tokenizer) -> tuple[int, ...]:
@@ -261,16 +269,16 @@ def generate(
     re-planning over the others (``core.runs.recovery``; None: the run fails)."""
     reporter = reporter or NullReporter()
     check_run(plan, model_dir, prompts, settings)
-    check_model_dir(model_dir)  # what the agents' own reader makes of it (imports torch: after the cheap checks)
-    tok = load_tokenizer(model_dir)
-    enc = tok(list(prompts), return_tensors="pt", padding=True)
-    if enc["input_ids"].shape[1] == 0:
+    check_weight_headers(model_dir)  # the weight files' headers, as the agents' reader reads them (no torch)
+    tok = load_run_tokenizer(model_dir)
+    enc = encode_left_padded(tok, prompts)
+    if enc.width == 0:
         raise FormatError("prompts", "a prompt encodes to no tokens")
     stops = stop_token_ids(model_dir, tok)
     # stages reserve the KV cache of this run at load (as the paper's runtime does); a loaded plan
     # whose reservation is too small for this run (longer prompt, more micro-batches) is reloaded
     groups = run_micro_batches(len(prompts), plan, settings.micro_batches)
-    kv = kv_reservation(groups, int(enc["input_ids"].shape[1]) + settings.max_new_tokens)
+    kv = kv_reservation(groups, enc.width + settings.max_new_tokens)
     if load or not kv_covers(coordinator.reserved_kv, kv):
         load_plan(coordinator, plan, model_dir, settings, kv=kv, reporter=reporter)
     coordinator.sync_clocks()
@@ -312,20 +320,23 @@ def generate_with(run, model_dir: str, prompts: list[str] | tuple[str, ...], set
     problem = settings_problem(settings)
     if problem:
         raise FormatError("run settings", problem[1], problem[0])
-    tok = load_tokenizer(model_dir)
-    enc = tok(list(prompts), return_tensors="pt", padding=True)
-    if enc["input_ids"].shape[1] == 0:
+    tok = load_run_tokenizer(model_dir)
+    enc = encode_left_padded(tok, prompts)
+    if enc.width == 0:
         raise FormatError("prompts", "a prompt encodes to no tokens")
     return _generate_text(tok, enc, stop_token_ids(model_dir, tok), settings,
                           lambda request, text_sink: run(request, text_sink), sink=sink)
 
 
 def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: RunSink | None = None) -> Generation:
-    pieces = TextPieces(tok, len(enc["input_ids"]), stops, settings.max_new_tokens,
+    if not isinstance(enc, Encoded):  # a caller's own tensors (generate_encoded)
+        enc = Encoded(tuple(tuple(r) for r in enc["input_ids"].tolist()),
+                      tuple(tuple(r) for r in enc["attention_mask"].tolist()))
+    pieces = TextPieces(tok, len(enc.input_ids), stops, settings.max_new_tokens,
                         stop_ends=not settings.ignore_eos)
     request = RunRequest(
-        input_ids=tuple(tuple(r) for r in enc["input_ids"].tolist()),
-        attention_mask=tuple(tuple(r) for r in enc["attention_mask"].tolist()),
+        input_ids=enc.input_ids,
+        attention_mask=enc.attention_mask,
         max_new_tokens=settings.max_new_tokens,
         mode=settings.mode,  # type: ignore[arg-type]
         micro_batches=settings.micro_batches,
@@ -355,4 +366,4 @@ def generation_json(out: Generation, run_id: int | None, mode: str) -> dict:
 
 
 __all__ = ["Generation", "GenerationSettings", "generation_json", "RunFailed", "generate", "generate_encoded", "generate_with", "load_plan",
-           "load_tokenizer", "stop_token_ids"]
+           "load_run_tokenizer", "load_tokenizer", "stop_token_ids"]
