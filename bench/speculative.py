@@ -6,8 +6,9 @@ and 2 ms latency), its shipped distilled draft (``resources/demo_models/demo-lla
 ``--draft``; ``core.models.draft_distillation``). The cluster is profiled first (compute per unit on
 every agent and every link, as the studio does), and the cost model (``core.planning.speculation``)
 predicts, per plan, plain and speculative tokens/s from that profile, the draft's *stored*
-acceptance rate and its token's cost measured on the source in one calibration run of another prompt
-(``--draft-cost proxy``: the profile's proxy instead, which the studio's ``--speculate auto`` uses); ``--k auto`` (the default) takes its choice of k. For 2 stages (edge-a, edge-c) and
+acceptance rate and its token's cost timed on each device while profiling (``profile_cluster(draft_dir=)``,
+``Profile.draft_times``: what ``--speculate auto`` and Compare use; ``--draft-cost proxy``: the
+target-profile proxy instead, as before those were timed); ``--k auto`` (the default) takes its choice of k. For 2 stages (edge-a, edge-c) and
 3 (edge-a, edge-b, edge-c), per round and prompt, a plain sequential run and a speculative one in
 turn, greedy, ``--tokens`` new tokens each (no stop token: the demo's greedy answers end after 6-10
 tokens, too few to measure decoding):
@@ -19,8 +20,8 @@ tokens, too few to measure decoding):
 - ``speedup_over_plain``: {stages: plain run wall time / speculative run wall time}, the median over
   the runs (same prompts, interleaved);
 - ``predicted_over_measured``: {stages: the cost model's predicted speedup (from the profile, the
-  stored acceptance rate and the calibration run's draft cost: nothing is fitted to the scored
-  runs) / the measured speedup};
+  stored acceptance rate and the draft's profiled cost: nothing is taken from the scored runs) / the
+  measured speedup};
   ``predicted_tokens_s_over_measured``: the same for the speculative runs' absolute tokens/s
   (the profile is taken minutes before the runs on a shared machine: a load change moves it);
   ``terms``: per plan, the plain runs' predicted/measured tokens/s, the draft's token by proxy and
@@ -46,8 +47,6 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PROMPTS = ("The secret of life is", "A wise man once said", "Love is", "The best way to")
-CALIBRATION_PROMPT = "Once upon a time"
-"""The calibration run's prompt (the draft's measured cost), not one of the scored runs'."""
 PLANS = {2: (("edge-a", "edge-c"), [3]), 3: (("edge-a", "edge-b", "edge-c"), [3, 5])}
 """Stages over the demo model's 8 units (embedding, 6 blocks, head) within the demo's budgets."""
 
@@ -64,8 +63,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--draft-cost", choices=("measured", "proxy"), default="measured",
-                    help="the draft's token time the prediction uses: measured in a calibration run, or the "
-                         "profile's proxy (core.planning.speculation.draft_token_s)")
+                    help="the draft's token time the prediction uses: timed on the source while profiling "
+                         "(Profile.draft_times), or the proxy from the target's units (draft_token_s)")
     args = ap.parse_args()
 
     import torch
@@ -77,7 +76,7 @@ def main() -> int:
     from core.models.draft_distillation import stored_acceptance
     from core.planning.plan import plan_from_boundaries
     from core.planning.problem import PlanningProblem, Workload
-    from core.planning.speculation import DraftFigures, choose_k, expected_tokens_per_trip, predicted_run_s
+    from core.planning.speculation import choose_k, draft_token_s, expected_tokens_per_trip, predicted_run_s
     from core.runs.coordinator import Coordinator
     from core.runs.generation import GenerationSettings, load_plan, load_tokenizer
     from core.runs.run_stream import RunRequest
@@ -115,25 +114,16 @@ def main() -> int:
             Coordinator(cluster.endpoints, cluster.keys) as coord:
         coord.sync_clocks()
         profile = profile_cluster(coord, config, model_name=model.name, dtype="fp32", prompt_tokens=8,
-                                  batch_sizes=(1,), repeats=5, threads=1, link_target_s=0.3).profile
+                                  batch_sizes=(1,), repeats=5, threads=1, link_target_s=0.3,
+                                  draft_dir=draft if args.draft_cost == "measured" else None).profile
         load_profiled = load1()
         problem = PlanningProblem(name="speculative", profile=profile, source=DEMO_DEVICES[0],
                                   workload=Workload(prompt_tokens=round(statistics.mean(map(len, prompts))),
                                                     generated_tokens=args.tokens))
-        # the draft's measured cost: one calibration run (another prompt, not scored) on the source,
-        # its draft events' time per proposed token (the proxy from the profile is kept beside it)
-        calibration_plan = plan_from_boundaries(model.name, 8, list(PLANS[3][0]), PLANS[3][1])
-        load_plan(coord, calibration_plan, str(model), GenerationSettings(threads=1))
-        coord.run(calibration_plan, speculative_request(  # warm: the source loads the draft, its first calls
-            tok(CALIBRATION_PROMPT)["input_ids"], 8, check_draft(model, draft, 3), eos_token_ids=stops))
-        calibration = coord.run(calibration_plan, speculative_request(
-            tok(CALIBRATION_PROMPT)["input_ids"], args.tokens, check_draft(model, draft, 3), eos_token_ids=stops))
-        drafted_s = statistics.median(e.duration_s / e.nbytes for e in calibration.events if e.kind == "draft" and e.nbytes)
         for n, (devices, bounds) in PLANS.items():
             plan = plan_from_boundaries(model.name, 8, list(devices), bounds)
-            proxy = draft_figures(problem, plan, draft)
-            figures = DraftFigures(acceptance_rate=proxy.acceptance_rate,
-                                   token_s=proxy.token_s if args.draft_cost == "proxy" else drafted_s)
+            figures = draft_figures(problem, plan, draft)  # as --speculate auto and Compare see the draft
+            proxy_s = draft_token_s(problem, plan, json.loads((draft / "config.json").read_text())["num_hidden_layers"])
             k = choose_k(problem, plan, figures).k if args.k == "auto" else int(args.k)
             chosen[f"{n}_stages"] = k
             if k == 0:
@@ -165,9 +155,9 @@ def main() -> int:
             absolute[f"{n}_stages"] = round(statistics.median(walls) / pred_spec, 3)
             terms[f"{n}_stages"] = {
                 "plain_predicted_over_measured": round(statistics.median(plain_walls) / pred_plain, 3),
-                "draft_token_ms": {"proxy": round(proxy.token_s * 1e3, 3), "calibration": round(drafted_s * 1e3, 3),
-                                   "scored_runs": round(statistics.median(drafted) * 1e3, 3) if drafted else None,
-                                   "used": args.draft_cost},
+                "draft_token_ms": {"proxy": round(proxy_s * 1e3, 3), "used": round(figures.token_s * 1e3, 3),
+                                   "used_measured": figures.measured,
+                                   "scored_runs": round(statistics.median(drafted) * 1e3, 3) if drafted else None},
                 "tokens_per_trip_predicted": round(expected_tokens_per_trip(figures.acceptance_rate, k), 3)}
     print(json.dumps({
         "tokens_equal": equal,

@@ -350,6 +350,9 @@ def _register_profile(sub) -> None:
     p.add_argument("--weight-times", default="", metavar="int8,int4",
                    help="also time each device's decoder block at these weight precisions (its own ratio over fp)")
     p.add_argument("--link-seconds", type=float_in(0, 600, lo_open=True), default=1.0, help="duration of each bandwidth probe")
+    p.add_argument("--draft", metavar="DIR", default=None,
+                   help="also time this speculative draft's token on every device (what --speculate auto and "
+                        "compare --draft cost it by; the same path on each device's disk)")
     p.set_defaults(func=_profile)
 
 
@@ -381,6 +384,8 @@ def _profile(args) -> int:
     weight_times = tuple(w.strip() for w in args.weight_times.split(",") if w.strip())
     check_weight_times(config, weight_times)
     check_writable(args.out)  # written after profiling: refused before it
+    if args.draft is not None and not (Path(args.draft) / "config.json").is_file():
+        raise EdgeShardError(f"--draft {args.draft}: no config.json: name the draft's checkpoint directory")
     endpoints, keys = load_agents_file(args.agents)
     with Coordinator(endpoints, keys, heartbeat_timeout_s=30.0) as coord:
         coord.link.answering()
@@ -389,7 +394,7 @@ def _profile(args) -> int:
                                  headroom_bytes=args.headroom_mib << 20, threads=args.threads,
                                  network=not args.no_network, link_target_s=args.link_seconds,
                                  reporter=TerminalReporter(), out_path=args.out, gpus=not args.no_gpu,
-                                 weight_times=weight_times)
+                                 weight_times=weight_times, draft_dir=args.draft)
     prof = result.profile
     print(f"{'DEVICE':<14} {'MEMORY BUDGET':>14} {'DECODE/TOKEN (b=1)':>19} {'PREFILL':>10}")
     for t in prof.times:
@@ -403,6 +408,8 @@ def _profile(args) -> int:
     for t in prof.precision_times:
         print(f"{t.device:<14} {t.weights} blocks: {t.decode_time_ratio:.2f}x decode, "
               f"{t.prefill_time_ratio:.2f}x prefill of fp")
+    for d in prof.draft_times:
+        print(f"{d.device:<14} draft {d.draft}: {d.token_s * 1e3:.2f} ms a proposed token")
     for m in result.links:
         print(f"link {m.src} -> {m.dst}: {m.bandwidth_mbit_s:9.1f} Mbit/s, one-way {m.one_way_ms:.3f} ms")
     print(f"profile written to {args.out}")

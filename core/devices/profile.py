@@ -9,6 +9,7 @@ synthetic and shipped profiles share one format and one cost model.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from bisect import bisect_left
 from typing import Literal
@@ -22,11 +23,12 @@ from core.models.units import ModelSpec
 from core.models.weight_quality import DevicePrecisionTimes, PrecisionQuality, device_times_errors, quality_errors
 
 PROFILE_FORMAT = "edgeshard.profile"
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 """2: ``DeviceTimes.cache_timing`` / ``warm_reason``. 3: ``ModelUnit.linear_params`` / ``linear_rows``
 (a version-2 profile's int8/int4 stages are counted at their fp bytes). 4: ``Profile.accelerator_times``
 (an older profile has none: every stage is planned on the CPU). 5: ``Profile.precision_times`` (none:
-every device's quantized blocks are costed by ``weight_quality``'s ratios). Older files load: the fields
+every device's quantized blocks are costed by ``weight_quality``'s ratios). 6: ``Profile.draft_times``
+(none: a speculative draft's token is costed by proxy). Older files load: the fields
 they lack are not recorded (their defaults), and the value is migrated to this version
 (``Profile.__post_init__``)."""
 
@@ -123,6 +125,15 @@ class ProfiledWorkload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     batch_size: int = 1
 
 
+class DraftTime(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One proposed token of draft ``draft`` (its checkpoint folder's name) on ``device``, timed there
+    as a speculative run's source drafts (the median over a few trips, at the device's speed)."""
+
+    device: str
+    draft: str
+    token_s: float
+
+
 class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     format: Literal["edgeshard.profile"] = PROFILE_FORMAT
     version: int = PROFILE_VERSION
@@ -139,6 +150,9 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """The GPUs a planner may place a device's stage on (core.planning.placement); empty: CPUs only."""
     precision_times: tuple[DevicePrecisionTimes, ...] = ()
     """Each device's own block time ratio per weight precision, where profiled (core.planning.precision)."""
+    draft_times: tuple[DraftTime, ...] = ()
+    """A speculative draft's proposed token timed on each device (``edgeshard profile --draft``), what
+    the cost model's draft costs where one is (core.planning.speculation); none: by proxy."""
 
     def __post_init__(self) -> None:
         if self.version < PROFILE_VERSION:  # migrate: what older versions lack has its default
@@ -218,6 +232,9 @@ def _profile_errors(profile: Profile) -> list[str]:
     if len({a.device for a in profile.accelerator_times}) != len(profile.accelerator_times):
         out.append("$.accelerator_times: one GPU per device")
     out.extend(device_times_errors(profile.precision_times, known))
+    for i, d in enumerate(profile.draft_times):
+        if d.device not in known or not d.draft or not (math.isfinite(d.token_s) and d.token_s > 0):
+            out.append(f"$.draft_times[{i}]: a device of the cluster, a draft's name and a time > 0")
     return out
 
 

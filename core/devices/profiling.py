@@ -45,7 +45,7 @@ from core.devices.cluster import Cluster, Device, Link
 from core.errors import EdgeShardError
 from core.models.weight_quality import DevicePrecisionTimes
 from core.models.units import model_spec_from_config
-from core.devices.profile import AcceleratorTimes, DeviceTimes, Profile, ProfiledWorkload
+from core.devices.profile import AcceleratorTimes, DeviceTimes, DraftTime, Profile, ProfiledWorkload
 from core.reporting import Cancelled, NullReporter, PhaseReporter, Reporter, wait_unless_cancelled
 
 _PROFILER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -338,6 +338,22 @@ COMPUTE_SHARE = 0.6
 about their share of a demo profile's time."""
 
 
+def time_draft(coord, device: str, draft_dir: str | Path, *, threads: int = 0, context: int = 8,
+               timeout_s: float = 120) -> DraftTime:
+    """The draft at ``draft_dir`` (the same path on the device's disk) timed by ``device``'s agent
+    (``TimeDraft``): one proposed token, at the device's speed."""
+    from agents.techniques.speculative.messages import DraftTimed, TimeDraft
+
+    try:
+        reply = coord.request(device, TimeDraft(draft_dir=str(draft_dir), threads=threads, context=max(1, context)),
+                              timeout_s)
+    except EdgeShardError as err:
+        raise ProfilingFailed(f"{device}: timing the draft failed: {err}") from None
+    if not isinstance(reply, DraftTimed):
+        raise ProfilingFailed(f"{device}: unexpected reply {type(reply).__name__} while timing the draft")
+    return DraftTime(device=device, draft=Path(draft_dir).name, token_s=reply.token_s)
+
+
 def profile_cluster(
     coord,
     model_config: dict,
@@ -357,6 +373,7 @@ def profile_cluster(
     gpus: bool = True,
     compute_together: bool = False,
     weight_times: Sequence[str] = (),
+    draft_dir: str | Path | None = None,
 ) -> ClusterProfileResult:
     """Profile every agent of ``coord`` (a connected ``core.devices.agent_link.AgentLink``) for the
     model of ``model_config`` and, if ``out_path`` is given, save the Profile there. ``gpus``: an agent
@@ -364,7 +381,8 @@ def profile_cluster(
     ``accelerator_times``: its first GPU, where a stage of it would compute). ``compute_together``: the
     agents' CPU compute at once (``profile_together``: emulated devices of one host, each timed by its
     CPU time), not one after the other. ``weight_times`` (int8, int4): each
-    device's own decoder-block time at those precisions over fp (``precision_times``)."""
+    device's own decoder-block time at those precisions over fp (``precision_times``). ``draft_dir``: a
+    speculative draft's token timed on each device, as a run's source drafts (``draft_times``)."""
     rep = reporter or NullReporter()
     if dtype not in _PROFILER_DTYPES:
         raise EdgeShardError(f"dtype must be one of {', '.join(_PROFILER_DTYPES)}, got {dtype!r}")
@@ -404,6 +422,10 @@ def profile_cluster(
                             precision_times=precision_times,
                             notes=f"measured by edgeshard profile: {repeats} repeats, median; "
                                   f"links over the agents' data plane")
+    if draft_dir is not None:
+        rep.status("timing the draft on every device")
+        profile = msgspec.structs.replace(profile, draft_times=tuple(
+            time_draft(coord, d, draft_dir, threads=threads, context=prompt_tokens) for d in names))
     if out_path is not None:
         from core.formats import save
 

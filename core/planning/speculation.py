@@ -12,7 +12,8 @@ with α the draft's per-token acceptance rate (measured on held-out text, stored
 ``core.models.draft_distillation``). Speculation pays when E(k) / trip(k) > 1 / L; the choice of
 ``k`` is the argmax over 1..``MAX_AUTO_K``, or 0 (plain decoding) when no ``k`` beats it.
 
-The draft's cost is measured by proxy: its units are the target's kinds (the embedding, ``layers``
+The draft's cost is what profiling timed on the source (``Profile.draft_times``: ``edgeshard profile
+--draft``), else a proxy: its units are the target's kinds (the embedding, ``layers``
 decoder blocks, the head) at the same widths when it is a cut-down copy, so one draft token costs
 what those units cost on the source device in the target's profile (``draft_token_s``); a draft of
 another shape can pass its own measured figure.
@@ -38,6 +39,8 @@ class DraftFigures:
 
     acceptance_rate: float
     token_s: float
+    measured: bool = False
+    """``token_s`` was timed on the source (``Profile.draft_times``); False: ``draft_token_s``'s proxy."""
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.acceptance_rate <= 1.0 and math.isfinite(self.token_s) and self.token_s >= 0):
@@ -75,6 +78,14 @@ def draft_token_s(problem: PlanningProblem, plan: ShardPlan, layers: int) -> flo
     mean_block = sum(blocks) / len(blocks) if blocks else 0.0
     return (times.decode_time(0, 1) + layers * mean_block + times.decode_time(n - 1, 1)
             + times.stage_overhead_time("decode", 0, n))
+
+
+def measured_draft_token_s(problem: PlanningProblem, device: str, draft: str) -> float | None:
+    """Draft ``draft``'s token as timed on ``device`` by profiling (``Profile.draft_times``), or None."""
+    for t in problem.profile.draft_times:
+        if t.device == device and t.draft == draft:
+            return t.token_s
+    return None
 
 
 def positions_s(times, stage, positions: int, factors=None) -> float:
@@ -133,4 +144,4 @@ def choose_k(problem: PlanningProblem, plan: ShardPlan, draft: DraftFigures, max
 
 
 __all__ = ["MAX_AUTO_K", "DraftFigures", "SpeculationChoice", "choose_k", "draft_token_s", "expected_tokens_per_trip",
-           "predicted_run_s", "speculative_tokens_s", "trip_s", "verify_trip_s"]
+           "measured_draft_token_s", "predicted_run_s", "speculative_tokens_s", "trip_s", "verify_trip_s"]

@@ -15,7 +15,7 @@ from core.runs.batching import run_micro_batches
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.reporting import Cancelled, Reporter
-from core.runs.simulator import SimulationResult, simulate
+from core.runs.simulator import SimulationResult, simulate, simulate_speculative
 
 MAX_STAGE_STEPS = 4096
 """At most this many (stage, micro-batch, step) computations are simulated: about three
@@ -40,10 +40,20 @@ def run_group_sizes(n_prompts: int, plan: ShardPlan, micro_batches: int | None =
 
 
 def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts: int, micro_batches: int | None,
-                max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS) -> RunPrediction:
-    """Simulate the run's first steps (prefill included) with the real run's micro-batch split."""
+                max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS, speculation=None) -> RunPrediction:
+    """Simulate the run's first steps (prefill included) with the real run's micro-batch split.
+    ``speculation``: (``DraftFigures``, k) of a speculative run (one sequence): its trips are played
+    (``simulate_speculative``), and ``note`` says so."""
     sizes = run_group_sizes(n_prompts, plan, micro_batches)
     steps = max(1, min(max_new_tokens, max_stage_steps // (len(sizes) * len(plan.stages))))
+    if speculation is not None and speculation[1] > 0:
+        draft, k = speculation
+        result = simulate_speculative(problem, plan, draft, k, generated_tokens=steps)
+        how = "timed" if draft.measured else "by proxy"
+        return RunPrediction(result=result, group_sizes=(1,), steps_predicted=steps, steps_requested=max_new_tokens,
+                             note=f"Predicted: speculative, k {k}, {len(result.tokens) - 1} tokens in "
+                                  f"{sum(1 for e in result.events if e.kind == 'draft')} trips "
+                                  f"(acceptance {draft.acceptance_rate:.2f}, draft {draft.token_s * 1e3:.1f} ms a token, {how}).")
     result = simulate(problem, plan, mode, micro_batch_sizes=sizes, generated_tokens=steps)
     note = ""
     if steps < max_new_tokens:

@@ -306,3 +306,78 @@ def simulate_recorded(problem: PlanningProblem, plan: ShardPlan, mode: str, toke
     steps = max(t.step for t in tokens) + 1
     return simulate(problem, plan, mode if mode in MODES else "sequential", micro_batches=len(mbs),
                     micro_batch_size=size, generated_tokens=steps)
+
+
+def simulate_speculative(problem: PlanningProblem, plan: ShardPlan, draft, k: int,
+                         generated_tokens: int | None = None) -> SimulationResult:
+    """Play one sequence's speculative run out (``core.planning.speculation``'s trip, event by event):
+    the prefill through every stage, then trips of ``k`` draft tokens on the source (a ``draft`` box,
+    ``nbytes`` = proposals), a verify of ``k + 1`` positions on every stage and hop (``positions_s``,
+    their activations; the last stage returns ``k + 1`` token ids), and the trip's committed tokens.
+    Trip i commits ⌊(i+1)·E⌋ − ⌊i·E⌋ tokens (E = E(k) from ``draft.acceptance_rate``: the expected
+    rate, in whole tokens); a trip after one that committed fewer than ``k + 1`` starts each stage with
+    a ``rollback`` mark of the positions it drops, as a real run draws it. ``draft``: a
+    ``core.planning.speculation.DraftFigures``; k = 0 is plain sequential decoding (``simulate``)."""
+    from core.planning.cost import _factors, _times, transfer_s
+    from core.planning.speculation import expected_tokens_per_trip, positions_s
+
+    if k == 0:
+        return simulate(problem, plan, "sequential", micro_batch_sizes=(1,), generated_tokens=generated_tokens)
+    violations = structural_violations(problem, plan)
+    if violations:
+        raise PlanInvalid(violations)
+    g = generated_tokens if generated_tokens is not None else problem.workload.generated_tokens
+    if k < 0 or g < 1:
+        raise ValueError("k must be >= 0 and generated tokens at least 1")
+    stages = plan.stages
+    events: list[TimelineEvent] = []
+    tokens: list[TokenEvent] = []
+
+    def trip(t: float, step: int, phase: str, positions: int, dropped: int) -> float:
+        """One pass of ``positions`` tokens through every stage from time ``t``; when the verdict is back."""
+        for j, st in enumerate(stages):
+            if dropped:
+                events.append(TimelineEvent(device=st.device, stage=j, kind="rollback", phase=phase, step=step,
+                                            micro_batch=0, start_s=t, end_s=t, nbytes=dropped))
+            if phase == "prefill":
+                d = stage_compute_s(_times(problem, st.device), st, "prefill", positions)
+            else:
+                d = positions_s(_times(problem, st.device), st, positions, _factors(problem, st, "prefill"))
+            events.append(TimelineEvent(device=st.device, stage=j, kind="compute", phase=phase, step=step,
+                                        micro_batch=0, start_s=t, end_s=t + d))
+            t += d
+            nxt = next_device(plan, j)
+            nbytes = stage_output_bytes(problem, st, positions)  # the last stage: a token id per position
+            if nxt != st.device:
+                hop = transfer_s(problem, st.device, nxt, nbytes)
+                events.append(TimelineEvent(device=st.device, stage=j, kind="send", phase=phase, step=step,
+                                            micro_batch=0, start_s=t, end_s=t + link_occupancy_s(problem, st.device,
+                                                                                                nxt, nbytes),
+                                            nbytes=nbytes, peer=nxt))
+                t += hop
+        return t
+
+    def commit(t: float, count: int) -> None:
+        for _ in range(count):
+            if len(tokens) < g:
+                tokens.append(TokenEvent(micro_batch=0, step=len(tokens), sequence_ids=(0,), token_ids=(0,), t_s=t))
+
+    prompt = problem.workload.prompt_tokens
+    commit(trip(0.0, 0, "prefill", prompt, 0), 1)
+    expected = expected_tokens_per_trip(draft.acceptance_rate, k)
+    t, step, dropped, source = tokens[-1].t_s, 0, 0, stages[0].device
+    while len(tokens) < g:
+        step += 1
+        proposals = min(k, g - len(tokens) - 1)
+        events.append(TimelineEvent(device=source, stage=0, kind="draft", phase="decode", step=step, micro_batch=0,
+                                    start_s=t, end_s=t + proposals * draft.token_s, nbytes=proposals))
+        t += proposals * draft.token_s
+        t = trip(t, step, "decode", proposals + 1, dropped)
+        committed = min(proposals + 1, int(step * expected) - int((step - 1) * expected) or 1)
+        commit(t, committed)
+        dropped = proposals + 1 - committed
+    events.sort(key=lambda e: (e.end_s, e.start_s, e.stage, e.kind))
+    step_done = tuple(e.t_s for e in tokens)
+    return SimulationResult(mode="sequential", micro_batch_size=1, micro_batches=1, generated_tokens=g,
+                            events=tuple(events), tokens=tuple(tokens), figures=compute_figures(events, tokens),
+                            steady_tokens_per_s=None, link_wait_s=0.0, step_done_s=step_done)

@@ -20,7 +20,7 @@ from agents.protocol import SamplingSpec
 from agents.techniques.speculative.messages import MAX_SPECULATE, ReadStageCache, SpeculativeOptions
 from core.errors import EdgeShardError
 from core.models.draft_distillation import SPECULATION_FILE, stored_acceptance
-from core.planning.speculation import DraftFigures, choose_k, draft_token_s
+from core.planning.speculation import DraftFigures, choose_k, draft_token_s, measured_draft_token_s
 from core.runs.run_stream import RunRequest
 
 if TYPE_CHECKING:
@@ -111,8 +111,9 @@ def speculate_k(text: str) -> int | str:
 
 
 def draft_figures(problem, plan, draft_dir: str | Path) -> DraftFigures:
-    """The cost model's view of a draft: its stored acceptance rate and, by proxy, its token's cost
-    on the plan's source device (``core.planning.speculation.draft_token_s``)."""
+    """The cost model's view of a draft: its stored acceptance rate and its token's cost on the plan's
+    source device as profiling timed it there (``Profile.draft_times``), else by proxy
+    (``core.planning.speculation.draft_token_s``)."""
     alpha = stored_acceptance(draft_dir)
     if alpha is None:
         raise DraftMismatch(f"{draft_dir} has no measured acceptance rate ({SPECULATION_FILE}): give --speculate K, "
@@ -121,6 +122,9 @@ def draft_figures(problem, plan, draft_dir: str | Path) -> DraftFigures:
         layers = int(json.loads((Path(draft_dir) / "config.json").read_text())["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DraftMismatch(f"{draft_dir}/config.json: cannot read num_hidden_layers ({err})") from None
+    timed = measured_draft_token_s(problem, plan.stages[0].device, Path(draft_dir).name)
+    if timed is not None:
+        return DraftFigures(acceptance_rate=alpha, token_s=timed, measured=True)
     return DraftFigures(acceptance_rate=alpha, token_s=draft_token_s(problem, plan, layers))
 
 
@@ -133,17 +137,32 @@ def check_compare_draft(draft_dir: str) -> None:
                             "make the draft with core.models.draft_distillation")
 
 
-def compare_speculation(problem, outcomes, draft_dir: str) -> list[str]:
-    """Compare's plain vs speculative lines: per strategy with a plan, one sequence's predicted decode
-    tokens/s plainly and with the draft at the cost model's k (``choose_k``)."""
-    lines = []
+def speculative_rows(problem, outcomes, draft_dir: str):
+    """Per strategy with a plan that fits: (strategy, ``SpeculationChoice`` at the cost model's k,
+    ``DraftFigures``): one sequence's predicted decode tokens/s plainly and with the draft. Empty
+    without a draft Compare can cost (``check_compare_draft``)."""
+    if not draft_dir:
+        return []
+    try:
+        check_compare_draft(draft_dir)
+    except DraftMismatch:
+        return []
+    rows = []
     for x in outcomes:
         if getattr(x, "plan", None) is None or getattr(x.plan, "stages", None) is None or x.status not in ("optimal", "ok"):
             continue
         figures = draft_figures(problem, x.plan, draft_dir)
-        c = choose_k(problem, x.plan, figures)
+        rows.append((x.strategy, choose_k(problem, x.plan, figures), figures))
+    return rows
+
+
+def compare_speculation(problem, outcomes, draft_dir: str) -> list[str]:
+    """Compare's plain vs speculative lines (``speculative_rows``)."""
+    lines = []
+    for strategy, c, figures in speculative_rows(problem, outcomes, draft_dir):
         after = "plain decoding is faster" if c.k == 0 else f"{c.speculative_tokens_s:.1f} (k {c.k}, {c.speedup:.2f}x)"
-        lines.append(f"{x.strategy}: {c.plain_tokens_s:.1f} -> {after}")
+        cost = "draft timed" if figures.measured else "draft by proxy"
+        lines.append(f"{strategy}: {c.plain_tokens_s:.1f} -> {after}; {cost} {figures.token_s * 1e3:.1f} ms/token")
     return lines
 
 

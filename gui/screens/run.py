@@ -554,9 +554,11 @@ class RunPanel(QWidget):
             self.predict_runner.cancel()
             self._show_prediction(None)
             return
+        from gui.techniques.speculative import predicted_speculation
+
         s = self.settings()
         self.predict_runner.start(predict_run_task, problem, plan, s.mode, len(s.prompts), s.micro_batches,
-                                  s.max_new_tokens)
+                                  s.max_new_tokens, speculation=predicted_speculation(s, problem, plan))
 
     def _show_prediction(self, prediction) -> None:
         self.monitor.set_predicted(prediction.result.events if prediction is not None else [])

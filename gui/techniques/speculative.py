@@ -196,6 +196,21 @@ def speculative_settings(settings, problem, plan):
     return auto_settings(problem, plan, settings.model_dir, draft)
 
 
+def predicted_speculation(settings, problem, plan):
+    """(``DraftFigures``, k) for the Run screen's predicted timeline of a speculative run, or None (no
+    draft, settings a speculative run refuses, auto choosing plain decoding, or no stored acceptance
+    rate to predict trips with): then the prediction is plain decoding's."""
+    from core.runs.speculative import DraftMismatch, draft_figures
+
+    if not getattr(settings, "draft_dir", "") or problem is None or plan is None:
+        return None
+    try:
+        chosen = speculative_settings(settings, problem, plan)
+        return None if chosen is None else (draft_figures(problem, plan, chosen.draft_dir), chosen.k)
+    except (DraftMismatch, ValueError, KeyError):
+        return None
+
+
 __all__ = ["MAX_SPECULATE", "SpeculativeRunControls", "shipped_draft", "speculative_settings",
            "LEGEND_TERMS", "LEGEND_TOOLTIP", "PLOT_TITLE", "SPECULATIVE_LEGEND_TERMS", "SPECULATIVE_LEGEND_TOOLTIP",
-           "TokensPerTripPlot", "is_speculative", "tokens_per_trip"]
+           "TokensPerTripPlot", "is_speculative", "predicted_speculation", "tokens_per_trip"]

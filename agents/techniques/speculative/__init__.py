@@ -14,6 +14,8 @@ from agents.techniques.speculative.messages import (
     ReadStageCache,
     SpeculativeOptions,
     StageCache,
+    TimeDraft,
+    DraftTimed,
     VerifyFrame,
 )
 
@@ -43,6 +45,12 @@ def read_cache(agent, identity, msg: ReadStageCache):
     return None
 
 
+def time_draft(agent, msg: TimeDraft, stop):
+    from agents.techniques.speculative.timing import time_draft as timed
+
+    return timed(agent, msg, stop)
+
+
 def forget_cache(agent) -> None:
     from agents.techniques.speculative.session import ROOM
 
@@ -51,10 +59,11 @@ def forget_cache(agent) -> None:
 
 TECHNIQUE = AgentTechnique(
     name="speculative",
-    messages=(ReadStageCache, StageCache),
+    messages=(ReadStageCache, StageCache, TimeDraft, DraftTimed),
     options=(SpeculativeOptions, VerifyFrame),
     data_kinds=(DataKind(VERIFY, VerifyFrame), DataKind(VERDICT, None, required=False)),
-    handlers=(Handler(ReadStageCache, on_control=read_cache),),
+    handlers=(Handler(ReadStageCache, on_control=read_cache),
+              Handler(TimeDraft, serve=time_draft, exclusive=True, wanted="time a draft", activity="timing a draft")),
     run_drivers={SpeculativeOptions: drive},
     free_memory=forget_cache,
     on_unload=forget_cache,

@@ -68,3 +68,27 @@ class StageCache(Message, frozen=True, tag="stage_cache"):
         if not len(self.layers) == len(self.keys) == len(self.values):
             return "layers, keys and values must have one entry per layer"
         return "" if len(self.shape) == 4 and self.shape[2] == self.length else "shape must be [B, heads, length, dim]"
+
+
+class TimeDraft(Message, frozen=True, tag="time_draft"):
+    """Time the draft at ``draft_dir`` (this agent's disk) proposing as a run's source does: ``trips``
+    proposals of ``k`` tokens over a context of ``context`` tokens that grows by what a trip commits,
+    at this device's emulated speed. What the cost model's draft token is (``Profile.draft_times``)."""
+
+    draft_dir: str
+    k: int = 4
+    trips: int = 12
+    context: int = 8
+    threads: int = 0
+
+    def problem(self) -> str:
+        if not (1 <= self.k <= MAX_SPECULATE and 1 <= self.trips <= 256 and 1 <= self.context <= 4096):
+            return f"k in [1, {MAX_SPECULATE}], trips in [1, 256], context in [1, 4096]"
+        return "" if self.draft_dir and 0 <= self.threads <= 1024 else "a draft directory and threads >= 0"
+
+
+class DraftTimed(Message, frozen=True, tag="draft_timed"):
+    """``TimeDraft``'s answer: the median time of one proposed token over the trips, and each trip's."""
+
+    token_s: float
+    per_trip_s: tuple[float, ...]

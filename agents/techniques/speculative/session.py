@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from agents.emulation import compute_began, end_emulated
 from agents.protocol import DataHeader, TokensProduced
 from agents.envelope import options_of, options_slot
 from agents.techniques.speculative.acceptance import accept, distribution, draw, trip_generator
@@ -183,8 +184,9 @@ class SpeculativeStageRun:
                     return (tuple(out),)
             step += 1
             generator = None if s is None else trip_generator(s.seed, step)
-            t0 = self.agent.clock()
+            t0, began = self.agent.clock(), compute_began()
             proposals, q = draft.propose(prompt + out, min(k, budget - len(out) - 1), generator)
+            end_emulated(self.agent.emulation.compute_slowdown, began)  # drafting on an emulated device: its speed
             self.agent._event("draft", "decode", step, GROUP, t0, self.agent.clock(), len(proposals))
             verdict = self._trip(step, torch.tensor([[out[-1], *proposals]], dtype=torch.int64),
                                  len(prompt) + len(out) - 1)

@@ -106,10 +106,32 @@ class StrategyComparison:
             b.setEnabled(r.plan is not None and _fits(r))
             b.clicked.connect(lambda _c=False, i=i: self.adopt(i))
             t.setCellWidget(i, 3, b)
+        self._show_speculative_rows(results)
         best = next((r for r in results if r.strategy == "edgeshard" and r.status == "optimal"), None)
         self.solve_status.setText(f"{len(results)} strategies compared" + (" (edgeshard proven optimal)" if best else "")
                                   + "; Adopt one to edit it.")
         self._draw_comparison()
+
+    def _show_speculative_rows(self, results: list[StrategyOutcome]) -> None:
+        """Below the strategies, each fitting plan with the model's shipped draft (``<model>-draft``)
+        proposing: one sequence's predicted decode at the cost model's k (``core.runs.speculative``)."""
+        from core.runs.speculative import speculative_rows
+        from gui.techniques.speculative import shipped_draft
+
+        t, first = self.compare_table, len(results)
+        draft = shipped_draft(getattr(self.state, "model_path", ""))
+        rows = speculative_rows(self.state.problem, results, draft)
+        t.setRowCount(first + len(rows))
+        for i, (strategy, c, figures) in enumerate(rows, start=first):
+            cost = "timed on the source" if figures.measured else "by proxy from the profile"
+            name = QTableWidgetItem(f"{strategy} + draft, k {c.k}" if c.k else f"{strategy} + draft: plain is faster")
+            name.setToolTip(f"One sequence's decode with {draft.rsplit('/', 1)[-1]} proposing: plain "
+                            f"{c.plain_tokens_s:.1f} → {c.speculative_tokens_s:.1f} tokens/s ({c.speedup:.2f}×; "
+                            f"{c.tokens_per_trip:.2f} tokens a trip at acceptance {figures.acceptance_rate:.2f}; "
+                            f"draft {figures.token_s * 1e3:.1f} ms a token, {cost}). Run it: Run ▸ Draft model.")
+            t.setItem(i, 0, name)
+            t.setItem(i, 1, QTableWidgetItem(fmt_s(1.0 / c.speculative_tokens_s)))
+            t.setItem(i, 2, QTableWidgetItem(f"{c.speculative_tokens_s:.1f}"))
 
     def adopt(self, index: int) -> None:
         if self.state.problem is not self._compared_problem:  # its plans may name devices no longer there

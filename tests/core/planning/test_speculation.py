@@ -76,3 +76,17 @@ def test_slow_links_and_a_good_draft_make_speculation_pay_and_the_planner_picks_
 def test_a_draft_the_target_never_agrees_with_leaves_plain_decoding():
     choice = choose_k(_problem(latency_ms=20.0), PLAN, DraftFigures(acceptance_rate=0.0, token_s=1e-3))
     assert choice.k == 0 and choice.speculative_tokens_s == choice.plain_tokens_s
+
+
+def test_a_draft_timed_on_the_plans_source_is_costed_by_that_time_and_another_devices_is_not():
+    import msgspec
+
+    from core.devices.profile import DraftTime
+    from core.planning.speculation import measured_draft_token_s
+
+    problem = _problem(1.0)
+    timed = msgspec.structs.replace(problem, profile=msgspec.structs.replace(problem.profile, draft_times=(
+        DraftTime(device="a", draft="draft", token_s=7e-3), DraftTime(device="b", draft="draft", token_s=9e-3))))
+    assert measured_draft_token_s(timed, "a", "draft") == 7e-3
+    assert measured_draft_token_s(timed, "a", "other-draft") is None
+    assert measured_draft_token_s(problem, "a", "draft") is None

@@ -125,6 +125,15 @@ def test_a_stage_cache_is_read_only_by_the_coordinator_whose_stage_it_is(loaded,
         stage_caches(other, plan)
 
 
+def test_an_agent_times_the_draft_proposing_as_a_runs_source_does(cluster, models):
+    from core.devices.profiling import ProfilingFailed, time_draft
+
+    timed = time_draft(cluster, DEVICES[0], models[2], threads=1)
+    assert timed.device == DEVICES[0] and timed.draft == "draft" and 0 < timed.token_s < 1.0
+    with pytest.raises(ProfilingFailed, match=f"{DEVICES[1]}: timing the draft failed"):
+        time_draft(cluster, DEVICES[1], models[0] / "no-such-draft")
+
+
 def test_a_draft_of_another_vocabulary_tokenizer_or_a_bad_k_is_refused_at_the_entrance(models, tmp_path):
     import json
     import shutil

@@ -79,3 +79,85 @@ def test_a_recorded_speculative_run_replays_with_its_marks_and_trip_plot(qtbot, 
     assert KIND_CODE["draft"] in drawn and KIND_CODE["rollback"] in drawn
     assert "draft" in panel.monitor.timeline.legend_text() and "rollback" in panel.monitor.timeline.legend_text()
     panel.shutdown()
+
+
+def test_the_run_screens_predicted_timeline_of_a_speculative_run_plays_its_trips(qtbot, tmp_path):
+    import json
+
+    from core.models.checkpoints import ModelRecipe, make_model
+    from gui.screens.run import RunPanel
+    from gui.studio_state import StudioState
+    from tests.gui.run_backends import simulated_run
+
+    problem, plan, _, _ = simulated_run(generated_tokens=6, micro_batches=1)
+    shape = dict(family="llama", hidden=64, heads=4, kv_heads=2, vocab=512)
+    target = make_model(ModelRecipe(layers=2, seed=3, **shape), tmp_path / "tiny-llama")
+    draft = make_model(ModelRecipe(layers=1, seed=5, **shape), tmp_path / "tiny-llama-draft")
+    (draft / "speculation.json").write_text(json.dumps({"acceptance_rate": 0.8}))
+    state = StudioState()
+    state.set_profile(problem.profile)
+    state.set_problem(problem)
+    state.set_plan(plan)
+    state.set_workspace(str(tmp_path / "ws.sqlite"))
+    panel = RunPanel(state, None)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.model_edit.setText(str(target))
+    panel.prompts_edit.setPlainText("one prompt")
+    panel.max_tokens_spin.setValue(12)
+    panel.mode_combo.setCurrentText("sequential")
+    panel.micro_batches_spin.setValue(1)
+
+    def kinds():
+        return set(panel.monitor.timeline.boxes(predicted=True)["kind"].tolist())
+
+    qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
+                    and KIND_CODE["compute"] in kinds(), timeout=10_000)
+    assert KIND_CODE["draft"] not in kinds()  # no draft: plain decoding's prediction
+    panel.speculative_controls.apply(str(draft), 3)
+    qtbot.waitUntil(lambda: KIND_CODE["draft"] in kinds(), timeout=10_000)
+    assert "speculative, k 3" in panel.prediction_note.text() and not panel.prediction_note.isHidden()
+    assert KIND_CODE["rollback"] in kinds()  # acceptance 0.8: some trips reject a proposal
+    assert panel.shutdown(5.0)
+
+
+def test_compare_on_the_plan_screen_adds_each_plans_speculative_row_with_the_models_draft(qtbot, tmp_path):
+    import json
+
+    import msgspec
+
+    from core.models.checkpoints import ModelRecipe, make_model
+    from core.planning.cost import evaluate
+    from core.planning.plan import plan_from_boundaries
+    from core.planning.solvers.comparison import run_strategy
+    from core.planning.speculation import DraftFigures, choose_k, draft_token_s
+    from gui.studio_state import StudioState
+    from gui.techniques.layer_sharding.editor import PlanEditorPanel
+    from tests.gui.problems import make_problem
+
+    shape = dict(family="llama", hidden=64, heads=4, kv_heads=2, vocab=512)
+    target = make_model(ModelRecipe(layers=2, seed=3, **shape), tmp_path / "tiny-llama")
+    draft = make_model(ModelRecipe(layers=1, seed=5, **shape), tmp_path / "tiny-llama-draft")
+    (draft / "speculation.json").write_text(json.dumps({"acceptance_rate": 0.8}))
+    state = StudioState()
+    editor = PlanEditorPanel(state)
+    qtbot.addWidget(editor)
+    problem = make_problem()
+    state.set_model("tiny-llama", str(target))
+    state.set_problem(problem)
+    plans = [plan_from_boundaries("tiny-llama", 10, ["phone", "server"], [3]),
+             plan_from_boundaries("tiny-llama", 10, ["phone", "laptop", "server"], [1, 4])]
+    results = [msgspec.structs.replace(run_strategy(problem, "even", "latency"), strategy=f"s{i}", plan=p,
+                                       cost=evaluate(problem, p)) for i, p in enumerate(plans)]
+    editor.show_comparison(results)
+    table = editor.compare_table
+    assert table.rowCount() == 4 and table.cellWidget(2, 3) is None  # a speculative row is the plan above: no Adopt
+    for i, plan in enumerate(plans):
+        want = choose_k(problem, plan, DraftFigures(acceptance_rate=0.8, token_s=draft_token_s(problem, plan, 1)))
+        name = table.item(2 + i, 0).text()
+        assert name == (f"s{i} + draft, k {want.k}" if want.k else f"s{i} + draft: plain is faster")
+        assert table.item(2 + i, 2).text() == f"{want.speculative_tokens_s:.1f}"
+        assert "by proxy" in table.item(2 + i, 0).toolTip()
+    state.set_model("tiny-llama", str(draft))  # a model with no draft beside it: the strategies alone
+    editor.show_comparison(results)
+    assert table.rowCount() == 2
+    editor.shutdown()
