@@ -1,6 +1,7 @@
-"""The demo's tour: every technique offered with a model of its kind, spatial partitioning, attention
-offloading and expert offloading planned from the demo cluster's measured profile and run on its
-three agents from the studio, their output equal to an independent reference, recorded and replayed;
+"""The demo's tour: every technique offered with a model of its kind, layer sharding, spatial
+partitioning, attention offloading and expert offloading planned from the demo cluster's measured
+profile and run on its three agents from the studio, their output equal to an independent reference
+(transformers' generate, one torch forward), recorded and replayed in Sessions under their names;
 Compare puts two techniques' runs of the same prompts side by side (pytest-qt, real agents).
 
 One demo cluster for the module (the three emulated devices of gui/demo_cluster.py), profiled once.
@@ -106,6 +107,45 @@ def _replays_in_sessions(window, qtbot, run_id: int) -> None:
         sessions.play()
 
 
+def test_layer_sharding_auto_solves_the_measured_demo_agents_and_runs_from_the_studio_like_generate_replayed(
+        tour, qtbot):
+    from core.runs.generation import load_tokenizer
+    from core.sessions.store import SessionStore
+    from tests.core.hf_reference import hf_greedy_new_tokens
+
+    window, demo = tour
+    plan_screen, run = window.screens.plan, window.screens.run
+    plan_screen.set_technique("layer-sharding")
+    editor = plan_screen.view
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=WAIT_MS):
+        editor.solve_button.click()  # the exact solver on the Profile screen's measured profile
+    plan = window.state.plan
+    assert window.state.problem.profile.source == "measured"
+    assert [s.device for s in plan.stages] == ["edge-a", "edge-b", "edge-c"]  # the model fits no fast device alone
+    run.prompts_edit.setPlainText("\n".join(PROMPTS))
+    run.max_tokens_spin.setValue(MAX_NEW)
+    with qtbot.waitSignal(run.run_finished, timeout=WAIT_MS) as done:
+        run.start_run()
+    assert done.args == ["completed"], run.message.text()
+    penalty = run.settings().repetition_penalty  # the demo's (1.30) unless the operator changed it
+    model_dir = str(demo.parts.model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    with SessionStore(window.state.workspace) as store:
+        ran = store.runs()[-1]
+    assert ran.status == "completed" and ran.settings.get("technique", "layer-sharding") == "layer-sharding"
+    got = _tokens_of(window.state.workspace, ran.id)
+    options = {"repetition_penalty": penalty} if penalty != 1.0 else {}
+    for i, prompt in enumerate(PROMPTS):  # each prompt alone, unpadded: transformers' own generate
+        (want,) = hf_greedy_new_tokens(model_dir, tokenizer([prompt], return_tensors="pt"), MAX_NEW, **options)
+        assert tuple(got[i]) == want, prompt
+    _replays_in_sessions(window, qtbot, ran.id)
+    sessions = window.screens.sessions
+    assert sessions.run_items()[ran.id].text(0) == f"Layer sharding #{ran.id}"
+    assert sessions.monitor.timeline.lanes() == ["edge-a", "edge-b", "edge-c"]
+    assert [sessions.monitor.text_of(i) for i in range(len(PROMPTS))] == \
+        [run.monitor.text_of(i) for i in range(len(PROMPTS))]
+
+
 def test_expert_offloading_plans_the_measured_demo_agents_and_runs_from_the_studio_like_generate_replayed(
         tour, qtbot):
     from core.runs.generation import load_tokenizer
@@ -204,6 +244,12 @@ def test_spatial_plans_the_measured_cluster_and_labels_the_digits_on_the_agents_
         replay = Replay.from_store(store, measured.id)
         assert replay.duration_s > 0
         assert {i.event.device for i in replay.items if i.event is not None} == {"edge-a", "edge-b", "edge-c"}
+    _replays_in_sessions(window, qtbot, measured.id)
+    from gui.screens.run_names import technique_label
+
+    sessions = window.screens.sessions
+    assert sessions.run_items()[measured.id].text(0) == f"{technique_label('spatial')} #{measured.id}"
+    assert set(sessions.monitor.timeline.lanes()) >= {"edge-a", "edge-b", "edge-c"}
 
 
 def test_attention_offloading_plans_the_measured_cluster_and_runs_staggered_from_the_studio_like_generate(
@@ -248,6 +294,13 @@ def test_attention_offloading_plans_the_measured_cluster_and_runs_staggered_from
     lanes = run.monitor.timeline.lanes()
     assert set(lanes) == {"edge-a", "edge-b", "edge-c"}
     assert all(run.monitor.timeline.box_count(d, "compute") > 0 for d in ("edge-c", *view.plan.memory))
+    _replays_in_sessions(window, qtbot, ran.id)
+    sessions = window.screens.sessions
+    assert sessions.run_items()[ran.id].text(0) == f"Attention offloading #{ran.id}"
+    replayed = sessions.monitor.timeline
+    replayed.flush()
+    assert {d: replayed.box_count(d, "compute") for d in lanes} == \
+        {d: run.monitor.timeline.box_count(d, "compute") for d in lanes}
 
 
 def test_compare_puts_a_layer_sharding_and_an_attention_offloading_run_of_the_same_prompts_side_by_side(tour, qtbot):
