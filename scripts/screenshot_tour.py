@@ -1,5 +1,5 @@
-"""Render the demo tour's spatial and attention-offloading plan and run into docs/screenshots (a real
-xcb window), at 1024x700 and 1600x1000:
+"""Render the demo tour's spatial, attention-offloading and EPD plan and run into docs/screenshots (a
+real xcb window), at 1024x700 and 1600x1000:
 
     QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshot_tour.py
 
@@ -7,7 +7,10 @@ It starts the demo (its shipped models), profiles the cluster and its CNN fits t
 screen, then on the Plan screen: spatial partitioning planned on the measured cluster (*even*: strips
 on all three agents) and run on the shipped digits (``tour-spatial-plan``, ``tour-spatial-run``);
 attention offloading planned on the measured cluster (``tour-attention-plan``) and run from the
-studio (``tour-attention-run``: the Run screen). Prints each run's output.
+studio (``tour-attention-run``: the Run screen); EPD's phases measured on every agent and the search's
+pick (``tour-epd-plan``), served on the agents (``tour-epd-run``: the Run tab, each device's phases
+predicted beside measured) and replayed in Sessions with its requests (``tour-epd-sessions``). Prints
+each run's output.
 """
 
 from __future__ import annotations
@@ -89,11 +92,51 @@ def main() -> int:
         print("attention run:", done, run.monitor.text_edit.toPlainText().replace("\n", " / ")[:400])
         window.show_screen(run)
         shoot(app, window, "tour-attention-run")
+        tour_epd(app, window)
     finally:
         window.close()
         demo.stop()
         shutil.rmtree(workspace, ignore_errors=True)
     return 0
+
+
+def tour_epd(app, window) -> None:
+    """EPD on the demo's agents: measured, searched, the pick served, then replayed in Sessions."""
+    from gui.techniques.phase_disaggregation.agent_run import MEASURED
+
+    wait, shoot = screenshots.wait, screenshots.shoot
+    plan_screen = window.screens.plan
+    window.show_screen(plan_screen)
+    plan_screen.set_technique("phase-disaggregation")
+    epd = plan_screen.view
+    epd.requests.setValue(6)
+    epd.source.setCurrentText(MEASURED)  # measures every phase on every agent
+    wait(app, 1.0)
+    wait(app, 300, lambda: not epd.runner.is_busy())
+    epd.trials.setValue(20)
+    epd.auto_solve()
+    wait(app, 1.0)
+    wait(app, 300, lambda: not epd.runner.is_busy())
+    epd.tabs.setCurrentWidget(epd.table)
+    print("epd:", epd.status.text())
+    shoot(app, window, "tour-epd-plan")
+    epd.table.setCurrentCell(0, 0)
+    epd.run_button.click()
+    wait(app, 1.0)
+    wait(app, 300, lambda: not epd.runner.is_busy())
+    print("epd run:", epd.status.text(), "|", epd.run_tab.answers.toPlainText().replace("\n", " / ")[:300])
+    shoot(app, window, "tour-epd-run")
+    run = epd.run_tab.last
+    if run is not None and run.run_id is not None:
+        sessions = window.screens.sessions
+        window.show_screen(sessions)
+        wait(app, 1.0)
+        sessions.open_run(run.run_id)
+        wait(app, 20, lambda: sessions.loaded is not None and sessions.loaded.info.id == run.run_id)
+        sessions.set_speed(20.0)
+        sessions.play()
+        wait(app, 30, lambda: not sessions._replay_active())
+        shoot(app, window, "tour-epd-sessions")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from agents.protocol import TimelineEvent, TokenEvent
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap
 from gui.techniques import speculative
+from gui.techniques.phase_disaggregation.replay_panel import EpdRequestsPanel
 from gui.timeline import TimelineView
 from gui.widgets import MetricCard
 
@@ -105,6 +106,7 @@ class RunMonitorView(QWidget):
         self.heat_map = ExpertHeatMap()  # shown once a run carries expert activity (expert offloading)
         self.heat_map.setMinimumHeight(110)
         self.trips_plot = speculative.TokensPerTripPlot()  # shown once a run drafts (speculative decoding)
+        self.requests_panel = EpdRequestsPanel()  # shown for a recorded EPD run (its requests and SLO figures)
 
         self.text_edit = QPlainTextEdit()
         self.text_edit.setReadOnly(True)
@@ -124,6 +126,7 @@ class RunMonitorView(QWidget):
                                        ("Compute utilisation", self.util_box, 0),
                                        ("Expert buffer (blocks × experts)", self.heat_map, 2),
                                        (speculative.PLOT_TITLE, self.trips_plot, 1),
+                                       ("Requests (EPD)", self.requests_panel, 2),
                                        ("Generated text", self.text_edit, 2)):
             label = QLabel(title)
             label.setProperty("role", "metricLabel")
@@ -133,8 +136,12 @@ class RunMonitorView(QWidget):
                 self.heat_map_label = label
             if widget is self.trips_plot:
                 self.trips_label = label
+            if widget is self.requests_panel:
+                self.requests_label = label
         self._show_heat_map(False)
         self._show_trips(False)
+        self.requests_panel.hide()
+        self.requests_label.hide()
 
         # the side column scrolls rather than setting the monitor's minimum height (~404 px): the
         # Sessions screen stacks its runs list above the replay and leaves it ~300 px at 1024x700;
@@ -166,9 +173,10 @@ class RunMonitorView(QWidget):
 
     # -- feeding -------------------------------------------------------------------------
     def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = (),
-              lane_notes: dict[str, str] | None = None) -> None:
+              lane_notes: dict[str, str] | None = None, settings: dict | None = None) -> None:
         """Start over for a new run (or a replay seek): nothing drawn, no figures. ``lane_notes``:
-        each device's role in the run, shown beside its lane."""
+        each device's role in the run, shown beside its lane; ``settings``: a recorded run's (an
+        EPD run's show its requests and SLO figures)."""
         self.metrics = LiveMetrics()
         self._texts = {}
         self._prompts = tuple(prompts)
@@ -180,6 +188,9 @@ class RunMonitorView(QWidget):
         self.heat_map.reset()
         self._show_heat_map(False)
         self._show_trips(False)
+        shown = self.requests_panel.show_settings(settings)
+        self.requests_panel.setVisible(shown)
+        self.requests_label.setVisible(shown)
         self._dirty = True
         self.refresh()
 

@@ -347,3 +347,57 @@ def test_compare_puts_a_layer_sharding_and_an_attention_offloading_run_of_the_sa
     assert view.output_rows() == [(p, s, o) for p, s, o in zip(prompts, sharded, offloaded)]
     assert sharded == offloaded and all(sharded)
     view.back_button.click()
+
+
+def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_the_studio_like_llava_generate(
+        tour, qtbot):
+    from core.sessions.store import SessionStore
+    from core.techniques.phase_disaggregation.runtime import prepare_requests, reference_tokens
+    from gui.demo_cluster import DEMO_DEVICES
+    from gui.techniques.phase_disaggregation.agent_run import MEASURED
+
+    window, _demo = tour
+    window.screens.plan.set_technique("phase-disaggregation")
+    view = window.screens.plan.view
+    llava = window.state.technique_models["phase-disaggregation"]
+    assert view.model_dir == llava and view.agent_names() == list(DEMO_DEVICES)
+    view.requests.setValue(4)
+    view.source.setCurrentText(MEASURED)  # the measured source: every phase timed on each demo agent
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.message.isHidden(), view.message.text()
+    costs = view.measured_costs
+    assert [d.device for d in costs.devices] == list(DEMO_DEVICES)
+    # edge-c emulates a device 8x slower than edge-a: its own costs say it is slower (one calibration
+    # priced both alike); not by how much: edge-a's time is its wall time, which a busy host stretches
+    assert costs.encode_s(2, "edge-c") > costs.encode_s(2, "edge-a")
+    assert costs.decode_step_seconds(1, "edge-c") > costs.decode_step_seconds(1, "edge-a")
+    view.trials.setValue(6)
+    view.auto_solve()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.last_problem.devices == DEMO_DEVICES and view.run_button.isEnabled(), view.run_button.toolTip()
+    view.table.setCurrentCell(0, 0)  # the search's pick
+    view.run_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.message.isHidden(), view.message.text()
+    run = view.run_tab.last
+    assert run.pools == view.result.top[0].config and len(run.metrics) == 4
+    # LlavaForConditionalGeneration.generate on each request's tiles and prompt, in one process
+    assert run.tokens == reference_tokens(llava, prepare_requests(llava, view.last_problem.workload))
+    shown = {(view.run_tab.fit_table.item(r, 0).text(), view.run_tab.fit_table.item(r, 1).text().split()[0])
+             for r in range(view.run_tab.fit_table.rowCount())}
+    assert shown == {(f.device, f.phase) for f in run.fit} and {d for d, _ in shown} <= set(run.pools.devices)
+    with SessionStore(window.state.workspace) as store:
+        recorded = {r.id: r for r in store.runs()}[run.run_id]
+        assert recorded.kind == "measured" and recorded.settings["technique"] == "phase-disaggregation"
+        assert recorded.settings["slo"]["ttft_s"] == pytest.approx(view.last_problem.slo.ttft_s)
+    sessions = window.screens.sessions
+    with qtbot.waitSignal(sessions.run_opened, timeout=WAIT_MS):
+        sessions.open_run(run.run_id)
+    sessions.set_speed(20.0)
+    with qtbot.waitSignal(sessions.replay_finished, timeout=WAIT_MS):
+        sessions.play()
+    monitor = sessions.monitor
+    assert not monitor.requests_panel.isHidden() and len(monitor.requests_panel.timeline.metrics) == 4
+    assert monitor.requests_panel.figures.text().startswith(f"TTFT p50 {run.measured.ttft_p50_s * 1e3:.0f} ms")
+    assert {d for d in monitor.timeline.lanes() if monitor.timeline.box_count(d, "compute") > 0} == set(
+        run.pools.devices)

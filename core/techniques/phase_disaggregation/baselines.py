@@ -18,7 +18,9 @@ import msgspec
 from core.errors import EdgeShardError
 from core.reporting import Reporter
 from core.techniques.outcomes import StrategyOutcome
-from core.techniques.phase_disaggregation.search import SERVED_BATCHES, Candidate, config_for, evaluate, search
+from core.techniques.phase_disaggregation.search import (
+    SERVED_BATCHES, Candidate, config_for, device_orders, evaluate, search,
+)
 from core.techniques.phase_disaggregation.types import EpdInputError, EpdProblem, PoolConfig
 
 DECODE_GRID = (8, 32)
@@ -45,8 +47,9 @@ def pd_only(problem: EpdProblem, *, served_only: bool = False) -> Candidate:
     if n < 2:
         raise EpdInputError("pd-only needs at least 2 devices (a prefill and a decode pool)")
     splits = sorted({max(1, min(n - 1, round(n * f))) for f in (0.25, 0.5, 0.75)})
-    return _best(problem, [config_for(problem, "pd", (p, n - p), decode_batch=db, prefill_batch=pb)
-                           for p in splits for db in DECODE_GRID for pb in _prefill_grid(served_only)])
+    return _best(problem, list({config_for(problem, "pd", (p, n - p), decode_batch=db, prefill_batch=pb, order=o): 0
+                                for o in device_orders(problem) for p in splits for db in DECODE_GRID
+                                for pb in _prefill_grid(served_only)}))
 
 
 def searched(problem: EpdProblem, *, trials: int = 40, time_limit_s: float = 120.0, seed: int = 0,

@@ -112,14 +112,25 @@ def capacity_rps(costs: PhaseCosts, workload: Workload, config: PoolConfig) -> f
     if not reqs:
         return math.inf
     n = len(reqs)
-    encode = sum(costs.encode_overhead_s / config.encode_batch + r.tiles * costs.encode_s_per_tile
-                 for r in reqs if r.tiles) / n
-    prefill = sum(costs.prefill_overhead_s / config.prefill_batch + costs.prefill_tokens(r) * costs.prefill_s_per_token
-                  for r in reqs) / n
-    decode = sum(r.output_tokens for r in reqs) / n * costs.decode_step_seconds(config.decode_batch) \
-        / config.decode_batch
-    return min(len(devices) / seconds if seconds > 0 else math.inf
-               for devices, seconds in ((config.encode, encode), (config.prefill, prefill), (config.decode, decode)))
+
+    def encode(d: str) -> float:
+        c = costs.on(d)
+        return sum(c.encode_overhead_s / config.encode_batch + r.tiles * c.encode_s_per_tile for r in reqs if r.tiles) / n
+
+    def prefill(d: str) -> float:
+        c = costs.on(d)
+        return sum(c.prefill_overhead_s / config.prefill_batch + costs.prefill_tokens(r) * c.prefill_s_per_token
+                   for r in reqs) / n
+
+    def decode(d: str) -> float:
+        return sum(r.output_tokens for r in reqs) / n * costs.decode_step_seconds(config.decode_batch, d) \
+            / config.decode_batch
+
+    def pool_rps(devices, seconds) -> float:  # each device at its own speed (PhaseCosts.devices)
+        per = [seconds(d) for d in devices]
+        return math.inf if any(s <= 0 for s in per) else sum(1 / s for s in per)
+
+    return min(pool_rps(config.encode, encode), pool_rps(config.prefill, prefill), pool_rps(config.decode, decode))
 
 
 def ladder_goodput(points: Sequence[RatePoint], *, target: float = TARGET) -> float:

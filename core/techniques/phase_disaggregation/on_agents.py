@@ -12,6 +12,7 @@ Every check that needs no agent runs before any agent is set to work (``served_p
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ import msgspec
 
 from core.reporting import NullReporter, Reporter
 from core.techniques.phase_disaggregation.types import (
-    SLO, EpdInputError, EpdProblem, PhaseCosts, PoolConfig, RequestMetrics, Workload,
+    SLO, DevicePhaseCosts, EpdInputError, EpdProblem, PhaseCosts, PoolConfig, RequestMetrics, Workload,
 )
 
 PROBE_TILES = (1, 2, 4)
@@ -43,26 +44,69 @@ def measurement_pools(devices: Sequence[str]) -> PoolConfig:
     return PoolConfig(disaggregation=mode, encode=(e,), prefill=(p,), decode=(d,), decode_batch=max(PROBE_BATCHES))
 
 
-def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeats: int = 3,
+def measurement_rotations(devices: Sequence[str]) -> list[PoolConfig]:
+    """Every rotation of the devices through ``measurement_pools``: over them each agent serves each
+    phase once (encode on the i-th, prefill on the next, decode on the one after), so every phase is
+    timed on every agent (a single agent: the one aggregated layout)."""
+    devs = list(devices)
+    if len(devs) <= 1:
+        return [measurement_pools(devs)]
+    return [measurement_pools(devs[r:] + devs[:r]) for r in range(len(devs))]
+
+
+def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeats: int = 3, per_device: bool = True,
                   reporter: Reporter | None = None) -> PhaseCosts:
-    """``PhaseCosts`` measured on ``devices`` (the agents of ``link``) for the Llava checkpoint ``model_dir``."""
+    """``PhaseCosts`` measured on ``devices`` (the agents of ``link``) for the Llava checkpoint ``model_dir``.
+
+    ``per_device``: every phase timed on every agent (``measurement_rotations``) into
+    ``PhaseCosts.devices``; the top-level speeds, the link and the dispatch stay the first
+    rotation's. Without it one calibration prices every device (each phase timed on one agent):
+    a phase on a slower agent than its own was predicted too fast (docs/gui.md)."""
     from core.models.multimodal import check_multimodal_dir
     from core.techniques.phase_disaggregation.profiling import profile_phases
     from core.techniques.phase_disaggregation.runtime import load_pools
 
     reporter = reporter or NullReporter()
     check_multimodal_dir(model_dir)
-    pools = measurement_pools(devices)
-    reporter.status(f"loading the phases on {', '.join(pools.devices)}")
-    load_pools(link, model_dir, pools)
-    link.sync_clocks()
-    costs = profile_phases(link, model_dir, pools, tiles=PROBE_TILES, prompt_tokens=PROBE_PROMPTS,
-                           decode_batches=PROBE_BATCHES, decode_steps=4, repeats=repeats, reporter=reporter)
-    # one calibration prices every device: say which agent each phase was timed on (docs/gui.md: a phase
-    # placed on a slower agent than its own is predicted too fast)
-    timed_on = f"encode timed on {pools.encode[0]}, prefill on {pools.prefill[0]}, decode on {pools.decode[0]}"
-    return msgspec.structs.replace(costs, source=f"measured on {', '.join(pools.devices)} ({Path(model_dir).name}; "
-                                                 f"{timed_on}, every device priced at their speeds)")
+    rotations = measurement_rotations(devices) if per_device else [measurement_pools(devices)]
+    timed: list[tuple[PoolConfig, PhaseCosts]] = []
+    for i, pools in enumerate(rotations):
+        reporter.status(f"loading the phases on {', '.join(pools.devices)} ({i + 1}/{len(rotations)})")
+        load_pools(link, model_dir, pools)
+        if i == 0:
+            link.sync_clocks()
+        timed.append((pools, profile_phases(link, model_dir, pools, tiles=PROBE_TILES, prompt_tokens=PROBE_PROMPTS,
+                                            decode_batches=PROBE_BATCHES, decode_steps=4, repeats=repeats,
+                                            time_links=i == 0, reporter=reporter)))
+        reporter.progress(i + 1, len(rotations))
+    pools, costs = timed[0]
+    if len(timed) > 1:
+        costs = msgspec.structs.replace(costs, devices=tuple(_device_costs(d, timed) for d in dict.fromkeys(devices)))
+        where = "every phase timed on every agent"
+    else:  # one calibration prices every device: say which agent each phase was timed on
+        where = (f"encode timed on {pools.encode[0]}, prefill on {pools.prefill[0]}, decode on {pools.decode[0]}, "
+                 "every device priced at their speeds")
+    return msgspec.structs.replace(costs, source=f"measured on {', '.join(dict.fromkeys(devices))} "
+                                                 f"({Path(model_dir).name}; {where})")
+
+
+def _device_costs(device: str, timed: Sequence[tuple[PoolConfig, PhaseCosts]]) -> DevicePhaseCosts:
+    """``device``'s own speeds: each phase from the rotation that timed it there."""
+    def on(phase: str) -> PhaseCosts:
+        return next(c for p, c in timed if getattr(p, phase)[0] == device)
+
+    e, p, d = on("encode"), on("prefill"), on("decode")
+    return DevicePhaseCosts(device=device, encode_s_per_tile=e.encode_s_per_tile, encode_overhead_s=e.encode_overhead_s,
+                            prefill_s_per_token=p.prefill_s_per_token, prefill_overhead_s=p.prefill_overhead_s,
+                            decode_step_s=d.decode_step_s)
+
+
+def per_device_text(costs: PhaseCosts) -> str:
+    """Each device's phase speeds in one line (the studio's status), or the one calibration's."""
+    rows = costs.devices or (costs,)
+    return "; ".join(f"{getattr(c, 'device', 'every device')}: encode {c.encode_s_per_tile * 1e3:.1f} ms/tile, "
+                     f"prefill {c.prefill_s_per_token * 1e3:.2f} ms/token, decode step "
+                     f"{costs.decode_step_seconds(1, getattr(c, 'device', '')) * 1e3:.1f} ms" for c in rows)
 
 
 def agent_workload(*, requests: int = 6, rate_rps: float = 2.0, seed: int = 0) -> Workload:
@@ -137,6 +181,47 @@ class SloFigures(msgspec.Struct, frozen=True, kw_only=True):
                    tpot_p50_s=statistics.median(m.tpot_s for m in metrics), attainment=attainment(metrics, slo))
 
 
+PHASES = ("encode", "prefill", "decode")
+
+
+def phase_seconds(metrics: Sequence[RequestMetrics]) -> dict[tuple[str, str], float]:
+    """The median time of each phase on each device over ``metrics`` (simulated or measured alike):
+    encode, one request's encode on its one encoder (split requests left out); prefill, its prefill;
+    decode, its seconds per token after the first (queueing for a batch slot and batch-mates included)."""
+    spans: dict[tuple[str, str], list[float]] = {}
+    for m in metrics:
+        if len(m.encode_devices) == 1 and m.encode_end_s > m.encode_start_s:
+            spans.setdefault((m.encode_devices[0], "encode"), []).append(m.encode_end_s - m.encode_start_s)
+        if m.prefill_device:
+            spans.setdefault((m.prefill_device, "prefill"), []).append(m.prefill_end_s - m.prefill_start_s)
+        if m.decode_device and m.output_tokens > 1:
+            spans.setdefault((m.decode_device, "decode"), []).append(
+                (m.decode_end_s - m.pd_transfer_end_s) / (m.output_tokens - 1))
+    return {key: statistics.median(v) for key, v in spans.items()}
+
+
+class PhaseFit(msgspec.Struct, frozen=True, kw_only=True):
+    """One phase on one device: what the simulator predicted and what the agents took (medians)."""
+
+    device: str
+    phase: str
+    predicted_s: float
+    measured_s: float
+
+    @property
+    def ratio(self) -> float:
+        """Predicted over measured (1: exact; < 1: predicted too fast)."""
+        return self.predicted_s / self.measured_s if self.measured_s > 0 else math.inf
+
+
+def phase_fit(predicted: Sequence[RequestMetrics], measured: Sequence[RequestMetrics]) -> tuple[PhaseFit, ...]:
+    """Per device and phase, predicted beside measured, for the phases both have (device order, then phase)."""
+    p, m = phase_seconds(predicted), phase_seconds(measured)
+    order = {d: i for i, d in enumerate(dict.fromkeys(d for d, _ in list(m) + list(p)))}
+    keys = sorted(set(p) & set(m), key=lambda k: (order[k[0]], PHASES.index(k[1])))
+    return tuple(PhaseFit(device=d, phase=ph, predicted_s=p[(d, ph)], measured_s=m[(d, ph)]) for d, ph in keys)
+
+
 class LayoutRun(msgspec.Struct, frozen=True, kw_only=True):
     """One layout served on the agents: its tokens, metrics and figures, the prediction's, the records."""
 
@@ -150,6 +235,8 @@ class LayoutRun(msgspec.Struct, frozen=True, kw_only=True):
     predicted: SloFigures | None
     run_id: int | None
     predicted_id: int | None
+    fit: tuple[PhaseFit, ...] = ()
+    """Each device's phases, predicted (the problem's costs) beside measured (``phase_fit``)."""
 
 
 def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConfig, *, layout: str = "",
@@ -180,12 +267,16 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
         model = Path(model_dir).name
         with SessionStore(workspace) as store:
             sid = store.create_session(session)
-            run_id = record_epd_run(store, sid, run, model=model, workload=problem.workload, pools=pools)
-            predicted_id = record_simulation(store, sid, sim, model=model, workload=problem.workload, pools=pools)
+            run_id = record_epd_run(store, sid, run, model=model, workload=problem.workload, pools=pools,
+                                    slo=problem.slo)
+            predicted_id = record_simulation(store, sid, sim, model=model, workload=problem.workload, pools=pools,
+                                             slo=problem.slo)
     return LayoutRun(layout=layout or pools.disaggregation, pools=pools, tokens=run.tokens, texts=texts, metrics=run.metrics,
                      measured=SloFigures.of(run.metrics, problem.slo),
-                     predicted=SloFigures.of(sim.metrics, problem.slo), run_id=run_id, predicted_id=predicted_id)
+                     predicted=SloFigures.of(sim.metrics, problem.slo), run_id=run_id, predicted_id=predicted_id,
+                     fit=phase_fit(sim.metrics, run.metrics))
 
 
-__all__ = ["LayoutRun", "SloFigures", "agent_slo", "agent_workload", "cluster_problem", "measure_costs", "measurement_pools",
-           "run_layout", "served_problem"]
+__all__ = ["LayoutRun", "PhaseFit", "SloFigures", "agent_slo", "agent_workload", "cluster_problem", "measure_costs",
+           "measurement_pools", "measurement_rotations", "per_device_text", "phase_fit", "phase_seconds", "run_layout",
+           "served_problem"]

@@ -63,9 +63,11 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Sequence[int] = (1, 2, 4, 6),
                    prompt_tokens: Sequence[int] = (16, 64, 128), decode_batches: Sequence[int] = (1, 2, 4),
                    decode_steps: int = 8, repeats: int = 5, timeout_s: float = 120.0, transfers: str = "data-plane",
-                   reporter: Reporter | None = None) -> PhaseCosts:
+                   time_links: bool = True, reporter: Reporter | None = None) -> PhaseCosts:
     """Measure the phases on the first device of each pool (loaded with ``runtime.load_pools``).
-    Each probe is sent ``repeats`` times and its median kept (shared CPUs are noisy)."""
+    Each probe is sent ``repeats`` times and its median kept (shared CPUs are noisy).
+    ``time_links=False``: phases only, the link figured from the control hops and no dispatch
+    delay (``on_agents.measure_costs`` takes both from its first rotation)."""
     import torch
 
     from core.models.multimodal import check_multimodal_dir, load_image, synthetic_images
@@ -127,15 +129,17 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
                 raise RunFailed(f"profiling: unexpected answer {type(r).__name__}", dec)
             steps += [b - a for a, b in zip(r.step_ends, r.step_ends[1:])]  # the first step also rebuilds the cache
         decode_pts.append((batch, statistics.median(steps)))
-    reporter.status(f"timing the dispatch to {enc}")
-    dispatch = _dispatch_delays(link, enc, load_image(image, info.tile, 1), repeats, timeout_s)
+    dispatch = [0.0]
+    if time_links:
+        reporter.status(f"timing the dispatch to {enc}")
+        dispatch = _dispatch_delays(link, enc, load_image(image, info.tile, 1), repeats, timeout_s)
     per_byte, two_hops = fit_line(hops)
     per_tile, encode_overhead = fit_line(encode_pts)
     per_token, prefill_overhead = fit_line(prefill_pts)
     for i in range(1, len(decode_pts)):  # the model needs increasing steps; noise may say otherwise
         decode_pts[i] = (decode_pts[i][0], max(decode_pts[i][1], decode_pts[i - 1][1]))
     hop_s = two_hops / 2
-    if transfers == "relay":
+    if transfers == "relay" or not time_links:
         bandwidth, latency = 1.0 / (2 * per_byte), 2 * hop_s
     else:
         reporter.status(f"timing the data plane {enc} -> {pre} -> {dec}")
@@ -148,7 +152,7 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
         decode_step_s=tuple(decode_pts), mm_token_bytes=info.hidden * 4,
         kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4,
         link_bandwidth_Bps=bandwidth, link_latency_s=latency,
-        dispatch_delay_s=max(0.0, statistics.median(dispatch) - pixel_bytes * per_byte))
+        dispatch_delay_s=max(0.0, statistics.median(dispatch) - pixel_bytes * per_byte) if time_links else 0.0)
 
 
 def _on_coordinator(link, device: str, t: float) -> float:

@@ -574,10 +574,11 @@ class _Scheduler:
             prefill_device=st.prefill_device, decode_device=st.decode_device)
 
 
-def record_epd_run(store, session_id: int, run: EpdRun, *, model: str, workload: Workload, pools: PoolConfig) -> int:
+def record_epd_run(store, session_id: int, run: EpdRun, *, model: str, workload: Workload, pools: PoolConfig,
+                   slo=None) -> int:
     """A real run as a ``measured`` run, through the simulator's ``record_pools_run`` (one recording path)."""
     from core.techniques.phase_disaggregation.simulator import record_pools_run
 
     return record_pools_run(store, session_id, kind="measured", model=model, workload=workload, pools=pools,
                             metrics=run.metrics, events=run.events, token_events=run.token_events,
-                            figures=run.figures, tokens=run.tokens)
+                            figures=run.figures, tokens=run.tokens, slo=slo)

@@ -12,6 +12,7 @@ worse than them.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
@@ -39,6 +40,9 @@ SERVED_BATCHES = {"encode_batch": (1,), "prefill_batch": (1,)}
 """What the real run serves (``runtime.check_real_pools``): ``served_only`` searches only these."""
 DEVICE_PENALTY = 0.02
 """A configuration using the whole budget scores this fraction below its goodput."""
+ORDERED_MAX = 5
+"""Up to this many devices with speeds of their own, the search also picks which device serves
+which pool (every order: 120 at 5); beyond it the pools take the problem's order."""
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,16 +85,26 @@ def min_devices(mode: str) -> int:
     return {"epd": 3, "pd": 2, "aggregated": 1}[mode]
 
 
+def device_orders(problem: EpdProblem) -> tuple[tuple[str, ...], ...]:
+    """The device orders pools are taken from: the problem's own when every device runs at the
+    same speeds (order changes nothing), every order when the costs time devices apart
+    (``PhaseCosts.devices``: a phase on the slow agent is slow), up to ``ORDERED_MAX`` devices."""
+    if not problem.costs.devices or len(problem.devices) > ORDERED_MAX:
+        return (problem.devices,)
+    return tuple(itertools.permutations(problem.devices))
+
+
 def config_for(problem: EpdProblem, mode: str, sizes: Sequence[int], *, encode_batch: int = 1,
                prefill_batch: int = 1, decode_batch: int = 8, irp_degree: int = 1,
-               policy: str = "fcfs") -> PoolConfig:
-    """Pools from the problem's devices in order: ``sizes`` are (encode, prefill, decode) for
-    ``epd``, (prefill, decode) for ``pd`` and (pool,) for ``aggregated``."""
+               policy: str = "fcfs", order: Sequence[str] | None = None) -> PoolConfig:
+    """Pools from the problem's devices in order (or in ``order``, one of ``device_orders``):
+    ``sizes`` are (encode, prefill, decode) for ``epd``, (prefill, decode) for ``pd`` and (pool,)
+    for ``aggregated``."""
     need = sum(sizes)
     if need > len(problem.devices):
         raise EpdInputError(f"{mode} with pools of {'+'.join(map(str, sizes))} devices needs {need}; the problem "
                             f"has {len(problem.devices)}")
-    devs = problem.devices
+    devs = tuple(order) if order is not None else problem.devices
     caches = dict(mm_cache_tokens=problem.mm_cache_tokens, kv_cache_tokens=problem.kv_cache_tokens)
     knobs = dict(encode_batch=encode_batch, prefill_batch=prefill_batch, decode_batch=decode_batch, policy=policy)
     if mode == "epd":
@@ -125,6 +139,8 @@ def evaluate(problem: EpdProblem, config: PoolConfig) -> Candidate:
 def _suggest(trial: optuna.Trial, problem: EpdProblem, modes: Sequence[str], served_only: bool = False) -> PoolConfig:
     n = len(problem.devices)
     mode = trial.suggest_categorical("mode", list(modes))
+    orders = device_orders(problem)
+    order = orders[trial.suggest_categorical("order", list(range(len(orders))))] if len(orders) > 1 else None
     encode, prefill = ((SERVED_BATCHES["encode_batch"], SERVED_BATCHES["prefill_batch"]) if served_only
                        else (ENCODE_BATCHES, PREFILL_BATCHES))
     knobs = dict(encode_batch=trial.suggest_categorical("encode_batch", list(encode)),
@@ -136,18 +152,22 @@ def _suggest(trial: optuna.Trial, problem: EpdProblem, modes: Sequence[str], ser
         p = trial.suggest_int("prefill_n", 1, n - e - 1)
         d = trial.suggest_int("decode_n", 1, n - e - p)
         irp = trial.suggest_int("irp", 1, e)
-        return config_for(problem, "epd", (e, p, d), irp_degree=irp, **knobs)
+        return config_for(problem, "epd", (e, p, d), irp_degree=irp, order=order, **knobs)
     if mode == "pd":
         p = trial.suggest_int("prefill_n", 1, n - 1)
         d = trial.suggest_int("decode_n", 1, n - p)
-        return config_for(problem, "pd", (p, d), **knobs)
-    return config_for(problem, "aggregated", (trial.suggest_int("pool_n", 1, n),), **knobs)
+        return config_for(problem, "pd", (p, d), order=order, **knobs)
+    return config_for(problem, "aggregated", (trial.suggest_int("pool_n", 1, n),), order=order, **knobs)
 
 
-def params_of(config: PoolConfig) -> dict:
-    """The optimiser's parameters that make ``config`` (to evaluate a given configuration first)."""
+def params_of(config: PoolConfig, orders: Sequence[tuple[str, ...]] = ()) -> dict:
+    """The optimiser's parameters that make ``config`` (to evaluate a given configuration first);
+    with several ``orders`` (``device_orders``), the first whose lead is the config's devices."""
     out = dict(mode=config.disaggregation, encode_batch=config.encode_batch, prefill_batch=config.prefill_batch,
                decode_batch=config.decode_batch, policy=config.policy)
+    if len(orders) > 1:
+        used = config.devices
+        out["order"] = next((i for i, o in enumerate(orders) if o[:len(used)] == used), 0)
     if config.disaggregation == "epd":
         out |= dict(encode_n=len(config.encode), prefill_n=len(config.prefill), decode_n=len(config.decode),
                     irp=config.irp_degree)
@@ -180,7 +200,7 @@ def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trial
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     for cfg in seeds:
         if cfg.disaggregation in modes:
-            study.enqueue_trial(params_of(cfg), skip_if_exists=True)
+            study.enqueue_trial(params_of(cfg, device_orders(problem)), skip_if_exists=True)
     seen: dict[tuple, Candidate] = {}
     order: list[Candidate] = []
     t0 = time.perf_counter()
@@ -213,5 +233,6 @@ def search(problem: EpdProblem, *, modes: Sequence[str] = DISAGGREGATIONS, trial
                         elapsed_s=time.perf_counter() - t0)
 
 
-__all__ = ["SERVED_BATCHES", "Candidate", "SearchProgress", "SearchResult", "config_for", "evaluate", "min_devices", "params_of",
+__all__ = ["SERVED_BATCHES", "Candidate", "SearchProgress", "SearchResult", "config_for", "device_orders", "evaluate", "min_devices",
+           "params_of",
            "search"]

@@ -16,7 +16,8 @@ Per request (``PoolConfig.disaggregation``):
   stall the running ones' decode.
 
 A request reaches the pools ``PhaseCosts.dispatch_delay_s`` after its arrival (the coordinator
-releasing it; measured by profiling). Sends go over the sender's one link (FIFO, ``PhaseCosts.transfer_s``); compute and sends
+releasing it; measured by profiling). Each device computes at its own speeds when the costs carry
+them (``PhaseCosts.devices``), else at the top-level ones. Sends go over the sender's one link (FIFO, ``PhaseCosts.transfer_s``); compute and sends
 overlap. The result is per-request ``RequestMetrics`` and, when asked, the shared
 ``TimelineEvent``s (stage 0 encode, 1 prefill, 2 decode; sends on a ``<device>:link`` lane)
 and one ``TokenEvent`` per generated token, as a real run records them.
@@ -34,7 +35,7 @@ import msgspec
 from agents.protocol import TimelineEvent, TokenEvent
 from core.runs.metrics import RunFigures, compute_figures
 from core.techniques.phase_disaggregation.types import (
-    EpdInputError, PhaseCosts, PoolConfig, Request, RequestMetrics, Workload,
+    SLO, EpdInputError, PhaseCosts, PoolConfig, Request, RequestMetrics, Workload,
 )
 
 STAGE_ENCODE, STAGE_PREFILL, STAGE_DECODE = 0, 1, 2
@@ -239,7 +240,7 @@ class _Sim:
             for q in batch:
                 w.prefill_q.remove(q)
                 q.prefill_start = self.now
-            end = self.now + self.c.prefill_s(sum(q.prefill_tokens for q in batch))
+            end = self.now + self.c.prefill_s(sum(q.prefill_tokens for q in batch), w.name)
             self.event(w.name, STAGE_PREFILL, "compute", self.now, end, batch[0].r.id)
             w.busy = True
             self.at(end, self.prefill_done, w, batch)
@@ -265,7 +266,7 @@ class _Sim:
                 if self.mode == "epd":
                     w.out_used += sum(s.tokens for s in batch)
                     w.out_peak = max(w.out_peak, w.out_used)
-                end = self.now + self.c.encode_s(sum(s.tiles for s in batch))
+                end = self.now + self.c.encode_s(sum(s.tiles for s in batch), w.name)
                 self.event(w.name, STAGE_ENCODE, "compute", self.now, end, batch[0].req.r.id)
                 w.busy = True
                 self.at(end, self.encode_done, w, batch)
@@ -278,7 +279,7 @@ class _Sim:
                     w.decode_run.append(q)
             if w.decode_run:
                 w.steps += 1
-                end = self.now + self.c.decode_step_seconds(len(w.decode_run))
+                end = self.now + self.c.decode_step_seconds(len(w.decode_run), w.name)
                 self.event(w.name, STAGE_DECODE, "compute", self.now, end, w.decode_run[0].r.id, step=w.steps)
                 w.busy = True
                 self.at(end, self.step_done, w, list(w.decode_run))
@@ -420,16 +421,19 @@ def simulate_pools(costs: PhaseCosts, workload: Workload, config: PoolConfig, *,
 def record_pools_run(store, session_id: int, *, kind: str, model: str, workload: Workload, pools: PoolConfig,
                      metrics: tuple[RequestMetrics, ...], events: tuple[TimelineEvent, ...],
                      token_events: tuple[TokenEvent, ...], figures: RunFigures,
-                     tokens: dict[int, tuple[int, ...]] | None = None) -> int:
+                     tokens: dict[int, tuple[int, ...]] | None = None, slo: SLO | None = None) -> int:
     """The one way an EPD run is stored, measured (``runtime.run_epd``, with its ``tokens``) or
     ``predicted`` (a simulation): events, tokens, figures, and per-request metrics in its settings,
-    so the studio's Sessions screen replays, exports and compares either like any run; returns its id."""
+    so the studio's Sessions screen replays, exports and compares either like any run (``slo``: the
+    objective its requests were held to, so a replay shows its SLO figures); returns its id."""
     from core.sessions.recording import append_predicted
 
     if not events:
         raise EpdInputError("the run has no timeline to store (simulate with record=True)")
     settings = {"technique": "phase-disaggregation", "pools": msgspec.to_builtins(pools),
                 "workload": msgspec.to_builtins(workload), "metrics": msgspec.to_builtins(metrics)}
+    if slo is not None:
+        settings["slo"] = msgspec.to_builtins(slo)
     if tokens is not None:
         settings["tokens"] = {str(k): list(v) for k, v in tokens.items()}
     run_id = store.create_run(session_id, model=model, mode="pools", kind=kind, settings=settings)
@@ -439,10 +443,11 @@ def record_pools_run(store, session_id: int, *, kind: str, model: str, workload:
 
 
 def record_simulation(store, session_id: int, sim: EpdSimulation, *, model: str, workload: Workload,
-                      pools: PoolConfig) -> int:
+                      pools: PoolConfig, slo: SLO | None = None) -> int:
     """A recorded simulation (``record=True``) as a ``predicted`` run (``record_pools_run``)."""
     return record_pools_run(store, session_id, kind="predicted", model=model, workload=workload, pools=pools,
-                            metrics=sim.metrics, events=sim.events, token_events=sim.tokens, figures=sim.figures)
+                            metrics=sim.metrics, events=sim.events, token_events=sim.tokens, figures=sim.figures,
+                            slo=slo)
 
 
 __all__ = ["CachePeak", "EpdSimulation", "STAGE_DECODE", "STAGE_ENCODE", "STAGE_NAMES", "STAGE_PREFILL",

@@ -113,10 +113,45 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
         return self.requests[-1].arrival_s
 
 
+def _check_compute(c, owner: str) -> None:
+    """The compute fields ``PhaseCosts`` and ``DevicePhaseCosts`` share, checked once for both."""
+    for name in ("encode_s_per_tile", "prefill_s_per_token"):
+        v = getattr(c, name)
+        _require(_finite(v) and v > 0, f"{owner}{name} must be > 0 (profile the phase again), got {v}")
+    for name in ("encode_overhead_s", "prefill_overhead_s"):
+        v = getattr(c, name)
+        _require(_finite(v) and v >= 0, f"{owner}{name} must be >= 0, got {v}")
+    pts = c.decode_step_s
+    _require(len(pts) >= 1, f"{owner}decode_step_s needs at least one (batch size, seconds) point")
+    for b, s in pts:
+        _require(b >= 1 and _finite(s) and s > 0,
+                 f"{owner}decode_step_s point ({b}, {s}): batch >= 1 and seconds > 0")
+    _require(all(b2 > b1 for (b1, _), (b2, _) in zip(pts, pts[1:])),
+             f"{owner}decode_step_s batch sizes must increase strictly")
+
+
+class DevicePhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
+    """One device's own phase speeds (``PhaseCosts.devices``): each phase timed on that agent.
+
+    One calibration for unequal devices priced a phase on a slower agent than the one it was timed
+    on too fast (docs/gui.md: encode on the demo's edge-c took 26 ms against 7.4 predicted)."""
+
+    device: str
+    encode_s_per_tile: float
+    encode_overhead_s: float = 0.0
+    prefill_s_per_token: float
+    prefill_overhead_s: float = 0.0
+    decode_step_s: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        _require(bool(self.device), "a device's phase costs name their device")
+        _check_compute(self, f"{self.device}: ")
+
+
 class PhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
     """The calibration the simulator times phases with (profiled on agents, or a preset).
 
-    Every pool device is assumed to run at these speeds (calibrate on the pool's devices)."""
+    A device listed in ``devices`` runs at its own speeds; any other at the top-level ones."""
 
     format: Literal["edgeshard.epd-costs"] = COSTS_FORMAT
     version: int = 1
@@ -141,37 +176,43 @@ class PhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
     dispatch_delay_s: float = 0.0
     """From a request's arrival to its first phase starting on an agent (the coordinator releasing
     it, the control hop there), paid once per request; 0 in files older than the field."""
+    devices: tuple[DevicePhaseCosts, ...] = ()
+    """Per-device phase speeds (``on_agents.measure_costs`` times every phase on every agent); empty:
+    every device at the top-level speeds, as in files older than the field."""
 
     def __post_init__(self) -> None:
-        for name in ("encode_s_per_tile", "prefill_s_per_token"):
-            v = getattr(self, name)
-            _require(_finite(v) and v > 0, f"{name} must be > 0 (profile the phase again), got {v}")
-        for name in ("encode_overhead_s", "prefill_overhead_s", "link_latency_s", "dispatch_delay_s"):
+        _check_compute(self, "")
+        for name in ("link_latency_s", "dispatch_delay_s"):
             v = getattr(self, name)
             _require(_finite(v) and v >= 0, f"{name} must be >= 0, got {v}")
         _require(self.mm_tokens_per_tile >= 1, f"mm_tokens_per_tile must be >= 1, got {self.mm_tokens_per_tile}")
         _require(self.mm_token_bytes >= 1 and self.kv_token_bytes >= 1, "mm_token_bytes and kv_token_bytes must be >= 1")
         _require(_finite(self.link_bandwidth_Bps) and self.link_bandwidth_Bps > 0,
                  f"link_bandwidth_Bps must be > 0, got {self.link_bandwidth_Bps}")
-        pts = self.decode_step_s
-        _require(len(pts) >= 1, "decode_step_s needs at least one (batch size, seconds) point")
-        for b, s in pts:
-            _require(b >= 1 and _finite(s) and s > 0, f"decode_step_s point ({b}, {s}): batch >= 1 and seconds > 0")
-        _require(all(b2 > b1 for (b1, _), (b2, _) in zip(pts, pts[1:])),
-                 "decode_step_s batch sizes must increase strictly")
+        names = [d.device for d in self.devices]
+        _require(len(set(names)) == len(names), "a device's phase costs appear twice")
 
-    def encode_s(self, tiles: int) -> float:
-        """One encode call over ``tiles`` tiles."""
-        return self.encode_overhead_s + tiles * self.encode_s_per_tile if tiles > 0 else 0.0
+    def on(self, device: str) -> "PhaseCosts | DevicePhaseCosts":
+        """The speeds ``device`` runs at: its own when measured, else the top-level ones."""
+        for d in self.devices:
+            if d.device == device:
+                return d
+        return self
 
-    def prefill_s(self, tokens: int) -> float:
-        """One prefill batch holding ``tokens`` tokens in all."""
-        return self.prefill_overhead_s + tokens * self.prefill_s_per_token
+    def encode_s(self, tiles: int, device: str = "") -> float:
+        """One encode call over ``tiles`` tiles (on ``device``)."""
+        c = self.on(device) if self.devices else self
+        return c.encode_overhead_s + tiles * c.encode_s_per_tile if tiles > 0 else 0.0
 
-    def decode_step_seconds(self, batch: int) -> float:
-        """One decode step of ``batch`` sequences: piecewise linear through the points, extended
-        flat below the first and along the last segment's slope beyond the last."""
-        pts = self.decode_step_s
+    def prefill_s(self, tokens: int, device: str = "") -> float:
+        """One prefill batch holding ``tokens`` tokens in all (on ``device``)."""
+        c = self.on(device) if self.devices else self
+        return c.prefill_overhead_s + tokens * c.prefill_s_per_token
+
+    def decode_step_seconds(self, batch: int, device: str = "") -> float:
+        """One decode step of ``batch`` sequences (on ``device``): piecewise linear through the
+        points, extended flat below the first and along the last segment's slope beyond the last."""
+        pts = (self.on(device) if self.devices else self).decode_step_s
         if len(pts) == 1 or batch <= pts[0][0]:
             return pts[0][1]
         i = min(bisect.bisect_left([b for b, _ in pts], batch), len(pts) - 1)
@@ -392,7 +433,7 @@ formats.register_format(METRICS_FORMAT, MetricsFile, 1)
 formats.register_format(PROBLEM_FORMAT, EpdProblem, 1)
 
 __all__ = [
-    "COSTS_FORMAT", "DISAGGREGATIONS", "Disaggregation", "EpdInputError", "EpdProblem", "PROBLEM_FORMAT", "METRICS_FORMAT", "MetricsFile",
+    "COSTS_FORMAT", "DISAGGREGATIONS", "DevicePhaseCosts", "Disaggregation", "EpdInputError", "EpdProblem", "PROBLEM_FORMAT", "METRICS_FORMAT", "MetricsFile",
     "POLICIES", "POOLS_FORMAT", "PhaseCosts", "PhaseWeights", "Policy", "PoolConfig", "Request", "RequestMetrics", "SLO",
     "WORKLOAD_FORMAT", "Workload", "load_costs", "load_pools", "load_workload", "save_costs",
 ]

@@ -1,14 +1,16 @@
 """EPD on the connected agents, as the plan view shows it: the source of the problem (measured on
 the agents, or the what-if scenario), the jobs that measure and run on a worker, and the *Run*
-tab (the served requests' timeline, measured SLO figures beside the simulator's prediction)."""
+tab (the served requests' timeline, measured SLO figures beside the simulator's prediction, and
+each device's phases predicted beside measured)."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QPlainTextEdit, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHeaderView, QLabel, QPlainTextEdit, QSplitter, QTableWidget, QVBoxLayout, QWidget
 
-from core.techniques.phase_disaggregation.on_agents import LayoutRun, SloFigures, measure_costs, run_layout
+from core.techniques.phase_disaggregation.on_agents import LayoutRun, PhaseFit, SloFigures, measure_costs, run_layout
 from gui.techniques.phase_disaggregation.drawings import LAYOUT_WORDS, RequestTimeline, pools_text
+from gui.widgets import fill_table
 
 MEASURED = "Measured on the agents"
 WHAT_IF = "What-if: illustrative edge devices"
@@ -23,6 +25,15 @@ def measure_job(reporter, link, model_dir: str, devices: list[str]):
 def run_job(reporter, link, model_dir: str, problem, pools, layout: str, workspace: str) -> LayoutRun:
     """The worker's job of *Run on agents*."""
     return run_layout(link, model_dir, problem, pools, layout=layout, workspace=workspace, reporter=reporter)
+
+
+FIT_HEADERS = ("device", "phase", "predicted (ms)", "measured (ms)", "pred/meas")
+
+
+def fit_rows(fit: tuple[PhaseFit, ...]) -> list[tuple[str, ...]]:
+    """The per-device table's rows: decode is per token after the first."""
+    return [(f.device, f.phase + (" /token" if f.phase == "decode" else ""), f"{f.predicted_s * 1e3:.1f}",
+             f"{f.measured_s * 1e3:.1f}", f"{f.ratio:.2f}") for f in fit]
 
 
 def figures_text(f: SloFigures) -> str:
@@ -46,10 +57,21 @@ class AgentRunTab(QWidget):
         self.answers.setAccessibleName("EPD answers")
         self.answers.setToolTip("Each request's answer as the agents generated it (image + prompt in)")
         self.answers.setMinimumWidth(220)  # a line per answer, readable at 1024x700
+        self.fit_table = QTableWidget(0, len(FIT_HEADERS))
+        self.fit_table.setHorizontalHeaderLabels(FIT_HEADERS)
+        self.fit_table.verticalHeader().setVisible(False)
+        self.fit_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.fit_table.setAccessibleName("EPD phases per device")
+        self.fit_table.setToolTip("Each device's phases (medians over the run's requests): what the simulator "
+                                  "predicted with the measured costs beside what the agents took")
+        side = QSplitter(Qt.Vertical)
+        side.setChildrenCollapsible(False)
+        side.addWidget(self.answers)
+        side.addWidget(self.fit_table)
         split = QSplitter(Qt.Horizontal)
         split.setChildrenCollapsible(False)
         split.addWidget(self.timeline)
-        split.addWidget(self.answers)
+        split.addWidget(side)
         split.setStretchFactor(0, 2)
         split.setStretchFactor(1, 1)
         lay = QVBoxLayout(self)
@@ -69,6 +91,8 @@ class AgentRunTab(QWidget):
                      if run.run_id is not None else "not recorded: open a workspace to keep runs")
         self.summary.setText("<br>".join(lines))
         self.answers.setPlainText("\n".join(f"#{rid} {text.strip()}" for rid, text in sorted(run.texts.items())))
+        fill_table(self.fit_table, fit_rows(run.fit))
 
 
-__all__ = ["MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "figures_text", "measure_job", "run_job"]
+__all__ = ["FIT_HEADERS", "MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "figures_text", "fit_rows", "measure_job",
+           "run_job"]

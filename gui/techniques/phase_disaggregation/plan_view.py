@@ -27,7 +27,7 @@ from core.formats import load
 from core.techniques.phase_disaggregation.baselines import aggregated, pd_only
 from core.techniques.phase_disaggregation.goodput import TARGET, RatePoint, attainment_curve
 from core.techniques.phase_disaggregation.on_agents import (
-    LayoutRun, agent_slo, agent_workload, cluster_problem, served_problem,
+    LayoutRun, agent_slo, agent_workload, cluster_problem, per_device_text, served_problem,
 )
 from core.techniques.phase_disaggregation.scenarios import illustrative_costs, image_heavy_workload
 from core.techniques.phase_disaggregation.search import Candidate, SearchProgress, search
@@ -454,7 +454,7 @@ class PhaseDisaggregationPlanView(QWidget):
         try:
             with SessionStore(self.state.workspace) as store:
                 run_id = record_simulation(store, store.create_session("epd"), sim, model="simulated",
-                                           workload=p.workload, pools=cfg)
+                                           workload=p.workload, pools=cfg, slo=p.slo)
         except EdgeShardError as err:
             self.status.setText(f"not recorded: {err}")
             return None
@@ -486,10 +486,10 @@ class PhaseDisaggregationPlanView(QWidget):
         self.tpot.setValue(slo.tpot_s * 1e3)
         self.source.setCurrentText(MEASURED)
         self._on_source_changed()
-        self._ended(f"measured on the agents: encode {costs.encode_s_per_tile * 1e3:.1f} ms/tile, prefill "
-                    f"{costs.prefill_s_per_token * 1e3:.2f} ms/token, decode step "
-                    f"{costs.decode_step_seconds(1) * 1e3:.1f} ms; SLOs scaled to them — Search next")
-        self.state.log(f"EPD phase costs {costs.source}")
+        where = f"every phase on each of {len(costs.devices)} agents" if costs.devices else "the phases"
+        self._ended(f"measured {where} (hover for the figures); SLOs scaled to them — Search next")
+        self.status.setToolTip(per_device_text(costs))
+        self.state.log(f"EPD phase costs {costs.source}: {per_device_text(costs)}")
 
     def show_run(self, run: LayoutRun) -> None:
         self.run_tab.show_run(run)
