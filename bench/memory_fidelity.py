@@ -54,8 +54,15 @@ def memory_of(pid: int) -> dict[str, int]:
     return out
 
 
+def reset_peak(pid: int) -> None:
+    """The process's VmHWM back to its VmRSS (``/proc/PID/clear_refs``), so a peak after it is this step's."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
 def growth(before: dict, after: dict, key: str = "VmRSS") -> dict:
-    return {"measured_mib": round((after[key] - before[key]) / MIB, 2),
+    """``key`` after less VmRSS before (a peak, VmHWM, is measured from a ``reset_peak`` to it)."""
+    return {"measured_mib": round((after[key] - before["VmRSS"]) / MIB, 2),
             "anon_mib": round((after["RssAnon"] - before["RssAnon"]) / MIB, 2),
             "file_mib": round((after["RssFile"] - before["RssFile"]) / MIB, 2)}
 
@@ -118,6 +125,8 @@ def attention_offload(root: Path, co, lc) -> dict:
     run_offload(co, tiny, "c", ["m0", "m1"], _request(1, 4, 2))
     co.unload()
     pids = {d: lc.pid_of(d) for d in ("c", "m0", "m1")}
+    for p in pids.values():
+        reset_peak(p)
     before = {d: memory_of(p) for d, p in pids.items()}
     run_offload(co, model_dir, "c", ["m0", "m1"], _request(batch, prompt, new))
     after = {d: memory_of(p) for d, p in pids.items()}
@@ -210,48 +219,77 @@ def spatial(root: Path) -> dict:
     return {d: {**growth(before[d], after[d]), "predicted_mib": round(need.get(d, 0) / MIB, 2)} for d in plan.devices}
 
 
-def phase_disaggregation(root: Path, co, lc) -> dict:
+EPD_CASES = {
+    # name: (Llava recipe, images per request, tiles per image); the first is the one the bench always ran,
+    # the others change the tiles per request and the model (vision tower, tile size, text model)
+    "vit6x384-64px-8tiles": (dict(layers=6, hidden=512, heads=8, kv_heads=2, intermediate=1408, vision_layers=6,
+                                  vision_hidden=384, vision_heads=6, tile=64, patch=8), 2, 4),
+    "vit6x384-64px-16tiles": (dict(layers=6, hidden=512, heads=8, kv_heads=2, intermediate=1408, vision_layers=6,
+                                   vision_hidden=384, vision_heads=6, tile=64, patch=8), 2, 8),
+    "vit4x256-96px-8tiles": (dict(layers=4, hidden=384, heads=6, kv_heads=2, intermediate=1024, vision_layers=4,
+                                  vision_hidden=256, vision_heads=4, tile=96, patch=8), 2, 4),
+    "vit4x256-96px-2tiles": (dict(layers=4, hidden=384, heads=6, kv_heads=2, intermediate=1024, vision_layers=4,
+                                  vision_hidden=256, vision_heads=4, tile=96, patch=8), 1, 2),
+}
+
+
+def phase_disaggregation(root: Path) -> dict:
     """Three agents (encode, prefill, decode) serving a Llava model, four requests at once (the decode
     agent batches them); each agent's peak (VmHWM) growth over load and run against
     ``memory.device_memory`` for its device (weights from the checkpoint's headers, tokens from the
-    model's geometry and the workload)."""
+    model's geometry and the workload), for each of ``EPD_CASES`` (two models, two tile counts each),
+    each on agents of its own (what one case's model left in an agent's heap would hide the next one's)."""
+    from core.devices.local_cluster import LocalCluster
     from core.models.multimodal import TINY_LLAVA, MultimodalRecipe, check_multimodal_dir, make_multimodal_model
+    from core.runs.coordinator import Coordinator
     from core.techniques.phase_disaggregation.memory import device_memory, phase_weights
     from core.techniques.phase_disaggregation import runtime
     from core.techniques.phase_disaggregation.types import PhaseCosts, PoolConfig, Request, Workload
 
     tiny = make_multimodal_model(TINY_LLAVA, root / "epd-tiny")
-    model = make_multimodal_model(MultimodalRecipe(layers=6, hidden=512, heads=8, kv_heads=2, intermediate=1408,
-                                                   vision_layers=6, vision_hidden=384, vision_heads=6, tile=64,
-                                                   patch=8), root / "epd-model")
     pools = PoolConfig(encode=("e",), prefill=("p",), decode=("d",), decode_batch=4)
 
     def workload(n: int, images: int, tiles: int, prompt: int, output: int) -> Workload:
         return Workload(requests=tuple(Request(id=i, arrival_s=0.0, images=images, tiles_per_image=tiles,
                                                prompt_tokens=prompt, output_tokens=output) for i in range(n)))
 
-    runtime.run_epd(co.link, tiny, workload(1, 1, 1, 4, 2), pools)
-    co.unload()
-    pids = {d: lc.pid_of(d) for d in pools.devices}
-    before = {d: memory_of(p) for d, p in pids.items()}
-    work = workload(4, 2, 4, 32, 16)
-    runtime.run_epd(co.link, model, work, pools)
-    after = {d: memory_of(p) for d, p in pids.items()}
-    co.unload()
-    info = check_multimodal_dir(model)
-    costs = PhaseCosts(encode_s_per_tile=1.0, mm_tokens_per_tile=info.tokens_per_tile, prefill_s_per_token=1.0,
-                       decode_step_s=((1, 1.0),), mm_token_bytes=info.hidden * 4,
-                       kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4, link_bandwidth_Bps=1e9)
-    weights = phase_weights(model)
-    need = device_memory(weights, costs, work, pools)
-    # a request's tokens and KV are held during the run only: each agent's growth is its peak (VmHWM)
-    return {d: {**growth(before[d], after[d], "VmHWM"), "predicted_mib": round(need[d] / MIB, 2)}
-            for d in pools.devices} | {
-        "weights_mib": {"encode": round(weights.encode_bytes / MIB, 2), "text": round(weights.text_bytes / MIB, 2)}}
+    cases = {}
+    for name, (recipe, images, tiles) in EPD_CASES.items():
+        model = root / f"epd-{recipe['vision_hidden']}"
+        if not model.exists():
+            make_multimodal_model(MultimodalRecipe(**recipe), model)
+        with LocalCluster(root / f"epd-cluster-{name}", list(pools.devices), threads_per_agent=1) as lc, \
+                Coordinator(lc.endpoints, lc.keys) as co:
+            co.wait_ready(timeout_s=60)
+            runtime.run_epd(co.link, tiny, workload(1, 1, 1, 4, 2), pools)
+            co.unload()
+            pids = {d: lc.pid_of(d) for d in pools.devices}
+            for p in pids.values():
+                reset_peak(p)
+            before = {d: memory_of(p) for d, p in pids.items()}
+            work = workload(4, images, tiles, 32, 16)
+            runtime.run_epd(co.link, model, work, pools)
+            after = {d: memory_of(p) for d, p in pids.items()}
+        info = check_multimodal_dir(model)
+        costs = PhaseCosts(encode_s_per_tile=1.0, mm_tokens_per_tile=info.tokens_per_tile, prefill_s_per_token=1.0,
+                           decode_step_s=((1, 1.0),), mm_token_bytes=info.hidden * 4,
+                           kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4, link_bandwidth_Bps=1e9)
+        weights = phase_weights(model)
+        need = device_memory(weights, costs, work, pools)
+        # a request's tokens and KV are held during the run only: each agent's growth is its peak (VmHWM)
+        cases[name] = {d: {**growth(before[d], after[d], "VmHWM"), "predicted_mib": round(need[d] / MIB, 2)}
+                       for d in pools.devices} | {
+            "weights_mib": {"encode": round(weights.encode_bytes / MIB, 2), "text": round(weights.text_bytes / MIB, 2)}}
+    return cases
+
+
+def _agents_of(cases: dict) -> dict:
+    """Every (case, agent) figure of ``phase_disaggregation`` by 'case/agent'."""
+    return {f"{c}/{d}": v for c, f in cases.items() for d, v in f.items() if d != "weights_mib"}
 
 
 ON_ONE_CLUSTER = {"layer-sharding": layer_sharding, "expert-offload": expert_offload,
-                  "attention-offload": attention_offload, "phase-disaggregation": phase_disaggregation}
+                  "attention-offload": attention_offload}
 
 
 def main(only: list[str]) -> None:
@@ -261,23 +299,30 @@ def main(only: list[str]) -> None:
 
     t0 = time.perf_counter()
     figures = {}
-    wanted = [t for t in [*ON_ONE_CLUSTER, "spatial"] if not only or t in only]
+    wanted = [t for t in [*ON_ONE_CLUSTER, "phase-disaggregation", "spatial"] if not only or t in only]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         # one agent per technique: what one technique's run freed into an agent's heap would hide the next one's growth
-        with LocalCluster(root / "cluster", ["ls", "eo", "c", "m0", "m1", "e", "p", "d"], threads_per_agent=1) as lc, \
+        with LocalCluster(root / "cluster", ["ls", "eo", "c", "m0", "m1"], threads_per_agent=1) as lc, \
                 Coordinator(lc.endpoints, lc.keys) as co:
             co.wait_ready(timeout_s=60)
             for name in wanted:
                 if name in ON_ONE_CLUSTER:
                     figures[name] = ON_ONE_CLUSTER[name](root, co, lc)
+        if "phase-disaggregation" in wanted:
+            figures["phase-disaggregation"] = phase_disaggregation(root)
         if "spatial" in wanted:
             figures["spatial"] = spatial(root)
     worst = {"spatial": lambda f: max(f.values(), key=lambda v: v["measured_mib"] / v["predicted_mib"]),
-             "phase-disaggregation": lambda f: max((v for k, v in f.items() if k != "weights_mib"),
+             "phase-disaggregation": lambda f: max(_agents_of(f).values(),
                                                    key=lambda v: abs(v["measured_mib"] / v["predicted_mib"] - 1)),
              "attention-offload": lambda f: f["memory_agent"]}
     ratios = {name: worst.get(name, lambda f: f)(f) for name, f in figures.items()}
+    if "phase-disaggregation" in figures:  # each EPD agent's worst case
+        for agent in ("e", "p", "d"):
+            ratios[f"phase-disaggregation-{agent}"] = max(
+                (v for k, v in _agents_of(figures["phase-disaggregation"]).items() if k.endswith(f"/{agent}")),
+                key=lambda v: abs(v["measured_mib"] / v["predicted_mib"] - 1))
     if "attention-offload" in figures:
         ratios["attention-offload-dense"] = figures["attention-offload"]["dense_agent"]
     print(json.dumps({

@@ -40,3 +40,18 @@ def test_freed_blocks_go_back_to_the_os_with_the_threshold_fixed():
         return
     assert _retained_mib("glibc-default") > 30  # the reference: glibc's dynamic threshold keeps them in the heap
     assert _retained_mib("fixed") < 2
+
+
+# As above with 512 KiB blocks (under the 1 MiB threshold): freed inside ``blocks_returned`` they go back.
+RETAINED_SMALL = RETAINED.replace("touched(4 << 20) for _ in range(10)", "touched(512 << 10) for _ in range(80)")
+RETAINED_SMALL = RETAINED_SMALL.replace("blocks = [", "from agents.heap import blocks_returned\nscope = blocks_returned()\n"
+                                        "if sys.argv[1] == 'scoped':\n    scope.__enter__()\nblocks = [")
+
+
+def test_sub_mib_blocks_freed_inside_blocks_returned_go_back_to_the_os():
+    if not sys.platform.startswith("linux"):
+        return
+    run = [sys.executable, "-c", RETAINED_SMALL.replace('sys.argv[1] == "fixed"', "True")]
+    kept = {mode: float(subprocess.run(run + [mode], capture_output=True, text=True, check=True, timeout=60).stdout)
+            for mode in ("fixed", "scoped")}
+    assert kept["fixed"] > 30 and kept["scoped"] < 2  # 40 MiB freed: kept in the heap at 1 MiB, returned at 64 KiB

@@ -26,6 +26,7 @@ import torch
 
 from agents.checkpoint_reader import CheckpointError, CheckpointReader, torch_dtype
 from agents.emulation import emulated
+from agents.heap import blocks_returned
 from agents.sampling import SamplingParams, sample
 from agents.techniques.phase_disaggregation.kinds import COUPLED_KINDS, KINDS
 from agents.techniques.phase_disaggregation.links import (  # noqa: F401  (PhaseRequestError: public here too)
@@ -67,9 +68,8 @@ def llava_config(model_dir: str | Path):
 
 
 def _load(module, reader: CheckpointReader, prefix: str, dtype) -> None:
-    """Fill ``module`` from the checkpoint's tensors under ``prefix`` (every one must be there), one at a
-    time into its own memory: the weights are held once plus one tensor (reading all before copying held
-    them twice: a prefill agent's peak grew 134.5 MiB for 68.5 MiB of weights, bench/memory_fidelity.py)."""
+    """Fill ``module`` from the checkpoint's tensors under ``prefix``, one at a time: the weights held once plus one
+    tensor (reading all first held them twice: 134.5 MiB for 68.5 MiB of weights, bench/memory_fidelity.py)."""
     with torch.no_grad():
         for key, target in module.state_dict().items():
             name = prefix + key
@@ -171,7 +171,7 @@ class EncodeExecutor(_PhaseExecutor):
         if not isinstance(msg, EncodeTiles):
             raise PhaseRequestError(f"an encode agent serves encode_tiles, not {msg.type_name()}")
         t_start = clock()
-        with emulated(slowdown):
+        with emulated(slowdown), blocks_returned():  # RSS is the live tensors (agents.heap)
             out = self.encode(from_bytes(msg.shape, msg.data))
         t_end = clock()
         if msg.send_to:
@@ -254,7 +254,7 @@ class PrefillExecutor(_TextExecutor):
         t_start = clock()
         params = sampling_params(msg.sampling, 1)
         generator = params.make_generator()
-        with emulated(slowdown):
+        with emulated(slowdown), blocks_returned():  # RSS is the live tensors (agents.heap)
             token, kv = self.prefill_prompt(list(msg.input_ids), mm, params, generator)
         t_end = clock()
         rng = b"" if params.greedy else generator.get_state().numpy().tobytes()  # greedy never draws from it

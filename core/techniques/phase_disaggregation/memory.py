@@ -48,15 +48,48 @@ def phase_weights(model_dir: str | Path, bytes_per_weight: int = 4) -> PhaseWeig
                     text += n
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text())
-        vision = config["vision_config"]
-        positions = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 + 1  # the patches and CLS
-        per_tile = (int(vision["num_hidden_layers"]) + 1) * positions * int(vision["hidden_size"]) * bytes_per_weight
-        units = model_spec_from_config(config["text_config"], "fp32" if bytes_per_weight == 4 else "fp16").units
+        per_tile = encode_bytes_per_tile(config["vision_config"], int(config["text_config"]["hidden_size"]),
+                                         bytes_per_weight)
+        per_token = prefill_bytes_per_token(config["text_config"], bytes_per_weight)
     except (OSError, ValueError, KeyError, TypeError, UnsupportedModelError) as err:
         raise FormatError(str(model_dir), f"config.json has no usable vision or text config ({err}): is it a Llava "
                                           "model?")
     return PhaseWeights(encode_bytes=encode, text_bytes=text, encode_bytes_per_tile=per_tile,
-                        prefill_bytes_per_token=max(u.workspace_bytes_per_token for u in units))
+                        prefill_bytes_per_token=per_token)
+
+
+def prefill_bytes_per_token(text: dict, bytes_per_weight: int = 4) -> int:
+    """What a prefill holds per prompt token at its peak beside the weights and its KV cache, from the
+    text config: the larger of the forward's (at a Llama block's MLP: gate's activation, up's output
+    and their product, 3 × intermediate, beside 4 × hidden: the prompt's embeddings, the residual,
+    its norm and the attention's sum) and the hand-off's (the cache stacked into one tensor and the
+    bytes it is sent as: 2 × the KV). Against the live tensors of a prefill and the prefill agent's
+    RSS (bench/memory_fidelity.py); layer sharding's unit workspace (2 × intermediate) left out the
+    third MLP temporary and the hidden states, 1.35–1.61× on the prefill agent."""
+    spec = model_spec_from_config(text, "fp32" if bytes_per_weight == 4 else "fp16")
+    forward = (3 * int(text["intermediate_size"]) + 4 * spec.hidden_size) * bytes_per_weight
+    return max(forward, 2 * sum(u.kv_bytes_per_token for u in spec.units))
+
+
+def encode_bytes_per_tile(vision: dict, text_hidden: int, bytes_per_weight: int = 4) -> int:
+    """What encoding one tile holds at its peak beside the weights, from the vision config: every
+    layer's hidden states (Llava reads its feature layer from them; transformers keeps them all) and,
+    on top, the largest step's temporaries: a CLIP layer's MLP (its input's norm, fc1's output and
+    quick-GELU's two temporaries: hidden + 3 × intermediate per position), its attention (norm, q, k,
+    v, SDPA's output and its contiguous copy: 6 × hidden) or the projector's (the feature layer's
+    patches copied, linear_1's output and the activation's: hidden + 2 × text hidden per patch).
+    Against the peak of live tensors in an encode (``tests/techniques/phase_disaggregation/
+    test_memory.py``), and of RSS as the encode agent maps each block it frees back to the OS
+    (``agents.heap.blocks_returned``); with the tile's pixels, which arrive as bytes and are copied
+    into a tensor."""
+    hidden, inner = int(vision["hidden_size"]), int(vision["intermediate_size"])
+    patches = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
+    positions = patches + 1  # and CLS
+    states = (int(vision["num_hidden_layers"]) + 1) * positions * hidden
+    layer = positions * max(hidden + 3 * inner, 6 * hidden)
+    projector = patches * (hidden + 2 * text_hidden)
+    pixels = 2 * 3 * int(vision["image_size"]) ** 2  # the tile as it arrives and as a tensor
+    return (states + max(layer, projector) + pixels) * bytes_per_weight
 
 
 def device_memory(weights: PhaseWeights, costs: PhaseCosts, workload: Workload, config: PoolConfig) -> dict[str, int]:
@@ -71,13 +104,13 @@ def device_memory(weights: PhaseWeights, costs: PhaseCosts, workload: Workload, 
     need: dict[str, int] = {}
     for device in config.devices:
         weights_bytes, tokens = 0, 0
-        if device in config.encode:
+        if device in config.encode:  # its tokens twice: the tensor and the bytes it is sent as
             weights_bytes += weights.encode_bytes
-            tokens += mm * costs.mm_token_bytes + tiles * weights.encode_bytes_per_tile
+            tokens += 2 * mm * costs.mm_token_bytes + tiles * weights.encode_bytes_per_tile
         if device in config.prefill or device in config.decode:
             weights_bytes += weights.text_bytes
         if device in config.prefill:
-            tokens += config.prefill_batch * (mm * costs.mm_token_bytes
+            tokens += config.prefill_batch * (2 * mm * costs.mm_token_bytes  # as they came and concatenated
                                               + prefill * (costs.kv_token_bytes + weights.prefill_bytes_per_token))
         if device in config.decode:
             tokens += config.decode_batch * context * costs.kv_token_bytes
@@ -104,4 +137,4 @@ def over_budget(need: dict[str, int], budget_bytes: int) -> str:
             f"{over[worst] / MIB:.1f} MiB): use smaller decode or prefill batches or devices with more memory")
 
 
-__all__ = ["ENCODE_PREFIXES", "device_memory", "over_budget", "phase_weights", "problem_memory"]
+__all__ = ["ENCODE_PREFIXES", "device_memory", "encode_bytes_per_tile", "prefill_bytes_per_token", "over_budget", "phase_weights", "problem_memory"]

@@ -365,7 +365,7 @@ class PhaseWeights(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """The text model with its LM head (prefill and decode agents each hold one)."""
     encode_bytes_per_tile: int = 0
     """What encoding one tile holds at once beside the weights: the vision tower's hidden states of
-    every layer (Llava reads its feature layer from them; transformers keeps them all)."""
+    every layer and its largest step's temporaries (``memory.encode_bytes_per_tile``)."""
     prefill_bytes_per_token: int = 0
     """What a prefill holds at once per token beside the weights and KV: the text model's largest
     unit's workspace, as layer sharding's memory model counts it (``core.models.units``)."""

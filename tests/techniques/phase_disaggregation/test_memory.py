@@ -3,8 +3,13 @@ search that keeps to the devices' memory."""
 
 from __future__ import annotations
 
+import weakref
+
 import msgspec
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from core.techniques.phase_disaggregation.memory import device_memory, phase_weights
 from core.techniques.phase_disaggregation.search import config_for, evaluate, search
@@ -17,15 +22,71 @@ WEIGHTS = PhaseWeights(encode_bytes=3 << 20, text_bytes=20 << 20)
 def test_phase_weights_from_the_header_are_what_the_phase_executors_hold(model):
     from agents.techniques.phase_disaggregation.phases import EncodeExecutor, PrefillExecutor
 
-    import torch
-
     weights = phase_weights(model)
-    encode = EncodeExecutor(str(model))
-    assert weights.encode_bytes == encode.memory_bytes()
+    assert weights.encode_bytes == EncodeExecutor(str(model)).memory_bytes()
     assert weights.text_bytes == PrefillExecutor(str(model)).memory_bytes()
-    with torch.inference_mode():  # what one tile's encode keeps: every layer's hidden states
-        out = encode.tower(torch.zeros(1, 3, encode.tile, encode.tile), output_hidden_states=True, return_dict=True)
-    assert weights.encode_bytes_per_tile == sum(h.nbytes for h in out.hidden_states)
+
+
+class LivePeak(TorchDispatchMode):
+    """The most bytes of tensors made inside the block alive at once (each storage counted until it is
+    freed): the reference the per-tile and per-token terms are checked against."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.sizes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+            if storage is not None and storage.nbytes() and storage.data_ptr() not in self.sizes.keys() | given:  # not a view
+                self.sizes[storage.data_ptr()] = storage.nbytes()
+                self.live += storage.nbytes()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._freed, storage.data_ptr())
+        return out
+
+    def _freed(self, key: int) -> None:
+        self.live -= self.sizes.pop(key, 0)
+
+
+@pytest.fixture(scope="module")
+def clip_sized(tmp_path_factory):
+    """A Llava whose tower has a real CLIP's proportions (65 positions, MLP 2 × hidden) and a text model
+    whose MLP is wider than its hidden size."""
+    from core.models.multimodal import MultimodalRecipe, make_multimodal_model
+
+    recipe = MultimodalRecipe(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=352, vision_layers=3,
+                              vision_hidden=96, vision_heads=4, tile=64, patch=8)
+    return make_multimodal_model(recipe, tmp_path_factory.mktemp("llava-sized") / "m")
+
+
+def test_the_encode_term_is_the_peak_of_what_an_encode_holds_live(clip_sized):
+    from agents.techniques.phase_disaggregation.phases import EncodeExecutor
+
+    encode = EncodeExecutor(str(clip_sized))
+    arrived = 2 * 3 * encode.tile ** 2 * 4  # the tile's bytes and tensor: made before the encode, not in it
+    per_tile = phase_weights(clip_sized).encode_bytes_per_tile - arrived
+    for tiles in (1, 4):
+        pixels = torch.randn(tiles, 3, encode.tile, encode.tile)
+        with torch.inference_mode(), LivePeak() as live:
+            encode.encode(pixels)
+        assert live.peak == pytest.approx(tiles * per_tile, rel=0.1)
+
+
+def test_the_prefill_term_is_the_peak_of_what_a_prefill_holds_live_beside_its_kv_cache(clip_sized):
+    from agents.sampling import SamplingParams
+    from agents.techniques.phase_disaggregation.phases import PrefillExecutor
+
+    prefill = PrefillExecutor(str(clip_sized))
+    kv_per_token = prefill.layers * 2 * prefill.kv_heads * prefill.head_dim * 4
+    per_token = phase_weights(clip_sized).prefill_bytes_per_token
+    for tokens in (64, 256):
+        with LivePeak() as live:
+            prefill.prefill_prompt([5] * tokens, torch.empty(0, 128), SamplingParams(), torch.Generator())
+        assert live.peak == pytest.approx(tokens * (per_token + kv_per_token), rel=0.15)
 
 
 def test_a_decode_device_holds_the_text_model_and_one_kv_slot_per_sequence_of_its_batch():
@@ -38,7 +99,8 @@ def test_a_decode_device_holds_the_text_model_and_one_kv_slot_per_sequence_of_it
     decode = problem.devices[2]
     assert one[decode] == WEIGHTS.text_bytes + context * costs.kv_token_bytes
     assert four[decode] - one[decode] == 3 * context * costs.kv_token_bytes
-    assert one[problem.devices[0]] == WEIGHTS.encode_bytes + 2 * 4 * costs.mm_tokens_per_tile * costs.mm_token_bytes
+    # the encode device: its tokens twice (the tensor and the bytes sent)
+    assert one[problem.devices[0]] == WEIGHTS.encode_bytes + 2 * 2 * 4 * costs.mm_tokens_per_tile * costs.mm_token_bytes
 
 
 def test_an_aggregated_device_holds_the_text_model_once_beside_the_vision_tower():
