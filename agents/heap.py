@@ -63,10 +63,10 @@ def blocks_returned(threshold: int = SMALL_BLOCK_THRESHOLD):
     whose live tensors are each under ``MMAP_THRESHOLD`` but many at once: an encode agent's CLIP
     tower keeps every layer's hidden states (0.8 MiB each for 8 tiles of 65 positions × 384) while
     each layer's temporaries come and go between them, and the heap they fragmented kept 17.8 MiB
-    resident at the peak for 11.1 MiB live (18.5 MiB measured, 6.3 modelled; the bench's encode
-    agent 1.41× its memory model). At 64 KiB the peak is the live tensors: 1.3, 5.6, 11.1, 22.1 MiB
-    for 1, 4, 8, 16 tiles (``core.techniques.phase_disaggregation.memory``: 1.5, 5.8, 11.7, 23.3),
-    and the encode took as long (445–453 vs 460–487 ms for 8 tiles, fastest of 15, load 12)."""
+    resident at the peak for 11.1 MiB live (the bench's encode agent was 1.41× its memory model).
+    At 64 KiB the peak is the live tensors: 1.3, 5.6, 11.1, 22.1 MiB for 1, 4, 8, 16 tiles (the
+    model: 1.5, 5.8, 11.7, 23.3; docs/memory-budgets.md), and the encode took as long (445–453 vs
+    460–487 ms for 8 tiles, fastest of 15, load 12)."""
     changed = return_freed_memory_to_the_os(threshold)
     try:
         yield changed
