@@ -255,6 +255,7 @@ class RunPanel(QWidget):
             state.plan_changed.connect(self._on_settings_changed)
             state.plan_changed.connect(self._on_state_plan_changed)
             state.problem_changed.connect(self._on_settings_changed)
+            state.problem_changed.connect(self._on_state_problem_changed)
             state.agents_changed.connect(self._on_state_plan_changed)
             state.run_options_proposed.connect(self._on_state_run_options_proposed)
             self._on_state_model_changed(state.model_name)
@@ -478,6 +479,9 @@ class RunPanel(QWidget):
             return {}, 0
         return {d.id: d.memory_bytes for d in profile.cluster.devices}, dense
 
+    def _on_state_problem_changed(self, _problem) -> None:
+        self._apply_technique_limits()
+
     def _apply_technique_limits(self) -> None:
         """An attention-offload run has its own schedule (the staggering) and loads its own parts:
         the pipeline mode, sent weights and re-planning do not apply, and say so."""
@@ -488,6 +492,13 @@ class RunPanel(QWidget):
         why = ("an attention-offload run follows its staggering (below); it loads its own parts and a lost "
                "memory agent ends it") if offload else "a run is in progress"
         say_why_disabled({w: why for w in (self.mode_combo, self.send_weights_check, self.on_failure_combo)})
+        plan, problem = getattr(self.state, "plan", None), getattr(self.state, "problem", None)
+        if not offload and plan is not None and problem is not None and plan.model != problem.profile.model.name:
+            # re-planning needs the plan's own problem (ClusterRunBackend uses none of another model)
+            self.on_failure_combo.setEnabled(False)
+            say_why_disabled({self.on_failure_combo: (
+                f"re-planning needs a profile of {plan.model}; the studio's is of {problem.profile.model.name} "
+                f"(Profile cluster with {plan.model} to re-plan): a lost device stops this run")})
         refusal = self.history_sampling_refusal()
         busy = self.runner.is_busy()
         for w in (self.penalty_spin, self.ngram_spin):

@@ -59,3 +59,18 @@ def test_the_run_screen_runs_an_expert_offload_plan_with_its_heat_map_live_and_r
         recorded = ExpertActivity()
         recorded.add([i.event for i in store.timeline(run.id) if i.event is not None])
     assert run.status == "completed" and recorded.totals() == heat.activity.totals()
+
+
+def test_on_failure_says_it_cannot_re_plan_a_plan_of_another_model_than_the_studios_profile(qtbot, moe_cluster,
+                                                                                            tmp_path):
+    from tests.gui.problems import make_problem
+
+    coordinator, model_dir = moe_cluster
+    plan = technique_named("expert-offload").run_plan(OffloadPlan(device="e0", slots=3, preload=1), model_dir)
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, PROMPTS, 4)
+    assert panel.on_failure_combo.isEnabled()  # no studio problem: nothing says otherwise
+    problem = make_problem()  # the studio's layer-sharding problem, of another model (the demo's Llama)
+    state.set_problem(problem)
+    assert not panel.on_failure_combo.isEnabled()
+    tip = panel.on_failure_combo.toolTip()
+    assert f"needs a profile of {plan.model}" in tip and problem.profile.model.name in tip and "stops this run" in tip
