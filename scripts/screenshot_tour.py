@@ -1,5 +1,5 @@
-"""Render the demo tour's spatial, attention-offloading and EPD plan and run into docs/screenshots (a
-real xcb window), at 1024x700 and 1600x1000:
+"""Render the demo tour's spatial, attention-offloading, expert-offloading and EPD plan and run into
+docs/screenshots (a real xcb window), at 1024x700 and 1600x1000:
 
     QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" python scripts/screenshot_tour.py
 
@@ -7,7 +7,9 @@ It starts the demo (its shipped models), profiles the cluster and its CNN fits t
 screen, then on the Plan screen: spatial partitioning planned on the measured cluster (*even*: strips
 on all three agents) and run on the shipped digits (``tour-spatial-plan``, ``tour-spatial-run``);
 attention offloading planned on the measured cluster (``tour-attention-plan``) and run from the
-studio (``tour-attention-run``: the Run screen); EPD's phases measured on every agent and the search's
+studio (``tour-attention-run``: the Run screen); expert offloading profiled on the agents for the
+demo's MoE and planned on them (``tour-expert-plan``), run from the Run screen with its storage lane
+and heat map (``tour-expert-run``); EPD's phases measured on every agent and the search's
 pick (``tour-epd-plan``), served on the agents (``tour-epd-run``: the Run tab, each device's phases
 predicted beside measured) and replayed in Sessions with its requests (``tour-epd-sessions``). Prints
 each run's output.
@@ -92,12 +94,45 @@ def main() -> int:
         print("attention run:", done, run.monitor.text_edit.toPlainText().replace("\n", " / ")[:400])
         window.show_screen(run)
         shoot(app, window, "tour-attention-run")
+        tour_expert_offload(app, window)
         tour_epd(app, window)
     finally:
         window.close()
         demo.stop()
         shutil.rmtree(workspace, ignore_errors=True)
     return 0
+
+
+def tour_expert_offload(app, window) -> None:
+    """Expert offloading on the demo's agents: profiled for the MoE, planned, run from the Run screen."""
+    wait, shoot = screenshots.wait, screenshots.shoot
+    plan_screen = window.screens.plan
+    window.show_screen(plan_screen)
+    plan_screen.set_technique("expert-offload")
+    view = plan_screen.view
+    if view.measured_blocker():  # the demo's profile is of its Llama: the agents are profiled for the MoE
+        view.profile_button.click()
+        wait(app, 1.0)
+        wait(app, 300, lambda: not view.runner.is_busy())
+    view.auto_solve()
+    wait(app, 1.0)
+    print("expert offloading:", view.subtitle.text())
+    shoot(app, window, "tour-expert-plan")
+    if not view.use_for_run.isEnabled():
+        print("expert offloading: not runnable:", view.use_for_run.toolTip(), file=sys.stderr)
+        return
+    view.use_for_run.click()
+    run = window.screens.run
+    run.prompts_edit.setPlainText("\n".join(PROMPTS))
+    run.max_tokens_spin.setValue(16)
+    done = []
+    run.run_finished.connect(done.append)
+    run.start_run()
+    wait(app, 300, lambda: bool(done))
+    wait(app, 1.0)
+    print("expert run:", done, run.monitor.text_edit.toPlainText().replace("\n", " / ")[:400])
+    window.show_screen(run)
+    shoot(app, window, "tour-expert-run")
 
 
 def tour_epd(app, window) -> None:
