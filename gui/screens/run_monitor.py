@@ -19,7 +19,7 @@ from PySide6.QtGui import QFont, QPalette
 from PySide6.QtWidgets import (QFrame, QGridLayout, QHBoxLayout, QLabel, QPlainTextEdit,
                                QProgressBar, QScrollArea, QSplitter, QVBoxLayout, QWidget)
 
-from agents.protocol import TimelineEvent, TokenEvent
+from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap
 from gui.techniques import speculative
@@ -65,6 +65,7 @@ class RunMonitorView(QWidget):
         super().__init__(parent)
         self.setAccessibleName("Run monitor")
         self.metrics = LiveMetrics()
+        self._reads: dict[str, float] = {}
         self._texts: dict[int, list[str]] = {}
         self._prompts: tuple[str, ...] = ()
         self._dirty = False
@@ -178,6 +179,7 @@ class RunMonitorView(QWidget):
         each device's role in the run, shown beside its lane; ``settings``: a recorded run's (an
         EPD run's show its requests and SLO figures)."""
         self.metrics = LiveMetrics()
+        self._reads = {}  # storage lane -> seconds of expert reads so far (its bar shows reads, not compute)
         self._texts = {}
         self._prompts = tuple(prompts)
         self.timeline.clear()
@@ -200,6 +202,8 @@ class RunMonitorView(QWidget):
         add = self.metrics.add_event
         for event in events:
             add(event)
+            if event.kind == "io" and event.device.endswith(storage_lane("")):
+                self._reads[event.device] = self._reads.get(event.device, 0.0) + max(0.0, event.end_s - event.start_s)
         self.timeline.append_events(events)
         if self.heat_map.add_events(events) and self.heat_map.isHidden():
             self._show_heat_map(True)
@@ -280,10 +284,12 @@ class RunMonitorView(QWidget):
             self._empty_rate_range()
         self._set_util_devices(list(fig.utilisation))
         for device, bar in self.util_bars.items():
-            frac = fig.utilisation.get(device, 0.0)
+            reads = device.endswith(storage_lane(""))  # a storage lane never computes: its share reading experts
+            frac = (min(1.0, self._reads.get(device, 0.0) / fig.duration_s) if reads and fig.duration_s > 0
+                    else fig.utilisation.get(device, 0.0))
             bar.setValue(int(round(frac * 1000)))
-            bar.setFormat(f"{frac * 100:.0f} %")
-            bar.setAccessibleDescription(f"{device}: {frac * 100:.0f} percent busy")
+            bar.setFormat(f"{'reads ' if reads else ''}{frac * 100:.0f} %")
+            bar.setAccessibleDescription(f"{device}: {frac * 100:.0f} percent {'reading' if reads else 'busy'}")
         if not self.trips_plot.isHidden():
             self.trips_plot.set_tokens(self.metrics.tokens)
         self._render_text()
@@ -311,7 +317,8 @@ class RunMonitorView(QWidget):
             bar.setFormat("0 %")
             bar.setTextVisible(True)
             bar.setAccessibleName(f"Utilisation of {device}")
-            bar.setToolTip(f"Fraction of the run {device} spent computing")
+            bar.setToolTip(f"Fraction of the run {device} spent reading experts from storage"
+                           if device.endswith(storage_lane("")) else f"Fraction of the run {device} spent computing")
             self._util_layout.addWidget(label, row, 0)
             self._util_layout.addWidget(bar, row, 1)
             self.util_bars[device] = bar

@@ -45,6 +45,11 @@ def test_the_run_screen_runs_an_expert_offload_plan_with_its_heat_map_live_and_r
     monitor.flush()
     assert monitor.timeline.lanes() == ["e0", "e0:storage"]
     assert monitor.timeline.box_count("e0:storage", "io") > 0
+    # the storage lane's bar is its share of the run reading experts (it never computes), not "0 %"
+    reads = sum(e.end_s - e.start_s for e in monitor.metrics.events if e.device == "e0:storage" and e.kind == "io")
+    share = min(1.0, reads / monitor.metrics.figures().duration_s)
+    bar = monitor.util_bars["e0:storage"]
+    assert bar.format() == f"reads {share * 100:.0f} %" and share > 0 and "reading experts" in bar.toolTip()
     heat = monitor.heat_map
     assert not heat.isHidden() and heat.blocks() == [0, 1, 2] and heat.activity.totals()["misses"] > 0
     tok = load_tokenizer(model_dir)
