@@ -271,14 +271,14 @@ def cmd_run(args) -> int:
         with recording as run:
             sink = printer if run is None else FanoutSink(printer, run.recorder)
             try:
-                out, traffic = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter, replan)
+                out, meter = _generate(args, agents, plan, model_dir, prompts, settings, sink, reporter, replan)
             except KeyboardInterrupt:
                 if run is not None:
                     run.status = "stopped"
                 raise
             if run is not None:
                 run.status = "completed"
-        wire = _wire_figures(model_dir, settings.dtype, prompts, out, traffic, args.speculative is not None)
+        wire = _wire_figures(model_dir, settings.dtype, prompts, out, meter, args.speculative is not None, plan)
         if run is not None:
             add_run_figures(workspace, run.run_id, {"wire": wire})
     finally:
@@ -302,6 +302,10 @@ def cmd_run(args) -> int:
     if wire["measured_bytes"] is not None:
         print(f"wire: {wire['measured_bytes']} bytes between agents (the cost model: {wire['predicted_bytes']}, "
               f"x{wire['measured_over_predicted']}), {wire['control_bytes']} to the coordinator")
+    after = wire.get("after_replan")
+    if after is not None and after["measured_bytes"] is not None:
+        print(f"wire after the re-plan: {after['measured_bytes']} bytes (the re-planned plan's cost model: "
+              f"{after['predicted_bytes']}, x{after['measured_over_predicted']})")
     for r in out.result.recoveries:
         print(f"recovered: {r.failed} lost at step {r.step}, detected at {r.detected_s:.2f} s, re-planned in "
               f"{(r.replanned_s - r.detected_s) * 1e3:.0f} ms, shards loaded in {r.loaded_s - r.replanned_s:.2f} s; "
@@ -323,21 +327,36 @@ def _check_layout(plan, model_dir: str) -> None:
         raise PlanInvalid(problems)
 
 
-def _wire_figures(model_dir: str, dtype: str, prompts: list[str], out, traffic, speculative: bool) -> dict:
+def _wire_figures(model_dir: str, dtype: str, prompts: list[str], out, meter, speculative: bool, plan) -> dict:
     """The run's wire figures (``core.runs.wire``): the agents' socket counts beside the cost model's
-    stage-output bytes for the plan the run ran and the steps it took (no prediction after a re-plan or
-    for a speculative run: their frames follow another schedule)."""
+    stage-output bytes and frame headers for ``plan`` (the plan the run started on) and the steps it took.
+    After a re-plan: each segment on its own plan (the lost agent's own sends are unread, so not
+    predicted either), and ``after_replan``: what the last re-planned stages sent against their plan's
+    prediction. None for a speculative run (its trips follow another schedule)."""
     from core.models.units import load_model_spec
     from core.runs.generation import load_tokenizer
-    from core.runs.wire import predicted_stage_bytes, wire_figures
+    from core.runs.wire import segments_stage_bytes, sent_between, wire_figures
 
-    plan = out.result.plan
+    traffic, result = meter.traffic, out.result
+    if result.plan is None or speculative:
+        return wire_figures(traffic, result.plan.devices() if result.plan is not None else (), None)
     spec = load_model_spec(model_dir, {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype))
-    predicted = None
-    if plan is not None and not out.result.recoveries and not speculative:  # one plan, one schedule's frames
-        width = load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1]
-        predicted = predicted_stage_bytes(spec, plan, int(width), out.result.token_events)
-    return wire_figures(traffic, plan.devices() if plan is not None else (), predicted)
+    width = int(load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1])
+    segments = segments_stage_bytes(spec, plan, width, result.token_events, result.run_id, result.recoveries, dtype)
+    lost = {r.failed for r in result.recoveries}
+    predicted: dict = {}
+    for segment in segments:
+        for (src, dst), n in segment.items():
+            if src not in lost:
+                predicted[(src, dst)] = predicted.get((src, dst), 0) + n
+    devices = list(dict.fromkeys([*plan.devices(), *result.plan.devices()]))
+    wire = wire_figures(traffic, devices, predicted)
+    if result.recoveries:
+        last = result.recoveries[-1]
+        after = None if last.wire_at_resume is None or meter.after is None else \
+            sent_between(last.wire_at_resume, meter.after)
+        wire["after_replan"] = wire_figures(after, result.plan.devices(), segments[-1])
+    return wire
 
 
 def check_plan_agents_answer(plan, agents, source: str) -> None:
@@ -423,7 +442,7 @@ def _generate(args, agents, plan, model_dir: str, prompts: list[str], settings, 
                 else:
                     out = generate(coordinator, plan, model_dir, prompts, settings, sink=sink, reporter=reporter,
                                    replan=replan)
-        return out, meter.traffic
+        return out, meter
     finally:
         if cluster is not None:
             cluster.stop()

@@ -62,6 +62,7 @@ from core.runs.run_stream import (  # noqa: F401  (public here: callers import t
     MODES, ActiveRun, FanoutSink, Mode, NullSink, RunRequest, RunResult, RunSink,
 )
 from core.runs.stage_loading import await_loads, run_failure, take_over
+from core.runs.wire import counters_of
 
 __all__ = [
     "MODES", "AgentEndpoint", "ClockEstimate", "Coordinator", "FanoutSink", "Mode", "NullSink", "RunRequest",
@@ -425,6 +426,7 @@ class Coordinator:
         for i, d in enumerate(new):
             run.emit(TimelineEvent(device=d, stage=i, kind="reload", phase="decode", step=step,
                                           micro_batch=0, start_s=replanned, end_s=loaded))
+        at_resume = counters_of(self.link, new)
         segment = uuid.uuid4().hex[:12]
         with run.lock:
             run.resume = resume
@@ -440,7 +442,9 @@ class Coordinator:
             self._start_stages(run, new, request, resume.micro_batches, resume)
         recoveries.append(RecoveryRecord(failed=failed, step=step, detected_s=detected, replanned_s=replanned,
                                          loaded_s=loaded, resumed_s=time.time() - run.t0,
-                                         old_stages=tuple(old), new_stages=tuple(new)))
+                                         old_stages=tuple(old), new_stages=tuple(new), plan=new_plan,
+                                         keys=resume.keys, first_steps=resume.first_steps,
+                                         resumed_width=resume.context_tokens, wire_at_resume=at_resume))
         return new_plan, new
 
     def _start_stages(self, run: ActiveRun, devices: list[str], request: RunRequest, groups,

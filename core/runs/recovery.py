@@ -197,3 +197,13 @@ class RecoveryRecord:
     """When the resumed segment was started (its first token comes after its prefill)."""
     old_stages: tuple[str, ...]
     new_stages: tuple[str, ...]
+    plan: ShardPlan | None = None
+    """The re-planned plan the resumed segment ran on."""
+    keys: tuple[int, ...] = ()
+    first_steps: tuple[int, ...] = ()
+    """The resumed segment's micro-batches (``Resume.keys``) and the step each resumed at."""
+    resumed_width: int = 0
+    """Positions of the resumed segment's prefill (prompts and the tokens already produced)."""
+    wire_at_resume: object = None
+    """The new stages' wire counters as the segment started (``core.runs.wire.WireTraffic``; None
+    unread): what they sent after the re-plan is the difference to the run's end."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from agents.protocol import AgentStatus
+from agents.protocol import DTYPE_SIZES, AgentStatus, DataHeader, TensorSpec, encode_data_header
 
 
 class WireTraffic(msgspec.Struct, frozen=True):
@@ -57,35 +57,39 @@ COORDINATOR_LINK = "coordinator"
 
 class WireMeter:
     """What the agents ``devices`` sent while the ``with`` block ran (``traffic``, None when a status
-    could not be read: an agent lost mid-run). ``link`` is anything with ``status_of(devices)``
-    (a ``Coordinator`` or an ``AgentLink``): one status round trip each side, milliseconds."""
+    could not be read: an agent lost mid-run; ``after``: their counters at its end). ``link`` is anything
+    with ``status_of(devices)`` (a ``Coordinator`` or an ``AgentLink``): one status round trip each side,
+    milliseconds."""
 
     def __init__(self, link, devices) -> None:
         self.link, self.devices = link, list(dict.fromkeys(devices))
         self.traffic: WireTraffic | None = None
+        self.after: WireTraffic | None = None
         self._before: WireTraffic | None = None
 
     def __enter__(self) -> "WireMeter":
-        self._before = self._read()
+        self._before = counters_of(self.link, self.devices)
         return self
 
     def __exit__(self, *exc) -> None:
-        after = self._read() if exc[0] is None else None
-        if self._before is not None and after is not None:
-            self.traffic = sent_between(self._before, after)
+        self.after = counters_of(self.link, self.devices) if exc[0] is None else None
+        if self._before is not None and self.after is not None:
+            self.traffic = sent_between(self._before, self.after)
 
-    def _read(self) -> WireTraffic | None:
-        """Each agent's counters; one that does not answer (lost in a run that recovered) is left out:
-        its bytes since ``before`` are unknown, the survivors' still count."""
-        from core.errors import EdgeShardError
 
-        statuses = {}
-        for device in self.devices:
-            try:
-                statuses.update(self.link.status_of([device], timeout_s=3.0))
-            except EdgeShardError:
-                continue
-        return snapshot(statuses) if statuses else None
+def counters_of(link, devices) -> WireTraffic | None:
+    """The agents' ``devices`` counters now (None when none answered). One that does not answer (lost
+    in a run that recovered) is left out: its bytes since an earlier snapshot are unknown, the
+    survivors' still count."""
+    from core.errors import EdgeShardError
+
+    statuses = {}
+    for device in devices:
+        try:
+            statuses.update(link.status_of([device], timeout_s=3.0))
+        except EdgeShardError:
+            continue
+    return snapshot(statuses) if statuses else None
 
 
 def wire_figures(traffic: WireTraffic | None, devices, predicted: Mapping[tuple[str, str], int] | None,
@@ -141,13 +145,33 @@ def micro_batch_steps(token_events) -> dict[int, tuple[int, int]]:
     return {mb: (rows[mb], len(k)) for mb, k in steps.items()}
 
 
-def predicted_stage_bytes(spec, plan, prompt_width: int, token_events) -> dict[tuple[str, str], int]:
+def frame_header_bytes(*, kind: str, phase: str, step: int, micro_batch: int, sender: str,
+                       tensors: Iterable[tuple[str, tuple[int, ...]]], run_id: str) -> int:
+    """Bytes of one data frame's header as an agent encodes it (``agents.data_frames.encode_data_header`` of
+    the ``DataHeader`` it sends: field names, run id, sender, each tensor's dtype and shape, the send time).
+    Encoded here, not typed in: a change to the wire format changes the prediction with it."""
+    header = DataHeader(run_id=run_id, kind=kind, phase=phase, step=step, micro_batch=micro_batch, sender=sender,
+                        tensors=tuple(TensorSpec(dtype, tuple(shape)) for dtype, shape in tensors), t_sent=1.0)
+    return len(encode_data_header(header))
+
+
+_MASK_DTYPE = "int64"
+"""A prefill's attention mask travels beside the activation as int64 (``agents.stage_run``)."""
+
+
+def predicted_stage_bytes(spec, plan, prompt_width: int, token_events, run_id: str, dtype: str = "float32",
+                          ran: dict[int, tuple[int, int]] | None = None) -> dict[tuple[str, str], int]:
     """(src, dst) → bytes a layer-sharded run of ``plan`` sends, by the cost model's per-token terms
     (``core.planning.cost.stage_output_bytes``: the stage's last unit's ``activation_bytes_per_token``,
-    a token id from the head): per micro-batch of n sequences that produced k steps, the prefill's
-    n × ``prompt_width`` positions and k - 1 decode steps of n, each stage to the next; the last stage's
-    token back to the first, k times. Counted on the run's own steps (EOS ends a run early)."""
-    ran = micro_batch_steps(token_events)
+    a token id from the head) plus what the wire format adds to each frame: its header
+    (``frame_header_bytes``) and, on a prefill's activation frames, the attention mask (int64 per position).
+    Per micro-batch of n sequences that produced k steps: the prefill's n × ``prompt_width`` positions and
+    k - 1 decode steps of n, each stage to the next; the last stage's token back to the first, k times.
+    Counted on the run's own steps (EOS ends a run early). ``run_id``: the run's (its frames carry it; a
+    resumed segment's id is as long). ``dtype``: the activations' wire dtype. ``ran``: micro-batch →
+    (sequences, steps) as the frames number them, when not the token events' (a resumed segment's)."""
+    ran = micro_batch_steps(token_events) if ran is None else ran
+    size = DTYPE_SIZES[dtype]
     out: dict[tuple[str, str], int] = {}
     stages = plan.stages
     for j, st in enumerate(stages):
@@ -156,6 +180,53 @@ def predicted_stage_bytes(spec, plan, prompt_width: int, token_events) -> dict[t
         if dst == st.device:
             continue
         per_token = spec.units[st.end - 1].activation_bytes_per_token
-        n = sum(rows * (steps if last else prompt_width + steps - 1) for rows, steps in ran.values())
-        out[(st.device, dst)] = out.get((st.device, dst), 0) + per_token * n
+        n = 0
+        for mb, (rows, steps) in ran.items():
+            for step in range(steps):
+                positions = 1 if last else (prompt_width if step == 0 else 1)
+                if last:
+                    tensors = [("int64", (rows,))]
+                else:
+                    tensors = [(dtype, (rows, positions, per_token // size))]
+                    if step == 0:
+                        tensors.append((_MASK_DTYPE, (rows, prompt_width)))
+                n += per_token * rows * positions + frame_header_bytes(
+                    kind="tokens" if last else "hidden", phase="prefill" if step == 0 else "decode", step=step,
+                    micro_batch=mb, sender=st.device, tensors=tensors, run_id=run_id)
+                if not last and step == 0:
+                    n += DTYPE_SIZES[_MASK_DTYPE] * rows * prompt_width
+        out[(st.device, dst)] = out.get((st.device, dst), 0) + n
     return out
+
+
+def segments_stage_bytes(spec, plan, prompt_width: int, token_events, run_id: str, recoveries,
+                         dtype: str = "float32") -> list[dict[tuple[str, str], int]]:
+    """Per segment of a run that re-planned (the first on ``plan``, then one per ``RecoveryRecord`` on its
+    re-planned plan), (src, dst) → the bytes ``predicted_stage_bytes`` gives for the steps that segment
+    produced: a resumed segment prefills its micro-batches' prompts and tokens so far
+    (``RecoveryRecord.resumed_width``) and numbers its micro-batches and steps from 0."""
+    inf = 1 << 62
+    bounds = [{mb: (mb, 0, inf) for mb in micro_batch_steps(token_events)}]
+    for r in recoveries:
+        for key, first in zip(r.keys, r.first_steps):  # the previous segment ends where this one resumes
+            if key in bounds[-1]:
+                i, lo, _ = bounds[-1][key]
+                bounds[-1][key] = (i, lo, first)
+        bounds.append({key: (i, first, inf) for i, (key, first) in enumerate(zip(r.keys, r.first_steps))})
+    plans = [(plan, prompt_width), *((r.plan, r.resumed_width) for r in recoveries)]
+    return [predicted_stage_bytes(spec, p, width, token_events, run_id, dtype, ran=_steps_within(token_events, b))
+            for (p, width), b in zip(plans, bounds)]
+
+
+def _steps_within(token_events, bounds: dict[int, tuple[int, int, int]]) -> dict[int, tuple[int, int]]:
+    """Segment micro-batch → (sequences, steps): the whole run's token events of each micro-batch
+    ``key`` in ``bounds`` (key → its index in the segment, first step, end step) within its steps."""
+    steps: dict[int, set[int]] = {}
+    rows: dict[int, int] = {}
+    for t in token_events:
+        if t.micro_batch in bounds:
+            i, lo, hi = bounds[t.micro_batch]
+            if lo <= t.step < hi:
+                steps.setdefault(i, set()).add(t.step)
+                rows[i] = max(rows.get(i, 0), len(t.sequence_ids))
+    return {i: (rows[i], len(k)) for i, k in steps.items()}

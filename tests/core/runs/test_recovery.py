@@ -21,6 +21,7 @@ from core.planning.scenarios import DeviceSpec, synthetic_problem
 from core.runs import run_state
 from core.runs.coordinator import AgentEndpoint, Coordinator, RunRequest
 from core.runs.recovery import ExactReplanner, RecoveryImpossible
+from core.runs.wire import segments_stage_bytes, sent_between, snapshot
 
 PROMPTS = ((5, 17, 33, 9, 101, 250), (0, 0, 7, 8, 9, 10))
 MASKS = ((1,) * 6, (0, 0, 1, 1, 1, 1))
@@ -83,6 +84,12 @@ def test_killing_agents_mid_decode_recovers_with_the_undisturbed_tokens_greedy_a
         kinds = {e.kind for e in kill_c.events}
         assert {"failure", "replan", "reload"} <= kinds
         assert isinstance(co.latest_run_state, run_state.Finished)
+        # what the re-planned stages' sockets sent after the re-plan is the re-planned plan's prediction, to the byte
+        after = sent_between(rec.wire_at_resume, snapshot(co.status_of(list(rec.new_stages))))
+        spec = load_model_spec(model_dir, "fp32")
+        predicted = segments_stage_bytes(spec, plan, 6, greedy.token_events, greedy.run_id, greedy.recoveries)[-1]
+        assert rec.resumed_width > 6 and predicted == {
+            (src, dst): after.nbytes(senders=[src], links=[dst]) for src, dst in predicted}
 
         survivors = greedy.plan
         assert survivors.devices() == ("a", "b")
