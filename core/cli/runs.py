@@ -278,7 +278,10 @@ def cmd_run(args) -> int:
                 raise
             if run is not None:
                 run.status = "completed"
-        wire = _wire_figures(model_dir, settings.dtype, prompts, out, meter, args.speculative is not None, plan)
+        from core.runs.wire import layer_sharding_wire
+
+        wire = layer_sharding_wire(model_dir, settings.dtype, prompts, out.result, meter, plan,
+                                   speculative=args.speculative is not None)
         if run is not None:
             add_run_figures(workspace, run.run_id, {"wire": wire})
     finally:
@@ -325,38 +328,6 @@ def _check_layout(plan, model_dir: str) -> None:
     problems = layout_problems(plan, load_model_spec(model_dir).num_units)
     if problems:
         raise PlanInvalid(problems)
-
-
-def _wire_figures(model_dir: str, dtype: str, prompts: list[str], out, meter, speculative: bool, plan) -> dict:
-    """The run's wire figures (``core.runs.wire``): the agents' socket counts beside the cost model's
-    stage-output bytes and frame headers for ``plan`` (the plan the run started on) and the steps it took.
-    After a re-plan: each segment on its own plan (the lost agent's own sends are unread, so not
-    predicted either), and ``after_replan``: what the last re-planned stages sent against their plan's
-    prediction. None for a speculative run (its trips follow another schedule)."""
-    from core.models.units import load_model_spec
-    from core.runs.generation import load_tokenizer
-    from core.runs.wire import segments_stage_bytes, sent_between, wire_figures
-
-    traffic, result = meter.traffic, out.result
-    if result.plan is None or speculative:
-        return wire_figures(traffic, result.plan.devices() if result.plan is not None else (), None)
-    spec = load_model_spec(model_dir, {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype))
-    width = int(load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1])
-    segments = segments_stage_bytes(spec, plan, width, result.token_events, result.run_id, result.recoveries, dtype)
-    lost = {r.failed for r in result.recoveries}
-    predicted: dict = {}
-    for segment in segments:
-        for (src, dst), n in segment.items():
-            if src not in lost:
-                predicted[(src, dst)] = predicted.get((src, dst), 0) + n
-    devices = list(dict.fromkeys([*plan.devices(), *result.plan.devices()]))
-    wire = wire_figures(traffic, devices, predicted)
-    if result.recoveries:
-        last = result.recoveries[-1]
-        after = None if last.wire_at_resume is None or meter.after is None else \
-            sent_between(last.wire_at_resume, meter.after)
-        wire["after_replan"] = wire_figures(after, result.plan.devices(), segments[-1])
-    return wire
 
 
 def check_plan_agents_answer(plan, agents, source: str) -> None:

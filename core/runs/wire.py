@@ -92,6 +92,13 @@ def counters_of(link, devices) -> WireTraffic | None:
     return snapshot(statuses) if statuses else None
 
 
+def wire_since(link, devices, before: WireTraffic | None) -> dict:
+    """``wire_figures`` of what ``devices`` sent since the counters ``before`` (``counters_of``), without
+    a prediction: a served request's, whose open run carries every request served meanwhile too."""
+    after = counters_of(link, devices) if before is not None else None
+    return wire_figures(None if after is None else sent_between(before, after), devices, None)
+
+
 def wire_figures(traffic: WireTraffic | None, devices, predicted: Mapping[tuple[str, str], int] | None,
                  kinds: Iterable[str] | None = None, predicted_total: int | None = None) -> dict:
     """A run's wire figures for its JSON output and its recorded figures (``figures["wire"]``).
@@ -230,3 +237,35 @@ def _steps_within(token_events, bounds: dict[int, tuple[int, int, int]]) -> dict
                 steps.setdefault(i, set()).add(t.step)
                 rows[i] = max(rows.get(i, 0), len(t.sequence_ids))
     return {i: (rows[i], len(k)) for i, k in steps.items()}
+
+
+def layer_sharding_wire(model_dir: str, dtype: str, prompts, result, meter: WireMeter, plan,
+                        speculative: bool = False) -> dict:
+    """A layer-sharded run's wire figures (``edgeshard run``, the Run screen, ``serve`` per request): the
+    agents' socket counts (``meter``) beside ``predicted_stage_bytes`` for ``plan`` (the plan the run
+    started on) and the steps ``result`` (its ``RunResult``) took. After a re-plan: each segment on its own
+    plan (the lost agent's own sends are unread, so not predicted either), and ``after_replan``: what the
+    last re-planned stages sent against their plan's prediction. Speculative: measured only, for now
+    (its trips follow another schedule)."""
+    from core.models.units import load_model_spec
+    from core.runs.generation import load_tokenizer
+
+    traffic = meter.traffic
+    if result.plan is None or speculative:
+        return wire_figures(traffic, result.plan.devices() if result.plan is not None else (), None)
+    spec = load_model_spec(model_dir, {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype))
+    width = int(load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1])
+    segments = segments_stage_bytes(spec, plan, width, result.token_events, result.run_id, result.recoveries, dtype)
+    lost = {r.failed for r in result.recoveries}
+    predicted: dict[tuple[str, str], int] = {}
+    for segment in segments:
+        for (src, dst), n in segment.items():
+            if src not in lost:
+                predicted[(src, dst)] = predicted.get((src, dst), 0) + n
+    wire = wire_figures(traffic, list(dict.fromkeys([*plan.devices(), *result.plan.devices()])), predicted)
+    if result.recoveries:
+        last = result.recoveries[-1]
+        after = None if last.wire_at_resume is None or meter.after is None else \
+            sent_between(last.wire_at_resume, meter.after)
+        wire["after_replan"] = wire_figures(after, result.plan.devices(), segments[-1])
+    return wire

@@ -42,6 +42,7 @@ from core.serving.openai_api import ApiError, ParsedRequest, plain_chat_prompt, 
 from core.serving.served import ServedRequest
 from core.sessions.recording import RunRecorder
 from core.sessions.store import SessionStore
+from core.runs.wire import counters_of, wire_since
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ class ServedModel:
         batches, after the tokens: a request's last events come after it is done)."""
         self._records: dict[ServedRequest, RunRecorder] = {}
         self._unrecorded: dict[ServedRequest, list] = {}
+        self._wire_at: dict[ServedRequest, object] = {}
         """Requests whose run record is being created: what their stream brings waits here."""
         self.observer = None
         """Also told the open run's stream as it comes (``on_event``/``on_tokens``, the run's clock and
@@ -339,9 +341,10 @@ class ServedModel:
             with self._lock:
                 self._unrecorded.pop(r, None)
             return
+        at = counters_of(self.coordinator, self.plan.devices())  # the request's wire bytes count from here
         with self._lock:
             early = self._unrecorded.pop(r, [])
-            self._records[r] = rec
+            self._records[r], self._wire_at[r] = rec, at
         for item in early:
             (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
 
@@ -417,7 +420,8 @@ class ServedModel:
                     members.remove(r)
         if rec is not None:
             status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
-            _retried(lambda: rec.finish(status, r.figures()))
+            wire = wire_since(self.coordinator, self.plan.devices(), self._wire_at.pop(r, None))
+            _retried(lambda: rec.finish(status, {**r.figures(), "wire": wire}))
 
     def _run_ended(self, run: OpenRun) -> None:
         """The open run ended (a lost agent, a stop): its requests are recovered or fail with 503."""

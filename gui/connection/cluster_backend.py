@@ -74,6 +74,22 @@ class ClusterRunBackend:
         return lane_roles(plan.devices()[0], self.lanes(), options)
 
     def run(self, settings, sink, reporter: Reporter) -> Any:
+        """Run ``settings`` and say what happened, with the run's wire figures (``core.runs.wire``: its
+        agents' socket counts, beside layer sharding's prediction; measured only for a technique's own driver)."""
+        from core.runs.wire import WireMeter, layer_sharding_wire, wire_figures
+
+        lanes = self.lanes()
+        with WireMeter(self.coordinator, lanes) as meter:
+            said, ran = self._run(settings, sink, reporter)
+        if ran is None:  # a technique's own driver, a speculative run: what the sockets sent, no prediction here
+            said["wire"] = wire_figures(meter.traffic, lanes, None)
+        else:
+            out, started, model_dir, dtype = ran
+            said["wire"] = layer_sharding_wire(model_dir, dtype, settings.prompts, out.result, meter, started)
+        return said
+
+    def _run(self, settings, sink, reporter: Reporter) -> tuple[dict, Any]:
+        """What ``run`` says, and for a layer-sharded run (out, the plan it started on, model dir, dtype)."""
         plan = self.state.plan
         problem = self.state.problem
         if plan is None:
@@ -111,11 +127,11 @@ class ClusterRunBackend:
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run
             out = technique_run(self.coordinator, plan, model_dir, list(settings.prompts), generation, sink=sink,
                                 reporter=reporter, options=dict(getattr(settings, "technique_options", {}) or {}))
-            return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}
+            return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts)}, None
         if getattr(settings, "draft_dir", ""):  # speculative decoding: the CLI's own driver (edgeshard run --draft)
             said = self._run_speculative(plan, problem, model_dir, settings, generation, sink, reporter)
             if said is not None:
-                return said
+                return said, None
         # switching "Send stage weights" on or off reloads: the stages must come from where it says
         same_source = settings.send_weights == self._loaded_with_sent_weights
         load = not (self.coordinator.is_loaded(plan, model_dir) and same_source)
@@ -142,7 +158,8 @@ class ClusterRunBackend:
                       for r in out.result.recoveries]
         return {"run_id": out.result.run_id, "wall_s": out.result.wall_s, "texts": list(out.texts),
                 "recoveries": [refused, *recoveries] if refused else recoveries,
-                "recovered_plan": out.result.plan if (out.result.recoveries or refused) else None}
+                "recovered_plan": out.result.plan if (out.result.recoveries or refused) else None}, \
+            (out, plan, model_dir, generation.dtype)
 
     def _run_speculative(self, plan, problem, model_dir, settings, generation, sink, reporter) -> dict | None:
         """``core.runs.speculative.generate_speculative`` at the checked k (None: auto chose plain decoding)."""

@@ -381,6 +381,7 @@ class RunPanel(QWidget):
         self.monitor.flush()
         fig = self.monitor.figures()
         recovered = result.get("recoveries", []) if isinstance(result, dict) else []
+        self.monitor.set_wire(result.get("wire") if isinstance(result, dict) else None)
         self._finish("completed", f"Run completed: {fig.tokens} tokens in {fig.duration_s:.2f} s."
                      + "".join(f" Recovered: {r}." for r in recovered))
         new_plan = result.get("recovered_plan") if isinstance(result, dict) else None

@@ -119,7 +119,11 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
             run.status = "stopped" if reporter.cancel_requested() else "failed"
             raise
         run.status = "completed"
-        return {**said, **ids}
+    if said.get("wire") is not None:  # read from the agents once the run ended, as `edgeshard run` records it
+        from core.sessions.recording import add_run_figures
+
+        add_run_figures(workspace, ids["run_id"], {"wire": said["wire"]})
+    return {**said, **ids}
 
 
 AUTO_SOLVE_ADVICE = ("Auto-solve on the Plan screen (Ctrl+R) makes a plan within every device's budget "

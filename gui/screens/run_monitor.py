@@ -123,6 +123,13 @@ class RunMonitorView(QWidget):
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 0)
         side_layout.addLayout(cards)
+        self.wire_label = QLabel()  # after a run (or in a recorded run's replay): what its sockets sent
+        self.wire_label.setAccessibleName("Wire bytes")
+        self.wire_label.setToolTip("What the agents' sockets sent each other during the run (frame headers "
+                                   "included), beside the cost model's prediction")
+        self.wire_label.setWordWrap(True)
+        self.wire_label.setVisible(False)
+        side_layout.addWidget(self.wire_label)
         for title, widget, stretch in (("Tokens per second", self.rate_plot, 1),
                                        ("Compute utilisation", self.util_box, 0),
                                        ("Expert buffer (blocks × experts)", self.heat_map, 2),
@@ -174,10 +181,12 @@ class RunMonitorView(QWidget):
 
     # -- feeding -------------------------------------------------------------------------
     def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = (),
-              lane_notes: dict[str, str] | None = None, settings: dict | None = None) -> None:
+              lane_notes: dict[str, str] | None = None, settings: dict | None = None,
+              wire: dict | None = None) -> None:
         """Start over for a new run (or a replay seek): nothing drawn, no figures. ``lane_notes``:
         each device's role in the run, shown beside its lane; ``settings``: a recorded run's (an
-        EPD run's show its requests and SLO figures)."""
+        EPD run's show its requests and SLO figures); ``wire``: a recorded run's wire figures."""
+        self.set_wire(wire)
         self.metrics = LiveMetrics()
         self._reads = {}  # storage lane -> seconds of expert reads so far (its bar shows reads, not compute)
         self._texts = {}
@@ -233,6 +242,12 @@ class RunMonitorView(QWidget):
         """Stop refreshing (nothing here runs on another thread)."""
         self._refresh_timer.stop()
         return True
+
+    def set_wire(self, wire: dict | None) -> None:
+        """Show a run's wire figures (``core.runs.wire.wire_figures``; None or unmeasured: hidden)."""
+        text = wire_text(wire)
+        self.wire_label.setText(text)
+        self.wire_label.setVisible(bool(text))
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -360,3 +375,19 @@ class RunMonitorView(QWidget):
             axis = self.rate_plot.getAxis(name)
             axis.setPen(pg.mkPen(text))
             axis.setTextPen(pg.mkPen(text))
+
+
+def wire_text(wire: dict | None) -> str:
+    """One line of a run's wire figures: measured between agents, the cost model's bytes and their
+    ratio, and after a re-plan the re-planned stages' ratio ("" when nothing was measured)."""
+    from core.planning.cost import format_bytes
+
+    if not wire or wire.get("measured_bytes") is None:
+        return ""
+    text = f"Wire: {format_bytes(wire['measured_bytes'])} between agents"
+    if wire.get("predicted_bytes"):
+        text += f" · cost model {format_bytes(wire['predicted_bytes'])} (×{wire['measured_over_predicted']:.3f})"
+    after = wire.get("after_replan") or {}
+    if after.get("measured_over_predicted") is not None:
+        text += f" · after the re-plan ×{after['measured_over_predicted']:.3f}"
+    return text

@@ -464,7 +464,7 @@ class SessionsPanel(QWidget):
     def _reset_monitor(self) -> None:
         """An empty monitor for the open run, with its prediction ready for "Show predicted"."""
         shown = self.monitor.timeline.predicted_check.isChecked()
-        self.monitor.reset(self.loaded.lanes, self.loaded.prompts, self.loaded.lane_notes, self.loaded.info.settings)
+        self.monitor.reset(self.loaded.lanes, self.loaded.prompts, self.loaded.lane_notes, self.loaded.info.settings, self.loaded.info.figures.get("wire"))
         self.monitor.set_predicted(self.loaded.predicted)
         self.monitor.timeline.predicted_check.setToolTip(
             self.loaded.prediction_note or self.monitor.timeline.predicted_check.toolTip())

@@ -165,6 +165,8 @@ def test_every_request_is_a_recorded_run_with_its_prompt_tokens_and_figures(clie
     assert "".join(i.tokens.text[0] for i in items if i.tokens is not None) == r.choices[0].text
     assert {i.event.device for i in items if i.event is not None} == {"edge-0", "edge-1"}
     assert run.figures["completion_tokens"] == r.usage.completion_tokens and run.figures["server_ttft_s"] > 0
+    wire = run.figures["wire"]  # what the agents' sockets sent while the request was recorded (no prediction)
+    assert wire["per_link"]["edge-0->edge-1"]["measured"] > 0 and wire["predicted_bytes"] is None
 
 
 def test_a_served_request_is_listed_by_edgeshard_sessions_and_replays(client, server, capsys):

@@ -461,8 +461,8 @@ def test_the_cluster_backend_hands_the_ngram_size_and_the_penalty_to_the_generat
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{}")
-    backend.run(RunSettings(model_dir=str(model_dir), prompts=("a",), max_new_tokens=2, mode="sequential",
-                            micro_batches=None, repetition_penalty=1.2, no_repeat_ngram_size=2), None, None)
+    backend._run(RunSettings(model_dir=str(model_dir), prompts=("a",), max_new_tokens=2, mode="sequential",
+                             micro_batches=None, repetition_penalty=1.2, no_repeat_ngram_size=2), None, None)
     assert (seen[0].repetition_penalty, seen[0].no_repeat_ngram_size) == (1.2, 2)
 
 
@@ -664,3 +664,28 @@ def test_the_model_field_keeps_its_width_and_its_tooltip_gives_the_whole_path(qt
     assert panel.model_edit.toolTip() == "/home/me/models/demo-llama"
     assert panel.browse_button.text() == "…" and "Browse" in panel.browse_button.toolTip()
     assert panel.browse_button.width() < panel.browse_button.fontMetrics().horizontalAdvance("Browse…")
+
+
+def test_a_real_run_records_and_shows_its_wire_bytes_beside_the_cost_model_and_the_replay_shows_them(
+        qtbot, real_cluster, tmp_path):
+    coordinator, plan, model_dir, devices = real_cluster
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir,
+                                     ["the river and its banks", "hello there"], 4)
+    with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"], panel.message.text()
+    assert panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        [run] = store.runs()
+    wire = run.figures["wire"]  # the agents' socket counts, as `edgeshard run` records them
+    assert wire["measured_bytes"] == wire["predicted_bytes"] > 0  # 3 stages' frames, headers included
+    assert set(wire["per_link"]) == {"src->mid", "mid->head", "head->src"}
+    assert panel.monitor.wire_label.isVisibleTo(panel) and "×1.000" in panel.monitor.wire_label.text()
+    from gui.screens.sessions import SessionsPanel
+
+    sessions = SessionsPanel(state)
+    qtbot.addWidget(sessions)
+    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+        sessions.open_run(run.id)
+    assert sessions.monitor.wire_label.text() == panel.monitor.wire_label.text()
+    assert sessions.shutdown()
