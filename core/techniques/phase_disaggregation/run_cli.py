@@ -122,7 +122,7 @@ def _run(args) -> int:
     from agents.protocol import SamplingSpec
     from core.paths import workspace_file
     from core.sessions.recording import check_workspace
-    from core.runs.wire import predicted_from_events, wire_figures
+    from core.runs.wire import wire_figures
     from core.sessions.store import SessionStore
     from core.techniques.phase_disaggregation.types import PhaseCosts, Workload
 
@@ -157,8 +157,7 @@ def _run(args) -> int:
         run_id = record_epd_run(store, session, run, model=model, workload=workload, pools=pools)
         sim_id = None if sim is None else record_simulation(store, session, sim, model=model, workload=workload,
                                                             pools=pools)
-        wire = wire_figures(meter.traffic, pools.devices, predicted_from_events(sim.events, lambda lane: lane.removesuffix(":link"))
-                            if sim is not None else None)
+        wire = wire_figures(meter.traffic, pools.devices, predicted_frames(sim.events, sampling) if sim is not None else None)
         store.add_figures(run_id, {"wire": wire})
     texts = _texts(args.model, run.tokens)
     med = statistics.median
@@ -187,6 +186,45 @@ def _run(args) -> int:
                   f"{wire['predicted_bytes']}, x{wire['measured_over_predicted']}), {wire['control_bytes']} to the "
                   "coordinator")
     return 0 if equal in (None, True) else 1
+
+
+def predicted_frames(events, sampling) -> dict[tuple[str, str], int]:
+    """(src, dst) → bytes EPD's simulated transfers (the cost model's ``mm_token_bytes`` / ``kv_token_bytes``
+    terms) put on the wire as the agents send them: each transfer one frame with its header
+    (``core.runs.wire.frame_header_bytes``), and beside each KV cache the prefill agent's handoff in a frame
+    of its own (``handoff_bytes``: the first token, and for a sampled run the sampler's state)."""
+    from core.runs.wire import frame_header_bytes
+    from core.techniques.phase_disaggregation.simulator import STAGE_PREFILL
+
+    handoff = handoff_bytes(sampling)
+    out: dict[tuple[str, str], int] = {}
+    for ev in events:
+        src = ev.device.removesuffix(":link")
+        if ev.kind != "send" or not ev.peer or ev.peer == src:
+            continue
+        kind = "kv" if ev.stage == STAGE_PREFILL else "mm"
+        frames = [ev.nbytes] + ([handoff] if kind == "kv" else [])
+        out[(src, ev.peer)] = out.get((src, ev.peer), 0) + sum(n + frame_header_bytes(
+            kind=kind, phase="prefill", step=ev.micro_batch, micro_batch=piece, sender=src,
+            tensors=[("float32", (n // 4,))], run_id="0" * _RUN_ID_CHARS) for piece, n in enumerate(frames))
+    return out
+
+
+_RUN_ID_CHARS = 12
+"""An EPD run's id on its frames (``runtime``'s ``uuid4().hex[:12]``)."""
+
+
+def handoff_bytes(sampling) -> int:
+    """Bytes of the handoff a prefill agent sends beside each KV cache (its ``handoff_tensor``): the first
+    token and, unless greedy, the state of torch's CPU generator packed four bytes to a float32 (5,064 B
+    sampled, 8 B greedy: a greedy prefill never draws, so sends no state)."""
+    import torch
+
+    from agents.techniques.phase_disaggregation.links import handoff_tensor
+    from agents.techniques.phase_disaggregation.phases import sampling_params
+
+    greedy = sampling_params(sampling, 1).greedy
+    return handoff_tensor(0, b"" if greedy else torch.Generator().get_state().numpy().tobytes()).nbytes
 
 
 def _texts(model_dir: str, tokens: dict[int, tuple[int, ...]]) -> dict[int, str]:
