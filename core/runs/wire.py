@@ -248,13 +248,14 @@ def layer_sharding_wire(model_dir: str, dtype: str, prompts, result, meter: Wire
     last re-planned stages sent against their plan's prediction. Speculative: measured only, for now
     (its trips follow another schedule)."""
     from core.models.units import load_model_spec
-    from core.runs.generation import load_tokenizer
+    from core.runs.generation import load_run_tokenizer
+    from core.runs.run_tokenizer import encode_left_padded
 
     traffic = meter.traffic
     if result.plan is None or speculative:
         return wire_figures(traffic, result.plan.devices() if result.plan is not None else (), None)
     spec = load_model_spec(model_dir, {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype))
-    width = int(load_tokenizer(model_dir)(list(prompts), return_tensors="pt", padding=True)["input_ids"].shape[1])
+    width = len(encode_left_padded(load_run_tokenizer(model_dir), list(prompts)).input_ids[0])  # as the run encoded
     segments = segments_stage_bytes(spec, plan, width, result.token_events, result.run_id, result.recoveries, dtype)
     lost = {r.failed for r in result.recoveries}
     predicted: dict[tuple[str, str], int] = {}
