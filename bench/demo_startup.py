@@ -254,8 +254,10 @@ def _launches(launcher: str | None, tree: str | None = None) -> dict:
     code from that checkout (PYTHONPATH), to compare two versions in one run."""
     out = {}
     env = dict(os.environ)
-    if tree:
-        env["PYTHONPATH"] = tree
+    # the studio's code from ``tree``, else from this checkout: a script's path starts at bench/, so the
+    # child would otherwise import the installed copy (an editable install of another checkout)
+    env["PYTHONPATH"] = os.pathsep.join([tree or os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         *filter(None, [os.environ.get("PYTHONPATH")])])
     env["QT_QPA_PLATFORM"] = _option("--platform", env.get("QT_QPA_PLATFORM") or "offscreen")
     if launcher:
         from agents.zygote import LAUNCHER_ENV
