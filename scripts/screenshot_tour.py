@@ -171,7 +171,11 @@ def tour_epd(app, window) -> None:
         sessions.set_speed(20.0)
         sessions.play()
         wait(app, 30, lambda: not sessions._replay_active())
-        shoot(app, window, "tour-epd-sessions")
+        for width, height in screenshots.SIZES:  # the side column scrolled to the run's requests
+            window.resize(width, height)
+            wait(app, 0.8)
+            sessions.monitor.side_scroll.ensureWidgetVisible(sessions.monitor.requests_panel)
+            screenshots.grab(app, window, f"tour-epd-sessions-{width}x{height}")
 
 
 if __name__ == "__main__":

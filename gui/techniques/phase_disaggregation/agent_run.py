@@ -27,12 +27,13 @@ def run_job(reporter, link, model_dir: str, problem, pools, layout: str, workspa
     return run_layout(link, model_dir, problem, pools, layout=layout, workspace=workspace, reporter=reporter)
 
 
-FIT_HEADERS = ("device", "phase", "predicted (ms)", "measured (ms)", "pred/meas")
+FIT_HEADERS = ("device", "phase", "pred ms", "meas ms", "ratio")
+"""Short: the table shares the Run tab's right column with the answers (about 250 px at 1024x700)."""
 
 
 def fit_rows(fit: tuple[PhaseFit, ...]) -> list[tuple[str, ...]]:
     """The per-device table's rows: decode is per token after the first."""
-    return [(f.device, f.phase + (" /token" if f.phase == "decode" else ""), f"{f.predicted_s * 1e3:.1f}",
+    return [(f.device, f.phase + ("/token" if f.phase == "decode" else ""), f"{f.predicted_s * 1e3:.1f}",
              f"{f.measured_s * 1e3:.1f}", f"{f.ratio:.2f}") for f in fit]
 
 
@@ -52,6 +53,7 @@ class AgentRunTab(QWidget):
         self.summary.setAccessibleName("EPD run figures")
         self.timeline = RequestTimeline()
         self.timeline.placeholder = "No run on the agents yet"
+        self.timeline.setMinimumWidth(200)
         self.answers = QPlainTextEdit()
         self.answers.setReadOnly(True)
         self.answers.setAccessibleName("EPD answers")
@@ -61,13 +63,18 @@ class AgentRunTab(QWidget):
         self.fit_table.setHorizontalHeaderLabels(FIT_HEADERS)
         self.fit_table.verticalHeader().setVisible(False)
         self.fit_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.fit_table.verticalHeader().setDefaultSectionSize(self.fit_table.fontMetrics().height() + 6)
         self.fit_table.setAccessibleName("EPD phases per device")
         self.fit_table.setToolTip("Each device's phases (medians over the run's requests): what the simulator "
-                                  "predicted with the measured costs beside what the agents took")
+                                  "predicted with the measured costs beside what the agents took, and their "
+                                  "ratio (1: exact; below 1: predicted too fast)")
         side = QSplitter(Qt.Vertical)
         side.setChildrenCollapsible(False)
         side.addWidget(self.answers)
         side.addWidget(self.fit_table)
+        side.setStretchFactor(0, 1)
+        side.setStretchFactor(1, 2)  # up to six rows (three devices in the aggregated layout: nine)
+        side.setSizes([100, 200])
         split = QSplitter(Qt.Horizontal)
         split.setChildrenCollapsible(False)
         split.addWidget(self.timeline)
@@ -92,6 +99,9 @@ class AgentRunTab(QWidget):
         self.summary.setText("<br>".join(lines))
         self.answers.setPlainText("\n".join(f"#{rid} {text.strip()}" for rid, text in sorted(run.texts.items())))
         fill_table(self.fit_table, fit_rows(run.fit))
+        table = self.fit_table  # as wide as its columns: the timeline beside it gives way
+        table.setMinimumWidth(sum(table.columnWidth(c) for c in range(table.columnCount())) + 2 * table.frameWidth()
+                              + table.verticalScrollBar().sizeHint().width())
 
 
 __all__ = ["FIT_HEADERS", "MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "figures_text", "fit_rows", "measure_job",
