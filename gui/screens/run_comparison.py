@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSplitter,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from agents.protocol import TimelineEvent, TokenEvent
+from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.reporting import Reporter
 from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figures
 from core.sessions.store import RunInfo, SessionStore
@@ -47,6 +47,28 @@ class ComparedRun:
 def technique_row(a: ComparedRun, b: ComparedRun) -> tuple[str, str, str]:
     """The figures table's first row: each run's technique (its style and model are in its title)."""
     return ("Technique", technique_label(run_technique(a.info)), technique_label(run_technique(b.info)))
+
+
+def read_shares(run: ComparedRun) -> dict[str, float]:
+    """Storage lane -> the share of the run spent reading experts (an expert-offload run's)."""
+    reads: dict[str, float] = {}
+    for e in run.events:
+        if e.kind == "io" and e.device.endswith(storage_lane("")):
+            reads[e.device] = reads.get(e.device, 0.0) + max(0.0, e.end_s - e.start_s)
+    dur = run.figures.duration_s
+    return {d: min(1.0, r / dur) if dur > 0 else 0.0 for d, r in reads.items()}
+
+
+def with_reads(rows: list[tuple[str, str, str]], a: ComparedRun, b: ComparedRun) -> list[tuple[str, str, str]]:
+    """``rows`` with a storage lane's "Utilisation" (it never computes: always 0 %) as its "Reads" share."""
+    shares = (read_shares(a), read_shares(b))
+    out = []
+    for name, va, vb in rows:
+        lane = name.removeprefix("Utilisation · ")
+        if lane != name and lane.endswith(storage_lane("")):
+            name, va, vb = (f"Reads · {lane}", *(f"{s[lane] * 100:.0f} %" if lane in s else "—" for s in shares))
+        out.append((name, va, vb))
+    return out
 
 
 def output_rows(a: ComparedRun, b: ComparedRun) -> list[tuple[str, str, str]]:
@@ -196,7 +218,7 @@ class RunComparisonView(QWidget):
         end = max([e.end_s for e in a.events + b.events] + [1e-3])
         self.timeline_a.set_x_range(0.0, end * 1.02)  # both from t = 0, on one axis (x-linked)
         self._fit_timelines()
-        rows = [technique_row(a, b)] + comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles)
+        rows = [technique_row(a, b)] + with_reads(comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles), a, b)
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
             for c, text in enumerate(row):

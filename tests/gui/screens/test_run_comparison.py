@@ -225,3 +225,23 @@ def test_simulated_runs_compare_without_a_texts_table(qtbot, workspace):
         panel.compare_runs(a, b)
     assert panel.comparison.output_rows() == [] and panel.comparison.outputs.isHidden()
     panel.shutdown()
+
+
+def test_an_expert_offload_runs_storage_lane_compares_by_its_reads_not_a_compute_share():
+    from agents.protocol import TimelineEvent
+    from core.sessions.store import RunInfo
+    from gui.screens.run_comparison import ComparedRun, with_reads
+
+    compute = TimelineEvent(device="e0", stage=0, kind="compute", phase="decode", start_s=0.0, end_s=0.4,
+                            micro_batch=0, step=0)
+    reads = [TimelineEvent(device="e0:storage", stage=0, kind="io", phase="decode", start_s=t, end_s=t + 0.1,
+                           micro_batch=0, step=0) for t in (0.0, 0.2)]
+    events = [compute, *reads]
+    info = RunInfo(id=1, session_id=1, model="moe", mode="no-bubbles", kind="measured", status="completed",
+                   started_at="", ended_at="", settings={"technique": "expert-offload"}, figures={})
+    run = ComparedRun(info=info, events=events, tokens=[], figures=compute_figures(events, []),
+                      bubbles=bubbles(events), lanes=["e0", "e0:storage"])
+    rows = with_reads(comparison_rows(run.figures, run.figures, run.bubbles, run.bubbles), run, run)
+    names = [r[0] for r in rows]
+    assert ("Reads · e0:storage", "50 %", "50 %") in rows and "Utilisation · e0:storage" not in names
+    assert ("Utilisation · e0", "100 %", "100 %") in rows
