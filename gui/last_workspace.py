@@ -155,6 +155,7 @@ def run_settings_from_json(raw: str) -> RunSettings:
         "no_repeat_ngram_size": lambda v: type(v) is int and NO_REPEAT_NGRAM_RANGE[0] <= v <= NO_REPEAT_NGRAM_RANGE[1],
         "draft_dir": lambda v: isinstance(v, str),
         "speculate_k": lambda v: v is None or (type(v) is int and 1 <= v <= 8),
+        "speculate_seed": lambda v: type(v) is int and 0 <= v <= 999,
     }
     for name, ok in checks.items():
         if name in data and not ok(data[name]):

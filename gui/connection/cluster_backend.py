@@ -9,6 +9,8 @@ and loads the plan when the agents do not hold it (it changed, or a failure unlo
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from typing import Any
 
@@ -172,6 +174,8 @@ class ClusterRunBackend:
         if speculative is None:
             reporter.status("Speculate k auto: plain decoding is predicted faster for this plan; running it plainly")
             return None
+        if getattr(settings, "speculate_seed", 0):  # speculative sampling, seeded: the model's distribution
+            generation = dataclasses.replace(generation, temperature=1.0, seed=settings.speculate_seed)
         reporter.status(f"Speculating {speculative.k} token(s) a trip with {os.path.basename(speculative.draft_dir)}")
         out = generate_speculative(self.coordinator, plan, model_dir, settings.prompts[0], generation, speculative,
                                    sink=sink, reporter=reporter)

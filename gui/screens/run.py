@@ -216,7 +216,7 @@ class RunPanel(QWidget):
         form.addRow("Weights", self.send_weights_check)
         form.addRow("On failure", self.on_failure_combo)
         form.addRow("Draft model", self.speculative_controls.draft_row)
-        form.addRow("Speculate k", self.speculative_controls.k_spin)
+        form.addRow("Speculate k, seed", self.speculative_controls.k_row)
         form.setVerticalSpacing(4)  # twelve rows, the Start row and the Serve toggle fit 1024x700 unscrolled
         self.form = form
         buttons = QHBoxLayout()
@@ -299,7 +299,7 @@ class RunPanel(QWidget):
         self.penalty_spin.setValue(settings.repetition_penalty)
         self.ngram_spin.setValue(settings.no_repeat_ngram_size)
         self.pace_check.setChecked(settings.presenter_pace)
-        self.speculative_controls.apply(settings.draft_dir, settings.speculate_k)
+        self.speculative_controls.apply(settings.draft_dir, settings.speculate_k, settings.speculate_seed)
 
     def is_running(self) -> bool:
         return self.runner.is_busy()
@@ -439,7 +439,7 @@ class RunPanel(QWidget):
         from core.techniques import technique_of_plan
 
         sharded = plan is None or technique_of_plan(plan) == "layer-sharding"
-        for w in (self.speculative_controls.draft_row, self.speculative_controls.k_spin):
+        for w in (self.speculative_controls.draft_row, self.speculative_controls.k_row):
             self.form.setRowVisible(w, sharded)
         self._apply_technique_limits()
 
@@ -511,7 +511,7 @@ class RunPanel(QWidget):
         if not self.speculative_controls.draft_row.isVisibleTo(self):
             return {}
         draft, k = self.speculative_controls.options()
-        return {"draft_dir": draft, "speculate_k": k}
+        return {"draft_dir": draft, "speculate_k": k, "speculate_seed": self.speculative_controls.sample_seed()}
 
     def _speculative_refusals(self, settings) -> list[str]:
         """Why the draft and k cannot run (``gui.techniques.speculative.speculative_settings``)."""

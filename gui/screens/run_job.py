@@ -51,6 +51,8 @@ class RunSettings:
     """Speculative decoding's draft checkpoint ("" = plain decoding; ``edgeshard run --draft``)."""
     speculate_k: int | None = None
     """Tokens the draft proposes a trip (1-8); None: auto, the cost model's k (``--speculate auto``)."""
+    speculate_seed: int = 0
+    """0: greedy; else speculative sampling at temperature 1 with this seed (``--temperature 1 --seed``)."""
 
 
 REPETITION_PENALTY_RANGE = (1.0, 2.0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QSpinBox, QWidget
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QSizePolicy, QSpinBox, QWidget
 
 from agents.protocol import TimelineEvent, TokenEvent
 from gui.timeline.items import MARK_COLOURS
@@ -87,6 +87,9 @@ class TokensPerTripPlot(pg.PlotWidget):
 
 
 MAX_SPECULATE = 8
+MAX_SEED = 999
+"""The largest seed the Run screen offers (its field shares Speculate k's width at 1024x700; the CLI
+takes any below 2**63)."""
 """The Run screen's k range (``agents.techniques.speculative.messages.MAX_SPECULATE``, checked at Start)."""
 
 
@@ -112,7 +115,7 @@ class SpeculativeRunControls(QWidget):
         self.draft_combo.setAccessibleName("Draft model")
         self.draft_combo.setToolTip("Speculative decoding: a small checkpoint sharing the model's tokenizer proposes "
                                     "k tokens a trip on the source device; the stages verify them at once (one "
-                                    "prompt, sequential; greedy tokens are the model's own). None: plain decoding")
+                                    "prompt, sequential; greedy tokens are the model's own, sampled ones its distribution). None: plain decoding")
         self.draft_combo.addItem("None", "")
         self.browse_button = browse_button("Browse for draft model directory", "Browse: choose the draft's checkpoint directory")
         self.browse_button.clicked.connect(self._on_browse_clicked)
@@ -127,8 +130,23 @@ class SpeculativeRunControls(QWidget):
         self.k_spin.setAccessibleName("Speculate k")
         self.k_spin.setToolTip("Tokens the draft proposes a trip (1-8); auto: the cost model's k for this plan from the "
                                "draft's stored acceptance rate (plain decoding when that is predicted faster)")
+        self.seed_spin = QSpinBox()
+        self.seed_spin.setRange(0, MAX_SEED)
+        self.seed_spin.setSpecialValueText("off")  # 0: greedy, the target's own tokens
+        self.seed_spin.setAccessibleName("Speculative sampling seed")
+        self.seed_spin.setToolTip("Sampling seed. off: greedy, the model's own greedy tokens; a seed (1-999): "
+                                  "speculative sampling at temperature 1, the tokens distributed as the model's own "
+                                  "sampling, the same seed the same tokens")
+        self.k_row = QWidget(self)  # Speculate k and the seed: one form row (the screen fits 1024x700)
+        k_row = QHBoxLayout(self.k_row)
+        k_row.setContentsMargins(0, 0, 0, 0)
+        k_row.setSpacing(4)
+        for spin in (self.k_spin, self.seed_spin):  # they share the width k alone had: never widen the column
+            spin.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+            k_row.addWidget(spin, 1)
         self.draft_combo.currentIndexChanged.connect(self._on_draft_changed)
         self.k_spin.valueChanged.connect(self.changed)
+        self.seed_spin.valueChanged.connect(self.changed)
         self._on_draft_changed()
         self.hide()
 
@@ -143,20 +161,26 @@ class SpeculativeRunControls(QWidget):
         """(draft directory, "" for none; k, None for auto)."""
         return self.draft_combo.currentData() or "", self.k_spin.value() or None
 
-    def apply(self, draft_dir: str, k: int | None) -> None:
+    def sample_seed(self) -> int:
+        """0: greedy; else the seed of speculative sampling at temperature 1."""
+        return self.seed_spin.value()
+
+    def apply(self, draft_dir: str, k: int | None, seed: int = 0) -> None:
         if draft_dir and self.draft_combo.findData(draft_dir) < 0:
             self.draft_combo.addItem(Path(draft_dir).name, draft_dir)
             self.draft_combo.setItemData(self.draft_combo.count() - 1, draft_dir, Qt.ItemDataRole.ToolTipRole)
         self.draft_combo.setCurrentIndex(max(0, self.draft_combo.findData(draft_dir)))
         self.k_spin.setValue(k or 0)
+        self.seed_spin.setValue(seed)
 
     def _on_browse_clicked(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Draft checkpoint directory", self.options()[0])
         if path:
-            self.apply(path, self.k_spin.value() or None)
+            self.apply(path, self.k_spin.value() or None, self.seed_spin.value())
 
     def _on_draft_changed(self, *_args) -> None:
         self.k_spin.setEnabled(bool(self.options()[0]))
+        self.seed_spin.setEnabled(bool(self.options()[0]))
         self.changed.emit()
 
 

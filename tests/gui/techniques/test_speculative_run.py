@@ -61,6 +61,31 @@ def test_a_speculative_run_started_on_the_run_screen_gives_transformers_greedy_t
         assert run.settings["draft_dir"] == draft and run.settings["speculate_k"] == 3
 
 
+def test_a_seeded_speculative_sampling_run_on_the_run_screen_draws_the_papers_rule_reproducibly(qtbot, spec_cluster,
+                                                                                                    tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.core.runs.test_speculative import reference_speculative_sampling
+
+    coordinator, plan, target, draft, _ = spec_cluster
+    got = []
+    for seed in (11, 11, 12):
+        _, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / f"ws{len(got)}.sqlite", target, [PROMPT], NEW)
+        panel.mode_combo.setCurrentText("sequential")
+        panel.pace_check.setChecked(True)  # every token, past EOS, as the reference draws them
+        panel.speculative_controls.apply(draft, 3, seed)
+        with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
+            panel.start_run()
+        assert done.args == ["completed"], panel.message.text()
+        panel.monitor.flush()
+        got.append([t for e in sorted(panel.monitor.tokens, key=lambda e: e.step) for t in e.token_ids])
+        assert panel.settings().speculate_seed == seed and panel.shutdown()
+    assert got[0] == got[1] != got[2]
+    ids = AutoTokenizer.from_pretrained(target)(PROMPT)["input_ids"]
+    models = [AutoModelForCausalLM.from_pretrained(d).eval() for d in (target, draft)]
+    assert got[0] == reference_speculative_sampling(*models, ids, 3, NEW, 11)
+
+
 def test_the_run_screen_refuses_a_draft_of_another_vocabulary_and_two_prompts_at_start(qtbot, spec_cluster, tmp_path):
     coordinator, plan, target, _, other = spec_cluster
     _, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", target, [PROMPT], NEW)
@@ -86,11 +111,11 @@ def test_the_draft_and_k_are_saved_with_the_run_settings_and_restored(qtbot, spe
 
     coordinator, plan, target, draft, _ = spec_cluster
     _, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", target, [PROMPT], NEW)
-    panel.speculative_controls.apply(draft, 5)
+    panel.speculative_controls.apply(draft, 5, 42)
     saved = json.dumps(asdict(panel.settings()))
     _, other = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws2.sqlite", "", [PROMPT], NEW)
     other.apply_settings(run_settings_from_json(saved))
-    assert other.speculative_controls.options() == (draft, 5)
+    assert other.speculative_controls.options() == (draft, 5) and other.speculative_controls.sample_seed() == 42
     with pytest.raises(ValueError, match="speculate_k"):
         run_settings_from_json(json.dumps({**json.loads(saved), "speculate_k": 9}))
     assert panel.shutdown() and other.shutdown()
