@@ -224,10 +224,10 @@ def predicted_speculation(settings, problem, plan):
     """(``DraftFigures``, k) for the Run screen's predicted timeline of a speculative run, or None (no
     draft, settings a speculative run refuses, auto choosing plain decoding, or no stored acceptance
     rate to predict trips with): then the prediction is plain decoding's."""
+    if not getattr(settings, "draft_dir", "") or problem is None or plan is None:
+        return None  # before any import: a plain run's prediction stays off the speculative code path
     from core.runs.speculative import DraftMismatch, draft_figures
 
-    if not getattr(settings, "draft_dir", "") or problem is None or plan is None:
-        return None
     try:
         chosen = speculative_settings(settings, problem, plan)
         return None if chosen is None else (draft_figures(problem, plan, chosen.draft_dir), chosen.k)
