@@ -129,14 +129,17 @@ class DeviceEmulation:
     def check_shard(self, device: str, weight_bytes: int, units: tuple[int, int], kv_bytes: int = 0) -> None:
         """Refuse a shard beyond the budget (``ShardOverBudget`` says by how much): its weights
         plus the KV cache it reserved at load."""
-        total = weight_bytes + kv_bytes
-        if self.memory_budget_bytes and total > self.memory_budget_bytes:
-            kv = f" + {kv_bytes / MIB:.1f} MiB of reserved KV cache" if kv_bytes else ""
-            raise ShardOverBudget(
-                f"units [{units[0]}, {units[1]}) need {weight_bytes / MIB:.1f} MiB of weights{kv} but device {device} "
-                f"has a {self.memory_budget_bytes / MIB:.1f} MiB memory budget: plan fewer units on it "
-                "(auto-solve: a profile of this device knows its budget)"
-            )
+        kv = f" + {kv_bytes / MIB:.1f} MiB of reserved KV cache" if kv_bytes else ""
+        self.check_need(device, weight_bytes + kv_bytes,
+                        f"units [{units[0]}, {units[1]}) need {weight_bytes / MIB:.1f} MiB of weights{kv}",
+                        "plan fewer units on it (auto-solve: a profile of this device knows its budget)")
+
+    def check_need(self, device: str, need_bytes: int, need: str, advice: str) -> None:
+        """Refuse ``need_bytes`` beyond the budget with ``ShardOverBudget``: '``need`` but device …
+        has a … MiB memory budget: ``advice``' (``need`` says what takes the memory and how much)."""
+        if self.memory_budget_bytes and need_bytes > self.memory_budget_bytes:
+            raise ShardOverBudget(f"{need} but device {device} has a {self.memory_budget_bytes / MIB:.1f} MiB memory "
+                                  f"budget: {advice}")
 
     def shard_check(self, device: str, units: tuple[int, int]):
         """``check_shard`` for one stage as ``(weight_bytes, kv_bytes=)``: what a stage executor calls

@@ -68,7 +68,7 @@ from agents.protocol import (
 )
 from agents.transport import CurveKeys, curve_client, harden
 from core.devices.clock_sync import ClockEstimate, ClockSample, best_estimate, clock_sample, keep_recent
-from core.errors import AgentBusy, AgentVersionMismatch, RunFailed
+from core.errors import AgentBusy, AgentVersionMismatch, RunFailed, ShardOverBudget
 
 log = logging.getLogger("edgeshard.coordinator")
 
@@ -514,9 +514,12 @@ def holder_heard_between_polls(silent_s: float, since_last_poll_s: float | None)
 
 def refusal(reply: ErrorReply, what: str, device: str) -> RunFailed:
     """The typed error of an agent's ``ErrorReply`` to ``what``: ``AgentBusy`` when it serves other
-    work (its message says which and whose), else ``RunFailed`` with the agent's code."""
+    work (its message says which and whose), ``ShardOverBudget`` when it would exceed its memory
+    budget (the message names the need and the budget), else ``RunFailed`` with the agent's code."""
     if reply.code == "busy":
         return AgentBusy(f"{what}: {reply.message}", device)
+    if reply.code == "over_budget":
+        return ShardOverBudget(f"{what} (over_budget): {reply.message}", device)
     return RunFailed(f"{what} ({reply.code}): {reply.message}", device)
 
 

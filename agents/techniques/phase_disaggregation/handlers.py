@@ -7,7 +7,7 @@ from agents.heap import release_free_pages
 from agents.protocol import AgentState, ErrorReply
 from agents.registry import Handler
 from agents.techniques.phase_disaggregation.kinds import COUPLED_KINDS, KINDS
-from agents.techniques.phase_disaggregation.messages import PHASE_REQUESTS, DecodeTokens
+from agents.techniques.phase_disaggregation.messages import PHASE_REQUESTS, DecodeTokens, PrefillPrompt
 
 ROOM = "phase-disaggregation"
 """This technique's state on an agent (``Agent.room``): the loaded stage's ``links`` (its data plane)."""
@@ -49,9 +49,42 @@ def serve_phase(agent, msg):
     links = _links_of(agent, loaded)
     links.begin(msg.run)  # pieces earlier runs left are stale: dropped
     try:
+        check_request_memory(agent, msg)
         return serve(msg, clock=agent.clock, slowdown=agent.emulation.compute_slowdown, links=links)
-    except ValueError as err:  # phases.PhaseRequestError and the checkpoint's own checks
-        return ErrorReply(req=msg.req, code="failed", message=f"{msg.type_name()}: {err}")
+    except ValueError as err:  # phases.PhaseRequestError, the checkpoint's own checks, the budget's (over_budget)
+        return ErrorReply(req=msg.req, code=getattr(err, "code", "failed"), message=f"{msg.type_name()}: {err}")
+
+
+def kv_bytes_per_token(executor) -> int:
+    """Bytes of KV cache one token takes in the text model of ``executor`` (a coupled one: its prefill's)."""
+    text = getattr(executor, "parts", {}).get(PrefillPrompt, executor)
+    return text.layers * 2 * text.kv_heads * text.head_dim * text.dtype.itemsize
+
+
+def check_request_memory(agent, msg, batch=None) -> None:
+    """Refuse a prefill or decode whose KV cache would take the agent past its (emulated) memory budget,
+    from the model's geometry and the request's tokens, before anything of it is allocated: a prefill's
+    prompt; a decode's context and the tokens it may add, for each row of the continuous ``batch`` it
+    joins (its cache is padded to the longest row). Beside the loaded stage's weights (``ShardOverBudget``)."""
+    if not agent.emulation.memory_budget_bytes or not isinstance(msg, (PrefillPrompt, DecodeTokens)):
+        return
+    executor = agent.loaded_stage.executor
+    weights, per_token = int(executor.memory_bytes()), kv_bytes_per_token(executor)
+    mib = 1 << 20
+    if isinstance(msg, PrefillPrompt):
+        tokens = len(msg.input_ids)
+        need = f"request {msg.request}'s prompt of {tokens} tokens needs {tokens * per_token / mib:.1f} MiB of KV cache"
+        advice = "prefill it on a device with more memory, or send fewer images or a shorter prompt"
+    else:
+        others = [] if batch is None else [m for m in [s.msg for s in batch.running] + [m for m, _ in batch.waiting]]
+        rows = msg.copies + len(others)
+        longest = max(m.kv_shape[3] + m.max_new_tokens if len(m.kv_shape) == 5 else 0 for m in [msg, *others])
+        tokens = rows * longest
+        need = (f"request {msg.request} needs {tokens * per_token / mib:.1f} MiB of KV cache ({rows} row(s) of its "
+                f"batch × {longest} tokens)")
+        advice = "use a smaller decode batch, fewer output tokens or a device with more memory"
+    agent.emulation.check_need(agent.device, weights + tokens * per_token,
+                               f"{need} beside {weights / mib:.1f} MiB of weights", advice)
 
 
 def serve_phases(agent, msg, stop) -> None:
@@ -72,16 +105,27 @@ def serve_phases(agent, msg, stop) -> None:
         release_free_pages()  # what the request's activations freed goes back (agents.heap)
         return
     batch.links.begin(msg.run)
-    batch.add(msg)
+    _join(agent, batch, msg)
     while batch:
         while (queued := agent.next_queued(lambda m: isinstance(m, PHASE_REQUESTS))) is not None:
             request, identity = queued
             if _batches(request):
-                batch.add(request)
+                _join(agent, batch, request, identity)
             else:
                 agent.post(serve_phase(agent, request), to=identity)
         batch.step()
     release_free_pages()
+
+
+def _join(agent, batch, msg, identity=None) -> None:
+    """``msg`` joins the decode ``batch``, or is refused over the agent's budget before its KV cache is taken."""
+    try:
+        check_request_memory(agent, msg, batch)
+    except ValueError as err:
+        agent.post(ErrorReply(req=msg.req, code=getattr(err, "code", "failed"), message=f"{msg.type_name()}: {err}"),
+                   to=identity)
+        return
+    batch.add(msg)
 
 
 def _answer(agent, msg, reply) -> None:

@@ -493,7 +493,7 @@ class _Scheduler:
         except Exception as err:  # the link's own failures (version mismatch, lost agent)
             raise RunFailed(f"{phase} of request {rid}: {err}", device) from None
         if isinstance(reply, ErrorReply):
-            raise RunFailed(f"{phase} of request {rid} refused ({reply.code}): {reply.message}", device)
+            raise refusal(reply, f"{phase} of request {rid} refused", device)
         expected = {"encode": TilesEncoded, "prefill": PromptPrefilled, "decode": TokensDecoded}[phase]
         if not isinstance(reply, expected) or reply.request != rid:
             raise RunFailed(f"{phase} of request {rid}: unexpected answer {type(reply).__name__}", device)
