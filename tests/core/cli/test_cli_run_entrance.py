@@ -116,6 +116,13 @@ def test_profile_refuses_an_unsupported_model_before_connecting(tmp_path, capsys
     assert "unsupported model family" in err and "llava" in err
 
 
+def test_profile_refuses_a_draft_that_is_not_a_checkpoint_before_connecting(tiny_model, tmp_path, capsys,
+                                                                           no_agent_may_start):
+    err = refused(["profile", "--agents", unreachable_agents_file(tmp_path, ["edge-0"]), "--model", tiny_model,
+                   "--out", tmp_path / "p.json", "--draft", tmp_path], capsys)
+    assert "--draft" in err and "no config.json" in err
+
+
 def test_more_micro_batches_than_prompts_are_refused_instead_of_quietly_running_fewer(tiny_model, tmp_path, capsys,
                                                                                      no_agent_may_start):
     err = refused(["run", "--local", "--model", tiny_model, "--plan", _good_plan(tmp_path), "--prompt", "x",

@@ -4,6 +4,8 @@ rollback boxes in their own colours."""
 
 from __future__ import annotations
 
+import pytest
+
 from agents.protocol import TimelineEvent, TokenEvent
 from gui.screens.run_monitor import RunMonitorView
 from gui.techniques.speculative import tokens_per_trip
@@ -81,19 +83,28 @@ def test_a_recorded_speculative_run_replays_with_its_marks_and_trip_plot(qtbot, 
     panel.shutdown()
 
 
-def test_the_run_screens_predicted_timeline_of_a_speculative_run_plays_its_trips(qtbot, tmp_path):
+@pytest.fixture(scope="module")
+def target_and_draft(tmp_path_factory):
+    """A tiny Llama and its ``-draft`` beside it, with a stored acceptance rate of 0.8."""
     import json
 
     from core.models.checkpoints import ModelRecipe, make_model
+
+    root = tmp_path_factory.mktemp("speculative-view")
+    shape = dict(family="llama", hidden=64, heads=4, kv_heads=2, vocab=512)
+    target = make_model(ModelRecipe(layers=2, seed=3, **shape), root / "tiny-llama")
+    draft = make_model(ModelRecipe(layers=1, seed=5, **shape), root / "tiny-llama-draft")
+    (draft / "speculation.json").write_text(json.dumps({"acceptance_rate": 0.8}))
+    return target, draft
+
+
+def test_the_run_screens_predicted_timeline_of_a_speculative_run_plays_its_trips(qtbot, tmp_path, target_and_draft):
     from gui.screens.run import RunPanel
     from gui.studio_state import StudioState
     from tests.gui.run_backends import simulated_run
 
     problem, plan, _, _ = simulated_run(generated_tokens=6, micro_batches=1)
-    shape = dict(family="llama", hidden=64, heads=4, kv_heads=2, vocab=512)
-    target = make_model(ModelRecipe(layers=2, seed=3, **shape), tmp_path / "tiny-llama")
-    draft = make_model(ModelRecipe(layers=1, seed=5, **shape), tmp_path / "tiny-llama-draft")
-    (draft / "speculation.json").write_text(json.dumps({"acceptance_rate": 0.8}))
+    target, draft = target_and_draft
     state = StudioState()
     state.set_profile(problem.profile)
     state.set_problem(problem)
@@ -120,12 +131,9 @@ def test_the_run_screens_predicted_timeline_of_a_speculative_run_plays_its_trips
     assert panel.shutdown(5.0)
 
 
-def test_compare_on_the_plan_screen_adds_each_plans_speculative_row_with_the_models_draft(qtbot, tmp_path):
-    import json
-
+def test_compare_on_the_plan_screen_adds_each_plans_speculative_row_with_the_models_draft(qtbot, target_and_draft):
     import msgspec
 
-    from core.models.checkpoints import ModelRecipe, make_model
     from core.planning.cost import evaluate
     from core.planning.plan import plan_from_boundaries
     from core.planning.solvers.comparison import run_strategy
@@ -134,10 +142,7 @@ def test_compare_on_the_plan_screen_adds_each_plans_speculative_row_with_the_mod
     from gui.techniques.layer_sharding.editor import PlanEditorPanel
     from tests.gui.problems import make_problem
 
-    shape = dict(family="llama", hidden=64, heads=4, kv_heads=2, vocab=512)
-    target = make_model(ModelRecipe(layers=2, seed=3, **shape), tmp_path / "tiny-llama")
-    draft = make_model(ModelRecipe(layers=1, seed=5, **shape), tmp_path / "tiny-llama-draft")
-    (draft / "speculation.json").write_text(json.dumps({"acceptance_rate": 0.8}))
+    target, draft = target_and_draft
     state = StudioState()
     editor = PlanEditorPanel(state)
     qtbot.addWidget(editor)
