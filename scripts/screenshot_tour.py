@@ -115,6 +115,7 @@ def tour_expert_offload(app, window) -> None:
         wait(app, 1.0)
         wait(app, 300, lambda: not view.runner.is_busy())
     view.auto_solve()
+    view.compare()  # EdgeMoE beside its baselines, each strategy's bar
     wait(app, 1.0)
     print("expert offloading:", view.subtitle.text())
     shoot(app, window, "tour-expert-plan")

@@ -36,9 +36,15 @@ opens 31 of them), so the shot shows what it writes."""
 
 
 def wait(app, seconds: float, until=None) -> bool:
+    """Pump the events (this script runs no event loop) for ``seconds`` or until ``until()``."""
+    from PySide6.QtCore import QEvent
+
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         app.processEvents()
+        # widgets a screen replaced with deleteLater (the run monitor's utilisation rows) go only
+        # when an event loop deletes them: without this their old rows stayed drawn under the new
+        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
         if until is not None and until():
             return True
         time.sleep(0.02)
