@@ -27,7 +27,8 @@ adaptation (``edgeshard moe adapt-bits``'s code: global lower/upper widths from 
 losses, importance = loss with one expert alone at the lower width, the least important K at
 the lower width and the rest at the upper one, K raised while within a 5 % perplexity bound).
 The activation profile is learnt on 48 training fortunes, its recall measured on 24 held-out
-ones; the generation prompts are 6 other held-out fortunes.
+ones (out of sample) and on the 48 it was learnt on (in sample), side by side; the generation prompts
+are 6 other held-out fortunes.
 
 Run: python bench/expert_offload.py   (EDGEMOE_BENCH_TOKENS, EDGEMOE_BENCH_BW, EDGEMOE_BENCH_PPL_TEXTS,
 EDGEMOE_BENCH_TRAIN_STEPS, EDGEMOE_BENCH_TRAIN_THREADS to change)
@@ -52,7 +53,7 @@ from agents.sampling import SamplingParams  # noqa: E402
 from agents.shard import StageExecutor  # noqa: E402
 from core.models.checkpoints import ModelRecipe  # noqa: E402
 from core.models.training import TrainingSettings, fortune_lines, held_out_split, train_model  # noqa: E402
-from core.techniques.expert_offload.profiling import activation_profile, bit_options  # noqa: E402
+from core.techniques.expert_offload.profiling import activation_profile, bit_options, profile_recall  # noqa: E402
 
 RECIPE = ModelRecipe(family="mixtral", layers=4, hidden=128, heads=4, kv_heads=2, vocab=1024, experts=8, seed=3)
 BANDWIDTH = float(os.environ.get("EDGEMOE_BENCH_BW", 100e6))
@@ -158,7 +159,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log("activation profile")
         profiled, activations = build_profile(model_dir, Path(tmp), ids(calibration), ids(recall_text))
-        log(f"recall {activations['recall']}; bit-width adaptation")
+        in_sample_recall = profile_recall(profiled, ids(calibration))
+        log(f"recall {activations['recall']} (on the calibration text itself: {in_sample_recall}); bit-width adaptation")
         adapted_dir, adapted = adaptation(profiled, texts)
         log(f"adapted: {adapted['options'][-1]}, perplexity {adapted['perplexity']}")
         qexp_dir = variant(profiled, "int4", {(b, e): 4 for b in range(RECIPE.layers) for e in range(RECIPE.experts)})
@@ -212,6 +214,11 @@ def main() -> None:
         "storage_bandwidth_bps": BANDWIDTH, "prompts": len(prompt_text), "new_tokens_each": TOKENS, "batch": 1,
         "tokens_equal_io_free": exact, "budgets": rows,
         "predictor_topk_recall_profile": activations["recall"],
+        # the profile is calibrated on the calibration fortunes: its recall there is in sample, on the
+        # held-out ones (never seen) out of sample
+        "predictor_topk_recall": {"in_sample": in_sample_recall, "out_of_sample": activations["recall"],
+                                  "calibrated_on": f"{len(calibration)} training fortunes",
+                                  "scored_out_of_sample_on": f"{len(recall_text)} held-out fortunes"},
         "accuracy": {"metric": f"perplexity on {len(texts)} held-out fortunes (<= 32 tokens each; none in the "
                                f"model's {len(train)} training fortunes)",
                      "bound": ACCURACY_BOUND,

@@ -25,7 +25,10 @@ Layouts measured (the same 4 agents, the same runtime, the layouts as pool assig
   at a ladder of rates (``LADDER`` × one coupled device's encode + prefill rate), SLOs derived from
   the profiled costs as in the simulated half but with a TTFT slack of ``LAYOUT_TTFT_SLACK``; per
   layout: tokens equal generate(), median TTFT and attainment at each rate, measured goodput (the last ladder rate with 90 % attainment,
-  ``goodput.ladder_goodput``) beside the simulator's goodput (bisection) for the same layout.
+  ``goodput.ladder_goodput``) beside the simulator's goodput (bisection) for the same layout;
+- ``calibration``: the simulator's median TTFT and TPOT over the measured ones at every (layout, rate),
+  in sample (the layout whose pools the costs were profiled on) and out of sample (every layout with
+  other agents in its roles, never profiled) side by side (``bench.sample_split``).
 
 Simulated half (the paper's scale, the same devices' calibration):
 - the ``PhaseCosts`` profiled above, an image-heavy Poisson workload (4–10 images of 4 tiles,
@@ -72,6 +75,8 @@ from core.techniques.phase_disaggregation.scenarios import (  # noqa: E402
 from core.techniques.phase_disaggregation.simulator import simulate_pools  # noqa: E402
 from core.techniques.phase_disaggregation.types import EpdProblem, PhaseCosts, PoolConfig, Request, Workload  # noqa: E402
 from core.techniques.phase_disaggregation.workload import at_rate, poisson_workload  # noqa: E402
+
+from bench.sample_split import in_and_out_of_sample  # noqa: E402
 
 RECIPE = MultimodalRecipe(layers=4, hidden=256, heads=8, kv_heads=4, intermediate=512, vision_layers=4,
                           vision_hidden=128, vision_heads=4)
@@ -212,6 +217,8 @@ def measured_layouts(link, workdir: str) -> dict:
     prepared = prepare_requests(model, wl)
     reference = reference_tokens(model, prepared)
     t0 = time.perf_counter()
+    ratios: dict[str, dict[str, float]] = {"ttft": {}, "tpot": {}}
+    fitted = []
     for name, pools in layout_pools(costs, wl, slo).items():
         load_pools(link, model, pools)
         points, equal = [], True
@@ -220,6 +227,12 @@ def measured_layouts(link, workdir: str) -> dict:
             equal = equal and run.tokens == reference
             points.append(point_of(run.metrics, slo, rate))
         sim = goodput(costs, wl, pools, slo)
+        simulated = [point_of(simulate_pools(costs, at_rate(wl, x), pools).metrics, slo, x) for x in rates]
+        for rate, p, q in zip(rates, points, simulated):
+            ratios["ttft"][f"{name}@{rate}"] = q.ttft_p50_s / p.ttft_p50_s
+            ratios["tpot"][f"{name}@{rate}"] = q.tpot_p50_s / p.tpot_p50_s
+        if _same_roles(pools, POOLS):  # the costs were profiled on these agents in these roles
+            fitted += [f"{name}@{rate}" for rate in rates]
         out[name] = {
             "pools": {"encode": len(pools.encode), "prefill": len(pools.prefill), "decode": len(pools.decode),
                       "irp_degree": pools.irp_degree if pools.disaggregation == "epd" else 1,
@@ -231,10 +244,14 @@ def measured_layouts(link, workdir: str) -> dict:
             "attainment": [round(p.attainment, 3) for p in points],
             "goodput_rps_measured": ladder_goodput(points),
             "goodput_rps_simulated": round(sim.rate_rps, 4),
-            "ttft_median_s_simulated": [round(point_of(simulate_pools(costs, at_rate(wl, x), pools).metrics, slo,
-                                                       x).ttft_p50_s, 4) for x in rates],
+            "ttft_median_s_simulated": [round(q.ttft_p50_s, 4) for q in simulated],
+            "tpot_median_s_simulated": [round(q.tpot_p50_s, 4) for q in simulated],
         }
     out["measure_s"] = round(time.perf_counter() - t0, 1)
+    # in sample: the layout whose pools the costs were profiled on (profile_phases on POOLS); out of sample:
+    # the layouts never profiled (other agents in each role), scored on the same rates
+    out["calibration"] = {"profiled_on": "epd: 2 encode (IRP 2), 1 prefill, 1 decode",
+                          **{f"{m}_sim_over_measured": in_and_out_of_sample(r, fitted) for m, r in ratios.items()}}
     out["epd_ttft_lower_than_pd_only_at_every_rate"] = all(
         a < b for a, b in zip(out["epd"]["ttft_median_s"], out["pd_only"]["ttft_median_s"]))
     out["epd_ttft_lower_than_pd_only_at_lowest_rate"] = out["epd"]["ttft_median_s"][0] < out["pd_only"]["ttft_median_s"][0]
@@ -242,6 +259,12 @@ def measured_layouts(link, workdir: str) -> dict:
                                                  out["epd_goodput_split"]["goodput_rps_measured"]) \
         > out["pd_only"]["goodput_rps_measured"]
     return out
+
+
+def _same_roles(a: PoolConfig, b: PoolConfig) -> bool:
+    """The same agents in the same phase roles (batch sizes aside)."""
+    return (a.disaggregation, a.encode, a.prefill, a.decode, a.irp_degree) == \
+        (b.disaggregation, b.encode, b.prefill, b.decode, b.irp_degree)
 
 
 SCALE_DEVICES = 8

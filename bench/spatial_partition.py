@@ -36,6 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from bench.sample_split import in_and_out_of_sample  # noqa: E402
+
 from agents.techniques.spatial.network import (
     build_network,
     compute_strip,
@@ -281,15 +283,8 @@ def measured_emulated_cluster(images_n: int = 3) -> dict:
         # devices); out of sample: every other plan, the ones the calibration never saw ("single/1 again"
         # is neither: it shows how far the load drifted)
         fitted = {"single/1", "even/2", "even/4"}
-        compared = [k for k in out["calibrated_over_measured"] if k != "single/1 again"]
-        within = {}
-        for sample, keys in (("in_sample", [k for k in compared if k in fitted]),
-                             ("out_of_sample", [k for k in compared if k not in fitted])):
-            errs = [abs(out["calibrated_over_measured"][k] - 1) for k in keys]
-            within[sample] = {"within": sum(e <= 0.15 for e in errs), "of": len(errs),
-                              "median_abs_error": round(sorted(errs)[len(errs) // 2], 3) if errs else None,
-                              "plans": keys}
-        out["calibrated_within_15pct"] = within
+        out["calibrated_within_15pct"] = in_and_out_of_sample(
+            {k: r for k, r in out["calibrated_over_measured"].items() if k != "single/1 again"}, fitted)
     return out
 
 

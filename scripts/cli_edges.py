@@ -115,7 +115,9 @@ def main() -> None:
             cli("dead: epd profile", "epd", "profile", "--agents", A, "--model", F / "llava", "--pools", F / "pools.json", "--out", F / "c-dead.json")
             cli("dead: profile", "profile", "--agents", A, "--model", M, "--out", F / "p-dead.json", "--repeats", "1", "--no-network")
             cli("dead: serve", "serve", "--agents", A, "--model", M, "--plan", PLAN, "--port", "0", "--no-record")
-        cli("dead: attention-offload run", "attention-offload", "run", "--agents", A, "--model", M, "--compute", "local-0", "--memory", "local-1", "--prompt", "x", "--no-record")
+            # inside the cluster's block: after it every agent is stopped, and the first listed (the live
+            # local-0) was rightly named not running (the "misnamed" dead agent of stop 34's note)
+            cli("dead: attention-offload run", "attention-offload", "run", "--agents", A, "--model", M, "--compute", "local-0", "--memory", "local-1", "--prompt", "x", "--no-record")
 
     # ---- the other edges
     cli("moe configure slots -3", "moe", "configure", F / "moe-plan-neg.json", F / "tiny-mixtral")

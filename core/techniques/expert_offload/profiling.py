@@ -108,18 +108,27 @@ def activation_profile(model_dir: str | Path, texts: list[list[int]], held_out: 
     save_file({"transitions": transitions}, str(Path(model_dir) / PROFILE_FILE))
     k = int(json.loads((Path(model_dir) / "config.json").read_text()).get("num_experts_per_tok", 2))
     reporter.status(f"measuring the profile's top-{k} recall on {len(held_out)} held-out texts")
-    frozen = _executor(model_dir, info, preload=k, learn=False)
-    try:
-        _perplexities(frozen, held_out, reporter, len(texts), total)
-        recall = frozen.stats()["predictor_recall"]
-    finally:
-        frozen.close()
+    recall = profile_recall(model_dir, held_out, reporter, len(texts), total)
     result = {"format": "edgeshard.expert-activations", "version": 1, "top_k": k,
               "recall": recall, "calibration_texts": len(texts), "held_out_texts": len(held_out),
               "calibration_tokens": sum(len(t) for t in texts),
               "activations": [[int(c) for c in row] for row in frequency.tolist()]}
     (Path(model_dir) / ACTIVATIONS_FILE).write_text(json.dumps(result, indent=1))
     return result
+
+
+def profile_recall(model_dir: str | Path, texts: list[list[int]], reporter: Reporter | None = None, done: int = 0,
+                   total: int | None = None) -> float | None:
+    """The saved profile's top-k recall on ``texts``, frozen (it learns nothing from them): out of sample on
+    held-out texts, in sample on the calibration texts it was learnt on (bench/expert_offload.py reports both)."""
+    info = _moe_dir(model_dir)
+    k = int(json.loads((Path(model_dir) / "config.json").read_text()).get("num_experts_per_tok", 2))
+    frozen = _executor(model_dir, info, preload=k, learn=False)
+    try:
+        _perplexities(frozen, texts, reporter or NullReporter(), done, total if total is not None else len(texts))
+        return frozen.stats()["predictor_recall"]
+    finally:
+        frozen.close()
 
 
 def _drop_cached(path: Path) -> bool:
