@@ -77,7 +77,8 @@ def plain_tokenizer_file(model_dir: str | Path) -> Path | None:
 
 def load_plain_tokenizer(model_dir: str | Path) -> PlainTokenizer | None:
     """The checkpoint's tokenizer through ``tokenizers`` (no transformers, no torch); None when it is
-    not a plain fast tokenizer or names special tokens its vocabulary lacks (transformers then decides)."""
+    not a plain fast tokenizer or names special tokens its vocabulary lacks or does not mark special
+    (transformers then decides)."""
     file = plain_tokenizer_file(model_dir)
     if file is None:
         return None
@@ -90,6 +91,11 @@ def load_plain_tokenizer(model_dir: str | Path) -> PlainTokenizer | None:
         raise UnsupportedModelError(f"{model_dir}: cannot load a tokenizer ({err})") from None
     ids = {k: tokenizer.token_to_id(config[k]) for k in ("eos_token", "pad_token") if k in config}
     if any(v is None for v in ids.values()):
+        return None
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    named = [tokenizer.token_to_id(config[k]) for k in ("bos_token", "eos_token", "pad_token", "unk_token")
+             if k in config]
+    if not set(named) <= special:  # transformers would skip them in decoding as special; tokenizers would not
         return None
     eos = ids.get("eos_token")
     pad = ids.get("pad_token", eos)

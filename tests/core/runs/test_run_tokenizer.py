@@ -46,6 +46,15 @@ def test_a_tokenizer_config_that_changes_encoding_goes_to_transformers(tmp_path)
     assert not isinstance(load_run_tokenizer(str(tmp_path)), PlainTokenizer)
 
 
+def test_a_named_special_token_the_vocabulary_does_not_mark_special_goes_to_transformers(tmp_path):
+    shutil.copy(DEMO / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    tokenizer = json.loads((DEMO / "tokenizer.json").read_text())
+    for token in tokenizer["added_tokens"]:
+        token["special"] = token["content"] != "<|eos|>"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert not isinstance(load_run_tokenizer(str(tmp_path)), PlainTokenizer)
+
+
 def test_the_run_path_checks_and_tokenizes_without_importing_transformers_or_torch():
     code = ("import sys\n"
             "from core.runs.generation import check_weight_headers, encode_left_padded, load_run_tokenizer\n"
