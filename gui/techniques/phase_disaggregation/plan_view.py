@@ -224,6 +224,15 @@ class PhaseDisaggregationPlanView(QWidget):
         self._adopt_studio_model()
         self._on_source_changed()
 
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt)
+        """Shown first with agents and a Llava checkpoint: plan the cluster you have (the measured
+        source, which measures); what the operator picks after that stays."""
+        super().showEvent(event)
+        if not getattr(self, "_shown", False):
+            self._shown = True
+            if self.measured_costs is None and not self.measure_blocker() and not self.measured():
+                self.source.setCurrentText(MEASURED)
+
     # -- inputs ---------------------------------------------------------------------------
     def measured(self) -> bool:
         return self.source.currentText() == MEASURED

@@ -137,3 +137,13 @@ def test_the_studios_model_for_epd_is_the_views_checkpoint(qtbot, llava):
     assert view.model_dir == ""
     state.set_technique_models({"phase-disaggregation": llava})  # the demo tour's models
     assert view.model_dir == llava and view.model_button.text() == "Model: tiny-llava"
+
+
+def test_shown_first_with_agents_and_a_llava_the_view_measures_them_by_itself(view, agents, qtbot):
+    view.state.set_agents(agents)
+    assert view.source.currentText() != MEASURED
+    view.show()  # the plan screen showing EPD: the connected agents are the problem, measured
+    assert view.source.currentText() == MEASURED and view.runner.is_busy()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.message.isHidden(), view.message.text()
+    assert [d.device for d in view.measured_costs.devices] == list(agents.endpoints)
