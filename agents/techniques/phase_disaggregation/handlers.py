@@ -76,7 +76,9 @@ def check_request_memory(agent, msg, batch=None) -> None:
         need = f"request {msg.request}'s prompt of {tokens} tokens needs {tokens * per_token / mib:.1f} MiB of KV cache"
         advice = "prefill it on a device with more memory, or send fewer images or a shorter prompt"
     else:
-        others = [] if batch is None else [m for m in [s.msg for s in batch.running] + [m for m, _ in batch.waiting]]
+        # the running rows, and those waiting for their KV cache in this run (an earlier run's never comes)
+        others = [] if batch is None else \
+            [s.msg for s in batch.running] + [m for m, _ in batch.waiting if m.run == msg.run]
         rows = msg.copies + len(others)
         longest = max(m.kv_shape[3] + m.max_new_tokens if len(m.kv_shape) == 5 else 0 for m in [msg, *others])
         tokens = rows * longest

@@ -16,7 +16,8 @@ from core.techniques.phase_disaggregation.types import PoolConfig, Request, Work
 
 POOLS = PoolConfig(encode=("e",), prefill=("p",), decode=("d",), decode_batch=1)
 KV_TOKEN = 2 * 2 * 2 * 16 * 4  # the tiny Llava: layers × (k, v) × kv heads × head dim × float32
-ROOM = 120  # tokens of KV cache each budget leaves beside the text model's weights
+ROOM = {"p": 120, "d": 400}  # tokens of KV cache each budget leaves beside the text model's weights (the decode
+# agent's holds any prompt the prefill agent's does: a refusal is the prefill's, not one raced by the decode's)
 
 
 def one(tiles: int, output: int) -> Workload:
@@ -29,16 +30,18 @@ def link(tmp_path_factory, model):
     from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import LocalCluster
 
-    budget = DeviceEmulation(memory_budget_bytes=phase_weights(model).text_bytes + ROOM * KV_TOKEN)
-    with LocalCluster(tmp_path_factory.mktemp("epd-budget"), ["e", "p", "d"], emulation={"e": DeviceEmulation(), "p": budget, "d": budget}) \
-            as lc, AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
+    budget = {d: DeviceEmulation(memory_budget_bytes=phase_weights(model).text_bytes + room * KV_TOKEN)
+              for d, room in ROOM.items()}
+    emulation = {"e": DeviceEmulation(), **budget}
+    with LocalCluster(tmp_path_factory.mktemp("epd-budget"), ["e", "p", "d"], emulation=emulation) as lc, \
+            AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
         link.wait_ready(timeout_s=30)
         load_pools(link, model, POOLS)
         yield link
 
 
 def test_a_request_within_the_budget_runs(link, model):
-    work = one(tiles=2, output=6)  # 2 × 16 multimodal + 7 prompt tokens, 6 out: well inside 120
+    work = one(tiles=2, output=6)  # 2 × 16 multimodal tokens and the prompt, 6 out: well inside both
     prepared = prepare_requests(model, work)
     assert run_epd(link, model, work, POOLS, prepared=prepared, load=False).tokens == reference_tokens(model, prepared)
 
@@ -56,11 +59,13 @@ def test_a_prompt_whose_kv_cache_exceeds_the_prefill_agents_budget_is_refused_na
 
 
 def test_a_decode_whose_context_and_output_exceed_the_decode_agents_budget_is_refused_before_it_joins(link, model):
-    work = one(tiles=2, output=100)  # fits the prefill (under 120 prompt tokens), not with 100 more
-    context = len(prepare_requests(model, work)[0].input_ids) + 100
+    work = one(tiles=2, output=400)  # fits the prefill (under 120 prompt tokens), not with 400 more
+    context = len(prepare_requests(model, work)[0].input_ids) + 400
     with pytest.raises(ShardOverBudget) as refused:
         run_epd(link, model, work, POOLS, load=False)
     message = str(refused.value)
     assert refused.value.device == "d" and "request 0 needs" in message
-    assert f"(1 row(s) of its batch × {context} tokens)" in message and "device d has a 0.8 MiB memory budget" in message
+    budget = (phase_weights(model).text_bytes + ROOM["d"] * KV_TOKEN) / 2**20
+    assert f"(1 row(s) of its batch × {context} tokens)" in message
+    assert f"device d has a {budget:.1f} MiB memory budget" in message
     assert link.status_of(["d"])["d"].state == AgentState.READY
