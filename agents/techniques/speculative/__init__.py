@@ -14,8 +14,8 @@ from agents.techniques.speculative.messages import (
     ReadStageCache,
     SpeculativeOptions,
     StageCache,
-    TimeDraft,
     DraftTimed,
+    TimeDraft,
     VerifyFrame,
 )
 
@@ -40,9 +40,16 @@ def read_cache(agent, identity, msg: ReadStageCache):
     agent.post(StageCache(req=msg.req, length=length, layers=tuple(i for i, _, _ in layers),
                           shape=tuple(layers[0][1].shape) if layers else (1, 0, length, 0),
                           dtype=str(layers[0][1].dtype).removeprefix("torch.") if layers else "float32",
-                          keys=tuple(k.contiguous().numpy().tobytes() for _, k, _ in layers),
-                          values=tuple(v.contiguous().numpy().tobytes() for _, _, v in layers)), to=identity)
+                          keys=tuple(_raw(k) for _, k, _ in layers),
+                          values=tuple(_raw(v) for _, _, v in layers)), to=identity)
     return None
+
+
+def _raw(t) -> bytes:
+    """A tensor's bytes whatever its dtype (numpy has no bfloat16: viewed as bytes first)."""
+    import torch
+
+    return t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def time_draft(agent, msg: TimeDraft, stop):
