@@ -126,6 +126,9 @@ class MainWindow(QMainWindow):
         self.screens.on_built = self._on_screen_built
         self.state.workspace_changed.connect(self._on_state_workspace_changed)
         self.state.model_changed.connect(self._on_state_model_changed)
+        # the MoE (Llava, CNN) of the technique shown or run, not always the studio's Llama
+        self.state.technique_changed.connect(lambda _t: self._on_state_model_changed(self.state.model_name))
+        self.state.technique_models_changed.connect(lambda _m: self._on_state_model_changed(self.state.model_name))
         # a state set before the window was built (the demo opens its workspace while the agents start)
         self._on_state_workspace_changed(self.state.workspace)
         self._on_state_model_changed(self.state.model_name)
@@ -236,7 +239,7 @@ class MainWindow(QMainWindow):
         self.workspace_label = QLabel("Workspace: (none)")
         self.workspace_label.setToolTip("The SQLite workspace where sessions and runs are recorded")
         self.model_label = QLabel("Model: —")
-        self.model_label.setToolTip("The model being planned and run")
+        self.model_label.setToolTip("The model of the technique being planned and run")
         self.connection_label = QLabel(f"● {self.state.connection}")
         self.connection_label.setToolTip("Connection to the device agents")
         self.offline_label = QLabel()
@@ -468,6 +471,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(Path(path).name if path else "")
 
     def _on_state_model_changed(self, name: str) -> None:
+        if self.state.technique:
+            name = self.state.model_for(self.state.technique)
         self.model_label.setText(f"Model: {name or '—'}")
 
     def _on_state_log_added(self, level: str, text: str) -> None:

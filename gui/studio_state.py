@@ -26,6 +26,8 @@ class StudioState(QObject):
     """dict[str, str]: a model of its own per technique (the demo's tour), ``technique_models``."""
     plan_changed = Signal(object)
     model_changed = Signal(str)
+    technique_changed = Signal(str)
+    """The technique shown on the Plan screen or whose plan was last set (``technique``)."""
     connection_changed = Signal(str)
     agents_changed = Signal(object)
     """The connected agents' ``Coordinator`` (demo cluster or agents.json), or None."""
@@ -54,6 +56,8 @@ class StudioState(QObject):
         self.model_name: str = ""
         self.model_path: str = ""
         """Checkpoint directory of the selected model, when it can be run."""
+        self.technique: str = ""
+        """The technique being shown or run: the status bar names its model (``model_for``)."""
         self.connection: str = "not connected"
         self.offline_devices: tuple[str, ...] = ()
         self.agents = None
@@ -141,6 +145,7 @@ class StudioState(QObject):
             from core.techniques import technique_of_plan
 
             self.plans[technique_of_plan(plan)] = plan
+            self._set_technique(technique_of_plan(plan))
         if plan != self.plan:
             self.plan = plan
             self.plan_changed.emit(plan)
@@ -161,6 +166,22 @@ class StudioState(QObject):
         plan = self.plans.get(technique)
         if plan is not None:
             self.set_plan(plan)
+        self._set_technique(technique)
+
+    def _set_technique(self, technique: str) -> None:
+        if technique != self.technique:
+            self.technique = technique
+            self.technique_changed.emit(technique)
+
+    def model_for(self, technique: str) -> str:
+        """The name of the model ``technique`` plans and runs: its own checkpoint's folder (the demo's
+        MoE for expert offloading), else the studio's model (the demo's Llama)."""
+        from pathlib import Path
+
+        own = self.technique_models.get(technique, "")
+        if not own or (self.model_path and Path(own).resolve() == Path(self.model_path).resolve()):
+            return self.model_name
+        return Path(own).name
 
     def propose_run_options(self, options: dict, micro_batches: int = 0) -> None:
         self.run_options_proposed.emit(dict(options), int(micro_batches))

@@ -390,3 +390,32 @@ def test_a_window_larger_than_the_screen_is_shrunk_and_moved_inside_it():
     fitted = fitted_geometry(QRect(100, 50, 1440, 900), QSize(0, 24), QRect(0, 0, 1024, 700))
     assert fitted == QRect(0, 0, 1024, 676)
     assert fitted_geometry(QRect(10, 10, 800, 600), QSize(0, 0), QRect(0, 0, 1600, 1000)) == QRect(10, 10, 800, 600)
+
+
+def test_the_status_bar_names_the_model_of_the_technique_shown_not_always_the_llama(window, tmp_path):
+    """The demo's tour runs a MoE for expert offloading and a Llava for EPD: the status bar said
+    "Model: demo-llama" all along. The Plan screen's technique (``use_technique``) picks the model named."""
+    llama, moe = tmp_path / "demo-llama", tmp_path / "demo-moe"
+    window.state.set_model("demo-llama", str(llama))
+    window.state.set_technique_models({"layer-sharding": str(llama), "expert-offload": str(moe),
+                                       "phase-disaggregation": str(tmp_path / "demo-llava")})
+    window.state.use_technique("expert-offload")
+    assert window.model_label.text() == "Model: demo-moe"
+    window.state.use_technique("phase-disaggregation")
+    assert window.model_label.text() == "Model: demo-llava"
+    window.state.use_technique("attention-offload")  # no model of its own: the studio's
+    assert window.model_label.text() == "Model: demo-llama"
+    window.state.use_technique("layer-sharding")
+    assert window.model_label.text() == "Model: demo-llama"
+
+
+def test_setting_a_techniques_plan_names_its_model_in_the_status_bar(window, tmp_path):
+    """A plan set for the Run screen (expert offloading's "Use for run") names its technique's model."""
+    from core.planning.plan import ShardPlan, Stage
+
+    window.state.set_model("demo-llama", str(tmp_path / "demo-llama"))
+    window.state.set_technique_models({"expert-offload": str(tmp_path / "demo-moe")})
+    window.state.set_plan(ShardPlan(model="demo-moe", num_units=2, stages=(Stage(device="edge-a", start=0, end=2,
+                                                                        kind="expert-offload"),)))
+    assert window.state.technique == "expert-offload"
+    assert window.model_label.text() == "Model: demo-moe"
