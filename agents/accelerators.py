@@ -87,4 +87,41 @@ class CudaBackend:
         return time.perf_counter()
 
 
+    # ----- boundary activations (agents.boundary_copy): a side stream copies while the next step computes
+    def pinned(self, shape: tuple, dtype):
+        """A page-locked host buffer: the GPU's copy engine reads and writes it without a bounce."""
+        import torch
+
+        with torch.inference_mode(False):
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def copy_stream(self, name: str):
+        """The stream a stage's outputs are copied to the host on, beside the one that computes."""
+        import torch
+
+        return torch.cuda.Stream(torch.device(canonical(name)))
+
+    def copy_to_host(self, src, dst, stream):
+        """Start ``dst.copy_(src)`` on ``stream`` once the computing stream has made ``src``; the returned
+        event's ``query()`` says whether it is done, ``synchronize()`` waits for it (the GIL released)."""
+        import torch
+
+        stream.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return done
+
+    def copy_to_device(self, src, device):
+        """``src`` (a pinned buffer) on ``device``, queued on the computing stream, and the event after
+        which ``src`` may be written again."""
+        import torch
+
+        out = src.to(device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        return out, done
+
+
 CUDA = CudaBackend()

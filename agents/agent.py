@@ -465,7 +465,7 @@ class Agent(ControlPlane, LeaseRules):
             kwargs["agent"] = self
         if "budget" in params:  # checked on the checkpoint's header sizes before any memory is taken
             kwargs["budget"] = self.emulation.shard_check(self.device, (msg.start, msg.end))
-        kwargs.update(placement(params, msg))  # its weight precision and torch device
+        kwargs.update(placement(params, msg, self.accelerators))  # its weight precision and torch device
         executor = factory(model_dir, msg.start, msg.end, **kwargs)
         # checked on what the shard really holds: weights (dtype and tied heads included) + reserved KV cache
         self.emulation.check_shard(self.device, int(executor.memory_bytes()), (msg.start, msg.end),

@@ -47,20 +47,24 @@ class UnknownStageKind(ValueError):
 
 
 def layers_executor(model_dir: str, start: int, end: int, *, dtype: str, threads: int | None, progress=None, kv=None,
-                    weights: str = "fp", budget=None, torch_device: str = "cpu"):
+                    weights: str = "fp", budget=None, torch_device: str = "cpu", accelerators=None):
     """Layer sharding: units [start, end) of an HF decoder checkpoint (agents.shard), its KV
     cache allocated at load when ``kv`` (a ``KvReservation``) asks for it, its blocks' weights at
-    ``weights`` precision (agents.weight_precision), computed on ``torch_device``."""
+    ``weights`` precision (agents.weight_precision), computed on ``torch_device`` (one of the agent's
+    ``accelerators`` where it names a GPU)."""
     from agents.shard import StageExecutor  # torch/transformers load lazily: the agent starts fast
 
     return StageExecutor(model_dir, start, end, dtype=dtype, threads=threads, progress=progress, kv=kv,
-                         weights=weights, budget=budget, torch_device=torch_device)
+                         weights=weights, budget=budget, torch_device=torch_device, accelerators=accelerators)
 
 
-def placement(params, msg) -> dict:
+def placement(params, msg, accelerators=None) -> dict:
     """The weight precision and torch device a ``LoadShard`` asks for, as keywords of an executor factory
-    whose parameters are ``params``; a kind that takes neither is refused anything but fp on the CPU."""
+    whose parameters are ``params`` (and the agent's ``accelerators`` for a GPU stage); a kind that takes
+    neither is refused anything but fp on the CPU."""
     kwargs = {}
+    if "accelerators" in params and accelerators is not None and msg.torch_device != "cpu":
+        kwargs["accelerators"] = accelerators
     for name, default, words in (("weights", "fp", "fp weights"), ("torch_device", "cpu", "the CPU")):
         value = getattr(msg, name)
         if name in params:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from agents.accelerators import CUDA
+from agents.boundary_copy import BoundaryCopies
 from agents.huge_pages import place_in_huge_pages
 from agents.weight_precision import (
     UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
@@ -102,7 +104,7 @@ class StageExecutor(PositionSteps):
     def __init__(
         self, model_dir: str, start: int, end: int, *, dtype: str = "float32", threads: int | None = None,
         progress=None, kv=None, huge_pages: bool = True, weights: str = "fp", budget=None,
-        torch_device: str = "cpu",
+        torch_device: str = "cpu", accelerators=None,
     ):
         """``progress(fraction)``, if given, is called as the stage's tensors are read (agents report it).
 
@@ -123,7 +125,8 @@ class StageExecutor(PositionSteps):
 
         ``torch_device``: ``cpu`` or a CUDA device (``cuda``, ``cuda:N``): the stage's tensors are read
         from the checkpoint slice straight onto it, its KV cache lives there, and only the boundary
-        activations cross to the host (``_to_host``, through a pinned buffer) for the wire."""
+        activations cross to and from the host, through pinned buffers (``agents.boundary_copy``; its GPUs
+        ``accelerators``, a ``CudaBackend``)."""
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -135,11 +138,11 @@ class StageExecutor(PositionSteps):
         except UnquantizableWeights as err:
             raise CheckpointError(str(err)) from None
         self.weights = weights
-        self.device = torch.device("cuda:0" if torch_device == "cuda" else torch_device)
-        if self.device.type == "cuda" and weights == "int4":
+        self.boundary = None if torch_device == "cpu" else BoundaryCopies(torch_device, accelerators or CUDA)
+        self.device = torch.device("cpu") if self.boundary is None else self.boundary.device
+        if self.boundary is not None and weights == "int4":
             raise CheckpointError("int4 weights are packed for the CPU's kernel (Int4OpaqueTensor): load this stage "
                                   "on cpu, or at int8 or fp on the GPU")
-        self._pinned: dict[tuple, torch.Tensor] = {}
         self.num_layers: int = int(config.num_hidden_layers)
         self.num_units: int = self.num_layers + 2
         if not (0 <= start < end <= self.num_units):
@@ -475,7 +478,7 @@ class StageExecutor(PositionSteps):
             mask = state.mask
             # As HF generate: positions count attended tokens; padded slots get position 0.
             positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
-        x = x.to(self.device, non_blocking=True)
+        x = x if self.boundary is None else self.boundary.to_device(x)
         if self.is_first:
             hidden = self._embed_tokens(x, positions)
         else:
@@ -486,18 +489,9 @@ class StageExecutor(PositionSteps):
             return self._to_host(hidden)
         return self._to_host(self._head(self._norm(hidden)).float() if every_position else self._logits(hidden))
 
-    def _to_host(self, out: torch.Tensor) -> torch.Tensor:
-        """A GPU stage's output copied into a pinned host buffer (reused per shape) for the wire; a CPU
-        stage's as it is. Synchronous: the tensor is sent as soon as this returns."""
-        if self.device.type == "cpu":
-            return out
-        key = (tuple(out.shape), out.dtype)
-        buf = self._pinned.get(key)
-        if buf is None:
-            buf = self._pinned[key] = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-        buf.copy_(out, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return buf.clone()  # the buffer is reused by the next step; the wire keeps this one
+    def _to_host(self, out: torch.Tensor):
+        """A GPU stage's output on its way to the host for the wire (``BoundaryCopies.to_host``); a CPU stage's as it is."""
+        return out if self.boundary is None else self.boundary.to_host(out)
 
     def _embed_tokens(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self._embed(x)

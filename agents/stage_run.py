@@ -11,6 +11,8 @@ registered run driver is scheduled by that driver instead (``agents.registry.run
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import inspect
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
+from agents.boundary_copy import OrderedSends, PendingHost, overlap_wanted
 from agents.protocol import (
     DataHeader,
     LinkShape,
@@ -96,6 +99,13 @@ class StageRun:
         self.agent = agent
         self.stop = stop
         self.ex = loaded.executor
+        self.copies = getattr(loaded.executor, "boundary", None)
+        """A GPU stage's pinned copies (agents.boundary_copy): its outputs are sent, in order, by a thread of
+        their own once copied, while this one computes the next step (not on the last stage: it samples)."""
+        if self.copies is not None and loaded.sender is not None and not self.is_last_of(loaded) and overlap_wanted():
+            loaded = dataclasses.replace(loaded, sender=OrderedSends(loaded.sender))
+        else:
+            self.copies = None
         self.loaded = loaded
         self.msg = msg
         self.stage = loaded.msg.stage
@@ -121,8 +131,21 @@ class StageRun:
         runs them, so a one-stage plan (first and last at once) loops per token instead of recursing."""
         self.wait_started = self.clock()
 
+    @staticmethod
+    def is_last_of(loaded: Loaded) -> bool:
+        return loaded.msg.stage == len(loaded.msg.peers) - 1
+
     # ---------------------------------------------------------------- main loop
     def execute(self) -> None:
+        finished = False
+        try:
+            self._execute()
+            finished = True
+        finally:
+            if self.copies is not None:  # a finished source's sends are all out; an aborted run's are dropped
+                self.loaded.sender.close(drain=finished)
+
+    def _execute(self) -> None:
         if self.is_first:
             self._setup_groups()
             self.source, started = begin(self.msg.mode, len(self.groups), self.msg.max_new_tokens)
@@ -222,7 +245,8 @@ class StageRun:
         mb = op.micro_batch
         self.seen_groups.add(mb)
         t0 = self.clock()
-        with torch.inference_mode():
+        deferred = self.copies.deferred() if self.copies is not None and not op.samples else contextlib.nullcontext()
+        with torch.inference_mode(), deferred:
             out = self._forward(op, x, mask)
             if op.samples:
                 history = self.histories.get(mb)
@@ -249,6 +273,9 @@ class StageRun:
         return step_generator(msg.sampling.seed, key, first + step)
 
     def _send(self, op: Send, out: torch.Tensor, mask) -> None:
+        if isinstance(out, PendingHost):  # still copying to the host: sent by the sending thread once it is
+            self.loaded.sender.after(out, lambda host: self._send(op, host, mask))
+            return
         mb, step, phase = op.micro_batch, op.step, op.phase
         tensors = [out]
         if op.payload == "hidden" and mask is not None:

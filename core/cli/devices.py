@@ -404,7 +404,8 @@ def _profile(args) -> int:
         print(f"{t.device:<14} {dev.memory_bytes / 2**30:>12.2f} G {dec * 1e3:>16.2f} ms {pre * 1e3:>7.1f} ms")
     for a in prof.accelerator_times:
         print(f"{a.device:<14} {a.torch_device}: {a.memory_bytes / 2**30:.2f} G, "
-              f"{sum(u[0] for u in a.times.decode_s) * 1e3:.2f} ms decode/token (b=1)")
+              f"{sum(u[0] for u in a.times.decode_s) * 1e3:.2f} ms decode/token (b=1)"
+              + "".join(f", {t.weights} blocks {t.decode_time_ratio:.2f}x" for t in a.precision_times))
     for t in prof.precision_times:
         print(f"{t.device:<14} {t.weights} blocks: {t.decode_time_ratio:.2f}x decode, "
               f"{t.prefill_time_ratio:.2f}x prefill of fp")

@@ -23,12 +23,14 @@ from core.models.units import ModelSpec
 from core.models.weight_quality import DevicePrecisionTimes, PrecisionQuality, device_times_errors, quality_errors
 
 PROFILE_FORMAT = "edgeshard.profile"
-PROFILE_VERSION = 6
+PROFILE_VERSION = 7
 """2: ``DeviceTimes.cache_timing`` / ``warm_reason``. 3: ``ModelUnit.linear_params`` / ``linear_rows``
 (a version-2 profile's int8/int4 stages are counted at their fp bytes). 4: ``Profile.accelerator_times``
 (an older profile has none: every stage is planned on the CPU). 5: ``Profile.precision_times`` (none:
 every device's quantized blocks are costed by ``weight_quality``'s ratios). 6: ``Profile.draft_times``
-(none: a speculative draft's token is costed by proxy). Older files load: the fields
+(none: a speculative draft's token is costed by proxy). 7: every GPU of a device (``accelerator_times``
+one per device and GPU) and ``AcceleratorTimes.precision_times`` (none: a GPU stage's quantized blocks
+take its device's CPU ratio, as before). Older files load: the fields
 they lack are not recorded (their defaults), and the value is migrated to this version
 (``Profile.__post_init__``)."""
 
@@ -116,6 +118,9 @@ class AcceleratorTimes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     memory_bytes: int
     times: DeviceTimes
     """Its units' times on that GPU (``times.device`` is ``device``)."""
+    precision_times: tuple[DevicePrecisionTimes, ...] = ()
+    """Its decoder blocks' time ratios per weight precision on that GPU (``profile --weight-times``): a GPU
+    stage's int8 is its own, not its device's CPU ratio. Empty: not measured there."""
 
 
 class ProfiledWorkload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -229,8 +234,10 @@ def _profile_errors(profile: Profile) -> list[str]:
         if a.memory_bytes < 0:
             out.append(f"{where}.memory_bytes: must not be negative")
         out.extend(_times_errors(f"{where}.times", a.times, n, known))
-    if len({a.device for a in profile.accelerator_times}) != len(profile.accelerator_times):
-        out.append("$.accelerator_times: one GPU per device")
+        out.extend(device_times_errors(a.precision_times, {a.device}, f"{where}.precision_times"))
+    gpus = [(a.device, "cuda:0" if a.torch_device == "cuda" else a.torch_device) for a in profile.accelerator_times]
+    if len(set(gpus)) != len(gpus):
+        out.append("$.accelerator_times: one entry per device and GPU")
     out.extend(device_times_errors(profile.precision_times, known))
     for i, d in enumerate(profile.draft_times):
         if d.device not in known or not d.draft or not (math.isfinite(d.token_s) and d.token_s > 0):

@@ -277,11 +277,13 @@ def _device_times(dev: str, c: ComputeProfile, num_units: int) -> DeviceTimes:
 
 def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links: Sequence[LinkMeasurement], *,
                   dtype: str, model_name: str, prompt_tokens: int, addresses: dict[str, str] | None = None,
-                  notes: str = "", on_gpu: dict[str, tuple[str, ComputeProfile]] | None = None,
-                  precision_times: tuple[DevicePrecisionTimes, ...] = ()) -> Profile:
+                  notes: str = "", on_gpu: dict[tuple[str, str], ComputeProfile] | None = None,
+                  precision_times: tuple[DevicePrecisionTimes, ...] = (),
+                  gpu_precision_times: dict[tuple[str, str], list[DevicePrecisionTimes]] | None = None) -> Profile:
     """The planner's Profile from measured figures (units must cover the whole model); ``on_gpu``: per
-    device, its GPU (``cuda:N``) and the units timed there, its budget that GPU's free memory
-    (``Profile.accelerator_times``: where the planner may place the device's stage)."""
+    (device, GPU ``cuda:N``) the units timed on that GPU, its budget that GPU's free memory, and
+    ``gpu_precision_times`` its quantized blocks' ratios there (``Profile.accelerator_times``: where the
+    planner may place the device's stage, every GPU of it)."""
     spec = model_spec_from_config(model_config, dtype=dtype, name=model_name)
     addresses = addresses or {}
     devices, times = [], []
@@ -291,8 +293,9 @@ def build_profile(model_config: dict, compute: dict[str, ComputeProfile], links:
                               arch=c.arch, cores=c.cores, accelerator=c.accelerator))
         times.append(_device_times(dev, c, spec.num_units))
     gpus = tuple(AcceleratorTimes(device=dev, torch_device=name, memory_bytes=c.memory_budget_bytes,
-                                  times=_device_times(dev, c, spec.num_units))
-                 for dev, (name, c) in sorted((on_gpu or {}).items()) if dev in compute)
+                                  times=_device_times(dev, c, spec.num_units),
+                                  precision_times=tuple((gpu_precision_times or {}).get((dev, name), ())))
+                 for (dev, name), c in sorted((on_gpu or {}).items()) if dev in compute)
     cluster = Cluster(devices=tuple(devices), links=tuple(
         Link(src=m.src, dst=m.dst, bandwidth_mbit_s=max(m.bandwidth_mbit_s, 1e-3), latency_ms=m.one_way_ms)
         for m in links))
@@ -317,13 +320,17 @@ def check_weight_times(model_config: dict, weight_times: Sequence[str]) -> None:
 
 
 def block_time_ratios(coord, device: str, options: ComputeOptions, precisions: Sequence[str],
-                      reporter: Reporter) -> list[DevicePrecisionTimes]:
+                      reporter: Reporter, torch_device: str = "cpu") -> list[DevicePrecisionTimes]:
     """``device``'s first decoder block timed at fp and then at each of ``precisions`` back to back (on
-    its CPU, as it computes a quantized stage), as ratios over fp: one device's int8 may be faster than
-    its fp and another's slower (docs/model-shards.md), which one ratio for every device cannot say."""
+    ``torch_device``: its CPU or one of its GPUs, where a quantized stage of it computes), as ratios over
+    fp: one device's int8 may be faster than its fp and another's slower, and a GPU's than its CPU's
+    (docs/model-shards.md), which one ratio for every device cannot say. A GPU is not timed at int4: its
+    weights are packed for the CPU's kernel, and a GPU stage refuses them."""
+    if torch_device != "cpu":
+        precisions = [w for w in precisions if w != "int4"]
     if not precisions:
         return []
-    block = msgspec.structs.replace(options, units=(1,), device="cpu")
+    block = msgspec.structs.replace(options, units=(1,), device=torch_device)
     fp = profile_compute(coord, [device], block, reporter)[device].units[0]
     out = []
     for w in precisions:
@@ -377,12 +384,13 @@ def profile_cluster(
 ) -> ClusterProfileResult:
     """Profile every agent of ``coord`` (a connected ``core.devices.agent_link.AgentLink``) for the
     model of ``model_config`` and, if ``out_path`` is given, save the Profile there. ``gpus``: an agent
-    whose status reports a GPU has its units timed there too, after its CPU (the profile's
-    ``accelerator_times``: its first GPU, where a stage of it would compute). ``compute_together``: the
+    whose status reports GPUs has its units timed on each of them too, after its CPU (the profile's
+    ``accelerator_times``: every GPU a stage of it may compute on). ``compute_together``: the
     agents' CPU compute at once (``profile_together``: emulated devices of one host, each timed by its
     CPU time), not one after the other. ``weight_times`` (int8, int4): each
-    device's own decoder-block time at those precisions over fp (``precision_times``). ``draft_dir``: a
-    speculative draft's token timed on each device, as a run's source drafts (``draft_times``)."""
+    device's own decoder-block time at those precisions over fp (``precision_times``), and each GPU's
+    (``AcceleratorTimes.precision_times``). ``draft_dir``: a speculative draft's token timed on each
+    device, as a run's source drafts (``draft_times``)."""
     rep = reporter or NullReporter()
     if dtype not in _PROFILER_DTYPES:
         raise EdgeShardError(f"dtype must be one of {', '.join(_PROFILER_DTYPES)}, got {dtype!r}")
@@ -399,15 +407,17 @@ def profile_cluster(
     check_weight_times(model_config, weight_times)
     measure_network = network and len(names) > 1
     compute_share = COMPUTE_SHARE if measure_network else 1.0  # one bar: compute, then links
-    with_gpu = {d: s.accelerators[0].name for d, s in statuses.items() if gpus and s.accelerators}
+    with_gpu = sorted((d, a.name) for d, s in statuses.items() if gpus for a in s.accelerators)  # every GPU
     cpu_share = compute_share * len(names) / (len(names) + len(with_gpu))
     compute = profile_compute(coord, names, options, PhaseReporter(rep, 0.0, cpu_share), together=compute_together)
     on_gpu, gpu_share = {}, (compute_share - cpu_share) / max(1, len(with_gpu))
-    for i, (d, gpu) in enumerate(sorted(with_gpu.items())):  # one at a time, after the CPUs: as they are
+    for i, (d, gpu) in enumerate(with_gpu):  # one at a time, after the CPUs: as they are
         phase = PhaseReporter(rep, cpu_share + i * gpu_share, gpu_share)
-        on_gpu[d] = (gpu, profile_compute(coord, [d], msgspec.structs.replace(options, device=gpu), phase)[d])
+        on_gpu[(d, gpu)] = profile_compute(coord, [d], msgspec.structs.replace(options, device=gpu), phase)[d]
     blocks_rep = PhaseReporter(rep, compute_share, 0.0)  # a few blocks: the bar waits at the end of compute
     precision_times = tuple(t for d in names for t in block_time_ratios(coord, d, options, weight_times, blocks_rep))
+    gpu_precision_times = {(d, gpu): block_time_ratios(coord, d, options, weight_times, blocks_rep, gpu)
+                           for d, gpu in with_gpu}
     links: list[LinkMeasurement] = []
     if measure_network:
         rep.status("estimating clock offsets")
@@ -419,7 +429,7 @@ def profile_cluster(
                             model_name=model_name or str(model_config.get("_name_or_path") or
                                                          model_config.get("model_type")),
                             prompt_tokens=prompt_tokens, addresses=addresses, on_gpu=on_gpu,
-                            precision_times=precision_times,
+                            precision_times=precision_times, gpu_precision_times=gpu_precision_times,
                             notes=f"measured by edgeshard profile: {repeats} repeats, median; "
                                   f"links over the agents' data plane")
     if draft_dir is not None:

@@ -45,7 +45,7 @@ import math
 
 import msgspec
 
-from core.planning.placement import gpu_devices, placed_problem
+from core.planning.placement import gpu_placement, placed_problem
 from core.planning.plan import ShardPlan, Stage
 from core.planning.precision import quality_problems, stage_weight_bytes, unit_time_factors
 from core.planning.problem import PlanningProblem, usable_memory_bytes
@@ -281,7 +281,7 @@ def evaluate(problem: PlanningProblem, plan: ShardPlan) -> PlanCost:
     one micro-batch, throughput of K in flight, memory for m · K resident sequences. A stage on a GPU
     is costed with that GPU's times and memory (core.planning.placement).
     """
-    problem = placed_problem(problem, gpu_devices(plan))
+    problem = placed_problem(problem, gpu_placement(plan))
     violations = structural_violations(problem, plan)
     wl = problem.workload
     m, k = plan.micro_batch_size, plan.micro_batches

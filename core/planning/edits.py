@@ -50,6 +50,20 @@ def set_stage_device(plan: ShardPlan, stage: int, device: str) -> ShardPlan:
     return _with_stages(plan, stages)
 
 
+def set_stage_torch_device(plan: ShardPlan, stage: int, torch_device: str) -> ShardPlan:
+    """Compute ``stage`` on its device's ``torch_device`` (``cpu``, ``cuda``, ``cuda:N``); whether that
+    device has the GPU is the profile's to say (``core.planning.placement.unprofiled_gpus``)."""
+    from agents.accelerators import canonical, device_name_problem
+
+    if not 0 <= stage < len(plan.stages):
+        raise PlanEditError(f"there is no stage {stage}")
+    if device_name_problem(torch_device):
+        raise PlanEditError(f"stage {stage}: {device_name_problem(torch_device)}")
+    stages = list(plan.stages)
+    stages[stage] = msgspec.structs.replace(stages[stage], torch_device=canonical(torch_device))
+    return _with_stages(plan, stages)
+
+
 def add_stage(plan: ShardPlan, device: str) -> ShardPlan:
     """Split the stage with the most units in two; the second half runs on ``device``."""
     if not plan.stages:

@@ -128,7 +128,7 @@ class ExactReplanner:
     def __call__(self, plan: ShardPlan, failed: str, usable: tuple[str, ...]) -> ShardPlan:
         import msgspec
 
-        from core.planning.placement import gpu_devices, on_the_same_gpus, placed_problem
+        from core.planning.placement import gpu_placement, on_the_same_gpus, placed_problem
         from core.planning.plan import with_weights
         from core.planning.solvers import replan_after_failure
 
@@ -140,7 +140,7 @@ class ExactReplanner:
                          if d not in usable and d != failed and d not in self.problem.excluded_devices)
         problem = msgspec.structs.replace(self.planning_problem(plan),
                                           excluded_devices=(*self.problem.excluded_devices, *unusable))
-        on_gpu = gpu_devices(plan) - {failed}  # a GPU stage's device computes there again, with the GPU's times
+        on_gpu = {d: g for d, g in gpu_placement(plan).items() if d != failed}  # again on its GPU, at its times
         try:
             result = replan_after_failure(placed_problem(problem, on_gpu), plan, failed, time_limit_s=self.time_limit_s)
         except ModelDoesNotFit as err:

@@ -394,6 +394,6 @@ def precision_text(profile: Profile | None, plan) -> str:
         parts.append("on each device: " + ", ".join(f"{t.device} {t.weights} {t.decode_time_ratio:.2f}×"
                                                     for t in profile.precision_times))
     if profile is not None and profile.accelerator_times:
-        parts.append("GPUs: " + ", ".join(f"{a.device} {a.torch_device} {a.memory_bytes / 2**30:.1f} GiB"
-                                          for a in profile.accelerator_times))
+        parts.append("GPUs: " + ", ".join(f"{a.device} {a.torch_device} {a.memory_bytes / 2**30:.1f} GiB" + "".join(
+            f" {t.weights} {t.decode_time_ratio:.2f}×" for t in a.precision_times) for a in profile.accelerator_times))
     return " · ".join(parts)

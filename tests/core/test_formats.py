@@ -76,7 +76,7 @@ def test_a_version_1_profile_loads_migrated_with_how_it_was_timed_not_recorded()
     for t in doc["times"]:
         del t["cache_timing"], t["warm_reason"]
     profile = decode(json.dumps(doc), Profile)
-    assert profile.version == PROFILE_VERSION == 6
+    assert profile.version == PROFILE_VERSION == 7
     assert {(t.cache_timing, t.warm_reason) for t in profile.times} == {("", "")}
 
 

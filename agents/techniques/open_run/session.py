@@ -76,7 +76,7 @@ class OpenStageRun(StageRun):
         self.next_samplers: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
         """Last stage: joins whose prefill has not arrived yet, per index, in join order."""
 
-    def execute(self) -> None:
+    def _execute(self) -> None:
         if self.is_first:
             self.source = SourceState(self.msg.mode, MAX_NEW_TOKENS, (), (), ())
         while not self.stop.is_set():

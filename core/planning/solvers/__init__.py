@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.planning.placement import every_gpu, on_gpus, placed_problem
+from core.planning.placement import every_gpu, gpu_choices, on_gpus, placed_problem
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.planning.solvers.baselines import (
@@ -32,8 +32,8 @@ def edgeshard_optimal(problem: PlanningProblem, objective: str = "latency") -> S
 
 
 def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_kw) -> SolveResult:
-    """The exact solver's answer over every choice of CPU or GPU for each device with one
-    (``Profile.accelerator_times``; 2^g exact solves for g such devices: a handful at the edge), the best
+    """The exact solver's answer over every choice of the CPU or one of its GPUs for each device with one
+    (``Profile.accelerator_times``; prod(1 + GPUs) exact solves: a handful at the edge), the best
     by ``objective``, its GPU stages naming their ``torch_device``; proven optimal when every solve was.
     The choice and the layer ranges interact (a GPU is faster but holds less), so each choice is solved
     whole rather than the GPU picked first. A CPU-only profile: the exact solver's answer itself."""
@@ -44,12 +44,12 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_
     from core.errors import ModelDoesNotFit
     from core.planning.cost import evaluate
     solve = solve_min_latency if objective == "latency" else solve_max_throughput
-    gpus = every_gpu(problem)
+    gpus = gpu_choices(problem)
     if not gpus:
         return solve(problem, **solver_kw)
     best, best_key, refusal, proven, bound = None, None, None, True, None
-    for choice in itertools.product((False, True), repeat=len(gpus)):
-        on_gpu = frozenset(d for d, on in zip(gpus, choice) if on)
+    for choice in itertools.product(*(("cpu", *names) for names in gpus.values())):
+        on_gpu = {d: g for d, g in zip(gpus, choice) if g != "cpu"}
         try:
             res = solve(placed_problem(problem, on_gpu), **solver_kw)
         except ModelDoesNotFit as err:
@@ -59,7 +59,7 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_
         bound = res.bound if bound is None else (min if objective == "latency" else max)(bound, res.bound)
         key = res.value if objective == "latency" else -res.value
         if best_key is None or key < best_key:
-            plan = on_gpus(res.plan, {d: gpus[d] for d in on_gpu})
+            plan = on_gpus(res.plan, on_gpu)
             best, best_key = msgspec.structs.replace(res, plan=plan, cost=evaluate(problem, plan)), key
     if best is None:
         raise refusal
@@ -83,7 +83,7 @@ def on_every_gpu(problem: PlanningProblem, baseline: Callable[[PlanningProblem, 
         return baseline(problem, objective)
     cached = _placed_last  # read once: a studio worker may compare another problem meanwhile
     if cached[0] is not problem:  # one placed problem per comparison: the paper DP caches by it
-        cached = _placed_last = (problem, placed_problem(problem, set(gpus)))
+        cached = _placed_last = (problem, placed_problem(problem, gpus))
     return on_gpus(baseline(cached[1], objective), gpus)
 
 

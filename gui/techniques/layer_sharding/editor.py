@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 from core import formats
 from core.planning.cost import PlanCost, evaluate
 from core.errors import EdgeShardError, PlanInvalid
-from core.planning.plan import ShardPlan, offline_problems
+from core.planning.plan import ShardPlan
 from core.planning.edits import add_stage, move_boundary, remove_stage, set_stage_device, single_device_plan
 from core.planning.problem import PlanningProblem, without_offline
 from core.planning.solvers.comparison import StrategyOutcome
@@ -385,7 +385,7 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
             self.throughput_card.set_value(f"{cost.throughput_tokens_s:.1f} tok/s{batching}")
             self.throughput_card.setToolTip("Pipelined tokens per second with the plan's micro-batches "
                                             f"({cost.micro_batches} in flight of {cost.micro_batch_size} sequence(s))")
-            violations = [*cost.violations, *offline_problems(plan, self.state.offline_devices)]
+            violations = self._plan_problems(plan, cost)
             n = len(violations)
             self.status_card.set_value("all satisfied" if n == 0 else f"{n} violated", n > 0)
             self.violations.show_lines(violations, "This plan cannot run as it is:")
@@ -403,7 +403,6 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
             self.compare_hint = self.compare_plot.addLabel(
                 "Compare strategies<br>(Ctrl+Shift+C) charts<br>every strategy's latency<br>and throughput here",
                 color=theme_colors()["muted"])
-
 
     # edits -------------------------------------------------------------------------
     def push_plan(self, plan: ShardPlan, text: str) -> None:

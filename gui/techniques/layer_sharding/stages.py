@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QComboBox, QProgressBar, QTableWidgetItem
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QProgressBar, QTableWidgetItem, QWidget
 
 from core.planning.cost import PlanCost, format_bytes
+from core.planning.edits import set_stage_torch_device
+from core.planning.placement import profiled_gpus, unprofiled_gpus
 from core.planning.plan import ShardPlan, offline_problems
 from gui.app import stage_color, theme_colors
 
@@ -30,11 +32,16 @@ def fmt_s(seconds: float) -> str:
 class StageTable:
     """The plan editor's stage table, filled from the plan and its cost."""
 
+    def _plan_problems(self, plan: ShardPlan, cost: PlanCost) -> list[str]:
+        """Why the plan cannot run as it is: its cost's violations, offline devices, GPUs not profiled."""
+        return [*cost.violations, *offline_problems(plan, self.state.offline_devices),
+                *(unprofiled_gpus(self.state.problem, plan) if self.state.problem is not None else ())]
+
     def _bad_stages(self, plan: ShardPlan | None, cost: PlanCost | None) -> set[int]:
         if plan is None or cost is None:
             return set()
         bad = {j for j, m in enumerate(cost.memory) if not m.fits}
-        for v in (*cost.violations, *offline_problems(plan, self.state.offline_devices)):
+        for v in self._plan_problems(plan, cost):
             for j, st in enumerate(plan.stages):
                 if f"stage {j} " in v or f"stage {j}:" in v or (j == 0 and v.startswith("stage 0 runs")):
                     bad.add(j)
@@ -63,7 +70,7 @@ class StageTable:
                 combo.addItem(f"{st.device} (unknown)", st.device)
             combo.setCurrentIndex(combo.findData(st.device))
             combo.currentIndexChanged.connect(lambda _i, j=j, combo=combo: self.set_stage_device(j, combo.currentData()))
-            t.setCellWidget(j, 1, combo)
+            t.setCellWidget(j, 1, self._with_compute_choice(problem, j, st, combo))
             units = QTableWidgetItem(f"[{st.start}, {st.end})" + ("" if st.weights == "fp" else f"  {st.weights}")
                                      + ("" if st.torch_device == "cpu" else f"  {st.torch_device}"))
             units.setToolTip(f"weights at {'the model dtype' if st.weights == 'fp' else st.weights} (weight-only), "
@@ -103,6 +110,34 @@ class StageTable:
         if 0 <= selected < len(plan.stages):
             t.selectRow(selected)
         self._fit_stage_table()
+
+    def set_stage_torch_device(self, stage: int, torch_device: str) -> None:
+        """Compute ``stage`` on its device's CPU or one of its GPUs (undoable, through the editor's ``_edit``)."""
+        self._edit(set_stage_torch_device, f"Compute stage {stage} on {torch_device}", stage, torch_device)
+
+    def _with_compute_choice(self, problem, j: int, st, device_combo: QComboBox) -> QWidget:
+        """The device combo, and beside it where that device computes the stage (its CPU or one of the
+        GPUs its agent reported and the profile timed) when it has a GPU or the plan names one."""
+        gpus = profiled_gpus(problem, st.device)
+        if not gpus and st.torch_device == "cpu":
+            return device_combo
+        where = QComboBox()
+        where.setAccessibleName(f"Compute of stage {j}")
+        where.setToolTip("Where this device computes the stage: its CPU or one of its GPUs (the profile's times "
+                         "and memory of that GPU; the predicted cost follows)")
+        for name in ("cpu", *gpus):
+            where.addItem(name, name)
+        if where.findData(st.torch_device) < 0:
+            where.addItem(f"{st.torch_device} (not profiled)", st.torch_device)
+        where.setCurrentIndex(where.findData(st.torch_device))
+        where.currentIndexChanged.connect(lambda _i, j=j, where=where: self.set_stage_torch_device(j, where.currentData()))
+        cell = QWidget()
+        row = QHBoxLayout(cell)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(2)
+        row.addWidget(device_combo, 1)
+        row.addWidget(where)
+        return cell
 
     def _fit_stage_table(self) -> None:
         """The table as tall as its rows (up to 8), so the comparison below gets the rest."""
