@@ -138,11 +138,11 @@ class StageExecutor(PositionSteps):
         except UnquantizableWeights as err:
             raise CheckpointError(str(err)) from None
         self.weights = weights
-        self.boundary = None if torch_device == "cpu" else BoundaryCopies(torch_device, accelerators or CUDA)
-        self.device = torch.device("cpu") if self.boundary is None else self.boundary.device
-        if self.boundary is not None and weights == "int4":
+        if torch_device != "cpu" and weights == "int4":
             raise CheckpointError("int4 weights are packed for the CPU's kernel (Int4OpaqueTensor): load this stage "
                                   "on cpu, or at int8 or fp on the GPU")
+        self.boundary = None if torch_device == "cpu" else BoundaryCopies(torch_device, accelerators or CUDA)
+        self.device = torch.device("cpu") if self.boundary is None else self.boundary.device
         self.num_layers: int = int(config.num_hidden_layers)
         self.num_units: int = self.num_layers + 2
         if not (0 <= start < end <= self.num_units):
