@@ -55,6 +55,9 @@ def solve_placed(problem: PlanningProblem, objective: str = "latency", **solver_
         except ModelDoesNotFit as err:
             refusal = refusal or err
             continue
+        if any(s.weights == "int4" and s.device in on_gpu for s in res.plan.stages):
+            proven = False  # a GPU stage refuses int4 (agents.shard): this choice's optimum cannot load
+            continue
         proven = proven and res.proven_optimal
         bound = res.bound if bound is None else (min if objective == "latency" else max)(bound, res.bound)
         key = res.value if objective == "latency" else -res.value

@@ -98,3 +98,18 @@ def test_a_stage_on_a_gpu_its_profile_lacks_is_named_with_the_choices_it_has():
     assert line.endswith("pick cpu, cuda:0, cuda:1")
     with pytest.raises(PlanEditError, match="torch_device must be cpu, cuda or cuda:N"):
         set_stage_torch_device(plan, j, "gpu0")
+
+
+def test_no_plan_puts_int4_weights_on_a_gpu_which_refuses_them():
+    from core.devices.profile import DevicePrecisionTimes
+    from tests.gui.techniques.layer_sharding.test_precision_view import measured_problem
+
+    problem = measured_problem()  # int4 allowed under the bound below
+    d = problem.profile.cluster.device_ids()[0]
+    fast_int4 = (DevicePrecisionTimes(device=d, weights="int4", decode_time_ratio=0.1, prefill_time_ratio=0.1),)
+    problem = with_two_gpus(problem, {d: ((0.5, 1 << 40), (0.5, 1 << 40))})
+    gpus = tuple(msgspec.structs.replace(a, precision_times=fast_int4) for a in problem.profile.accelerator_times)
+    problem = msgspec.structs.replace(problem, max_perplexity_increase=0.2, profile=msgspec.structs.replace(
+        problem.profile, accelerator_times=gpus))
+    plan = edgeshard_optimal(problem, "latency")
+    assert not any(s.weights == "int4" and s.torch_device != "cpu" for s in plan.stages)
