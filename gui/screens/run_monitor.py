@@ -125,9 +125,6 @@ class RunMonitorView(QWidget):
         side_layout.addLayout(cards)
         self.wire_label = QLabel()  # after a run (or in a recorded run's replay): what its sockets sent
         self.wire_label.setAccessibleName("Wire bytes")
-        self.wire_label.setToolTip("What the agents' sockets sent each other during the run (frame headers "
-                                   "included), beside the cost model's prediction")
-        self.wire_label.setWordWrap(True)
         self.wire_label.setVisible(False)
         side_layout.addWidget(self.wire_label)
         for title, widget, stretch in (("Tokens per second", self.rate_plot, 1),
@@ -247,6 +244,7 @@ class RunMonitorView(QWidget):
         """Show a run's wire figures (``core.runs.wire.wire_figures``; None or unmeasured: hidden)."""
         text = wire_text(wire)
         self.wire_label.setText(text)
+        self.wire_label.setToolTip(wire_tooltip(wire))
         self.wire_label.setVisible(bool(text))
 
     # -- reading -------------------------------------------------------------------------
@@ -378,16 +376,34 @@ class RunMonitorView(QWidget):
 
 
 def wire_text(wire: dict | None) -> str:
-    """One line of a run's wire figures: measured between agents, the cost model's bytes and their
-    ratio, and after a re-plan the re-planned stages' ratio ("" when nothing was measured)."""
+    """One short line of a run's wire figures (the side column has room for one): measured between
+    agents, over the cost model's bytes, and after a re-plan the re-planned stages' ratio ("" when
+    nothing was measured). ``wire_tooltip`` says it in words."""
     from core.planning.cost import format_bytes
 
     if not wire or wire.get("measured_bytes") is None:
         return ""
-    text = f"Wire: {format_bytes(wire['measured_bytes'])} between agents"
+    text = f"Wire {format_bytes(wire['measured_bytes'])}"
     if wire.get("predicted_bytes"):
-        text += f" · cost model {format_bytes(wire['predicted_bytes'])} (×{wire['measured_over_predicted']:.3f})"
+        text += f" · model ×{wire['measured_over_predicted']:.3f}"
     after = wire.get("after_replan") or {}
     if after.get("measured_over_predicted") is not None:
-        text += f" · after the re-plan ×{after['measured_over_predicted']:.3f}"
+        text += f" · re-planned ×{after['measured_over_predicted']:.3f}"
     return text
+
+
+def wire_tooltip(wire: dict | None) -> str:
+    """The wire line in words: what was measured, what the cost model predicted."""
+    from core.planning.cost import format_bytes
+
+    if not wire or wire.get("measured_bytes") is None:
+        return ""
+    text = (f"The agents' sockets sent each other {format_bytes(wire['measured_bytes'])} during the run "
+            "(frame headers included)")
+    if wire.get("predicted_bytes"):
+        text += f"; the cost model predicted {format_bytes(wire['predicted_bytes'])}"
+    after = wire.get("after_replan") or {}
+    if after.get("measured_bytes") is not None and after.get("predicted_bytes"):
+        text += (f"; after the re-plan {format_bytes(after['measured_bytes'])} against the re-planned plan's "
+                 f"{format_bytes(after['predicted_bytes'])}")
+    return text + f"; {format_bytes(wire.get('control_bytes') or 0)} went to the coordinator"

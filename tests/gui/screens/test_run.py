@@ -668,6 +668,8 @@ def test_the_model_field_keeps_its_width_and_its_tooltip_gives_the_whole_path(qt
 
 def test_a_real_run_records_and_shows_its_wire_bytes_beside_the_cost_model_and_the_replay_shows_them(
         qtbot, real_cluster, tmp_path):
+    from core.planning.cost import format_bytes
+
     coordinator, plan, model_dir, devices = real_cluster
     state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir,
                                      ["the river and its banks", "hello there"], 4)
@@ -680,7 +682,8 @@ def test_a_real_run_records_and_shows_its_wire_bytes_beside_the_cost_model_and_t
     wire = run.figures["wire"]  # the agents' socket counts, as `edgeshard run` records them
     assert wire["measured_bytes"] == wire["predicted_bytes"] > 0  # 3 stages' frames, headers included
     assert set(wire["per_link"]) == {"src->mid", "mid->head", "head->src"}
-    assert panel.monitor.wire_label.isVisibleTo(panel) and "×1.000" in panel.monitor.wire_label.text()
+    assert panel.monitor.wire_label.isVisibleTo(panel) and "model ×1.000" in panel.monitor.wire_label.text()
+    assert f"predicted {format_bytes(wire['predicted_bytes'])}" in panel.monitor.wire_label.toolTip()
     from gui.screens.sessions import SessionsPanel
 
     sessions = SessionsPanel(state)
