@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from agents.protocol import DTYPE_SIZES, AgentStatus, DataHeader, TensorSpec, encode_data_header
+from agents.protocol import DTYPE_SIZES, AgentStatus, DataHeader, TensorSpec, encode_data_header, options_slot
 
 
 class WireTraffic(msgspec.Struct, frozen=True):
@@ -153,12 +153,14 @@ def micro_batch_steps(token_events) -> dict[int, tuple[int, int]]:
 
 
 def frame_header_bytes(*, kind: str, phase: str, step: int, micro_batch: int, sender: str,
-                       tensors: Iterable[tuple[str, tuple[int, ...]]], run_id: str) -> int:
+                       tensors: Iterable[tuple[str, tuple[int, ...]]], run_id: str, options=None) -> int:
     """Bytes of one data frame's header as an agent encodes it (``agents.data_frames.encode_data_header`` of
-    the ``DataHeader`` it sends: field names, run id, sender, each tensor's dtype and shape, the send time).
-    Encoded here, not typed in: a change to the wire format changes the prediction with it."""
+    the ``DataHeader`` it sends: field names, run id, sender, each tensor's dtype and shape, the send time,
+    the kind's ``options`` if any). Encoded here, not typed in: a change to the wire format changes the
+    prediction with it."""
     header = DataHeader(run_id=run_id, kind=kind, phase=phase, step=step, micro_batch=micro_batch, sender=sender,
-                        tensors=tuple(TensorSpec(dtype, tuple(shape)) for dtype, shape in tensors), t_sent=1.0)
+                        tensors=tuple(TensorSpec(dtype, tuple(shape)) for dtype, shape in tensors), t_sent=1.0,
+                        options=options_slot(options))
     return len(encode_data_header(header))
 
 

@@ -295,14 +295,22 @@ def _run_on_agents(endpoints, keys, problem, plan, args, workspace: str, session
 def _wire(traffic, plan, simulated_events, workspace: str, run_ids) -> dict:
     """The strips the agents' sockets sent beside the simulated schedule's (the cost model's strip
     bytes: ``StripTime.in_bytes`` scattered by the gateway, drawn as the worker's ``recv_wait``, and
-    ``out_bytes`` gathered back, its ``send``), added to the measured run's recorded figures."""
-    from core.runs.wire import predicted_from_events, wire_figures
+    ``out_bytes`` gathered back, its ``send``), each one frame with its header (``frame_header_bytes``;
+    a worker's result relays its three times, ``StripRelay``), added to the measured run's recorded figures."""
+    from agents.techniques.spatial.messages import StripRelay
+    from core.runs.wire import frame_header_bytes, wire_figures
     from core.sessions.recording import add_run_figures
 
-    predicted = predicted_from_events(simulated_events)
+    predicted: dict[tuple[str, str], int] = {}
     for ev in simulated_events:
-        if ev.kind == "recv_wait" and ev.nbytes and ev.peer and ev.peer != ev.device:
-            predicted[(ev.peer, ev.device)] = predicted.get((ev.peer, ev.device), 0) + ev.nbytes
+        if not ev.nbytes or not ev.peer or ev.peer == ev.device or ev.kind not in ("recv_wait", "send"):
+            continue
+        scatter = ev.kind == "recv_wait"  # the gateway's strip to the worker, else the worker's result back
+        src, dst = (ev.peer, ev.device) if scatter else (ev.device, ev.peer)
+        header = frame_header_bytes(kind="strip", phase="prefill", step=ev.step, micro_batch=ev.stage, sender=src,
+                                    tensors=[("float32", (1, 1, 1, ev.nbytes // 4))], run_id="0" * 12,
+                                    options=None if scatter else StripRelay(times=(0.0, 0.0, 0.0)))
+        predicted[(src, dst)] = predicted.get((src, dst), 0) + ev.nbytes + header
     wire = wire_figures(traffic, plan.devices, predicted)
     if workspace and run_ids:
         add_run_figures(workspace, run_ids[0], {"wire": wire})

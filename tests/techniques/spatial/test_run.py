@@ -97,7 +97,7 @@ def test_the_cli_runs_records_and_checks_a_plan_on_agents(tmp_path, capsys):
     assert any(w["type"] == "timeline" and w["value"]["kind"] == "compute" for w in written)
     wire = out["wire"]  # strips scattered and gathered, as the agents' sockets sent them and as simulated
     assert wire["per_link"]["local-0->local-1"]["measured"] > 0 and wire["per_link"]["local-1->local-0"]["measured"] > 0
-    assert 1.0 < wire["measured_over_predicted"] < 1.2  # strip headers over the strips' tensors
+    assert 0.99 <= wire["measured_over_predicted"] <= 1.01  # the strips' tensors and each frame's header
     with SessionStore(tmp_path / "ws.sqlite") as store:
         runs = store.runs()
         assert [r.kind for r in runs] == ["measured", "predicted"]
