@@ -50,6 +50,7 @@ from agents.clock import AgentClock
 from agents.control_plane import ControlPlane
 from agents.emulation import DeviceEmulation, ShardOverBudget
 from agents.executors import executor_factory_for, placement
+from agents.heap import release_free_pages
 from agents.lease import LOADER_SILENT_S, LeaseRules  # noqa: F401  (LOADER_SILENT_S: public here too)
 from agents.model_code import MODEL_CODE_IMPORTED, warm_imports, warm_imports_in_background  # noqa: F401
 from agents.protocol import (
@@ -70,20 +71,8 @@ from agents.protocol import (
 )
 from agents.stage_run import MAX_DATA_BYTES, Loaded, StageRun, default_sampler  # noqa: F401
 from agents.transport import (
-    CONTROL_DOMAIN,
-    DATA_DOMAIN,
-    CurveKeys,
-    DataInbox,
-    KeyGate,
-    LinkSender,
-    RunAborted,
-    WireCounts,
-    bind_port,
-    curve_client,
-    curve_server,
-    harden,
-    start_authenticator,
-    tcp_address,
+    CONTROL_DOMAIN, DATA_DOMAIN, CurveKeys, DataInbox, KeyGate, LinkSender, RunAborted, WireCounts, bind_port,
+    curve_client, curve_server, harden, start_authenticator, tcp_address,
 )
 from agents.weights import WeightStore, WeightStoreError, default_root
 
@@ -516,6 +505,7 @@ class Agent(ControlPlane, LeaseRules):
                 on_end()
             if service is not None:
                 service.close()
+            release_free_pages()  # what the session's activations freed goes back (agents.heap)
             self._end_held_run()
             if failure is not None:
                 self._held_run_failed(msg, failure, started=service is not None)
@@ -595,6 +585,7 @@ class Agent(ControlPlane, LeaseRules):
         finally:
             if run is not None:
                 run.drop_all()
+            release_free_pages()  # what the run's activations freed goes back (agents.heap)
             if self._state is AgentState.RUNNING:
                 self._state = AgentState.READY
 
