@@ -110,9 +110,11 @@ def _stats(samples: list[float]) -> tuple[float, float]:
 
 
 def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], None] = lambda: None,
-          reset: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+          reset: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
+          cold: Callable[[], Any] | None = None) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` calls; ``reset``
-    (e.g. crop the KV cache back) runs before each call, untimed."""
+    (e.g. crop the KV cache back) runs before each call, ``cold`` (the cache evictor) after it
+    before each timed call only, both untimed."""
     for _ in range(warmup):
         if reset is not None:
             reset()
@@ -122,6 +124,9 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], N
     for _ in range(repeats):
         if reset is not None:
             reset()
+        if cold is not None:
+            cold()
+        if reset is not None or cold is not None:
             sync()
         t0 = clock()
         fn()
@@ -414,21 +419,21 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             dec, dec_sp, pre, pre_sp = [], [], [], []
             for b in decode_bs:
                 fn = evicting(in_turn([x.decode_fn(b, context) for x in benches]), cold)
-                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock))
+                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock, fn.cold))
                 dec.append(m)
                 dec_sp.append(s)
             for b in prefill_bs:
                 fn = evicting(in_turn([x.prefill_fn(b, opts.prompt_tokens) for x in benches]), cold)
-                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock))
+                m, s = _stats(_time(fn.run, opts.repeats, warmup, sync, fn.reset, clock, fn.cold))
                 pre.append(m)
                 pre_sp.append(s)
             if bench.kind == "block" and not overhead["decode"]:  # once, with the first block's config
                 # more repeats than a unit: these are tens of microseconds, noisier relative to themselves
                 reps = max(opts.repeats, 20)
                 fn = evicting(bench.stage_decode_overhead_fn(decode_bs[0], context), evictor)
-                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock))[0]
+                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock, fn.cold))[0]
                 fn = evicting(bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens), evictor)
-                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock))[0]
+                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock, fn.cold))[0]
             expert = bench.expert_fn() if bench.kind == "block" else None
             expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync, clock=clock))[0] if expert else 0.0
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),
