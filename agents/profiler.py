@@ -113,8 +113,7 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], N
           reset: Callable[[], Any] | None = None, clock: Callable[[], float] = time.perf_counter,
           cold: Callable[[], Any] | None = None) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` calls; ``reset``
-    (e.g. crop the KV cache back) runs before each call, ``cold`` (the cache evictor) after it
-    before each timed call only, both untimed."""
+    (e.g. crop the KV cache back) runs before each call, ``cold`` (the evictor) then before timed ones."""
     for _ in range(warmup):
         if reset is not None:
             reset()
@@ -122,11 +121,8 @@ def _time(fn: Callable[[], Any], repeats: int, warmup: int, sync: Callable[[], N
     sync()
     out = []
     for _ in range(repeats):
-        if reset is not None:
-            reset()
-        if cold is not None:
-            cold()
-        if reset is not None or cold is not None:
+        for prepare in filter(None, (reset, cold)):
+            prepare()
             sync()
         t0 = clock()
         fn()
