@@ -34,13 +34,16 @@ def model_dir(tmp_path_factory):
 class Recorder:
     def __init__(self):
         self.events, self.tokens, self.times = [], [], []
+        self.arrivals: list[str] = []  # "event" / "tokens" in the order the sink got them
 
     def on_event(self, event):
         self.events.append(event)
         self.times.append(time.monotonic())
+        self.arrivals.append("event")
 
     def on_tokens(self, tokens):
         self.tokens.append(tokens)
+        self.arrivals.append("tokens")
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +127,10 @@ def test_every_stage_reports_compute_send_and_wait_per_micro_batch_and_step_whil
     assert prefill_send.nbytes >= 2 * 64 * 4
     back = [e for e in result.events if e.device == "head" and e.kind == "send"]
     assert all(e.nbytes == 2 * 8 for e in back)
-    # events arrived over the run, not in one lump at the end
-    assert max(sink.times) - min(sink.times) > 0.02
+    # events arrived over the run, not in one lump at the end: between the tokens, whatever the
+    # machine's speed or load (a time spread depends on both: a quick run fits in one flush)
+    gaps_with_events = {sink.arrivals[:i].count("tokens") for i, a in enumerate(sink.arrivals) if a == "event"}
+    assert len(gaps_with_events) >= 2, sink.arrivals
 
 
 def test_events_of_an_agent_with_a_skewed_clock_land_on_the_coordinators_clock(cluster, model_dir):
