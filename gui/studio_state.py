@@ -53,6 +53,8 @@ class StudioState(QObject):
         self.plans: dict[str, ShardPlan] = {}
         """Each technique's own plan (``core.techniques.technique_of_plan``): running attention
         offloading never replaces the layer-sharding plan the editor shows."""
+        self.plan_origins: dict[str, object] = {}
+        """Technique name -> the ``core.runs.prediction.PlanOrigin`` its plan was made from (``plan_origin``)."""
         self.model_name: str = ""
         self.model_path: str = ""
         """Checkpoint directory of the selected model, when it can be run."""
@@ -139,13 +141,20 @@ class StudioState(QObject):
         if self.problem is not None:
             self.set_problem(with_changes(self.problem, **changes))
 
-    def set_plan(self, plan: ShardPlan | None) -> None:
-        """Make ``plan`` the one to run, and its technique's plan; None clears only the current one."""
+    def set_plan(self, plan: ShardPlan | None, origin=None) -> None:
+        """Make ``plan`` the one to run, and its technique's plan; None clears only the current one.
+        ``origin``: the technique's own problem and plan it was made from (``PlanOrigin``), which
+        predicts its run."""
         if plan is not None:
             from core.techniques import technique_of_plan
 
-            self.plans[technique_of_plan(plan)] = plan
-            self._set_technique(technique_of_plan(plan))
+            key = technique_of_plan(plan)
+            if origin is not None:
+                self.plan_origins[key] = origin
+            elif self.plans.get(key) != plan:  # another plan of it (a re-plan): its origin no longer holds
+                self.plan_origins.pop(key, None)
+            self.plans[key] = plan
+            self._set_technique(key)
         if plan != self.plan:
             self.plan = plan
             self.plan_changed.emit(plan)
@@ -156,6 +165,21 @@ class StudioState(QObject):
         if plan is not None and plan == self.plan:
             self.plan = None
             self.plan_changed.emit(None)
+
+    def plan_origin(self, plan: ShardPlan):
+        """What predicts ``plan``'s run (``core.runs.prediction.PlanOrigin``): the origin its technique's
+        view set with it; a plan of plain layer stages comes from the studio's problem; None: nothing
+        predicts it (better no ghosts than another technique's)."""
+        from core.runs.prediction import PlanOrigin
+        from core.techniques import technique_named, technique_of_plan
+
+        technique = technique_of_plan(plan)
+        origin = self.plan_origins.get(technique)
+        if origin is not None and self.plans.get(technique) == plan:
+            return origin
+        if self.problem is not None and all(getattr(s, "kind", "layers") == "layers" for s in plan.stages):
+            return PlanOrigin(technique_named(technique), self.problem, plan)
+        return None
 
     def plan_for(self, technique: str) -> ShardPlan | None:
         """``technique``'s own plan (None before it has one)."""

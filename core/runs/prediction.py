@@ -10,6 +10,7 @@ so only the first steps are predicted and ``note`` says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from core.runs.batching import run_micro_batches
 from core.planning.plan import ShardPlan
@@ -31,6 +32,18 @@ class RunPrediction:
     steps_requested: int
     note: str = ""
     """Non-empty when only the first steps were predicted."""
+
+
+@dataclass(frozen=True)
+class PlanOrigin:
+    """The technique's own problem and plan a run's ``ShardPlan`` was made from (``Technique.run_plan``):
+    the Run screen predicts that run with the technique's own simulator (``Technique.simulate``), so an
+    expert-offload run's ghosts are EdgeMoE's schedule with its storage reads, not layer sharding's."""
+
+    technique: Any
+    """The ``core.techniques.Technique`` (its ``simulate``, ``modes``, ``title``; core.runs never imports it)."""
+    problem: Any
+    plan: Any
 
 
 def run_group_sizes(n_prompts: int, plan: ShardPlan, micro_batches: int | None = None) -> tuple[int, ...]:
@@ -63,8 +76,28 @@ def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts:
                          steps_requested=max_new_tokens, note=note)
 
 
+def predict_origin_run(origin: PlanOrigin, run_plan: ShardPlan, mode: str, n_prompts: int,
+                       micro_batches: int | None, max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS,
+                       speculation=None) -> RunPrediction:
+    """The predicted timeline of ``run_plan``, made from ``origin``: a shard plan that is its technique's
+    own plan (layer sharding) is simulated with the run's micro-batch split (``predict_run``); another
+    technique's plan by its ``Technique.simulate`` for the tokens asked (the first ``max_stage_steps``
+    at most), in ``mode`` when the technique has that mode, else its plan's own."""
+    if origin.plan is run_plan or origin.plan == run_plan:
+        return predict_run(origin.problem, run_plan, mode, n_prompts, micro_batches, max_new_tokens,
+                           max_stage_steps, speculation)
+    technique = origin.technique
+    steps = max(1, min(max_new_tokens, max_stage_steps // max(1, len(run_plan.stages))))
+    result = technique.simulate(origin.problem, origin.plan, mode if mode in technique.modes else None,
+                                generated_tokens=steps)
+    note = (f"Predicted: the first {steps} of {max_new_tokens} steps ({technique.title}'s schedule)."
+            if steps < max_new_tokens else "")
+    return RunPrediction(result=result, group_sizes=(), steps_predicted=steps, steps_requested=max_new_tokens,
+                         note=note)
+
+
 def predict_run_task(reporter: Reporter, *args, **kwargs) -> RunPrediction:
     """``predict_run`` as long work for a worker (``fn(reporter, ...)``)."""
     if reporter.cancel_requested():
         raise Cancelled()
-    return predict_run(*args, **kwargs)
+    return predict_origin_run(*args, **kwargs)

@@ -560,17 +560,19 @@ class RunPanel(QWidget):
         from core.runs.prediction import predict_run_task
 
         self._predict_timer.stop()
-        problem = getattr(self.state, "problem", None)
         plan = getattr(self.state, "plan", None)
-        if problem is None or plan is None:
+        # the plan's technique predicts it with its own simulator (its view set the origin with the plan)
+        origin = self.state.plan_origin(plan) if plan is not None and hasattr(self.state, "plan_origin") else None
+        if origin is None:
             self.predict_runner.cancel()
             self._show_prediction(None)
             return
         from gui.techniques.speculative import predicted_speculation
 
         s = self.settings()
-        self.predict_runner.start(predict_run_task, problem, plan, s.mode, len(s.prompts), s.micro_batches,
-                                  s.max_new_tokens, speculation=predicted_speculation(s, problem, plan))
+        speculation = predicted_speculation(s, origin.problem, plan) if origin.plan == plan else None
+        self.predict_runner.start(predict_run_task, origin, plan, s.mode, len(s.prompts), s.micro_batches,
+                                  s.max_new_tokens, speculation=speculation)
 
     def _show_prediction(self, prediction) -> None:
         self.monitor.set_predicted(prediction.result.events if prediction is not None else [])

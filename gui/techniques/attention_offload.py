@@ -551,7 +551,12 @@ class AttentionOffloadPlanView(QWidget):
             self.message.show_lines([f"{type(err).__name__}: {err}"], "Cannot run on agents:")
             return
         self.message.show_lines([])
-        self.state.set_plan(shard_plan)
+        from core.runs.prediction import PlanOrigin
+
+        # the Run screen's ghosts: Lamina's staggered schedule of this plan; a scenario's devices are not these
+        # agents, so its plan predicts nothing here
+        self.state.set_plan(shard_plan, origin=PlanOrigin(technique_named("attention-offload"), self.problem, on_agents)
+                            if self.is_measured() else None)
         named = {"compute": list(compute), "memory": list(memory)} if self.is_measured() else {}
         self.state.propose_run_options({"compute_replicas": replicas, "schedule": self.plan.schedule, **named},
                                        on_agents.in_flight if staggered else 0)

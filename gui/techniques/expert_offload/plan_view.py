@@ -456,7 +456,10 @@ class ExpertOffloadPlanView(QWidget):
             return
         if hasattr(self.state, "set_technique_models"):  # the Run screen's Model follows: this plan's checkpoint
             self.state.set_technique_models({**self.state.technique_models, "expert-offload": self._model()})
-        self.state.set_plan(run_plan)
+        from core.runs.prediction import PlanOrigin
+
+        # the Run screen's ghosts: EdgeMoE's simulated schedule of this plan, storage reads included
+        self.state.set_plan(run_plan, origin=PlanOrigin(self.technique, self.problem(), plan))
         self.run_message.show_lines([f"The Run screen runs {run_plan.model} on {device} with {plan.slots} expert "
                                      f"slots, preload {plan.preload}, eviction {plan.policy}."])
 

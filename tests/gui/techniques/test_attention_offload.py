@@ -214,3 +214,31 @@ def test_the_run_options_offer_only_agents_whose_budget_holds_the_dense_part_as_
                                   "memory": ["c1", "m1"]}
     controls.show_for(plan, ["c0", "c1", "m0", "m1"])  # no profile: any agent may be one, in order
     assert controls.replicas.maximum() == 3 and "compute" not in controls.options()
+
+
+def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_layer_sharding_s(qtbot, tiny_llama_dir):
+    """They were layer sharding's (one stage on the compute agent); now the memory agents' attention
+    too, as the technique's simulator (called here on the view's problem and plan) has them."""
+    import msgspec
+
+    from core.techniques.attention_offload.simulator import simulate
+    from gui.screens.run import RunPanel
+    from tests.gui.problems import make_problem
+
+    state, screen, view, _need = _lab_view(qtbot, tiny_llama_dir)
+    state.set_profile(msgspec.structs.replace(make_problem().profile, source="measured"))
+    view.auto_solve()
+    run = RunPanel(state)
+    qtbot.addWidget(run, before_close_func=lambda w: w.shutdown(5.0))
+    run.max_tokens_spin.setValue(4)
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()
+    timeline = run.monitor.timeline
+    qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
+                    and timeline.box_count(predicted=True) > 0, timeout=10_000)
+    compute, memory = view.agent_split()
+    expected = simulate(view.problem, view.plan, generated_tokens=4).events
+    assert all(timeline.box_count(device=m, kind="compute", predicted=True) > 0 for m in memory)
+    assert timeline.box_count(predicted=True) == len(expected)
+    assert timeline.boxes(predicted=True)["end_s"].max() == pytest.approx(max(e.end_s for e in expected))
+    assert set(compute) | set(memory) >= {e.device for e in expected}

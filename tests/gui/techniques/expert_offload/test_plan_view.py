@@ -3,6 +3,8 @@ the paper's baselines with their figures, and the scenario's controls change the
 
 from __future__ import annotations
 
+import pytest
+
 from gui.techniques.expert_offload.plan_view import ExpertOffloadPlanView
 from gui.screens.plan import PlanScreen
 from gui.studio_state import StudioState
@@ -127,3 +129,41 @@ def test_back_on_a_layer_sharding_plan_the_run_screen_runs_its_model_again(qtbot
     view.use_for_run.click()
     state.set_plan(plan_from_boundaries("tiny-llama", 2, ["e0"], []))
     assert run.model_edit.text() == str(llama)
+
+
+def _settled_ghosts(qtbot, run):
+    """The Run screen's predicted timeline once its worker has drawn it."""
+    timeline = run.monitor.timeline
+    qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
+                    and timeline.box_count(predicted=True) > 0, timeout=10_000)
+    return timeline
+
+
+def test_the_run_screens_ghosts_are_edgemoes_schedule_of_the_plan_clipped_to_the_tokens_generated(qtbot, tmp_path):
+    """They were layer sharding's prediction of the Llama's problem. Now: the expert reads on the
+    device's storage lane, and per token the cost model's latency (``evaluate``, computed here)."""
+    from agents.protocol import storage_lane
+    from core.techniques.expert_offload.cost import evaluate
+
+    state, run, view, _moe, _llama = _run_screen_beside_the_view(qtbot, tmp_path)
+    run.max_tokens_spin.setValue(6)
+    view.use_for_run.click()
+    timeline = _settled_ghosts(qtbot, run)
+    problem = view.problem()
+    plan, _ = view.outcome()
+    cost = evaluate(problem, plan.plan)
+    assert timeline.box_count(device="e0", kind="compute", predicted=True) == 6 * problem.model.layers
+    assert timeline.box_count(device=storage_lane("e0"), predicted=True) > 0  # io-exp reads every miss
+    ghosts = timeline.boxes(predicted=True)
+    # io-exp reads every miss on demand: each token costs the cost model's latency, its last layer
+    # ends before the LM head (no box)
+    assert ghosts["end_s"].max() == pytest.approx(6 * cost.latency_per_token_s - problem.model.head_s)
+    state.use_technique("layer-sharding")
+    state.use_technique("expert-offload")  # back on the Plan screen's technique: still EdgeMoE's prediction
+    assert state.plan_origin(state.plan).plan.slots == plan.plan.slots and state.plan_origin(state.plan).plan.device == "e0"
+    ran = [e for e in timeline._predicted_events if e.step <= 1]  # the run stopped at EOS after 2 tokens
+    timeline.append_events(ran)
+    run._finish("done", "done")
+    assert timeline.box_count(predicted=True) == len(ran)
+    assert run.monitor.timeline.x_range()[1] <= max(e.end_s for e in ran) * 1.05
+    run.shutdown(5.0)
