@@ -119,6 +119,9 @@ def _register_run(sub) -> None:
     p.add_argument("--speculate", type=speculate_k, default=None, metavar="K|auto",
                    help="with --draft: tokens a trip (default 3), or auto: the cost model's k for this plan (or plain "
                         "decoding) from --problem and the draft's stored acceptance rate")
+    p.add_argument("--draft-device", metavar="NAME", default=None,
+                   help="with --draft: the plan's stage device that runs the draft (default: the source; auto picks "
+                        "it by the cost model, counting the hops to it and back)")
     p.add_argument("--events", help="write timeline and token events to this JSONL file")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end: every sequence's token "
                    "ids and text (a CNN plan: every image's class and scores), the figures, the recorded run")
@@ -251,7 +254,8 @@ def cmd_run(args) -> int:
     )
     check_run(plan, model_dir, prompts, settings)  # before any agent is started or connected
     args.speculative = speculative_entrance(model_dir, args.draft, args.speculate, prompts, settings, plan,
-                                            lambda: _problem_of(args, plan, len(prompts), "--speculate auto"))
+                                            lambda: _problem_of(args, plan, len(prompts), "--speculate auto"),
+                                            args.draft_device)
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     if agents is not None:
         _check_agents_serve(plan.devices(), agents[0], args.agents)

@@ -12,10 +12,12 @@ with α the draft's per-token acceptance rate (measured on held-out text, stored
 ``core.models.draft_distillation``). Speculation pays when E(k) / trip(k) > 1 / L; the choice of
 ``k`` is the argmax over 1..``MAX_AUTO_K``, or 0 (plain decoding) when no ``k`` beats it.
 
-The draft's cost is what profiling timed on the source (``Profile.draft_times``: ``edgeshard profile
+The draft runs on the source, or on another stage's device the run names (two more hops
+a trip: the committed tokens to it, its proposals back: ``draft_hops_s``; ``choose_draft`` picks the
+device). The draft's cost is what profiling timed on that device (``Profile.draft_times``: ``edgeshard profile
 --draft``), else a proxy: its units are the target's kinds (the embedding, ``layers``
 decoder blocks, the head) at the same widths when it is a cut-down copy, so one draft token costs
-what those units cost on the source device in the target's profile (``draft_token_s``); a draft of
+what those units cost on the draft's device in the target's profile (``draft_token_s``); a draft of
 another shape can pass its own measured figure.
 """
 
@@ -35,12 +37,15 @@ MAX_AUTO_K = 8
 
 @dataclass(frozen=True)
 class DraftFigures:
-    """A draft as the cost model sees it: its acceptance rate and one proposed token's time on the source."""
+    """A draft as the cost model sees it: its acceptance rate and one proposed token's time where it runs."""
 
     acceptance_rate: float
     token_s: float
     measured: bool = False
-    """``token_s`` was timed on the source (``Profile.draft_times``); False: ``draft_token_s``'s proxy."""
+    """``token_s`` was timed on the draft's device (``Profile.draft_times``); False: ``draft_token_s``'s proxy."""
+    device: str = ""
+    """The plan's stage device that drafts ("": the source). Another one adds two hops a trip
+    (``draft_hops_s``) and ``token_s`` is its own."""
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.acceptance_rate <= 1.0 and math.isfinite(self.token_s) and self.token_s >= 0):
@@ -69,10 +74,10 @@ def expected_tokens_per_trip(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def draft_token_s(problem: PlanningProblem, plan: ShardPlan, layers: int) -> float:
-    """One draft token on the source device, by proxy: the target's embedding, ``layers`` decoder
-    blocks (their mean time) and head there, plus the device's once-per-step overhead."""
-    times = _times(problem, plan.stages[0].device)
+def draft_token_s(problem: PlanningProblem, plan: ShardPlan, layers: int, device: str = "") -> float:
+    """One draft token on ``device`` ("": the source), by proxy: the target's embedding, ``layers``
+    decoder blocks (their mean time) and head there, plus the device's once-per-step overhead."""
+    times = _times(problem, device or plan.stages[0].device)
     n = problem.profile.model.num_units
     blocks = [times.decode_time(u, 1) for u in range(1, n - 1)]
     mean_block = sum(blocks) / len(blocks) if blocks else 0.0
@@ -112,9 +117,25 @@ def verify_trip_s(problem: PlanningProblem, plan: ShardPlan, positions: int) -> 
     return total
 
 
+TOKEN_BYTES = 8
+"""A token id on the wire (int64)."""
+
+
+def draft_hops_s(problem: PlanningProblem, plan: ShardPlan, draft: DraftFigures, k: int) -> float:
+    """A draft on another device than the source: per trip, the tokens committed since the last ask
+    (E(k) on average) go to it and its ``k`` proposals come back (0 for a draft on the source)."""
+    source = plan.stages[0].device
+    if not draft.device or draft.device == source:
+        return 0.0
+    committed = expected_tokens_per_trip(draft.acceptance_rate, k)
+    return (transfer_s(problem, source, draft.device, committed * TOKEN_BYTES)
+            + transfer_s(problem, draft.device, source, k * TOKEN_BYTES))
+
+
 def trip_s(problem: PlanningProblem, plan: ShardPlan, draft: DraftFigures, k: int) -> float:
-    """A whole trip: ``k`` draft tokens on the source, then the verify of ``k + 1`` positions."""
-    return k * draft.token_s + verify_trip_s(problem, plan, k + 1)
+    """A whole trip: ``k`` draft tokens where the draft runs (and the hops to it and back), then the
+    verify of ``k + 1`` positions."""
+    return k * draft.token_s + draft_hops_s(problem, plan, draft, k) + verify_trip_s(problem, plan, k + 1)
 
 
 def speculative_tokens_s(problem: PlanningProblem, plan: ShardPlan, draft: DraftFigures, k: int) -> float:
@@ -143,5 +164,20 @@ def choose_k(problem: PlanningProblem, plan: ShardPlan, draft: DraftFigures, max
                              tokens_per_trip=expected_tokens_per_trip(draft.acceptance_rate, best_k))
 
 
-__all__ = ["MAX_AUTO_K", "DraftFigures", "SpeculationChoice", "choose_k", "draft_token_s", "expected_tokens_per_trip",
+def choose_draft(problem: PlanningProblem, plan: ShardPlan, drafts: list[DraftFigures],
+                 max_k: int = MAX_AUTO_K) -> tuple[DraftFigures, SpeculationChoice]:
+    """Of the same draft's figures on several devices, the one with the most predicted tokens/s at
+    its own best ``k`` (the first on a tie: list the source first to keep it when nothing gains)."""
+    if not drafts:
+        raise ValueError("no device to draft on")
+    best = None
+    for d in drafts:
+        choice = choose_k(problem, plan, d, max_k)
+        if best is None or choice.speculative_tokens_s > best[1].speculative_tokens_s:
+            best = (d, choice)
+    return best
+
+
+__all__ = ["MAX_AUTO_K", "DraftFigures", "SpeculationChoice", "choose_draft", "choose_k", "draft_hops_s", "draft_token_s",
+           "expected_tokens_per_trip",
            "measured_draft_token_s", "predicted_run_s", "speculative_tokens_s", "trip_s", "verify_trip_s"]

@@ -20,7 +20,7 @@ from agents.protocol import SamplingSpec
 from agents.techniques.speculative.messages import MAX_SPECULATE, ReadStageCache, SpeculativeOptions
 from core.errors import EdgeShardError
 from core.models.draft_distillation import SPECULATION_FILE, stored_acceptance
-from core.planning.speculation import DraftFigures, choose_k, draft_token_s, measured_draft_token_s
+from core.planning.speculation import DraftFigures, choose_draft, choose_k, draft_token_s, measured_draft_token_s
 from core.runs.run_stream import RunRequest
 
 if TYPE_CHECKING:
@@ -35,6 +35,20 @@ class DraftMismatch(EdgeShardError):
 class SpeculativeSettings:
     draft_dir: str
     k: int
+    draft_device: str = ""
+    """The plan's stage device that runs the draft ("": the source)."""
+
+
+def check_draft_device(plan, device: str | None) -> str:
+    """``--draft-device``'s value when the plan has a stage on it ("" for none given), else a one-line
+    ``DraftMismatch``: the draft runs on an agent the plan loads (its data socket takes the source's frames)."""
+    if not device:
+        return ""
+    devices = [s.device for s in plan.stages]
+    if device not in devices:
+        raise DraftMismatch(f"--draft-device {device!r} is not a device of the plan ({', '.join(devices)}): "
+                            "name one of its stages' devices")
+    return device
 
 
 def check_draft(target_dir: str | Path, draft_dir: str | Path, k: int) -> SpeculativeSettings:
@@ -82,7 +96,8 @@ def speculative_request(prompt: list[int] | tuple[int, ...], max_new_tokens: int
     return RunRequest(input_ids=(tuple(prompt),), attention_mask=((1,) * len(prompt),), max_new_tokens=max_new_tokens,
                       mode="sequential", eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                       sampling=sampling, options=SpeculativeOptions(draft_dir=settings.draft_dir, k=settings.k,
-                                                                 keep_cache=keep_cache))
+                                                                 keep_cache=keep_cache,
+                                                                 draft_device=settings.draft_device))
 
 
 def speculation_problem(prompts, settings) -> str:
@@ -110,9 +125,9 @@ def speculate_k(text: str) -> int | str:
     return k
 
 
-def draft_figures(problem, plan, draft_dir: str | Path) -> DraftFigures:
-    """The cost model's view of a draft: its stored acceptance rate and its token's cost on the plan's
-    source device as profiling timed it there (``Profile.draft_times``), else by proxy
+def draft_figures(problem, plan, draft_dir: str | Path, device: str = "") -> DraftFigures:
+    """The cost model's view of a draft on ``device`` ("": the plan's source): its stored acceptance
+    rate and its token's cost there as profiling timed it (``Profile.draft_times``), else by proxy
     (``core.planning.speculation.draft_token_s``)."""
     alpha = stored_acceptance(draft_dir)
     if alpha is None:
@@ -122,10 +137,10 @@ def draft_figures(problem, plan, draft_dir: str | Path) -> DraftFigures:
         layers = int(json.loads((Path(draft_dir) / "config.json").read_text())["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DraftMismatch(f"{draft_dir}/config.json: cannot read num_hidden_layers ({err})") from None
-    timed = measured_draft_token_s(problem, plan.stages[0].device, Path(draft_dir).name)
+    timed = measured_draft_token_s(problem, device or plan.stages[0].device, Path(draft_dir).name)
     if timed is not None:
-        return DraftFigures(acceptance_rate=alpha, token_s=timed, measured=True)
-    return DraftFigures(acceptance_rate=alpha, token_s=draft_token_s(problem, plan, layers))
+        return DraftFigures(acceptance_rate=alpha, token_s=timed, measured=True, device=device)
+    return DraftFigures(acceptance_rate=alpha, token_s=draft_token_s(problem, plan, layers, device), device=device)
 
 
 def check_compare_draft(draft_dir: str) -> None:
@@ -167,36 +182,45 @@ def compare_speculation(problem, outcomes, draft_dir: str) -> list[str]:
 
 
 def speculative_entrance(model_dir: str, draft: str | None, k: int | str | None, prompts, settings,
-                         plan=None, problem_of=None) -> SpeculativeSettings | None:
-    """``edgeshard run --draft DIR --speculate K|auto``'s check, before any agent is started: the
-    settings (None without ``--draft``, or when ``auto`` finds plain decoding faster), or a one-line
-    ``DraftMismatch``. ``problem_of``: the run's planning problem, asked only for ``auto`` (of ``plan``)."""
+                         plan=None, problem_of=None, draft_device: str | None = None) -> SpeculativeSettings | None:
+    """``edgeshard run --draft DIR --speculate K|auto [--draft-device NAME]``'s check, before any
+    agent is started: the settings (None without ``--draft``, or when ``auto`` finds plain decoding
+    faster), or a one-line ``DraftMismatch``. ``problem_of``: the run's planning problem, asked only
+    for ``auto`` (of ``plan``); ``auto`` without ``--draft-device`` also picks the draft's device."""
     if draft is None:
-        if k is not None:
-            raise DraftMismatch("--speculate needs --draft DIR (the draft checkpoint that proposes the tokens)")
+        if k is not None or draft_device:
+            flag = "--speculate" if k is not None else "--draft-device"
+            raise DraftMismatch(f"{flag} needs --draft DIR (the draft checkpoint that proposes the tokens)")
         return None
     problem = speculation_problem(prompts, settings)
     if problem:
         raise DraftMismatch(problem)
+    if draft_device and plan is None:
+        raise DraftMismatch("--draft-device needs the plan (--plan) whose stage runs the draft")
+    device = check_draft_device(plan, draft_device) if draft_device else ""
     if k != "auto":
-        return check_draft(model_dir, draft, 3 if k is None else k)
+        return replace(check_draft(model_dir, draft, 3 if k is None else k), draft_device=device)
     check_draft(model_dir, draft, 1)
     if problem_of is None or plan is None:
         raise DraftMismatch("--speculate auto needs the plan and its planning problem (--problem)")
-    return auto_settings(problem_of(), plan, model_dir, draft)
+    return auto_settings(problem_of(), plan, model_dir, draft, device or None)
 
 
-def auto_settings(problem, plan, model_dir: str, draft: str) -> SpeculativeSettings | None:
-    """``--speculate auto``: the cost model's k for ``plan`` (None: plain decoding is predicted faster)."""
-    choice = choose_k(problem, plan, draft_figures(problem, plan, draft))
-    return None if choice.k == 0 else check_draft(model_dir, draft, choice.k)
+def auto_settings(problem, plan, model_dir: str, draft: str, device: str | None = None) -> SpeculativeSettings | None:
+    """``--speculate auto``: the cost model's k for ``plan`` and, without ``device``, the stage device
+    the draft runs fastest on counting its hops (None: plain decoding is predicted faster)."""
+    source = plan.stages[0].device
+    devices = [device] if device is not None else [source, *(s.device for s in plan.stages if s.device != source)]
+    figures, choice = choose_draft(problem, plan, [draft_figures(problem, plan, draft, "" if d == source else d)
+                                                   for d in devices])
+    return None if choice.k == 0 else replace(check_draft(model_dir, draft, choice.k), draft_device=figures.device)
 
 
 def generate_speculative(coordinator, plan, model_dir: str, prompt: str, settings, speculative: SpeculativeSettings,
                          *, sink=None, reporter=None):
     """Load ``plan`` and generate for ``prompt`` (greedy or seeded sampling) with the draft proposing
     ``speculative.k`` tokens a trip: the same tokenization, stop tokens, streamed text and figures as
-    ``core.runs.generation.generate`` (the source reads the draft from its own disk)."""
+    ``core.runs.generation.generate`` (the draft's device reads the draft from its own disk)."""
     from core.runs.generation import generate_with, load_plan
 
     problem = speculation_problem([prompt], settings)
@@ -204,7 +228,8 @@ def generate_speculative(coordinator, plan, model_dir: str, prompt: str, setting
         raise DraftMismatch(problem)
     load_plan(coordinator, plan, model_dir, settings, reporter=reporter)  # no KV reservation: the caches grow
     coordinator.sync_clocks()
-    options = SpeculativeOptions(draft_dir=speculative.draft_dir, k=speculative.k)
+    options = SpeculativeOptions(draft_dir=speculative.draft_dir, k=speculative.k,
+                                 draft_device=speculative.draft_device)
     return generate_with(lambda request, s: coordinator.run(plan, replace(request, micro_batches=1, options=options),
                                                             s, reporter), model_dir, [prompt], settings, sink=sink)
 

@@ -2,18 +2,21 @@
 
 The source drafts ``k`` tokens with a small model sharing the target's tokenizer; the stages verify
 them in one trip (each rewinds its KV cache to the committed length first) and the target's own
-greedy tokens decide what is kept. ``messages``: its wire; ``session``: the run (a stage's verify is
+greedy tokens decide what is kept (the draft on another stage: ``remote_draft``). ``messages``: its wire; ``session``: the run (a stage's verify is
 ``agents.shard.StageExecutor.decode_positions``: a rewind, then several positions at once). Registered as ``TECHNIQUE`` by ``agents.techniques``."""
 
 from __future__ import annotations
 
 from agents.registry import AgentTechnique, DataKind, Handler
 from agents.techniques.speculative.messages import (
+    DRAFT_ASK,
+    PROPOSALS,
     VERDICT,
     VERIFY,
     ReadStageCache,
     SpeculativeOptions,
     StageCache,
+    DraftAsk,
     DraftTimed,
     TimeDraft,
     VerifyFrame,
@@ -67,8 +70,9 @@ def forget_cache(agent) -> None:
 TECHNIQUE = AgentTechnique(
     name="speculative",
     messages=(ReadStageCache, StageCache, TimeDraft, DraftTimed),
-    options=(SpeculativeOptions, VerifyFrame),
-    data_kinds=(DataKind(VERIFY, VerifyFrame), DataKind(VERDICT, None, required=False)),
+    options=(SpeculativeOptions, VerifyFrame, DraftAsk),
+    data_kinds=(DataKind(VERIFY, VerifyFrame), DataKind(VERDICT, None, required=False), DataKind(DRAFT_ASK, DraftAsk),
+                DataKind(PROPOSALS, None, required=False)),
     handlers=(Handler(ReadStageCache, on_control=read_cache),
               Handler(TimeDraft, serve=time_draft, exclusive=True, wanted="time a draft", activity="timing a draft")),
     run_drivers={SpeculativeOptions: drive},

@@ -17,6 +17,14 @@ the stages; every stage first rewinds its KV cache to ``VerifyFrame.keep`` posit
 VERDICT = "verdict"
 """Data kind: the last stage's greedy token after each of a verify trip's positions, back to the source."""
 
+DRAFT_ASK = "draft_ask"
+"""Data kind: the source to the draft's device (a stage other than the source): the committed tokens
+the draft has not seen yet (``DraftAsk``)."""
+
+PROPOSALS = "proposals"
+"""Data kind: the draft's device back to the source: a trip's proposed tokens (and, when sampling,
+the draft's distributions they were drawn from)."""
+
 
 class SpeculativeOptions(Options, frozen=True, tag="speculative"):
     """``StartRun.options`` of a greedy speculative run: the source drafts ``k`` tokens with the
@@ -28,6 +36,10 @@ class SpeculativeOptions(Options, frozen=True, tag="speculative"):
     """A diagnostic: the source ends the run with one more trip of the last token over the committed
     positions (each stage rewinds whatever the last trip's rejected proposals left), and every stage
     keeps its KV cache after the run for its coordinator's ``ReadStageCache``."""
+    draft_device: str = ""
+    """The plan's stage device that runs the draft ("": the source itself). Another stage drafts
+    between trips, while the stages wait: the source sends it the newly committed tokens and it
+    sends its proposals back (two hops a trip instead of none)."""
     every_stage: ClassVar[bool] = True
     """Every stage's ``StartRun`` carries them: each stage runs the verify trips."""
 
@@ -45,6 +57,17 @@ class VerifyFrame(Options, frozen=True, tag="verify_frame"):
 
     def problem(self) -> str:
         return "" if self.keep >= 0 else f"keep must be >= 0, got {self.keep}"
+
+
+class DraftAsk(Options, frozen=True, tag="draft_ask"):
+    """A ``DRAFT_ASK`` frame: the draft's context is its first ``keep`` tokens and the frame's; it
+    proposes ``n`` tokens after them (drawn with the trip's generator, ``DataHeader.step``, when sampling)."""
+
+    keep: int
+    n: int
+
+    def problem(self) -> str:
+        return "" if self.keep >= 0 and 1 <= self.n <= MAX_SPECULATE else f"keep >= 0, n in [1, {MAX_SPECULATE}]"
 
 
 class ReadStageCache(Message, frozen=True, tag="read_stage_cache"):

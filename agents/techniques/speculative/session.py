@@ -18,7 +18,8 @@ from agents.emulation import compute_began, end_emulated
 from agents.protocol import DataHeader, TokensProduced
 from agents.envelope import options_of, options_slot
 from agents.techniques.speculative.acceptance import accept, distribution, draw, trip_generator
-from agents.techniques.speculative.messages import VERDICT, VERIFY, SpeculativeOptions, VerifyFrame
+from agents.techniques.speculative.messages import DRAFT_ASK, VERDICT, VERIFY, SpeculativeOptions, VerifyFrame
+from agents.techniques.speculative.remote_draft import DraftLink
 from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
 
 ROOM = "speculative"
@@ -94,6 +95,18 @@ class SpeculativeStageRun:
         self.sampling = msg.sampling if msg.sampling.temperature > 0 else None
         """None: greedy (the last stage returns its argmax per position); else the last stage
         returns every position's logits and the source applies ``acceptance.accept``."""
+        peers = {p.device: p for p in loaded.msg.peers}
+        drafter = self.options.draft_device or loaded.source_device
+        if drafter not in peers:
+            raise ValueError(f"draft device {drafter!r} is not a stage of the loaded plan")
+        self.draft_link = None
+        """A draft on another stage (``remote_draft``): the source's link to it, or its link to the source."""
+        if drafter != loaded.source_device and agent.device in (drafter, loaded.source_device):
+            other = drafter if agent.device == loaded.source_device else loaded.source_device
+            self.draft_link = DraftLink(agent, msg.run_id, peers[other], stop)
+        self.remote_draft = None
+        if drafter == agent.device and not self.is_first:  # loaded before the first ask, not during a trip
+            self.remote_draft = Draft(draft_model(agent, self.options.draft_dir), self.sampling)
 
     # ------------------------------------------------------------------ every stage
     def serve(self) -> None:
@@ -103,6 +116,10 @@ class SpeculativeStageRun:
             if received is None:
                 continue
             header, bufs, _ = received
+            if header.run_id == self.msg.run_id and header.kind == DRAFT_ASK and self.remote_draft is not None:
+                seed = None if self.sampling is None else self.sampling.seed
+                self.draft_link.answer(self.remote_draft, header, bufs, seed)
+                continue
             if header.run_id != self.msg.run_id or header.kind != VERIFY or len(header.tensors) not in (1, 2):
                 continue  # a straggler of another run, a probe, or a frame this run never sends
             x = tensor_from_frame(header.tensors[0], bufs[0])
@@ -164,7 +181,7 @@ class SpeculativeStageRun:
         prompt = list(msg.input_ids[0])
         if not all(msg.attention_mask[0]):
             raise ValueError("a speculative run's prompt carries no padding")
-        draft = Draft(draft_model(self.agent, self.options.draft_dir), self.sampling)
+        draft = None if self.draft_link else Draft(draft_model(self.agent, self.options.draft_dir), self.sampling)
         eos, budget, k, s = set(msg.eos_token_ids), msg.max_new_tokens, self.options.k, self.sampling
         ids = torch.tensor([prompt], dtype=torch.int64)
         out: list[int] = []
@@ -184,10 +201,16 @@ class SpeculativeStageRun:
                     return (tuple(out),)
             step += 1
             generator = None if s is None else trip_generator(s.seed, step)
-            t0, began = self.agent.clock(), compute_began()
-            proposals, q = draft.propose(prompt + out, min(k, budget - len(out) - 1), generator)
-            end_emulated(self.agent.emulation.compute_slowdown, began)  # drafting on an emulated device: its speed
-            self.agent._event("draft", "decode", step, GROUP, t0, self.agent.clock(), len(proposals))
+            n = min(k, budget - len(out) - 1)
+            if draft is None:  # the draft's device proposes (and records its draft event)
+                proposals, q = self.draft_link.ask(step, prompt + out, n, s is not None) if n else ([], None)
+                for row in () if q is None else q:  # the draws the draft made on its copy of the trip's generator:
+                    draw(row, generator)  # the acceptance's draws follow them, as with the draft here
+            else:
+                t0, began = self.agent.clock(), compute_began()
+                proposals, q = draft.propose(prompt + out, n, generator)
+                end_emulated(self.agent.emulation.compute_slowdown, began)  # drafting on an emulated device: its speed
+                self.agent._event("draft", "decode", step, GROUP, t0, self.agent.clock(), len(proposals))
             verdict = self._trip(step, torch.tensor([[out[-1], *proposals]], dtype=torch.int64),
                                  len(prompt) + len(out) - 1)
             if s is None:
@@ -211,6 +234,8 @@ def drive(agent, loaded, msg, stop):
             return run.generate()
         run.serve()
     finally:
+        if run.draft_link is not None:
+            run.draft_link.close()
         room = agent.room(ROOM)
         room.pop("kept_cache", None)
         if run.options.keep_cache and GROUP in run.ex.groups():

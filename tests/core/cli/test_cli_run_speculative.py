@@ -37,7 +37,10 @@ def files(tmp_path_factory):
     (["--draft", "{target}", "--speculate", "auto"], "--speculate auto: invalid: needs --problem"),
     (["--draft", "{target}", "--speculate", "two"], "must be auto or an integer"),
     (["--draft", "{target}", "--prompt", "two"], "speculative decoding runs one prompt, got 2"),
-], ids=["another-vocabulary", "k-zero", "no-draft", "penalty", "auto-without-problem", "k-word", "two-prompts"])
+    (["--draft", "{target}", "--draft-device", "c"], "--draft-device 'c' is not a device of the plan (a, b)"),
+    (["--draft-device", "b"], "--draft-device needs --draft DIR"),
+], ids=["another-vocabulary", "k-zero", "no-draft", "penalty", "auto-without-problem", "k-word", "two-prompts",
+        "unknown-draft-device", "draft-device-without-draft"])
 def test_a_speculative_run_it_cannot_do_is_refused_in_one_line_before_any_agent(files, extra, message):
     target, other, plan = files
     args = [a.format(target=target, other=other) for a in extra]

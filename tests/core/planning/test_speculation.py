@@ -13,8 +13,8 @@ from core.models.units import ModelSpec, ModelUnit
 from core.planning.cost import step_time_s
 from core.planning.plan import plan_from_boundaries
 from core.planning.problem import PlanningProblem, Workload
-from core.planning.speculation import (DraftFigures, choose_k, draft_token_s, expected_tokens_per_trip,
-                                       speculative_tokens_s, verify_trip_s)
+from core.planning.speculation import (DraftFigures, choose_draft, choose_k, draft_token_s, expected_tokens_per_trip,
+                                       speculative_tokens_s, trip_s, verify_trip_s)
 
 
 def _problem(latency_ms: float) -> PlanningProblem:
@@ -90,3 +90,23 @@ def test_a_draft_timed_on_the_plans_source_is_costed_by_that_time_and_another_de
     assert measured_draft_token_s(timed, "a", "draft") == 7e-3
     assert measured_draft_token_s(timed, "a", "other-draft") is None
     assert measured_draft_token_s(problem, "a", "draft") is None
+
+
+def test_a_draft_on_another_device_pays_its_token_there_and_a_hop_each_way_a_trip():
+    problem, k = _problem(latency_ms=5.0), 3
+    here = DraftFigures(acceptance_rate=0.5, token_s=2e-3)
+    there = DraftFigures(acceptance_rate=0.5, token_s=1e-3, device="b")
+    committed = (1 - 0.5 ** 4) / 0.5  # E(3): the tokens sent to the draft's device a trip, 8 bytes each
+    hops = 2 * 5e-3 + (committed * 8 + k * 8) * 8 / 800e6  # a -> b the committed tokens, b -> a the proposals
+    assert trip_s(problem, PLAN, there, k) == pytest.approx(k * 1e-3 + hops + verify_trip_s(problem, PLAN, k + 1))
+    assert trip_s(problem, PLAN, here, k) == pytest.approx(k * 2e-3 + verify_trip_s(problem, PLAN, k + 1))
+    assert draft_token_s(problem, PLAN, 1, "b") == pytest.approx(3e-3)  # the proxy on b's own profiled units
+
+
+def test_auto_puts_the_draft_where_it_is_fastest_counting_its_hops():
+    fast_b = [DraftFigures(acceptance_rate=0.8, token_s=5e-3), DraftFigures(acceptance_rate=0.8, token_s=1e-3, device="b")]
+    near, far = _problem(latency_ms=0.1), _problem(latency_ms=50.0)
+    figures, choice = choose_draft(near, PLAN, fast_b)  # b drafts 5x faster, its hops cost 0.2 ms a trip
+    assert figures.device == "b" and choice == choose_k(near, PLAN, fast_b[1])
+    figures, choice = choose_draft(far, PLAN, fast_b)  # 100 ms of hops a trip outweigh <= 32 ms of drafting saved
+    assert figures.device == "" and choice == choose_k(far, PLAN, fast_b[0])

@@ -88,6 +88,20 @@ def test_speculative_greedy_tokens_equal_plain_decoding_and_transformers(loaded,
     assert len(drafts) == trips(result) and {e.device for e in drafts} == {plan.stages[0].device}
 
 
+def test_a_draft_on_another_stage_gives_plain_decodings_and_transformers_greedy_tokens(loaded, models, references):
+    from dataclasses import replace
+
+    coord, plan, plain = loaded
+    source, drafter = plan.stages[0].device, plan.stages[1].device  # 2 stages: the last; 3: the middle one
+    settings = replace(check_draft(models[1], models[2], 3), draft_device=drafter)
+    result = coord.run(plan, speculative_request(PROMPT, NEW, settings))
+    assert list(result.tokens[0]) == list(plain) == references[0] == references[1]
+    drafts = [e for e in result.events if e.kind == "draft"]  # a last trip left no room to propose: no ask
+    assert trips(result) - 1 <= len(drafts) <= trips(result) and {e.device for e in drafts} == {drafter}
+    hops = {(e.device, e.peer) for e in result.events if e.kind == "send" and e.phase == "decode"}
+    assert {(source, drafter), (drafter, source)} <= hops  # the committed tokens to it, its proposals back
+
+
 CACHE_ATOL = 1e-5
 """A stage's cached keys/values against transformers' one forward over the same tokens: the agents
 computed them in pieces (the prompt, then trips of up to k+1 positions) where the reference runs
@@ -197,21 +211,25 @@ def reference_speculative_sampling(target, draft, prompt, k, new, seed):
 
 @pytest.fixture(scope="module")
 def sampled(cluster, models):
-    """Seeded speculative sampling on 3 stages: two runs of seed 11, one of seed 12."""
+    """Seeded speculative sampling on 3 stages: two runs of seed 11, one of seed 12, and one of seed
+    11 with the draft on the last stage's device."""
+    from dataclasses import replace
+
     from agents.protocol import SamplingSpec
 
     plan = plan_from_boundaries("target", 6, DEVICES, BOUNDS[3])
     load_plan(cluster, plan, models[1], GenerationSettings(threads=1))
     spec = check_draft(models[1], models[2], 3)
+    far = replace(spec, draft_device=DEVICES[2])
     runs = {}
-    for name, seed in (("first", 11), ("again", 11), ("other", 12)):
-        runs[name] = cluster.run(plan, speculative_request(PROMPT, NEW, spec, sampling=SamplingSpec(
+    for name, seed, settings in (("first", 11, spec), ("again", 11, spec), ("other", 12, spec), ("far", 11, far)):
+        runs[name] = cluster.run(plan, speculative_request(PROMPT, NEW, settings, sampling=SamplingSpec(
             temperature=TEMPERATURE, seed=seed)))
     return runs
 
 
 def test_seeded_speculative_sampling_over_agents_is_reproducible(sampled):
-    assert list(sampled["first"].tokens[0]) == list(sampled["again"].tokens[0])
+    assert list(sampled["first"].tokens[0]) == list(sampled["again"].tokens[0]) == list(sampled["far"].tokens[0])
     assert list(sampled["first"].tokens[0]) != list(sampled["other"].tokens[0])
     assert len(sampled["first"].tokens[0]) == NEW
 
@@ -221,5 +239,7 @@ def test_speculative_sampling_over_agents_draws_what_the_papers_rule_draws_in_pr
 
     target, draft = (AutoModelForCausalLM.from_pretrained(d).eval() for d in models[1:])
     assert list(sampled["first"].tokens[0]) == reference_speculative_sampling(target, draft, list(PROMPT), 3, NEW, 11)
+    assert list(sampled["far"].tokens[0]) == list(sampled["first"].tokens[0])  # a draft elsewhere draws the same
+    assert {e.device for e in sampled["far"].events if e.kind == "draft"} == {DEVICES[2]}
     assert list(sampled["other"].tokens[0]) == reference_speculative_sampling(target, draft, list(PROMPT), 3, NEW, 12)
     assert 1 < trips(sampled["first"]) < NEW - 1  # proposals were both accepted and rejected on the way
