@@ -30,7 +30,8 @@ tokens, too few to measure decoding):
   in process (the peer; no pipeline, no links).
 
 The 1-minute load is read before and after. Usage: python bench/speculative.py [--k auto|K]
-[--tokens 32] [--rounds 2] [--draft DIR]
+[--tokens 32] [--rounds 2] [--draft DIR] [--draft-device NAME] (NAME: a stage's device that drafts in
+the plans that have it; ``terms.draft_device`` says where each plan's draft ran)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,6 +67,9 @@ def main() -> int:
     ap.add_argument("--draft-cost", choices=("measured", "proxy"), default="measured",
                     help="the draft's token time the prediction uses: timed on the source while profiling "
                          "(Profile.draft_times), or the proxy from the target's units (draft_token_s)")
+    ap.add_argument("--draft-device", default="",
+                    help="a plan's stage device that runs the draft (plans without it draft on the source; default: "
+                         "the source); its token is timed there and the two hops a trip are in the prediction")
     args = ap.parse_args()
 
     import torch
@@ -122,14 +127,15 @@ def main() -> int:
                                                     generated_tokens=args.tokens))
         for n, (devices, bounds) in PLANS.items():
             plan = plan_from_boundaries(model.name, 8, list(devices), bounds)
-            figures = draft_figures(problem, plan, draft)  # as --speculate auto and Compare see the draft
+            device = args.draft_device if args.draft_device in devices[1:] else ""
+            figures = draft_figures(problem, plan, draft, device)  # as --speculate auto and Compare see the draft
             proxy_s = draft_token_s(problem, plan, json.loads((draft / "config.json").read_text())["num_hidden_layers"])
             k = choose_k(problem, plan, figures).k if args.k == "auto" else int(args.k)
             chosen[f"{n}_stages"] = k
             if k == 0:
                 speedup[f"{n}_stages"] = None  # the cost model predicts plain decoding faster: nothing to run
                 continue
-            spec = check_draft(model, draft, k)
+            spec = replace(check_draft(model, draft, k), draft_device=device)
             pred_plain = predicted_run_s(problem, plan, figures, 0, args.tokens)
             pred_spec = predicted_run_s(problem, plan, figures, k, args.tokens)
             load_plan(coord, plan, str(model), GenerationSettings(threads=1))
@@ -158,7 +164,8 @@ def main() -> int:
                 "draft_token_ms": {"proxy": round(proxy_s * 1e3, 3), "used": round(figures.token_s * 1e3, 3),
                                    "used_measured": figures.measured,
                                    "scored_runs": round(statistics.median(drafted) * 1e3, 3) if drafted else None},
-                "tokens_per_trip_predicted": round(expected_tokens_per_trip(figures.acceptance_rate, k), 3)}
+                "tokens_per_trip_predicted": round(expected_tokens_per_trip(figures.acceptance_rate, k), 3),
+                "draft_device": device or devices[0]}
     print(json.dumps({
         "tokens_equal": equal,
         "acceptance_rate": round(statistics.mean(rates), 3) if rates else None,

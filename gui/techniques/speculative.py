@@ -230,7 +230,7 @@ def predicted_speculation(settings, problem, plan):
 
     try:
         chosen = speculative_settings(settings, problem, plan)
-        return None if chosen is None else (draft_figures(problem, plan, chosen.draft_dir), chosen.k)
+        return None if chosen is None else (draft_figures(problem, plan, chosen.draft_dir, chosen.draft_device), chosen.k)
     except (DraftMismatch, ValueError, KeyError):
         return None
 
