@@ -21,11 +21,25 @@ from agents.transport import PeerSenders, RunAborted, data_message, tensor_frame
 GROUP = 0
 
 
+def awaited(agent, run_id: str, kind: str, step: int, stop, n_tensors: int = 1) -> list[torch.Tensor]:
+    """The tensors of this run's next ``kind`` frame of ``step`` (other frames are stragglers: dropped)."""
+    while True:
+        if stop.is_set():
+            raise RunAborted()
+        received = agent.receive_data(1 << 30, timeout_ms=None)
+        if received is None:
+            continue
+        header, bufs, _ = received
+        if header.run_id == run_id and header.kind == kind and header.step == step \
+                and len(header.tensors) >= n_tensors:
+            return [tensor_from_frame(spec, buf) for spec, buf in zip(header.tensors, bufs)]
+
+
 class DraftLink:
     """One end of the source <-> draft-device exchange of a run: the source's ``ask`` or the draft
     device's ``answer``; ``peer`` is the other end's ``PeerSpec``."""
 
-    def __init__(self, agent, run_id: int, peer, stop) -> None:
+    def __init__(self, agent, run_id: str, peer, stop) -> None:
         from agents.agent import SEND_TIMEOUT_MS
 
         self.agent, self.run_id, self.peer, self.stop = agent, run_id, peer, stop
@@ -57,18 +71,8 @@ class DraftLink:
         fresh = torch.tensor([context[self.known:]], dtype=torch.int64)
         self._send(DRAFT_ASK, step, [fresh], DraftAsk(keep=self.known, n=n))
         self.known = len(context)
-        while True:
-            if self.stop.is_set():
-                raise RunAborted()
-            received = self.agent.receive_data(1 << 30, timeout_ms=None)
-            if received is None:
-                continue
-            header, bufs, _ = received
-            if header.run_id == self.run_id and header.kind == PROPOSALS and header.step == step \
-                    and len(header.tensors) == (2 if sampled else 1):
-                proposals = tensor_from_frame(header.tensors[0], bufs[0]).reshape(-1).tolist()
-                q = tensor_from_frame(header.tensors[1], bufs[1]) if sampled else None
-                return [int(t) for t in proposals], q
+        tensors = awaited(self.agent, self.run_id, PROPOSALS, step, self.stop, 2 if sampled else 1)
+        return [int(t) for t in tensors[0].reshape(-1).tolist()], tensors[1] if sampled else None
 
     # ------------------------------------------------------------------ the draft's device
     def answer(self, draft, header, bufs, seed: int | None) -> None:

@@ -19,7 +19,7 @@ from agents.protocol import DataHeader, TokensProduced
 from agents.envelope import options_of, options_slot
 from agents.techniques.speculative.acceptance import accept, distribution, draw, trip_generator
 from agents.techniques.speculative.messages import DRAFT_ASK, VERDICT, VERIFY, SpeculativeOptions, VerifyFrame
-from agents.techniques.speculative.remote_draft import DraftLink
+from agents.techniques.speculative.remote_draft import DraftLink, awaited
 from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
 
 ROOM = "speculative"
@@ -162,15 +162,8 @@ class SpeculativeStageRun:
         """One trip through every stage: the target's greedy token after each position of ``x``
         (int64 [n]), or when sampling its logits there ([n, V])."""
         got = self._through(step, x, keep, mask)
-        while got is None:
-            if self.stop.is_set():
-                raise RunAborted()
-            received = self.agent.receive_data(1 << 30, timeout_ms=None)
-            if received is None:
-                continue
-            header, bufs, _ = received
-            if header.run_id == self.msg.run_id and header.kind == VERDICT and header.step == step:
-                got = tensor_from_frame(header.tensors[0], bufs[0])
+        if got is None:
+            got = awaited(self.agent, self.msg.run_id, VERDICT, step, self.stop)[0]
         self.agent._wake_for_outbox()
         return got.reshape(-1) if self.sampling is None else got.reshape(-1, got.shape[-1])
 
