@@ -146,8 +146,9 @@ class ServedModel:
         batches, after the tokens: a request's last events come after it is done)."""
         self._records: dict[ServedRequest, RunRecorder] = {}
         self._unrecorded: dict[ServedRequest, list] = {}
-        self._wire_at: dict[ServedRequest, object] = {}
         """Requests whose run record is being created: what their stream brings waits here."""
+        self._wire_at: dict[ServedRequest, object] = {}
+        """Per recorded request, the agents' wire counters when its record opened (``core.runs.wire``)."""
         self.observer = None
         """Also told the open run's stream as it comes (``on_event``/``on_tokens``, the run's clock and
         sequence ids; e.g. the studio's timeline), on the coordinator's IO thread."""
