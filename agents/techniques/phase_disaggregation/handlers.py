@@ -56,8 +56,11 @@ def serve_phase(agent, msg):
 
 
 def kv_bytes_per_token(executor) -> int:
-    """Bytes of KV cache one token takes in the text model of ``executor`` (a coupled one: its prefill's)."""
+    """Bytes of KV cache one token takes in the text model of ``executor`` (a coupled one: its prefill's; 0: it
+    holds none, an encode stage)."""
     text = getattr(executor, "parts", {}).get(PrefillPrompt, executor)
+    if not hasattr(text, "kv_heads"):
+        return 0
     return text.layers * 2 * text.kv_heads * text.head_dim * text.dtype.itemsize
 
 
@@ -70,6 +73,8 @@ def check_request_memory(agent, msg, batch=None) -> None:
         return
     executor = agent.loaded_stage.executor
     weights, per_token = int(executor.memory_bytes()), kv_bytes_per_token(executor)
+    if not per_token:  # not this stage's phase: refused by name when served
+        return
     mib = 1 << 20
     if isinstance(msg, PrefillPrompt):
         tokens = len(msg.input_ids)

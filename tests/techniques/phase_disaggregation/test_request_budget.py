@@ -32,7 +32,7 @@ def link(tmp_path_factory, model):
 
     budget = {d: DeviceEmulation(memory_budget_bytes=phase_weights(model).text_bytes + room * KV_TOKEN)
               for d, room in ROOM.items()}
-    emulation = {"e": DeviceEmulation(), **budget}
+    emulation = {"e": DeviceEmulation(memory_budget_bytes=phase_weights(model).encode_bytes + (1 << 20)), **budget}
     with LocalCluster(tmp_path_factory.mktemp("epd-budget"), ["e", "p", "d"], emulation=emulation) as lc, \
             AgentLink(lc.endpoints, lc.keys, heartbeat_timeout_s=30.0, request_timeout_s=60.0) as link:
         link.wait_ready(timeout_s=30)
@@ -69,3 +69,12 @@ def test_a_decode_whose_context_and_output_exceed_the_decode_agents_budget_is_re
     assert f"(1 row(s) of its batch × {context} tokens)" in message
     assert f"device d has a {budget:.1f} MiB memory budget" in message
     assert link.status_of(["d"])["d"].state == AgentState.READY
+
+
+def test_a_prefill_sent_to_an_encode_agent_with_a_budget_is_refused_by_name_not_measured(link):
+    from agents.techniques.phase_disaggregation.messages import PrefillPrompt
+    from core.errors import RunFailed
+
+    with pytest.raises(RunFailed, match="serves encode_tiles, not prefill_prompt"):
+        link.request("e", PrefillPrompt(request=1, input_ids=(1, 2, 3)))
+    assert link.status_of(["e"])["e"].state == AgentState.READY
