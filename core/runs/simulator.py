@@ -311,8 +311,9 @@ def simulate_recorded(problem: PlanningProblem, plan: ShardPlan, mode: str, toke
 def simulate_speculative(problem: PlanningProblem, plan: ShardPlan, draft, k: int,
                          generated_tokens: int | None = None) -> SimulationResult:
     """Play one sequence's speculative run out (``core.planning.speculation``'s trip, event by event):
-    the prefill through every stage, then trips of ``k`` draft tokens on the source (a ``draft`` box,
-    ``nbytes`` = proposals), a verify of ``k + 1`` positions on every stage and hop (``positions_s``,
+    the prefill through every stage, then trips of ``k`` draft tokens on the draft's device (a ``draft``
+    box, ``nbytes`` = proposals; on another stage than the source, with a ``send`` of the tokens it has not
+    seen before it and one of the proposals after), a verify of ``k + 1`` positions on every stage and hop (``positions_s``,
     their activations; the last stage returns ``k + 1`` token ids), and the trip's committed tokens.
     Trip i commits ⌊(i+1)·E⌋ − ⌊i·E⌋ tokens (E = E(k) from ``draft.acceptance_rate``: the expected
     rate, in whole tokens); a trip after one that committed fewer than ``k + 1`` starts each stage with
@@ -366,16 +367,33 @@ def simulate_speculative(problem: PlanningProblem, plan: ShardPlan, draft, k: in
     commit(trip(0.0, 0, "prefill", prompt, 0), 1)
     expected = expected_tokens_per_trip(draft.acceptance_rate, k)
     t, step, dropped, source = tokens[-1].t_s, 0, 0, stages[0].device
+    drafter = getattr(draft, "device", "") or source
+    at = next(j for j, st in enumerate(stages) if st.device == drafter) if drafter != source else 0
+    fresh = prompt + 1  # the tokens the draft's device has not seen: the first ask carries the whole context
+
+    def hop(t: float, src: str, dst: str, j: int, step: int, nbytes: int) -> float:
+        """A draft elsewhere: one ask or answer of token ids between the source and its device."""
+        if src == dst:
+            return t
+        events.append(TimelineEvent(device=src, stage=j, kind="send", phase="decode", step=step, micro_batch=0,
+                                    start_s=t, end_s=t + link_occupancy_s(problem, src, dst, nbytes), nbytes=nbytes,
+                                    peer=dst))
+        return t + transfer_s(problem, src, dst, nbytes)
+
     while len(tokens) < g:
         step += 1
         proposals = min(k, g - len(tokens) - 1)
-        events.append(TimelineEvent(device=source, stage=0, kind="draft", phase="decode", step=step, micro_batch=0,
+        if proposals:
+            t = hop(t, source, drafter, 0, step, 8 * fresh)
+        events.append(TimelineEvent(device=drafter, stage=at, kind="draft", phase="decode", step=step, micro_batch=0,
                                     start_s=t, end_s=t + proposals * draft.token_s, nbytes=proposals))
         t += proposals * draft.token_s
+        if proposals:
+            t = hop(t, drafter, source, at, step, 8 * proposals)
         t = trip(t, step, "decode", proposals + 1, dropped)
         committed = min(proposals + 1, int(step * expected) - int((step - 1) * expected) or 1)
         commit(t, committed)
-        dropped = proposals + 1 - committed
+        dropped, fresh = proposals + 1 - committed, committed
     events.sort(key=lambda e: (e.end_s, e.start_s, e.stage, e.kind))
     step_done = tuple(e.t_s for e in tokens)
     return SimulationResult(mode="sequential", micro_batch_size=1, micro_batches=1, generated_tokens=g,

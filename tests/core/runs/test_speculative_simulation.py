@@ -37,3 +37,18 @@ def test_k_zero_is_plain_sequential_decoding():
     problem = _problem(latency_ms=5.0)
     plain = simulate(problem, PLAN, "sequential", micro_batch_sizes=(1,), generated_tokens=9)
     assert simulate_speculative(problem, PLAN, DRAFT, 0, generated_tokens=9).tokens == plain.tokens
+
+
+def test_a_draft_on_another_stage_drafts_there_between_a_hop_each_way_and_ends_when_the_closed_form_predicts():
+    from dataclasses import replace
+
+    problem, k, far = _problem(latency_ms=5.0), 3, replace(DRAFT, device="b")
+    result = simulate_speculative(problem, PLAN, far, k, generated_tokens=61)
+    assert result.tokens[-1].t_s == pytest.approx(predicted_run_s(problem, PLAN, far, k, 61), rel=0.03)
+    drafts = [e for e in result.events if e.kind == "draft"]
+    assert {e.device for e in drafts} == {"b"}
+    asks = [e for e in result.events if e.kind == "send" and e.phase == "decode" and e.nbytes < 100]  # token ids
+    assert sum(1 for e in asks if (e.device, e.peer) == ("a", "b")) == sum(1 for e in drafts if e.nbytes)
+    assert sum(1 for e in asks if (e.device, e.peer) == ("b", "a") and e.nbytes == 8 * k) >= len(drafts) - 1
+    plain_source = simulate_speculative(problem, PLAN, DRAFT, k, generated_tokens=61)
+    assert result.tokens[-1].t_s > plain_source.tokens[-1].t_s  # same draft cost, two more 5 ms hops a trip
