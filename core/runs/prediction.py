@@ -88,11 +88,12 @@ def predict_origin_run(origin: PlanOrigin, run_plan: ShardPlan, mode: str, n_pro
                            max_stage_steps, speculation)
     technique = origin.technique
     steps = max(1, min(max_new_tokens, max_stage_steps // max(1, len(run_plan.stages))))
+    sizes = run_group_sizes(n_prompts, run_plan, micro_batches)  # the run's batches (a technique may take them)
     result = technique.simulate(origin.problem, origin.plan, mode if mode in technique.modes else None,
-                                generated_tokens=steps)
+                                generated_tokens=steps, micro_batch_sizes=sizes)
     note = (f"Predicted: the first {steps} of {max_new_tokens} steps ({technique.title}'s schedule)."
             if steps < max_new_tokens else "")
-    return RunPrediction(result=result, group_sizes=(), steps_predicted=steps, steps_requested=max_new_tokens,
+    return RunPrediction(result=result, group_sizes=sizes, steps_predicted=steps, steps_requested=max_new_tokens,
                          note=note)
 
 

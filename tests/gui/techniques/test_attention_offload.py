@@ -231,13 +231,18 @@ def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_la
     run = RunPanel(state)
     qtbot.addWidget(run, before_close_func=lambda w: w.shutdown(5.0))
     run.max_tokens_spin.setValue(4)
+    run.prompts_edit.setPlainText("the river\nhello there\nlove is")
     with qtbot.waitSignal(screen.run_requested, timeout=2000):
         view.run_button.click()
     timeline = run.monitor.timeline
     qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
                     and timeline.box_count(predicted=True) > 0, timeout=10_000)
     compute, memory = view.agent_split()
-    expected = simulate(view.problem, view.plan, generated_tokens=4).events
+    # the run's 3 prompts over the plan's batches in flight (planned for a throughput-sized batch)
+    in_flight = min(3, run.micro_batches_spin.value() or state.plan.micro_batches)
+    batch = -(-3 // in_flight)
+    expected = simulate(view.problem, msgspec.structs.replace(view.plan, batch=batch, in_flight=in_flight),
+                        generated_tokens=4).events
     assert all(timeline.box_count(device=m, kind="compute", predicted=True) > 0 for m in memory)
     assert timeline.box_count(predicted=True) == len(expected)
     assert timeline.boxes(predicted=True)["end_s"].max() == pytest.approx(max(e.end_s for e in expected))
