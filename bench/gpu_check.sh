@@ -22,12 +22,13 @@
 # dependency is missing, or torch sees no CUDA device, every step is listed as skipped with the reason and
 # the script exits 0. Agents are started with the popen launcher (no fork after CUDA could be touched).
 # Usage (repository root): bash bench/gpu_check.sh   (about 1-2 minutes on an H100; 300 s limit)
-#        GPU_CHECK_DRY_RUN=1 bash bench/gpu_check.sh   (every step on the CPU: checks the script itself;
-#        GPU_CHECK_TIMEOUT=S raises its limit on a busy CPU)
+#        GPU_CHECK_DRY_RUN=1 GPU_CHECK_NEW_TOKENS=8 bash bench/gpu_check.sh   (every step on the CPU, fewer
+#        tokens: checks the script itself; GPU_CHECK_TIMEOUT=S raises its limit on a busy CPU). Ended by its
+#        limit, it still prints what it measured, with "timed_out_in_step".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 exec timeout "${GPU_CHECK_TIMEOUT:-300}" python3 - <<'PY'
-import json, os, sys, tempfile, time
+import json, os, signal, sys, tempfile, time
 from pathlib import Path
 
 STEPS = (("sees", "what torch sees and what an agent reports"),
@@ -40,6 +41,16 @@ STEPS = (("sees", "what torch sees and what an agent reports"),
 DRY = os.environ.get("GPU_CHECK_DRY_RUN") == "1"  # the whole script on the CPU: checks its own code where no GPU is
 GPU = "cpu" if DRY else "cuda:0"
 out = {"bench": "gpu_check", "dry_run_on_cpu": DRY}
+
+
+def on_timeout(signum, frame):  # `timeout` ends it: what was measured so far still comes out, as one line
+    out["timed_out_in_step"] = state_step[0]
+    print(json.dumps(out), flush=True)
+    os._exit(124)
+
+
+state_step = [""]
+signal.signal(signal.SIGTERM, on_timeout)
 
 
 def say(i: int, what: str) -> None:
@@ -79,7 +90,7 @@ from core.models.checkpoints import ModelRecipe, make_model  # noqa: E402
 work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
 model_dir = str(make_model(ModelRecipe(family="llama", layers=6, hidden=512, heads=8, kv_heads=4, vocab=4096,
                                        seed=7), work / "llama"))
-NEW = 64
+NEW = int(os.environ.get("GPU_CHECK_NEW_TOKENS", "64"))  # a CPU dry run may take fewer
 from core.runs.generation import load_tokenizer  # noqa: E402
 
 tok = load_tokenizer(model_dir)  # left-padded, as runs take prompts
@@ -232,6 +243,7 @@ def overlap():
 
 for i, (name, what) in enumerate(STEPS, 1):
     say(i, what)
+    state_step[0] = name
     t_step = time.perf_counter()
     try:
         globals()[name]()
