@@ -242,6 +242,7 @@ class RunPanel(QWidget):
         splitter.addWidget(settings)
         splitter.addWidget(self.monitor)
         splitter.setStretchFactor(1, 1)
+        self.monitor.stack_below_width = 720  # figures under the timeline where beside it they squeeze it
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 12, 16, 12)
         layout.addWidget(panel_header(

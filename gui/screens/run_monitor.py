@@ -167,6 +167,9 @@ class RunMonitorView(QWidget):
         self.side_scroll.setMinimumWidth(256 + self.side_scroll.verticalScrollBar().sizeHint().width())
         splitter.setSizes([760, 360])
         self.splitter = splitter
+        self.stack_below_width = 0
+        """Below this width the figures go under the timeline (0: never; the Run screen sets it: at
+        1024x700 the column beside left the timeline ~90 px of plot)."""
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(splitter)
@@ -226,6 +229,15 @@ class RunMonitorView(QWidget):
             for seq, piece in zip(tok.sequence_ids, pieces):
                 self._texts.setdefault(seq, []).append(piece)
         self._mark_dirty()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        narrow = 0 < event.size().width() < self.stack_below_width
+        orientation = Qt.Orientation.Vertical if narrow else Qt.Orientation.Horizontal
+        if self.splitter.orientation() != orientation:
+            self.splitter.setOrientation(orientation)
+            self.splitter.setSizes([3 * event.size().height() // 5, 2 * event.size().height() // 5] if narrow
+                                   else [760, 360])
 
     def set_predicted(self, events: Sequence[TimelineEvent]) -> None:
         self.timeline.set_predicted(events)

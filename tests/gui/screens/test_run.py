@@ -692,3 +692,20 @@ def test_a_real_run_records_and_shows_its_wire_bytes_beside_the_cost_model_and_t
         sessions.open_run(run.id)
     assert sessions.monitor.wire_label.text() == panel.monitor.wire_label.text()
     assert sessions.shutdown()
+
+
+def test_at_1024x700_the_figures_go_under_the_timeline_and_beside_it_on_a_large_screen(qtbot):
+    """At 1024x700 the figures' column beside the timeline left its plot ~90 px wide (seen under Xvfb with
+    an attention-offload run): the Run screen's area there (~870x560) stacks them under it."""
+    from PySide6.QtCore import Qt
+
+    panel = RunPanel(StudioState(), None)
+    qtbot.addWidget(panel, before_close_func=lambda w: w.shutdown(5.0))
+    panel.resize(870, 560)
+    panel.show()
+    qtbot.waitExposed(panel)
+    qtbot.waitUntil(lambda: panel.monitor.splitter.orientation() == Qt.Orientation.Vertical, timeout=2000)
+    assert panel.monitor.timeline.width() >= 400
+    panel.resize(1450, 860)  # the Run screen's area at 1600x1000
+    qtbot.waitUntil(lambda: panel.monitor.splitter.orientation() == Qt.Orientation.Horizontal, timeout=2000)
+    assert panel.monitor.side_scroll.x() > panel.monitor.timeline.x()
