@@ -138,6 +138,8 @@ def tour_expert_offload(app, window) -> None:
 
 def tour_epd(app, window) -> None:
     """EPD on the demo's agents: measured, searched, the pick served, then replayed in Sessions."""
+    from PySide6.QtCore import QPoint
+
     from gui.techniques.phase_disaggregation.agent_run import MEASURED
 
     wait, shoot = screenshots.wait, screenshots.shoot
@@ -175,7 +177,10 @@ def tour_epd(app, window) -> None:
         for width, height in screenshots.SIZES:  # the side column scrolled to the run's requests
             window.resize(width, height)
             wait(app, 0.8)
-            sessions.monitor.side_scroll.ensureWidgetVisible(sessions.monitor.requests_panel)
+            monitor = sessions.monitor  # the "Requests (EPD)" heading at the top of the side column
+            top = monitor.requests_label.mapTo(monitor.side_scroll.widget(), QPoint(0, 0)).y()
+            monitor.side_scroll.verticalScrollBar().setValue(top)
+            wait(app, 0.3)
             screenshots.grab(app, window, f"tour-epd-sessions-{width}x{height}")
 
 
