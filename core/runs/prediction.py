@@ -56,7 +56,13 @@ def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts:
                 max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS, speculation=None) -> RunPrediction:
     """Simulate the run's first steps (prefill included) with the real run's micro-batch split.
     ``speculation``: (``DraftFigures``, k) of a speculative run (one sequence): its trips are played
-    (``simulate_speculative``), and ``note`` says so."""
+    (``simulate_speculative``), and ``note`` says so. ValueError: a stage of another technique's kind
+    (its own simulator predicts it: ``predict_origin_run``; a replay whose technique's problem was not
+    recorded has none)."""
+    kinds = {getattr(s, "kind", "layers") for s in plan.stages} - {"layers"}
+    if kinds:
+        raise ValueError(f"the run's technique's own problem is not recorded with it (stages of kind "
+                         f"{', '.join(sorted(kinds))}; the Run screen predicts it)")
     sizes = run_group_sizes(n_prompts, plan, micro_batches)
     steps = max(1, min(max_new_tokens, max_stage_steps // (len(sizes) * len(plan.stages))))
     if speculation is not None and speculation[1] > 0:

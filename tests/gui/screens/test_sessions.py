@@ -307,3 +307,20 @@ def test_every_column_of_the_list_shows_at_1024x700(qtbot, state, run_data):
     assert panel.width() <= 860 and right <= panel.tree.viewport().width()
     assert header.sectionSize(5) >= panel.tree.fontMetrics().horizontalAdvance("22:38")
     panel.shutdown()
+
+
+def test_a_replayed_expert_offload_run_has_no_ghosts_of_layer_sharding_s_problem():
+    """Its stored problem is the studio's (layer sharding's, the Llama's): its prediction drew a layer-sharding
+    schedule under an expert-offload replay. Without the technique's own problem it predicts nothing, saying why."""
+    from core.planning.plan import Stage
+    from core.sessions.store import RunInfo
+    from gui.screens.sessions import predicted_timeline
+    from tests.gui.problems import make_problem
+
+    problem = make_problem()
+    plan = ShardPlan(model="demo-moe", num_units=2, stages=(Stage(device=problem.source, start=0, end=2,
+                                                                  kind="expert-offload"),))
+    info = RunInfo(id=1, session_id=1, model="demo-moe", mode="sequential", kind="live", status="completed",
+                   started_at="", ended_at=None, settings={"prompts": ["a"], "max_new_tokens": 4}, figures={})
+    events, why = predicted_timeline(info, problem, plan)
+    assert events == () and why.startswith("No prediction: the run's technique's own problem is not recorded")
