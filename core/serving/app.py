@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import threading
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -45,6 +46,34 @@ DISCONNECT_POLL_S = 0.1
 INLINE_ADMIT_BYTES = 16 << 10
 """A body up to this size is admitted (its prompt templated and tokenized, ~0.1 ms) on the event loop;
 a larger one on a worker thread, so a long prompt does not hold up the other streams."""
+
+
+class LoopPost:
+    """Deliveries from the coordinator's threads to the streams' asyncio queues, handed to the event loop
+    in one wake-up per burst: a step's tokens for 16 streams were 16 ``call_soon_threadsafe`` (16 writes
+    to the loop's wake-up pipe, 16 loop turns); now the first schedules a drain and the rest join it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: list[tuple[asyncio.Queue, object]] = []
+        self._lock = threading.Lock()
+
+    def post(self, inbox: asyncio.Queue, item) -> None:
+        with self._lock:
+            self._pending.append((inbox, item))
+            if len(self._pending) > 1:
+                return  # a drain is scheduled and not run yet: it takes this one too
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is gone (the server stopped)
+            with self._lock:
+                self._pending.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for inbox, item in batch:
+            inbox.put_nowait(item)
 
 
 def error_response(err: ApiError) -> JSONResponse:
@@ -96,6 +125,7 @@ class OpenAIRoutes:
     def __init__(self, model: ServedModel, queue: BatchQueue, defaults: Defaults, max_body_bytes: int) -> None:
         self.model, self.queue, self.defaults, self.max_body_bytes = model, queue, defaults, max_body_bytes
         self.created = now_s()
+        self._post: LoopPost | None = None
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(models_body(self.model.name, self.created))
@@ -118,13 +148,12 @@ class OpenAIRoutes:
             raw = await _read_body(request, self.max_body_bytes)
             parsed = parse_request(raw, kind, self.defaults)
             loop = asyncio.get_running_loop()
-            inbox: asyncio.Queue = asyncio.Queue()
+            if self._post is None or self._post.loop is not loop:
+                self._post = LoopPost(loop)
+            post, inbox = self._post.post, asyncio.Queue()
 
             def deliver(item) -> None:  # on the coordinator's threads
-                try:
-                    loop.call_soon_threadsafe(inbox.put_nowait, item)
-                except RuntimeError:  # the loop is gone (the server stopped)
-                    pass
+                post(inbox, item)
 
             if len(raw) <= INLINE_ADMIT_BYTES:  # tokenized here: a thread hop costs more than a short prompt
                 served = self.model.admit(parsed, deliver)

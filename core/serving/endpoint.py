@@ -32,8 +32,11 @@ class ServingEndpoint:
     def __init__(self, served: ServedModel, sock: socket.socket, *, key: str | None, limits: EndpointLimits,
                  spread: int) -> None:
         self.served, self.limits, self.key = served, limits, key
+        # Where rows join a running micro-batch a burst is one group (one prefill, then one micro-batch of up
+        # to max_batch rows): per stage a step costs ~1.7 ms plus ~0.07 ms a row here, so two half-full
+        # micro-batches cost nearly twice the CPU of one full one (docs/serving.md, Measured).
         self.queue = BatchQueue(served.start_batch, max_waiting=limits.max_queue, max_batch=limits.max_batch,
-                                capacity=served.capacity, spread=spread, batch_window_s=limits.batch_window_s,
+                                capacity=served.capacity, spread=1 if served.rows_join else spread, batch_window_s=limits.batch_window_s,
                                 on_cancel_running=served.leave)
         served.on_slot_free = self.queue.wake
         served.max_rows = limits.max_batch

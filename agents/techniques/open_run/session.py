@@ -75,6 +75,8 @@ class OpenStageRun(StageRun):
         """Last stage: the join whose sampling each running micro-batch uses."""
         self.next_samplers: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
         """Last stage: joins whose prefill has not arrived yet, per index, in join order."""
+        self.rows: dict[int, int] = {}
+        """Last stage: each running micro-batch's rows (a grown step's new rows are its joins' sequences)."""
 
     def _execute(self) -> None:
         if self.is_first:
@@ -163,8 +165,10 @@ class OpenStageRun(StageRun):
             return
         if any(g.finished) and self._rows_change(mb):
             self._shrink(g)
-        if self.grows[mb]:
-            self._grow(g, self.grows[mb].popleft())
+        if self.grows[mb]:  # every join that came while the step ran: one grown step, not one step each
+            joins = list(self.grows[mb])
+            self.grows[mb].clear()
+            self._grow(g, joins)
 
     def _rows_change(self, mb: int) -> bool:
         """Whether rows may join and leave ``mb`` while it runs: greedy rows whose sampler reads no history
@@ -183,21 +187,26 @@ class OpenStageRun(StageRun):
         self.budgets[g.index] = tuple(self.budgets[g.index][i] for i in keep)
         self._keep(g.index, rows)
 
-    def _grow(self, g, msg: JoinRun) -> None:
-        """``msg``'s rows join ``g``: its next step feeds the running rows' last token after masked pads and
-        the new rows' prompts after masked columns for the running rows' past."""
-        ids = torch.tensor(msg.input_ids, dtype=torch.int64)
-        width = ids.shape[1]
+    def _grow(self, g, joins: list[JoinRun]) -> None:
+        """``joins``' rows join ``g`` (every join waiting for this step boundary, one prefill for all): its next
+        step feeds the running rows' last token after masked pads and the new rows' prompts (left-padded to
+        the longest) after masked columns for the running rows' past."""
+        width = max(len(m.input_ids[0]) for m in joins)
+        pad = self.msg.pad_token_id
+        ids = torch.tensor([(pad,) * (width - len(r)) + tuple(r) for m in joins for r in m.input_ids], dtype=torch.int64)
+        new_mask = torch.tensor([(0,) * (width - len(r)) + tuple(r) for m in joins for r in m.attention_mask],
+                                dtype=torch.int64)
         old = g.last.view(-1, 1)
-        x = torch.cat([torch.cat([old.new_full((old.shape[0], width - 1), self.msg.pad_token_id), old], dim=1), ids])
+        x = torch.cat([torch.cat([old.new_full((old.shape[0], width - 1), pad), old], dim=1), ids])
         cols = torch.zeros((old.shape[0], width), dtype=torch.int64)
         cols[:, -1] = 1
-        self.grown[g.index] = x, torch.cat([cols, torch.tensor(msg.attention_mask, dtype=torch.int64)])
-        g.seq_ids = g.seq_ids + msg.sequence_ids
-        g.tokens = g.tokens + [[] for _ in msg.sequence_ids]
-        g.finished = g.finished + [s in self.left for s in msg.sequence_ids]
+        self.grown[g.index] = x, torch.cat([cols, new_mask])
+        for msg in joins:
+            g.seq_ids = g.seq_ids + msg.sequence_ids
+            g.tokens = g.tokens + [[] for _ in msg.sequence_ids]
+            g.finished = g.finished + [s in self.left for s in msg.sequence_ids]
+            self.budgets[g.index] = self.budgets[g.index] + msg.max_new_tokens
         g.done = all(g.finished)
-        self.budgets[g.index] = self.budgets[g.index] + msg.max_new_tokens
 
     def _step_input(self, g, step):
         grown = self.grown.pop(g.index, None) if step.step > 0 else None
@@ -206,6 +215,7 @@ class OpenStageRun(StageRun):
     def _keep(self, mb: int, rows: torch.Tensor) -> None:
         """Keep only ``rows`` of micro-batch ``mb`` here and pass the ``shrink`` on down the ring."""
         self.ex.keep_rows(mb, rows)
+        self.rows[mb] = len(rows)
         if not self.is_last:
             spec, buf = tensor_frame(rows)
             header = DataHeader(run_id=self.msg.run_id, kind=SHRINK, phase="decode", step=0, micro_batch=mb,
@@ -227,6 +237,7 @@ class OpenStageRun(StageRun):
         self.ex.drop(mb)
         self.seen_groups.discard(mb)
         self.samplers.pop(mb, None)
+        self.rows.pop(mb, None)
         self.sample_fns.pop(mb, None)
         self.histories.pop(mb, None)
         self.grows.pop(mb, None)
@@ -261,9 +272,14 @@ class OpenStageRun(StageRun):
     def _compute(self, op, x, mask):
         if op.samples:
             mb = op.micro_batch
-            if op.step == 0 or mask is not None:  # a prefill, or rows joined: their join is the next one
+            if op.step == 0 or mask is not None:  # a prefill, or rows joined: their joins are the next ones
                 queued = self._join_of(mb)
                 joined = queued.popleft()
+                if op.step > 0:  # a grown step takes every join the source merged into it (greedy: no state)
+                    new = mask.shape[0] - self.rows[mb] - len(joined.sequence_ids)
+                    while new > 0:
+                        new -= len(self._join_of(mb).popleft().sequence_ids)
+                self.rows[mb] = x.shape[0]
             if op.step == 0:
                 spec = self.samplers[mb] = joined
                 self.sample_fns[mb] = self.agent.sampler_factory(spec.sampling)

@@ -153,3 +153,18 @@ def test_rows_joining_and_leaving_a_running_micro_batch_get_the_tokens_of_their_
         together = [set(t) for t in sink.together]
     assert {first, second, third} in together  # one forward ran the running row and the joined ones
     assert any({third, fourth} <= t and second not in t for t in together)  # the done row left, another joined
+
+
+def test_rows_that_join_while_one_step_runs_are_prefilled_together_in_the_next_step(open_run, reference):
+    run, sink, _, _ = open_run
+    a, b, c = [8, 21, 5, 60], [7, 300, 12, 40, 41, 200, 9], [11, 3]
+    not_awaited = {"on_refused": lambda err: pytest.fail(str(err))}
+    (first,) = run.join(2, [a], [12], SamplingSpec(), **not_awaited)
+    (second,) = run.join(2, [b], [9], SamplingSpec(), grow=True, **not_awaited)  # two joins, two widths,
+    (third,) = run.join(2, [c], [10], SamplingSpec(), grow=True, **not_awaited)  # sent during its prefill
+    got = sink.wait([first, second, third], [12, 9, 10])
+    run.release(2)
+    assert got == [generate(reference, a, 12), generate(reference, b, 9), generate(reference, c, 10)]
+    with sink.lock:
+        firsts = [t for t in sink.together if second in t or third in t]
+    assert {first, second, third} <= set(firsts[0])  # one grown step took both joins (not one step each)

@@ -136,3 +136,17 @@ def test_rows_join_a_running_micro_batch_only_of_a_model_whose_every_block_atten
     assert not full_attention_only({"layer_types": ["full_attention", "sliding_attention"]})
     assert not full_attention_only({"model_type": "mistral", "sliding_window": 4096})
     assert not full_attention_only({"text_config": {"sliding_window": 512}})
+
+
+def test_greedy_requests_join_the_running_micro_batch_with_room_before_another_opens():
+    from core.serving.cluster_runs import growable
+
+    greedy, penalised = ("greedy", 1.0, 0), ("greedy", 1.3, 0)
+    assert growable({0: (greedy, 5, False), 1: (greedy, 3, False)}, greedy, 4, 16) == 1  # the fewest live rows
+    assert growable({0: (greedy, 14, False)}, greedy, 2, 16) == 0
+    assert growable({0: (greedy, 14, False)}, greedy, 3, 16) is None  # no room for all three
+    assert growable({0: (greedy, 0, False)}, greedy, 1, 16) is None  # every row done: it retires
+    assert growable({0: (greedy, 2, True)}, greedy, 1, 16) is None  # resumed after a failure
+    assert growable({0: (penalised, 2, False)}, penalised, 1, 16) is None  # its sampler reads the history
+    assert growable({0: (greedy, 2, False)}, None, 1, 16) is None  # a sampled request
+    assert growable({}, greedy, 1, 16) is None
