@@ -35,7 +35,7 @@ def _kv_bytes(probe) -> dict[str, int]:
 def test_clients_that_disconnect_mid_stream_free_their_kv_caches_on_every_stage_at_once(served):
     client, probe, _ = served
     streams = [client.completions.create(model="tiny-llama", prompt=p, max_tokens=150, stream=True)
-               for p in ("under the bridge", "over the hill")]  # both slots of a 2-stage plan
+               for p in ("under the bridge", "over the hill")]  # rows of one micro-batch (rows first)
     for s in streams:
         next(iter(s))
         next(iter(s))
