@@ -170,6 +170,7 @@ class MainWindow(QMainWindow):
         if row >= 0:
             self.screens.get(SCREEN_NAMES[row])  # built when first shown
             self.stack.setCurrentIndex(row)
+            self._on_state_model_changed(self.state.model_name)  # the Run screen names its plan's model
 
     def _on_screen_built(self, name: str, screen: QWidget) -> None:
         """A screen was built (shown, or reached by a menu, the demo or a test): put it in its
@@ -471,8 +472,13 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(Path(path).name if path else "")
 
     def _on_state_model_changed(self, name: str) -> None:
-        if self.state.technique:
-            name = self.state.model_for(self.state.technique)
+        technique = self.state.technique
+        if SCREEN_NAMES[self.stack.currentIndex()] == "run" and self.state.plan is not None:
+            from core.techniques import technique_of_plan
+
+            technique = technique_of_plan(self.state.plan)  # what Start runs, whichever view the Plan screen shows
+        if technique:
+            name = self.state.model_for(technique)
         self.model_label.setText(f"Model: {name or '—'}")
 
     def _on_state_log_added(self, level: str, text: str) -> None:

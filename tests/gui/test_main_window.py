@@ -419,3 +419,10 @@ def test_setting_a_techniques_plan_names_its_model_in_the_status_bar(window, tmp
                                                                         kind="expert-offload"),)))
     assert window.state.technique == "expert-offload"
     assert window.model_label.text() == "Model: demo-moe"
+    window.show_screen(window.screens.devices)
+    window.state.use_technique("phase-disaggregation")  # the Plan screen shows EPD (no plan of its own)
+    window.state.set_technique_models({"expert-offload": str(tmp_path / "demo-moe"),
+                                       "phase-disaggregation": str(tmp_path / "demo-llava")})
+    assert window.model_label.text() == "Model: demo-llava"
+    window.show_screen(window.screens.run)  # the Run screen runs the expert-offload plan: its model
+    assert window.model_label.text() == "Model: demo-moe"
