@@ -382,7 +382,7 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
     assert run.pools == view.result.top[0].config and len(run.metrics) == 4
     # LlavaForConditionalGeneration.generate on each request's tiles and prompt, in one process
     assert run.tokens == reference_tokens(llava, prepare_requests(llava, view.last_problem.workload))
-    shown = {(view.run_tab.fit_table.item(r, 0).text(), view.run_tab.fit_table.item(r, 1).text().split()[0])
+    shown = {(view.run_tab.fit_table.item(r, 0).text(), view.run_tab.fit_table.item(r, 1).text().split("/")[0])
              for r in range(view.run_tab.fit_table.rowCount())}
     assert shown == {(f.device, f.phase) for f in run.fit} and {d for d, _ in shown} <= set(run.pools.devices)
     with SessionStore(window.state.workspace) as store:
@@ -398,5 +398,9 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
     monitor = sessions.monitor
     assert not monitor.requests_panel.isHidden() and len(monitor.requests_panel.timeline.metrics) == 4
     assert monitor.requests_panel.figures.text().startswith(f"TTFT p50 {run.measured.ttft_p50_s * 1e3:.0f} ms")
+    import re
+
+    shown_text = monitor.text_edit.toPlainText()  # the answers, not "[335][86]…" token ids
+    assert not re.search(r"\[\d+\]", shown_text) and run.texts[0].strip()[:8] in shown_text
     assert {d for d in monitor.timeline.lanes() if monitor.timeline.box_count(d, "compute") > 0} == set(
         run.pools.devices)

@@ -261,6 +261,10 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     texts = {rid: tokenizer.decode(list(ids), skip_special_tokens=True) for rid, ids in run.tokens.items()}
+    # each token's text piece in the record, as a layer-sharding run's coordinator fills it: a replay
+    # in Sessions shows the answers, not token ids
+    run = msgspec.structs.replace(run, token_events=tuple(
+        msgspec.structs.replace(t, text=tuple(tokenizer.decode([i], skip_special_tokens=True) for i in t.token_ids)) for t in run.token_events))
     sim = simulate_pools(problem.costs, problem.workload, pools, record=bool(workspace))
     run_id = predicted_id = None
     if workspace:
