@@ -39,6 +39,10 @@ LANE_AXIS_MAX_WIDTH = 240
 """The lane-label column is as wide as its longest label plus LANE_AXIS_MARGIN (tick and gap), within these."""
 LANE_AXIS_MARGIN = 16
 """Micro-batch colours named one by one up to this many; more are one row of chips and a range."""
+LANE_MIN_LINES = 1.3
+"""A lane's least height in lines of text: its name stays apart from its neighbours'."""
+PLOT_FRAME_LINES = 8.5
+"""The plot's title, time axis and margins, in lines of text."""
 
 
 def _plain(rich: str) -> str:
@@ -480,6 +484,10 @@ class TimelineView(TimelineInspection, QWidget):
         vb = plot.getViewBox()
         vb.setLimits(yMin=-0.05, yMax=n + 0.05)
         vb.setYRange(0, n, padding=0.0)
+        # a line of text per lane at least: at 1024x700 EPD's five lanes got ~11 px each below the
+        # toolbar and details and their names overlapped; the page around gives way instead
+        line = self.fontMetrics().height()
+        self.plot_widget.setMinimumHeight(round(n * line * LANE_MIN_LINES + PLOT_FRAME_LINES * line))
 
     def _lane_label(self, lane: int, name: str) -> str:
         error = self._errors.get(lane) if self.predicted_check.isChecked() else None

@@ -252,3 +252,20 @@ def test_the_runs_list_steps_aside_while_comparing_and_returns_with_back_to_repl
     assert not sessions.list_pane.isVisible()
     sessions.comparison.back_button.click()
     assert sessions.list_pane.isVisible() and sessions.right_stack.currentIndex() == 0
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1600, 1000)])
+def test_a_five_lane_runs_lanes_are_a_line_of_text_apart_on_the_sessions_screen(window, qtbot, size):
+    """EPD's five lanes got ~45 px below the timeline's toolbar and details at 1024x700: their names
+    overlapped. The runs list above gives way instead of the lanes."""
+    sessions = window.screens.sessions
+    lanes = ["edge-a", "edge-a:link", "edge-c", "edge-b", "edge-b:link"]
+    sessions.monitor.reset(lanes, ("a prompt",))
+    _show(window, qtbot, *size)
+    window.show_screen(sessions)
+    qtbot.wait(50)
+    view = sessions.monitor.timeline
+    assert view.lanes() == lanes
+    assert _lane_px(view) >= view.fontMetrics().height() * 1.2, "lane names overlap"
+    assert sessions.tree.isVisible() and sessions.tree.height() >= 3 * sessions.tree.fontMetrics().height()
+    assert clipped_controls(window, sessions) == []
