@@ -58,6 +58,14 @@ class SparseAxis(pg.AxisItem):
         step = next(f * unit for f in (1, 2, 5, 10) if f * unit >= raw)
         return [(step, 0.0)]
 
+def nice_ceiling(value: float) -> float:
+    """The least 1, 2 or 5 x 10^k at or above ``value`` (1 for nothing): a tick SparseAxis labels."""
+    if value <= 0:
+        return 1.0
+    unit = 10 ** math.floor(math.log10(value))
+    return next(f * unit for f in (1, 2, 5, 10) if f * unit >= value * (1 - 1e-9))
+
+
 class RunMonitorView(QWidget):
     """Timeline + figures + generated text of one run (live or replayed)."""
 
@@ -92,7 +100,11 @@ class RunMonitorView(QWidget):
         self.rate_plot.setLabel("bottom", "time", units="s")
         self.rate_plot.setMinimumHeight(80)  # with three devices' bars the column still fits 1024x700
         self.rate_plot.getAxis("bottom").setStyle(maxTickLevel=0)
-        self.rate_plot.getViewBox().setDefaultPadding(0.1)  # the top tick's label is not cut in half
+        self.rate_plot.getViewBox().setDefaultPadding(0.1)
+        # room above the plot for half the top tick's label (the view's top is a tick: ``refresh``)
+        left, _, right, bottom = self.rate_plot.getPlotItem().layout.getContentsMargins()
+        self.rate_plot.getPlotItem().layout.setContentsMargins(left, self.fontMetrics().height() // 2 + 2,
+                                                               right, bottom)
         self._empty_rate_range()
         self.rate_curve = self.rate_plot.plot([], [], stepMode="center", fillLevel=0,
                                               pen=pg.mkPen("#4e79a7", width=2), brush=(78, 121, 167, 80))
@@ -304,6 +316,10 @@ class RunMonitorView(QWidget):
         if series:
             xs = [t for t, _ in series] + [series[-1][0] + window]
             self.rate_curve.setData(xs, [r for _, r in series])
+            # the top at a labelled tick: autorange's 10 % above the peak put SparseAxis' one step
+            # (a 40 px plot has room for one) past the top, and the plot read only "0"
+            top = nice_ceiling(max(r for _, r in series))
+            self.rate_plot.getViewBox().setRange(yRange=(0, top), padding=0.0)
         else:
             self.rate_curve.setData([], [])
             self._empty_rate_range()

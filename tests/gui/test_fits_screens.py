@@ -269,3 +269,39 @@ def test_a_five_lane_runs_lanes_are_a_line_of_text_apart_on_the_sessions_screen(
     assert _lane_px(view) >= view.fontMetrics().height() * 1.2, "lane names overlap"
     assert sessions.tree.isVisible() and sessions.tree.height() >= 3 * sessions.tree.fontMetrics().height()
     assert clipped_controls(window, sessions) == []
+
+
+def _rate_labels(plot) -> list[tuple[str, QRect]]:
+    """The tokens/s plot's left-axis labels as drawn, each with its rect in the plot widget."""
+    from PySide6.QtGui import QImage, QPainter
+
+    axis = plot.getAxis("left")
+    image = QImage(8, 8, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _, _, texts = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [(text, plot.mapFromScene(axis.mapToScene(rect)).boundingRect()) for rect, _, text in texts]
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1600, 1000)])
+def test_the_tokens_per_second_plot_labels_its_top_tick_whole(window, qtbot, size):
+    """At 1024x700 the rate plot's only label was "0": its top tick's label was cut off or dropped."""
+    from agents.protocol import TokenEvent
+
+    sessions = window.screens.sessions
+    monitor = sessions.monitor
+    monitor.reset(["edge-a"], ("a prompt",))
+    times = [0.004 * i for i in range(20)] + [0.08 + 0.01 * i for i in range(20)]  # ~250 then ~100 tokens/s
+    monitor.add_token_events([TokenEvent(micro_batch=0, step=i, sequence_ids=(0,), token_ids=(1,), text=("a",), t_s=t)
+                              for i, t in enumerate(times)])
+    monitor.refresh()
+    _show(window, qtbot, *size)
+    window.show_screen(sessions)
+    qtbot.wait(50)
+    plot = monitor.rate_plot
+    labels = _rate_labels(plot)
+    assert len(labels) >= 2, labels  # 0 and a rate above it
+    for text, rect in labels:
+        assert plot.rect().contains(rect), (text, rect)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gui.screens.run_monitor import RunMonitorView, SparseAxis
+from gui.screens.run_monitor import RunMonitorView, SparseAxis, nice_ceiling
 
 
 @pytest.mark.parametrize("lo, hi, size, most", [(0.0, 1.0, 95.0, 3), (0.0, 137.4, 95.0, 3), (0.0, 1.0, 300.0, 10)])
@@ -31,3 +31,8 @@ def test_the_rate_plot_has_no_vertical_axis_title_to_cut_the_heading_names_its_u
     monitor = RunMonitorView()
     qtbot.addWidget(monitor)
     assert monitor.rate_plot.getAxis("left").labelText == ""
+
+
+@pytest.mark.parametrize("peak, top", [(0.0, 1.0), (0.7, 1.0), (100.0, 100.0), (160.6, 200.0), (250.0, 500.0)])
+def test_the_rate_plots_top_is_the_least_1_2_5_tick_at_or_above_the_peak(peak, top):
+    assert nice_ceiling(peak) == pytest.approx(top)
