@@ -9,7 +9,7 @@ is chosen.
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QStackedWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QStackedWidget, QVBoxLayout, QWidget
 
 from core.techniques import technique_named, techniques, techniques_for
 from gui.studio_state import StudioState
@@ -41,6 +41,7 @@ class PlanScreen(QWidget):
         row.addStretch(1)
         lay.addWidget(self.picker_row)
         self.stack = QStackedWidget()
+        self.stack.currentChanged.connect(self._size_by_shown_view)
         lay.addWidget(self.stack, 1)
         self.picker.currentIndexChanged.connect(self._on_picker_index_changed)
         state.problem_changed.connect(lambda _p: self.refresh_techniques())
@@ -88,9 +89,18 @@ class PlanScreen(QWidget):
         if view is None:
             view = self._views[technique] = plan_view_factory(technique)(self.state)
             self.stack.addWidget(view)
+            self._size_by_shown_view()
             if hasattr(view, "run_requested"):
                 view.run_requested.connect(self.run_requested)
         return view
+
+    def _size_by_shown_view(self, _index: int = -1) -> None:
+        """The stack's least height is the shown view's alone: spatial's run timeline (a line of
+        text per lane) scrolled attention offloading's page too at 1024x700."""
+        for view in self._views.values():
+            shown = self.stack.currentWidget() is view
+            view.setSizePolicy(QSizePolicy.Policy.Preferred,
+                               QSizePolicy.Policy.Preferred if shown else QSizePolicy.Policy.Ignored)
 
     def auto_solve(self) -> None:
         self.view.auto_solve()

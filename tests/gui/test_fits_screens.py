@@ -305,3 +305,22 @@ def test_the_tokens_per_second_plot_labels_its_top_tick_whole(window, qtbot, siz
     assert len(labels) >= 2, labels  # 0 and a rate above it
     for text, rect in labels:
         assert plot.rect().contains(rect), (text, rect)
+
+
+def test_the_plan_screen_scrolls_to_the_spatial_runs_lanes_at_1024x700(window, qtbot):
+    """The spatial view held its timeline to 220 px: with a line of text per lane the plot ran past
+    the view's bottom (edge-c and the time axis cut off, no scroll bar). The page scrolls instead,
+    and only the shown technique's view sets the Plan screen's least height (attention offloading's
+    page does not scroll for spatial's lanes)."""
+    _show(window, qtbot, 1024, 700)
+    plan = window.screens.plan
+    window.show_screen(plan)
+    plan.set_technique("spatial")
+    timeline = plan.view.timeline
+    timeline.set_lanes(["edge-a", "edge-b", "edge-c"])
+    qtbot.wait(100)
+    assert _lane_px(timeline) >= timeline.fontMetrics().height() * 1.2
+    assert window.stack.currentWidget().verticalScrollBar().isVisible(), "the page scrolls to its lanes"
+    plan.set_technique("attention-offload")
+    qtbot.wait(100)
+    assert clipped_controls(window, plan) == []

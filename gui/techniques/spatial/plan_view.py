@@ -193,7 +193,7 @@ class SpatialPlanView(QWidget):
         self.run_message = InlineMessage()
         lay.addWidget(self.run_message)
         self.timeline = TimelineView()
-        self.timeline.setMinimumHeight(220)  # its toolbar and hint above the lanes: under this the lanes went flat
+        # its least height is its toolbar, hint and a line of text per lane (TimelineView): the tiles above give way
         self.timeline.set_legend_terms(
             (("▨", "strip compute"), ("▂", "gather (lower band)"), ("<span style='color:gray'>■</span>", "scatter")),
             "Per agent: hatched = computing its strips (the gateway also the head); thin lower box = its strip "
