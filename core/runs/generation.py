@@ -35,29 +35,8 @@ from core.planning.precision import precision_problems
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.runs.recovery import Replanner
-from core.runs.run_tokenizer import Encoded, encode_left_padded, load_plain_tokenizer
+from core.runs.run_tokenizer import Encoded, encode_left_padded, load_run_tokenizer, load_tokenizer
 from core.runs.weights import ship_stage_weights
-
-
-def load_tokenizer(model_dir: str):
-    """The checkpoint's tokenizer, padding on the left (prompts end where generation starts)."""
-    try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as err:
-        raise UnsupportedModelError(f"{model_dir}: cannot load a tokenizer ({err})") from None
-    tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_run_tokenizer(model_dir: str):
-    """The tokenizer a run encodes and decodes with: ``tokenizers`` alone where the checkpoint's is a
-    plain fast tokenizer (same ids, no transformers or torch imported: ``core.runs.run_tokenizer``),
-    else ``load_tokenizer``'s."""
-    return load_plain_tokenizer(model_dir) or load_tokenizer(model_dir)
 
 
 def stop_token_ids(model_dir: str, tokenizer) -> tuple[int, ...]:

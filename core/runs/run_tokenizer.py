@@ -106,7 +106,7 @@ def load_plain_tokenizer(model_dir: str | Path) -> PlainTokenizer | None:
 
 def encode_left_padded(tokenizer, prompts: list[str] | tuple[str, ...]) -> Encoded:
     """Prompts encoded as one left-padded batch, by a ``PlainTokenizer`` or a transformers tokenizer
-    (padding on the left: ``core.runs.generation.load_tokenizer`` sets it)."""
+    (padding on the left: ``load_tokenizer`` sets it)."""
     if isinstance(tokenizer, PlainTokenizer):
         return tokenizer.encode_left_padded(prompts)
     enc = tokenizer(list(prompts), padding=True)
@@ -119,4 +119,26 @@ def _left_padded(rows: list[list[int]], pad_token_id: int) -> Encoded:
                    tuple(tuple([0] * (width - len(r)) + [1] * len(r)) for r in rows))
 
 
-__all__ = ["Encoded", "PlainTokenizer", "encode_left_padded", "load_plain_tokenizer", "plain_tokenizer_file"]
+def load_tokenizer(model_dir: str):
+    """The checkpoint's tokenizer, padding on the left (prompts end where generation starts)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise UnsupportedModelError(f"{model_dir}: cannot load a tokenizer ({err})") from None
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_run_tokenizer(model_dir: str):
+    """The tokenizer a run encodes and decodes with: ``tokenizers`` alone where the checkpoint's is a
+    plain fast tokenizer (same ids, no transformers or torch imported: ``load_plain_tokenizer``),
+    else ``load_tokenizer``'s."""
+    return load_plain_tokenizer(model_dir) or load_tokenizer(model_dir)
+
+
+__all__ = ["Encoded", "PlainTokenizer", "encode_left_padded", "load_plain_tokenizer", "load_run_tokenizer",
+           "load_tokenizer", "plain_tokenizer_file"]

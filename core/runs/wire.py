@@ -250,8 +250,7 @@ def layer_sharding_wire(model_dir: str, dtype: str, prompts, result, meter: Wire
     last re-planned stages sent against their plan's prediction. Speculative: measured only, for now
     (its trips follow another schedule)."""
     from core.models.units import load_model_spec
-    from core.runs.generation import load_run_tokenizer
-    from core.runs.run_tokenizer import encode_left_padded
+    from core.runs.run_tokenizer import encode_left_padded, load_run_tokenizer
 
     traffic = meter.traffic
     if result.plan is None or speculative:
