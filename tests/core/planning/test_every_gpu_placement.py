@@ -6,19 +6,16 @@ stage's GPU are pure functions beside it."""
 from __future__ import annotations
 
 import itertools
-import math
 import random
 
 import msgspec
 import pytest
 
 from core.devices.profile import AcceleratorTimes
-from core.errors import ModelDoesNotFit
-from core.planning.cost import evaluate
 from core.planning.scenarios import random_problem
 from core.planning.solvers import edgeshard_optimal
 from tests.core.exhaustive import exhaustive_optimum
-from tests.core.planning.test_gpu_placement import scaled
+from tests.core.planning.test_gpu_placement import planned_as_enumerated, scaled
 
 
 def with_two_gpus(problem, gpus: dict[str, tuple[tuple[float, int], tuple[float, int]]]):
@@ -61,16 +58,7 @@ def test_the_planned_choice_among_several_gpus_equals_exhaustive_enumeration(obj
         gpus = {d: tuple((r.uniform(0.05, 1.5), int(budget * r.uniform(0.1, 1.2))) for _ in range(2))
                 for d in r.sample(ids, min(2, len(ids)))}
         problem = with_two_gpus(problem, gpus)
-        best = brute_force(problem, objective)
-        if best in (math.inf, 0.0):
-            with pytest.raises(ModelDoesNotFit):
-                edgeshard_optimal(problem, objective)
-            continue
-        cost = evaluate(problem, edgeshard_optimal(problem, objective))
-        assert cost.feasible, cost.violations
-        got = cost.latency_per_token_s if objective == "latency" else cost.throughput_tokens_s
-        assert got == pytest.approx(best, rel=1e-9), seed
-        checked += 1
+        checked += planned_as_enumerated(problem, objective, brute_force(problem, objective), seed)
     assert checked >= 4
 
 
