@@ -33,12 +33,11 @@ def model_dir(tmp_path_factory):
 
 class Recorder:
     def __init__(self):
-        self.events, self.tokens, self.times = [], [], []
+        self.events, self.tokens = [], []
         self.arrivals: list[str] = []  # "event" / "tokens" in the order the sink got them
 
     def on_event(self, event):
         self.events.append(event)
-        self.times.append(time.monotonic())
         self.arrivals.append("event")
 
     def on_tokens(self, tokens):
