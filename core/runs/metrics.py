@@ -113,14 +113,16 @@ def decode_tokens_per_s(tokens: Sequence[TokenEvent]) -> float | None:
 
 
 def tokens_per_s_over_time(tokens: Sequence[TokenEvent], window_s: float = 1.0) -> list[tuple[float, float]]:
-    """(window start, tokens/s in the window) for every window up to the last token."""
+    """(window start, tokens/s in the window) for every window up to the last token. A token
+    placed before the run's start (an agent's clock estimate off by more than the time to its
+    first token, as under heavy load) counts in the first window."""
     if not tokens or window_s <= 0:
         return []
     end = max(t.t_s for t in tokens)
-    n = int(math.floor(end / window_s)) + 1
+    n = max(1, int(math.floor(end / window_s)) + 1)
     counts = [0] * n
     for t in tokens:
-        counts[min(n - 1, int(t.t_s // window_s))] += len(t.token_ids)
+        counts[max(0, min(n - 1, int(t.t_s // window_s)))] += len(t.token_ids)
     return [(i * window_s, c / window_s) for i, c in enumerate(counts)]
 
 

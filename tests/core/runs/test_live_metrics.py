@@ -63,3 +63,16 @@ def test_link_traffic_sums_each_links_sends_and_divides_decode_bytes_by_decode_t
     predicted = link_bytes_per_token(problem, plan)
     assert {link: t.bytes_per_token for link, t in traffic.items()} == pytest.approx(predicted)
     assert link_traffic(result.events, []) [("phone", "laptop")].bytes_per_token is None  # no decode token yet
+
+
+def test_tokens_placed_before_the_runs_start_count_in_the_first_window():
+    """An agent's clock estimate can place a token before the run's start under heavy load (CI
+    saw it): the Run screen's tokens/s plot must still draw, every token counted once."""
+    from agents.protocol import TokenEvent
+    from core.runs.metrics import tokens_per_s_over_time
+
+    def token(t_s, n=1):
+        return TokenEvent(micro_batch=0, step=0, sequence_ids=tuple(range(n)), token_ids=(7,) * n, t_s=t_s)
+
+    assert tokens_per_s_over_time([token(-0.3), token(-0.1, 2)], 0.5) == [(0.0, 6.0)]
+    assert tokens_per_s_over_time([token(-2.0), token(0.2), token(1.2, 3)], 1.0) == [(0.0, 2.0), (1.0, 3.0)]
