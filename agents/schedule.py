@@ -185,14 +185,20 @@ def on_returned(state: SourceState, micro_batch: int, step: int,
 def join(state: SourceState, micro_batch: int) -> tuple[SourceState, tuple[Step, ...]]:
     """A micro-batch joins a running (open) run between steps: the new state and the steps to start now.
 
-    ``micro_batch`` is a new index (the next one) or a finished one's, reused: links are FIFO, so
-    every stage sees the old group's last step before the new prefill. ``no-bubbles`` starts its
-    prefill at once; ``bubbles`` at the next barrier (with the others' next step), at once when
-    nothing is in flight; ``sequential`` when no other micro-batch is unfinished (``on_returned``
-    starts it after the one running). An open run's micro-batches end by ``finished_early``."""
+    ``micro_batch`` is a new index or a finished one's, reused: links are FIFO, so every stage sees
+    the old group's last step before the new prefill. A new index past the next one leaves the
+    indices below it idle (finished, never started) until they join: the caller owns its indices
+    and may take any free one. ``no-bubbles`` starts its prefill at once; ``bubbles`` at the next
+    barrier (with the others' next step), at once when nothing is in flight; ``sequential`` when no
+    other micro-batch is unfinished (``on_returned`` starts it after the one running). An open
+    run's micro-batches end by ``finished_early``."""
     n = len(state.started)
-    if micro_batch > n or micro_batch < 0 or (micro_batch < n and not state.finished[micro_batch]):
-        raise ValueError(f"micro-batch {micro_batch} cannot join: it is running or not the next index ({n})")
+    if micro_batch < 0 or (micro_batch < n and not state.finished[micro_batch]):
+        raise ValueError(f"micro-batch {micro_batch} cannot join: it is running or a negative index")
+    if micro_batch > n:  # idle indices below it: never started, nothing in flight, free to join
+        gap = micro_batch - n
+        state = SourceState(state.mode, state.steps, state.started + (-1,) * gap, state.returned + (-1,) * gap,
+                            state.finished + (True,) * gap)
 
     def put(values: tuple, value) -> tuple:
         return values[:micro_batch] + (value,) + values[micro_batch + 1:]

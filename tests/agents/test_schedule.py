@@ -155,3 +155,17 @@ def test_a_running_micro_batchs_index_cannot_be_joined_until_it_is_finished():
         join(state, 0)
     state, _ = on_returned(state, 0, 0, finished_early=True)
     assert join(state, 0)[1] == (Step(0, 0),)
+
+
+def test_a_join_of_an_index_past_the_next_leaves_the_ones_below_idle_until_they_join():
+    from agents.schedule import join
+
+    for mode in ("no-bubbles", "bubbles", "sequential"):
+        state, _ = begin(mode, 0, 100)
+        state, started = join(state, 2)  # 0 and 1 have never run: the prefill starts at once all the same
+        assert started == (Step(2, 0),), mode
+        assert state.finished[:2] == (True, True) and state.started[:2] == (-1, -1)
+        state, started = on_returned(state, 2, 0)
+        assert started == (Step(2, 1),), mode  # the idle indices take no steps
+        state, _ = join(state, 0)
+        assert state.finished == (False, True, False), mode

@@ -115,7 +115,7 @@ class OpenStageRun(StageRun):
                 and self._rows_change(mb):
             self.grows[mb].append(msg)  # taken when its running step is back
             return
-        if mb in self.groups or mb > len(self.source.started):  # its old group is in flight: after the retire
+        if mb in self.groups:  # its old group is in flight: after the retire
             self.deferred.append(msg)
             return
         n = len(msg.sequence_ids)
@@ -129,8 +129,6 @@ class OpenStageRun(StageRun):
         self.injections.extend(started)
         if all(self.groups[mb].finished):  # every client left before its prefill
             self._leave(set())
-        if self.deferred:  # a higher index handed over before this one
-            self._rejoin(mb)
 
     def _leave(self, sequence_ids: set[int]) -> None:
         self.left |= sequence_ids
@@ -254,11 +252,10 @@ class OpenStageRun(StageRun):
             self._rejoin(mb)
 
     def _rejoin(self, mb: int) -> None:
-        """Joins that waited (for ``mb``'s retire, or for a lower index joined after them) that can go now."""
+        """Joins that waited for ``mb``'s retire (or any other index's) that can go now."""
         ready = True
         while ready:
-            ready = next((m for m in self.deferred
-                          if m.micro_batch not in self.groups and m.micro_batch <= len(self.source.started)), None)
+            ready = next((m for m in self.deferred if m.micro_batch not in self.groups), None)
             if ready is not None:
                 self.deferred.remove(ready)
                 self._join(ready)

@@ -84,6 +84,18 @@ def generate(model, ids: list[int], n: int, **sampling) -> list[int]:
     return new[:new.index(EOS) + 1] if EOS in new else new
 
 
+def test_a_join_of_a_slot_above_slots_that_never_ran_starts_at_once(open_run, reference):
+    # First in the module, so the run is fresh alone and in the module: slots 0 and 1 have never run. It
+    # waited forever for its tokens (stop 35): the source deferred any index past the next one it knew.
+    # ``wait`` gives up after 60 s (not a speed threshold: a bound on a hang).
+    run, sink, _, _ = open_run
+    prompt = [6, 40, 13, 2 + 1]
+    (seq,) = run.join(2, [prompt], [8], SamplingSpec())
+    got = sink.wait([seq], [8])
+    run.release(2)
+    assert got == [generate(reference, prompt, 8)]
+
+
 def test_a_request_joining_while_another_decodes_gets_the_tokens_of_its_prompt_alone(open_run, reference):
     run, sink, _, _ = open_run
     long_prompt, late_prompt = [5, 17, 99, 3, 42, 8], [7, 300, 12]
@@ -159,9 +171,7 @@ def test_rows_that_join_while_one_step_runs_are_prefilled_together_in_the_next_s
     run, sink, _, _ = open_run
     a, b, c = [8, 21, 5, 60], [7, 300, 12, 40, 41, 200, 9], [11, 3]
     not_awaited = {"on_refused": lambda err: pytest.fail(str(err))}
-    # the slot serve would take (the lowest free one): a raw join of a slot above one that never ran does
-    # not start (docs/serving.md), so an explicit index made this test pass only after the module's others
-    slot = run.free_slot()
+    slot = run.free_slot()  # the slot serve would take (the lowest free one)
     (first,) = run.join(slot, [a], [12], SamplingSpec(), **not_awaited)
     (second,) = run.join(slot, [b], [9], SamplingSpec(), grow=True, **not_awaited)  # two joins, two widths,
     (third,) = run.join(slot, [c], [10], SamplingSpec(), grow=True, **not_awaited)  # sent during its prefill
