@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from agents.checkpoint_files import CheckpointError, tensor_files
+
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "mixtral")
 
 DTYPES: dict[str, torch.dtype] = {
@@ -26,10 +28,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16, "fp16": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
-
-
-class CheckpointError(ValueError):
-    """A model directory that cannot be run: missing files, unsupported family, missing tensors."""
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -105,25 +103,7 @@ class CheckpointReader:
 
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
-        self._file_of: dict[str, Path] = {}
-        index = self.model_dir / "model.safetensors.index.json"
-        single = self.model_dir / "model.safetensors"
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as err:
-                raise CheckpointError(f"{index}: invalid index: {err}") from None
-            for name, file in weight_map.items():
-                self._file_of[name] = self.model_dir / file
-        elif single.is_file():
-            with safe_open(str(single), framework="pt") as f:
-                for name in f.keys():
-                    self._file_of[name] = single
-        else:
-            raise CheckpointError(
-                f"{self.model_dir}: no model.safetensors or model.safetensors.index.json "
-                "(only safetensors checkpoints are supported)"
-            )
+        self._file_of: dict[str, Path] = tensor_files(self.model_dir)
         self.read_names: list[str] = []
         """Every tensor read so far, in order (lets tests check a stage read only its own)."""
 
