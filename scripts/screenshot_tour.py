@@ -148,7 +148,8 @@ def tour_epd(app, window) -> None:
     plan_screen.set_technique("phase-disaggregation")
     epd = plan_screen.view
     epd.requests.setValue(6)
-    epd.source.setCurrentText(MEASURED)  # measures every phase on every agent
+    epd.source.setCurrentText(MEASURED)
+    epd.measure_on_agents()  # every phase on every agent (the operator's button: never by itself)
     wait(app, 1.0)
     wait(app, 300, lambda: not epd.runner.is_busy())
     epd.trials.setValue(20)

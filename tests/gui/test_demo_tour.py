@@ -362,7 +362,9 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
     llava = window.state.technique_models["phase-disaggregation"]
     assert view.model_dir == llava and view.agent_names() == list(DEMO_DEVICES)
     view.requests.setValue(4)
-    view.source.setCurrentText(MEASURED)  # the measured source: every phase timed on each demo agent
+    view.source.setCurrentText(MEASURED)  # the measured source: nothing runs until the operator measures
+    assert not view.runner.is_busy()
+    view.measure_button.click()  # every phase timed on each demo agent
     qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
     assert view.message.isHidden(), view.message.text()
     costs = view.measured_costs

@@ -78,7 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--costs", required=True, metavar="COSTS.json")
     s.add_argument("--workload", required=True, metavar="WORKLOAD.json")
     s.add_argument("--devices", type=int_in(1, 1024), default=None, help="a budget of N devices (dev0…)")
-    s.add_argument("--device-names", metavar="A,B,...", help="the devices by name (instead of --devices)")
+    s.add_argument("--device-names", metavar="A,B,...", help="the devices by name (instead of --devices; "
+                                                             "default: the devices COSTS.json was measured on)")
     _slo_args(s)
     s.add_argument("--trials", type=int_in(1, 10_000), default=40)
     s.add_argument("--time-limit", type=float_in(0.0, 86_400.0, lo_open=True), default=120.0, metavar="SECONDS")
@@ -174,6 +175,30 @@ def _simulate(args) -> int:
     return 0
 
 
+def search_devices(costs, count: int | None, names: str | None) -> tuple[str, ...]:
+    """The search's devices: ``count`` (dev0…), ``names`` (A,B,...), or the devices ``costs`` were
+    measured on (``epd profile``); one device without costs of its own is priced at the top-level
+    speeds, said on stderr."""
+    from core.errors import EdgeShardError
+
+    if count is not None and names is not None:
+        raise EdgeShardError("give the device budget as --devices N or --device-names A,B,... (not both)")
+    if count is not None:
+        out = tuple(f"dev{i}" for i in range(count))
+    elif names is not None:
+        out = tuple(n.strip() for n in names.split(",") if n.strip())
+    elif costs.devices:
+        return tuple(d.device for d in costs.devices)
+    else:
+        raise EdgeShardError("these costs are not per device (not measured by epd profile): give the device budget "
+                             "as --devices N or --device-names A,B,...")
+    unpriced = [d for d in out if costs.devices and d not in {c.device for c in costs.devices}]
+    if unpriced:
+        print(f"note: {', '.join(unpriced)} have no costs of their own in these costs (measured on "
+              f"{', '.join(c.device for c in costs.devices)}): priced at their top-level speeds", file=sys.stderr)
+    return out
+
+
 def _search(args) -> int:
     from core.errors import EdgeShardError
     from core.reporting import TerminalReporter
@@ -183,10 +208,7 @@ def _search(args) -> int:
     from core.techniques.phase_disaggregation.types import EpdProblem
 
     costs, workload, slo = _inputs(args)
-    if (args.devices is None) == (args.device_names is None):
-        raise EdgeShardError("give the device budget as --devices N or --device-names A,B,... (one of them)")
-    names = tuple(f"dev{i}" for i in range(args.devices)) if args.devices else \
-        tuple(n.strip() for n in args.device_names.split(","))
+    names = search_devices(costs, args.devices, args.device_names)
     if args.memory_mib is not None and not args.model:
         raise EdgeShardError("--memory-mib plans each device's memory from the model's weights: give --model MODEL_DIR")
     from core.techniques.phase_disaggregation.memory import phase_weights

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from core.reporting import NullReporter, Reporter
+from core.reporting import Cancelled, NullReporter, Reporter
 from core.techniques.phase_disaggregation.types import (
     SLO, DevicePhaseCosts, EpdInputError, EpdProblem, PhaseCosts, PoolConfig, RequestMetrics, Workload,
 )
@@ -28,7 +28,7 @@ PROBE_TILES = (1, 2, 4)
 PROBE_PROMPTS = (16, 48)
 PROBE_BATCHES = (1, 2, 4)
 """What ``measure_costs`` probes: sizes a small checkpoint's shipped prompts and tiles reach,
-so a measurement takes seconds, not the CLI profile's half minute."""
+so a measurement of every phase on every agent takes seconds."""
 
 
 def measurement_pools(devices: Sequence[str]) -> PoolConfig:
@@ -55,8 +55,9 @@ def measurement_rotations(devices: Sequence[str]) -> list[PoolConfig]:
 
 
 def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeats: int = 3, per_device: bool = True,
-                  reporter: Reporter | None = None) -> PhaseCosts:
-    """``PhaseCosts`` measured on ``devices`` (the agents of ``link``) for the Llava checkpoint ``model_dir``.
+                  transfers: str = "data-plane", reporter: Reporter | None = None) -> PhaseCosts:
+    """``PhaseCosts`` measured on ``devices`` (the agents of ``link``) for the Llava checkpoint ``model_dir``:
+    the studio's *Measure phases on agents* and ``edgeshard epd profile`` alike.
 
     ``per_device``: every phase timed on every agent (``measurement_rotations``) into
     ``PhaseCosts.devices``; the top-level speeds, the link and the dispatch stay the first
@@ -71,13 +72,15 @@ def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeat
     rotations = measurement_rotations(devices) if per_device else [measurement_pools(devices)]
     timed: list[tuple[PoolConfig, PhaseCosts]] = []
     for i, pools in enumerate(rotations):
+        if reporter.cancel_requested():
+            raise Cancelled()
         reporter.status(f"loading the phases on {', '.join(pools.devices)} ({i + 1}/{len(rotations)})")
         load_pools(link, model_dir, pools)
         if i == 0:
             link.sync_clocks()
         timed.append((pools, profile_phases(link, model_dir, pools, tiles=PROBE_TILES, prompt_tokens=PROBE_PROMPTS,
                                             decode_batches=PROBE_BATCHES, decode_steps=4, repeats=repeats,
-                                            time_links=i == 0, reporter=reporter)))
+                                            transfers=transfers, time_links=i == 0, reporter=reporter)))
         reporter.progress(i + 1, len(rotations))
     pools, costs = timed[0]
     if len(timed) > 1:

@@ -41,7 +41,7 @@ from agents.techniques.phase_disaggregation.messages import (
     TokensDecoded,
 )
 from core.errors import RunFailed
-from core.reporting import NullReporter, Reporter
+from core.reporting import Cancelled, NullReporter, Reporter
 from core.techniques.phase_disaggregation.types import EpdInputError, PhaseCosts, PoolConfig
 
 
@@ -81,7 +81,7 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
         computes, overheads, reply = [], [], None
         for _ in range(repeats):
             if reporter.cancel_requested():
-                raise RunFailed("profiling cancelled by the operator", device)
+                raise Cancelled()
             t0 = time.perf_counter()
             reply = link.request(device, msg, timeout_s)
             rtt = time.perf_counter() - t0

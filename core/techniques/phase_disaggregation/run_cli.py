@@ -1,10 +1,11 @@
 """``edgeshard epd make-model | profile | run``: the real half of EPD from the command line.
 
 ``make-model`` writes a tiny Llava checkpoint; ``profile`` measures ``PhaseCosts`` on the
-pools' agents (for ``epd simulate`` / ``epd search``); ``run`` serves a workload on them for
-real, checks the tokens against the single-process model if asked, prints TTFT/TPOT beside
-the simulator's for the same costs, and records the run (and the simulation) in the session
-store, so the studio replays them.
+agents with the studio's ``on_agents.measure_costs`` (every phase on every agent: per-device
+costs, for ``epd simulate`` / ``epd search`` / ``epd run --costs``); ``run`` serves a workload
+on them for real, checks the tokens against the single-process model if asked, prints TTFT/TPOT
+and each device's phases beside the simulator's for the same costs, and records the run (and
+the simulation) in the session store, so the studio replays them.
 """
 
 from __future__ import annotations
@@ -28,17 +29,23 @@ def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
     mk.add_argument("--seed", type=SEED, default=0)
     mk.set_defaults(func=_make_model)
 
-    for name, helptext in (("profile", "measure PhaseCosts on the pools' agents (writes COSTS.json)"),
+    for name, helptext in (("profile", "measure every phase on every agent: per-device PhaseCosts (COSTS.json)"),
                            ("run", "serve a workload on the pools' agents for real; record it")):
         p = verbs.add_parser(name, help=helptext)
         p.add_argument("--agents", required=True, metavar="AGENTS.json", help="the agents file (edgeshard cluster)")
         p.add_argument("--model", required=True, metavar="DIR", help="a Llava checkpoint the agents can read")
-        p.add_argument("--pools", required=True, metavar="POOLS.json", help="which agent serves which phase")
+        if name == "profile":
+            which = p.add_mutually_exclusive_group()
+            which.add_argument("--devices", metavar="A,B,...", help="the agents to measure (default: every agent "
+                               "in the agents file)")
+            which.add_argument("--pools", metavar="POOLS.json", help="measure the agents of these pools (their devices)")
+        else:
+            p.add_argument("--pools", required=True, metavar="POOLS.json", help="which agent serves which phase")
         p.add_argument("--transfers", choices=("data-plane", "relay"), default="data-plane",
                        help="tokens and KV caches agent to agent (default), or through the coordinator")
         if name == "profile":
             p.add_argument("--out", required=True, metavar="COSTS.json")
-            p.add_argument("--repeats", type=int_in(1, 100), default=5)
+            p.add_argument("--repeats", type=int_in(1, 100), default=3, help="each probe's repeats (median kept)")
             p.set_defaults(func=_profile)
         else:
             p.add_argument("--workload", required=True, metavar="WORKLOAD.json")
@@ -74,26 +81,40 @@ def _make_model(args) -> int:
 
 
 @contextlib.contextmanager
-def _pool_agents(args):
-    """(pools, an open link to their agents) after every check: first those that need neither agent nor
-    torch (the pools file, the model is a Llava checkpoint from config.json, an agent in the agents
-    file for every pool device), then every agent answering (a dead one named in seconds), then what
-    the real run serves (imports torch). A bad input is one line before any agent is set to work."""
+def _agents(args, devices=None, named_by: str = ""):
+    """(the devices, an open link to the agents) after every check that needs neither agent nor torch
+    (the model is a Llava checkpoint from config.json, an agent in the agents file for every device
+    ``named_by`` names; ``devices`` None: every agent in the file), then every one of them answering
+    (a dead one named in seconds). A bad input is one line before any agent is set to work."""
     from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import load_agents_file
     from core.errors import FormatError
+
     from core.models.multimodal import check_multimodal_dir
+
+    check_multimodal_dir(args.model)
+    endpoints, keys = load_agents_file(args.agents)
+    known = [e.device for e in endpoints]
+    devices = tuple(dict.fromkeys(devices if devices is not None else known))
+    missing = [d for d in devices if d not in known]
+    if missing:
+        raise FormatError(args.agents, f"no agent named {', '.join(missing)}, {named_by} "
+                                       f"(agents: {', '.join(known)})")
+    if not devices:
+        raise FormatError(args.agents, "no agents to measure: name at least one")
+    with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
+        link.answering(list(devices))
+        yield devices, link
+
+
+@contextlib.contextmanager
+def _pool_agents(args):
+    """(pools, an open link to their agents) after ``_agents``' checks for the pools' devices, then what
+    the real run serves (imports torch)."""
     from core.techniques.phase_disaggregation.types import PoolConfig
 
     pools = load(args.pools, PoolConfig)
-    check_multimodal_dir(args.model)
-    endpoints, keys = load_agents_file(args.agents)
-    missing = [d for d in pools.devices if d not in {e.device for e in endpoints}]
-    if missing:
-        raise FormatError(args.agents, f"no agent named {', '.join(missing)}, which {args.pools} puts in a pool "
-                                       f"(agents: {', '.join(e.device for e in endpoints)})")
-    with AgentLink(endpoints, keys, heartbeat_timeout_s=30.0, request_timeout_s=120.0) as link:
-        link.answering()
+    with _agents(args, pools.devices, f"which {args.pools} puts in a pool") as (_devices, link):
         from core.techniques.phase_disaggregation.runtime import check_real_pools
 
         check_real_pools(pools)
@@ -101,18 +122,26 @@ def _pool_agents(args):
 
 
 def _profile(args) -> int:
-    check_writable(args.out)
-    with _pool_agents(args) as (pools, link):
-        from core.reporting import TerminalReporter
-        from core.techniques.phase_disaggregation.profiling import profile_phases
-        from core.techniques.phase_disaggregation.runtime import load_pools
+    """The studio's measurement (``measure_costs``: every phase timed on every agent), one line per step."""
+    from core.techniques.phase_disaggregation.types import PoolConfig
 
-        load_pools(link, args.model, pools)
-        costs = profile_phases(link, args.model, pools, repeats=args.repeats, transfers=args.transfers,
-                               reporter=TerminalReporter())
+    check_writable(args.out)
+    if args.pools:
+        devices, named_by = load(args.pools, PoolConfig).devices, f"which {args.pools} puts in a pool"
+    elif args.devices:
+        devices, named_by = tuple(d.strip() for d in args.devices.split(",") if d.strip()), "which --devices names"
+    else:
+        devices, named_by = None, ""
+    with _agents(args, devices, named_by) as (devices, link):
+        from core.reporting import TerminalReporter
+        from core.techniques.phase_disaggregation.on_agents import measure_costs
+
+        costs = measure_costs(link, args.model, devices, repeats=args.repeats, transfers=args.transfers,
+                              reporter=TerminalReporter())
     save(args.out, costs)
-    print(f"wrote {args.out}: encode {costs.encode_s_per_tile * 1e3:.2f} ms/tile, prefill "
-          f"{costs.prefill_s_per_token * 1e3:.3f} ms/token, decode step {costs.decode_step_s[0][1] * 1e3:.2f} ms")
+    from core.techniques.phase_disaggregation.on_agents import per_device_text
+
+    print(f"wrote {args.out}: {per_device_text(costs)}")
     return 0
 
 
@@ -166,8 +195,12 @@ def _run(args) -> int:
            "run_id": run_id, "tokens_equal": equal, "wire": wire,
            "outputs": [{"request": rid, "tokens": list(run.tokens[rid]), "text": texts[rid]} for rid in sorted(run.tokens)]}
     if sim is not None:
+        from core.techniques.phase_disaggregation.on_agents import phase_fit
+
         out.update(simulated_ttft_p50_s=med(m.ttft_s for m in sim.metrics),
-                   simulated_tpot_p50_s=med(m.tpot_s for m in sim.metrics), simulated_run_id=sim_id)
+                   simulated_tpot_p50_s=med(m.tpot_s for m in sim.metrics), simulated_run_id=sim_id,
+                   phases=[dict(device=f.device, phase=f.phase, predicted_s=f.predicted_s, measured_s=f.measured_s,
+                                ratio=f.ratio) for f in phase_fit(sim.metrics, run.metrics)])
     if args.json:
         print(json.dumps(out))
     else:
@@ -181,6 +214,9 @@ def _run(args) -> int:
         if equal is not None:
             line += f"; tokens {'equal' if equal else 'DIFFER from'} the single-process generate()"
         print(line)
+        for f in out.get("phases", ()):  # each device's phases with its own costs (per request; decode per token)
+            print(f"  {f['device']} {f['phase']}{'/token' if f['phase'] == 'decode' else ''}: simulated "
+                  f"{f['predicted_s'] * 1e3:.1f} ms, measured {f['measured_s'] * 1e3:.1f} ms (x{f['ratio']:.2f})")
         if wire["measured_bytes"] is not None:
             print(f"wire: {wire['measured_bytes']} bytes between agents (the simulator's transfers: "
                   f"{wire['predicted_bytes']}, x{wire['measured_over_predicted']}), {wire['control_bytes']} to the "

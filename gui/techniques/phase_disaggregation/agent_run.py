@@ -18,7 +18,7 @@ SOURCES = (MEASURED, WHAT_IF)
 
 
 def measure_job(reporter, link, model_dir: str, devices: list[str]):
-    """The worker's job of *Measure on agents*."""
+    """The worker's job of *Measure phases on agents*."""
     return measure_costs(link, model_dir, devices, reporter=reporter)
 
 

@@ -41,6 +41,10 @@ from gui.widgets import InlineMessage, fill_table, panel_header, say_why_disable
 from gui.workers import TaskRunner
 
 LINES = {"search's pick": "#e45756", "aggregated": "#4c78a8", "pd-only": "#f58518"}
+MEASURE_TEXT = "Measure phases on agents"
+REPLACES = ("it loads EPD's encode, prefill and decode phases on each agent in turn, in place of what they hold "
+            "(a layer-sharding plan's stages are loaded again by its next run)")
+"""Said beside the button and in its tooltip: why measuring is never started by the view itself."""
 
 
 class EpdPlanResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,7 +97,7 @@ class PhaseDisaggregationPlanView(QWidget):
         self.costs: PhaseCosts = illustrative_costs()
         """The what-if calibration (illustrative, or a loaded file)."""
         self.measured_costs: PhaseCosts | None = None
-        """Measured on the connected agents (``Measure on agents``)."""
+        """Measured on the connected agents (``Measure phases on agents``)."""
         self.model_dir = ""
         """The Llava checkpoint the agents measure and serve."""
         self.result: EpdPlanResult | None = None
@@ -114,7 +118,7 @@ class PhaseDisaggregationPlanView(QWidget):
                                "agents and a workload they serve. What-if: illustrative edge devices (or loaded costs)")
         self.model_button = QPushButton("Llava model…")
         self.model_button.setToolTip("The Llava checkpoint the agents measure and serve")
-        self.measure_button = QPushButton("Measure on agents")
+        self.measure_button = QPushButton(MEASURE_TEXT)
         self.devices = QSpinBox(minimum=1, maximum=64, value=8, prefix="devices ")
         self.devices.setAccessibleName("Devices")
         self.requests = QSpinBox(minimum=1, maximum=200, value=6, suffix=" requests")
@@ -220,18 +224,9 @@ class PhaseDisaggregationPlanView(QWidget):
         self.runner.progress_reported.connect(self._on_progress)
         self.runner.task_finished.connect(self._on_finished)
         self.runner.task_failed.connect(lambda _id, msg: self._failed(msg))
-        self.runner.task_cancelled.connect(lambda _id: self._ended(f"{self.job or 'search'} stopped"))
+        self.runner.task_cancelled.connect(lambda _id: self._cancelled())
         self._adopt_studio_model()
         self._on_source_changed()
-
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt)
-        """Shown first with agents and a Llava checkpoint: plan the cluster you have (the measured
-        source, which measures); what the operator picks after that stays."""
-        super().showEvent(event)
-        if not getattr(self, "_shown", False):
-            self._shown = True
-            if self.measured_costs is None and not self.measure_blocker() and not self.measured():
-                self.source.setCurrentText(MEASURED)
 
     # -- inputs ---------------------------------------------------------------------------
     def measured(self) -> bool:
@@ -250,7 +245,7 @@ class PhaseDisaggregationPlanView(QWidget):
         """The measured cluster's problem (its costs, its agents, a workload they serve) or the what-if one."""
         if self.measured():
             if self.measured_costs is None:
-                raise EdgeShardError("no costs measured on these agents yet: press Measure on agents")
+                raise EdgeShardError(f"no costs measured on these agents yet: press {MEASURE_TEXT}")
             workload = agent_workload(requests=self.requests.value(), rate_rps=self.rate.value())
             return cluster_problem(self.measured_costs, self.agent_names(), workload, self.slo())
         return EpdProblem(name="image-heavy", costs=self.costs,
@@ -321,8 +316,9 @@ class PhaseDisaggregationPlanView(QWidget):
              "What-if: an image-heavy workload on illustrative devices; simulated, not measured")
             + (f" — costs {costs.source}" if costs is not None and costs.source else ""))
         self._update_buttons()
-        if measured and self.measured_costs is None and not self.measure_blocker():
-            self.measure_on_agents()  # the measured source is nothing until measured
+        if measured and self.measured_costs is None:  # never measured by itself: it replaces what the agents hold
+            self.message.show_lines([self.measure_blocker() or f"press {MEASURE_TEXT}: {REPLACES}"],
+                                    "Not measured yet:")
 
     # -- the menus' actions ---------------------------------------------------------------
     def measure_blocker(self) -> str:
@@ -335,11 +331,13 @@ class PhaseDisaggregationPlanView(QWidget):
         return ""
 
     def measure_on_agents(self) -> None:
-        """Time encode, prefill and decode on the connected agents (a worker); the problem becomes theirs."""
+        """Time encode, prefill and decode on the connected agents (a worker; Stop cancels it); the
+        problem becomes theirs. Only ever the operator's action: it replaces what the agents held."""
         why = self.measure_blocker()
         if why:
             self.message.show_lines([why], "Cannot measure:")
             return
+        self.state.log(f"EPD: measuring phases on {', '.join(self.agent_names())}: {REPLACES}")
         self._start("measure", measure_job, self.state.agents.link, self.model_dir, self.agent_names())
 
     def auto_solve(self, requests: int = 120) -> None:
@@ -375,9 +373,9 @@ class PhaseDisaggregationPlanView(QWidget):
         if why:
             return why
         if self.result is None or self.last_problem is None:
-            return "no layout yet: Measure on agents, then Search"
+            return f"no layout yet: {MEASURE_TEXT}, then Search"
         if self.last_problem.name != "measured cluster":
-            return "the layout is planned for the what-if devices: Measure on agents, then Search"
+            return f"the layout is planned for the what-if devices: {MEASURE_TEXT}, then Search"
         _, config = self.selected_layout()
         return served_problem(config, self.agent_names())
 
@@ -416,6 +414,12 @@ class PhaseDisaggregationPlanView(QWidget):
         steps_y = [p.best.goodput_rps for p in self.trials_seen for _ in (0, 1)]
         self.best_line.setData(steps_x, steps_y)
 
+    def _cancelled(self) -> None:
+        if self.job == "measure":  # the agents hold some of EPD's phases now, the costs stay as they were
+            self._ended("measuring stopped: the costs are unchanged; the agents keep the EPD phases loaded so far")
+        else:
+            self._ended(f"{self.job or 'search'} stopped")
+
     def _ended(self, text: str) -> None:
         self.status.setText(text)
         self._update_buttons()
@@ -448,8 +452,8 @@ class PhaseDisaggregationPlanView(QWidget):
             self.run_button.setToolTip("Serve the selected layout's workload on the agents for real; recorded "
                                        "beside the simulator's prediction")
         if not self.measure_blocker():
-            self.measure_button.setToolTip("Time encode, prefill and decode on the connected agents: the problem "
-                                           "becomes theirs")
+            self.measure_button.setToolTip("Time encode, prefill and decode on the connected agents (Stop "
+                                           f"cancels): the problem becomes theirs. {REPLACES[0].upper()}{REPLACES[1:]}")
 
     def record(self) -> int | None:
         """The picked configuration's simulated run, stored as a predicted run of session ``epd``."""

@@ -1,5 +1,6 @@
 """EPD planned from and run on the connected agents in the studio (pytest-qt, three real agent
-processes, a generated Llava checkpoint): *Measure on agents* makes the problem theirs, the
+processes, a generated Llava checkpoint): *Measure phases on agents* (only ever the operator's
+action: it replaces what the agents hold) makes the problem theirs, the
 search plans for exactly them, *Run on agents* serves the selected layout with tokens equal to
 transformers' own generate, recorded beside its prediction and replayable; what cannot run says
 why."""
@@ -16,6 +17,7 @@ from core.techniques.phase_disaggregation.runtime import prepare_requests, refer
 from gui.studio_state import StudioState
 from gui.techniques.phase_disaggregation import PhaseDisaggregationPlanView
 from gui.techniques.phase_disaggregation.agent_run import MEASURED
+from gui.techniques.phase_disaggregation.plan_view import MEASURE_TEXT
 from gui.widgets import UNAVAILABLE
 
 WAIT_MS = 120_000
@@ -84,16 +86,37 @@ def test_a_what_if_layout_cannot_be_run_on_the_agents(view, agents, qtbot):
     assert view.table.item(0, 7).text() == "simulated only"
 
 
-def test_choosing_the_measured_source_measures_on_the_agents_and_makes_the_problem_theirs(view, agents, qtbot):
+def test_choosing_the_measured_source_asks_for_the_measure_button_and_sets_no_agent_to_work(view, agents, qtbot):
     view.state.set_agents(agents)
+    view.source.setCurrentText(MEASURED)  # nothing to plan until measured, but measuring replaces what they hold
+    assert not view.runner.is_busy() and view.measured_costs is None
+    assert MEASURE_TEXT in view.message.text() and "in place of what they hold" in view.message.text()
+    assert MEASURE_TEXT == view.measure_button.text() and "in place of what they hold" in view.measure_button.toolTip()
+
+
+def test_the_measure_button_measures_on_the_agents_with_progress_and_makes_the_problem_theirs(view, agents, qtbot):
+    view.state.set_agents(agents)
+    view.source.setCurrentText(MEASURED)
     assert view.measure_button.isEnabled()
-    view.source.setCurrentText(MEASURED)  # nothing to plan until measured: the measurement starts
-    assert view.runner.is_busy()
+    with qtbot.waitSignal(view.runner.progress_reported, timeout=WAIT_MS):  # one step per rotation of the agents
+        view.measure_button.click()
+    assert view.runner.is_busy() and view.stop_button.isEnabled()
     qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
     assert view.message.isHidden(), view.message.text()
+    assert view.progress.value() == view.progress.maximum() == 3
     assert view.source.currentText() == MEASURED and "measured on local-0, local-1, local-2" in view.subtitle.text()
     assert view.problem().devices == ("local-0", "local-1", "local-2")
     assert view.measured_costs.encode_s_per_tile > 0 and view.ttft.value() > 0
+
+
+def test_stop_cancels_a_measurement_and_keeps_the_costs_unmeasured(view, agents, qtbot):
+    view.state.set_agents(agents)
+    view.measure_button.click()
+    assert view.runner.is_busy()
+    view.stop_button.click()
+    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
+    assert view.measured_costs is None and view.status.text().startswith("measuring stopped")
+    assert view.message.isHidden(), view.message.text()  # a cancel, not a failure
 
 
 def test_the_searchs_pick_runs_on_the_agents_with_generates_tokens_recorded_and_replayable(view, agents, measured,
@@ -139,11 +162,8 @@ def test_the_studios_model_for_epd_is_the_views_checkpoint(qtbot, llava):
     assert view.model_dir == llava and view.model_button.text() == "Model: tiny-llava"
 
 
-def test_shown_first_with_agents_and_a_llava_the_view_measures_them_by_itself(view, agents, qtbot):
+def test_shown_with_agents_and_a_llava_the_view_leaves_the_agents_as_they_are(view, agents, qtbot):
     view.state.set_agents(agents)
-    assert view.source.currentText() != MEASURED
-    view.show()  # the plan screen showing EPD: the connected agents are the problem, measured
-    assert view.source.currentText() == MEASURED and view.runner.is_busy()
-    qtbot.waitUntil(lambda: not view.runner.is_busy(), timeout=WAIT_MS)
-    assert view.message.isHidden(), view.message.text()
-    assert [d.device for d in view.measured_costs.devices] == list(agents.endpoints)
+    view.show()  # the plan screen showing EPD: measuring would load EPD's phases in place of the agents' stages
+    qtbot.waitExposed(view)
+    assert not view.runner.is_busy() and view.measured_costs is None and view.source.currentText() != MEASURED

@@ -39,7 +39,11 @@ def ran(setup):
 
     tmp, lc = setup
     common = ["--agents", str(lc.agents_file), "--model", str(tmp / "llava"), "--pools", str(tmp / "pools.json")]
-    assert main(["epd", "profile", *common, "--out", str(tmp / "costs.json"), "--repeats", "2"]) == 0
+    lines = io.StringIO()
+    with contextlib.redirect_stderr(lines):  # every agent of the file measured: no --pools, no --devices
+        assert main(["epd", "profile", "--agents", str(lc.agents_file), "--model", str(tmp / "llava"),
+                     "--out", str(tmp / "costs.json"), "--repeats", "2"]) == 0
+    (tmp / "profile-stderr.txt").write_text(lines.getvalue())
     assert load(tmp / "costs.json", PhaseCosts).mm_tokens_per_tile == 16
     printed, codes, events = io.StringIO(), [], tmp / "events.jsonl"
     with contextlib.redirect_stdout(printed):
@@ -69,6 +73,42 @@ def test_profile_then_run_checks_tokens_and_records_the_run_beside_its_simulatio
         # one recording path: the simulation carries what the real run does, but the real tokens
         assert set(runs[0].settings) - set(runs[1].settings) == {"tokens"}
         assert len(store.tokens(runs[0].id)) == 12
+
+
+def test_profile_times_every_phase_on_every_agent_as_the_studio_does_saying_each_step(ran):
+    from core.formats import load
+
+    _, tmp, _ = ran
+    costs = load(tmp / "costs.json", PhaseCosts)
+    assert [d.device for d in costs.devices] == ["local-0", "local-1", "local-2"]
+    assert "every phase timed on every agent" in costs.source
+    lines = (tmp / "profile-stderr.txt").read_text().splitlines()
+    for i, first in enumerate(("local-0", "local-1", "local-2")):  # one rotation per agent, each phase on each
+        assert any(line.startswith("loading the phases on " + first) and line.endswith(f"({i + 1}/3)")
+                   for line in lines), lines
+    assert {f"timing {phase} on {d}" for phase in ("encode", "prefill", "decode")
+            for d in ("local-0", "local-1", "local-2")} <= set(lines)
+
+
+def test_search_plans_for_the_devices_the_costs_were_measured_on(ran, capsys):
+    _, tmp, _ = ran
+    assert main(["epd", "search", "--costs", str(tmp / "costs.json"), "--workload", str(tmp / "workload.json"),
+                 "--trials", "3", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["best"]
+    assert set(best["encode"] + best["prefill"] + best["decode"]) <= {"local-0", "local-1", "local-2"}
+
+
+def test_run_with_costs_sets_each_devices_phases_simulated_with_its_own_costs_beside_measured(ran):
+    from core.formats import load
+
+    out, tmp, _ = ran
+    costs = load(tmp / "costs.json", PhaseCosts)
+    phases = {(f["device"], f["phase"]): f for f in out["phases"]}
+    assert set(phases) == {("local-0", "encode"), ("local-1", "prefill"), ("local-2", "decode")}
+    # the prefill's prediction is local-1's own cost for a request's tokens (5 prompt + 2 tiles x 16)
+    assert phases[("local-1", "prefill")]["predicted_s"] == pytest.approx(costs.prefill_s(5 + 32, "local-1"))
+    assert all(f["measured_s"] > 0 and f["ratio"] == pytest.approx(f["predicted_s"] / f["measured_s"])
+               for f in phases.values())
 
 
 def test_run_json_prints_every_requests_tokens_as_llavas_own_generate_gives_them(ran):
