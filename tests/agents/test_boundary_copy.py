@@ -1,7 +1,8 @@
 """A GPU stage's boundary activations go through pinned host buffers reused per shape, copied on a side
 stream and sent once copied while the stage computes on. The CI machine has no GPU: the backend seam
 (``agents.accelerators.CudaBackend``) here computes on this CPU under a GPU's name and copies on a
-thread of its own that takes ``delay_s`` per copy, like a copy engine beside the computing stream (real
+thread of its own that takes ``delay_s`` per copy (or waits for its ``gate``), like a copy engine beside the
+computing stream (real
 torch modules, real zmq sockets, real agents). What it cannot show: CUDA's own stream ordering and the
 PCIe overlap itself (bench/gpu_check.sh's ``overlap`` step does, on a GPU)."""
 
@@ -17,6 +18,10 @@ import zmq
 
 from agents.accelerators import CudaBackend
 from agents.boundary_copy import BoundaryCopies, OrderedSends, PendingHost
+
+
+GATE_TIMEOUT_S = 10.0
+"""How long a gated copy waits to be let through: only a test whose caller wrongly waited for it waits this long."""
 
 
 class _Copying:
@@ -36,8 +41,11 @@ class _Copying:
 class CpuGpuWithCopyEngine(CudaBackend):
     """A GPU as a stage sees one, computing on this CPU; its copies to the host run on another thread."""
 
-    def __init__(self, delay_s: float = 0.0, memory_bytes: int = 1 << 30) -> None:
+    def __init__(self, delay_s: float = 0.0, memory_bytes: int = 1 << 30, gate: threading.Event | None = None) -> None:
         self.delay_s, self.memory_bytes, self.copies_to_host, self.copies_to_device = delay_s, memory_bytes, 0, 0
+        self.gate = gate
+        """Copies to the host finish only once it is set: "still copying" is then a fact, not a race
+        between a sleep and a loaded host's scheduler."""
         self.waited_on: list[str] = []
         """The thread each wait for a copy to the host ran on."""
 
@@ -64,6 +72,8 @@ class CpuGpuWithCopyEngine(CudaBackend):
         self.copies_to_host += 1
 
         def copy():
+            if self.gate is not None:
+                self.gate.wait(GATE_TIMEOUT_S)
             time.sleep(self.delay_s)
             dst.copy_(src)
 
@@ -77,14 +87,16 @@ class CpuGpuWithCopyEngine(CudaBackend):
 
 
 def test_an_output_copies_beside_the_caller_into_a_pinned_buffer_reused_per_shape():
-    seam = CpuGpuWithCopyEngine(delay_s=0.05)
+    gate = threading.Event()
+    seam = CpuGpuWithCopyEngine(gate=gate)
     copies = BoundaryCopies("cuda:0", seam)
     a, b = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
     with copies.deferred():
-        started = time.perf_counter()
         first, second = copies.to_host(a), copies.to_host(b)
-        assert time.perf_counter() - started < 0.05  # neither copy waited for
-    assert isinstance(first, PendingHost) and not first.ready()
+    # neither copy waited for: both returned while the copy engine still holds them (had to_host
+    # waited, it would have returned only after GATE_TIMEOUT_S, its copy done)
+    assert isinstance(first, PendingHost) and not first.ready() and not second.ready()
+    gate.set()
     got_a, got_b = first.wait(), second.wait()
     assert torch.equal(got_a, a) and torch.equal(got_b, b)  # two in flight at once: two buffers, neither overwritten
     assert copies.buffers_made == 2
@@ -111,15 +123,18 @@ def test_sends_leave_in_order_each_once_its_copy_is_done_while_the_caller_moves_
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     pull.bind("inproc://boundary-copy-order")
     push.connect("inproc://boundary-copy-order")
-    copies = BoundaryCopies("cuda:0", CpuGpuWithCopyEngine(delay_s=0.1))
+    gate = threading.Event()
+    copies = BoundaryCopies("cuda:0", CpuGpuWithCopyEngine(gate=gate))
     sends = OrderedSends(LinkSender(push))
     try:
         with copies.deferred():
             pending = copies.to_host(torch.full((4,), 7.0))
-        started = time.perf_counter()
         sends.after(pending, lambda host: sends.send([host.numpy().tobytes()], 16))
         sends.send([b"sent after it"], 13)  # asked for later: leaves later, though it was ready at once
-        assert time.perf_counter() - started < 0.1  # the caller did not wait for the copy
+        # the caller did not wait for the copy: it is back while the copy is held, and nothing left
+        assert not pending.ready() and not pull.poll(50)
+        gate.set()
+        assert pull.poll(30_000)
         first, second = pull.recv_multipart(), pull.recv_multipart()
         assert torch.equal(torch.frombuffer(bytearray(first[0]), dtype=torch.float32), torch.full((4,), 7.0))
         assert second == [b"sent after it"]

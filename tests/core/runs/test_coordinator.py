@@ -135,18 +135,23 @@ def test_every_stage_reports_compute_send_and_wait_per_micro_batch_and_step_whil
 def test_events_of_an_agent_with_a_skewed_clock_land_on_the_coordinators_clock(cluster, model_dir):
     coordinator, plan, _ = cluster
     clocks = coordinator.clocks()
-    assert abs(clocks["mid"].offset_s - SKEW_S) < 0.05 and clocks["mid"].uncertainty_s < 0.05
-    assert abs(clocks["src"].offset_s) < 0.05
+    # an estimate's promise: the true offset lies within its uncertainty (half the best probe's round
+    # trip); how small that is follows the host's load, so it is bounded loosely
+    assert abs(clocks["mid"].offset_s - SKEW_S) <= clocks["mid"].uncertainty_s + 1e-3
+    assert abs(clocks["src"].offset_s) <= clocks["src"].uncertainty_s + 1e-3
+    assert clocks["mid"].uncertainty_s < 0.5 and clocks["src"].uncertainty_s < 0.5
     _, req = _request(model_dir, "sequential", micro_batches=1, max_new_tokens=3)
     result = coordinator.run(plan, req)
-    slack = 0.005
 
     def compute(device, step):
         return next(e for e in result.events if e.device == device and e.kind == "compute" and e.step == step)
 
-    for step in range(3):
-        assert compute("src", step).end_s <= compute("mid", step).start_s + slack
-        assert compute("mid", step).end_s <= compute("head", step).start_s + slack
+    def slack(a, b):  # two corrected clocks may disagree by both estimates' uncertainties
+        return clocks[a].uncertainty_s + clocks[b].uncertainty_s + 0.005
+
+    for step in range(3):  # a skew of 250 s uncorrected would break this order by minutes
+        assert compute("src", step).end_s <= compute("mid", step).start_s + slack("src", "mid")
+        assert compute("mid", step).end_s <= compute("head", step).start_s + slack("mid", "head")
     assert all(-1.0 < e.start_s < result.wall_s + 1.0 for e in result.events)
     assert all(e.clock_uncertainty_s == clocks[e.device].uncertainty_s for e in result.events)
 
