@@ -123,10 +123,10 @@ def _two_runs_compared(window, qtbot, tmp_path, width: int, height: int):
     _show(window, qtbot, width, height)
     sessions = window.screens.sessions
     window.show_screen(sessions)
-    qtbot.waitUntil(lambda: len(sessions.run_items()) == 2, timeout=5000)
+    qtbot.waitUntil(lambda: len(sessions.run_items()) == 2, timeout=30_000)
     for item in sessions.run_items().values():
         item.setSelected(True)
-    with qtbot.waitSignal(sessions.runs_compared, timeout=5000):
+    with qtbot.waitSignal(sessions.runs_compared, timeout=30_000):
         sessions.compare_button.click()
     qtbot.wait(50)
     return sessions

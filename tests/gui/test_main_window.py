@@ -86,7 +86,7 @@ def test_window_geometry_and_last_screen_are_restored(qtbot, isolated_settings):
     first.show()
     qtbot.waitExposed(first)
     first.resize(720, 520)
-    qtbot.waitUntil(lambda: (first.width(), first.height()) == (720, 520), timeout=5000)
+    qtbot.waitUntil(lambda: (first.width(), first.height()) == (720, 520), timeout=30_000)
     first.show_screen(first.screens.cluster)
     first.close()
     saved = studio_app.settings().value("window/geometry")
@@ -96,7 +96,7 @@ def test_window_geometry_and_last_screen_are_restored(qtbot, isolated_settings):
     second.show()
     qtbot.waitExposed(second)
     assert second.current_screen() is second.screens.cluster
-    qtbot.waitUntil(lambda: (second.width(), second.height()) == (720, 520), timeout=5000)
+    qtbot.waitUntil(lambda: (second.width(), second.height()) == (720, 520), timeout=30_000)
     second.close()
 
 

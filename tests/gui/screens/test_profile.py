@@ -46,7 +46,7 @@ def test_profiling_runs_in_a_worker_and_sets_the_profile(qtbot):
         return problem.profile
 
     panel.set_profile_task(fake_measure)
-    with qtbot.waitSignal(state.profile_changed, timeout=5000):
+    with qtbot.waitSignal(state.profile_changed, timeout=30_000):
         panel.profile_button.click()
     assert threads[0] is not threading.main_thread()
     assert state.profile == problem.profile and state.problem.source == "phone"
@@ -63,7 +63,7 @@ def test_a_failed_profiling_run_is_shown_inline(qtbot):
         raise RunFailed("agent stopped answering", device="phone")
 
     panel.set_profile_task(failing)
-    with qtbot.waitSignal(panel.runner.task_failed, timeout=5000):
+    with qtbot.waitSignal(panel.runner.task_failed, timeout=30_000):
         panel.start_profiling()
     assert "phone: agent stopped answering" in panel.error.text()
     panel.shutdown()
@@ -100,11 +100,11 @@ def test_while_profiling_the_screen_says_so_not_press_profile_cluster(qtbot):
 
     panel.set_profile_task(slow_measure)
     assert "press Profile cluster" in panel.workload_label.text()
-    with qtbot.waitSignal(panel.runner.busy_changed, timeout=5000):
+    with qtbot.waitSignal(panel.runner.busy_changed, timeout=30_000):
         panel.start_profiling()
     assert "Profiling the agents" in panel.workload_label.text()
     assert "press Profile cluster" not in panel.workload_label.text()
-    with qtbot.waitSignal(state.profile_changed, timeout=5000):
+    with qtbot.waitSignal(state.profile_changed, timeout=30_000):
         release.set()
     assert "tiny-llama" in panel.workload_label.text()
     panel.shutdown()

@@ -74,12 +74,12 @@ def test_stop_ends_a_run_and_leaves_no_thread_running(qtbot, state, run_data):
     backend = PacedBackend(events, tokens, speed=1.0, repeat=True)  # only ends when stopped
     panel = _panel(qtbot, state, backend)
     panel.start_run()
-    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 10, timeout=5000)
-    with qtbot.waitSignal(panel.run_finished, timeout=3000) as done:
+    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 10, timeout=30_000)
+    with qtbot.waitSignal(panel.run_finished, timeout=30_000) as done:
         qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
     assert done.args == ["stopped"]
     assert not panel.is_running() and panel.start_button.isEnabled()
-    qtbot.waitUntil(_no_run_threads, timeout=2000)
+    qtbot.waitUntil(_no_run_threads, timeout=30_000)
     drawn = panel.monitor.timeline.box_count()
     assert 10 < drawn < backend.emitted + 1
     with SessionStore(state.workspace) as store:
@@ -153,10 +153,10 @@ def test_the_predicted_timeline_follows_mode_and_micro_batches(qtbot, state):
     panel.mode_combo.setCurrentText("sequential")
     panel.micro_batches_spin.setValue(1)
     qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
-                    and _predicted_mbs(panel) == {0}, timeout=5000)
+                    and _predicted_mbs(panel) == {0}, timeout=30_000)
     panel.mode_combo.setCurrentText("no-bubbles")
     panel.micro_batches_spin.setValue(2)
-    qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1}, timeout=5000)
+    qtbot.waitUntil(lambda: _predicted_mbs(panel) == {0, 1}, timeout=30_000)
     assert timeline.predicted_check.isEnabled()
     assert panel.shutdown(5.0)
 
@@ -169,11 +169,11 @@ def test_micro_batches_come_from_the_plan_in_every_mode_unless_overridden(qtbot,
     assert panel.settings().micro_batches is None
     panel.mode_combo.setCurrentText("sequential")
     qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
-                    and _predicted_mbs(panel) == {0, 1}, timeout=5000)
+                    and _predicted_mbs(panel) == {0, 1}, timeout=30_000)
     panel.micro_batches_spin.setValue(1)
     assert panel.settings().micro_batches == 1
     qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
-                    and _predicted_mbs(panel) == {0}, timeout=5000)
+                    and _predicted_mbs(panel) == {0}, timeout=30_000)
     assert panel.shutdown(5.0)
 
 
@@ -276,7 +276,7 @@ def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_clust
     with qtbot.waitSignal(panel.run_finished, timeout=10_000) as done:
         qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
     assert done.args == ["stopped"]
-    qtbot.waitUntil(_no_run_threads, timeout=3000)
+    qtbot.waitUntil(_no_run_threads, timeout=30_000)
     stopped_tokens = panel.monitor.figures().tokens
     assert 6 <= stopped_tokens < 2 * 1500
     # the agents are back to ready: a short run on the same cluster completes
@@ -704,8 +704,8 @@ def test_at_1024x700_the_figures_go_under_the_timeline_and_beside_it_on_a_large_
     panel.resize(870, 560)
     panel.show()
     qtbot.waitExposed(panel)
-    qtbot.waitUntil(lambda: panel.monitor.splitter.orientation() == Qt.Orientation.Vertical, timeout=2000)
+    qtbot.waitUntil(lambda: panel.monitor.splitter.orientation() == Qt.Orientation.Vertical, timeout=30_000)
     assert panel.monitor.timeline.width() >= 400
     panel.resize(1450, 860)  # the Run screen's area at 1600x1000
-    qtbot.waitUntil(lambda: panel.monitor.splitter.orientation() == Qt.Orientation.Horizontal, timeout=2000)
+    qtbot.waitUntil(lambda: panel.monitor.splitter.orientation() == Qt.Orientation.Horizontal, timeout=30_000)
     assert panel.monitor.side_scroll.x() > panel.monitor.timeline.x()

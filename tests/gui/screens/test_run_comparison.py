@@ -50,7 +50,7 @@ def _panel(qtbot, path, state=None) -> SessionsPanel:
     qtbot.addWidget(panel)
     panel.resize(1400, 800)
     panel.show()
-    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=5000)
+    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=30_000)
     return panel
 
 
@@ -113,7 +113,7 @@ def test_two_runs_compare_side_by_side_aligned_at_zero_with_one_table_of_figures
     items = panel.run_items()
     items[a].setSelected(True)
     items[b].setSelected(True)
-    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+    with qtbot.waitSignal(panel.runs_compared, timeout=30_000):
         panel.compare_button.click()
     view = panel.comparison
     assert panel.right_stack.currentWidget() is view
@@ -143,7 +143,7 @@ def test_a_compared_timelines_fit_button_shares_the_highlight_row_where_there_is
     items = panel.run_items()
     items[a].setSelected(True)
     items[b].setSelected(True)
-    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+    with qtbot.waitSignal(panel.runs_compared, timeout=30_000):
         panel.compare_button.click()
     qtbot.wait(50)
     for view in (panel.comparison.timeline_a, panel.comparison.timeline_b):
@@ -209,7 +209,7 @@ def test_two_techniques_runs_of_the_same_prompts_show_each_technique_and_their_t
             ids.append(run_id)
         store.flush()
     panel = _panel(qtbot, path)
-    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+    with qtbot.waitSignal(panel.runs_compared, timeout=30_000):
         panel.compare_runs(*ids)
     view = panel.comparison
     assert view.table_rows()[0] == ("Technique", "Layer sharding", "Attention offloading")
@@ -221,7 +221,7 @@ def test_two_techniques_runs_of_the_same_prompts_show_each_technique_and_their_t
 def test_simulated_runs_compare_without_a_texts_table(qtbot, workspace):
     path, (a, b, *_rest) = workspace
     panel = _panel(qtbot, path)
-    with qtbot.waitSignal(panel.runs_compared, timeout=5000):
+    with qtbot.waitSignal(panel.runs_compared, timeout=30_000):
         panel.compare_runs(a, b)
     assert panel.comparison.output_rows() == [] and panel.comparison.outputs.isHidden()
     panel.shutdown()

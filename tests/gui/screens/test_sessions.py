@@ -56,13 +56,13 @@ def _sessions(qtbot, state) -> SessionsPanel:
     panel = SessionsPanel(state)
     qtbot.addWidget(panel)
     panel.resize(1400, 800)
-    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=5000)
+    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=30_000)
     yield_panel = panel
     return yield_panel
 
 
 def _open(qtbot, panel: SessionsPanel, run_id: int) -> None:
-    with qtbot.waitSignal(panel.run_opened, timeout=5000):
+    with qtbot.waitSignal(panel.run_opened, timeout=30_000):
         panel.open_run(run_id)
 
 
@@ -165,7 +165,7 @@ def test_pause_stops_the_replay_and_speed_changes_its_pace(qtbot, state, live_ru
     panel.set_speed(0.25)
     assert panel.replay.speed == 0.25
     panel.play()
-    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 0, timeout=5000)
+    qtbot.waitUntil(lambda: panel.monitor.timeline.box_count() > 0, timeout=30_000)
     panel.pause()
     shown = panel.monitor.timeline.box_count()
     position = panel.replay.position_s
@@ -183,7 +183,7 @@ def test_exports_the_trace_plan_and_profile_of_a_run(qtbot, state, live_run, run
     panel = _sessions(qtbot, state)
     _open(qtbot, panel, run_id)
     for what, name in (("trace", "t.json"), ("trace", "t.csv"), ("plan", "p.json"), ("profile", "f.json")):
-        with qtbot.waitSignal(panel.exported, timeout=5000) as done:
+        with qtbot.waitSignal(panel.exported, timeout=30_000) as done:
             panel.export(what, str(tmp_path / name))
         assert done.args == [what, str(tmp_path / name)]
     trace = json.loads((tmp_path / "t.json").read_text())
@@ -201,7 +201,7 @@ def test_a_file_that_is_not_a_workspace_is_reported_inline(qtbot, tmp_path):
     panel = SessionsPanel(state)
     qtbot.addWidget(panel)
     state.set_workspace(str(bad))
-    qtbot.waitUntil(lambda: panel.message.isVisibleTo(panel), timeout=5000)
+    qtbot.waitUntil(lambda: panel.message.isVisibleTo(panel), timeout=30_000)
     assert "not an EdgeShard workspace" in panel.message.text()
     assert "Traceback" not in panel.message.text()
     assert bad.read_text() == "these are my notes, not a database", "the file is left as it was"

@@ -36,7 +36,7 @@ def test_the_deploy_dialog_keeps_no_password_once_closed(qtbot):
     dlg.show()
     dlg.password_radio.setChecked(True)
     dlg.password_edit.setText(SECRET)
-    with qtbot.waitSignal(dlg.device_deployed, timeout=5000):
+    with qtbot.waitSignal(dlg.device_deployed, timeout=30_000):
         dlg.deploy_button.click()
     assert [c.password for c in fns.used] == [SECRET]  # the deploy itself got it
     assert dlg.credentials_used["a"].password == ""  # what the panel may read: user and method only

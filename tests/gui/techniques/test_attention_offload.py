@@ -88,7 +88,7 @@ def test_run_on_agents_puts_the_split_of_the_connected_agents_in_the_state_and_a
     assert view.run_button.isEnabled() and "compute: c0 · memory: m0, m1" in view.run_where.text()
     proposed = []
     state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
-    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+    with qtbot.waitSignal(screen.run_requested, timeout=30_000):
         view.run_button.click()
     (stage,) = state.plan.stages
     assert (stage.device, stage.kind) == ("c0", DENSE_KIND)
@@ -110,7 +110,7 @@ def test_a_plan_with_two_compute_devices_runs_as_two_staggered_replicas_on_the_a
     assert "compute: c0, m0 · memory: m1, fixed staggering of 3 batches" in view.run_where.text()
     proposed = []
     state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
-    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+    with qtbot.waitSignal(screen.run_requested, timeout=30_000):
         view.run_button.click()
     assert state.plan.stages[0].device == "c0"
     assert proposed == [({"compute_replicas": 2, "schedule": "fixed"}, 3)]
@@ -152,7 +152,7 @@ def test_run_on_agents_makes_the_agent_whose_profiled_budget_holds_the_dense_par
     state, screen, view, need = _lab_view(qtbot, tiny_llama_dir)
     _profiled_budgets(state, {"phone": need // 2, "laptop": need // 2, "server": 2 * need})
     assert view.run_where.text().startswith("compute: server · memory: phone, laptop")
-    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+    with qtbot.waitSignal(screen.run_requested, timeout=30_000):
         view.run_button.click()
     assert state.plan.stages[0].device == "server"
 
@@ -232,7 +232,7 @@ def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_la
     qtbot.addWidget(run, before_close_func=lambda w: w.shutdown(5.0))
     run.max_tokens_spin.setValue(4)
     run.prompts_edit.setPlainText("the river\nhello there\nlove is")
-    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+    with qtbot.waitSignal(screen.run_requested, timeout=30_000):
         view.run_button.click()
     timeline = run.monitor.timeline
     qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()

@@ -80,7 +80,7 @@ def test_events_are_applied_in_batches_on_the_frame_timer_not_one_by_one(qtbot, 
     for event in simulated.events:
         view.append_events([event])
     assert view.box_count() == 0, "nothing is drawn before the next frame"
-    qtbot.waitUntil(lambda: view.box_count() == len(simulated.events), timeout=2000)
+    qtbot.waitUntil(lambda: view.box_count() == len(simulated.events), timeout=30_000)
     assert calls == [len(simulated.events)]
 
 
@@ -205,7 +205,7 @@ def test_bridge_delivers_events_from_many_threads_in_few_batches_on_the_gui_thre
         w.start()
     for w in workers:
         w.join()
-    qtbot.waitUntil(lambda: sum(map(len, batches)) == 4 * per_thread, timeout=3000)
+    qtbot.waitUntil(lambda: sum(map(len, batches)) == 4 * per_thread, timeout=30_000)
     assert threads == {threading.get_ident()}
     assert len(batches) < 50
     got = [e for b in batches for e in b]
@@ -229,7 +229,7 @@ def test_bridge_is_a_coordinator_run_sink(qtbot):
     worker = threading.Thread(target=lambda: (sink.on_event(event), sink.on_tokens(token)))
     worker.start()
     worker.join()
-    qtbot.waitUntil(lambda: bool(events and tokens), timeout=2000)
+    qtbot.waitUntil(lambda: bool(events and tokens), timeout=30_000)
     assert events == [event] and tokens == [token]
 
 
