@@ -27,6 +27,7 @@ from agents.protocol import TimelineEvent, TokenEvent
 from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.runs.metrics import RunFigures, compute_figures
+from core.sessions.origin import RecordedOrigin
 from core.sessions.store import SessionStore
 
 
@@ -102,13 +103,14 @@ def add_run_figures(workspace: str | os.PathLike, run_id: int, figures: dict[str
 @contextmanager
 def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings: dict[str, Any],
                session_id: int | None = None, session_name: str = "", plan: ShardPlan | None = None,
-               problem: PlanningProblem | None = None) -> Iterator[RecordedRun]:
+               problem: PlanningProblem | None = None, origin: RecordedOrigin | None = None) -> Iterator[RecordedRun]:
     """Record one measured run in the workspace file, whatever happens to it.
 
     Opens the store, adds a session (``session_name``) unless ``session_id`` is given, the
     plan and profile when known and the run row; yields a ``RecordedRun``. On leaving, even by
     an exception, the run is finished with its ``status`` and its figures, and the store closed.
-    ``settings`` should hold ``prompts`` and ``lanes``: the replay draws from them.
+    ``settings`` should hold ``prompts`` and ``lanes``: the replay draws from them. ``origin``: the
+    technique's own problem and plan ``plan`` was made from (what predicts the replay).
     """
     store = SessionStore(workspace)
     try:
@@ -118,6 +120,8 @@ def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings:
         profile_id = store.add_profile(session_id, problem.profile) if problem is not None else None
         run_id = store.create_run(session_id, model=model, mode=mode, kind="measured", plan_id=plan_id,
                                   profile_id=profile_id, problem=problem, settings=settings)
+        if origin is not None:
+            store.set_origin(run_id, origin)
         run = RecordedRun(session_id, run_id, RunRecorder(store, run_id))
     except BaseException:
         store.close()

@@ -10,6 +10,8 @@ own transaction, recorded in ``schema_version``. A file from a newer program is
 refused (``StoreError``), never touched; an older one is migrated on open.
 v1: sessions, devices, profiles, plans, runs, events, outputs.
 v2: agent_logs; runs.kind (measured | simulated); (run_id, seq) indexes.
+v3: runs.origin_json (the technique's own problem and plan the run was made from,
+``core.sessions.origin.RecordedOrigin``; NULL for runs recorded before: "No prediction").
 
 Damage: ``damage_of`` runs ``PRAGMA quick_check`` (read-only, so a damaged workspace can
 still be opened for what is left); a read that meets a damaged page becomes
@@ -67,7 +69,11 @@ def _v2(db: sqlite_utils.Database) -> None:
     db["agent_logs"].create_index(["run_id", "t_s"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+def _v3(db: sqlite_utils.Database) -> None:
+    db["runs"].add_column("origin_json", str)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 EVENT_COLS = ("run_id", "seq", "recv_s", "device", "stage", "kind", "phase", "step", "micro_batch",

@@ -53,6 +53,7 @@ from core.planning.plan import ShardPlan
 from core.planning.problem import PlanningProblem
 from core.devices.profile import Profile
 from core.sessions.batch_writer import STOP, BatchWriter
+from core.sessions.origin import RecordedOrigin
 from core.sessions.schema import (
     EVENT_COLS, OUTPUT_COLS, SCHEMA_VERSION, check_openable, connect, damage_of, damaged_read_error, is_damage,
     migrate, utc_now,
@@ -308,6 +309,22 @@ class SessionStore:
         if not rows or rows[0]["problem_json"] is None:
             return None
         return self._decode(rows[0]["problem_json"], PlanningProblem, f"problem of run {run_id}")
+
+    def set_origin(self, run_id: int, origin: RecordedOrigin) -> None:
+        """Store the technique's problem and plan ``run_id`` was made from (what predicts its replay)."""
+        self.run(run_id)
+        with self._lock, self.db.atomic():
+            self.db["runs"].update(run_id, {"origin_json": msgspec.json.encode(origin).decode()})
+
+    def origin_of(self, run_id: int) -> RecordedOrigin | None:
+        """None for a run recorded without one (before schema v3, or a technique that does not say)."""
+        rows = self._rows("SELECT origin_json FROM runs WHERE id = ?", (run_id,))
+        if not rows or rows[0]["origin_json"] is None:
+            return None
+        try:
+            return msgspec.json.decode(rows[0]["origin_json"], type=RecordedOrigin)
+        except msgspec.DecodeError as err:
+            raise StoreError(f"{self.path}: the origin of run {run_id} is unreadable ({err})") from None
 
     # -- events, outputs, logs
     def append_event(self, run_id: int, seq: int, recv_s: float, ev: TimelineEvent) -> None:

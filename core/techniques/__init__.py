@@ -130,6 +130,10 @@ class Technique:
     """``replanner(problem, model_dir)`` -> the ``core.runs.recovery.Replanner`` that re-plans a run of
     its stages over the survivors with its own memory model (expert offloading: resident weights and a
     buffer); None: layer sharding's ``ExactReplanner``. Run surfaces find it with ``replanner_for``."""
+    problem_type: type | None = None
+    plan_type: type | None = None
+    """The msgspec types of its problem and plan: what a run's recorded origin (``core.sessions.origin``)
+    decodes into, so a replay is predicted by ``simulate`` as the live run was (None: not recorded)."""
 
     def strategy_names(self) -> list[str]:
         """The exact strategy first, then the baselines by name."""

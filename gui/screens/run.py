@@ -335,8 +335,9 @@ class RunPanel(QWidget):
         problem = getattr(self.state, "problem", None)
         self.last_outcome = ""
         model_name = getattr(self.state, "model_name", "") or Path(settings.model_dir).name
+        origin = self.state.plan_origin(plan) if plan is not None and hasattr(self.state, "plan_origin") else None
         self.runner.start(run_and_record, self.backend, settings, self.bridge, workspace, self.session_id,
-                          plan, problem, model_name)
+                          plan, problem, model_name, origin)
         self._set_running(True)
         self.status_label.setText(f"Running {settings.mode} with {len(settings.prompts)} prompt(s)…")
         self.run_started.emit()

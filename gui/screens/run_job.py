@@ -89,8 +89,9 @@ def lane_notes(backend: RunBackend, settings: RunSettings) -> dict[str, str]:
 
 def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSettings, sink: RunSink,
                    workspace: str = "", session_id: int | None = None, plan=None, problem=None,
-                   model_name: str = "") -> dict:
+                   model_name: str = "", origin=None) -> dict:
     """Worker-thread job: run ``settings`` on ``backend`` and record it in ``workspace``.
+    ``origin``: the ``PlanOrigin`` that predicted it, recorded so its replay is predicted the same way.
 
     Reports ``{"session_id", "run_id"}`` as a partial result as soon as the run row exists.
     The recorded status is completed / stopped / failed, whatever happens. Returns what the
@@ -102,6 +103,7 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
     from core.sessions.recording import record_run
 
     from core.techniques import technique_of_plan
+    from core.techniques.run_origin import recorded_origin
 
     technique = technique_of_plan(plan) if plan is not None else "layer-sharding"
     # a technique with its own schedule (attention offloading's staggering) used no pipeline mode
@@ -112,7 +114,8 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
                               "lane_notes": lane_notes(backend, settings),
                               **batching_settings(plan, settings.micro_batches)},
                     session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
-                    plan=plan, problem=problem) as run:
+                    plan=plan, problem=problem,
+                    origin=recorded_origin(origin) if origin is not None else None) as run:
         ids = {"session_id": run.session_id, "run_id": run.run_id}
         reporter.partial_result(ids)
         try:

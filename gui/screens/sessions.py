@@ -81,31 +81,6 @@ def shown_status(status: str, run_id: int, live_run_ids: set[int]) -> str:
     return status
 
 
-def predicted_timeline(info: RunInfo, problem, plan) -> tuple[tuple, str]:
-    """The prediction for a recorded run (its plan, mode, prompts, micro-batches, tokens), or
-    ((), why not): what "Show predicted" draws under the replay."""
-    from core.errors import EdgeShardError
-    from core.runs.prediction import predict_run
-
-    if problem is None or plan is None:
-        return (), "No prediction: the run has no stored plan and profile."
-    s = info.settings
-    micro_batches = int(s.get("micro_batches") or 1)
-    # a live run stores its prompts and max_new_tokens; a simulated one its batch and token counts
-    prompts = len(s.get("prompts") or ()) or micro_batches * int(s.get("micro_batch_size") or 1)
-    tokens = int(s.get("max_new_tokens") or s.get("generated_tokens") or 1)
-    try:
-        if info.kind == "simulated":  # re-simulate with the recorded batching, as it was made
-            from core.runs.simulator import simulate
-            return tuple(simulate(problem, plan, info.mode, micro_batches=micro_batches,
-                                  micro_batch_size=int(s.get("micro_batch_size") or 1),
-                                  generated_tokens=tokens).events), ""
-        prediction = predict_run(problem, plan, info.mode, prompts, micro_batches, tokens)
-    except (EdgeShardError, ValueError) as exc:
-        return (), f"No prediction: {exc}"
-    return tuple(prediction.result.events), prediction.note
-
-
 def list_sessions(reporter: Reporter, workspace: str) -> list[tuple[SessionInfo, list[RunInfo]]]:
     """Worker job: every session of the workspace with its runs."""
     with SessionStore(workspace) as store:
@@ -114,18 +89,21 @@ def list_sessions(reporter: Reporter, workspace: str) -> list[tuple[SessionInfo,
 
 def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
     """Worker job: a run's recorded items and what is needed to lay them out."""
+    from core.techniques.run_origin import replay_prediction  # the simulators: not at the window's start
+
     reporter.status(f"Loading run {run_id}…")
     with SessionStore(workspace) as store:
         info = store.run(run_id)
         items = store.timeline(run_id)
         problem = store.problem_of(run_id)
         plan = store.plan(info.plan_id) if info.plan_id is not None else None
+        origin = store.origin_of(run_id)
     lanes = list(info.settings.get("lanes") or (plan.devices() if plan is not None else ()))
     for item in items:  # devices the plan did not name still get a lane, in order of appearance
         if item.event is not None and item.event.device not in lanes:
             lanes.append(item.event.device)
     prompts = tuple(info.settings.get("prompts") or ())
-    predicted, note = predicted_timeline(info, problem, plan)
+    predicted, note = replay_prediction(info, problem, plan, origin)
     return LoadedRun(info=info, items=items, lanes=lanes, prompts=prompts,
                      source_device=problem.source if problem is not None else None,
                      predicted=predicted, prediction_note=note,

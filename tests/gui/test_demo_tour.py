@@ -107,6 +107,17 @@ def _replays_in_sessions(window, qtbot, run_id: int) -> None:
         sessions.play()
 
 
+def _live_ghosts(run, qtbot) -> tuple:
+    """The predicted events the Run screen drew for its run (once its prediction worker has settled)."""
+    qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy(), timeout=10_000)
+    return tuple(run.monitor.timeline._predicted_events)
+
+
+def _in_order(events) -> list:
+    """Events in one order (a recorded run's come back in arrival order)."""
+    return sorted(events, key=lambda e: (e.start_s, e.device, e.kind, e.step, e.micro_batch))
+
+
 def test_layer_sharding_auto_solves_the_measured_demo_agents_and_runs_from_the_studio_like_generate_replayed(
         tour, qtbot):
     from core.runs.generation import load_tokenizer
@@ -201,9 +212,11 @@ def test_expert_offloading_plans_the_measured_demo_agents_and_runs_from_the_stud
         options = {"repetition_penalty": penalty} if penalty != 1.0 else {}
         (want,) = hf_greedy_new_tokens(moe, tokenizer([prompt], return_tensors="pt"), MAX_NEW, **options)
         assert tuple(got[i]) == want, prompt
+    ghosts = _live_ghosts(run, qtbot)
     _replays_in_sessions(window, qtbot, ran.id)
     sessions = window.screens.sessions
     assert sessions.run_items()[ran.id].text(0) == f"MoE expert offloading #{ran.id}"
+    assert ghosts and sessions.loaded.predicted == ghosts  # the replay's prediction: the live run's ghosts
     assert "edge-a:storage" in sessions.monitor.timeline.lanes()
     assert sessions.monitor.heat_map.activity.totals() == recorded.totals() and recorded.totals()["misses"] > 0
 
@@ -244,7 +257,9 @@ def test_spatial_plans_the_measured_cluster_and_labels_the_digits_on_the_agents_
         replay = Replay.from_store(store, measured.id)
         assert replay.duration_s > 0
         assert {i.event.device for i in replay.items if i.event is not None} == {"edge-a", "edge-b", "edge-c"}
+        beside = store.events(next(r.id for r in store.runs(measured.session_id) if r.kind == "predicted"))
     _replays_in_sessions(window, qtbot, measured.id)
+    assert beside and _in_order(window.screens.sessions.loaded.predicted) == _in_order(beside)
     from gui.screens.run_names import technique_label
 
     sessions = window.screens.sessions
@@ -294,9 +309,11 @@ def test_attention_offloading_plans_the_measured_cluster_and_runs_staggered_from
     lanes = run.monitor.timeline.lanes()
     assert set(lanes) == {"edge-a", "edge-b", "edge-c"}
     assert all(run.monitor.timeline.box_count(d, "compute") > 0 for d in ("edge-c", *view.plan.memory))
+    ghosts = _live_ghosts(run, qtbot)
     _replays_in_sessions(window, qtbot, ran.id)
     sessions = window.screens.sessions
     assert sessions.run_items()[ran.id].text(0) == f"Attention offloading #{ran.id}"
+    assert ghosts and sessions.loaded.predicted == ghosts  # Lamina's staggering, as the Run screen drew it
     replayed = sessions.monitor.timeline
     replayed.flush()
     assert {d: replayed.box_count(d, "compute") for d in lanes} == \
@@ -391,6 +408,7 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
         recorded = {r.id: r for r in store.runs()}[run.run_id]
         assert recorded.kind == "measured" and recorded.settings["technique"] == "phase-disaggregation"
         assert recorded.settings["slo"]["ttft_s"] == pytest.approx(view.last_problem.slo.ttft_s)
+        beside = store.events(run.predicted_id)
     sessions = window.screens.sessions
     with qtbot.waitSignal(sessions.run_opened, timeout=WAIT_MS):
         sessions.open_run(run.run_id)
@@ -398,6 +416,7 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
     with qtbot.waitSignal(sessions.replay_finished, timeout=WAIT_MS):
         sessions.play()
     monitor = sessions.monitor
+    assert beside and _in_order(sessions.loaded.predicted) == _in_order(beside)  # the pools' simulation
     assert not monitor.requests_panel.isHidden() and len(monitor.requests_panel.timeline.metrics) == 4
     assert monitor.requests_panel.figures.text().startswith(f"TTFT p50 {run.measured.ttft_p50_s * 1e3:.0f} ms")
     import re

@@ -11,6 +11,7 @@ from __future__ import annotations
 from core.models.units import ModelSpec
 from core.techniques import Technique, cli_of
 from core.techniques.attention_offload.planner import STRATEGIES, OffloadOutcome, cost_of, run_strategy
+from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem
 from core.techniques.attention_offload.simulator import simulate
 
 NAME = "attention-offload"
@@ -53,6 +54,8 @@ TECHNIQUE = Technique(
     register_cli=cli_of("core.techniques.attention_offload.cli"),
     run_plan=_run_plan,
     run_generation=_run_generation,
+    problem_type=OffloadProblem,
+    plan_type=OffloadPlan,
 )
 
 __all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "OffloadOutcome", "run_strategy"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from core.models.units import ModelSpec
 from core.techniques import Technique, cli_of
 from core.techniques.expert_offload.cost import evaluate
+from core.techniques.expert_offload.problem import OffloadPlan, OffloadProblem
 from core.techniques.expert_offload.simulator import simulate
 from core.techniques.expert_offload.strategies import STRATEGIES, OffloadOutcome, run_strategy
 
@@ -51,6 +52,8 @@ TECHNIQUE = Technique(
     run_plan=_run_plan,
     replanner=_replanner,
     modes=("sequential",),
+    problem_type=OffloadProblem,
+    plan_type=OffloadPlan,
 )
 
 __all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "OffloadOutcome", "run_strategy"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from agents.protocol import RUN_MODES
 from core.models.units import SUPPORTED_FAMILIES, ModelSpec
 from core.planning.cost import evaluate
+from core.planning.plan import ShardPlan
+from core.planning.problem import PlanningProblem
 from core.planning.solvers import STRATEGIES
 from core.planning.solvers.comparison import compare_names, run_strategy
 from core.runs.simulator import simulate
@@ -37,4 +39,6 @@ TECHNIQUE = Technique(
     simulate=simulate,
     modes=tuple(RUN_MODES),
     compare_names=compare_names,
+    problem_type=PlanningProblem,
+    plan_type=ShardPlan,
 )

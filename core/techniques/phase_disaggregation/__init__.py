@@ -51,6 +51,8 @@ TECHNIQUE = Technique(
     simulate=simulate,
     register_cli=cli_of("core.techniques.phase_disaggregation.cli"),
     modes=("pools",),
+    problem_type=EpdProblem,
+    plan_type=PoolConfig,
 )
 
 __all__ = ["NAME", "STAGE_KINDS", "STRATEGIES", "TECHNIQUE", "EpdOutcome", "run_strategy", "simulate"]

@@ -246,6 +246,7 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
                workspace: str = "", session: str = "epd", reporter: Reporter | None = None) -> LayoutRun:
     """Serve ``problem``'s workload with ``pools`` on the agents, record it (and the simulator's
     prediction for the problem's costs) in ``workspace`` when given, and return both figures."""
+    from core.sessions.origin import RecordedOrigin
     from core.sessions.store import SessionStore
     from core.techniques.phase_disaggregation.runtime import prepare_requests, record_epd_run, run_epd
     from core.techniques.phase_disaggregation.simulator import record_simulation, simulate_pools
@@ -276,6 +277,7 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
             sid = store.create_session(session)
             run_id = record_epd_run(store, sid, run, model=model, workload=problem.workload, pools=pools,
                                     slo=problem.slo)
+            store.set_origin(run_id, RecordedOrigin.of("phase-disaggregation", problem, pools))  # its replay's ghosts
             predicted_id = record_simulation(store, sid, sim, model=model, workload=problem.workload, pools=pools,
                                              slo=problem.slo)
     return LayoutRun(layout=layout or pools.disaggregation, pools=pools, tokens=run.tokens, texts=texts, metrics=run.metrics,

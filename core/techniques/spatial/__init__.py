@@ -14,6 +14,7 @@ from agents.techniques.spatial.network import STAGE_KIND
 from core.models.units import ModelSpec
 from core.techniques import Technique, cli_of
 from core.techniques.spatial.cost import evaluate
+from core.techniques.spatial.problem import SpatialPlan, SpatialProblem
 from core.techniques.spatial.simulator import simulate
 from core.techniques.spatial.strategies import STRATEGIES, SpatialOutcome, run_strategy
 
@@ -46,6 +47,8 @@ TECHNIQUE = Technique(
     plan_format="edgeshard.spatial-plan",
     run_plan_file=_run_plan_file,
     modes=("sequential",),
+    problem_type=SpatialProblem,
+    plan_type=SpatialPlan,
 )
 
 __all__ = ["NAME", "STRATEGIES", "TECHNIQUE", "SpatialOutcome", "run_strategy"]

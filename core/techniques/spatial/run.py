@@ -223,7 +223,9 @@ def on_agents(problem: SpatialProblem, plan: SpatialPlan,
 def record(workspace: str, session: str, problem: SpatialProblem, plan: SpatialPlan, measured: SpatialRun,
            *, status: str = "completed", seed: int = 0) -> tuple[int, int]:
     """Store ``measured`` and the simulator's prediction for as many images as two runs of a new
-    session (Sessions replays and compares them); returns their run ids."""
+    session (Sessions replays and compares them), the measured one with its origin (its replay's
+    ghosts); returns their run ids."""
+    from core.sessions.origin import RecordedOrigin
     from core.sessions.recording import append_predicted
     from core.sessions.store import SessionStore
     from core.techniques.spatial.simulator import simulate
@@ -240,6 +242,9 @@ def record(workspace: str, session: str, problem: SpatialProblem, plan: SpatialP
             append_predicted(store, run_id, result.events, result.tokens)
             store.finish_run(run_id, end, result.figures)
             ids.append(run_id)
+        # what predicts the measured run's replay: the problem for the images it ran
+        store.set_origin(ids[0], RecordedOrigin.of(
+            "spatial", msgspec.structs.replace(problem, images=max(1, len(measured.tokens))), plan))
     return ids[0], ids[1]
 
 

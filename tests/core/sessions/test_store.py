@@ -136,7 +136,7 @@ def test_a_v1_workspace_is_migrated_forward_and_keeps_its_data(tmp_path):
     db.close()
     assert "agent_logs" not in sqlite_utils.Database(path).table_names()
     with SessionStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION == 3
         run = store.run(1)
         assert (run.kind, run.figures) == ("measured", {"ttft_s": 1.0})
         assert store.events(1) == [TimelineEvent(device="a", stage=0, kind="compute", phase="prefill", step=0,
@@ -144,8 +144,9 @@ def test_a_v1_workspace_is_migrated_forward_and_keeps_its_data(tmp_path):
         store.append_log(1, "a", 0.5, "info", "loaded shard")
         store.flush()
         assert store.logs(1)[0].line == "loaded shard"
+        assert store.origin_of(1) is None  # recorded before origins were: its replay predicts nothing
         versions = [r[0] for r in store.db.conn.execute("SELECT version FROM schema_version ORDER BY version")]
-    assert versions == [1, 2]
+    assert versions == [1, 2, 3]
 
 
 @pytest.mark.parametrize("content", [b"hello, not a database" * 100, None])

@@ -314,7 +314,7 @@ def test_a_replayed_expert_offload_run_has_no_ghosts_of_layer_sharding_s_problem
     schedule under an expert-offload replay. Without the technique's own problem it predicts nothing, saying why."""
     from core.planning.plan import Stage
     from core.sessions.store import RunInfo
-    from gui.screens.sessions import predicted_timeline
+    from core.techniques.run_origin import replay_prediction
     from tests.gui.problems import make_problem
 
     problem = make_problem()
@@ -322,5 +322,5 @@ def test_a_replayed_expert_offload_run_has_no_ghosts_of_layer_sharding_s_problem
                                                                   kind="expert-offload"),))
     info = RunInfo(id=1, session_id=1, model="demo-moe", mode="sequential", kind="live", status="completed",
                    started_at="", ended_at=None, settings={"prompts": ["a"], "max_new_tokens": 4}, figures={})
-    events, why = predicted_timeline(info, problem, plan)
+    events, why = replay_prediction(info, problem, plan, None)
     assert events == () and why.startswith("No prediction: the run's technique's own problem is not recorded")
