@@ -41,7 +41,7 @@ def test_an_agent_whose_port_refuses_is_named_at_once():
         t = time.monotonic()
         with pytest.raises(RunFailed) as err:
             link.answering(timeout_s=30.0)
-        assert time.monotonic() - t < 5.0  # not the 30 s answer time
+        assert time.monotonic() - t < 15.0  # not the 30 s answer time (room for a loaded host)
     assert err.value.device == "edge-a" and f"nothing listens at {address}" in str(err.value)
 
 

@@ -341,11 +341,13 @@ def test_a_run_on_agents_without_the_plan_loaded_fails_at_once_naming_the_device
     keys = CurveKeys.generate()
     agent = Agent("empty", keys.public).start()
     try:
-        with Coordinator([AgentEndpoint("empty", agent.control_address, agent.keys.public)], keys) as co:
+        # a request timeout far above the bound: "at once" is then not "after a timed-out request"
+        with Coordinator([AgentEndpoint("empty", agent.control_address, agent.keys.public)], keys,
+                         request_timeout_s=60.0) as co:
             _, req = _request(model_dir, "sequential", 1, 2)
             t0 = time.monotonic()
             with pytest.raises(RunFailed, match="bad_state") as info:
                 co.run(plan_from_boundaries("tiny-llama", 6, ["empty"], []), req)
-            assert info.value.device == "empty" and time.monotonic() - t0 < 5
+            assert info.value.device == "empty" and time.monotonic() - t0 < 20  # room for a loaded host
     finally:
         agent.close()

@@ -72,7 +72,10 @@ def test_an_emulated_link_delays_each_scatter_by_the_strip_bytes_over_its_bandwi
         assert moved
         for e in moved:
             wire = e.nbytes * 8 / 4e6
-            assert e.end_s - e.start_s >= 0.8 * wire, (kind, e.nbytes, e.end_s - e.start_s, wire)
+            # each end is on another agent's clock, corrected by an estimate: the two corrections may
+            # be off by both uncertainties (a loaded host's round trips make those milliseconds)
+            skew = 2 * e.clock_uncertainty_s
+            assert e.end_s - e.start_s >= 0.8 * wire - skew, (kind, e.nbytes, e.end_s - e.start_s, wire, skew)
 
 
 def test_a_worker_that_stops_answering_fails_the_image_naming_it_and_every_agent_goes_idle(tmp_path):
