@@ -30,7 +30,17 @@ The activation profile is learnt on 48 training fortunes, its recall measured on
 ones (out of sample) and on the 48 it was learnt on (in sample), side by side; the generation prompts
 are 6 other held-out fortunes.
 
-Run: python bench/expert_offload.py   (EDGEMOE_BENCH_TOKENS, EDGEMOE_BENCH_BW, EDGEMOE_BENCH_PPL_TEXTS,
+Prediction (issue 26, ``prediction_scores``; alone: ``--prediction-only``, a minute): the demo's
+shipped MoE on demo agents (edge-a and edge-b with the demo's emulated budget and slowdown), profiled
+the way the studio's *Profile agents* does (compute at batches 1/2/4, storage cold and page-cached);
+EdgeMoE's plan run on the agents (greedy, no EOS) and predicted by the technique's simulator with
+the run's batch. Per lane, predicted ÷ measured: storage = the summed expert reads (demand + preload),
+compute = the device lane's busy time (the agent's step boxes, demand reads inside). The
+configuration the model was developed on (edge-a, half the experts, 1 prompt) is in sample; the
+others (another budget, 3 prompts, the slowed edge-b, other prompts) out of sample. Beside each, the
+old model's ratios in the same run (cold bandwidth, no fixed cost per read, one sequence).
+
+Run: python bench/expert_offload.py [--prediction-only]   (EDGEMOE_BENCH_TOKENS, EDGEMOE_BENCH_BW, EDGEMOE_BENCH_PPL_TEXTS,
 EDGEMOE_BENCH_TRAIN_STEPS, EDGEMOE_BENCH_TRAIN_THREADS to change)
 """
 
@@ -143,8 +153,127 @@ def best_of(runs: int, fn):
     return max(results, key=lambda r: r[1]["tokens_per_s"])
 
 
+PREDICTION_PROMPTS = ("The river and its banks", "A wise man once said", "hello there my friend",
+                      "Never trust a computer", "The early bird")
+PREDICTION_CONFIGS = (  # (name, device, share of the experts held, prompts)
+    ("edge-a half 1 prompt", "edge-a", 0.5, PREDICTION_PROMPTS[:1]),
+    ("edge-a half 3 prompts", "edge-a", 0.5, PREDICTION_PROMPTS[1:4]),
+    ("edge-a quarter 3 prompts", "edge-a", 0.25, PREDICTION_PROMPTS[2:5]),
+    ("edge-b half 2 prompts", "edge-b", 0.5, PREDICTION_PROMPTS[3:5]),
+)
+IN_SAMPLE = ("edge-a half 1 prompt",)
+
+
+class _Events:
+    def __init__(self):
+        self.events, self.tokens = [], []
+
+    def on_event(self, event):
+        self.events.append(event)
+
+    def on_tokens(self, tokens):
+        self.tokens.append(tokens)
+
+
+def _lanes(events, device: str) -> dict:
+    from agents.protocol import storage_lane
+
+    reads = [e for e in events if e.kind == "io" and e.device == storage_lane(device)
+             and (e.peer == "storage" or e.peer.endswith((" load", " preload")))]
+    return {"storage_s": sum(e.end_s - e.start_s for e in reads), "reads": len(reads),
+            "compute_s": sum(e.end_s - e.start_s for e in events if e.kind == "compute" and e.device == device)}
+
+
+def _old_model(problem, plan, steps: int, cold_bps: float) -> dict:
+    """The lanes the model before issue 26's fix predicted: one sequence, k(1-h) reads a step priced at
+    the cold bandwidth with no fixed cost, a step's compute without its reads."""
+    from core.techniques.expert_offload.cost import hit_rate
+
+    m = problem.model
+    reads = steps * m.layers * m.top_k * (1 - hit_rate(problem, plan))
+    return {"storage_s": reads * m.expert_bytes / cold_bps, "reads": reads,
+            "compute_s": steps * (m.layers * (m.layer_compute_s + m.top_k * m.expert_compute_s) + m.head_s)}
+
+
+def prediction_scores(rounds: int = 3, tokens: int = 24) -> dict:
+    """Predicted ÷ measured per lane on the demo's MoE and agents (module docstring)."""
+    import statistics
+    import tempfile
+
+    from bench.sample_split import in_and_out_of_sample
+    from core.devices.local_cluster import LocalCluster
+    from core.models.demo_models import shipped
+    from core.runs.coordinator import Coordinator
+    from core.runs.generation import GenerationSettings, generate, load_tokenizer
+    from core.techniques.expert_offload import TECHNIQUE
+    from core.techniques.expert_offload.on_agents import cluster_problem, profile_agents, stored_bandwidth_bps
+    from core.techniques.expert_offload.profiling import STORAGE_FILE
+    from gui.demo_cluster import demo_emulation
+
+    load_before = open("/proc/loadavg").read().split()[:3]
+    devices = sorted({c[1] for c in PREDICTION_CONFIGS})
+    with tempfile.TemporaryDirectory() as tmp:
+        moe = Path(tmp) / "demo-moe"
+        shutil.copytree(shipped("moe"), moe)
+        cluster = LocalCluster(Path(tmp) / "cluster", devices, emulation=demo_emulation(devices, shipped("llama")))
+        cluster.start()
+        coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=60.0)
+        coordinator.open()
+        try:
+            coordinator.wait_ready(60.0)
+            log("profiling the agents for the MoE and its storage (calibration)")
+            profile = profile_agents(coordinator, moe, repeats=2)
+            storage = json.loads((moe / STORAGE_FILE).read_text())
+            tok = load_tokenizer(str(moe))
+            rows, ratios = {}, {}
+            for name, device, share, prompts in PREDICTION_CONFIGS:
+                problem = cluster_problem(profile, device, moe, bandwidth_bps=stored_bandwidth_bps(moe),
+                                          expert_share=share)
+                plan = TECHNIQUE.run_strategy(problem, "edgemoe", "latency").plan
+                run_plan = TECHNIQUE.run_plan(plan, moe)
+                prompt_tokens = max(len(ids) for ids in tok(list(prompts))["input_ids"])
+                predicted = _lanes(TECHNIQUE.simulate(problem, plan, generated_tokens=tokens,
+                                                      micro_batch_sizes=(len(prompts),),
+                                                      prompt_tokens=prompt_tokens).events, device)
+                predicted["reads"] = None
+                old = _old_model(problem, plan, tokens, storage["bandwidth_bps"])
+                measured = []
+                for _ in range(rounds):
+                    sink = _Events()
+                    generate(coordinator, run_plan, str(moe), list(prompts),
+                             GenerationSettings(max_new_tokens=tokens, ignore_eos=True), sink=sink)
+                    measured.append(_lanes(sink.events, device))
+                m = {k: statistics.median(r[k] for r in measured) for k in ("storage_s", "reads", "compute_s")}
+                row = {"device": device, "experts_share": share, "prompts": len(prompts), "slots": plan.slots,
+                       "preload": plan.preload, "measured": {k: round(v, 5) for k, v in m.items()},
+                       "predicted": {k: round(v, 5) for k, v in predicted.items() if v is not None}}
+                for lane in ("storage", "compute"):
+                    key = f"{lane}_s"
+                    row[f"{lane}_predicted_over_measured"] = round(predicted[key] / m[key], 3)
+                    row[f"{lane}_old_model_over_measured"] = round(old[key] / m[key], 3)
+                    ratios[f"{name}: {lane}"] = predicted[key] / m[key]
+                row["predicted_reads"] = round(sum(e.nbytes for e in TECHNIQUE.simulate(
+                    problem, plan, generated_tokens=tokens, micro_batch_sizes=(len(prompts),),
+                    prompt_tokens=prompt_tokens).events if e.kind == "io") / problem.model.expert_bytes, 1)
+                rows[name] = row
+                log(f"{name}: {row}")
+        finally:
+            coordinator.close()
+            cluster.stop()
+    fitted = [f"{n}: {lane}" for n in IN_SAMPLE for lane in ("storage", "compute")]
+    return {"model": "demo-moe (shipped): 4 blocks x 4 experts top-2", "new_tokens_each": tokens, "rounds": rounds,
+            "storage_profile": {k: storage[k] for k in ("bandwidth_bps", "expert_bytes", "cold", "warm")},
+            "configurations": rows, "scores": in_and_out_of_sample(ratios, fitted, tolerance=0.25),
+            "loadavg_before": load_before, "loadavg_after": open("/proc/loadavg").read().split()[:3]}
+
+
 def main() -> None:
     import tempfile
+
+    if "--prediction-only" in sys.argv:
+        torch.set_num_threads(1)
+        print(json.dumps({"bench": "expert_offload", "prediction": prediction_scores()}))
+        return
 
     torch.set_num_threads(1)
     model_dir = trained_model()
@@ -233,6 +362,7 @@ def main() -> None:
                  "as many slots as the largest of them fits; "
                  "edgemoe/io_exp/sti/lru_preload at full precision; best of 2 runs each",
         "loadavg": open("/proc/loadavg").read().split()[:3],
+        "prediction": prediction_scores(),
     }))
 
 

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--activations", metavar="FILE", help="expert-activations.json (profile-activations): its "
                    "measured top-k recall replaces the assumed one")
     s.add_argument("--storage", metavar="FILE", help="storage-profile.json (profile-storage): its measured "
-                   "bandwidth replaces --bandwidth-mbps")
+                   "read cost (warm: page-cached reads, as local agents find them) replaces --bandwidth-mbps")
     s.add_argument("--bits", metavar="FILE", help="expert-bits.json (adapt-bits): its measured bit options "
                    "(fp32, int8, int4, int2, adapted) replace the assumed ones")
     s.add_argument("--profile", metavar="PROFILE.json", help="a measured profile (edgeshard profile) of this model: "
@@ -148,8 +148,10 @@ def _profile_storage(args) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     cold = "" if out["caches_dropped"] else " (page cache could not be dropped: may be the cache's speed)"
+    w = out["warm"]
     print(f"{out['bytes'] / 1e6:.1f} MB in {out['seconds']:.3f} s: {out['bandwidth_bps'] / 1e6:.0f} MB/s{cold}; "
-          f"wrote {path}")
+          f"from the page cache {w['read_s'] * 1e3:.3f} ms an expert ({w['fixed_s'] * 1e3:.3f} ms fixed + "
+          f"{w['bandwidth_bps'] / 1e6:.0f} MB/s); wrote {path}")
     return 0
 
 

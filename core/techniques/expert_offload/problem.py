@@ -28,6 +28,18 @@ class MoeModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     expert_compute_s: float
     """Per token, one expert."""
     head_s: float = 0.0
+    decode_batch_sizes: tuple[int, ...] = ()
+    """Measured batch sizes of the curves below (empty: a scenario's model; the per-token times above
+    are then scaled by the tokens a step carries)."""
+    block_decode_s: tuple[float, ...] = ()
+    """Per batch size, one decode step of one MoE block with its picked experts (profiled resident: the
+    reads are priced apart), averaged over the blocks."""
+    head_decode_s: tuple[float, ...] = ()
+    """Per batch size, a decode step's work outside the blocks (embedding, head, the stage's overhead)."""
+    prefill_token_counts: tuple[int, ...] = ()
+    block_prefill_s: tuple[float, ...] = ()
+    """Per prompt-token count (batch × prompt length), one block's prefill with its picked experts."""
+    head_prefill_s: tuple[float, ...] = ()
 
 
 class BitOption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -49,7 +61,12 @@ class OffloadProblem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     device: str = "device"
     memory_budget_bytes: int
     bandwidth_bps: float
-    """Storage read bandwidth (bytes/s)."""
+    """Storage read bandwidth (bytes/s): the per-byte part of one expert's read."""
+    read_fixed_s: float = 0.0
+    """Seconds every expert read costs whatever its size (opening the file, its header, the slice):
+    with experts of ~100 KiB it is most of a read (``storage_bandwidth`` measures both parts)."""
+    prompt_tokens: int = 8
+    """Prompt length a predicted run's prefill routes (the router's picks of every prompt token are read)."""
     accuracy_bound: float = 0.05
     predictor_recall: float = 0.0
     """Top-k recall of the activation predictor (its profile reports it)."""
@@ -64,6 +81,15 @@ class OffloadProblem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                                      f"(got {m.layers}, {m.experts}, {m.top_k})")
         if m.expert_bytes <= 0 or m.resident_bytes < 0:
             raise FormatError(where, "expert_bytes must be > 0 and resident_bytes >= 0")
+        if not self.read_fixed_s >= 0 or self.prompt_tokens < 1:
+            raise FormatError(where, f"read_fixed_s must be >= 0 s and prompt_tokens >= 1 (got {self.read_fixed_s}, "
+                                     f"{self.prompt_tokens})")
+        curves = ((m.decode_batch_sizes, m.block_decode_s, m.head_decode_s),
+                  (m.prefill_token_counts, m.block_prefill_s, m.head_prefill_s))
+        if any(len(xs) != len(a) or len(xs) != len(b) or any(x < 1 for x in xs) or list(xs) != sorted(set(xs))
+               for xs, a, b in curves):
+            raise FormatError(where, "the model's measured curves need one time per (ascending, >= 1) batch size "
+                                     "or token count")
         if not self.bandwidth_bps > 0:
             raise FormatError(where, f"storage bandwidth must be > 0 bytes/s (got {self.bandwidth_bps})")
         if not 0.0 <= self.predictor_recall <= 1.0:

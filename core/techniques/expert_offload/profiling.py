@@ -6,7 +6,8 @@
   profile's top-k recall on held-out text (the predictor frozen to the profile).
 - ``storage_bandwidth``: how fast this storage reads experts: every expert of the checkpoint
   read through the agent's ``ExpertStore``, the files' cached pages dropped first
-  (``posix_fadvise DONTNEED``, per file) so the reads come from the device.
+  (``posix_fadvise DONTNEED``, per file) so the reads come from the device, then once more
+  from the page cache; each split into a fixed cost per read and a bandwidth for its bytes.
 - ``bit_options``: EdgeMoE's bit-width adaptation: perplexity at full precision, each expert's
   importance (loss when it alone is INT2), the bound search, uniform INT4; writes the adapted
   experts (``experts-quantized.safetensors`` and ``expert_bits`` in ``expert-offload.json``).
@@ -143,8 +144,44 @@ def _drop_cached(path: Path) -> bool:
         os.close(fd)
 
 
+def _smallest_tensor(files: list[Path]) -> tuple[Path, str]:
+    """The checkpoint's smallest tensor (a norm's weight): reading it costs what any read costs besides its bytes."""
+    from math import prod
+
+    from safetensors import safe_open
+
+    sizes = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            sizes += [(prod(handle.get_slice(n).get_shape()), str(f), n) for n in handle.keys()]
+    _, file, name = min(sizes)
+    return Path(file), name
+
+
+def _timed_fixed_read(file: Path, name: str, repeats: int) -> float:
+    """Median seconds of opening the checkpoint and reading its smallest tensor (as ``ExpertStore.read`` opens it)."""
+    from statistics import median
+
+    from safetensors import safe_open
+
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        with safe_open(str(file), framework="pt") as handle:
+            handle.get_tensor(name)
+        times.append(time.perf_counter() - started)
+    return median(times)
+
+
 def storage_bandwidth(model_dir: str | Path, repeats: int = 1, reporter: Reporter | None = None) -> dict:
-    """Read every expert of the checkpoint ``repeats`` times (caches dropped before each pass); bytes/s."""
+    """Read every expert of the checkpoint ``repeats`` times with the files' cached pages dropped first
+    (``cold``: from the device), then again as they stay cached (``warm``: how a run that reads the
+    checkpoint the agent just loaded finds them, when the host's page cache holds it), and time the
+    smallest tensor's read (the fixed cost of any read). Each kind's ``read_s`` (median seconds per
+    expert) splits into ``fixed_s`` and ``bandwidth_bps`` for its bytes; ``bandwidth_bps`` at the top is
+    the cold reads' bytes over their seconds (profiles that predate the split read only it)."""
+    from statistics import median
+
     import torch
 
     from agents.techniques.expert_offload.offload import ExpertStore
@@ -155,25 +192,51 @@ def storage_bandwidth(model_dir: str | Path, repeats: int = 1, reporter: Reporte
     layers, experts = int(config["num_hidden_layers"]), int(config["num_local_experts"])
     store = ExpertStore(str(model_dir), "model.layers.", torch.float32)
     files = sorted(set(store.reader._file_of.values()))
-    total = repeats * layers * experts
-    seconds = nbytes = 0
+    total = (repeats + 1) * layers * experts
+    reads: dict[str, list[float]] = {"cold": [], "warm": []}
+    nbytes = 0
     dropped = True
-    for r in range(repeats):
-        dropped = all([_drop_cached(Path(f)) for f in files]) and dropped
-        reporter.status(f"reading {layers * experts} experts (pass {r + 1} of {repeats})")
+    for r in range(repeats + 1):
+        kind = "cold" if r < repeats else "warm"  # the last pass reads what the cold ones left cached
+        if kind == "cold":
+            dropped = all([_drop_cached(Path(f)) for f in files]) and dropped
+        reporter.status(f"reading {layers * experts} experts ({kind}, pass {r + 1} of {repeats + 1})")
         for layer in range(layers):
             for expert in range(experts):
                 if reporter.cancel_requested():
                     raise Cancelled()
                 before, started = store.bytes_read, time.perf_counter()
                 store.read(layer, expert)
-                seconds += time.perf_counter() - started
-                nbytes += store.bytes_read - before
+                reads[kind].append(time.perf_counter() - started)
+                if kind == "cold":
+                    nbytes += store.bytes_read - before
                 reporter.progress(r * layers * experts + layer * experts + expert + 1, total)
-    result = {"format": "edgeshard.storage-profile", "version": 1, "bandwidth_bps": nbytes / seconds,
-              "bytes": nbytes, "seconds": seconds, "reads": total, "caches_dropped": dropped,
-              "path": str(Path(model_dir).resolve())}
-    return result
+    expert_bytes = nbytes // (repeats * layers * experts)
+    fixed = _timed_fixed_read(*_smallest_tensor([Path(f) for f in files]), repeats=max(8, layers * experts))
+
+    def split(kind: str) -> dict:
+        read = median(reads[kind])
+        per_bytes = max(read - fixed, 0.1 * read)  # a read is never all fixed cost
+        return {"read_s": read, "fixed_s": read - per_bytes, "bandwidth_bps": expert_bytes / per_bytes}
+
+    seconds = sum(reads["cold"])
+    return {"format": "edgeshard.storage-profile", "version": 2, "bandwidth_bps": nbytes / seconds,
+            "bytes": nbytes, "seconds": seconds, "reads": repeats * layers * experts, "expert_bytes": expert_bytes,
+            "cold": split("cold"), "warm": split("warm"), "caches_dropped": dropped,
+            "path": str(Path(model_dir).resolve())}
+
+
+STORAGE_CACHES = ("warm", "cold")
+
+
+def storage_read_cost(data: dict, cache: str = "warm") -> tuple[float, float]:
+    """(bandwidth_bps, read_fixed_s) of a storage profile's ``cache`` reads ("warm": the page cache holds
+    the checkpoint, as for a studio's local agents; "cold": every read from the device); a profile that
+    predates the split gives its cold bandwidth and no fixed cost."""
+    part = data.get(cache) if isinstance(data.get(cache), dict) else None
+    if part is None:
+        return float(data["bandwidth_bps"]), 0.0
+    return float(part["bandwidth_bps"]), float(part["fixed_s"])
 
 
 def bit_options(model_dir: str | Path, texts: list[list[int]], bound: float, reporter: Reporter | None = None) -> dict:

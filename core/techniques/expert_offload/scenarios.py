@@ -44,9 +44,11 @@ def _json(path: str, expected: str) -> dict:
 
 
 def measured(problem: OffloadProblem, *, activations: str | None = None, storage: str | None = None,
-             bits: str | None = None) -> OffloadProblem:
+             bits: str | None = None, storage_cache: str = "warm") -> OffloadProblem:
     """``problem`` with the offline profiles' measurements in place of its assumptions: the predictor's
-    recall (profile-activations), the storage bandwidth (profile-storage), the bit options (adapt-bits).
+    recall (profile-activations), the storage's read cost (profile-storage; its ``storage_cache`` reads:
+    warm, as agents reading a checkpoint the host keeps cached find them, or cold), the bit options
+    (adapt-bits).
     Each file is checked (format, values) and a bad one is a ``FormatError`` naming it."""
     import msgspec
 
@@ -59,10 +61,16 @@ def measured(problem: OffloadProblem, *, activations: str | None = None, storage
             raise FormatError(activations, f"recall must be a number in [0, 1] (got {recall!r}): profile again")
         changes["predictor_recall"] = float(recall)
     if storage:
-        bandwidth = _json(storage, "edgeshard.storage-profile").get("bandwidth_bps")
-        if not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+        from core.techniques.expert_offload.profiling import storage_read_cost
+
+        data = _json(storage, "edgeshard.storage-profile")
+        try:
+            bandwidth, fixed = storage_read_cost(data, storage_cache)
+        except (KeyError, TypeError, ValueError):
+            bandwidth, fixed = data.get("bandwidth_bps"), None
+        if not isinstance(bandwidth, (int, float)) or not bandwidth > 0 or not (fixed or 0) >= 0:
             raise FormatError(storage, f"bandwidth_bps must be > 0 (got {bandwidth!r}): profile again")
-        changes["bandwidth_bps"] = float(bandwidth)
+        changes["bandwidth_bps"], changes["read_fixed_s"] = float(bandwidth), float(fixed or 0.0)
     if bits:
         raw = _json(bits, "edgeshard.expert-bits").get("options")
         try:
@@ -104,7 +112,8 @@ def from_profile(profile, device: str, model_dir: str, budget_fraction: float = 
     """A problem from measurements instead of assumptions: the model's sizes from the checkpoint
     (``model_dir``), its compute times from the device's profile (``edgeshard profile``: each unit's
     decode time at batch 1, and one expert's time the agent measured for MoE blocks), so
-    ``layer_compute_s`` = a block's time − top_k experts, averaged over the blocks. Bad input
+    ``layer_compute_s`` = a block's time − top_k experts, averaged over the blocks; and the blocks'
+    and the rest's times at each batch size and prompt-token count profiled (a run's steps). Bad input
     (another model's profile, a device not in it, a profile without expert times) is a
     ``FormatError`` naming what to do."""
     import json
@@ -135,9 +144,19 @@ def from_profile(profile, device: str, model_dir: str, budget_fraction: float = 
     layer_s = sum(max(0.0, times.decode_time(u, 1) - top_k * times.expert_decode_s[u]) for u in blocks) / layers
     head_s = times.decode_time(0, 1) + times.decode_time(layers + 1, 1) + times.stage_decode_overhead_s
     resident, expert_bytes = _resident_and_expert_bytes(model_dir, config)
+
+    def curve(sizes, times_of, overhead):  # (block averaged over the blocks, the rest) per measured size
+        return (tuple(sum(times_of(u, x) for u in blocks) / layers for x in sizes),
+                tuple(times_of(0, x) + times_of(layers + 1, x) + overhead for x in sizes))
+
+    decode_blocks, decode_head = curve(times.decode_batch_sizes, times.decode_time, times.stage_decode_overhead_s)
+    prefill_blocks, prefill_head = curve(times.prefill_token_counts, times.prefill_time, times.stage_prefill_overhead_s)
     model = MoeModel(name=f"{Path(model_dir).name} (profiled on {device})", layers=layers, experts=experts,
                      top_k=top_k, expert_bytes=expert_bytes, resident_bytes=resident, layer_compute_s=layer_s,
-                     expert_compute_s=expert_s, head_s=head_s)
+                     expert_compute_s=expert_s, head_s=head_s, decode_batch_sizes=tuple(times.decode_batch_sizes),
+                     block_decode_s=decode_blocks, head_decode_s=decode_head,
+                     prefill_token_counts=tuple(times.prefill_token_counts), block_prefill_s=prefill_blocks,
+                     head_prefill_s=prefill_head)
     full = resident + layers * experts * expert_bytes
     return OffloadProblem(model=model, device=device, memory_budget_bytes=int(budget_fraction * full),
                           bandwidth_bps=bandwidth_bps, bit_options=(FULL_PRECISION,))  # measured ones: --bits

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from core.errors import EdgeShardError
 from core.techniques import technique_named
 from core.techniques.expert_offload.on_agents import (
-    cluster_problem, measure_storage, profile_agents, stored_bandwidth_bps,
+    cluster_problem, measure_storage, profile_agents, stored_bandwidth_bps, stored_read_cost,
 )
 from core.techniques.expert_offload.scenarios import paper_shaped
 from gui.studio_state import StudioState
@@ -300,8 +300,10 @@ class ExpertOffloadPlanView(QWidget):
         why = self.measured_blocker()
         if why:
             return f"Measured cluster unavailable: {why}"
-        storage = (f"storage {self.measured_bps / 1e6:.0f} MB/s measured" if self.measured_bps is not None
-                   else "storage not measured yet")
+        cost = stored_read_cost(self._model()) if self.measured_bps is not None else None
+        storage = (f"storage {self.measured_bps / 1e6:.0f} MB/s measured"
+                   + (f" + {cost[1] * 1e3:.2f} ms a read (page-cached, as the agents read it)" if cost else "")
+                   if self.measured_bps is not None else "storage not measured yet")
         return f"Measured on {self.device.currentText()}: its compute times and memory budget, {storage}"
 
     def problem(self):

@@ -52,7 +52,12 @@ def test_profile_storage_measures_the_bandwidth_of_reading_every_expert(moe, tmp
     reporter = RecordingReporter()
     out = storage_bandwidth(model, repeats=2, reporter=reporter)
     assert out["reads"] == 2 * 2 * 4 and out["bytes"] > 0 and out["bandwidth_bps"] > 0
-    assert reporter.progresses[-1] == (16, 16)
+    assert reporter.progresses[-1] == (24, 24)  # two cold passes, one warm
+    for kind in ("cold", "warm"):  # each read splits into its fixed cost and its bytes at the bandwidth
+        part = out[kind]
+        assert part["fixed_s"] >= 0 and part["read_s"] == pytest.approx(
+            part["fixed_s"] + out["expert_bytes"] / part["bandwidth_bps"], rel=1e-9)
+    assert out["expert_bytes"] * 2 * 2 * 4 == out["bytes"]
     code, printed = run_cli(["moe", "profile-storage", model, "--out", tmp_path / "s.json"])
     assert code == 0 and "MB/s" in printed
     assert json.loads((tmp_path / "s.json").read_text())["format"] == "edgeshard.storage-profile"

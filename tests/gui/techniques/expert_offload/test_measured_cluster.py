@@ -77,9 +77,11 @@ def test_without_a_profile_the_view_plans_the_what_if_scenario_saying_what_measu
 def test_the_problem_is_the_profiled_agents_with_its_budget_and_the_measured_storage(view, cluster):
     _, model_dir, profile = cluster
     assert view.source.currentText() == MEASURED and view.device.currentText() == "local-0"
-    measured = json.loads(open(f"{model_dir}/{STORAGE_FILE}").read())["bandwidth_bps"]
+    # the reads a run finds: page-cached (the agent just loaded this checkpoint), a fixed cost + bytes at a bandwidth
+    measured = json.loads(open(f"{model_dir}/{STORAGE_FILE}").read())["warm"]
     problem = view.problem()
-    assert problem.bandwidth_bps == pytest.approx(measured, rel=1e-3) and "MB/s measured" in view.subtitle.text()
+    assert problem.bandwidth_bps == pytest.approx(measured["bandwidth_bps"], rel=1e-3)
+    assert problem.read_fixed_s == pytest.approx(measured["fixed_s"]) and "MB/s measured" in view.subtitle.text()
     m = problem.model
     half = m.resident_bytes + int(0.5 * m.layers * m.experts * m.expert_bytes)
     assert problem.memory_budget_bytes == min(device_memory_bytes(profile, "local-0"), half)

@@ -139,28 +139,38 @@ def _settled_ghosts(qtbot, run):
     return timeline
 
 
-def test_the_run_screens_ghosts_are_edgemoes_schedule_of_the_plan_clipped_to_the_tokens_generated(qtbot, tmp_path):
-    """They were layer sharding's prediction of the Llama's problem. Now: the expert reads on the
-    device's storage lane, and per token the cost model's latency (``evaluate``, computed here)."""
+def test_the_run_screens_ghosts_are_edgemoes_schedule_of_the_runs_batch_clipped_to_the_tokens_generated(
+        qtbot, tmp_path):
+    """They were layer sharding's prediction of the Llama's problem, then one sequence's whatever the run
+    batched. Now: per step one compute box (the agent times its whole forward) and the expert reads of the
+    run's 3 prompts on the storage lane: the prefill reads every expert its 3 x 8 prompt tokens pick (an
+    empty buffer), a decode step the distinct experts 3 sequences pick (io-exp's LRU hits none)."""
     from agents.protocol import storage_lane
-    from core.techniques.expert_offload.cost import evaluate
+    from core.techniques.expert_offload.cost import distinct_experts, read_s
 
     state, run, view, _moe, _llama = _run_screen_beside_the_view(qtbot, tmp_path)
+    run.prompts_edit.setPlainText("one\ntwo\nthree")
     run.max_tokens_spin.setValue(6)
     view.use_for_run.click()
     timeline = _settled_ghosts(qtbot, run)
     problem = view.problem()
-    plan, _ = view.outcome()
-    cost = evaluate(problem, plan.plan)
-    assert timeline.box_count(device="e0", kind="compute", predicted=True) == 6 * problem.model.layers
-    assert timeline.box_count(device=storage_lane("e0"), predicted=True) > 0  # io-exp reads every miss
+    plan = view.outcome()[0].plan
+    m = problem.model
+    assert plan.policy == "lru" and not m.decode_batch_sizes  # the what-if model: per-token times scaled by tokens
+    assert timeline.box_count(device="e0", kind="compute", predicted=True) == 6
     ghosts = timeline.boxes(predicted=True)
-    # io-exp reads every miss on demand: each token costs the cost model's latency, its last layer
-    # ends before the LM head (no box)
-    assert ghosts["end_s"].max() == pytest.approx(6 * cost.latency_per_token_s - problem.model.head_s)
+    reads = [e for e in timeline._predicted_events if e.device == storage_lane("e0")]
+    one_read = read_s(problem, plan)
+    step_reads = [distinct_experts(m.experts, m.top_k, 3 * problem.prompt_tokens)] + \
+        [distinct_experts(m.experts, m.top_k, 3)] * 5
+    assert sum(e.end_s - e.start_s for e in reads) == pytest.approx(m.layers * sum(step_reads) * one_read)
+    tokens = [3 * problem.prompt_tokens] + [3] * 5
+    per_token = m.layer_compute_s + m.top_k * m.expert_compute_s
+    end = sum(m.layers * (r * one_read + n * per_token) + n * m.head_s for r, n in zip(step_reads, tokens))
+    assert ghosts["end_s"].max() == pytest.approx(end)
     state.use_technique("layer-sharding")
     state.use_technique("expert-offload")  # back on the Plan screen's technique: still EdgeMoE's prediction
-    assert state.plan_origin(state.plan).plan.slots == plan.plan.slots and state.plan_origin(state.plan).plan.device == "e0"
+    assert state.plan_origin(state.plan).plan.slots == plan.slots and state.plan_origin(state.plan).plan.device == "e0"
     ran = [e for e in timeline._predicted_events if e.step <= 1]  # the run stopped at EOS after 2 tokens
     timeline.append_events(ran)
     run._finish("done", "done")
