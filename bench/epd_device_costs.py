@@ -2,14 +2,16 @@
 
 The demo's three emulated devices (``gui.demo_cluster``: edge-a 1×, edge-b 1.5×, edge-c 8×
 slower, their links and budgets) serve the shipped ``demo-llava``. Its phases are measured
-once with ``on_agents.measure_costs`` — every phase timed on every agent (three rotations) —
-which also gives the one-calibration costs the studio used before (the first rotation alone:
-encode timed on edge-a, prefill on edge-b, decode on edge-c, every device priced at those).
+with ``on_agents.measure_costs`` — every phase timed on every agent (three rotations) — twice on
+the same agents, one after the other (``--after-first`` swaps them): ``before`` as stop 35 measured
+(no untimed first call of each phase after loading, and the tiles' trip to the encode agent drawn
+inside the encode span: ``encode_input_s_per_tile`` 0) and ``after`` (``warm_up``, the trip before
+the span, as the agent times it).
 
 Then layouts are served for real on a workload none of the probes used (``--seed``), and each
 device's phases (medians over the requests: ``on_agents.phase_seconds``) are set predicted
-beside measured, for the one calibration (``before``) and the per-device one (``after``);
-``within_20pct`` counts the phases predicted within ±20 %.
+beside measured, for both costs against the same runs; ``within_20pct`` counts the phases
+predicted within ±20 %. The 1-minute load is printed beside each step.
 
 ``scaling``: whether one measured phase scaled by a device's compute factor would do instead:
 for each phase, its per-device time over edge-a's (a device's factor is the same for every
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -64,12 +67,19 @@ def _fit_rows(fit) -> list[dict]:
                  measured_ms=round(f.measured_s * 1e3, 2), ratio=round(f.ratio, 2)) for f in fit]
 
 
+def as_before(costs):
+    """``costs`` priced as before ``encode_input_s_per_tile``: the tiles' trip inside the encode span."""
+    return msgspec.structs.replace(costs, encode_input_s_per_tile=0.0, devices=tuple(
+        msgspec.structs.replace(d, encode_input_s_per_tile=0.0) for d in costs.devices))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=11, help="the served workload's seed (not one the probes used)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--rate", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3, help="each probe's repeats (the studio's: 3)")
+    ap.add_argument("--after-first", action="store_true", help="measure the after costs first")
     args = ap.parse_args()
     checkpoints = demo_checkpoints(shipped_model_dir())
     llava, llama = checkpoints["phase-disaggregation"], checkpoints["layer-sharding"]
@@ -80,15 +90,20 @@ def main() -> None:
                          link_latency_ms=DEMO_LINK_LATENCY_MS, emulation=emulation) as lc, \
             AgentLink(lc.endpoints, lc.keys, request_timeout_s=120.0, heartbeat_timeout_s=30.0) as link:
         link.wait_ready(timeout_s=60)
-        t0 = time.perf_counter()
-        costs = measure_costs(link, llava, DEMO_DEVICES, repeats=args.repeats)
-        out["measure_s"] = round(time.perf_counter() - t0, 1)
-        out["load_after_measure"] = _load()
-        single = msgspec.structs.replace(costs, devices=())
-        out["costs"] = {d.device: dict(encode_2_tiles_ms=round(costs.encode_s(2, d.device) * 1e3, 2),
-                                       prefill_48_tokens_ms=round(costs.prefill_s(48, d.device) * 1e3, 2),
-                                       decode_step_ms=round(costs.decode_step_seconds(1, d.device) * 1e3, 2))
-                        for d in costs.devices}
+        measured = {}
+        for name in ("after", "before") if args.after_first else ("before", "after"):
+            t0 = time.perf_counter()
+            measured[name] = measure_costs(link, llava, DEMO_DEVICES, repeats=args.repeats, warm_up=name == "after")
+            out[f"measure_{name}_s"] = round(time.perf_counter() - t0, 1)
+            out[f"load_after_measure_{name}"] = _load()
+        costs = measured["after"]
+        single = as_before(measured["before"])
+        out["costs"] = {name: {d.device: dict(
+            encode_2_tiles_ms=round(c.encode_s(2, d.device) * 1e3, 2),
+            encode_trip_2_tiles_ms=round(c.encode_input_s(2, d.device) * 1e3, 2),
+            prefill_48_tokens_ms=round(c.prefill_s(48, d.device) * 1e3, 2),
+            decode_step_ms=[round(c.decode_step_seconds(b, d.device) * 1e3, 2) for b in (1, 2, 4)])
+            for d in c.devices} for name, c in measured.items()}
         a = DEMO_DEVICES[0]  # a phase at a size the workload has: 2 tiles, 48 prompt tokens, a step of 1
         out["scaling"] = {d.device: dict(
             encode=round(costs.encode_s(2, d.device) / costs.encode_s(2, a), 2),
@@ -111,6 +126,10 @@ def main() -> None:
                 within_20pct_before=f"{sum(abs(f.ratio - 1) <= 0.2 for f in before)}/{len(before)}",
                 within_20pct_after=f"{sum(abs(f.ratio - 1) <= 0.2 for f in after)}/{len(after)}")
         out["layouts"] = layouts
+        for name in ("before", "after"):  # over every layout: how many within ±20 %, the median error factor
+            ratios = [r["ratio"] for lay in layouts.values() for r in lay[name]]
+            out[f"within_20pct_{name}"] = f"{sum(abs(r - 1) <= 0.2 for r in ratios)}/{len(ratios)}"
+            out[f"median_error_factor_{name}"] = round(statistics.median(max(r, 1 / r) for r in ratios), 2)
     out["load_end"] = _load()
     print(json.dumps(out))
 

@@ -55,7 +55,7 @@ def measurement_rotations(devices: Sequence[str]) -> list[PoolConfig]:
 
 
 def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeats: int = 3, per_device: bool = True,
-                  transfers: str = "data-plane", reporter: Reporter | None = None) -> PhaseCosts:
+                  transfers: str = "data-plane", warm_up: bool = True, reporter: Reporter | None = None) -> PhaseCosts:
     """``PhaseCosts`` measured on ``devices`` (the agents of ``link``) for the Llava checkpoint ``model_dir``:
     the studio's *Measure phases on agents* and ``edgeshard epd profile`` alike.
 
@@ -80,7 +80,8 @@ def measure_costs(link, model_dir: str | Path, devices: Sequence[str], *, repeat
             link.sync_clocks()
         timed.append((pools, profile_phases(link, model_dir, pools, tiles=PROBE_TILES, prompt_tokens=PROBE_PROMPTS,
                                             decode_batches=PROBE_BATCHES, decode_steps=4, repeats=repeats,
-                                            transfers=transfers, time_links=i == 0, reporter=reporter)))
+                                            transfers=transfers, time_links=i == 0, warm_up=warm_up,
+                                            reporter=reporter)))
         reporter.progress(i + 1, len(rotations))
     pools, costs = timed[0]
     if len(timed) > 1:
@@ -100,6 +101,7 @@ def _device_costs(device: str, timed: Sequence[tuple[PoolConfig, PhaseCosts]]) -
 
     e, p, d = on("encode"), on("prefill"), on("decode")
     return DevicePhaseCosts(device=device, encode_s_per_tile=e.encode_s_per_tile, encode_overhead_s=e.encode_overhead_s,
+                            encode_input_s_per_tile=e.encode_input_s_per_tile,
                             prefill_s_per_token=p.prefill_s_per_token, prefill_overhead_s=p.prefill_overhead_s,
                             decode_step_s=d.decode_step_s)
 

@@ -63,9 +63,15 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Sequence[int] = (1, 2, 4, 6),
                    prompt_tokens: Sequence[int] = (16, 64, 128), decode_batches: Sequence[int] = (1, 2, 4),
                    decode_steps: int = 8, repeats: int = 5, timeout_s: float = 120.0, transfers: str = "data-plane",
-                   time_links: bool = True, reporter: Reporter | None = None) -> PhaseCosts:
+                   time_links: bool = True, warm_up: bool = True, reporter: Reporter | None = None) -> PhaseCosts:
     """Measure the phases on the first device of each pool (loaded with ``runtime.load_pools``).
     Each probe is sent ``repeats`` times and its median kept (shared CPUs are noisy).
+    ``warm_up``: each phase is called once, untimed, before its probes. The first call of a phase
+    after loading is 2–8× slower (one-off allocation and kernel set-up: on the demo, edge-a's first
+    2-tile encode 31 ms then 4–5 ms; edge-a's first 48-token prefill 68 ms); with 3 repeats the
+    medians took it in, and the decode steps' increasing-cost clamp spread a cold batch of 1 to every
+    batch size. A run pays it once, on its first request; the medians it is scored by do not.
+    (False: as before, for ``bench/epd_device_costs.py``'s side-by-side.)
     ``time_links=False``: phases only, the link figured from the control hops and no dispatch
     delay (``on_agents.measure_costs`` takes both from its first rotation)."""
     import torch
@@ -96,27 +102,38 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
     image = synthetic_images()[0]
     encode_pts, pixel_bytes = [], 0
     reporter.status(f"timing encode on {enc}")
+    mm_probe = load_image(image, info.tile, max(tiles))
+
+    def encode_mm():
+        return link.request(enc, EncodeTiles(request=0, tiles=tuple(range(mm_probe.shape[0])),
+                                              shape=tuple(mm_probe.shape), data=to_bytes(mm_probe)), timeout_s)
+
+    mm = encode_mm() if warm_up else None  # the untimed first call: its tokens are the prefill probe's
     for n in tiles:
         x = load_image(image, info.tile, n)
         msg = EncodeTiles(request=0, tiles=tuple(range(n)), shape=tuple(x.shape), data=to_bytes(x))
         pixel_bytes = len(msg.data) // n
         s, _ = probe(enc, msg, TilesEncoded, len(msg.data), lambda r: len(r.data))
         encode_pts.append((n, s))
-    mm_probe = load_image(image, info.tile, max(tiles))
-    mm = link.request(enc, EncodeTiles(request=0, tiles=tuple(range(mm_probe.shape[0])),
-                                       shape=tuple(mm_probe.shape), data=to_bytes(mm_probe)), timeout_s)
+    mm = mm or encode_mm()
+    if not isinstance(mm, TilesEncoded):
+        raise RunFailed(f"profiling: unexpected answer {type(mm).__name__}", enc)
     reporter.status(f"timing prefill on {pre}")
     prefill_pts, prefilled = [], None
+    mm_tokens = mm.shape[0] * mm.shape[1]
+    mm_ids = (1,) + (info.image_token_id,) * mm_tokens + (3, 4, 5)
+    mm_prompt = PrefillPrompt(request=0, input_ids=mm_ids, mm_shape=(mm_tokens, mm.shape[2]), mm=mm.data)
+    warm = link.request(pre, mm_prompt, timeout_s) if warm_up else None  # untimed first calls
+    if warm_up and isinstance(warm, PromptPrefilled):
+        link.request(dec, DecodeTokens(request=0, first_token=warm.token, kv_shape=warm.kv_shape, kv=warm.kv,
+                                       max_new_tokens=3, rng=warm.rng), timeout_s)
     for length in prompt_tokens:
         ids = (1,) + tuple(3 + (i * 7) % 200 for i in range(length - 1))
         s, prefilled = probe(pre, PrefillPrompt(request=0, input_ids=ids), PromptPrefilled, 8 * length,
                              lambda r: len(r.kv))
         prefill_pts.append((length, s))
-    mm_tokens = mm.shape[0] * mm.shape[1]
-    ids = (1,) + (info.image_token_id,) * mm_tokens + (3, 4, 5)
-    s, _ = probe(pre, PrefillPrompt(request=0, input_ids=ids, mm_shape=(mm_tokens, mm.shape[2]), mm=mm.data),
-                 PromptPrefilled, len(mm.data), lambda r: len(r.kv))
-    prefill_pts.append((len(ids), s))
+    s, _ = probe(pre, mm_prompt, PromptPrefilled, len(mm.data), lambda r: len(r.kv))
+    prefill_pts.append((len(mm_ids), s))
     reporter.status(f"timing decode on {dec}")
     decode_pts = []
     for batch in decode_batches:
@@ -148,6 +165,7 @@ def profile_phases(link, model_dir: str | Path, pools: PoolConfig, *, tiles: Seq
     return PhaseCosts(
         source=f"profiled on {enc}, {pre}, {dec} ({Path(model_dir).name}; transfers: {transfers})",
         encode_s_per_tile=per_tile + pixel_bytes * per_byte, encode_overhead_s=encode_overhead,
+        encode_input_s_per_tile=pixel_bytes * per_byte,
         mm_tokens_per_tile=info.tokens_per_tile, prefill_s_per_token=per_token, prefill_overhead_s=prefill_overhead,
         decode_step_s=tuple(decode_pts), mm_token_bytes=info.hidden * 4,
         kv_token_bytes=info.layers * 2 * info.kv_heads * info.head_dim * 4,

@@ -259,15 +259,18 @@ class _Sim:
 
             batch = _pick(w.encode_q, cfg.policy, lambda s: s.tiles, cfg.encode_batch, fits)
             if batch:
+                tiles = sum(s.tiles for s in batch)
+                # the worker is busy from now, but computes once the tiles are there (the agent's span)
+                start = self.now + self.c.encode_input_s(tiles, w.name)
                 for s in batch:
                     w.encode_q.remove(s)
                     if s.req.encode_start is None:
-                        s.req.encode_start = self.now
+                        s.req.encode_start = start
                 if self.mode == "epd":
                     w.out_used += sum(s.tokens for s in batch)
                     w.out_peak = max(w.out_peak, w.out_used)
-                end = self.now + self.c.encode_s(sum(s.tiles for s in batch), w.name)
-                self.event(w.name, STAGE_ENCODE, "compute", self.now, end, batch[0].req.r.id)
+                end = self.now + self.c.encode_s(tiles, w.name)
+                self.event(w.name, STAGE_ENCODE, "compute", start, end, batch[0].req.r.id)
                 w.busy = True
                 self.at(end, self.encode_done, w, batch)
                 return

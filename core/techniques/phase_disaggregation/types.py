@@ -118,9 +118,12 @@ def _check_compute(c, owner: str) -> None:
     for name in ("encode_s_per_tile", "prefill_s_per_token"):
         v = getattr(c, name)
         _require(_finite(v) and v > 0, f"{owner}{name} must be > 0 (profile the phase again), got {v}")
-    for name in ("encode_overhead_s", "prefill_overhead_s"):
+    for name in ("encode_overhead_s", "prefill_overhead_s", "encode_input_s_per_tile"):
         v = getattr(c, name)
         _require(_finite(v) and v >= 0, f"{owner}{name} must be >= 0, got {v}")
+    _require(c.encode_input_s_per_tile <= c.encode_s_per_tile,
+             f"{owner}encode_input_s_per_tile ({c.encode_input_s_per_tile}) is part of encode_s_per_tile "
+             f"({c.encode_s_per_tile}): it cannot be more")
     pts = c.decode_step_s
     _require(len(pts) >= 1, f"{owner}decode_step_s needs at least one (batch size, seconds) point")
     for b, s in pts:
@@ -139,6 +142,8 @@ class DevicePhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
     device: str
     encode_s_per_tile: float
     encode_overhead_s: float = 0.0
+    encode_input_s_per_tile: float = 0.0
+    """Of ``encode_s_per_tile``: the tiles' trip to this encode agent (``PhaseCosts``'s field)."""
     prefill_s_per_token: float
     prefill_overhead_s: float = 0.0
     decode_step_s: tuple[tuple[int, float], ...]
@@ -160,6 +165,11 @@ class PhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
     encode_s_per_tile: float
     encode_overhead_s: float = 0.0
     """Per encode call (one worker's share of one request), on top of the tiles."""
+    encode_input_s_per_tile: float = 0.0
+    """Of ``encode_s_per_tile``, the part that is a tile's pixels reaching the encode agent (the control
+    hop that carries them) before its compute starts: the agent is busy for all of it, but the encode
+    span it reports (and the simulator draws) starts after it. 0 in files older than the field (the
+    span then included the trip: edge-a's encode was predicted 1.4–1.7× what the agent took)."""
     mm_tokens_per_tile: int
     """Multimodal tokens one tile becomes (they join the prompt at prefill)."""
     prefill_s_per_token: float
@@ -203,6 +213,10 @@ class PhaseCosts(msgspec.Struct, frozen=True, kw_only=True):
         """One encode call over ``tiles`` tiles (on ``device``)."""
         c = self.on(device) if self.devices else self
         return c.encode_overhead_s + tiles * c.encode_s_per_tile if tiles > 0 else 0.0
+
+    def encode_input_s(self, tiles: int, device: str = "") -> float:
+        """Of ``encode_s``: the ``tiles``' trip to the encode agent, before its compute starts."""
+        return tiles * (self.on(device) if self.devices else self).encode_input_s_per_tile
 
     def prefill_s(self, tokens: int, device: str = "") -> float:
         """One prefill batch holding ``tokens`` tokens in all (on ``device``)."""

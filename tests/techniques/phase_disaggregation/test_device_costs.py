@@ -114,3 +114,21 @@ def test_phase_fit_sets_each_devices_median_phase_time_predicted_beside_measured
     fit = phase_fit(predicted, measured)
     assert [(f.device, f.phase) for f in fit] == [("a", "encode"), ("b", "prefill"), ("c", "decode")]
     assert [f.ratio for f in fit] == pytest.approx([0.5, 2.0, 0.5])
+
+
+def test_the_tiles_trip_to_the_encode_agent_comes_before_its_span_and_the_request_ends_as_late():
+    """An agent times its encode from when its compute starts, after the tiles' control hop: the
+    simulated span is the compute (by hand: 0.08 + 2 x (0.4 - 0.1)), the trip before it, the worker
+    busy for both, so everything after the encode happens when it did with the trip in the span."""
+    req, pools = one_request(images=1, tiles=2, output=5), PoolConfig(encode=("slow",), prefill=("p",), decode=("d",))
+    inside = simulate_pools(make_costs(devices=(SLOW,)), single(req), pools).metrics[0]
+    trip = msgspec.structs.replace(SLOW, encode_input_s_per_tile=0.1)
+    m = simulate_pools(make_costs(devices=(trip,)), single(req), pools).metrics[0]
+    assert m.encode_start_s - inside.encode_start_s == pytest.approx(2 * 0.1)
+    assert m.encode_end_s - m.encode_start_s == pytest.approx(0.08 + 2 * (0.4 - 0.1))
+    assert (m.encode_end_s, m.ttft_s, m.e2e_s) == pytest.approx((inside.encode_end_s, inside.ttft_s, inside.e2e_s))
+
+
+def test_a_tiles_trip_longer_than_its_encode_cost_is_refused_naming_the_device():
+    with pytest.raises(EpdInputError, match="slow: encode_input_s_per_tile .* is part of encode_s_per_tile"):
+        msgspec.structs.replace(SLOW, encode_input_s_per_tile=0.5)
