@@ -10,13 +10,15 @@ its length checked against the model's context: 413); ``start_batch`` joins a gr
 one micro-batch; tokens are routed to their request by sequence id. Each request is recorded as
 its own run (its prompt, parameters, tokens, figures, and its micro-batch's timeline events from
 its join, on a clock that starts at its join), listed by ``edgeshard sessions`` and replayable like
-any run. A lost agent fails the requests in the run with 503, or, with ``--on-failure replan``,
-re-plans over the survivors, loads the new plan and joins every request again where its tokens
+any run. A micro-batch's events are stored once, in the open run's event stream, and each request's
+run holds a window on them (``SessionStore.open_window``): 16 rows are not 16 copies. A lost agent
+fails the requests in the run with 503, or, with ``--on-failure replan``, re-plans over the survivors, loads the new plan and joins every request again where its tokens
 stopped (prompt plus tokens so far, its sampler's key and step kept: the same tokens).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import secrets
@@ -82,7 +84,8 @@ def _retried(write, tries: int = 8):
 
 
 EVENTS_LAG_S = 0.25
-"""How long after its last token a request's recording still takes its micro-batch's events."""
+"""How long after its end a request's record is finished: its figures count the events that arrived by then
+(the agents send theirs every ~50 ms; a later one is still in its replay, through its window)."""
 
 
 def growable(running: dict[int, tuple[tuple | None, int, bool]], key: tuple | None, rows: int,
@@ -101,14 +104,20 @@ def growable(running: dict[int, tuple[tuple | None, int, bool]], key: tuple | No
 
 
 class _Stream:
-    """One open run's stream to the model (a ``RunSink``): which run it came from sets its clock."""
+    """One open run's stream to the model (a ``RunSink``): which run it came from sets its clock. Its
+    recorded events are one stream in the workspace (``id``), shared by the runs of the requests in it."""
 
     def __init__(self, model: "ServedModel") -> None:
         self.model = model
         self.run: OpenRun | None = None
+        self.id: int | None = None
+        """Its event stream in the workspace (None: not recorded)."""
+        self.t0 = time.monotonic()
+        """Its events' arrival clock (``recv_s``) counts from here."""
+        self.seq = itertools.count()
 
     def on_event(self, event: TimelineEvent) -> None:
-        self.model._on_event(self.run, event)
+        self.model._on_event(self, event)
         if self.model.observer is not None:
             self.model.observer.on_event(event)
 
@@ -156,12 +165,11 @@ class ServedModel:
         self._lock = threading.RLock()
         self._slots: dict[int, list[ServedRequest]] = {}
         self._by_seq: dict[int, ServedRequest] = {}
-        self._holders: dict[int, list[ServedRequest]] = {}
-        """Per micro-batch index, the requests whose recordings still take its events (they arrive in
-        batches, after the tokens: a request's last events come after it is done)."""
         self._records: dict[ServedRequest, RunRecorder] = {}
         self._unrecorded: dict[ServedRequest, list] = {}
         """Requests whose run record is being created: what their stream brings waits here."""
+        self._windows: dict[ServedRequest, list[tuple[int, float]]] = {}
+        """Per recorded request, its windows on event streams (the window's id, its run's ``t0``)."""
         self._wire_at: dict[ServedRequest, object] = {}
         """Per recorded request, the agents' wire counters when its record opened (``core.runs.wire``)."""
         self.observer = None
@@ -272,6 +280,11 @@ class ServedModel:
             except RunFailed as err:
                 self.loaded = self.coordinator.is_loaded(self.plan, self.model_dir)
                 raise unavailable(str(err)) from None
+            if self.store is not None:
+                try:
+                    stream.id = _retried(lambda: self.store.create_event_stream(self.session_id))
+                except Exception:  # its requests are recorded without their timelines; the log says so
+                    log.exception("recording the open run's events failed")
             self.open = run
         return self.open
 
@@ -296,7 +309,6 @@ class ServedModel:
                 if slot is None:
                     raise unavailable("every micro-batch of the run is busy")
                 self._slots.setdefault(slot, []).extend(live)
-                self._holders.setdefault(slot, []).extend(live)
                 for r in live:
                     r.resumed = resumed
         except ApiError as err:
@@ -311,17 +323,21 @@ class ServedModel:
         done = len(live[0].tokens)
 
         def route(seqs) -> None:
-            now = time.time()
             with self._lock:
                 for r, seq in zip(live, seqs):
-                    r.sequence_id, r.joined_at = seq, r.joined_at or now
+                    r.sequence_id = seq
                     self._by_seq[seq] = r
+        now = time.time()
+        for r in live:  # before its record opens: its window on the run's events starts here
+            r.joined_at = r.joined_at or now
         try:
-            if not resumed and self.store is not None:  # recorded off the join's path, on the store's one thread
-                with self._lock:
-                    self._unrecorded.update({r: [] for r in live})
+            if self.store is not None:  # recorded off the join's path, on the store's one thread
+                if not resumed:
+                    with self._lock:
+                        self._unrecorded.update({r: [] for r in live})
                 for r in live:
-                    self._finishing.submit(self._open_record, r, live)
+                    self._finishing.submit(self._open_window if resumed else self._open_record, r, live, run.sink,
+                                           slot, run.t0)
             prompts = [r.prompt_ids + tuple(r.tokens) for r in live]
             run.join(slot, prompts, [r.max_tokens - len(r.tokens) for r in live], spec, first_step=done, on_ids=route,
                      grow=grow, on_refused=lambda err: self._join_failed(run, slot, live, err))
@@ -348,9 +364,11 @@ class ServedModel:
             self._finish_record(r)
         self.on_slot_free()
 
-    def _open_record(self, r: ServedRequest, batch: list[ServedRequest]) -> None:
-        """The request's run record, then what its stream brought meanwhile (the store's thread: before
-        any ``_close_record`` of it, which is submitted later to the same thread)."""
+    def _open_record(self, r: ServedRequest, batch: list[ServedRequest], stream: _Stream, slot: int,
+                     t0: float) -> None:
+        """The request's run record, its window on its micro-batch's events (``_open_window``), then what its
+        stream brought meanwhile (the store's thread: before any ``_close_record`` of it, which is submitted
+        later to the same thread)."""
         try:
             rec = self._record(r, batch)
         except Exception:  # the request is served unrecorded; the server says so in its log
@@ -358,12 +376,30 @@ class ServedModel:
             with self._lock:
                 self._unrecorded.pop(r, None)
             return
+        self._open_window(r, batch, stream, slot, t0, rec)
         at = counters_of(self.coordinator, self.plan.devices())  # the request's wire bytes count from here
         with self._lock:
             early = self._unrecorded.pop(r, [])
             self._records[r], self._wire_at[r] = rec, at
         for item in early:
             (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
+
+    def _open_window(self, r: ServedRequest, batch: list[ServedRequest], stream: _Stream, slot: int, t0: float,
+                     rec: RunRecorder | None = None) -> None:
+        """``r``'s run holds micro-batch ``slot``'s events of ``stream`` from its join on, moved onto its clock (the
+        open run's clock starts at ``t0``); a resumed request opens another on the new run's stream."""
+        rec = rec or self._records.get(r)
+        if rec is None or stream.id is None:
+            return
+        try:
+            window = _retried(lambda: self.store.open_window(
+                rec.run_id, stream.id, slot, from_s=r.joined_at - 0.001 - t0, shift_s=t0 - r.joined_at,
+                recv_shift_s=stream.t0 - rec.t0))
+        except Exception:  # its run is recorded without this part of its timeline; the log says so
+            log.exception("recording request %s's events failed", r.id)
+            return
+        with self._lock:
+            self._windows.setdefault(r, []).append((window, t0))
 
     def _to_record(self, r: ServedRequest, item) -> None:
         with self._lock:
@@ -394,15 +430,11 @@ class ServedModel:
             if r.done:
                 self._request_done(r)
 
-    def _on_event(self, run: OpenRun, event: TimelineEvent) -> None:
-        at = run.t0 + event.start_s
-        with self._lock:
-            holders = [r for r in self._holders.get(event.micro_batch, ())
-                       if r.joined_at is not None and r.joined_at - 0.001 <= at <= (r.ended_at or at)]
-        for r in holders:
-            shift = run.t0 - r.joined_at
-            self._to_record(r, msgspec.structs.replace(event, micro_batch=0, start_s=event.start_s + shift,
-                                                       end_s=event.end_s + shift))
+    def _on_event(self, stream: _Stream, event: TimelineEvent) -> None:
+        """Stored once, in the run's stream; the requests' windows on its micro-batch decide whose it is (one that
+        arrives after its requests' records closed is still in their replays)."""
+        if stream.id is not None:
+            self.store.append_stream_event(stream.id, next(stream.seq), time.monotonic() - stream.t0, event)
 
     def _request_done(self, r: ServedRequest) -> None:
         """``r`` is done (finished, left, failed): out of the run, recorded, its micro-batch freed when all are."""
@@ -432,9 +464,9 @@ class ServedModel:
     def _close_record(self, r: ServedRequest) -> None:
         with self._lock:
             rec = self._records.pop(r, None)
-            for members in self._holders.values():
-                if r in members:
-                    members.remove(r)
+            windows = self._windows.pop(r, [])
+        for window, t0 in windows:
+            _retried(lambda: self.store.close_window(window, r.ended_at - t0))
         if rec is not None:
             status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
             wire = wire_since(self.coordinator, self.plan.devices(), self._wire_at.pop(r, None))

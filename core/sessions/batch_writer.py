@@ -15,11 +15,13 @@ import threading
 import time
 from pathlib import Path
 
-from core.sessions.schema import EVENT_COLS, LOG_COLS, OUTPUT_COLS, connect
+from core.sessions.schema import EVENT_COLS, LOG_COLS, OUTPUT_COLS, STREAM_EVENT_COLS, connect
 
 INSERT_SQL = {
     "events": f"INSERT INTO events ({', '.join(EVENT_COLS)}) VALUES ({', '.join('?' * len(EVENT_COLS))})",
     "outputs": f"INSERT INTO outputs ({', '.join(OUTPUT_COLS)}) VALUES ({', '.join('?' * len(OUTPUT_COLS))})",
+    "stream_events": f"INSERT INTO stream_events ({', '.join(STREAM_EVENT_COLS)}) "
+                     f"VALUES ({', '.join('?' * len(STREAM_EVENT_COLS))})",
     "agent_logs": f"INSERT INTO agent_logs ({', '.join(LOG_COLS)}) VALUES ({', '.join('?' * len(LOG_COLS))})",
 }
 

@@ -42,6 +42,11 @@ class RunRecorder:
         self._lock = threading.Lock()
         self.finished = False
 
+    @property
+    def t0(self) -> float:
+        """Its clock's reading when it started: arrival times (``recv_s``) count from it."""
+        return self._t0
+
     def _next(self) -> tuple[int, float]:
         with self._lock:
             seq = self._seq

@@ -12,6 +12,8 @@ v1: sessions, devices, profiles, plans, runs, events, outputs.
 v2: agent_logs; runs.kind (measured | simulated); (run_id, seq) indexes.
 v3: runs.origin_json (the technique's own problem and plan the run was made from,
 ``core.sessions.origin.RecordedOrigin``; NULL for runs recorded before: "No prediction").
+v4: event_streams, stream_events, run_windows: a served micro-batch's events stored once and shared by
+    the runs of its requests, each reading its window of them (``SessionStore.timeline``).
 
 Damage: ``damage_of`` runs ``PRAGMA quick_check`` (read-only, so a damaged workspace can
 still be opened for what is left); a read that meets a damaged page becomes
@@ -73,12 +75,31 @@ def _v3(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("origin_json", str)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+def _v4(db: sqlite_utils.Database) -> None:
+    db["event_streams"].create({"id": int, "session_id": int, "created_at": str}, pk="id",
+                               foreign_keys=[("session_id", "sessions", "id")])
+    db["stream_events"].create(
+        {"id": int, "stream_id": int, "seq": int, "recv_s": float, "device": str, "stage": int, "kind": str,
+         "phase": str, "step": int, "micro_batch": int, "start_s": float, "end_s": float, "nbytes": int,
+         "peer": str, "clock_uncertainty_s": float},
+        pk="id", foreign_keys=[("stream_id", "event_streams", "id")],
+    )
+    db["run_windows"].create(
+        {"id": int, "run_id": int, "stream_id": int, "micro_batch": int, "from_s": float, "until_s": float,
+         "shift_s": float, "recv_shift_s": float},
+        pk="id", foreign_keys=[("run_id", "runs", "id"), ("stream_id", "event_streams", "id")],
+    )
+    db["stream_events"].create_index(["stream_id", "micro_batch", "start_s"])
+    db["run_windows"].create_index(["run_id"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 EVENT_COLS = ("run_id", "seq", "recv_s", "device", "stage", "kind", "phase", "step", "micro_batch",
                "start_s", "end_s", "nbytes", "peer", "clock_uncertainty_s")
 OUTPUT_COLS = ("run_id", "seq", "recv_s", "micro_batch", "step", "t_s", "sequence_ids", "token_ids", "text")
+STREAM_EVENT_COLS = ("stream_id", *EVENT_COLS[1:])
 LOG_COLS = ("run_id", "device", "t_s", "level", "line")
 def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)

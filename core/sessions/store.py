@@ -8,6 +8,10 @@ Tables: ``sessions``; ``devices`` (as seen at the time), ``profiles``, ``plans``
 status, figures); ``events`` (TimelineEvents) and ``outputs`` (TokenEvents) of a run,
 sharing one per-run ``seq`` (arrival order) and ``recv_s`` (arrival time, seconds since
 the run started) so a replay reproduces exactly what was seen live; ``agent_logs``.
+Shared events (v3): a server's micro-batch holds several requests, each its own run, and its
+events are stored once in ``stream_events`` (one ``event_streams`` row per open run of the
+server); each run reads its ``run_windows``: its micro-batch's events from its join to its end,
+moved onto its clock. ``timeline`` merges them with the run's own rows by arrival time.
 
 Schema versions and their migrations are ``core.sessions.schema``: a file from a newer
 program is refused (``StoreError``), never touched; an older one is migrated on open.
@@ -337,6 +341,30 @@ class SessionStore:
                                 json.dumps(list(tok.sequence_ids)), json.dumps(list(tok.token_ids)),
                                 json.dumps(list(tok.text))))
 
+    def create_event_stream(self, session_id: int) -> int:
+        """A stream of events several runs share (a server's open run: its micro-batches' events, once)."""
+        return self._insert("event_streams", {"session_id": session_id, "created_at": utc_now()})
+
+    def append_stream_event(self, stream_id: int, seq: int, recv_s: float, ev: TimelineEvent) -> None:
+        """Queue one shared event (``seq``/``recv_s`` on the stream's own order and clock)."""
+        self._queue("stream_events", (stream_id, seq, recv_s, ev.device, ev.stage, ev.kind, ev.phase, ev.step,
+                                      ev.micro_batch, ev.start_s, ev.end_s, ev.nbytes, ev.peer,
+                                      ev.clock_uncertainty_s))
+
+    def open_window(self, run_id: int, stream_id: int, micro_batch: int, *, from_s: float, shift_s: float,
+                    recv_shift_s: float) -> int:
+        """Run ``run_id`` holds ``micro_batch``'s events of ``stream_id`` that start at ``from_s`` or later (the
+        stream's clock; until ``close_window``), each moved by ``shift_s`` onto the run's clock and its arrival by
+        ``recv_shift_s`` onto the run's arrival clock."""
+        return self._insert("run_windows", {"run_id": run_id, "stream_id": stream_id, "micro_batch": micro_batch,
+                                            "from_s": from_s, "until_s": None, "shift_s": shift_s,
+                                            "recv_shift_s": recv_shift_s})
+
+    def close_window(self, window_id: int, until_s: float) -> None:
+        """The run takes no events of its window that start after ``until_s`` (the stream's clock)."""
+        with self._lock, self.db.atomic():
+            self.db["run_windows"].update(window_id, {"until_s": until_s})
+
     def append_log(self, run_id: int, device: str, t_s: float, level: str, line: str) -> None:
         self._queue("agent_logs", (run_id, device, t_s, level, line))
 
@@ -363,7 +391,21 @@ class SessionStore:
                              token_ids=tuple(json.loads(r["token_ids"])), text=tuple(json.loads(r["text"])))
             items.append(RecordedItem(seq=r["seq"], recv_s=r["recv_s"], tokens=tok))
         items.sort(key=lambda i: i.seq)
-        return items
+        shared = self._window_events(run_id)
+        if not shared:
+            return items
+        merged = sorted(items + shared, key=lambda i: i.recv_s)  # stable: each part keeps its own order
+        return [msgspec.structs.replace(i, seq=k) for k, i in enumerate(merged)]
+
+    def _window_events(self, run_id: int) -> list[RecordedItem]:
+        """The shared events a run's windows hold, on its clocks (micro-batch 0: the run's own), in stream order."""
+        cols = ", ".join(f"e.{c}" for c in EVENT_COLS[3:] if c not in ("micro_batch", "start_s", "end_s"))
+        rows = self._rows(
+            f"SELECT e.recv_s + w.recv_shift_s AS recv_s, e.start_s + w.shift_s AS start_s, e.end_s + w.shift_s "
+            f"AS end_s, {cols} FROM run_windows w JOIN stream_events e ON e.stream_id = w.stream_id AND "
+            f"e.micro_batch = w.micro_batch WHERE w.run_id = ? AND e.start_s >= w.from_s AND (w.until_s IS NULL "
+            f"OR e.start_s <= w.until_s) ORDER BY w.id, e.seq, e.id", (run_id,))
+        return [RecordedItem(seq=0, recv_s=r.pop("recv_s"), event=TimelineEvent(micro_batch=0, **r)) for r in rows]
 
     def integrity_check(self) -> str:
         with self._lock:
@@ -444,7 +486,7 @@ def _copy_session(dest: SessionStore, src_path: Path, session_id: int) -> int:
                              f"SELECT {', '.join(cols)} FROM src.sessions WHERE id = ?", (session_id,))
                 new_sid = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
                 ids: dict[str, dict[int, int]] = {}
-                for table in ("devices", "profiles", "plans"):
+                for table in ("devices", "profiles", "plans", "event_streams"):
                     ids[table] = {}
                     cols = _columns(conn, table)
                     sel = ", ".join("?" if c == "session_id" else c for c in cols)
@@ -453,6 +495,11 @@ def _copy_session(dest: SessionStore, src_path: Path, session_id: int) -> int:
                         conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) SELECT {sel} FROM src.{table} "
                                      f"WHERE id = ?", (new_sid, old))
                         ids[table][old] = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+                cols = _columns(conn, "stream_events")
+                sel = ", ".join("?" if c == "stream_id" else c for c in cols)
+                for old, new in ids["event_streams"].items():
+                    conn.execute(f"INSERT INTO main.stream_events ({', '.join(cols)}) SELECT {sel} FROM "
+                                 f"src.stream_events WHERE stream_id = ? ORDER BY id", (new, old))
                 run_cols = _columns(conn, "runs")
                 for old_run, plan_id, profile_id in conn.execute(
                         "SELECT id, plan_id, profile_id FROM src.runs WHERE session_id = ? ORDER BY id",
@@ -469,6 +516,13 @@ def _copy_session(dest: SessionStore, src_path: Path, session_id: int) -> int:
                         sel = ", ".join("?" if c == "run_id" else c for c in cols)
                         conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) SELECT {sel} FROM src.{table} "
                                      f"WHERE run_id = ? ORDER BY id", (new_run, old_run))
+                    cols = _columns(conn, "run_windows")
+                    for row in conn.execute(f"SELECT {', '.join(cols)} FROM src.run_windows WHERE run_id = ? "
+                                            f"ORDER BY id", (old_run,)).fetchall():
+                        row = dict(zip(cols, row), run_id=new_run)
+                        row["stream_id"] = ids["event_streams"][row["stream_id"]]
+                        conn.execute(f"INSERT INTO main.run_windows ({', '.join(row)}) VALUES "
+                                     f"({', '.join('?' * len(row))})", tuple(row.values()))
         finally:
             conn.execute("DETACH DATABASE src")
     return new_sid

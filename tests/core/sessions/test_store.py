@@ -136,7 +136,7 @@ def test_a_v1_workspace_is_migrated_forward_and_keeps_its_data(tmp_path):
     db.close()
     assert "agent_logs" not in sqlite_utils.Database(path).table_names()
     with SessionStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         run = store.run(1)
         assert (run.kind, run.figures) == ("measured", {"ttft_s": 1.0})
         assert store.events(1) == [TimelineEvent(device="a", stage=0, kind="compute", phase="prefill", step=0,
@@ -146,7 +146,7 @@ def test_a_v1_workspace_is_migrated_forward_and_keeps_its_data(tmp_path):
         assert store.logs(1)[0].line == "loaded shard"
         assert store.origin_of(1) is None  # recorded before origins were: its replay predicts nothing
         versions = [r[0] for r in store.db.conn.execute("SELECT version FROM schema_version ORDER BY version")]
-    assert versions == [1, 2, 3]
+    assert versions == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("content", [b"hello, not a database" * 100, None])
