@@ -13,7 +13,7 @@ AGENTS = Path(__file__).resolve().parents[2] / "agents"
 
 SHARED = (
     "__init__.py", "__main__.py", "accelerators.py", "agent.py", "announce.py", "arguments.py", "boundary_copy.py",
-    "checkpoint_reader.py", "clock.py",
+    "checkpoint_files.py", "checkpoint_reader.py", "clock.py",
     "cold_profiling.py", "heap.py", "shard_positions.py",
     "control_plane.py", "data_frames.py", "emulation.py", "envelope.py", "executors.py", "huge_pages.py",
     "lease.py", "local_pipeline.py", "model_code.py", "process_title.py", "profiling_protocol.py", "protocol.py",
