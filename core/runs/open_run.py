@@ -121,16 +121,15 @@ class OpenRun:
              grow: bool = False, on_refused=None) -> tuple[int, ...]:
         """Join ``prompts`` as micro-batch ``slot``; the sequence ids their tokens will carry (``on_ids`` is
         told them before the join is sent, so no token can arrive before its caller knows whose it is).
-        ``grow``: ``slot`` is running (greedy rows of the same controls) and the rows join it at its next
-        step, one batched forward with its rows (a free ``slot`` is taken as a fresh join).
+        ``grow``: ``slot`` is running and the rows join it at its next step, one batched forward with its rows
+        (a free ``slot`` is taken as a fresh join); any sampling may join any micro-batch: the last stage
+        samples each row by its own join's sampling, seed and step count (``agents.techniques.open_run``).
         ``on_refused``: not waited for; told ``RunFailed`` (on the coordinator's IO thread) if a stage refuses
         the join. The prefill starts as soon as the source has it, where waiting for each stage's reply in
         turn cost two round trips of a request's TTFT; the last stage waits for its join should the prefill
         overtake it (``agents.techniques.open_run.session``). Without it both replies are awaited."""
         if not self.alive:
             raise RunFailed(f"the open run ended: {self.failure or 'stopped'}")
-        if grow and (sampling.temperature > 0 or sampling.uses_history):
-            raise ValueError("only greedy rows whose sampler reads no history may join a running micro-batch")
         with self._lock:
             if not 0 <= slot < self.slots or (slot in self._busy and not grow):
                 raise ValueError(f"slot {slot} is busy or out of range")

@@ -88,19 +88,25 @@ EVENTS_LAG_S = 0.25
 (the agents send theirs every ~50 ms; a later one is still in its replay, through its window)."""
 
 
-def growable(running: dict[int, tuple[tuple | None, int, bool]], key: tuple | None, rows: int,
-             max_rows: int) -> int | None:
-    """Of the running micro-batches (slot: its requests' batch key, live rows, resumed after a failure), the one
-    with the fewest live rows that ``rows`` requests with ``key`` may join as rows while it runs, if one has
-    room for them (None: none). Only greedy rows without repetition controls join (a row's tokens then depend
-    on its own only); a resumed micro-batch keeps its rows. The server places rows here before it opens
-    another micro-batch (``ServedModel.start_batch``): a stage's step costs ~1.7 ms plus ~0.07 ms a row on
-    the demo model, so one micro-batch of 16 rows costs about half the CPU of two of 8."""
-    if key is None or key[1:] != (1.0, 0):
-        return None
-    live = {slot: n for slot, (k, n, resumed) in running.items() if k == key and not resumed and n > 0}
+def growable(running: dict[int, tuple[int, bool]], rows: int, max_rows: int) -> int | None:
+    """Of the running micro-batches (slot: its live rows, resumed after a failure), the one with the fewest
+    live rows that ``rows`` requests may join as rows while it runs, if one has room for them (None: none).
+    Any request joins any micro-batch, greedy, sampled or with repetition controls: the last stage samples
+    each row by its own request's controls, seed and step count (``agents.techniques.open_run``), so its
+    tokens do not depend on its neighbours. A resumed micro-batch keeps its rows. The server places rows
+    here before it opens another micro-batch (``ServedModel.start_batch``): a stage's step costs ~1.7 ms
+    plus ~0.07 ms a row on the demo model, so one micro-batch of 16 rows costs about half the CPU of two of 8."""
+    live = {slot: n for slot, (n, resumed) in running.items() if not resumed and n > 0}
     slot = min(live, key=live.get, default=None)
     return slot if slot is not None and live[slot] + rows <= max_rows else None
+
+
+def join_groups(requests: list[ServedRequest]) -> list[list[ServedRequest]]:
+    """``requests`` as the joins they may share (equal ``batch_key``; a sampled one alone), in order."""
+    groups: dict[object, list[ServedRequest]] = {}
+    for r in requests:
+        groups.setdefault(r.batch_key if r.batch_key is not None else id(r), []).append(r)
+    return list(groups.values())
 
 
 class _Stream:
@@ -251,18 +257,18 @@ class ServedModel:
 
     # ------------------------------------------------------------------ the open run
     def capacity(self, key: tuple | None = None) -> int:
-        """Groups of requests with ``batch_key`` ``key`` the run can take now: its free micro-batches, and
+        """Groups of requests (of any ``batch_key`` ``key``) the run can take now: its free micro-batches, and
         one more when a running micro-batch may take them as rows (``_growable``)."""
         with self._lock:
-            return self.slots - len(self._slots) + (self._growable(key) is not None)
+            return self.slots - len(self._slots) + (self._growable() is not None)
 
-    def _growable(self, key: tuple | None, rows: int = 1) -> int | None:
-        """The running micro-batch ``rows`` requests with ``key`` may join while it runs (``growable``)."""
+    def _growable(self, rows: int = 1) -> int | None:
+        """The running micro-batch ``rows`` requests may join while it runs (``growable``)."""
         if not self.rows_join:
             return None
-        running = {slot: (members[0].batch_key, sum(not m.done for m in members), any(m.resumed for m in members))
+        running = {slot: (sum(not m.done for m in members), any(m.resumed for m in members))
                    for slot, members in self._slots.items() if members}
-        return growable(running, key, rows, self.max_rows)
+        return growable(running, rows, self.max_rows)
 
     def _open_run(self) -> OpenRun:
         """The open run, started (after loading the plan again when a failure unloaded it)."""
@@ -288,8 +294,9 @@ class ServedModel:
             self.open = run
         return self.open
 
-    def start_batch(self, batch: list[ServedRequest], *, resumed: bool = False) -> None:
-        """Join ``batch`` (requests that may share a micro-batch) to the open run as one micro-batch."""
+    def start_batch(self, batch: list[ServedRequest], *, resumed: bool = False, into: int | None = None) -> None:
+        """Join ``batch`` (requests that may share a join: ``batch_key``) to the open run: as rows of a running
+        micro-batch, else as a new one. ``into``: a resumed micro-batch's slot its other requests joined first."""
         started = time.perf_counter()
         for r in batch:
             r.started_s = r.started_s or started
@@ -299,12 +306,12 @@ class ServedModel:
         try:
             run = self._open_run()
             with self._lock:  # rows first: a free micro-batch only when no running one may take them
-                slot = None if resumed else self._growable(live[0].batch_key, len(live))
+                slot = into if resumed else self._growable(len(live))
                 grow = slot is not None
                 if not grow:
                     slot = next((i for i in range(self.slots) if i not in self._slots), None)
                 if slot is None and not resumed:  # no free one: the running one with room, even if not for all
-                    slot = self._growable(live[0].batch_key)
+                    slot = self._growable()
                     grow = slot is not None
                 if slot is None:
                     raise unavailable("every micro-batch of the run is busy")
@@ -318,8 +325,8 @@ class ServedModel:
         s = live[0].parsed.sampling
         spec = SamplingSpec(temperature=s.temperature, top_p=s.top_p, seed=live[0].seed,
                             repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
-        # A resumed request's tokens so far are its sampler's step (a sampled request is alone; resumed greedy
-        # rows that had joined a running micro-batch differ in count, and draw nothing).
+        # A resumed request's tokens so far are its sampler's step (a sampled request joins alone; greedy rows
+        # of one join may differ in count, and draw nothing).
         done = len(live[0].tokens)
 
         def route(seqs) -> None:
@@ -516,8 +523,12 @@ class ServedModel:
                                                      step=len(r.tokens), micro_batch=0, start_s=start - r.joined_at,
                                                      end_s=end - r.joined_at))
         self.open = None
-        for members in slots:
-            self.start_batch(members, resumed=True)
+        for members in slots:  # each join again as it joined (its own sampling), into the first one's slot
+            slot = None
+            for group in join_groups(members):
+                self.start_batch(group, resumed=True, into=slot)
+                with self._lock:
+                    slot = next((i for i, m in self._slots.items() if group[0] in m), None)
 
     def _close_open(self) -> None:
         run, self.open = self.open, None

@@ -78,9 +78,9 @@ class ServedRequest:
 
     @property
     def batch_key(self) -> tuple | None:
-        """Requests with equal keys may share a run. Greedy ones with the same repetition controls
-        do (a greedy row's tokens do not depend on its neighbours); a sampled one runs alone, so
-        its seed gives the same text whatever else was asked at the time."""
+        """Requests with equal keys may share a join (one sampling for its rows). Greedy ones with the
+        same repetition controls do; a sampled one joins alone (its own seed and step count). Any
+        join may then be rows of a running micro-batch: each row samples by its own join's."""
         s = self.parsed.sampling
         if s.temperature > 0:
             return None

@@ -60,11 +60,13 @@ class JoinRun(Message, frozen=True, tag="join_run"):
     """The step of the whole generation this prefill's token is (a resumed request's tokens so far):
     the sampler's draws are keyed by it, so sampling continues where it stopped."""
     key: int = 0
-    """The sampler's key (a request's draws depend on its seed, key and step only, not its neighbours)."""
+    """The sampler's key (a row's draws depend on its seed, key, place in this join and its own step
+    count only, not on its neighbours nor on when it joined)."""
     grow: bool = False
-    """The rows join micro-batch ``micro_batch`` while it runs (greedy rows beside greedy rows of the same
-    controls): the source prefills them within its next step, beside the running rows' next token; if
-    that micro-batch has ended meanwhile they start it afresh. Sent to the last stage too (in order)."""
+    """The rows join micro-batch ``micro_batch`` while it runs (with any sampling: the last stage samples
+    each row by its own join's): the source prefills them within its next step, beside the running rows'
+    next token; if that micro-batch has ended meanwhile they start it afresh. Sent to the last stage too
+    (in order)."""
 
     def problem(self) -> str:
         n = len(self.sequence_ids)

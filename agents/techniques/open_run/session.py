@@ -7,9 +7,11 @@ and its later steps by ``on_returned``, as a closed run does. What differs:
 
 - the run starts empty and ends only when stopped;
 - a ``JoinRun`` (handed over by the control thread, which wakes the data receive) sets a micro-batch
-  up: at the source its prompts and per-sequence token budgets, at the last stage its sampling (each
-  micro-batch samples with its own seed, key and first step, so a request's draws do not depend on
-  who else runs);
+  up: at the source its prompts and per-sequence token budgets, at the last stage its rows' sampling.
+  **Sampling is per row** (``_Row``): each row samples with its join's temperature, top-p, penalties
+  and its own history (its prompt without pads, then its tokens), and draws from a generator keyed by
+  its join's seed and key, its place in the join, and its own token count since it joined, so a
+  request's tokens do not depend on who else runs or when it joined;
 - a micro-batch whose every sequence is done (EOS, its budget, or left by a ``LeaveRun``) is retired
   once its step in flight is back: the source drops its KV cache and sends a ``retire`` frame down
   the ring, and every stage drops its own at once. Its index may then be joined again; a join of an
@@ -20,14 +22,15 @@ and its later steps by ``on_returned``, as a closed run does. What differs:
   micro-batch's next step (its running rows feed their last token after masked pads, the new rows
   their left-padded prompts after masked columns for the running rows' past: ``StageExecutor.extend``);
   rows that are done are dropped before the next step by a ``shrink`` frame down the ring
-  (``StageExecutor.keep_rows``, which also drops the columns no kept row attends). Only micro-batches
-  whose sampler needs no history do either (a repetition penalty's rows stay as they joined).
+  (``StageExecutor.keep_rows``, which also drops the columns no kept row attends; the last stage
+  drops their ``_Row`` too). Any rows may join any micro-batch: greedy, sampled or penalised.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -48,8 +51,40 @@ JOIN_WAIT_S = 5.0
 """How long the last stage waits for a join whose prefill overtook it (the coordinator sent it first)."""
 
 
+ROW_MIX = 0xD6E8FEB86659FD93
+"""Mixes a row's place in its join into its seed: the rows of one sampled join draw independently."""
+
+
 def handed(agent, run_id: str) -> collections.deque:
     return agent.room(ROOM).setdefault("handed", {}).setdefault(run_id, collections.deque())
+
+
+@dataclass
+class _Row:
+    """Last stage: how one row of a micro-batch samples (its join's sampling, its own draws and history)."""
+
+    sample: object
+    """The join's sampler (``agent.sampler_factory``): ``(logits [1, V], generator, history [1, L]) -> [1]``."""
+    join: JoinRun
+    place: int
+    """The row's index within its join (row 0 draws exactly as the join's micro-batch alone did)."""
+    joined_step: int
+    """The micro-batch step that prefilled it: its ``k``-th token is drawn at step ``joined_step + k``."""
+    history: torch.Tensor | None
+    """Its tokens so far (its prompt without pads, then every token sampled), when its sampler reads them."""
+
+    @property
+    def plain(self) -> bool:
+        """Greedy with no history: its token is the argmax, taken with every such row at once."""
+        return self.join.sampling.temperature <= 0 and self.history is None
+
+    def generator(self, step: int) -> torch.Generator | None:
+        """The draw of micro-batch step ``step``, keyed by the row's own position only (None: greedy)."""
+        s, j = self.join.sampling, self.join
+        if s.temperature <= 0:
+            return None
+        seed = s.seed if self.place == 0 else (s.seed + self.place * ROW_MIX) % (1 << 63)
+        return step_generator(seed, j.key, j.first_step + step - self.joined_step)
 
 
 class OpenStageRun(StageRun):
@@ -63,16 +98,12 @@ class OpenStageRun(StageRun):
         self.deferred: list[JoinRun] = []
         """Source: joins of an index whose previous micro-batch is not retired yet."""
         self.left: set[int] = set()
-        self.specs: dict[int, JoinRun] = {}
-        """Source: the join each running micro-batch started with (its sampling decides whether rows may join)."""
         self.grows: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
         """Source: joins of rows into a running micro-batch, taken one per step boundary."""
         self.grown: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """Source: the next step's input and new columns' mask of a micro-batch that rows just joined."""
-        self.sample_fns: dict[int, object] = {}
-        """Last stage: each running micro-batch's sampler (built once, at its prefill)."""
-        self.samplers: dict[int, JoinRun] = {}
-        """Last stage: the join whose sampling each running micro-batch uses."""
+        self.row_samplers: dict[int, list[_Row]] = {}
+        """Last stage: each running micro-batch's rows' sampling, in row order."""
         self.next_samplers: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
         """Last stage: joins whose prefill has not arrived yet, per index, in join order."""
         self.rows: dict[int, int] = {}
@@ -111,8 +142,7 @@ class OpenStageRun(StageRun):
 
     def _join(self, msg: JoinRun) -> None:
         mb = msg.micro_batch
-        if msg.grow and mb in self.groups and not any(m.micro_batch == mb for m in self.deferred) \
-                and self._rows_change(mb):
+        if msg.grow and mb in self.groups and not any(m.micro_batch == mb for m in self.deferred):
             self.grows[mb].append(msg)  # taken when its running step is back
             return
         if mb in self.groups:  # its old group is in flight: after the retire
@@ -124,7 +154,6 @@ class OpenStageRun(StageRun):
                                  attention_mask=torch.tensor(msg.attention_mask, dtype=torch.int64),
                                  tokens=[[] for _ in range(n)], finished=[s in self.left for s in msg.sequence_ids])
         self.budgets[mb] = msg.max_new_tokens
-        self.specs[mb] = msg
         self.source, started = join(self.source, mb)
         self.injections.extend(started)
         if all(self.groups[mb].finished):  # every client left before its prefill
@@ -161,18 +190,12 @@ class OpenStageRun(StageRun):
         if self._ends(g):
             self._retire(mb)
             return
-        if any(g.finished) and self._rows_change(mb):
+        if any(g.finished):
             self._shrink(g)
         if self.grows[mb]:  # every join that came while the step ran: one grown step, not one step each
             joins = list(self.grows[mb])
             self.grows[mb].clear()
             self._grow(g, joins)
-
-    def _rows_change(self, mb: int) -> bool:
-        """Whether rows may join and leave ``mb`` while it runs: greedy rows whose sampler reads no history
-        (a row's tokens depend on nothing but its own)."""
-        sampling = self.specs[mb].sampling
-        return sampling.temperature <= 0 and not sampling.uses_history
 
     def _shrink(self, g) -> None:
         """Drop ``g``'s done rows on every stage before its next step (a ``shrink`` frame down the ring)."""
@@ -214,6 +237,8 @@ class OpenStageRun(StageRun):
         """Keep only ``rows`` of micro-batch ``mb`` here and pass the ``shrink`` on down the ring."""
         self.ex.keep_rows(mb, rows)
         self.rows[mb] = len(rows)
+        if mb in self.row_samplers:
+            self.row_samplers[mb] = [self.row_samplers[mb][i] for i in rows.tolist()]
         if not self.is_last:
             spec, buf = tensor_frame(rows)
             header = DataHeader(run_id=self.msg.run_id, kind=SHRINK, phase="decode", step=0, micro_batch=mb,
@@ -234,10 +259,8 @@ class OpenStageRun(StageRun):
         """Drop micro-batch ``mb``'s KV cache here and pass the retire on down the ring."""
         self.ex.drop(mb)
         self.seen_groups.discard(mb)
-        self.samplers.pop(mb, None)
         self.rows.pop(mb, None)
-        self.sample_fns.pop(mb, None)
-        self.histories.pop(mb, None)
+        self.row_samplers.pop(mb, None)
         self.grows.pop(mb, None)
         self.grown.pop(mb, None)
         if self.is_first:
@@ -268,24 +291,38 @@ class OpenStageRun(StageRun):
     # ------------------------------------------------------------------ the last stage's sampling
     def _compute(self, op, x, mask):
         if op.samples:
-            mb = op.micro_batch
-            if op.step == 0 or mask is not None:  # a prefill, or rows joined: their joins are the next ones
-                queued = self._join_of(mb)
-                joined = queued.popleft()
-                if op.step > 0:  # a grown step takes every join the source merged into it (greedy: no state)
-                    new = mask.shape[0] - self.rows[mb] - len(joined.sequence_ids)
-                    while new > 0:
-                        new -= len(self._join_of(mb).popleft().sequence_ids)
+            mb, step = op.micro_batch, op.step
+            if step == 0 or mask is not None:  # a prefill, or rows joined: their joins are the next ones
+                rows = self.row_samplers[mb] = [] if step == 0 else self.row_samplers[mb]
+                new = x.shape[0] - len(rows)
+                while new > 0:  # a grown step takes every join the source merged into it
+                    joined = self._join_of(mb).popleft()
+                    rows.extend(self._rows_of(joined, step))
+                    new -= len(joined.sequence_ids)
                 self.rows[mb] = x.shape[0]
-            if op.step == 0:
-                spec = self.samplers[mb] = joined
-                self.sample_fns[mb] = self.agent.sampler_factory(spec.sampling)
-                if spec.sampling.uses_history:
-                    self.histories[mb] = torch.tensor(spec.input_ids, dtype=torch.int64)
-                else:
-                    self.histories.pop(mb, None)
-            self.sample = self.sample_fns[mb]
+            self.sample = lambda logits, generator, history: self._sample_rows(mb, step, logits)
         return super()._compute(op, x, mask)
+
+    def _rows_of(self, joined: JoinRun, step: int) -> list[_Row]:
+        sample = self.agent.sampler_factory(joined.sampling)
+        histories = [None] * len(joined.sequence_ids)
+        if joined.sampling.uses_history:  # each row's own prompt: a neighbour's padding is not its history
+            histories = [torch.tensor([t for t, m in zip(ids, mask) if m], dtype=torch.int64)
+                         for ids, mask in zip(joined.input_ids, joined.attention_mask)]
+        return [_Row(sample, joined, place, step, history) for place, history in enumerate(histories)]
+
+    def _sample_rows(self, mb: int, step: int, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's token by its own sampling: plain greedy rows by one argmax, the others one by one."""
+        rows = self.row_samplers[mb]
+        tokens = logits.float().argmax(dim=-1)
+        for i, row in enumerate(rows):
+            if row.plain:
+                continue
+            history = row.history.view(1, -1) if row.history is not None else None
+            tokens[i] = row.sample(logits[i:i + 1], row.generator(step), history).view(-1)[0]
+            if row.history is not None:
+                row.history = torch.cat([row.history, tokens[i:i + 1]])
+        return tokens
 
     def _join_of(self, mb: int) -> collections.deque[JoinRun]:
         """The joins of ``mb`` handed over so far, the one this step starts first: the coordinator does not
@@ -299,11 +336,8 @@ class OpenStageRun(StageRun):
             raise ValueError(f"micro-batch {mb}'s prefill arrived and its join did not within {JOIN_WAIT_S} s")
         return self.next_samplers[mb]
 
-    def _generator(self, mb: int, step: int) -> torch.Generator | None:
-        spec = self.samplers[mb]
-        if spec.sampling.temperature <= 0:
-            return None  # greedy draws nothing
-        return step_generator(spec.sampling.seed, spec.key, spec.first_step + step)
+    def _generator(self, mb: int, step: int) -> None:
+        return None  # each row draws from its own (``_Row.generator``)
 
 
 def drive(agent, loaded, msg, stop):

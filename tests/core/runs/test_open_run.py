@@ -181,3 +181,28 @@ def test_rows_that_join_while_one_step_runs_are_prefilled_together_in_the_next_s
     with sink.lock:
         firsts = [t for t in sink.together if second in t or third in t]
     assert {first, second, third} <= set(firsts[0])  # one grown step took both joins (not one step each)
+
+
+def test_sampled_and_penalised_rows_joining_a_running_micro_batch_get_the_tokens_they_get_alone(open_run, reference):
+    run, sink, _, _ = open_run
+    greedy, sampled, penalised, both = [5, 17, 99, 3, 42, 8], [9, 8, 7], [4, 4, 9, 4, 4, 9], [30, 31, 30, 31]
+    specs = {"sampled": ([sampled], [10], SamplingSpec(temperature=0.9, top_p=0.95, seed=77)),
+             "penalised": ([penalised], [12], SamplingSpec(repetition_penalty=1.5)),
+             "both": ([both], [14], SamplingSpec(temperature=0.8, seed=5, repetition_penalty=1.3,
+                                                 no_repeat_ngram_size=2))}
+    alone = {name: run.join(slot, *spec)[0] for slot, (name, spec) in enumerate(specs.items())}  # one slot each
+    alone_tokens = dict(zip(alone, sink.wait(list(alone.values()), [10, 12, 14])))
+    for slot in range(len(specs)):
+        run.release(slot)
+    slot = run.free_slot()
+    (first,) = run.join(slot, [greedy], [30], SamplingSpec())
+    sink.wait([first], [3])  # it decodes: the others join its running micro-batch as rows
+    joined = {name: run.join(slot, *spec, grow=True)[0] for name, spec in specs.items()}
+    got = sink.wait([first, *joined.values()], [30, 10, 12, 14])
+    run.release(slot)
+    assert dict(zip(joined, got[1:])) == alone_tokens  # their draws and penalties are their own
+    assert got[0] == generate(reference, greedy, 30)
+    assert alone_tokens["penalised"] == generate(reference, penalised, 12, repetition_penalty=1.5)
+    with sink.lock:
+        together = [set(t) for t in sink.together]
+    assert any({first, *joined.values()} <= t for t in together)  # one forward ran them all

@@ -138,15 +138,28 @@ def test_rows_join_a_running_micro_batch_only_of_a_model_whose_every_block_atten
     assert not full_attention_only({"text_config": {"sliding_window": 512}})
 
 
-def test_greedy_requests_join_the_running_micro_batch_with_room_before_another_opens():
+def test_requests_join_the_running_micro_batch_with_room_before_another_opens():
     from core.serving.cluster_runs import growable
 
-    greedy, penalised = ("greedy", 1.0, 0), ("greedy", 1.3, 0)
-    assert growable({0: (greedy, 5, False), 1: (greedy, 3, False)}, greedy, 4, 16) == 1  # the fewest live rows
-    assert growable({0: (greedy, 14, False)}, greedy, 2, 16) == 0
-    assert growable({0: (greedy, 14, False)}, greedy, 3, 16) is None  # no room for all three
-    assert growable({0: (greedy, 0, False)}, greedy, 1, 16) is None  # every row done: it retires
-    assert growable({0: (greedy, 2, True)}, greedy, 1, 16) is None  # resumed after a failure
-    assert growable({0: (penalised, 2, False)}, penalised, 1, 16) is None  # its sampler reads the history
-    assert growable({0: (greedy, 2, False)}, None, 1, 16) is None  # a sampled request
-    assert growable({}, greedy, 1, 16) is None
+    assert growable({0: (5, False), 1: (3, False)}, 4, 16) == 1  # the fewest live rows
+    assert growable({0: (14, False)}, 2, 16) == 0
+    assert growable({0: (14, False)}, 3, 16) is None  # no room for all three
+    assert growable({0: (0, False)}, 1, 16) is None  # every row done: it retires
+    assert growable({0: (2, True)}, 1, 16) is None  # resumed after a failure: it keeps its rows
+    assert growable({}, 1, 16) is None
+
+
+def test_a_sampled_request_joins_alone_and_greedy_ones_with_the_same_controls_share_a_join():
+    import json
+
+    from core.serving.cluster_runs import join_groups
+
+    def request(**body):
+        parsed = parse_request(json.dumps({"model": "m", "prompt": "x", **body}).encode(), "completion", Defaults())
+        return ServedRequest("cmpl-1", parsed, "x", (5,), 4, 0, _Tokenizer(), (2,), lambda delivery: None)
+
+    greedy = [request(temperature=0), request(temperature=0)]
+    penalised = request(temperature=0, repetition_penalty=1.3)
+    sampled = [request(temperature=0.8, seed=1), request(temperature=0.8, seed=1)]
+    mixed = [greedy[0], sampled[0], penalised, greedy[1], sampled[1]]
+    assert join_groups(mixed) == [[greedy[0], greedy[1]], [sampled[0]], [penalised], [sampled[1]]]

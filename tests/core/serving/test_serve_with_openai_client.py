@@ -5,6 +5,7 @@ bad requests get the right status and OpenAI's error object, and the server answ
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -84,6 +85,31 @@ def test_sixteen_concurrent_streams_all_complete_each_equal_to_its_reference(cli
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         texts = list(pool.map(stream, PROMPTS))
     assert texts == [reference.complete(p, 6) for p in PROMPTS]
+
+
+def test_a_seeded_request_gets_the_same_text_alone_and_as_a_row_beside_running_greedy_streams(client, reference):
+    seeded = dict(model="tiny-llama", prompt="the old man", max_tokens=8, temperature=1.0, top_p=0.9, seed=11,
+                  extra_body={"repetition_penalty": 1.2})
+    alone = client.completions.create(**seeded).choices[0].text
+    greedy = PROMPTS[:3]
+    started = [threading.Event() for _ in greedy]
+
+    def stream(i):
+        chunks = client.completions.create(model="tiny-llama", prompt=greedy[i], max_tokens=24, stream=True)
+        text = ""
+        for c in chunks:
+            started[i].set()
+            text += c.choices[0].text
+        return text
+
+    with ThreadPoolExecutor(len(greedy)) as pool:
+        streams = [pool.submit(stream, i) for i in range(len(greedy))]
+        for e in started:
+            assert e.wait(60)
+        beside = client.completions.create(**seeded).choices[0].text  # rows first: it joins their micro-batch
+        texts = [f.result() for f in streams]
+    assert beside == alone
+    assert texts == [reference.complete(p, 24) for p in greedy]
 
 
 def _post(server, path, body: bytes, key="test-key-0123456789abcdef", content_type="application/json"):
