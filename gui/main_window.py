@@ -72,7 +72,9 @@ class ScreenScrollArea(QScrollArea):
     def eventFilter(self, watched, event) -> bool:
         if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
             self._fit_timer.start()  # the minimum may have changed (coalesced: one fit per pass)
-        return False
+        # QScrollArea's own filter re-ranges the scroll bars when the screen is resized: without it a
+        # screen grown by fit_screen (the spatial page's lanes) could not be scrolled to its bottom
+        return super().eventFilter(watched, event)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

@@ -324,3 +324,33 @@ def test_the_plan_screen_scrolls_to_the_spatial_runs_lanes_at_1024x700(window, q
     plan.set_technique("attention-offload")
     qtbot.wait(100)
     assert clipped_controls(window, plan) == []
+
+
+def test_scrolled_to_its_bottom_the_spatial_runs_time_axis_shows_whole_at_1024x700(window, qtbot):
+    """A run's status wrapped onto 2-3 lines took its height from the timeline below the timeline's
+    minimum (its plot, and the time axis at its bottom, cut ~14 px a line), and the page's scroll bar
+    kept the range of the screen before it grew (the scroll area's own filter was not called), so
+    scrolling to the bottom did not reach the axis."""
+    _show(window, qtbot, 1024, 700)
+    plan = window.screens.plan
+    window.show_screen(plan)
+    plan.set_technique("spatial")
+    view = plan.view
+    view.timeline.set_lanes(["edge-a", "edge-b", "edge-c"])
+    view.run_status.setText("completed: 10 image(s), 8.9 images/s, max |scores − one device| = 1.5e-05; "
+                            "recorded as runs 1 (measured) and 2 (predicted)")
+    area = window.stack.currentWidget()
+    screen, bar = area.widget(), area.verticalScrollBar()
+    timeline, plot = view.timeline, view.timeline.plot_widget
+
+    def whole_at_the_bottom() -> bool:
+        """Scrolled to the bottom, the timeline has its least height and its plot (the time axis at its
+        foot) ends inside it and the view: a few layout passes carry the label's lines up to the screen."""
+        bar.setValue(bar.maximum())
+        viewport = area.viewport()
+        bottom = plot.mapTo(viewport, QPoint(0, plot.height())).y()
+        return (timeline.height() >= timeline.minimumSizeHint().height()
+                and bar.maximum() == screen.height() - viewport.height() > 0
+                and bottom <= min(viewport.height(), timeline.mapTo(viewport, QPoint(0, timeline.height())).y()))
+
+    qtbot.waitUntil(whole_at_the_bottom, timeout=5000)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import (
     QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy, QSpinBox,
     QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
@@ -46,6 +46,32 @@ from gui.techniques.spatial.tiles import TileCanvas
 from gui.timeline import TimelineView
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 from gui.workers import TaskRunner
+
+
+class WrappedLabel(QLabel):
+    """A word-wrapped label whose least height is its text's at its width: QLabel's minimum is one
+    line, so a summary or run status wrapped onto 2-3 lines at 1024x700 took that height from the
+    run's timeline below its minimum, cutting the time axis (~14 px a line), and the page did not
+    scroll to it (the screen's minimum did not count the lines)."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.setWordWrap(True)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt)
+        hint = super().minimumSizeHint()
+        if self.width() > 0 and self.text():
+            hint.setHeight(max(hint.height(), self.heightForWidth(self.width())))
+        return hint
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()  # its lines at the new width: the layout asks minimumSizeHint again
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt)
+        super().setText(text)
+        self.updateGeometry()
 
 
 class SpatialPlanView(QWidget):
@@ -115,9 +141,8 @@ class SpatialPlanView(QWidget):
             sources.addWidget(button)
         sources.addStretch(1)
         lay.addLayout(sources)
-        self.summary = QLabel("")
+        self.summary = WrappedLabel()
         self.summary.setAccessibleName("Plan summary")
-        self.summary.setWordWrap(True)
         lay.addWidget(self.summary)
         self.message = InlineMessage()
         lay.addWidget(self.message)
@@ -180,10 +205,9 @@ class SpatialPlanView(QWidget):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop after the image in flight (what ran is recorded as stopped)")
         self.stop_button.clicked.connect(self.stop_run)
-        self.run_status = QLabel("")
+        self.run_status = WrappedLabel()
         self.run_status.setAccessibleName("Run status")
         # wrapped, never widening the view: a finished run's line pushed a 1024 px window sideways
-        self.run_status.setWordWrap(True)
         self.run_status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         for w in (QLabel("Images"), self.run_images, self.files_button, self.random_button, self.run_button,
                   self.stop_button):
