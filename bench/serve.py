@@ -12,15 +12,19 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
 - ``tpot_ms_p50/p99``: (last token's chunk − first) / (tokens − 1) per request;
 - ``sixteen_vs_one``: aggregate tokens/s at 16 clients over 1 (issue 27's target >= 3);
 - ``vs_hf_batched``: aggregate tokens/s at 16 clients over transformers' in-process batched
-  ``generate`` of the 16 prompts, the better of 1 and 2 torch threads (the limit on these
-  cores; target >= 0.7);
-- ``http_overhead_ms_p50``: one client's TTFT (an idle server) minus the TTFT ``edgeshard run``
-  reports for the same prompt on the same plan (``edgeshard_run_ttft_ms_p50``: the run
-  machinery ``edgeshard run`` uses, in this process, over its own local agents with the same
-  threads, each prompt a run of its own, after one warm-up): the cost of HTTP, JSON,
-  tokenization, queueing, recording and joining the open run (target <= 5 ms). Beside it
-  ``http_in_out_ms_p50`` (client TTFT − the server's own, from the request's admission) and
-  ``join_ttft_ms_p50`` (the recorded request's TTFT, from its join).
+  ``generate`` of the 16 prompts (the better of 1 and 2 torch threads: the limit on these cores;
+  target >= 0.7), measured in ``--rounds`` alternating pairs on the same warm server (``generate``,
+  then 16 clients, then the other way round, ...): the median of the per-pair ratios, beside their
+  spread (``vs_hf_rounds``: each pair's two figures and ratio). On shared cores ``generate``'s own
+  speed moves 1.5x within minutes, so a ratio of two figures taken apart is as noisy as that.
+- ``http_overhead_ms_p50``: the median, over ``--pairs`` pairs, of one client's TTFT through an
+  idle server minus the TTFT ``edgeshard run`` reports (``core.runs.generation.generate``, its
+  figures: the run machinery ``edgeshard run`` uses, in this process, over its own local agents of
+  the same plan and threads, loaded once and kept warm beside the server's) for the same prompt,
+  the two taken one right after the other (which goes first alternates): the cost of HTTP, JSON,
+  tokenization, queueing, recording and joining the open run (target <= 5 ms). Beside it both
+  sides' medians, ``http_in_out_ms_p50`` (client TTFT − the server's own, from the request's
+  admission) and ``join_ttft_ms_p50`` (the recorded request's TTFT, from its join).
 - ``late_join``: a long request (4 × ``--new-tokens``) streams, and a short one is sent once
   the long one has its 4th token: the short one's TTFT, and the long one's time left then (the
   short one joins between the long one's steps, not after it).
@@ -29,7 +33,7 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   (must be all), and the server's RSS before and after.
 
 The 1-minute load average is reported before and after: on shared cores figures swing.
-Usage: python bench/serve.py [--new-tokens 32] [--requests 2] [--soak 300]
+Usage: python bench/serve.py [--new-tokens 32] [--requests 2] [--rounds 5] [--pairs 16] [--soak 300]
 """
 
 from __future__ import annotations
@@ -177,43 +181,62 @@ def _completion_tokens(srv: Server, ids: list[str]) -> dict[str, int]:
     return {i: int(runs[i].figures.get("completion_tokens", 0)) for i in ids}
 
 
-def http_overhead(srv: Server, new_tokens: int, n: int = 12) -> dict:
-    """Over ``n`` lone requests to an idle server, medians of: the client's TTFT, the server's own
-    (from admission), and the recorded request's (from its join to the open run)."""
-    results = []
-    for k in range(n):
-        time.sleep(0.3)  # the cluster idle when it arrives
-        results.append(stream_once(srv, PROMPTS[k % len(PROMPTS)], new_tokens))
+class RunPath:
+    """``edgeshard run``'s own path (``core.runs.generation.generate``) over local agents of ``plan``,
+    loaded once and kept warm: each ``ttft_s`` is one prompt run as ``edgeshard run --prompt`` runs it."""
+
+    def __init__(self, model: Path, plan_path: Path, new_tokens: int, threads: int) -> None:
+        from core import formats
+        from core.devices.local_cluster import LocalCluster
+        from core.planning.plan import ShardPlan
+        from core.runs.coordinator import Coordinator
+        from core.runs.generation import GenerationSettings
+
+        self.model, self.plan = str(model), formats.load(plan_path, ShardPlan)
+        self.settings = GenerationSettings(max_new_tokens=new_tokens, mode="no-bubbles",
+                                           micro_batches=len(self.plan.stages), threads=threads)
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench-run-")
+        self._cluster = LocalCluster(self._tmp.name, list(self.plan.devices()), threads_per_agent=threads)
+        self._cluster.__enter__()
+        self._coord = Coordinator(self._cluster.endpoints, self._cluster.keys)
+        self._coord.__enter__()
+        self.ttft_s("warm up", load=True)
+
+    def ttft_s(self, prompt: str, *, load: bool = False) -> float:
+        from core.runs.generation import generate
+
+        return generate(self._coord, self.plan, self.model, [prompt], self.settings, load=load).figures.ttft_s
+
+    def close(self) -> None:
+        self._coord.__exit__(None, None, None)
+        self._cluster.__exit__(None, None, None)
+        self._tmp.cleanup()
+
+
+def http_overhead(srv: Server, run: RunPath, new_tokens: int, pairs: int) -> dict:
+    """Per pair, the same prompt through the idle server (client TTFT) and through ``edgeshard run``'s
+    path (its reported TTFT), one right after the other, which goes first alternating; medians of the
+    per-pair differences and of each side, with the server's own view of the request (its recording)."""
+    results, run_ttfts = [], []
+    for k in range(pairs):
+        prompt = PROMPTS[k % len(PROMPTS)]
+        for side in ((0, 1) if k % 2 == 0 else (1, 0)):
+            time.sleep(0.3)  # both clusters idle (the last request recorded: 0.25 s after its end) when it arrives
+            if side == 0:
+                results.append(stream_once(srv, prompt, new_tokens))
+            else:
+                run_ttfts.append(run.ttft_s(prompt))
     runs = _recorded(srv, [r["id"] for r in results])
-    rows = [(r["ttft_s"], runs[r["id"]].figures["ttft_s"], runs[r["id"]].figures["server_ttft_s"]) for r in results
+    rows = [(r["ttft_s"], ref, runs[r["id"]].figures["ttft_s"], runs[r["id"]].figures["server_ttft_s"])
+            for r, ref in zip(results, run_ttfts)
             if r["ttft_s"] is not None and runs[r["id"]].figures.get("ttft_s") is not None]
     med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
-    return {"client_ttft_ms_p50": med([c for c, _, _ in rows]), "join_ttft_ms_p50": med([r for _, r, _ in rows]),
-            "http_in_out_ms_p50": med([c - s for c, _, s in rows])}
-
-
-def edgeshard_run_ttft_ms(model: Path, plan_path: Path, new_tokens: int, threads: int, n: int = 12) -> float:
-    """Median TTFT ``edgeshard run`` reports (``core.runs.generation.generate``, its figures) for the
-    bench's prompts one run each, over local agents of the same plan and threads (the plan loaded once)."""
-    from core import formats
-    from core.devices.local_cluster import LocalCluster
-    from core.planning.plan import ShardPlan
-    from core.runs.coordinator import Coordinator
-    from core.runs.generation import GenerationSettings, generate
-
-    plan = formats.load(plan_path, ShardPlan)
-    settings = GenerationSettings(max_new_tokens=new_tokens, mode="no-bubbles", micro_batches=len(plan.stages),
-                                  threads=threads)
-    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp, \
-            LocalCluster(tmp, list(plan.devices()), threads_per_agent=threads) as cluster, \
-            Coordinator(cluster.endpoints, cluster.keys) as coord:
-        generate(coord, plan, str(model), ["warm up"], settings)
-        ttfts = []
-        for k in range(n):
-            time.sleep(0.3)
-            ttfts.append(generate(coord, plan, str(model), [PROMPTS[k % len(PROMPTS)]], settings,
-                                  load=False).figures.ttft_s)
-    return statistics.median(ttfts) * 1e3
+    diffs = [c - ref for c, ref, _, _ in rows]
+    return {"http_overhead_ms_p50": med(diffs), "http_overhead_ms_min_max": [min(diffs) * 1e3, max(diffs) * 1e3],
+            "pairs": len(rows), "client_ttft_ms_p50": med([c for c, _, _, _ in rows]),
+            "edgeshard_run_ttft_ms_p50": med([ref for _, ref, _, _ in rows]),
+            "join_ttft_ms_p50": med([j for _, _, j, _ in rows]),
+            "http_in_out_ms_p50": med([c - s for c, _, _, s in rows])}
 
 
 def late_join(srv: Server, new_tokens: int) -> dict:
@@ -244,24 +267,51 @@ def late_join(srv: Server, new_tokens: int) -> dict:
     return {"short_ttft_ms": short["ttft_s"] * 1e3, "long_left_ms_when_sent": (long_out["end"] - sent) * 1e3}
 
 
-def hf_batched_tokens_per_s(model: Path, new_tokens: int, threads: int) -> float:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class HfBatched:
+    """transformers' in-process batched ``generate`` of the 16 prompts (the limit on these cores)."""
 
-    torch.set_num_threads(threads)
-    tok = AutoTokenizer.from_pretrained(model)
-    tok.padding_side = "left"
-    m = AutoModelForCausalLM.from_pretrained(model).eval()
-    enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    best = 0.0
-    for _ in range(3):
+    def __init__(self, model: Path, new_tokens: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch, self.new_tokens = torch, new_tokens
+        tok = AutoTokenizer.from_pretrained(model)
+        tok.padding_side = "left"
+        self.m = AutoModelForCausalLM.from_pretrained(model).eval()
+        self.enc = tok(PROMPTS, return_tensors="pt", padding=True)
+        self.tokens_per_s(1)  # warm up
+
+    def tokens_per_s(self, threads: int) -> float:
+        self.torch.set_num_threads(threads)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = m.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=0, eos_token_id=2)
+        with self.torch.no_grad():
+            out = self.m.generate(**self.enc, max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens,
+                                  do_sample=False, pad_token_id=0, eos_token_id=2)
         wall = time.perf_counter() - t0
-        best = max(best, (out.shape[1] - enc["input_ids"].shape[1]) * len(PROMPTS) / wall)
-    return best
+        return (out.shape[1] - self.enc["input_ids"].shape[1]) * len(PROMPTS) / wall
+
+    def best(self) -> dict[int, float]:
+        """Tokens/s with 1 and 2 torch threads (each the better of two runs)."""
+        return {t: max(self.tokens_per_s(t) for _ in range(2)) for t in (1, 2)}
+
+
+def vs_hf_rounds(srv: Server, hf: HfBatched, rounds: int, requests: int, new_tokens: int) -> dict:
+    """``rounds`` pairs of (``generate`` of the 16 prompts, 16 server clients), which goes first
+    alternating: the median of the per-pair ratios and their spread."""
+    pairs = []
+    for k in range(rounds):
+        got: dict = {}
+        for side in (("hf", "srv") if k % 2 == 0 else ("srv", "hf")):
+            got[side] = hf.best() if side == "hf" else load_level(srv, 16, requests, new_tokens)
+        limit = max(got["hf"].values())
+        pairs.append({"hf_tokens_per_s": limit, "hf_threads": max(got["hf"], key=got["hf"].get),
+                      "server_tokens_per_s": got["srv"]["tokens_per_s"], "all_done": got["srv"]["all_done"],
+                      "ratio": got["srv"]["tokens_per_s"] / limit, "load_1min": os.getloadavg()[0]})
+    ratios = [p["ratio"] for p in pairs]
+    return {"vs_hf_batched": statistics.median(ratios), "vs_hf_min_max": [min(ratios), max(ratios)],
+            "hf_batched_16_tokens_per_s_p50": statistics.median(p["hf_tokens_per_s"] for p in pairs),
+            "clients_16_tokens_per_s_p50": statistics.median(p["server_tokens_per_s"] for p in pairs),
+            "vs_hf_rounds": pairs}
 
 
 def soak(srv: Server, total: int, new_tokens: int) -> dict:
@@ -296,6 +346,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per agent")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating (generate, 16 clients) pairs per plan")
+    ap.add_argument("--pairs", type=int, default=16, help="alternating (server, edgeshard run) TTFT pairs per plan")
+    ap.add_argument("--stages", default="2,3", help="plans to bench, by stage count (2, 3)")
     ap.add_argument("--soak", type=int, default=300, help="soak requests (0: no soak)")
     args = ap.parse_args()
     from core import formats
@@ -308,31 +361,37 @@ def main() -> None:
         ModelRecipe(family="llama", layers=6, hidden=128, heads=4, kv_heads=2, vocab=4096, seed=7), tmp / "demo")
     units = 8  # embeddings, 6 blocks, head
     out: dict = {"bench": "serve", "new_tokens": args.new_tokens, "load_1min_before": load_before}
-    for stages, bounds in ((2, [4]), (3, [3, 6])):
+    hf = HfBatched(model, args.new_tokens) if args.rounds else None
+    bounds_of = {2: [4], 3: [3, 6]}
+    for stages in (int(x) for x in args.stages.split(",")):
         folder = tmp / f"s{stages}"
         folder.mkdir()
         plan = folder / "plan.json"
-        formats.save(plan, plan_from_boundaries("demo", units, [f"edge-{i}" for i in range(stages)], bounds))
+        formats.save(plan, plan_from_boundaries("demo", units, [f"edge-{i}" for i in range(stages)],
+                                                bounds_of[stages]))
         srv = Server(folder, model, plan, stages, args.threads)
+        run = None
+        res: dict = {}
         try:
             stream_once(srv, "warm up", 4)
             levels = {c: load_level(srv, c, args.requests, args.new_tokens) for c in (1, 4, 16)}
-            res: dict = {f"clients_{c}": v for c, v in levels.items()}
+            res.update({f"clients_{c}": v for c, v in levels.items()})
             res["sixteen_vs_one"] = levels[16]["tokens_per_s"] / levels[1]["tokens_per_s"]
-            res.update(http_overhead(srv, args.new_tokens))
+            if args.pairs:
+                run = RunPath(model, plan, args.new_tokens, args.threads)
+                res.update(http_overhead(srv, run, args.new_tokens, args.pairs))
+                run.close()
+                run = None
+            if hf is not None:
+                res.update(vs_hf_rounds(srv, hf, args.rounds, args.requests, args.new_tokens))
             res["late_join"] = late_join(srv, args.new_tokens)
             if stages == 2 and args.soak:
                 res["soak"] = soak(srv, args.soak, args.new_tokens)
         finally:
+            if run is not None:
+                run.close()
             res["exit_status"] = srv.stop()
-        res["edgeshard_run_ttft_ms_p50"] = edgeshard_run_ttft_ms(model, plan, args.new_tokens, args.threads)
-        res["http_overhead_ms_p50"] = res["client_ttft_ms_p50"] - res["edgeshard_run_ttft_ms_p50"]
         out[f"stages_{stages}"] = res
-    hf_by_threads = {t: hf_batched_tokens_per_s(model, args.new_tokens, t) for t in (1, 2)}
-    hf = max(hf_by_threads.values())
-    out["hf_batched_16_tokens_per_s"] = {f"threads_{t}": v for t, v in hf_by_threads.items()}
-    for stages in (2, 3):
-        out[f"stages_{stages}"]["vs_hf_batched"] = out[f"stages_{stages}"]["clients_16"]["tokens_per_s"] / hf
     out["load_1min_after"] = os.getloadavg()[0]
     print(json.dumps(out))
 
