@@ -5,7 +5,8 @@ docs/screenshots (a real xcb window), at 1024x700 and 1600x1000:
 
 It starts the demo (its shipped models), profiles the cluster and its CNN fits through the Profile
 screen, then on the Plan screen: spatial partitioning planned on the measured cluster (*even*: strips
-on all three agents) and run on the shipped digits (``tour-spatial-plan``, ``tour-spatial-run``);
+on all three agents) and run on the shipped digits (``tour-spatial-plan``, ``tour-spatial-run``, and at
+1024x700 scrolled to its time axis: ``tour-spatial-run-scrolled``);
 attention offloading planned on the measured cluster (``tour-attention-plan``) and run from the
 studio (``tour-attention-run``: the Run screen); expert offloading profiled on the agents for the
 demo's MoE and planned on them (``tour-expert-plan``), run from the Run screen with its storage lane
@@ -77,6 +78,12 @@ def main() -> int:
         print("spatial run:", spatial.run_status.text(), [(t.item(r, 0).text(), t.item(r, 2).text())
                                                           for r in range(t.rowCount())])
         shoot(app, window, "tour-spatial-run")
+        window.resize(1024, 700)  # there the page scrolls: at its bottom, the run's lanes and time axis whole
+        wait(app, 1.0)
+        page = window.stack.currentWidget().verticalScrollBar()
+        page.setValue(page.maximum())
+        screenshots.grab(app, window, "tour-spatial-run-scrolled-1024x700")
+        page.setValue(0)
         plan_screen.set_technique("attention-offload")
         offload = plan_screen.view
         offload.auto_solve()
