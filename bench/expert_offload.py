@@ -184,6 +184,12 @@ def _lanes(events, device: str) -> dict:
             "compute_s": sum(e.end_s - e.start_s for e in events if e.kind == "compute" and e.device == device)}
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the process has used."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _old_model(problem, plan, steps: int, cold_bps: float) -> dict:
     """The lanes the model before issue 26's fix predicted: one sequence, k(1-h) reads a step priced at
     the cold bandwidth with no fixed cost, a step's compute without its reads."""
@@ -225,36 +231,42 @@ def prediction_scores(rounds: int = 3, tokens: int = 24) -> dict:
             profile = profile_agents(coordinator, moe, repeats=2)
             storage = json.loads((moe / STORAGE_FILE).read_text())
             tok = load_tokenizer(str(moe))
-            rows, ratios = {}, {}
+            rows, ratios, corrected = {}, {}, {}
             for name, device, share, prompts in PREDICTION_CONFIGS:
                 problem = cluster_problem(profile, device, moe, bandwidth_bps=stored_bandwidth_bps(moe),
                                           expert_share=share)
                 plan = TECHNIQUE.run_strategy(problem, "edgemoe", "latency").plan
                 run_plan = TECHNIQUE.run_plan(plan, moe)
                 prompt_tokens = max(len(ids) for ids in tok(list(prompts))["input_ids"])
-                predicted = _lanes(TECHNIQUE.simulate(problem, plan, generated_tokens=tokens,
-                                                      micro_batch_sizes=(len(prompts),),
-                                                      prompt_tokens=prompt_tokens).events, device)
-                predicted["reads"] = None
+                simulated = TECHNIQUE.simulate(problem, plan, generated_tokens=tokens, micro_batch_sizes=(len(prompts),),
+                                               prompt_tokens=prompt_tokens).events
+                predicted = _lanes(simulated, device)  # its "reads" count boxes (one per block): replaced below
+                predicted["reads"] = sum(e.nbytes for e in simulated if e.kind == "io") / problem.model.expert_bytes
                 old = _old_model(problem, plan, tokens, storage["bandwidth_bps"])
-                measured = []
+                measured, shares = [], []
                 for _ in range(rounds):
                     sink = _Events()
+                    cpu0, wall0 = _cpu_s(cluster.pid_of(device)), time.perf_counter()
                     generate(coordinator, run_plan, str(moe), list(prompts),
                              GenerationSettings(max_new_tokens=tokens, ignore_eos=True), sink=sink)
+                    # the agent's CPU over the run's wall: ~1 on a quiet host, ~2/load on a loaded 2-core one
+                    shares.append((_cpu_s(cluster.pid_of(device)) - cpu0) / (time.perf_counter() - wall0))
                     measured.append(_lanes(sink.events, device))
                 m = {k: statistics.median(r[k] for r in measured) for k in ("storage_s", "reads", "compute_s")}
                 row = {"device": device, "experts_share": share, "prompts": len(prompts), "slots": plan.slots,
                        "preload": plan.preload, "measured": {k: round(v, 5) for k, v in m.items()},
-                       "predicted": {k: round(v, 5) for k, v in predicted.items() if v is not None}}
+                       "agent_cpu_share": round(statistics.median(shares), 3),
+                       "predicted": {k: round(v, 5) for k, v in predicted.items()}}
                 for lane in ("storage", "compute"):
                     key = f"{lane}_s"
                     row[f"{lane}_predicted_over_measured"] = round(predicted[key] / m[key], 3)
                     row[f"{lane}_old_model_over_measured"] = round(old[key] / m[key], 3)
                     ratios[f"{name}: {lane}"] = predicted[key] / m[key]
-                row["predicted_reads"] = round(sum(e.nbytes for e in TECHNIQUE.simulate(
-                    problem, plan, generated_tokens=tokens, micro_batch_sizes=(len(prompts),),
-                    prompt_tokens=prompt_tokens).events if e.kind == "io") / problem.model.expert_bytes, 1)
+                    # what the lane would have taken with the agent on a core of its own (load removed, roughly)
+                    corrected[f"{name}: {lane}"] = predicted[key] / (m[key] * statistics.median(shares))
+                    row[f"{lane}_predicted_over_measured_cpu_share_corrected"] = round(corrected[f"{name}: {lane}"], 3)
+                row["reads_predicted_over_measured"] = round(predicted["reads"] / m["reads"], 3)
+                row["reads_old_model_over_measured"] = round(old["reads"] / m["reads"], 3)
                 rows[name] = row
                 log(f"{name}: {row}")
         finally:
@@ -264,6 +276,7 @@ def prediction_scores(rounds: int = 3, tokens: int = 24) -> dict:
     return {"model": "demo-moe (shipped): 4 blocks x 4 experts top-2", "new_tokens_each": tokens, "rounds": rounds,
             "storage_profile": {k: storage[k] for k in ("bandwidth_bps", "expert_bytes", "cold", "warm")},
             "configurations": rows, "scores": in_and_out_of_sample(ratios, fitted, tolerance=0.25),
+            "scores_cpu_share_corrected": in_and_out_of_sample(corrected, fitted, tolerance=0.25),
             "loadavg_before": load_before, "loadavg_after": open("/proc/loadavg").read().split()[:3]}
 
 
