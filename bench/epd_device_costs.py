@@ -19,12 +19,13 @@ phase if scaling holds) beside the emulated slowdown.
 
 Tokens of every run equal the single-process ``generate()`` (``tokens_equal``).
 
-Run: python bench/epd_device_costs.py [--rounds 1] [--seed 11]
+Run: python bench/epd_device_costs.py [--seed 11] [--after-first] [--slowdowns 8,12,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -80,11 +81,18 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3, help="each probe's repeats (the studio's: 3)")
     ap.add_argument("--after-first", action="store_true", help="measure the after costs first")
+    ap.add_argument("--slowdowns", metavar="A,B,C", help="each device's emulated slowdown instead of the demo's "
+                    "(e.g. 8,12,16: every device timed by CPU time x F, so a shared host's load stays out of "
+                    "the figures; the demo's 1x and 1.5x devices take their wall time)")
     args = ap.parse_args()
     checkpoints = demo_checkpoints(shipped_model_dir())
     llava, llama = checkpoints["phase-disaggregation"], checkpoints["layer-sharding"]
     emulation = demo_emulation(DEMO_DEVICES, llama)
-    out: dict = {"load_start": _load(), "model": os.path.basename(llava)}
+    if args.slowdowns:
+        factors = [float(f) for f in args.slowdowns.split(",")]
+        emulation = {d: dataclasses.replace(emulation[d], compute_slowdown=f) for d, f in zip(DEMO_DEVICES, factors)}
+    out: dict = {"load_start": _load(), "model": os.path.basename(llava),
+                 "slowdowns": {d: e.compute_slowdown for d, e in emulation.items()}}
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(tmp, list(DEMO_DEVICES), link_mbit={d: demo_shape(d).link_mbit for d in DEMO_DEVICES},
                          link_latency_ms=DEMO_LINK_LATENCY_MS, emulation=emulation) as lc, \
@@ -109,7 +117,7 @@ def main() -> None:
             encode=round(costs.encode_s(2, d.device) / costs.encode_s(2, a), 2),
             prefill=round(costs.prefill_s(48, d.device) / costs.prefill_s(48, a), 2),
             decode=round(costs.decode_step_seconds(1, d.device) / costs.decode_step_seconds(1, a), 2),
-            emulated_slowdown=demo_shape(d.device).slowdown) for d in costs.devices}
+            emulated_slowdown=emulation[d.device].compute_slowdown) for d in costs.devices}
         workload = agent_workload(requests=args.requests, rate_rps=args.rate, seed=args.seed)
         prepared = prepare_requests(llava, workload)
         reference = reference_tokens(llava, prepared)
