@@ -26,17 +26,21 @@ from tests.core.serving.conftest import API_KEY, Reference, serve_files, start_s
 PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell", "the king said", "we went to",
            "in the morning", "she looked at"]
 THREE = ["edge-0", "edge-1", "edge-2"]
+MIXED = {1: {"temperature": 0.9, "top_p": 0.95, "seed": 3}, 3: {"extra_body": {"repetition_penalty": 1.3}},
+         5: {"temperature": 0.8, "seed": 4, "extra_body": {"repetition_penalty": 1.2}}}
+"""Streams that sample or penalise (by index): each joins alone, as rows beside the greedy ones."""
 
 
-def _streams_with_a_kill(client, pid: int, max_tokens: int) -> list:
-    """8 concurrent streams; SIGKILL ``pid`` once one has 3 pieces. Each: its text, or its APIError."""
+def _streams_with_a_kill(client, pid: int, max_tokens: int, controls: dict[int, dict] | None = None) -> list:
+    """8 concurrent streams (``controls``: a stream's sampling, greedy otherwise); SIGKILL ``pid`` once one
+    has 3 pieces. Each: its text, or its APIError."""
     going = threading.Event()
 
-    def stream(prompt: str):
+    def stream(i: int):
         text, n = "", 0
         try:
-            for c in client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=max_tokens,
-                                               stream=True):
+            for c in client.completions.create(model="tiny-llama", prompt=PROMPTS[i], max_tokens=max_tokens,
+                                               stream=True, **(controls or {}).get(i, {})):
                 text += c.choices[0].text
                 n += 1
                 if n == 3:
@@ -46,7 +50,7 @@ def _streams_with_a_kill(client, pid: int, max_tokens: int) -> list:
             return err
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futures = [pool.submit(stream, p) for p in PROMPTS]
+        futures = [pool.submit(stream, i) for i in range(len(PROMPTS))]
         assert going.wait(120), "no stream got going"
         os.kill(pid, signal.SIGKILL)
         return [f.result(180) for f in futures]
@@ -69,9 +73,14 @@ def test_with_replan_every_stream_completes_with_the_undisturbed_tokens(tmp_path
                               str(tmp_path / "problem.json"), "--batch-window-ms", "300",
                               agents=cluster.agents_file)
         try:
-            outcomes = _streams_with_a_kill(_client(server), cluster.pid_of("edge-2"), 40)
+            client = _client(server)
+            outcomes = _streams_with_a_kill(client, cluster.pid_of("edge-2"), 40, MIXED)
             reference = Reference(model)
-            assert outcomes == [reference.complete(p, 40) for p in PROMPTS]
+            assert [o for i, o in enumerate(outcomes) if i not in MIXED] == \
+                [reference.complete(p, 40) for i, p in enumerate(PROMPTS) if i not in MIXED]
+            alone = {i: client.completions.create(model="tiny-llama", prompt=PROMPTS[i], max_tokens=40, **c)
+                     .choices[0].text for i, c in MIXED.items()}  # each alone on the recovered plan
+            assert {i: outcomes[i] for i in MIXED} == alone  # each row resumed with its own sampling and step
             with SessionStore(server.workspace) as store:  # the recovery is on the requests' recorded timelines
                 kinds = {e.kind for run in store.runs() for e in store.events(run.id)}
             assert {"failure", "replan", "reload"} <= kinds
