@@ -221,7 +221,8 @@ def prediction_scores(rounds: int = 3, tokens: int = 24) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         moe = Path(tmp) / "demo-moe"
         shutil.copytree(shipped("moe"), moe)
-        cluster = LocalCluster(Path(tmp) / "cluster", devices, emulation=demo_emulation(devices, shipped("llama")))
+        emulation = demo_emulation(devices, shipped("llama"))
+        cluster = LocalCluster(Path(tmp) / "cluster", devices, emulation=emulation)
         cluster.start()
         coordinator = Coordinator(cluster.endpoints, cluster.keys, request_timeout_s=60.0)
         coordinator.open()
@@ -249,8 +250,10 @@ def prediction_scores(rounds: int = 3, tokens: int = 24) -> dict:
                     cpu0, wall0 = _cpu_s(cluster.pid_of(device)), time.perf_counter()
                     generate(coordinator, run_plan, str(moe), list(prompts),
                              GenerationSettings(max_new_tokens=tokens, ignore_eos=True), sink=sink)
-                    # the agent's CPU over the run's wall: ~1 on a quiet host, ~2/load on a loaded 2-core one
-                    shares.append((_cpu_s(cluster.pid_of(device)) - cpu0) / (time.perf_counter() - wall0))
+                    # the agent's CPU over the run's wall: ~1 on a quiet host, ~2/load on a loaded 2-core one;
+                    # a slowed device's emulation sleeps out (slowdown - 1) x its CPU on purpose
+                    cpu = (_cpu_s(cluster.pid_of(device)) - cpu0) * emulation[device].compute_slowdown
+                    shares.append(min(1.0, cpu / (time.perf_counter() - wall0)))
                     measured.append(_lanes(sink.events, device))
                 m = {k: statistics.median(r[k] for r in measured) for k in ("storage_s", "reads", "compute_s")}
                 row = {"device": device, "experts_share": share, "prompts": len(prompts), "slots": plan.slots,
