@@ -36,7 +36,11 @@
   (bisection over the batch: each size run on the agents, which allocate the KV cache up front or
   refuse it against their budget), the next size refused at run time.
 
-Run: python bench/attention_offload.py
+- demo_prediction (issue 26): the Run screen's predicted lanes on the demo cluster against a run
+  of a configuration no calibration used, predicted / measured per lane, before and after (with
+  the probe: ``core.techniques.attention_offload.probe``), with the load of each round.
+
+Run: python bench/attention_offload.py [--only-demo] [--demo-rounds N]
 """
 
 from __future__ import annotations
@@ -409,19 +413,146 @@ def largest_batch_context(root: Path) -> dict:
                                                                              f"layer_sharding_{b_shard + 1}")}}
 
 
+def _legacy_problem(problem, profile):
+    """The studio's measured problem as it was before issue 26's fix (for the before/after figures):
+    FLOP/s and bytes/s both from the blocks' decode at the smallest batch, no per-step overhead,
+    no per-frame cost on the memory agents."""
+    blocks = [u for u in profile.model.units if u.kind == "decoder_block"]
+    out = []
+    for d in problem.devices:
+        times = profile.times_of(d.id)
+        i = min(range(len(times.decode_batch_sizes)), key=lambda k: times.decode_batch_sizes[k])
+        seconds = sum(times.decode_s[u.index][i] for u in blocks)
+        flops = sum(u.flops_per_token or 2.0 * (u.params or u.param_bytes / 4) for u in blocks)
+        out.append(msgspec.structs.replace(d, flops=flops * times.decode_batch_sizes[i] / seconds,
+                                           memory_bandwidth=sum(u.param_bytes for u in blocks) / seconds,
+                                           step_overhead_s=0.0, frame_s=0.0))
+    return msgspec.structs.replace(problem, devices=tuple(out))
+
+
+def _lane_busy(events) -> dict[str, float]:
+    busy: dict[str, float] = {}
+    for e in events:
+        if e.kind == "compute":
+            busy[e.device] = busy.get(e.device, 0.0) + e.end_s - e.start_s
+    return busy
+
+
+def _span(events, tokens) -> float:
+    return max(max(e.end_s for e in events), max(t.t_s for t in tokens)) - min(e.start_s for e in events)
+
+
+DEMO_SCORED = ("The secret of life is", "You will see the light of", "Love is")
+DEMO_SCORED_TOKENS = 20
+"""The scored run (out of sample): 3 prompts padded to their longest, 20 tokens, the plan's batches in
+flight staggered over its one compute agent, as the studio runs a measured plan. Neither the profile
+(16-token prompts, batch 1 and 2), nor the probe (2 × 8 tokens, 6 steps) ran this configuration."""
+
+
+def demo_prediction(root: Path, rounds: int = 3) -> dict:
+    """The Run screen's predicted lanes for attention offloading on the demo cluster (three emulated
+    devices, gui/demo_cluster.py) against a run on it: the studio's own steps (Profile cluster with the
+    demo's options, the measured problem, Auto-solve, the probe) and the prediction it draws
+    (``Technique.simulate`` of the plan over the run's batches), predicted ÷ measured busy time per
+    lane and over the run's span; before (the earlier profile mapping), after without the probe
+    (the profile's roofline alone) and after with it (a probe run just before each round; and the
+    first round's probe for every round)."""
+    from core.devices.local_cluster import LocalCluster
+    from core.devices.profiling import profile_cluster
+    from core.runs.batching import run_micro_batches
+    from core.runs.coordinator import Coordinator
+    from core.techniques.attention_offload.planner import run_strategy
+    from core.techniques.attention_offload.probe import probe_on_agents, quantile
+    from core.techniques.attention_offload.run import dense_plan, run_staggered
+    from gui.demo_cluster import DEMO_DEVICES, DEMO_LINK_LATENCY_MS, DEMO_PROFILE_OPTIONS, demo_emulation, demo_shape
+    from gui.demo_model import shipped_model_dir
+    from gui.techniques.attention_offload import measured_problem
+
+    model_dir = shipped_model_dir()
+    config = json.loads((model_dir / "config.json").read_text())
+    devices = list(DEMO_DEVICES)
+    enc = transformers.AutoTokenizer.from_pretrained(str(model_dir))(list(DEMO_SCORED), padding=True,
+                                                                      return_tensors="pt")
+    with LocalCluster(root / "demo", devices, threads_per_agent=1, emulation=demo_emulation(devices, model_dir),
+                      link_mbit={d: demo_shape(d).link_mbit for d in devices},
+                      link_latency_ms=DEMO_LINK_LATENCY_MS) as lc, \
+            Coordinator(lc.endpoints, lc.keys, request_timeout_s=60) as co:
+        co.wait_ready(timeout_s=60)
+        co.sync_clocks()
+        options = {k: v for k, v in DEMO_PROFILE_OPTIONS.items() if k != "link_target_s"}
+        profile = profile_cluster(co, config, model_name="demo", dtype="fp32", threads=1,
+                                  link_target_s=DEMO_PROFILE_OPTIONS["link_target_s"], **options).profile
+        after = measured_problem(profile, str(model_dir), devices)
+        plan = run_strategy(after, "exact", "throughput").plan
+        memory = [d for d in devices if d not in plan.compute]
+        request = _request_of(enc, DEMO_SCORED_TOKENS, plan.in_flight)
+        sizes = tuple(len(g) for g in run_micro_batches(len(DEMO_SCORED), dense_plan("demo", 1, plan.compute[0]),
+                                                        plan.in_flight))
+        problems = {"before": _legacy_problem(after, profile), "after_profile_only": after}
+        out_rounds, first_probe = [], None
+        for _ in range(rounds):
+            load = os.getloadavg()[0]
+            probe = probe_on_agents(co, after, str(model_dir), plan.compute[0], memory)
+            first_probe = first_probe or probe
+            run = run_staggered(co, str(model_dir), list(plan.compute), list(plan.memory), request,
+                                schedule=plan.schedule)
+            measured, span = _lane_busy(run.events), _span(run.events, run.token_events)
+            row = {"load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
+                   "measured_busy_s": {d: round(v, 4) for d, v in measured.items()},
+                   "probe_attention_ms": {d: round(v * 1e3, 3) for d, v in probe.attention_s.items()},
+                   "run_attention_ms": {d: {"quartile_1": round(quantile(spans, 0.25) * 1e3, 3),
+                                            "median": round(quantile(spans, 0.5) * 1e3, 3), "n": len(spans)}
+                                        for d in plan.memory for spans in [[e.end_s - e.start_s for e in run.events
+                                                                            if e.device == d and e.kind == "compute"
+                                                                            and e.step >= 2]]}}
+            for name, problem in {**problems, "after_probed": probe.problem,
+                                  "after_first_probe": first_probe.problem}.items():
+                sim = simulate(problem, plan, plan.schedule, generated_tokens=DEMO_SCORED_TOKENS,
+                               micro_batch_sizes=sizes)
+                busy = _lane_busy(sim.events)
+                row[name] = {**{d: round(busy.get(d, 0.0) / measured[d], 3) for d in measured},
+                             "span": round(_span(sim.events, sim.tokens) / span, 3)}
+            out_rounds.append(row)
+    lanes = sorted(out_rounds[0]["measured_busy_s"]) + ["span"]
+    medians = {name: {lane: sorted(r[name][lane] for r in out_rounds)[len(out_rounds) // 2] for lane in lanes}
+               for name in ("before", "after_profile_only", "after_probed", "after_first_probe")}
+    return {"what": "predicted / measured busy time per lane (sum of its compute spans) and over the run's span",
+            "plan": {"compute": plan.compute, "memory": plan.memory, "batch": plan.batch,
+                     "in_flight": plan.in_flight, "schedule": plan.schedule},
+            "scored_run": {"prompts": len(DEMO_SCORED), "padded_prompt_tokens": int(enc["input_ids"].shape[1]),
+                           "new_tokens": DEMO_SCORED_TOKENS, "micro_batches": list(sizes)},
+            "calibrated_on": {"profile": "Profile cluster, demo options (16-token prompts, batch 1 and 2)",
+                              "probe": "run_offload of 2 x 8 tokens, 6 steps, memory agents' attention"},
+            "median_over_rounds": medians, "rounds": out_rounds}
+
+
 def _decode_link_bytes(result) -> int:
     """Bytes the run's decode steps put on the links, both ways (send events: frames with headers)."""
     return sum(e.nbytes for e in result.events if e.kind == "send" and e.step >= 1)
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only-demo", action="store_true", help="only the demo cluster's predicted lanes (~1 min)")
+    ap.add_argument("--demo-rounds", type=int, default=3)
+    args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.only_demo:
+        with tempfile.TemporaryDirectory() as tmp:
+            demo = demo_prediction(Path(tmp), args.demo_rounds)
+        print(json.dumps({"bench": "attention_offload", "demo_prediction": demo,
+                          "elapsed_s": round(time.perf_counter() - t0, 2),
+                          "loadavg": open("/proc/loadavg").read().split()[:3]}))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         ex = exactness(Path(tmp))
         wire = wire_from_sockets(Path(tmp))
         before = control_channel_before(Path(tmp))
         cluster = local_cluster(Path(tmp))
         capacity = largest_batch_context(Path(tmp))
+        demo = demo_prediction(Path(tmp), args.demo_rounds)
     paper = scenarios.paper()
     offload = planner.run_strategy(paper, "exact", "throughput-per-dollar")
     homogeneous = planner.run_strategy(paper, "homogeneous", "throughput-per-dollar")
@@ -442,6 +573,7 @@ def main() -> None:
         "control_channel_before": before,
         "local_cluster": cluster,
         "largest_batch_x_context": capacity,
+        "demo_prediction": demo,
         "dense_kv_bytes": ex["dense_kv_bytes"],
         "paper_offload_plan": {"compute": offload.plan.compute, "memory": offload.plan.memory,
                                "batch": offload.plan.batch, "in_flight": offload.plan.in_flight},

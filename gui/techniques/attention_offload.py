@@ -23,11 +23,11 @@ from PySide6.QtWidgets import (
 from core.errors import EdgeShardError
 from core.techniques.attention_offload.cost import evaluate
 from core.techniques.attention_offload.planner import BaselinePlan, run_strategy
-from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem
+from core.techniques.attention_offload.problem import OffloadPlan, OffloadProblem, OffloadWorkload
 from core.techniques.attention_offload.scenarios import SCENARIOS
-from core.techniques.attention_offload.problem import OffloadWorkload
 from gui.app import stage_color
 from gui.studio_state import StudioState
+from gui.techniques.attention_probe import AttentionProbe
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 
 STRATEGIES = ("exact", "lamina-rule", "homogeneous", "layer-sharding")
@@ -316,6 +316,7 @@ class AttentionOffloadPlanView(QWidget):
         self.state = state
         self.problem: OffloadProblem | None = None
         self.plan = None
+        self.probe = AttentionProbe(self)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 12, 16, 12)
         lay.addWidget(panel_header("Attention offloading (Lamina)",
@@ -531,18 +532,37 @@ class AttentionOffloadPlanView(QWidget):
         self.run_where.setText(f"compute: {', '.join(compute)} · memory: {', '.join(memory)}{staggering} ({how}{why})")
 
     def run_on_agents(self) -> None:
-        """Put the split of the connected agents in the studio state and ask for it to run."""
+        """Put the split of the connected agents in the studio state and ask for it to run; a measured
+        plan's memory agents' attention is probed first (``gui.techniques.attention_probe``: the Run
+        screen's predicted attention lanes are of these agents, which the profile never timed)."""
         why = self.run_blocker()
+        self.message.show_lines([why] if why else [], "Cannot run on agents:")
         if why:
-            self.message.show_lines([why], "Cannot run on agents:")
             return
+        compute, memory = self.agent_split()
+
+        def then(fit, why: str) -> None:  # a failed probe does not stop the run: its prediction says less
+            self.message.show_lines([why, "The predicted attention lanes are the profile's KV reads only."] if why
+                                    else [], "Could not measure the memory agents' attention:")
+            self._run(compute, memory, fit)
+
+        key = (id(self.state.profile), self.state.model_path, tuple(compute), tuple(memory))
+        if not self.is_measured():
+            self._run(compute, memory, None)
+        elif self.probe.measure_then(key, then, self.state.agents, self.problem, self.state.model_path, compute[0],
+                                     memory):
+            self.run_button.setEnabled(False)
+            self.run_where.setText(f"measuring the attention of {', '.join(memory)} (a short probe run)…")
+
+    def _run(self, compute: list[str], memory: list[str], fit) -> None:
         from core.techniques import technique_named
 
-        compute, memory = self.agent_split()
+        self.update_run_controls()  # a probe disabled the button; the plan may have gone meanwhile
+        if not self.run_button.isEnabled():
+            return
         replicas = len(compute)
         # a plan of the measured cluster runs as planned: its batches in flight staggered even over one
-        # replica; a scenario's maps onto the agents, its batches in flight only with several replicas
-        staggered = replicas > 1 or (self.is_measured() and self.plan.in_flight > 1)
+        staggered = replicas > 1 or (self.is_measured() and self.plan.in_flight > 1)  # replica; a scenario's: not
         on_agents = OffloadPlan(compute=tuple(compute), memory=tuple(memory), batch=self.plan.batch,
                                 in_flight=self.plan.in_flight if staggered else 1, schedule=self.plan.schedule)
         try:
@@ -550,12 +570,11 @@ class AttentionOffloadPlanView(QWidget):
         except (ValueError, OSError) as err:  # a checkpoint it cannot read (CheckpointError): say so here
             self.message.show_lines([f"{type(err).__name__}: {err}"], "Cannot run on agents:")
             return
-        self.message.show_lines([])
         from core.runs.prediction import PlanOrigin
 
-        # the Run screen's ghosts: Lamina's staggered schedule of this plan; a scenario's devices are not these
-        # agents, so its plan predicts nothing here
-        self.state.set_plan(shard_plan, origin=PlanOrigin(technique_named("attention-offload"), self.problem, on_agents)
+        # the Run screen's ghosts: Lamina's staggered schedule of this plan, the memory agents' attention as
+        problem = fit.problem if fit is not None else self.problem  # probed; a scenario's plan: no ghosts
+        self.state.set_plan(shard_plan, origin=PlanOrigin(technique_named("attention-offload"), problem, on_agents)
                             if self.is_measured() else None)
         named = {"compute": list(compute), "memory": list(memory)} if self.is_measured() else {}
         self.state.propose_run_options({"compute_replicas": replicas, "schedule": self.plan.schedule, **named},

@@ -2,7 +2,9 @@
 
 Parts: ``problem`` (devices with a price, model geometry, plan), ``cost`` (the one cost model),
 ``planner`` (exact search, Lamina's rule, homogeneous and layer-sharding baselines),
-``simulator`` (fixed and rotational staggered pipelining into TimelineEvents), ``scenarios``.
+``simulator`` (fixed and rotational staggered pipelining into TimelineEvents), ``scenarios``,
+``measured`` (the problem from a layer-sharding profile) and ``probe`` (its memory agents' attention
+measured by a short run of the technique).
 The agent side is agents/techniques/attention_offload/. docs/attention-offload.md explains them.
 """
 

@@ -52,11 +52,12 @@ class OffloadSimulation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _prefill_attention_s(problem: OffloadProblem, plan: OffloadPlan) -> list[float]:
-    """Per memory device: its heads' prefill attention by FLOPs (QK^T and PV, causal half)."""
+    """Per memory device: its heads' prefill attention by FLOPs (QK^T and PV, causal half), and the
+    frame it receives and the one it answers (``frame_s`` each, as in decode)."""
     m, p = problem.model, problem.workload.prompt_tokens
     group = m.q_heads // m.kv_heads
     return [4 * plan.batch * p * p * len(h) * group * m.head_dim / 2 / problem.device(d).flops
-            for d, h in plan.kv_heads_of(m.kv_heads).items()]
+            + 2 * problem.device(d).frame_s for d, h in plan.kv_heads_of(m.kv_heads).items()]
 
 
 def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None, *,

@@ -247,3 +247,39 @@ def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_la
     assert timeline.box_count(predicted=True) == len(expected)
     assert timeline.boxes(predicted=True)["end_s"].max() == pytest.approx(max(e.end_s for e in expected))
     assert set(compute) | set(memory) >= {e.device for e in expected}
+
+
+def test_a_measured_plan_s_ghosts_are_of_its_probed_memory_agents_attention(qtbot, tiny_llama_dir):
+    """Run on agents predicts on the problem its probe fitted (kept per profile, checkpoint and roles):
+    the memory lanes' ghosts are the probed attention, the technique's simulator on the fitted problem."""
+    import msgspec
+
+    from core.techniques.attention_offload.probe import ProbeFit
+    from core.techniques.attention_offload.simulator import simulate
+    from gui.screens.run import RunPanel
+    from tests.gui.problems import make_problem
+
+    state, screen, view, _need = _lab_view(qtbot, tiny_llama_dir)
+    state.set_profile(msgspec.structs.replace(make_problem().profile, source="measured"))
+    view.auto_solve()
+    compute, memory = view.agent_split()
+    fitted = msgspec.structs.replace(view.problem, devices=tuple(
+        msgspec.structs.replace(d, frame_s=0.25) if d.id in memory else d for d in view.problem.devices))
+    key = (id(state.profile), state.model_path, tuple(compute), tuple(memory))
+    view.probe.fits[key] = ProbeFit(problem=fitted, attention_s={m: 0.5 for m in memory})
+    run = RunPanel(state)
+    qtbot.addWidget(run, before_close_func=lambda w: w.shutdown(5.0))
+    run.max_tokens_spin.setValue(3)
+    run.prompts_edit.setPlainText("the river\nhello there")
+    with qtbot.waitSignal(screen.run_requested, timeout=2000):
+        view.run_button.click()  # the kept probe: no probe run, at once
+    timeline = run.monitor.timeline
+    qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
+                    and timeline.box_count(predicted=True) > 0, timeout=10_000)
+    in_flight = min(2, run.micro_batches_spin.value() or state.plan.micro_batches)
+    plan = msgspec.structs.replace(view.plan, batch=-(-2 // in_flight), in_flight=in_flight)
+    expected = simulate(fitted, plan, generated_tokens=3).events
+    assert timeline.boxes(predicted=True)["end_s"].max() == pytest.approx(max(e.end_s for e in expected))
+    assert all(timeline.box_count(device=m, kind="compute", predicted=True) > 0 for m in memory)
+    unprobed = simulate(view.problem, plan, generated_tokens=3).events  # the memory lanes' KV reads alone
+    assert max(e.end_s for e in unprobed) + 0.5 < max(e.end_s for e in expected)

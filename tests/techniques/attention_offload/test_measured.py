@@ -64,3 +64,52 @@ def test_a_measured_plans_named_roles_run_as_named_and_a_name_not_connected_is_r
                     "edge-c", agents)
     with pytest.raises(RunFailed, match="compute_replicas"):
         OffloadRunOptions.of({"compute_replicas": 2, "compute": ["edge-c"], "memory": ["edge-b"]})
+
+
+def _profile_of_model():
+    """The synthetic profile with its blocks' sizes those of ``MODEL`` (a checkpoint's profile and its
+    ``checkpoint_model`` describe one model; the synthetic profile's blocks are another's)."""
+    profile = make_problem().profile
+    n = MODEL.dense_params_per_layer
+    units = tuple(msgspec.structs.replace(u, params=n, param_bytes=n * MODEL.bytes_per_element, flops_per_token=2.0 * n)
+                  if u.kind == "decoder_block" else u for u in profile.model.units)
+    return msgspec.structs.replace(profile, model=msgspec.structs.replace(profile.model, units=units))
+
+
+def _block_times(profile, device: str) -> tuple[float, float, int]:
+    """(decode at the smallest batch, prefill of the most tokens, those tokens), summed over the blocks:
+    read off the profile directly."""
+    times = profile.times_of(device)
+    blocks = [u.index for u in profile.model.units if u.kind == "decoder_block"]
+    most = max(range(len(times.prefill_token_counts)), key=lambda i: times.prefill_token_counts[i])
+    return (sum(times.decode_s[b][0] for b in blocks), sum(times.prefill_s[b][most] for b in blocks),
+            times.prefill_token_counts[most])
+
+
+def test_a_prefill_of_the_profiled_tokens_costs_what_the_profile_measured_over_a_decode_step():
+    """The dense roofline's two terms come from two measured points: a decode step at batch 1 costs
+    the profile's decode, a prefill of its most tokens its prefill (before: that many decode steps)."""
+    from core.techniques.attention_offload.cost import dense_seconds
+
+    profile = _profile_of_model()
+    problem = problem_from_profile(profile, MODEL, WORKLOAD)
+    for device in ("phone", "server"):
+        decode, prefill, tokens = _block_times(profile, device)
+        d = problem.device(device)
+        layers = len([u for u in profile.model.units if u.kind == "decoder_block"])
+        assert layers * dense_seconds(problem, d, 1) == pytest.approx(decode)
+        assert layers * dense_seconds(problem, d, tokens) == pytest.approx(prefill)
+        assert prefill / decode < tokens / 2  # the profile's prefill is far from `tokens` decode steps
+
+
+def test_a_decode_step_s_head_costs_the_profiled_embedding_head_and_stage_overhead():
+    from core.techniques.attention_offload.cost import head_seconds
+
+    profile = make_problem().profile
+    times = profile.times_of("laptop")
+    times = msgspec.structs.replace(times, stage_decode_overhead_s=3e-4)
+    profile = msgspec.structs.replace(profile, times=tuple(times if t.device == "laptop" else t for t in profile.times))
+    problem = problem_from_profile(profile, MODEL, WORKLOAD)
+    units = {u.kind: u.index for u in profile.model.units if u.kind in ("embedding", "head")}
+    measured = times.decode_s[units["embedding"]][0] + times.decode_s[units["head"]][0] + 3e-4
+    assert head_seconds(problem, problem.device("laptop"), 1) == pytest.approx(measured)
