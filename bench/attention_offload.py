@@ -430,14 +430,6 @@ def _legacy_problem(problem, profile):
     return msgspec.structs.replace(problem, devices=tuple(out))
 
 
-def _lane_busy(events) -> dict[str, float]:
-    busy: dict[str, float] = {}
-    for e in events:
-        if e.kind == "compute":
-            busy[e.device] = busy.get(e.device, 0.0) + e.end_s - e.start_s
-    return busy
-
-
 def _span(events, tokens) -> float:
     return max(max(e.end_s for e in events), max(t.t_s for t in tokens)) - min(e.start_s for e in events)
 
@@ -462,7 +454,7 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
     from core.runs.batching import run_micro_batches
     from core.runs.coordinator import Coordinator
     from core.techniques.attention_offload.planner import run_strategy
-    from core.techniques.attention_offload.probe import probe_on_agents, quantile
+    from core.techniques.attention_offload.probe import busy_s, probe_on_agents, quantile
     from core.techniques.attention_offload.run import dense_plan, run_staggered
     from gui.demo_cluster import DEMO_DEVICES, DEMO_LINK_LATENCY_MS, DEMO_PROFILE_OPTIONS, demo_emulation, demo_shape
     from gui.demo_model import shipped_model_dir
@@ -496,7 +488,7 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
             first_probe = first_probe or probe
             run = run_staggered(co, str(model_dir), list(plan.compute), list(plan.memory), request,
                                 schedule=plan.schedule)
-            measured, span = _lane_busy(run.events), _span(run.events, run.token_events)
+            measured, span = busy_s(run.events), _span(run.events, run.token_events)
             row = {"load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],
                    "measured_busy_s": {d: round(v, 4) for d, v in measured.items()},
                    "probe_attention_ms": {d: round(v * 1e3, 3) for d, v in probe.attention_s.items()},
@@ -509,7 +501,7 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
                                   "after_first_probe": first_probe.problem}.items():
                 sim = simulate(problem, plan, plan.schedule, generated_tokens=DEMO_SCORED_TOKENS,
                                micro_batch_sizes=sizes)
-                busy = _lane_busy(sim.events)
+                busy = busy_s(sim.events)
                 row[name] = {**{d: round(busy.get(d, 0.0) / measured[d], 3) for d in measured},
                              "span": round(_span(sim.events, sim.tokens) / span, 3)}
             out_rounds.append(row)

@@ -94,6 +94,16 @@ def fit_devices(problem: OffloadProblem, events: Sequence[TimelineEvent], *, mem
     return ProbeFit(problem=msgspec.structs.replace(problem, devices=devices), attention_s=attention)
 
 
+def busy_s(events: Sequence[TimelineEvent]) -> dict[str, float]:
+    """Device -> the seconds its compute spans took (a lane's busy time: what the Run screen's lane
+    labels compare, predicted against measured)."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e.kind == "compute":
+            out[e.device] = out.get(e.device, 0.0) + e.end_s - e.start_s
+    return out
+
+
 def probe_on_agents(coordinator, problem: OffloadProblem, model_dir: str, compute: str, memory: Sequence[str], *,
                     reporter=None) -> ProbeFit:
     """Run the probe on the agents (``run_offload``: ``compute`` the compute agent) and fit each of
@@ -111,5 +121,5 @@ def probe_on_agents(coordinator, problem: OffloadProblem, model_dir: str, comput
     return ProbeFit(problem=fitted, attention_s=attention)
 
 
-__all__ = ["PROBE_BATCH", "PROBE_NEW_TOKENS", "PROBE_PROMPT_TOKENS", "QUANTILE", "ProbeFit", "fit_devices",
+__all__ = ["PROBE_BATCH", "PROBE_NEW_TOKENS", "PROBE_PROMPT_TOKENS", "QUANTILE", "ProbeFit", "busy_s", "fit_devices",
            "probe_on_agents", "probe_request", "quantile"]

@@ -45,16 +45,9 @@ def probed(tmp_path_factory):
         yield co, model_dir, problem, probe_on_agents(co, problem, model_dir, "c0", ["m0", "m1"])
 
 
-def _busy(events) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for e in events:
-        if e.kind == "compute":
-            out[e.device] = out.get(e.device, 0.0) + e.end_s - e.start_s
-    return out
-
-
 def test_a_probed_problem_predicts_each_lane_of_a_run_it_never_saw_within_a_loose_factor(probed):
     from core.runs.coordinator import RunRequest
+    from core.techniques.attention_offload.probe import busy_s
     from core.techniques.attention_offload.problem import OffloadPlan
     from core.techniques.attention_offload.run import run_offload
     from core.techniques.attention_offload.simulator import simulate
@@ -64,13 +57,13 @@ def test_a_probed_problem_predicts_each_lane_of_a_run_it_never_saw_within_a_loos
     rows = tuple(tuple(5 + (11 * i + 3 * b) % 4000 for i in range(prompt)) for b in range(batch))
     request = RunRequest(input_ids=rows, attention_mask=tuple((1,) * prompt for _ in rows), max_new_tokens=new,
                          eos_token_ids=(), pad_token_id=0)
-    measured = _busy(run_offload(co, model_dir, "c0", ["m0", "m1"], request).events)
+    measured = busy_s(run_offload(co, model_dir, "c0", ["m0", "m1"], request).events)
     plan = OffloadPlan(compute=("c0",), memory=("m0", "m1"), batch=batch, in_flight=1)
 
     def predicted(problem):
         problem = msgspec.structs.replace(problem, workload=msgspec.structs.replace(problem.workload,
                                                                                     prompt_tokens=prompt))
-        return _busy(simulate(problem, plan, generated_tokens=new).events)
+        return busy_s(simulate(problem, plan, generated_tokens=new).events)
 
     after, before = predicted(fit.problem), predicted(unprobed)
     ratios = {d: after[d] / measured[d] for d in DEVICES}
