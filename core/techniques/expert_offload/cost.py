@@ -2,8 +2,9 @@
 
 Per token and MoE layer (batch 1): ``k`` experts are needed; a buffer of ``slots`` of the
 model's ``L·E`` experts hits with rate ``h``; a miss reads ``expert_bytes·bits/32`` at the
-storage bandwidth after a fixed cost per read (``read_s``: both measured). A fraction ``recall`` of misses was preloaded during the previous layer's
-compute, so only what exceeds that compute stalls. Hit rate: EdgeMoE's eviction keeps the
+storage bandwidth after a fixed cost per read (``read_s``: both measured). A fraction ``recall``
+of misses was preloaded during the previous layer's compute, so only what exceeds that compute
+stalls. Hit rate: EdgeMoE's eviction keeps the
 most used experts of the layers about to run, modelled as ``h = slots / (L·E)``; LRU over the
 cyclic layer order evicts each expert just before its layer comes round again, so ``h = 0``
 until everything fits (measured: bench/expert_offload.py).
