@@ -476,7 +476,6 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
                                   link_target_s=DEMO_PROFILE_OPTIONS["link_target_s"], **options).profile
         after = measured_problem(profile, str(model_dir), devices)
         plan = run_strategy(after, "exact", "throughput").plan
-        memory = [d for d in devices if d not in plan.compute]
         request = _request_of(enc, DEMO_SCORED_TOKENS, plan.in_flight)
         sizes = tuple(len(g) for g in run_micro_batches(len(DEMO_SCORED), dense_plan("demo", 1, plan.compute[0]),
                                                         plan.in_flight))
@@ -484,7 +483,7 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
         out_rounds, first_probe = [], None
         for _ in range(rounds):
             load = os.getloadavg()[0]
-            probe = probe_on_agents(co, after, str(model_dir), plan.compute[0], memory)
+            probe = probe_on_agents(co, after, str(model_dir), plan.compute[0], list(plan.memory))  # as the studio
             first_probe = first_probe or probe
             run = run_staggered(co, str(model_dir), list(plan.compute), list(plan.memory), request,
                                 schedule=plan.schedule)
@@ -508,6 +507,9 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
     lanes = sorted(out_rounds[0]["measured_busy_s"]) + ["span"]
     medians = {name: {lane: sorted(r[name][lane] for r in out_rounds)[len(out_rounds) // 2] for lane in lanes}
                for name in ("before", "after_profile_only", "after_probed", "after_first_probe")}
+    # what the Run screen's lane labels show: (measured - predicted) / predicted, in %
+    labels = {name: {lane: round((1 / r - 1) * 100) for lane, r in m.items() if lane != "span" and r > 0}
+              for name, m in medians.items()}
     return {"what": "predicted / measured busy time per lane (sum of its compute spans) and over the run's span",
             "plan": {"compute": plan.compute, "memory": plan.memory, "batch": plan.batch,
                      "in_flight": plan.in_flight, "schedule": plan.schedule},
@@ -515,7 +517,7 @@ def demo_prediction(root: Path, rounds: int = 3) -> dict:
                            "new_tokens": DEMO_SCORED_TOKENS, "micro_batches": list(sizes)},
             "calibrated_on": {"profile": "Profile cluster, demo options (16-token prompts, batch 1 and 2)",
                               "probe": "run_offload of 2 x 8 tokens, 6 steps, memory agents' attention"},
-            "median_over_rounds": medians, "rounds": out_rounds}
+            "median_over_rounds": medians, "lane_label_percent_of_medians": labels, "rounds": out_rounds}
 
 
 def _decode_link_bytes(result) -> int:
