@@ -209,7 +209,9 @@ class ActiveRun:
                 step=step,
                 sequence_ids=msg.sequence_ids,
                 token_ids=msg.token_ids,
-                t_s=self._to_run_clock(clock_of, device, msg.t),
+                # no token precedes the run's start; an offset estimate (off by up to its
+                # uncertainty) may place one there: kept at the start, as recv_wait starts are
+                t_s=max(0.0, self._to_run_clock(clock_of, device, msg.t)),
             )
             with self.lock:
                 self.tokens.append(ev)

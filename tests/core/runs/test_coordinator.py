@@ -177,7 +177,8 @@ def test_text_in_text_out_streams_pieces_that_add_up_to_the_final_text(cluster, 
         pieces = "".join(t.text[t.sequence_ids.index(seq)] for t in sorted(sink.tokens, key=lambda t: t.t_s)
                          if seq in t.sequence_ids)
         assert pieces == text
-    assert out.figures.ttft_s is not None and out.figures.ttft_s > 0 and out.figures.tokens > 0
+    # ttft 0: an offset estimate that placed the first token before the start (kept at the start)
+    assert out.figures.ttft_s is not None and out.figures.ttft_s >= 0 and out.figures.tokens > 0
 
 
 def test_stopping_from_another_thread_ends_the_run_and_leaves_agents_ready(cluster, model_dir):

@@ -76,3 +76,26 @@ def test_tokens_placed_before_the_runs_start_count_in_the_first_window():
 
     assert tokens_per_s_over_time([token(-0.3), token(-0.1, 2)], 0.5) == [(0.0, 6.0)]
     assert tokens_per_s_over_time([token(-2.0), token(0.2), token(1.2, 3)], 1.0) == [(0.0, 2.0), (1.0, 3.0)]
+
+
+def test_a_token_an_agents_clock_estimate_places_before_the_runs_start_is_at_the_start():
+    """No token precedes its run's start (the coordinator started the run before any agent could
+    answer), but an offset estimate is off by up to its uncertainty, which a loaded host's round
+    trips make larger than a tiny model's first token: CI saw every token of a run placed before
+    its start. The run keeps such a token at its start, so TTFT is never negative."""
+    from agents.protocol import TokensProduced
+    from core.devices.clock_sync import ClockEstimate
+    from core.runs import run_state
+    from core.runs.metrics import compute_figures
+    from core.runs.run_stream import ActiveRun, NullSink
+
+    run = ActiveRun(run_id="r", t0=100.0, stages={"head": 0}, sink=NullSink(),
+                    state=run_state.begin("r", ("head",), load=False))
+    # same clocks; the estimate says the agent is 10 ms ahead (+-10 ms): its token 4 ms after the
+    # start maps to 6 ms before it, the next one (14 ms after) to 4 ms after
+    ahead = ClockEstimate(offset_s=0.010, uncertainty_s=0.010, rtt_s=0.020)
+    for step, t in enumerate((100.004, 100.014)):
+        run.take_in("head", TokensProduced(run_id="r", micro_batch=0, step=step, sequence_ids=(0,), token_ids=(7,),
+                                           t=t), lambda _device: ahead)
+    assert [t.t_s for t in run.tokens] == pytest.approx([0.0, 0.004])
+    assert compute_figures([], run.tokens).ttft_s == 0.0
