@@ -56,8 +56,11 @@ class _Control:
     def send(self, msg) -> None:
         self.sock.send(encode_control(msg))
 
-    def wait_for(self, match, timeout_s: float = 30.0):
-        """The first message (already seen or arriving) for which ``match`` holds."""
+    def wait_for(self, match, timeout_s: float = 180.0):
+        """The first message (already seen or arriving) for which ``match`` holds. The timeout is
+        only an upper bound: at load 15-20 on 2 cores a 400-token run here took over a minute
+        (a clean-clone suite at load 20 failed the queued-stop test here; its text was not kept, and the
+        test alone failed 1 in 5 at load 12-16 with 30 s / 60 s bounds)."""
         deadline = time.monotonic() + timeout_s
         while True:
             for m in self.seen:
@@ -69,7 +72,7 @@ class _Control:
                 raise AssertionError(f"no matching message within {timeout_s} s; seen {self.seen[-5:]}")
             self.seen.append(decode_control(self.sock.recv()))
 
-    def ask(self, msg, timeout_s: float = 30.0):
+    def ask(self, msg, timeout_s: float = 180.0):
         self.send(msg)
         return self.wait_for(lambda m: getattr(m, "req", 0) == msg.req, timeout_s)
 
@@ -116,7 +119,7 @@ def test_a_one_stage_run_of_a_thousand_tokens_finishes_and_equals_the_in_process
     stack growing per token (it used to hit Python's recursion limit near 330 tokens)."""
     _, control = one_stage
     assert isinstance(control.ask(_start("long", 2, 1000)), Ok)
-    end = control.wait_for(_run_end("long"), 120)
+    end = control.wait_for(_run_end("long"), 300)
     assert isinstance(end, RunFinished), end
     assert [list(t) for t in end.tokens] == _reference(tiny_llama_dir, [PROMPT], 1000)
 
@@ -126,7 +129,7 @@ def test_a_one_stage_run_with_two_micro_batches_steps_each_exactly_once(one_stag
     _, control = one_stage
     prompts = (PROMPT, (7, 8, 9, 10, 11, 12))
     assert isinstance(control.ask(_start("two", 2, 40, mode, prompts)), Ok)
-    end = control.wait_for(_run_end("two"), 60)
+    end = control.wait_for(_run_end("two"))
     assert isinstance(end, RunFinished), end
     assert [list(t) for t in end.tokens] == [_reference(tiny_llama_dir, [p], 40)[0] for p in prompts]
 
@@ -135,7 +138,7 @@ def test_a_stop_naming_another_run_does_not_stop_the_current_one(one_stage):
     _, control = one_stage
     assert isinstance(control.ask(_start("current", 2, 300)), Ok)
     control.send(StopRun(req=3, run_id="an-earlier-run"))
-    end = control.wait_for(_run_end("current"), 60)
+    end = control.wait_for(_run_end("current"))
     assert isinstance(end, RunFinished) and len(end.tokens[0]) == 300, end
 
 
@@ -148,7 +151,7 @@ def test_a_stop_queued_before_a_run_never_marks_that_run_ready_while_it_runs(one
     control.send(StopRun(req=2, run_id=""))
     control.send(_start("next", 3, 400))
     states = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     req = 10
     while time.monotonic() < deadline:
         req += 1
@@ -163,7 +166,11 @@ def test_a_stop_queued_before_a_run_never_marks_that_run_ready_while_it_runs(one
     assert states and set(states) == {AgentState.RUNNING}, states
     assert isinstance(control.wait_for(lambda m: getattr(m, "req", 0) == 1), ProfileResult)
     assert isinstance(control.wait_for(lambda m: getattr(m, "req", 0) == 2), Ok)
-    assert control.ask(GetStatus(req=req + 1)).state is AgentState.READY
+    # as the coordinator ends every run: a stop of it, answered after the worker's clean-up (the
+    # last stage posts RunFinished before that clean-up, so a status read at once may still say
+    # "running": 1 in 3 at load 12)
+    assert isinstance(control.ask(StopRun(req=req + 1, run_id="next")), Ok)
+    assert control.ask(GetStatus(req=req + 2)).state is AgentState.READY
 
 
 def test_a_stop_of_the_current_run_ends_it_and_the_agent_is_ready_for_the_next(one_stage):
@@ -215,8 +222,8 @@ def test_a_stage_waiting_for_data_ends_its_run_as_soon_as_it_is_stopped_whatever
         assert isinstance(control.ask(_start("waits", 2, 8)), Ok)
         time.sleep(0.3)  # the stage is blocked on its receive: nothing will come
         asked = time.monotonic()
-        assert isinstance(control.ask(StopRun(req=3, run_id="waits"), timeout_s=5), Ok)
-        assert time.monotonic() - asked < 5
+        assert isinstance(control.ask(StopRun(req=3, run_id="waits"), timeout_s=20), Ok)
+        assert time.monotonic() - asked < 20  # far below the minute a receive timeout would take
         assert control.ask(GetStatus(req=4)).state is AgentState.READY
     finally:
         control.close()
