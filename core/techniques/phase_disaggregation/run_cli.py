@@ -29,7 +29,8 @@ def register_run_verbs(verbs: argparse._SubParsersAction) -> None:
     mk.add_argument("--seed", type=SEED, default=0)
     mk.set_defaults(func=_make_model)
 
-    for name, helptext in (("profile", "measure every phase on every agent: per-device PhaseCosts (COSTS.json)"),
+    for name, helptext in (("profile", "measure every phase on every agent: per-device PhaseCosts (COSTS.json); "
+                                       "loads EPD's phases on the agents in place of what they hold"),
                            ("run", "serve a workload on the pools' agents for real; record it")):
         p = verbs.add_parser(name, help=helptext)
         p.add_argument("--agents", required=True, metavar="AGENTS.json", help="the agents file (edgeshard cluster)")
@@ -89,7 +90,6 @@ def _agents(args, devices=None, named_by: str = ""):
     from core.devices.agent_link import AgentLink
     from core.devices.local_cluster import load_agents_file
     from core.errors import FormatError
-
     from core.models.multimodal import check_multimodal_dir
 
     check_multimodal_dir(args.model)
