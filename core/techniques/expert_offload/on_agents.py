@@ -36,13 +36,16 @@ def device_memory_bytes(profile, device: str) -> int:
 
 def stored_read_cost(model_dir: str | Path, cache: str = "warm") -> tuple[float, float] | None:
     """(bandwidth_bps, read_fixed_s) measured for this checkpoint's ``cache`` reads (its
-    ``storage-profile.json``; ``profiling.storage_read_cost``), None when none was measured or the
-    file is not one (measure again)."""
+    ``storage-profile.json``; ``profiling.storage_read_cost``), None when none was measured, the file
+    is not one, or it predates the split (version 1: cold reads only, which priced the demo's reads
+    ~2x slow): the studio's view then measures again."""
     from core.techniques.expert_offload.profiling import storage_read_cost
 
     path = Path(model_dir) / STORAGE_FILE
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data.get(cache), dict):
+            return None
         bandwidth, fixed = storage_read_cost(data, cache)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None

@@ -101,3 +101,19 @@ def test_a_batch_step_is_priced_from_the_measured_curves_when_the_model_has_them
     prefill, decode = (e for e in sim.events if e.kind == "compute")
     assert prefill.end_s - prefill.start_s == pytest.approx(LAYERS * 0.01 + 0.004, rel=1e-6)
     assert decode.end_s - decode.start_s == pytest.approx(LAYERS * 0.004 + 0.0014, rel=1e-6)
+
+
+def test_a_storage_profile_that_predates_the_warm_split_counts_as_not_measured(tmp_path):
+    """Its cold bandwidth priced page-cached reads ~2x slow: the studio's view measures again."""
+    import json
+
+    from core.techniques.expert_offload.on_agents import stored_read_cost
+    from core.techniques.expert_offload.profiling import STORAGE_FILE
+
+    (tmp_path / STORAGE_FILE).write_text(json.dumps({"format": "edgeshard.storage-profile", "version": 1,
+                                                     "bandwidth_bps": 2e8}))
+    assert stored_read_cost(tmp_path) is None
+    (tmp_path / STORAGE_FILE).write_text(json.dumps({"format": "edgeshard.storage-profile", "version": 2,
+                                                     "bandwidth_bps": 2e8, "warm": {"read_s": 3e-4, "fixed_s": 1e-4,
+                                                                                    "bandwidth_bps": 1e9}}))
+    assert stored_read_cost(tmp_path) == (1e9, 1e-4)
