@@ -136,7 +136,7 @@ def test_a_demo_that_cannot_start_says_so_and_leaves_nothing_running(qtbot, tmp_
     demo = DemoSession(window.state, window=window, workspace=str(tmp_path / "w.edgeshard"),
                        workdir=str(tmp_path / "work"))
     try:
-        with qtbot.waitSignal(demo.failed, timeout=10_000):
+        with qtbot.waitSignal(demo.failed, timeout=60_000):
             demo.start()
         box = window.findChild(QMessageBox, "errorDialog")
         assert box is not None and "cannot write the demo model" in box.text() and "free some disk space" in box.text()
@@ -520,7 +520,7 @@ def test_a_training_round_cut_short_by_a_busy_machine_goes_on_in_the_same_sessio
     demo.trained.connect(trained.append)
     try:
         demo._start_training()
-        qtbot.waitUntil(lambda: len(trained) == 3 and not demo.trainer.is_busy(), timeout=10_000)
+        qtbot.waitUntil(lambda: len(trained) == 3 and not demo.trainer.is_busy(), timeout=60_000)
         qtbot.wait(50)
         assert rounds == [False, True, True]  # 3, 6, then 9 >= 7 steps: no fourth round
         assert trained_steps(demo_model.trained_model_dir(tmp_path / "models")) == 9
@@ -540,7 +540,7 @@ def test_a_training_round_that_added_no_steps_does_not_start_another(qtbot, tmp_
     window, demo, _logged = _demo_without_agents(qtbot, tmp_path)
     try:
         demo._start_training()
-        qtbot.waitUntil(lambda: len(rounds) == 2 and not demo.trainer.is_busy(), timeout=10_000)
+        qtbot.waitUntil(lambda: len(rounds) == 2 and not demo.trainer.is_busy(), timeout=60_000)
         qtbot.wait(50)
         assert rounds == [False, True] and demo.training_bar is None
     finally:

@@ -99,8 +99,8 @@ def _replays_in_sessions(window, qtbot, run_id: int) -> None:
     """Sessions lists the run under its technique's name, opens it and plays it to its end."""
     sessions = window.screens.sessions
     sessions.refresh()
-    qtbot.waitUntil(lambda: run_id in sessions.run_items(), timeout=10_000)
-    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+    qtbot.waitUntil(lambda: run_id in sessions.run_items(), timeout=60_000)
+    with qtbot.waitSignal(sessions.run_opened, timeout=60_000):
         sessions.open_run(run_id)
     sessions.set_speed(20.0)
     with qtbot.waitSignal(sessions.replay_finished, timeout=30_000):
@@ -109,7 +109,7 @@ def _replays_in_sessions(window, qtbot, run_id: int) -> None:
 
 def _live_ghosts(run, qtbot) -> tuple:
     """The predicted events the Run screen drew for its run (once its prediction worker has settled)."""
-    qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy(), timeout=10_000)
+    qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy(), timeout=60_000)
     return tuple(run.monitor.timeline._predicted_events)
 
 
@@ -346,12 +346,12 @@ def test_compare_puts_a_layer_sharding_and_an_attention_offloading_run_of_the_sa
     with SessionStore(window.state.workspace) as store:
         a, b = [r.id for r in store.runs()[-2:]]
     sessions.refresh()
-    qtbot.waitUntil(lambda: {a, b} <= set(sessions.run_items()), timeout=10_000)
+    qtbot.waitUntil(lambda: {a, b} <= set(sessions.run_items()), timeout=60_000)
     items = sessions.run_items()
     assert (items[a].text(0), items[b].text(0)) == (f"Layer sharding #{a}", f"Attention offloading #{b}")
     items[a].setSelected(True)
     items[b].setSelected(True)
-    with qtbot.waitSignal(sessions.runs_compared, timeout=10_000):
+    with qtbot.waitSignal(sessions.runs_compared, timeout=60_000):
         sessions.compare_button.click()
     view = sessions.comparison
     assert sessions.right_stack.currentWidget() is view

@@ -186,7 +186,7 @@ def test_the_plan_screens_strategy_comparison_keeps_its_names_apart_at_1024x700(
     _show(window, qtbot, 1024, 700)
     window.show_screen(window.screens.plan)
     editor = window.screens.plan.view
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.compare()
     qtbot.wait(50)
     assert len(editor.comparison) >= 8

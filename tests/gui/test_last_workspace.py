@@ -112,5 +112,5 @@ def test_a_plan_that_no_longer_fits_is_not_restored_and_a_feasible_one_is_solved
                                                  stages=(Stage(device="phone", start=0, end=n),)))
     window = _open(qtbot)
     assert "it does not fit the profile" in window.statusBar().currentMessage()
-    qtbot.waitUntil(lambda: evaluate(problem, window.state.plan).feasible, timeout=20_000)
+    qtbot.waitUntil(lambda: evaluate(problem, window.state.plan).feasible, timeout=60_000)
     window.close()

@@ -213,7 +213,7 @@ def test_real_sshd_unknown_host_shows_the_fingerprint_ssh_keygen_prints(qtbot, r
     qtbot.addWidget(dlg)
     dlg.show()
     try:
-        with qtbot.waitSignal(dlg.host_key_confirmation_requested, timeout=15000):
+        with qtbot.waitSignal(dlg.host_key_confirmation_requested, timeout=60_000):
             dlg.deploy_button.click()
         box = dlg.findChild(QMessageBox, "hostKey-loop")
         assert fp in box.informativeText() and "ssh-ed25519" in box.informativeText()

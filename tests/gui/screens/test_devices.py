@@ -130,7 +130,7 @@ def test_discover_finds_an_agent_announced_over_real_mdns(qtbot):
     announcement = announce_agent(addresses[0], 7999, name="guiprobe", accelerator="", memory_bytes=3 * 2**30)
     try:
         panel.discover_button.click()
-        qtbot.waitUntil(lambda: any(d.startswith("guiprobe") for d in panel.registry.records), timeout=15_000)
+        qtbot.waitUntil(lambda: any(d.startswith("guiprobe") for d in panel.registry.records), timeout=60_000)
         dev = next(d for d in panel.registry.records if d.startswith("guiprobe"))
         rec = panel.registry.records[dev]
         assert rec.status == "running" and rec.memory_bytes == 3 * 2**30 and rec.origin == "mDNS"

@@ -169,7 +169,7 @@ def test_show_predicted_draws_the_runs_prediction_under_its_replay(qtbot, worksp
     path, (a, *_rest) = workspace
     panel = _panel(qtbot, path)
     panel.load_runner.task_failed.connect(lambda _id, message: pytest.fail(message))
-    with qtbot.waitSignal(panel.run_opened, timeout=15_000):
+    with qtbot.waitSignal(panel.run_opened, timeout=60_000):
         panel.open_run(a)
     timeline = panel.monitor.timeline
     assert timeline.predicted_check.isEnabled()

@@ -76,12 +76,12 @@ def test_the_serve_toggle_serves_the_plan_to_the_openai_client_and_shows_each_re
         openai.OpenAI(base_url=panel.url_edit.text(), api_key="wrong", max_retries=0).models.list()
 
     qtbot.waitUntil(lambda: panel.table.rowCount() == len(PROMPTS)
-                    and all(panel.table.item(i, 1).text() == "done" for i in range(len(PROMPTS))), timeout=10_000)
+                    and all(panel.table.item(i, 1).text() == "done" for i in range(len(PROMPTS))), timeout=60_000)
     rows = {panel.table.item(i, 5).text(): [panel.table.item(i, j).text() for j in range(5)]
             for i in range(len(PROMPTS))}
     assert set(rows) == set(PROMPTS)
     assert all(r[3].endswith(" ms") and r[4].endswith(" ms") for r in rows.values())
-    qtbot.waitUntil(lambda: panel.timeline.box_count(kind="compute") > 0, timeout=10_000)
+    qtbot.waitUntil(lambda: panel.timeline.box_count(kind="compute") > 0, timeout=60_000)
     assert max(panel.tokens_curve.getData()[1]) > 0 and max(panel.requests_curve.getData()[1]) > 0
 
     shots = os.environ.get("SERVE_PANEL_SHOTS")
@@ -110,12 +110,12 @@ def test_a_served_request_is_replayed_in_the_sessions_screen(qtbot, agents):
     sessions = SessionsPanel(state)
     qtbot.addWidget(sessions)
     sessions.resize(1400, 800)
-    qtbot.waitUntil(lambda: sessions.tree.topLevelItemCount() > 0, timeout=10_000)
+    qtbot.waitUntil(lambda: sessions.tree.topLevelItemCount() > 0, timeout=60_000)
     session = sessions.tree.topLevelItem(0)
     assert session.text(0).startswith("Studio serve") and session.childCount() == 1
     (run_id,) = sessions.run_items()
     assert sessions.run_items()[run_id].text(3) == "completed"
-    with qtbot.waitSignal(sessions.run_opened, timeout=10_000):
+    with qtbot.waitSignal(sessions.run_opened, timeout=60_000):
         sessions.open_run(run_id)
     _play_to_end(qtbot, sessions, 20_000)
     monitor = sessions.monitor

@@ -46,7 +46,7 @@ def live_run(qtbot, state, run_data):
     panel.prompts_edit.setPlainText("first prompt\nsecond prompt")
     ids = []
     panel.run_recorded.connect(lambda s, r: ids.append(r))
-    with qtbot.waitSignal(panel.run_finished, timeout=10_000):
+    with qtbot.waitSignal(panel.run_finished, timeout=60_000):
         panel.start_run()
     assert panel.shutdown()
     return panel, ids[0]
@@ -257,7 +257,7 @@ def test_a_replay_at_its_end_shows_the_whole_run(qtbot, state):
     live.max_tokens_spin.setValue(2)  # predicted: 2 tokens; the backend plays a run of 40
     ids = []
     live.run_recorded.connect(lambda s, r: ids.append(r))
-    with qtbot.waitSignal(live.run_finished, timeout=20_000):
+    with qtbot.waitSignal(live.run_finished, timeout=60_000):
         live.start_run()
     assert live.shutdown()
     panel = _sessions(qtbot, state)

@@ -236,7 +236,7 @@ def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_la
         view.run_button.click()
     timeline = run.monitor.timeline
     qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
-                    and timeline.box_count(predicted=True) > 0, timeout=10_000)
+                    and timeline.box_count(predicted=True) > 0, timeout=60_000)
     compute, memory = view.agent_split()
     # the run's 3 prompts over the plan's batches in flight (planned for a throughput-sized batch)
     in_flight = min(3, run.micro_batches_spin.value() or state.plan.micro_batches)
@@ -275,7 +275,7 @@ def test_a_measured_plan_s_ghosts_are_of_its_probed_memory_agents_attention(qtbo
         view.run_button.click()  # the kept probe: no probe run, at once
     timeline = run.monitor.timeline
     qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
-                    and timeline.box_count(predicted=True) > 0, timeout=10_000)
+                    and timeline.box_count(predicted=True) > 0, timeout=60_000)
     in_flight = min(2, run.micro_batches_spin.value() or state.plan.micro_batches)
     plan = msgspec.structs.replace(view.plan, batch=-(-2 // in_flight), in_flight=in_flight)
     expected = simulate(fitted, plan, generated_tokens=3).events

@@ -122,10 +122,10 @@ def test_the_run_screens_predicted_timeline_of_a_speculative_run_plays_its_trips
         return set(panel.monitor.timeline.boxes(predicted=True)["kind"].tolist())
 
     qtbot.waitUntil(lambda: not panel.predict_runner.is_busy() and not panel._predict_timer.isActive()
-                    and KIND_CODE["compute"] in kinds(), timeout=10_000)
+                    and KIND_CODE["compute"] in kinds(), timeout=60_000)
     assert KIND_CODE["draft"] not in kinds()  # no draft: plain decoding's prediction
     panel.speculative_controls.apply(str(draft), 3)
-    qtbot.waitUntil(lambda: KIND_CODE["draft"] in kinds(), timeout=10_000)
+    qtbot.waitUntil(lambda: KIND_CODE["draft"] in kinds(), timeout=60_000)
     assert "speculative, k 3" in panel.prediction_note.text() and not panel.prediction_note.isHidden()
     assert KIND_CODE["rollback"] in kinds()  # acceptance 0.8: some trips reject a proposal
     assert panel.shutdown(5.0)

@@ -135,7 +135,7 @@ def _settled_ghosts(qtbot, run):
     """The Run screen's predicted timeline once its worker has drawn it."""
     timeline = run.monitor.timeline
     qtbot.waitUntil(lambda: not run._predict_timer.isActive() and not run.predict_runner.is_busy()
-                    and timeline.box_count(predicted=True) > 0, timeout=10_000)
+                    and timeline.box_count(predicted=True) > 0, timeout=60_000)
     return timeline
 
 

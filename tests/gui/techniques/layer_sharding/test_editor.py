@@ -181,7 +181,7 @@ def test_saved_plan_loads_back_and_a_bad_file_is_refused(editor, tmp_path, qtbot
 def test_auto_solve_runs_in_a_worker_and_adopts_the_optimal_plan(editor, qtbot):
     problem = make_problem()
     editor.state.set_problem(problem)
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=10000):
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.solve_button.click()
     from core.planning.solvers import solve_min_latency
 
@@ -197,7 +197,7 @@ def test_compare_lists_every_strategy_and_charts_them(editor, qtbot):
 
     problem = make_problem()
     editor.state.set_problem(problem)
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.compare_button.click()
     names = [editor.compare_table.item(r, 0).text().split(" — ")[0] for r in range(editor.compare_table.rowCount())]
     assert sorted(names) == sorted(STRATEGIES) and names[0] == "edgeshard"
@@ -212,7 +212,7 @@ def test_the_compare_charts_legend_names_each_bar_colour(editor, qtbot):
     from gui.app import theme_colors
 
     editor.state.set_problem(make_problem())
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.compare_button.click()
     legend = editor.compare_legend.text()
     c = theme_colors()
@@ -225,8 +225,8 @@ def test_compare_shows_the_core_outcome_of_each_strategy_an_oom_one_in_red_with_
 
     problem = make_problem(phone_memory=100 * MiB)
     editor.state.set_problem(problem)  # the model does not fit its source: solved at once
-    qtbot.waitUntil(lambda: not editor._solve_runner.is_busy(), timeout=20000)
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    qtbot.waitUntil(lambda: not editor._solve_runner.is_busy(), timeout=60_000)
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.compare_button.click()
     assert editor.comparison == [msgspec.structs.replace(o, elapsed_s=r.elapsed_s)
                                  for o, r in zip(compare(problem, "latency"), editor.comparison)]
@@ -258,7 +258,7 @@ def test_throughput_solve_shows_its_micro_batching(editor, qtbot):
     editor.state.set_problem(problem)
     editor.objective_combo.setCurrentIndex(editor.objective_combo.findData("throughput"))
     editor.batch_spin.setValue(4)  # four sequences to serve: worth pipelining micro-batches
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.solve_button.click()
     plan = editor.state.plan
     from core.planning.solvers import solve_max_throughput
@@ -328,7 +328,7 @@ def test_auto_solve_leaves_offline_devices_out(editor, qtbot):
     editor.state.set_problem(problem)
     assert "server" in solve_min_latency(problem).plan.devices()  # online, the optimum uses it
     editor.state.set_offline(("server",))
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.solve_button.click()
     assert "server" not in editor.state.plan.devices()
     assert editor.state.plan == solve_min_latency(without_offline(problem, ("server",))).plan
@@ -363,15 +363,15 @@ def test_stage_labels_fit_above_the_strip_without_overlapping(qtbot, width):
 
 def test_a_profile_whose_source_cannot_hold_the_model_gets_a_solved_plan_with_nothing_to_undo(editor, qtbot):
     editor.state.set_problem(make_problem(phone_memory=100 * MiB))
-    qtbot.waitUntil(lambda: len(editor.own_plan.stages) > 1, timeout=20000)
+    qtbot.waitUntil(lambda: len(editor.own_plan.stages) > 1, timeout=60_000)
     assert evaluate(editor.state.problem, editor.own_plan).feasible
     assert not editor.undo_stack.canUndo()
 
 
 def test_compare_rows_that_do_not_fit_cannot_be_adopted(editor, qtbot):
     editor.state.set_problem(make_problem(phone_memory=100 * MiB))
-    qtbot.waitUntil(lambda: not editor._solve_runner.is_busy(), timeout=20000)
-    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=20000):
+    qtbot.waitUntil(lambda: not editor._solve_runner.is_busy(), timeout=60_000)
+    with qtbot.waitSignal(editor._solve_runner.task_finished, timeout=60_000):
         editor.compare_button.click()
     adopt = {r.strategy: editor.compare_table.cellWidget(i, 3) for i, r in enumerate(editor.comparison)}
     assert not adopt["even"].isEnabled() and "cannot run here" in adopt["even"].toolTip()
