@@ -188,7 +188,7 @@ def test_a_piece_from_a_device_outside_the_pools_is_dropped_and_logged():
         header = DataHeader(run_id="epd", kind="mm", phase="prefill", step=7, micro_batch=0, sender=sender,
                             tensors=(spec,))
         push.send_multipart(data_message(header, [buf]))
-    got = links.take("mm", "", 7, (0,), timeout_s=5.0)
+    got = links.take("mm", "", 7, (0,), timeout_s=30.0)
     assert tuple(got[0][0].shape) == (2, 4) and any("stranger" in line for line in agent.lines)
     push.close(linger=0)
     agent.data_socket.close(linger=0)
@@ -220,13 +220,13 @@ def test_a_failed_runs_stale_piece_never_feeds_the_next_runs_request_of_the_same
     assert links.held_bytes == 0  # dropped when run b began
     piece("run-a", 1.0)  # a late piece of the failed run
     piece("run-b", 2.0)
-    got = links.take("mm", "run-b", 7, (0,), timeout_s=5.0)
+    got = links.take("mm", "run-b", 7, (0,), timeout_s=30.0)
     assert float(got[0][0][0, 0]) == 2.0
     while links.receive(200):
         pass
     assert not links.held and any("stale" in line for line in agent.lines)
     piece("epd", 3.0)  # a probe that names no run (profiling), after named runs: kept, then taken
-    got = links.take("mm", "", 7, (0,), timeout_s=5.0)
+    got = links.take("mm", "", 7, (0,), timeout_s=30.0)
     assert float(got[0][0][0, 0]) == 3.0
     push.close(linger=0)
     agent.data_socket.close(linger=0)

@@ -49,7 +49,7 @@ def blocked_queue():
     queue.close()
 
 
-def _wait_for(cond, timeout_s=5.0):
+def _wait_for(cond, timeout_s=30.0):
     import time
 
     deadline = time.monotonic() + timeout_s
