@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMainWindow,
     QMessageBox,
-    QPlainTextEdit,
     QScrollArea,
     QStackedWidget,
     QWidget,
@@ -36,6 +35,7 @@ from gui import app as studio_app
 from gui.screens import SCREEN_NAMES, SCREEN_TITLES, Screens
 from gui.studio_state import StudioState
 from gui.widgets import show_error
+from gui.widgets.log_view import LogView
 
 SCREENS = SCREEN_TITLES
 SIDEBAR_WIDTH = 150
@@ -192,8 +192,7 @@ class MainWindow(QMainWindow):
             screen.restore_deployments()  # agents deployed in earlier sessions stay controllable
 
     def _build_log_dock(self) -> None:
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
+        self.log_view = LogView()
         self.log_view.setMaximumBlockCount(5000)
         self.log_view.setAccessibleName("Log")
         self.log_dock = QDockWidget("Log", self)
@@ -485,7 +484,7 @@ class MainWindow(QMainWindow):
 
     def _on_state_log_added(self, level: str, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        self.log_view.appendPlainText(f"{stamp}  {level.upper():7s} {text}")
+        self.log_view.append_line(f"{stamp}  {level.upper():7s} {text}")
         if level in ("warning", "error"):
             self.statusBar().showMessage(text, 8000)
 
