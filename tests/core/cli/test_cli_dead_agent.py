@@ -66,7 +66,9 @@ def test_loading_a_plan_on_a_dead_agent_names_it_instead_of_a_key_error(setting)
 
     agents, model, plan, _ = setting
     endpoints, keys = load_agents_file(agents)
-    with Coordinator(endpoints, keys, heartbeat_timeout_s=0.5) as coordinator:
+    # 2 s, not 0.5: the live local-0 must not be declared lost too on a loaded host (the error would
+    # then name it); local-1 never answers, so it is lost 2 s in
+    with Coordinator(endpoints, keys, heartbeat_timeout_s=2.0) as coordinator:
         deadline = time.monotonic() + 30
         while not coordinator.link.is_lost("local-1"):
             assert time.monotonic() < deadline
