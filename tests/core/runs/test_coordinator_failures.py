@@ -47,7 +47,7 @@ def test_losing_an_idle_agent_outside_the_plan_is_reported_and_the_run_goes_on(m
     lost: list[str] = []
     try:
         endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
-        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
             co.on_lost = lost.append
             plan = plan_from_boundaries("tiny-llama", 6, ["a", "b"], [3])
             slow = LinkShape(latency_ms=25)  # 2 hops per token: the run lasts well past the detection
@@ -89,7 +89,7 @@ def test_a_plan_that_avoids_an_offline_agent_loads_and_runs_as_if_it_were_not_th
     agents = {d: Agent(d, keys.public).start() for d in ("a", "b", "gone")}
     try:
         endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
-        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
             lost = threading.Event()
             co.on_lost = lambda device: lost.set()
             agents["gone"].close()

@@ -107,7 +107,7 @@ def test_a_recovery_where_no_plan_fits_the_survivors_says_what_memory_is_missing
         # budgets so the model needs all three devices: two of them are short by a clear amount
         problem = _problem(model_dir, list(agents), memory_gib=_fitting_budget(model_dir, 0.45))
         endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
-        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
             plan = plan_from_boundaries("tiny-llama", 6, ["a", "b", "c"], [2, 4])
             co.load(plan, model_dir, links={d: SLOW for d in agents})
             killer = _CloseAt(agents["c"], step=3)

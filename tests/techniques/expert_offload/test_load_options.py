@@ -199,7 +199,7 @@ def test_a_run_that_loses_a_device_resumes_on_expert_offload_stages_with_their_s
 
     try:
         with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()], keys,
-                         heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+                         heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
             co.load(plan, str(model), kind={s.device: s.kind for s in plan.stages},
                     links={d: LinkShape(latency_ms=15) for d in agents})
             closer = CloseAt()

@@ -70,7 +70,7 @@ def test_a_run_that_loses_a_device_resumes_on_a_replanned_expert_offload_stage_w
                          attention_mask=tuple(map(tuple, enc["attention_mask"].tolist())), max_new_tokens=24,
                          eos_token_ids=(), pad_token_id=0, sampling=SamplingSpec())
     with LocalCluster(tmp_path / "cluster", list(DEVICES)) as cluster, \
-            Coordinator(cluster.endpoints, cluster.keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0) as co:
+            Coordinator(cluster.endpoints, cluster.keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
         killed = threading.Event()
 
         class KillAtStep4:
