@@ -92,13 +92,6 @@ def counters_of(link, devices) -> WireTraffic | None:
     return snapshot(statuses) if statuses else None
 
 
-def wire_since(link, devices, before: WireTraffic | None) -> dict:
-    """``wire_figures`` of what ``devices`` sent since the counters ``before`` (``counters_of``), without
-    a prediction: a served request's, whose open run carries every request served meanwhile too."""
-    after = counters_of(link, devices) if before is not None else None
-    return wire_figures(None if after is None else sent_between(before, after), devices, None)
-
-
 def wire_figures(traffic: WireTraffic | None, devices, predicted: Mapping[tuple[str, str], int] | None,
                  kinds: Iterable[str] | None = None, predicted_total: int | None = None) -> dict:
     """A run's wire figures for its JSON output and its recorded figures (``figures["wire"]``).

@@ -8,7 +8,7 @@ Tables: ``sessions``; ``devices`` (as seen at the time), ``profiles``, ``plans``
 status, figures); ``events`` (TimelineEvents) and ``outputs`` (TokenEvents) of a run,
 sharing one per-run ``seq`` (arrival order) and ``recv_s`` (arrival time, seconds since
 the run started) so a replay reproduces exactly what was seen live; ``agent_logs``.
-Shared events (v3): a server's micro-batch holds several requests, each its own run, and its
+Shared events (v4): a server's micro-batch holds several requests, each its own run, and its
 events are stored once in ``stream_events`` (one ``event_streams`` row per open run of the
 server); each run reads its ``run_windows``: its micro-batch's events from its join to its end,
 moved onto its clock. ``timeline`` merges them with the run's own rows by arrival time.
