@@ -381,3 +381,27 @@ def test_a_run_that_stopped_early_is_shown_without_ghosts_of_steps_it_never_ran(
     view.show_whole_run()
     assert view.box_count(predicted=True) == len(ran)
     assert view.x_range()[1] <= max(e.end_s for e in ran) * 1.05
+
+
+def test_fit_shows_the_run_not_hidden_ghosts_that_predicted_it_slower(view, simulated):
+    import msgspec
+
+    events = list(simulated.events)
+    view.set_lanes(DEVICES)
+    view.set_predicted(events)  # predicted, but "Show predicted" is off
+    ran = [msgspec.structs.replace(e, start_s=e.start_s / 2, end_s=e.end_s / 2) for e in events]  # ran 2x faster
+    view.append_events(ran)
+    view.flush()
+    view.fit_all()
+    run_end = max(e.end_s for e in ran)
+    assert view.x_range()[1] <= run_end * 1.05  # the axis ran on to the ghosts' end, 2x the run
+    view.show_predicted(True)
+    view.fit_all()
+    assert view.x_range()[1] >= max(e.end_s for e in events)
+
+
+def test_before_a_run_fit_shows_the_whole_prediction_even_hidden(view, simulated):
+    view.set_lanes(DEVICES)
+    view.set_predicted(list(simulated.events))
+    view.fit_all()
+    assert view.x_range()[1] >= max(e.end_s for e in simulated.events)
