@@ -24,7 +24,10 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   the two taken one right after the other (which goes first alternates): the cost of HTTP, JSON,
   tokenization, queueing, recording and joining the open run (target <= 5 ms). Beside it both
   sides' medians, ``http_in_out_ms_p50`` (client TTFT − the server's own, from the request's
-  admission) and ``join_ttft_ms_p50`` (the recorded request's TTFT, from its join).
+  admission) and ``join_ttft_ms_p50`` (the recorded request's TTFT, from its join). ``edgeshard run``'s
+  figure is its token's time at the last stage; ``http_overhead_vs_arrival_ms_p50`` takes the same pairs
+  against the token's arrival in the run's coordinator process (``edgeshard_run_arrival_ttft_ms_p50``),
+  so both sides pay that hop, and ``server_last_hop_ms_p50`` is the hop on the server's side.
 - ``late_join``: a long request (4 × ``--new-tokens``) streams, and a short one is sent once
   the long one has its 4th token: the short one's TTFT, and the long one's time left then (the
   short one joins between the long one's steps, not after it).
@@ -202,10 +205,23 @@ class RunPath:
         self._coord.__enter__()
         self.ttft_s("warm up", load=True)
 
-    def ttft_s(self, prompt: str, *, load: bool = False) -> float:
+    def ttft_s(self, prompt: str, *, load: bool = False) -> tuple[float, float]:
+        """The TTFT the run reports (its first token's time at the last stage, on the run's clock), and the
+        first token's arrival here (the coordinator's process, where ``edgeshard run`` prints it)."""
         from core.runs.generation import generate
 
-        return generate(self._coord, self.plan, self.model, [prompt], self.settings, load=load).figures.ttft_s
+        coord, arrived = self._coord, []
+
+        class FirstArrival:
+            def on_event(self, event) -> None:
+                pass
+
+            def on_tokens(self, tokens) -> None:
+                if not arrived:
+                    arrived.append(time.time() - coord.active_run.t0)
+
+        got = generate(coord, self.plan, self.model, [prompt], self.settings, load=load, sink=FirstArrival())
+        return got.figures.ttft_s, arrived[0]
 
     def close(self) -> None:
         self._coord.__exit__(None, None, None)
@@ -227,16 +243,20 @@ def http_overhead(srv: Server, run: RunPath, new_tokens: int, pairs: int) -> dic
             else:
                 run_ttfts.append(run.ttft_s(prompt))
     runs = _recorded(srv, [r["id"] for r in results])
-    rows = [(r["ttft_s"], ref, runs[r["id"]].figures["ttft_s"], runs[r["id"]].figures["server_ttft_s"])
-            for r, ref in zip(results, run_ttfts)
+    rows = [(r["ttft_s"], ref, arrived, runs[r["id"]].figures) for r, (ref, arrived) in zip(results, run_ttfts)
             if r["ttft_s"] is not None and runs[r["id"]].figures.get("ttft_s") is not None]
     med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
     diffs = [c - ref for c, ref, _, _ in rows]
     return {"http_overhead_ms_p50": med(diffs), "http_overhead_ms_min_max": [min(diffs) * 1e3, max(diffs) * 1e3],
             "pairs": len(rows), "client_ttft_ms_p50": med([c for c, _, _, _ in rows]),
             "edgeshard_run_ttft_ms_p50": med([ref for _, ref, _, _ in rows]),
-            "join_ttft_ms_p50": med([j for _, _, j, _ in rows]),
-            "http_in_out_ms_p50": med([c - s for c, _, _, s in rows])}
+            # the same pairs against the first token's arrival in edgeshard run's process (both sides then pay
+            # the token's hop from the last stage), and that hop on the server's side
+            "edgeshard_run_arrival_ttft_ms_p50": med([a for _, _, a, _ in rows]),
+            "http_overhead_vs_arrival_ms_p50": med([c - a for c, _, a, _ in rows]),
+            "join_ttft_ms_p50": med([f["ttft_s"] for _, _, _, f in rows]),
+            "server_last_hop_ms_p50": med([f["server_ttft_s"] - f["queue_s"] - f["ttft_s"] for _, _, _, f in rows]),
+            "http_in_out_ms_p50": med([c - f["server_ttft_s"] for c, _, _, f in rows])}
 
 
 def late_join(srv: Server, new_tokens: int) -> dict:
