@@ -334,7 +334,7 @@ class RunPanel(QWidget):
         plan = getattr(self.state, "plan", None)
         problem = getattr(self.state, "problem", None)
         self.last_outcome = ""
-        model_name = getattr(self.state, "model_name", "") or Path(settings.model_dir).name
+        model_name = run_model_name(self.state, settings.model_dir)
         origin = self.state.plan_origin(plan) if plan is not None and hasattr(self.state, "plan_origin") else None
         self.runner.start(run_and_record, self.backend, settings, self.bridge, workspace, self.session_id,
                           plan, problem, model_name, origin)
@@ -587,3 +587,13 @@ class RunPanel(QWidget):
 
     def _on_predict_runner_task_failed(self, _task_id: int, _message: str) -> None:
         self._show_prediction(None)  # a plan the simulator refuses has no predicted timeline
+
+
+def run_model_name(state, model_dir: str) -> str:
+    """The model a run is recorded under: the studio's model name, unless the run loads another
+    checkpoint than the studio's model (the demo's MoE after *Use for Run*: its runs were recorded
+    and replayed as "demo-llama"), then that checkpoint's folder."""
+    name, path = getattr(state, "model_name", ""), getattr(state, "model_path", "")
+    if name and (not path or not model_dir or Path(path).resolve() == Path(model_dir).resolve()):
+        return name
+    return Path(model_dir).name or name

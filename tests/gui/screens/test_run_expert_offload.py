@@ -79,3 +79,20 @@ def test_on_failure_says_it_cannot_re_plan_a_plan_of_another_model_than_the_stud
     assert not panel.on_failure_combo.isEnabled()
     tip = panel.on_failure_combo.toolTip()
     assert f"needs a profile of {plan.model}" in tip and problem.profile.model.name in tip and "stops this run" in tip
+
+
+def test_a_run_of_another_checkpoint_than_the_studios_model_is_recorded_under_its_own_name(qtbot, moe_cluster,
+                                                                                            tmp_path):
+    coordinator, model_dir = moe_cluster
+    plan = technique_named("expert-offload").run_plan(OffloadPlan(device="e0", slots=3, preload=1), model_dir)
+    state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, PROMPTS[:1], 2)
+    state.set_model("demo-llama", str(tmp_path / "demo-llama"))  # the studio's model (the demo's Llama)
+    with qtbot.waitSignal(panel.run_finished, timeout=90_000) as done:
+        panel.start_run()
+    assert done.args == ["completed"], panel.message.text()
+    qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("edgeshard-run")],
+                    timeout=30_000)
+    assert panel.shutdown()
+    with SessionStore(state.workspace) as store:
+        (run,) = store.runs()
+    assert run.model == "tiny-mixtral"  # was "demo-llama": the MoE's run replayed as the Llama's
