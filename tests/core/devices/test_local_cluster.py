@@ -151,7 +151,7 @@ def test_a_killed_forked_agent_restarts_forked_on_its_address_and_answers(tmp_pa
         before = cluster.pid_of("solo")
         address = cluster.endpoints[0].control_address
         os.kill(before, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # an upper bound: room for a loaded host
         while not cluster.exited() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert cluster.exited() == [("solo", -signal.SIGKILL)]
@@ -267,7 +267,7 @@ def test_agents_outlive_the_thread_that_started_them_and_exit_when_the_parent_pr
         assert len(pids) == 3
         proc.kill()  # kill -9: no handler in the parent runs
         proc.wait(10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # an upper bound: room for a loaded host
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(p) for p in pids)
