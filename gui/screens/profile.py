@@ -69,6 +69,7 @@ class ProfilePanel(QWidget):
         self.progress.hide()
         self.progress_label = QLabel("")
         self.progress_label.setProperty("role", "subtitle")
+        self.progress_label.setWordWrap(True)  # a long status ("…edge-b unit 4/8, edge-c…") widened the screen
         self.conv_button = QPushButton("Profile CNN")
         self.conv_button.setAccessibleName("Profile CNN convolutions")
         self.conv_button.setToolTip("Time convolutions over map sizes on every connected agent and fit "

@@ -147,3 +147,38 @@ def test_a_device_profiled_warm_is_shown_with_the_reason_and_old_profiles_show_n
     text = panel.cache_label.text()
     assert panel.cache_label.isVisibleTo(panel)
     assert "cold" in text and "phone" in text and "<b>laptop</b> timed warm: " + why in text and "server" not in text
+
+
+def test_a_long_profiling_status_wraps_instead_of_widening_the_screen(qtbot):
+    """At 1024x700 "profiling compute: edge-a done, edge-b unit 4/8, edge-c …" made the screen wider
+    than the window: a horizontal scroll bar and the status cut off at the window's edge."""
+    state = StudioState()
+    panel = ProfilePanel(state)
+    qtbot.addWidget(panel)
+    go_on, release = threading.Event(), threading.Event()
+    status = "profiling compute: " + ", ".join(f"edge-{c} unit 4/8 of the model's layers" for c in "abcdef")
+
+    def slow_measure(reporter):
+        reporter.status("profiling")
+        go_on.wait(30)
+        reporter.status(status)
+        release.wait(30)
+        return make_problem().profile
+
+    def min_width() -> int:
+        panel.layout().activate()
+        return panel.minimumSizeHint().width()
+
+    panel.set_profile_task(slow_measure)
+    panel.profile_button.click()
+    try:
+        qtbot.waitUntil(lambda: panel.progress_label.text() == "profiling")
+        short = min_width()
+        go_on.set()
+        qtbot.waitUntil(lambda: panel.progress_label.text() == status)
+        assert min_width() <= short + 60  # a word wider at most (it was ~1,400 px wider)
+    finally:
+        go_on.set()
+        release.set()
+        qtbot.waitUntil(lambda: not panel.runner.is_busy(), timeout=30_000)
+        panel.shutdown()
