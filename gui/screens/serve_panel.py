@@ -208,6 +208,7 @@ class ServePanel(QWidget):
             self.toggle.blockSignals(False)
             return
         self.endpoint = endpoint
+        self.toggle.setText("Stop serving")  # the pressed "Serve" looked the same as the released one
         self.url_edit.setText(self.url)
         self.copy_key.setEnabled(True)
         self.status.setText(f"Serving {endpoint.served.name}")
@@ -232,6 +233,7 @@ class ServePanel(QWidget):
         self.copy_key.setEnabled(False)
         self.url_edit.clear()
         self.status.setText("Not serving")
+        self.toggle.setText("Serve")
         self.details.setVisible(False)
         if self.beside is not None:
             self.beside.setVisible(True)

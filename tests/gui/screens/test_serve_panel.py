@@ -123,3 +123,11 @@ def test_a_served_request_is_replayed_in_the_sessions_screen(qtbot, agents):
     assert monitor.timeline.box_count(kind="compute") > 0  # the agents' work on its micro-batch
     assert monitor.ttft_card.text() not in ("", "—") and monitor.tokens_card.text() not in ("", "—")
     sessions.shutdown()
+
+
+def test_the_serve_toggle_reads_stop_serving_while_it_serves(qtbot, agents):
+    _, screen, _ = _serving(qtbot, agents, "toggle.sqlite")
+    panel = screen.serve_panel
+    assert panel.toggle.text() == "Stop serving"  # it read "Serve" both ways
+    panel.toggle.click()
+    assert panel.toggle.text() == "Serve" and panel.status.text() == "Not serving"
