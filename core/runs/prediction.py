@@ -82,29 +82,51 @@ def predict_run(problem: PlanningProblem, plan: ShardPlan, mode: str, n_prompts:
                          steps_requested=max_new_tokens, note=note)
 
 
+def run_prompt_tokens(model_dir: str, prompts) -> int | None:
+    """Tokens per sequence of the run's prefill: its longest prompt's (a run pads its prompts to one
+    width, ``core.runs.run_tokenizer``); None without a checkpoint whose tokenizer loads (the
+    technique's problem then says)."""
+    from core.errors import EdgeShardError
+    from core.runs.run_tokenizer import encode_left_padded, load_run_tokenizer
+
+    if not model_dir or not prompts:
+        return None
+    try:
+        return encode_left_padded(load_run_tokenizer(model_dir), list(prompts)).width or None
+    except (OSError, ValueError, EdgeShardError):
+        return None
+
+
 def predict_origin_run(origin: PlanOrigin, run_plan: ShardPlan, mode: str, n_prompts: int,
                        micro_batches: int | None, max_new_tokens: int, max_stage_steps: int = MAX_STAGE_STEPS,
-                       speculation=None) -> RunPrediction:
+                       speculation=None, prompt_tokens: int | None = None) -> RunPrediction:
     """The predicted timeline of ``run_plan``, made from ``origin``: a shard plan that is its technique's
     own plan (layer sharding) is simulated with the run's micro-batch split (``predict_run``); another
     technique's plan by its ``Technique.simulate`` for the tokens asked (the first ``max_stage_steps``
-    at most), in ``mode`` when the technique has that mode, else its plan's own."""
+    at most), in ``mode`` when the technique has that mode, else its plan's own. ``prompt_tokens``: the
+    run's prompt width (``run_prompt_tokens``), which that technique's prefill takes in place of its
+    problem's (a profile's 16 tokens; None: the problem's)."""
     if origin.plan is run_plan or origin.plan == run_plan:
         return predict_run(origin.problem, run_plan, mode, n_prompts, micro_batches, max_new_tokens,
                            max_stage_steps, speculation)
     technique = origin.technique
     steps = max(1, min(max_new_tokens, max_stage_steps // max(1, len(run_plan.stages))))
     sizes = run_group_sizes(n_prompts, run_plan, micro_batches)  # the run's batches (a technique may take them)
+    width = {} if prompt_tokens is None else {"prompt_tokens": prompt_tokens}
     result = technique.simulate(origin.problem, origin.plan, mode if mode in technique.modes else None,
-                                generated_tokens=steps, micro_batch_sizes=sizes)
+                                generated_tokens=steps, micro_batch_sizes=sizes, **width)
     note = (f"Predicted: the first {steps} of {max_new_tokens} steps ({technique.title}'s schedule)."
             if steps < max_new_tokens else "")
     return RunPrediction(result=result, group_sizes=sizes, steps_predicted=steps, steps_requested=max_new_tokens,
                          note=note)
 
 
-def predict_run_task(reporter: Reporter, *args, **kwargs) -> RunPrediction:
-    """``predict_run`` as long work for a worker (``fn(reporter, ...)``)."""
+def predict_run_task(reporter: Reporter, *args, prompts_of: tuple[str, tuple[str, ...]] | None = None,
+                     **kwargs) -> RunPrediction:
+    """``predict_origin_run`` as long work for a worker (``fn(reporter, ...)``); ``prompts_of``: the run's
+    (model_dir, prompts), whose width (``run_prompt_tokens``, a tokenizer: off the GUI thread) it predicts."""
     if reporter.cancel_requested():
         raise Cancelled()
+    if prompts_of is not None:
+        kwargs["prompt_tokens"] = run_prompt_tokens(*prompts_of)
     return predict_origin_run(*args, **kwargs)

@@ -44,7 +44,7 @@ def plan_origin(recorded: RecordedOrigin) -> PlanOrigin:
 def replay_prediction(info: RunInfo, problem, plan, origin: RecordedOrigin | None) -> tuple[tuple, str]:
     """The predicted events of a recorded run and a note, or ((), why not): what the Sessions screen's
     "Show predicted" draws under the replay. With an origin: what the live Run screen predicted from it
-    (``predict_origin_run`` with the run's plan, mode, prompts, micro-batch override and tokens), or the
+    (``predict_origin_run`` with the run's plan, mode, prompts, their width, micro-batch override and tokens), or the
     technique's ``simulate`` of it for a run without a shard plan (spatial, EPD); without one, layer
     sharding's prediction of the stored plan and problem (runs recorded before schema v3)."""
     s = info.settings
@@ -60,7 +60,8 @@ def replay_prediction(info: RunInfo, problem, plan, origin: RecordedOrigin | Non
                 t = source.technique
                 return tuple(t.simulate(source.problem, source.plan, info.mode if info.mode in t.modes else None)
                              .events), ""
-            prediction = predict_origin_run(source, plan, info.mode, prompts, override, tokens)
+            prediction = predict_origin_run(source, plan, info.mode, prompts, override, tokens,
+                                            prompt_tokens=s.get("prompt_tokens"))
             return tuple(prediction.result.events), prediction.note
         if problem is None or plan is None:
             return (), "No prediction: the run has no stored plan and profile."

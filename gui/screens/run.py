@@ -574,7 +574,7 @@ class RunPanel(QWidget):
         s = self.settings()
         speculation = predicted_speculation(s, origin.problem, plan) if origin.plan == plan else None
         self.predict_runner.start(predict_run_task, origin, plan, s.mode, len(s.prompts), s.micro_batches,
-                                  s.max_new_tokens, speculation=speculation)
+                                  s.max_new_tokens, speculation=speculation, prompts_of=(s.model_dir, s.prompts))
 
     def _show_prediction(self, prediction) -> None:
         self.monitor.set_predicted(prediction.result.events if prediction is not None else [])

@@ -100,6 +100,7 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
     if not workspace:
         return _run_backend(reporter, backend, settings, sink)
     from core.runs.batching import batching_settings
+    from core.runs.prediction import run_prompt_tokens
     from core.sessions.recording import record_run
 
     from core.techniques import technique_of_plan
@@ -112,7 +113,10 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
                     settings={**asdict(settings), "prompts": list(settings.prompts), "lanes": backend.lanes(),
                               "technique": technique, "mode": mode,
                               "lane_notes": lane_notes(backend, settings),
-                              **batching_settings(plan, settings.micro_batches)},
+                              **batching_settings(plan, settings.micro_batches),
+                              # the prompts' width its technique's prediction takes (the replay's too)
+                              **({"prompt_tokens": run_prompt_tokens(settings.model_dir, settings.prompts)}
+                                 if origin is not None else {})},
                     session_id=session_id, session_name=f"Studio {time.strftime('%Y-%m-%d %H:%M')}",
                     plan=plan, problem=problem,
                     origin=recorded_origin(origin) if origin is not None else None) as run:

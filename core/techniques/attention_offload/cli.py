@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--top-p", type=float_in(0, 1, lo_open=True), default=1.0)
     r.add_argument("--seed", type=SEED, default=0)
     r.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
+    r.add_argument("--profile", metavar="PROFILE.json", help="the agents' measured profile (edgeshard profile): "
+                   "the run records the problem it makes of them and the split as its origin, so its replay in "
+                   "Sessions draws the predicted timeline beside it (without it: no prediction)")
     r.add_argument("--workspace", help="workspace file (default: the studio's)")
     r.add_argument("--no-record", action="store_true", help="do not record the run in the workspace")
     r.add_argument("--events", metavar="FILE", help="write timeline and token events to this JSONL file")
@@ -76,6 +79,7 @@ def _run(args) -> int:
     from core.runs.wire import WireMeter
     from core.sessions.recording import add_run_figures, check_workspace, record_run
     from core.sessions.store import default_workspace_path
+    from core.techniques.run_origin import recorded_origin
 
     compute = [n.strip() for n in args.compute.split(",")]
     if not all(compute) or len(set(compute)) != len(compute):
@@ -119,14 +123,19 @@ def _run(args) -> int:
         head_ranges(checkpoint_model(model_dir).kv_heads, len(memory))
     except CheckpointError as err:
         raise FormatError("--memory", str(err)) from None
+    origin = run_plan = width = None
+    if workspace is not None and args.profile:
+        origin, run_plan, width = run_origin(args.profile, model_dir, compute, memory, args.prompt, settings,
+                                             args.schedule)
     recording = nullcontext() if workspace is None else record_run(
         workspace, model=Path(model_dir).name, mode="sequential",
         settings={"technique": "attention-offload", "model_dir": model_dir, "prompts": args.prompt,
                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
                   "seed": args.seed, "compute": compute, "memory": memory, "lanes": devices,
                   "schedule": args.schedule if staggered else "", "micro_batches": settings.micro_batches,
-                  "started_by": "edgeshard attention-offload run"},
-        session_name=f"attention offload {time.strftime('%Y-%m-%d %H:%M')}")
+                  "started_by": "edgeshard attention-offload run", "prompt_tokens": width},
+        session_name=f"attention offload {time.strftime('%Y-%m-%d %H:%M')}", plan=run_plan,
+        origin=recorded_origin(origin) if origin is not None else None)
     cluster = tmp = None
     try:
         if args.local:
@@ -178,6 +187,36 @@ def _run(args) -> int:
         print(f"recorded as run {rec.run_id} (session {rec.session_id}) in {workspace}")
     sys.stdout.flush()
     return 0
+
+
+def run_origin(profile_file: str, model_dir: str, compute: list[str], memory: list[str], prompts: list[str],
+               settings, schedule: str):
+    """What predicts this run, recorded with it (its replay's ghosts), as the Run screen's ``PlanOrigin``:
+    the profiled agents as attention offloading's problem for this checkpoint, these prompts' width and
+    tokens, and the split run as its plan; with its ``ShardPlan`` and the width. A profile without one of
+    the named devices is refused (``FormatError``), before any agent starts."""
+    from core import formats
+    from core.devices.profile import Profile
+    from core.runs.prediction import PlanOrigin, run_prompt_tokens
+    from core.techniques import technique_named
+    from core.techniques.attention_offload.measured import problem_from_profile
+    from core.techniques.attention_offload.problem import OffloadPlan, OffloadWorkload
+    from core.techniques.attention_offload.run import checkpoint_model
+
+    profile = formats.load(profile_file, Profile)
+    missing = [d for d in (*compute, *memory) if d not in profile.cluster.device_ids()]
+    if missing:
+        raise FormatError(profile_file, f"has no device {', '.join(missing)}: profile these agents "
+                                        "(edgeshard profile) or leave --profile out")
+    width = run_prompt_tokens(model_dir, prompts) or 1
+    problem = problem_from_profile(profile, checkpoint_model(model_dir),
+                                   OffloadWorkload(prompt_tokens=width, generated_tokens=settings.max_new_tokens),
+                                   devices=(*compute, *memory))
+    in_flight = settings.micro_batches or 1
+    plan = OffloadPlan(compute=tuple(compute), memory=tuple(memory), batch=-(-len(prompts) // in_flight),
+                       in_flight=in_flight, schedule=schedule)
+    technique = technique_named("attention-offload")
+    return PlanOrigin(technique, problem, plan), technique.run_plan(plan, model_dir), width
 
 
 def _wire(model_dir: str, memory: list[str], prompts: list[str], out, traffic, devices) -> dict:

@@ -62,13 +62,19 @@ def _prefill_attention_s(problem: OffloadProblem, plan: OffloadPlan) -> list[flo
 
 def simulate(problem: OffloadProblem, plan: OffloadPlan, mode: str | None = None, *,
              generated_tokens: int | None = None, host_cores: int | None = None, background: float = 0.0,
-             micro_batch_sizes: tuple[int, ...] | None = None, **_) -> OffloadSimulation:
+             micro_batch_sizes: tuple[int, ...] | None = None, prompt_tokens: int | None = None,
+             **_) -> OffloadSimulation:
     """``mode``: ``fixed`` or ``rotational`` (default: the plan's schedule). ``host_cores``: the
     devices are agents on one host with that many cores, shared with ``background`` other runnable
     processes (``core.runs.shared_host``: every slice, residual frame and attention computing at
     once progresses at min(1, cores / (jobs + background))); None: independent devices.
     ``micro_batch_sizes``: a run's batches (the Run screen's prompts, ``core.runs.prediction``): as many in
-    flight, each of the largest's size, instead of the plan's (planned for a throughput-sized batch)."""
+    flight, each of the largest's size, instead of the plan's (planned for a throughput-sized batch).
+    ``prompt_tokens``: the run's prompt width (its prefill and the context its attention reads), in place
+    of the problem's workload (a profile's prompt length)."""
+    if prompt_tokens:
+        problem = msgspec.structs.replace(problem, workload=msgspec.structs.replace(problem.workload,
+                                                                                   prompt_tokens=prompt_tokens))
     if micro_batch_sizes:
         plan = msgspec.structs.replace(plan, batch=max(micro_batch_sizes), in_flight=len(micro_batch_sizes))
     check_plan(problem, plan)
