@@ -111,3 +111,42 @@ def test_an_origin_of_a_technique_this_studio_lacks_predicts_nothing_saying_why(
     bad = msgspec.structs.replace(stored, plan=msgspec.Raw(b'{"format": "edgeshard.expert-offload-plan"}'))
     events, note = replay_prediction(info, None, stored_plan, bad)
     assert events == () and note.startswith("No prediction: the recorded MoE expert offloading (EdgeMoE) problem")
+
+
+def test_an_attention_offload_prediction_takes_the_runs_prompt_width_in_place_of_the_problems():
+    from core.techniques.attention_offload.simulator import simulate
+
+    problem, plan, run_plan = _attention_offload()
+    width = problem.workload.prompt_tokens + 23  # the run's prompts, not the profile's 16
+    origin = PlanOrigin(technique_named("attention-offload"), problem, plan)
+    live = predict_origin_run(origin, run_plan, "no-bubbles", len(PROMPTS), None, MAX_NEW, prompt_tokens=width)
+    # the technique's simulator called directly on a problem whose workload has those prompts, one batch of 3
+    run_problem = msgspec.structs.replace(problem, workload=msgspec.structs.replace(problem.workload,
+                                                                                    prompt_tokens=width))
+    direct = simulate(run_problem, msgspec.structs.replace(plan, batch=len(PROMPTS), in_flight=1),
+                      generated_tokens=MAX_NEW)
+    assert tuple(live.result.events) == direct.events
+    before = predict_origin_run(origin, run_plan, "no-bubbles", len(PROMPTS), None, MAX_NEW)
+
+    def prefill_s(events):
+        return sum(e.end_s - e.start_s for e in events if e.kind == "compute" and e.step == 0)
+
+    assert prefill_s(live.result.events) > prefill_s(before.result.events)  # longer prompts, longer prefill
+
+
+def test_a_replay_is_predicted_with_the_prompt_width_its_run_recorded(tmp_path):
+    problem, plan, run_plan = _attention_offload()
+    width = problem.workload.prompt_tokens + 23
+    origin = PlanOrigin(technique_named("attention-offload"), problem, plan)
+    path = tmp_path / "ws.sqlite"
+    with record_run(path, model=run_plan.model, mode="sequential", plan=run_plan, origin=recorded_origin(origin),
+                    settings={"prompts": PROMPTS, "max_new_tokens": MAX_NEW, "technique": "attention-offload",
+                              "mode": "sequential", "prompt_tokens": width,
+                              **batching_settings(run_plan, None)}) as run:
+        run.status = "completed"
+    with SessionStore(path) as store:
+        info = store.run(run.run_id)
+        events, _ = replay_prediction(info, None, store.plan(info.plan_id), store.origin_of(run.run_id))
+    live = predict_origin_run(origin, run_plan, "no-bubbles", len(PROMPTS), None, MAX_NEW, prompt_tokens=width)
+    assert events == tuple(live.result.events)
+    assert events != tuple(predict_origin_run(origin, run_plan, "no-bubbles", len(PROMPTS), None, MAX_NEW).result.events)

@@ -118,3 +118,11 @@ def test_a_profile_without_a_named_device_is_refused_before_anything_starts(tiny
                "laptop", "--prompt", "x", "--workspace", str(tmp_path / "ws.sqlite"),
                "--profile", str(tmp_path / "profile.json")])
     assert rc == 2 and "has no device c0" in capsys.readouterr().err
+
+
+def test_a_runs_prompt_width_is_its_longest_prompt_as_hf_pads_them(tiny_llama_dir):
+    from core.runs.prediction import run_prompt_tokens
+
+    enc = load_tokenizer(tiny_llama_dir)(PROMPTS, return_tensors="pt", padding=True)
+    assert run_prompt_tokens(tiny_llama_dir, PROMPTS) == enc["input_ids"].shape[1] > 1
+    assert run_prompt_tokens("", PROMPTS) is None and run_prompt_tokens(tiny_llama_dir, []) is None
