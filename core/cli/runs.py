@@ -113,6 +113,9 @@ def _register_run(sub) -> None:
     p.add_argument("--problem", help="the planning problem (edgeshard.problem) the plan was solved for, or the "
                                      "profile (edgeshard.profile) it was planned from; --on-failure replan re-plans "
                                      "with it")
+    p.add_argument("--origin", nargs=2, metavar=("PROBLEM", "PLAN"), help="the technique's own problem and plan "
+                   "--plan was made from (e.g. the expert-offload plan given to moe configure --run-plan, and its "
+                   "problem): recorded with the run, so its replay in Sessions draws the technique's prediction")
     p.add_argument("--draft", metavar="DIR", help="speculate: a draft checkpoint sharing the model's tokenizer "
                    "proposes --speculate tokens a trip, the stages verify them at once (one prompt; greedy, or "
                    "seeded speculative sampling with --temperature)")
@@ -219,8 +222,10 @@ def cmd_run(args) -> int:
     from core.runs.coordinator import FanoutSink
     from core.runs.generation import GenerationSettings, check_run, generation_json
     from core.runs.speculative import speculative_entrance
+    from core.runs.prediction import run_prompt_tokens
     from core.sessions.recording import add_run_figures, record_run
     from core.sessions.store import default_workspace_path
+    from core.techniques.run_origin import recorded_origin
 
     if not args.model:
         raise FormatError("edgeshard run", "give --model CHECKPOINT_DIR: the plan is a language model's")
@@ -230,6 +235,7 @@ def cmd_run(args) -> int:
     plan = plan_as_asked(formats.load(args.plan, ShardPlan), args)
     prompts = _read_prompts(args)
     replan = _replanner(args, plan, len(prompts))
+    origin = _origin(args.origin, plan) if args.origin and not args.no_record else None
     k = micro_batch_count(plan, args.micro_batches)
     if args.micro_batches is not None and k > len(prompts):  # a micro-batch holds one prompt or more
         raise FormatError("--micro-batches", f"{k} micro-batches for {len(prompts)} prompt(s): give at least {k} "
@@ -268,8 +274,10 @@ def cmd_run(args) -> int:
                   "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,
                   "repetition_penalty": settings.repetition_penalty,
                   "no_repeat_ngram_size": settings.no_repeat_ngram_size, "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
-                  **batching_settings(plan, args.micro_batches)},
-        session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan)
+                  **batching_settings(plan, args.micro_batches),
+                  **({"prompt_tokens": run_prompt_tokens(model_dir, prompts)} if origin is not None else {})},
+        session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan,
+        origin=recorded_origin(origin) if origin is not None else None)
     printer = _PrintSink(len(prompts), args.events, quiet=args.json)
     try:
         with recording as run:
@@ -365,6 +373,20 @@ def _replanner(args, plan, prompts: int):
     if args.on_failure == "stop":
         return None
     return replanner_for(plan, _problem_of(args, plan, prompts, "--on-failure replan"), os.path.abspath(args.model))
+
+
+def _origin(files: list[str], plan):
+    """``--origin PROBLEM PLAN`` read as ``plan``'s technique's own problem and plan (the Run screen's
+    ``PlanOrigin``), or a one-line error naming the file (another technique's, or not a problem/plan)."""
+    from core import formats
+    from core.runs.prediction import PlanOrigin
+    from core.techniques import technique_named, technique_of_plan
+
+    technique = technique_named(technique_of_plan(plan))
+    if technique.problem_type is None or technique.plan_type is None:
+        raise FormatError("--origin", f"{technique.title} records no origin")
+    return PlanOrigin(technique, formats.load(files[0], technique.problem_type),
+                      formats.load(files[1], technique.plan_type))
 
 
 def _problem_of(args, plan, prompts: int, needed_by: str):

@@ -34,9 +34,12 @@ def ran(tmp_path_factory):
     code, out = run_cli(["moe", "configure", folder / "offload.json", model, "--run-plan", folder / "run.json",
                          "--bandwidth-mbps", "400"])
     assert code == 0, out
+    code, out = run_cli(["moe", "scenario", "--out", folder / "problem.json"])  # the plan's problem (its origin)
+    assert code == 0, out
     workspace = folder / "ws.sqlite"
     code, out = run_cli(["run", "--model", model, "--plan", folder / "run.json", "--local", "--prompt", PROMPT,
-                         "--max-new-tokens", NEW, "--workspace", workspace, "--events", folder / "events.jsonl"])
+                         "--max-new-tokens", NEW, "--workspace", workspace, "--events", folder / "events.jsonl",
+                         "--origin", folder / "problem.json", folder / "offload.json"])
     assert code == 0, out
     return model, folder, workspace, out
 
@@ -60,6 +63,33 @@ def test_edgeshard_run_of_the_plan_gives_hf_generates_tokens(ran):
     got = [t.tokens.token_ids[0] for t in sorted((i for i in items if i.tokens is not None),
                                                  key=lambda i: i.tokens.step)]
     assert tuple(got) == tuple(hf_greedy_new_tokens(str(model), enc, NEW)[0])
+
+
+def test_a_run_given_its_origin_replays_with_the_prediction_of_its_problem_and_plan(ran):
+    from core.techniques.expert_offload.problem import OffloadProblem
+    from core.techniques.expert_offload.simulator import simulate
+    from core.techniques.run_origin import replay_prediction
+
+    model, folder, workspace, _ = ran
+    with SessionStore(workspace) as store:  # the workspace reopened, as Sessions loads a run
+        [run] = store.runs(store.sessions()[0].id)
+        predicted, note = replay_prediction(run, store.problem_of(run.id), store.plan(run.plan_id),
+                                            store.origin_of(run.id))
+    # independently: the files the run was given, EdgeMoE's simulator, one sequence of HF's prompt length
+    width = load_tokenizer(str(model))([PROMPT], return_tensors="pt")["input_ids"].shape[1]
+    expected = simulate(formats.load(folder / "problem.json", OffloadProblem), formats.load(folder / "offload.json",
+                        OffloadPlan), "sequential", generated_tokens=NEW, prompt_tokens=width)
+    assert predicted and note == ""
+    assert predicted == expected.events
+
+
+def test_an_origin_of_another_kind_is_refused_naming_the_file(ran, tmp_path, capsys):
+    model, folder, _, _ = ran
+    code, _ = run_cli(["run", "--model", model, "--plan", folder / "run.json", "--local", "--prompt", PROMPT,
+                         "--workspace", tmp_path / "ws.sqlite", "--origin", folder / "offload.json",
+                         folder / "offload.json"])
+    assert code == 2 and "offload.json" in capsys.readouterr().err
+    assert not (tmp_path / "ws.sqlite").exists()  # refused before the run was recorded (or an agent started)
 
 
 def test_expert_activity_is_recorded_as_io_events_on_the_storage_lane(ran):
