@@ -82,8 +82,11 @@ def test_with_replan_every_stream_completes_with_the_undisturbed_tokens(tmp_path
                      .choices[0].text for i, c in MIXED.items()}  # each alone on the recovered plan
             assert {i: outcomes[i] for i in MIXED} == alone  # each row resumed with its own sampling and step
             with SessionStore(server.workspace) as store:  # the recovery is on the requests' recorded timelines
-                kinds = {e.kind for run in store.runs() for e in store.events(run.id)}
-            assert {"failure", "replan", "reload"} <= kinds
+                timelines = [store.events(run.id) for run in store.runs()]
+            assert {"failure", "replan", "reload"} <= {e.kind for events in timelines for e in events}
+            for events in timelines:  # and a resumed request's timeline goes on with the new plan's run
+                reloaded = max((e.end_s for e in events if e.kind == "reload"), default=None)
+                assert reloaded is None or any(e.kind == "compute" and e.start_s >= reloaded for e in events)
         finally:
             assert server.stop() == 0
 
