@@ -126,6 +126,7 @@ class ProfilePanel(QWidget):
         lay.addWidget(self.spatial_table, 1)
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setAccessibleName("Profile charts")
+        self.plots.setMinimumHeight(340)  # with the CNN fits at 1024x700 the page scrolls; the charts were ~40 px
         lay.addWidget(self.plots, 1)
         lay.addStretch(0)
         self.runner.task_finished.connect(self._on_runner_finished)
