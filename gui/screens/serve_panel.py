@@ -116,6 +116,7 @@ class ServePanel(QWidget):
         self.plot.getAxis("bottom").setTextPen(self.palette().color(QPalette.ColorRole.Text))
         self.plot.addLegend(offset=(4, 4), labelTextColor=self.palette().color(QPalette.ColorRole.Text))
         self.plot.setLabel("bottom", "s")
+        self.plot.setLimits(yMin=0)  # an idle endpoint's zero rates were drawn on an axis of -0.5..0.5
         self.tokens_curve = self.plot.plot(name="tokens/s", pen=pg.mkPen("#3b82f6", width=2))
         self.requests_curve = self.plot.plot(name="requests/s", pen=pg.mkPen("#f59e0b", width=2))
         lower = QSplitter(Qt.Orientation.Horizontal)

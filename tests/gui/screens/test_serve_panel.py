@@ -131,3 +131,17 @@ def test_the_serve_toggle_reads_stop_serving_while_it_serves(qtbot, agents):
     assert panel.toggle.text() == "Stop serving"  # it read "Serve" both ways
     panel.toggle.click()
     assert panel.toggle.text() == "Serve" and panel.status.text() == "Not serving"
+
+
+def test_an_idle_endpoints_rates_plot_has_no_negative_axis(qtbot):
+    from gui.screens.serve_panel import ServePanel
+
+    panel = ServePanel(StudioState())
+    qtbot.addWidget(panel)
+    panel.details.setVisible(True)
+    panel.show()
+    panel.tokens_curve.setData([-8.0, -4.0, 0.0], [0.0, 0.0, 0.0])  # serving, no request yet
+    panel.requests_curve.setData([-8.0, -4.0, 0.0], [0.0, 0.0, 0.0])
+    view = panel.plot.getViewBox()
+    qtbot.waitUntil(lambda: view.viewRange()[0][0] < -7)  # auto-ranged to the data
+    assert view.viewRange()[1][0] >= 0  # was -0.5: "-0.4 tokens/s" on the axis
