@@ -106,6 +106,8 @@ class OpenStageRun(StageRun):
         """Last stage: each running micro-batch's rows' sampling, in row order."""
         self.next_samplers: dict[int, collections.deque[JoinRun]] = collections.defaultdict(collections.deque)
         """Last stage: joins whose prefill has not arrived yet, per index, in join order."""
+        self.unprefilled: dict[int, int] = collections.defaultdict(int)
+        """Last stage: per index, joins retired before their prefill that have not been handed over yet."""
         self.rows: dict[int, int] = {}
         """Last stage: each running micro-batch's rows (a grown step's new rows are its joins' sequences)."""
 
@@ -135,7 +137,9 @@ class OpenStageRun(StageRun):
             if isinstance(msg, LeaveRun):
                 self._leave(set(msg.sequence_ids))
             else:
-                if self.is_last:
+                if self.is_last and self.unprefilled[msg.micro_batch]:
+                    self.unprefilled[msg.micro_batch] -= 1  # retired before its prefill (``_retire``)
+                elif self.is_last:
                     self.next_samplers[msg.micro_batch].append(msg)
                 if self.is_first:
                     self._join(msg)
@@ -167,14 +171,13 @@ class OpenStageRun(StageRun):
             g.finished = [f or s in self.left for f, s in zip(g.finished, g.seq_ids)]
             g.done = all(g.finished)
             mb = g.index
-            if g.done and self.source.started[mb] < 0:  # not started (sequential): nothing to retire
+            if self._ends(g) and self.source.started[mb] < 0:  # not started (sequential, bubbles): no step to wait
                 finished = list(self.source.finished)
                 finished[mb] = True
                 self.source = SourceState(self.source.mode, self.source.steps, self.source.started,
                                           self.source.returned, tuple(finished))
                 self.injections = collections.deque(s for s in self.injections if s.micro_batch != mb)
-                del self.groups[mb]
-                self._rejoin(mb)
+                self._retire(mb)  # its join, queued at the last stage, never meets a prefill: dropped there
 
     # ------------------------------------------------------------------ the source's steps
     def _sequence_done(self, g, i: int, token: int, eos: set[int]) -> bool:
@@ -256,7 +259,16 @@ class OpenStageRun(StageRun):
         return super()._forward(op, x, mask)
 
     def _retire(self, mb: int) -> None:
-        """Drop micro-batch ``mb``'s KV cache here and pass the retire on down the ring."""
+        """Drop micro-batch ``mb``'s KV cache here and pass the retire on down the ring. At the last stage, a
+        retire of a micro-batch it never sampled is of a join whose rows all left before its prefill (the
+        source dropped it unstarted): that join is dropped, else the next prefill of ``mb`` sampled by it."""
+        if self.is_last and mb not in self.row_samplers:
+            if not self.next_samplers[mb]:
+                self._take_handed()
+            if self.next_samplers[mb]:
+                self.next_samplers[mb].popleft()
+            else:  # its join has not been handed over yet: dropped when it is
+                self.unprefilled[mb] += 1
         self.ex.drop(mb)
         self.seen_groups.discard(mb)
         self.rows.pop(mb, None)
