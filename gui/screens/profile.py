@@ -119,9 +119,10 @@ class ProfilePanel(QWidget):
         self.spatial_table = QTableWidget(0, len(FIT_HEADERS))
         self.spatial_table.setHorizontalHeaderLabels(FIT_HEADERS)
         self.spatial_table.verticalHeader().hide()
-        self.spatial_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        for column in (1, len(FIT_HEADERS) - 2, len(FIT_HEADERS) - 1):  # never clipped at 1024 px
-            self.spatial_table.horizontalHeader().setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        # every figure's heading whole at 1024 px (stretched, "a (ms per GFLOP)" read "ms per GFLO");
+        # the device column takes what is left
+        self.spatial_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.spatial_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.spatial_table.setAccessibleName("CNN time model fits")
         lay.addWidget(self.spatial_table, 1)
         self.plots = pg.GraphicsLayoutWidget()
@@ -344,7 +345,7 @@ def cache_timing_text(p: Profile) -> str:
     return " · ".join(cold + warm)
 
 
-FIT_HEADERS = ["device", "layers", "a (ms per GFLOP)", "b (ms per call)", "GFLOP/s (1/a)", "fit error",
+FIT_HEADERS = ["device", "layers", "a (ms/GFLOP)", "b (ms/call)", "GFLOP/s (1/a)", "fit error",
                "weights (ms/MB)", "activations (ms/MB)"]
 
 

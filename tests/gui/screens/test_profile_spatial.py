@@ -128,3 +128,29 @@ def test_with_cnn_fits_at_1024x700_the_charts_keep_a_readable_height_and_the_pag
     assert profile.plots.height() >= 300
     assert window.stack.currentWidget().verticalScrollBar().maximum() > 0
     window.close()
+
+
+def test_at_1024x700_every_fit_heading_is_whole_without_a_horizontal_scroll(qtbot, isolated_settings):
+    from gui import app as studio_app
+    from gui.main_window import MainWindow
+
+    studio_app.create_app()
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.resize(1024, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    conv = fit_time_model([(1e8, 0.03), (2e8, 0.055), (4e8, 0.11)])
+    window.state.set_spatial_fits(SpatialFits(source="measured on 3 agent(s)", devices=tuple(
+        DeviceFit(device=d, conv=conv, fc=conv) for d in ("edge-a", "edge-b", "edge-c"))))
+    window.show_screen(window.screens.profile)
+    table = window.screens.profile.spatial_table
+    header = table.horizontalHeader()
+    qtbot.waitUntil(lambda: header.sectionSize(0) > 0)
+    qtbot.wait(50)
+    metrics = header.fontMetrics()
+    clipped = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())
+               if header.sectionSize(c) < metrics.horizontalAdvance(table.horizontalHeaderItem(c).text()) + 8]
+    assert clipped == []  # "a (ms per GFLOP)" read "ms per GFLO"
+    assert table.horizontalScrollBar().maximum() == 0
+    window.close()
