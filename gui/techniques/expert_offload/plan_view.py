@@ -345,8 +345,11 @@ class ExpertOffloadPlanView(QWidget):
         import msgspec
 
         out, _ = self.outcome()
+        from core.runs.prediction import PlanOrigin
+
+        offload_plan = msgspec.structs.replace(out.plan, device=self.run_device())
         try:
-            plan = self.technique.run_plan(msgspec.structs.replace(out.plan, device=self.run_device()), self._model())
+            plan = self.technique.run_plan(offload_plan, self._model())
         except EdgeShardError as err:
             self.run_box.message.show_lines([str(err)], "Cannot run:")
             return
@@ -357,7 +360,7 @@ class ExpertOffloadPlanView(QWidget):
         self.job = "run"
         self.run_box.started([plan.stages[0].device, f"{plan.stages[0].device}:storage"])
         self.runner.start(run_job, self.state.agents, plan, self._model(), prompts, self.run_box.max_tokens.value(),
-                          getattr(self.state, "workspace", ""))
+                          getattr(self.state, "workspace", ""), PlanOrigin(self.technique, self.problem(), offload_plan))
 
     def _on_task_finished(self, out) -> None:
         job, self.job = self.job, ""

@@ -40,11 +40,14 @@ class _ToReporter:
 
 
 def run_job(reporter, coordinator, plan, model_dir: str, prompts: list[str], max_new_tokens: int,
-            workspace: str) -> dict:
-    """Run ``plan`` (its stages of kind ``expert-offload``) on the agents, recorded when a workspace is open."""
+            workspace: str, origin=None) -> dict:
+    """Run ``plan`` (its stages of kind ``expert-offload``) on the agents, recorded when a workspace is open
+    with ``origin`` (the view's problem and plan, a ``PlanOrigin``: what predicts its replay)."""
     from core.runs.generation import GenerationSettings, generate
+    from core.runs.prediction import run_prompt_tokens
     from core.runs.run_stream import FanoutSink
     from core.sessions.recording import record_run
+    from core.techniques.run_origin import recorded_origin
 
     settings = GenerationSettings(max_new_tokens=max_new_tokens)
     lanes = [s.device for s in plan.stages] + [f"{s.device}:storage" for s in plan.stages]
@@ -55,8 +58,9 @@ def run_job(reporter, coordinator, plan, model_dir: str, prompts: list[str], max
         return {"run_id": None, "texts": list(out.texts), "wall_s": out.result.wall_s}
     with record_run(workspace, model=Path(model_dir).name, mode=settings.mode,
                     settings={"prompts": prompts, "lanes": lanes, "max_new_tokens": max_new_tokens,
-                              "technique": "expert-offload"},
-                    session_name=f"Expert offloading {time.strftime('%Y-%m-%d %H:%M')}", plan=plan) as run:
+                              "technique": "expert-offload", "prompt_tokens": run_prompt_tokens(model_dir, prompts)},
+                    session_name=f"Expert offloading {time.strftime('%Y-%m-%d %H:%M')}", plan=plan,
+                    origin=recorded_origin(origin) if origin is not None else None) as run:
         out = generate(coordinator, plan, model_dir, prompts, settings, sink=FanoutSink(sink, run.recorder),
                        reporter=reporter)
         run.status = "completed"

@@ -241,7 +241,14 @@ def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_la
     # the run's 3 prompts over the plan's batches in flight (planned for a throughput-sized batch)
     in_flight = min(3, run.micro_batches_spin.value() or state.plan.micro_batches)
     batch = -(-3 // in_flight)
-    expected = simulate(view.problem, msgspec.structs.replace(view.plan, batch=batch, in_flight=in_flight),
+    # and their prompts' width (padded as the run pads them), not the profile's prompt length
+    from core.runs.generation import load_tokenizer
+
+    width = len(load_tokenizer(tiny_llama_dir)(["the river", "hello there", "love is"], padding=True)["input_ids"][0])
+    assert width != view.problem.workload.prompt_tokens
+    problem = msgspec.structs.replace(view.problem, workload=msgspec.structs.replace(view.problem.workload,
+                                                                                    prompt_tokens=width))
+    expected = simulate(problem, msgspec.structs.replace(view.plan, batch=batch, in_flight=in_flight),
                         generated_tokens=4).events
     assert all(timeline.box_count(device=m, kind="compute", predicted=True) > 0 for m in memory)
     assert timeline.box_count(predicted=True) == len(expected)
@@ -278,6 +285,10 @@ def test_a_measured_plan_s_ghosts_are_of_its_probed_memory_agents_attention(qtbo
                     and timeline.box_count(predicted=True) > 0, timeout=60_000)
     in_flight = min(2, run.micro_batches_spin.value() or state.plan.micro_batches)
     plan = msgspec.structs.replace(view.plan, batch=-(-2 // in_flight), in_flight=in_flight)
+    from core.runs.generation import load_tokenizer  # the run's prompts' width, padded as the run pads them
+
+    width = len(load_tokenizer(tiny_llama_dir)(["the river", "hello there"], padding=True)["input_ids"][0])
+    fitted = msgspec.structs.replace(fitted, workload=msgspec.structs.replace(fitted.workload, prompt_tokens=width))
     expected = simulate(fitted, plan, generated_tokens=3).events
     assert timeline.boxes(predicted=True)["end_s"].max() == pytest.approx(max(e.end_s for e in expected))
     assert all(timeline.box_count(device=m, kind="compute", predicted=True) > 0 for m in memory)

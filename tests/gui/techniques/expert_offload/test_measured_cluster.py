@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from core.devices.local_cluster import LocalCluster
@@ -17,6 +18,8 @@ from core.sessions.replay import Replay
 from core.sessions.store import SessionStore
 from core.techniques.expert_offload.on_agents import device_memory_bytes
 from core.techniques.expert_offload.profiling import STORAGE_FILE
+from core.techniques.expert_offload.simulator import simulate
+from core.techniques.run_origin import replay_prediction
 from gui.studio_state import StudioState
 from gui.techniques.expert_offload.plan_view import MEASURED, WHAT_IF, ExpertOffloadPlanView
 from gui.widgets import UNAVAILABLE
@@ -156,3 +159,11 @@ def test_run_on_agents_in_the_view_runs_the_plan_live_equal_to_generate_recorded
         run = next(r for r in store.runs() if r.id == box.last["run_id"])
         assert run.status == "completed" and Replay.from_store(store, run.id).duration_s > 0
         assert any(e.device == "local-0:storage" for e in store.events(run.id))
+        predicted, note = replay_prediction(run, store.problem_of(run.id), store.plan(run.plan_id),
+                                            store.origin_of(run.id))
+    # its replay's ghosts: EdgeMoE's simulate of the view's problem and plan, the run's batch and prompt width
+    width = load_tokenizer(model_dir)(PROMPTS, return_tensors="pt", padding=True)["input_ids"].shape[1]
+    plan = msgspec.structs.replace(view.outcome()[0].plan, device="local-0")
+    expected = simulate(view.problem(), plan, "sequential", generated_tokens=4, micro_batch_sizes=(len(PROMPTS),),
+                        prompt_tokens=width)
+    assert predicted == expected.events and note == ""

@@ -143,12 +143,15 @@ def test_the_run_screens_ghosts_are_edgemoes_schedule_of_the_runs_batch_clipped_
         qtbot, tmp_path):
     """They were layer sharding's prediction of the Llama's problem, then one sequence's whatever the run
     batched. Now: per step one compute box (the agent times its whole forward) and the expert reads of the
-    run's 3 prompts on the storage lane: the prefill reads every expert its 3 x 8 prompt tokens pick (an
-    empty buffer), a decode step the distinct experts 3 sequences pick (io-exp's LRU hits none)."""
+    run's 3 prompts on the storage lane: the prefill reads every expert its 3 x width prompt tokens pick (an
+    empty buffer; width: the run's prompts padded, not the problem's 8), a decode step the distinct experts
+    3 sequences pick (io-exp's LRU hits none)."""
     from agents.protocol import storage_lane
+    from core.runs.generation import load_tokenizer
     from core.techniques.expert_offload.cost import distinct_experts, read_s
 
-    state, run, view, _moe, _llama = _run_screen_beside_the_view(qtbot, tmp_path)
+    state, run, view, moe, _llama = _run_screen_beside_the_view(qtbot, tmp_path)
+    width = len(load_tokenizer(str(moe))(["one", "two", "three"], padding=True)["input_ids"][0])
     run.prompts_edit.setPlainText("one\ntwo\nthree")
     run.max_tokens_spin.setValue(6)
     view.use_for_run.click()
@@ -161,10 +164,11 @@ def test_the_run_screens_ghosts_are_edgemoes_schedule_of_the_runs_batch_clipped_
     ghosts = timeline.boxes(predicted=True)
     reads = [e for e in timeline._predicted_events if e.device == storage_lane("e0")]
     one_read = read_s(problem, plan)
-    step_reads = [distinct_experts(m.experts, m.top_k, 3 * problem.prompt_tokens)] + \
+    assert width != problem.prompt_tokens
+    step_reads = [distinct_experts(m.experts, m.top_k, 3 * width)] + \
         [distinct_experts(m.experts, m.top_k, 3)] * 5
     assert sum(e.end_s - e.start_s for e in reads) == pytest.approx(m.layers * sum(step_reads) * one_read)
-    tokens = [3 * problem.prompt_tokens] + [3] * 5
+    tokens = [3 * width] + [3] * 5
     per_token = m.layer_compute_s + m.top_k * m.expert_compute_s
     end = sum(m.layers * (r * one_read + n * per_token) + n * m.head_s for r, n in zip(step_reads, tokens))
     assert ghosts["end_s"].max() == pytest.approx(end)
