@@ -104,12 +104,10 @@ def test_profile_cnn_times_convolutions_on_the_agents_in_a_worker_and_shows_each
         assert row[4] == f"{1e-9 / d.conv.a:.2f}" and row[5] == f"{d.conv.median_rel_error * 100:.1f} %"
 
 
-def test_with_cnn_fits_at_1024x700_the_charts_keep_a_readable_height_and_the_page_scrolls(qtbot, isolated_settings):
-    """The demo after Profile cluster and Profile CNN: the fit table took the height and squeezed
-    the three charts to ~40 px each (a bar's value label cut off), in a real xcb window."""
+def _window_with_cnn_fits(qtbot, profile=None):
+    """The main window at 1024x700 on the Profile screen, with three devices' CNN fits (and ``profile``)."""
     from gui import app as studio_app
     from gui.main_window import MainWindow
-    from tests.gui.problems import make_problem
 
     studio_app.create_app()
     window = MainWindow()
@@ -118,11 +116,21 @@ def test_with_cnn_fits_at_1024x700_the_charts_keep_a_readable_height_and_the_pag
     window.show()
     qtbot.waitExposed(window)
     conv = fit_time_model([(1e8, 0.03), (2e8, 0.055), (4e8, 0.11)])
-    window.state.set_profile(make_problem().profile)
+    if profile is not None:
+        window.state.set_profile(profile)
     window.state.set_spatial_fits(SpatialFits(source="measured on 3 agent(s)", devices=tuple(
-        DeviceFit(device=d, conv=conv, fc=conv) for d in ("phone", "laptop", "server"))))
+        DeviceFit(device=d, conv=conv, fc=conv) for d in ("edge-a", "edge-b", "edge-c"))))
+    window.show_screen(window.screens.profile)
+    return window
+
+
+def test_with_cnn_fits_at_1024x700_the_charts_keep_a_readable_height_and_the_page_scrolls(qtbot, isolated_settings):
+    """The demo after Profile cluster and Profile CNN: the fit table took the height and squeezed
+    the three charts to ~40 px each (a bar's value label cut off), in a real xcb window."""
+    from tests.gui.problems import make_problem
+
+    window = _window_with_cnn_fits(qtbot, make_problem().profile)
     profile = window.screens.profile
-    window.show_screen(profile)
     qtbot.waitUntil(lambda: profile.plots.height() > 0)
     qtbot.wait(50)
     assert profile.plots.height() >= 300
@@ -131,19 +139,7 @@ def test_with_cnn_fits_at_1024x700_the_charts_keep_a_readable_height_and_the_pag
 
 
 def test_at_1024x700_every_fit_heading_is_whole_without_a_horizontal_scroll(qtbot, isolated_settings):
-    from gui import app as studio_app
-    from gui.main_window import MainWindow
-
-    studio_app.create_app()
-    window = MainWindow()
-    qtbot.addWidget(window)
-    window.resize(1024, 700)
-    window.show()
-    qtbot.waitExposed(window)
-    conv = fit_time_model([(1e8, 0.03), (2e8, 0.055), (4e8, 0.11)])
-    window.state.set_spatial_fits(SpatialFits(source="measured on 3 agent(s)", devices=tuple(
-        DeviceFit(device=d, conv=conv, fc=conv) for d in ("edge-a", "edge-b", "edge-c"))))
-    window.show_screen(window.screens.profile)
+    window = _window_with_cnn_fits(qtbot)
     table = window.screens.profile.spatial_table
     header = table.horizontalHeader()
     qtbot.waitUntil(lambda: header.sectionSize(0) > 0)
