@@ -68,8 +68,10 @@ def measured(problem: OffloadProblem, *, activations: str | None = None, storage
             bandwidth, fixed = storage_read_cost(data, storage_cache)
         except (KeyError, TypeError, ValueError):
             bandwidth, fixed = data.get("bandwidth_bps"), None
-        if not isinstance(bandwidth, (int, float)) or not bandwidth > 0 or not (fixed or 0) >= 0:
+        if not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
             raise FormatError(storage, f"bandwidth_bps must be > 0 (got {bandwidth!r}): profile again")
+        if not (fixed or 0) >= 0:
+            raise FormatError(storage, f"{storage_cache}.fixed_s must be >= 0 (got {fixed!r}): profile again")
         changes["bandwidth_bps"], changes["read_fixed_s"] = float(bandwidth), float(fixed or 0.0)
     if bits:
         raw = _json(bits, "edgeshard.expert-bits").get("options")

@@ -101,6 +101,8 @@ def test_the_planner_reads_the_measured_files(moe, tmp_path):
 
 @pytest.mark.parametrize("flag, content, words", [
     ("--storage", '{"format": "edgeshard.storage-profile", "bandwidth_bps": -1}', "bandwidth_bps must be > 0"),
+    ("--storage", '{"format": "edgeshard.storage-profile", "warm": {"bandwidth_bps": 1e8, "fixed_s": -0.5}}',
+     "fixed_s must be >= 0 (got -0.5)"),
     ("--storage", "not json", "cannot read it as JSON"),
     ("--activations", '{"format": "edgeshard.storage-profile", "recall": 0.5}', "not an edgeshard.expert-activations"),
     ("--activations", '{"format": "edgeshard.expert-activations", "recall": 1.5}', "recall must be a number"),
