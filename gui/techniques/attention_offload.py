@@ -27,7 +27,7 @@ from core.techniques.attention_offload.problem import OffloadPlan, OffloadProble
 from core.techniques.attention_offload.scenarios import SCENARIOS
 from gui.app import stage_color
 from gui.studio_state import StudioState
-from gui.techniques.attention_probe import AttentionProbe
+from gui.techniques.attention_probe import AttentionProbe, Same
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 
 STRATEGIES = ("exact", "lamina-rule", "homogeneous", "layer-sharding")
@@ -546,7 +546,7 @@ class AttentionOffloadPlanView(QWidget):
                                     else [], "Could not measure the memory agents' attention:")
             self._run(compute, memory, fit)
 
-        key = (id(self.state.profile), self.state.model_path, tuple(compute), tuple(memory))
+        key = (Same(self.state.profile), self.state.model_path, tuple(compute), tuple(memory))
         if not self.is_measured():
             self._run(compute, memory, None)
         elif self.probe.measure_then(key, then, self.state.agents, self.problem, self.state.model_path, compute[0],
@@ -573,7 +573,7 @@ class AttentionOffloadPlanView(QWidget):
         from core.runs.prediction import PlanOrigin
 
         # the Run screen's ghosts: Lamina's staggered schedule of this plan, the memory agents' attention as
-        problem = fit.problem if fit is not None else self.problem  # probed; a scenario's plan: no ghosts
+        problem = fit.onto(self.problem) if fit is not None else self.problem  # probed; a scenario's: none
         self.state.set_plan(shard_plan, origin=PlanOrigin(technique_named("attention-offload"), problem, on_agents)
                             if self.is_measured() else None)
         named = {"compute": list(compute), "memory": list(memory)} if self.is_measured() else {}

@@ -23,6 +23,22 @@ def probe_job(reporter, coordinator, problem, model_dir: str, compute: str, memo
     return probe_on_agents(coordinator, problem, model_dir, compute, memory, reporter=reporter)
 
 
+class Same:
+    """A key part equal only to the very same object, and holding it: a key of ``id(profile)`` alone
+    could be matched by a later profile that Python gave the freed one's id (a stale fit)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Same) and other.obj is self.obj
+
+
 class AttentionProbe(QObject):
     """Probes once per key and hands each caller the fit (or, when the probe failed, None and why)."""
 

@@ -48,6 +48,13 @@ class ProbeFit(msgspec.Struct, frozen=True, kw_only=True):
     attention_s: dict[str, float]
     """Per memory agent: its attention span as read (``QUANTILE``), seconds."""
 
+    def onto(self, problem: OffloadProblem) -> OffloadProblem:
+        """``problem`` (this run's workload) with the probed agents' ``frame_s``: a fit kept from an
+        earlier run must not bring back that run's workload with it."""
+        fitted = {m: self.problem.device(m).frame_s for m in self.attention_s}
+        return msgspec.structs.replace(problem, devices=tuple(
+            msgspec.structs.replace(d, frame_s=fitted[d.id]) if d.id in fitted else d for d in problem.devices))
+
 
 def probe_request(vocab: int, batch: int = PROBE_BATCH, prompt_tokens: int = PROBE_PROMPT_TOKENS,
                   new_tokens: int = PROBE_NEW_TOKENS):

@@ -223,6 +223,7 @@ def test_the_run_screens_ghosts_are_laminas_schedule_of_the_measured_plan_not_la
 
     from core.techniques.attention_offload.simulator import simulate
     from gui.screens.run import RunPanel
+    from gui.techniques.attention_probe import Same
     from tests.gui.problems import make_problem
 
     state, screen, view, _need = _lab_view(qtbot, tiny_llama_dir)
@@ -264,6 +265,7 @@ def test_a_measured_plan_s_ghosts_are_of_its_probed_memory_agents_attention(qtbo
     from core.techniques.attention_offload.probe import ProbeFit
     from core.techniques.attention_offload.simulator import simulate
     from gui.screens.run import RunPanel
+    from gui.techniques.attention_probe import Same
     from tests.gui.problems import make_problem
 
     state, screen, view, _need = _lab_view(qtbot, tiny_llama_dir)
@@ -272,7 +274,7 @@ def test_a_measured_plan_s_ghosts_are_of_its_probed_memory_agents_attention(qtbo
     compute, memory = view.agent_split()
     fitted = msgspec.structs.replace(view.problem, devices=tuple(
         msgspec.structs.replace(d, frame_s=0.25) if d.id in memory else d for d in view.problem.devices))
-    key = (id(state.profile), state.model_path, tuple(compute), tuple(memory))
+    key = (Same(state.profile), state.model_path, tuple(compute), tuple(memory))
     view.probe.fits[key] = ProbeFit(problem=fitted, attention_s={m: 0.5 for m in memory})
     run = RunPanel(state)
     qtbot.addWidget(run, before_close_func=lambda w: w.shutdown(5.0))

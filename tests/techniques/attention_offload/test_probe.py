@@ -86,3 +86,15 @@ def test_fitting_changes_nothing_but_the_memory_agents_frame_costs():
     fit = fit_devices(_problem(), events, memory=["m0", "m1"], batch=2, prompt_tokens=8)
     for d, before in zip(fit.problem.devices, _problem().devices):
         assert msgspec.structs.replace(d, frame_s=0.0) == before
+
+
+def test_a_kept_fit_onto_another_runs_problem_brings_only_the_frame_costs():
+    """The studio keeps a probe's fit for later runs of the same profile and roles: those runs have
+    their own workload, which the fit must not replace with the probed run's."""
+    events = [_attention(m, step, 0, 1e-3 * (1 + i)) for i, m in enumerate(("m0", "m1")) for step in range(6)]
+    fit = fit_devices(_problem(), events, memory=["m0"], batch=2, prompt_tokens=8)
+    later = msgspec.structs.replace(_problem(), workload=OffloadWorkload(prompt_tokens=20, generated_tokens=40))
+    onto = fit.onto(later)
+    assert onto.workload == later.workload and onto.model == later.model
+    assert onto.device("m0").frame_s == fit.problem.device("m0").frame_s > 0
+    assert onto.device("m1") == later.device("m1") and onto.device("c") == later.device("c")
