@@ -115,7 +115,8 @@ def _register_run(sub) -> None:
                                      "with it")
     p.add_argument("--origin", nargs=2, metavar=("PROBLEM", "PLAN"), help="the technique's own problem and plan "
                    "--plan was made from (e.g. the expert-offload plan given to moe configure --run-plan, and its "
-                   "problem): recorded with the run, so its replay in Sessions draws the technique's prediction")
+                   "problem): recorded with the run, so its replay in Sessions draws the technique's prediction "
+                   "(refused with --no-record)")
     p.add_argument("--draft", metavar="DIR", help="speculate: a draft checkpoint sharing the model's tokenizer "
                    "proposes --speculate tokens a trip, the stages verify them at once (one prompt; greedy, or "
                    "seeded speculative sampling with --temperature)")
@@ -207,6 +208,9 @@ def cmd_run(args) -> int:
     from core import formats
     from core.planning.plan import ShardPlan
 
+    if args.origin and args.no_record:  # --origin is only recorded: with --no-record it would go unread
+        raise FormatError("--origin", "given with --no-record, which records nothing (the origin is only "
+                                      "recorded with the run): drop one of them")
     fmt = formats.format_of(args.plan)
     if fmt != "edgeshard.plan":  # not a shard plan: a technique's own (a spatial CNN plan)?
         from core.techniques import technique_for_plan_format
@@ -235,7 +239,7 @@ def cmd_run(args) -> int:
     plan = plan_as_asked(formats.load(args.plan, ShardPlan), args)
     prompts = _read_prompts(args)
     replan = _replanner(args, plan, len(prompts))
-    origin = _origin(args.origin, plan) if args.origin and not args.no_record else None
+    origin = _origin(args.origin, plan) if args.origin else None
     k = micro_batch_count(plan, args.micro_batches)
     if args.micro_batches is not None and k > len(prompts):  # a micro-batch holds one prompt or more
         raise FormatError("--micro-batches", f"{k} micro-batches for {len(prompts)} prompt(s): give at least {k} "

@@ -182,6 +182,17 @@ def test_on_failure_replan_without_the_planning_problem_is_refused_before_any_ag
     assert len(err.strip().splitlines()) == 1 and "TTFT" not in out
 
 
+def test_origin_with_no_record_is_refused_before_any_agent_starts(tmp_path, capsys):
+    """--origin only records the run's origin: with --no-record it would be ignored unread."""
+    plan = tmp_path / "plan.json"
+    formats.save(plan, plan_from_boundaries("tiny-llama", 6, DEVICES, [3]))
+    code, out = run_cli(["run", "--model", tmp_path / "nowhere", "--plan", plan, "--local", "--prompt", "x",
+                         "--origin", tmp_path / "problem.json", plan, "--no-record"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--origin" in err and "--no-record" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "TTFT" not in out
+
+
 def test_on_failure_replan_with_a_problem_for_another_model_is_refused(tmp_path, capsys):
     from core.planning.scenarios import DeviceSpec, synthetic_problem
 
