@@ -42,7 +42,7 @@ from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
 from gui.studio_state import StudioState
-from gui.techniques.spatial.tiles import TileCanvas
+from gui.techniques.spatial.tiles import TileCanvas, counted
 from gui.timeline import TimelineView
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
 from gui.workers import TaskRunner
@@ -190,6 +190,8 @@ class SpatialPlanView(QWidget):
         self.run_images.setToolTip("Random images (seeded) to classify on the agents")
         self.image_files: list[str] = []
         """Image files to classify instead of random images (empty: random)."""
+        self._random_images = self.run_images.value()
+        """How many random images the operator asked for: the box's value again after files."""
         self.files_button = QPushButton("Image files…")
         self.files_button.setToolTip("Classify image files (PNG, JPEG, ...) instead of random images: each is "
                                      "resized and centre-cropped to the network's input")
@@ -249,7 +251,12 @@ class SpatialPlanView(QWidget):
     def set_image_files(self, paths: list[str]) -> None:
         """Classify these files on the next run (empty: seeded random images). They are read when the
         run starts, on its worker; a bad one fails the run before anything is sent, named inline."""
+        if paths and not self.image_files:
+            self._random_images = self.run_images.value()
         self.image_files = list(paths)
+        # the box counts what will run: the files (it showed 8 while 10 files ran), else random images again
+        self.run_images.setMaximum(max(256, len(paths)))
+        self.run_images.setValue(len(paths) if paths else self._random_images)
         self.run_images.setEnabled(not paths)
         self.random_button.setVisible(bool(paths))
         names = ", ".join(os.path.basename(p) for p in paths[:3]) + (", …" if len(paths) > 3 else "")
@@ -336,9 +343,10 @@ class SpatialPlanView(QWidget):
         rate = n / run.figures.duration_s if run.figures.duration_s > 0 else 0.0
         recorded = (f"recorded as runs {out.run_ids[0]} (measured) and {out.run_ids[1]} (predicted)"
                     if out.run_ids else "not recorded: open a workspace to keep runs")
-        self.run_status.setText(f"{out.status}: {n} image(s), {rate:.1f} images/s, "
+        self.run_status.setText(f"{out.status}: {counted(n, 'image')}, {rate:.1f} images/s, "
                                 f"max |scores − one device| = {out.max_abs_error:.1e}; {recorded}")
-        self.state.log(f"spatial run {out.status}: {n} image(s) on {len(self.timeline.lanes())} agents; {recorded}")
+        agents = counted(len(self.timeline.lanes()), "agent")
+        self.state.log(f"spatial run {out.status}: {counted(n, 'image')} on {agents}; {recorded}")
 
     def _on_runner_task_failed(self, _task: int, message: str) -> None:
         self.timeline.flush()
@@ -521,8 +529,9 @@ class SpatialPlanView(QWidget):
         cost = evaluate(self.problem, out.plan)
         self.summary.setText(
             f"{self.problem.name}: {self.problem.model.spec().name}. {name}: {cost.latency_s * 1e3:.1f} ms/image, "
-            f"{one / cost.latency_s:.2f}× one device ({one * 1e3:.0f} ms), {len(out.plan.devices)} devices, "
-            f"{len(out.plan.groups)} tiles, {cost.moved_bytes / 1e6:.1f} MB moved per image"
+            f"{one / cost.latency_s:.2f}× one device ({one * 1e3:.0f} ms), "
+            f"{counted(len(out.plan.devices), 'device')}, {counted(len(out.plan.groups), 'tile')}, "
+            f"{cost.moved_bytes / 1e6:.1f} MB moved per image"
             + ("" if cost.fits else " — does NOT fit in memory"))
         self.canvas.show_plan(self.problem.model.spec(), out.plan)
         self.update_run_controls()

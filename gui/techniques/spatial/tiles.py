@@ -17,6 +17,11 @@ from core.techniques.spatial.problem import SpatialPlan
 from gui.app import stage_color
 
 
+def counted(n: int, noun: str) -> str:
+    """``n noun`` with the plural only where n is not one: a one-device plan read "1 devices"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def owned_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
     """Each device's own columns of layer ``at`` of a group: the last layer's strips, doubled back
     through every pool after ``at`` (pure: the canvas draws it, tests check it)."""
@@ -110,5 +115,6 @@ class TileCanvas(QWidget):
         p.setPen(QPen(text, 1))
         p.drawLine(4, y, x0 + bar, y)
         p.drawText(QRectF(4, y + 2, x0 + bar, 18), Qt.AlignLeft | Qt.AlignVCenter,
-                   f"{len(self.plan.groups)} tiles (a line = the gateway scatters strips with halos, then gathers); "
+                   f"{counted(len(self.plan.groups), 'tile')} "
+                   "(a line = the gateway scatters strips with halos, then gathers); "
                    f"then the FC head on {self.plan.devices[0]}")

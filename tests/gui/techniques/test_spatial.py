@@ -69,3 +69,19 @@ def test_loading_a_problem_gives_the_profile_screen_its_time_models_and_the_scen
     fits = view.state.spatial_fits
     assert [d.device for d in fits.devices] == ["pi-0", "pi-1"] and "two.json" in fits.source
     assert fits.devices[0].conv == problem.devices[0].time
+
+
+def test_a_one_device_plan_is_worded_in_the_singular(view):
+    view.nodes.setValue(1)
+    view.use_scenario()
+    assert len(view.canvas.plan.devices) == 1
+    text = view.summary.text()
+    assert "1 device," in text and "1 devices" not in text
+
+
+def test_the_images_box_counts_the_chosen_files_and_its_own_number_comes_back_with_random(view):
+    view.run_images.setValue(5)
+    view.set_image_files([f"/nowhere/{i}.png" for i in range(10)])
+    assert view.run_images.value() == 10 and not view.run_images.isEnabled()
+    view.set_image_files([])
+    assert view.run_images.value() == 5 and view.run_images.isEnabled()

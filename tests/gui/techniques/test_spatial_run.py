@@ -80,7 +80,7 @@ def test_a_run_draws_each_images_strips_live_checks_them_and_is_recorded(view, a
     for lane in ("local-1", "local-2"):
         assert view.timeline.box_count(lane, "compute") >= 3
         assert view.timeline.box_count(lane, "send") >= 3
-    assert view.run_status.text().startswith("completed: 3 image(s)")
+    assert view.run_status.text().startswith("completed: 3 images,")
     with SessionStore(view.state.workspace) as store:
         runs = store.runs(store.sessions()[-1].id)
         assert sorted(r.kind for r in runs) == ["measured", "predicted"]
