@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
-from core.errors import EdgeShardError
+from core.errors import EdgeShardError, StoreError
 from core.runs.prediction import PlanOrigin, predict_origin_run, predict_run
 from core.sessions.origin import RecordedOrigin
-from core.sessions.store import RunInfo
+from core.sessions.store import RunInfo, SessionStore
 from core.techniques import technique_named
 
 
@@ -25,6 +25,15 @@ def recorded_origin(origin: PlanOrigin) -> RecordedOrigin | None:
     if getattr(t, "problem_type", None) is None or getattr(t, "plan_type", None) is None:
         return None
     return RecordedOrigin.of(t.name, origin.problem, origin.plan)
+
+
+def stored_origin(store: SessionStore, run_id: int) -> tuple[RecordedOrigin | None, str]:
+    """(``run_id``'s stored origin, "") or (None, "No prediction: <why>") when the store cannot read it:
+    a damaged origin costs a replay its prediction, not the replay."""
+    try:
+        return store.origin_of(run_id), ""
+    except StoreError as err:
+        return None, f"No prediction: {err}"
 
 
 def plan_origin(recorded: RecordedOrigin) -> PlanOrigin:

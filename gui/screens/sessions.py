@@ -89,7 +89,7 @@ def list_sessions(reporter: Reporter, workspace: str) -> list[tuple[SessionInfo,
 
 def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
     """Worker job: a run's recorded items and what is needed to lay them out."""
-    from core.techniques.run_origin import replay_prediction  # the simulators: not at the window's start
+    from core.techniques.run_origin import replay_prediction, stored_origin  # simulators: not at start
 
     reporter.status(f"Loading run {run_id}…")
     with SessionStore(workspace) as store:
@@ -97,13 +97,13 @@ def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
         items = store.timeline(run_id)
         problem = store.problem_of(run_id)
         plan = store.plan(info.plan_id) if info.plan_id is not None else None
-        origin = store.origin_of(run_id)
+        origin, unreadable = stored_origin(store, run_id)
     lanes = list(info.settings.get("lanes") or (plan.devices() if plan is not None else ()))
     for item in items:  # devices the plan did not name still get a lane, in order of appearance
         if item.event is not None and item.event.device not in lanes:
             lanes.append(item.event.device)
     prompts = tuple(info.settings.get("prompts") or ())
-    predicted, note = replay_prediction(info, problem, plan, origin)
+    predicted, note = ((), unreadable) if unreadable else replay_prediction(info, problem, plan, origin)
     return LoadedRun(info=info, items=items, lanes=lanes, prompts=prompts,
                      source_device=problem.source if problem is not None else None,
                      predicted=predicted, prediction_note=note,

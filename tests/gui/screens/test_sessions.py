@@ -324,3 +324,22 @@ def test_a_replayed_expert_offload_run_has_no_ghosts_of_layer_sharding_s_problem
                    started_at="", ended_at=None, settings={"prompts": ["a"], "max_new_tokens": 4}, figures={})
     events, why = replay_prediction(info, problem, plan, None)
     assert events == () and why.startswith("No prediction: the run's technique's own problem is not recorded")
+
+
+def test_a_run_whose_stored_origin_is_unreadable_opens_saying_no_prediction_and_why(run_data, tmp_path):
+    """A damaged origin (a hand-edited or half-written workspace) costs the replay its prediction, not the replay."""
+    import sqlite3
+
+    from core.reporting import NullReporter
+    from gui.screens.sessions import load_run
+
+    problem, plan, _, _ = run_data
+    workspace = tmp_path / "ws.sqlite"
+    with SessionStore(workspace) as store:
+        run_id = record_simulation(store, store.create_session("s"), problem, plan,
+                                   simulate(problem, plan, "no-bubbles", generated_tokens=4))
+    with sqlite3.connect(workspace) as db:
+        db.execute("UPDATE runs SET origin_json = ? WHERE id = ?", (b"{not json", run_id))
+    loaded = load_run(NullReporter(), str(workspace), run_id)
+    assert loaded.items and loaded.predicted == ()
+    assert loaded.prediction_note.startswith("No prediction: ") and "origin" in loaded.prediction_note
