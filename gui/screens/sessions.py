@@ -444,6 +444,7 @@ class SessionsPanel(QWidget):
         shown = self.monitor.timeline.predicted_check.isChecked()
         self.monitor.reset(self.loaded.lanes, self.loaded.prompts, self.loaded.lane_notes, self.loaded.info.settings, self.loaded.info.figures.get("wire"))
         self.monitor.set_predicted(self.loaded.predicted)
+        self.monitor.timeline.set_boxes_kind(self.loaded.info.kind)  # a predicted run is not "measured"
         self.monitor.timeline.predicted_check.setToolTip(
             self.loaded.prediction_note or self.monitor.timeline.predicted_check.toolTip())
         if shown and self.loaded.predicted:

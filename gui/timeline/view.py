@@ -189,6 +189,7 @@ class TimelineView(TimelineInspection, QWidget):
         self._errors_timer.setSingleShot(True)
         self._errors_timer.setInterval(500)
         self._errors_timer.timeout.connect(self._update_errors)
+        self._boxes_kind = "measured"
         self._apply_palette()
         self._update_legend()
         self._update_lane_axis()  # no lanes yet: no numeric ticks on the lane axis
@@ -545,10 +546,20 @@ class TimelineView(TimelineInspection, QWidget):
 
     def _on_predicted_check_toggled(self, on: bool) -> None:
         self.predicted_item.setVisible(on)
-        self.measured_plot.setTitle("measured, predicted as dashed ghosts (lane: prediction error)" if on
-                                    else "measured", size="9pt", color=self._text_colour)
+        self._show_title()
         self._update_lane_axis()
         self.predicted_visibility_changed.emit(on)
+
+    def set_boxes_kind(self, kind: str) -> None:
+        """Name what the solid boxes are in the title: a run's kind (measured, simulated, predicted).
+        A predicted run's replay draws the simulator's timeline, and its plot was titled "measured"."""
+        self._boxes_kind = kind or "measured"
+        self._show_title()
+
+    def _show_title(self) -> None:
+        ghosts = ", predicted as dashed ghosts (lane: prediction error)" if self.predicted_item.isVisible() else ""
+        # LabelItem writes its colour into the title's HTML, so the text is set again with it
+        self.measured_plot.setTitle(self._boxes_kind + ghosts, size="9pt", color=self._text_colour)
 
     def _on_viewbox_range_changed_manually(self, *_args) -> None:
         if not self._setting_range and self._follow_live:
@@ -580,8 +591,7 @@ class TimelineView(TimelineInspection, QWidget):
             axis = plot.getAxis(name)
             axis.setPen(pg.mkPen(text))
             axis.setTextPen(pg.mkPen(text))
-        # LabelItem writes its colour into the title's HTML, so re-set the text with it.
-        plot.setTitle(plot.titleLabel.text or "measured", size="9pt", color=text.name())
+        self._show_title()
         for item in (self.measured_item, self.predicted_item):
             item.set_dark(dark)
         self.overlay_item.set_colour(QColor("#f5f5f5") if dark else QColor("#111111"))

@@ -33,3 +33,29 @@ def test_a_recorded_epd_runs_requests_and_slo_figures_show_beside_its_replay(qtb
     assert text.startswith(f"TTFT p50 {ttft_ms:.0f} ms") and text.endswith("SLO met by 100% of 5")
     monitor.reset(["a"], settings={"technique": "layer-sharding"})
     assert monitor.requests_panel.isHidden() and monitor.requests_label.isHidden()
+
+
+def test_the_sessions_replay_of_a_predicted_epd_run_titles_its_plot_predicted(qtbot, tmp_path):
+    from gui.screens.sessions import SessionsPanel
+    from gui.studio_state import StudioState
+
+    workload = poisson_workload(rate_rps=2.0, requests=3, seed=2, images=(1, 1), tiles_per_image=(1, 1),
+                                prompt_tokens=(8, 8), output_tokens=(4, 4))
+    pools = PoolConfig(encode=("e",), prefill=("p",), decode=("d",))
+    sim = simulate_pools(make_costs(), workload, pools, record=True)
+    path = str(tmp_path / "ws.sqlite")
+    with SessionStore(path) as store:
+        run_id = record_simulation(store, store.create_session("epd"), sim, model="m", workload=workload, pools=pools)
+        assert {r.id: r for r in store.runs()}[run_id].kind == "predicted"
+    state = StudioState()
+    state.set_workspace(path)
+    panel = SessionsPanel(state)
+    qtbot.addWidget(panel)
+    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=30_000)
+    with qtbot.waitSignal(panel.run_opened, timeout=30_000):
+        panel.open_run(run_id)
+    title = panel.monitor.timeline.measured_plot.titleLabel.text
+    assert title.startswith("predicted") and "measured" not in title
+    panel.monitor.timeline.predicted_check.setChecked(True)
+    assert panel.monitor.timeline.measured_plot.titleLabel.text.startswith("predicted,")
+    assert panel.shutdown()
