@@ -474,17 +474,30 @@ class ServedModel:
             timer.start()
 
     def _close_record(self, r: ServedRequest) -> None:
+        """Its windows closed and its run finished; on the store's thread, whose results nobody reads, so a
+        failure is logged and the run still finished (not left "running" in the workspace)."""
         with self._lock:
             rec = self._records.pop(r, None)
             windows = self._windows.pop(r, [])
         for window, t0 in windows:
-            _retried(lambda: self.store.close_window(window, r.ended_at - t0))
-        if rec is not None:
-            status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
-            before, devices = self._wire_at.pop(r, None), self.plan.devices()
+            try:
+                _retried(lambda: self.store.close_window(window, r.ended_at - t0))
+            except Exception:  # its replay runs on past its end; the log says so
+                log.exception("closing request %s's events window failed", r.id)
+        if rec is None:
+            return
+        status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
+        before, devices = self._wire_at.pop(r, None), self.plan.devices()
+        try:
             after = self._wire_counters(since=r.ended_at) if before is not None else None
-            wire = wire_figures(None if after is None else sent_between(before, after), devices, None)
+        except Exception:  # recorded without its wire bytes
+            log.exception("reading the agents' wire counters for request %s failed", r.id)
+            after = None
+        wire = wire_figures(None if after is None else sent_between(before, after), devices, None)
+        try:
             _retried(lambda: rec.finish(status, {**r.figures(), "wire": wire}))
+        except Exception:
+            log.exception("finishing request %s's run record failed", r.id)
 
     def _wire_counters(self, since: float):
         """The agents' wire counters as of ``since`` (``time.time()``) or later: the last read when it is that
