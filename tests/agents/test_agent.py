@@ -230,3 +230,32 @@ def test_a_stopped_agent_does_not_wait_for_the_work_in_flight(agent):
     release.set()
     worker.join(30)
     assert not worker.is_alive()
+
+
+def test_a_load_waiting_for_the_model_code_import_says_so_in_its_status_and_log(agent, tmp_path):
+    from agents.model_code import MODEL_CODE_IMPORTED
+    from agents.protocol import LoadShard, PeerSpec
+
+    ctx, sock = _client(agent, agent.test_coordinator_keys)
+    MODEL_CODE_IMPORTED.clear()  # as while a forked agent imports transformers in the background
+    try:
+        me = PeerSpec(device="dev-a", stage=0, data_address=agent.data_address, public_key=agent.keys.public)
+        sock.send(encode_control(LoadShard(req=5, model_dir=str(tmp_path / "missing"), stage=0, start=0,
+                                           end=3, peers=(me,))))
+        import time
+
+        status = None
+        for req in range(6, 3006):  # until the worker has taken the load (at most ~30 s)
+            status = _ask(sock, encode_control(GetStatus(req=req)))
+            if status.activity:
+                break
+            time.sleep(0.01)
+        assert "importing the model code" in status.activity
+        MODEL_CODE_IMPORTED.set()
+        reply = decode_control(sock.recv()) if sock.poll(30000) else None
+        assert isinstance(reply, ErrorReply) and reply.req == 5  # the load itself went on once imported
+        logs = _ask(sock, encode_control(GetLogs(req=4000, lines=50)))
+        assert any("LoadShard waited" in line and "model code import" in line for line in logs.lines)
+    finally:
+        MODEL_CODE_IMPORTED.set()
+        ctx.destroy(linger=0)
