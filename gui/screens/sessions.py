@@ -23,6 +23,7 @@ from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
 from gui.screens.run_comparison import RunComparisonView, load_comparison
 from gui.screens.run_monitor import RunMonitorView
 from gui.screens.run_export import export_run
+from gui.screens.replay_clock import RunClock
 from gui.screens.run_names import human_time, run_name, run_style, run_title
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
@@ -123,9 +124,7 @@ def replay_start_s(items) -> float:
 
 def run_span_s(items) -> float:
     """The run's own duration, first event to last (a 0.38 s run after 15 s of loading read "over 15.15 s")."""
-    times = [t for i in items for t in ((i.event.start_s, i.event.end_s) if i.event is not None else
-                                        (i.tokens.t_s,) if i.tokens is not None else ())]
-    return max(times) - min(times) if times else 0.0
+    return RunClock(items).span_s
 
 
 class SessionsPanel(QWidget):
@@ -188,6 +187,7 @@ class SessionsPanel(QWidget):
         self.compare_runner.task_finished.connect(self._on_compare_runner_task_finished)
         self.compare_runner.task_failed.connect(self._on_any_runner_task_failed)
         self.start_s = 0.0
+        self.clock = RunClock(())
         """Where the open run's replay starts (``replay_start_s``)."""
         self.live_run_ids: set[int] = state.live_run_ids if state is not None else set()
         """Runs being recorded right now (the Run screen's): only these are "running"."""
@@ -435,6 +435,7 @@ class SessionsPanel(QWidget):
             w.setEnabled(True)
         self._show_comparison(False)
         self.start_s = replay_start_s(loaded.items)
+        self.clock = RunClock(loaded.items)
         self._reset_monitor()
         self.seek(self.start_s)  # loading skipped: the replay starts just before the first event
         self.run_opened.emit(info.id)
@@ -533,11 +534,14 @@ class SessionsPanel(QWidget):
         self._scrubbing = True
         self.scrubber.setValue(int(round(SCRUB_STEPS * into / span)) if span > 0 else 0)
         self._scrubbing = False
-        self.time_label.setText(f"{into:.2f} / {span:.2f} s")
+        self._show_run_time(pos_s)
+
+    def _show_run_time(self, pos_s: float) -> None:
+        """The label in the run's own time (the header's span at the end), not the arrivals' with the lead-in."""
+        self.time_label.setText(f"{self.clock.at(pos_s):.2f} / {self.clock.span_s:.2f} s")
 
     def _on_scrubber_slider_moved(self, value: int) -> None:
-        span = self._replayed_s()
-        self.time_label.setText(f"{span * value / SCRUB_STEPS:.2f} / {span:.2f} s")
+        self._show_run_time(self.start_s + self._replayed_s() * value / SCRUB_STEPS)
 
     def _on_scrubber_value_changed(self, value: int) -> None:
         if self._scrubbing or self.replay is None:

@@ -153,8 +153,41 @@ def test_opening_a_run_labels_it_with_its_own_span_and_times_only_the_replayed_p
     panel = _sessions(qtbot, state)
     _open(qtbot, panel, run_id)
     assert f"a {run_span_s(panel.replay.items):.2f} s run" in panel.run_label.text()
-    replayed = panel.replay.duration_s - panel.start_s
-    assert panel.time_label.text() == f"0.00 / {replayed:.2f} s" and panel.scrubber.value() == 0
+    assert panel.time_label.text() == f"0.00 / {run_span_s(panel.replay.items):.2f} s"
+    assert panel.scrubber.value() == 0
+    panel.shutdown()
+
+
+def test_the_scrubber_reads_the_runs_own_time_and_ends_at_the_headers_span():
+    """Its label read the arrivals' span plus the 0.05 s lead-in (0.09 s under "a 0.06 s run" for an
+    expert-offload run): items arrive after they end, so the run's time is the events' and tokens'."""
+    from agents.protocol import TimelineEvent, TokenEvent
+    from core.sessions.store import RecordedItem
+    from gui.screens.replay_clock import RunClock
+
+    def event(start, end):
+        return TimelineEvent(device="a", stage=0, kind="compute", phase="prefill", step=0, micro_batch=0,
+                             start_s=start, end_s=end)
+
+    token = TokenEvent(micro_batch=0, step=1, sequence_ids=(0,), token_ids=(5,), t_s=0.060)
+    items = [RecordedItem(seq=0, recv_s=9.594, event=event(0.001, 0.023)),
+             RecordedItem(seq=1, recv_s=9.610, event=event(0.030, 0.045)),
+             RecordedItem(seq=2, recv_s=9.634, tokens=token)]
+    clock = RunClock(items)
+    assert clock.span_s == pytest.approx(0.059)
+    assert clock.at(9.0) == 0.0 and clock.at(9.594) == pytest.approx(0.022) and clock.at(9.62) == pytest.approx(0.044)
+    assert clock.at(9.7) == pytest.approx(0.059)
+
+
+def test_a_replay_played_to_its_end_reads_the_headers_span(qtbot, state, live_run):
+    from gui.screens.sessions import run_span_s
+
+    _, run_id = live_run
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, run_id)
+    _play_to_end(qtbot, panel, 60_000)
+    span = f"{run_span_s(panel.replay.items):.2f}"
+    assert f"a {span} s run" in panel.run_label.text() and panel.time_label.text() == f"{span} / {span} s"
     panel.shutdown()
 
 
