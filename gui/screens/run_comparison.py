@@ -19,6 +19,7 @@ from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.reporting import Reporter
 from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figures
 from core.sessions.store import RunInfo, SessionStore
+from gui.screens.image_figures import image_rows, is_image_run
 from gui.screens.run_names import run_technique, run_title, technique_label
 from gui.timeline import TimelineView
 
@@ -218,7 +219,9 @@ class RunComparisonView(QWidget):
         end = max([e.end_s for e in a.events + b.events] + [1e-3])
         self.timeline_a.set_x_range(0.0, end * 1.02)  # both from t = 0, on one axis (x-linked)
         self._fit_timelines()
-        rows = [technique_row(a, b)] + with_reads(comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles), a, b)
+        rows = [technique_row(a, b)] + image_rows(
+            with_reads(comparison_rows(a.figures, b.figures, a.bubbles, b.bubbles), a, b),
+            is_image_run(a.info.settings), is_image_run(b.info.settings))
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
             for c, text in enumerate(row):

@@ -23,6 +23,7 @@ from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap
 from gui.techniques import speculative
+from gui.screens.image_figures import IMAGE_CARDS, is_image_run
 from gui.techniques.phase_disaggregation.replay_panel import EpdRequestsPanel
 from gui.timeline import TimelineView
 from gui.widgets import MetricCard
@@ -85,6 +86,8 @@ class RunMonitorView(QWidget):
         self.latency_card = MetricCard("Latency / token", "Mean time between a sequence's consecutive tokens")
         self.rate_card = MetricCard("Decode tokens/s", "Tokens per second over the decode steps")
         self.tokens_card = MetricCard("Tokens", "Tokens generated so far")
+        self._lm_cards = tuple((c.accessibleName(), c.toolTip()) for c in self._cards())
+        self._image_run = False
         cards = QGridLayout()  # 2 x 2: readable in a narrow side column
         for i, card in enumerate((self.ttft_card, self.latency_card, self.rate_card, self.tokens_card)):
             cards.addWidget(card, i // 2, i % 2)
@@ -211,11 +214,17 @@ class RunMonitorView(QWidget):
         self.heat_map.reset()
         self._show_heat_map(False)
         self._show_trips(False)
+        self._image_run = is_image_run(settings)
+        for card, (label, tip) in zip(self._cards(), IMAGE_CARDS if self._image_run else self._lm_cards):
+            card.set_label(label, tip)
         shown = self.requests_panel.show_settings(settings)
         self.requests_panel.setVisible(shown)
         self.requests_label.setVisible(shown)
         self._dirty = True
         self.refresh()
+
+    def _cards(self) -> tuple[MetricCard, ...]:
+        return self.ttft_card, self.latency_card, self.rate_card, self.tokens_card
 
     def add_timeline_events(self, events: Sequence[TimelineEvent]) -> None:
         if not events:
@@ -311,7 +320,8 @@ class RunMonitorView(QWidget):
         series = tokens_per_s_over_time(self.metrics.tokens, window)
         self.ttft_card.set_value(_ms(fig.ttft_s))
         self.latency_card.set_value(_ms(fig.per_token_latency_s))
-        self.rate_card.set_value("—" if fig.decode_tokens_per_s is None else f"{fig.decode_tokens_per_s:.1f}")
+        rate = fig.tokens_per_s if self._image_run else fig.decode_tokens_per_s  # images/s: every image counts
+        self.rate_card.set_value("—" if rate is None else f"{rate:.1f}")
         self.tokens_card.set_value(str(fig.tokens))
         if series:
             xs = [t for t, _ in series] + [series[-1][0] + window]

@@ -43,6 +43,12 @@ class MetricCard(QFrame):
         lay.addWidget(self._label)
         lay.addWidget(self.value_label)
 
+    def set_label(self, label: str, tooltip: str) -> None:
+        """Name the figure anew (a CNN run's replay counts images, not tokens)."""
+        self._label.setText(label)
+        self.setToolTip(tooltip)
+        self.setAccessibleName(label)
+
     def set_value(self, text: str, bad: bool = False) -> None:
         self.value_label.setText(text)
         self.value_label.setProperty("role", "metric")

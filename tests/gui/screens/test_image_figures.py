@@ -1,0 +1,79 @@
+"""A spatial (CNN) run's replay and Compare name its figures as images, not tokens: a real
+recorded simulation of a spatial plan opened in the Sessions screen and compared (pytest-qt)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.reporting import NullReporter
+from core.sessions.recording import append_predicted
+from core.sessions.store import SessionStore
+from core.techniques.spatial.partition import fused_plan
+from core.techniques.spatial.simulator import simulate
+from gui.screens.run_comparison import RunComparisonView, load_comparison
+from gui.screens.sessions import SessionsPanel
+from gui.studio_state import StudioState
+from tests.techniques.spatial.conftest import make_problem
+
+IMAGES = 4
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Two recorded spatial runs (as run_and_record stores them) and their images/s."""
+    problem = make_problem()
+    plan = fused_plan(problem)
+    sim = simulate(problem, plan, images=IMAGES)
+    path = str(tmp_path_factory.mktemp("image-figures") / "ws.sqlite")
+    ids = []
+    with SessionStore(path) as store:
+        session = store.create_session("spatial")
+        for _ in range(2):
+            run_id = store.create_run(session, model="vgg16", mode="sequential", kind="predicted",
+                                      settings={"technique": "spatial", "strategy": plan.strategy})
+            append_predicted(store, run_id, sim.events, sim.tokens)
+            store.finish_run(run_id, "completed", sim.figures)
+            ids.append(run_id)
+    return path, ids, sim.figures
+
+
+def test_a_spatial_replay_shows_images_time_per_image_and_images_per_second(qtbot, workspace):
+    path, ids, figures = workspace
+    state = StudioState()
+    state.set_workspace(path)
+    panel = SessionsPanel(state)
+    qtbot.addWidget(panel)
+    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=30_000)
+    with qtbot.waitSignal(panel.run_opened, timeout=30_000):
+        panel.open_run(ids[0])
+    panel.seek(panel.replay.duration_s)
+    monitor = panel.monitor
+    monitor.refresh()
+    labels = [c.accessibleName() for c in (monitor.ttft_card, monitor.latency_card, monitor.rate_card,
+                                           monitor.tokens_card)]
+    assert labels == ["First image", "Time / image", "Images/s", "Images"]
+    assert monitor.tokens_card.text().endswith(str(IMAGES))
+    assert monitor.rate_card.value_label.text() == f"{figures.tokens_per_s:.1f}"
+    monitor.reset(["a"], settings={"technique": "layer-sharding"})
+    assert monitor.ttft_card.accessibleName() == "TTFT" and monitor.rate_card.accessibleName() == "Decode tokens/s"
+    assert panel.shutdown()
+
+
+def test_compare_of_two_spatial_runs_names_images_and_drops_the_decode_rate(qtbot, workspace):
+    path, ids, _ = workspace
+    a, b = load_comparison(NullReporter(), path, *ids)
+    view = RunComparisonView()
+    qtbot.addWidget(view)
+    view.show_runs(a, b)
+    names = [r[0] for r in view.figure_rows()]
+    assert names[:5] == ["First image", "Time / image", "Images/s", "Images", "Duration"]
+    assert not {"TTFT", "Latency / token", "Tokens", "Decode tokens/s"} & set(names)
+
+
+def test_compare_of_a_spatial_and_a_language_model_run_names_both_and_leaves_the_image_side_without_decode():
+    from gui.screens.image_figures import image_rows
+
+    rows = [("TTFT", "10.0 ms", "20.0 ms"), ("Decode tokens/s", "5.0", "6.0"), ("Duration", "1.00 s", "2.00 s")]
+    assert image_rows(rows, False, True) == [("TTFT · first image", "10.0 ms", "20.0 ms"),
+                                             ("Decode tokens/s", "5.0", "—"), ("Duration", "1.00 s", "2.00 s")]
+    assert image_rows(rows, False, False) == rows
