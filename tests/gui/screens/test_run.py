@@ -308,6 +308,26 @@ def test_stop_ends_a_real_local_run_and_the_cluster_runs_again(qtbot, real_clust
     assert sessions.shutdown()
 
 
+def test_a_second_start_of_the_same_plan_loads_no_stage_again(qtbot, real_cluster, tmp_path, monkeypatch):
+    coordinator, plan, model_dir, devices = real_cluster
+    coordinator.unload()  # whatever the module's earlier runs left loaded
+    sent: list[str] = []
+    request_async = coordinator.request_async
+    monkeypatch.setattr(coordinator, "request_async",
+                        lambda device, msg: (sent.append(type(msg).__name__), request_async(device, msg))[1])
+    _state, panel = cluster_run_panel(qtbot, coordinator, plan, tmp_path / "ws.sqlite", model_dir, ["hello there"], 2)
+    loads = []
+    for _ in range(2):
+        sent.clear()
+        with qtbot.waitSignal(panel.run_finished, timeout=60_000) as done:
+            panel.start_run()
+        assert done.args == ["completed"], panel.message.text()
+        loads.append(sent.count("LoadShard"))
+        assert sent.count("StartRun") == len(plan.stages)
+    assert loads == [len(plan.stages), 0]
+    assert panel.shutdown()
+
+
 def test_send_stage_weights_ships_each_agent_its_slice_and_runs_from_it(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESHARD_HOME", str(tmp_path / "home"))  # the coordinator's slice cache
     import transformers  # noqa: F401
