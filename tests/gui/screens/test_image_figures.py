@@ -11,8 +11,7 @@ from core.sessions.store import SessionStore
 from core.techniques.spatial.partition import fused_plan
 from core.techniques.spatial.simulator import simulate
 from gui.screens.run_comparison import RunComparisonView, load_comparison
-from gui.screens.sessions import SessionsPanel
-from gui.studio_state import StudioState
+from tests.gui.opened_run import sessions_with_run_open
 from tests.techniques.spatial.conftest import make_problem
 
 IMAGES = 4
@@ -39,13 +38,7 @@ def workspace(tmp_path_factory):
 
 def test_a_spatial_replay_shows_images_time_per_image_and_images_per_second(qtbot, workspace):
     path, ids, figures = workspace
-    state = StudioState()
-    state.set_workspace(path)
-    panel = SessionsPanel(state)
-    qtbot.addWidget(panel)
-    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=30_000)
-    with qtbot.waitSignal(panel.run_opened, timeout=30_000):
-        panel.open_run(ids[0])
+    panel = sessions_with_run_open(qtbot, path, ids[0])
     panel.seek(panel.replay.duration_s)
     monitor = panel.monitor
     monitor.refresh()

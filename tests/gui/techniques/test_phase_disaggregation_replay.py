@@ -36,8 +36,7 @@ def test_a_recorded_epd_runs_requests_and_slo_figures_show_beside_its_replay(qtb
 
 
 def test_the_sessions_replay_of_a_predicted_epd_run_titles_its_plot_predicted(qtbot, tmp_path):
-    from gui.screens.sessions import SessionsPanel
-    from gui.studio_state import StudioState
+    from tests.gui.opened_run import sessions_with_run_open
 
     workload = poisson_workload(rate_rps=2.0, requests=3, seed=2, images=(1, 1), tiles_per_image=(1, 1),
                                 prompt_tokens=(8, 8), output_tokens=(4, 4))
@@ -47,13 +46,7 @@ def test_the_sessions_replay_of_a_predicted_epd_run_titles_its_plot_predicted(qt
     with SessionStore(path) as store:
         run_id = record_simulation(store, store.create_session("epd"), sim, model="m", workload=workload, pools=pools)
         assert {r.id: r for r in store.runs()}[run_id].kind == "predicted"
-    state = StudioState()
-    state.set_workspace(path)
-    panel = SessionsPanel(state)
-    qtbot.addWidget(panel)
-    qtbot.waitUntil(lambda: panel.tree.topLevelItemCount() > 0, timeout=30_000)
-    with qtbot.waitSignal(panel.run_opened, timeout=30_000):
-        panel.open_run(run_id)
+    panel = sessions_with_run_open(qtbot, path, run_id)
     title = panel.monitor.timeline.measured_plot.titleLabel.text
     assert title.startswith("predicted") and "measured" not in title
     panel.monitor.timeline.predicted_check.setChecked(True)
