@@ -12,6 +12,9 @@ IMAGE_CARDS = (("First image", "Time until the first image's class reached the g
                ("Images", "Images classified so far"))
 """The run monitor's four cards (TTFT, latency, rate, count) for an image run."""
 
+IMAGE_HEADINGS = ("Images per second", "Top class per image")
+"""The monitor's rate plot and text headings for an image run (its "text" is each image's class)."""
+
 IMAGE_ROWS = {"TTFT": "First image", "Latency / token": "Time / image", "Tokens/s (all)": "Images/s",
               "Tokens": "Images"}
 """Compare's language-model rows as an image run names them; "Decode tokens/s" has no meaning there."""
@@ -39,4 +42,4 @@ def image_rows(rows: list[tuple[str, str, str]], a_images: bool, b_images: bool)
     return out
 
 
-__all__ = ["IMAGE_CARDS", "IMAGE_ROWS", "image_rows", "is_image_run"]
+__all__ = ["IMAGE_CARDS", "IMAGE_HEADINGS", "IMAGE_ROWS", "image_rows", "is_image_run"]

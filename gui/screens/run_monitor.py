@@ -23,7 +23,7 @@ from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap
 from gui.techniques import speculative
-from gui.screens.image_figures import IMAGE_CARDS, is_image_run
+from gui.screens.image_figures import IMAGE_CARDS, IMAGE_HEADINGS, is_image_run
 from gui.techniques.phase_disaggregation.replay_panel import EpdRequestsPanel
 from gui.timeline import TimelineView
 from gui.widgets import MetricCard
@@ -158,6 +158,10 @@ class RunMonitorView(QWidget):
                 self.trips_label = label
             if widget is self.requests_panel:
                 self.requests_label = label
+            if widget is self.rate_plot:
+                self.rate_label = label
+            if widget is self.text_edit:
+                self.text_label = label
         self._show_heat_map(False)
         self._show_trips(False)
         self.requests_panel.hide()
@@ -217,6 +221,9 @@ class RunMonitorView(QWidget):
         self._image_run = is_image_run(settings)
         for card, (label, tip) in zip(self._cards(), IMAGE_CARDS if self._image_run else self._lm_cards):
             card.set_label(label, tip)
+        rate_heading, text_heading = IMAGE_HEADINGS if self._image_run else ("Tokens per second", "Generated text")
+        self.rate_label.setText(rate_heading)
+        self.text_label.setText(text_heading)
         shown = self.requests_panel.show_settings(settings)
         self.requests_panel.setVisible(shown)
         self.requests_label.setVisible(shown)

@@ -45,10 +45,12 @@ def test_a_spatial_replay_shows_images_time_per_image_and_images_per_second(qtbo
     labels = [c.accessibleName() for c in (monitor.ttft_card, monitor.latency_card, monitor.rate_card,
                                            monitor.tokens_card)]
     assert labels == ["First image", "Time / image", "Images/s", "Images"]
+    assert (monitor.rate_label.text(), monitor.text_label.text()) == ("Images per second", "Top class per image")
     assert monitor.tokens_card.text().endswith(str(IMAGES))
     assert monitor.rate_card.value_label.text() == f"{figures.tokens_per_s:.1f}"
     monitor.reset(["a"], settings={"technique": "layer-sharding"})
     assert monitor.ttft_card.accessibleName() == "TTFT" and monitor.rate_card.accessibleName() == "Decode tokens/s"
+    assert monitor.rate_label.text() == "Tokens per second"
     assert panel.shutdown()
 
 
