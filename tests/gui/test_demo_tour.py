@@ -409,6 +409,7 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
         assert recorded.kind == "measured" and recorded.settings["technique"] == "phase-disaggregation"
         assert recorded.settings["slo"]["ttft_s"] == pytest.approx(view.last_problem.slo.ttft_s)
         beside = store.events(run.predicted_id)
+        computed = {e.device for e in store.events(run.run_id) if e.kind == "compute"}
     sessions = window.screens.sessions
     with qtbot.waitSignal(sessions.run_opened, timeout=WAIT_MS):
         sessions.open_run(run.run_id)
@@ -423,5 +424,7 @@ def test_epd_plans_the_demo_clusters_measured_phases_and_serves_its_pick_from_th
 
     shown_text = monitor.text_edit.toPlainText()  # the answers, not "[335][86]…" token ids
     assert not re.search(r"\[\d+\]", shown_text) and run.texts[0].strip()[:8] in shown_text
-    assert {d for d in monitor.timeline.lanes() if monitor.timeline.box_count(d, "compute") > 0} == set(
-        run.pools.devices)
+    # every device the run recorded computing, and only pool devices: a pool's requests go to whichever of
+    # its devices is free first, so a quiet run's suite once left edge-c with none of the four requests
+    assert {d for d in monitor.timeline.lanes() if monitor.timeline.box_count(d, "compute") > 0} == computed
+    assert computed and computed <= set(run.pools.devices)
