@@ -261,9 +261,9 @@ class ServedModel:
         return request
 
     # ------------------------------------------------------------------ the open run
-    def capacity(self, key: tuple | None = None) -> int:
-        """Groups of requests (of any ``batch_key`` ``key``) the run can take now: its free micro-batches, and
-        one more when a running micro-batch may take them as rows (``_growable``)."""
+    def capacity(self) -> int:
+        """Groups of requests (of any ``batch_key``) the run can take now: its free micro-batches, and one more
+        when a running micro-batch may take them as rows (``_growable``)."""
         with self._lock:
             return self.slots - len(self._slots) + (self._growable() is not None)
 

@@ -51,12 +51,12 @@ class BatchQueue:
     """Admits requests, and joins them to the cluster's run on one worker thread until ``close``."""
 
     def __init__(self, start_batch: Callable[[list[ServedRequest]], None], *, max_waiting: int, max_batch: int,
-                 capacity: Callable[[tuple | None], int] = lambda key: 1, spread: int = 1, batch_window_s: float = 0.0,
+                 capacity: Callable[[], int] = lambda: 1, spread: int = 1, batch_window_s: float = 0.0,
                  on_cancel_running: Callable[[ServedRequest], None] | None = None):
         self._start_batch = start_batch
         self._capacity = capacity
-        """Groups the run can take now of requests with the given ``batch_key`` (free micro-batches, and a
-        running one they may join)."""
+        """Groups of requests the run can take now, of any ``batch_key`` (free micro-batches, and a running
+        one they may join)."""
         self.spread = spread
         self.max_waiting = max_waiting
         self.max_batch = max_batch
@@ -135,7 +135,7 @@ class BatchQueue:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not (self._waiting and self._capacity(self._waiting[0].batch_key) > 0):
+                while not self._closed and not (self._waiting and self._capacity() > 0):
                     self._cond.wait(0.5)
                 if self._closed:
                     return
@@ -150,7 +150,7 @@ class BatchQueue:
                 for r in picked:
                     self._waiting.remove(r)
                 self._running.extend(picked)
-                room = self._capacity(picked[0].batch_key) if picked else 0
+                room = self._capacity() if picked else 0
                 groups = [[picked[i] for i in part] for part in spread(len(picked), min(self.spread, room))]
             for group in groups:
                 try:

@@ -110,7 +110,7 @@ def test_a_burst_is_spread_over_the_plans_micro_batches_and_a_lone_request_takes
 
 def test_requests_wait_while_every_micro_batch_is_busy_and_join_when_one_is_freed():
     free, started = [0], []
-    queue = BatchQueue(lambda group: started.append(group), max_waiting=4, max_batch=8, capacity=lambda key: free[0],
+    queue = BatchQueue(lambda group: started.append(group), max_waiting=4, max_batch=8, capacity=lambda: free[0],
                        spread=2)
     try:
         a, b, c = _request([]), _request([]), _request([])
