@@ -211,7 +211,7 @@ class ActiveRun:
                 token_ids=msg.token_ids,
                 # no token precedes the run's start; an offset estimate (off by up to its
                 # uncertainty) may place one there: kept at the start, as recv_wait starts are
-                t_s=max(0.0, self._to_run_clock(clock_of, device, msg.t)),
+                t_s=max(0.0, self._to_run_clock(clock_of(device), msg.t)),
             )
             with self.lock:
                 self.tokens.append(ev)
@@ -220,6 +220,8 @@ class ActiveRun:
             self.advance(run_state.FromAgent(device, msg))
 
     def _take_events(self, device: str, msg: EventBatch, clock_of) -> None:
+        # one estimate for the whole batch: heartbeats refine it meanwhile, and an event's
+        # uncertainty must be the one its times were mapped with
         clock = clock_of(device)
         unc = clock.uncertainty_s if clock else 0.0
         for e in msg.events:
@@ -232,9 +234,9 @@ class ActiveRun:
                 step=step,
                 micro_batch=mb,
                 # a downstream stage starts waiting just before the source starts the run
-                start_s=max(0.0, self._to_run_clock(clock_of, device, e.start)) if e.kind == "recv_wait"
-                else self._to_run_clock(clock_of, device, e.start),
-                end_s=self._to_run_clock(clock_of, device, e.end),
+                start_s=max(0.0, self._to_run_clock(clock, e.start)) if e.kind == "recv_wait"
+                else self._to_run_clock(clock, e.start),
+                end_s=self._to_run_clock(clock, e.end),
                 nbytes=e.nbytes,
                 peer=e.peer,
                 clock_uncertainty_s=unc,
@@ -243,5 +245,5 @@ class ActiveRun:
                 self.events.append(ev)
             self.sink.on_event(ev)
 
-    def _to_run_clock(self, clock_of, device: str, t_agent: float) -> float:
-        return to_coordinator_clock(clock_of(device), t_agent) - self.t0
+    def _to_run_clock(self, clock: ClockEstimate | None, t_agent: float) -> float:
+        return to_coordinator_clock(clock, t_agent) - self.t0
