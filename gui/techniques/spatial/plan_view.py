@@ -42,6 +42,7 @@ from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
 from gui.studio_state import StudioState
+from gui.techniques.spatial.legend import STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP
 from gui.techniques.spatial.tiles import TileCanvas, counted
 from gui.timeline import TimelineView
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
@@ -220,10 +221,7 @@ class SpatialPlanView(QWidget):
         lay.addWidget(self.run_message)
         self.timeline = TimelineView()
         # its least height is its toolbar, hint and a line of text per lane (TimelineView): the tiles above give way
-        self.timeline.set_legend_terms(
-            (("▨", "strip compute"), ("▂", "gather (lower band)"), ("<span style='color:gray'>■</span>", "scatter")),
-            "Per agent: hatched = computing its strips (the gateway also the head); thin lower box = its strip "
-            "going back to the gateway (gather); grey = waiting for its strip (scatter)", micro_batches=False)
+        self.timeline.set_legend_terms(STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP, micro_batches=False)
         self.image_table = QTableWidget(0, 5)
         self.image_table.setHorizontalHeaderLabels(["image", "ms", "class", "= 1 dev", "max |Δ|"])
         self.image_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)

@@ -72,3 +72,25 @@ def test_compare_of_a_spatial_and_a_language_model_run_names_both_and_leaves_the
     assert image_rows(rows, False, True) == [("TTFT · first image", "10.0 ms", "20.0 ms"),
                                              ("Decode tokens/s", "5.0", "—"), ("Duration", "1.00 s", "2.00 s")]
     assert image_rows(rows, False, False) == rows
+
+
+def test_a_spatial_replay_legend_names_strips_not_micro_batches_prefill_or_decode(qtbot, workspace):
+    path, ids, _ = workspace
+    panel = sessions_with_run_open(qtbot, path, ids[0])
+    panel.seek(panel.replay.duration_s)
+    legend = panel.monitor.timeline.legend_text()
+    assert "strip compute" in legend and "scatter" in legend
+    assert not {"mb0", "prefill", "decode"} & set(legend.replace("·", " ").split())
+    panel.monitor.reset(["a"], settings={"technique": "layer-sharding"})  # the next replay: a language model's words
+    assert "prefill" in panel.monitor.timeline.legend_text() and "strip" not in panel.monitor.timeline.legend_text()
+    assert panel.shutdown()
+
+
+def test_compare_of_a_spatial_run_names_its_strips_in_its_timeline_legend(qtbot, workspace):
+    path, ids, _ = workspace
+    a, b = load_comparison(NullReporter(), path, *ids)
+    view = RunComparisonView()
+    qtbot.addWidget(view)
+    view.show_runs(a, b)
+    for timeline in (view.timeline_a, view.timeline_b):
+        assert "strip compute" in timeline.legend_text() and "prefill" not in timeline.legend_text()
