@@ -16,7 +16,7 @@ import msgspec
 
 from agents import registry
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """Bumped whenever a message changes shape. 2: profiling options and results are typed structs
 (they were free-form maps), ``AgentStatus.state`` / ``Pong.state`` one of ``AgentState``.
 3: ``AgentStatus.held_by`` / ``holder_silent_s`` (one coordinator's work at a time).
@@ -27,7 +27,8 @@ had on those messages; a technique's control messages are its own (``agents.regi
 data frame's ``kind`` is a base kind or one a technique registered.
 6: ``LoadShard.weights`` (the stage's weight precision: fp, int8, int4).
 7: ``LoadShard.torch_device`` (cpu, cuda, cuda:N), ``AgentStatus.accelerators`` (its CUDA devices) and
-``AgentStatus.wire_sent``."""
+``AgentStatus.wire_sent``.
+8: ``SamplingSpec.frequency_penalty`` / ``presence_penalty`` / ``logit_bias`` (OpenAI's)."""
 
 MAX_CONTROL_FRAME = 1 << 20
 """Largest control frame the agent decodes (1 MiB); bigger ones get an error reply."""
@@ -213,11 +214,18 @@ class SamplingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     prompts' token ids (``StartRun.input_ids``): the penalty looks at every token of a sequence."""
     no_repeat_ngram_size: int = 0
     """HF's no_repeat_ngram_size (0 = off)."""
+    frequency_penalty: float = 0.0
+    """OpenAI's frequency_penalty (0 = off): counts the tokens generated so far (agents/sampling.py)."""
+    presence_penalty: float = 0.0
+    """OpenAI's presence_penalty (0 = off)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """OpenAI's logit_bias as (token id, bias) pairs."""
 
     @property
     def uses_history(self) -> bool:
         """Whether the sampler needs each sequence's tokens so far."""
-        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.frequency_penalty != 0
+                or self.presence_penalty != 0)
 
 
 def sampling_problem(s: SamplingSpec) -> str:
@@ -232,7 +240,16 @@ def sampling_problem(s: SamplingSpec) -> str:
         return f"sampling.repetition_penalty must be a finite number in (0, 100], got {s.repetition_penalty!r}"
     if not 0 <= s.no_repeat_ngram_size <= 64:
         return f"sampling.no_repeat_ngram_size must be in [0, 64], got {s.no_repeat_ngram_size}"
+    if not (finite(s.frequency_penalty, -2, 2) and finite(s.presence_penalty, -2, 2)):
+        return "sampling.frequency_penalty and sampling.presence_penalty must be finite numbers in [-2, 2]"
+    if len(s.logit_bias) > MAX_LOGIT_BIAS or any(not 0 <= t < 1 << 31 or not finite(b, -100, 100)
+                                                for t, b in s.logit_bias):
+        return f"sampling.logit_bias must hold at most {MAX_LOGIT_BIAS} (token id >= 0, bias in [-100, 100]) pairs"
     return ""
+
+
+MAX_LOGIT_BIAS = 1024
+"""Most ``logit_bias`` entries a request may give (the server refuses more at its entrance)."""
 
 
 _DECODERS: dict[str, tuple[int, Any]] = {}
@@ -292,11 +309,14 @@ def options_problem(slot: msgspec.Raw) -> str:
 
 def sampling_without_history_problem(s: SamplingSpec, refusal: str) -> str:
     """Sampling in range for a sampler that keeps no token history: ``refusal`` says why a repetition
-    penalty or an n-gram ban is not served."""
+    penalty or an n-gram ban is not served (nor are OpenAI's penalties and logit bias)."""
     if not finite(s.temperature, 0, 100) or not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
         return "sampling.temperature must be in [0, 100] and sampling.top_p in (0, 1]"
     if s.top_k < 0 or not 0 <= s.seed < 1 << 63:
         return "sampling.top_k must be >= 0 and sampling.seed in [0, 2**63)"
+    if s.frequency_penalty != 0 or s.presence_penalty != 0 or s.logit_bias:
+        return ("this technique samples without frequency or presence penalties or a logit bias (not supported): "
+                "run with them off")
     if s.uses_history:
         return refusal
     return ""

@@ -21,6 +21,7 @@ from agents.accelerators import device_name_problem
 from agents.weight_precision import PRECISIONS as WEIGHT_PRECISIONS
 from agents.envelope import (  # noqa: F401  (the base protocol's public names, re-exported)
     MAX_CONTROL_FRAME,
+    MAX_LOGIT_BIAS,
     MAX_NEW_TOKENS,
     MAX_ROWS,
     MAX_SOCKET_MESSAGE,

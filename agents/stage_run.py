@@ -54,10 +54,12 @@ def default_sampler(spec: SamplingSpec):
     from agents.sampling import SamplingParams, sample
 
     wanted = {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": spec.seed,
-              "repetition_penalty": spec.repetition_penalty, "no_repeat_ngram_size": spec.no_repeat_ngram_size}
+              "repetition_penalty": spec.repetition_penalty, "no_repeat_ngram_size": spec.no_repeat_ngram_size,
+              "frequency_penalty": spec.frequency_penalty, "presence_penalty": spec.presence_penalty,
+              "logit_bias": spec.logit_bias}
     accepted = inspect.signature(SamplingParams).parameters
     params = SamplingParams(**{k: v for k, v in wanted.items() if k in accepted})
-    return lambda logits, gen, history=None: sample(logits, params, gen, history)
+    return lambda logits, gen, history=None, prompt_length=0: sample(logits, params, gen, history, prompt_length)
 
 
 @dataclass
@@ -250,7 +252,7 @@ class StageRun:
             out = self._forward(op, x, mask)
             if op.samples:
                 history = self.histories.get(mb)
-                out = self.sample(out, self._generator(mb, op.step), history).to(torch.int64)
+                out = self.sample(out, self._generator(mb, op.step), history, self._prompt_length(mb)).to(torch.int64)
                 if history is not None:
                     self.histories[mb] = torch.cat([history, out.view(-1, 1)], dim=1)
         if not getattr(self.ex, "records_own_spans", False):
@@ -264,6 +266,13 @@ class StageRun:
     def _forward(self, op: Compute, x: torch.Tensor, mask) -> torch.Tensor:
         """The executor's part of a step: a prefill (step 0) or a one-token decode step."""
         return self.ex.prefill(op.micro_batch, x, mask) if op.step == 0 else self.ex.decode(op.micro_batch, x)
+
+    def _prompt_length(self, mb: int) -> int:
+        """Where micro-batch ``mb``'s generated tokens start in its history: a resumed one's prompt
+        already ends with its tokens so far (``StartRun.first_steps``), which the penalties count."""
+        msg = self.msg
+        width = len(msg.input_ids[0]) if msg.input_ids else 0
+        return width - (msg.first_steps[mb] if mb < len(msg.first_steps) else 0)
 
     def _generator(self, mb: int, step: int) -> torch.Generator:
         """The draw of ``step`` keyed by its place in the whole generation (``StartRun.first_steps``)."""

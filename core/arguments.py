@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from agents.arguments import float_in, int_in
 
-__all__ = ["PORT", "ROW_ID", "SEED", "THREADS", "TOKENS", "add_image_arguments", "float_in", "int_in"]
+__all__ = ["PORT", "ROW_ID", "SEED", "THREADS", "TOKENS", "add_image_arguments", "add_penalty_arguments", "float_in",
+           "int_in"]
 
 PORT = int_in(0, 65535)
 THREADS = int_in(0, 1024)
@@ -24,3 +25,14 @@ def add_image_arguments(parser) -> None:
                              "centre-cropped to the network's input")
     parser.add_argument("--images", type=int_in(1, 10_000), default=None,
                         help="a CNN plan without --image: this many seeded random images (default 4)")
+
+
+def add_penalty_arguments(parser, when: str) -> None:
+    """OpenAI's frequency and presence penalties (agents/sampling.py), one set for `edgeshard run` and
+    `edgeshard serve` (``when``: what the help adds, e.g. serve's "when a request gives none")."""
+    parser.add_argument("--frequency-penalty", type=float_in(-2, 2), default=0.0,
+                        help=f"OpenAI's frequency_penalty{when}: a token's logit loses this per time it was "
+                             "generated so far (the prompt not counted; 0 = off)")
+    parser.add_argument("--presence-penalty", type=float_in(-2, 2), default=0.0,
+                        help=f"OpenAI's presence_penalty{when}: a token's logit loses this once it was generated "
+                             "at all (0 = off)")

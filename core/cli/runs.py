@@ -21,7 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from agents.protocol import RUN_MODES, LinkShape, TimelineEvent, TokenEvent
-from core.arguments import SEED, THREADS, TOKENS, add_image_arguments, float_in, int_in
+from core.arguments import SEED, THREADS, TOKENS, add_image_arguments, add_penalty_arguments, float_in, int_in
 from core.errors import DeployError, FormatError, RunFailed
 from core.runs.speculative import speculate_k
 from core.planning.plan import WEIGHT_PRECISIONS
@@ -100,6 +100,7 @@ def _register_run(sub) -> None:
                         "~1.2 stops greedy text looping); on, the last stage also receives the prompts' token ids")
     p.add_argument("--no-repeat-ngram-size", type=int_in(0, 64), default=0,
                    help="HF's no_repeat_ngram_size: never repeat an n-gram of this size (0 = off)")
+    add_penalty_arguments(p, "")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     add_weights_option(p)
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
@@ -258,6 +259,8 @@ def cmd_run(args) -> int:
         seed=args.seed,
         repetition_penalty=args.repetition_penalty,
         no_repeat_ngram_size=args.no_repeat_ngram_size,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
         dtype=args.dtype,
         threads=args.threads,
         send_weights=args.send_weights,
@@ -277,7 +280,9 @@ def cmd_run(args) -> int:
                   "mode": settings.mode,
                   "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,
                   "repetition_penalty": settings.repetition_penalty,
-                  "no_repeat_ngram_size": settings.no_repeat_ngram_size, "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
+                  "no_repeat_ngram_size": settings.no_repeat_ngram_size,
+                  "frequency_penalty": settings.frequency_penalty, "presence_penalty": settings.presence_penalty,
+                  "dtype": settings.dtype, "lanes": list(plan.devices()), "started_by": "edgeshard run",
                   **batching_settings(plan, args.micro_batches),
                   **({"prompt_tokens": run_prompt_tokens(model_dir, prompts)} if origin is not None else {})},
         session_name=f"edgeshard run {time.strftime('%Y-%m-%d %H:%M')}", plan=plan,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from agents.protocol import RUN_MODES
-from core.arguments import SEED, THREADS, TOKENS, float_in, int_in
+from core.arguments import SEED, THREADS, TOKENS, add_penalty_arguments, float_in, int_in
 from core.cli.runs import add_weights_option
 from core.errors import FormatError
 
@@ -56,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="HF's repetition_penalty when a request gives none (1 = off)")
     p.add_argument("--no-repeat-ngram-size", type=int_in(0, 64), default=0,
                    help="HF's no_repeat_ngram_size when a request gives none (0 = off)")
+    add_penalty_arguments(p, " when a request gives none")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     add_weights_option(p)
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
@@ -171,7 +172,8 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
             served.load(reporter)
             defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                 seed=args.seed, repetition_penalty=args.repetition_penalty,
-                                no_repeat_ngram_size=args.no_repeat_ngram_size)
+                                no_repeat_ngram_size=args.no_repeat_ngram_size,
+                                frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
             limits = EndpointLimits(max_queue=args.max_queue, max_batch=args.max_batch,
                                     batch_window_s=args.batch_window_ms / 1e3, max_body_bytes=args.max_body_bytes,
                                     shutdown_grace_s=args.shutdown_grace_s, defaults=defaults)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from agents.protocol import KvReservation, LinkShape, SamplingSpec, TimelineEvent, TokenEvent
+from agents.protocol import MAX_LOGIT_BIAS, KvReservation, LinkShape, SamplingSpec, TimelineEvent, TokenEvent
 from core.runs.coordinator import (
     MODES,
     Coordinator,
@@ -125,6 +125,12 @@ class GenerationSettings:
     stage is sent the prompts' token ids (agents.protocol.SamplingSpec)."""
     no_repeat_ngram_size: int = 0
     """HF's no_repeat_ngram_size (0 = off)."""
+    frequency_penalty: float = 0.0
+    """OpenAI's frequency_penalty in [-2, 2] (0 = off): counts the tokens generated so far (agents/sampling.py)."""
+    presence_penalty: float = 0.0
+    """OpenAI's presence_penalty in [-2, 2] (0 = off)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs added to the logits."""
     dtype: str = "float32"
     threads: int = 0
     links: dict[str, LinkShape] = field(default_factory=dict)
@@ -155,9 +161,25 @@ def settings_problem(settings: GenerationSettings) -> tuple[str, str] | None:
         return "repetition-penalty", f"must be a finite number in (0, 100] (1 = off), got {s.repetition_penalty!r}"
     if not 0 <= s.no_repeat_ngram_size <= 64:
         return "no-repeat-ngram-size", f"must be an integer in [0, 64] (0 = off), got {s.no_repeat_ngram_size}"
+    for name, value in (("frequency-penalty", s.frequency_penalty), ("presence-penalty", s.presence_penalty)):
+        if not (math.isfinite(value) and -2 <= value <= 2):
+            return name, f"must be a finite number in [-2, 2] (0 = off), got {value!r}"
+    if len(s.logit_bias) > MAX_LOGIT_BIAS or any(t < 0 or not (math.isfinite(b) and -100 <= b <= 100)
+                                                for t, b in s.logit_bias):
+        return "logit-bias", (f"must map at most {MAX_LOGIT_BIAS} token ids >= 0 to biases in [-100, 100], "
+                              f"got {s.logit_bias!r}")
     if not 0 <= s.threads <= 1024:
         return "threads", f"must be an integer in [0, 1024], got {s.threads}"
     return None
+
+
+def sampling_spec(settings: GenerationSettings, seed: int | None = None) -> SamplingSpec:
+    """The wire's sampling of ``settings`` (``seed`` overrides theirs): one place that carries every field."""
+    s = settings
+    return SamplingSpec(temperature=s.temperature, top_p=s.top_p, seed=s.seed if seed is None else seed,
+                        repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
+                        frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
+                        logit_bias=s.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -321,9 +343,7 @@ def _generate_text(tok, enc, stops, settings: GenerationSettings, run, *, sink: 
         micro_batches=settings.micro_batches,
         eos_token_ids=() if settings.ignore_eos else stops,
         pad_token_id=int(tok.pad_token_id or 0),
-        sampling=SamplingSpec(temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed,
-                              repetition_penalty=settings.repetition_penalty,
-                              no_repeat_ngram_size=settings.no_repeat_ngram_size),
+        sampling=sampling_spec(settings),
     )
     text_sink = _TextSink(sink or NullSink(), pieces)
     try:

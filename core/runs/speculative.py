@@ -107,6 +107,8 @@ def speculation_problem(prompts, settings) -> str:
         return f"speculative decoding runs one prompt, got {len(prompts)}"
     if settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size:
         return "speculative decoding takes no --repetition-penalty or --no-repeat-ngram-size"
+    if settings.frequency_penalty or settings.presence_penalty or settings.logit_bias:
+        return "speculative decoding takes no --frequency-penalty, --presence-penalty or logit bias"
     if settings.mode != "sequential" or settings.micro_batches not in (None, 1):
         return "speculative decoding runs --mode sequential with one micro-batch"
     return ""

@@ -34,13 +34,12 @@ import msgspec
 from agents.protocol import TimelineEvent, TokenEvent
 from core.errors import EdgeShardError, RunFailed
 from core.planning.plan import ShardPlan
-from agents.protocol import SamplingSpec
 from core.runs.batching import batching_settings, micro_batch_count
 from core.runs.coordinator import Coordinator
-from core.runs.generation import GenerationSettings, load_plan, stop_token_ids
+from core.runs.generation import GenerationSettings, load_plan, sampling_spec, stop_token_ids
 from core.runs.open_run import OpenRun
 from core.runs.recovery import Replanner
-from core.serving.openai_api import ApiError, ParsedRequest, plain_chat_prompt, unavailable
+from core.serving.openai_api import ApiError, ParsedRequest, check_logit_bias, plain_chat_prompt, unavailable
 from core.serving.served import ServedRequest
 from core.sessions.recording import RunRecorder
 from core.sessions.store import SessionStore
@@ -104,10 +103,13 @@ def growable(running: dict[int, tuple[int, bool]], rows: int, max_rows: int) -> 
 
 
 def join_groups(requests: list[ServedRequest]) -> list[list[ServedRequest]]:
-    """``requests`` as the joins they may share (equal ``batch_key``; a sampled one alone), in order."""
+    """``requests`` as the joins they may share (equal ``batch_key``; a sampled one alone), in order; with
+    frequency or presence penalties only with as many tokens so far (what ``first_step`` tells the last stage)."""
     groups: dict[object, list[ServedRequest]] = {}
     for r in requests:
-        groups.setdefault(r.batch_key if r.batch_key is not None else id(r), []).append(r)
+        s = r.parsed.sampling
+        counted = (r.batch_key, len(r.tokens)) if s.frequency_penalty or s.presence_penalty else r.batch_key
+        groups.setdefault(counted if r.batch_key is not None else id(r), []).append(r)
     return list(groups.values())
 
 
@@ -159,6 +161,8 @@ class ServedModel:
         self.plan_id = store.add_plan(session_id, plan) if store is not None else None
         self.stop_ids = stop_token_ids(model_dir, tokenizer)
         self.context = model_context(model_dir)
+        config = json.loads(Path(model_dir, "config.json").read_text())  # the ids ``logit_bias`` may name
+        self.vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0)
         self.rows_join = full_attention_only(json.loads(Path(model_dir, "config.json").read_text()))
         """Whether requests may join a running micro-batch as rows (``_growable``)."""
         self.chat_template = getattr(tokenizer, "chat_template", None)
@@ -251,6 +255,7 @@ class ServedModel:
             raise ApiError(413, f"the prompt has {len(ids)} tokens and asks for {asked or 1} more; the model's "
                                 f"context is {self.context} tokens", param="messages" if parsed.kind == "chat"
                            else "prompt", code="context_length_exceeded")
+        check_logit_bias(parsed.sampling, self.vocab)
         max_tokens = asked if asked is not None else min(self.settings.max_tokens, room)
         seed = parsed.sampling.seed if parsed.sampling.seed is not None else secrets.randbelow(1 << 62)
         prefix = "cmpl-" if parsed.kind == "completion" else "chatcmpl-"
@@ -327,9 +332,8 @@ class ServedModel:
             for r in live:
                 r.fail(err)
             return
-        s = live[0].parsed.sampling
-        spec = SamplingSpec(temperature=s.temperature, top_p=s.top_p, seed=live[0].seed,
-                            repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size)
+        spec = sampling_spec(live[0].parsed.sampling.applied_to(self.settings.generation, live[0].seed,
+                                                                live[0].max_tokens))
         # A resumed request's tokens so far are its sampler's step (a sampled request joins alone; greedy rows
         # of one join may differ in count, and draw nothing).
         done = len(live[0].tokens)
@@ -570,11 +574,7 @@ class ServedModel:
         if self.store is None:
             return None
         p = r.parsed
-        s = p.sampling
-        settings = GenerationSettings(**{**self.settings.generation.__dict__, "temperature": s.temperature,
-                                         "top_p": s.top_p, "seed": r.seed, "max_new_tokens": r.max_tokens,
-                                         "repetition_penalty": s.repetition_penalty,
-                                         "no_repeat_ngram_size": s.no_repeat_ngram_size})
+        settings = p.sampling.applied_to(self.settings.generation, r.seed, r.max_tokens)
         record = {
             "model_dir": self.model_dir, "prompts": [r.prompt_text], "lanes": list(self.plan.devices()),
             "started_by": "edgeshard serve", "request_id": r.id,
@@ -583,7 +583,9 @@ class ServedModel:
             "max_new_tokens": r.max_tokens, "mode": settings.mode, "temperature": settings.temperature,
             "top_p": settings.top_p, "seed": r.seed, "stop": list(p.sampling.stop), "stream": p.stream,
             "repetition_penalty": settings.repetition_penalty,
-            "no_repeat_ngram_size": settings.no_repeat_ngram_size, "dtype": settings.dtype,
+            "no_repeat_ngram_size": settings.no_repeat_ngram_size, "frequency_penalty": settings.frequency_penalty,
+            "presence_penalty": settings.presence_penalty, "logit_bias": [list(b) for b in settings.logit_bias],
+            "dtype": settings.dtype,
             "prompt_tokens": len(r.prompt_ids), "batch": [b.id for b in batch],
             **batching_settings(self.plan, settings.micro_batches),
         }

@@ -3,8 +3,9 @@
 Pure functions over bytes and plain values (no sockets, no cluster), so every rule is tested
 alone. Bodies are decoded with ``msgspec`` into typed structs: a wrong type or an unknown
 field is a 400 naming the parameter (as OpenAI's own API answers), never silently ignored. A
-parameter OpenAI defines that this runtime cannot honour (``n > 1``, logprobs, tools, a
-presence penalty) is a 400 saying so. Extensions beyond OpenAI's set are the runtime's own
+parameter OpenAI defines that this runtime cannot honour (``n > 1``, logprobs, tools) is a 400
+saying so. ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are honoured per request
+(agents/sampling.py applies them). Extensions beyond OpenAI's set are the runtime's own
 repetition controls, ``repetition_penalty`` and ``no_repeat_ngram_size`` (HF's meanings, as
 ``edgeshard run``'s options).
 """
@@ -12,11 +13,14 @@ repetition controls, ``repetition_penalty`` and ``no_repeat_ngram_size`` (HF's m
 from __future__ import annotations
 
 import math
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
+
+from agents.protocol import MAX_LOGIT_BIAS
 
 
 class ApiError(Exception):
@@ -63,8 +67,8 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     repetition_penalty: float | None = None
@@ -108,6 +112,21 @@ class Sampling:
     stop: tuple[str, ...]
     repetition_penalty: float
     no_repeat_ngram_size: int
+    frequency_penalty: float = 0.0
+    """OpenAI's, in [-2, 2]: per time a token was generated so far, subtracted from its logit."""
+    presence_penalty: float = 0.0
+    """OpenAI's, in [-2, 2]: subtracted from the logit of every token generated so far."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """OpenAI's: (token id, bias in [-100, 100]) pairs, by id (ids checked against the model's vocabulary
+    at admission: ``check_logit_bias``)."""
+
+    def applied_to(self, settings, seed: int, max_tokens: int):
+        """``settings`` (the server's ``core.runs.generation.GenerationSettings``) with this sampling: what a
+        request's join samples with and its run records."""
+        return replace(settings, temperature=self.temperature, top_p=self.top_p, seed=seed, max_new_tokens=max_tokens,
+                       repetition_penalty=self.repetition_penalty, no_repeat_ngram_size=self.no_repeat_ngram_size,
+                       frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                       logit_bias=self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,8 @@ class Defaults:
     seed: int | None = None
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 MAX_STOP_STRINGS = 4
@@ -181,11 +202,6 @@ def parse_request(raw: bytes, kind: Kind, defaults: Defaults) -> ParsedRequest:
     if body.n != 1:
         raise _unsupported("n", f"only n=1 is served (got {body.n}); send several requests: concurrent "
                                 "requests are batched")
-    if body.presence_penalty != 0 or body.frequency_penalty != 0:
-        p = "presence_penalty" if body.presence_penalty != 0 else "frequency_penalty"
-        raise _unsupported(p, "not supported by this runtime; use repetition_penalty or no_repeat_ngram_size")
-    if body.logit_bias:
-        raise _unsupported("logit_bias", "not supported by this runtime")
     if isinstance(body, CompletionBody):
         if body.echo:
             raise _unsupported("echo", "not supported")
@@ -252,8 +268,33 @@ def _sampling(body: _Common, max_tokens: int | None, d: Defaults) -> Sampling:
     _range("repetition_penalty", rp, math.isfinite(rp) and 0 < rp <= 100, "a number in (0, 100] (1 = off)")
     ng = d.no_repeat_ngram_size if body.no_repeat_ngram_size is None else body.no_repeat_ngram_size
     _range("no_repeat_ngram_size", ng, 0 <= ng <= 64, "an integer in [0, 64] (0 = off)")
+    penalties = {}
+    for name in ("frequency_penalty", "presence_penalty"):
+        v = getattr(d, name) if getattr(body, name) is None else getattr(body, name)
+        _range(name, v, math.isfinite(v) and -2 <= v <= 2, "a number in [-2, 2] (0 = off)")
+        penalties[name] = float(v)
     return Sampling(max_tokens=max_tokens, temperature=t, top_p=p, seed=seed, stop=stop, repetition_penalty=rp,
-                    no_repeat_ngram_size=ng)
+                    no_repeat_ngram_size=ng, logit_bias=_logit_bias(body.logit_bias or {}), **penalties)
+
+
+def _logit_bias(given: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (token id as a decimal string -> bias in [-100, 100]) as sorted pairs."""
+    _range("logit_bias", f"{len(given)} entries", len(given) <= MAX_LOGIT_BIAS, f"at most {MAX_LOGIT_BIAS} entries")
+    pairs: dict[int, float] = {}
+    for key, bias in given.items():
+        _range("logit_bias", key, re.fullmatch(r"[0-9]{1,10}", key) is not None and int(key) not in pairs,
+               "keyed by token ids (decimal integers >= 0, each once)")
+        _range("logit_bias", {key: bias}, math.isfinite(bias) and -100 <= bias <= 100, "holding biases in [-100, 100]")
+        pairs[int(key)] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
+def check_logit_bias(sampling: Sampling, vocab_size: int) -> None:
+    """400 when ``logit_bias`` names a token id the model does not have (its logits' width)."""
+    unknown = [t for t, _ in sampling.logit_bias if t >= vocab_size]
+    if unknown:
+        raise ApiError(400, f"logit_bias names token id {unknown[0]}, which the model does not have (its vocabulary "
+                            f"is ids 0 to {vocab_size - 1})", param="logit_bias", code="invalid_value")
 
 
 # ------------------------------------------------------------------------------ prompts

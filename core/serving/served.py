@@ -79,12 +79,13 @@ class ServedRequest:
     @property
     def batch_key(self) -> tuple | None:
         """Requests with equal keys may share a join (one sampling for its rows). Greedy ones with the
-        same repetition controls do; a sampled one joins alone (its own seed and step count). Any
+        same repetition controls, penalties and logit bias do; a sampled one joins alone (its own seed and step count). Any
         join may then be rows of a running micro-batch: each row samples by its own join's."""
         s = self.parsed.sampling
         if s.temperature > 0:
             return None
-        return ("greedy", s.repetition_penalty, s.no_repeat_ngram_size)
+        return ("greedy", s.repetition_penalty, s.no_repeat_ngram_size, s.frequency_penalty, s.presence_penalty,
+                s.logit_bias)
 
     @property
     def done(self) -> bool:

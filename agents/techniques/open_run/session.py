@@ -64,7 +64,8 @@ class _Row:
     """Last stage: how one row of a micro-batch samples (its join's sampling, its own draws and history)."""
 
     sample: object
-    """The join's sampler (``agent.sampler_factory``): ``(logits [1, V], generator, history [1, L]) -> [1]``."""
+    """The join's sampler (``agent.sampler_factory``): ``(logits [1, V], generator, history [1, L],
+    prompt_length) -> [1]``."""
     join: JoinRun
     place: int
     """The row's index within its join (row 0 draws exactly as the join's micro-batch alone did)."""
@@ -72,11 +73,13 @@ class _Row:
     """The micro-batch step that prefilled it: its ``k``-th token is drawn at step ``joined_step + k``."""
     history: torch.Tensor | None
     """Its tokens so far (its prompt without pads, then every token sampled), when its sampler reads them."""
+    prompt_length: int = 0
+    """Where its generated tokens start in ``history`` (a resumed row's prompt ends with its tokens so far)."""
 
     @property
     def plain(self) -> bool:
-        """Greedy with no history: its token is the argmax, taken with every such row at once."""
-        return self.join.sampling.temperature <= 0 and self.history is None
+        """Greedy with no history nor bias: its token is the argmax, taken with every such row at once."""
+        return self.join.sampling.temperature <= 0 and self.history is None and not self.join.sampling.logit_bias
 
     def generator(self, step: int) -> torch.Generator | None:
         """The draw of micro-batch step ``step``, keyed by the row's own position only (None: greedy)."""
@@ -312,7 +315,7 @@ class OpenStageRun(StageRun):
                     rows.extend(self._rows_of(joined, step))
                     new -= len(joined.sequence_ids)
                 self.rows[mb] = x.shape[0]
-            self.sample = lambda logits, generator, history: self._sample_rows(mb, step, logits)
+            self.sample = lambda logits, generator, history, prompt_length: self._sample_rows(mb, step, logits)
         return super()._compute(op, x, mask)
 
     def _rows_of(self, joined: JoinRun, step: int) -> list[_Row]:
@@ -321,7 +324,8 @@ class OpenStageRun(StageRun):
         if joined.sampling.uses_history:  # each row's own prompt: a neighbour's padding is not its history
             histories = [torch.tensor([t for t, m in zip(ids, mask) if m], dtype=torch.int64)
                          for ids, mask in zip(joined.input_ids, joined.attention_mask)]
-        return [_Row(sample, joined, place, step, history) for place, history in enumerate(histories)]
+        return [_Row(sample, joined, place, step, history, 0 if history is None else len(history) - joined.first_step)
+                for place, history in enumerate(histories)]
 
     def _sample_rows(self, mb: int, step: int, logits: torch.Tensor) -> torch.Tensor:
         """Each row's token by its own sampling: plain greedy rows by one argmax, the others one by one."""
@@ -331,7 +335,7 @@ class OpenStageRun(StageRun):
             if row.plain:
                 continue
             history = row.history.view(1, -1) if row.history is not None else None
-            tokens[i] = row.sample(logits[i:i + 1], row.generator(step), history).view(-1)[0]
+            tokens[i] = row.sample(logits[i:i + 1], row.generator(step), history, row.prompt_length).view(-1)[0]
             if row.history is not None:
                 row.history = torch.cat([row.history, tokens[i:i + 1]])
         return tokens

@@ -41,7 +41,9 @@ def test_a_chat_takes_max_completion_tokens_over_max_tokens_and_text_parts():
 
 @pytest.mark.parametrize("body, param", [
     (dict(n=2), "n"), (dict(best_of=3), "best_of"), (dict(echo=True), "echo"), (dict(logprobs=1), "logprobs"),
-    (dict(presence_penalty=0.5), "presence_penalty"), (dict(logit_bias={"5": 1}), "logit_bias"),
+    (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-2.01), "frequency_penalty"),
+    (dict(logit_bias={"5": 100.5}), "logit_bias"), (dict(logit_bias={"five": 1}), "logit_bias"),
+    (dict(logit_bias={"-5": 1}), "logit_bias"), (dict(logit_bias={"5": 1, "05": 2}), "logit_bias"),
     (dict(prompt=["a", "b"]), "prompt"), (dict(temperature=3), "temperature"), (dict(top_p=0), "top_p"),
     (dict(max_tokens=0), "max_tokens"), (dict(stop=["a"] * 5), "stop"), (dict(seed=-1), "seed"),
     (dict(stream_options={"include_usage": True}), "stream_options"),
@@ -49,6 +51,24 @@ def test_a_chat_takes_max_completion_tokens_over_max_tokens_and_text_parts():
 def test_a_parameter_the_runtime_cannot_honour_is_refused_naming_it(body, param):
     err = refused(**body)
     assert err.status == 400 and err.param == param
+
+
+def test_openais_penalties_and_logit_bias_are_taken_by_token_id_and_the_servers_defaults_fill_them_in():
+    s = parse(presence_penalty=0.5, frequency_penalty=-1.25, logit_bias={"7": -100, "3": 2.5}).sampling
+    assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, -1.25, ((3, 2.5), (7, -100.0)))
+    served = parse_request(b'{"model": "m", "prompt": "x", "presence_penalty": 0}', "completion",
+                           Defaults(presence_penalty=1.5, frequency_penalty=0.5)).sampling
+    assert (served.presence_penalty, served.frequency_penalty) == (0.0, 0.5)
+
+
+def test_a_logit_bias_naming_a_token_the_model_lacks_is_refused_naming_it():
+    from core.serving.openai_api import check_logit_bias
+
+    s = parse(logit_bias={"511": 1, "512": -1}).sampling
+    with pytest.raises(ApiError) as err:
+        check_logit_bias(s, 512)
+    assert (err.value.status, err.value.param) == (400, "logit_bias") and "512" in err.value.message
+    check_logit_bias(s, 513)
 
 
 @pytest.mark.parametrize("body, param", [(dict(tools=[{"type": "function"}]), "tools"),

@@ -112,6 +112,120 @@ def test_a_seeded_request_gets_the_same_text_alone_and_as_a_row_beside_running_g
     assert texts == [reference.complete(p, 24) for p in greedy]
 
 
+def _openai_greedy(reference, prompt: str, max_new_tokens: int, frequency: float = 0.0, presence: float = 0.0,
+                   bias: dict[int, float] | None = None, *, count_prompt: bool = False) -> str:
+    """The reference for OpenAI's penalties: a plain torch greedy loop over the checkpoint's forward, applying
+    OpenAI's documented rule to the logits (mu[j] -= c[j] * frequency + (c[j] > 0) * presence, c[j] counting
+    the generated tokens, or with ``count_prompt`` the prompt's too), then the bias, then argmax; it stops
+    after EOS (id 2) as the server does."""
+    import torch
+
+    ids, generated = reference.tok(prompt)["input_ids"], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = reference.model(input_ids=torch.tensor([ids + generated])).logits[0, -1].float()
+            counted = ids + generated if count_prompt else generated
+            for j in set(counted):
+                logits[j] -= counted.count(j) * frequency + presence
+            for j, b in (bias or {}).items():
+                logits[j] += b
+            generated.append(int(logits.argmax()))
+            if generated[-1] == 2:
+                break
+    return reference.tok.decode([t for t in generated if t != 2], skip_special_tokens=True)
+
+
+PENALISED = [dict(prompt="we went to", frequency=0.75, presence=0.5, bias={}),
+             dict(prompt="the king said", frequency=-0.5, presence=1.25, bias={7: 0.5}),
+             dict(prompt="a cat sat on the", frequency=1.2, presence=0.8, bias={363: -100.0})]
+"""Each changes the greedy text; the first only as OpenAI counts (not the prompt), the others only with their bias."""
+
+
+def _penalised(client, ask, max_tokens=12):
+    return client.completions.create(model="tiny-llama", prompt=ask["prompt"], max_tokens=max_tokens, temperature=0,
+                                     frequency_penalty=ask["frequency"], presence_penalty=ask["presence"],
+                                     logit_bias={str(k): v for k, v in ask["bias"].items()})
+
+
+def _expected(reference, ask, max_tokens=12, **how):
+    return _openai_greedy(reference, ask["prompt"], max_tokens, ask["frequency"], ask["presence"], ask["bias"], **how)
+
+
+@pytest.mark.parametrize("ask", PENALISED, ids=["penalties", "negative-frequency-and-a-bias", "a-ban"])
+def test_openais_penalties_and_logit_bias_equal_a_plain_torch_loop_applying_openais_rule(client, reference, ask):
+    expected = _expected(reference, ask)
+    assert _penalised(client, ask).choices[0].text == expected
+    assert expected != reference.complete(ask["prompt"], 12)  # the settings change the text
+    if ask["bias"]:
+        assert expected != _expected(reference, {**ask, "bias": {}})
+    else:  # the prompt's tokens are not counted (OpenAI's rule); counting them would give another text
+        assert expected != _expected(reference, ask, count_prompt=True)
+
+
+def test_seeded_sampling_with_penalties_is_reproducible_and_the_penalties_change_it(client):
+    ask = dict(model="tiny-llama", prompt="the king said", max_tokens=12, temperature=1.0, seed=21)
+    penalised = dict(frequency_penalty=1.5, presence_penalty=1.0, logit_bias={"9": 2.0})
+    first = client.completions.create(**ask, **penalised).choices[0].text
+    assert client.completions.create(**ask, **penalised).choices[0].text == first
+    assert client.completions.create(**ask).choices[0].text != first
+
+
+def test_two_requests_with_different_penalties_in_one_micro_batch_each_equal_their_own_reference(
+        client, reference, server):
+    started = threading.Event()
+
+    def stream():
+        text = ""
+        for c in client.completions.create(model="tiny-llama", prompt="the river", max_tokens=40, stream=True):
+            started.set()
+            text += c.choices[0].text
+        return text
+
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(stream)
+        assert started.wait(60)
+        answers = [pool.submit(_penalised, client, ask) for ask in PENALISED[:2]]
+        first, second = (f.result() for f in answers)
+        assert running.result() == reference.complete("the river", 40)
+    assert first.choices[0].text == _expected(reference, PENALISED[0])
+    assert second.choices[0].text == _expected(reference, PENALISED[1])
+    # rows first: both joined the running stream's micro-batch (their recorded events are its steps)
+    slots = [{i.event.micro_batch for i in _recorded_run(server, r.id)[1] if i.event is not None}
+             for r in (first, second)]
+    assert len(slots[0]) == 1 and slots[0] == slots[1]
+
+
+@pytest.mark.parametrize("extra, param", [(dict(presence_penalty=2.5), "presence_penalty"),
+                                          (dict(frequency_penalty=-3), "frequency_penalty"),
+                                          (dict(logit_bias={"512": 1}), "logit_bias"),
+                                          (dict(logit_bias={"5": -101}), "logit_bias")],
+                         ids=["presence", "frequency", "unknown-token", "bias-range"])
+def test_an_out_of_range_penalty_or_bias_gets_400_naming_it_and_the_server_still_answers(client, extra, param):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, **extra)
+    assert err.value.status_code == 400 and err.value.body["param"] == param
+    _still_answers(client)
+
+
+def test_edgeshard_run_with_penalties_equals_the_reference_and_the_server(client, reference, server, tmp_path):
+    import contextlib
+    import io
+
+    from core.cli import main as cli_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["run", "--model", str(server.model_dir), "--plan", str(server.model_dir.parent / "plan.json"),
+                         "--local", "--prompt", "we went to", "--max-new-tokens", "12", "--frequency-penalty", "0.75",
+                         "--presence-penalty", "0.5", "--json", "--no-record", "--threads", "1"])
+    assert code == 0, out.getvalue()
+    [text] = json.loads(out.getvalue().splitlines()[-1])["texts"]
+    served = _penalised(client, PENALISED[0]).choices[0].text
+    assert text == served == _expected(reference, PENALISED[0])
+
+
 def _post(server, path, body: bytes, key="test-key-0123456789abcdef", content_type="application/json"):
     req = urllib.request.Request(server.url.removesuffix("/v1") + path, data=body, method="POST",
                                  headers={"Content-Type": content_type, **({"Authorization": f"Bearer {key}"}
