@@ -469,7 +469,7 @@ class Agent(ControlPlane, LeaseRules):
         shape = msg.link if msg.link != LinkShape() else self.default_link
         self._loaded = Loaded(msg, executor, nxt, shape, source_device=peers[0].device)
         self._event_meta = ("", msg.stage)
-        self._progress = 1.0
+        self._activity, self._progress = "", 0.0  # before the Ok: a status read right after it was still 'loading'
         self._state = AgentState.READY
         self._error = ""
         huge = int(getattr(executor, "huge_page_bytes", 0))
