@@ -188,9 +188,9 @@ def test_text_in_text_out_streams_pieces_that_add_up_to_the_final_text(cluster, 
     sink = Recorder()
     out = generate(coordinator, plan, model_dir, PROMPTS[:2],
                    GenerationSettings(max_new_tokens=6, mode="bubbles", micro_batches=2), sink=sink, load=False)
-    for seq, text in enumerate(out.texts):
-        pieces = "".join(t.text[t.sequence_ids.index(seq)] for t in sorted(sink.tokens, key=lambda t: t.t_s)
-                         if seq in t.sequence_ids)
+    for seq, text in enumerate(out.texts):  # in the order the sink got them, as a screen shows them (t_s
+        # is mapped with the clock estimate of the moment, which heartbeats refine between two tokens)
+        pieces = "".join(t.text[t.sequence_ids.index(seq)] for t in sink.tokens if seq in t.sequence_ids)
         assert pieces == text
     # ttft 0: an offset estimate that placed the first token before the start (kept at the start)
     assert out.figures.ttft_s is not None and out.figures.ttft_s >= 0 and out.figures.tokens > 0
@@ -283,7 +283,7 @@ def test_a_second_run_while_one_is_in_progress_is_refused(cluster, model_dir):
             coordinator.run(plan, _request(model_dir, "sequential", 1, 2)[1])
     finally:
         coordinator.stop()
-        first.join(10)
+        first.join(60)  # an upper bound for a loaded host (the stop's promptness is the stop test's)
     assert errors and "stopped" in str(errors[0].value)
     assert {s.state for s in coordinator.status().values()} == {AgentState.READY}
 
