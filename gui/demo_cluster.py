@@ -148,10 +148,15 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     from core.runs.coordinator import Coordinator
     from core.devices.local_cluster import LocalCluster
 
-    from core.devices.profile_cache import has_cached_profiles, load_cached_profile
+    from core.devices.profile_cache import load_cached_profile
 
-    if parts.zygote is not None and (profile_options is None or not has_cached_profiles(profile_cache_dir(model_root))):
-        parts.zygote.preload(True)  # no profile kept: say so now, not after making the model (first launch)
+    # the zygote imports the model code before it forks, kept profile or not: forked without it (a
+    # kept profile's launch), each agent imported transformers itself in the background and the first
+    # Start waited for that: 8.4-9.3 s to "Run completed" against 0.6-1.6 s, the agents' CPU to quit
+    # 16.1 against 5.9 s, first text 16.6 against 13.0 s, ready 7.6 against 11.7 s (second launch,
+    # bench/demo_startup.py --run, xcb, load 11-14, medians of 2)
+    if parts.zygote is not None:
+        parts.zygote.preload(True)  # said now, not after making the model
     reporter.status("preparing the demo model")
     parts.model_dir = demo_model.ensure_demo_model(reporter, model_root)
     parts.mark("model_ready")
@@ -159,11 +164,6 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     if profile_options is not None:
         key = demo_profile_key(parts.model_dir, devices, emulation, profile_options)
         parts.kept_profile = load_cached_profile(profile_cache_dir(model_root), key)
-    # with a kept profile nothing needs the model code before the operator's first run: the agents
-    # are forked before the zygote imports it (~1.5 s of CPU sooner) and each imports it meanwhile
-    preload = parts.kept_profile is None
-    if parts.zygote is not None:
-        parts.zygote.preload(preload)
     reporter.status(f"starting {len(devices)} local agents")
     up: list[str] = []
 
@@ -175,7 +175,7 @@ def setup_demo(reporter: Reporter, parts: DemoParts, devices=DEMO_DEVICES, model
     parts.cluster = LocalCluster(parts.workdir / "cluster", list(devices),
                                  link_mbit={d: demo_shape(d).link_mbit for d in devices},
                                  link_latency_ms=DEMO_LINK_LATENCY_MS,
-                                 emulation=emulation, zygote=parts.zygote, preload_model_code=preload)
+                                 emulation=emulation, zygote=parts.zygote, preload_model_code=True)
     zygote, parts.zygote = parts.zygote, None  # the cluster's now: it stops it
     parts.cluster.start(on_ready=agent_up)  # the agents live as long as this process, not this worker thread
     if zygote is not None and zygote.ready_at:
