@@ -104,6 +104,8 @@ def load_comparison(reporter: Reporter, workspace: str, run_a: int, run_b: int) 
 
 TABLE_BESIDE_PX = 800
 """Narrower than this, the figures table goes below the two timelines instead of beside them."""
+TIMELINES_LEAST_PX = 420
+"""The timelines' least width beside the table: where the table's own least width leaves less, it goes below."""
 LANE_LINES = 1.6
 """A compared timeline's least height per lane, in lines of text (its lane names never overlap)."""
 
@@ -185,7 +187,7 @@ class RunComparisonView(QWidget):
         self._arrange(event.size().width())
 
     def _arrange(self, width: int) -> None:
-        wide = width >= TABLE_BESIDE_PX
+        wide = width >= max(TABLE_BESIDE_PX, self.table.minimumWidth() + TIMELINES_LEAST_PX)
         orientation = Qt.Orientation.Horizontal if wide else Qt.Orientation.Vertical
         if self.body.orientation() != orientation:
             self.body.setOrientation(orientation)
@@ -238,8 +240,21 @@ class RunComparisonView(QWidget):
                 item = QTableWidgetItem(text)
                 item.setToolTip(text)
                 self.outputs.setItem(r, c, item)
+        self._fit_words()
         self.table.resizeRowsToContents()
         self._arrange(self.width())
+
+    def _fit_words(self) -> None:
+        """The table at least as wide as its figure names plus each run's longest word, so a technique's
+        name wraps between words ("Encode/prefill/ decode disaggregation") and is never cut to "disag…"."""
+        fm, header = self.table.fontMetrics(), self.table.horizontalHeader()
+        pad = 2 * self.table.style().pixelMetric(self.style().PixelMetric.PM_FocusFrameHMargin) + 12
+        words = [w for r in range(self.table.rowCount()) for c in (1, 2)
+                 for w in self.table.item(r, c).text().replace("/", "/ ").split()]
+        least = max([fm.horizontalAdvance(w) + pad for w in words] + [header.minimumSectionSize()])
+        self.table.resizeColumnToContents(0)
+        self.table.setMinimumWidth(max(260, self.table.columnWidth(0) + 2 * least
+                                       + self.table.verticalScrollBar().sizeHint().width() + 2 * self.table.frameWidth()))
 
     def table_rows(self) -> list[tuple[str, str, str]]:
         return [tuple(self.table.item(r, c).text() for c in range(3)) for r in range(self.table.rowCount())]

@@ -245,3 +245,35 @@ def test_an_expert_offload_runs_storage_lane_compares_by_its_reads_not_a_compute
     names = [r[0] for r in rows]
     assert ("Reads · e0:storage", "50 %", "50 %") in rows and "Utilisation · e0:storage" not in names
     assert ("Utilisation · e0", "100 %", "100 %") in rows
+
+
+def test_each_techniques_name_in_compare_fits_its_column_whole_on_a_small_screen(qtbot, tmp_path, run_data):
+    """At 1024x700 the figures table beside the timelines cut "Layer sharding" to "Layer shardi…" and
+    "disaggregation" likewise: every word of a technique's name fits its column."""
+    from core.reporting import NullReporter
+    from gui.screens.run_comparison import RunComparisonView, load_comparison
+
+    problem, _plan, events, _tokens = run_data
+    path = str(tmp_path / "ws.sqlite")
+    with SessionStore(path) as store:
+        sid = store.create_session("two techniques")
+        ids = []
+        for technique in ("layer-sharding", "phase-disaggregation"):
+            run_id = store.create_run(sid, model="demo-llama", mode="no-bubbles", problem=problem,
+                                      settings={"lanes": DEVICES, "technique": technique})
+            for seq, e in enumerate(events[:6]):
+                store.append_event(run_id, seq, e.end_s, e)
+            store.finish_run(run_id, "completed")
+            ids.append(run_id)
+        store.flush()
+    view = RunComparisonView()
+    qtbot.addWidget(view)
+    view.resize(860, 560)  # the Sessions screen's room in a 1024x700 window
+    view.show()
+    view.show_runs(*load_comparison(NullReporter(), path, *ids))
+    qtbot.wait(50)
+    fm = view.table.fontMetrics()
+    for column in (1, 2):
+        text = view.table.item(0, column).text()
+        widest = max(fm.horizontalAdvance(w) for w in text.replace("/", "/ ").split())
+        assert widest + 8 <= view.table.columnWidth(column), (text, view.table.columnWidth(column))
