@@ -43,11 +43,35 @@ def head_ranges(kv_heads: int, memory: int) -> list[tuple[int, int]]:
     return [(r.start, r.stop) for r in split_heads(kv_heads, memory)]
 
 
-def checkpoint_model(model_dir: str, bytes_per_element: int = 4) -> OffloadModel:
-    """The cost model's view of a checkpoint (what a run on it is predicted with)."""
+LLAMA_LIKE_KEYS = ("num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
+"""What a Llama-like config.json must name for its geometry to be read without transformers."""
+
+
+def _config_fields(model_dir: str):
+    """The checkpoint's config as attributes: a Llama-like config.json read as JSON (the studio picking
+    attention offloading imported torch and transformers in its GUI thread for AutoConfig: 3-4 s frozen
+    at load 10, 14.6 s at load 17); any other (GPT-2's names, a missing key, no file) through
+    ``load_config``, which maps the names or says what is wrong."""
+    import json
+    from types import SimpleNamespace
+
+    from core.models.units import SUPPORTED_FAMILIES  # the checkpoint reader's families (it imports torch)
+
+    try:
+        data = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        data = None
+    if (isinstance(data, dict) and data.get("model_type") in SUPPORTED_FAMILIES and data.get("model_type") != "gpt2"
+            and all(isinstance(data.get(k), int) and data[k] > 0 for k in LLAMA_LIKE_KEYS)):
+        return SimpleNamespace(**data)
     from agents.checkpoint_reader import load_config
 
-    config = load_config(model_dir)
+    return load_config(model_dir)
+
+
+def checkpoint_model(model_dir: str, bytes_per_element: int = 4) -> OffloadModel:
+    """The cost model's view of a checkpoint (what a run on it is predicted with)."""
+    config = _config_fields(model_dir)
     heads = int(config.num_attention_heads)
     hidden = int(config.hidden_size)
     return OffloadModel(name=str(model_dir), layers=int(config.num_hidden_layers), hidden=hidden, q_heads=heads,
