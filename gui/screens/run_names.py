@@ -43,12 +43,22 @@ def run_style(info: RunInfo) -> str:
     if technique == LAYER_SHARDING:
         return info.mode
     settings = info.settings or {}
+    if technique == "spatial":  # the strip strategy it ran (fused, even, ...)
+        return str(settings.get("strategy") or "")
     if technique == "attention-offload":
         options = settings.get("technique_options") or {}
         replicas = int(options.get("compute_replicas") or 1)
         schedule = options.get("schedule") or settings.get("schedule") or ""
         return f"{replicas} replica{'s' if replicas > 1 else ''}" + (f", {schedule}" if replicas > 1 and schedule else "")
     return info.mode if info.mode not in ("sequential", "bubbles", "no-bubbles") else ""
+
+
+def run_count(info: RunInfo) -> str:
+    """What the run produced, counted in its own unit: a spatial run's images ("10 images"), any other's tokens."""
+    count = (info.figures or {}).get("tokens")
+    if count is None:
+        return ""
+    return f"{count} image{'' if count == 1 else 's'}" if run_technique(info) == "spatial" else str(count)
 
 
 def run_name(info: RunInfo) -> str:

@@ -24,7 +24,7 @@ from gui.screens.run_comparison import RunComparisonView, load_comparison
 from gui.screens.run_monitor import RunMonitorView
 from gui.screens.run_export import export_run
 from gui.screens.replay_clock import RunClock
-from gui.screens.run_names import human_time, run_name, run_style, run_title
+from gui.screens.run_names import human_time, run_count, run_name, run_style, run_title
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
@@ -330,12 +330,11 @@ class SessionsPanel(QWidget):
             top.setToolTip(5, session.created_at)
             top.setData(0, Qt.ItemDataRole.UserRole, None)
             for run in runs:
-                tokens = run.figures.get("tokens")
                 status = shown_status(run.status, run.id, self.live_run_ids)
                 mark, colour = RUN_STATUS_MARKS.get(status, ("", None))
                 # the mark leads the first column too: the Status column is off screen in a narrow list
                 child = QTreeWidgetItem([f"{mark}{run_name(run)}", run_style(run), run.kind, mark + status,
-                                         "" if tokens is None else str(tokens), human_time(run.started_at)])
+                                         run_count(run), human_time(run.started_at)])
                 child.setData(0, Qt.ItemDataRole.UserRole, run.id)
                 child.setToolTip(0, f"{run_title(run)}. Double-click to open this run for replay")
                 child.setToolTip(5, run.started_at)

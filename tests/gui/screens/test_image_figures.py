@@ -94,3 +94,11 @@ def test_compare_of_a_spatial_run_names_its_strips_in_its_timeline_legend(qtbot,
     view.show_runs(a, b)
     for timeline in (view.timeline_a, view.timeline_b):
         assert "strip compute" in timeline.legend_text() and "prefill" not in timeline.legend_text()
+
+
+def test_the_sessions_list_counts_a_spatial_runs_images_and_shows_its_strategy(qtbot, workspace):
+    path, ids, _ = workspace
+    panel = sessions_with_run_open(qtbot, path, ids[0])
+    item = panel.run_items()[ids[0]]
+    assert (item.text(1), item.text(4)) == ("fused", f"{IMAGES} images")
+    assert panel.shutdown()

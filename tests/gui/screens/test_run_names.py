@@ -42,3 +42,15 @@ def test_a_replay_starts_just_before_the_runs_first_item_not_at_its_loading():
 
     items = [RecordedItem(seq=i, recv_s=t) for i, t in enumerate((0.58, 0.6, 0.72))]
     assert replay_start_s(items) == 0.58 - REPLAY_LEAD_S and replay_start_s([]) == 0.0
+
+
+def test_a_spatial_run_shows_its_strategy_as_its_style_and_counts_images_not_tokens():
+    from gui.screens.run_names import run_count
+
+    info = RunInfo(id=3, session_id=1, model="resnet-style-32-w8", mode="sequential", kind="measured",
+                   status="completed", started_at="2026-12-06T14:32:05.000+00:00", ended_at=None,
+                   settings={"technique": "spatial", "strategy": "fused"}, figures={"tokens": 10})
+    assert run_style(info) == "fused" and run_count(info) == "10 images"
+    tokens = RunInfo(id=4, session_id=1, model="demo-llama", mode="no-bubbles", kind="measured", status="completed",
+                     started_at="2026-12-06T14:32:05.000+00:00", ended_at=None, settings={}, figures={"tokens": 64})
+    assert run_count(tokens) == "64" and run_count(_info()) == ""  # a language model's tokens; none recorded
