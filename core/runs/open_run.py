@@ -118,7 +118,7 @@ class OpenRun:
     # ------------------------------------------------------------------ joins and leaves
     def join(self, slot: int, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
              sampling: SamplingSpec, *, first_step: int = 0, key: int = 0, on_ids=None,
-             grow: bool = False, on_refused=None) -> tuple[int, ...]:
+             grow: bool = False, on_refused=None, on_accepted=None) -> tuple[int, ...]:
         """Join ``prompts`` as micro-batch ``slot``; the sequence ids their tokens will carry (``on_ids`` is
         told them before the join is sent, so no token can arrive before its caller knows whose it is).
         ``grow``: ``slot`` is running and the rows join it at its next step, one batched forward with its rows
@@ -126,8 +126,10 @@ class OpenRun:
         samples each row by its own join's sampling, seed and step count (``agents.techniques.open_run``).
         ``on_refused``: not waited for; told ``RunFailed`` (on the coordinator's IO thread) if a stage refuses
         the join. The prefill starts as soon as the source has it, where waiting for each stage's reply in
-        turn cost two round trips of a request's TTFT; the last stage waits for its join should the prefill
-        overtake it (``agents.techniques.open_run.session``). Without it both replies are awaited."""
+        turn cost two round trips of a request's TTFT; the source's join goes out first, and the last stage
+        waits for its own should the prefill overtake it (``agents.techniques.open_run.session``). Without
+        ``on_refused`` both replies are awaited, the last stage's first. ``on_accepted``: with ``on_refused``,
+        told (on the IO thread) once every stage has accepted it: the join is out, the prefill under way."""
         if not self.alive:
             raise RunFailed(f"the open run ended: {self.failure or 'stopped'}")
         with self._lock:
@@ -148,10 +150,10 @@ class OpenRun:
                 input_ids=ids if history else (), attention_mask=mask if history else (), sampling=sampling,
                 first_step=first_step, key=key, grow=grow)))
         if on_refused is not None:
-            told = threading.Event()
-            for device, m in asks:
+            replies = _JoinReplies(len(asks), on_refused, on_accepted or (lambda: None))
+            for device, m in reversed(asks):  # the source's first: its prefill starts the request's first token
                 self.coordinator.request_async(device, m).add_done_callback(
-                    lambda fut, device=device: self._replied(device, fut, told, on_refused))
+                    lambda fut, device=device: replies.reply(device, fut))
             return seq
         try:
             for device, m in asks:
@@ -168,19 +170,33 @@ class OpenRun:
             self.coordinator.request_async(self.devices[0], LeaveRun(run_id=self.run_id,
                                                                      sequence_ids=tuple(sequence_ids)))
 
-    @staticmethod
-    def _replied(device: str, fut, told: threading.Event, on_refused) -> None:
-        """A stage's reply to a join not waited for: ``on_refused`` is told once if any stage refused it."""
-        try:
-            reply = fut.result()
-        except Exception as err:  # no reply (the link closed): the run's end tells the requests
-            reply = ErrorReply(code="no_reply", message=str(err))
-        if isinstance(reply, ErrorReply) and not told.is_set():
-            told.set()
-            on_refused(RunFailed(f"{device} refused the join ({reply.code}): {reply.message}", device))
-
     def _ask(self, device: str, msg) -> None:
         reply = self.coordinator.link.await_reply(device, self.coordinator.request_async(device, msg),
                                                   self.coordinator.request_timeout_s, "joining the open run")
         if isinstance(reply, ErrorReply):
             raise RunFailed(f"{device} refused the join ({reply.code}): {reply.message}", device)
+
+
+class _JoinReplies:
+    """The stages' replies to a join not waited for: ``on_refused`` is told once if any stage refused it,
+    else ``on_accepted`` once every stage has accepted it (on the coordinator's IO thread)."""
+
+    def __init__(self, stages: int, on_refused, on_accepted) -> None:
+        self.left, self.on_refused, self.on_accepted = stages, on_refused, on_accepted
+        self.refused = False
+        self._lock = threading.Lock()
+
+    def reply(self, device: str, fut) -> None:
+        try:
+            reply = fut.result()
+        except Exception as err:  # no reply (the link closed): the run's end tells the requests
+            reply = ErrorReply(code="no_reply", message=str(err))
+        with self._lock:
+            self.left -= 1
+            refused = isinstance(reply, ErrorReply) and not self.refused
+            self.refused = self.refused or refused
+            accepted = self.left == 0 and not self.refused
+        if refused:
+            self.on_refused(RunFailed(f"{device} refused the join ({reply.code}): {reply.message}", device))
+        elif accepted:
+            self.on_accepted()

@@ -2,8 +2,8 @@
 
 The app holds no run logic: a body is decoded and checked (``openai_api``), admitted by the
 served model (tokenized, context checked) into the bounded queue (``scheduler``), and what the
-cluster produces comes back through an asyncio queue fed from the coordinator's threads. A
-stream's headers are sent only once its first piece (or its failure) is known, so a request
+cluster produces comes back through the request's ``Inbox``, fed from the coordinator's threads. A
+stream's headers are sent only once the stages accepted its join (or it failed before), so a request
 that cannot be served gets a proper status (503, 429) even with ``stream: true``; after that a
 failure is an ``error`` event, which the ``openai`` client raises as an ``APIError``. A client
 that disconnects cancels its request (``BatchQueue.cancel``). Every error is OpenAI's error
@@ -13,11 +13,12 @@ object; the key, when the server has one, is checked first, in constant time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -39,7 +40,7 @@ from core.serving.openai_api import (
     response_body,
 )
 from core.serving.scheduler import BatchQueue
-from core.serving.served import Failed, Finished, Piece, ServedRequest
+from core.serving.served import Failed, Finished, Joined, Piece, ServedRequest
 
 DISCONNECT_POLL_S = 0.1
 """How often a request that has sent nothing yet checks that its client is still there."""
@@ -48,17 +49,56 @@ INLINE_ADMIT_BYTES = 16 << 10
 a larger one on a worker thread, so a long prompt does not hold up the other streams."""
 
 
+class Inbox:
+    """One request's deliveries on the event loop. ``put`` (on the loop) wakes its one waiter by resolving
+    the future it awaits: the coroutine runs on the next loop turn. An ``asyncio.Queue`` read through
+    ``asyncio.wait_for`` (for the disconnect check's timeout) took two more turns, a task each, per token."""
+
+    NOTHING = object()
+    """What ``get`` returns when its timeout passed first."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, item) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self, timeout_s: float | None = None):
+        """The next delivery, or ``NOTHING`` after ``timeout_s`` (None: no limit)."""
+        if not self._items:
+            waiter = self._waiter = self.loop.create_future()
+            timer = None if timeout_s is None else self.loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._items:
+                return self.NOTHING
+        return self._items.popleft()
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class LoopPost:
-    """Deliveries from the coordinator's threads to the streams' asyncio queues, handed to the event loop
+    """Deliveries from the coordinator's threads to the requests' inboxes, handed to the event loop
     in one wake-up per burst: a step's tokens for 16 streams were 16 ``call_soon_threadsafe`` (16 writes
     to the loop's wake-up pipe, 16 loop turns); now the first schedules a drain and the rest join it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._pending: list[tuple[asyncio.Queue, object]] = []
+        self._pending: list[tuple[Inbox, object]] = []
         self._lock = threading.Lock()
 
-    def post(self, inbox: asyncio.Queue, item) -> None:
+    def post(self, inbox: Inbox, item) -> None:
         with self._lock:
             self._pending.append((inbox, item))
             if len(self._pending) > 1:
@@ -73,7 +113,7 @@ class LoopPost:
         with self._lock:
             batch, self._pending = self._pending, []
         for inbox, item in batch:
-            inbox.put_nowait(item)
+            inbox.put(item)
 
 
 def error_response(err: ApiError) -> JSONResponse:
@@ -119,6 +159,40 @@ def _sse(data: dict | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+class EventStream(StreamingResponse):
+    """Server-sent events: the headers go out at once, the first event as soon as the body has it, both on the
+    request's own task (Starlette's ``StreamingResponse``, under ASGI 2.3 as uvicorn's h11 speaks it, sends
+    nothing before a task it starts for its body runs: a loop turn and a task group's set-up on the first
+    token's path). The rest streams as it does there, while it listens for the client's disconnect. The body
+    itself notices a disconnect before its first event. ``on_end`` is told when the stream ends, however it
+    ends (a disconnect may cancel the body before it started, so its generator's ``finally`` may never run)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_end: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_end = on_end
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            first = await anext(self.body_iterator, None)
+            if first is not None:
+                await send({"type": "http.response.body", "body": first, "more_body": True})
+                await super().__call__(scope, receive, send)
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except ClientDisconnect:
+            pass
+        finally:
+            self.on_end()
+
+    async def stream_response(self, send) -> None:
+        """The events after the first (the headers and the first are out)."""
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 class OpenAIRoutes:
     """The routes over one served model and its queue."""
 
@@ -150,7 +224,7 @@ class OpenAIRoutes:
             loop = asyncio.get_running_loop()
             if self._post is None or self._post.loop is not loop:
                 self._post = LoopPost(loop)
-            post, inbox = self._post.post, asyncio.Queue()
+            post, inbox = self._post.post, Inbox(loop)
 
             def deliver(item) -> None:  # on the coordinator's threads
                 post(inbox, item)
@@ -172,13 +246,13 @@ class OpenAIRoutes:
         if isinstance(first, Failed):
             return error_response(first.error)
         created = now_s()
-        if parsed.stream:
-            return StreamingResponse(self._stream(first, inbox, served, created), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        if parsed.stream:  # its status is known: the headers go out now, while the prefill runs
+            return EventStream(self._stream(first, inbox, request, served, created),
+                               on_end=lambda: None if served.done else self.queue.cancel(served))
         text, item = "", first
         try:
             while not isinstance(item, (Finished, Failed)):
-                text += item.text
+                text += item.text if isinstance(item, Piece) else ""
                 item = await self._next(inbox, request, served)
         except ClientDisconnect:
             self.queue.cancel(served)
@@ -188,7 +262,7 @@ class OpenAIRoutes:
         return JSONResponse(response_body(kind, served.id, self.model.name, created, text, item.reason,
                                           item.prompt_tokens, item.completion_tokens))
 
-    async def _next(self, inbox: asyncio.Queue, request: Request, served: ServedRequest):
+    async def _next(self, inbox: Inbox, request: Request, served: ServedRequest):
         """The next delivery; ``ClientDisconnect`` when the client left meanwhile (checked at least
         every ``DISCONNECT_POLL_S``, also while pieces keep coming)."""
         loop = asyncio.get_running_loop()
@@ -197,36 +271,41 @@ class OpenAIRoutes:
                 served.checked_s = loop.time()
                 if await request.is_disconnected():
                     raise ClientDisconnect()
-            try:
-                return await asyncio.wait_for(inbox.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                continue
+            item = await inbox.get(DISCONNECT_POLL_S)
+            if item is not Inbox.NOTHING:
+                return item
 
-    async def _stream(self, first, inbox: asyncio.Queue, served: ServedRequest, created: int) -> AsyncIterator[bytes]:
-        """Server-sent events until ``data: [DONE]``; leaving early (a disconnect) cancels the request."""
+    def _events(self, item, served: ServedRequest, created: int) -> tuple[bytes, bool]:
+        """A delivery's server-sent events, and whether they end the stream (``data: [DONE]`` or an error)."""
         kind, name, rid = served.parsed.kind, self.model.name, served.id
+        if isinstance(item, Piece):
+            return _sse(chunk_body(kind, rid, name, created, text=item.text)), False
+        if isinstance(item, Finished):
+            out = _sse(chunk_body(kind, rid, name, created, finish_reason=item.reason,
+                                  text=None if kind == "chat" else ""))
+            if served.parsed.include_usage:
+                out += _sse(chunk_body(kind, rid, name, created,
+                                       usage_counts=(item.prompt_tokens, item.completion_tokens)))
+            return out + _sse("[DONE]"), True
+        return _sse(item.error.body()), True
+
+    async def _stream(self, first, inbox: Inbox, request: Request, served: ServedRequest,
+                      created: int) -> AsyncIterator[bytes]:
+        """The events of the deliveries from ``first`` on, until ``data: [DONE]`` (or an error event). Until the
+        first token's, the client's disconnect is checked here (``ClientDisconnect``); after it, the response
+        listens for it. A chat stream's first event (its role) goes out with the first token's."""
         item = first
-        try:
-            if kind == "chat":
-                yield _sse(chunk_body(kind, rid, name, created, text="", first=True))
-            while True:
-                if isinstance(item, Piece):
-                    yield _sse(chunk_body(kind, rid, name, created, text=item.text))
-                elif isinstance(item, Finished):
-                    yield _sse(chunk_body(kind, rid, name, created, finish_reason=item.reason,
-                                          text=None if kind == "chat" else ""))
-                    if served.parsed.include_usage:
-                        yield _sse(chunk_body(kind, rid, name, created,
-                                              usage_counts=(item.prompt_tokens, item.completion_tokens)))
-                    yield _sse("[DONE]")
-                    return
-                elif isinstance(item, Failed):
-                    yield _sse(item.error.body())
-                    return
-                item = await inbox.get()
-        finally:
-            if not served.done:
-                self.queue.cancel(served)
+        while isinstance(item, Joined):
+            item = await self._next(inbox, request, served)
+        events, ended = self._events(item, served, created)
+        if served.parsed.kind == "chat":
+            events = _sse(chunk_body("chat", served.id, self.model.name, created, text="", first=True)) + events
+        yield events
+        while not ended:
+            item = await inbox.get()
+            if not isinstance(item, Joined):
+                events, ended = self._events(item, served, created)
+                yield events
 
 
 def build_app(model: ServedModel, queue: BatchQueue, *, defaults: Defaults, api_key: str | None = None,

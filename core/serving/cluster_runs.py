@@ -40,13 +40,13 @@ from core.runs.generation import GenerationSettings, load_plan, sampling_spec, s
 from core.runs.open_run import OpenRun
 from core.runs.recovery import Replanner
 from core.serving.openai_api import ApiError, ParsedRequest, check_logit_bias, plain_chat_prompt, unavailable
+from core.serving.scheduler import growable, join_groups
 from core.serving.served import ServedRequest
 from core.sessions.recording import RunRecorder
 from core.sessions.store import SessionStore
 from core.runs.wire import counters_of, sent_between, wire_figures
 
 log = logging.getLogger(__name__)
-
 
 
 def full_attention_only(config: dict) -> bool:
@@ -85,32 +85,10 @@ def _retried(write, tries: int = 8):
 EVENTS_LAG_S = 0.25
 """How long after its end a request's record is finished: its figures count the events that arrived by then
 (the agents send theirs every ~50 ms; a later one is still in its replay, through its window)."""
+JOIN_SENT_WAIT_S = 0.05
+"""How long a request's record waits for the stages to accept its join before it is written anyway."""
 WIRE_SETTLE_S = 0.05
 """A request's wire bytes are read at least this long after its end (its last events are sent by then)."""
-
-
-def growable(running: dict[int, tuple[int, bool]], rows: int, max_rows: int) -> int | None:
-    """Of the running micro-batches (slot: its live rows, resumed after a failure), the one with the fewest
-    live rows that ``rows`` requests may join as rows while it runs, if one has room for them (None: none).
-    Any request joins any micro-batch, greedy, sampled or with repetition controls: the last stage samples
-    each row by its own request's controls, seed and step count (``agents.techniques.open_run``), so its
-    tokens do not depend on its neighbours. A resumed micro-batch keeps its rows. The server places rows
-    here before it opens another micro-batch (``ServedModel.start_batch``): a stage's step costs ~1.7 ms
-    plus ~0.07 ms a row on the demo model, so one micro-batch of 16 rows costs about half the CPU of two of 8."""
-    live = {slot: n for slot, (n, resumed) in running.items() if not resumed and n > 0}
-    slot = min(live, key=live.get, default=None)
-    return slot if slot is not None and live[slot] + rows <= max_rows else None
-
-
-def join_groups(requests: list[ServedRequest]) -> list[list[ServedRequest]]:
-    """``requests`` as the joins they may share (equal ``batch_key``; a sampled one alone), in order; with
-    frequency or presence penalties only with as many tokens so far (what ``first_step`` tells the last stage)."""
-    groups: dict[object, list[ServedRequest]] = {}
-    for r in requests:
-        s = r.parsed.sampling
-        counted = (r.batch_key, len(r.tokens)) if s.frequency_penalty or s.presence_penalty else r.batch_key
-        groups.setdefault(counted if r.batch_key is not None else id(r), []).append(r)
-    return list(groups.values())
 
 
 class _Stream:
@@ -346,18 +324,25 @@ class ServedModel:
         now = time.time()
         for r in live:  # before its record opens: its window on the run's events starts here
             r.joined_at = r.joined_at or now
+        accepted = threading.Event()
+
+        def on_accepted() -> None:  # the join is out, the prefill runs: the server has time for the rest
+            accepted.set()
+            for r in () if resumed else live:
+                r.joined()
         try:
             if self.store is not None:  # recorded off the join's path, on the store's one thread
                 if not resumed:
                     with self._lock:
                         self._unrecorded.update({r: [] for r in live})
                 for r in live:
-                    self._finishing.submit(self._open_window if resumed else self._open_record, r, live, run.sink,
-                                           slot, run.t0)
+                    self._finishing.submit(self._once_out, accepted, self._open_window if resumed else self._open_record,
+                                           r, live, run.sink, slot, run.t0)
             prompts = [r.prompt_ids + tuple(r.tokens) for r in live]
             run.join(slot, prompts, [r.max_tokens - len(r.tokens) for r in live], spec, first_step=done, on_ids=route,
-                     grow=grow, on_refused=lambda err: self._join_failed(run, slot, live, err))
+                     grow=grow, on_refused=lambda err: self._join_failed(run, slot, live, err), on_accepted=on_accepted)
         except Exception as err:
+            accepted.set()
             self._join_failed(run, slot, live, err)
 
     def _join_failed(self, run: OpenRun, slot: int, live: list[ServedRequest], err: Exception) -> None:
@@ -380,6 +365,13 @@ class ServedModel:
             self._finish_record(r)
         self.on_slot_free()
 
+    @staticmethod
+    def _once_out(accepted: threading.Event, write, *args) -> None:
+        """``write`` (a record's) once the stages accepted the join, or ``JOIN_SENT_WAIT_S`` passed: written
+        meanwhile, it held the GIL the IO thread needed to send the join (~0.4 ms of half the requests' TTFT)."""
+        accepted.wait(JOIN_SENT_WAIT_S)
+        write(*args)
+
     def _open_record(self, r: ServedRequest, batch: list[ServedRequest], stream: _Stream, slot: int,
                      t0: float) -> None:
         """The request's run record, its window on its micro-batch's events (``_open_window``), then what its
@@ -392,7 +384,7 @@ class ServedModel:
             with self._lock:
                 self._unrecorded.pop(r, None)
             return
-        self._open_window(r, batch, stream, slot, t0, rec)
+        self._open_window(r, batch, stream, slot, t0, rec=rec)
         at = self._wire_last[1]  # its wire bytes count from the last read before its join (not read now: below)
         with self._lock:
             early = self._unrecorded.pop(r, [])

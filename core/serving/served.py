@@ -4,7 +4,7 @@ A request rides in a batch (one run of the cluster, several requests as its sequ
 run's token callbacks hand each request its own tokens (``take``), and the request decides
 alone when it is done: a stop token, a stop string, its own ``max_tokens``, its client gone.
 What its client should see goes out through ``deliver`` (thread-safe: the HTTP side's queue),
-as ``Piece``, then ``Finished`` or ``Failed``.
+as ``Joined`` (its join was sent), ``Piece``, then ``Finished`` or ``Failed``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from dataclasses import dataclass
 
 from core.runs.generation import TextPieces
 from core.serving.openai_api import ApiError, ParsedRequest, StopText
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The request's join is on its way to the stages: a stream's headers can go out (its status is known)
+    while the prefill runs, so the first token's event is the only write left on its path."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class Failed:
     error: ApiError
 
 
-Delivery = Piece | Finished | Failed
+Delivery = Joined | Piece | Finished | Failed
 
 
 class ServedRequest:
@@ -112,6 +118,12 @@ class ServedRequest:
             elif out or len(self.tokens) == 1:  # the first token goes out even without text yet: a
                 self._send(Piece(out))            # stream starts (and its TTFT is) when generation does
             return piece
+
+    def joined(self) -> None:
+        """Its join was sent to the run (its first join: not when it is resumed after a failure)."""
+        with self._lock:
+            if not self.done:
+                self._deliver(Joined())
 
     def fail(self, error: ApiError) -> None:
         with self._lock:

@@ -206,3 +206,26 @@ def test_sampled_and_penalised_rows_joining_a_running_micro_batch_get_the_tokens
     with sink.lock:
         together = [set(t) for t in sink.together]
     assert any({first, *joined.values()} <= t for t in together)  # one forward ran them all
+
+
+def test_a_join_not_waited_for_is_accepted_once_every_stage_accepted_it_and_never_after_a_refusal():
+    """What the server waits for before it writes a request's record and sends a stream's headers."""
+    import concurrent.futures as cf
+
+    from agents.protocol import ErrorReply, Ok
+    from core.runs.open_run import _JoinReplies
+
+    def told(replies: list) -> tuple[list, list]:
+        refused, accepted = [], []
+        join = _JoinReplies(len(replies), refused.append, lambda: accepted.append(True))
+        for device, reply in replies:
+            fut = cf.Future()
+            fut.set_result(reply) if not isinstance(reply, Exception) else fut.set_exception(reply)
+            join.reply(device, fut)
+        return refused, accepted
+
+    assert told([("a", Ok()), ("b", Ok())]) == ([], [True])
+    refused, accepted = told([("a", ErrorReply(code="bad_state", message="not running")), ("b", Ok())])
+    assert [e.device for e in refused] == ["a"] and accepted == []
+    refused, accepted = told([("a", Ok()), ("b", OSError("link closed")), ("c", ErrorReply(code="busy", message="-"))])
+    assert [e.device for e in refused] == ["b"] and accepted == []
