@@ -21,7 +21,7 @@ from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figu
 from core.sessions.store import RunInfo, SessionStore
 from gui.screens.image_figures import image_rows, is_image_run
 from gui.screens.run_names import run_technique, run_title, technique_label
-from gui.techniques.spatial.legend import name_boxes
+from gui.screens.run_legends import name_boxes
 from gui.timeline import TimelineView
 
 
@@ -219,7 +219,7 @@ class RunComparisonView(QWidget):
             view.append_events(run.events)
             view.flush()
             view.measured_plot.setTitle(f"{name}: {run_title(run.info)}", size="9pt")
-            name_boxes(view, is_image_run(run.info.settings))
+            name_boxes(view, run.info.settings)
         end = max([e.end_s for e in a.events + b.events] + [1e-3])
         self.timeline_a.set_x_range(0.0, end * 1.02)  # both from t = 0, on one axis (x-linked)
         self._fit_timelines()

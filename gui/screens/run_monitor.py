@@ -25,7 +25,7 @@ from gui.techniques.expert_offload.heat_map import ExpertHeatMap
 from gui.techniques import speculative
 from gui.screens.image_figures import IMAGE_CARDS, IMAGE_HEADINGS, is_image_run
 from gui.techniques.phase_disaggregation.replay_panel import EpdRequestsPanel
-from gui.techniques.spatial.legend import name_boxes
+from gui.screens.run_legends import name_boxes
 from gui.timeline import TimelineView
 from gui.widgets import MetricCard
 
@@ -220,7 +220,7 @@ class RunMonitorView(QWidget):
         self._show_heat_map(False)
         self._show_trips(False)
         self._image_run = is_image_run(settings)
-        name_boxes(self.timeline, self._image_run)
+        name_boxes(self.timeline, settings)
         for card, (label, tip) in zip(self._cards(), IMAGE_CARDS if self._image_run else self._lm_cards):
             card.set_label(label, tip)
         rate_heading, text_heading = IMAGE_HEADINGS if self._image_run else ("Tokens per second", "Generated text")

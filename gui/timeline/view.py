@@ -101,7 +101,7 @@ class TimelineView(TimelineInspection, QWidget):
         self.legend_label = QLabel()
         self.legend_label.setAccessibleName("Timeline legend")
         self._legend_terms = LEGEND_TERMS
-        self._legend_micro_batches = True
+        self._legend_micro_batches, self._colour_word = True, "mb"
         self.legend_label.setToolTip(LEGEND_TOOLTIP)
         # a legend that grows with the micro-batches seen must not widen the view's minimum: in the
         # Run screen's splitter that pushed the settings pane aside when a run ended (the page jumped).
@@ -510,11 +510,12 @@ class TimelineView(TimelineInspection, QWidget):
             self._errors = errors
             self._update_lane_axis()
 
-    def set_legend_terms(self, terms: Sequence[tuple[str, str]], tooltip: str, *, micro_batches: bool = True) -> None:
-        """What the legend names (after the micro-batch colours unless ``micro_batches`` is off): for a
-        technique whose boxes mean other things, e.g. spatial strips (compute, scatter, gather)."""
-        self._legend_terms = tuple(terms)
-        self._legend_micro_batches = micro_batches
+    def set_legend_terms(self, terms: Sequence[tuple[str, str]], tooltip: str, *, micro_batches: bool = True,
+                         colour_word: str = "mb") -> None:
+        """What the legend names (after the micro-batch colours, each "mb3" or ``colour_word`` + 3, unless
+        ``micro_batches`` is off): for a technique whose boxes mean other things, e.g. spatial strips."""
+        self._legend_terms, self._legend_micro_batches = tuple(terms), micro_batches
+        self._colour_word = colour_word.replace(" ", "&nbsp;")  # an entry never breaks inside
         self.legend_label.setToolTip(tooltip)
         self._update_legend()
 
@@ -531,9 +532,10 @@ class TimelineView(TimelineInspection, QWidget):
         if not self._legend_micro_batches:
             entries = []
         elif len(mbs) <= LEGEND_CHIPS:
-            entries = [f"{chip(m)}&nbsp;mb{m}" for m in mbs]
+            entries = [f"{chip(m)}&nbsp;{self._colour_word}{m}" for m in mbs]
         else:  # one entry: a chip per colour in use, then the range
-            entries = ["".join(chip(m) for m in mbs[:len(MICRO_BATCH_COLOURS)]) + f"&nbsp;mb{mbs[0]}–{mbs[-1]}"]
+            chips = "".join(chip(m) for m in mbs[:len(MICRO_BATCH_COLOURS)])
+            entries = [f"{chips}&nbsp;{self._colour_word}{mbs[0]}–{mbs[-1]}"]
         entries += [f"{symbol}&nbsp;{words.replace(' ', '&nbsp;')}" for symbol, words in self._legend_terms]
         # entries never break inside (non-breaking spaces); the label wraps between them
         self.legend_label.setText("&nbsp;&nbsp; ".join(entries))

@@ -36,3 +36,25 @@ def test_the_rate_plot_has_no_vertical_axis_title_to_cut_the_heading_names_its_u
 @pytest.mark.parametrize("peak, top", [(0.0, 1.0), (0.7, 1.0), (100.0, 100.0), (160.6, 200.0), (250.0, 500.0)])
 def test_the_rate_plots_top_is_the_least_1_2_5_tick_at_or_above_the_peak(peak, top):
     assert nice_ceiling(peak) == pytest.approx(top)
+
+
+def test_an_epd_replays_legend_names_requests_and_their_phases_not_micro_batches(qtbot):
+    """An EPD run's colours are its requests and its hatched boxes encode and prefill: the replay's
+    legend read "mb0 … mb5, prefill, decode" (a layer-sharding pipeline's words)."""
+    from agents.protocol import TimelineEvent
+
+    monitor = RunMonitorView()
+    qtbot.addWidget(monitor)
+    monitor.reset(["edge-a", "edge-c"], settings={"technique": "phase-disaggregation"})
+    monitor.add_timeline_events([TimelineEvent(device="edge-a", stage=0, kind="compute", phase="prefill", step=0,
+                                               micro_batch=r, start_s=0.1 * r, end_s=0.1 * r + 0.05)
+                                 for r in range(3)])
+    monitor.timeline.flush()
+    legend = monitor.timeline.legend_text()
+    assert "req 0" in legend and "req 2" in legend and "encode / prefill" in legend
+    assert "mb0" not in legend
+    monitor.reset(["edge-a"], settings={"technique": "layer-sharding"})  # the next replay: a pipeline's words
+    monitor.add_timeline_events([TimelineEvent(device="edge-a", stage=0, kind="compute", phase="prefill", step=0,
+                                               micro_batch=0, start_s=0.0, end_s=0.05)])
+    monitor.timeline.flush()
+    assert "mb0" in monitor.timeline.legend_text() and "req" not in monitor.timeline.legend_text()
