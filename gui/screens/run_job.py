@@ -146,6 +146,9 @@ def start_refusals(problem, plan, offline: tuple[str, ...] = ()) -> list[str]:
     from core.planning.plan import offline_problems
     from core.techniques import technique_of_plan
 
+    if plan is None and problem is None:  # Auto-solve would only say to profile first
+        return ["There is no plan yet: Profile cluster (Devices ▸ Profile cluster, Ctrl+P) measures the devices "
+                "and makes one, or load a plan (File ▸ Load plan…)."]
     if plan is None:
         return ["There is no plan yet: Auto-solve on the Plan screen (Ctrl+R), or load one."]
     problems = []

@@ -143,6 +143,16 @@ def test_start_without_prompts_or_cluster_says_what_to_do(qtbot, state):
     assert "at least one prompt" in text and "No cluster to run on" in text
 
 
+def test_start_before_any_profile_points_to_profiling_not_to_auto_solve(qtbot, run_data):
+    """A new presenter's first Start in the demo: Auto-solve (what it advised) has nothing to solve yet,
+    and itself says to profile first; Profile cluster makes the plan."""
+    panel = _panel(qtbot, StudioState(), PacedBackend(*run_data[2:]))
+    panel.start_run()
+    assert not panel.is_running()
+    text = panel.message.text()
+    assert "Profile cluster" in text and "Ctrl+P" in text and "Ctrl+R" not in text
+
+
 def _predicted_mbs(panel) -> set[int]:
     return set(panel.monitor.timeline.boxes(predicted=True)["micro_batch"].tolist())
 
