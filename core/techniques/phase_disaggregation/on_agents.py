@@ -242,6 +242,8 @@ class LayoutRun(msgspec.Struct, frozen=True, kw_only=True):
     predicted_id: int | None
     fit: tuple[PhaseFit, ...] = ()
     """Each device's phases, predicted (the problem's costs) beside measured (``phase_fit``)."""
+    prompts: dict[int, str] = {}
+    """Each request's text prompt after its image, decoded: the answer continues it (a cut word's rest)."""
 
 
 def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConfig, *, layout: str = "",
@@ -267,6 +269,11 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     texts = {rid: tokenizer.decode(list(ids), skip_special_tokens=True) for rid, ids in run.tokens.items()}
+    from core.models.multimodal import check_multimodal_dir
+
+    image_token = check_multimodal_dir(model_dir).image_token_id
+    prompts = {p.id: tokenizer.decode([t for t in p.input_ids if t != image_token], skip_special_tokens=True)
+               for p in prepared}
     # each token's text piece in the record, as a layer-sharding run's coordinator fills it: a replay
     # in Sessions shows the answers, not token ids
     run = msgspec.structs.replace(run, token_events=tuple(
@@ -285,7 +292,7 @@ def run_layout(link, model_dir: str | Path, problem: EpdProblem, pools: PoolConf
     return LayoutRun(layout=layout or pools.disaggregation, pools=pools, tokens=run.tokens, texts=texts, metrics=run.metrics,
                      measured=SloFigures.of(run.metrics, problem.slo),
                      predicted=SloFigures.of(sim.metrics, problem.slo), run_id=run_id, predicted_id=predicted_id,
-                     fit=phase_fit(sim.metrics, run.metrics))
+                     fit=phase_fit(sim.metrics, run.metrics), prompts=prompts)
 
 
 __all__ = ["LayoutRun", "PhaseFit", "SloFigures", "agent_slo", "agent_workload", "cluster_problem", "measure_costs",

@@ -42,6 +42,18 @@ def figures_text(f: SloFigures) -> str:
             f"{f.tpot_p50_s * 1e3:.1f} ms · SLO met by {f.attainment:.0%} of {f.requests}")
 
 
+PROMPT_TAIL_CHARS = 24
+"""How much of a request's prompt its answer line shows: its end, which the answer continues."""
+
+
+def answer_line(request: int, prompt: str, answer: str) -> str:
+    """"#3 …the secret of life is ▸ to be the same.": the prompt's end before the answer, so an answer that
+    finishes a cut word ("icto.") reads as the rest of it, not as noise."""
+    prompt = " ".join(prompt.split())
+    shown = prompt if len(prompt) <= PROMPT_TAIL_CHARS else "…" + prompt[-PROMPT_TAIL_CHARS:]
+    return f"#{request} {shown} ▸ {answer.strip()}" if shown else f"#{request} {answer.strip()}"
+
+
 class AgentRunTab(QWidget):
     """The last layout served on the agents: which, its requests' spans, measured vs predicted."""
 
@@ -97,12 +109,13 @@ class AgentRunTab(QWidget):
         lines.append(f"recorded as run {run.run_id} (predicted: run {run.predicted_id}); Sessions replays it"
                      if run.run_id is not None else "not recorded: open a workspace to keep runs")
         self.summary.setText("<br>".join(lines))
-        self.answers.setPlainText("\n".join(f"#{rid} {text.strip()}" for rid, text in sorted(run.texts.items())))
+        self.answers.setPlainText("\n".join(answer_line(rid, run.prompts.get(rid, ""), text)
+                                            for rid, text in sorted(run.texts.items())))
         fill_table(self.fit_table, fit_rows(run.fit))
         table = self.fit_table  # as wide as its columns: the timeline beside it gives way
         table.setMinimumWidth(sum(table.columnWidth(c) for c in range(table.columnCount())) + 2 * table.frameWidth()
                               + table.verticalScrollBar().sizeHint().width())
 
 
-__all__ = ["FIT_HEADERS", "MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "figures_text", "fit_rows", "measure_job",
-           "run_job"]
+__all__ = ["FIT_HEADERS", "MEASURED", "SOURCES", "WHAT_IF", "AgentRunTab", "answer_line", "figures_text", "fit_rows",
+           "measure_job", "run_job"]

@@ -142,3 +142,14 @@ def test_the_request_timelines_legend_wraps_instead_of_running_past_a_narrow_tim
     assert [n for n, _, _ in narrow] == names and max(row for _, _, row in narrow) >= 1
     assert all(dx + 16 + metrics.horizontalAdvance(n) <= 300 for n, dx, _ in narrow)
     assert {row for _, _, row in legend_layout(names, metrics, 2000)} == {0}
+
+
+def test_an_epd_answer_is_shown_after_the_end_of_its_prompt_which_it_continues():
+    """A request's prompt is cut from the shipped text mid-word, so its answer alone read as noise ("icto.")."""
+    from gui.techniques.phase_disaggregation.agent_run import PROMPT_TAIL_CHARS, answer_line
+
+    prompt = "The secret of life is to be happy. Predicting the future is hard, pred"
+    line = answer_line(3, prompt, " icto.A man who has a\n")
+    assert line == f"#3 …{prompt[-PROMPT_TAIL_CHARS:]} ▸ icto.A man who has a"
+    assert answer_line(0, "Love is", " the best policy.") == "#0 Love is ▸ the best policy."
+    assert answer_line(1, "", " alone") == "#1 alone"  # a run without prompts (an older record)
