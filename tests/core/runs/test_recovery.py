@@ -122,6 +122,29 @@ def test_a_recovery_where_no_plan_fits_the_survivors_says_what_memory_is_missing
             a.close()
 
 
+def test_a_run_with_openais_penalties_resumes_counting_the_tokens_generated_before_the_failure(model_dir):
+    """The resumed prefill's prompt ends with each sequence's tokens so far (``StartRun.first_steps``): the
+    last stage counts them as generated, so the frequency and presence penalties go on as undisturbed."""
+    keys = CurveKeys.generate()
+    agents = {d: Agent(d, keys.public).start() for d in ("a", "b")}
+    penalised = SamplingSpec(frequency_penalty=0.75, presence_penalty=0.5)
+    try:
+        endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0) as co:
+            plan = plan_from_boundaries("tiny-llama", 6, ["a", "b"], [3])
+            co.load(plan, model_dir, links={d: SLOW for d in agents})
+            undisturbed = co.run(plan, _request("no-bubbles", penalised, 24)).tokens
+            assert undisturbed != co.run(plan, _request("no-bubbles", SamplingSpec(), 24)).tokens
+            closer = _CloseAt(agents["b"], step=6)
+            resumed = co.run(plan, _request("no-bubbles", penalised, 24), closer,
+                             replan=ExactReplanner(_problem(model_dir, ["a", "b"])))
+            assert closer.killed.is_set() and resumed.recoveries and resumed.plan.devices() == ("a",)
+            assert resumed.tokens == undisturbed
+    finally:
+        for a in agents.values():
+            a.close()
+
+
 class _CloseAt(_KillAt):
     def __init__(self, agent: Agent, step: int) -> None:
         super().__init__(0, step)

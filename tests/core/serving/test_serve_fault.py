@@ -27,8 +27,11 @@ PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell", "th
            "in the morning", "she looked at"]
 THREE = ["edge-0", "edge-1", "edge-2"]
 MIXED = {1: {"temperature": 0.9, "top_p": 0.95, "seed": 3}, 3: {"extra_body": {"repetition_penalty": 1.3}},
-         5: {"temperature": 0.8, "seed": 4, "extra_body": {"repetition_penalty": 1.2}}}
-"""Streams that sample or penalise (by index): each joins alone, as rows beside the greedy ones."""
+         5: {"temperature": 0.8, "seed": 4, "extra_body": {"repetition_penalty": 1.2}},
+         6: {"frequency_penalty": 0.75, "presence_penalty": 0.5},
+         7: {"temperature": 0.9, "seed": 5, "presence_penalty": 1.0, "logit_bias": {"7": 1.5}}}
+"""Streams that sample or penalise (by index): each joins alone, as rows beside the greedy ones. OpenAI's
+penalties count a resumed request's tokens before the failure as generated (``first_step``)."""
 
 
 def _streams_with_a_kill(client, pid: int, max_tokens: int, controls: dict[int, dict] | None = None) -> list:
