@@ -79,3 +79,13 @@ def test_values_that_used_to_hang_end_the_command_within_seconds(argv, tmp_path)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["run", "--presence-penalty", "2.5"], ["run", "--frequency-penalty=-2.01"],
+                                  ["serve", "--presence-penalty=-3"], ["serve", "--frequency-penalty", "2.0001"]])
+def test_openais_penalties_outside_minus_2_to_2_are_refused_while_parsing(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert argv[1].split("=")[0] in err and "[-2, 2]" in err

@@ -34,12 +34,13 @@ def files(tmp_path_factory):
     (["--draft", "{target}", "--speculate", "0"], "--speculate"),
     (["--speculate", "2"], "--speculate needs --draft DIR"),
     (["--draft", "{target}", "--repetition-penalty", "1.2"], "takes no --repetition-penalty"),
+    (["--draft", "{target}", "--presence-penalty", "0.5"], "takes no --frequency-penalty, --presence-penalty"),
     (["--draft", "{target}", "--speculate", "auto"], "--speculate auto: invalid: needs --problem"),
     (["--draft", "{target}", "--speculate", "two"], "must be auto or an integer"),
     (["--draft", "{target}", "--prompt", "two"], "speculative decoding runs one prompt, got 2"),
     (["--draft", "{target}", "--draft-device", "c"], "--draft-device 'c' is not a device of the plan (a, b)"),
     (["--draft-device", "b"], "--draft-device needs --draft DIR"),
-], ids=["another-vocabulary", "k-zero", "no-draft", "penalty", "auto-without-problem", "k-word", "two-prompts",
+], ids=["another-vocabulary", "k-zero", "no-draft", "penalty", "openai-penalty", "auto-without-problem", "k-word", "two-prompts",
         "unknown-draft-device", "draft-device-without-draft"])
 def test_a_speculative_run_it_cannot_do_is_refused_in_one_line_before_any_agent(files, extra, message):
     target, other, plan = files
