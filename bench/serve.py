@@ -27,7 +27,9 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   admission) and ``join_ttft_ms_p50`` (the recorded request's TTFT, from its join). ``edgeshard run``'s
   figure is its token's time at the last stage; ``http_overhead_vs_arrival_ms_p50`` takes the same pairs
   against the token's arrival in the run's coordinator process (``edgeshard_run_arrival_ttft_ms_p50``),
-  so both sides pay that hop, and ``server_last_hop_ms_p50`` is the hop on the server's side.
+  so both sides pay that hop, and ``server_last_hop_ms_p50`` is the hop on the server's side. With
+  ``--baseline TREE`` a server of that checkout is a third side of each pair (``baseline_*`` figures,
+  ``vs_baseline_ms_p50``): before and after a change in the same minutes.
 - ``late_join``: a long request (4 × ``--new-tokens``) streams, and a short one is sent once
   the long one has its 4th token: the short one's TTFT, and the long one's time left then (the
   short one joins between the long one's steps, not after it).
@@ -37,6 +39,7 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
 
 The 1-minute load average is reported before and after: on shared cores figures swing.
 Usage: python bench/serve.py [--new-tokens 32] [--requests 2] [--rounds 5] [--pairs 16] [--soak 300]
+       [--baseline /work/main]
 """
 
 from __future__ import annotations
@@ -72,12 +75,14 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 class Server:
-    def __init__(self, folder: Path, model: Path, plan: Path, stages: int, threads: int) -> None:
+    def __init__(self, folder: Path, model: Path, plan: Path, stages: int, threads: int, tree: Path = ROOT) -> None:
+        """``edgeshard serve`` of the checkout ``tree`` (its code and its agents')."""
+        folder.mkdir(exist_ok=True)
         self.workspace = folder / "ws.sqlite"
         argv = [sys.executable, "-m", "core.cli", "serve", "--model", str(model), "--plan", str(plan), "--local",
                 "--port", "0", "--workspace", str(self.workspace), "--mode", "no-bubbles", "--served-model-name", "demo",
                 "--micro-batches", str(stages), "--threads", str(threads), "--max-queue", "256"]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(argv, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = ""
         while "serves" not in line:
             line = self.proc.stdout.readline()
@@ -229,34 +234,47 @@ class RunPath:
         self._tmp.cleanup()
 
 
-def http_overhead(srv: Server, run: RunPath, new_tokens: int, pairs: int) -> dict:
+def http_overhead(srv: Server, run: RunPath, new_tokens: int, pairs: int, base: Server | None = None) -> dict:
     """Per pair, the same prompt through the idle server (client TTFT) and through ``edgeshard run``'s
     path (its reported TTFT), one right after the other, which goes first alternating; medians of the
-    per-pair differences and of each side, with the server's own view of the request (its recording)."""
-    results, run_ttfts = [], []
+    per-pair differences and of each side, with the server's own view of the request (its recording).
+    ``base``: a server of another checkout, a third side in rotating order (``baseline_*``, and
+    ``vs_baseline_ms_p50``: the median of this tree's client TTFT minus the baseline's, per triple)."""
+    servers = [srv] if base is None else [srv, base]
+    results: list[list[dict]] = [[] for _ in servers]
+    run_ttfts = []
+    sides = list(range(len(servers) + 1))  # the last one is edgeshard run's
     for k in range(pairs):
         prompt = PROMPTS[k % len(PROMPTS)]
-        for side in ((0, 1) if k % 2 == 0 else (1, 0)):
+        for side in sides[k % len(sides):] + sides[:k % len(sides)]:
             time.sleep(0.3)  # both clusters idle (the last request recorded: 0.25 s after its end) when it arrives
-            if side == 0:
-                results.append(stream_once(srv, prompt, new_tokens))
-            else:
+            if side == len(servers):
                 run_ttfts.append(run.ttft_s(prompt))
-    runs = _recorded(srv, [r["id"] for r in results])
-    rows = [(r["ttft_s"], ref, arrived, runs[r["id"]].figures) for r, (ref, arrived) in zip(results, run_ttfts)
-            if r["ttft_s"] is not None and runs[r["id"]].figures.get("ttft_s") is not None]
+            else:
+                results[side].append(stream_once(servers[side], prompt, new_tokens))
     med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
-    diffs = [c - ref for c, ref, _, _ in rows]
-    return {"http_overhead_ms_p50": med(diffs), "http_overhead_ms_min_max": [min(diffs) * 1e3, max(diffs) * 1e3],
-            "pairs": len(rows), "client_ttft_ms_p50": med([c for c, _, _, _ in rows]),
-            "edgeshard_run_ttft_ms_p50": med([ref for _, ref, _, _ in rows]),
-            # the same pairs against the first token's arrival in edgeshard run's process (both sides then pay
-            # the token's hop from the last stage), and that hop on the server's side
-            "edgeshard_run_arrival_ttft_ms_p50": med([a for _, _, a, _ in rows]),
-            "http_overhead_vs_arrival_ms_p50": med([c - a for c, _, a, _ in rows]),
-            "join_ttft_ms_p50": med([f["ttft_s"] for _, _, _, f in rows]),
-            "server_last_hop_ms_p50": med([f["server_ttft_s"] - f["queue_s"] - f["ttft_s"] for _, _, _, f in rows]),
-            "http_in_out_ms_p50": med([c - f["server_ttft_s"] for c, _, _, f in rows])}
+    out: dict = {}
+    for server, got, prefix in zip(servers, results, ("", "baseline_")):
+        runs = _recorded(server, [r["id"] for r in got])
+        rows = [(r["ttft_s"], ref, arrived, runs[r["id"]].figures) for r, (ref, arrived) in zip(got, run_ttfts)
+                if r["ttft_s"] is not None and runs[r["id"]].figures.get("ttft_s") is not None]
+        diffs = [c - ref for c, ref, _, _ in rows]
+        out.update({f"{prefix}http_overhead_ms_p50": med(diffs),
+                    f"{prefix}http_overhead_ms_min_max": [min(diffs) * 1e3, max(diffs) * 1e3],
+                    f"{prefix}pairs": len(rows), f"{prefix}client_ttft_ms_p50": med([c for c, _, _, _ in rows]),
+                    # the same pairs against the first token's arrival in edgeshard run's process (both sides then
+                    # pay the token's hop from the last stage), and that hop on the server's side
+                    f"{prefix}http_overhead_vs_arrival_ms_p50": med([c - a for c, _, a, _ in rows]),
+                    f"{prefix}join_ttft_ms_p50": med([f["ttft_s"] for _, _, _, f in rows]),
+                    f"{prefix}server_last_hop_ms_p50": med([f["server_ttft_s"] - f["queue_s"] - f["ttft_s"]
+                                                            for _, _, _, f in rows]),
+                    f"{prefix}http_in_out_ms_p50": med([c - f["server_ttft_s"] for c, _, _, f in rows])})
+    out["edgeshard_run_ttft_ms_p50"] = med([ref for ref, _ in run_ttfts])
+    out["edgeshard_run_arrival_ttft_ms_p50"] = med([a for _, a in run_ttfts])
+    if base is not None:
+        out["vs_baseline_ms_p50"] = med([a["ttft_s"] - b["ttft_s"] for a, b in zip(*results)
+                                         if a["ttft_s"] is not None and b["ttft_s"] is not None])
+    return out
 
 
 def late_join(srv: Server, new_tokens: int) -> dict:
@@ -370,6 +388,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=16, help="alternating (server, edgeshard run) TTFT pairs per plan")
     ap.add_argument("--stages", default="2,3", help="plans to bench, by stage count (2, 3)")
     ap.add_argument("--soak", type=int, default=300, help="soak requests (0: no soak)")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main's) whose server runs beside this "
+                    "tree's in the HTTP-cost pairs, in rotating order: before/after in the same minutes")
     args = ap.parse_args()
     from core import formats
     from core.models.checkpoints import ModelRecipe, make_model
@@ -399,7 +419,15 @@ def main() -> None:
             res["sixteen_vs_one"] = levels[16]["tokens_per_s"] / levels[1]["tokens_per_s"]
             if args.pairs:
                 run = RunPath(model, plan, args.new_tokens, args.threads)
-                res.update(http_overhead(srv, run, args.new_tokens, args.pairs))
+                base = None
+                if args.baseline is not None:
+                    base = Server(folder / "baseline", model, plan, stages, args.threads, tree=args.baseline)
+                    stream_once(base, "warm up", 4)
+                try:
+                    res.update(http_overhead(srv, run, args.new_tokens, args.pairs, base))
+                finally:
+                    if base is not None:
+                        res["baseline_exit_status"] = base.stop()
                 run.close()
                 run = None
             if hf is not None:

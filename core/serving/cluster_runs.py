@@ -282,6 +282,15 @@ class ServedModel:
             self.open = run
         return self.open
 
+    def join_now(self, batch: list[ServedRequest]) -> bool:
+        """``start_batch`` on the caller's thread (the event loop), if that cannot block: the plan is loaded and the
+        open run runs (else joining may load the plan or start the run first; False: the queue's worker does)."""
+        run = self.open
+        if not (self.loaded and run is not None and run.alive):
+            return False
+        self.start_batch(batch)
+        return True
+
     def start_batch(self, batch: list[ServedRequest], *, resumed: bool = False, into: int | None = None) -> None:
         """Join ``batch`` (requests that may share a join: ``batch_key``) to the open run: as rows of a running
         micro-batch, else as a new one. ``into``: a resumed micro-batch's slot its other requests joined first."""

@@ -37,7 +37,7 @@ class ServingEndpoint:
         # micro-batches cost nearly twice the CPU of one full one (docs/serving.md, Measured).
         self.queue = BatchQueue(served.start_batch, max_waiting=limits.max_queue, max_batch=limits.max_batch,
                                 capacity=served.capacity, spread=1 if served.rows_join else spread, batch_window_s=limits.batch_window_s,
-                                on_cancel_running=served.leave)
+                                on_cancel_running=served.leave, join_now=served.join_now)
         served.on_slot_free = self.queue.wake
         served.max_rows = limits.max_batch
         app = build_app(served, self.queue, defaults=limits.defaults, api_key=key,

@@ -54,8 +54,14 @@ class BatchQueue:
 
     def __init__(self, start_batch: Callable[[list[ServedRequest]], None], *, max_waiting: int, max_batch: int,
                  capacity: Callable[[], int] = lambda: 1, spread: int = 1, batch_window_s: float = 0.0,
-                 on_cancel_running: Callable[[ServedRequest], None] | None = None):
+                 on_cancel_running: Callable[[ServedRequest], None] | None = None,
+                 join_now: Callable[[list[ServedRequest]], bool] | None = None):
         self._start_batch = start_batch
+        self._join_now = join_now
+        """Joins a group on the caller's thread if that cannot block (False: it did not): how ``submit`` joins a
+        request that arrives at an idle cluster without the worker's wake-up (a thread hop on its TTFT)."""
+        self._taking = False
+        """The worker is joining groups it took off the queue."""
         self._capacity = capacity
         """Groups of requests the run can take now, of any ``batch_key`` (free micro-batches, and a running
         one they may join)."""
@@ -76,7 +82,9 @@ class BatchQueue:
         self._worker.start()
 
     def submit(self, request: ServedRequest) -> None:
-        """Queue ``request``; 429 when the queue is full, 503 once the server is stopping."""
+        """Queue ``request``; 429 when the queue is full, 503 once the server is stopping. One that arrives at an
+        idle cluster (nothing waiting or running, the worker idle) joins at once on this thread if ``join_now``
+        can (a burst's later requests still wait for the worker, which takes them together)."""
         with self._cond:
             if self._closed:
                 raise unavailable("the server is shutting down")
@@ -85,8 +93,18 @@ class BatchQueue:
                 raise ApiError(429, f"the queue is full ({self.max_waiting} requests waiting); retry in about "
                                     f"{retry} s", type="rate_limit_error", code="queue_full",
                                headers={"Retry-After": str(retry)})
-            self._waiting.append(request)
-            self._cond.notify_all()
+            idle = not self._waiting and not self._taking and all(r.done for r in self._running)
+            if self._join_now is None or not idle or self.batch_window_s > 0 or self._capacity() < 1:
+                self._waiting.append(request)
+                self._cond.notify_all()
+                return
+            self._running.append(request)
+        if not self._join(self._join_now, [request]):
+            with self._cond:
+                self._running.remove(request)
+                self._waiting.append(request)
+                self._cond.notify_all()
+        self.wake()
 
     def cancel(self, request: ServedRequest) -> None:
         """The client left: drop it from the queue, or take it out of the run at once."""
@@ -154,14 +172,23 @@ class BatchQueue:
                 self._running.extend(picked)
                 room = self._capacity() if picked else 0
                 groups = [[picked[i] for i in part] for part in spread(len(picked), min(self.spread, room))]
+                self._taking = True
             for group in groups:
-                try:
-                    self._start_batch(group)
-                except Exception as err:  # a bug must not stop the worker: these requests fail, later ones run
-                    log.exception("joining a batch failed")
-                    for r in group:
-                        r.fail(ApiError(500, f"internal error: {err}", type="server_error"))
+                self._join(self._start_batch, group)
+            with self._cond:
+                self._taking = False
             self.wake()
+
+    @staticmethod
+    def _join(start, group: list[ServedRequest]):
+        """``start(group)``; a bug must not stop the worker (or the event loop): these requests fail, later ones run."""
+        try:
+            return start(group)
+        except Exception as err:
+            log.exception("joining a batch failed")
+            for r in group:
+                r.fail(ApiError(500, f"internal error: {err}", type="server_error"))
+            return True
 
 
 def growable(running: dict[int, tuple[int, bool]], rows: int, max_rows: int) -> int | None:

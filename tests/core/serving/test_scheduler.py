@@ -163,3 +163,37 @@ def test_a_sampled_request_joins_alone_and_greedy_ones_with_the_same_controls_sh
     sampled = [request(temperature=0.8, seed=1), request(temperature=0.8, seed=1)]
     mixed = [greedy[0], sampled[0], penalised, greedy[1], sampled[1]]
     assert join_groups(mixed) == [[greedy[0], greedy[1]], [sampled[0]], [penalised], [sampled[1]]]
+
+
+def test_a_request_at_an_idle_cluster_joins_on_the_submitting_thread_and_a_later_one_waits_for_the_worker():
+    """The first skips the worker's wake-up (a thread hop on its TTFT); while it runs, the next is queued for the
+    worker, which takes what waits together; and a join that cannot happen now (False) is queued too."""
+    threads, release = [], threading.Event()
+
+    def start(batch):  # the worker's way
+        threads.append(("worker", threading.current_thread().name, len(batch)))
+        for r in batch:
+            r.take(2)
+
+    def now(batch):  # on the caller's thread, if it can
+        if release.is_set():
+            return False
+        threads.append(("now", threading.current_thread().name, len(batch)))
+        return True
+
+    queue = BatchQueue(start, max_waiting=4, max_batch=8, join_now=now)
+    try:
+        first, second = _request([]), _request([])
+        queue.submit(first)  # joined here, still running (no token yet)
+        queue.submit(second)
+        _wait_for(lambda: second.done)
+        assert threads == [("now", threading.current_thread().name, 1), ("worker", "edgeshard-serve-batches", 1)]
+        first.take(2)
+        queue.wake()
+        release.set()  # the run cannot be joined without waiting now: the worker joins the next one
+        third = _request([])
+        queue.submit(third)
+        _wait_for(lambda: third.done)
+        assert threads[-1] == ("worker", "edgeshard-serve-batches", 1)
+    finally:
+        queue.close()
