@@ -140,7 +140,8 @@ def bias_logits(scores: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> to
     if not kept:
         return scores
     ids = torch.tensor([t for t, _ in kept], dtype=torch.int64)
-    return scores.index_add(1, ids, torch.tensor([[b for _, b in kept]], dtype=scores.dtype).expand(scores.shape[0], -1))
+    biases = torch.tensor([[b for _, b in kept]], dtype=scores.dtype).expand(scores.shape[0], -1)
+    return scores.index_add(1, ids, biases)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
