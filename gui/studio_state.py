@@ -25,6 +25,9 @@ class StudioState(QObject):
     technique_models_changed = Signal(object)
     """dict[str, str]: a model of its own per technique (the demo's tour), ``technique_models``."""
     plan_changed = Signal(object)
+    plan_solving_changed = Signal(bool)
+    """Whether the plan of a new profile is being solved (``plan_solving``): until it lands the plan is
+    the placeholder the Plan screen flags, and Start waits for it instead of refusing."""
     model_changed = Signal(str)
     technique_changed = Signal(str)
     """The technique shown on the Plan screen or whose plan was last set (``technique``)."""
@@ -50,6 +53,7 @@ class StudioState(QObject):
         self.problem: PlanningProblem | None = None
         self.plan: ShardPlan | None = None
         """The plan the Run screen runs: the last one set, of whichever technique."""
+        self.plan_solving = False
         self.plans: dict[str, ShardPlan] = {}
         """Each technique's own plan (``core.techniques.technique_of_plan``): running attention
         offloading never replaces the layer-sharding plan the editor shows."""
@@ -140,6 +144,11 @@ class StudioState(QObject):
         raises ``FormatError`` naming the field for an invalid value (``core.planning.problem.with_changes``)."""
         if self.problem is not None:
             self.set_problem(with_changes(self.problem, **changes))
+
+    def set_plan_solving(self, solving: bool) -> None:
+        if solving != self.plan_solving:
+            self.plan_solving = solving
+            self.plan_solving_changed.emit(solving)
 
     def set_plan(self, plan: ShardPlan | None, origin=None) -> None:
         """Make ``plan`` the one to run, and its technique's plan; None clears only the current one.

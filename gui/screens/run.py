@@ -10,7 +10,6 @@ backend to stop at once; the panel never waits for the worker on the GUI thread.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -22,7 +21,9 @@ from gui.screens.run_job import (DEFAULT_PROMPTS, MODE_HELP, MODES, NO_REPEAT_NG
                                   REPETITION_PENALTY_RANGE, RunBackend, RunSettings, lane_notes, run_and_record,
                                   start_refusals)
 from gui.timeline.event_bridge import EventBridge
+from gui.screens.run_names import run_model_name
 from gui.screens.serve_panel import ServePanel
+from gui.techniques.speculative import speculative_refusals
 from gui.screens.run_monitor import RunMonitorView
 from gui.widgets import InlineMessage, browse_button, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
@@ -46,6 +47,7 @@ class RunPanel(QWidget):
         self.session_id: int | None = None
         self._session_workspace = ""
         self.last_outcome = ""
+        self._start_when_solved = False  # Start pressed while a new profile's plan was being solved
         self._technique = "layer-sharding"
         self._technique_settings: dict[str, tuple[int, dict, str]] = {}
         """Each other technique's (micro-batches, technique options), kept while its plan is not the one shown."""
@@ -259,6 +261,7 @@ class RunPanel(QWidget):
             state.problem_changed.connect(self._on_state_problem_changed)
             state.agents_changed.connect(self._on_state_plan_changed)
             state.run_options_proposed.connect(self._on_state_run_options_proposed)
+            state.plan_solving_changed.connect(self._on_state_plan_solving_changed)
             self._on_state_model_changed(state.model_name)
         self._on_state_plan_changed()
         self._predict_timer.start()
@@ -308,6 +311,11 @@ class RunPanel(QWidget):
     def start_run(self) -> None:
         if self.runner.is_busy():
             return
+        if getattr(self.state, "plan_solving", False) and self.backend is not None:  # a new profile's plan
+            self._start_when_solved = True  # lands within the second: run it then (Start right after profiling)
+            self.message.show_lines([])
+            self.status_label.setText("Waiting for the new profile's plan (being solved); the run starts then…")
+            return
         settings = self.settings()
         problems = []
         if not settings.prompts:
@@ -320,7 +328,7 @@ class RunPanel(QWidget):
                             "directory with … (Browse) beside the field.")
         if self.backend is not None and self.state is not None:  # what the Plan screen flags never starts
             problems += start_refusals(self.state.problem, self.state.plan, self.state.offline_devices)
-        problems += self._speculative_refusals(settings)
+        problems += speculative_refusals(settings, getattr(self.state, "problem", None), getattr(self.state, "plan", None))
         if problems:
             self.message.show_lines(problems, "Cannot start the run:")
             return
@@ -515,17 +523,6 @@ class RunPanel(QWidget):
         draft, k = self.speculative_controls.options()
         return {"draft_dir": draft, "speculate_k": k, "speculate_seed": self.speculative_controls.sample_seed()}
 
-    def _speculative_refusals(self, settings) -> list[str]:
-        """Why the draft and k cannot run (``gui.techniques.speculative.speculative_settings``)."""
-        from core.runs.speculative import DraftMismatch
-        from gui.techniques.speculative import speculative_settings
-
-        try:
-            speculative_settings(settings, getattr(self.state, "problem", None), getattr(self.state, "plan", None))
-        except DraftMismatch as err:
-            return [str(err)]
-        return []
-
     def history_sampling_refusal(self) -> str:
         """Why the repetition penalty and the n-gram ban cannot be used for the current plan and
         settings ("" when they can): staggered attention offloading (several compute replicas, or
@@ -536,6 +533,11 @@ class RunPanel(QWidget):
 
         options = OffloadRunOptions.of(self.offload_controls.options())
         return HISTORY_SAMPLING_REFUSED if is_staggered(options, self.micro_batches_spin.value() or None) else ""
+    def _on_state_plan_solving_changed(self, solving: bool) -> None:
+        if not solving and self._start_when_solved:
+            self._start_when_solved = False
+            self.start_run()
+
     def _on_state_run_options_proposed(self, options: dict, micro_batches: int) -> None:
         """The Plan screen's split proposes how to run it (Run on agents): shown before it starts."""
         self.offload_controls.apply(options)
@@ -588,12 +590,3 @@ class RunPanel(QWidget):
     def _on_predict_runner_task_failed(self, _task_id: int, _message: str) -> None:
         self._show_prediction(None)  # a plan the simulator refuses has no predicted timeline
 
-
-def run_model_name(state, model_dir: str) -> str:
-    """The model a run is recorded under: the studio's model name, unless the run loads another
-    checkpoint than the studio's model (the demo's MoE after *Use for Run*: its runs were recorded
-    and replayed as "demo-llama"), then that checkpoint's folder."""
-    name, path = getattr(state, "model_name", ""), getattr(state, "model_path", "")
-    if name and (not path or not model_dir or Path(path).resolve() == Path(model_dir).resolve()):
-        return name
-    return Path(model_dir).name or name

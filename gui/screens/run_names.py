@@ -10,6 +10,7 @@ known by their technique options. Pure functions over ``RunInfo``: no widgets he
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from core.sessions.store import RunInfo
 from core.techniques import UnknownTechnique, technique_named
@@ -59,6 +60,17 @@ def run_count(info: RunInfo) -> str:
     if count is None:
         return ""
     return f"{count} image{'' if count == 1 else 's'}" if run_technique(info) == "spatial" else str(count)
+
+
+def run_model_name(state, model_dir: str) -> str:
+    """The model a run is recorded under: the studio's model name, unless the run loads another
+    checkpoint than the studio's model (the demo's MoE after *Use for Run*: its runs were recorded
+    and replayed as "demo-llama"), then that checkpoint's folder."""
+    name, path = getattr(state, "model_name", ""), getattr(state, "model_path", "")
+    if name and (not path or not model_dir or Path(path).resolve() == Path(model_dir).resolve()):
+        return name
+    return Path(model_dir).name or name
+
 
 
 def run_name(info: RunInfo) -> str:

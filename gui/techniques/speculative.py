@@ -184,6 +184,17 @@ class SpeculativeRunControls(QWidget):
         self.changed.emit()
 
 
+def speculative_refusals(settings, problem, plan) -> list[str]:
+    """Why the draft and k cannot run, the Run screen's Start refusal (``speculative_settings``)."""
+    from core.runs.speculative import DraftMismatch
+
+    try:
+        speculative_settings(settings, problem, plan)
+    except DraftMismatch as err:
+        return [str(err)]
+    return []
+
+
 def speculative_settings(settings, problem, plan):
     """The run's ``core.runs.speculative.SpeculativeSettings`` (None: no draft chosen, or auto predicts
     plain decoding faster), or a one-line ``DraftMismatch`` in the Run screen's words: the same checks
@@ -235,6 +246,6 @@ def predicted_speculation(settings, problem, plan):
         return None
 
 
-__all__ = ["MAX_SPECULATE", "SpeculativeRunControls", "shipped_draft", "speculative_settings",
+__all__ = ["MAX_SPECULATE", "SpeculativeRunControls", "shipped_draft", "speculative_refusals", "speculative_settings",
            "LEGEND_TERMS", "LEGEND_TOOLTIP", "PLOT_TITLE", "SPECULATIVE_LEGEND_TERMS", "SPECULATIVE_LEGEND_TOOLTIP",
            "TokensPerTripPlot", "is_speculative", "predicted_speculation", "tokens_per_trip"]

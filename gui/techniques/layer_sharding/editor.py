@@ -565,6 +565,7 @@ class PlanEditorPanel(StrategyComparison, StageTable, QWidget):
         self.state.log(text, "warning")
 
     def _on_solver_busy_changed(self, busy: bool) -> None:
+        self.state.set_plan_solving(busy and self._solve_kind == "first")  # Start waits (task_finished came first)
         self.solve_progress.setVisible(busy)
         self.solve_button.setEnabled(not busy and self.state.problem is not None)
         self.compare_button.setEnabled(not busy and self.state.problem is not None)

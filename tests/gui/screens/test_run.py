@@ -153,6 +153,22 @@ def test_start_before_any_profile_points_to_profiling_not_to_auto_solve(qtbot, r
     assert "Profile cluster" in text and "Ctrl+P" in text and "Ctrl+R" not in text
 
 
+def test_start_while_a_new_profiles_plan_is_being_solved_waits_for_it_then_runs(qtbot, state, run_data):
+    """Ctrl+Return right after Profile cluster (the demo's first launch): the plan was still the one-device
+    placeholder, so Start refused it, and the refusal vanished when the solved plan landed a moment
+    later; nothing ran. Start now waits for the solve and runs its plan."""
+    _problem, plan, events, tokens = run_data
+    panel = _panel(qtbot, state, PacedBackend(events, tokens, speed=50.0))
+    state.set_plan_solving(True)
+    panel.start_run()
+    assert not panel.is_running() and panel.message.isHidden()
+    assert "Waiting for the new profile's plan" in panel.status_label.text()
+    with qtbot.waitSignal(panel.run_finished, timeout=30_000):
+        state.set_plan(plan)
+        state.set_plan_solving(False)
+    assert panel.message.isHidden()
+
+
 def _predicted_mbs(panel) -> set[int]:
     return set(panel.monitor.timeline.boxes(predicted=True)["micro_batch"].tolist())
 
