@@ -476,8 +476,11 @@ class StageExecutor(PositionSteps):
         if self._needs_positions:
             new = x.shape[1]
             mask = state.mask
-            # As HF generate: positions count attended tokens; padded slots get position 0.
-            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+            # As HF generate: positions count attended tokens; padded slots get position 0. A one-column
+            # step's column is attended on every path (decode appends it; prefill and extend check it), so
+            # its position is the row's count less one: one reduction, not cumsum, compare and fill of all.
+            positions = mask.sum(-1, keepdim=True) - 1 if new == 1 else \
+                (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
         x = x if self.boundary is None else self.boundary.to_device(x)
         if self.is_first:
             hidden = self._embed_tokens(x, positions)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import inspect
 import threading
 from dataclasses import dataclass, field
 
@@ -57,7 +56,7 @@ def default_sampler(spec: SamplingSpec):
               "repetition_penalty": spec.repetition_penalty, "no_repeat_ngram_size": spec.no_repeat_ngram_size,
               "frequency_penalty": spec.frequency_penalty, "presence_penalty": spec.presence_penalty,
               "logit_bias": spec.logit_bias}
-    accepted = inspect.signature(SamplingParams).parameters
+    accepted = SamplingParams.__struct_fields__  # inspect.signature of a Struct: ~0.7 ms, per join at the last stage
     params = SamplingParams(**{k: v for k, v in wanted.items() if k in accepted})
     return lambda logits, gen, history=None, prompt_length=0: sample(logits, params, gen, history, prompt_length)
 
@@ -117,6 +116,7 @@ class StageRun:
         self.is_last = self.stage == self.n_stages - 1
         self.clock = agent.clock
         self.seen_groups: set[int] = set()
+        self.eos = frozenset(msg.eos_token_ids)
         self.sample = agent.sampler_factory(msg.sampling) if self.is_last else None
         self.histories: dict[int, torch.Tensor] = {}
         """Last stage, when the sampler needs them: per micro-batch, each sequence's tokens so far
@@ -316,7 +316,7 @@ class StageRun:
         for g, seqs in enumerate(self.msg.micro_batches):
             idx = list(seqs)
             before = [list(self.msg.generated[i]) if self.msg.generated else [] for i in idx]
-            eos = set(self.msg.eos_token_ids)
+            eos = self.eos
             self.groups[g] = _Group(
                 index=g,
                 seq_ids=tuple(seqs),
@@ -341,10 +341,10 @@ class StageRun:
 
     def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
         g = self.groups[mb]
-        ids = ids.reshape(-1).to(torch.int64)
-        eos = set(self.msg.eos_token_ids)
+        got = ids.reshape(-1).tolist()  # once: the loop and the message read the same ints
+        eos = self.eos
         fed = []
-        for i, tok in enumerate(ids.tolist()):
+        for i, tok in enumerate(got):
             if g.finished[i]:
                 fed.append(self.msg.pad_token_id)
                 continue
@@ -363,7 +363,7 @@ class StageRun:
                 micro_batch=mb,
                 step=step,
                 sequence_ids=g.seq_ids,
-                token_ids=tuple(int(x) for x in ids.tolist()),
+                token_ids=tuple(got),
                 t=t,
             ),
             wake=False,

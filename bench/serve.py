@@ -17,6 +17,10 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   then 16 clients, then the other way round, ...): the median of the per-pair ratios, beside their
   spread (``vs_hf_rounds``: each pair's two figures and ratio). On shared cores ``generate``'s own
   speed moves 1.5x within minutes, so a ratio of two figures taken apart is as noisy as that.
+  ``cpu_ms_per_token_p50`` (and each round's ``cpu_ms_per_token``): CPU per completion token, from
+  /proc, of the server process, its agents together (each in the round), the clients (this process
+  while they ran) and ``generate`` (its own process time): what the served path spends where, which
+  a tokens/s ratio on loaded cores hides.
 - ``http_overhead_ms_p50``: the median, over ``--pairs`` pairs, of one client's TTFT through an
   idle server minus the TTFT ``edgeshard run`` reports (``core.runs.generation.generate``, its
   figures: the run machinery ``edgeshard run`` uses, in this process, over its own local agents of
@@ -153,10 +157,10 @@ def load_level(srv: Server, clients: int, requests: int, new_tokens: int) -> dic
     def client(i: int) -> list[dict]:
         return [stream_once(srv, PROMPTS[(i + k) % len(PROMPTS)], new_tokens) for k in range(requests)]
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(clients) as pool:
         results = [r for rs in pool.map(client, range(clients)) for r in rs]
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     failed = [r for r in results if r["id"] is None]
     results = [r for r in results if r["id"] is not None]
     ids = [r["id"] for r in results]
@@ -165,7 +169,7 @@ def load_level(srv: Server, clients: int, requests: int, new_tokens: int) -> dic
     tpot = [r["span_s"] / (tokens[r["id"]] - 1) for r in results if r["ttft_s"] is not None and tokens[r["id"]] > 1]
     return {"clients": clients, "requests": len(results) + len(failed), "all_done": all(r["done"] for r in results)
             and not failed, "errors": [(r["status"], r.get("error")) for r in failed],
-            "tokens_per_s": sum(tokens.values()) / wall, "ttft_ms_p50": _pct(ttft, .5) * 1e3,
+            "tokens_per_s": sum(tokens.values()) / wall, "wall_s": wall, "clients_cpu_s": cpu, "ttft_ms_p50": _pct(ttft, .5) * 1e3,
             "ttft_ms_p99": _pct(ttft, .99) * 1e3, "tpot_ms_p50": _ms(_pct(tpot, .5)), "tpot_ms_p99": _ms(_pct(tpot, .99))}
 
 
@@ -182,6 +186,7 @@ def _recorded(srv: Server, ids: list[str]) -> dict[str, object]:
             runs = {r.settings.get("request_id"): r for r in store.runs()}
         if all(i in runs and runs[i].status != "running" for i in ids) or time.monotonic() > deadline:
             return runs
+        time.sleep(0.05)  # the server is still recording them: leave it the cores
 
 
 def _completion_tokens(srv: Server, ids: list[str]) -> dict[str, int]:
@@ -320,36 +325,84 @@ class HfBatched:
         self.tokens_per_s(1)  # warm up
 
     def tokens_per_s(self, threads: int) -> float:
+        return self.timed(threads)[0]
+
+    def timed(self, threads: int) -> tuple[float, float]:
+        """Tokens/s of one ``generate`` of the 16 prompts, and its CPU per token (ms; this process's)."""
         self.torch.set_num_threads(threads)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         with self.torch.no_grad():
             out = self.m.generate(**self.enc, max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens,
                                   do_sample=False, pad_token_id=0, eos_token_id=2)
-        wall = time.perf_counter() - t0
-        return (out.shape[1] - self.enc["input_ids"].shape[1]) * len(PROMPTS) / wall
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        tokens = (out.shape[1] - self.enc["input_ids"].shape[1]) * len(PROMPTS)
+        return tokens / wall, cpu / tokens * 1e3
 
-    def best(self) -> dict[int, float]:
-        """Tokens/s with 1 and 2 torch threads (each the better of two runs)."""
-        return {t: max(self.tokens_per_s(t) for _ in range(2)) for t in (1, 2)}
+    def best(self) -> dict[int, tuple[float, float]]:
+        """(tokens/s, CPU ms per token) with 1 and 2 torch threads, each the faster of two runs."""
+        return {t: max((self.timed(t) for _ in range(2)), key=lambda got: got[0]) for t in (1, 2)}
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the server's zygote and the agents it forked), from /proc."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = [], [pid]
+    while todo:
+        kids = [p for p, pp in parent.items() if pp == todo[-1]]
+        todo.pop()
+        found += kids
+        todo += kids
+    return sorted(found)
+
+
+def served_cpu(srv: Server, clients: int, requests: int, new_tokens: int) -> dict:
+    """``load_level`` with each process's CPU per completion token (ms): the server, its agents (and their
+    zygote), the clients (this process, while they ran)."""
+    pids = [srv.proc.pid, *_descendants(srv.proc.pid)]
+    before = {p: _cpu_s(p) for p in pids}
+    got = load_level(srv, clients, requests, new_tokens)
+    after = {p: _cpu_s(p) for p in pids}
+    tokens = got["tokens_per_s"] * got["wall_s"]
+    per = {p: (after[p] - before[p]) / tokens * 1e3 for p in pids}
+    got["cpu_ms_per_token"] = {"server": per[srv.proc.pid], "agents": [per[p] for p in pids[1:] if per[p] > 0],
+                               "clients": got["clients_cpu_s"] / tokens * 1e3}
+    return got
 
 
 def vs_hf_rounds(srv: Server, hf: HfBatched, rounds: int, requests: int, new_tokens: int) -> dict:
     """``rounds`` pairs of (``generate`` of the 16 prompts, 16 server clients), which goes first
-    alternating: the median of the per-pair ratios and their spread."""
+    alternating: the median of the per-pair ratios and their spread, with each side's CPU per token."""
     pairs = []
     for k in range(rounds):
         got: dict = {}
         for side in (("hf", "srv") if k % 2 == 0 else ("srv", "hf")):
-            got[side] = hf.best() if side == "hf" else load_level(srv, 16, requests, new_tokens)
-        limit = max(got["hf"].values())
-        pairs.append({"hf_tokens_per_s": limit, "hf_threads": max(got["hf"], key=got["hf"].get),
+            got[side] = hf.best() if side == "hf" else served_cpu(srv, 16, requests, new_tokens)
+        threads = max(got["hf"], key=lambda t: got["hf"][t][0])
+        limit, hf_cpu = got["hf"][threads]
+        cpu = got["srv"]["cpu_ms_per_token"]
+        pairs.append({"hf_tokens_per_s": limit, "hf_threads": threads,
                       "server_tokens_per_s": got["srv"]["tokens_per_s"], "all_done": got["srv"]["all_done"],
-                      "ratio": got["srv"]["tokens_per_s"] / limit, "load_1min": os.getloadavg()[0]})
+                      "ratio": got["srv"]["tokens_per_s"] / limit, "load_1min": os.getloadavg()[0],
+                      "cpu_ms_per_token": {**cpu, "agents_total": sum(cpu["agents"]), "generate": hf_cpu}})
     ratios = [p["ratio"] for p in pairs]
+    cpu_p50 = {k: statistics.median(p["cpu_ms_per_token"][k] for p in pairs)
+               for k in ("server", "agents_total", "clients", "generate")}
     return {"vs_hf_batched": statistics.median(ratios), "vs_hf_min_max": [min(ratios), max(ratios)],
             "hf_batched_16_tokens_per_s_p50": statistics.median(p["hf_tokens_per_s"] for p in pairs),
             "clients_16_tokens_per_s_p50": statistics.median(p["server_tokens_per_s"] for p in pairs),
-            "vs_hf_rounds": pairs}
+            "cpu_ms_per_token_p50": cpu_p50, "vs_hf_rounds": pairs}
 
 
 def soak(srv: Server, total: int, new_tokens: int) -> dict:
