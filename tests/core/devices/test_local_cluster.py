@@ -121,7 +121,10 @@ def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_unload_back_
     with Coordinator(endpoints, keys) as coordinator:
         coordinator.load(plan, model_dir)
         victim = cluster.pid_of("edge-1")
-        killed_at = []
+        killed_at, named_at = [], []
+        # when the coordinator named it (its IO thread), not when generate returned: that also waits for
+        # the survivors to stop and unload, which a loaded host stretches past the heartbeat's 3 s
+        coordinator.on_lost = lambda device: named_at.append((device, time.monotonic()))
 
         class KillOnFirstToken:
             def on_event(self, event):
@@ -135,8 +138,9 @@ def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_unload_back_
         settings = GenerationSettings(max_new_tokens=300, mode="no-bubbles", micro_batches=1)
         with pytest.raises(RunFailed) as info:
             generate(coordinator, plan, model_dir, ["a long story"], settings, sink=KillOnFirstToken(), load=False)
-        noticed = time.monotonic() - killed_at[0]
         assert info.value.device == "edge-1" and "heartbeat" in str(info.value)
+        assert [d for d, _ in named_at] == ["edge-1"]
+        noticed = named_at[0][1] - killed_at[0]
         assert noticed < 3.0, noticed
         # the survivors were told to stop and unload before the failure was raised: no half-used plan
         statuses = coordinator.status_of(["edge-0", "edge-2"])
@@ -144,6 +148,12 @@ def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_unload_back_
             "edge-0": ("idle", -1, 0), "edge-2": ("idle", -1, 0)}
         assert not coordinator.is_loaded(plan, model_dir)
     assert not _alive(victim)
+    # the module's cluster whole again: a test after this one (reordered, or added below it) found
+    # edge-1 dead and failed on its pid (3 of the module's tests, run in reverse)
+    deadline = time.monotonic() + 30
+    while "edge-1" not in dict(cluster.exited()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cluster.restart("edge-1")
 
 
 def test_a_killed_forked_agent_restarts_forked_on_its_address_and_answers(tmp_path):
