@@ -20,7 +20,9 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   ``cpu_ms_per_token_p50`` (and each round's ``cpu_ms_per_token``): CPU per completion token, from
   /proc, of the server process, its agents together (each in the round), the clients (this process
   while they ran) and ``generate`` (its own process time): what the served path spends where, which
-  a tokens/s ratio on loaded cores hides.
+  a tokens/s ratio on loaded cores hides. With ``--baseline TREE`` that checkout's server is a third side
+  of each round (the order rotating): ``baseline_vs_hf_batched``, ``vs_baseline`` (this tree's tokens/s
+  over the baseline's, per round, median) and the baseline's CPU per token.
 - ``http_overhead_ms_p50``: the median, over ``--pairs`` pairs, of one client's TTFT through an
   idle server minus the TTFT ``edgeshard run`` reports (``core.runs.generation.generate``, its
   figures: the run machinery ``edgeshard run`` uses, in this process, over its own local agents of
@@ -381,28 +383,40 @@ def served_cpu(srv: Server, clients: int, requests: int, new_tokens: int) -> dic
     return got
 
 
-def vs_hf_rounds(srv: Server, hf: HfBatched, rounds: int, requests: int, new_tokens: int) -> dict:
-    """``rounds`` pairs of (``generate`` of the 16 prompts, 16 server clients), which goes first
-    alternating: the median of the per-pair ratios and their spread, with each side's CPU per token."""
+def vs_hf_rounds(srv: Server, hf: HfBatched, rounds: int, requests: int, new_tokens: int,
+                 base: Server | None = None) -> dict:
+    """``rounds`` rounds of (``generate`` of the 16 prompts, 16 server clients), which goes first
+    alternating: the median of the per-round ratios and their spread, with each side's CPU per token.
+    ``base``: a server of another checkout, a third side, the order rotating (each side in each place once
+    every three rounds): ``baseline_vs_hf_batched``, ``vs_baseline`` (this tree's tokens/s over the
+    baseline's, per round) and the baseline's CPU per token, before and after a change in the same minutes."""
+    sides = ("hf", "srv") if base is None else ("hf", "srv", "base")
     pairs = []
     for k in range(rounds):
         got: dict = {}
-        for side in (("hf", "srv") if k % 2 == 0 else ("srv", "hf")):
-            got[side] = hf.best() if side == "hf" else served_cpu(srv, 16, requests, new_tokens)
+        for side in sides[k % len(sides):] + sides[:k % len(sides)]:
+            got[side] = hf.best() if side == "hf" else served_cpu(srv if side == "srv" else base, 16, requests,
+                                                                  new_tokens)
         threads = max(got["hf"], key=lambda t: got["hf"][t][0])
         limit, hf_cpu = got["hf"][threads]
-        cpu = got["srv"]["cpu_ms_per_token"]
-        pairs.append({"hf_tokens_per_s": limit, "hf_threads": threads,
-                      "server_tokens_per_s": got["srv"]["tokens_per_s"], "all_done": got["srv"]["all_done"],
-                      "ratio": got["srv"]["tokens_per_s"] / limit, "load_1min": os.getloadavg()[0],
-                      "cpu_ms_per_token": {**cpu, "agents_total": sum(cpu["agents"]), "generate": hf_cpu}})
-    ratios = [p["ratio"] for p in pairs]
-    cpu_p50 = {k: statistics.median(p["cpu_ms_per_token"][k] for p in pairs)
-               for k in ("server", "agents_total", "clients", "generate")}
-    return {"vs_hf_batched": statistics.median(ratios), "vs_hf_min_max": [min(ratios), max(ratios)],
-            "hf_batched_16_tokens_per_s_p50": statistics.median(p["hf_tokens_per_s"] for p in pairs),
-            "clients_16_tokens_per_s_p50": statistics.median(p["server_tokens_per_s"] for p in pairs),
-            "cpu_ms_per_token_p50": cpu_p50, "vs_hf_rounds": pairs}
+        pair = {"hf_tokens_per_s": limit, "hf_threads": threads, "load_1min": os.getloadavg()[0]}
+        for side, prefix in (("srv", ""), ("base", "baseline_")):
+            if side in got:
+                cpu = got[side]["cpu_ms_per_token"]
+                pair |= {f"{prefix}server_tokens_per_s": got[side]["tokens_per_s"],
+                         f"{prefix}all_done": got[side]["all_done"], f"{prefix}ratio": got[side]["tokens_per_s"] / limit,
+                         f"{prefix}cpu_ms_per_token": {**cpu, "agents_total": sum(cpu["agents"]), "generate": hf_cpu}}
+        pairs.append(pair)
+    out = {"hf_batched_16_tokens_per_s_p50": statistics.median(p["hf_tokens_per_s"] for p in pairs)}
+    for prefix in ("",) if base is None else ("", "baseline_"):
+        ratios = [p[f"{prefix}ratio"] for p in pairs]
+        out |= {f"{prefix}vs_hf_batched": statistics.median(ratios), f"{prefix}vs_hf_min_max": [min(ratios), max(ratios)],
+                f"{prefix}clients_16_tokens_per_s_p50": statistics.median(p[f"{prefix}server_tokens_per_s"] for p in pairs),
+                f"{prefix}cpu_ms_per_token_p50": {k: statistics.median(p[f"{prefix}cpu_ms_per_token"][k] for p in pairs)
+                                                  for k in ("server", "agents_total", "clients", "generate")}}
+    if base is not None:
+        out["vs_baseline"] = statistics.median(p["server_tokens_per_s"] / p["baseline_server_tokens_per_s"] for p in pairs)
+    return out | {"vs_hf_rounds": pairs}
 
 
 def soak(srv: Server, total: int, new_tokens: int) -> dict:
@@ -442,7 +456,8 @@ def main() -> None:
     ap.add_argument("--stages", default="2,3", help="plans to bench, by stage count (2, 3)")
     ap.add_argument("--soak", type=int, default=300, help="soak requests (0: no soak)")
     ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main's) whose server runs beside this "
-                    "tree's in the HTTP-cost pairs, in rotating order: before/after in the same minutes")
+                    "tree's in the HTTP-cost pairs and the vs-generate rounds, in rotating order: before/after in "
+                    "the same minutes")
     args = ap.parse_args()
     from core import formats
     from core.models.checkpoints import ModelRecipe, make_model
@@ -463,34 +478,31 @@ def main() -> None:
         formats.save(plan, plan_from_boundaries("demo", units, [f"edge-{i}" for i in range(stages)],
                                                 bounds_of[stages]))
         srv = Server(folder, model, plan, stages, args.threads)
-        run = None
+        run = base = None
         res: dict = {}
         try:
             stream_once(srv, "warm up", 4)
             levels = {c: load_level(srv, c, args.requests, args.new_tokens) for c in (1, 4, 16)}
             res.update({f"clients_{c}": v for c, v in levels.items()})
             res["sixteen_vs_one"] = levels[16]["tokens_per_s"] / levels[1]["tokens_per_s"]
+            if args.baseline is not None and (args.pairs or hf is not None):
+                base = Server(folder / "baseline", model, plan, stages, args.threads, tree=args.baseline)
+                stream_once(base, "warm up", 4)
             if args.pairs:
                 run = RunPath(model, plan, args.new_tokens, args.threads)
-                base = None
-                if args.baseline is not None:
-                    base = Server(folder / "baseline", model, plan, stages, args.threads, tree=args.baseline)
-                    stream_once(base, "warm up", 4)
-                try:
-                    res.update(http_overhead(srv, run, args.new_tokens, args.pairs, base))
-                finally:
-                    if base is not None:
-                        res["baseline_exit_status"] = base.stop()
+                res.update(http_overhead(srv, run, args.new_tokens, args.pairs, base))
                 run.close()
                 run = None
             if hf is not None:
-                res.update(vs_hf_rounds(srv, hf, args.rounds, args.requests, args.new_tokens))
+                res.update(vs_hf_rounds(srv, hf, args.rounds, args.requests, args.new_tokens, base))
             res["late_join"] = late_join(srv, args.new_tokens)
             if stages == 2 and args.soak:
                 res["soak"] = soak(srv, args.soak, args.new_tokens)
         finally:
             if run is not None:
                 run.close()
+            if base is not None:
+                res["baseline_exit_status"] = base.stop()
             res["exit_status"] = srv.stop()
         out[f"stages_{stages}"] = res
     out["load_1min_after"] = os.getloadavg()[0]
