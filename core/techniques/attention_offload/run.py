@@ -93,8 +93,6 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
                 dtype: str = "float32", threads: int = 0) -> RunResult:
     """Load the dense stage, hold the heads on the memory agents, run ``request``; ``RunFailed``
     names the device when one fails, or says there are more memory agents than key/value heads."""
-    from agents.techniques.attention_offload.heads import HeadShape
-
     memory = list(memory_devices)
     if not memory:
         raise RunFailed("attention offloading needs at least one memory agent")
@@ -103,7 +101,7 @@ def run_offload(coordinator: Coordinator, model_dir: str, dense_device: str, mem
     from agents.checkpoint_reader import CheckpointError
 
     try:
-        shape = HeadShape.of(model_dir)
+        shape = checkpoint_model(model_dir)  # config.json read as JSON: no transformers import
         ranges = head_ranges(shape.kv_heads, len(memory))
     except CheckpointError as err:
         raise RunFailed(str(err)) from None
@@ -145,7 +143,6 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
     stage, the others are held with ``HoldDense``) sharing the memory agents, in the order
     ``agents.schedule.staggered_slices(schedule, ...)`` gives (the simulator's). ``RunFailed`` names
     a device that fails or refuses (an emulated memory budget too small for the dense part)."""
-    from agents.techniques.attention_offload.heads import HeadShape
     from agents.checkpoint_reader import CheckpointError
     from agents.techniques.attention_offload.schedule import STAGGERED_SCHEDULES
     from core.runs.batching import run_micro_batches
@@ -158,7 +155,7 @@ def run_staggered(coordinator: Coordinator, model_dir: str, compute_devices: Seq
     if len(set(compute + memory)) != len(compute) + len(memory):
         raise RunFailed("the compute agents and the memory agents must be different devices, each once")
     try:
-        shape = HeadShape.of(model_dir)
+        shape = checkpoint_model(model_dir)  # config.json read as JSON: no transformers import
         ranges = head_ranges(shape.kv_heads, len(memory))
     except CheckpointError as err:
         raise RunFailed(str(err)) from None
@@ -322,9 +319,7 @@ def run_plan(plan, model_dir: str) -> ShardPlan:
     """The ``ShardPlan`` the Run screen runs for an ``OffloadPlan`` on agents named as its devices:
     the dense stage on its first compute device (replica 0; the other replicas and the memory agents
     are the other connected agents, ``agent_roles``)."""
-    from agents.techniques.attention_offload.heads import HeadShape
-
-    shape = HeadShape.of(str(model_dir))
+    shape = checkpoint_model(str(model_dir))
     return dense_plan(Path(model_dir).name, shape.layers, plan.compute[0])
 
 

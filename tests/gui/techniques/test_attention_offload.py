@@ -296,3 +296,32 @@ def test_a_measured_plan_s_ghosts_are_of_its_probed_memory_agents_attention(qtbo
     assert all(timeline.box_count(device=m, kind="compute", predicted=True) > 0 for m in memory)
     unprobed = simulate(view.problem, plan, generated_tokens=3).events  # the memory lanes' KV reads alone
     assert max(e.end_s for e in unprobed) + 0.5 < max(e.end_s for e in expected)
+
+
+def test_run_on_agents_reads_the_checkpoints_geometry_without_transformers_on_the_gui_thread(
+        qtbot, tiny_llama_dir, monkeypatch):
+    """Pressing Run read the checkpoint through ``load_config`` (AutoConfig) on the GUI thread: the
+    first time, a transformers import froze the studio (1.4-3.2 s at load 16); it is read as JSON."""
+    import threading
+
+    from transformers import AutoConfig
+
+    from agents.techniques.attention_offload import heads
+
+    threads = []
+    real = heads.load_config
+    monkeypatch.setattr(heads, "load_config", lambda model_dir: threads.append(threading.current_thread())
+                        or real(model_dir))
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    view = screen.view
+    view.auto_solve()
+    state.set_agents(_Agents())
+    state.set_model("tiny-llama", path=tiny_llama_dir)
+    with qtbot.waitSignal(screen.run_requested, timeout=30_000):
+        view.run_button.click()
+    assert threading.main_thread() not in threads
+    layers = AutoConfig.from_pretrained(tiny_llama_dir, local_files_only=True).num_hidden_layers
+    assert state.plan.num_units == layers + 2  # embedding, every block, head: on the dense agent
