@@ -175,9 +175,10 @@ class SpatialPlanView(QWidget):
         state.technique_models_changed.connect(lambda _m: self._use_own_model())
         self.network.currentIndexChanged.connect(lambda _i: self._replan())
         self._use_own_model(replan=False)
-        self.use_scenario()
         self._update_fits_button()
         self._on_cluster_changed()
+        if self.problem is None:  # no measured cluster: the what-if (it was solved first, then replaced:
+            self.use_scenario()  # a second fused solve on the GUI thread, 0.55 s at load 19)
 
     def _run_box(self) -> QWidget:
         box = QWidget()
