@@ -39,6 +39,7 @@ from core.runs.coordinator import Coordinator
 from core.runs.generation import GenerationSettings, load_plan, sampling_spec, stop_token_ids
 from core.runs.open_run import OpenRun
 from core.runs.recovery import Replanner
+from core.serving.model_config import full_attention_only, model_context  # noqa: F401  (public here too)
 from core.serving.openai_api import ApiError, ParsedRequest, check_logit_bias, plain_chat_prompt, unavailable
 from core.serving.scheduler import growable, join_groups
 from core.serving.served import ServedRequest
@@ -47,24 +48,6 @@ from core.sessions.store import SessionStore
 from core.runs.wire import counters_of, sent_between, wire_figures
 
 log = logging.getLogger(__name__)
-
-
-def full_attention_only(config: dict) -> bool:
-    """Whether every block of the model attends over its whole past (rows may join a running micro-batch:
-    a sliding window's cache cannot take masked columns), read as the stages read it (``StageExecutor``)."""
-    config = config.get("text_config") or config
-    types = config.get("layer_types")
-    return all(t == "full_attention" for t in types) if types else config.get("sliding_window") is None
-
-
-def model_context(model_dir: str) -> int:
-    """Tokens the model can attend over (prompt + generated): its config's position limit."""
-    config = json.loads(Path(model_dir, "config.json").read_text())
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    text = config.get("text_config") or {}
-    return int(text.get("max_position_embeddings", 2048))
 
 
 def _retried(write, tries: int = 8):
@@ -153,6 +136,7 @@ class ServedModel:
         self.on_slot_free = lambda: None
         """Told when a micro-batch is free again (the queue's ``wake``), outside any lock here."""
         self._lock = threading.RLock()
+        self._loading = threading.RLock()  # held to load or re-plan and start the open run: joins wait for a recovery
         self._slots: dict[int, list[ServedRequest]] = {}
         self._by_seq: dict[int, ServedRequest] = {}
         self._records: dict[ServedRequest, RunRecorder] = {}
@@ -196,11 +180,17 @@ class ServedModel:
             self.loaded = False
 
     def _ready(self) -> str | None:
-        """None when the plan is loaded (loading it again after a failure unloaded it), else why not."""
+        """None when the plan is loaded (loading it again after a failure unloaded it), else why not. An agent of the
+        plan lost while no request ran (nothing to recover then) is re-planned around here with ``--on-failure replan``."""
+        lost = [d for d in self.plan.devices() if self.coordinator.link.is_lost(d)]
+        if lost and self.replan is not None:
+            try:
+                self._replanned(lost[0])
+            except EdgeShardError as err:
+                return f"agent {lost[0]} is not answering and no plan without it could be loaded ({err}); restart it"
+        elif lost:
+            return f"agent {lost[0]} is not answering; restart it (the plan is loaded again on the next request)"
         if not self.loaded:
-            lost = [d for d in self.plan.devices() if self.coordinator.link.is_lost(d)]
-            if lost:
-                return f"agent {lost[0]} is not answering; restart it (the plan is loaded again on the next request)"
             try:
                 self.load()
             except EdgeShardError as err:
@@ -260,6 +250,13 @@ class ServedModel:
 
     def _open_run(self) -> OpenRun:
         """The open run, started (after loading the plan again when a failure unloaded it)."""
+        run = self.open
+        if self.loaded and run is not None and run.alive:
+            return run
+        with self._loading:
+            return self._open_run_locked()
+
+    def _open_run_locked(self) -> OpenRun:
         why = self._ready()
         if why is not None:
             raise unavailable(why)
@@ -517,6 +514,10 @@ class ServedModel:
 
     def _run_ended(self, run: OpenRun) -> None:
         """The open run ended (a lost agent, a stop): its requests are recovered or fail with 503."""
+        with self._loading:
+            self._run_ended_locked(run)
+
+    def _run_ended_locked(self, run: OpenRun) -> None:
         if run is not self.open:
             return
         with self._lock:
@@ -541,13 +542,8 @@ class ServedModel:
     def _recover(self, run: OpenRun, failed: str, slots: list[list[ServedRequest]]) -> None:
         """Re-plan without ``failed``, load the new plan, and join every live request again where it stopped."""
         t_failed = time.time()
-        usable = tuple(d for d in self.coordinator.endpoints if not self.coordinator.link.is_lost(d))
         old = [s.device for s in self.plan.stages]
-        new_plan = self.replan(self.plan, failed, usable)
-        t_planned = time.time()
-        self.plan = new_plan
-        load_plan(self.coordinator, new_plan, self.model_dir, self.settings.generation)  # no clock probe of the lost
-        self.loaded = True
+        new_plan, t_planned = self._replanned(failed)
         t_loaded = time.time()
         marks = [("failure", failed, old.index(failed), t_failed, t_failed), ("replan", failed, old.index(failed),
                  t_failed, t_planned)] + [("reload", s.device, i, t_planned, t_loaded)
@@ -565,6 +561,15 @@ class ServedModel:
                 self.start_batch(group, resumed=True, into=slot)
                 with self._lock:
                     slot = next((i for i, m in self._slots.items() if group[0] in m), None)
+
+    def _replanned(self, failed: str) -> tuple[ShardPlan, float]:
+        """The plan re-planned over the live agents without ``failed``, loaded; and when it was planned."""
+        usable = tuple(d for d in self.coordinator.endpoints if not self.coordinator.link.is_lost(d))
+        self.plan, planned = self.replan(self.plan, failed, usable), time.time()
+        self.loaded = False
+        load_plan(self.coordinator, self.plan, self.model_dir, self.settings.generation)  # no clock probe of the lost
+        self.loaded = True
+        return self.plan, planned
 
     def _close_open(self) -> None:
         run, self.open = self.open, None
