@@ -266,3 +266,22 @@ def shutdown_together(runners: Iterable[TaskRunner], timeout_s: float = 5.0) -> 
     for runner in runners:
         runner._join_until(deadline)
     return not any(runner.alive_threads() for runner in runners)
+
+
+def warm_import(module: str) -> threading.Thread:
+    """Import ``module`` on a daemon thread ahead of the work that needs it. A first ``import torch``
+    holds the GIL in long C stretches (loading libtorch: ~0.5 s at load 18) wherever it runs, so on a
+    run's worker it stalled the GUI thread under the live timeline (the demo's first spatial run: gaps of
+    0.3-1.3 s at load 19); started when the technique is picked, it stalls while the plan is read. A
+    task started before it ends waits on the same import lock: the module is never imported twice."""
+    def warm() -> None:
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 — only a warm-up: the task that needs it says what is wrong
+            log.debug("warming %s failed", module, exc_info=True)
+
+    thread = threading.Thread(target=warm, name=f"warm-{module}", daemon=True)
+    thread.start()
+    return thread

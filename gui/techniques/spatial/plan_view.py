@@ -46,7 +46,7 @@ from gui.techniques.spatial.legend import STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLT
 from gui.techniques.spatial.tiles import TileCanvas, counted
 from gui.timeline import TimelineView
 from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
-from gui.workers import TaskRunner
+from gui.workers import TaskRunner, warm_import
 
 
 class WrappedLabel(QLabel):
@@ -179,6 +179,9 @@ class SpatialPlanView(QWidget):
         self._on_cluster_changed()
         if self.problem is None:  # no measured cluster: the what-if (it was solved first, then replaced:
             self.use_scenario()  # a second fused solve on the GUI thread, 0.55 s at load 19)
+        # the run's images and one-device reference need torch: warmed now (after the solve it would
+        # slow), not imported under the run's live timeline
+        self.warming = warm_import("torch")
 
     def _run_box(self) -> QWidget:
         box = QWidget()

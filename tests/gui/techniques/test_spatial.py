@@ -85,3 +85,36 @@ def test_the_images_box_counts_the_chosen_files_and_its_own_number_comes_back_wi
     assert view.run_images.value() == 10 and not view.run_images.isEnabled()
     view.set_image_files([])
     assert view.run_images.value() == 5 and view.run_images.isEnabled()
+
+
+def test_picking_spatial_imports_torch_off_the_gui_thread_before_a_run():
+    """The run's worker imported torch at its first image: the import holds the GIL in long C
+    stretches, so the GUI thread stalled under the live timeline (0.3-1.3 s at load 19). The pick
+    starts it on a thread of its own; a fresh interpreter records which thread imported torch."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, threading
+seen = []
+class Recorder:  # the thread that first looks for torch (imports it)
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            seen.append(threading.current_thread().name)
+sys.meta_path.insert(0, Recorder())
+from PySide6.QtWidgets import QApplication
+app = QApplication([])
+from gui.screens.plan import PlanScreen
+from gui.studio_state import StudioState
+screen = PlanScreen(StudioState())
+before = "torch" in sys.modules
+screen.set_technique("spatial")
+for thread in threading.enumerate():  # a warm-up, if any, ended
+    if thread.name.startswith("warm-"):
+        thread.join(300)
+print(before, seen)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False ['warm-torch']"
