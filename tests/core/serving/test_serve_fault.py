@@ -32,6 +32,10 @@ MIXED = {1: {"temperature": 0.9, "top_p": 0.95, "seed": 3}, 3: {"extra_body": {"
          7: {"temperature": 0.9, "seed": 5, "presence_penalty": 1.0, "logit_bias": {"7": 1.5}}}
 """Streams that sample or penalise (by index): each joins alone, as rows beside the greedy ones. OpenAI's
 penalties count a resumed request's tokens before the failure as generated (``first_step``)."""
+DECODE_PACE_MS = 25
+"""Each stage's emulated data-link latency: a decode step takes at least a hop per stage, so 40 steps take >= 2 s.
+Unpaced, the tiny model decoded every stream's tokens in ~0.12 s (335 tokens/s), before a loaded host's client had
+read 3 pieces of one: the SIGKILL landed after the last token, with no request to recover (at load 13 and at 23)."""
 
 
 def _streams_with_a_kill(client, pid: int, max_tokens: int, controls: dict[int, dict] | None = None) -> list:
@@ -71,7 +75,7 @@ def test_with_replan_every_stream_completes_with_the_undisturbed_tokens(tmp_path
                                  for d in THREE], spec,
                                 workload=Workload(prompt_tokens=8, generated_tokens=40, batch_size=8))
     formats.save(tmp_path / "problem.json", problem)
-    with LocalCluster(tmp_path / "cluster", THREE, threads_per_agent=1) as cluster:
+    with LocalCluster(tmp_path / "cluster", THREE, threads_per_agent=1, link_latency_ms=DECODE_PACE_MS) as cluster:
         server = start_server(tmp_path, model, plan, "--on-failure", "replan", "--problem",
                               str(tmp_path / "problem.json"), "--batch-window-ms", "300",
                               agents=cluster.agents_file)
@@ -98,7 +102,7 @@ def test_with_replan_every_stream_completes_with_the_undisturbed_tokens(tmp_path
 def test_without_replan_the_affected_requests_get_503_and_the_server_serves_again_once_the_agent_is_back(
         tmp_path):
     model, plan = serve_files(tmp_path, devices=THREE[:2])
-    with LocalCluster(tmp_path / "cluster", THREE[:2], threads_per_agent=1) as cluster:
+    with LocalCluster(tmp_path / "cluster", THREE[:2], threads_per_agent=1, link_latency_ms=DECODE_PACE_MS) as cluster:
         server = start_server(tmp_path, model, plan, "--batch-window-ms", "300", agents=cluster.agents_file)
         client = _client(server)
         try:
