@@ -99,7 +99,9 @@ def test_the_run_screen_refuses_a_draft_of_another_vocabulary_and_two_prompts_at
     panel.start_run()
     assert not panel.is_running() and "takes one prompt (2 given)" in panel.message.text()
     panel.speculative_controls.apply("", None)  # None: plain decoding, nothing to refuse
-    assert panel._speculative_refusals(panel.settings()) == []
+    from gui.techniques.speculative import speculative_refusals
+
+    assert speculative_refusals(panel.settings(), panel.state.problem, panel.state.plan) == []  # as Start asks
     assert panel.shutdown()
 
 
