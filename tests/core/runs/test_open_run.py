@@ -51,7 +51,7 @@ class Tokens(NullSink):
 @pytest.fixture(scope="module")
 def open_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("open-run")
-    model, plan_path = serve_files(folder, devices=DEVICES, chat_template=None)
+    model, plan_path = serve_files(folder, devices=DEVICES, chat_template=None, max_positions=POSITIONS)
     from core import formats
     from core.planning.plan import ShardPlan
 
@@ -84,11 +84,12 @@ def generate(model, ids: list[int], n: int, **sampling) -> list[int]:
     return new[:new.index(EOS) + 1] if EOS in new else new
 
 
-HOLD = 150
-"""A running row's budget that no host's join latency outruns (its prompt + HOLD stays within the checkpoint's
-160 positions): rows that join "its running micro-batch" must find it running, whatever the load (a row of
-budget 24 was done before the join reached the source once, at load ~16, and the rows started a micro-batch
-of their own). ``end_holder`` makes it leave."""
+HOLD = 1000
+"""A running row's budget that no host's join latency outruns (the module's checkpoint has ``POSITIONS``): rows
+that join "its running micro-batch" must find it running, whatever the load. A row of budget 24 was done before
+the join reached the source once, at load ~16 (~150 steps a second at load 20): the rows started a micro-batch of
+their own. ``end_holder`` makes it leave once the joined rows are done."""
+POSITIONS = 1024
 
 
 def end_holder(run, coord, sink, slot: int, seq: int) -> list[int]:

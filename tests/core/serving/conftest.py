@@ -26,10 +26,10 @@ CONTEXT = 160
 
 
 def serve_files(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE,
-                devices: list[str] = DEVICES) -> tuple[Path, Path]:
+                devices: list[str] = DEVICES, max_positions: int = CONTEXT) -> tuple[Path, Path]:
     """A tiny Llama checkpoint (a chat template in its tokenizer) and a plan over ``devices``: (model dir, plan)."""
     model = make_model(ModelRecipe(family="llama", layers=4, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3,
-                                   max_positions=CONTEXT), folder / "tiny-llama")
+                                   max_positions=max_positions), folder / "tiny-llama")
     if chat_template is not None:
         from transformers import AutoTokenizer
 
