@@ -225,7 +225,9 @@ def test_sampled_and_penalised_rows_joining_a_running_micro_batch_get_the_tokens
     assert alone_tokens["penalised"] == generate(reference, penalised, 12, repetition_penalty=1.5)
     with sink.lock:
         together = [set(t) for t in sink.together]
-    assert any({first, *joined.values()} <= t for t in together)  # one forward ran them all
+    # each joined the running row's micro-batch (a forward ran it beside the running row); not all at once: a
+    # row may be done before the last join lands (budget 10, three joins awaited in turn: failed once at load 20)
+    assert all(any({first, s} <= t for t in together) for s in joined.values())
 
 
 def test_a_join_not_waited_for_is_accepted_once_every_stage_accepted_it_and_never_after_a_refusal():
