@@ -11,6 +11,11 @@ overwrite a newer one. A silenced task's result may hold a live resource (a conn
 ``Coordinator``: an IO thread and a ZeroMQ context), so ``start(..., on_discarded=release)``
 hands such a result to ``release`` instead of dropping it. Progress is rate-limited so a
 tight loop cannot flood the event queue.
+
+A screen may be closed, and its runner deleted, while a task still runs: the worker then emits
+only through its reporter, which nothing but Python references owns (not the runner, whose C++
+deletion would take a child along mid-emit: a segfault), and the runner's slots check it is
+still alive before they touch it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Callable
 
+import shiboken6
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, Signal
 
 from core.errors import EdgeShardError
@@ -42,6 +48,8 @@ class QtReporter(QObject, CancelFlag):
     status_reported = Signal(str)
     progress_reported = Signal(float, float)
     partial_result_reported = Signal(object)
+    task_ended = Signal(int, str, object)
+    """A ``TaskRunner``'s worker: its task's id, outcome and payload (the runner may be gone)."""
 
     def __init__(self, parent: QObject | None = None, min_progress_interval_s: float = 0.05):
         QObject.__init__(self, parent)
@@ -89,7 +97,6 @@ class TaskRunner(QObject):
     partial_result_reported = Signal(int, object)
     busy_changed = Signal(bool)
 
-    _task_ended = Signal(int, str, object)  # worker thread -> GUI thread
 
     def __init__(self, parent: QObject | None = None, name: str = "task",
                  min_progress_interval_s: float = 0.05):
@@ -103,7 +110,6 @@ class TaskRunner(QObject):
         self._on_discarded: dict[TaskId, Callable[[Any], Any]] = {}
         self._furthest: dict[TaskId, float] = {}
         """The current task's furthest progress (done / total)."""
-        self._task_ended.connect(self._on_worker_task_ended, Qt.ConnectionType.QueuedConnection)
 
     # -- control (GUI thread) ------------------------------------------------------------
     def start(self, fn: Callable[..., Any], *args: Any, on_discarded: Callable[[Any], Any] | None = None,
@@ -118,7 +124,8 @@ class TaskRunner(QObject):
         task_id = self._next_id
         if on_discarded is not None:
             self._on_discarded[task_id] = on_discarded
-        reporter = QtReporter(self, self._min_interval)
+        reporter = QtReporter(None, self._min_interval)  # no parent: see the module's docstring
+        reporter.task_ended.connect(self._on_worker_task_ended, Qt.ConnectionType.QueuedConnection)
         reporter.status_reported.connect(
             functools.partial(self._on_reporter_status, task_id), Qt.ConnectionType.QueuedConnection)
         reporter.progress_reported.connect(
@@ -179,30 +186,26 @@ class TaskRunner(QObject):
     # -- worker thread -------------------------------------------------------------------
     def _run(self, task_id: TaskId, reporter: QtReporter, fn: Callable[..., Any],
              args: tuple, kwargs: dict) -> None:
-        try:
-            self._run_and_report(task_id, reporter, fn, args, kwargs)
-        except RuntimeError as err:  # the runner was deleted while its task ran: nobody to tell
-            log.debug("task %s ended after its runner was deleted: %s", task_id, err)
-
-    def _run_and_report(self, task_id: TaskId, reporter: QtReporter, fn: Callable[..., Any],
-                        args: tuple, kwargs: dict) -> None:
+        """Runs ``fn``; tells its end only through ``reporter`` (the runner may be deleted meanwhile)."""
         try:
             result = fn(reporter, *args, **kwargs)
         except Cancelled:
-            self._task_ended.emit(task_id, "cancelled", None)
+            reporter.task_ended.emit(task_id, "cancelled", None)
         except EdgeShardError as err:
-            self._task_ended.emit(task_id, "failed", str(err))
+            reporter.task_ended.emit(task_id, "failed", str(err))
         except Exception as err:  # a bug: keep the traceback in the log, show plain words
             log.exception("task %s failed", task_id)
-            self._task_ended.emit(task_id, "failed", f"Unexpected error: {type(err).__name__}: {err}")
+            reporter.task_ended.emit(task_id, "failed", f"Unexpected error: {type(err).__name__}: {err}")
         else:
             if reporter.cancel_requested():
-                self._task_ended.emit(task_id, "discarded", result)
+                reporter.task_ended.emit(task_id, "discarded", result)
             else:
-                self._task_ended.emit(task_id, "finished", result)
+                reporter.task_ended.emit(task_id, "finished", result)
 
     # -- GUI thread ----------------------------------------------------------------------
     def _on_worker_task_ended(self, task_id: int, outcome: str, payload: object) -> None:
+        if not shiboken6.isValid(self):  # deleted while the task ran: nobody to tell
+            return
         thread = self._threads.pop(task_id, None)
         if thread is not None:
             thread.join(1.0)  # it has emitted its last signal; joining is immediate
@@ -235,13 +238,13 @@ class TaskRunner(QObject):
             log.exception("releasing the discarded result of task %s failed", task_id)
 
     def _on_reporter_status(self, task_id: int, text: str) -> None:
-        if task_id == self._current:
+        if shiboken6.isValid(self) and task_id == self._current:
             self.status_reported.emit(task_id, text)
 
     def _on_reporter_progress(self, task_id: int, done: float, total: float) -> None:
         """A task's bar never goes backwards: a report below the furthest one is dropped (a task's
         phases should weigh themselves into one bar: ``core.reporting.PhaseReporter``)."""
-        if task_id != self._current or total <= 0:
+        if not shiboken6.isValid(self) or task_id != self._current or total <= 0:
             return
         fraction = done / total
         if fraction < self._furthest.get(task_id, 0.0):
@@ -250,7 +253,7 @@ class TaskRunner(QObject):
         self.progress_reported.emit(task_id, done, total)
 
     def _on_reporter_partial(self, task_id: int, value: object) -> None:
-        if task_id == self._current:
+        if shiboken6.isValid(self) and task_id == self._current:
             self.partial_result_reported.emit(task_id, value)
 
 

@@ -255,3 +255,34 @@ def test_a_tasks_progress_never_goes_backwards(qtbot, runner):
     with qtbot.waitSignal(runner.task_finished, timeout=30_000):
         runner.start(_two_phases_unweighted)
     assert fractions == sorted(fractions) and fractions[-1] == 0.75
+
+
+def test_a_runner_deleted_while_its_task_reports_leaves_the_task_to_end_without_a_crash(qtbot):
+    """A screen closed mid-solve deletes its runner (and, in C++, what the runner owns) while the
+    worker still reports: the worker must never emit through an object being deleted (it did: the
+    reporter was the runner's child, a segfault in tests/gui 1 run in 3 at load 12-17)."""
+    import shiboken6
+    going, ended = threading.Event(), threading.Event()
+    statuses = []
+
+    def chatty(reporter):
+        try:
+            going.set()
+            for i in range(5_000):
+                reporter.status(f"step {i}")
+                reporter.progress(i, 5_000)
+            return "done"
+        finally:
+            ended.set()
+
+    for _ in range(3):
+        going.clear(), ended.clear()
+        r = TaskRunner(name="deleted")
+        r.status_reported.connect(lambda tid, text: statuses.append(text))
+        r.start(chatty)
+        assert going.wait(30)
+        shiboken6.delete(r)  # the C++ runner goes while the worker emits
+        assert ended.wait(60), "the task did not end"
+        QApplication.sendPostedEvents()
+        QApplication.processEvents()
+    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("edgeshard-deleted"))
