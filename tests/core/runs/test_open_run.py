@@ -4,6 +4,8 @@ seeded request's tokens do not depend on who else runs, and a leave frees its KV
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -188,13 +190,22 @@ def test_rows_joining_and_leaving_a_running_micro_batch_get_the_tokens_of_their_
 
 
 def test_rows_that_join_while_one_step_runs_are_prefilled_together_in_the_next_step(open_run, reference):
-    run, sink, _, _ = open_run
+    run, sink, coord, _ = open_run
     a, b, c = [8, 21, 5, 60], [7, 300, 12, 40, 41, 200, 9], [11, 3]
     not_awaited = {"on_refused": lambda err: pytest.fail(str(err))}
     slot = run.free_slot()  # the slot serve would take (the lowest free one)
-    (first,) = run.join(slot, [a], [12], SamplingSpec(), **not_awaited)
-    (second,) = run.join(slot, [b], [9], SamplingSpec(), grow=True, **not_awaited)  # two joins, two widths,
-    (third,) = run.join(slot, [c], [10], SamplingSpec(), grow=True, **not_awaited)  # sent during its prefill
+    # the three joins must all be at the source before its first step is back: sent back to back, a loaded
+    # host's IO thread may send the third a step later (failed once at load 19). So the source is stopped
+    # until all three are out: the last stage answered a status asked after them (one IO thread, in order)
+    source = coord.status_of([DEVICES[0]])[DEVICES[0]].pid
+    os.kill(source, signal.SIGSTOP)
+    try:
+        (first,) = run.join(slot, [a], [12], SamplingSpec(), **not_awaited)
+        (second,) = run.join(slot, [b], [9], SamplingSpec(), grow=True, **not_awaited)  # two joins, two widths,
+        (third,) = run.join(slot, [c], [10], SamplingSpec(), grow=True, **not_awaited)  # sent during its prefill
+        coord.status_of([DEVICES[-1]], timeout_s=30.0)
+    finally:
+        os.kill(source, signal.SIGCONT)
     got = sink.wait([first, second, third], [12, 9, 10])
     run.release(slot)
     assert got == [generate(reference, a, 12), generate(reference, b, 9), generate(reference, c, 10)]
