@@ -11,9 +11,10 @@ of the loaded plan), ``app`` (the Starlette app), ``http_server`` (uvicorn on a 
 """
 
 from core.serving.app import build_app
-from core.serving.cluster_runs import ServedModel, ServeSettings, model_context
+from core.serving.cluster_runs import ServedModel, ServeSettings
 from core.serving.endpoint import EndpointLimits, ServingEndpoint
 from core.serving.http_server import HttpServer, bind, is_loopback
+from core.serving.model_config import model_context
 from core.serving.openai_api import ApiError, Defaults, plain_chat_prompt
 from core.serving.scheduler import BatchQueue, choose_batch
 

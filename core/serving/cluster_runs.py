@@ -39,7 +39,7 @@ from core.runs.coordinator import Coordinator
 from core.runs.generation import GenerationSettings, load_plan, sampling_spec, stop_token_ids
 from core.runs.open_run import OpenRun
 from core.runs.recovery import Replanner
-from core.serving.model_config import full_attention_only, model_context  # noqa: F401  (public here too)
+from core.serving.model_config import full_attention_only, model_context
 from core.serving.openai_api import ApiError, ParsedRequest, check_logit_bias, plain_chat_prompt, unavailable
 from core.serving.scheduler import growable, join_groups
 from core.serving.served import ServedRequest
@@ -122,9 +122,10 @@ class ServedModel:
         self.plan_id = store.add_plan(session_id, plan) if store is not None else None
         self.stop_ids = stop_token_ids(model_dir, tokenizer)
         self.context = model_context(model_dir)
-        config = json.loads(Path(model_dir, "config.json").read_text())  # the ids ``logit_bias`` may name
+        config = json.loads(Path(model_dir, "config.json").read_text())
         self.vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0)
-        self.rows_join = full_attention_only(json.loads(Path(model_dir, "config.json").read_text()))
+        """The ids ``logit_bias`` may name."""
+        self.rows_join = full_attention_only(config)
         """Whether requests may join a running micro-batch as rows (``_growable``)."""
         self.chat_template = getattr(tokenizer, "chat_template", None)
         self.loaded = False

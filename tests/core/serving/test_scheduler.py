@@ -129,7 +129,7 @@ def test_requests_wait_while_every_micro_batch_is_busy_and_join_when_one_is_free
 
 
 def test_rows_join_a_running_micro_batch_only_of_a_model_whose_every_block_attends_its_whole_past():
-    from core.serving.cluster_runs import full_attention_only
+    from core.serving.model_config import full_attention_only
 
     assert full_attention_only({"model_type": "llama", "sliding_window": None})
     assert full_attention_only({"layer_types": ["full_attention"] * 2, "sliding_window": 4096})
