@@ -533,6 +533,7 @@ class RunPanel(QWidget):
 
         options = OffloadRunOptions.of(self.offload_controls.options())
         return HISTORY_SAMPLING_REFUSED if is_staggered(options, self.micro_batches_spin.value() or None) else ""
+
     def _on_state_plan_solving_changed(self, solving: bool) -> None:
         if not solving and self._start_when_solved:
             self._start_when_solved = False

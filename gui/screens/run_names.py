@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.sessions.store import RunInfo
 from core.techniques import UnknownTechnique, technique_named
+from gui.widgets import counted
 
 LAYER_SHARDING = "layer-sharding"
 
@@ -59,7 +60,7 @@ def run_count(info: RunInfo) -> str:
     count = (info.figures or {}).get("tokens")
     if count is None:
         return ""
-    return f"{count} image{'' if count == 1 else 's'}" if run_technique(info) == "spatial" else str(count)
+    return counted(count, "image") if run_technique(info) == "spatial" else str(count)
 
 
 def run_model_name(state, model_dir: str) -> str:
@@ -70,7 +71,6 @@ def run_model_name(state, model_dir: str) -> str:
     if name and (not path or not model_dir or Path(path).resolve() == Path(model_dir).resolve()):
         return name
     return Path(model_dir).name or name
-
 
 
 def run_name(info: RunInfo) -> str:

@@ -9,6 +9,11 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QScroll
 from core.errors import EdgeShardError
 
 
+def counted(n: int, noun: str) -> str:
+    """``n noun`` with the plural only where n is not one: a one-device plan read "1 devices"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def panel_header(title: str, subtitle: str) -> QWidget:
     w = QWidget()
     lay = QVBoxLayout(w)

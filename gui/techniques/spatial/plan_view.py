@@ -43,9 +43,10 @@ from core.techniques.spatial.scenarios import paper_shaped
 from core.techniques.spatial.strategies import ORDER, compare, run_strategy
 from gui.studio_state import StudioState
 from gui.techniques.spatial.legend import STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP
-from gui.techniques.spatial.tiles import TileCanvas, counted
+from gui.techniques.spatial.tiles import TileCanvas
 from gui.timeline import TimelineView
-from gui.widgets import InlineMessage, borderless_scroll, comparison_table, fill_table, panel_header, say_why_disabled
+from gui.widgets import (InlineMessage, borderless_scroll, comparison_table, counted, fill_table, panel_header,
+                         say_why_disabled)
 from gui.workers import TaskRunner, warm_import
 
 

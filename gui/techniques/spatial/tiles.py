@@ -15,11 +15,7 @@ from PySide6.QtWidgets import QWidget
 from agents.techniques.spatial.network import CnnSpec, Layer, group_input_ranges, strip_bounds
 from core.techniques.spatial.problem import SpatialPlan
 from gui.app import stage_color
-
-
-def counted(n: int, noun: str) -> str:
-    """``n noun`` with the plural only where n is not one: a one-device plan read "1 devices"."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+from gui.widgets import counted
 
 
 def owned_ranges(layers: tuple[Layer, ...], widths: tuple[int, ...], at: int) -> list[tuple[int, int]]:
