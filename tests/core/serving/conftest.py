@@ -42,6 +42,19 @@ def serve_files(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE,
     return model, plan
 
 
+def replan_problem(model: Path, devices: list[str], generated_tokens: int, batch_size: int):
+    """What ``--problem`` gives the re-planner for ``serve_files``' model over ``devices``, all alike."""
+    from core.models.units import load_model_spec
+    from core.planning.problem import Workload
+    from core.planning.scenarios import DeviceSpec, synthetic_problem
+
+    spec = load_model_spec(str(model), "fp32", name="tiny-llama")
+    return synthetic_problem([DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=1.0)
+                              for d in devices], spec,
+                             workload=Workload(prompt_tokens=8, generated_tokens=generated_tokens,
+                                               batch_size=batch_size))
+
+
 @dataclass
 class Server:
     process: subprocess.Popen

@@ -16,12 +16,9 @@ import pytest
 
 from core import formats
 from core.devices.local_cluster import LocalCluster
-from core.models.units import load_model_spec
-from core.planning.problem import Workload
-from core.planning.scenarios import DeviceSpec, synthetic_problem
 from core.sessions.store import SessionStore
 
-from tests.core.serving.conftest import API_KEY, Reference, serve_files, start_server
+from tests.core.serving.conftest import API_KEY, Reference, replan_problem, serve_files, start_server
 
 PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell", "the king said", "we went to",
            "in the morning", "she looked at"]
@@ -70,10 +67,7 @@ def _client(server):
 @pytest.mark.slow
 def test_with_replan_every_stream_completes_with_the_undisturbed_tokens(tmp_path):
     model, plan = serve_files(tmp_path, devices=THREE)
-    spec = load_model_spec(str(model), "fp32", name="tiny-llama")
-    problem = synthetic_problem([DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=1.0)
-                                 for d in THREE], spec,
-                                workload=Workload(prompt_tokens=8, generated_tokens=40, batch_size=8))
+    problem = replan_problem(model, THREE, generated_tokens=40, batch_size=8)
     formats.save(tmp_path / "problem.json", problem)
     with LocalCluster(tmp_path / "cluster", THREE, threads_per_agent=1, link_latency_ms=DECODE_PACE_MS) as cluster:
         server = start_server(tmp_path, model, plan, "--on-failure", "replan", "--problem",

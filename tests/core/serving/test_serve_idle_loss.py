@@ -17,10 +17,7 @@ import pytest
 
 from core import formats
 from core.devices.local_cluster import LocalCluster
-from core.models.units import load_model_spec
 from core.planning.plan import ShardPlan
-from core.planning.problem import Workload
-from core.planning.scenarios import DeviceSpec, synthetic_problem
 from core.runs.coordinator import Coordinator
 from core.runs.generation import GenerationSettings
 from core.runs.recovery import ExactReplanner
@@ -28,7 +25,7 @@ from core.runs.run_tokenizer import load_tokenizer
 from core.serving import Defaults, ServedModel, ServeSettings
 from core.serving.openai_api import parse_request
 from core.serving.served import Failed, Finished
-from tests.core.serving.conftest import Reference, serve_files
+from tests.core.serving.conftest import Reference, replan_problem, serve_files
 
 THREE = ["edge-0", "edge-1", "edge-2"]
 
@@ -58,10 +55,7 @@ def _until(condition, what: str, timeout_s: float = 120) -> None:
 @pytest.mark.slow
 def test_an_agent_lost_between_requests_is_replanned_around_at_the_next_request(tmp_path):
     model, plan_path = serve_files(tmp_path, devices=THREE)
-    spec = load_model_spec(str(model), "fp32", name="tiny-llama")
-    problem = synthetic_problem([DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=1.0)
-                                 for d in THREE], spec,
-                                workload=Workload(prompt_tokens=8, generated_tokens=8, batch_size=1))
+    problem = replan_problem(model, THREE, generated_tokens=8, batch_size=1)
     with LocalCluster(tmp_path / "cluster", THREE, threads_per_agent=1) as cluster, \
             Coordinator(cluster.endpoints, cluster.keys, lease_s=10) as coordinator:
         served = ServedModel(coordinator, formats.load(plan_path, ShardPlan), str(model), "tiny-llama",

@@ -36,6 +36,15 @@ def workspace(tmp_path_factory):
     return path, ids, sim.figures
 
 
+def _compared(qtbot, workspace) -> RunComparisonView:
+    """Compare of the workspace's two spatial runs."""
+    path, ids, _ = workspace
+    view = RunComparisonView()
+    qtbot.addWidget(view)
+    view.show_runs(*load_comparison(NullReporter(), path, *ids))
+    return view
+
+
 def test_a_spatial_replay_shows_images_time_per_image_and_images_per_second(qtbot, workspace):
     path, ids, figures = workspace
     panel = sessions_with_run_open(qtbot, path, ids[0])
@@ -55,11 +64,7 @@ def test_a_spatial_replay_shows_images_time_per_image_and_images_per_second(qtbo
 
 
 def test_compare_of_two_spatial_runs_names_images_and_drops_the_decode_rate(qtbot, workspace):
-    path, ids, _ = workspace
-    a, b = load_comparison(NullReporter(), path, *ids)
-    view = RunComparisonView()
-    qtbot.addWidget(view)
-    view.show_runs(a, b)
+    view = _compared(qtbot, workspace)
     names = [r[0] for r in view.figure_rows()]
     assert names[:5] == ["First image", "Time / image", "Images/s", "Images", "Duration"]
     assert not {"TTFT", "Latency / token", "Tokens", "Decode tokens/s"} & set(names)
@@ -87,11 +92,7 @@ def test_a_spatial_replay_legend_names_strips_not_micro_batches_prefill_or_decod
 
 
 def test_compare_of_a_spatial_run_names_its_strips_in_its_timeline_legend(qtbot, workspace):
-    path, ids, _ = workspace
-    a, b = load_comparison(NullReporter(), path, *ids)
-    view = RunComparisonView()
-    qtbot.addWidget(view)
-    view.show_runs(a, b)
+    view = _compared(qtbot, workspace)
     for timeline in (view.timeline_a, view.timeline_b):
         assert "strip compute" in timeline.legend_text() and "prefill" not in timeline.legend_text()
 

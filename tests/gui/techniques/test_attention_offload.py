@@ -64,6 +64,19 @@ class _Agents:
     endpoints = ("c0", "m0", "m1")
 
 
+def _ready_to_run(qtbot, model_dir, agents=None):
+    """The Plan screen on attention offloading with the exact plan, ``agents`` (default ``_Agents``) connected
+    and ``model_dir`` chosen: Run is enabled; (state, screen, view)."""
+    state = StudioState()
+    screen = PlanScreen(state)
+    qtbot.addWidget(screen)
+    screen.set_technique("attention-offload")
+    screen.view.auto_solve()
+    state.set_agents(agents or _Agents())
+    state.set_model("tiny-llama", path=model_dir)
+    return state, screen, screen.view
+
+
 def test_run_on_agents_says_why_it_cannot_start_until_agents_and_a_checkpoint_are_there(view):
     view.auto_solve()
     assert not view.run_button.isEnabled() and "no agents connected" in view.run_button.toolTip()
@@ -77,14 +90,7 @@ def test_run_on_agents_puts_the_split_of_the_connected_agents_in_the_state_and_a
         qtbot, tiny_llama_dir):
     from agents.techniques.attention_offload.heads import DENSE_KIND
 
-    state = StudioState()
-    screen = PlanScreen(state)
-    qtbot.addWidget(screen)
-    screen.set_technique("attention-offload")
-    view = screen.view
-    view.auto_solve()
-    state.set_agents(_Agents())
-    state.set_model("tiny-llama", path=tiny_llama_dir)
+    state, screen, view = _ready_to_run(qtbot, tiny_llama_dir)
     assert view.run_button.isEnabled() and "compute: c0 · memory: m0, m1" in view.run_where.text()
     proposed = []
     state.run_options_proposed.connect(lambda options, batches: proposed.append((options, batches)))
@@ -137,14 +143,7 @@ def _lab_view(qtbot, model_dir):
     chosen; (state, screen, view, the bytes of its dense part)."""
     from core.techniques.attention_offload.run import dense_weight_bytes
 
-    state = StudioState()
-    screen = PlanScreen(state)
-    qtbot.addWidget(screen)
-    screen.set_technique("attention-offload")
-    screen.view.auto_solve()
-    state.set_agents(_Lab())
-    state.set_model("tiny-llama", path=model_dir)
-    return state, screen, screen.view, dense_weight_bytes(model_dir)
+    return (*_ready_to_run(qtbot, model_dir, _Lab()), dense_weight_bytes(model_dir))
 
 
 def test_run_on_agents_makes_the_agent_whose_profiled_budget_holds_the_dense_part_the_compute_agent(
@@ -312,14 +311,7 @@ def test_run_on_agents_reads_the_checkpoints_geometry_without_transformers_on_th
     real = heads.load_config
     monkeypatch.setattr(heads, "load_config", lambda model_dir: threads.append(threading.current_thread())
                         or real(model_dir))
-    state = StudioState()
-    screen = PlanScreen(state)
-    qtbot.addWidget(screen)
-    screen.set_technique("attention-offload")
-    view = screen.view
-    view.auto_solve()
-    state.set_agents(_Agents())
-    state.set_model("tiny-llama", path=tiny_llama_dir)
+    state, screen, view = _ready_to_run(qtbot, tiny_llama_dir)
     with qtbot.waitSignal(screen.run_requested, timeout=30_000):
         view.run_button.click()
     assert threading.main_thread() not in threads
