@@ -122,9 +122,8 @@ class ServedModel:
         self.plan_id = store.add_plan(session_id, plan) if store is not None else None
         self.stop_ids = stop_token_ids(model_dir, tokenizer)
         self.context = model_context(model_dir)
-        config = json.loads(Path(model_dir, "config.json").read_text())
+        config = json.loads(Path(model_dir, "config.json").read_text())  # the ids ``logit_bias`` may name:
         self.vocab = int(config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or 0)
-        """The ids ``logit_bias`` may name."""
         self.rows_join = full_attention_only(config)
         """Whether requests may join a running micro-batch as rows (``_growable``)."""
         self.chat_template = getattr(tokenizer, "chat_template", None)
