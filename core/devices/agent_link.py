@@ -422,6 +422,20 @@ class AgentLink:
         futs = {d: self.request_async(d, GetStatus()) for d in devices}
         return {d: self.await_reply(d, f, timeout_s, "reporting its status") for d, f in futs.items()}
 
+    def not_answering(self, devices: Sequence[str], timeout_s: float) -> tuple[str, ...]:
+        """Those of ``devices`` lost now: declared lost, silent to a status request while their port refuses
+        connections (killed: a live peer may notice before the heartbeats run out), or silent for ``timeout_s``
+        (a host that does not answer). Answers as soon as every live one has."""
+        deadline = time.monotonic() + timeout_s
+        futs = {d: self.request_async(d, GetStatus()) for d in devices if not self.is_lost(d)}
+        cf.wait(list(futs.values()), timeout=min(REFUSED_AFTER_S, timeout_s))
+        refused = {d for d, f in futs.items() if not f.done() and self._not_listening(d, f)}
+        cf.wait([f for d, f in futs.items() if d not in refused], timeout=max(0.0, deadline - time.monotonic()))
+        for f in futs.values():
+            self.forget(f)
+        return tuple(d for d in devices if d not in futs or d in refused or not futs[d].done()
+                     or futs[d].exception() is not None)
+
     def wait_ready(self, timeout_s: float = 10.0, devices: Sequence[str] | None = None) -> dict[str, AgentStatus]:
         """Status of every agent (or ``devices``), waiting (up to ``timeout_s``) for them to come up."""
         return self.status(timeout_s, devices)

@@ -341,10 +341,10 @@ class Coordinator:
                     reporter.progress(run_state.progress(run.state, expected), expected)
                 self._stop_all(devices, run.run_id)
                 end = run.state
-                if not (replan and isinstance(end, run_state.Failed) and end.code == "agent_lost"
-                        and not reporter.cancel_requested()):
+                lost = self._lost_with(end, devices) if replan and not reporter.cancel_requested() else ()
+                if not lost:
                     break
-                plan, devices = self._recover(run, plan, request, groups, replan, recoveries, reporter)
+                plan, devices = self._recover(run, plan, request, groups, replan, recoveries, reporter, lost)
         except BaseException as err:  # KeyboardInterrupt and the like: stop the agents, leave them loaded
             self._stop_all(devices, run.run_id)
             self._stop_helpers(helpers)
@@ -374,20 +374,31 @@ class Coordinator:
         return RunResult(run_id=run_id, tokens=tokens, events=events, token_events=toks, clocks=self.clocks(),
                          wall_s=time.perf_counter() - t_start, recoveries=tuple(recoveries), plan=plan)
 
+    def _lost_with(self, end, devices: list[str]) -> tuple[str, ...]:
+        """Every agent lost when the run ``end``ed of a loss, the run's stages' first (none: not recoverable). A
+        live stage's error (it noticed its peer gone before the heartbeats did) counts when a stage is lost."""
+        if not isinstance(end, run_state.Failed) or end.code not in ("agent_lost", "agent_error"):
+            return ()
+        others = [d for d in self.endpoints if d not in devices]
+        lost = self.link.not_answering([*devices, *others], self.heartbeat_timeout_s)
+        if end.code == "agent_lost":
+            return (end.device, *(d for d in lost if d != end.device))
+        return lost if any(d in devices for d in lost) else ()
+
     def _recover(self, run: ActiveRun, plan: ShardPlan, request: RunRequest, groups, replan: Replanner,
-                 recoveries: list[RecoveryRecord], reporter: Reporter) -> tuple[ShardPlan, list[str]]:
-        """Re-plan around the lost device, load the new plan and start the run's next segment
+                 recoveries: list[RecoveryRecord], reporter: Reporter, lost: tuple[str, ...]) -> tuple[ShardPlan, list[str]]:
+        """Re-plan without every ``lost`` agent, load the new plan and start the run's next segment
         from where the tokens stopped; returns the new plan and its devices. The run state says
         where this stands (``Recovering``); a failure to recover leaves it ``Failed``."""
-        failed = run.state.device
+        failed = lost[0]
         old = [s.device for s in plan.stages]
         detected = time.time() - run.t0
-        run.apply(run_state.Replan())
+        run.apply(run_state.Replan(failed))
         with run.lock:
             tokens = list(run.tokens)
         step = max((t.step for t in tokens), default=-1) + 1
         reporter.status(f"{failed} lost at step {step}: re-planning over the survivors")
-        usable = tuple(d for d in self.endpoints if not self.link.is_lost(d))
+        usable = tuple(d for d in self.endpoints if d not in lost and not self.link.is_lost(d))
         try:
             if self._load_args.get("files"):
                 raise RecoveryImpossible("the run's weights were sent to the agents (--send-weights); a re-plan "

@@ -186,7 +186,10 @@ class FromAgent:
 
 @dataclass(frozen=True)
 class Replan:
-    """Recover a run that failed because ``Failed.device`` was lost (``--on-failure replan``)."""
+    """Recover a run that failed because ``Failed.device`` was lost (``--on-failure replan``), or because
+    ``lost`` was while a live agent's error ended the run (a stage that noticed its peer gone first)."""
+
+    lost: str = ""
 
 
 @dataclass(frozen=True)
@@ -238,8 +241,11 @@ def begin(run_id: str, stages: tuple[str, ...], *, load: bool) -> RunState:
 def apply(state: RunState, event: RunInput) -> RunState:
     """The state after ``event``; never raises (see the module docstring)."""
     if isinstance(event, Replan):
-        if isinstance(state, Failed) and state.code == "agent_lost":
+        if isinstance(state, Failed) and state.code == "agent_lost" and event.lost in ("", state.device):
             return Recovering(state.run_id, state.stages, state.device, state.reason)
+        if isinstance(state, Failed) and state.code == "agent_error" and event.lost:
+            why = f"{state.device} reported: {state.reason}" if state.device else state.reason
+            return Recovering(state.run_id, state.stages, event.lost, why)
         return state
     if is_terminal(state):
         return state

@@ -229,6 +229,11 @@ def test_only_a_lost_agent_can_be_recovered(end):
     assert apply(end, Replan()) == end
 
 
+def test_a_live_stages_error_is_recovered_as_the_loss_of_the_stage_the_coordinator_found_silent():
+    end = Failed(RUN, STAGES, "lost its peer b", "a", "agent_error")
+    assert apply(end, Replan("b")) == Recovering(RUN, STAGES, "b", "a reported: lost its peer b")
+
+
 def test_a_recovery_loads_the_new_stages_then_resumes_as_a_new_segment_that_ignores_the_old_one():
     state = _feed(_lost_mid_decode(), Replan(), Replanned(("a", "c")))
     assert state.phase == "loading" and state.new_stages == ("a", "c")
