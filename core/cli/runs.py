@@ -299,6 +299,7 @@ def cmd_run(args) -> int:
                 raise
             if run is not None:
                 run.status = "completed"
+                run.final_plan = out.result.plan if out.result.recoveries else None
         from core.runs.wire import layer_sharding_wire
 
         wire = layer_sharding_wire(model_dir, settings.dtype, prompts, out.result, meter, plan,

@@ -205,7 +205,8 @@ def _cmd_sessions(args) -> int:
                 f = r.figures
                 print(f"  run {r.id:<4} {r.kind:<9} {r.mode:<11} {r.status:<10} {r.model}"
                       f"  TTFT {_fmt_s(f.get('ttft_s'))}  per-token {_fmt_s(f.get('per_token_latency_s'))}"
-                      f"  {_fmt_rate(f.get('decode_tokens_per_s'))}")
+                      f"  {_fmt_rate(f.get('decode_tokens_per_s'))}"
+                      + (f"  plan {r.plan_id} re-planned to {r.final_plan_id}" if r.final_plan_id is not None else ""))
     return 0
 
 

@@ -88,6 +88,9 @@ class RecordedRun:
     run_id: int
     recorder: RunRecorder
     status: str = "failed"
+    final_plan: ShardPlan | None = None
+    """The plan the run finished on when a lost device re-planned it (``RunResult.plan``): recorded beside
+    the one it started on (``RunInfo.final_plan_id``)."""
 
 
 def check_workspace(workspace: str | os.PathLike | None) -> None:
@@ -113,7 +116,7 @@ def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings:
 
     Opens the store, adds a session (``session_name``) unless ``session_id`` is given, the
     plan and profile when known and the run row; yields a ``RecordedRun``. On leaving, even by
-    an exception, the run is finished with its ``status`` and its figures, and the store closed.
+    an exception, the run is finished with its ``status``, its figures and its ``final_plan``, and the store closed.
     ``settings`` should hold ``prompts`` and ``lanes``: the replay draws from them. ``origin``: the
     technique's own problem and plan ``plan`` was made from (what predicts the replay).
     """
@@ -135,6 +138,8 @@ def record_run(workspace: str | os.PathLike, *, model: str, mode: str, settings:
         yield run
     finally:
         try:
+            if run.final_plan is not None:
+                store.set_final_plan(run.run_id, run.final_plan)
             run.recorder.finish(run.status)
         finally:
             store.close()

@@ -14,6 +14,8 @@ v3: runs.origin_json (the technique's own problem and plan the run was made from
 ``core.sessions.origin.RecordedOrigin``; NULL for runs recorded before: "No prediction").
 v4: event_streams, stream_events, run_windows: a served micro-batch's events stored once and shared by
     the runs of its requests, each reading its window of them (``SessionStore.timeline``).
+v5: runs.final_plan_id: the plan a run finished on when a lost device re-planned it (``plan_id`` stays the
+    one it started on; NULL: it finished where it started).
 
 Damage: ``damage_of`` runs ``PRAGMA quick_check`` (read-only, so a damaged workspace can
 still be opened for what is left); a read that meets a damaged page becomes
@@ -93,7 +95,11 @@ def _v4(db: sqlite_utils.Database) -> None:
     db["run_windows"].create_index(["run_id"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
+def _v5(db: sqlite_utils.Database) -> None:
+    db["runs"].add_column("final_plan_id", int)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 EVENT_COLS = ("run_id", "seq", "recv_s", "device", "stage", "kind", "phase", "step", "micro_batch",

@@ -94,7 +94,10 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     settings: dict[str, Any]
     figures: dict[str, Any]
     plan_id: int | None = None
+    """The plan the run started on."""
     profile_id: int | None = None
+    final_plan_id: int | None = None
+    """The plan a recovered run finished on (its last re-plan; None: it finished on ``plan_id``)."""
 
 
 class RecordedItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,6 +294,12 @@ class SessionStore:
         self._update_run(run_id, "status = ?, ended_at = ?, figures_json = ?",
                          (status, utc_now(), json.dumps(fig, sort_keys=True)))
 
+    def set_final_plan(self, run_id: int, plan: ShardPlan) -> int:
+        """Record the plan a run finished on after a re-plan (stored in the run's session); its id."""
+        plan_id = self.add_plan(self.run(run_id).session_id, plan, "re-planned")
+        self._update_run(run_id, "final_plan_id = ?", (plan_id,))
+        return plan_id
+
     def add_figures(self, run_id: int, figures: dict[str, Any]) -> None:
         """Merge ``figures`` into a run's recorded ones (measured after it was finished, e.g. its wire bytes)."""
         merged = {**self.run(run_id).figures, **msgspec.to_builtins(figures)}
@@ -312,7 +321,7 @@ class SessionStore:
         return RunInfo(id=r["id"], session_id=r["session_id"], model=r["model"] or "", mode=r["mode"] or "",
                        kind=r["kind"], status=r["status"], started_at=r["started_at"], ended_at=r["ended_at"],
                        settings=json.loads(r["settings_json"] or "{}"), figures=json.loads(r["figures_json"] or "{}"),
-                       plan_id=r["plan_id"], profile_id=r["profile_id"])
+                       plan_id=r["plan_id"], profile_id=r["profile_id"], final_plan_id=r.get("final_plan_id"))
 
     def problem_of(self, run_id: int) -> PlanningProblem | None:
         rows = self._rows("SELECT problem_json FROM runs WHERE id = ?", (run_id,))
@@ -515,11 +524,12 @@ def _copy_session(dest: SessionStore, src_path: Path, session_id: int) -> int:
                     conn.execute(f"INSERT INTO main.stream_events ({', '.join(cols)}) SELECT {sel} FROM "
                                  f"src.stream_events WHERE stream_id = ? ORDER BY id", (new, old))
                 run_cols = _columns(conn, "runs")
-                for old_run, plan_id, profile_id in conn.execute(
-                        "SELECT id, plan_id, profile_id FROM src.runs WHERE session_id = ? ORDER BY id",
+                for old_run, plan_id, profile_id, final_plan_id in conn.execute(
+                        "SELECT id, plan_id, profile_id, final_plan_id FROM src.runs WHERE session_id = ? ORDER BY id",
                         (session_id,)).fetchall():
                     remap = {"session_id": new_sid, "plan_id": ids["plans"].get(plan_id),
-                             "profile_id": ids["profiles"].get(profile_id)}
+                             "profile_id": ids["profiles"].get(profile_id),
+                             "final_plan_id": ids["plans"].get(final_plan_id)}
                     sel = ", ".join("?" if c in remap else c for c in run_cols)
                     params = [remap[c] for c in run_cols if c in remap]
                     conn.execute(f"INSERT INTO main.runs ({', '.join(run_cols)}) SELECT {sel} FROM src.runs "

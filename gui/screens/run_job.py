@@ -128,6 +128,7 @@ def run_and_record(reporter: Reporter, backend: RunBackend, settings: RunSetting
             run.status = "stopped" if reporter.cancel_requested() else "failed"
             raise
         run.status = "completed"
+        run.final_plan = said.get("recovered_plan")  # the plan a lost device's re-plan finished the run on
     if said.get("wire") is not None:  # read from the agents once the run ended, as `edgeshard run` records it
         from core.sessions.recording import add_run_figures
 

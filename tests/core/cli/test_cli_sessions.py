@@ -151,3 +151,16 @@ def test_sessions_on_a_workspace_with_a_zeroed_tail_warns_and_exits_cleanly(tmp_
     rc, out, err = _run(["sessions"], capsys)
     assert rc != 0 and "Traceback" not in err
     assert "warning:" in err and "damaged" in err and ".recover" in err
+
+
+def test_sessions_lists_a_recovered_runs_plan_and_the_re_plan_it_finished_on(files, capsys):
+    from core.sessions.recording import record_run
+
+    tmp, p, plan = files
+    replanned = make_plan(p, ["a", "c"], [4], m=1, k=3)
+    with record_run(tmp / "ws.sqlite", model="m", mode="no-bubbles", settings={}, plan=plan) as run:
+        run.status, run.final_plan = "completed", replanned
+    rc, out, _ = _run(["sessions"], capsys)
+    with SessionStore(tmp / "ws.sqlite") as store:
+        info = store.run(run.run_id)
+    assert rc == 0 and f"plan {info.plan_id} re-planned to {info.final_plan_id}" in out

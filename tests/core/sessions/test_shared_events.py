@@ -84,7 +84,7 @@ def test_a_workspace_from_before_shared_events_opens_with_its_served_runs_as_rec
     db.conn.commit()
     db.close()
     with SessionStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.schema_version == SCHEMA_VERSION == 5
         for run in (1, 2):
             assert store.events(run) == [_ev(s, 0.1 * s) for s in (1, 2)]
         stream = store.create_event_stream(1)  # and it records served runs the new way

@@ -136,7 +136,7 @@ def test_a_v1_workspace_is_migrated_forward_and_keeps_its_data(tmp_path):
     db.close()
     assert "agent_logs" not in sqlite_utils.Database(path).table_names()
     with SessionStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.schema_version == SCHEMA_VERSION == 5
         run = store.run(1)
         assert (run.kind, run.figures) == ("measured", {"ttft_s": 1.0})
         assert store.events(1) == [TimelineEvent(device="a", stage=0, kind="compute", phase="prefill", step=0,
@@ -145,8 +145,9 @@ def test_a_v1_workspace_is_migrated_forward_and_keeps_its_data(tmp_path):
         store.flush()
         assert store.logs(1)[0].line == "loaded shard"
         assert store.origin_of(1) is None  # recorded before origins were: its replay predicts nothing
+        assert run.final_plan_id is None  # recorded before re-plans were: it finished where it started
         versions = [r[0] for r in store.db.conn.execute("SELECT version FROM schema_version ORDER BY version")]
-    assert versions == [1, 2, 3, 4]
+    assert versions == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("content", [b"hello, not a database" * 100, None])
@@ -313,3 +314,21 @@ def test_a_sound_workspace_has_no_damage(tmp_path):
     _workspace_with_sessions(path)
     with SessionStore(path) as store:
         assert store.damage == []
+
+
+def test_a_recovered_run_records_the_plan_it_started_on_and_the_re_plan_it_finished_on(tmp_path):
+    from core.planning.plan import plan_from_boundaries
+    from core.sessions.recording import record_run
+
+    started = plan_from_boundaries("tiny", 6, ["a", "b", "c"], [2, 4])
+    finished = plan_from_boundaries("tiny", 6, ["a", "b"], [3])
+    with record_run(tmp_path / "ws.sqlite", model="tiny", mode="no-bubbles", settings={}, plan=started) as run:
+        run.status, run.final_plan = "completed", finished
+    with SessionStore(tmp_path / "ws.sqlite") as here:
+        info = here.run(run.run_id)
+        assert here.plan(info.plan_id) == started and here.plan(info.final_plan_id) == finished
+        out = here.export_session(run.session_id, tmp_path / "recovered.edgeshard-session")
+    with SessionStore(tmp_path / "other.sqlite") as there:
+        there.add_plan(there.create_session("shifts the ids"), started)
+        (copied,) = there.runs(there.import_session(out))
+        assert there.plan(copied.plan_id) == started and there.plan(copied.final_plan_id) == finished

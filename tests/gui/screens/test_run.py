@@ -554,6 +554,9 @@ def test_after_a_recovery_the_plan_the_run_finished_on_becomes_the_current_plan(
     assert done.args == ["completed"]
     assert "Recovered: server lost at step 3" in panel.status_label.text()
     assert state.plan == survivors
+    with SessionStore(state.workspace) as store:  # recorded: started on the plan, finished on the re-plan
+        (run,) = store.runs()
+        assert store.plan(run.plan_id) == plan and store.plan(run.final_plan_id) == survivors
 
 
 def test_the_run_screen_refuses_a_plan_on_an_offline_device_naming_it(qtbot, real_cluster, tmp_path):
