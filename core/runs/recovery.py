@@ -128,6 +128,15 @@ class ExactReplanner:
     def __call__(self, plan: ShardPlan, failed: str, usable: tuple[str, ...]) -> ShardPlan:
         import msgspec
 
+        replanned = self.solve(plan, failed, usable)
+        self.problem = msgspec.structs.replace(self.problem,
+                                               excluded_devices=(*self.problem.excluded_devices, failed))
+        return replanned
+
+    def solve(self, plan: ShardPlan, failed: str, usable: tuple[str, ...]) -> ShardPlan:
+        """The re-plan alone (``__call__`` also keeps ``failed`` excluded from later ones)."""
+        import msgspec
+
         from core.planning.placement import gpu_placement, on_the_same_gpus, placed_problem
         from core.planning.plan import with_weights
         from core.planning.solvers import replan_after_failure
@@ -150,8 +159,6 @@ class ExactReplanner:
         except PlanInvalid as err:
             raise RecoveryImpossible(f"{failed} was lost and the run cannot be re-planned: "
                                      + "; ".join(err.violations), failed) from None
-        self.problem = msgspec.structs.replace(self.problem,
-                                               excluded_devices=(*self.problem.excluded_devices, failed))
         # every block stays at the run's precision, every surviving GPU stage on its GPU
         return on_the_same_gpus(plan, with_weights(result.plan, precisions.pop()))
 
@@ -162,8 +169,12 @@ def keep_stage_settings(old: ShardPlan, new: ShardPlan) -> ShardPlan:
     technique (an expert-offload stage stays one, with its buffer, not a stage with every expert
     resident). A new stage takes the settings of the one non-``layers`` kind whose decoder blocks (units
     1 .. N-2) it holds; one holding none of them (the embedding or the head alone) is a ``layers`` stage.
-    Two different kinds or settings are not re-split (``RecoveryImpossible``): which stage gets which?"""
+    Two different kinds or settings are not re-split (``RecoveryImpossible``): which stage gets which?
+    A ``new`` whose re-planner set kinds itself (expert offloading's smaller buffer that fits) is kept as set."""
     import msgspec
+
+    if any(s.kind != "layers" or s.options is not None for s in new.stages):
+        return new
 
     def key(s) -> tuple[str, bytes]:
         return s.kind, msgspec.json.encode(s.options, order="sorted")

@@ -18,7 +18,7 @@ from core.models.units import load_model_spec
 from core.planning.plan import plan_from_boundaries
 from core.planning.problem import Workload
 from core.planning.scenarios import DeviceSpec, synthetic_problem
-from core.runs.recovery import ExactReplanner, RecoveryImpossible
+from core.runs.recovery import ExactReplanner, RecoveryImpossible, keep_stage_settings
 from core.techniques import replanner_for
 from core.techniques.expert_offload.problem import OffloadPlan
 from core.techniques.expert_offload.recovery import OffloadReplanner
@@ -53,17 +53,28 @@ def test_layer_shardings_replan_finds_no_plan_where_expert_offloadings_does(sett
         ExactReplanner(problem)(plan, "edge-1", DEVICES)
     replanner = replanner_for(plan, problem, str(model))
     assert isinstance(replanner, OffloadReplanner)
-    assert replanner(plan, "edge-1", DEVICES).devices() == ("edge-0",)
+    replanned = keep_stage_settings(plan, replanner(plan, "edge-1", DEVICES))  # as the coordinator gives it back
+    assert replanned.devices() == ("edge-0",) and replanned.stages[0].options["slots"] == SLOTS  # it fits: kept
+
+
+def _with_slots(plan, slots: int):
+    import msgspec
+
+    return msgspec.structs.replace(plan, stages=tuple(
+        msgspec.structs.replace(s, options={**s.options, "slots": slots}) for s in plan.stages))
 
 
 def test_a_run_that_loses_a_device_resumes_on_a_replanned_expert_offload_stage_with_hf_tokens(setting, tmp_path):
+    """The run's buffer is SLOTS + 1 experts; the survivor holds the resident model and SLOTS: the resumed
+    stage gets SLOTS (the largest buffer that fits) and the rest of the plan's options."""
     from agents.protocol import LinkShape, SamplingSpec
     from core.devices.local_cluster import LocalCluster
     from core.runs.coordinator import Coordinator, RunRequest
     from core.runs.generation import load_tokenizer
     from tests.core.hf_reference import hf_greedy_new_tokens
 
-    model, plan, problem = setting
+    model, fitting, _ = setting
+    plan, problem = _with_slots(fitting, SLOTS + 1), _survivor_budget(setting, SLOTS + 0.5)
     tok = load_tokenizer(str(model))
     enc = tok(["the cat sat on the"], return_tensors="pt")
     request = RunRequest(input_ids=tuple(map(tuple, enc["input_ids"].tolist())),
@@ -87,7 +98,35 @@ def test_a_run_that_loses_a_device_resumes_on_a_replanned_expert_offload_stage_w
         result = co.run(plan, request, KillAtStep4(), replan=replanner_for(plan, problem, str(model)))
     assert killed.is_set() and [r.failed for r in result.recoveries] == ["edge-1"]
     assert [(s.device, s.kind, s.options) for s in result.plan.stages] == [
-        ("edge-0", "expert-offload", plan.stages[0].options)]
+        ("edge-0", "expert-offload", fitting.stages[0].options)]
     assert result.plan.stages[0].options["slots"] == SLOTS and result.plan.stages[0].options["policy"] == "lru"
     expected = hf_greedy_new_tokens(str(model), enc, 24, eos_token_id=None)
     assert [tuple(t) for t in result.tokens] == [tuple(t) for t in expected]
+
+
+def _survivor_budget(setting, buffer_slots: float):
+    """A problem whose devices hold the resident model and ``buffer_slots`` experts' worth of buffer."""
+    model, plan, _ = setting
+    spec = load_model_spec(str(model), "fp32", name="tiny-mixtral")
+    resident = OffloadReplanner(synthetic_problem(
+        [DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=1.0) for d in DEVICES], spec),
+        model).planning_problem(plan).profile.model
+    expert = (sum(u.param_bytes for u in spec.units) - sum(u.param_bytes for u in resident.units)) // (LAYERS * EXPERTS)
+    budget = sum(u.param_bytes for u in resident.units) + buffer_slots * expert
+    return synthetic_problem([DeviceSpec(id=d, tflops=1.0, memory_bandwidth_gb_s=10.0, memory_gib=budget / 2**30)
+                              for d in DEVICES], spec, workload=Workload(prompt_tokens=6, generated_tokens=24, batch_size=1))
+
+
+def test_a_survivor_too_small_for_the_plans_expert_buffer_gets_the_largest_buffer_that_fits(setting):
+    model, plan, _ = setting
+    wide = _with_slots(plan, 4)
+    replanned = keep_stage_settings(wide, OffloadReplanner(_survivor_budget(setting, 2.5), model)(wide, "edge-1", DEVICES))
+    assert [(s.device, s.kind, s.options) for s in replanned.stages] == [
+        ("edge-0", "expert-offload", {**plan.stages[0].options, "slots": 2})]
+
+
+def test_a_survivor_that_cannot_hold_one_expert_slot_is_a_recovery_error_naming_the_buffer(setting):
+    model, plan, _ = setting
+    with pytest.raises(RecoveryImpossible, match=f"expert buffer of 1 slot; the plan's was {SLOTS}") as info:
+        OffloadReplanner(_survivor_budget(setting, 0.5), model)(plan, "edge-1", DEVICES)
+    assert info.value.device == "edge-1" and info.value.missing_bytes > 0
