@@ -60,6 +60,7 @@ from agents.techniques.phase_disaggregation.messages import (
     TokensDecoded,
 )
 from core.devices.agent_link import refusal
+from core.devices.clock_sync import ClockEstimate
 from core.errors import RunFailed
 from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
@@ -294,15 +295,15 @@ class _Scheduler:
     def now(self) -> float:
         return time.time() - self.t0
 
-    def _local(self, device: str, t_agent: float, lo: float, hi: float) -> float:
+    def _local(self, clock: ClockEstimate | None, t_agent: float, lo: float, hi: float) -> float:
         """An agent-clock time as seconds from the run's start, clamped into [lo, hi] (when we sent,
-        when the reply came): the offset estimate cannot move it outside what we saw."""
-        clock = self.link.clock_of(device)
+        when the reply came): the offset estimate cannot move it outside what we saw. ``clock``: the one
+        estimate read for the reply (heartbeats refine it meanwhile; its events carry its uncertainty)."""
         t = t_agent - (clock.offset_s if clock is not None else 0.0) - self.t0
         return min(max(t, lo), hi)
 
-    def _event(self, device, phase, kind, request, start, end, *, step=0, nbytes=0, peer=""):
-        clock = self.link.clock_of(device.removesuffix(":link"))
+    def _event(self, device, phase, kind, request, start, end, clock: ClockEstimate | None, *, step=0, nbytes=0,
+               peer=""):
         self.events.append(TimelineEvent(
             device=device, stage=STAGES[phase], kind=kind, phase="decode" if phase == "decode" else "prefill",
             step=step, micro_batch=request, start_s=start, end_s=max(end, start), nbytes=nbytes, peer=peer,
@@ -341,11 +342,11 @@ class _Scheduler:
                 self.link.forget(fut)
         for rid in self.order:  # data plane: a piece's push ends when the prefill agent has it
             st = self.states[rid]
-            for src, t_enc, nbytes in st.sends:
+            for src, t_enc, nbytes, clock in st.sends:
                 if src == st.prefill_device:
                     continue  # a coupled agent's hand-off to itself crosses no link
-                self._event(link_lane(src), "encode", "send", rid, t_enc, max(st.ep_end_s, t_enc), nbytes=nbytes,
-                            peer=st.prefill_device)
+                self._event(link_lane(src), "encode", "send", rid, t_enc, max(st.ep_end_s, t_enc), clock,
+                            nbytes=nbytes, peer=st.prefill_device)
         metrics = tuple(self._metrics(self.states[i]) for i in self.order)
         self.events.sort(key=lambda e: (e.start_s, e.device))
         self.token_events.sort(key=lambda t: (t.t_s, t.micro_batch))
@@ -498,17 +499,18 @@ class _Scheduler:
         if not isinstance(reply, expected) or reply.request != rid:
             raise RunFailed(f"{phase} of request {rid}: unexpected answer {type(reply).__name__}", device)
         st = self.states[rid]
-        ts = self._local(device, reply.t_start, t_sent, t_back)
-        te = self._local(device, reply.t_end, ts, t_back)
+        clock = self.link.clock_of(device)
+        ts = self._local(clock, reply.t_start, t_sent, t_back)
+        te = self._local(clock, reply.t_end, ts, t_back)
         self.free[phase].append(device)
-        self._event(device, phase, "recv_wait", rid, t_sent, ts, nbytes=nbytes)
-        self._event(device, phase, "compute", rid, ts, te)
+        self._event(device, phase, "recv_wait", rid, t_sent, ts, clock, nbytes=nbytes)
+        self._event(device, phase, "compute", rid, ts, te, clock)
         if phase == "encode":
             if self.direct:  # its send ends when the prefill agent has it: drawn when that is known
-                st.sends.append((device, te, math.prod(reply.shape) * 4))
+                st.sends.append((device, te, math.prod(reply.shape) * 4, clock))
                 st.encoded[piece] = None
             else:
-                self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.data),
+                self._event(link_lane(device), phase, "send", rid, te, t_back, clock, nbytes=len(reply.data),
                             peer="coordinator")
                 st.encoded[piece] = reply.data  # raw float32, its size checked at decode
             st.encode_devices.append(device)
@@ -521,10 +523,10 @@ class _Scheduler:
         elif phase == "prefill":
             if self.direct:
                 if reply.mm_received:
-                    st.ep_end_s = self._local(device, reply.mm_received, 0.0, ts)
-                st.kv_sent = (device, te, math.prod(reply.kv_shape) * 4)
+                    st.ep_end_s = self._local(clock, reply.mm_received, 0.0, ts)
+                st.kv_sent = (device, te, math.prod(reply.kv_shape) * 4, clock)
             else:
-                self._event(link_lane(device), phase, "send", rid, te, t_back, nbytes=len(reply.kv),
+                self._event(link_lane(device), phase, "send", rid, te, t_back, clock, nbytes=len(reply.kv),
                             peer="coordinator")
             if st.mm_reserved:
                 self.mm_free[device] += st.mm
@@ -536,22 +538,24 @@ class _Scheduler:
             elif st.early_decode is not None:
                 self._decoded(st, *st.early_decode)
         elif self.direct and st.prefilled is None:  # the decode answered first: its prefill's figures are needed
-            st.early_decode = (device, ts, te, reply)
+            st.early_decode = (device, ts, te, reply, clock)
         else:
-            self._decoded(st, device, ts, te, reply)
+            self._decoded(st, device, ts, te, reply, clock)
 
-    def _decoded(self, st: _State, device: str, ts: float, te: float, reply: TokensDecoded) -> None:
+    def _decoded(self, st: _State, device: str, ts: float, te: float, reply: TokensDecoded,
+                 clock: ClockEstimate | None) -> None:
         """A decode's answer, once its request's prefill answer is in (the first token, the KV's send)."""
         rid = st.prepared.id
         st.pd_end_s, st.decode_device = max(ts, st.prefill_end_s), device
         if self.direct and reply.kv_received:
-            st.pd_end_s = max(self._local(device, reply.kv_received, 0.0, ts), st.prefill_end_s)
-            src, t_pre, nbytes = st.kv_sent
+            st.pd_end_s = max(self._local(clock, reply.kv_received, 0.0, ts), st.prefill_end_s)
+            src, t_pre, nbytes, sent_clock = st.kv_sent
             if src != device:  # aggregated keeps the KV cache on the agent: no send
-                self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, nbytes=nbytes, peer=device)
+                self._event(link_lane(src), "prefill", "send", rid, t_pre, st.pd_end_s, sent_clock, nbytes=nbytes,
+                            peer=device)
         prev = ts
         for step, (token, t_end) in enumerate(zip(reply.tokens, reply.step_ends), start=1):
-            t = self._local(device, t_end, prev, te)
+            t = self._local(clock, t_end, prev, te)
             self._token(TokenEvent(micro_batch=rid, step=step, sequence_ids=(rid,), token_ids=(token,), t_s=t))
             prev = t
         st.decode_end_s = max(te, st.pd_end_s)

@@ -159,3 +159,34 @@ def test_profiled_phase_costs_fit_the_checkpoint_and_grow_with_the_work(link, mo
     assert "local-0" in costs.source and costs.link_bandwidth_Bps > 0
     # the release → encode start less the tile's fitted transfer: sub-ms on loopback, so noise may clamp it to 0
     assert 0 <= costs.dispatch_delay_s < 1.0
+
+
+def test_each_replys_events_carry_the_uncertainty_of_the_one_clock_estimate_their_times_were_mapped_with(link, model):
+    """Heartbeats refine a device's clock estimate while a run goes on; here every read of the link gives a
+    newer one (1 ms more uncertain each read). A reply's times are mapped with one estimate, so its
+    recv_wait, compute and outgoing send all carry that estimate's uncertainty (they carried later reads')."""
+    import dataclasses
+    import itertools
+
+    reads, clock_of = itertools.count(), link.clock_of
+
+    def refining(device):
+        estimate = clock_of(device)
+        return None if estimate is None else dataclasses.replace(
+            estimate, uncertainty_s=estimate.uncertainty_s + next(reads) * 1e-3)
+
+    link.clock_of = refining
+    try:
+        run = run_epd(link, model, workload(n=2), POOLS, load=False)
+    finally:
+        del link.clock_of
+    replies = {}
+    for e in run.events:
+        if e.kind in ("recv_wait", "compute"):
+            replies.setdefault((e.device, e.stage, e.micro_batch, e.start_s if e.kind == "compute" else e.end_s),
+                               set()).add(e.clock_uncertainty_s)
+    assert len(replies) >= 6 and all(len(u) == 1 for u in replies.values())
+    computes = {(e.device, e.micro_batch, e.end_s): e.clock_uncertainty_s for e in run.events if e.kind == "compute"}
+    sends = [e for e in run.events if e.kind == "send"]
+    assert sends and all(e.clock_uncertainty_s == computes[(e.device.removesuffix(":link"), e.micro_batch, e.start_s)]
+                         for e in sends)
