@@ -398,18 +398,17 @@ class Agent(ControlPlane, LeaseRules):
                     self._run(msg, stop)
                 elif kind == "stop":  # queued behind the run it stops: the reply follows its last events
                     self._post(Ok(req=msg.req, detail="stopped"))
-                elif kind == "ProfileCompute":
+                elif kind in ("ProfileCompute", "MeasureLink"):
                     from agents import profiler
 
-                    self._post(ProfileResult(req=msg.req, result=profiler.profile_compute(self, msg.options)))
+                    result = (profiler.profile_compute(self, msg.options) if kind == "ProfileCompute"
+                              else profiler.measure_link(self, msg.peer, msg.options))
+                    self._activity, self._progress = "", 0.0  # before the reply: a status read after it is idle
+                    self._post(ProfileResult(req=msg.req, result=result))
                 elif kind == "handler":  # a technique's request (agents.registry.Handler)
                     reply = handler.serve(self, msg, stop)
                     if reply is not None:
                         self._post(reply)
-                elif kind == "MeasureLink":
-                    from agents import profiler
-
-                    self._post(ProfileResult(req=msg.req, result=profiler.measure_link(self, msg.peer, msg.options)))
                 self._activity, self._progress = "", 0.0
             except Exception as err:  # a failure of this device's work, reported, never fatal
                 self._activity, self._progress = "", 0.0
