@@ -153,6 +153,8 @@ def run_settings_from_json(raw: str) -> RunSettings:
         "repetition_penalty": lambda v: type(v) in (int, float) and REPETITION_PENALTY_RANGE[0] <= v
                                         <= REPETITION_PENALTY_RANGE[1],
         "no_repeat_ngram_size": lambda v: type(v) is int and NO_REPEAT_NGRAM_RANGE[0] <= v <= NO_REPEAT_NGRAM_RANGE[1],
+        "frequency_penalty": lambda v: type(v) in (int, float) and -2 <= v <= 2,
+        "presence_penalty": lambda v: type(v) in (int, float) and -2 <= v <= 2,
         "draft_dir": lambda v: isinstance(v, str),
         "speculate_k": lambda v: v is None or (type(v) is int and 1 <= v <= 8),
         "speculate_seed": lambda v: type(v) is int and 0 <= v <= 999,

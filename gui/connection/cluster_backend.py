@@ -124,6 +124,8 @@ class ClusterRunBackend:
             send_weights=settings.send_weights,
             repetition_penalty=settings.repetition_penalty,
             no_repeat_ngram_size=settings.no_repeat_ngram_size,
+            frequency_penalty=getattr(settings, "frequency_penalty", 0.0),
+            presence_penalty=getattr(settings, "presence_penalty", 0.0),
             ignore_eos=getattr(settings, "presenter_pace", False),
         )
         if technique_run is not None:  # its own run driver (Technique.run_generation); it loads each run

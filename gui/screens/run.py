@@ -14,7 +14,7 @@ import os
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QDoubleSpinBox, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
 from gui.screens.run_job import (DEFAULT_PROMPTS, MODE_HELP, MODES, NO_REPEAT_NGRAM_RANGE,  # noqa: F401 (re-exported)
@@ -22,10 +22,11 @@ from gui.screens.run_job import (DEFAULT_PROMPTS, MODE_HELP, MODES, NO_REPEAT_NG
                                   start_refusals)
 from gui.timeline.event_bridge import EventBridge
 from gui.screens.run_names import run_model_name
+from gui.screens.run_sampling import SamplingFields
 from gui.screens.serve_panel import ServePanel
 from gui.techniques.speculative import speculative_refusals
 from gui.screens.run_monitor import RunMonitorView
-from gui.widgets import InlineMessage, browse_button, panel_header, say_why_disabled
+from gui.widgets import InlineMessage, borderless_scroll, browse_button, panel_header, row, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
 PREDICT_DEBOUNCE_MS = 200
@@ -129,27 +130,9 @@ class RunPanel(QWidget):
                                            "and is recorded with the run")
         self.micro_batches_spin.valueChanged.connect(self._on_settings_changed)
         self.max_tokens_spin.valueChanged.connect(self._on_settings_changed)
-        self.penalty_spin = QDoubleSpinBox()
-        self.penalty_spin.setRange(REPETITION_PENALTY_RANGE[0], REPETITION_PENALTY_RANGE[1])
-        self.penalty_spin.setSingleStep(0.05)
-        self.penalty_spin.setDecimals(2)
-        self.penalty_spin.setValue(1.0)
-        self.penalty_spin.setSpecialValueText("off")  # 1.0, the lowest value: no penalty
-        self.penalty_spin.setAccessibleName("Repetition penalty")
-        self.penalty_spin.setToolTip(
-            "Discourage repeating a token the text already holds (HF's repetition_penalty; about 1.2 keeps greedy "
-            "text from looping). On, the last stage is also sent the prompts' token ids. Recorded with the run")
-        self.ngram_spin = QSpinBox()
-        self.ngram_spin.setRange(NO_REPEAT_NGRAM_RANGE[0], NO_REPEAT_NGRAM_RANGE[1])
-        self.ngram_spin.setValue(0)
-        self.ngram_spin.setSpecialValueText("off")  # 0, the lowest value: no ban
-        self.ngram_spin.setAccessibleName("No-repeat n-gram size")
-        self.ngram_spin.setToolTip(
-            "Never generate the same run of this many tokens twice in a sequence (HF's no_repeat_ngram_size; "
-            "2 or 3 stops greedy text from repeating a phrase). On, the last stage is also sent the prompts' "
-            "token ids. Recorded with the run")
-        self.penalty_spin.valueChanged.connect(self._on_settings_changed)
-        self.ngram_spin.valueChanged.connect(self._on_settings_changed)
+        self.sampling = SamplingFields(self)  # repetition penalty, n-gram ban, OpenAI's two penalties
+        self.penalty_spin, self.ngram_spin = self.sampling.penalty_spin, self.sampling.ngram_spin
+        self.sampling.changed.connect(self._on_settings_changed)
         self.micro_batches_spin.valueChanged.connect(lambda _v: self._apply_technique_limits())
         self.send_weights_check = QCheckBox("Send stage weights")
         self.send_weights_check.setAccessibleName("Send stage weights")
@@ -209,12 +192,11 @@ class RunPanel(QWidget):
         form = QFormLayout()
         form.addRow("Model", model_row)
         form.addRow("Prompts", self.prompts_edit)
-        form.addRow("Max new tokens", self.max_tokens_spin)
-        form.addRow("Presenter pace", self.pace_check)
+        # Presenter pace beside it (one row): the OpenAI penalties' row kept the column unscrolled at 1024x700
+        form.addRow("Max new tokens", row(self.max_tokens_spin, self.pace_check, stretch_last=True))
         form.addRow("Mode", self.mode_combo)
         form.addRow("Micro-batches", self.micro_batches_spin)
-        form.addRow("Repetition penalty", self.penalty_spin)
-        form.addRow("No-repeat n-gram", self.ngram_spin)  # as wide as "Repetition penalty": the column keeps its width
+        self.sampling.add_rows(form)
         form.addRow("Weights", self.send_weights_check)
         form.addRow("On failure", self.on_failure_combo)
         form.addRow("Draft model", self.speculative_controls.draft_row)
@@ -239,9 +221,14 @@ class RunPanel(QWidget):
         s_layout.addWidget(self.prediction_note)
         s_layout.addStretch(1)
 
+        # the column scrolls rather than setting the page's minimum height: at 1024x700 a refusal's
+        # message made the page scroll and the Serve row below it left the screen
+        self.settings_scroll = borderless_scroll(settings)
+        self.settings_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.settings_scroll.setMaximumWidth(400 + self.settings_scroll.verticalScrollBar().sizeHint().width())
         splitter = QSplitter(Qt.Orientation.Horizontal)
         splitter.setChildrenCollapsible(False)
-        splitter.addWidget(settings)
+        splitter.addWidget(self.settings_scroll)
         splitter.addWidget(self.monitor)
         splitter.setStretchFactor(1, 1)
         self.monitor.stack_below_width = 720  # figures under the timeline where beside it they squeeze it
@@ -285,8 +272,7 @@ class RunPanel(QWidget):
                            on_failure=self.on_failure_combo.currentData(),
                            technique_options={} if self.offload_controls.isHidden()
                            else self.offload_controls.options(),
-                           repetition_penalty=1.0 if refused else round(self.penalty_spin.value(), 2),
-                           no_repeat_ngram_size=0 if refused else self.ngram_spin.value(),
+                           **self.sampling.values(refused),
                            presenter_pace=self.pace_check.isChecked(),
                            **self._speculative_settings())
 
@@ -300,8 +286,7 @@ class RunPanel(QWidget):
         self.send_weights_check.setChecked(settings.send_weights)
         self.on_failure_combo.setCurrentIndex(max(0, self.on_failure_combo.findData(settings.on_failure)))
         self.offload_controls.apply(settings.technique_options)
-        self.penalty_spin.setValue(settings.repetition_penalty)
-        self.ngram_spin.setValue(settings.no_repeat_ngram_size)
+        self.sampling.apply(settings)
         self.pace_check.setChecked(settings.presenter_pace)
         self.speculative_controls.apply(settings.draft_dir, settings.speculate_k, settings.speculate_seed)
 
@@ -328,9 +313,10 @@ class RunPanel(QWidget):
                             "directory with … (Browse) beside the field.")
         if self.backend is not None and self.state is not None:  # what the Plan screen flags never starts
             problems += start_refusals(self.state.problem, self.state.plan, self.state.offline_devices)
+        problems += self.sampling.problems()
         problems += speculative_refusals(settings, getattr(self.state, "problem", None), getattr(self.state, "plan", None))
         if problems:
-            self.message.show_lines(problems, "Cannot start the run:")
+            self._show_problems(problems, "Cannot start the run:")
             return
         self.message.show_lines([])
         lanes = list(self.backend.lanes())
@@ -402,9 +388,13 @@ class RunPanel(QWidget):
             self.state.log("The plan the run recovered onto is now the current plan.", "info")
 
     def _on_runner_task_failed(self, task_id: int, message: str) -> None:
-        self.message.show_lines([message], "The run failed:")
+        self._show_problems([message], "The run failed:")
         # the log (and the status bar, on whatever screen is shown) say why, not only that it failed
         self._finish("failed", "Run failed.", log=f"Run failed: {message}")
+
+    def _show_problems(self, lines: list[str], heading: str) -> None:
+        self.message.show_lines(lines, heading)  # the column scrolls to it once laid out
+        QTimer.singleShot(0, lambda: self.settings_scroll.ensureWidgetVisible(self.message))
 
     def _on_runner_task_cancelled(self, task_id: int) -> None:
         self._finish("stopped", "Run stopped; what arrived so far is kept.")
@@ -510,11 +500,7 @@ class RunPanel(QWidget):
             say_why_disabled({self.on_failure_combo: (
                 f"re-planning needs a profile of {plan.model}; the studio's is of {problem.profile.model.name} "
                 f"(Profile cluster with {plan.model} to re-plan): a lost device stops this run")})
-        refusal = self.history_sampling_refusal()
-        busy = self.runner.is_busy()
-        for w in (self.penalty_spin, self.ngram_spin):
-            w.setEnabled(not refusal and not busy)
-        say_why_disabled({w: refusal or "a run is in progress" for w in (self.penalty_spin, self.ngram_spin)})
+        self.sampling.set_usable(self.history_sampling_refusal(), self.runner.is_busy())
 
     def _speculative_settings(self) -> dict:
         """The draft and k shown (a layer-sharding plan's; none for another technique's)."""
@@ -552,8 +538,8 @@ class RunPanel(QWidget):
         self.start_button.setEnabled(not running)
         self.stop_button.setEnabled(running)
         for w in (self.model_edit, self.browse_button, self.prompts_edit, self.max_tokens_spin, self.pace_check,
-                  self.mode_combo, self.micro_batches_spin, self.offload_controls, self.penalty_spin,
-                  self.ngram_spin, self.speculative_controls.draft_row):
+                  self.mode_combo, self.micro_batches_spin, self.offload_controls, *self.sampling.widgets(),
+                  self.speculative_controls.draft_row):
             w.setEnabled(not running)
         self._apply_technique_limits()
         if running:

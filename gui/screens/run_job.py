@@ -45,6 +45,10 @@ class RunSettings:
     no_repeat_ngram_size: int = 0
     """HF's no_repeat_ngram_size: no n-gram of this size is generated twice (0 = off; ``edgeshard run
     --no-repeat-ngram-size``)."""
+    frequency_penalty: float = 0.0
+    """OpenAI's frequency_penalty in [-2, 2] (0 = off; ``edgeshard run --frequency-penalty``)."""
+    presence_penalty: float = 0.0
+    """OpenAI's presence_penalty in [-2, 2] (0 = off; ``edgeshard run --presence-penalty``)."""
     presenter_pace: bool = False
     """Generate all ``max_new_tokens`` past EOS (``GenerationSettings.ignore_eos``): a run long enough to watch."""
     draft_dir: str = ""

@@ -217,8 +217,10 @@ def speculative_settings(settings, problem, plan):
     if settings.mode != "sequential" or (settings.micro_batches or 1) != 1:
         raise DraftMismatch("A speculative run is sequential with one micro-batch: set Mode to sequential and "
                             "Micro-batches to the plan's (or 1).")
-    if settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size:
-        raise DraftMismatch("A speculative run takes no repetition penalty or n-gram ban: set both to off.")
+    if (settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size
+            or getattr(settings, "frequency_penalty", 0.0) or getattr(settings, "presence_penalty", 0.0)):
+        raise DraftMismatch("A speculative run takes no repetition penalty, n-gram ban or frequency or presence "
+                            "penalty: set them to off (0).")
     if k is not None:  # another vocabulary or tokenizer: "choose a draft trained with the target's tokenizer"
         return check_draft(settings.model_dir, draft, k)
     check_draft(settings.model_dir, draft, 1)

@@ -69,6 +69,20 @@ def test_no_control_is_clipped_at_1024x700(window, qtbot, title):
     assert not area.verticalScrollBar().isVisible() and not area.horizontalScrollBar().isVisible()
 
 
+def test_a_start_refusal_leaves_the_serve_toggle_and_the_message_on_screen_at_1024x700(window, qtbot):
+    _show(window, qtbot, 1024, 700)
+    run = window.screens.run
+    window.show_screen(run)
+    run.start_run()  # no cluster: refused with a message of several lines under the settings
+    assert run.message.isVisible()
+    qtbot.wait(50)
+    area = window.stack.currentWidget()
+    assert not area.verticalScrollBar().isVisible()  # the page did not scroll the Serve row away
+    toggle = run.serve_panel.toggle
+    assert _visible_rect(toggle, window).contains(_rect_in_window(toggle, window))
+    qtbot.waitUntil(lambda: _visible_rect(run.message, window).contains(_rect_in_window(run.message, window)))
+
+
 def test_no_control_is_clipped_at_1024x700_in_any_techniques_plan_view(window, qtbot):
     _show(window, qtbot, 1024, 700)
     plan = window.screens.plan
