@@ -20,6 +20,29 @@ IMAGE_ROWS = {"TTFT": "First image", "Latency / token": "Time / image", "Tokens/
 """Compare's language-model rows as an image run names them; "Decode tokens/s" has no meaning there."""
 
 
+def class_text(index: int, labels: tuple[str, ...] | None) -> str:
+    """An image's recorded top class as a presenter reads it: "class 7", its label beside it where the
+    model names its classes ("class 7 (cat)"); ``labels`` None: a prediction, which classifies nothing."""
+    if labels is None:
+        return "not classified (a prediction)"
+    label = labels[index] if 0 <= index < len(labels) else ""
+    return f"class {index}" if not label or label == str(index) else f"class {index} ({label})"
+
+
+def recorded_class_labels(kind: str, origin) -> tuple[str, ...] | None:
+    """A recorded spatial run's class names, from its stored origin's model (none: class numbers);
+    None for a predicted run, whose "classes" are the simulator's placeholders."""
+    if kind == "predicted":
+        return None
+    from core.errors import EdgeShardError
+    from core.techniques.run_origin import plan_origin
+
+    try:
+        return tuple(plan_origin(origin).problem.model.labels) if origin is not None else ()
+    except (ValueError, AttributeError, EdgeShardError):  # not a spatial origin, or unreadable
+        return ()
+
+
 def is_image_run(settings: dict | None) -> bool:
     """Whether a recorded run classified images (the spatial technique) rather than generated tokens."""
     return (settings or {}).get("technique") == "spatial"
@@ -42,4 +65,4 @@ def image_rows(rows: list[tuple[str, str, str]], a_images: bool, b_images: bool)
     return out
 
 
-__all__ = ["IMAGE_CARDS", "IMAGE_HEADINGS", "IMAGE_ROWS", "image_rows", "is_image_run"]
+__all__ = ["IMAGE_CARDS", "IMAGE_HEADINGS", "IMAGE_ROWS", "class_text", "image_rows", "is_image_run", "recorded_class_labels"]

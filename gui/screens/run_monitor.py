@@ -23,7 +23,7 @@ from agents.protocol import TimelineEvent, TokenEvent, storage_lane
 from core.runs.metrics import LiveMetrics, RunFigures, tokens_per_s_over_time
 from gui.techniques.expert_offload.heat_map import ExpertHeatMap
 from gui.techniques import speculative
-from gui.screens.image_figures import IMAGE_CARDS, IMAGE_HEADINGS, is_image_run
+from gui.screens.image_figures import IMAGE_CARDS, IMAGE_HEADINGS, class_text, is_image_run
 from gui.techniques.phase_disaggregation.replay_panel import EpdRequestsPanel
 from gui.screens.run_legends import name_boxes
 from gui.timeline import TimelineView
@@ -89,6 +89,7 @@ class RunMonitorView(QWidget):
         self.tokens_card = MetricCard("Tokens", "Tokens generated so far")
         self._lm_cards = tuple((c.accessibleName(), c.toolTip()) for c in self._cards())
         self._image_run = False
+        self._class_labels: tuple[str, ...] | None = ()
         cards = QGridLayout()  # 2 x 2: readable in a narrow side column
         for i, card in enumerate((self.ttft_card, self.latency_card, self.rate_card, self.tokens_card)):
             cards.addWidget(card, i // 2, i % 2)
@@ -202,10 +203,12 @@ class RunMonitorView(QWidget):
     # -- feeding -------------------------------------------------------------------------
     def reset(self, lanes: Sequence[str] = (), prompts: Sequence[str] = (),
               lane_notes: dict[str, str] | None = None, settings: dict | None = None,
-              wire: dict | None = None) -> None:
+              wire: dict | None = None, class_labels: tuple[str, ...] | None = ()) -> None:
         """Start over for a new run (or a replay seek): nothing drawn, no figures. ``lane_notes``:
         each device's role in the run, shown beside its lane; ``settings``: a recorded run's (an
-        EPD run's show its requests and SLO figures); ``wire``: a recorded run's wire figures."""
+        EPD run's show its requests and SLO figures); ``wire``: a recorded run's wire figures;
+        ``class_labels``: an image run's class names (None: a prediction, no classes)."""
+        self._class_labels = class_labels
         self.set_wire(wire)
         self.metrics = LiveMetrics()
         self._reads = {}  # storage lane -> seconds of expert reads so far (its bar shows reads, not compute)
@@ -255,7 +258,8 @@ class RunMonitorView(QWidget):
             return
         for tok in tokens:
             self.metrics.add_tokens(tok)
-            pieces = tok.text if tok.text else tuple(f"[{t}]" for t in tok.token_ids)
+            pieces = (tuple(class_text(t, self._class_labels) for t in tok.token_ids) if self._image_run
+                      else tok.text or tuple(f"[{t}]" for t in tok.token_ids))
             for seq, piece in zip(tok.sequence_ids, pieces):
                 self._texts.setdefault(seq, []).append(piece)
         self._mark_dirty()
@@ -396,8 +400,9 @@ class RunMonitorView(QWidget):
             head = f"#{seq}"
             if seq < len(self._prompts):
                 head += f"  {self._prompts[seq]}"
-            parts.append(f"{head}\n{''.join(self._texts[seq])}")
-        text = "\n\n".join(parts)
+            parts.append(f"Image {seq}: {', '.join(self._texts[seq])}" if self._image_run  # one line an image
+                         else f"{head}\n{''.join(self._texts[seq])}")
+        text = ("\n" if self._image_run else "\n\n").join(parts)
         if text != self.text_edit.toPlainText():
             bar = self.text_edit.verticalScrollBar()
             at_end = bar.value() >= bar.maximum() - 2

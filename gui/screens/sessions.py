@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QHBoxLayout
 from core.reporting import Reporter
 from core.sessions.replay import Replay
 from core.sessions.store import RecordedItem, RunInfo, SessionInfo, SessionStore
+from gui.screens.image_figures import recorded_class_labels
 from gui.screens.run_comparison import RunComparisonView, load_comparison
 from gui.screens.run_monitor import RunMonitorView
 from gui.screens.run_export import export_run
@@ -44,6 +45,8 @@ class LoadedRun:
     prediction_note: str = ""
     lane_notes: dict = field(default_factory=dict)
     """Device -> its role in the run, as recorded (``settings["lane_notes"]``)."""
+    class_labels: tuple[str, ...] | None = ()
+    """An image run's class names (its recorded origin's model's); None: a predicted run (no classes)."""
 
 
 class SteadyWidthButton(QPushButton):
@@ -108,7 +111,8 @@ def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
     return LoadedRun(info=info, items=items, lanes=lanes, prompts=prompts,
                      source_device=problem.source if problem is not None else None,
                      predicted=predicted, prediction_note=note,
-                     lane_notes=dict(info.settings.get("lane_notes") or {}))
+                     lane_notes=dict(info.settings.get("lane_notes") or {}),
+                     class_labels=recorded_class_labels(info.kind, origin))
 
 
 REPLAY_LEAD_S = 0.05
@@ -442,7 +446,9 @@ class SessionsPanel(QWidget):
     def _reset_monitor(self) -> None:
         """An empty monitor for the open run, with its prediction ready for "Show predicted"."""
         shown = self.monitor.timeline.predicted_check.isChecked()
-        self.monitor.reset(self.loaded.lanes, self.loaded.prompts, self.loaded.lane_notes, self.loaded.info.settings, self.loaded.info.figures.get("wire"))
+        loaded = self.loaded
+        self.monitor.reset(loaded.lanes, loaded.prompts, loaded.lane_notes, loaded.info.settings,
+                           loaded.info.figures.get("wire"), loaded.class_labels)
         self.monitor.set_predicted(self.loaded.predicted)
         self.monitor.timeline.set_boxes_kind(self.loaded.info.kind)  # a predicted run is not "measured"
         self.monitor.timeline.predicted_check.setToolTip(

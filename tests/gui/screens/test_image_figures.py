@@ -103,3 +103,45 @@ def test_the_sessions_list_counts_a_spatial_runs_images_and_shows_its_strategy(q
     item = panel.run_items()[ids[0]]
     assert (item.text(1), item.text(4)) == ("fused", f"{IMAGES} images")
     assert panel.shutdown()
+
+
+def _recorded_spatial_run(tmp_path, labels: tuple[str, ...], classes: tuple[int, ...]) -> tuple[str, int, int]:
+    """A spatial run as ``core.techniques.spatial.run.record`` stores it (with its origin), its images
+    classified as ``classes`` by a model that names them ``labels``: (workspace, measured id, predicted id)."""
+    import msgspec
+
+    from core.techniques.spatial.run import SpatialRun, record
+
+    base = make_problem()
+    problem = msgspec.structs.replace(base, model=msgspec.structs.replace(base.model, labels=labels))
+    plan = fused_plan(problem)
+    sim = simulate(problem, plan, images=len(classes))
+    tokens = tuple(msgspec.structs.replace(t, token_ids=(c,)) for t, c in zip(sim.tokens, classes))
+    measured = SpatialRun(scores=((0.0,),) * len(classes), events=sim.events, tokens=tokens, figures=sim.figures)
+    path = str(tmp_path / "ws.sqlite")
+    return (path, *record(path, "spatial", problem, plan, measured))
+
+
+def test_a_spatial_replay_names_each_images_class_and_its_label_not_a_raw_index(qtbot, tmp_path):
+    names = ("plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+    path, measured, predicted = _recorded_spatial_run(tmp_path, names, (7, 3))
+    panel = sessions_with_run_open(qtbot, path, measured)
+    panel.seek(panel.replay.duration_s)
+    panel.monitor.refresh()
+    assert panel.monitor.text_edit.toPlainText() == "Image 0: class 7 (horse)\nImage 1: class 3 (cat)"
+    with qtbot.waitSignal(panel.run_opened, timeout=30_000):  # its predicted twin classified nothing
+        panel.open_run(predicted)
+    panel.seek(panel.replay.duration_s)
+    panel.monitor.refresh()
+    assert panel.monitor.text_edit.toPlainText().splitlines() == ["Image 0: not classified (a prediction)",
+                                                                  "Image 1: not classified (a prediction)"]
+    assert panel.shutdown()
+
+
+def test_a_spatial_replay_of_a_model_without_labels_says_class_and_its_number(qtbot, tmp_path):
+    path, measured, _ = _recorded_spatial_run(tmp_path, (), (7,))
+    panel = sessions_with_run_open(qtbot, path, measured)
+    panel.seek(panel.replay.duration_s)
+    panel.monitor.refresh()
+    assert panel.monitor.text_edit.toPlainText() == "Image 0: class 7"
+    assert panel.shutdown()
