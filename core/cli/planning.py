@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", metavar="A,B,...", help="for even / memory-proportional: the devices, in stage order")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan (edgeshard.plan format)")
     p.add_argument("--agents", metavar="AGENTS.json",
-                   help="the cluster's agents (from `cluster local` or deploy): devices whose agent does not "
-                        "answer within 3 s are offline and left out of the plan")
+                   help="the cluster's agents (from `cluster local` or deploy): devices whose agent is not "
+                        "running (its port refuses) or whose host does not answer within 3 s are offline and "
+                        "left out of the plan, each named with why")
     p.add_argument("--json", action="store_true", help="print the result as JSON (edgeshard.plan-result)")
     p.set_defaults(func=cmd_plan)
 
@@ -143,7 +144,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
     if devices is not None and args.strategy not in ("even", "memory-proportional"):
         raise EdgeShardError("--devices applies to the even and memory-proportional strategies only")
-    offline = _offline_devices(args.agents, problem) if args.agents else ()
+    offline_why = _offline_devices(args.agents, problem) if args.agents else {}
+    offline = tuple(offline_why)
     if offline:
         problem = without_offline(problem, offline)
         if devices is not None and set(devices) & set(offline):
@@ -155,20 +157,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         save(args.out, out.plan)
     if args.json:
         doc = {"format": PLAN_RESULT_FORMAT, "version": 1, "problem": problem.name, **_outcome_doc(out),
-               **({"offline": list(offline)} if args.agents else {})}
+               **({"offline": list(offline), "offline_why": offline_why} if args.agents else {})}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         print(_problem_header(problem))
-        if offline:
-            print(f"  left out, offline (their agents did not answer): {', '.join(offline)}")
+        for device, why in offline_why.items():
+            print(f"  left out, offline: {device} ({why})")
         print(_plan_table(problem, out))
         if args.out:
             print(f"plan written to {args.out}")
     return 0 if out.status in ("optimal", "ok") else 1
 
 
-def _offline_devices(agents_file: str, problem: PlanningProblem) -> tuple[str, ...]:
-    """The problem's devices whose agent (listed in ``agents_file``) does not answer: offline."""
+def _offline_devices(agents_file: str, problem: PlanningProblem) -> dict[str, str]:
+    """The problem's devices whose agent (listed in ``agents_file``) does not answer: offline, each with why."""
     from core.devices.agent_link import unanswering_agents
     from core.devices.local_cluster import load_agents_file
 

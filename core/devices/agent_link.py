@@ -423,18 +423,30 @@ class AgentLink:
         return {d: self.await_reply(d, f, timeout_s, "reporting its status") for d, f in futs.items()}
 
     def not_answering(self, devices: Sequence[str], timeout_s: float) -> tuple[str, ...]:
-        """Those of ``devices`` lost now: declared lost, silent to a status request while their port refuses
-        connections (killed: a live peer may notice before the heartbeats run out), or silent for ``timeout_s``
-        (a host that does not answer). Answers as soon as every live one has."""
+        """Those of ``devices`` lost now (``unreachable``, without the reasons)."""
+        return tuple(self.unreachable(devices, timeout_s))
+
+    def unreachable(self, devices: Sequence[str], timeout_s: float) -> dict[str, str]:
+        """Those of ``devices`` lost now, each with why: declared lost, silent while its port refuses connections
+        (killed: named after ``REFUSED_AFTER_S``, not the whole wait; a live peer may notice before the heartbeats
+        run out), or silent for ``timeout_s`` (a host that does not answer). Answers once every live one has."""
         deadline = time.monotonic() + timeout_s
         futs = {d: self.request_async(d, GetStatus()) for d in devices if not self.is_lost(d)}
+        why = {d: "declared lost: its heartbeats stopped" for d in devices if d not in futs}
         cf.wait(list(futs.values()), timeout=min(REFUSED_AFTER_S, timeout_s))
-        refused = {d for d, f in futs.items() if not f.done() and self._not_listening(d, f)}
-        cf.wait([f for d, f in futs.items() if d not in refused], timeout=max(0.0, deadline - time.monotonic()))
-        for f in futs.values():
+        for d, f in futs.items():
+            if not f.done() and self._not_listening(d, f):
+                why[d] = f"nothing listens at {self.endpoints[d].control_address}: its agent is not running"
+        cf.wait([f for d, f in futs.items() if d not in why], timeout=max(0.0, deadline - time.monotonic()))
+        for d, f in futs.items():
             self.forget(f)
-        return tuple(d for d in devices if d not in futs or d in refused or not futs[d].done()
-                     or futs[d].exception() is not None)
+            if d in why:
+                continue
+            if not f.done():
+                why[d] = f"no answer within {timeout_s:g} s: its host is down or cut off, or the key is wrong"
+            elif f.exception() is not None or isinstance(f.result(), ErrorReply):
+                why[d] = str(f.exception() or f.result().message)
+        return {d: why[d] for d in devices if d in why}
 
     def wait_ready(self, timeout_s: float = 10.0, devices: Sequence[str] | None = None) -> dict[str, AgentStatus]:
         """Status of every agent (or ``devices``), waiting (up to ``timeout_s``) for them to come up."""
@@ -554,13 +566,9 @@ def profile_outcome(device: str, reply, expected: type):
     return reply.result
 
 
-def unanswering_agents(endpoints: Sequence[AgentEndpoint], keys: CurveKeys, timeout_s: float = 3.0) -> tuple[str, ...]:
-    """The devices whose agent does not answer a status request within ``timeout_s`` (asked all
-    at once): the offline ones a solver must leave out (``core.planning.problem.without_offline``)."""
-    from agents.protocol import GetStatus
-
+def unanswering_agents(endpoints: Sequence[AgentEndpoint], keys: CurveKeys, timeout_s: float = 3.0) -> dict[str, str]:
+    """The devices whose agent does not answer a status request (asked all at once), each with why: the
+    offline ones a solver must leave out (``core.planning.problem.without_offline``). One whose port refuses
+    connections is named at once; only a silent host waits out ``timeout_s`` (``AgentLink.unreachable``)."""
     with AgentLink(endpoints, keys, heartbeat_timeout_s=max(2.0, timeout_s)) as link:
-        futs = {e.device: link.request_async(e.device, GetStatus()) for e in endpoints}
-        cf.wait(list(futs.values()), timeout=timeout_s)
-        return tuple(d for d, f in futs.items() if not f.done() or f.exception() is not None
-                     or isinstance(f.result(), ErrorReply))
+        return link.unreachable([e.device for e in endpoints], timeout_s)

@@ -191,7 +191,8 @@ def test_plan_with_agents_leaves_out_a_device_whose_agent_does_not_answer(tmp_pa
         agents["fast"].close()
         assert cli_main(["plan", str(problem), "--agents", str(tmp_path / "agents.json"), "--out", str(out_plan)]) == 0
         printed = capsys.readouterr().out
-        assert "left out, offline (their agents did not answer): fast" in printed
+        assert f"left out, offline: fast (nothing listens at {agents['fast'].control_address}: its agent is not " \
+               "running)" in printed
         assert "fast" not in fmt.load(out_plan, ShardPlan).devices()
     finally:
         for a in agents.values():

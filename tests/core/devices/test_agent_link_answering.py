@@ -55,3 +55,23 @@ def test_an_agent_that_accepts_but_never_answers_is_named_after_the_answer_time(
                 link.answering(timeout_s=0.8)
             assert time.monotonic() - t >= 0.8
     assert err.value.device == "edge-a" and "did not answer within" in str(err.value)
+
+
+def test_offline_agents_are_named_with_why_a_refusing_one_at_once_a_silent_host_after_its_wait():
+    from core.devices.agent_link import unanswering_agents
+
+    refusing = f"tcp://127.0.0.1:{_free_port()}"
+    keys = CurveKeys.generate()
+    t = time.monotonic()
+    why = unanswering_agents([AgentEndpoint("edge-a", refusing, keys.public)], keys, timeout_s=60.0)
+    assert time.monotonic() - t < 30.0  # not the 60 s a silent host gets (room for a loaded host)
+    assert why == {"edge-a": f"nothing listens at {refusing}: its agent is not running"}
+    with socket.socket() as server:  # accepts, never answers: a hung agent or a silent host
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        silent = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        t = time.monotonic()
+        why = unanswering_agents([AgentEndpoint("edge-a", refusing, keys.public),
+                                  AgentEndpoint("edge-b", silent, keys.public)], keys, timeout_s=0.8)
+        assert time.monotonic() - t >= 0.8
+    assert list(why) == ["edge-a", "edge-b"] and why["edge-b"].startswith("no answer within 0.8 s")
