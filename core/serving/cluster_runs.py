@@ -8,10 +8,8 @@ the server was started with, and the workspace session its requests are recorded
 turns a parsed body into a ``ServedRequest`` (the chat template applied, the prompt tokenized,
 its length checked against the model's context: 413); ``start_batch`` joins a group of them as
 one micro-batch; tokens are routed to their request by sequence id. Each request is recorded as
-its own run (its prompt, parameters, tokens, figures, and its micro-batch's timeline events from
-its join, on a clock that starts at its join), listed by ``edgeshard sessions`` and replayable like
-any run. A micro-batch's events are stored once, in the open run's event stream, and each request's
-run holds a window on them (``SessionStore.open_window``): 16 rows are not 16 copies. A lost agent
+its own run (``core.serving.request_records``), listed by ``edgeshard sessions`` and replayable like
+any run. A lost agent
 fails the requests in the run with 503, or, with ``--on-failure replan``, re-plans over the survivors, loads the new plan and joins every request again where its tokens
 stopped (prompt plus tokens so far, its sampler's key and step kept: the same tokens).
 """
@@ -25,7 +23,6 @@ import secrets
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,36 +39,11 @@ from core.runs.recovery import Replanner
 from core.serving.model_config import full_attention_only, model_context
 from core.serving.openai_api import ApiError, ParsedRequest, check_logit_bias, plain_chat_prompt, unavailable
 from core.serving.scheduler import growable, join_groups
+from core.serving.request_records import KeptEvents, RequestRecords, retried
 from core.serving.served import ServedRequest
-from core.sessions.recording import RunRecorder
 from core.sessions.store import SessionStore
-from core.runs.wire import counters_of, sent_between, wire_figures
 
 log = logging.getLogger(__name__)
-
-
-def _retried(write, tries: int = 8):
-    """A store write, tried again when SQLite refuses it as locked: the store's event writer commits on
-    its own connection, and a transaction that read before that commit is refused at once (SQLite's
-    busy timeout does not apply to it). Many requests ending together met it under load."""
-    import sqlite3
-
-    for i in range(tries):
-        try:
-            return write()
-        except sqlite3.OperationalError as err:
-            if "locked" not in str(err) or i == tries - 1:
-                raise
-            time.sleep(0.02 * (i + 1))
-
-
-EVENTS_LAG_S = 0.25
-"""How long after its end a request's record is finished: its figures count the events that arrived by then
-(the agents send theirs every ~50 ms; a later one is still in its replay, through its window)."""
-JOIN_SENT_WAIT_S = 0.05
-"""How long a request's record waits for the stages to accept its join before it is written anyway."""
-WIRE_SETTLE_S = 0.05
-"""A request's wire bytes are read at least this long after its end (its last events are sent by then)."""
 
 
 class _Stream:
@@ -86,9 +58,10 @@ class _Stream:
         self.t0 = time.monotonic()
         """Its events' arrival clock (``recv_s``) counts from here."""
         self.seq = itertools.count()
+        self.kept = KeptEvents()
 
     def on_event(self, event: TimelineEvent) -> None:
-        self.model._on_event(self, event)
+        self.model.records.on_stream_event(self, event)
         if self.model.observer is not None:
             self.model.observer.on_event(event)
 
@@ -139,15 +112,6 @@ class ServedModel:
         self._loading = threading.RLock()  # held to load or re-plan and start the open run: joins wait for a recovery
         self._slots: dict[int, list[ServedRequest]] = {}
         self._by_seq: dict[int, ServedRequest] = {}
-        self._records: dict[ServedRequest, RunRecorder] = {}
-        self._unrecorded: dict[ServedRequest, list] = {}
-        """Requests whose run record is being created: what their stream brings waits here."""
-        self._windows: dict[ServedRequest, list[tuple[int, float]]] = {}
-        """Per recorded request, its windows on event streams (the window's id, its run's ``t0``)."""
-        self._wire_at: dict[ServedRequest, object] = {}
-        """Per recorded request, the agents' wire counters when its record opened (``core.runs.wire``)."""
-        self._wire_last: tuple[float, object] = (0.0, None)
-        """The agents' wire counters read last, and when (``time.time()``; ``_wire_counters``)."""
         self.observer = None
         """Also told the open run's stream as it comes (``on_event``/``on_tokens``, the run's clock and
         sequence ids; e.g. the studio's timeline), on the coordinator's IO thread."""
@@ -156,22 +120,19 @@ class ServedModel:
         self.admitted = 0
         self.tokens_out = 0
         """Requests admitted and tokens handed to requests since the start (a live view's rates)."""
-        self._finishing = ThreadPoolExecutor(1, thread_name_prefix="edgeshard-serve-record")
-        """Recordings are opened and finished here: one writer, off the coordinator's IO thread (it delivers
-        everyone's tokens)."""
+        self.records = RequestRecords(self)
 
     # ------------------------------------------------------------------ loading
     def load(self, reporter=None) -> None:
         """Load the plan on its agents once (no KV reservation: stages grow their cache to each run)."""
         load_plan(self.coordinator, self.plan, self.model_dir, self.settings.generation, reporter=reporter)
         self.coordinator.sync_clocks()  # later runs keep the estimates fresh from the heartbeats' own samples
-        self._wire_last = (time.time(), counters_of(self.coordinator, self.plan.devices()))
+        self.records.mark_wire()
         self.loaded = True
 
     def unload(self) -> None:
         self._close_open()
-        time.sleep(EVENTS_LAG_S)  # the last recordings' timers
-        self._finishing.shutdown(wait=True)
+        self.records.close()
         if self.loaded:
             try:
                 self.coordinator.unload()
@@ -273,7 +234,7 @@ class ServedModel:
                 raise unavailable(str(err)) from None
             if self.store is not None:
                 try:
-                    stream.id = _retried(lambda: self.store.create_event_stream(self.session_id))
+                    stream.id = retried(lambda: self.store.create_event_stream(self.session_id))
                 except Exception:  # its requests are recorded without their timelines; the log says so
                     log.exception("recording the open run's events failed")
             self.open = run
@@ -337,13 +298,7 @@ class ServedModel:
             for r in () if resumed else live:
                 r.joined()
         try:
-            if self.store is not None:  # recorded off the join's path, on the store's one thread
-                if not resumed:
-                    with self._lock:
-                        self._unrecorded.update({r: [] for r in live})
-                for r in live:
-                    self._finishing.submit(self._once_out, accepted, self._open_window if resumed else self._open_record,
-                                           r, live, run.sink, slot, run.t0)
+            self.records.open(live, run.sink, slot, run.t0, resumed=resumed, accepted=accepted)  # off the join's path
             prompts = [r.prompt_ids + tuple(r.tokens) for r in live]
             run.join(slot, prompts, [r.max_tokens - len(r.tokens) for r in live], spec, first_step=done, on_ids=route,
                      grow=grow, on_refused=lambda err: self._join_failed(run, slot, live, err), on_accepted=on_accepted)
@@ -368,62 +323,8 @@ class ServedModel:
         for r in live:
             r.fail(unavailable(str(err)) if isinstance(err, EdgeShardError)
                    else ApiError(500, f"internal error: {err}", type="server_error"))
-            self._finish_record(r)
+            self.records.finish(r)
         self.on_slot_free()
-
-    @staticmethod
-    def _once_out(accepted: threading.Event, write, *args) -> None:
-        """``write`` (a record's) once the stages accepted the join, or ``JOIN_SENT_WAIT_S`` passed: written
-        meanwhile, it held the GIL the IO thread needed to send the join (~0.4 ms of half the requests' TTFT)."""
-        accepted.wait(JOIN_SENT_WAIT_S)
-        write(*args)
-
-    def _open_record(self, r: ServedRequest, batch: list[ServedRequest], stream: _Stream, slot: int,
-                     t0: float) -> None:
-        """The request's run record, its window on its micro-batch's events (``_open_window``), then what its
-        stream brought meanwhile (the store's thread: before any ``_close_record`` of it, which is submitted
-        later to the same thread)."""
-        try:
-            rec = self._record(r, batch)
-        except Exception:  # the request is served unrecorded; the server says so in its log
-            log.exception("recording request %s failed", r.id)
-            with self._lock:
-                self._unrecorded.pop(r, None)
-            return
-        self._open_window(r, batch, stream, slot, t0, rec=rec)
-        at = self._wire_last[1]  # its wire bytes count from the last read before its join (not read now: below)
-        with self._lock:
-            early = self._unrecorded.pop(r, [])
-            self._records[r], self._wire_at[r] = rec, at
-        for item in early:
-            (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
-
-    def _open_window(self, r: ServedRequest, batch: list[ServedRequest], stream: _Stream, slot: int, t0: float,
-                     rec: RunRecorder | None = None) -> None:
-        """``r``'s run holds micro-batch ``slot``'s events of ``stream`` from its join on, moved onto its clock (the
-        open run's clock starts at ``t0``); a resumed request opens another on the new run's stream."""
-        rec = rec or self._records.get(r)
-        if rec is None or stream.id is None:
-            return
-        try:
-            window = _retried(lambda: self.store.open_window(
-                rec.run_id, stream.id, slot, from_s=r.joined_at - 0.001 - t0, shift_s=t0 - r.joined_at,
-                recv_shift_s=stream.t0 - rec.t0))
-        except Exception:  # its run is recorded without this part of its timeline; the log says so
-            log.exception("recording request %s's events failed", r.id)
-            return
-        with self._lock:
-            self._windows.setdefault(r, []).append((window, t0))
-
-    def _to_record(self, r: ServedRequest, item) -> None:
-        with self._lock:
-            early = self._unrecorded.get(r)
-            if early is not None:
-                early.append(item)
-                return
-        rec = self._records.get(r)
-        if rec is not None:
-            (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
 
     def leave(self, request: ServedRequest) -> None:
         """The client left: its sequence leaves the run (its micro-batch retires once all are done)."""
@@ -439,16 +340,10 @@ class ServedModel:
             text = r.take(token)
             self.tokens_out += text is not None
             if text is not None:
-                self._to_record(r, msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
+                self.records.add(r, msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
                                                            micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
             if r.done:
                 self._request_done(r)
-
-    def _on_event(self, stream: _Stream, event: TimelineEvent) -> None:
-        """Stored once, in the run's stream; the requests' windows on its micro-batch decide whose it is (one that
-        arrives after its requests' records closed is still in their replays)."""
-        if stream.id is not None:
-            self.store.append_stream_event(stream.id, next(stream.seq), time.monotonic() - stream.t0, event)
 
     def _request_done(self, r: ServedRequest) -> None:
         """``r`` is done (finished, left, failed): out of the run, recorded, its micro-batch freed when all are."""
@@ -464,53 +359,8 @@ class ServedModel:
         ran_out = r.tokens and (r.tokens[-1] in self.stop_ids or len(r.tokens) >= r.max_tokens)
         if self.open is not None and not ran_out:  # a stop string, a client gone: the source still feeds it
             self.open.leave([seq])
-        self._finish_record(r)
+        self.records.finish(r)
         self.on_slot_free()  # a free micro-batch, or room in a running one
-
-    def _finish_record(self, r: ServedRequest) -> None:
-        """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""
-        r.ended_at = r.ended_at or time.time()
-        if r in self._records or r in self._unrecorded:
-            timer = threading.Timer(EVENTS_LAG_S, lambda: self._finishing.submit(self._close_record, r))
-            timer.daemon = True
-            timer.start()
-
-    def _close_record(self, r: ServedRequest) -> None:
-        """Its windows closed and its run finished; on the store's thread, whose results nobody reads, so a
-        failure is logged and the run still finished (not left "running" in the workspace)."""
-        with self._lock:
-            rec = self._records.pop(r, None)
-            windows = self._windows.pop(r, [])
-        for window, t0 in windows:
-            try:
-                _retried(lambda: self.store.close_window(window, r.ended_at - t0))
-            except Exception:  # its replay runs on past its end; the log says so
-                log.exception("closing request %s's events window failed", r.id)
-        if rec is None:
-            return
-        status = "stopped" if r.cancelled else "failed" if r.failed is not None else "completed"
-        before, devices = self._wire_at.pop(r, None), self.plan.devices()
-        try:
-            after = self._wire_counters(since=r.ended_at) if before is not None else None
-        except Exception:  # recorded without its wire bytes
-            log.exception("reading the agents' wire counters for request %s failed", r.id)
-            after = None
-        wire = wire_figures(None if after is None else sent_between(before, after), devices, None)
-        try:
-            _retried(lambda: rec.finish(status, {**r.figures(), "wire": wire}))
-        except Exception:
-            log.exception("finishing request %s's run record failed", r.id)
-
-    def _wire_counters(self, since: float):
-        """The agents' wire counters as of ``since`` (``time.time()``) or later: the last read when it is that
-        recent (requests ending together share one read), else read now. A request's record takes the last read
-        as its start rather than reading at its join: a status round trip to every agent during its prefill
-        cost ~7.6 ms of its TTFT (2 stages, load 14-17, alternate requests in one server)."""
-        at, counters = self._wire_last
-        if at < since + WIRE_SETTLE_S or counters is None:
-            at, counters = time.time(), counters_of(self.coordinator, self.plan.devices())
-            self._wire_last = (at, counters)
-        return counters
 
     def _run_ended(self, run: OpenRun) -> None:
         """The open run ended (a lost agent, a stop): its requests are recovered or fail with 503."""
@@ -536,7 +386,7 @@ class ServedModel:
         for members in slots:
             for r in members:
                 r.fail(unavailable(str(failure or "the run stopped")))
-                self._finish_record(r)
+                self.records.finish(r)
         self.on_slot_free()
 
     def _recover(self, run: OpenRun, failed: str, slots: list[list[ServedRequest]]) -> None:
@@ -551,7 +401,7 @@ class ServedModel:
         for members in slots:
             for r in members:
                 for kind, device, stage, start, end in marks:
-                    self._to_record(r, TimelineEvent(device=device, stage=stage, kind=kind, phase="decode",
+                    self.records.add(r, TimelineEvent(device=device, stage=stage, kind=kind, phase="decode",
                                                      step=len(r.tokens), micro_batch=0, start_s=start - r.joined_at,
                                                      end_s=end - r.joined_at))
         self.open = None
@@ -575,26 +425,3 @@ class ServedModel:
         run, self.open = self.open, None
         if run is not None:
             run.close()
-
-    def _record(self, r: ServedRequest, batch: list[ServedRequest]):
-        if self.store is None:
-            return None
-        p = r.parsed
-        settings = p.sampling.applied_to(self.settings.generation, r.seed, r.max_tokens)
-        record = {
-            "model_dir": self.model_dir, "prompts": [r.prompt_text], "lanes": list(self.plan.devices()),
-            "started_by": "edgeshard serve", "request_id": r.id,
-            "endpoint": "/v1/completions" if p.kind == "completion" else "/v1/chat/completions",
-            "messages": [list(m) for m in p.messages] if p.kind == "chat" else None,
-            "max_new_tokens": r.max_tokens, "mode": settings.mode, "temperature": settings.temperature,
-            "top_p": settings.top_p, "seed": r.seed, "stop": list(p.sampling.stop), "stream": p.stream,
-            "repetition_penalty": settings.repetition_penalty,
-            "no_repeat_ngram_size": settings.no_repeat_ngram_size, "frequency_penalty": settings.frequency_penalty,
-            "presence_penalty": settings.presence_penalty, "logit_bias": [list(b) for b in settings.logit_bias],
-            "dtype": settings.dtype,
-            "prompt_tokens": len(r.prompt_ids), "batch": [b.id for b in batch],
-            **batching_settings(self.plan, settings.micro_batches),
-        }
-        run_id = _retried(lambda: self.store.create_run(self.session_id, model=self.name, mode=settings.mode,
-                                                        kind="measured", plan_id=self.plan_id, settings=record))
-        return RunRecorder(self.store, run_id)

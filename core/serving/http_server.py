@@ -2,7 +2,9 @@
 
 The caller binds the socket first (a port in use is an error at the entrance, before any agent
 starts) and keeps the signals: uvicorn's own handlers re-raise the signal after shutting down,
-which would end ``edgeshard serve`` with 130 instead of 0 after a clean stop.
+which would end ``edgeshard serve`` with 130 instead of 0 after a clean stop (a loop in another
+thread installs none). uvicorn runs on uvloop with httptools' parser (its ``[standard]`` speed-ups):
+with asyncio's loop and h11 the server spent ~5% more CPU per streamed token (docs/serving.md, Measured).
 """
 
 from __future__ import annotations
@@ -51,11 +53,15 @@ class HttpServer:
         import uvicorn
 
         config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=grace_s, timeout_keep_alive=5)
+                                timeout_graceful_shutdown=grace_s, timeout_keep_alive=5, loop="uvloop", http="httptools")
         self._server = uvicorn.Server(config)
         self._sock = sock
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
-                                        name="edgeshard-serve-http", daemon=True)
+        self._loop_factory = config.get_loop_factory()
+        self._thread = threading.Thread(target=self._serve, name="edgeshard-serve-http", daemon=True)
+
+    def _serve(self) -> None:
+        with asyncio.Runner(loop_factory=self._loop_factory) as runner:
+            runner.run(self._server.serve(sockets=[self._sock]))
 
     @property
     def port(self) -> int:

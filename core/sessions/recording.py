@@ -34,43 +34,58 @@ from core.sessions.store import SessionStore
 class RunRecorder:
     """Records one run: ``on_event``, ``on_tokens``, ``on_log``, then ``finish``."""
 
-    def __init__(self, store: SessionStore, run_id: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, store: SessionStore, run_id: int, clock: Callable[[], float] = time.monotonic, *,
+                 keep: bool = False):
         store.run(run_id)  # an unknown run is a StoreError now, not at the first event
         self.store, self.run_id, self._clock = store, run_id, clock
         self._t0 = clock()
         self._seq = 0
         self._lock = threading.Lock()
         self.finished = False
+        self._kept: list[tuple[float, TimelineEvent | TokenEvent]] | None = [] if keep else None
+        """With ``keep``: what it recorded, (arrival, item) in order, which ``finish`` computes the figures from
+        instead of reading the run's timeline back (a server finishing a run per request)."""
 
     @property
     def t0(self) -> float:
         """Its clock's reading when it started: arrival times (``recv_s``) count from it."""
         return self._t0
 
-    def _next(self) -> tuple[int, float]:
+    def _next(self, item: TimelineEvent | TokenEvent) -> tuple[int, float]:
         with self._lock:
             seq = self._seq
             self._seq += 1
-            return seq, self._clock() - self._t0
+            recv = self._clock() - self._t0
+            if self._kept is not None:
+                self._kept.append((recv, item))
+            return seq, recv
 
     def on_event(self, ev: TimelineEvent) -> None:
-        seq, recv = self._next()
+        seq, recv = self._next(ev)
         self.store.append_event(self.run_id, seq, recv, ev)
 
     def on_tokens(self, tok: TokenEvent) -> None:
-        seq, recv = self._next()
+        seq, recv = self._next(tok)
         self.store.append_tokens(self.run_id, seq, recv, tok)
 
     def on_log(self, device: str, line: str, level: str = "info", t_s: float | None = None) -> None:
         self.store.append_log(self.run_id, device, self._clock() - self._t0 if t_s is None else t_s, level, line)
 
-    def finish(self, status: str, figures: dict[str, Any] | msgspec.Struct | None = None) -> RunFigures:
+    def finish(self, status: str, figures: dict[str, Any] | msgspec.Struct | None = None, *,
+               shared: Iterable[tuple[float, TimelineEvent]] = ()) -> RunFigures:
         """Flush, then store the status and figures: the run's ``core.runs.metrics``
-        figures, with the caller's ``figures`` (e.g. the coordinator's own) added on top."""
+        figures, with the caller's ``figures`` (e.g. the coordinator's own) added on top. With ``keep``
+        they come from what it kept and ``shared`` (the events its windows on shared streams hold,
+        (arrival, event) on its clocks), merged as its timeline would give them back."""
         self.store.flush()
-        items = self.store.timeline(self.run_id)
-        computed = compute_figures([i.event for i in items if i.event is not None],
-                                   [i.tokens for i in items if i.tokens is not None])
+        if self._kept is None:
+            items = [(i.event, i.tokens) for i in self.store.timeline(self.run_id)]
+        else:
+            with self._lock:
+                own = list(self._kept)
+            items = [(i, None) if isinstance(i, TimelineEvent) else (None, i)
+                     for _, i in sorted(own + list(shared), key=lambda x: x[0])]
+        computed = compute_figures([e for e, _ in items if e is not None], [t for _, t in items if t is not None])
         merged = msgspec.to_builtins(computed)
         if figures is not None:
             merged.update(msgspec.to_builtins(figures))

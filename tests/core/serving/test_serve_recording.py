@@ -20,6 +20,7 @@ from core.devices.local_cluster import LocalCluster
 from core.planning.plan import ShardPlan
 from core.runs.coordinator import Coordinator
 from core.runs.generation import GenerationSettings
+from core.runs.metrics import compute_figures, duration_s
 from core.runs.run_tokenizer import load_tokenizer
 from core.serving import Defaults, ServedModel, ServeSettings
 from core.serving.openai_api import parse_request
@@ -112,3 +113,16 @@ def test_each_requests_replay_is_its_micro_batchs_streamed_events_from_its_join_
         assert "".join(i.tokens.text[0] for i in items if i.tokens is not None) == r.text
         arrivals = [i.recv_s for i in items]
         assert arrivals == sorted(arrivals)
+
+
+def test_each_requests_recorded_figures_are_those_of_its_stored_timeline(served_batch):
+    """Its figures are computed from what the server kept (not read back): the token figures equal those of
+    its stored tokens; its events (some may arrive after its record closed) span at least what it counted."""
+    store, session, requests, _, _ = served_batch
+    for r in requests:
+        run = store.run(_run_of(store, session, r))
+        events, tokens = store.events(run.id), store.tokens(run.id)
+        stored = msgspec.to_builtins(compute_figures(events, tokens))
+        keys = ("ttft_s", "per_token_latency_s", "decode_tokens_per_s", "tokens_per_s", "tokens")
+        assert {k: run.figures[k] for k in keys} == {k: stored[k] for k in keys} and stored["tokens"] == len(r.tokens)
+        assert 0 < run.figures["duration_s"] <= duration_s(events, tokens)
