@@ -20,7 +20,7 @@ from core.reporting import Reporter
 from core.runs.metrics import RunFigures, bubbles, comparison_rows, compute_figures
 from core.sessions.store import RunInfo, SessionStore
 from gui.screens.image_figures import image_rows, is_image_run
-from gui.screens.run_names import run_technique, run_title, technique_label
+from gui.screens.run_names import run_technique, run_title, technique_label, with_expert_buffer
 from gui.screens.run_legends import name_boxes
 from gui.timeline import TimelineView
 
@@ -91,7 +91,7 @@ def load_comparison(reporter: Reporter, workspace: str, run_a: int, run_b: int) 
     with SessionStore(workspace) as store:
         for run_id in (run_a, run_b):
             reporter.status(f"Reading run {run_id}…")
-            info = store.run(run_id)
+            info = with_expert_buffer(store, store.run(run_id))
             events, tokens = store.events(run_id), store.tokens(run_id)
             lanes = list(info.settings.get("lanes") or [])
             for e in events:

@@ -13,7 +13,7 @@ def name_boxes(timeline: TimelineView, settings: dict | None) -> None:
     """Set ``timeline``'s legend for a run recorded with ``settings`` (its ``technique``)."""
     technique = (settings or {}).get("technique")
     if technique == "spatial":
-        timeline.set_legend_terms(STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP, micro_batches=False)
+        timeline.set_legend_terms(STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP, micro_batches=False, step_word="image")
     elif technique == "phase-disaggregation":
         timeline.set_legend_terms(EPD_LEGEND_TERMS, EPD_LEGEND_TOOLTIP, colour_word=EPD_COLOUR_WORD)
     else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import msgspec
+
 from core.sessions.store import RunInfo
 from core.techniques import UnknownTechnique, technique_named
 from gui.widgets import counted
@@ -52,7 +54,37 @@ def run_style(info: RunInfo) -> str:
         replicas = int(options.get("compute_replicas") or 1)
         schedule = options.get("schedule") or settings.get("schedule") or ""
         return f"{replicas} replica{'s' if replicas > 1 else ''}" + (f", {schedule}" if replicas > 1 and schedule else "")
+    if technique == "expert-offload":  # its expert buffer (read from its recorded plan: with_expert_buffer)
+        return buffer_style(settings.get("expert_buffer") or {})
     return info.mode if info.mode not in ("sequential", "bubbles", "no-bubbles") else ""
+
+
+POLICY_NAMES = {"edgemoe": "EdgeMoE", "lru": "LRU", "lfu": "LFU"}
+
+
+def buffer_style(buffer: dict) -> str:
+    """An expert buffer in words: "EdgeMoE, 8 slots, preload 2", "whole layers, 8 slots" ("" unknown)."""
+    if not buffer.get("slots"):
+        return ""
+    policy = "whole layers" if buffer.get("whole_layers") else POLICY_NAMES.get(buffer.get("policy"), buffer.get("policy"))
+    preload = int(buffer.get("preload") or 0)
+    return ", ".join(p for p in (policy, counted(int(buffer["slots"]), "slot"), preload and f"preload {preload}") if p)
+
+
+def with_expert_buffer(store, info: RunInfo) -> RunInfo:
+    """``info`` with an expert-offload run's buffer (``settings["expert_buffer"]``: policy, slots, preload,
+    whole layers) read from the stage options of the plan it recorded, which is where the run kept it."""
+    if run_technique(info) != "expert-offload" or info.plan_id is None or "expert_buffer" in (info.settings or {}):
+        return info
+    from core.errors import StoreError
+
+    try:
+        stages = store.plan(info.plan_id).stages
+    except StoreError:  # an unreadable plan costs the run its style, not the list
+        return info
+    options = next((s.options or {} for s in stages if s.kind == "expert-offload"), {})
+    buffer = {k: options[k] for k in ("policy", "slots", "preload", "whole_layers") if k in options}
+    return msgspec.structs.replace(info, settings={**(info.settings or {}), "expert_buffer": buffer})
 
 
 def run_count(info: RunInfo) -> str:

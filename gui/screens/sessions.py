@@ -25,7 +25,7 @@ from gui.screens.run_comparison import RunComparisonView, load_comparison
 from gui.screens.run_monitor import RunMonitorView
 from gui.screens.run_export import export_run
 from gui.screens.replay_clock import RunClock
-from gui.screens.run_names import human_time, run_count, run_name, run_style, run_title
+from gui.screens.run_names import human_time, run_count, run_name, run_style, run_title, with_expert_buffer
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
@@ -88,7 +88,7 @@ def shown_status(status: str, run_id: int, live_run_ids: set[int]) -> str:
 def list_sessions(reporter: Reporter, workspace: str) -> list[tuple[SessionInfo, list[RunInfo]]]:
     """Worker job: every session of the workspace with its runs."""
     with SessionStore(workspace) as store:
-        return [(s, store.runs(s.id)) for s in store.sessions()]
+        return [(s, [with_expert_buffer(store, r) for r in store.runs(s.id)]) for s in store.sessions()]
 
 
 def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
@@ -97,7 +97,7 @@ def load_run(reporter: Reporter, workspace: str, run_id: int) -> LoadedRun:
 
     reporter.status(f"Loading run {run_id}…")
     with SessionStore(workspace) as store:
-        info = store.run(run_id)
+        info = with_expert_buffer(store, store.run(run_id))
         items = store.timeline(run_id)
         problem = store.problem_of(run_id)
         plan = store.plan(info.plan_id) if info.plan_id is not None else None

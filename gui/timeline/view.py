@@ -15,7 +15,6 @@ timeline (the simulator's ``TimelineEvent``s for the same plan) on the same time
 
 from __future__ import annotations
 
-import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -26,31 +25,22 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QGridLayout, QLabel, QPushBu
 
 from agents.protocol import TimelineEvent
 from gui.timeline.inspection import TimelineInspection, stage_errors
-from gui.timeline.items import BANDS, BOX_DTYPE, KIND_CODE, MICRO_BATCH_COLOURS, PHASE_CODE, TimelineBoxesItem
+from gui.timeline.items import BANDS, BOX_DTYPE, KIND_CODE, PHASE_CODE, TimelineBoxesItem
+from gui.timeline.legend import LEGEND_TERMS, LEGEND_TOOLTIP, TimelineLegend  # noqa: F401 (re-exported)
 from gui.timeline.overlays import RangeSelectViewBox, TimelineOverlayItem
 from gui.widgets import say_why_disabled
 
-LEGEND_TERMS = (("▨", "prefill"), ("■", "decode"), ("<span style='color:gray'>■</span>", "waiting"))
-"""The legend's entries after the micro-batch colours: (symbol as rich text, words)."""
-LEGEND_TOOLTIP = "Colour = micro-batch; hatched = prefill; thin lower box = transfer; grey = waiting for input"
-LEGEND_CHIPS = 6
 LANE_AXIS_MIN_WIDTH = 40
 LANE_AXIS_MAX_WIDTH = 240
 """The lane-label column is as wide as its longest label plus LANE_AXIS_MARGIN (tick and gap), within these."""
 LANE_AXIS_MARGIN = 16
-"""Micro-batch colours named one by one up to this many; more are one row of chips and a range."""
 LANE_MIN_LINES = 1.3
 """A lane's least height in lines of text: its name stays apart from its neighbours'."""
 PLOT_FRAME_LINES = 8.5
 """The plot's title, time axis and margins, in lines of text."""
 
 
-def _plain(rich: str) -> str:
-    """A legend's rich text as the words it shows."""
-    return re.sub(r"<[^>]+>", "", rich).replace("&nbsp;", " ")
-
-
-class TimelineView(TimelineInspection, QWidget):
+class TimelineView(TimelineInspection, TimelineLegend, QWidget):
     """Measured (and optionally predicted) pipeline timeline with zoom, pan and follow-live.
 
     Feed it with ``append_events`` from the GUI thread (the ``EventBridge`` batches what
@@ -113,9 +103,7 @@ class TimelineView(TimelineInspection, QWidget):
         self.highlight_combo = QComboBox()
         self.highlight_combo.setAccessibleName("Highlight")
         self.highlight_combo.setToolTip("Which boxes a click highlights with the selected one")
-        for label, mode in (("Highlight micro-batch", "micro_batch"), ("Highlight token", "step"),
-                            ("Highlight nothing", "")):
-            self.highlight_combo.addItem(label, mode)
+        self._offer_highlights()
         self.highlight_combo.currentIndexChanged.connect(self._update_overlay)
 
         # One row where there is room, two where the view is narrow (a 1024 px screen): the
@@ -509,39 +497,6 @@ class TimelineView(TimelineInspection, QWidget):
         if errors != self._errors:
             self._errors = errors
             self._update_lane_axis()
-
-    def set_legend_terms(self, terms: Sequence[tuple[str, str]], tooltip: str, *, micro_batches: bool = True,
-                         colour_word: str = "mb") -> None:
-        """What the legend names (after the micro-batch colours, each "mb3" or ``colour_word`` + 3, unless
-        ``micro_batches`` is off): for a technique whose boxes mean other things, e.g. spatial strips."""
-        self._legend_terms, self._legend_micro_batches = tuple(terms), micro_batches
-        self._colour_word = colour_word.replace(" ", "&nbsp;")  # an entry never breaks inside
-        self.legend_label.setToolTip(tooltip)
-        self._update_legend()
-
-    def legend_text(self) -> str:
-        """The legend as plain words (what an operator reads)."""
-        return _plain(self.legend_label.text())
-
-    def _update_legend(self) -> None:
-        mbs = sorted(self._micro_batches) or [0]
-
-        def chip(m: int) -> str:
-            return f"<span style='color:{MICRO_BATCH_COLOURS[m % len(MICRO_BATCH_COLOURS)]}'>■</span>"
-
-        if not self._legend_micro_batches:
-            entries = []
-        elif len(mbs) <= LEGEND_CHIPS:
-            entries = [f"{chip(m)}&nbsp;{self._colour_word}{m}" for m in mbs]
-        else:  # one entry: a chip per colour in use, then the range
-            chips = "".join(chip(m) for m in mbs[:len(MICRO_BATCH_COLOURS)])
-            entries = [f"{chips}&nbsp;{self._colour_word}{mbs[0]}–{mbs[-1]}"]
-        entries += [f"{symbol}&nbsp;{words.replace(' ', '&nbsp;')}" for symbol, words in self._legend_terms]
-        # entries never break inside (non-breaking spaces); the label wraps between them
-        self.legend_label.setText("&nbsp;&nbsp; ".join(entries))
-        self._legend_width = self.legend_label.fontMetrics().horizontalAdvance(_plain(self.legend_label.text())) + 16
-        if self._bar_wrapped is not None:
-            self._arrange_for_width(self.width())
 
     def _on_follow_check_toggled(self, on: bool) -> None:
         self.set_follow_live(on)

@@ -226,7 +226,8 @@ class SpatialPlanView(QWidget):
         lay.addWidget(self.run_message)
         self.timeline = TimelineView()
         # its least height is its toolbar, hint and a line of text per lane (TimelineView): the tiles above give way
-        self.timeline.set_legend_terms(STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP, micro_batches=False)
+        self.timeline.set_legend_terms(STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP, micro_batches=False,
+                                       step_word="image")
         self.image_table = QTableWidget(0, 5)
         self.image_table.setHorizontalHeaderLabels(["image", "ms", "class", "= 1 dev", "max |Δ|"])
         self.image_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)

@@ -145,3 +145,15 @@ def test_a_spatial_replay_of_a_model_without_labels_says_class_and_its_number(qt
     panel.monitor.refresh()
     assert panel.monitor.text_edit.toPlainText() == "Image 0: class 7"
     assert panel.shutdown()
+
+
+def test_a_spatial_replays_highlight_picker_offers_its_images_not_micro_batches(qtbot, workspace):
+    path, ids, _ = workspace
+    panel = sessions_with_run_open(qtbot, path, ids[0])
+    combo = panel.monitor.timeline.highlight_combo
+    assert [combo.itemText(i) for i in range(combo.count())] == ["Highlight image", "Highlight nothing"]
+    assert combo.currentData() == "step"  # every box of the clicked box's image
+    panel.monitor.reset(["a"], settings={"technique": "layer-sharding"})  # the next replay: a language model's
+    assert [combo.itemText(i) for i in range(combo.count())] == ["Highlight micro-batch", "Highlight token",
+                                                                 "Highlight nothing"]
+    assert panel.shutdown()

@@ -54,3 +54,32 @@ def test_a_spatial_run_shows_its_strategy_as_its_style_and_counts_images_not_tok
     tokens = RunInfo(id=4, session_id=1, model="demo-llama", mode="no-bubbles", kind="measured", status="completed",
                      started_at="2026-12-06T14:32:05.000+00:00", ended_at=None, settings={}, figures={"tokens": 64})
     assert run_count(tokens) == "64" and run_count(_info()) == ""  # a language model's tokens; none recorded
+
+
+def test_an_expert_offload_run_is_styled_by_its_expert_buffer_in_the_sessions_list(qtbot, tmp_path):
+    """Recorded as ``run_box.run_job`` records it (mode "sequential", its buffer in its plan's stage options),
+    the Sessions list's Style read blank; it names the buffer's policy, slots and preload."""
+    from core.planning.plan import ShardPlan, Stage
+    from core.sessions.recording import record_run
+    from tests.gui.opened_run import sessions_with_run_open
+
+    options = {"slots": 8, "policy": "lru", "preload": 2, "whole_layers": False}
+    plan = ShardPlan(model="demo-moe", num_units=4, stages=(Stage(device="phone", start=0, end=4,
+                                                                  kind="expert-offload", options=options),))
+    workspace = str(tmp_path / "ws.sqlite")
+    with record_run(workspace, model="demo-moe", mode="sequential", plan=plan,
+                    settings={"prompts": ["a"], "lanes": ["phone"], "technique": "expert-offload"}) as run:
+        run.status = "completed"
+    panel = sessions_with_run_open(qtbot, workspace, run.run_id)
+    item = panel.run_items()[run.run_id]
+    assert item.text(1) == "LRU, 8 slots, preload 2"
+    assert run_title(panel.loaded.info) == "MoE expert offloading #1 · demo-moe · LRU, 8 slots, preload 2 · completed"
+    assert panel.shutdown()
+
+
+def test_a_whole_layers_expert_buffer_is_named_so_and_a_buffer_not_recorded_leaves_the_style_blank():
+    from gui.screens.run_names import buffer_style
+
+    assert buffer_style({"slots": 4, "policy": "edgemoe", "preload": 0, "whole_layers": True}) == "whole layers, 4 slots"
+    assert buffer_style({"slots": 1, "policy": "edgemoe"}) == "EdgeMoE, 1 slot"
+    assert run_style(_info(technique="expert-offload", mode="sequential")) == ""
