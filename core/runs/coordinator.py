@@ -455,7 +455,8 @@ class Coordinator:
                                          loaded_s=loaded, resumed_s=time.time() - run.t0,
                                          old_stages=tuple(old), new_stages=tuple(new), plan=new_plan,
                                          keys=resume.keys, first_steps=resume.first_steps,
-                                         resumed_width=resume.context_tokens, wire_at_resume=at_resume))
+                                         resumed_width=resume.context_tokens, also_lost=lost[1:],
+                                         wire_at_resume=at_resume))
         return new_plan, new
 
     def _start_stages(self, run: ActiveRun, devices: list[str], request: RunRequest, groups,

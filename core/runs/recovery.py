@@ -215,6 +215,8 @@ class RecoveryRecord:
     """The resumed segment's micro-batches (``Resume.keys``) and the step each resumed at."""
     resumed_width: int = 0
     """Positions of the resumed segment's prefill (prompts and the tokens already produced)."""
+    also_lost: tuple[str, ...] = ()
+    """The other agents found lost with ``failed`` (not answering), left out of the re-plan too."""
     wire_at_resume: object = None
     """The new stages' wire counters as the segment started (``core.runs.wire.WireTraffic``; None
     unread): what they sent after the re-plan is the difference to the run's end."""

@@ -251,7 +251,7 @@ def layer_sharding_wire(model_dir: str, dtype: str, prompts, result, meter: Wire
     spec = load_model_spec(model_dir, {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype))
     width = len(encode_left_padded(load_run_tokenizer(model_dir), list(prompts)).input_ids[0])  # as the run encoded
     segments = segments_stage_bytes(spec, plan, width, result.token_events, result.run_id, result.recoveries, dtype)
-    lost = {r.failed for r in result.recoveries}
+    lost = {d for r in result.recoveries for d in (r.failed, *r.also_lost)}
     predicted: dict[tuple[str, str], int] = {}
     for segment in segments:
         for (src, dst), n in segment.items():

@@ -186,20 +186,21 @@ def test_the_resume_point_feeds_each_unfinished_micro_batch_its_tokens_so_far_an
 
 
 def test_a_run_ended_by_a_live_stages_error_replans_without_the_agent_that_is_actually_lost(model_dir):
-    """c is closed mid-decode and b, alive, reports that it lost its peer before any heartbeat runs out
-    (60 s here): the failure names b, yet the re-plan excludes c, the agent that does not answer (a closed
-    port), and keeps b; two devices' memory is needed, so the survivors are a and b. Tokens: generate's."""
+    """c and d are closed mid-decode and b, alive, reports that it lost its peer c before any heartbeat runs
+    out (60 s here): the failure names b, yet the re-plan leaves out c and d, the agents that do not answer
+    (closed ports), and keeps b; two devices' memory is needed, so the survivors are a and b. Tokens:
+    generate's."""
     import torch
 
     from agents.protocol import RunError
     from tests.core.hf_reference import hf_greedy_new_tokens
 
     keys = CurveKeys.generate()
-    agents = {d: Agent(d, keys.public).start() for d in ("a", "b", "c")}
+    agents = {d: Agent(d, keys.public).start() for d in ("a", "b", "c", "d")}
     try:
         endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
         with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=60.0) as co:
-            plan = plan_from_boundaries("tiny-llama", 6, list(agents), [2, 4])
+            plan = plan_from_boundaries("tiny-llama", 6, list(agents), [2, 3, 4])
             co.load(plan, model_dir, links={d: SLOW for d in agents})
             reported = threading.Event()
 
@@ -211,6 +212,7 @@ def test_a_run_ended_by_a_live_stages_error_replans_without_the_agent_that_is_ac
 
                 def lose_c(self) -> None:
                     agents["c"].close()
+                    agents["d"].close()
                     agents["b"].post(RunError(run_id=agents["b"].run_id, device="b", message="lost its peer c"))
                     reported.set()
 
@@ -218,7 +220,7 @@ def test_a_run_ended_by_a_live_stages_error_replans_without_the_agent_that_is_ac
             result = co.run(plan, _request("no-bubbles", SamplingSpec(), 24), PeerLostAt(0, 3), replan=two_needed)
             assert reported.is_set() and not co.link.is_lost("c")  # the heartbeats had not decided
             (rec,) = result.recoveries
-            assert rec.failed == "c" and result.plan.devices() == ("a", "b")
+            assert (rec.failed, rec.also_lost) == ("c", ("d",)) and result.plan.devices() == ("a", "b")
             enc = {"input_ids": torch.tensor(PROMPTS), "attention_mask": torch.tensor(MASKS)}
             assert [tuple(t) for t in result.tokens] == [
                 tuple(t) for t in hf_greedy_new_tokens(model_dir, enc, 24, eos_token_id=None)]
