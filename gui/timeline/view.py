@@ -104,6 +104,8 @@ class TimelineView(TimelineInspection, TimelineLegend, QWidget):
         self.highlight_combo.setAccessibleName("Highlight")
         self.highlight_combo.setToolTip("Which boxes a click highlights with the selected one")
         self._offer_highlights()
+        # as wide as its widest entries: a spatial run's shorter ones left the legend room to wrap beside it
+        self.highlight_combo.setMinimumWidth(self.highlight_combo.sizeHint().width())
         self.highlight_combo.currentIndexChanged.connect(self._update_overlay)
 
         # One row where there is room, two where the view is narrow (a 1024 px screen): the
@@ -233,7 +235,7 @@ class TimelineView(TimelineInspection, TimelineLegend, QWidget):
     def _arrange_for_width(self, width: int) -> None:
         """One toolbar row where the whole legend fits beside the controls, else two."""
         narrow = width < self._one_row_width + self._legend_width
-        beside = width - self.highlight_combo.sizeHint().width() - 24  # the legend's room on the second row
+        beside = width - max(self.highlight_combo.sizeHint().width(), self.highlight_combo.minimumWidth()) - 24  # the legend's room on the second row
         self._arrange_toolbar(wrapped=narrow, legend_alone=beside < self._legend_width)
         self.legend_label.setMinimumWidth(40 if narrow else max(40, self._legend_width))
         self._fit_details_label(lines=3 if narrow else 2)
