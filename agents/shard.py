@@ -28,6 +28,7 @@ from agents.weight_precision import (
     UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
 )
 from agents.shard_positions import PositionSteps
+from agents.step_inputs import DecodeMasks, RotaryTable, block_forward, cache_keyword
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -44,6 +45,8 @@ class _GroupState:
     cache: object | None
     mask: torch.Tensor
     """[B, past + new] 1/0 attention mask of everything this group has seen."""
+    unpadded: bool | None = None
+    """Whether ``mask`` is all ones, once known (a decode step keeps it; what else changes the mask resets it)."""
 
 
 @functools.cache
@@ -182,6 +185,7 @@ class StageExecutor(PositionSteps):
         self._norm: nn.Module | None = None
         self._head: nn.Module | None = None
         self._rotary: nn.Module | None = None
+        self._rotary_table: RotaryTable | None = None
 
         embed_weight: torch.Tensor | None = None
         if self.is_first:
@@ -206,6 +210,7 @@ class StageExecutor(PositionSteps):
                     progress((local + 1) / (len(self.layer_indices) + 1))
             if layout.rotary:
                 self._rotary = type(getattr(base, layout.rotary))(config=stage_config).to(self.device)
+                self._rotary_table = RotaryTable(self._rotary)
         if self.is_last:
             self._norm = getattr(base, layout.norm)
             self._assign(self._norm, reader, f"{prefix}{layout.norm}.")
@@ -399,7 +404,7 @@ class StageExecutor(PositionSteps):
             raise StageInputError(f"decode for micro-batch group {group} before its prefill")
         self._check_input(x, state.mask.shape[0], 1)
         if self._needs_positions:  # the head alone reads neither the mask nor positions (``_run``)
-            state.mask = torch.cat([state.mask, state.mask.new_ones((state.mask.shape[0], 1))], dim=1)
+            state.mask = nn.functional.pad(state.mask, (0, 1), value=1)  # one op, not new_ones and cat
         return self._run(state, x)
 
     @torch.inference_mode()
@@ -418,6 +423,7 @@ class StageExecutor(PositionSteps):
                                         for t in (layer.keys, layer.values))
         state.mask = torch.cat([torch.cat([state.mask, state.mask.new_zeros((new, state.mask.shape[1]))]),
                                 attention_mask.to(self.device, torch.long)], dim=1)
+        state.unpadded = None
         return self._run(state, x)
 
     def keep_rows(self, group: int, rows: torch.Tensor) -> None:
@@ -425,7 +431,7 @@ class StageExecutor(PositionSteps):
         state = self._groups[group]
         mask = state.mask[rows]
         first = int(mask.any(0).long().argmax()) if mask.numel() else mask.shape[1]
-        state.mask = mask[:, first:]
+        state.mask, state.unpadded = mask[:, first:], None
         for layer in getattr(state.cache, "layers", None) or ():
             layer.keys, layer.values = (t[rows, :, first:].contiguous() for t in (layer.keys, layer.values))
 
@@ -456,7 +462,7 @@ class StageExecutor(PositionSteps):
                 raise StageInputError(
                     f"first stage expects token ids int64 [{batch}, {length}], got {x.dtype} {tuple(x.shape)}"
                 )
-            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.vocab_size):
+            if x.numel() and any(not 0 <= int(v) < self.vocab_size for v in torch.aminmax(x)):
                 raise StageInputError(f"token ids outside the vocabulary [0, {self.vocab_size})")
         elif not x.is_floating_point() or tuple(x.shape) != (batch, length, self.hidden_size):
             raise StageInputError(
@@ -514,8 +520,8 @@ class StageExecutor(PositionSteps):
 
     @staticmethod
     def _run_layer(layer, hidden, mask, positions, cache, extra) -> torch.Tensor:
-        hidden = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
-                       **{cache_keyword(type(layer).forward): cache}, **extra)
+        hidden = block_forward(layer)(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
+                                      **{cache_keyword(type(layer).forward): cache}, **extra)
         if isinstance(hidden, tuple):  # older layer APIs return (hidden, ...)
             hidden = hidden[0]
         return hidden
@@ -536,55 +542,15 @@ class StageExecutor(PositionSteps):
                              position_ids=positions, **{cache_keyword(maker): state.cache})
 
             if kind == "full_attention" and hidden.shape[1] == 1:
-                masks[kind] = self._decode_masks.mask(state.mask, made)
+                if state.unpadded is None:
+                    state.unpadded = bool(state.mask.all())
+                masks[kind] = self._decode_masks.mask(state.mask, made, state.unpadded)
             else:
                 masks[kind] = made()
         extra = {}
         if self._rotary is not None:
-            extra["position_embeddings"] = self._rotary(hidden, position_ids=positions)
+            extra["position_embeddings"] = self._rotary_table.embeddings(hidden, positions, state.mask.shape[1])
         return masks, extra
-
-
-@functools.cache
-def cache_keyword(fn) -> str:
-    """The keyword ``fn`` takes the KV cache by: ``cache`` since transformers 5.24 (passing the
-    deprecated ``past_key_values`` warns on every call, per layer and token), else the old name."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
-
-
-class DecodeMasks:
-    """A one-token step's full-attention mask without transformers' mask factory (~0.1 ms per
-    stage and token), once the factory was seen to give either the padding mask [B, 1, 1, T]
-    itself or None (no padding under sdpa). Learnt separately for padded and unpadded masks,
-    since the factory answers them differently and callers (a technique's executor that runs a
-    step's blocks itself) tell None from an all-True mask."""
-
-    def __init__(self, shortcut: bool = True):
-        self.seen: dict[bool, str] = {} if shortcut else {True: "factory", False: "factory"}
-        """unpadded? -> 'padding' | 'none' (build it directly) | 'factory' (always ask it)."""
-
-    def mask(self, mask_2d: torch.Tensor, made):
-        padding = mask_2d.bool()[:, None, None, :]
-        unpadded = bool(padding.all())
-        seen = self.seen.get(unpadded)
-        if seen == "padding":
-            return padding
-        if seen == "none":
-            return None
-        got = made()
-        if seen is None:
-            self.seen[unpadded] = "none" if got is None else "padding" if is_padding_mask(got, padding) else "factory"
-        return got
-
-
-def is_padding_mask(made, padding: torch.Tensor) -> bool:
-    """Whether transformers' full-attention mask for a one-token decode step is the padding
-    mask itself ([B, 1, 1, T], True = attend): then later decode steps build it directly
-    instead of calling the mask factory (~0.1 ms per stage and token)."""
-    return isinstance(made, torch.Tensor) and made.dtype == torch.bool and made.shape == padding.shape \
-        and bool(torch.equal(made, padding))
 
 
 def _load(module: nn.Module, state: dict[str, torch.Tensor], what: str, strict: bool = True) -> None:

@@ -33,7 +33,7 @@ class PositionSteps:
         if self._needs_positions:
             if keep > state.mask.shape[1]:
                 raise StageInputError(f"cannot keep {keep} positions of {state.mask.shape[1]}")
-            state.mask = state.mask[:, :keep]
+            state.mask, state.unpadded = state.mask[:, :keep], None
 
     @torch.inference_mode()
     def decode_positions(self, group: int, x: torch.Tensor, keep: int) -> torch.Tensor:
