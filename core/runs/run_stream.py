@@ -41,7 +41,9 @@ class RunSink(Protocol):
     """Where a run's live stream goes (the GUI bridge, the SessionStore, a JSONL file).
 
     Called on the coordinator's IO thread as batches arrive (about every 50 ms for
-    events, at once for tokens); implementations must be quick and thread-safe.
+    events, at once for tokens); implementations must be quick and thread-safe. A sink with an
+    ``on_events(events)`` is handed an agent's batch of events in one call instead (a server
+    stores a batch in one hand-over to its writer thread).
     """
 
     def on_event(self, event: TimelineEvent) -> None: ...
@@ -224,9 +226,10 @@ class ActiveRun:
         # uncertainty must be the one its times were mapped with
         clock = clock_of(device)
         unc = clock.uncertainty_s if clock else 0.0
+        events = []
         for e in msg.events:
             mb, step = self.whole_run(e.micro_batch, e.step)
-            ev = TimelineEvent(
+            events.append(TimelineEvent(
                 device=storage_lane(msg.device) if e.kind == "io" else msg.device,
                 stage=msg.stage,
                 kind=e.kind,
@@ -240,10 +243,15 @@ class ActiveRun:
                 nbytes=e.nbytes,
                 peer=e.peer,
                 clock_uncertainty_s=unc,
-            )
-            with self.lock:
-                self.events.append(ev)
-            self.sink.on_event(ev)
+            ))
+        with self.lock:
+            self.events.extend(events)
+        on_events = getattr(self.sink, "on_events", None)
+        if on_events is not None:
+            on_events(events)
+        else:
+            for ev in events:
+                self.sink.on_event(ev)
 
     def _to_run_clock(self, clock: ClockEstimate | None, t_agent: float) -> float:
         return to_coordinator_clock(clock, t_agent) - self.t0

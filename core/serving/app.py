@@ -67,6 +67,10 @@ class Inbox:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def get_nowait(self):
+        """The next delivery if one is here, else ``NOTHING``."""
+        return self._items.popleft() if self._items else self.NOTHING
+
     async def get(self, timeout_s: float | None = None):
         """The next delivery, or ``NOTHING`` after ``timeout_s`` (None: no limit)."""
         if not self._items:
@@ -159,9 +163,27 @@ def _sse(data: dict | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+class PieceEvents:
+    """One stream's text-piece events, ``_sse(chunk_body(..., text=t))`` byte for byte, from a template made once:
+    the chunk around its text is the same for every token, and ``json.dumps`` escapes a string alone as it
+    does inside the chunk (building and encoding the whole chunk was ~4 µs a token, this ~1)."""
+
+    MARK = "\ue000"
+
+    def __init__(self, kind: Kind, request_id: str, model: str, created: int) -> None:
+        self._chunk = (kind, request_id, model, created)
+        parts = _sse(chunk_body(kind, request_id, model, created, text=self.MARK)).split(json.dumps(self.MARK).encode())
+        self._parts = parts if len(parts) == 2 else None  # a model name with the mark: chunk by chunk
+
+    def __call__(self, text: str) -> bytes:
+        if self._parts is None:
+            return _sse(chunk_body(*self._chunk, text=text))
+        return self._parts[0] + json.dumps(text).encode() + self._parts[1]
+
+
 class EventStream(StreamingResponse):
     """Server-sent events: the headers go out at once, the first event as soon as the body has it, both on the
-    request's own task (Starlette's ``StreamingResponse``, under ASGI 2.3 as uvicorn's h11 speaks it, sends
+    request's own task (Starlette's ``StreamingResponse``, under ASGI 2.3 as uvicorn speaks it, sends
     nothing before a task it starts for its body runs: a loop turn and a task group's set-up on the first
     token's path). The rest streams as it does there, while it listens for the client's disconnect. The body
     itself notices a disconnect before its first event. ``on_end`` is told when the stream ends, however it
@@ -275,11 +297,11 @@ class OpenAIRoutes:
             if item is not Inbox.NOTHING:
                 return item
 
-    def _events(self, item, served: ServedRequest, created: int) -> tuple[bytes, bool]:
+    def _events(self, item, served: ServedRequest, created: int, pieces: PieceEvents) -> tuple[bytes, bool]:
         """A delivery's server-sent events, and whether they end the stream (``data: [DONE]`` or an error)."""
         kind, name, rid = served.parsed.kind, self.model.name, served.id
         if isinstance(item, Piece):
-            return _sse(chunk_body(kind, rid, name, created, text=item.text)), False
+            return pieces(item.text), False
         if isinstance(item, Finished):
             out = _sse(chunk_body(kind, rid, name, created, finish_reason=item.reason,
                                   text=None if kind == "chat" else ""))
@@ -293,19 +315,24 @@ class OpenAIRoutes:
                       created: int) -> AsyncIterator[bytes]:
         """The events of the deliveries from ``first`` on, until ``data: [DONE]`` (or an error event). Until the
         first token's, the client's disconnect is checked here (``ClientDisconnect``); after it, the response
-        listens for it. A chat stream's first event (its role) goes out with the first token's."""
-        item = first
+        listens for it. A chat stream's first event (its role) goes out with the first token's. Deliveries that
+        are already here when one is taken go out with it, in one write (a stream behind by a few steps)."""
+        item, pieces = first, PieceEvents(served.parsed.kind, served.id, self.model.name, created)
         while isinstance(item, Joined):
             item = await self._next(inbox, request, served)
-        events, ended = self._events(item, served, created)
+        events, ended = self._events(item, served, created, pieces)
         if served.parsed.kind == "chat":
             events = _sse(chunk_body("chat", served.id, self.model.name, created, text="", first=True)) + events
         yield events
         while not ended:
-            item = await inbox.get()
-            if not isinstance(item, Joined):
-                events, ended = self._events(item, served, created)
-                yield events
+            item, out = await inbox.get(), b""
+            while item is not Inbox.NOTHING and not ended:
+                if not isinstance(item, Joined):
+                    events, ended = self._events(item, served, created, pieces)
+                    out += events
+                item = inbox.get_nowait()
+            if out:
+                yield out
 
 
 def build_app(model: ServedModel, queue: BatchQueue, *, defaults: Defaults, api_key: str | None = None,

@@ -65,6 +65,12 @@ class _Stream:
         if self.model.observer is not None:
             self.model.observer.on_event(event)
 
+    def on_events(self, events: list[TimelineEvent]) -> None:
+        """An agent's batch of events (``RunSink``): stored in one hand-over to the workspace's writer."""
+        with self.model.records.batched():
+            for event in events:
+                self.on_event(event)
+
     def on_tokens(self, tokens: TokenEvent) -> None:
         self.model._on_tokens(self.run, tokens)
         if self.model.observer is not None:
@@ -332,6 +338,10 @@ class ServedModel:
 
     # the open run's stream (``_Stream``), on the coordinator's IO thread; times onto each request's clock
     def _on_tokens(self, run: OpenRun, tokens: TokenEvent) -> None:
+        with self.records.batched():  # a step's token rows: one hand-over to the workspace's writer
+            self._take_tokens(run, tokens)
+
+    def _take_tokens(self, run: OpenRun, tokens: TokenEvent) -> None:
         for seq, token in zip(tokens.sequence_ids, tokens.token_ids):
             with self._lock:
                 r = self._by_seq.get(seq)
@@ -341,7 +351,7 @@ class ServedModel:
             self.tokens_out += text is not None
             if text is not None:
                 self.records.add(r, msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
-                                                           micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
+                                                            micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
             if r.done:
                 self._request_done(r)
 

@@ -12,9 +12,11 @@ server's CPU per token with 16 streams (docs/serving.md, Measured).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -126,15 +128,44 @@ class RequestRecords:
         self.wire_last: tuple[float, object] = (0.0, None)
         """The agents' wire counters read last, and when (``time.time()``; ``_wire_counters``)."""
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="edgeshard-serve-record")
+        self._due: deque[tuple[float, ServedRequest]] = deque()
+        """Ended requests whose records close at their time (``finish``), oldest first: one thread waits for them
+        all, where a ``threading.Timer`` a request started a thread each (~0.1 ms)."""
+        self._due_changed = threading.Condition()
+        self._closing = False
+        if model.store is not None:
+            threading.Thread(target=self._close_when_due, name="edgeshard-serve-record-due", daemon=True).start()
 
     @property
     def store(self):
         return self.model.store
 
+    def batched(self):
+        """Rows recorded on this thread inside are handed to the workspace's writer together (``SessionStore.batched``)."""
+        return self.store.batched() if self.store is not None else contextlib.nullcontext()
+
     def close(self) -> None:
-        """Once the last recordings' timers ran, wait for every record to be written."""
-        time.sleep(EVENTS_LAG_S)
+        """Once the last ended request's events can have arrived, close every record left and wait for them."""
+        with self._due_changed:
+            last = self._due[-1][0] if self._due else time.monotonic()
+        time.sleep(max(0.0, last - time.monotonic()))
+        with self._due_changed:
+            self._closing = True
+            for _, r in self._due:
+                self._thread.submit(self._close_record, r)
+            self._due.clear()
+            self._due_changed.notify_all()
         self._thread.shutdown(wait=True)
+
+    def _close_when_due(self) -> None:
+        with self._due_changed:
+            while not self._closing:
+                if not self._due:
+                    self._due_changed.wait()
+                elif (wait := self._due[0][0] - time.monotonic()) > 0:
+                    self._due_changed.wait(wait)
+                else:
+                    self._thread.submit(self._close_record, self._due.popleft()[1])
 
     def open(self, live: list[ServedRequest], stream, slot: int, t0: float, *, resumed: bool,
              accepted: threading.Event) -> None:
@@ -218,9 +249,10 @@ class RequestRecords:
         """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""
         r.ended_at = r.ended_at or time.time()
         if r in self._records or r in self._unrecorded:
-            timer = threading.Timer(EVENTS_LAG_S, lambda: self._thread.submit(self._close_record, r))
-            timer.daemon = True
-            timer.start()
+            with self._due_changed:
+                if not self._closing:
+                    self._due.append((time.monotonic() + EVENTS_LAG_S, r))
+                    self._due_changed.notify_all()
 
     def _close_record(self, r: ServedRequest) -> None:
         """Its windows closed and its run finished; on the record thread, whose results nobody reads, so a

@@ -59,7 +59,10 @@ class BatchWriter(threading.Thread):
                     continue
                 if not pending:
                     first_at = time.monotonic()
-                pending.append(item)
+                if isinstance(item, list):  # rows handed over together (SessionStore.batched)
+                    pending.extend(item)
+                else:
+                    pending.append(item)
                 if len(pending) >= self.max_batch:
                     self._flush(conn, pending)
         finally:

@@ -41,7 +41,8 @@ import sqlite3
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,8 @@ class SessionStore:
         self._flush_interval_s, self._max_batch = flush_interval_s, max_batch
         self._writer: BatchWriter | None = None
         self._closed = False
+        self._held = threading.local()
+        """Per thread, the rows it queues inside ``batched`` (None outside)."""
 
     # -- lifecycle
     def __enter__(self) -> SessionStore:
@@ -192,9 +195,32 @@ class SessionStore:
         if w.error is not None:
             raise StoreError(f"{self.path}: writing events failed ({w.error})")
 
+    @contextmanager
+    def batched(self) -> Iterator[None]:
+        """Rows this thread queues inside go to the writer in one hand-over when it ends (a step's tokens, a
+        batch's events): one wake-up of the writer's thread, not one a row."""
+        if getattr(self._held, "rows", None) is not None:
+            yield
+            return
+        self._held.rows = rows = []
+        try:
+            yield
+        finally:
+            self._held.rows = None
+            if rows:
+                self._hand(rows)
+
     def _queue(self, table: str, row: tuple) -> None:
         if self._closed:
             raise StoreError(f"{self.path}: workspace is closed")
+        held = getattr(self._held, "rows", None)
+        if held is not None:
+            held.append((table, row))
+            return
+        self._hand((table, row))
+
+    def _hand(self, item: tuple | list) -> None:
+        """A row (table, values), or a list of them, to the writer (started on the first)."""
         w = self._writer
         if w is None:
             with self._lock:
@@ -202,7 +228,7 @@ class SessionStore:
                     self._writer = BatchWriter(self.path, self._flush_interval_s, self._max_batch)
                     self._writer.start()
                 w = self._writer
-        w.queue.put((table, row))
+        w.queue.put(item)
 
     def _insert(self, table: str, row: dict) -> int:
         """One row of plain values (plain SQL: sqlite-utils reads the table's columns on every insert, and a

@@ -74,7 +74,7 @@ def test_a_streams_headers_arrive_once_it_joined_before_its_first_token(endpoint
     resp = conn.getresponse()  # blocks until the headers: before, they waited for the first token
     assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
     assert not run.release.is_set() and run.requests[0].tokens == []
-    run.release.set()
+    run.release.set()  # its three tokens come at once: they go out together (one write), each its own event
     events = [line[6:] for line in resp.read().split(b"\n") if line.startswith(b"data: ")]
     conn.close()
     assert events[-1] == b"[DONE]"
@@ -91,3 +91,14 @@ def test_a_client_that_leaves_before_its_first_token_cancels_its_request(endpoin
     resp.close()
     conn.close()  # gone while its prefill would run
     assert _until(lambda: run.requests[0].cancelled)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_a_streams_piece_events_are_its_chunks_byte_for_byte(kind):
+    from core.serving.app import PieceEvents, _sse
+    from core.serving.openai_api import chunk_body
+
+    for model in ("tiny-llama", "odd \ue000 name"):  # the template's mark in a name: built chunk by chunk
+        pieces = PieceEvents(kind, "cmpl-0123", model, 1700000000)
+        for text in ("", " the", 'a "quoted" \\ line\n', "naïve 日本 🙂", "\ue000", "</s>\t\r"):
+            assert pieces(text) == _sse(chunk_body(kind, "cmpl-0123", model, 1700000000, text=text))

@@ -94,6 +94,44 @@ def test_events_and_tokens_from_many_threads_are_all_stored_in_arrival_order(tmp
     assert len(toks) == 40 and toks[0].text == ("w0",)
 
 
+
+def test_rows_handed_over_in_batches_from_several_threads_are_all_stored_in_arrival_order(tmp_path):
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        rid = store.create_run(store.create_session("s"), model="m", mode="sequential")
+        rec = RunRecorder(store, rid)
+
+        def emit(dev: str) -> None:
+            for k in range(10):
+                with store.batched():  # one hand-over to the writer per 50 rows
+                    for i in range(50 * k, 50 * k + 50):
+                        rec.on_event(_ev(i, dev))
+
+        threads = [threading.Thread(target=emit, args=(d,)) for d in "abcd"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        store.flush()
+        items = store.timeline(rid)
+    assert [i.seq for i in items] == list(range(2000))
+    for d in "abcd":
+        assert [i.event.step for i in items if i.event.device == d] == list(range(500))
+
+
+def test_a_recorder_that_keeps_what_it_recorded_finishes_with_its_stored_timelines_figures(tmp_path):
+    from core.runs.metrics import compute_figures
+
+    with SessionStore(tmp_path / "ws.sqlite") as store:
+        rid = store.create_run(store.create_session("s"), model="m", mode="sequential")
+        rec = RunRecorder(store, rid, keep=True)
+        for i in range(60):
+            rec.on_event(_ev(i, "abc"[i % 3]))
+            if i % 3 == 2:
+                rec.on_tokens(TokenEvent(micro_batch=0, step=i // 3, sequence_ids=(0,), token_ids=(i,),
+                                         text=(f"w{i}",), t_s=i * 0.0107))
+        figures = rec.finish("completed")
+        assert figures == compute_figures(store.events(rid), store.tokens(rid)) and figures.tokens == 20
+
 def test_queued_events_are_committed_within_the_flush_interval_without_an_explicit_flush(tmp_path):
     path = tmp_path / "ws.sqlite"
     with SessionStore(path, flush_interval_s=0.2) as store:
