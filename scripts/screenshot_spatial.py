@@ -16,6 +16,17 @@ from gui.studio_state import StudioState
 OUT = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 
 
+def settle(app, view) -> None:
+    """Until the view's solves and Compare (its workers) have landed, then a few layout passes."""
+    import time
+
+    while view.solver.is_busy() or view.comparer.is_busy():
+        app.processEvents()
+        time.sleep(0.02)
+    for _ in range(5):
+        app.processEvents()
+
+
 def main() -> int:
     app = studio_app.create_app()
     screen = PlanScreen(StudioState())
@@ -30,8 +41,7 @@ def main() -> int:
         view.strategy.setCurrentText(strategy)
         view.compare()
         screen.resize(w, h)
-        for _ in range(5):
-            app.processEvents()
+        settle(app, view)
         path = OUT / f"spatial-{tag}-{w}x{h}.png"
         screen.grab().save(str(path))
         print(path)
@@ -39,8 +49,7 @@ def main() -> int:
     view.use_scenario()
     view.strategy.setCurrentText("fused")
     screen.resize(1600, 1000)
-    for _ in range(5):
-        app.processEvents()
+    settle(app, view)
     path = OUT / "spatial-resnet-fused-1600x1000.png"
     screen.grab().save(str(path))
     print(path)
@@ -71,6 +80,7 @@ def live_run(app, screen, view) -> None:
             view.set_problem(structs.replace(paper_shaped(3, 1000.0),
                                              model=CnnRef(network="vgg16", image=64, width_div=4, classes=10)))
             view.strategy.setCurrentText("even")
+            settle(app, view)
             for w, h in ((1024, 700), (1600, 1000)):
                 screen.resize(w, h)
                 view.run_images.setValue(12)

@@ -68,6 +68,7 @@ def main() -> int:
         plan_screen.set_technique("spatial")
         spatial = plan_screen.view
         spatial.strategy.setCurrentText("even")
+        wait(app, 60, lambda: not spatial.solver.is_busy())  # solved on its worker
         wait(app, 0.5)
         print("spatial:", spatial.summary.text())
         shoot(app, window, "tour-spatial-plan")

@@ -16,6 +16,7 @@ import pytest
 
 from gui import app as studio_app
 from gui.main_window import MainWindow
+from tests.gui.techniques.spatial_solving import solved
 from tests.gui.widget_lifetimes import free_window
 
 pytestmark = pytest.mark.slow
@@ -238,10 +239,10 @@ def test_spatial_plans_the_measured_cluster_and_labels_the_digits_on_the_agents_
     link = next(x for x in window.state.profile.cluster.links if (x.src, x.dst) == ("edge-a", "edge-c"))
     assert view.problem.device("edge-c").bandwidth_Bps == pytest.approx(link.bandwidth_mbit_s * 1e6 / 8)
     assert view.problem.model == view.own_model and view.own_model.weights  # the trained digit CNN
-    view.auto_solve()  # the fused planner on the measured figures (a 32-pixel CNN may stay on the gateway)
-    assert view.plan is not None and set(view.plan.devices) <= {"edge-a", "edge-b", "edge-c"}
+    solved(qtbot, view).auto_solve()  # the fused planner on the measured figures (a 32-pixel CNN may stay on the gateway)
+    assert solved(qtbot, view).plan is not None and set(view.plan.devices) <= {"edge-a", "edge-b", "edge-c"}
     view.strategy.setCurrentText("even")  # strips on all three agents
-    assert len(view.plan.devices) == 3 and view.run_button.isEnabled(), view.run_button.toolTip()
+    assert len(solved(qtbot, view).plan.devices) == 3 and view.run_button.isEnabled(), view.run_button.toolTip()
     files = list(view.image_files)
     assert len(files) == 10
     view.run_button.click()

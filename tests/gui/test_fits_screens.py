@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QAbstractButton, QAbstractSlider, QAbstractSpinBo
 from agents.protocol import TimelineEvent
 from gui.main_window import SCREENS, MainWindow
 from tests.gui.problems import make_problem
+from tests.gui.techniques.spatial_solving import solved
 
 CONTROLS = (QAbstractButton, QLineEdit, QAbstractSpinBox, QComboBox, QAbstractSlider)
 
@@ -349,7 +350,7 @@ def test_scrolled_to_its_bottom_the_spatial_runs_time_axis_shows_whole_at_1024x7
     plan = window.screens.plan
     window.show_screen(plan)
     plan.set_technique("spatial")
-    view = plan.view
+    view = solved(qtbot, plan.view)  # its plan (solved on a worker) and summary laid out
     view.timeline.set_lanes(["edge-a", "edge-b", "edge-c"])
     view.run_status.setText("completed: 10 image(s), 8.9 images/s, max |scores − one device| = 1.5e-05; "
                             "recorded as runs 1 (measured) and 2 (predicted)")

@@ -29,25 +29,26 @@ import msgspec
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy, QSpinBox,
+    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton, QSizePolicy,
+    QSpinBox,
     QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
 from core.errors import EdgeShardError
 from core.formats import load
-from core.techniques.spatial.cost import evaluate, single_device_seconds
 from core.techniques.spatial.problem import CnnRef, SpatialPlan, SpatialProblem, check
 from core.techniques.spatial.profiling import fits_of_problem, problem_with_fits
 from core.techniques.spatial.run import on_agents
 from core.techniques.spatial.scenarios import paper_shaped
-from core.techniques.spatial.strategies import ORDER, compare, run_strategy
+from core.techniques.spatial.strategies import ORDER
 from gui.studio_state import StudioState
 from gui.techniques.spatial.legend import STRIP_LEGEND_TERMS, STRIP_LEGEND_TOOLTIP
+from gui.techniques.spatial.solving import Solved, compare_task, run_task, solve_task
 from gui.techniques.spatial.tiles import TileCanvas
 from gui.timeline import TimelineView
 from gui.widgets import (InlineMessage, borderless_scroll, comparison_table, counted, fill_table, panel_header,
                          say_why_disabled)
-from gui.workers import TaskRunner, warm_import
+from gui.workers import TaskRunner, shutdown_together, warm_import
 
 
 class WrappedLabel(QLabel):
@@ -146,6 +147,13 @@ class SpatialPlanView(QWidget):
         self.summary = WrappedLabel()
         self.summary.setAccessibleName("Plan summary")
         lay.addWidget(self.summary)
+        self.solve_progress = QProgressBar()  # busy (no percentage: a solve reports none) while a solve runs
+        self.solve_progress.setRange(0, 0)
+        self.solve_progress.setMaximumHeight(6)
+        self.solve_progress.setTextVisible(False)
+        self.solve_progress.setAccessibleName("Solving")
+        self.solve_progress.hide()
+        lay.addWidget(self.solve_progress)
         self.message = InlineMessage()
         lay.addWidget(self.message)
         self.table = comparison_table(["strategy", "ms / image", "speedup", "devices", "tiles", "status"])
@@ -160,6 +168,14 @@ class SpatialPlanView(QWidget):
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)  # the run's lanes and images: at 1024×700 an even split squeezed the lanes flat
         lay.addWidget(split, 1)
+        # solves and Compare run on workers as the other techniques' do: the pick froze the GUI 0.9-1.2 s
+        self.solver, self.comparer = TaskRunner(self, name="spatial-solve"), TaskRunner(self, name="spatial-compare")
+        self.solver.task_finished.connect(lambda _t, solved: self._show_solved(solved))
+        self.comparer.task_finished.connect(lambda _t, rows: (fill_table(self.table, rows), self.table.show()))
+        for r in (self.solver, self.comparer):
+            r.status_reported.connect(lambda _t, text: self.summary.setText(text))
+            r.task_failed.connect(lambda _t, text: self.message.show_lines([text], "Solving failed:"))
+            r.busy_changed.connect(lambda _b: self._on_solving_changed())
         self.runner = TaskRunner(self, name="spatial-run")
         self.runner.partial_result_reported.connect(self._on_runner_partial_result_reported)
         self.runner.progress_reported.connect(self._on_runner_progress_reported)
@@ -279,6 +295,8 @@ class SpatialPlanView(QWidget):
         """Why *Run on agents* cannot start now ("" when it can): what the operator must do."""
         if self.runner.is_busy():
             return "a run is in progress: Stop it first"
+        if self.solver.is_busy():
+            return "the plan is being solved"
         if self.state.agents is None:
             return "no agents connected: start the demo cluster or connect an agents.json (File menu)"
         if self.plan is None or self.problem is None:
@@ -311,7 +329,7 @@ class SpatialPlanView(QWidget):
                                 + "…")
         self._run_files = list(self.image_files)
         self._run_model = problem.model
-        self.runner.start(_run_job, self.state.agents.link, problem, plan, self._run_files or self.run_images.value(),
+        self.runner.start(run_task, self.state.agents.link, problem, plan, self._run_files or self.run_images.value(),
                           self.state.workspace, f"Spatial {time.strftime('%Y-%m-%d %H:%M')}",
                           on_discarded=self._on_runner_task_finished_discarded)
 
@@ -363,7 +381,7 @@ class SpatialPlanView(QWidget):
             self.run_status.setText("stopped")
 
     def shutdown(self) -> None:
-        self.runner.shutdown(timeout_s=30.0)
+        shutdown_together((self.solver, self.comparer, self.runner), timeout_s=30.0)
 
     # problem ----------------------------------------------------------------------
     def _use_own_model(self, replan: bool = True) -> None:
@@ -519,25 +537,24 @@ class SpatialPlanView(QWidget):
 
     # plans ------------------------------------------------------------------------
     def show_strategy(self, name: str) -> None:
-        if self.problem is None:
+        """Solve ``name`` for the problem on the solver's worker; the plan is shown when it lands."""
+        if self.problem is not None:
+            self.solver.start(solve_task, self.problem, name)
+
+    def _show_solved(self, solved: Solved) -> None:
+        if solved.problem is not self.problem:  # solved for a problem since replaced
             return
-        out = run_strategy(self.problem, name)
-        if out.plan is None:
-            self.plan = None
-            self.message.show_lines([out.error], f"{name} found no plan:")
+        self.plan = solved.plan
+        self.summary.setText(solved.summary)
+        if solved.plan is None:
+            self.message.show_lines([solved.error], f"{solved.strategy} found no plan:")
             self.canvas.show_plan(None, None)
-            self.update_run_controls()
-            return
-        self.plan = out.plan
-        one = single_device_seconds(self.problem)
-        cost = evaluate(self.problem, out.plan)
-        self.summary.setText(
-            f"{self.problem.name}: {self.problem.model.spec().name}. {name}: {cost.latency_s * 1e3:.1f} ms/image, "
-            f"{one / cost.latency_s:.2f}× one device ({one * 1e3:.0f} ms), "
-            f"{counted(len(out.plan.devices), 'device')}, {counted(len(out.plan.groups), 'tile')}, "
-            f"{cost.moved_bytes / 1e6:.1f} MB moved per image"
-            + ("" if cost.fits else " — does NOT fit in memory"))
-        self.canvas.show_plan(self.problem.model.spec(), out.plan)
+        else:
+            self.canvas.show_plan(self.problem.model.spec(), solved.plan)
+        self.update_run_controls()
+
+    def _on_solving_changed(self) -> None:
+        self.solve_progress.setVisible(self.solver.is_busy() or self.comparer.is_busy())
         self.update_run_controls()
 
     def auto_solve(self) -> None:
@@ -545,34 +562,5 @@ class SpatialPlanView(QWidget):
         self.show_strategy("fused")
 
     def compare(self) -> None:
-        if self.problem is None:
-            return
-        one = single_device_seconds(self.problem)
-        outs = compare(self.problem)
-        fill_table(self.table, [
-            [o.strategy, f"{o.latency_s * 1e3:.1f}" if o.latency_s else "—",
-             f"{one / o.latency_s:.2f}×" if o.latency_s else "—",
-             str(len(o.plan.devices)) if o.plan else "—", str(len(o.plan.groups)) if o.plan else "—",
-             o.status if not o.error else f"{o.status}: {o.error}"] for o in outs])
-        self.table.show()
-
-
-def _run_job(reporter, link, problem: SpatialProblem, plan: SpatialPlan, images: int | list[str], workspace: str,
-             session: str):
-    """Worker: ``images`` (that many seeded random images, or image files) through ``run_and_record``,
-    each image reported as it lands."""
-    import torch
-
-    from core.techniques.spatial.images import load_images
-    from core.techniques.spatial.run import run_and_record
-
-    spec = problem.model.spec()
-    if isinstance(images, list):
-        reporter.status(f"reading {len(images)} image file(s)")
-        images = load_images(images, spec.image)
-    else:
-        images = torch.randn(images, 3, spec.image, spec.image, generator=torch.Generator().manual_seed(0))
-    reporter.status("synchronising clocks")
-    link.sync_clocks()
-    return run_and_record(link, problem, plan, images, workspace=workspace, session=session, reporter=reporter,
-                          on_image=lambda events, _token, result: reporter.partial_result((events, result)))
+        if self.problem is not None:
+            self.comparer.start(compare_task, self.problem)

@@ -11,6 +11,7 @@ from core.techniques.spatial.scenarios import paper_shaped
 from gui.screens.plan import PlanScreen
 from gui.techniques.spatial import SpatialPlanView, owned_ranges, read_ranges
 from gui.studio_state import StudioState
+from tests.gui.techniques.spatial_solving import solved
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def view(qtbot):
     screen = PlanScreen(StudioState())
     qtbot.addWidget(screen)
     screen.set_technique("spatial")
-    yield screen.view
+    yield solved(qtbot, screen.view)
     screen.shutdown()
 
 
@@ -28,17 +29,20 @@ def test_the_spatial_view_is_offered_before_an_llm_is_loaded_and_shows_a_plan(vi
     assert "vgg16-224" in view.summary.text()
 
 
-def test_auto_solve_shows_the_fused_plan_and_compare_lists_every_partitioner(view):
-    view.auto_solve()
+def test_auto_solve_shows_the_fused_plan_and_compare_lists_every_partitioner(qtbot, view):
+    solved(qtbot, view).auto_solve()
+    solved(qtbot, view)
     assert view.canvas.plan.strategy == "fused" and view.strategy.currentText() == "fused"
     view.compare()
+    solved(qtbot, view)
     assert [view.table.item(r, 0).text() for r in range(view.table.rowCount())] == ["fused", "bodp", "cbps", "even"]
     assert view.table.isVisibleTo(view)
 
 
-def test_a_scenario_with_fewer_nodes_plans_on_fewer_devices(view):
+def test_a_scenario_with_fewer_nodes_plans_on_fewer_devices(qtbot, view):
     view.nodes.setValue(2)
-    view.use_scenario()
+    solved(qtbot, view).use_scenario()
+    solved(qtbot, view)
     assert len(view.canvas.plan.devices) == 2
 
 
@@ -71,9 +75,10 @@ def test_loading_a_problem_gives_the_profile_screen_its_time_models_and_the_scen
     assert fits.devices[0].conv == problem.devices[0].time
 
 
-def test_a_one_device_plan_is_worded_in_the_singular(view):
+def test_a_one_device_plan_is_worded_in_the_singular(qtbot, view):
     view.nodes.setValue(1)
-    view.use_scenario()
+    solved(qtbot, view).use_scenario()
+    solved(qtbot, view)
     assert len(view.canvas.plan.devices) == 1
     text = view.summary.text()
     assert "1 device," in text and "1 devices" not in text
@@ -106,6 +111,7 @@ from PySide6.QtWidgets import QApplication
 app = QApplication([])
 from gui.screens.plan import PlanScreen
 from gui.studio_state import StudioState
+from tests.gui.techniques.spatial_solving import solved
 screen = PlanScreen(StudioState())
 before = "torch" in sys.modules
 screen.set_technique("spatial")
@@ -118,3 +124,35 @@ print(before, seen)
                          env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False ['warm-torch']"
+
+
+def test_picking_spatial_solves_on_the_solvers_worker_while_the_gui_thread_runs_with_progress(qtbot, monkeypatch):
+    """The pick's fused solve ran on the GUI thread (0.9-1.2 s frozen under load). Here the solve waits for a
+    timer that only the GUI thread can fire: it lands only because the GUI thread ran while it solved."""
+    import threading
+
+    from PySide6.QtCore import QTimer
+
+    from gui.techniques.spatial import solving
+
+    release, threads = threading.Event(), []
+    real = solving.run_strategy
+
+    def gated(problem, name):
+        threads.append(threading.current_thread())
+        assert release.wait(60), "the GUI thread never ran while the solve waited"
+        return real(problem, name)
+
+    monkeypatch.setattr(solving, "run_strategy", gated)
+    screen = PlanScreen(StudioState())
+    qtbot.addWidget(screen)
+    screen.set_technique("spatial")  # returns while the solve runs
+    view = screen.view
+    assert view.solver.is_busy() and view.plan is None and not view.solve_progress.isHidden()
+    qtbot.waitUntil(lambda: view.summary.text() == "Solving fused…")  # what it is doing, from the worker
+    QTimer.singleShot(0, release.set)
+    solved(qtbot, view)
+    assert threads and threading.main_thread() not in threads
+    assert view.plan is not None and view.canvas.plan is view.plan and view.solve_progress.isHidden()
+    assert view.summary.text().startswith(view.problem.name)
+    screen.shutdown()

@@ -12,6 +12,7 @@ from gui.main_window import MainWindow
 from gui.screens.plan import PlanScreen
 from gui.studio_state import StudioState
 from gui.widgets import UNAVAILABLE
+from tests.gui.techniques.spatial_solving import solved
 
 
 def _fits(n: int) -> SpatialFits:
@@ -29,7 +30,7 @@ def view(qtbot):
     screen.set_technique("spatial")
     screen.view.nodes.setValue(2)
     screen.view.use_scenario()
-    yield screen.view
+    yield solved(qtbot, screen.view)
     screen.shutdown()
 
 
@@ -38,11 +39,11 @@ def test_without_fits_the_button_is_disabled_and_says_to_profile(view):
     assert UNAVAILABLE + "no CNN time models yet" in view.fits_button.toolTip()
 
 
-def test_profile_fits_become_the_problems_models_on_devices_named_as_the_agents(view):
+def test_profile_fits_become_the_problems_models_on_devices_named_as_the_agents(qtbot, view):
     view.state.set_spatial_fits(_fits(2))
     assert view.fits_button.isEnabled()
     view.fits_button.click()
-    problem = view.problem
+    problem = solved(qtbot, view).problem
     assert [d.id for d in problem.devices] == ["local-0", "local-1"] and problem.gateway == "local-0"
     assert problem.device("local-1").time == _fits(2).devices[1].conv
     assert problem.device("local-0").fc_time == _fits(2).devices[0].fc
@@ -87,12 +88,12 @@ class _Agents:
     endpoints = ("local-0", "local-1", "local-2")
 
 
-def test_fits_of_connected_agents_become_the_measured_problem_and_new_fits_re_plan_it(view):
+def test_fits_of_connected_agents_become_the_measured_problem_and_new_fits_re_plan_it(qtbot, view):
     view.state.set_agents(_Agents())
     assert view.source == "scenario" and not view.measured_button.isEnabled()  # no fits yet: the what-if stays
     view.state.set_spatial_fits(_fits(2))
     assert view.source == "measured" and [d.id for d in view.problem.devices] == ["local-0", "local-1"]
-    assert not view.nodes.isEnabled() and view.plan is not None
+    assert not view.nodes.isEnabled() and solved(qtbot, view).plan is not None
     view.state.set_spatial_fits(_fits(3))  # a new profile: planned again, with the third agent
     assert [d.id for d in view.problem.devices] == ["local-0", "local-1", "local-2"]
     assert view.problem.device("local-2").time == _fits(3).devices[2].conv
@@ -111,11 +112,11 @@ def test_a_scenario_the_operator_picked_stays_when_fits_arrive(view):
 def test_picking_spatial_with_a_measured_cluster_solves_only_the_measured_problem(qtbot, monkeypatch):
     """The view solved the what-if scenario first and then the measured cluster that replaced it: two
     fused solves on the GUI thread (the pick froze the studio 1.1 s at load 19); the scenario is not solved."""
-    from gui.techniques.spatial import plan_view
+    from gui.techniques.spatial import solving
 
-    solved = []
-    real = plan_view.run_strategy
-    monkeypatch.setattr(plan_view, "run_strategy", lambda problem, name: solved.append(
+    solves = []
+    real = solving.run_strategy
+    monkeypatch.setattr(solving, "run_strategy", lambda problem, name: solves.append(
         (tuple(d.id for d in problem.devices), name)) or real(problem, name))
     state = StudioState()
     state.set_agents(_Agents())
@@ -123,6 +124,6 @@ def test_picking_spatial_with_a_measured_cluster_solves_only_the_measured_proble
     screen = PlanScreen(state)
     qtbot.addWidget(screen)
     screen.set_technique("spatial")
-    assert screen.view.source == "measured" and screen.view.plan is not None
-    assert solved == [(("local-0", "local-1"), screen.view.strategy.currentText())]
+    assert screen.view.source == "measured" and solved(qtbot, screen.view).plan is not None
+    assert solves == [(("local-0", "local-1"), screen.view.strategy.currentText())]
     screen.shutdown()

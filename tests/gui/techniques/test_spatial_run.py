@@ -16,6 +16,7 @@ from core.sessions.store import SessionStore
 from gui.screens.plan import PlanScreen
 from gui.studio_state import StudioState
 from gui.widgets import UNAVAILABLE
+from tests.gui.techniques.spatial_solving import solved
 from tests.techniques.spatial.conftest import make_problem
 
 WAIT_MS = 90_000
@@ -48,7 +49,7 @@ def view(qtbot, tmp_path):
     view = screen.view
     view.set_problem(make_problem((4.0, 2.0, 1.0), 50.0))  # devices d0..d2: mapped onto the agents
     view.strategy.setCurrentText("even")  # every device gets strips
-    yield view
+    yield solved(qtbot, view)
     screen.shutdown()
 
 
@@ -138,6 +139,7 @@ def test_a_killed_worker_agent_is_named_inline_and_the_run_recorded_as_failed(vi
     try:
         view.set_problem(make_problem((4.0, 2.0), 50.0))
         view.strategy.setCurrentText("even")
+        solved(qtbot, view)
         view.state.set_agents(coordinator)
         view.run_images.setValue(200)
         view.run_button.click()
