@@ -133,11 +133,11 @@ class OrderedSends:
         """``then(host)`` on the sending thread once ``pending``'s copy is done (``host``: its host tensor)."""
         self._put(lambda: then(pending.wait()), pending)
 
-    def send(self, frames, nbytes, on_sent=None, stop=None) -> None:
+    def send(self, frames, nbytes, on_sent=None, stop=None, kind=None) -> None:
         if threading.get_ident() == self._thread.ident:  # ``then`` of an ``after``: its turn is now
-            self.sender.send(frames, nbytes, on_sent, stop)
+            self.sender.send(frames, nbytes, on_sent, stop, kind)
         else:
-            self._put(lambda: self.sender.send(frames, nbytes, on_sent, stop))
+            self._put(lambda: self.sender.send(frames, nbytes, on_sent, stop, kind))
 
     def _put(self, job, pending: PendingHost | None = None) -> None:
         if self._error is not None:

@@ -3,6 +3,8 @@ link probes, and the kinds registered techniques send), checked before any byte 
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import msgspec
 
 from agents import registry
@@ -96,17 +98,12 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
     raw = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
     if len(raw) > MAX_CONTROL_FRAME:
         raise ProtocolError("too_large", "data header too large")
-    try:
-        head = _head_decoder.decode(raw)
-    except Exception as err:  # any bytes (see decode_control)
-        raise ProtocolError("bad_frame", f"data header is not a msgpack map: {reason(err)}") from None
-    if head.v != PROTOCOL_VERSION:
-        raise VersionMismatch(head.v, 0, f"data protocol version {short(head.v)} received from a peer, version "
-                                         f"{PROTOCOL_VERSION} supported here: {UPGRADE_HINT}")
-    try:
+    try:  # one decode on the stage loop's path; a header that does not decode is looked at again below
         header = _data_decoder.decode(raw)
     except Exception as err:
-        raise ProtocolError("bad_message", f"data header: {reason(err)}") from None
+        _refuse_undecoded(raw, err)
+    if header.v != PROTOCOL_VERSION:
+        raise _version_mismatch(header.v)
     # link probes number their latency probes with negative steps (agents.profiler)
     if (header.step < 0 and header.kind != "probe") or header.micro_batch < 0 or header.micro_batch >= MAX_ROWS:
         raise ProtocolError("bad_message", f"step {header.step} / micro_batch {header.micro_batch} out of range")
@@ -134,6 +131,23 @@ def decode_data(frames: list, max_bytes: int) -> tuple[DataHeader, list[memoryvi
     if total > max_bytes:
         raise ProtocolError("too_large", f"data message of {total} bytes exceeds {max_bytes}")
     return header, bufs
+
+
+def _refuse_undecoded(raw, err: Exception) -> NoReturn:
+    """Why a header that does not decode as a ``DataHeader`` is refused: not a msgpack map (``bad_frame``),
+    another protocol version's (``VersionMismatch``: its fields may differ), else a bad field."""
+    try:
+        head = _head_decoder.decode(raw)
+    except Exception as head_err:  # any bytes (see decode_control)
+        raise ProtocolError("bad_frame", f"data header is not a msgpack map: {reason(head_err)}") from None
+    if head.v != PROTOCOL_VERSION:
+        raise _version_mismatch(head.v)
+    raise ProtocolError("bad_message", f"data header: {reason(err)}") from None
+
+
+def _version_mismatch(received: object) -> VersionMismatch:
+    return VersionMismatch(received, 0, f"data protocol version {short(received)} received from a peer, version "
+                                        f"{PROTOCOL_VERSION} supported here: {UPGRADE_HINT}")
 
 
 def _check_data_options(header: DataHeader) -> None:

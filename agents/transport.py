@@ -184,22 +184,30 @@ def tensor_from_frame(spec: TensorSpec, buf: memoryview) -> torch.Tensor:
     case), so the tensor views them and the frame keeps them alive. Read-only bytes (a
     copying receive, ``bytes`` built by hand) are copied once: a torch tensor is writable,
     and viewing read-only memory would let a write corrupt an immutable object (torch warns
-    about exactly that).
+    about exactly that). Viewed through numpy: ~1.3 µs a frame against ~2.2 for
+    ``torch.frombuffer`` (once per tensor per step on every stage).
     """
     import torch
 
-    dtype = _torch_dtypes()[spec.dtype]
     if buf.nbytes == 0:
-        return torch.empty(spec.shape, dtype=dtype)
+        return torch.empty(spec.shape, dtype=_torch_dtypes()[spec.dtype])
     if not isinstance(buf, memoryview):
         buf = memoryview(buf)
     if buf.readonly:
         buf = bytearray(buf)
-    if dtype == torch.bfloat16:
-        t = torch.frombuffer(buf, dtype=torch.int16).view(torch.bfloat16)
-    else:
-        t = torch.frombuffer(buf, dtype=dtype)
-    return t.view(spec.shape)
+    wire, as_dtype = _numpy_views()[spec.dtype]
+    t = torch.from_numpy(np.frombuffer(buf, dtype=wire).reshape(spec.shape))
+    return t if as_dtype is None else t.view(as_dtype)
+
+
+@functools.cache
+def _numpy_views() -> dict:
+    """Wire name → (numpy dtype of its bytes, torch dtype to view them as; None: the same).
+    bfloat16 has no numpy dtype: its 16-bit words are viewed as int16, then as bfloat16."""
+    import torch
+
+    return {"float32": (np.float32, None), "float16": (np.float16, None), "bfloat16": (np.int16, torch.bfloat16),
+            "int64": (np.int64, None), "int32": (np.int32, None), "uint8": (np.uint8, None)}
 
 
 def data_message(header: DataHeader, buffers: list) -> list:
@@ -240,12 +248,14 @@ class WireCounts:
             entry[0] += 1
             entry[1] += nbytes
 
-    def add_data(self, link: str, frames: list) -> None:
-        """One data message sent: its kind from its header frame, its bytes from every frame."""
-        try:
-            kind = _kind_decoder.decode(frames[0]).kind
-        except (msgspec.DecodeError, TypeError, IndexError):
-            kind = "?"
+    def add_data(self, link: str, frames: list, kind: str | None = None) -> None:
+        """One data message sent: its kind (read back from its header frame unless the sender
+        names it: a decode per message saved on the stage loop's sends), its bytes from every frame."""
+        if kind is None:
+            try:
+                kind = _kind_decoder.decode(frames[0]).kind
+            except (msgspec.DecodeError, TypeError, IndexError):
+                kind = "?"
         self.add(link, kind, sum(frame_bytes(f) for f in frames))
 
     def snapshot(self) -> tuple[WireCount, ...]:
@@ -290,14 +300,16 @@ class LinkSender:
     def shaped(self) -> bool:
         return self._shaped
 
-    def send(self, frames: list, nbytes: int, on_sent=None, stop: threading.Event | None = None) -> None:
+    def send(self, frames: list, nbytes: int, on_sent=None, stop: threading.Event | None = None,
+             kind: str | None = None) -> None:
+        """``kind``: the header's ``kind`` when the caller knows it (counted without decoding the header)."""
         if self._error is not None:
             raise self._error
         start = self.clock()
         if not self._shaped:
             send_multipart_interruptible(self.sock, frames, stop)
             if self._counts is not None:
-                self._counts.add_data(self._link, frames)
+                self._counts.add_data(self._link, frames, kind)
             if on_sent:
                 on_sent(start, self.clock(), nbytes)
             return
@@ -307,7 +319,7 @@ class LinkSender:
         with self._cv:
             self._link_free_at = max(now, self._link_free_at) + tx
             due = self._link_free_at + self.shape.latency_ms / 1e3
-            self._queue.append((due, frames, nbytes, start, on_sent, stop))
+            self._queue.append((due, frames, nbytes, start, on_sent, stop, kind))
             self._cv.notify()
 
     def _serve(self) -> None:
@@ -317,7 +329,7 @@ class LinkSender:
                     self._cv.wait()
                 if self._closed and not self._queue:
                     return
-                due, frames, nbytes, start, on_sent, stop = self._queue[0]
+                due, frames, nbytes, start, on_sent, stop, kind = self._queue[0]
                 delay = due - time.monotonic()
                 if delay > 0:
                     # wakes early on close(); re-checks the head afterwards
@@ -330,7 +342,7 @@ class LinkSender:
             try:
                 send_multipart_interruptible(self.sock, frames, stop)
                 if self._counts is not None:
-                    self._counts.add_data(self._link, frames)
+                    self._counts.add_data(self._link, frames, kind)
                 if on_sent:
                     on_sent(start, self.clock(), nbytes)
             except Exception as err:  # surfaced on the next send()
@@ -421,15 +433,24 @@ PEER_HEARTBEAT_TIMEOUT_MS = 4000
 def send_multipart_interruptible(sock: zmq.Socket, frames: list, stop: threading.Event | None) -> None:
     """Send, blocking while the peer is slow, but give up when ``stop`` is set.
 
-    The socket has a send timeout (SNDTIMEO) so a vanished peer cannot hang the stage.
+    The socket has a send timeout (SNDTIMEO) so a vanished peer cannot hang the stage. Each frame
+    is sent with plain int flags (pyzmq's ``send_multipart`` ORs enum flags per frame and checks
+    every buffer first: ~1.3 µs a message of the stage loop's), and a send that times out resumes
+    at the frame it stopped at (libzmq took the ones before it).
     """
-    while True:
+    last = len(frames) - 1
+    i = 0
+    while i <= last:
         try:
-            sock.send_multipart(frames, copy=False)
-            return
+            sock.send(frames[i], _SNDMORE if i < last else 0, copy=False)
+            i += 1
         except zmq.Again:
             if stop is not None and stop.is_set():
                 raise RunAborted("run stopped while sending") from None
+
+
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class RunAborted(Exception):
@@ -493,7 +514,7 @@ class DataInbox:
         for ready, _ in zmq.zmq_poll(self._items, -1 if timeout_ms is None else timeout_ms):
             if ready is self.sock:
                 try:
-                    message = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    message = self._frames()
                 except zmq.Again:
                     pass
             else:
@@ -503,6 +524,17 @@ class DataInbox:
                 except OSError:  # drained (BlockingIOError), or closed with the agent
                     pass
         return message
+
+    def _frames(self) -> list:
+        """One whole message's frames (not copied), read part by part by each frame's ``more``: pyzmq's
+        ``recv_multipart`` asks the socket for RCVMORE through an enum per part (~2.4 µs a message)."""
+        sock = self.sock
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames = [frame]
+        while frame.more:  # the parts of a message arrive together: these never wait
+            frame = sock.recv(0, copy=False)
+            frames.append(frame)
+        return frames
 
     def close(self) -> None:
         """Close the wake pipe (the socket is its owner's to close)."""

@@ -5,6 +5,7 @@ of two statuses."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import zmq
 
 from agents.protocol import DataHeader, TensorSpec
@@ -17,7 +18,9 @@ def _message(kind: str, n: int) -> list:
     return data_message(header, [np.arange(n, dtype=np.float32)])
 
 
-def test_the_counts_are_the_bytes_the_receiving_socket_got_per_kind():
+@pytest.mark.parametrize("named", [False, True], ids=["read-from-header", "named-by-sender"])
+def test_the_counts_are_the_bytes_the_receiving_socket_got_per_kind(named):
+    """Whether the kind is read back from the header or named by the sender (the stage loop's sends)."""
     ctx = zmq.Context()
     try:
         pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
@@ -28,7 +31,7 @@ def test_the_counts_are_the_bytes_the_receiving_socket_got_per_kind():
         sender = LinkSender(push, counts=counts, link="b")
         sent = [("hidden", 64), ("tokens", 3), ("hidden", 1000)]
         for kind, n in sent:
-            sender.send(_message(kind, n), n * 4)
+            sender.send(_message(kind, n), n * 4, kind=kind if named else None)
         got: dict[str, tuple[int, int]] = {}
         for kind, _ in sent:
             frames = pull.recv_multipart()

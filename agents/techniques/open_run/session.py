@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -76,10 +76,13 @@ class _Row:
     prompt_length: int = 0
     """Where its generated tokens start in ``history`` (a resumed row's prompt ends with its tokens so far)."""
 
-    @property
-    def plain(self) -> bool:
-        """Greedy with no history nor bias: its token is the argmax, taken with every such row at once."""
-        return self.join.sampling.temperature <= 0 and self.history is None and not self.join.sampling.logit_bias
+    plain: bool = field(init=False)
+    """Greedy with no history nor bias: its token is the argmax, taken with every such row at once (set once,
+    from its join: read for every row of every step)."""
+
+    def __post_init__(self) -> None:
+        s = self.join.sampling
+        self.plain = s.temperature <= 0 and self.history is None and not s.logit_bias
 
     def generator(self, step: int) -> torch.Generator | None:
         """The draw of micro-batch step ``step``, keyed by the row's own position only (None: greedy)."""
@@ -258,7 +261,7 @@ class OpenStageRun(StageRun):
             spec, buf = tensor_frame(rows)
             header = DataHeader(run_id=self.msg.run_id, kind=SHRINK, phase="decode", step=0, micro_batch=mb,
                                 sender=self.agent.device, tensors=(spec,), t_sent=self.clock())
-            self.loaded.sender.send(data_message(header, [buf]), spec.nbytes(), lambda *_: None, self.stop)
+            self.loaded.sender.send(data_message(header, [buf]), spec.nbytes(), None, self.stop, kind=SHRINK)
 
     def _frame_problem(self, header: DataHeader) -> str:
         if header.kind == "hidden" and header.step > 0 and len(header.tensors) == 2 and not self.is_first:
@@ -295,7 +298,7 @@ class OpenStageRun(StageRun):
         if not self.is_last:
             header = DataHeader(run_id=self.msg.run_id, kind=RETIRE, phase="decode", step=0, micro_batch=mb,
                                 sender=self.agent.device, tensors=(), t_sent=self.clock())
-            self.loaded.sender.send(data_message(header, []), 0, lambda *_: None, self.stop)
+            self.loaded.sender.send(data_message(header, []), 0, None, self.stop, kind=RETIRE)
         if self.is_first:
             self._rejoin(mb)
 
@@ -340,7 +343,7 @@ class OpenStageRun(StageRun):
     def _sample_rows(self, mb: int, step: int, logits: torch.Tensor) -> torch.Tensor:
         """Each row's token by its own sampling: plain greedy rows by one argmax, the others one by one."""
         rows = self.row_samplers[mb]
-        tokens = logits.float().argmax(dim=-1)
+        tokens = greedy_tokens(logits)
         for i, row in enumerate(rows):
             if row.plain:
                 continue
@@ -364,6 +367,16 @@ class OpenStageRun(StageRun):
 
     def _generator(self, mb: int, step: int) -> None:
         return None  # each row draws from its own (``_Row.generator``)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax over its last dimension, the first of equal maxima as torch's. A CPU tensor's goes
+    through numpy, whose argmax is vectorised: 16 rows of a 4,096-token vocabulary ~8 µs against torch's
+    ~80-145 (one thread), every step at the last stage."""
+    logits = logits.float()
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    return torch.from_numpy(logits.numpy().argmax(axis=-1))
 
 
 def drive(agent, loaded, msg, stop):
