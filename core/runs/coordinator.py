@@ -341,7 +341,7 @@ class Coordinator:
                     reporter.progress(run_state.progress(run.state, expected), expected)
                 self._stop_all(devices, run.run_id)
                 end = run.state
-                lost = self._lost_with(end, devices) if replan and not reporter.cancel_requested() else ()
+                lost = self.lost_with(end, devices) if replan and not reporter.cancel_requested() else ()
                 if not lost:
                     break
                 plan, devices = self._recover(run, plan, request, groups, replan, recoveries, reporter, lost)
@@ -374,9 +374,10 @@ class Coordinator:
         return RunResult(run_id=run_id, tokens=tokens, events=events, token_events=toks, clocks=self.clocks(),
                          wall_s=time.perf_counter() - t_start, recoveries=tuple(recoveries), plan=plan)
 
-    def _lost_with(self, end, devices: list[str]) -> tuple[str, ...]:
+    def lost_with(self, end, devices: list[str]) -> tuple[str, ...]:
         """Every agent lost when the run ``end``ed of a loss, the run's stages' first (none: not recoverable). A
-        live stage's error (it noticed its peer gone before the heartbeats did) counts when a stage is lost."""
+        live stage's error (it noticed its peer gone before the heartbeats did) counts when a stage is lost.
+        A server's open run asks it too (``core.serving.cluster_runs``): it recovers its requests itself."""
         if not isinstance(end, run_state.Failed) or end.code not in ("agent_lost", "agent_error"):
             return ()
         others = [d for d in self.endpoints if d not in devices]

@@ -152,7 +152,7 @@ class ServedModel:
         lost = [d for d in self.plan.devices() if self.coordinator.link.is_lost(d)]
         if lost and self.replan is not None:
             try:
-                self._replanned(lost[0])
+                self._replanned(tuple(lost))
             except EdgeShardError as err:
                 return f"agent {lost[0]} is not answering and no plan without it could be loaded ({err}); restart it"
         elif lost:
@@ -387,9 +387,11 @@ class ServedModel:
         slots = [m for m in slots if m]
         self.loaded = False
         failure = run.failure
-        if slots and self.replan is not None and isinstance(failure, RunFailed) and failure.device:
+        lost = self.coordinator.lost_with(self.coordinator.latest_run_state, list(self.plan.devices())) \
+            if slots and self.replan is not None else ()  # a live stage's error may name itself, not the lost
+        if lost:
             try:
-                self._recover(run, failure.device, slots)
+                self._recover(run, lost, slots)
                 return
             except EdgeShardError as err:
                 failure = err
@@ -399,11 +401,12 @@ class ServedModel:
                 self.records.finish(r)
         self.on_slot_free()
 
-    def _recover(self, run: OpenRun, failed: str, slots: list[list[ServedRequest]]) -> None:
-        """Re-plan without ``failed``, load the new plan, and join every live request again where it stopped."""
-        t_failed = time.time()
+    def _recover(self, run: OpenRun, lost: tuple[str, ...], slots: list[list[ServedRequest]]) -> None:
+        """Re-plan without every ``lost`` agent (a stage's first), load the new plan, and join every live request
+        again where it stopped."""
+        t_failed, failed = time.time(), lost[0]
         old = [s.device for s in self.plan.stages]
-        new_plan, t_planned = self._replanned(failed)
+        new_plan, t_planned = self._replanned(lost)
         t_loaded = time.time()
         marks = [("failure", failed, old.index(failed), t_failed, t_failed), ("replan", failed, old.index(failed),
                  t_failed, t_planned)] + [("reload", s.device, i, t_planned, t_loaded)
@@ -422,10 +425,10 @@ class ServedModel:
                 with self._lock:
                     slot = next((i for i, m in self._slots.items() if group[0] in m), None)
 
-    def _replanned(self, failed: str) -> tuple[ShardPlan, float]:
-        """The plan re-planned over the live agents without ``failed``, loaded; and when it was planned."""
-        usable = tuple(d for d in self.coordinator.endpoints if not self.coordinator.link.is_lost(d))
-        self.plan, planned = self.replan(self.plan, failed, usable), time.time()
+    def _replanned(self, lost: tuple[str, ...]) -> tuple[ShardPlan, float]:
+        """The plan re-planned over the live agents without the ``lost`` ones, loaded; and when it was planned."""
+        usable = tuple(d for d in self.coordinator.endpoints if d not in lost and not self.coordinator.link.is_lost(d))
+        self.plan, planned = self.replan(self.plan, lost[0], usable), time.time()
         self.loaded = False
         load_plan(self.coordinator, self.plan, self.model_dir, self.settings.generation)  # no clock probe of the lost
         self.loaded = True
