@@ -115,6 +115,14 @@ def run_title(info: RunInfo) -> str:
     return " · ".join(p for p in (run_name(info), info.model, run_style(info), info.status) if p)
 
 
+def run_plan(info: RunInfo) -> str:
+    """The stored plan the run started on ("plan 3"), and the one it finished on when a lost device re-planned
+    it ("plan 3, re-planned to 5"); "" for a run recorded without a plan."""
+    if info.plan_id is None:
+        return ""
+    return f"plan {info.plan_id}" + (f", re-planned to {info.final_plan_id}" if info.final_plan_id is not None else "")
+
+
 def human_time(iso: str, now: datetime | None = None) -> str:
     """A recorded UTC ISO time in the local zone, in words: "14:32" today, "yesterday 14:32",
     "3 Dec 14:32" this year, "3 Dec 2025" before; the text itself when it is not a time."""

@@ -25,7 +25,8 @@ from gui.screens.run_comparison import RunComparisonView, load_comparison
 from gui.screens.run_monitor import RunMonitorView
 from gui.screens.run_export import export_run
 from gui.screens.replay_clock import RunClock
-from gui.screens.run_names import human_time, run_count, run_name, run_style, run_title, with_expert_buffer
+from gui.screens.run_names import (human_time, run_count, run_name, run_plan, run_style, run_title,
+                                   with_expert_buffer)
 from gui.widgets import InlineMessage, panel_header, say_why_disabled
 from gui.workers import TaskRunner, shutdown_together
 
@@ -236,6 +237,7 @@ class SessionsPanel(QWidget):
         self.export_button.setMenu(menu)
         self.run_label = QLabel("No run open.")
         self.run_label.setAccessibleName("Open run")
+        self.run_label.setWordWrap(True)  # a long title (technique, style, plan and re-plan) wraps at 1024 px
         self.message = InlineMessage()
 
         controls = QHBoxLayout()
@@ -432,7 +434,7 @@ class SessionsPanel(QWidget):
         self.loaded = loaded
         self.replay = Replay(loaded.items, speed=self.speed_combo.currentData(), paused=True)
         info = loaded.info
-        self.run_label.setText(f"{run_title(info)} · {info.kind} · "
+        self.run_label.setText(" · ".join(p for p in (run_title(info), info.kind, run_plan(info)) if p) + " · "
                                f"{len(loaded.items)} recorded items · a {run_span_s(loaded.items):.2f} s run")
         for w in self._replay_controls:
             w.setEnabled(True)

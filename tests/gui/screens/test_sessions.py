@@ -376,3 +376,21 @@ def test_a_run_whose_stored_origin_is_unreadable_opens_saying_no_prediction_and_
     loaded = load_run(NullReporter(), str(workspace), run_id)
     assert loaded.items and loaded.predicted == ()
     assert loaded.prediction_note.startswith("No prediction: ") and "origin" in loaded.prediction_note
+
+
+def test_a_recovered_runs_details_name_its_plan_and_the_plan_it_was_replanned_to(qtbot, state, run_data):
+    """A run a lost device re-planned (``final_plan_id``, schema v5) says so where its plan is shown; a run that
+    finished where it started names its plan alone."""
+    problem, plan, _, _ = run_data
+    with SessionStore(state.workspace) as store:
+        session = store.create_session("recovery")
+        kept, recovered = (record_simulation(store, session, problem, plan,
+                                             simulate(problem, plan, "bubbles", generated_tokens=4)) for _ in "ab")
+        final = store.set_final_plan(recovered, plan)  # as a recorded recovery stores its re-plan
+        started = {r: store.run(r).plan_id for r in (kept, recovered)}
+    panel = _sessions(qtbot, state)
+    _open(qtbot, panel, recovered)
+    assert f" · plan {started[recovered]}, re-planned to {final} · " in panel.run_label.text()
+    _open(qtbot, panel, kept)
+    assert f" · plan {started[kept]} · " in panel.run_label.text() and "re-planned" not in panel.run_label.text()
+    assert panel.shutdown()
