@@ -34,7 +34,7 @@ def penalty_problem(label: str, text: str) -> str:
         return f"{label} {text.strip()!r} is not a number: enter one in [-2, 2] (0 = off)."
     problem = settings_problem(GenerationSettings(frequency_penalty=value))
     if problem is not None:
-        return f"{label} {problem[1]}: enter one in [-2, 2]."
+        return f"{label} {problem[1]}."
     return ""
 
 
