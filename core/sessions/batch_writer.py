@@ -23,6 +23,7 @@ INSERT_SQL = {
     "stream_events": f"INSERT INTO stream_events ({', '.join(STREAM_EVENT_COLS)}) "
                      f"VALUES ({', '.join('?' * len(STREAM_EVENT_COLS))})",
     "agent_logs": f"INSERT INTO agent_logs ({', '.join(LOG_COLS)}) VALUES ({', '.join('?' * len(LOG_COLS))})",
+    "run_finished": "UPDATE runs SET status = ?, ended_at = ?, figures_json = ? WHERE id = ?",
 }
 
 

@@ -76,9 +76,10 @@ class RunRecorder:
         """Flush, then store the status and figures: the run's ``core.runs.metrics``
         figures, with the caller's ``figures`` (e.g. the coordinator's own) added on top. With ``keep``
         they come from what it kept and ``shared`` (the events its windows on shared streams hold,
-        (arrival, event) on its clocks), merged as its timeline would give them back."""
-        self.store.flush()
+        (arrival, event) on its clocks), merged as its timeline would give them back, and the writer
+        stores them after its rows, in its next batch (no flush and commits of its own: ~0.3 ms a run)."""
         if self._kept is None:
+            self.store.flush()
             items = [(i.event, i.tokens) for i in self.store.timeline(self.run_id)]
         else:
             with self._lock:
@@ -89,7 +90,7 @@ class RunRecorder:
         merged = msgspec.to_builtins(computed)
         if figures is not None:
             merged.update(msgspec.to_builtins(figures))
-        self.store.finish_run(self.run_id, status, merged)
+        self.store.finish_run(self.run_id, status, merged, queued=self._kept is not None)
         self.finished = True
         return computed
 

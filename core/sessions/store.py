@@ -315,10 +315,16 @@ class SessionStore:
             "status": "running", "started_at": utc_now(), "ended_at": None, "figures_json": "{}",
         })
 
-    def finish_run(self, run_id: int, status: str, figures: dict[str, Any] | msgspec.Struct | None = None) -> None:
+    def finish_run(self, run_id: int, status: str, figures: dict[str, Any] | msgspec.Struct | None = None, *,
+                   queued: bool = False) -> None:
+        """Its status and figures. ``queued``: by the writer, in its next batch, after the run's rows queued before
+        (a reader that sees it finished sees them), with no commit of its own (a server finishes a run a request)."""
         fig = msgspec.to_builtins(figures) if figures is not None else {}
-        self._update_run(run_id, "status = ?, ended_at = ?, figures_json = ?",
-                         (status, utc_now(), json.dumps(fig, sort_keys=True)))
+        values = (status, utc_now(), json.dumps(fig, sort_keys=True))
+        if queued:
+            self._queue("run_finished", (*values, run_id))
+        else:
+            self._update_run(run_id, "status = ?, ended_at = ?, figures_json = ?", values)
 
     def set_final_plan(self, run_id: int, plan: ShardPlan) -> int:
         """Record the plan a run finished on after a re-plan (stored in the run's session); its id."""

@@ -129,8 +129,10 @@ def test_a_recorder_that_keeps_what_it_recorded_finishes_with_its_stored_timelin
             if i % 3 == 2:
                 rec.on_tokens(TokenEvent(micro_batch=0, step=i // 3, sequence_ids=(0,), token_ids=(i,),
                                          text=(f"w{i}",), t_s=i * 0.0107))
-        figures = rec.finish("completed")
-        assert figures == compute_figures(store.events(rid), store.tokens(rid)) and figures.tokens == 20
+        figures = rec.finish("completed")  # its status goes with its rows, in the writer's next batch
+        store.flush()
+        assert store.run(rid).status == "completed" and store.run(rid).figures["tokens"] == 20
+        assert figures == compute_figures(store.events(rid), store.tokens(rid))
 
 def test_queued_events_are_committed_within_the_flush_interval_without_an_explicit_flush(tmp_path):
     path = tmp_path / "ws.sqlite"
