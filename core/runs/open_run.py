@@ -69,6 +69,7 @@ class OpenRun:
             run = self.coordinator.active_run
             if run is not None and not isinstance(run.state, (run_state.Starting, run_state.Loading)):
                 self.run_id, self.t0 = run.run_id, run.t0
+                run.retain = False  # its stream goes to the sink; kept, every token served would stay in memory
                 return
             time.sleep(0.002)
         raise RunFailed(f"the open run did not start: {self.failure or 'no answer'}")

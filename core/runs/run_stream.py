@@ -166,6 +166,11 @@ class ActiveRun:
     resume: Resume | None = None
     """Set while a resumed segment runs: its micro-batches and steps map back onto the whole
     run's (``Resume.keys``, ``Resume.first_steps``)."""
+    retain: bool = True
+    """Keep its events and tokens (its ``RunResult``'s). An open run (``core.runs.open_run``), which serves for
+    hours and whose result nobody reads, keeps none: every served token and event stayed in memory."""
+    _last_end: dict[str, float] = field(default_factory=dict)
+    """Per device, the end of its latest event (``last_heard``), kept either way."""
 
     def whole_run(self, micro_batch: int, step: int) -> tuple[int, int]:
         """(micro-batch, step) of the whole run for a segment's own numbering."""
@@ -190,14 +195,21 @@ class ActiveRun:
     def emit(self, event: TimelineEvent) -> None:
         """Record an event the coordinator itself draws (a failure, a re-plan, a reload)."""
         with self.lock:
-            self.events.append(event)
+            self._heard([event])
         self.sink.on_event(event)
+
+    def _heard(self, events: list[TimelineEvent]) -> None:
+        """Under ``lock``: ``events`` kept (``retain``) and each device's latest end."""
+        if self.retain:
+            self.events.extend(events)
+        for e in events:
+            if e.device not in self._last_end or e.end_s > self._last_end[e.device]:
+                self._last_end[e.device] = e.end_s
 
     def last_heard(self, device: str) -> float:
         """When the run last heard of ``device``'s work (its failure box starts there)."""
         with self.lock:
-            ends = [e.end_s for e in self.events if e.device == device]
-        return max(ends, default=0.0)
+            return self._last_end.get(device, 0.0)
 
     def take_in(self, device: str, msg, clock_of: Callable[[str], ClockEstimate | None]) -> None:
         """What an agent streamed under this run's id: events and tokens onto the run's clock,
@@ -215,8 +227,9 @@ class ActiveRun:
                 # uncertainty) may place one there: kept at the start, as recv_wait starts are
                 t_s=max(0.0, self._to_run_clock(clock_of(device), msg.t)),
             )
-            with self.lock:
-                self.tokens.append(ev)
+            if self.retain:
+                with self.lock:
+                    self.tokens.append(ev)
             self.sink.on_tokens(ev)
         if isinstance(msg, (EventBatch, TokensProduced, RunFinished, RunError)):
             self.advance(run_state.FromAgent(device, msg))
@@ -245,7 +258,7 @@ class ActiveRun:
                 clock_uncertainty_s=unc,
             ))
         with self.lock:
-            self.events.extend(events)
+            self._heard(events)
         on_events = getattr(self.sink, "on_events", None)
         if on_events is not None:
             on_events(events)

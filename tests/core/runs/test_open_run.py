@@ -118,6 +118,21 @@ def test_a_join_of_a_slot_above_slots_that_never_ran_starts_at_once(open_run, re
     assert got == [generate(reference, prompt, 8)]
 
 
+
+def test_an_open_run_keeps_none_of_its_stream_in_memory(open_run):
+    # A server's open run serves for hours: every token and event it kept stayed in memory (its result is never
+    # read). They go to its sink only; the latest end of each stage's work is still known (a failure box's start).
+    run, sink, coord, _ = open_run
+    (seq,) = run.join(3, [[9, 21, 4]], [6], SamplingSpec())
+    sink.wait([seq], [6])
+    run.release(3)
+    active = coord.active_run
+    assert sink.by_seq[seq] and active.tokens == [] and active.events == []
+    deadline = time.monotonic() + 30  # the agents send their events every ~50 ms; a bound on a hang
+    while not all(active.last_heard(d) > 0 for d in DEVICES) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(active.last_heard(d) > 0 for d in DEVICES)
+
 def test_a_request_joining_while_another_decodes_gets_the_tokens_of_its_prompt_alone(open_run, reference):
     run, sink, _, _ = open_run
     long_prompt, late_prompt = [5, 17, 99, 3, 42, 8], [7, 300, 12]
