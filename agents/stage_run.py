@@ -58,7 +58,19 @@ def default_sampler(spec: SamplingSpec):
               "logit_bias": spec.logit_bias}
     accepted = SamplingParams.__struct_fields__  # inspect.signature of a Struct: ~0.7 ms, per join at the last stage
     params = SamplingParams(**{k: v for k, v in wanted.items() if k in accepted})
+    if params.greedy and not spec.uses_history and not spec.logit_bias:  # what ``sample`` does then, sooner
+        return lambda logits, gen, history=None, prompt_length=0: greedy_tokens(logits)
     return lambda logits, gen, history=None, prompt_length=0: sample(logits, params, gen, history, prompt_length)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax over its last dimension, the first of equal maxima as torch's. A CPU tensor's goes
+    through numpy, whose argmax is vectorised: 16 rows of a 4,096-token vocabulary ~8 µs against torch's
+    ~80-145 (one thread), every step at the last stage."""
+    logits = logits.float()
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    return torch.from_numpy(logits.numpy().argmax(axis=-1))
 
 
 @dataclass

@@ -1,12 +1,14 @@
-"""The open run's last stage takes its greedy rows' tokens through numpy's argmax: the same tokens as torch's
-own argmax (the reference), ties to the first maximum, NaN and infinities included."""
+"""A greedy last stage takes its tokens through numpy's argmax (``agents.stage_run.greedy_tokens``): the same
+tokens as torch's own argmax (the reference), ties to the first maximum, NaN and infinities included; a greedy
+run's sampler takes that path only when nothing else shapes the logits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agents.techniques.open_run.session import greedy_tokens
+from agents.protocol import SamplingSpec
+from agents.stage_run import default_sampler, greedy_tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -27,3 +29,11 @@ def test_greedy_tokens_are_torchs_argmax_with_ties_and_non_finite_logits(dtype):
 def test_greedy_tokens_keep_the_leading_dimensions():
     logits = torch.randn(4, 1, 64, generator=torch.Generator().manual_seed(5))
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+
+
+def test_a_greedy_sampler_with_a_logit_bias_still_applies_it():
+    logits = torch.zeros(2, 8)
+    logits[:, 3] = 1.0
+    plain = default_sampler(SamplingSpec())(logits, None)
+    biased = default_sampler(SamplingSpec(logit_bias=((5, 2.0),)))(logits, None)
+    assert plain.tolist() == [3, 3] and biased.tolist() == [5, 5]
