@@ -35,7 +35,9 @@ def _inert(wrapper, passed: frozenset) -> bool:
     """Whether ``wrapper`` (a ``functools.wraps`` wrapper of a block's forward) does nothing for a
     stage's call: transformers' gradient checkpointing (a stage runs without gradients), or its
     deprecation of a keyword the stage does not pass (it only rewrites or warns about that one)."""
-    code = wrapper.__code__
+    code = getattr(wrapper, "__code__", None)
+    if code is None:  # not a plain function (a decorator object): not known to be inert
+        return False
     if code.co_name == "forward_with_checkpointing":
         return code.co_filename.endswith(os.path.join("transformers", "modeling_layers.py"))
     if code.co_name == "wrapped_func" and code.co_filename.endswith(os.path.join("transformers", "utils", "deprecation.py")):
@@ -92,9 +94,12 @@ class RotaryTable:
         if not self.usable or upto > TABLE_POSITIONS:
             return self.rotary(hidden, position_ids=positions)
         if self.cos is None or self.cos.shape[0] < upto or self.cos.dtype != hidden.dtype:
-            size = max(256, 1 << (upto - 1).bit_length())
-            self.cos, self.sin = (t[0] for t in self.rotary(
-                hidden[:1, :1], position_ids=torch.arange(min(size, TABLE_POSITIONS), device=hidden.device)[None]))
+            size = min(max(256, 1 << (upto - 1).bit_length()), TABLE_POSITIONS)
+            cos, sin = self.rotary(hidden[:1, :1], position_ids=torch.arange(size, device=hidden.device)[None])
+            if cos.dim() != 3 or cos.shape[:2] != (1, size) or sin.shape != cos.shape:  # not [1, positions, D]
+                self.usable = False
+                return self.rotary(hidden, position_ids=positions)
+            self.cos, self.sin = cos[0], sin[0]
         got = F.embedding(positions, self.cos), F.embedding(positions, self.sin)
         if not self.checked:
             made = self.rotary(hidden, position_ids=positions)

@@ -74,3 +74,18 @@ def test_a_block_with_a_hook_is_called_through_the_module_so_the_hook_runs():
     with torch.inference_mode():
         block_forward(block)(hidden, **kwargs)
     assert seen == [True]
+
+
+def test_a_rotary_module_that_answers_in_another_shape_is_asked_every_step():
+    class Unbatched(torch.nn.Module):  # [positions, D], no batch dimension: not a table's rows
+        rope_type = "default"
+
+        def forward(self, x, position_ids):
+            angle = position_ids.float()[..., None].expand(*position_ids.shape, 8)
+            return angle.cos().flatten(0, -2), angle.sin().flatten(0, -2)
+
+    rotary = Unbatched()
+    table = RotaryTable(rotary)
+    positions = torch.tensor([[4], [9]])
+    got = table.embeddings(torch.zeros(2, 1, 8), positions, 10)
+    assert not table.usable and all(torch.equal(a, b) for a, b in zip(got, rotary(None, positions)))
