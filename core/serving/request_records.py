@@ -19,7 +19,6 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -28,9 +27,6 @@ from core.runs.batching import batching_settings
 from core.runs.wire import counters_of, sent_between, wire_figures
 from core.serving.served import ServedRequest
 from core.sessions.recording import RunRecorder
-
-if TYPE_CHECKING:
-    from core.serving.cluster_runs import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +112,9 @@ class Window:
 class RequestRecords:
     """The served requests' run records in ``model``'s workspace (``model.store``; none: nothing is recorded)."""
 
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model) -> None:
+        """``model``: the ``core.serving.cluster_runs.ServedModel`` that owns these records (its ``store``,
+        ``plan`` and ``coordinator`` are read; not imported: that module imports this one)."""
         self.model = model
         self._lock = threading.Lock()
         self._records: dict[ServedRequest, RunRecorder] = {}
