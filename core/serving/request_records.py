@@ -246,7 +246,9 @@ class RequestRecords:
     def finish(self, r: ServedRequest) -> None:
         """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""
         r.ended_at = r.ended_at or time.time()
-        if r in self._records or r in self._unrecorded:
+        with self._lock:  # read together: its record moves from one to the other under this lock
+            recorded = r in self._records or r in self._unrecorded
+        if recorded:
             with self._due_changed:
                 if not self._closing:
                     self._due.append((time.monotonic() + EVENTS_LAG_S, r))
