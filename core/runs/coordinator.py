@@ -105,6 +105,8 @@ class Coordinator:
         self._loaded_kv = KvReservation()
         self._load_args: dict = {}
         self._last_state: run_state.RunState | None = None
+        self._gone: tuple[run_state.RunState, tuple[str, ...]] | None = None
+        """The run end a failure path asked about and every agent lost then (``_gone_at``)."""
 
     # ------------------------------------------------------------------ the link's surface
     def __enter__(self) -> "Coordinator":
@@ -278,10 +280,11 @@ class Coordinator:
             if not self.link.is_lost(d):
                 self.request(d, Unload())
 
-    def _unload_after_failure(self, devices: list[str]) -> None:
-        """A failed run leaves no half-used plan behind: every live agent of it goes back to idle."""
+    def _unload_after_failure(self, devices: list[str], gone: tuple[str, ...] = ()) -> None:
+        """A failed run leaves no half-used plan behind: every live agent of it goes back to idle (those
+        ``gone``, known lost, are not waited on: a killed agent never replies)."""
         self._loaded = None
-        futs = [(d, self.request_async(d, Unload())) for d in devices if not self.link.is_lost(d)]
+        futs = [(d, self.request_async(d, Unload())) for d in devices if d not in gone and not self.link.is_lost(d)]
         for d, f in futs:
             try:
                 self.link.await_reply(d, f, 10.0, "unloading after the failure")
@@ -329,6 +332,7 @@ class Coordinator:
         self._run = run
         t_start = time.perf_counter()
         recoveries: list[RecoveryRecord] = []
+        gone: tuple[str, ...] = ()
         try:
             self._start_stages(run, devices, request, groups)
             reporter.status(f"running {request.mode} over {len(devices)} stages")
@@ -339,24 +343,26 @@ class Coordinator:
                         run.advance(run_state.StopRequested("run cancelled"))
                         break
                     reporter.progress(run_state.progress(run.state, expected), expected)
-                self._stop_all(devices, run.run_id)
+                gone = self._gone_at(run.state)
+                self._stop_all(devices, run.run_id, gone)
                 end = run.state
                 lost = self.lost_with(end, devices) if replan and not reporter.cancel_requested() else ()
                 if not lost:
                     break
                 plan, devices = self._recover(run, plan, request, groups, replan, recoveries, reporter, lost)
         except BaseException as err:  # KeyboardInterrupt and the like: stop the agents, leave them loaded
-            self._stop_all(devices, run.run_id)
-            self._stop_helpers(helpers)
+            gone = gone or self._gone_at(run.state)
+            self._stop_all(devices, run.run_id, gone)
+            self._stop_helpers(helpers, gone)
             if not isinstance(err, KeyboardInterrupt):
-                self._unload_after_failure(devices)
+                self._unload_after_failure(devices, gone)
             self._last_state = run.state
             self._run = None
             raise
-        self._stop_helpers(helpers)
+        self._stop_helpers(helpers, gone)
         end = run.state
         if isinstance(end, run_state.Failed):
-            self._unload_after_failure(devices)
+            self._unload_after_failure(devices, gone)
         self._last_state = end
         self._run = None
         if not isinstance(end, run_state.Finished):
@@ -378,13 +384,24 @@ class Coordinator:
         """Every agent lost when the run ``end``ed of a loss, the run's stages' first (none: not recoverable). A
         live stage's error (it noticed its peer gone before the heartbeats did) counts when a stage is lost.
         A server's open run asks it too (``core.serving.cluster_runs``): it recovers its requests itself."""
-        if not isinstance(end, run_state.Failed) or end.code not in ("agent_lost", "agent_error"):
+        if not _of_a_loss(end):
             return ()
-        others = [d for d in self.endpoints if d not in devices]
-        lost = self.link.not_answering([*devices, *others], self.heartbeat_timeout_s)
+        gone = self._gone_at(end)
+        lost = (*(d for d in devices if d in gone), *(d for d in gone if d not in devices))
         if end.code == "agent_lost":
             return (end.device, *(d for d in lost if d != end.device))
         return lost if any(d in devices for d in lost) else ()
+
+    def _gone_at(self, end) -> tuple[str, ...]:
+        """Every agent lost when the run ``end``ed of a loss (none for another end), asked once at the start of
+        the failure path and reused by its stops, unloads and ``lost_with``: a killed agent (its port refuses
+        connections) is named at once, where waiting on its stop and unload replies took 5 + 10 s."""
+        if not _of_a_loss(end):
+            return ()
+        known = self._gone
+        if known is None or known[0] != end:
+            known = self._gone = (end, self.link.not_answering(list(self.endpoints), self.heartbeat_timeout_s))
+        return known[1]
 
     def _recover(self, run: ActiveRun, plan: ShardPlan, request: RunRequest, groups, replan: Replanner,
                  recoveries: list[RecoveryRecord], reporter: Reporter, lost: tuple[str, ...]) -> tuple[ShardPlan, list[str]]:
@@ -514,17 +531,20 @@ class Coordinator:
         run = self._run
         return run.state if run is not None else self._last_state
 
-    def _stop_all(self, devices: list[str], run_id: str) -> None:
-        """Tell every live agent to end ``run_id``; their replies come after their last events."""
-        futs = [(d, self.request_async(d, StopRun(run_id=run_id))) for d in devices if not self.link.is_lost(d)]
+    def _stop_all(self, devices: list[str], run_id: str, gone: tuple[str, ...] = ()) -> None:
+        """Tell every live agent to end ``run_id``; their replies come after their last events (``gone``: known lost,
+        not asked)."""
+        futs = [(d, self.request_async(d, StopRun(run_id=run_id))) for d in devices
+                if d not in gone and not self.link.is_lost(d)]
         for d, f in futs:
             try:
                 self.link.await_reply(d, f, 5.0, "stopping")
             except RunFailed:
                 pass
 
-    def _stop_helpers(self, helpers: dict[str, str]) -> None:
-        futs = [(d, self.request_async(d, StopRun(run_id=i))) for d, i in helpers.items() if not self.link.is_lost(d)]
+    def _stop_helpers(self, helpers: dict[str, str], gone: tuple[str, ...] = ()) -> None:
+        futs = [(d, self.request_async(d, StopRun(run_id=i))) for d, i in helpers.items()
+                if d not in gone and not self.link.is_lost(d)]
         for d, f in futs:
             try:
                 self.link.await_reply(d, f, 5.0, "stopping")
@@ -536,6 +556,11 @@ class Coordinator:
         run = self._run
         if run is not None:
             run.advance(run_state.StopRequested("run stopped by the operator"))
+
+
+def _of_a_loss(end) -> bool:
+    """Whether a run ended on an agent's loss (``agent_lost``) or a stage's error (perhaps its peer's loss)."""
+    return isinstance(end, run_state.Failed) and end.code in ("agent_lost", "agent_error")
 
 
 def _stage_options(stage, given: Options | None) -> msgspec.Raw:

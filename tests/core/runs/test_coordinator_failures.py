@@ -101,3 +101,54 @@ def test_a_plan_that_avoids_an_offline_agent_loads_and_runs_as_if_it_were_not_th
     finally:
         for a in agents.values():
             a.close()
+
+
+def test_a_failed_runs_stops_and_unloads_never_wait_on_an_agent_whose_port_refuses(model_dir):
+    """c (the last stage) is closed mid-decode and b reports losing it; the heartbeats (60 s) never decide. The
+    failure path asks once which agents are lost (c's port refuses) and awaits no stop or unload reply from c,
+    while the live a and b are still stopped and unloaded (idle) before the error reaches the caller."""
+    from agents.protocol import RunError, TokenEvent
+
+    keys = CurveKeys.generate()
+    agents = {d: Agent(d, keys.public).start() for d in ("a", "b", "c")}
+    try:
+        endpoints = [AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents.values()]
+        with Coordinator(endpoints, keys, heartbeat_interval_s=0.2, heartbeat_timeout_s=60.0) as co:
+            plan = plan_from_boundaries("tiny-llama", 6, list(agents), [2, 4])
+            co.load(plan, model_dir, links={d: LinkShape(latency_ms=15) for d in agents})
+            awaited: list[tuple[str, str]] = []
+            await_reply = co.link.await_reply
+
+            def counted(device, fut, timeout_s, what, **kw):
+                awaited.append((device, what))
+                return await_reply(device, fut, timeout_s, what, **kw)
+
+            co.link.await_reply = counted
+
+            class LoseC:
+                lost = threading.Event()
+
+                def on_event(self, event) -> None:
+                    pass
+
+                def on_tokens(self, tokens: TokenEvent) -> None:
+                    if tokens.step >= 3 and not self.lost.is_set():
+                        self.lost.set()
+                        threading.Thread(target=self.lose_c, daemon=True).start()
+
+                def lose_c(self) -> None:
+                    agents["c"].close()
+                    agents["b"].post(RunError(run_id=agents["b"].run_id, device="b", message="lost its peer c"))
+
+            with pytest.raises(RunFailed):
+                co.run(plan, _request(200, mode="no-bubbles"), LoseC())
+            assert not co.link.is_lost("c")  # the heartbeats had not decided: the failure path's own ask did
+            assert [w for d, w in awaited if d == "c" and w in ("stopping", "unloading after the failure")] == []
+            assert {(d, w) for d, w in awaited} >= {("a", "stopping"), ("b", "stopping"),
+                                                    ("a", "unloading after the failure"),
+                                                    ("b", "unloading after the failure")}
+            assert {d: s.state for d, s in co.status_of(["a", "b"]).items()} == {"a": AgentState.IDLE,
+                                                                                  "b": AgentState.IDLE}
+    finally:
+        for a in agents.values():
+            a.close()
