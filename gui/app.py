@@ -20,6 +20,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 import resources
+from gui.widgets.gui_thread_collector import install_gui_thread_collector
 
 ThemeMode = Literal["light", "dark"]
 THEME_DIR = Path(resources.__file__).resolve().parent / "theme"
@@ -101,13 +102,16 @@ def remember_workspace(path: str) -> list[str]:
 
 
 def create_app(argv: list[str] | None = None) -> QApplication:
-    """The one QApplication, high-DPI aware, themed from the saved preference."""
+    """The one QApplication, high-DPI aware, themed from the saved preference, its garbage collected
+    on its own thread only (gui/widgets/gui_thread_collector.py: a worker's collection deleted Qt
+    objects under the event loop)."""
     if QApplication.instance() is None:
         QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
     app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv[:1])
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName(APPLICATION)
+    install_gui_thread_collector(app)
     app.setStyle("Fusion")  # the same look on every desktop; draws check boxes and arrows from the palette
     mode = settings().value("theme", "light")
     apply_theme(app, "dark" if mode == "dark" else "light")

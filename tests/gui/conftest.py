@@ -9,8 +9,20 @@ from PySide6.QtWidgets import QApplication
 
 from gui import app as studio_app
 from gui.main_window import MainWindow
+from gui.widgets.gui_thread_collector import install_gui_thread_collector
 from tests.gui.widget_lifetimes import (LEFT_OVER_WIDGETS, OWNED_BY_THE_TEST, collect_garbage, recording_init,
                                         release_connections)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _garbage_collected_on_the_gui_thread(qapp):
+    """The studio's collector (``create_app`` installs it) from the first GUI test on, whether or not
+    the test makes a window: a background ``import torch`` left running by one test collected on its
+    worker thread and deleted Qt objects under the next test's set-up (a segfault). Given back when
+    tests/gui ends, so the other packages' tests collect as any interpreter does."""
+    collector = install_gui_thread_collector(qapp)
+    yield
+    collector.uninstall()
 
 
 @pytest.fixture(autouse=True)
