@@ -17,7 +17,7 @@ SHARED = (
     "cold_profiling.py", "heap.py", "shard_positions.py",
     "control_plane.py", "data_frames.py", "emulation.py", "envelope.py", "executors.py", "huge_pages.py",
     "lease.py", "local_pipeline.py", "model_code.py", "process_title.py", "profiling_protocol.py", "protocol.py",
-    "profiler.py", "registry.py", "sampling.py", "schedule.py", "shard.py", "stage_input.py", "stage_run.py",
+    "profiler.py", "registry.py", "sampling.py", "schedule.py", "shard.py", "stage_input.py", "stage_run.py", "step_inputs.py",
     "transport.py", "weight_precision.py", "weights.py", "zygote.py",
 )  # fmt: skip
 """Every module of agents/ outside agents/techniques, listed by name so a new one is a decision."""
