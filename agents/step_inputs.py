@@ -1,5 +1,5 @@
 """How a stage calls its decoder blocks, and what each gets beside the hidden states — the
-attention mask and the rotary embeddings — equal to what transformers builds for the whole model,
+attention mask and the rotary embeddings — equal to what transformers builds for the full model,
 built cheaper.
 
 A stage runs a step of a few blocks of a small model for a handful of rows, so what it does per
