@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from core.reporting import NullReporter, Reporter
 from core.runs.metrics import RunFigures, compute_figures
 from core.runs.recovery import Replanner
 from core.runs.run_tokenizer import Encoded, encode_left_padded, load_run_tokenizer, load_tokenizer
+from core.runs.text_pieces import TextPieces
 from core.runs.weights import ship_stage_weights
 
 
@@ -55,73 +55,6 @@ def stop_token_ids(model_dir: str, tokenizer) -> tuple[int, ...]:
     if not ids and tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))
     return tuple(ids)
-
-
-def _list_decode(tokenizer):
-    """``tokenizer.decode`` for a list of ints. transformers' own ``decode`` first converts its ids (an
-    ``isinstance`` per id: O(n) Python for each piece, ~half of a 32-token request's decode), then calls
-    ``_decode``, which a list of ints needs no conversion for: where ``decode`` is the base class's, ``_decode``
-    is the same call. A tokenizer with its own ``decode`` keeps it."""
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-    if getattr(type(tokenizer), "decode", None) is PreTrainedTokenizerBase.decode and hasattr(tokenizer, "_decode"):
-        return tokenizer._decode
-    return tokenizer.decode
-
-
-class TextPieces:
-    """Per sequence, the text each new token adds.
-
-    Decodes the whole sequence and emits the new suffix, so tokenizers that merge pieces
-    (leading spaces, byte fallback) come out right; a character whose bytes are split over
-    tokens decodes to U+FFFD until its last byte arrives, so that tail is held back and
-    emitted whole with the token that completes it (or, never completed, when the sequence
-    ends: at a stop token or after ``max_new_tokens``). So the pieces of a sequence add up to
-    its full decoded text (as long as decoding more tokens never re-spells earlier text,
-    which holds for the byte-level and SentencePiece decoders of transformers).
-    """
-
-    def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...], max_new_tokens: int | None = None,
-                 stop_ends: bool = True) -> None:
-        self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.ids: list[list[int]] = [[] for _ in range(n)]
-        self.text = [""] * n
-        """What has been emitted so far, per sequence."""
-        self.finished = [False] * n
-        self.stop = set(stop_ids)
-        self.stop_ends = stop_ends
-        self._decode = _list_decode(tokenizer)
-
-    def piece(self, seq: int, token: int) -> str:
-        if self.finished[seq]:
-            return ""
-        if token in self.stop:
-            if not self.stop_ends:  # EOS ignored (presenter pace): left out of the text, the run goes on
-                return ""
-            self.finished[seq] = True
-            return self._rest(seq)
-        self.ids[seq].append(token)
-        if self.max_new_tokens is not None and len(self.ids[seq]) >= self.max_new_tokens:
-            self.finished[seq] = True
-            return self._rest(seq)
-        full = self._decode(self.ids[seq], skip_special_tokens=True)
-        done = self.text[seq]
-        if not full.startswith(done):  # the tokenizer re-spelled earlier text: emit nothing wrong
-            common = os.path.commonprefix([full, done])
-            self.text[seq] = common
-            done = common
-        ready = full.rstrip("\ufffd") if full.endswith("\ufffd") else full
-        if len(ready) <= len(done):
-            return ""
-        self.text[seq] = ready
-        return ready[len(done):]
-
-    def _rest(self, seq: int) -> str:
-        """Everything not emitted yet (an incomplete character included): the sequence ended."""
-        full = self._decode(self.ids[seq], skip_special_tokens=True)
-        done, self.text[seq] = self.text[seq], full
-        return full[len(done):] if full.startswith(done) else ""
 
 
 @dataclass(frozen=True)
@@ -378,4 +311,4 @@ def generation_json(out: Generation, run_id: int | None, mode: str) -> dict:
 
 
 __all__ = ["Generation", "GenerationSettings", "generation_json", "RunFailed", "generate", "generate_encoded", "generate_with", "load_plan",
-           "load_run_tokenizer", "load_tokenizer", "stop_token_ids"]
+           "load_run_tokenizer", "load_tokenizer", "stop_token_ids", "TextPieces"]
