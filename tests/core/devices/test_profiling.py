@@ -110,8 +110,11 @@ def test_tc_shaped_testbed_link_is_measured_within_ten_percent_over_the_data_pla
     assert reverse.bandwidth_mbit_s > 5 * mbit
 
 
-def test_compute_profiling_reports_each_agent_and_the_unit_it_is_at():
+def test_compute_profiling_reports_each_agent_and_the_unit_it_is_at(monkeypatch):
     """The operator sees which agent is profiling which unit, not one silent bar per cluster."""
+    import threading
+
+    from agents import profiler
     from agents.agent import Agent
     from agents.protocol import ComputeOptions
     from agents.transport import CurveKeys
@@ -120,12 +123,33 @@ def test_compute_profiling_reports_each_agent_and_the_unit_it_is_at():
     from core.reporting import RecordingReporter
     from core.runs.coordinator import AgentEndpoint, Coordinator
 
+    shown = {d: threading.Event() for d in ("dev-a", "dev-b")}
+
+    class Watching(RecordingReporter):
+        def status(self, text: str) -> None:
+            super().status(text)
+            for d, event in shown.items():
+                if text.startswith(f"{d}: profiling compute: unit "):
+                    event.set()
+
+    real = profiler.profile_units
+
+    def held_at_its_first_unit(opts, device="", progress=None, **kw):
+        """A quiet host profiles this model between two status polls (0.3 s apart) and the activity is
+        cleared before the reply: each agent waits at its first unit until the operator was shown it."""
+        def gated(done: int, total: int) -> None:
+            progress(done, total)
+            if done == 1:
+                shown[device].wait(60)
+        return real(opts, device=device, progress=gated, **kw)
+
+    monkeypatch.setattr(profiler, "profile_units", held_at_its_first_unit)
     config = build_config(ModelRecipe(family="llama", layers=8, hidden=192, heads=4, vocab=512)).to_dict()
     keys = CurveKeys.generate()
     agents = [Agent(d, keys.public).start() for d in ("dev-a", "dev-b")]
     try:
         with Coordinator([AgentEndpoint(a.device, a.control_address, a.keys.public) for a in agents], keys) as co:
-            rep = RecordingReporter()
+            rep = Watching()
             options = ComputeOptions(config=config, prompt_tokens=32, batch_sizes=(1, 2), repeats=5)
             out = profile_compute(co, ["dev-a", "dev-b"], options, rep)
     finally:
