@@ -27,12 +27,18 @@ class GuiThreadCollector(QObject):
     def __init__(self, parent: QObject | None = None, interval_ms: int = COLLECT_INTERVAL_MS) -> None:
         super().__init__(parent)
         self._thresholds = gc.get_threshold()
-        self._was_enabled = gc.isenabled()
+        self._was_enabled = False
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)
         self._timer.timeout.connect(self.collect_due)
-        gc.disable()
-        self._timer.start()
+        self.resume()
+
+    def resume(self) -> None:
+        """Take collection over (again): automatic collection off, the timer on."""
+        if not self._timer.isActive():
+            self._was_enabled = gc.isenabled()
+            gc.disable()
+            self._timer.start()
 
     def collect_due(self) -> None:
         """Collect the oldest generation whose count crossed its threshold, as the interpreter would
@@ -44,13 +50,25 @@ class GuiThreadCollector(QObject):
                 return
 
     def uninstall(self) -> None:
+        """Give collection back to the interpreter, the backlog collected here first, on this thread and
+        outside any destructor: re-enabled with garbage waiting, the first automatic collection could run
+        inside a QObject's destructor (shiboken allocates there) and delete other QObjects under the lock
+        that destructor holds: a deadlock (``QBasicMutex::lockInternal`` under ``gc_collect_main`` under
+        ``QObject::~QObject``), seen when this collector was itself deleted at the end of tests/gui. So it
+        is not deleted either: it stays the application's child, stopped, for the next install."""
+        if not self._timer.isActive():
+            return
         self._timer.stop()
-        self.setParent(None)  # the application's next ``install_gui_thread_collector`` makes a new one
+        gc.collect()
         if self._was_enabled:
             gc.enable()
 
 
 def install_gui_thread_collector(app: QObject) -> GuiThreadCollector:
-    """The collector of ``app`` (made once, a child of the application so it lives on its thread)."""
+    """The collector of ``app`` (made once, a child of the application so it lives on its thread; one
+    uninstalled earlier takes over again)."""
     existing = app.findChild(GuiThreadCollector)
-    return existing if existing is not None else GuiThreadCollector(app)
+    if existing is None:
+        return GuiThreadCollector(app)
+    existing.resume()
+    return existing

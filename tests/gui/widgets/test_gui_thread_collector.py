@@ -58,3 +58,31 @@ def test_the_collector_frees_unreachable_cycles_when_the_event_loop_runs(qapp, q
         qtbot.waitUntil(lambda: freed() is None, timeout=10_000)
     finally:
         collector.uninstall()
+
+
+def test_uninstall_collects_the_backlog_itself_before_giving_collection_back(qapp):
+    """Re-enabled with Qt garbage waiting, the interpreter's first collection could run inside a
+    QObject's destructor and deadlock on its lock (the end of tests/gui hung so): uninstall collects it."""
+    from PySide6.QtCore import QObject
+
+    collector = GuiThreadCollector(interval_ms=60_000)  # its timer never fires in this test
+    try:
+        node = _Node()
+        node.qt = QObject()
+        freed = weakref.ref(node)
+        del node
+        assert freed() is not None  # automatic collection is off
+    finally:
+        collector.uninstall()
+    assert freed() is None
+
+
+def test_an_uninstalled_collector_takes_over_again_when_installed(qapp):
+    """The application keeps its one collector (never deleted: see uninstall) and resumes it."""
+    from gui.widgets.gui_thread_collector import install_gui_thread_collector
+
+    first = install_gui_thread_collector(qapp)  # tests/gui's own (conftest), left installed
+    first.uninstall()
+    assert gc.isenabled()
+    again = install_gui_thread_collector(qapp)
+    assert again is first and not gc.isenabled()
