@@ -202,12 +202,16 @@ def tensor_from_frame(spec: TensorSpec, buf: memoryview) -> torch.Tensor:
 
 @functools.cache
 def _numpy_views() -> dict:
-    """Wire name → (numpy dtype of its bytes, torch dtype to view them as; None: the same).
-    bfloat16 has no numpy dtype: its 16-bit words are viewed as int16, then as bfloat16."""
+    """Wire name → (numpy dtype of its bytes, torch dtype to view them as; None: the same), from
+    ``_torch_dtypes``. bfloat16 has no numpy dtype: its 16-bit words are viewed as int16, then as bfloat16."""
     import torch
 
-    return {"float32": (np.float32, None), "float16": (np.float16, None), "bfloat16": (np.int16, torch.bfloat16),
-            "int64": (np.int64, None), "int32": (np.int32, None), "uint8": (np.uint8, None)}
+    def view(dtype):
+        if dtype == torch.bfloat16:
+            return np.int16, torch.bfloat16
+        return torch.empty(0, dtype=dtype).numpy().dtype, None
+
+    return {name: view(dtype) for name, dtype in _torch_dtypes().items()}
 
 
 def data_message(header: DataHeader, buffers: list) -> list:
