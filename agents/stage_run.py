@@ -30,7 +30,7 @@ from agents.protocol import (
     StartRun,
     TokensProduced,
 )
-from agents.sampling import step_generator
+from agents.sampling import greedy_tokens, step_generator
 from agents.schedule import (
     Compute,
     Receive,
@@ -61,16 +61,6 @@ def default_sampler(spec: SamplingSpec):
     if params.greedy and not spec.uses_history and not spec.logit_bias:  # what ``sample`` does then, sooner
         return lambda logits, gen, history=None, prompt_length=0: greedy_tokens(logits)
     return lambda logits, gen, history=None, prompt_length=0: sample(logits, params, gen, history, prompt_length)
-
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax over its last dimension, the first of equal maxima as torch's. A CPU tensor's goes
-    through numpy, whose argmax is vectorised: 16 rows of a 4,096-token vocabulary ~8 µs against torch's
-    ~80-145 (one thread), every step at the last stage."""
-    logits = logits.float()
-    if logits.device.type != "cpu":
-        return logits.argmax(dim=-1)
-    return torch.from_numpy(logits.numpy().argmax(axis=-1))
 
 
 @dataclass

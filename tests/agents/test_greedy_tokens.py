@@ -1,4 +1,4 @@
-"""A greedy last stage takes its tokens through numpy's argmax (``agents.stage_run.greedy_tokens``): the same
+"""A greedy last stage takes its tokens through numpy's argmax (``agents.sampling.greedy_tokens``): the same
 tokens as torch's own argmax (the reference), ties to the first maximum, NaN and infinities included; a greedy
 run's sampler takes that path only when nothing else shapes the logits."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agents.protocol import SamplingSpec
-from agents.stage_run import default_sampler, greedy_tokens
+from agents.sampling import greedy_tokens
+from agents.stage_run import default_sampler
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -36,9 +36,9 @@ import torch
 
 from agents.envelope import MAX_NEW_TOKENS
 from agents.protocol import DataHeader
-from agents.sampling import step_generator
+from agents.sampling import greedy_tokens, step_generator
 from agents.schedule import SourceState, join
-from agents.stage_run import StageRun, _Group, greedy_tokens
+from agents.stage_run import StageRun, _Group
 from agents.techniques.open_run.messages import RETIRE, SHRINK, JoinRun, LeaveRun
 from agents.transport import RunAborted, data_message, tensor_frame, tensor_from_frame
 
