@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from pyqtgraph.Qt.internals import PrimitiveArray
-from PySide6.QtCore import QLineF, QRectF, Qt
+from PySide6.QtCore import QLineF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 
 from gui.timeline.items import BANDS, BOX_DTYPE, KINDS
@@ -98,11 +98,17 @@ class TimelineOverlayItem(pg.GraphicsObject):
 
 
 class RangeSelectViewBox(pg.ViewBox):
-    """Shift + drag selects a time range (its summed figures); plain drag pans as before."""
+    """Shift + drag selects a time range (its summed figures); plain drag pans as before.
 
-    def __init__(self, on_range) -> None:
+    The range goes out as a signal, not through a callback kept on the item: an item of the scene
+    holding a bound method of the view that owns the scene made a cycle whose collection deleted the
+    view (and so the scene) from inside the item's own destructor, a segfault in
+    ``QGraphicsScene::clear`` (tests/gui/timeline/test_view_lifetime.py)."""
+
+    range_dragged = Signal(float, float, bool)  # start, current end (seconds), drag finished
+
+    def __init__(self) -> None:
         super().__init__()
-        self._on_range = on_range
         self._range_start: float | None = None
 
     def mouseDragEvent(self, ev, axis=None) -> None:
@@ -111,7 +117,7 @@ class RangeSelectViewBox(pg.ViewBox):
             x = self.mapSceneToView(ev.scenePos()).x()
             if ev.isStart() or self._range_start is None:
                 self._range_start = self.mapSceneToView(ev.buttonDownScenePos()).x()
-            self._on_range(self._range_start, x, ev.isFinish())
+            self.range_dragged.emit(self._range_start, x, ev.isFinish())
             if ev.isFinish():
                 self._range_start = None
             return
