@@ -165,6 +165,26 @@ def train_tokenizer(vocab_size: int, text_dir: Path = TEXT_DIR):
     )
 
 
+def train_wordpiece_tokenizer(vocab_size: int, text_dir: Path = TEXT_DIR):
+    """A BERT-style WordPiece ``PreTrainedTokenizerFast`` whose ``decode`` cleans up tokenization spaces
+    (``clean_up_tokenization_spaces=True``: " ' s" -> "'s" over the whole text, which a text streamed
+    piece by piece must equal); pad/bos/eos = ids 0/1/2 as ``train_tokenizer``'s, so a generated
+    checkpoint can carry it instead."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS, "[UNK]"],
+                                        show_progress=False)
+    tokenizer.train_from_iterator(corpus_lines(text_dir), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD_TOKEN, bos_token=BOS_TOKEN,
+                                   eos_token=EOS_TOKEN, unk_token="[UNK]", padding_side="left",
+                                   model_max_length=2048, clean_up_tokenization_spaces=True)
+
+
 def new_model_dir(out_dir: str | Path) -> Path:
     """``out_dir`` created for a new checkpoint; ``FormatError`` if it is a file or holds a model."""
     out = Path(out_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -19,9 +20,20 @@ def _list_decode(tokenizer):
     return tokenizer.decode
 
 
-def _decoding_facts(tokenizer) -> tuple[frozenset[int], frozenset[int]]:
-    """(ids ``skip_special_tokens`` leaves out, byte-fallback ids ``<0xNN>``), once per tokenizer:
-    asked per request they would cost more than the request's decoding."""
+def _cleans_up_spaces(tokenizer) -> bool:
+    """Whether ``decode`` runs ``clean_up_tokenization`` over the whole text (" ' s" -> "'s"), as
+    transformers' ``_decode`` decides it: the tokenizer's flag, except for a BPE model (where it
+    would corrupt the text) unless forced."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False) or not hasattr(tokenizer, "clean_up_tokenization"):
+        return False
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    return type(model).__name__ != "BPE" or bool(
+        getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False))
+
+
+def _decoding_facts(tokenizer) -> tuple[frozenset[int], frozenset[int], bool]:
+    """(ids ``skip_special_tokens`` leaves out, byte-fallback ids ``<0xNN>``, whether decode cleans up
+    spaces), once per tokenizer: asked per request they would cost more than the request's decoding."""
     try:
         return _FACTS[tokenizer]
     except (KeyError, TypeError):
@@ -32,12 +44,18 @@ def _decoding_facts(tokenizer) -> tuple[frozenset[int], frozenset[int]]:
     if getattr(model, "byte_fallback", False):
         ids = tokenizer.convert_tokens_to_ids([f"<0x{b:02X}>" for b in range(256)])
         byte_ids = frozenset(i for i in ids if i is not None and i != tokenizer.unk_token_id)
-    facts = (skipped, byte_ids)
+    facts = (skipped, byte_ids, _cleans_up_spaces(tokenizer))
     try:
         _FACTS[tokenizer] = facts
     except TypeError:
         pass
     return facts
+
+
+CLEANUP_REACH = 3
+"""transformers' ``clean_up_tokenization`` rewrites only a space and the at most 3 characters after it
+(" n't", " 's", " ' "...), and only deletes spaces: text whose last 3 characters hold no space is
+cleaned the same alone as followed by anything, so it may go out."""
 
 
 class TextPieces:
@@ -56,8 +74,12 @@ class TextPieces:
     SentencePiece's byte fallback decodes a whole run of byte tokens at once (one invalid byte
     turns the run's every byte into U+FFFD), so a run is held until a token that is not a byte
     (or the end) closes it.
+    A tokenizer whose ``decode`` cleans up spaces over the whole text (``clean_up_tokenization_spaces``,
+    e.g. BERT-style WordPiece: " ' s" -> "'s") would make a text streamed window by window differ
+    from the whole decode, so its windows are decoded uncleaned and the clean-up runs over the
+    stream: text within ``CLEANUP_REACH`` after a space is held until what follows decides it.
     So the pieces of a sequence add up to ``decode(ids, skip_special_tokens=True)`` of all its
-    tokens, for the byte-level BPE and SentencePiece decoders of transformers.
+    tokens, for the byte-level BPE, SentencePiece and WordPiece decoders of transformers.
     """
 
     def __init__(self, tokenizer, n: int, stop_ids: tuple[int, ...], max_new_tokens: int | None = None,
@@ -68,8 +90,13 @@ class TextPieces:
         self.finished = [False] * n
         self.stop = set(stop_ids)
         self.stop_ends = stop_ends
+        self._skipped, self._bytes, cleans = _decoding_facts(tokenizer)
         self._decode = _list_decode(tokenizer)
-        self._skipped, self._bytes = _decoding_facts(tokenizer)
+        self._clean_up = tokenizer.clean_up_tokenization if cleans else None
+        if cleans:  # windows decoded uncleaned; the stream is cleaned (_cleaned)
+            self._decode = functools.partial(self._decode, clean_up_tokenization_spaces=False)
+        self._unclean = [""] * n
+        """Per sequence, decoded text held back uncleaned: a clean-up could still change it."""
         self._prefix = [0] * n
         """Where each sequence's window starts: its text before is emitted and no longer decoded."""
         self._read = [0] * n
@@ -97,7 +124,19 @@ class TextPieces:
             return ""
         self._prefix[seq] = read
         self._read[seq] = len(ids)
+        if self._clean_up is not None:
+            return self._cleaned(seq, text[len(done):], ended=False)
         return text[len(done):]
+
+    def _cleaned(self, seq: int, added: str, ended: bool) -> str:
+        """The held text and ``added``, cleaned up to where no later text can change the clean-up
+        (all of it once the sequence ended); the rest held."""
+        held = self._unclean[seq] + added
+        cut = len(held)
+        while not ended and (space := held.rfind(" ", max(0, cut - CLEANUP_REACH), cut)) >= 0:
+            cut = space
+        self._unclean[seq] = held[cut:]
+        return self._clean_up(held[:cut]) if cut else ""
 
     def _in_byte_run(self, ids: list[int]) -> bool:
         """Whether the last token that decodes to anything is a byte-fallback token."""
@@ -112,4 +151,6 @@ class TextPieces:
         done = self._decode(ids[prefix:read], skip_special_tokens=True)
         text = self._decode(ids[prefix:], skip_special_tokens=True)
         self._prefix[seq] = self._read[seq] = len(ids)
+        if self._clean_up is not None:
+            return self._cleaned(seq, text[len(done):], ended=True)
         return text[len(done):]

@@ -91,3 +91,52 @@ def test_an_ignored_stop_token_is_left_out_and_the_text_goes_on(tokenizer):
     pieces = TextPieces(tokenizer, 1, stop_ids=(eos,), stop_ends=False)
     text = "".join(pieces.piece(0, i) for i in [*ids[:2], eos, *ids[2:]])
     assert text == tokenizer.decode(ids) and not pieces.finished[0]
+
+
+@pytest.fixture(scope="module")
+def cleaning_tokenizer(tmp_path_factory):
+    """A BERT-style WordPiece tokenizer with ``clean_up_tokenization_spaces=True``, written into a folder
+    and loaded back by ``AutoTokenizer`` as a checkpoint's is."""
+    from transformers import AutoTokenizer
+
+    from core.models.checkpoints import train_wordpiece_tokenizer
+
+    folder = tmp_path_factory.mktemp("wordpiece")
+    train_wordpiece_tokenizer(512).save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _ids_the_clean_up_rewrites(tokenizer, n: int, seed: int) -> list[int]:
+    """Random ids, half of them the pieces transformers' clean-up joins (" ' s", " n ' t", " ."), some special."""
+    rng = random.Random(seed)
+    joined = tokenizer.convert_tokens_to_ids(["'", "s", "t", "m", "re", "ve", "n", "##n", ".", ",", "?", "!"])
+    specials = list(tokenizer.all_special_ids)
+    ids = []
+    for _ in range(n):
+        r = rng.random()
+        ids.append(rng.choice(specials) if r < 0.03 else rng.choice(joined) if r < 0.5 else rng.randrange(len(tokenizer)))
+    return ids
+
+
+def test_the_cleaning_tokenizer_cleans_spaces_over_the_whole_text(cleaning_tokenizer):
+    ids = cleaning_tokenizer("the cat ' s here , isn ' t it", add_special_tokens=False)["input_ids"]
+    assert cleaning_tokenizer.decode(ids) == "the cat's here, isn't it"
+    assert cleaning_tokenizer.decode(ids, clean_up_tokenization_spaces=False) == "the cat ' s here, isn ' t it"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pieces_of_a_sequence_add_up_to_the_full_decode_of_a_tokenizer_that_cleans_up_spaces(
+        cleaning_tokenizer, seed):
+    ids = _ids_the_clean_up_rewrites(cleaning_tokenizer, 2000, seed)
+    pieces = TextPieces(cleaning_tokenizer, 1, stop_ids=(), max_new_tokens=len(ids))
+    assert "".join(pieces.piece(0, i) for i in ids) == cleaning_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_stop_token_lets_out_the_text_held_for_the_clean_up(cleaning_tokenizer):
+    eos = cleaning_tokenizer.eos_token_id
+    ids = cleaning_tokenizer("you ' re ' ok", add_special_tokens=False)["input_ids"]
+    pieces = TextPieces(cleaning_tokenizer, 1, stop_ids=(eos,))
+    streamed = "".join(pieces.piece(0, i) for i in ids)
+    full = cleaning_tokenizer.decode(ids)
+    assert full == "you're'ok" and full.startswith(streamed) and streamed != full  # " ' ok" + "s" would differ
+    assert streamed + pieces.piece(0, eos) == full
