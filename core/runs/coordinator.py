@@ -70,6 +70,11 @@ __all__ = [
 ]
 
 
+SILENT_AFTER_S = 1.0
+"""A failure path with nothing to decide waits at least this long for a run's agent to answer before it stops
+waiting on it: a live agent answers a status from its control thread at once, even on a loaded host."""
+
+
 class Coordinator:
     """Loads and runs plans on a set of agents over one ``AgentLink``. Use as a context manager.
 
@@ -282,14 +287,9 @@ class Coordinator:
 
     def _unload_after_failure(self, devices: list[str], gone: tuple[str, ...] = ()) -> None:
         """A failed run leaves no half-used plan behind: every live agent of it goes back to idle (those
-        ``gone``, known lost, are not waited on: a killed agent never replies)."""
+        ``gone``, lost or silent, are told but not waited on: a killed agent never replies)."""
         self._loaded = None
-        futs = [(d, self.request_async(d, Unload())) for d in devices if d not in gone and not self.link.is_lost(d)]
-        for d, f in futs:
-            try:
-                self.link.await_reply(d, f, 10.0, "unloading after the failure")
-            except RunFailed:
-                pass
+        self._tell_all([(d, Unload()) for d in devices], gone, 10.0, "unloading after the failure")
 
     def run(
         self,
@@ -343,7 +343,8 @@ class Coordinator:
                         run.advance(run_state.StopRequested("run cancelled"))
                         break
                     reporter.progress(run_state.progress(run.state, expected), expected)
-                gone = self._gone_at(run.state)
+                gone = self._gone_at(run.state) if replan is not None else self._unanswered_at(run.state,
+                                                                                             [*devices, *helpers])
                 self._stop_all(devices, run.run_id, gone)
                 end = run.state
                 lost = self.lost_with(end, devices) if replan and not reporter.cancel_requested() else ()
@@ -351,7 +352,8 @@ class Coordinator:
                     break
                 plan, devices = self._recover(run, plan, request, groups, replan, recoveries, reporter, lost)
         except BaseException as err:  # KeyboardInterrupt and the like: stop the agents, leave them loaded
-            gone = gone or self._gone_at(run.state)
+            gone = gone or (self._gone_at(run.state) if replan is not None
+                            else self._unanswered_at(run.state, [*devices, *helpers]))
             self._stop_all(devices, run.run_id, gone)
             self._stop_helpers(helpers, gone)
             if not isinstance(err, KeyboardInterrupt):
@@ -402,6 +404,17 @@ class Coordinator:
         if known is None or known[0] != end:
             known = self._gone = (end, self.link.not_answering(list(self.endpoints), self.heartbeat_timeout_s))
         return known[1]
+
+    def _unanswered_at(self, end, devices: list[str]) -> tuple[str, ...]:
+        """A failure that no re-plan decides on (the run fails naming its device whatever the others say):
+        those of the run's agents that do not answer within two heartbeats (at least ``SILENT_AFTER_S``; a
+        killed one's port refusing is named sooner) are not waited on. A hung agent (SIGSTOP: connected,
+        silent) once held the error back until its heartbeats ran out (30-60 s). Not kept as ``_gone_at``'s:
+        a server that re-plans afterwards asks again (``lost_with``)."""
+        if not _of_a_loss(end):
+            return ()
+        wait_s = min(self.heartbeat_timeout_s, max(SILENT_AFTER_S, 2 * self.heartbeat_interval_s))
+        return self.link.not_answering(list(devices), wait_s)
 
     def _recover(self, run: ActiveRun, plan: ShardPlan, request: RunRequest, groups, replan: Replanner,
                  recoveries: list[RecoveryRecord], reporter: Reporter, lost: tuple[str, ...]) -> tuple[ShardPlan, list[str]]:
@@ -534,20 +547,21 @@ class Coordinator:
     def _stop_all(self, devices: list[str], run_id: str, gone: tuple[str, ...] = ()) -> None:
         """Tell every live agent to end ``run_id``; their replies come after their last events (``gone``: known lost,
         not asked)."""
-        futs = [(d, self.request_async(d, StopRun(run_id=run_id))) for d in devices
-                if d not in gone and not self.link.is_lost(d)]
-        for d, f in futs:
-            try:
-                self.link.await_reply(d, f, 5.0, "stopping")
-            except RunFailed:
-                pass
+        self._tell_all([(d, StopRun(run_id=run_id)) for d in devices], gone, 5.0, "stopping")
 
     def _stop_helpers(self, helpers: dict[str, str], gone: tuple[str, ...] = ()) -> None:
-        futs = [(d, self.request_async(d, StopRun(run_id=i))) for d, i in helpers.items()
-                if d not in gone and not self.link.is_lost(d)]
+        self._tell_all([(d, StopRun(run_id=i)) for d, i in helpers.items()], gone, 5.0, "stopping")
+
+    def _tell_all(self, messages: list[tuple[str, object]], gone: tuple[str, ...], timeout_s: float, what: str) -> None:
+        """Each message to its agent unless declared lost; the replies of those not ``gone`` awaited. A ``gone``
+        one is told anyway and not waited on (a hung agent, not known lost, stops and unloads when it wakes)."""
+        futs = [(d, self.request_async(d, m)) for d, m in messages if not self.link.is_lost(d)]
         for d, f in futs:
+            if d in gone:
+                self.link.forget(f)
+                continue
             try:
-                self.link.await_reply(d, f, 5.0, "stopping")
+                self.link.await_reply(d, f, timeout_s, what)
             except RunFailed:
                 pass
 
