@@ -14,10 +14,11 @@ decode steps (each micro-batch's ``recv_wait`` → ``compute`` → ``send`` on t
 - ``hop_mapped``: the upstream stage's send end to this stage's arrival, across the agents' clock
   offsets as the server estimated them (each event carries its uncertainty, up to
   ``clock_uncertainty_us_max``: hundreds of µs here, so a median hop of ~150 µs can read negative);
-- ``cycle_us_p50``: one micro-batch's start of compute to its next step's start at the source (a whole
-  round of the ring: every stage's step of it plus its hops), and ``hops_us_est``: that cycle less the
-  stages' medians above (offset-free: what the zmq IO threads, TCP, CurveZMQ and the wake-ups of three
-  hops took), beside ``compute_us`` and ``on_stage_us`` (the rest each stage's worker spent per step).
+- per step of the ring (a micro-batch's compute start at the source to its next step's, every stage's
+  part of that same step matched by micro-batch and step): medians of the ``cycle``, its forwards
+  (``compute_us_p50``), the stages' own work around them (``on_stage_us_p50``: arrival to forward, and
+  forward to the send call) and ``hops_us_p50``, the cycle less both (offset-free: from each send call's
+  start to the next stage's arrival: the call itself, libzmq's IO threads, TCP, CurveZMQ and the wake-up).
 
 Beside them: tokens/s, the CPU per completion token of the server and each agent (``/proc``), and
 the 1-minute load. ``--threads`` is the agents' torch threads; ``--tree`` another checkout's server
@@ -50,56 +51,79 @@ def _med_us(xs: list[float]) -> float | None:
 
 
 def step_path(workspace: Path, stages: int) -> dict:
-    """Per stage, the medians of its decode steps' parts (µs), from the stream's recorded events."""
+    """Per stage, the medians of its decode steps' parts (µs), and per step of the ring its cycle and hops,
+    from the stream's recorded events (each step's parts matched by micro-batch and step, so the hops are
+    the cycle less that same step's parts, whatever its rows)."""
     db = sqlite3.connect(workspace)
     rows = db.execute("SELECT stage, kind, step, micro_batch, start_s, end_s, clock_uncertainty_s FROM stream_events "
                       "WHERE phase = 'decode' ORDER BY stage, start_s").fetchall()
     db.close()
-    by_stage: dict[int, list[tuple]] = defaultdict(list)
-    for r in rows:
-        by_stage[r[0]].append(r)
+    ev: dict[tuple[str, int, int, int], list[tuple[float, float]]] = defaultdict(list)  # (kind, stage, mb, step)
+    for stage, kind, step, mb, start, end, _ in rows:  # a retired micro-batch's index starts again at step 0
+        ev[(kind, stage, mb, step)].append((start, end))
+
+    def near(key: tuple, t: float, before: bool) -> tuple[float, float] | None:
+        """``key``'s event that ends last by ``t`` (``before``), else that starts first from ``t`` (within
+        SLOP_S either way: the stages' events are mapped by offsets estimated apart)."""
+        got = [e for e in ev.get(key, ()) if (e[1] <= t + SLOP_S if before else e[0] >= t - SLOP_S)]
+        return (max(got, key=lambda e: e[1]) if before else min(got)) if got else None
+
     parts: dict[int, dict[str, list[float]]] = {s: defaultdict(list) for s in range(stages)}
-    sends: dict[tuple[int, int, int], float] = {}  # (stage, mb, step) -> send end
-    arrivals: dict[tuple[int, int, int], float] = {}  # (stage, mb, step) -> recv_wait end
-    computes: dict[tuple[int, int], list[float]] = defaultdict(list)  # source: (mb) -> compute starts
-    for s, evs in by_stage.items():
-        p = parts[s]
-        last: dict[str, tuple] = {}
-        for _, kind, step, mb, start, end, _u in evs:
-            if kind == "recv_wait":
-                p["wait"].append(end - start)
-                arrivals[(s, mb, step)] = end
-            elif kind == "compute":
-                p["compute"].append(end - start)
-                got = last.get("recv_wait")
-                if got is not None:
-                    p["recv_to_compute"].append(start - got[5])
-                if s == 0:
-                    computes[mb].append(start)
-            elif kind == "send":
-                p["send"].append(end - start)
-                c = last.get("compute")
-                if c is not None and c[3] == mb:
-                    p["compute_to_send"].append(start - c[5])
-                sends[(s, mb, step)] = end
-            last[kind] = (s, kind, step, mb, start, end)
-    for (s, mb, step), got in arrivals.items():
-        if s == 0:  # the source receives the tokens of the step it started, from the last stage
-            sent = sends.get((stages - 1, mb, step))
-        else:
-            sent = sends.get((s - 1, mb, step))
-        if sent is not None:
-            parts[s]["hop_mapped"].append(got - sent)
-    cycles = [b - a for starts in computes.values() for a, b in zip(starts, starts[1:])]
+    ring: dict[str, list[float]] = defaultdict(list)
+    for (kind, s, mb, step), spans in ev.items():
+        if kind != "compute":
+            continue
+        for start, end in spans:
+            p = parts[s]
+            p["compute"].append(end - start)
+            # the message this compute answers: the upstream's hidden states of this step, or at the source
+            # the last stage's tokens of the step before
+            got = near(("recv_wait", s, mb, step - 1 if s == 0 else step), start, before=True)
+            if got is not None:
+                p["wait"].append(got[1] - got[0])
+                p["recv_to_compute"].append(start - got[1])
+                sent = near(("send", stages - 1 if s == 0 else s - 1, mb, step - 1 if s == 0 else step), got[1], True)
+                if sent is not None:
+                    p["hop_mapped"].append(got[1] - sent[1])
+            sent = near(("send", s, mb, step), end, before=False)
+            if sent is not None:
+                p["compute_to_send"].append(sent[0] - end)
+                p["send"].append(sent[1] - sent[0])
+            if s == 0:
+                _ring_step(ring, near, stages, mb, step, start)
     uncertainty = [r[6] for r in rows]
-    per_stage = {s: {k: _med_us(v) for k, v in sorted(p.items())} for s, p in parts.items()}
-    compute = sum(p["compute"] or 0 for p in per_stage.values())
-    on_stage = sum((p.get(k) or 0) for p in per_stage.values() for k in ("recv_to_compute", "compute_to_send", "send"))
-    cycle = _med_us(cycles)
-    return {"per_stage_us": per_stage, "decode_steps": {s: len(p["compute"]) for s, p in parts.items()},
-            "cycle_us_p50": cycle, "compute_us": round(compute, 1), "on_stage_us": round(on_stage, 1),
-            "hops_us_est": None if cycle is None else round(cycle - compute - on_stage, 1),
+    return {"per_stage_us": {s: {k: _med_us(v) for k, v in sorted(p.items())} for s, p in parts.items()},
+            "decode_steps": {s: len(p["compute"]) for s, p in parts.items()},
+            "ring_steps": len(ring["cycle"]), "cycle_us_p50": _med_us(ring["cycle"]),
+            "compute_us_p50": _med_us(ring["compute"]), "on_stage_us_p50": _med_us(ring["on_stage"]),
+            "hops_us_p50": _med_us(ring["hops"]),
             "clock_uncertainty_us_max": round(max(uncertainty) * 1e6, 1) if uncertainty else None}
+
+
+SLOP_S = 0.001
+"""How far apart in time two stages' events of one step may read (their clock offsets' uncertainty)."""
+
+
+def _ring_step(ring: dict, near, stages: int, mb: int, step: int, start: float) -> None:
+    """One round of the ring: ``step``'s compute at the source (from ``start``) to the next step's there,
+    every stage's part of that same step, and the hops as the cycle less them."""
+    nxt = near(("compute", 0, mb, step + 1), start + SLOP_S, before=False)
+    spans = [near(("compute", t, mb, step), start, before=False) for t in range(stages)]
+    if nxt is None or None in spans:
+        return
+    sends = [near(("send", t, mb, step), spans[t][1], before=False) for t in range(stages)]
+    # each stage's arrival of this step's input; at the source, of its tokens (before the next step)
+    arrivals = [near(("recv_wait", t, mb, step), nxt[0] if t == 0 else spans[t][0], before=True) for t in range(stages)]
+    if None in sends or None in arrivals:
+        return
+    # framing (a send call's own time overlaps the hop: the message may be on its way before it returns)
+    on_stage = sum(sends[t][0] - spans[t][1] for t in range(stages))
+    on_stage += sum(spans[t][0] - arrivals[t][1] for t in range(1, stages)) + nxt[0] - arrivals[0][1]
+    compute = sum(e - b for b, e in spans)
+    ring["cycle"].append(nxt[0] - start)
+    ring["compute"].append(compute)
+    ring["on_stage"].append(on_stage)
+    ring["hops"].append(nxt[0] - start - compute - on_stage)
 
 
 def one_tree(tree: Path, threads: int, tmp: Path, model: Path, plan: Path, args, k: int) -> dict:
