@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -169,6 +170,17 @@ def main() -> None:
     sides = [(t.resolve(), int(n)) for t in args.tree or [ROOT] for n in args.threads.split(",")]
     hf = served.HfBatched(model, args.new_tokens) if args.hf else None
     results = []
+    try:
+        _rounds(args, sides, hf, tmp, model, plan, results)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the model and the servers' workspaces
+    print(json.dumps({"bench": "serve_step_path", "stages": args.stages, "clients": args.clients,
+                      "new_tokens": args.new_tokens, "load_1min_before": load_before,
+                      "runs": results, "load_1min_after": os.getloadavg()[0]}))
+
+
+def _rounds(args, sides, hf, tmp: Path, model: Path, plan: Path, results: list) -> None:
+    """Each round: ``generate``'s reference (``--hf``), then every side once, the order rotating."""
     for k in range(args.rounds):
         limit = max(got[0] for got in hf.best().values()) if hf is not None else None
         for tree, threads in sides[k % len(sides):] + sides[:k % len(sides)]:
@@ -176,9 +188,6 @@ def main() -> None:
             if limit is not None:
                 got |= {"hf_tokens_per_s": round(limit, 1), "vs_hf_batched": round(got["tokens_per_s"] / limit, 3)}
             results.append(got)
-    print(json.dumps({"bench": "serve_step_path", "stages": args.stages, "clients": args.clients,
-                      "new_tokens": args.new_tokens, "load_1min_before": load_before,
-                      "runs": results, "load_1min_after": os.getloadavg()[0]}))
 
 
 if __name__ == "__main__":
