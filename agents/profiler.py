@@ -8,13 +8,15 @@ decode for one new token per sequence over a KV cache of ``context_tokens``, at 
 batch sizes. Each figure is the median of ``repeats`` runs after a warm-up; the spread is
 IQR / median.
 
-A block is timed the way the stage runtime (agents/shard.py) runs it: the causal mask,
-positions and rotary embedding are computed once per stage and step, outside the blocks,
-so they are built once here too, outside the timed forward (and the KV cache is reset
-to the context length between repeats, untimed). That once-per-stage work is timed on
+A block is timed through the stage runtime's own calls (agents/step_inputs.py: ``run_block``,
+``layer_inputs``, ``step_positions``, ``decode_mask``; agents/shard.py runs a step with them): the
+causal mask, positions and rotary embedding (its table) are computed once per stage and step,
+outside the blocks, so they are built once here too, outside the timed forward (and the KV cache
+is reset to the context length between repeats, untimed). That once-per-stage work is timed on
 its own — the stage overhead: growing the group's mask, positions, the causal mask and
 the rotary embedding (decode), plus a fresh KV cache (prefill) — and reported beside the
-units, so the cost model charges it once per stage instead of once per block.
+units, so the cost model charges it once per stage instead of once per block. A copy of those
+calls here once drifted from the stage's (the rotary module per step, ``Module.__call__``).
 
 A unit is timed with its weights out of the CPU's last-level cache, as a run finds them
 when the model's weights exceed that cache: a decode step streams every unit of a stage
@@ -183,10 +185,12 @@ class _UnitBench:
             for b in m.buffers():  # e.g. causal-mask buffers: values do not change the timing
                 b.zero_()
             m.eval()
-        self.rotary = None
-        self._decode_masks = None  # agents.shard.DecodeMasks, as StageExecutor builds them
+        from agents.step_inputs import DecodeMasks, RotaryTable
+
+        self.rotary_table = None  # as StageExecutor builds them
+        self._decode_masks = DecodeMasks()
         if self.kind == "block" and hasattr(base, "rotary_emb"):
-            self.rotary = type(base.rotary_emb)(config=cfg).to(device)
+            self.rotary_table = RotaryTable(type(base.rotary_emb)(config=cfg).to(device))
         if self.kind == "block":  # its Linears as a stage at that precision holds them
             quantize_block(self.modules["layer"], weights)
         self.param_bytes = sum(held_bytes(p) for m in self.modules.values() for p in m.parameters())
@@ -195,42 +199,23 @@ class _UnitBench:
     def _hidden(self, b: int, t: int):
         return self.torch.randn(b, t, self.hidden, dtype=self.dtype)
 
-    def _step_inputs(self, x, mask_2d, cache):
-        """What the stage runtime computes once per stage and step before its blocks
-        (agents/shard.py ``StageExecutor._run`` / ``_run_layers``): positions from the
-        attention mask, the causal mask of the layer type, the rotary embedding."""
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    def _step_inputs(self, x, mask_2d, cache, unpadded: bool | None = None):
+        """What the stage runtime computes once per stage and step before its blocks, by its own calls
+        (agents/shard.py ``StageExecutor._run`` / ``_layer_inputs``): positions, the causal mask of the
+        layer type, the rotary embedding. ``unpadded``: known, as a stage knows its micro-batch's mask."""
+        from agents.step_inputs import layer_inputs, step_positions
 
-        from agents.shard import DecodeMasks, cache_keyword
-
-        new = x.shape[1]
-        positions = (mask_2d.cumsum(-1) - 1).masked_fill(mask_2d == 0, 0)[:, -new:]
-        types = getattr(self.cfg, "layer_types", None) or ["full_attention"]
-        maker = create_sliding_window_causal_mask if types[0] == "sliding_attention" else create_causal_mask
-        decode_full = new == 1 and types[0] == "full_attention"
-
-        def made():
-            return maker(config=self.cfg, inputs_embeds=x, attention_mask=mask_2d, position_ids=positions,
-                         **{cache_keyword(maker): cache})
-
-        if decode_full:
-            self._decode_masks = self._decode_masks or DecodeMasks()
-            mask = self._decode_masks.mask(mask_2d, made)
-        else:
-            mask = made()
-        extra = {}
-        if self.rotary is not None:
-            extra["position_embeddings"] = self.rotary(x, position_ids=positions)
-        return positions, mask, extra
+        positions = step_positions(mask_2d, x.shape[1])
+        kind = (getattr(self.cfg, "layer_types", None) or ["full_attention"])[0]
+        masks, extra = layer_inputs(self.cfg, (kind,), x, mask_2d, positions, cache, self._decode_masks,
+                                    self.rotary_table, unpadded)
+        return positions, masks[kind], extra
 
     def _forward(self, x, cache, inputs):
-        positions, mask, extra = inputs
-        from agents.shard import cache_keyword
+        from agents.step_inputs import run_block
 
-        layer = self.modules["layer"]
-        out = layer(x, attention_mask=mask, position_ids=positions, use_cache=True,
-                    **{cache_keyword(type(layer).forward): cache}, **extra)
-        return out[0] if isinstance(out, tuple) else out
+        positions, mask, extra = inputs
+        return run_block(self.modules["layer"], x, mask, positions, cache, extra)
 
     def _block(self, x, mask_2d, cache):
         return self._forward(x, cache, self._step_inputs(x, mask_2d, cache))
@@ -304,9 +289,10 @@ class _UnitBench:
         seen = torch.ones(b, context, dtype=torch.long)
         x = self._hidden(b, 1)
 
+        from agents.step_inputs import decode_mask
+
         def run():
-            mask = torch.cat([seen, seen.new_ones((b, 1))], dim=1)
-            return self._step_inputs(x, mask, cache)
+            return self._step_inputs(x, decode_mask(seen), cache, unpadded=True)
 
         return Timed(run)
 

@@ -28,7 +28,8 @@ from agents.weight_precision import (
     UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
 )
 from agents.shard_positions import PositionSteps
-from agents.step_inputs import DecodeMasks, RotaryTable, block_forward, cache_keyword
+from agents.step_inputs import (DecodeMasks, RotaryTable, UnsupportedAttention, cache_keyword,  # noqa: F401 (cache_keyword:
+                                decode_mask, layer_inputs, run_block, step_positions)  # bench imports it here)
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -404,7 +405,7 @@ class StageExecutor(PositionSteps):
             raise StageInputError(f"decode for micro-batch group {group} before its prefill")
         self._check_input(x, state.mask.shape[0], 1)
         if self._needs_positions:  # the head alone reads neither the mask nor positions (``_run``)
-            state.mask = nn.functional.pad(state.mask, (0, 1), value=1)  # one op, not new_ones and cat
+            state.mask = decode_mask(state.mask)
         return self._run(state, x)
 
     @torch.inference_mode()
@@ -480,13 +481,7 @@ class StageExecutor(PositionSteps):
     def _run(self, state: _GroupState, x: torch.Tensor, every_position: bool = False) -> torch.Tensor:
         positions = None
         if self._needs_positions:
-            new = x.shape[1]
-            mask = state.mask
-            # As HF generate: positions count attended tokens; padded slots get position 0. A one-column
-            # step's column is attended on every path (decode appends it; prefill and extend check it), so
-            # its position is the row's count less one: one reduction, not cumsum, compare and fill of all.
-            positions = mask.sum(-1, keepdim=True) - 1 if new == 1 else \
-                (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+            positions = step_positions(state.mask, x.shape[1])
         x = x if self.boundary is None else self.boundary.to_device(x)
         if self.is_first:
             hidden = self._embed_tokens(x, positions)
@@ -518,39 +513,17 @@ class StageExecutor(PositionSteps):
             hidden = self._run_layer(layer, hidden, masks[kind], positions, state.cache, extra)
         return hidden
 
-    @staticmethod
-    def _run_layer(layer, hidden, mask, positions, cache, extra) -> torch.Tensor:
-        hidden = block_forward(layer)(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
-                                      **{cache_keyword(type(layer).forward): cache}, **extra)
-        if isinstance(hidden, tuple):  # older layer APIs return (hidden, ...)
-            hidden = hidden[0]
-        return hidden
+    _run_layer = staticmethod(run_block)
 
     def _layer_inputs(self, state: _GroupState, hidden: torch.Tensor, positions: torch.Tensor):
-        """The masks (by attention type) and rotary embeddings every block of a step gets."""
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
-        makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
-        masks = {}
-        for kind in sorted(set(self._layer_types)):
-            if kind not in makers:
-                raise CheckpointError(f"{self.model_dir}: attention type {kind!r} is not supported")
-            maker = makers[kind]
-
-            def made(maker=maker):
-                return maker(config=self._config, inputs_embeds=hidden, attention_mask=state.mask,
-                             position_ids=positions, **{cache_keyword(maker): state.cache})
-
-            if kind == "full_attention" and hidden.shape[1] == 1:
-                if state.unpadded is None:
-                    state.unpadded = bool(state.mask.all())
-                masks[kind] = self._decode_masks.mask(state.mask, made, state.unpadded)
-            else:
-                masks[kind] = made()
-        extra = {}
-        if self._rotary is not None:
-            extra["position_embeddings"] = self._rotary_table.embeddings(hidden, positions, state.mask.shape[1])
-        return masks, extra
+        """The masks (by attention type) and rotary embeddings every block of a step gets (``layer_inputs``)."""
+        if hidden.shape[1] == 1 and state.unpadded is None:
+            state.unpadded = bool(state.mask.all())
+        try:
+            return layer_inputs(self._config, self._layer_types, hidden, state.mask, positions, state.cache,
+                                self._decode_masks, self._rotary_table, state.unpadded)
+        except UnsupportedAttention as err:
+            raise CheckpointError(f"{self.model_dir}: {err}") from None
 
 
 def _load(module: nn.Module, state: dict[str, torch.Tensor], what: str, strict: bool = True) -> None:

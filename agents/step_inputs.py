@@ -142,3 +142,57 @@ def is_padding_mask(made, padding: torch.Tensor) -> bool:
     instead of calling the mask factory (~0.1 ms per stage and token)."""
     return isinstance(made, torch.Tensor) and made.dtype == torch.bool and made.shape == padding.shape \
         and bool(torch.equal(made, padding))
+
+
+def step_positions(mask: torch.Tensor, new: int) -> torch.Tensor:
+    """The position ids [B, new] of a step's ``new`` columns from the group's attention mask [B, T], as HF
+    generate counts them: attended tokens; padded slots get 0. A one-column step's column is attended on
+    every path (decode appends it; prefill and extend check it), so its position is the row's count less
+    one: one reduction, not cumsum, compare and fill of all."""
+    return mask.sum(-1, keepdim=True) - 1 if new == 1 else (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, -new:]
+
+
+def decode_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A group's mask after a one-token decode step: one attended column more (one op, not new_ones and cat)."""
+    return F.pad(mask, (0, 1), value=1)
+
+
+class UnsupportedAttention(ValueError):
+    """A block's attention type the stage cannot build a mask for."""
+
+
+def layer_inputs(config, layer_types, hidden: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
+                 decode_masks: DecodeMasks, rotary_table: RotaryTable | None, unpadded: bool | None = None):
+    """(masks by attention type, extra keywords) every block of a stage's step gets: the causal masks
+    (``DecodeMasks`` for a one-token full-attention step) and the rotary embeddings (``rotary_table``).
+    One path for a stage (``StageExecutor._layer_inputs``) and the profiler, which times what it costs."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    masks = {}
+    for kind in sorted(set(layer_types)):
+        if kind not in makers:
+            raise UnsupportedAttention(f"attention type {kind!r} is not supported")
+        maker = makers[kind]
+
+        def made(maker=maker):
+            return maker(config=config, inputs_embeds=hidden, attention_mask=mask, position_ids=positions,
+                         **{cache_keyword(maker): cache})
+
+        if kind == "full_attention" and hidden.shape[1] == 1:
+            masks[kind] = decode_masks.mask(mask, made, unpadded)
+        else:
+            masks[kind] = made()
+    extra = {}
+    if rotary_table is not None:
+        extra["position_embeddings"] = rotary_table.embeddings(hidden, positions, mask.shape[1])
+    return masks, extra
+
+
+def run_block(layer, hidden, mask, positions, cache, extra) -> torch.Tensor:
+    """One decoder block of a step (``block_forward``), as a stage and the profiler run it."""
+    hidden = block_forward(layer)(hidden, attention_mask=mask, position_ids=positions, use_cache=True,
+                                  **{cache_keyword(type(layer).forward): cache}, **extra)
+    if isinstance(hidden, tuple):  # older layer APIs return (hidden, ...)
+        hidden = hidden[0]
+    return hidden

@@ -61,8 +61,8 @@ def test_a_block_is_timed_without_building_its_mask_or_rotary_embedding(monkeypa
     monkeypatch.setattr(mu, "create_causal_mask", lambda **kw: calls.append("mask") or real(**kw))
     with torch.inference_mode():
         bench = _UnitBench(_hf_config(TINY_LLAMA), 1, torch.float32, 0)
-        real_rotary = bench.rotary.forward
-        bench.rotary.forward = lambda *a, **kw: calls.append("rotary") or real_rotary(*a, **kw)
+        real_rotary = bench.rotary_table.embeddings  # the stage's table (agents.step_inputs.RotaryTable)
+        bench.rotary_table.embeddings = lambda *a, **kw: calls.append("rotary") or real_rotary(*a, **kw)
         for timed in (bench.decode_fn(2, 8), bench.prefill_fn(1, 8)):
             calls.clear()
             for _ in range(3):
@@ -443,3 +443,52 @@ def test_on_a_shared_host_units_timed_on_copies_are_not_evicted_again(monkeypatc
     for unit in ("unit 1", "unit 2"):  # their copies take turns: nothing overwrites the cache between calls
         runs = [i for i, c in enumerate(order) if c == unit]
         assert len(runs) >= 4 and "evict" not in order[runs[0]:runs[-1]]
+
+
+def test_a_profiled_decode_step_calls_blocks_and_the_rotary_embedding_as_a_stage_does(tiny_llama_dir, monkeypatch):
+    """One code path: in a steady decode step, a stage of two blocks (the reference) and the profiler's block
+    and stage-overhead timings go through a block's ``Module.__call__`` and the rotary module equally often
+    (a stage: neither, it calls the block's forward and looks its table up); a copy in the profiler that
+    called both each step made its profile overestimate the step."""
+    from collections import Counter
+
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    from agents.profiler import _hf_config, _UnitBench
+    from agents.shard import StageExecutor
+
+    counts: Counter = Counter()
+    module_call, rotary_forward = torch.nn.Module.__call__, LlamaRotaryEmbedding.forward
+    monkeypatch.setattr(LlamaDecoderLayer, "__call__",
+                        lambda self, *a, **kw: counts.update(["block __call__"]) or module_call(self, *a, **kw))
+    monkeypatch.setattr(LlamaRotaryEmbedding, "forward",
+                        lambda self, *a, **kw: counts.update(["rotary module"]) or rotary_forward(self, *a, **kw))
+    steps, rows, context = 3, 2, 6
+    with open(os.path.join(tiny_llama_dir, "config.json")) as f:
+        config = json.load(f)
+    hidden = config["hidden_size"]
+    stage = StageExecutor(tiny_llama_dir, 1, 3)  # blocks 0 and 1
+    stage.prefill(0, torch.randn(rows, context, hidden), torch.ones(rows, context, dtype=torch.long))
+    stage.decode(0, torch.randn(rows, 1, hidden))  # the first decode step learns the mask and checks the table
+    counts.clear()
+    for _ in range(steps):
+        stage.decode(0, torch.randn(rows, 1, hidden))
+    per_stage_step = {"block __call__": counts["block __call__"] / (2 * steps),
+                      "rotary module": counts["rotary module"] / steps}
+    with torch.inference_mode():
+        bench = _UnitBench(_hf_config(config), 1, torch.float32, 0)
+        block, overhead = bench.decode_fn(rows, context), bench.stage_decode_overhead_fn(rows, context)
+
+        def profiled_step() -> None:
+            block.reset()
+            block.run()
+            overhead.run()
+
+        profiled_step()  # a warm-up, as the profiler's
+        counts.clear()
+        for _ in range(steps):
+            profiled_step()
+    per_profiled_step = {"block __call__": counts["block __call__"] / steps,
+                         "rotary module": counts["rotary module"] / steps}
+    assert per_profiled_step == per_stage_step
