@@ -140,3 +140,17 @@ def test_a_stop_token_lets_out_the_text_held_for_the_clean_up(cleaning_tokenizer
     full = cleaning_tokenizer.decode(ids)
     assert full == "you're'ok" and full.startswith(streamed) and streamed != full  # " ' ok" + "s" would differ
     assert streamed + pieces.piece(0, eos) == full
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["flag-ignored-for-bpe", "forced"])
+def test_a_byte_level_bpe_with_the_clean_up_flag_streams_its_full_decode(forced):
+    """transformers ignores ``clean_up_tokenization_spaces`` for a BPE model unless forced (it would corrupt
+    GPT-2-style text); the pieces follow whichever its decode does."""
+    tokenizer = train_tokenizer(512)
+    tokenizer.clean_up_tokenization_spaces = True
+    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = forced
+    ids = tokenizer(" ".join(["the cat ' s here , isn ' t it ?"] * 40), add_special_tokens=False)["input_ids"]
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    assert (full != tokenizer.decode(ids, clean_up_tokenization_spaces=False)) == forced
+    pieces = TextPieces(tokenizer, 1, stop_ids=(), max_new_tokens=len(ids))
+    assert "".join(pieces.piece(0, i) for i in ids) == full
