@@ -308,8 +308,10 @@ class AgentLink:
                     self._drain(c)
 
     def _drain(self, c: _Conn) -> None:
-        """Handle every message already received from ``c`` (IO thread)."""
-        while True:
+        """Handle every message already received from ``c`` (IO thread). The socket is asked whether one is
+        there before each read: a read that finds none raises ``zmq.Again``, ~35 µs of this thread's CPU under
+        a server's load (the exception, and the GIL the read lets go of), where the question costs ~3."""
+        while c.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frame = c.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
