@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_weights_option(p)
     p.add_argument("--threads", type=THREADS, default=0, help="torch threads per agent (0 = agent default)")
     p.add_argument("--send-weights", action="store_true", help="send each agent only its stage's weights")
+    p.add_argument("--local-cpus", choices=("split", "shared"), default=None,
+                   help="with --local: split (default) puts the agents on the cores the micro-batches in flight "
+                        "need and the server on the others while that leaves it some; shared runs every process "
+                        "on every core")
     p.add_argument("--on-failure", choices=("stop", "replan"), default="stop",
                    help="an agent lost mid-request: stop (its requests get 503; the plan is loaded again for the "
                         "next request) or replan (re-plan over the survivors and resume; needs --problem)")
@@ -117,6 +121,9 @@ def cmd_serve(args) -> int:
     if generation_for(plan) is not None:
         raise FormatError(args.plan, "this plan's stages run through their technique's own driver, which serve "
                                      "does not drive yet; serve a layer-sharded plan")
+    if args.local_cpus is not None and not args.local:
+        raise FormatError("--local-cpus", "places the agents --local starts; agents of --agents run where they were "
+                                          "started (leave --local-cpus out, or serve with --local)")
     replan = _replanner(args, plan, args.max_batch)  # the workload a re-plan solves for: a full micro-batch
     agents = None if args.local else _parse_agents(args.agents, args.coordinator_key_file)
     if agents is not None:  # a dead agent of the plan: named at once, before the tokenizer and the model load
@@ -181,6 +188,12 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
                                  ServeSettings(generation=settings, max_tokens=args.max_new_tokens),
                                  replan=replan, store=store, session_id=session_id)
             served.load(reporter)
+            if cluster is not None and args.local_cpus != "shared":
+                from core.devices.cpu_placement import CpuPlacer
+
+                placer = CpuPlacer(lambda: [cluster.pid_of(d) for d in plan.devices()], threads)
+                served.on_busy = placer.on_busy
+                placer.place(0)  # the first request's stages already on theirs
             defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                 seed=args.seed, repetition_penalty=args.repetition_penalty,
                                 no_repeat_ngram_size=args.no_repeat_ngram_size,

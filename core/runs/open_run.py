@@ -40,7 +40,7 @@ class OpenRun:
     """One open run over ``plan`` (loaded on ``coordinator``) until ``close`` or a failure."""
 
     def __init__(self, coordinator: Coordinator, plan: ShardPlan, sink: RunSink, *, slots: int, mode: str,
-                 eos_token_ids: tuple[int, ...], pad_token_id: int, on_end=None) -> None:
+                 eos_token_ids: tuple[int, ...], pad_token_id: int, on_end=None, on_busy=None) -> None:
         self.coordinator, self.plan, self.sink = coordinator, plan, sink
         self.slots, self.mode, self.pad = slots, mode, pad_token_id
         self.eos = eos_token_ids
@@ -52,7 +52,11 @@ class OpenRun:
         self.on_end = on_end or (lambda run: None)
         """Told (on the run's thread) once the run ended after it had started: a failure or a stop."""
         self.ended = threading.Event()
+        self.on_busy = on_busy or (lambda in_flight: None)
+        """Told the micro-batches in flight whenever a join or a release changed them, before the join is
+        sent (e.g. ``core.devices.cpu_placement.CpuPlacer.on_busy`` places a local cluster's agents)."""
         self._busy: set[int] = set()
+        self._telling_busy = threading.Lock()  # the last to tell reads the count last: no stale count wins
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -109,7 +113,14 @@ class OpenRun:
     def release(self, slot: int) -> None:
         """Every request of ``slot`` is done: the index may be joined again."""
         with self._lock:
+            changed = slot in self._busy
             self._busy.discard(slot)
+        if changed:
+            self._tell_busy()
+
+    def _tell_busy(self) -> None:
+        with self._telling_busy:
+            self.on_busy(self.busy)
 
     @property
     def busy(self) -> int:
@@ -136,8 +147,11 @@ class OpenRun:
         with self._lock:
             if not 0 <= slot < self.slots or (slot in self._busy and not grow):
                 raise ValueError(f"slot {slot} is busy or out of range")
+            added = slot not in self._busy
             self._busy.add(slot)
             seq = tuple(next(self._ids) for _ in prompts)
+        if added:
+            self._tell_busy()
         if on_ids is not None:
             on_ids(seq)
         ids, mask = left_padded(prompts, self.pad)

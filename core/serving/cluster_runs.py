@@ -114,6 +114,9 @@ class ServedModel:
         self.open: OpenRun | None = None
         self.on_slot_free = lambda: None
         """Told when a micro-batch is free again (the queue's ``wake``), outside any lock here."""
+        self.on_busy = lambda in_flight: None
+        """Told the open run's micro-batches in flight when they change, before a join goes out (``serve
+        --local``'s ``CpuPlacer``)."""
         self._lock = threading.RLock()
         self._loading = threading.RLock()  # held to load or re-plan and start the open run: joins wait for a recovery
         self._slots: dict[int, list[ServedRequest]] = {}
@@ -232,7 +235,8 @@ class ServedModel:
             stream = _Stream(self)
             run = stream.run = OpenRun(self.coordinator, self.plan, stream, slots=self.slots, mode=g.mode,
                                        eos_token_ids=self.stop_ids,
-                                       pad_token_id=int(self.tokenizer.pad_token_id or 0), on_end=self._run_ended)
+                                       pad_token_id=int(self.tokenizer.pad_token_id or 0), on_end=self._run_ended,
+                                       on_busy=lambda in_flight: self.on_busy(in_flight))
             try:
                 run.start()
             except RunFailed as err:

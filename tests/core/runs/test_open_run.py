@@ -119,6 +119,29 @@ def test_a_join_of_a_slot_above_slots_that_never_ran_starts_at_once(open_run, re
 
 
 
+def test_the_micro_batches_in_flight_are_told_before_a_join_goes_out_and_after_a_release(open_run):
+    # what ``serve --local`` places its agents by (core.devices.cpu_placement): a join's prefill must find
+    # them placed, so the count is told before the join is sent; a grow or a second release tells nothing
+    run, sink, _, _ = open_run
+    told: list[int] = []
+    run.on_busy = told.append
+    try:
+        (a,) = run.join(1, [[7, 8, 9]], [HOLD], SamplingSpec())
+        assert told == [1]
+        sink.wait([a], [1])
+        (b,) = run.join(1, [[5, 6]], [2], SamplingSpec(), grow=True)
+        (c,) = run.join(3, [[4, 5, 6]], [2], SamplingSpec())
+        assert told == [1, 2]
+        sink.wait([b, c], [2, 2])
+        run.release(3)
+        run.release(3)
+        assert told == [1, 2, 1]
+        end_holder(run, sink=sink, coord=open_run[2], slot=1, seq=a)
+        assert told == [1, 2, 1, 0]
+    finally:
+        run.on_busy = lambda in_flight: None
+
+
 def test_an_open_run_keeps_none_of_its_stream_in_memory(open_run):
     # A server's open run serves for hours: every token and event it kept stayed in memory (its result is never
     # read). They go to its sink only; the latest end of each stage's work is still known (a failure box's start).

@@ -48,6 +48,14 @@ def test_a_port_in_use_is_refused_before_any_agent_starts(capsys, files):
     assert "starting" not in err  # no agent was started
 
 
+def test_placing_cores_for_agents_the_server_does_not_start_is_refused_in_one_line(capsys, files, tmp_path):
+    model, plan = files
+    code = cli_main(["serve", "--model", str(model), "--plan", str(plan), "--agents", str(tmp_path / "agents.json"),
+                     "--local-cpus", "split", "--no-record"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--local-cpus" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_plan_that_does_not_fit_the_checkpoint_is_refused(capsys, files, tmp_path):
     from core import formats
     from core.planning.plan import plan_from_boundaries

@@ -5,6 +5,7 @@ bad requests get the right status and OpenAI's error object, and the server answ
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -13,7 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from core.devices.cpu_placement import place_on_cpus
 from core.sessions.store import SessionStore
+from tests.core.serving.conftest import DEVICES
 
 PROMPTS = ["the river", "a cat sat on the", "once upon a time", "snow fell", "the king said", "we went to",
            "in the morning", "she looked at", "the old man", "far away there", "it was a dark", "he ran into",
@@ -356,3 +359,38 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_answer_cancels_it(c
         time.sleep(0.2)
     assert runs and runs[0].status == "stopped" and runs[0].figures["completion_tokens"] < 130
     _still_answers(client)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (its agents, and the zygote they were forked from), from /proc."""
+    parent = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == above]
+        found += kids
+        todo += kids
+    return found
+
+
+def test_an_idle_local_server_has_its_agents_on_their_cores_and_itself_on_the_others(server, client):
+    # serve --local places for one micro-batch in flight while idle (core.devices.cpu_placement, its
+    # decisions tested there); the cores are the host's as this process sees them, not assumed
+    client.completions.create(model="tiny-llama", prompt="the river", max_tokens=2, temperature=0)
+    want = place_on_cpus(sorted(os.sched_getaffinity(0)), agents=len(DEVICES), threads_per_agent=1,
+                         computing_at_once=0)
+    deadline = time.monotonic() + 30  # the release that places again follows the answer; a bound on a hang
+    while True:
+        server_threads = {os.sched_getaffinity(int(t)) == want.coordinator
+                          for t in os.listdir(f"/proc/{server.process.pid}/task")}
+        placed = [p for p in _descendants(server.process.pid) if os.sched_getaffinity(p) == want.agents]
+        if (server_threads == {True} and len(placed) >= len(DEVICES)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert server_threads == {True}
+    assert len(placed) >= len(DEVICES)

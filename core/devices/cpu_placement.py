@@ -1,0 +1,107 @@
+"""Which of the host's cores a local cluster's agents and its coordinator run on.
+
+A local cluster (``--local``) runs every stage as a process on the host that also runs the server.
+While one micro-batch is in flight the stages take turns: only one of them computes at a time, so
+they need one stage's threads' worth of cores. Left to the scheduler, each hand-off from stage to
+stage wakes the next agent on whichever core is idle (an idle virtual CPU takes 140-170 µs to wake
+here, ``bench/serve_step_path.py``), and the server's burst of work for each step's tokens
+interrupts a stage's forward. Put on one set of cores while the server has the others, the next
+stage runs on the core the last one just left and no forward shares its core with the server: on
+2 cores, 3 stages, 16 streaming clients, 0.60 -> 0.76 of transformers' batched ``generate`` (8
+rotating rounds, load 2; docs/serving.md). With more micro-batches in flight the stages compute at
+once and need the cores: then every process runs on every core again (48 clients on 2 cores: the
+split gave 0.80 where sharing gave 0.92).
+
+``place_on_cpus`` decides (pure); ``CpuPlacer`` applies a decision to the agents' processes and this
+one, every thread of each (Linux keeps an affinity per thread), when the number in flight changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CpuPlacement:
+    """The cores the agents may run on and those the coordinator (the server) may run on."""
+
+    agents: frozenset[int]
+    coordinator: frozenset[int]
+
+    @property
+    def split(self) -> bool:
+        return self.agents != self.coordinator
+
+
+def place_on_cpus(cpus: Sequence[int], *, agents: int, threads_per_agent: int,
+                  computing_at_once: int) -> CpuPlacement:
+    """Agents on the first cores ``computing_at_once`` of them need (at least one micro-batch's: an idle
+    cluster is ready for its next request), the coordinator on the rest; everything on every core when
+    that leaves the coordinator none, or with no agents."""
+    if agents < 0 or threads_per_agent < 1 or computing_at_once < 0:
+        raise ValueError("agents and micro-batches in flight must be >= 0 and threads per agent >= 1")
+    ordered = sorted(set(cpus))
+    if not ordered:
+        raise ValueError("no cores to place on")
+    need = max(1, min(computing_at_once, agents)) * threads_per_agent
+    if agents == 0 or need >= len(ordered):
+        everything = frozenset(ordered)
+        return CpuPlacement(agents=everything, coordinator=everything)
+    return CpuPlacement(agents=frozenset(ordered[:need]), coordinator=frozenset(ordered[need:]))
+
+
+def pin_process(pid: int, cpus: frozenset[int]) -> int:
+    """Every thread of ``pid`` on ``cpus``; the threads it pinned (one gone meanwhile is skipped)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    pinned = 0
+    for tid in threads:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            pinned += 1
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    return pinned
+
+
+class CpuPlacer:
+    """Applies ``place_on_cpus`` for the micro-batches in flight to the agents' processes (``agent_pids``:
+    asked each time, so an agent restarted by a recovery is placed too) and to this process. Threads
+    started later inherit their starter's cores, and a change re-pins every thread."""
+
+    def __init__(self, agent_pids: Callable[[], Sequence[int]], threads_per_agent: int,
+                 cpus: Sequence[int] | None = None, own_pid: int | None = None) -> None:
+        self.cpus = tuple(sorted(os.sched_getaffinity(0) if cpus is None else cpus))
+        self.agent_pids, self.threads_per_agent = agent_pids, threads_per_agent
+        self.own_pid = os.getpid() if own_pid is None else own_pid
+        self.placed: CpuPlacement | None = None
+        self._lock = threading.Lock()
+
+    def place(self, computing_at_once: int) -> CpuPlacement:
+        """Place for ``computing_at_once`` micro-batches in flight (nothing is re-pinned when the decision
+        is the one in force)."""
+        with self._lock:
+            pids = [p for p in self.agent_pids() if p]
+            placement = place_on_cpus(self.cpus, agents=len(pids), threads_per_agent=self.threads_per_agent,
+                                      computing_at_once=computing_at_once)
+            if placement != self.placed:
+                for pid in pids:
+                    pin_process(pid, placement.agents)
+                pin_process(self.own_pid, placement.coordinator)
+                self.placed = placement
+            return placement
+
+    def on_busy(self, in_flight: int) -> None:
+        """``place``, for a callback that must not raise (an open run's)."""
+        try:
+            self.place(in_flight)
+        except Exception:  # a placement is a speed-up only: the run goes on unplaced
+            log.exception("placing the local agents on the host's cores failed")

@@ -1,0 +1,117 @@
+"""Placing a local cluster's agents and its coordinator on the host's cores: the decision (which
+cores, for how many micro-batches in flight) and its application to every thread of real processes.
+The host's cores are injected or read, never assumed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core.devices.cpu_placement import CpuPlacement, CpuPlacer, pin_process, place_on_cpus
+
+
+def _cores(*ids):
+    return frozenset(ids)
+
+
+def test_one_micro_batch_in_flight_puts_the_agents_on_one_core_and_the_coordinator_on_the_rest():
+    got = place_on_cpus([0, 1], agents=3, threads_per_agent=1, computing_at_once=1)
+    assert got == CpuPlacement(agents=_cores(0), coordinator=_cores(1)) and got.split
+
+
+def test_an_idle_cluster_is_placed_as_for_one_micro_batch():
+    assert place_on_cpus([0, 1], agents=3, threads_per_agent=1, computing_at_once=0) == \
+        place_on_cpus([0, 1], agents=3, threads_per_agent=1, computing_at_once=1)
+
+
+def test_micro_batches_that_need_every_core_share_every_core():
+    got = place_on_cpus([0, 1], agents=3, threads_per_agent=1, computing_at_once=2)
+    assert got == CpuPlacement(agents=_cores(0, 1), coordinator=_cores(0, 1)) and not got.split
+
+
+def test_the_agents_get_their_threads_cores_for_each_micro_batch_in_flight_at_most_one_per_agent():
+    assert place_on_cpus(range(16), agents=3, threads_per_agent=4, computing_at_once=1) == \
+        CpuPlacement(agents=frozenset(range(4)), coordinator=frozenset(range(4, 16)))
+    assert place_on_cpus(range(16), agents=3, threads_per_agent=4, computing_at_once=5) == \
+        CpuPlacement(agents=frozenset(range(12)), coordinator=frozenset(range(12, 16)))
+
+
+def test_a_single_core_or_no_agents_leaves_everything_on_every_core():
+    assert not place_on_cpus([3], agents=2, threads_per_agent=1, computing_at_once=1).split
+    assert not place_on_cpus([0, 1, 2], agents=0, threads_per_agent=1, computing_at_once=1).split
+
+
+def test_the_cores_the_process_may_use_are_placed_whatever_their_numbers():
+    assert place_on_cpus([7, 2, 5], agents=2, threads_per_agent=1, computing_at_once=1) == \
+        CpuPlacement(agents=_cores(2), coordinator=_cores(5, 7))
+
+
+def test_nonsense_counts_are_refused():
+    for kwargs in ({"agents": -1, "threads_per_agent": 1, "computing_at_once": 1},
+                   {"agents": 1, "threads_per_agent": 0, "computing_at_once": 1},
+                   {"agents": 1, "threads_per_agent": 1, "computing_at_once": -1}):
+        with pytest.raises(ValueError):
+            place_on_cpus([0, 1], **kwargs)
+    with pytest.raises(ValueError):
+        place_on_cpus([], agents=1, threads_per_agent=1, computing_at_once=1)
+
+
+THREADED_CHILD = ("import threading, time\n"
+                  "threading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
+                  "print('up', flush=True)\n"
+                  "time.sleep(120)\n")
+
+
+@pytest.fixture
+def children():
+    """Processes with a second thread each (what a placement pins), ended after the test."""
+    made = []
+
+    def make() -> int:
+        p = subprocess.Popen([sys.executable, "-c", THREADED_CHILD], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "up"
+        made.append(p)
+        return p.pid
+
+    yield make
+    for p in made:
+        p.kill()
+        p.wait()
+
+
+def _thread_cores(pid: int) -> list[frozenset[int]]:
+    """Each thread's allowed cores, as the kernel reports them in /proc (Cpus_allowed_list)."""
+    out = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+        for line in open(f"/proc/{pid}/task/{tid}/status"):
+            if line.startswith("Cpus_allowed_list:"):
+                cores = set()
+                for part in line.split(":", 1)[1].strip().split(","):
+                    lo, _, hi = part.partition("-")
+                    cores.update(range(int(lo), int(hi or lo) + 1))
+                out.append(frozenset(cores))
+    return out
+
+
+def test_pinning_a_process_pins_every_one_of_its_threads(children):
+    pid = children()
+    first = frozenset({min(os.sched_getaffinity(0))})
+    assert pin_process(pid, first) == 2
+    assert _thread_cores(pid) == [first, first]
+
+
+def test_the_placer_places_the_agents_it_is_told_now_and_the_coordinator(children):
+    host = sorted(os.sched_getaffinity(0))
+    agents, coordinator = [children(), children()], children()
+    placer = CpuPlacer(lambda: agents, threads_per_agent=1, cpus=host, own_pid=coordinator)
+    want = place_on_cpus(host, agents=2, threads_per_agent=1, computing_at_once=1)
+    assert placer.place(1) == want
+    assert all(_thread_cores(p) == [want.agents] * 2 for p in agents)
+    assert _thread_cores(coordinator) == [want.coordinator] * 2
+    agents[1] = children()  # an agent restarted (a recovery): a new process, placed at the next change
+    wider = place_on_cpus(host, agents=2, threads_per_agent=1, computing_at_once=2)
+    assert placer.place(2) == wider
+    assert _thread_cores(agents[1]) == [wider.agents] * 2 and _thread_cores(coordinator) == [wider.coordinator] * 2
