@@ -61,15 +61,17 @@ class _Stream:
         self.kept = KeptEvents()
 
     def on_event(self, event: TimelineEvent) -> None:
-        self.model.records.on_stream_event(self, event)
+        self.model.records.on_stream_events(self, [event])
         if self.model.observer is not None:
             self.model.observer.on_event(event)
 
     def on_events(self, events: list[TimelineEvent]) -> None:
         """An agent's batch of events (``RunSink``): stored in one hand-over to the workspace's writer."""
         with self.model.records.batched():
+            self.model.records.on_stream_events(self, events)
+        if self.model.observer is not None:
             for event in events:
-                self.on_event(event)
+                self.model.observer.on_event(event)
 
     def on_tokens(self, tokens: TokenEvent) -> None:
         self.model._on_tokens(self.run, tokens)
@@ -346,18 +348,24 @@ class ServedModel:
             self._take_tokens(run, tokens)
 
     def _take_tokens(self, run: OpenRun, tokens: TokenEvent) -> None:
-        for seq, token in zip(tokens.sequence_ids, tokens.token_ids):
-            with self._lock:
-                r = self._by_seq.get(seq)
+        """A step's tokens to their requests (looked up together: one lock a step, not one a token); their rows
+        recorded together (``RequestRecords.add_tokens``)."""
+        with self._lock:
+            owners = [self._by_seq.get(seq) for seq in tokens.sequence_ids]
+        rows, done = [], []
+        for r, token in zip(owners, tokens.token_ids):
             if r is None:
                 continue
             text = r.take(token)
-            self.tokens_out += text is not None
             if text is not None:
-                self.records.add(r, msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
-                                                            micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at))
+                rows.append((r, msgspec.structs.replace(tokens, sequence_ids=(0,), token_ids=(token,), text=(text,),
+                                                        micro_batch=0, t_s=tokens.t_s + run.t0 - r.joined_at)))
             if r.done:
-                self._request_done(r)
+                done.append(r)
+        self.tokens_out += len(rows)
+        self.records.add_tokens(rows)
+        for r in done:
+            self._request_done(r)
 
     def _request_done(self, r: ServedRequest) -> None:
         """``r`` is done (finished, left, failed): out of the run, recorded, its micro-batch freed when all are."""

@@ -66,9 +66,11 @@ class KeptEvents:
         """Per request with a window to come or open: (its micro-batch, its window's start)."""
         self._lock = threading.Lock()
 
-    def add(self, recv_s: float, event: TimelineEvent) -> None:
+    def add(self, recv_s: float, events: list[TimelineEvent]) -> None:
+        """``events`` that arrived together, at ``recv_s``."""
         with self._lock:
-            self._by_micro_batch.setdefault(event.micro_batch, []).append((recv_s, event))
+            for event in events:
+                self._by_micro_batch.setdefault(event.micro_batch, []).append((recv_s, event))
 
     def need(self, key, micro_batch: int, from_s: float) -> None:
         """``key``'s window (on ``micro_batch`` from ``from_s``) will be counted: its events are kept until ``done``."""
@@ -236,12 +238,25 @@ class RequestRecords:
         if rec is not None:
             (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
 
-    def on_stream_event(self, stream, event: TimelineEvent) -> None:
-        """Stored once, in the run's stream, and kept for the figures of the requests whose windows hold it."""
+    def add_tokens(self, rows: list[tuple[ServedRequest, TokenEvent]]) -> None:
+        """A step's token rows, each into its request's record (``add``'s, under one lock for the step)."""
+        with self._lock:
+            early = [(r, tok) for r, tok in rows if r in self._unrecorded]
+            for r, tok in early:
+                self._unrecorded[r].append(tok)
+            recs = [(self._records.get(r), tok) for r, tok in rows if r not in self._unrecorded]
+        for rec, tok in recs:
+            if rec is not None:
+                rec.on_tokens(tok)
+
+    def on_stream_events(self, stream, events: list[TimelineEvent]) -> None:
+        """Stored once, in the run's stream, and kept for the figures of the requests whose windows hold them
+        (they arrived together: one arrival time)."""
         if stream.id is not None:
             recv = time.monotonic() - stream.t0
-            self.store.append_stream_event(stream.id, next(stream.seq), recv, event)
-            stream.kept.add(recv, event)
+            for event in events:
+                self.store.append_stream_event(stream.id, next(stream.seq), recv, event)
+            stream.kept.add(recv, events)
 
     def finish(self, r: ServedRequest) -> None:
         """Finished once its last events can have arrived (the agents send theirs every ~50 ms)."""

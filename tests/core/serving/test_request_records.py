@@ -26,7 +26,7 @@ def test_a_requests_kept_window_is_what_the_workspace_gives_its_run_back(tmp_pat
         for seq, e in enumerate(_events(90)):
             recv = 0.05 + 0.004 * seq
             store.append_stream_event(stream, seq, recv, e)
-            kept.add(recv, e)
+            kept.add(recv, [e])
         window = store.open_window(run, stream, 1, from_s=0.1, shift_s=-0.12, recv_shift_s=0.3)
         store.close_window(window, 0.6)
         store.flush()
@@ -39,7 +39,7 @@ def test_events_no_open_window_needs_are_dropped_once_a_window_is_counted():
     kept.need("early", 0, 0.1)
     kept.need("late", 0, 0.5)
     for seq, e in enumerate(events):
-        kept.add(0.004 * seq, e)
+        kept.add(0.004 * seq, [e])
     kept.done("early", now_s=10.0)  # the late window still gets every event of its own
     late = [e for e in events if e.micro_batch == 0 and e.start_s >= 0.5]
     assert [e.start_s for _, e in kept.window(0, 0.5, None, 0.0, 0.0)] == [e.start_s for e in late]
