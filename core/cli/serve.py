@@ -170,12 +170,12 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     reporter = TerminalReporter()
-    cluster = tmp = None
+    cluster = tmp = placer = None
     name = args.served_model_name or Path(model_dir).name
     try:
         if args.local:
             tmp = tempfile.TemporaryDirectory(prefix="edgeshard-serve-")
-            threads = args.threads or max(1, (os.cpu_count() or 1) // len(plan.stages))
+            threads = args.threads or max(1, len(os.sched_getaffinity(0)) // len(plan.stages))  # the cores it may use
             cluster = LocalCluster(tmp.name, list(plan.devices()), threads_per_agent=threads)
             reporter.status(f"starting {len(plan.stages)} local agents")
             endpoints, keys = cluster.start(), cluster.keys
@@ -191,7 +191,7 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
             if cluster is not None and args.local_cpus != "shared":
                 from core.devices.cpu_placement import CpuPlacer
 
-                placer = CpuPlacer(lambda: [cluster.pid_of(d) for d in plan.devices()], threads)
+                placer = CpuPlacer(cluster.live_pids, threads)
                 served.on_busy = placer.on_busy
                 placer.place(0)  # the first request's stages already on theirs
             defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -219,6 +219,8 @@ def _serve(args, agents, plan, model_dir, tokenizer, settings, replan, store, ke
                 return 1
             print(f"edgeshard serve: stopped after {endpoint.queue.served} request(s)", flush=True)
     finally:
+        if placer is not None:
+            placer.close()
         if cluster is not None:
             cluster.stop()
         if tmp is not None:

@@ -296,6 +296,10 @@ class LocalCluster:
     def pid_of(self, device: str) -> int:
         return next(p.popen.pid for p in self._procs if p.device == device)
 
+    def live_pids(self) -> list[int]:
+        """The pids of the agents whose process has not exited (a dead one's pid may be reused)."""
+        return [p.popen.pid for p in self._procs if p.popen.poll() is None]
+
     def start(self, on_ready: Callable[[str], None] | None = None) -> list[AgentEndpoint]:
         """Spawn every agent at once, then wait for each one's ready line; ``on_ready(device)``
         after each (a caller shows start-up progress with it)."""

@@ -12,6 +12,7 @@ what it is drawn from; the hover text says which.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -169,6 +170,13 @@ def link_label_candidates(a: QPointF, b: QPointF, side: float, w: float, h: floa
     return out
 
 
+
+def _link_tip(tips: dict[tuple[str, str], str], x, y, data) -> str:
+    """A link marker's tooltip. Given to the scatter item with the panel's dict, not as a lambda over the
+    panel: an item keeping its owner's closure made a cycle the panel was never freed from (and, for the
+    timeline's view box, a segfault when collected: docs/gui.md)."""
+    return tips.get(tuple(data), "")
+
 class ClusterPanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -223,7 +231,7 @@ class ClusterPanel(QWidget):
         a, b, mid of the link) in data coordinates; laid out again whenever the view's scale changes."""
         self._circles: list[tuple[tuple[float, float], float]] = []
         self._segments: list[tuple[tuple[float, float], tuple[float, float], float]] = []
-        self.graph.getPlotItem().getViewBox().sigTransformChanged.connect(lambda *_: self.layout_labels())
+        self.graph.getPlotItem().getViewBox().sigTransformChanged.connect(self._on_view_transformed)
         self._stale = False
         """A change came while this screen was hidden in a shown window: redraw when shown."""
         state.cluster_changed.connect(lambda _c: self._on_state_changed())
@@ -325,7 +333,7 @@ class ClusterPanel(QWidget):
         if mids:
             self.graph.addItem(pg.ScatterPlotItem(
                 pos=mids, size=9, brush=pg.mkBrush(c["base"]), pen=pg.mkPen(c["muted"]), data=mid_tips,
-                hoverable=True, tip=lambda x, y, data: self.link_tips.get(tuple(data), ""), hoverSize=13))
+                hoverable=True, tip=functools.partial(_link_tip, self.link_tips), hoverSize=13))
         sizes, brushes, tips = [], [], []
         source = self.state.problem.source if self.state.problem else None
         stage_of = ({st.device: j for j, st in reversed(list(enumerate(self.state.plan.stages)))}
@@ -408,6 +416,9 @@ class ClusterPanel(QWidget):
                 self.link_tips[pair] += (f"\nplan: {src} → {dst} " + text.replace("\n", ", ")
                                          + (f" ({fmt_bytes(run.total_bytes)} in the last run)" if run else ""))
             self.graph.addItem(label)
+
+    def _on_view_transformed(self, *_) -> None:
+        self.layout_labels()
 
     def layout_labels(self) -> None:
         """Place the graph's labels (sized in pixels) where they meet no other label, device or

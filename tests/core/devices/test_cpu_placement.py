@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -99,7 +101,7 @@ def _thread_cores(pid: int) -> list[frozenset[int]]:
 def test_pinning_a_process_pins_every_one_of_its_threads(children):
     pid = children()
     first = frozenset({min(os.sched_getaffinity(0))})
-    assert pin_process(pid, first) == 2
+    assert pin_process(pid, first) == (2, 0)
     assert _thread_cores(pid) == [first, first]
 
 
@@ -111,7 +113,32 @@ def test_the_placer_places_the_agents_it_is_told_now_and_the_coordinator(childre
     assert placer.place(1) == want
     assert all(_thread_cores(p) == [want.agents] * 2 for p in agents)
     assert _thread_cores(coordinator) == [want.coordinator] * 2
-    agents[1] = children()  # an agent restarted (a recovery): a new process, placed at the next change
+    agents[1] = children()  # an agent restarted (a recovery): a new process, placed though the decision is the same
+    assert placer.place(1) == want
+    assert _thread_cores(agents[1]) == [want.agents] * 2
+
+
+def test_the_placer_follows_the_counts_it_is_told_on_its_own_thread(children):
+    host = sorted(os.sched_getaffinity(0))
+    agents, coordinator = [children(), children()], children()
+    placer = CpuPlacer(lambda: agents, threads_per_agent=1, cpus=host, own_pid=coordinator)
+    placer.place(1)
     wider = place_on_cpus(host, agents=2, threads_per_agent=1, computing_at_once=2)
-    assert placer.place(2) == wider
-    assert _thread_cores(agents[1]) == [wider.agents] * 2 and _thread_cores(coordinator) == [wider.coordinator] * 2
+    try:
+        placer.on_busy(2)  # returns at once: the open run tells it on its IO thread and the event loop
+        deadline = time.monotonic() + 30  # a bound on a hang, not a speed threshold
+        while placer.placed != wider and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert placer.placed == wider
+        assert all(_thread_cores(p) == [wider.agents] * 2 for p in agents)
+        assert _thread_cores(coordinator) == [wider.coordinator] * 2
+    finally:
+        placer.close()
+    assert not any(t.name == "edgeshard-cpu-placer" for t in threading.enumerate())
+
+
+def test_cores_the_host_does_not_have_are_refused_and_counted_not_raised(children):
+    pid = children()
+    before = _thread_cores(pid)
+    assert pin_process(pid, frozenset({4095})) == (0, 2)
+    assert _thread_cores(pid) == before

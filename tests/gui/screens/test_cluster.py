@@ -30,6 +30,23 @@ def test_node_size_follows_profiled_speed():
     assert "profiled" in compute["server"][1]
 
 
+def test_a_link_markers_hover_tip_is_its_links_text_and_holds_no_closure_over_the_panel(qtbot):
+    import pyqtgraph as pg
+
+    state = StudioState()
+    panel = ClusterPanel(state)
+    qtbot.addWidget(panel)
+    state.set_profile(make_problem().profile)
+    markers = [i for i in panel.graph.getPlotItem().items if isinstance(i, pg.ScatterPlotItem)
+               and any(tuple(d) == ("phone", "laptop") for d in i.data["data"])]
+    assert len(markers) == 1
+    tip = markers[0].opts["tip"]
+    assert tip(0.0, 0.0, ["phone", "laptop"]) == panel.link_tips[("phone", "laptop")]
+    # the item keeps the panel's dict, not the panel: a closure over it was a cycle through the scene it owns
+    assert panel not in getattr(tip, "args", ()) and all(c.cell_contents is not panel
+                                                         for c in getattr(tip, "__closure__", None) or ())
+
+
 def test_panel_shows_every_device_and_link_figure_on_hover_text(qtbot):
     state = StudioState()
     panel = ClusterPanel(state)
