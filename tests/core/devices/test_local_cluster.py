@@ -159,15 +159,18 @@ def test_an_agent_killed_mid_run_is_named_within_3_s_and_the_others_unload_back_
 def test_a_killed_forked_agent_restarts_forked_on_its_address_and_answers(tmp_path):
     with LocalCluster(tmp_path / "c", ["solo"]) as cluster:
         before = cluster.pid_of("solo")
+        assert cluster.live_pids() == [before]
         address = cluster.endpoints[0].control_address
         os.kill(before, signal.SIGKILL)
         deadline = time.monotonic() + 30  # an upper bound: room for a loaded host
         while not cluster.exited() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert cluster.exited() == [("solo", -signal.SIGKILL)]
+        assert cluster.live_pids() == []  # what serve --local places: a dead agent's pid may be reused
         endpoint = cluster.restart("solo")
         after = cluster.pid_of("solo")
         assert endpoint.control_address == address and after != before
+        assert cluster.live_pids() == [after]
         assert _parent_of(after) == cluster._zygote.pid
         with Coordinator(cluster.endpoints, cluster.keys) as co:
             assert str(co.wait_ready(30)["solo"].state) == "idle"
