@@ -28,8 +28,8 @@ from agents.weight_precision import (
     UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
 )
 from agents.shard_positions import PositionSteps
-from agents.step_inputs import (DecodeMasks, RotaryTable, UnsupportedAttention, cache_keyword,  # noqa: F401 (cache_keyword:
-                                decode_mask, layer_inputs, run_block, step_positions)  # bench imports it here)
+from agents.step_inputs import (DecodeMasks, RotaryTable, UnsupportedAttention, decode_mask, layer_inputs, run_block,
+                                step_positions)
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,

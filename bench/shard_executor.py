@@ -40,7 +40,7 @@ def decode_times(step, first_token: torch.Tensor, new_tokens: int) -> list[float
 def hf_run(model, ids, mask, new_tokens):
     from transformers import DynamicCache
 
-    from agents.shard import cache_keyword
+    from agents.step_inputs import cache_keyword
 
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)

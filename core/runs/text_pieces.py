@@ -124,9 +124,11 @@ class TextPieces:
             return ""
         self._prefix[seq] = read
         self._read[seq] = len(ids)
-        if self._clean_up is not None:
-            return self._cleaned(seq, text[len(done):], ended=False)
-        return text[len(done):]
+        return self._out(seq, text[len(done):], ended=False)
+
+    def _out(self, seq: int, added: str, ended: bool) -> str:
+        """``added`` as it goes out: as decoded, or through the stream's clean-up."""
+        return added if self._clean_up is None else self._cleaned(seq, added, ended)
 
     def _cleaned(self, seq: int, added: str, ended: bool) -> str:
         """The held text and ``added``, cleaned up to where no later text can change the clean-up
@@ -151,6 +153,4 @@ class TextPieces:
         done = self._decode(ids[prefix:read], skip_special_tokens=True)
         text = self._decode(ids[prefix:], skip_special_tokens=True)
         self._prefix[seq] = self._read[seq] = len(ids)
-        if self._clean_up is not None:
-            return self._cleaned(seq, text[len(done):], ended=True)
-        return text[len(done):]
+        return self._out(seq, text[len(done):], ended=True)

@@ -349,7 +349,7 @@ class ServedModel:
 
     def _take_tokens(self, run: OpenRun, tokens: TokenEvent) -> None:
         """A step's tokens to their requests (looked up together: one lock a step, not one a token); their rows
-        recorded together (``RequestRecords.add_tokens``)."""
+        recorded together (``RequestRecords.add_all``)."""
         with self._lock:
             owners = [self._by_seq.get(seq) for seq in tokens.sequence_ids]
         rows, done = [], []
@@ -363,7 +363,7 @@ class ServedModel:
             if r.done:
                 done.append(r)
         self.tokens_out += len(rows)
-        self.records.add_tokens(rows)
+        self.records.add_all(rows)
         for r in done:
             self._request_done(r)
 

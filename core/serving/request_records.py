@@ -229,25 +229,22 @@ class RequestRecords:
 
     def add(self, r: ServedRequest, item: TokenEvent | TimelineEvent) -> None:
         """One of ``r``'s own items (its token, a recovery's event) into its record."""
-        with self._lock:
-            early = self._unrecorded.get(r)
-            if early is not None:
-                early.append(item)
-                return
-        rec = self._records.get(r)
-        if rec is not None:
-            (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
+        self.add_all([(r, item)])
 
-    def add_tokens(self, rows: list[tuple[ServedRequest, TokenEvent]]) -> None:
-        """A step's token rows, each into its request's record (``add``'s, under one lock for the step)."""
+    def add_all(self, rows: list[tuple[ServedRequest, TokenEvent | TimelineEvent]]) -> None:
+        """Each item into its request's record (a step's token rows: one lock for the step); an item of a
+        request whose record is not written yet waits with it."""
         with self._lock:
-            early = [(r, tok) for r, tok in rows if r in self._unrecorded]
-            for r, tok in early:
-                self._unrecorded[r].append(tok)
-            recs = [(self._records.get(r), tok) for r, tok in rows if r not in self._unrecorded]
-        for rec, tok in recs:
+            recs = []
+            for r, item in rows:
+                early = self._unrecorded.get(r)
+                if early is not None:
+                    early.append(item)
+                else:
+                    recs.append((self._records.get(r), item))
+        for rec, item in recs:
             if rec is not None:
-                rec.on_tokens(tok)
+                (rec.on_tokens if isinstance(item, TokenEvent) else rec.on_event)(item)
 
     def on_stream_events(self, stream, events: list[TimelineEvent]) -> None:
         """Stored once, in the run's stream, and kept for the figures of the requests whose windows hold them

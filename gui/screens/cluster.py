@@ -170,12 +170,12 @@ def link_label_candidates(a: QPointF, b: QPointF, side: float, w: float, h: floa
     return out
 
 
-
 def _link_tip(tips: dict[tuple[str, str], str], x, y, data) -> str:
     """A link marker's tooltip. Given to the scatter item with the panel's dict, not as a lambda over the
     panel: an item keeping its owner's closure made a cycle the panel was never freed from (and, for the
     timeline's view box, a segfault when collected: docs/gui.md)."""
     return tips.get(tuple(data), "")
+
 
 class ClusterPanel(QWidget):
     def __init__(self, state: StudioState, parent: QWidget | None = None) -> None:
