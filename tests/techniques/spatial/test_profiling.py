@@ -3,7 +3,14 @@
 Both devices are emulated (2× and 6× this machine): an emulated computation ends ``slowdown`` × its
 CPU time after it began, so neither's time follows the host's load, which an unslowed device's wall
 time does (CI, with other work on the machine, saw an unslowed and a 3×-slowed agent fit 1.98×
-apart)."""
+apart).
+
+The 3× test compares what the two fits predict for a whole VGG16 pass, not their FLOP slopes
+alone: a per-layer fit shares a map's growth between its FLOPs and activation-byte terms, so
+one slope can move into the other term (a suite read a slope ratio of 1.76 and another 4.82).
+The ratio of what the fits predict is not exactly 3 either: the emulation multiplies a
+computation's CPU time, and the 6× device, idle 5/6 of the time, starts each one on colder
+caches (16 profiles on this machine read 2.5–4.9, median ~3.2)."""
 
 from __future__ import annotations
 
@@ -34,7 +41,9 @@ def agents(cluster):
 def test_agents_time_convolutions_and_the_three_times_slower_device_fits_about_three_times_slower(agents):
     models = profile_time_models(agents, ["local-0", "local-1"], sizes=[16, 32, 48], channels=[16], repeats=3)
     assert all(m.a > 0 and m.b >= 0 for m in models.values())
-    assert 2.0 < models["local-1"].a / models["local-0"].a < 4.5
+    vgg16 = paper_shaped(2).model.spec().layers
+    pass_s = {d: sum(m.strip_seconds(layer, layer.w_in, layer.w_out) for layer in vgg16) for d, m in models.items()}
+    assert 2.0 < pass_s["local-1"] / pass_s["local-0"] < 6.0
     problem = with_time_models(paper_shaped(2), {"pi-1": models["local-1"]})
     assert problem.device("pi-1").time == models["local-1"] and problem.device("pi-0").time.a == 1 / 2.0e9
 
