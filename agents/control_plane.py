@@ -17,6 +17,7 @@ import zmq
 
 from agents import AGENT_VERSION, registry
 from agents.accelerators import unavailable_device
+from agents.process_title import CONTROL_THREAD_NAME, name_this_thread
 from agents.protocol import (
     PROTOCOL_VERSION,
     UPGRADE_HINT,
@@ -84,6 +85,7 @@ class ControlPlane:
 
     # -------------------------------------------------------------- control thread
     def _control_loop(self) -> None:
+        name_this_thread(CONTROL_THREAD_NAME)  # a host placing local agents tells it from the stage's compute by it
         sock = self._control
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

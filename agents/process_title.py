@@ -10,6 +10,9 @@ agents. ``set_process_title`` names the process after the agent it became:
   ``setproctitle`` (PyPI; a dependency of the project, so installed with it). Without it (an
   agent copied alone somewhere) only the process name changes, and ``title_method`` says so.
 
+``name_this_thread`` names one thread: the agent's control thread is ``agent-control`` (``top -H``,
+``ps -L``), so a host that places a local cluster's agents can tell it from the stage's compute.
+
 Ships with the agent: standard library, ``setproctitle`` only when importable.
 """
 
@@ -22,6 +25,10 @@ import sys
 COMM_BYTES = 15
 """The kernel keeps 16 bytes of a process name, its NUL included (TASK_COMM_LEN)."""
 PR_SET_NAME = 15
+CONTROL_THREAD_NAME = "agent-control"
+"""The kernel's name of an agent's control thread (/proc/PID/task/TID/comm; its other threads keep the process
+name): what ``core.devices.cpu_placement`` moves off the cores a local cluster's stages compute on, since its
+work (replies, heartbeats, forwarding tokens and events) waits on no forward and no forward on it."""
 
 
 def agent_titles(argv: list[str]) -> tuple[str, str]:
@@ -63,11 +70,18 @@ def set_process_title(title: str, comm: str) -> str:
         done.append("setproctitle")
     except ImportError:
         pass
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            if libc.prctl(PR_SET_NAME, comm.encode()[:COMM_BYTES], 0, 0, 0) == 0:
-                done.append("prctl")
-        except (OSError, AttributeError):
-            pass
+    if name_this_thread(comm):
+        done.append("prctl")
     return "+".join(done) or "none"
+
+
+def name_this_thread(comm: str) -> bool:
+    """Give the calling thread the kernel's name ``comm`` (``prctl(PR_SET_NAME)`` names its caller only; on the
+    main thread that is the process name); False where the platform has no such name."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(PR_SET_NAME, comm.encode()[:COMM_BYTES], 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

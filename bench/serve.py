@@ -20,7 +20,11 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   ``cpu_ms_per_token_p50`` (and each round's ``cpu_ms_per_token``): CPU per completion token, from
   /proc, of the server process, its agents together (each in the round), the clients (this process
   while they ran) and ``generate`` (its own process time): what the served path spends where, which
-  a tokens/s ratio on loaded cores hides. With ``--baseline TREE`` that checkout's server is a third side
+  a tokens/s ratio on loaded cores hides; the agents' also by thread, from /proc/PID/task: ``agents_control``
+  (their control threads, named ``agent-control``, which ``serve --local`` places with the server),
+  ``agents_zmq_io`` (libzmq's IO threads) and ``agents_worker_and_rest`` (nearly all the stages' workers; a
+  checkout whose agents do not name their control thread counts it here). The clients are not placed: they
+  run where the scheduler puts them, the agents' core included (remote clients would not). With ``--baseline TREE`` that checkout's server is a third side
   of each round (the order rotating): ``baseline_vs_hf_batched``, ``vs_baseline`` (this tree's tokens/s
   over the baseline's, per round, median) and the baseline's CPU per token.
 - ``http_overhead_ms_p50``: the median, over ``--pairs`` pairs, of one client's TTFT through an
@@ -351,6 +355,29 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_kind(name: str) -> str:
+    """An agent's thread by its kernel name: its control thread (``agent-control``, placed with the server),
+    libzmq's IO thread(s), or the rest (the stage's worker, whose forwards are nearly all of it, and idle ones)."""
+    return "control" if name == "agent-control" else "zmq_io" if name.startswith("ZMQbg/IO") else "worker_and_rest"
+
+
+def _cpu_s_by_thread_kind(pid: int) -> dict[str, float]:
+    """CPU seconds a process's live threads have used, by ``_thread_kind``, from /proc/PID/task."""
+    out = {"control": 0.0, "zmq_io": 0.0, "worker_and_rest": 0.0}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[_thread_kind(name)] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (the server's zygote and the agents it forked), from /proc."""
     parent = {}
@@ -374,12 +401,17 @@ def served_cpu(srv: Server, clients: int, requests: int, new_tokens: int) -> dic
     zygote), the clients (this process, while they ran)."""
     pids = [srv.proc.pid, *_descendants(srv.proc.pid)]
     before = {p: _cpu_s(p) for p in pids}
+    kinds_before = {p: _cpu_s_by_thread_kind(p) for p in pids[1:]}
     got = load_level(srv, clients, requests, new_tokens)
     after = {p: _cpu_s(p) for p in pids}
+    kinds_after = {p: _cpu_s_by_thread_kind(p) for p in pids[1:]}
     tokens = got["tokens_per_s"] * got["wall_s"]
     per = {p: (after[p] - before[p]) / tokens * 1e3 for p in pids}
     got["cpu_ms_per_token"] = {"server": per[srv.proc.pid], "agents": [per[p] for p in pids[1:] if per[p] > 0],
                                "clients": got["clients_cpu_s"] / tokens * 1e3}
+    for kind in ("control", "zmq_io", "worker_and_rest"):  # a thread that ended meanwhile is left out
+        got["cpu_ms_per_token"][f"agents_{kind}"] = sum(kinds_after[p][kind] - kinds_before[p][kind]
+                                                        for p in pids[1:]) / tokens * 1e3
     return got
 
 
@@ -413,7 +445,8 @@ def vs_hf_rounds(srv: Server, hf: HfBatched, rounds: int, requests: int, new_tok
         out |= {f"{prefix}vs_hf_batched": statistics.median(ratios), f"{prefix}vs_hf_min_max": [min(ratios), max(ratios)],
                 f"{prefix}clients_16_tokens_per_s_p50": statistics.median(p[f"{prefix}server_tokens_per_s"] for p in pairs),
                 f"{prefix}cpu_ms_per_token_p50": {k: statistics.median(p[f"{prefix}cpu_ms_per_token"][k] for p in pairs)
-                                                  for k in ("server", "agents_total", "clients", "generate")}}
+                                                  for k in ("server", "agents_total", "agents_control", "agents_zmq_io",
+                                                            "agents_worker_and_rest", "clients", "generate")}}
     if base is not None:
         out["vs_baseline"] = statistics.median(p["server_tokens_per_s"] / p["baseline_server_tokens_per_s"] for p in pairs)
     return out | {"vs_hf_rounds": pairs}
@@ -468,7 +501,9 @@ def main() -> None:
     model = Path(args.model) if args.model else make_model(
         ModelRecipe(family="llama", layers=6, hidden=128, heads=4, kv_heads=2, vocab=4096, seed=7), tmp / "demo")
     units = 8  # embeddings, 6 blocks, head
-    out: dict = {"bench": "serve", "new_tokens": args.new_tokens, "load_1min_before": load_before}
+    out: dict = {"bench": "serve", "new_tokens": args.new_tokens, "load_1min_before": load_before,
+                 "clients_placed": "no: the clients' threads run where the scheduler puts them, the agents' cores "
+                                   "included (remote clients would not)"}
     hf = HfBatched(model, args.new_tokens) if args.rounds else None
     bounds_of = {2: [4], 3: [3, 6]}
     for stages in (int(x) for x in args.stages.split(",")):

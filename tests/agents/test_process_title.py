@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from agents.process_title import agent_titles
 
@@ -24,3 +25,17 @@ def test_without_setproctitle_the_process_name_still_changes_and_it_says_how():
               "print(open('/proc/self/comm').read().strip())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split("\n")[:2] == ["prctl", "agent x"]
+
+
+def test_naming_a_thread_names_that_thread_only():
+    script = ("import threading\n"
+              "from agents.process_title import name_this_thread\n"
+              "got = []\n"
+              "def named():\n"
+              "    got.append(name_this_thread('agent-control'))\n"
+              "    got.append(open(f'/proc/self/task/{threading.get_native_id()}/comm').read().strip())\n"
+              "t = threading.Thread(target=named)\n"
+              "t.start(); t.join()\n"
+              "print(got[0], got[1], open('/proc/self/comm').read().strip(), sep='|')")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == f"True|agent-control|{Path(sys.executable).name[:15]}"

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from agents.process_title import CONTROL_THREAD_NAME
 from core.devices.cpu_placement import CpuPlacement, CpuPlacer, pin_process, place_on_cpus
+from core.devices.local_cluster import LocalCluster
 
 
 def _cores(*ids):
@@ -67,13 +69,28 @@ THREADED_CHILD = ("import threading, time\n"
                   "time.sleep(120)\n")
 
 
+CONTROL_NAMED_CHILD = ("import threading, time\n"
+                       "from agents.process_title import CONTROL_THREAD_NAME, name_this_thread\n"
+                       "named = threading.Event()\n"
+                       "def control():\n"
+                       "    name_this_thread(CONTROL_THREAD_NAME)\n"
+                       "    named.set()\n"
+                       "    time.sleep(120)\n"
+                       "threading.Thread(target=control, daemon=True).start()\n"
+                       "threading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
+                       "named.wait()\n"
+                       "print('up', flush=True)\n"
+                       "time.sleep(120)\n")
+
+
 @pytest.fixture
 def children():
-    """Processes with a second thread each (what a placement pins), ended after the test."""
+    """Processes with a second thread each (what a placement pins), ended after the test; ``make(script)``
+    runs another child script."""
     made = []
 
-    def make() -> int:
-        p = subprocess.Popen([sys.executable, "-c", THREADED_CHILD], stdout=subprocess.PIPE, text=True)
+    def make(script: str = THREADED_CHILD) -> int:
+        p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "up"
         made.append(p)
         return p.pid
@@ -86,16 +103,30 @@ def children():
 
 def _thread_cores(pid: int) -> list[frozenset[int]]:
     """Each thread's allowed cores, as the kernel reports them in /proc (Cpus_allowed_list)."""
+    return [cores for _, cores in _named_thread_cores(pid)]
+
+
+def _named_thread_cores(pid: int) -> list[tuple[str, frozenset[int]]]:
+    """Each thread's kernel name and allowed cores, from /proc."""
     out = []
     for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            name = f.read().strip()
         for line in open(f"/proc/{pid}/task/{tid}/status"):
             if line.startswith("Cpus_allowed_list:"):
                 cores = set()
                 for part in line.split(":", 1)[1].strip().split(","):
                     lo, _, hi = part.partition("-")
                     cores.update(range(int(lo), int(hi or lo) + 1))
-                out.append(frozenset(cores))
+                out.append((name, frozenset(cores)))
     return out
+
+
+def _two_cores() -> tuple[frozenset[int], frozenset[int]]:
+    host = sorted(os.sched_getaffinity(0))
+    if len(host) < 2:
+        pytest.skip("telling two cores apart needs two cores this process may use")
+    return frozenset(host[:1]), frozenset(host[1:])
 
 
 def test_pinning_a_process_pins_every_one_of_its_threads(children):
@@ -142,3 +173,41 @@ def test_cores_the_host_does_not_have_are_refused_and_counted_not_raised(childre
     before = _thread_cores(pid)
     assert pin_process(pid, frozenset({4095})) == (0, 2)
     assert _thread_cores(pid) == before
+
+
+def test_a_control_thread_named_by_its_agent_goes_on_the_other_cores_and_the_rest_stays(children):
+    compute, other = _two_cores()
+    pid = children(CONTROL_NAMED_CHILD)
+    assert pin_process(pid, compute, other) == (3, 0)
+    got = _named_thread_cores(pid)
+    assert sorted(cores for name, cores in got if name == CONTROL_THREAD_NAME) == [other]
+    assert sorted(cores for name, cores in got if name != CONTROL_THREAD_NAME) == [compute, compute]
+    assert pin_process(pid, compute) == (3, 0)  # without other cores: every thread with the compute
+    assert _thread_cores(pid) == [compute] * 3
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory):
+    """Two real agents of a local cluster (no shard loaded: their threads are what is placed)."""
+    with LocalCluster(tmp_path_factory.mktemp("placed"), ["edge-0", "edge-1"], threads_per_agent=1) as cluster:
+        yield cluster
+
+
+def test_the_placer_puts_real_agents_control_threads_with_the_coordinator_and_the_rest_on_the_agents_cores(
+        agents, children):
+    host = sorted(os.sched_getaffinity(0))
+    _two_cores()
+    coordinator = children()
+    deadline = time.monotonic() + 30  # each agent's control thread names itself as it starts: a bound on a hang
+    while not all(any(name == CONTROL_THREAD_NAME for name, _ in _named_thread_cores(p)) for p in agents.live_pids()):
+        assert time.monotonic() < deadline, "an agent's control thread never named itself"
+        time.sleep(0.01)
+    placer = CpuPlacer(agents.live_pids, threads_per_agent=1, cpus=host, own_pid=coordinator)
+    want = placer.place(1)
+    assert want.split
+    for pid in agents.live_pids():
+        got = _named_thread_cores(pid)
+        assert [cores for name, cores in got if name == CONTROL_THREAD_NAME] == [want.coordinator]
+        rest = [cores for name, cores in got if name != CONTROL_THREAD_NAME]
+        assert len(rest) >= 3 and set(rest) == {want.agents}  # main, worker, libzmq's IO thread among them
+    assert _thread_cores(coordinator) == [want.coordinator] * 2
