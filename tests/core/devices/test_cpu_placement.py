@@ -107,12 +107,17 @@ def _thread_cores(pid: int) -> list[frozenset[int]]:
 
 
 def _named_thread_cores(pid: int) -> list[tuple[str, frozenset[int]]]:
-    """Each thread's kernel name and allowed cores, from /proc."""
+    """Each thread's kernel name and allowed cores, from /proc (a thread that ends meanwhile is left out)."""
     out = []
     for tid in sorted(os.listdir(f"/proc/{pid}/task")):
-        with open(f"/proc/{pid}/task/{tid}/comm") as f:
-            name = f.read().strip()
-        for line in open(f"/proc/{pid}/task/{tid}/status"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = f.read().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for line in status:
             if line.startswith("Cpus_allowed_list:"):
                 cores = set()
                 for part in line.split(":", 1)[1].strip().split(","):
