@@ -9,14 +9,16 @@ batch sizes. Each figure is the median of ``repeats`` runs after a warm-up; the 
 IQR / median.
 
 A block is timed through the stage runtime's own calls (agents/step_inputs.py: ``run_block``,
-``layer_inputs``, ``step_positions``, ``decode_mask``; agents/shard.py runs a step with them): the
-causal mask, positions and rotary embedding (its table) are computed once per stage and step,
-outside the blocks, so they are built once here too, outside the timed forward (and the KV cache
-is reset to the context length between repeats, untimed). That once-per-stage work is timed on
-its own — the stage overhead: growing the group's mask, positions, the causal mask and
-the rotary embedding (decode), plus a fresh KV cache (prefill) — and reported beside the
-units, so the cost model charges it once per stage instead of once per block. A copy of those
-calls here once drifted from the stage's (the rotary module per step, ``Module.__call__``).
+``layer_inputs``, ``step_positions``; agents/shard.py runs a step with them): the causal mask,
+positions and rotary embedding (its table) are computed once per stage and step, outside the
+blocks, so they are built once here too, outside the timed forward (and the KV cache is reset to
+the context length between repeats, untimed). That once-per-stage work is timed on its own — the
+stage overhead — and reported beside the units, so the cost model charges it once per stage
+instead of once per block: it is ``StageExecutor.decode`` (and ``prefill``) itself, on a stage of
+the profiled block (``StageExecutor.of_blocks``), less the time of its block's call, so everything a
+step does besides its blocks is timed, on the stage's own code path and as cold as a step leaves it.
+A copy of those calls here once drifted from the stage's, and timing only the mask, positions and
+rotary calls, hot, left ~30 µs a step out (docs/serving.md: A stage's own work around its forward).
 
 A unit is timed with its weights out of the CPU's last-level cache, as a run finds them
 when the model's weights exceed that cache: a decode step streams every unit of a stage
@@ -187,10 +189,12 @@ class _UnitBench:
             m.eval()
         from agents.step_inputs import DecodeMasks, RotaryTable
 
-        self.rotary_table = None  # as StageExecutor builds them
+        self.rotary_table = self.rotary = None  # as StageExecutor builds them
         self._decode_masks = DecodeMasks()
+        self.device = device
         if self.kind == "block" and hasattr(base, "rotary_emb"):
-            self.rotary_table = RotaryTable(type(base.rotary_emb)(config=cfg).to(device))
+            self.rotary = type(base.rotary_emb)(config=cfg).to(device)
+            self.rotary_table = RotaryTable(self.rotary)
         if self.kind == "block":  # its Linears as a stage at that precision holds them
             quantize_block(self.modules["layer"], weights)
         self.param_bytes = sum(held_bytes(p) for m in self.modules.values() for p in m.parameters())
@@ -281,34 +285,45 @@ class _UnitBench:
 
         return Timed(run)
 
-    def stage_decode_overhead_fn(self, b: int, context: int) -> Timed:
-        """The runtime's once-per-stage work of a decode step: grow the mask by one column,
-        positions, causal mask, rotary embedding (block units only)."""
-        torch = self.torch
-        cache = self._context_cache(b, context)
-        seen = torch.ones(b, context, dtype=torch.long)
-        x = self._hidden(b, 1)
+    def _stage(self, b: int, context: int, clock: Callable[[], float], sync: Callable[[], None]):
+        """A stage of this block on the stage runtime's own path (``StageExecutor.of_blocks``) with ``b`` rows
+        prefilled to ``context`` tokens, and ``clock`` less its block's calls (``sync``ed): the stage's own work
+        read in a real step, after the block's arithmetic went through the caches (hot, it is a third)."""
+        from agents.shard import StageExecutor
+        from agents.step_inputs import run_block
 
-        from agents.step_inputs import decode_mask
+        stage = StageExecutor.of_blocks(self.cfg, [self.modules["layer"]], self.rotary, self.dtype, self.device)
+        stage.prefill(0, self._hidden(b, context), self.torch.ones(b, context, dtype=self.torch.long))
+        stage.decode(0, self._hidden(b, 1))  # a run's first step learns the mask's shortcut, checks the rotary table
+        inside = [0.0]
 
-        def run():
-            return self._step_inputs(x, decode_mask(seen), cache, unpadded=True)
+        def timed_block(*args):
+            sync()
+            start = clock()
+            out = run_block(*args)
+            sync()
+            inside[0] += clock() - start
+            return out
 
-        return Timed(run)
+        stage._run_layer = timed_block
+        return stage, lambda: clock() - inside[0]
 
-    def stage_prefill_overhead_fn(self, b: int, t: int) -> Timed:
-        """The runtime's once-per-stage work of a prefill: a fresh KV cache, the mask as
-        long, positions, causal mask, rotary embedding (block units only)."""
-        torch = self.torch
-        from transformers import DynamicCache
+    def stage_decode_overhead_fn(self, b: int, context: int, clock: Callable[[], float] = time.perf_counter,
+                                 sync: Callable[[], None] = lambda: None) -> tuple[Timed, Callable[[], float]]:
+        """The runtime's once-per-stage work of a decode step: ``StageExecutor.decode`` itself (its checks,
+        growing the mask, positions, causal mask, rotary embedding, the dispatch; block units only), and the
+        clock to time it with: ``clock`` less its block's call (that is the unit's time). Consecutive steps,
+        as a run takes them: the mask and KV cache grow by one column a call."""
+        (stage, less_blocks), x = self._stage(b, context, clock, sync), self._hidden(b, 1)
+        return Timed(lambda: stage.decode(0, x)), less_blocks
 
-        x = self._hidden(b, t)
-        seen = torch.ones(b, t, dtype=torch.int64)
-
-        def run():
-            return self._step_inputs(x, seen.to(torch.long), DynamicCache(config=self.cfg))
-
-        return Timed(run)
+    def stage_prefill_overhead_fn(self, b: int, t: int, clock: Callable[[], float] = time.perf_counter,
+                                  sync: Callable[[], None] = lambda: None) -> tuple[Timed, Callable[[], float]]:
+        """The runtime's once-per-stage work of a prefill: ``StageExecutor.prefill`` itself, less its block's
+        call (its checks, a fresh KV cache, the mask as long, positions, causal mask, rotary embedding)."""
+        (stage, less_blocks), x = self._stage(b, t, clock, sync), self._hidden(b, t)
+        seen = self.torch.ones(b, t, dtype=self.torch.int64)
+        return Timed(lambda: stage.prefill(0, x, seen)), less_blocks
 
 
 def _hf_config(config: dict[str, Any]):
@@ -412,10 +427,12 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
             if bench.kind == "block" and not overhead["decode"]:  # once, with the first block's config
                 # more repeats than a unit: these are tens of microseconds, noisier relative to themselves
                 reps = max(opts.repeats, 20)
-                fn = evicting(bench.stage_decode_overhead_fn(decode_bs[0], context), evictor)
-                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock, fn.cold))[0]
-                fn = evicting(bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens), evictor)
-                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, clock, fn.cold))[0]
+                fn, less_blocks = bench.stage_decode_overhead_fn(decode_bs[0], context, clock, sync)
+                fn = evicting(fn, evictor)
+                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, less_blocks, fn.cold))[0]
+                fn, less_blocks = bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens, clock, sync)
+                fn = evicting(fn, evictor)
+                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, less_blocks, fn.cold))[0]
             expert = bench.expert_fn() if bench.kind == "block" else None
             expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync, clock=clock))[0] if expert else 0.0
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),

@@ -28,8 +28,7 @@ from agents.weight_precision import (
     UnquantizableWeights, check_quantizable, held_bytes, is_quantized, quantize_block, quantized_bytes,
 )
 from agents.shard_positions import PositionSteps
-from agents.step_inputs import (DecodeMasks, RotaryTable, UnsupportedAttention, decode_mask, layer_inputs, run_block,
-                                step_positions)
+from agents.step_inputs import DecodeMasks, RotaryTable, UnsupportedAttention, layer_inputs, run_block, step_positions
 from agents.stage_input import ReservationExceeded, StageInputError
 from agents.checkpoint_reader import (
     LAYOUTS,
@@ -41,6 +40,10 @@ from agents.checkpoint_reader import (
 )
 
 
+MASK_ROOM = 64
+"""Columns of ones a group's mask buffer holds beyond its mask (``_GroupState.grow``), at least."""
+
+
 @dataclass
 class _GroupState:
     cache: object | None
@@ -48,6 +51,30 @@ class _GroupState:
     """[B, past + new] 1/0 attention mask of everything this group has seen."""
     unpadded: bool | None = None
     """Whether ``mask`` is all ones, once known (a decode step keeps it; what else changes the mask resets it)."""
+    _grown: torch.Tensor | None = None
+    """The mask the last ``grow`` made: anything else in ``mask`` was set elsewhere (prefill, extend, keep_rows, rewind)."""
+    _room: torch.Tensor | None = None
+    """[B, >= past + 1] ones, ``mask`` in its first columns: a decode step's mask is a view of it."""
+    _positions: torch.Tensor | None = None
+    """[B, 1] the position ids of ``_grown``'s last column."""
+
+    def grow(self) -> torch.Tensor:
+        """A decode step: ``mask`` one attended column wider, and that column's position ids [B, 1], as
+        ``step_positions`` counts them (the row's attended columns less one). A view of a buffer of ones and
+        the last step's positions plus one (two ops a step; F.pad and a sum were three, ~4 µs of CPU a stage
+        and step more, hot)."""
+        mask = self.mask
+        width = mask.shape[1] + 1
+        if self._grown is not mask:
+            self._positions = mask.sum(-1, keepdim=True)  # the new column's: every attended one before it
+            self._room = None
+        else:
+            self._positions = self._positions + 1
+        if self._room is None or self._room.shape[1] < width:
+            self._room = mask.new_ones((mask.shape[0], width + max(MASK_ROOM, width)))
+            self._room[:, :width - 1] = mask
+        self.mask = self._grown = self._room[:, :width]
+        return self._positions
 
 
 @functools.cache
@@ -235,14 +262,32 @@ class StageExecutor(PositionSteps):
                     raise CheckpointError(f"{model_dir}: no weights for {name} of a stage module")
         self.huge_page_bytes = place_in_huge_pages(self._modules()) if huge_pages and self.device.type == "cpu" else 0
         """Bytes of weights moved into huge pages at load (0: left memory-mapped; agents.huge_pages)."""
+        self._start_steps()
+        if kv is not None and kv.groups > 0 and self._layers:
+            self._reserve_kv(config, kv.groups, kv.sequences, kv.context_tokens)
+
+    def _start_steps(self) -> None:
+        """What a stage's steps keep beside its modules: its micro-batches' state, the mask shortcut, KV slots."""
         self._groups: dict[int, _GroupState] = {}
         self._decode_masks = DecodeMasks()
         self._free_slots: list[list] = []
         self._slot_of: dict[int, list] = {}
         self.kv_reserved_bytes = 0
         """Bytes of KV cache allocated at load (0 without a reservation)."""
-        if kv is not None and kv.groups > 0 and self._layers:
-            self._reserve_kv(config, kv.groups, kv.sequences, kv.context_tokens)
+
+    @classmethod
+    def of_blocks(cls, config, blocks: list[nn.Module], rotary: nn.Module | None, dtype: torch.dtype,
+                  device: torch.device) -> "StageExecutor":
+        """A middle stage of decoder ``blocks`` built elsewhere, ``config`` their stage's config: the profiler's
+        units (random weights from the config alone, no checkpoint) run their steps on a loaded stage's path."""
+        stage = cls.__new__(cls)
+        stage.is_first = stage.is_last = False
+        stage.boundary, stage.device, stage.dtype, stage.model_dir = None, torch.device(device), dtype, "(units)"
+        stage.hidden_size, stage._config, stage._layers = int(config.hidden_size), config, nn.ModuleList(blocks)
+        stage._layer_types = [cls._layer_type(config, i) for i in range(len(blocks))]
+        stage._rotary_table = RotaryTable(rotary) if rotary is not None else None
+        stage._start_steps()
+        return stage
 
     def planned_bytes(self, reader: CheckpointReader, prefix: str, config) -> int:
         """Bytes of weights this stage will hold at its dtype (its blocks' Linears quantized: at their
@@ -397,16 +442,18 @@ class StageExecutor(PositionSteps):
         self._groups[group] = state
         return self._run(state, x)
 
-    @torch.inference_mode()
     def decode(self, group: int, x: torch.Tensor) -> torch.Tensor:
-        """Run one new token per sequence; the group's mask grows by one attended column."""
+        """Run one new token per sequence; the group's mask grows by one attended column. In inference
+        mode (a stage run's step already is) it is not entered again (a decorator's ~2 µs a step)."""
+        if not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self.decode(group, x)
         state = self._groups.get(group)
         if state is None:
             raise StageInputError(f"decode for micro-batch group {group} before its prefill")
         self._check_input(x, state.mask.shape[0], 1)
-        if self._needs_positions:  # the head alone reads neither the mask nor positions (``_run``)
-            state.mask = decode_mask(state.mask)
-        return self._run(state, x)
+        # the head alone reads neither the mask nor positions (``_run``)
+        return self._run(state, x, positions=state.grow() if self._needs_positions else None)
 
     @torch.inference_mode()
     def extend(self, group: int, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -478,15 +525,16 @@ class StageExecutor(PositionSteps):
         133 µs of CPU with them, 108 without, its head 93; ×8 on the demo's emulated edge-c)."""
         return self.is_first or bool(self._layers)
 
-    def _run(self, state: _GroupState, x: torch.Tensor, every_position: bool = False) -> torch.Tensor:
-        positions = None
-        if self._needs_positions:
+    def _run(self, state: _GroupState, x: torch.Tensor, every_position: bool = False,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: the step's position ids where the caller has them (a decode step: ``grow``)."""
+        if positions is None and self._needs_positions:
             positions = step_positions(state.mask, x.shape[1])
         x = x if self.boundary is None else self.boundary.to_device(x)
         if self.is_first:
             hidden = self._embed_tokens(x, positions)
         else:
-            hidden = x.to(self.dtype)
+            hidden = x if x.dtype == self.dtype else x.to(self.dtype)
         if self._layers:
             hidden = self._run_layers(state, hidden, positions)
         if not self.is_last:

@@ -46,6 +46,8 @@ from agents.stage_input import ReservationExceeded, StageInputError
 from agents.transport import LinkSender, RunAborted, data_message, tensor_frame, tensor_from_frame
 
 MAX_DATA_BYTES = 1 << 30
+NOT_DEFERRED = contextlib.nullcontext()
+"""A step whose output is not copied from a GPU (reusable: it holds nothing)."""
 
 
 def default_sampler(spec: SamplingSpec):
@@ -134,6 +136,10 @@ class StageRun:
         """Steps the schedule started but this source has not computed yet. The execute loop
         runs them, so a one-stage plan (first and last at once) loops per token instead of recursing."""
         self.wait_started = self.clock()
+        self.own_spans = bool(getattr(self.ex, "records_own_spans", False))
+        """The executor records its compute spans itself (read once, not per step)."""
+        self.take_events = getattr(self.ex, "take_events", None)
+        """An executor's own events (expert reads, ...), taken after each compute."""
 
     @staticmethod
     def is_last_of(loaded: Loaded) -> bool:
@@ -143,7 +149,8 @@ class StageRun:
     def execute(self) -> None:
         finished = False
         try:
-            self._execute()
+            with torch.inference_mode():  # once for the run, not per step (a step's own enter and exit: ~2 µs)
+                self._execute()
             finished = True
         finally:
             if self.copies is not None:  # a finished source's sends are all out; an aborted run's are dropped
@@ -249,17 +256,17 @@ class StageRun:
         mb = op.micro_batch
         self.seen_groups.add(mb)
         t0 = self.clock()
-        deferred = self.copies.deferred() if self.copies is not None and not op.samples else contextlib.nullcontext()
-        with torch.inference_mode(), deferred:
+        deferred = self.copies.deferred() if self.copies is not None and not op.samples else NOT_DEFERRED
+        with deferred:  # in inference mode: ``execute``
             out = self._forward(op, x, mask)
             if op.samples:
                 history = self.histories.get(mb)
                 out = self.sample(out, self._generator(mb, op.step), history, self._prompt_length(mb)).to(torch.int64)
                 if history is not None:
                     self.histories[mb] = torch.cat([history, out.view(-1, 1)], dim=1)
-        if not getattr(self.ex, "records_own_spans", False):
+        if not self.own_spans:
             self.agent._event("compute", op.phase, op.step, mb, t0, self.clock())
-        take_events = getattr(self.ex, "take_events", None)  # an executor's own events (expert reads, ...)
+        take_events = self.take_events
         if take_events is not None:
             for kind, start, end, nbytes, peer in take_events():
                 self.agent._event(kind, op.phase, op.step, mb, self.clock.at(start), self.clock.at(end), nbytes, peer)

@@ -20,7 +20,7 @@ Usage: python bench/profile_vs_stage.py [--rounds 5] [--baseline /work/main]
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import statistics
@@ -38,15 +38,45 @@ ROWS = (1, 6, 16)
 
 
 def _profiler(tree: str | None):
+    """This tree's ``agents.profiler``, or the checkout ``tree``'s with its own ``agents`` modules (swapped
+    out of ``sys.modules`` while it imports, then back: the profiler calls the stage runtime it shipped with)."""
     if tree is None:
         from agents import profiler
 
         return profiler
-    spec = importlib.util.spec_from_file_location("baseline_profiler", os.path.join(tree, "agents/profiler.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    ours = {k: v for k, v in sys.modules.items() if k == "agents" or k.startswith("agents.")}
+    for k in ours:
+        del sys.modules[k]
+    sys.path.insert(0, str(tree))
+    try:
+        module = importlib.import_module("agents.profiler")
+        importlib.import_module("agents.shard")  # what it imports when it profiles, from its own tree
+        importlib.import_module("agents.step_inputs")
+        theirs = {k: v for k, v in sys.modules.items() if k == "agents" or k.startswith("agents.")}
+    finally:
+        sys.path.remove(str(tree))
+        for k in [k for k in sys.modules if k == "agents" or k.startswith("agents.")]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    return _Swapped(module, theirs)
+
+
+class _Swapped:
+    """A baseline tree's profiler whose ``profile_units`` runs with that tree's ``agents`` modules in
+    ``sys.modules`` (its lazy imports find its own runtime), this tree's put back after."""
+
+    def __init__(self, module, modules: dict) -> None:
+        self.module, self.modules = module, modules
+
+    def profile_units(self, *args, **kwargs):
+        ours = {k: v for k, v in sys.modules.items() if k == "agents" or k.startswith("agents.")}
+        sys.modules.update(self.modules)
+        try:
+            return self.module.profile_units(*args, **kwargs)
+        finally:
+            for k in self.modules:
+                sys.modules.pop(k, None)
+            sys.modules.update(ours)
 
 
 def _measured_us(torch, stage, hidden: int, rows: int, context: int, steps: int) -> float:

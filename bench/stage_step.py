@@ -8,7 +8,9 @@ For 1, 6 and 16 rows (left-padded as the server's micro-batches are: row i has i
 forward with a ``DynamicCache`` (what ``generate`` runs per token, ``logits_to_keep=1``):
 
 - ``stage_us``: per stage, the median CPU time of its decode step (``time.thread_time``: on shared
-  cores the wall clock counts other engineers' work), µs;
+  cores the wall clock counts other engineers' work), µs; steps run in inference mode, as a stage run's;
+- ``outside_blocks_us``: per stage, the median of its step's CPU less its blocks' calls (``_run_layer``,
+  timed around each): the stage's own work around the forward (checks, mask, positions, rotary, head);
 - ``stages_us``: their sum, one micro-batch's step through the whole pipeline;
 - ``hf_us``: the HF forward's step of the whole model for the same rows;
 - with ``--baseline TREE``: that checkout's ``agents.shard`` runs the same steps in the same rounds
@@ -62,24 +64,42 @@ def prompt(torch, rows: int):
     return ids, mask
 
 
-def stage_steps(torch, stages, rows: int, steps: int) -> tuple[list[list[int]], object]:
-    """Per stage, the thread CPU ns of each decode step; and the last logits."""
+def stage_steps(torch, stages, rows: int, steps: int) -> tuple[list[list[int]], list[list[int]], object]:
+    """Per stage, the thread CPU ns of each decode step and of its blocks' calls (``_run_layer``, timed around
+    each call); and the last logits. In inference mode, as a stage run's step calls ``decode``."""
     ids, mask = prompt(torch, rows)
     x = ids
-    for s in stages:
-        x = s.prefill(0, x, mask)
-    token = x.argmax(-1, keepdim=True)
-    times: list[list[int]] = [[] for _ in stages]
-    for _ in range(steps):
-        x = token
-        for k, s in enumerate(stages):
+    blocks = [0]
+
+    def timed(run):
+        def run_timed(*args):
             t = time.thread_time_ns()
-            x = s.decode(0, x)
-            times[k].append(time.thread_time_ns() - t)
+            out = run(*args)
+            blocks[0] += time.thread_time_ns() - t
+            return out
+        return run_timed
+
+    for s in stages:
+        s._run_layer = timed(type(s)._run_layer)
+    with torch.inference_mode():
+        for s in stages:
+            x = s.prefill(0, x, mask)
         token = x.argmax(-1, keepdim=True)
+        times: list[list[int]] = [[] for _ in stages]
+        inside: list[list[int]] = [[] for _ in stages]
+        for _ in range(steps):
+            x = token
+            for k, s in enumerate(stages):
+                blocks[0] = 0
+                t = time.thread_time_ns()
+                x = s.decode(0, x)
+                times[k].append(time.thread_time_ns() - t)
+                inside[k].append(blocks[0])
+            token = x.argmax(-1, keepdim=True)
     for s in stages:
         s.drop(0)
-    return times, x
+        del s._run_layer
+    return times, inside, x
 
 
 def hf_steps(torch, model, rows: int, steps: int) -> list[int]:
@@ -128,22 +148,26 @@ def main() -> None:
         built = {name: [mod.StageExecutor(str(model), a, b) for a, b in split] for name, mod in trees.items()}
         for rows in (int(r) for r in args.rows.split(",")):
             per: dict[str, list[list[int]]] = {name: [[] for _ in split] for name in built}
+            outside: dict[str, list[list[int]]] = {name: [[] for _ in split] for name in built}
             hf_times: list[int] = []
             identical = True
             for r in range(args.rounds):
                 logits = {}
                 for name in (list(built) if r % 2 == 0 else list(built)[::-1]):
-                    times, logits[name] = stage_steps(torch, built[name], rows, args.steps)
-                    for k, t in enumerate(times):
+                    times, inside, logits[name] = stage_steps(torch, built[name], rows, args.steps)
+                    for k, (t, b) in enumerate(zip(times, inside)):
                         per[name][k] += t
+                        outside[name][k] += [a - c for a, c in zip(t, b)]
                 hf_times += hf_steps(torch, hf, rows, args.steps)
                 if "baseline" in logits:
                     identical = identical and torch.equal(logits["this"], logits["baseline"])
             med = {name: [statistics.median(t) / 1e3 for t in per[name]] for name in built}
+            out_med = {name: [round(statistics.median(t) / 1e3, 1) for t in outside[name]] for name in built}
             res = {"stage_us": [round(v, 1) for v in med["this"]], "stages_us": round(sum(med["this"]), 1),
-                   "hf_us": round(statistics.median(hf_times) / 1e3, 1)}
+                   "outside_blocks_us": out_med["this"], "hf_us": round(statistics.median(hf_times) / 1e3, 1)}
             if "baseline" in med:
                 res.update(baseline_stage_us=[round(v, 1) for v in med["baseline"]],
+                           baseline_outside_blocks_us=out_med["baseline"],
                            baseline_stages_us=round(sum(med["baseline"]), 1),
                            vs_baseline=round(sum(med["this"]) / sum(med["baseline"]), 3), identical=identical)
             out[f"stages_{n_stages}_rows_{rows}"] = res

@@ -69,12 +69,43 @@ def test_a_block_is_timed_without_building_its_mask_or_rotary_embedding(monkeypa
                 timed.reset()
                 timed.run()
             assert calls == []
-        overhead = bench.stage_decode_overhead_fn(1, 8)
+        from agents.step_inputs import RotaryTable
+
+        table = RotaryTable.embeddings  # the stage's own table: StageExecutor.of_blocks builds it
+        monkeypatch.setattr(RotaryTable, "embeddings", lambda *a, **kw: calls.append("rotary") or table(*a, **kw))
+        overhead, _ = bench.stage_decode_overhead_fn(1, 8)
         calls.clear()
         overhead.run()
         # the stage overhead is what the runtime does per step: the rotary embedding, and the
         # mask through agents.shard.DecodeMasks (the factory only until its answer was learnt)
         assert "rotary" in calls and set(calls) <= {"mask", "rotary"}
+
+
+def test_the_stage_overhead_is_the_stages_own_decode_step_less_its_blocks_call(monkeypatch):
+    """What the stage overhead times is ``StageExecutor.decode`` itself (its input check, the mask's growth,
+    positions, mask and rotary inputs), not a copy of some of its calls; its clock leaves the block's call out
+    (that is the unit's time): a block that takes 50 ms more leaves the overhead's reading unmoved by it."""
+    import time
+
+    import torch
+
+    from agents import step_inputs
+    from agents.profiler import _hf_config, _UnitBench
+    from agents.shard import StageExecutor
+
+    calls = []
+    check, run_block = StageExecutor._check_input, step_inputs.run_block
+    monkeypatch.setattr(StageExecutor, "_check_input", lambda *a: calls.append("check") or check(*a))
+    monkeypatch.setattr(step_inputs, "run_block", lambda *a: calls.append("block") or time.sleep(0.05) or run_block(*a))
+    with torch.inference_mode():
+        bench = _UnitBench(_hf_config(TINY_LLAMA), 1, torch.float32, 0)
+        overhead, less_blocks = bench.stage_decode_overhead_fn(2, 8)
+        calls.clear()
+        start, wall = less_blocks(), time.perf_counter()
+        out = overhead.run()
+        outside, wall = less_blocks() - start, time.perf_counter() - wall
+    assert calls == ["check", "block"] and out.shape == (2, 1, 64)
+    assert wall >= 0.05 and outside < wall - 0.045  # the block's 50 ms are not in the reading
 
 
 def test_decode_repeats_see_the_same_context_length():
@@ -402,11 +433,13 @@ def _calls_on_a_shared_host(monkeypatch, cache_bytes: int) -> list[str]:
         def prefill_fn(self, b, prompt_tokens):
             return _recorded(super().prefill_fn(b, prompt_tokens), f"prefill {self._unit}")
 
-        def stage_decode_overhead_fn(self, b, context):
-            return _recorded(super().stage_decode_overhead_fn(b, context), "overhead")
+        def stage_decode_overhead_fn(self, b, context, *timing):
+            timed, clock = super().stage_decode_overhead_fn(b, context, *timing)
+            return _recorded(timed, "overhead"), clock
 
-        def stage_prefill_overhead_fn(self, b, prompt_tokens):
-            return _recorded(super().stage_prefill_overhead_fn(b, prompt_tokens), "overhead")
+        def stage_prefill_overhead_fn(self, b, prompt_tokens, *timing):
+            timed, clock = super().stage_prefill_overhead_fn(b, prompt_tokens, *timing)
+            return _recorded(timed, "overhead"), clock
 
     def _recorded(timed, name):
         return timed._replace(run=lambda: (order.append(name), timed.run())[1])
@@ -478,7 +511,7 @@ def test_a_profiled_decode_step_calls_blocks_and_the_rotary_embedding_as_a_stage
                       "rotary module": counts["rotary module"] / steps}
     with torch.inference_mode():
         bench = _UnitBench(_hf_config(config), 1, torch.float32, 0)
-        block, overhead = bench.decode_fn(rows, context), bench.stage_decode_overhead_fn(rows, context)
+        block, (overhead, _) = bench.decode_fn(rows, context), bench.stage_decode_overhead_fn(rows, context)
 
         def profiled_step() -> None:
             block.reset()
