@@ -429,10 +429,10 @@ def profile_units(opts: ComputeOptions, device: str = "", progress: Callable[[in
                 reps = max(opts.repeats, 20)
                 fn, less_blocks = bench.stage_decode_overhead_fn(decode_bs[0], context, clock, sync)
                 fn = evicting(fn, evictor)
-                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, less_blocks, fn.cold))[0]
+                overhead["decode"] = _stats(_time(fn.run, reps, opts.warmup, sync, None, less_blocks, fn.cold))[0]
                 fn, less_blocks = bench.stage_prefill_overhead_fn(prefill_bs[0], opts.prompt_tokens, clock, sync)
                 fn = evicting(fn, evictor)
-                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, fn.reset, less_blocks, fn.cold))[0]
+                overhead["prefill"] = _stats(_time(fn.run, reps, opts.warmup, sync, None, less_blocks, fn.cold))[0]
             expert = bench.expert_fn() if bench.kind == "block" else None
             expert_s = _stats(_time(expert.run, max(opts.repeats, 20), opts.warmup, sync, clock=clock))[0] if expert else 0.0
             results.append(UnitTimes(unit=u, decode_s=tuple(dec), decode_spread=tuple(dec_sp), prefill_s=tuple(pre),

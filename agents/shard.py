@@ -52,7 +52,7 @@ class _GroupState:
     unpadded: bool | None = None
     """Whether ``mask`` is all ones, once known (a decode step keeps it; what else changes the mask resets it)."""
     _grown: torch.Tensor | None = None
-    """The mask the last ``grow`` made: anything else in ``mask`` was set elsewhere (prefill, extend, keep_rows, rewind)."""
+    """The mask the last ``grow`` made: another in ``mask`` was set elsewhere (prefill, extend, keep_rows, rewind)."""
     _room: torch.Tensor | None = None
     """[B, >= past + 1] ones, ``mask`` in its first columns: a decode step's mask is a view of it."""
     _positions: torch.Tensor | None = None

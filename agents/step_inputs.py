@@ -157,14 +157,23 @@ class UnsupportedAttention(ValueError):
     """A block's attention type the stage cannot build a mask for."""
 
 
+@functools.cache
+def _masking():
+    """transformers' mask factories' module (imported on first use: transformers loads lazily; an import
+    statement per step and stage was ~1.5 µs of a middle stage's ~17 beside its blocks, hot)."""
+    import transformers.masking_utils as masking
+
+    return masking
+
+
 def layer_inputs(config, layer_types, hidden: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
                  decode_masks: DecodeMasks, rotary_table: RotaryTable | None, unpadded: bool | None = None):
     """(masks by attention type, extra keywords) every block of a stage's step gets: the causal masks
     (``DecodeMasks`` for a one-token full-attention step) and the rotary embeddings (``rotary_table``).
     One path for a stage (``StageExecutor._layer_inputs``) and the profiler, which times what it costs."""
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
-    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    masking = _masking()  # its functions read per call: what a caller patched there is what runs
+    makers = {"full_attention": masking.create_causal_mask,
+              "sliding_attention": masking.create_sliding_window_causal_mask}
     masks = {}
     for kind in sorted(set(layer_types)):
         if kind not in makers:
