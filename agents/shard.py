@@ -446,8 +446,8 @@ class StageExecutor(PositionSteps):
         """Run one new token per sequence; the group's mask grows by one attended column. In inference
         mode (a stage run's step already is) it is not entered again (a decorator's ~2 µs a step)."""
         if not torch.is_inference_mode_enabled():
-            with torch.inference_mode():
-                return self.decode(group, x)
+            with torch.inference_mode():  # this class's step, not ``self.decode``: a subclass's wrapper runs once
+                return StageExecutor.decode(self, group, x)
         state = self._groups.get(group)
         if state is None:
             raise StageInputError(f"decode for micro-batch group {group} before its prefill")

@@ -115,6 +115,24 @@ def test_generation_makes_exactly_max_new_tokens_without_eos(tiny_llama_dir):
     assert result.tokens.dtype == torch.int64
 
 
+def test_a_subclass_wrapping_decode_runs_once_a_step_outside_inference_mode(tiny_llama_dir):
+    """``StageExecutor.decode`` enters inference mode itself where its caller has not (this reference loop):
+    it runs its own step then, not ``self.decode`` again, so a technique's wrapper (which counts steps and opens
+    their timeline spans) runs once a step; the tokens are generate()'s."""
+    calls = []
+
+    class Counted(StageExecutor):
+        def decode(self, group, x):
+            calls.append(torch.is_inference_mode_enabled())
+            return super().decode(group, x)
+
+    ids, mask = encode(tiny_llama_dir)
+    result = generate_partitioned([Counted(tiny_llama_dir, a, b) for a, b in PARTITIONS["2-uneven"]], ids, mask,
+                                  SamplingParams(max_new_tokens=MAX_NEW))
+    assert calls == [False] * 2 * (MAX_NEW - 1)
+    assert torch.equal(result.tokens, hf_greedy(tiny_llama_dir)[0])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_seeded_sampling_is_reproducible_and_equal_across_partitionings(tiny_model_dirs, family):
     model_dir = tiny_model_dirs[family]
