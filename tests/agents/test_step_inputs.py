@@ -94,7 +94,7 @@ def test_a_rotary_module_that_answers_in_another_shape_is_asked_every_step():
 def test_a_decode_steps_grown_mask_and_positions_are_a_fresh_count_through_room_refills_and_replaced_masks():
     """``_GroupState.grow`` (a view of a buffer of ones, the last positions plus one) gives what appending an
     attended column and counting the attended columns gives, past its buffer's end and after something else
-    (a join's extend, a shrink's keep_rows) replaced the mask."""
+    (a join's extend, a shrink's keep_rows, a speculative rewind's view of the buffer) replaced the mask."""
     from agents.shard import MASK_ROOM, _GroupState
 
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
@@ -102,6 +102,8 @@ def test_a_decode_steps_grown_mask_and_positions_are_a_fresh_count_through_room_
     for step in range(3 * MASK_ROOM):
         if step == MASK_ROOM // 2:  # replaced elsewhere: rows kept, leading columns dropped
             reference = state.mask = reference[[0, 2], 1:].clone()
+        if step == MASK_ROOM:  # a rewind: a view of the buffer itself, its last columns cut
+            state.mask, reference = state.mask[:, :-3], reference[:, :-3]
         positions = state.grow()
         reference = torch.cat([reference, torch.ones(reference.shape[0], 1, dtype=torch.long)], dim=1)
         assert torch.equal(state.mask, reference)
