@@ -75,6 +75,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agents.process_title import CONTROL_THREAD_NAME  # noqa: E402  (the name an agent gives its control thread)
+
 PROMPTS = ["the river ran", "a cat sat on", "once upon a time", "snow fell on the", "the king said to",
            "we went to the", "in the morning", "she looked at", "the old man", "far away there",
            "it was a dark", "he ran into", "my friend and", "under the bridge", "the ship sailed", "at the end"]
@@ -348,8 +350,8 @@ class HfBatched:
         return tokens / wall, cpu / tokens * 1e3
 
     def best(self) -> dict[int, tuple[float, float, float]]:
-        """(tokens/s, CPU ms per token, the two runs' mean tokens/s) with 1 and 2 torch threads, the first two
-        of the faster of two runs."""
+        """Per thread count (1 and 2): the faster of two runs' (tokens/s, CPU ms per token), and the two runs'
+        mean tokens/s."""
         out = {}
         for t in (1, 2):
             runs = [self.timed(t) for _ in range(2)]
@@ -357,16 +359,22 @@ class HfBatched:
         return out
 
 
+def _stat_cpu_s(stat: Path) -> float:
+    """CPU seconds (user + system) in a /proc ``stat`` file (a process's, or one thread's under ``task/``)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def _thread_kind(name: str) -> str:
     """An agent's thread by its kernel name: its control thread (``agent-control``, placed with the server),
     libzmq's IO thread(s), or the rest (the stage's worker, whose forwards are nearly all of it, and idle ones)."""
-    return "control" if name == "agent-control" else "zmq_io" if name.startswith("ZMQbg/IO") else "worker_and_rest"
+    return ("control" if name == CONTROL_THREAD_NAME else "zmq_io" if name.startswith("ZMQbg/IO")
+            else "worker_and_rest")
 
 
 def _cpu_s_by_thread_kind(pid: int) -> dict[str, float]:
@@ -379,10 +387,10 @@ def _cpu_s_by_thread_kind(pid: int) -> dict[str, float]:
     for tid in tids:
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu_s = _stat_cpu_s(Path(f"/proc/{pid}/task/{tid}/stat"))
         except OSError:
             continue
-        out[_thread_kind(name)] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[_thread_kind(name)] += cpu_s
     return out
 
 

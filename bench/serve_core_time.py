@@ -71,9 +71,7 @@ def _thread_names(pid: int) -> dict[int, str]:
 
 def _kind_of(tid: int, server: set[int], agents: dict[int, str], clients: set[int], bench: set[int]) -> str:
     if tid in agents:
-        name = agents[tid]
-        return ("agents_control" if name == "agent-control" else "agents_zmq_io" if name.startswith("ZMQbg/IO")
-                else "agents_worker_and_rest")
+        return "agents_" + served._thread_kind(agents[tid])
     return ("server" if tid in server else "bench_clients" if tid in clients else "bench_rest" if tid in bench
             else "other")
 
