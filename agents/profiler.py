@@ -203,16 +203,16 @@ class _UnitBench:
     def _hidden(self, b: int, t: int):
         return self.torch.randn(b, t, self.hidden, dtype=self.dtype)
 
-    def _step_inputs(self, x, mask_2d, cache, unpadded: bool | None = None):
+    def _step_inputs(self, x, mask_2d, cache):
         """What the stage runtime computes once per stage and step before its blocks, by its own calls
         (agents/shard.py ``StageExecutor._run`` / ``_layer_inputs``): positions, the causal mask of the
-        layer type, the rotary embedding. ``unpadded``: known, as a stage knows its micro-batch's mask."""
+        layer type, the rotary embedding."""
         from agents.step_inputs import layer_inputs, step_positions
 
         positions = step_positions(mask_2d, x.shape[1])
         kind = (getattr(self.cfg, "layer_types", None) or ["full_attention"])[0]
         masks, extra = layer_inputs(self.cfg, (kind,), x, mask_2d, positions, cache, self._decode_masks,
-                                    self.rotary_table, unpadded)
+                                    self.rotary_table)
         return positions, masks[kind], extra
 
     def _forward(self, x, cache, inputs):
