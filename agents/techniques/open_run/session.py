@@ -197,12 +197,16 @@ class OpenStageRun(StageRun):
 
     def _on_tokens(self, mb: int, step: int, ids: torch.Tensor, t: float) -> None:
         super()._on_tokens(mb, step, ids, t)  # the tokens go out, the next steps start (none once done)
-        if step == 0 or self.first_token_steps.get(mb) == step:
-            # A request's first token goes to the coordinator now, not after the next step's compute (the
-            # closed run's order: a served request's TTFT paid that whole step, ~1.7-2.3 ms on the demo model)
+        first = step == 0 or self.first_token_steps.get(mb) == step
+        if first:
             self.first_token_steps.pop(mb, None)
-            self.agent._wake_for_outbox()
         g = self.groups[mb]
+        if first or any(g.finished):
+            # A request's first token, and the last of one that ended here, go to the coordinator now, not after
+            # the next step's compute (the closed run's order: a served request's TTFT paid that whole step,
+            # ~1.7-2.3 ms on the demo model, and so did the end of one whose rows go on: its client's [DONE],
+            # and a closed-loop client's next request)
+            self.agent._wake_for_outbox()
         if self._ends(g):
             self._retire(mb)
             return

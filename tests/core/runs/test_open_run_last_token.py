@@ -1,0 +1,79 @@
+"""An open run's request that ends while its micro-batch's other rows go on: its last token reaches the
+coordinator at once, not after the source's next step (its client's end of stream, and a closed-loop
+client's next request, waited for that step). Real agents; the source emulates a slow device so that a step
+held back is seen in the arrival times, whatever the host's load."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+from agents.emulation import DeviceEmulation
+from agents.protocol import SamplingSpec
+from core import formats
+from core.devices.local_cluster import LocalCluster
+from core.planning.plan import ShardPlan
+from core.runs.coordinator import Coordinator, NullSink
+from core.runs.generation import GenerationSettings, load_plan
+from core.runs.open_run import OpenRun
+from tests.core.serving.conftest import serve_files
+
+DEVICES = ["lt-0", "lt-1"]
+SLOWDOWN = 60.0
+"""The source's compute takes this many times its CPU time: most of a step's cycle, so a token held back
+for the source's next step arrives a whole cycle later than one sent at once."""
+
+
+class Arrivals(NullSink):
+    """How long after the source got each step's tokens (``t_s``) the coordinator had them, and whose they were."""
+
+    def __init__(self) -> None:
+        self.delay: dict[int, float] = {}
+        self.rows: dict[int, tuple[int, ...]] = {}
+        self.lock = threading.Lock()
+
+    def on_tokens(self, tokens) -> None:
+        with self.lock:
+            self.delay[tokens.step] = time.monotonic() - tokens.t_s
+            self.rows[tokens.step] = tuple(tokens.sequence_ids)
+
+    def wait_for_step(self, step: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s  # a bound on a hang, not a speed threshold
+        while time.monotonic() < deadline:
+            with self.lock:
+                if step in self.delay:
+                    return
+            time.sleep(0.005)
+        raise AssertionError(f"step {step}'s tokens did not arrive (got steps {sorted(self.delay)})")
+
+
+def test_the_last_token_of_a_row_that_ends_is_not_held_back_for_the_sources_next_step(tmp_path):
+    model, plan_path = serve_files(tmp_path, devices=DEVICES, chat_template=None)
+    plan = formats.load(plan_path, ShardPlan)
+    emulation = {DEVICES[0]: DeviceEmulation(compute_slowdown=SLOWDOWN), DEVICES[1]: DeviceEmulation()}
+    budgets = [3, 4, 5, 6, 7, 8, 9, 10, 20]  # no EOS: each row runs to its budget, one ends at each of steps 2-9
+    prompts = [[5 + i, 17, 99 - i] for i in range(len(budgets))]
+    with LocalCluster(tmp_path / "cluster", DEVICES, emulation=emulation) as cluster, \
+            Coordinator(cluster.endpoints, cluster.keys) as coord:
+        load_plan(coord, plan, str(model), GenerationSettings(threads=1))
+        sink = Arrivals()
+        run = OpenRun(coord, plan, sink, slots=2, mode="no-bubbles", eos_token_ids=(), pad_token_id=0)
+        run.start()
+        try:
+            run.join(0, prompts, budgets, SamplingSpec())
+            sink.wait_for_step(budgets[-1] - 1)
+        finally:
+            run.close()
+    ends = [b - 1 for b in budgets[:-1]]
+    assert [len(sink.rows[k]) for k in ends] == list(range(len(budgets), 1, -1))  # one row ended at each
+    # The source holds a step's tokens while it computes the next step (~SLOWDOWN × its CPU time here), unless
+    # its control thread's periodic flush (every 50 ms) sends them first: held, they reach the coordinator a
+    # few to ~50 ms later, on no schedule of theirs. A step where a row ended is sent at once. Compared by
+    # medians over the 8 ends and the 10 held steps, each against the step that reached it soonest (the
+    # clocks' common offset).
+    held = [k for k in range(1, budgets[-1] - 1) if k not in ends]
+    soonest = min(sink.delay.values())
+    late_held = statistics.median(sink.delay[k] - soonest for k in held)
+    late_end = statistics.median(sink.delay[k] - soonest for k in ends)
+    assert late_end < late_held / 2, (late_end, late_held)
