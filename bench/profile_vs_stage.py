@@ -14,7 +14,7 @@ on the checkpoint, in-process on one thread. For 1, 6 and 16 rows, each round:
 
 ``ratio``: predicted over measured, medians over ``--rounds`` (1.0: the profile predicts the step).
 The 1-minute load is reported before and after.
-Usage: python bench/profile_vs_stage.py [--rounds 5] [--baseline /work/main]
+Usage: python bench/profile_vs_stage.py [--rounds 5] [--baseline OTHER_CHECKOUT]
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ shared cores) each send ``--requests`` requests of ``--new-tokens`` greedy token
   (must be all), and the server's RSS before and after.
 
 The 1-minute load average is reported before and after: on shared cores figures swing.
-Usage: python bench/serve.py [--new-tokens 32] [--requests 2] [--rounds 5] [--pairs 16] [--soak 300]
-       [--baseline /work/main]
+Usage: python bench/serve.py [--new-tokens 32] [--requests 2] [--rounds 9] [--pairs 16] [--soak 300]
+       [--baseline OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -503,7 +503,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per agent")
-    ap.add_argument("--rounds", type=int, default=5, help="alternating (generate, 16 clients) pairs per plan")
+    ap.add_argument("--rounds", type=int, default=9, help="alternating (generate, 16 clients) pairs per plan: one "
+                    "pair's ratio spread 0.54-0.83 on 3 stages within minutes (stop 41), so the median takes 9")
     ap.add_argument("--pairs", type=int, default=16, help="alternating (server, edgeshard run) TTFT pairs per plan")
     ap.add_argument("--stages", default="2,3", help="plans to bench, by stage count (2, 3)")
     ap.add_argument("--soak", type=int, default=300, help="soak requests (0: no soak)")

@@ -18,7 +18,7 @@ forward with a ``DynamicCache`` (what ``generate`` runs per token, ``logits_to_k
   baseline's), and ``identical``: whether both trees' last-stage logits were bit-identical.
 
 The 1-minute load is reported before and after: CPU times swing with it too (shared caches).
-Usage: python bench/stage_step.py [--steps 32] [--rounds 5] [--baseline /work/wt/base]
+Usage: python bench/stage_step.py [--steps 32] [--rounds 5] [--baseline OTHER_CHECKOUT]
 """
 
 from __future__ import annotations

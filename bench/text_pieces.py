@@ -11,7 +11,7 @@ are checked to add up to the tokenizer's full decode. ``cleaning``: the same for
 tokenizer whose decode cleans up spaces (``train_wordpiece_tokenizer(4096)``, the corpus lowercased by
 its normalizer); only this tree's pieces are checked there (a baseline before the clean-up was streamed
 gets a different text). The 1-minute load is reported before and after.
-Usage: python bench/text_pieces.py [--rounds 5] [--baseline /work/main]
+Usage: python bench/text_pieces.py [--rounds 5] [--baseline OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
