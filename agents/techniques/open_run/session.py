@@ -201,7 +201,8 @@ class OpenStageRun(StageRun):
         if first:
             self.first_token_steps.pop(mb, None)
         g = self.groups[mb]
-        if first or any(g.finished):
+        ended = any(g.finished)
+        if first or ended:
             # A request's first token, and the last of one that ended here, go to the coordinator now, not after
             # the next step's compute (the closed run's order: a served request's TTFT paid that whole step,
             # ~1.7-2.3 ms on the demo model, and so did the end of one whose rows go on: its client's [DONE],
@@ -210,7 +211,7 @@ class OpenStageRun(StageRun):
         if self._ends(g):
             self._retire(mb)
             return
-        if any(g.finished):
+        if ended:
             self._shrink(g)
         if self.grows[mb]:  # every join that came while the step ran: one grown step, not one step each
             joins = list(self.grows[mb])
