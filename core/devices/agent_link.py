@@ -229,7 +229,7 @@ class AgentLink:
             reply = fut.result(timeout=timeout_s or self.request_timeout_s)
         except cf.TimeoutError:
             self.forget(fut)
-            raise RunFailed(f"no reply to {type(msg).__name__} within {timeout_s or self.request_timeout_s:.0f} s",
+            raise RunFailed(f"no reply to {type(msg).__name__} within {timeout_s or self.request_timeout_s:g} s",
                             device) from None
         if isinstance(reply, ErrorReply):
             raise refusal(reply, f"{type(msg).__name__} refused", device)

@@ -48,11 +48,18 @@ def _deaf_link(agent) -> AgentLink:
     return AgentLink([AgentEndpoint("deaf", agent.control_address, agent.keys.public)], CurveKeys.generate())
 
 
+REFUSED = "control socket would block (agent unreachable)"
+"""The other way a deaf agent fails a request: its authenticator refuses our key, so libzmq drops the connection
+after each handshake and makes another ~100 ms later; a request sent between the two has no peer to queue for
+and fails at once (seen once in a full suite, where "no reply" is the usual outcome)."""
+
+
 def test_a_request_without_a_reply_is_a_run_failed_naming_the_device_and_is_forgotten(deaf_agent):
     with _deaf_link(deaf_agent) as link:
         with pytest.raises(RunFailed) as info:
             link.request("deaf", GetStatus(), timeout_s=0.3)
-        assert info.value.device == "deaf" and "no reply to GetStatus" in str(info.value)
+        assert info.value.device == "deaf" and ("no reply to GetStatus within 0.3 s" in str(info.value)
+                                                or REFUSED in str(info.value))
         assert link._pending == {}
 
 
@@ -60,7 +67,7 @@ def test_clock_sync_with_an_agent_that_does_not_answer_is_a_run_failed_naming_it
     with _deaf_link(deaf_agent) as link:
         with pytest.raises(RunFailed) as info:
             link.sync_clocks(samples=2, timeout_s=0.3)
-        assert info.value.device == "deaf" and "clock probe" in str(info.value)
+        assert info.value.device == "deaf" and ("clock probe" in str(info.value) or REFUSED in str(info.value))
         assert link._pending == {}
 
 
