@@ -41,25 +41,25 @@ class Arrivals(NullSink):
             self.delay[tokens.step] = time.monotonic() - tokens.t_s
             self.rows[tokens.step] = tuple(tokens.sequence_ids)
 
-    def wait_for_step(self, step: int, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s  # a bound on a hang, not a speed threshold
-        while time.monotonic() < deadline:
-            with self.lock:
-                if step in self.delay:
-                    return
-            time.sleep(0.005)
-        raise AssertionError(f"step {step}'s tokens did not arrive (got steps {sorted(self.delay)})")
+    def wait_for_step(self, step: int) -> None:
+        self._wait(lambda: True if step in self.delay else None,
+                   lambda: f"step {step}'s tokens did not arrive (got steps {sorted(self.delay)})")
 
-    def wait_for_seq(self, seq: int, timeout_s: float = 60.0) -> int:
+    def wait_for_seq(self, seq: int) -> int:
         """The step that brought sequence ``seq`` its first token, once it has arrived."""
+        return self._wait(lambda: min((k for k, rows in self.rows.items() if seq in rows), default=None),
+                          lambda: f"sequence {seq}'s first token did not arrive")
+
+    def _wait(self, found, failure, timeout_s: float = 60.0):
+        """``found()`` (read under the lock) once it is not None."""
         deadline = time.monotonic() + timeout_s  # a bound on a hang, not a speed threshold
         while time.monotonic() < deadline:
             with self.lock:
-                steps = [k for k, rows in self.rows.items() if seq in rows]
-            if steps:
-                return min(steps)
+                got = found()
+            if got is not None:
+                return got
             time.sleep(0.005)
-        raise AssertionError(f"sequence {seq}'s first token did not arrive")
+        raise AssertionError(failure())
 
     def lateness(self, steps) -> float:
         """The median delay of ``steps``' tokens, each over the delay of the step that reached the coordinator
