@@ -75,6 +75,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agents.arguments import int_in  # noqa: E402  (a bad number is one line and exit 2, before any work)
 from agents.process_title import CONTROL_THREAD_NAME  # noqa: E402  (the name an agent gives its control thread)
 
 PROMPTS = ["the river ran", "a cat sat on", "once upon a time", "snow fell on the", "the king said to",
@@ -497,18 +498,50 @@ def soak(srv: Server, total: int, new_tokens: int) -> dict:
             "rss_mib_before": rss0 / 1024, "rss_mib_after": srv.rss_kib() / 1024}
 
 
+def _stage_counts(text: str) -> tuple[int, ...]:
+    """``--stages``: the plans this bench knows (2 and 3 stages), comma-separated, each once."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or any(p not in ("2", "3") for p in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"must be 2, 3 or 2,3 (the plans this bench makes), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _checkpoint(text: str) -> Path:
+    """``--model``: a transformers checkpoint of 6 blocks (the 2- and 3-stage plans split 6)."""
+    try:
+        layers = json.loads((Path(text) / "config.json").read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError) as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint directory with a readable config.json "
+                                         f"({err})") from None
+    if layers != 6:
+        raise argparse.ArgumentTypeError(f"{text!r} has {layers} blocks; this bench's plans split 6")
+    return Path(text)
+
+
+def _checkout(text: str) -> Path:
+    """``--baseline``: a checkout of this project (its ``core/cli`` is what the baseline's server runs)."""
+    path = Path(text)
+    if not (path / "core" / "cli").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a checkout of this project (no core/cli in it); "
+                                         "make one with: git worktree add --detach DIR REV")
+    return path.resolve()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="checkpoint dir (default: the demo recipe, random weights, in a temp dir)")
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per agent")
-    ap.add_argument("--rounds", type=int, default=9, help="alternating (generate, 16 clients) pairs per plan: one "
-                    "pair's ratio spread 0.54-0.83 on 3 stages within minutes (stop 41), so the median takes 9")
-    ap.add_argument("--pairs", type=int, default=16, help="alternating (server, edgeshard run) TTFT pairs per plan")
-    ap.add_argument("--stages", default="2,3", help="plans to bench, by stage count (2, 3)")
-    ap.add_argument("--soak", type=int, default=300, help="soak requests (0: no soak)")
-    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main's) whose server runs beside this "
+    ap.add_argument("--model", type=_checkpoint, help="checkpoint dir of a 6-block model (default: the demo recipe, "
+                    "random weights, in a temp dir)")
+    ap.add_argument("--new-tokens", type=int_in(2, 256), default=32, help="tokens per request (2-256)")
+    ap.add_argument("--requests", type=int_in(1, 100), default=2, help="requests per client per level")
+    ap.add_argument("--threads", type=int_in(1, 64), default=1, help="torch threads per agent")
+    ap.add_argument("--rounds", type=int_in(0, 1000), default=9, help="alternating (generate, 16 clients) pairs per "
+                    "plan: one pair's ratio spread 0.54-0.83 on 3 stages within minutes (stop 41), so the median "
+                    "takes 9 (0: none)")
+    ap.add_argument("--pairs", type=int_in(0, 1000), default=16,
+                    help="alternating (server, edgeshard run) TTFT pairs per plan (0: none)")
+    ap.add_argument("--stages", type=_stage_counts, default=(2, 3), help="plans to bench, by stage count: 2, 3 or 2,3")
+    ap.add_argument("--soak", type=int_in(0, 100_000), default=300, help="soak requests (0: no soak)")
+    ap.add_argument("--baseline", type=_checkout, help="another checkout (e.g. main's) whose server runs beside this "
                     "tree's in the HTTP-cost pairs and the vs-generate rounds, in rotating order: before/after in "
                     "the same minutes")
     args = ap.parse_args()
@@ -518,7 +551,7 @@ def main() -> None:
 
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    model = Path(args.model) if args.model else make_model(
+    model = args.model if args.model else make_model(
         ModelRecipe(family="llama", layers=6, hidden=128, heads=4, kv_heads=2, vocab=4096, seed=7), tmp / "demo")
     units = 8  # embeddings, 6 blocks, head
     out: dict = {"bench": "serve", "new_tokens": args.new_tokens, "load_1min_before": load_before,
@@ -526,7 +559,7 @@ def main() -> None:
                                    "included (remote clients would not)"}
     hf = HfBatched(model, args.new_tokens) if args.rounds else None
     bounds_of = {2: [4], 3: [3, 6]}
-    for stages in (int(x) for x in args.stages.split(",")):
+    for stages in args.stages:
         folder = tmp / f"s{stages}"
         folder.mkdir()
         plan = folder / "plan.json"
