@@ -518,7 +518,7 @@ def _checkpoint(text: str) -> Path:
     return Path(text)
 
 
-def _checkout(text: str) -> Path:
+def checkout_arg(text: str) -> Path:
     """``--baseline``: a checkout of this project (its ``core/cli`` is what the baseline's server runs)."""
     path = Path(text)
     if not (path / "core" / "cli").is_dir():
@@ -541,7 +541,7 @@ def main() -> None:
                     help="alternating (server, edgeshard run) TTFT pairs per plan (0: none)")
     ap.add_argument("--stages", type=_stage_counts, default=(2, 3), help="plans to bench, by stage count: 2, 3 or 2,3")
     ap.add_argument("--soak", type=int_in(0, 100_000), default=300, help="soak requests (0: no soak)")
-    ap.add_argument("--baseline", type=_checkout, help="another checkout (e.g. main's) whose server runs beside this "
+    ap.add_argument("--baseline", type=checkout_arg, help="another checkout (e.g. main's) whose server runs beside this "
                     "tree's in the HTTP-cost pairs and the vs-generate rounds, in rotating order: before/after in "
                     "the same minutes")
     args = ap.parse_args()

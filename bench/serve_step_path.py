@@ -20,6 +20,9 @@ decode steps (each micro-batch's ``recv_wait`` → ``compute`` → ``send`` on t
   forward to the send call) and ``hops_us_p50``, the cycle less both (offset-free: from each send call's
   start to the next stage's arrival: the call itself, libzmq's IO threads, TCP, CurveZMQ and the wake-up).
 
+``level_cycles``: the level's span in its own median ring cycles (``level_in_cycles``; 64 for 2 waves of 32
+full steps) and ``level_steps``, the source's steps in it.
+
 Beside them: tokens/s, the CPU per completion token of the server and each agent (``/proc``), and
 the 1-minute load. ``--threads`` is the agents' torch threads; ``--tree`` another checkout's server
 (before/after: run the script once per tree in the same minutes, or alternate ``--rounds``).
@@ -42,9 +45,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import serve as served  # noqa: E402  (bench/serve.py: its Server, clients and CPU readings)
+from agents.arguments import int_in  # noqa: E402  (a bad number is one line and exit 2, before any work)
+from bench import serve as served  # noqa: E402  (bench/serve.py: its Server, clients, CPU readings and checks)
 
 
 def _med_us(xs: list[float]) -> float | None:
@@ -93,12 +96,37 @@ def step_path(workspace: Path, stages: int) -> dict:
             if s == 0:
                 _ring_step(ring, near, stages, mb, step, start)
     uncertainty = [r[6] for r in rows]
-    return {"per_stage_us": {s: {k: _med_us(v) for k, v in sorted(p.items())} for s, p in parts.items()},
+    return {**level_in_cycles([(start, end) for stage, kind, _, _, start, end, _ in rows
+                               if stage == 0 and kind == "compute"]),
+            "per_stage_us": {s: {k: _med_us(v) for k, v in sorted(p.items())} for s, p in parts.items()},
             "decode_steps": {s: len(p["compute"]) for s, p in parts.items()},
             "ring_steps": len(ring["cycle"]), "cycle_us_p50": _med_us(ring["cycle"]),
             "compute_us_p50": _med_us(ring["compute"]), "on_stage_us_p50": _med_us(ring["on_stage"]),
             "hops_us_p50": _med_us(ring["hops"]),
             "clock_uncertainty_us_max": round(max(uncertainty) * 1e6, 1) if uncertainty else None}
+
+
+def level_in_cycles(source_computes: list[tuple[float, float]]) -> dict:
+    """The served level (the last burst of the source's computes, after the warm-up) in its own steady cycles: its
+    span over the median gap between the source's compute starts (one micro-batch: a ring step each). A level of
+    ``--requests`` waves of ``--new-tokens`` full steps would span requests × new-tokens cycles; the rest is its
+    waves (joins spread over steps, grown steps, partly filled ones). Dividing by the level's own cycle takes out
+    the host's speed, which swings ±30 % within seconds here (docs/serving.md, *A second fresh host*)."""
+    computes = sorted(source_computes)
+    level: list[tuple[float, float]] = []
+    for c in computes:
+        if level and c[0] - level[-1][1] > LEVEL_GAP_S:
+            level = []
+        level.append(c)
+    gaps = [b[0] - a[0] for a, b in zip(level, level[1:])]
+    if not gaps:
+        return {"level_steps": len(level), "level_cycles": None}
+    return {"level_steps": len(level),
+            "level_cycles": round((level[-1][1] - level[0][0]) / statistics.median(gaps), 1)}
+
+
+LEVEL_GAP_S = 0.15
+"""A pause in the source's computes this long ends a level (the warm-up's from the level's)."""
 
 
 SLOP_S = 0.001
@@ -144,17 +172,24 @@ def one_tree(tree: Path, threads: int, tmp: Path, model: Path, plan: Path, args,
             **path}
 
 
+def _thread_counts(text: str) -> tuple[int, ...]:
+    """``--threads``: one or more torch thread counts per agent, comma-separated (each a side)."""
+    return tuple(int_in(1, 64)(part.strip()) for part in text.split(","))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=3, choices=(2, 3))
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=2)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--threads", default="1", help="torch threads per agent; a list (1,2): each a side of the rounds")
+    ap.add_argument("--clients", type=int_in(1, 256), default=16)
+    ap.add_argument("--requests", type=int_in(1, 100), default=2)
+    ap.add_argument("--new-tokens", type=int_in(2, 256), default=32)
+    ap.add_argument("--threads", type=_thread_counts, default=(1,),
+                    help="torch threads per agent; a list (1,2): each a side of the rounds")
     ap.add_argument("--hf", action="store_true", help="transformers' batched generate of the same 16 prompts before "
                     "each round's sides (bench/serve.py's reference: the better of 1 and 2 threads): ratio per side")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds over the trees, in rotating order")
-    ap.add_argument("--tree", type=Path, action="append", help="checkout(s) to serve from (default: this one)")
+    ap.add_argument("--rounds", type=int_in(1, 1000), default=1, help="rounds over the trees, in rotating order")
+    ap.add_argument("--tree", type=served.checkout_arg, action="append",
+                    help="checkout(s) to serve from (default: this one)")
     args = ap.parse_args()
     from core import formats
     from core.models.checkpoints import ModelRecipe, make_model
@@ -167,7 +202,7 @@ def main() -> None:
     plan = tmp / "plan.json"
     formats.save(plan, plan_from_boundaries("demo", 8, [f"edge-{i}" for i in range(args.stages)],
                                             {2: [4], 3: [3, 6]}[args.stages]))
-    sides = [(t.resolve(), int(n)) for t in args.tree or [ROOT] for n in args.threads.split(",")]
+    sides = [(t.resolve(), n) for t in args.tree or [ROOT] for n in args.threads]
     hf = served.HfBatched(model, args.new_tokens) if args.hf else None
     results = []
     try:
