@@ -501,18 +501,21 @@ def soak(srv: Server, total: int, new_tokens: int) -> dict:
 def _stage_counts(text: str) -> tuple[int, ...]:
     """``--stages``: the plans this bench knows (2 and 3 stages), comma-separated, each once."""
     parts = [p.strip() for p in text.split(",")]
-    if not parts or any(p not in ("2", "3") for p in parts) or len(set(parts)) != len(parts):
+    if any(p not in ("2", "3") for p in parts) or len(set(parts)) != len(parts):
         raise argparse.ArgumentTypeError(f"must be 2, 3 or 2,3 (the plans this bench makes), got {text!r}")
     return tuple(int(p) for p in parts)
 
 
 def _checkpoint(text: str) -> Path:
-    """``--model``: a transformers checkpoint of 6 blocks (the 2- and 3-stage plans split 6)."""
+    """``--model``: a checkpoint the agents can run (``check_model_dir``) of 6 blocks (the 2- and 3-stage plans
+    split 6)."""
+    from core.errors import UnsupportedModelError
+    from core.models.checkpoints import check_model_dir
+
     try:
-        layers = json.loads((Path(text) / "config.json").read_text()).get("num_hidden_layers")
-    except (OSError, ValueError, AttributeError) as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint directory with a readable config.json "
-                                         f"({err})") from None
+        layers = check_model_dir(text).layers
+    except UnsupportedModelError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint the agents can run: {err}") from None
     if layers != 6:
         raise argparse.ArgumentTypeError(f"{text!r} has {layers} blocks; this bench's plans split 6")
     return Path(text)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from core.models.checkpoints import ModelRecipe, make_model
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "serve.py"
 
 
@@ -30,7 +32,16 @@ def test_a_bad_argument_is_one_line_and_exit_2(argv, option):
 
 
 def test_a_model_of_another_depth_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text('{"num_hidden_layers": 4}')
-    got = subprocess.run([sys.executable, str(SCRIPT), "--model", str(tmp_path)], capture_output=True, text=True,
+    model = make_model(ModelRecipe(family="llama", layers=4, hidden=32, heads=2, kv_heads=1, vocab=512, seed=1),
+                       tmp_path / "four")
+    got = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model)], capture_output=True, text=True,
                          timeout=60)
     assert got.returncode == 2 and "has 4 blocks" in got.stderr
+
+
+def test_a_config_without_weights_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 6}')
+    got = subprocess.run([sys.executable, str(SCRIPT), "--model", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    last = got.stderr.strip().splitlines()[-1]
+    assert got.returncode == 2 and "Traceback" not in got.stderr and "not a checkpoint the agents can run" in last

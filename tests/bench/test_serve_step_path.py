@@ -28,7 +28,6 @@ def test_a_level_of_one_step_has_no_cycle():
     assert level_in_cycles([]) == {"level_steps": 0, "level_cycles": None}
 
 
-
 @pytest.mark.parametrize(("argv", "option"), [(["--clients", "0"], "--clients"), (["--threads", "1,x"], "--threads"),
                                               (["--tree", "/nonexistent-checkout"], "--tree")])
 def test_a_bad_argument_is_one_line_and_exit_2(argv, option):
