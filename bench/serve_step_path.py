@@ -23,6 +23,13 @@ decode steps (each micro-batch's ``recv_wait`` → ``compute`` → ``send`` on t
 ``level_cycles``: the level's span in its own median ring cycles (``level_in_cycles``; 64 for 2 waves of 32
 full steps) and ``level_steps``, the source's steps in it.
 
+``--hot``: after each served side, the plan's stages in this process, one after the other, hot (``hot_steps``:
+16 rows prefilled with the bench's prompts, then ``--new-tokens`` greedy decode steps): each stage's median
+16-row decode step (``hot_stage_us``) and the served one over it (``compute_over_hot``, per stage and for their
+sum): what taking turns with the other stages' processes on one core costs a stage's forwards. ``--evict-mib N``
+runs them a second time touching N MiB between stage steps (``evicted_stage_us``): a cache that the other
+stages' processes have emptied, reproduced in one process.
+
 Beside them: tokens/s, the CPU per completion token of the server and each agent (``/proc``), and
 the 1-minute load. ``--threads`` is the agents' torch threads; ``--tree`` another checkout's server
 (before/after: run the script once per tree in the same minutes, or alternate ``--rounds``).
@@ -40,6 +47,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -172,6 +180,61 @@ def one_tree(tree: Path, threads: int, tmp: Path, model: Path, plan: Path, args,
             **path}
 
 
+def stage_units(stages: int) -> list[tuple[int, int]]:
+    """The bench plan's stages as unit ranges (embeddings, 6 blocks, head: 8 units)."""
+    bounds = [0, *{2: [4], 3: [3, 6]}[stages], 8]
+    return list(zip(bounds, bounds[1:]))
+
+
+def hot_steps(model: Path, units: list[tuple[int, int]], new_tokens: int, evict_mib: int = 0) -> dict:
+    """The stages ``units`` of ``model`` in this process (one torch thread), the bench's 16 prompts prefilled, then
+    greedy decode steps one stage after the other: each stage's median decode step (s) and the tokens. With
+    ``evict_mib``, that many MiB are touched before each stage's step (the caches emptied, as a stage finds them
+    after the other stages' processes ran on its core)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from agents.shard import StageExecutor
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.padding_side = "left"
+    enc = tok(served.PROMPTS, return_tensors="pt", padding=True)
+    stages = [StageExecutor(str(model), a, b, threads=1) for a, b in units]
+    junk = torch.zeros(evict_mib << 18) if evict_mib else None  # float32: 2**18 a MiB
+    times: list[list[float]] = [[] for _ in stages]
+    tokens = []
+    with torch.inference_mode():
+        x = enc["input_ids"]
+        for stage in stages:
+            x = stage.prefill(0, x, enc["attention_mask"])
+        for step in range(new_tokens):
+            nxt = (x if x.dim() == 2 else x[:, -1]).argmax(-1, keepdim=True)  # the head's logits: [B, V] or [B, T, V]
+            tokens.append(nxt)
+            if step == new_tokens - 1:
+                break
+            x = nxt
+            for stage, spent in zip(stages, times):
+                if junk is not None:
+                    junk.add_(1)
+                t0 = time.perf_counter()
+                x = stage.decode(0, x)
+                spent.append(time.perf_counter() - t0)
+    return {"stage_s": [statistics.median(t[min(4, len(t) - 1):]) for t in times], "tokens": torch.cat(tokens, dim=1)}
+
+
+def hot_figures(served_stages: dict, hot: dict, evicted: dict | None) -> dict:
+    """The served per-stage compute medians over the same stages' hot ones (and the evicted ones, when run)."""
+    hot_us = [round(s * 1e6, 1) for s in hot["stage_s"]]
+    compute = [served_stages.get(s, {}).get("compute") for s in range(len(hot_us))]
+    out = {"hot_stage_us": hot_us}
+    if None not in compute:
+        out["compute_over_hot"] = [round(c / h, 2) for c, h in zip(compute, hot_us)] + [round(sum(compute) / sum(hot_us), 2)]
+    if evicted is not None:
+        out["evicted_stage_us"] = [round(s * 1e6, 1) for s in evicted["stage_s"]]
+    return out
+
+
 def _thread_counts(text: str) -> tuple[int, ...]:
     """``--threads``: one or more torch thread counts per agent, comma-separated (each a side)."""
     return tuple(int_in(1, 64)(part.strip()) for part in text.split(","))
@@ -187,10 +250,16 @@ def main() -> None:
                     help="torch threads per agent; a list (1,2): each a side of the rounds")
     ap.add_argument("--hf", action="store_true", help="transformers' batched generate of the same 16 prompts before "
                     "each round's sides (bench/serve.py's reference: the better of 1 and 2 threads): ratio per side")
+    ap.add_argument("--hot", action="store_true", help="after each side, the plan's stages hot in this process: each "
+                    "stage's 16-row decode step, and the served one over it")
+    ap.add_argument("--evict-mib", type=int_in(1, 4096), default=None, help="with --hot: a second run touching this many "
+                    "MiB between stage steps (the caches emptied)")
     ap.add_argument("--rounds", type=int_in(1, 1000), default=1, help="rounds over the trees, in rotating order")
     ap.add_argument("--tree", type=served.checkout_arg, action="append",
                     help="checkout(s) to serve from (default: this one)")
     args = ap.parse_args()
+    if args.evict_mib is not None and not args.hot:
+        ap.error("--evict-mib: measures the hot stages a second time; give it with --hot")
     from core import formats
     from core.models.checkpoints import ModelRecipe, make_model
     from core.planning.plan import plan_from_boundaries
@@ -201,7 +270,7 @@ def main() -> None:
                        tmp / "demo")
     plan = tmp / "plan.json"
     formats.save(plan, plan_from_boundaries("demo", 8, [f"edge-{i}" for i in range(args.stages)],
-                                            {2: [4], 3: [3, 6]}[args.stages]))
+                                            [b for _, b in stage_units(args.stages)[:-1]]))
     sides = [(t.resolve(), n) for t in args.tree or [ROOT] for n in args.threads]
     hf = served.HfBatched(model, args.new_tokens) if args.hf else None
     results = []
@@ -222,6 +291,10 @@ def _rounds(args, sides, hf, tmp: Path, model: Path, plan: Path, results: list) 
             got = one_tree(tree, threads, tmp, model, plan, args, k)
             if limit is not None:
                 got |= {"hf_tokens_per_s": round(limit, 1), "vs_hf_batched": round(got["tokens_per_s"] / limit, 3)}
+            if args.hot:  # right after the side: the same minutes of the host's speed
+                units = stage_units(args.stages)
+                evicted = hot_steps(model, units, args.new_tokens, args.evict_mib) if args.evict_mib else None
+                got |= hot_figures(got["per_stage_us"], hot_steps(model, units, args.new_tokens), evicted)
             results.append(got)
 
 
