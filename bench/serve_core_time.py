@@ -38,9 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import serve as served  # noqa: E402  (bench/serve.py: its server, clients and model)
+from bench import serve as served  # noqa: E402  (bench/serve.py: its server, clients and model)
 
 LINE = re.compile(r"\s*([\d.]+)\s+\[(\d+)\]\s+(.*?)\[(\d+)(?:/\d+)?\]\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s*$")
 """A ``perf sched timehist`` row: switch-out time, core, task[tid/pid], wait, delay, run time (ms)."""
