@@ -322,18 +322,29 @@ def late_join(srv: Server, new_tokens: int) -> dict:
     return {"short_ttft_ms": short["ttft_s"] * 1e3, "long_left_ms_when_sent": (long_out["end"] - sent) * 1e3}
 
 
+PLAN_BOUNDS = {2: [4], 3: [3, 6]}
+"""The 2- and 3-stage plans' boundaries over the model's 8 units (embeddings, 6 blocks, head)."""
+
+
+def encoded_prompts(model: Path):
+    """The 16 prompts through ``model``'s tokenizer, left-padded (as batched ``generate`` takes them)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.padding_side = "left"
+    return tok(PROMPTS, return_tensors="pt", padding=True)
+
+
 class HfBatched:
     """transformers' in-process batched ``generate`` of the 16 prompts (the limit on these cores)."""
 
     def __init__(self, model: Path, new_tokens: int) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         self.torch, self.new_tokens = torch, new_tokens
-        tok = AutoTokenizer.from_pretrained(model)
-        tok.padding_side = "left"
         self.m = AutoModelForCausalLM.from_pretrained(model).eval()
-        self.enc = tok(PROMPTS, return_tensors="pt", padding=True)
+        self.enc = encoded_prompts(model)
         self.tokens_per_s(1)  # warm up
 
     def tokens_per_s(self, threads: int) -> float:
@@ -561,13 +572,12 @@ def main() -> None:
                  "clients_placed": "no: the clients' threads run where the scheduler puts them, the agents' cores "
                                    "included (remote clients would not)"}
     hf = HfBatched(model, args.new_tokens) if args.rounds else None
-    bounds_of = {2: [4], 3: [3, 6]}
     for stages in args.stages:
         folder = tmp / f"s{stages}"
         folder.mkdir()
         plan = folder / "plan.json"
         formats.save(plan, plan_from_boundaries("demo", units, [f"edge-{i}" for i in range(stages)],
-                                                bounds_of[stages]))
+                                                PLAN_BOUNDS[stages]))
         srv = Server(folder, model, plan, stages, args.threads)
         run = base = None
         res: dict = {}

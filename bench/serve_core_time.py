@@ -147,7 +147,7 @@ def main() -> None:
                            tmp / "demo")
         plan = tmp / "plan.json"
         formats.save(plan, plan_from_boundaries("demo", 8, [f"edge-{i}" for i in range(args.stages)],
-                                                {2: [4], 3: [3, 6]}[args.stages]))
+                                                served.PLAN_BOUNDS[args.stages]))
         clients = ClientThreads()
         srv = served.Server(tmp / "srv", model, plan, args.stages, 1, tree=args.tree)
         try:

@@ -23,7 +23,7 @@ decode steps (each micro-batch's ``recv_wait`` → ``compute`` → ``send`` on t
 ``level_cycles``: the level's span in its own median ring cycles (``level_in_cycles``; 64 for 2 waves of 32
 full steps) and ``level_steps``, the source's steps in it.
 
-``--hot``: after each served side, the plan's stages in this process, one after the other, hot (``hot_steps``:
+``--hot``: after each served side, the plan's stages in this process, one after the other, hot (``HotStages``:
 16 rows prefilled with the bench's prompts, then ``--new-tokens`` greedy decode steps): each stage's median
 16-row decode step (``hot_stage_us``) and the served one over it (``compute_over_hot``, per stage and for their
 sum): what taking turns with the other stages' processes on one core costs a stage's forwards. ``--evict-mib N``
@@ -182,45 +182,48 @@ def one_tree(tree: Path, threads: int, tmp: Path, model: Path, plan: Path, args,
 
 def stage_units(stages: int) -> list[tuple[int, int]]:
     """The bench plan's stages as unit ranges (embeddings, 6 blocks, head: 8 units)."""
-    bounds = [0, *{2: [4], 3: [3, 6]}[stages], 8]
+    bounds = [0, *served.PLAN_BOUNDS[stages], 8]
     return list(zip(bounds, bounds[1:]))
 
 
-def hot_steps(model: Path, units: list[tuple[int, int]], new_tokens: int, evict_mib: int = 0) -> dict:
-    """The stages ``units`` of ``model`` in this process (one torch thread), the bench's 16 prompts prefilled, then
-    greedy decode steps one stage after the other: each stage's median decode step (s) and the tokens. With
-    ``evict_mib``, that many MiB are touched before each stage's step (the caches emptied, as a stage finds them
-    after the other stages' processes ran on its core)."""
-    import torch
-    from transformers import AutoTokenizer
+class HotStages:
+    """The stages ``units`` of ``model`` in this process (one torch thread), loaded once, and the bench's 16 prompts."""
 
-    from agents.shard import StageExecutor
+    def __init__(self, model: Path, units: list[tuple[int, int]]) -> None:
+        import torch
 
-    torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(model)
-    tok.padding_side = "left"
-    enc = tok(served.PROMPTS, return_tensors="pt", padding=True)
-    stages = [StageExecutor(str(model), a, b, threads=1) for a, b in units]
-    junk = torch.zeros(evict_mib << 18) if evict_mib else None  # float32: 2**18 a MiB
-    times: list[list[float]] = [[] for _ in stages]
-    tokens = []
-    with torch.inference_mode():
-        x = enc["input_ids"]
-        for stage in stages:
-            x = stage.prefill(0, x, enc["attention_mask"])
-        for step in range(new_tokens):
-            nxt = (x if x.dim() == 2 else x[:, -1]).argmax(-1, keepdim=True)  # the head's logits: [B, V] or [B, T, V]
-            tokens.append(nxt)
-            if step == new_tokens - 1:
-                break
-            x = nxt
-            for stage, spent in zip(stages, times):
-                if junk is not None:
-                    junk.add_(1)
-                t0 = time.perf_counter()
-                x = stage.decode(0, x)
-                spent.append(time.perf_counter() - t0)
-    return {"stage_s": [statistics.median(t[min(4, len(t) - 1):]) for t in times], "tokens": torch.cat(tokens, dim=1)}
+        from agents.shard import StageExecutor
+
+        torch.set_num_threads(1)
+        self.torch, self.enc = torch, served.encoded_prompts(model)
+        self.stages = [StageExecutor(str(model), a, b, threads=1) for a, b in units]
+
+    def steps(self, new_tokens: int, evict_mib: int = 0) -> dict:
+        """The prompts prefilled afresh, then greedy decode steps one stage after the other: each stage's median
+        decode step (s) and the tokens. With ``evict_mib``, that many MiB are touched before each stage's step (the
+        caches emptied, as a stage finds them after the other stages' processes ran on its core)."""
+        torch = self.torch
+        junk = torch.zeros(evict_mib << 18) if evict_mib else None  # float32: 2**18 a MiB
+        times: list[list[float]] = [[] for _ in self.stages]
+        tokens = []
+        with torch.inference_mode():
+            x = self.enc["input_ids"]
+            for stage in self.stages:  # a prefill starts the group's cache afresh
+                x = stage.prefill(0, x, self.enc["attention_mask"])
+            for step in range(new_tokens):
+                nxt = (x if x.dim() == 2 else x[:, -1]).argmax(-1, keepdim=True)  # the head's logits: [B, V] or [B, T, V]
+                tokens.append(nxt)
+                if step == new_tokens - 1:
+                    break
+                x = nxt
+                for stage, spent in zip(self.stages, times):
+                    if junk is not None:
+                        junk.add_(1)
+                    t0 = time.perf_counter()
+                    x = stage.decode(0, x)
+                    spent.append(time.perf_counter() - t0)
+        return {"stage_s": [statistics.median(t[min(4, len(t) - 1):]) for t in times],
+                "tokens": torch.cat(tokens, dim=1)}
 
 
 def hot_figures(served_stages: dict, hot: dict, evicted: dict | None) -> dict:
@@ -270,12 +273,13 @@ def main() -> None:
                        tmp / "demo")
     plan = tmp / "plan.json"
     formats.save(plan, plan_from_boundaries("demo", 8, [f"edge-{i}" for i in range(args.stages)],
-                                            [b for _, b in stage_units(args.stages)[:-1]]))
+                                            served.PLAN_BOUNDS[args.stages]))
     sides = [(t.resolve(), n) for t in args.tree or [ROOT] for n in args.threads]
     hf = served.HfBatched(model, args.new_tokens) if args.hf else None
+    hot = HotStages(model, stage_units(args.stages)) if args.hot else None
     results = []
     try:
-        _rounds(args, sides, hf, tmp, model, plan, results)
+        _rounds(args, sides, hf, hot, tmp, model, plan, results)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the model and the servers' workspaces
     print(json.dumps({"bench": "serve_step_path", "stages": args.stages, "clients": args.clients,
@@ -283,7 +287,7 @@ def main() -> None:
                       "runs": results, "load_1min_after": os.getloadavg()[0]}))
 
 
-def _rounds(args, sides, hf, tmp: Path, model: Path, plan: Path, results: list) -> None:
+def _rounds(args, sides, hf, hot, tmp: Path, model: Path, plan: Path, results: list) -> None:
     """Each round: ``generate``'s reference (``--hf``), then every side once, the order rotating."""
     for k in range(args.rounds):
         limit = max(got[0] for got in hf.best().values()) if hf is not None else None
@@ -291,10 +295,9 @@ def _rounds(args, sides, hf, tmp: Path, model: Path, plan: Path, results: list) 
             got = one_tree(tree, threads, tmp, model, plan, args, k)
             if limit is not None:
                 got |= {"hf_tokens_per_s": round(limit, 1), "vs_hf_batched": round(got["tokens_per_s"] / limit, 3)}
-            if args.hot:  # right after the side: the same minutes of the host's speed
-                units = stage_units(args.stages)
-                evicted = hot_steps(model, units, args.new_tokens, args.evict_mib) if args.evict_mib else None
-                got |= hot_figures(got["per_stage_us"], hot_steps(model, units, args.new_tokens), evicted)
+            if hot is not None:  # right after the side: the same minutes of the host's speed
+                evicted = hot.steps(args.new_tokens, args.evict_mib) if args.evict_mib else None
+                got |= hot_figures(got["per_stage_us"], hot.steps(args.new_tokens), evicted)
             results.append(got)
 
 

@@ -1,5 +1,5 @@
 """bench.serve_step_path: a served level's span in its own steady cycles (``level_in_cycles``), the warm-up before
-it left out; the plan's stages hot in one process (``hot_steps``: its tokens are transformers' ``generate``'s) and
+it left out; the plan's stages hot in one process (``HotStages``: its tokens are transformers' ``generate``'s) and
 the served forwards over them; a bad argument refused while the command line is parsed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.serve import PROMPTS
-from bench.serve_step_path import hot_figures, hot_steps, level_in_cycles, stage_units
+from bench.serve_step_path import HotStages, hot_figures, level_in_cycles, stage_units
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "serve_step_path.py"
 
@@ -37,7 +37,7 @@ def test_the_hot_stages_decode_what_transformers_generate_does(tmp_path):
 
     model = make_model(ModelRecipe(family="llama", layers=6, hidden=64, heads=4, kv_heads=2, vocab=512, seed=3),
                        tmp_path / "m")
-    got = hot_steps(model, stage_units(3), 5, evict_mib=1)
+    got = HotStages(model, stage_units(3)).steps(5, evict_mib=1)
     tok = AutoTokenizer.from_pretrained(model)
     tok.padding_side = "left"
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
